@@ -1,0 +1,236 @@
+"""Offline corpora, a small BPE tokenizer, and parquet shard writing.
+
+Used by the demo, the tests and ``tools/make_shards.py``; nothing here needs a network,
+a GPU or torch (worker processes import this package and must stay torch-free).
+
+Corpora
+    ``stdlib_texts`` returns documents that ship with Python itself: the 79 pydoc topic
+    texts (sorted by key) then the source of every standard-library ``.py`` file (sorted by
+    relative path; ``site-packages`` and test directories skipped). On CPython 3.11 that
+    is 813 documents: ~0.5 MB of English plus ~12 MB of code (734 files); the order is
+    fixed for a given Python install, and reading it all takes ~0.4 s.
+    ``synthetic_texts`` returns seeded pseudo-random documents. Docs come in blocks of 20,
+    shuffled within the block; every full block holds exactly 1 empty string, 1 long
+    document (15..40 x ``mean_words`` words, 3000..8000 at the default) and 2 documents
+    containing literal special-token strings such as ``<|bos|>`` and ``<|endoftext|>``.
+    The other 16 have Exp(``mean_words``) words (at least 1). About 8% of words are
+    non-ASCII (accents, Cyrillic, Greek, CJK, emoji). Same ``(n_docs, seed, mean_words)``
+    gives the same list; a shorter ``n_docs`` gives a prefix of a longer one.
+
+Tokenizer
+    ``train_tokenizer`` trains a byte-level BPE with rustbpe using nanochat's GPT-4-style
+    split pattern and wraps it in a ``tiktoken.Encoding``: ranks 0..255 are the single
+    bytes, merges follow, then the 9 nanochat special tokens with ``<|bos|>`` first, at id
+    ``len(mergeable_ranks)``. ``n_vocab <= vocab_size`` (equal unless the text is too
+    small to support that many merges). Training is deterministic: the same texts give
+    the same ranks. ``save_tokenizer`` pickles it the way nanochat stores
+    ``tokenizer.pkl``.
+
+Shards
+    ``write_shards`` splits documents into ``num_files`` consecutive parts whose sizes
+    differ by at most 1 and writes each as a parquet file with one string column ``text``
+    (``None`` becomes null). Row groups are written one at a time, so their sizes are
+    exactly the requested ones (a cycled list of sizes, restarting in each file; the last
+    group of a file holds whatever is left).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import random
+import sysconfig
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+if TYPE_CHECKING:
+    import tiktoken
+
+SPLIT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}|"""
+    r""" ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = (
+    "<|bos|>",
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|output_start|>",
+    "<|output_end|>",
+)
+TOKENIZER_FILENAME = "tokenizer.pkl"
+
+_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests",
+                        "idle_test"})
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when "
+    "if so no what up out more about into than them can only other new some could time "
+    "these two may then do first any my now such like our over man me even most made after "
+    "also did many before must through back years where much your way well down should "
+    "because each just those people how too little state good very make world still own "
+    "data loader token shard parquet window batch memory worker ring epoch resume"
+).split() + [
+    "naïve", "café", "über", "señor", "Привет", "мир", "Ωμέγα", "λόγος",
+    "日本語", "中文", "한국어", "😀", "🚀", "→", "∑", "€",
+]
+_SPECIAL_STRINGS = ("<|bos|>", "<|endoftext|>", "<|user_start|>", "<|assistant_end|>")
+_BLOCK_KINDS = ("empty", "long", "special", "special") + ("normal",) * 16
+
+
+def stdlib_texts(limit: int | None = None) -> list[str]:
+    """Pydoc topic texts (sorted by key), then stdlib ``.py`` sources (sorted by path)."""
+    from pydoc_data.topics import topics
+
+    texts = [topics[key] for key in sorted(topics)]
+    if limit is not None and len(texts) >= limit:
+        return texts[:limit]
+    for path in _stdlib_sources():
+        if limit is not None and len(texts) >= limit:
+            break
+        texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    return texts
+
+
+def _stdlib_sources() -> list[Path]:
+    """Standard-library ``.py`` files outside site-packages and test dirs, by relative path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        rel_dir = Path(dirpath).relative_to(root)
+        found += [(rel_dir / f).as_posix() for f in filenames if f.endswith(".py")]
+    return [root / rel for rel in sorted(found)]
+
+
+def synthetic_texts(n_docs: int, seed: int = 0, *, mean_words: int = 200) -> list[str | None]:
+    """Seeded documents of varied length; see the module docstring for the mix."""
+    if n_docs < 0 or mean_words < 1:
+        raise ValueError(f"expected n_docs >= 0 and mean_words >= 1, got n_docs={n_docs}, "
+                         f"mean_words={mean_words}")
+    rng = random.Random(seed)
+    docs: list[str | None] = []
+    while len(docs) < n_docs:
+        kinds = list(_BLOCK_KINDS)
+        rng.shuffle(kinds)
+        docs += [_synthetic_doc(rng, kind, mean_words) for kind in kinds]
+    return docs[:n_docs]
+
+
+def _synthetic_doc(rng: random.Random, kind: str, mean_words: int) -> str:
+    """One document of the given kind: "empty", "long", "special" or "normal"."""
+    if kind == "empty":
+        return ""
+    if kind == "long":
+        n_words = rng.randint(15 * mean_words, 40 * mean_words)
+    else:
+        n_words = max(1, round(rng.expovariate(1.0 / mean_words)))
+    words = rng.choices(_WORDS, k=n_words)
+    if kind == "special":
+        for _ in range(rng.randint(1, 3)):
+            pos = rng.randrange(len(words) + 1)
+            words.insert(pos, rng.choice(_SPECIAL_STRINGS))
+    return _punctuate(rng, words)
+
+
+def _punctuate(rng: random.Random, words: list[str]) -> str:
+    """Join words into capitalised sentences of 4..18 words; ~15% end a paragraph."""
+    parts, start = [], 0
+    while start < len(words):
+        end = min(len(words), start + rng.randint(4, 18))
+        sentence = " ".join(words[start:end])
+        parts.append(sentence[:1].upper() + sentence[1:] + rng.choice(".?!,;:"))
+        parts.append("\n\n" if rng.random() < 0.15 else " ")
+        start = end
+    return "".join(parts[:-1])
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *,
+                    name: str = "shmloader-bpe") -> "tiktoken.Encoding":
+    """Train a byte-level BPE on ``texts``; return a tiktoken Encoding with nanochat specials."""
+    import rustbpe
+    import tiktoken
+
+    n_special = len(SPECIAL_TOKENS)
+    if vocab_size < 256 + n_special:
+        raise ValueError(f"vocab_size must be >= {256 + n_special} (256 bytes + {n_special} "
+                         f"special tokens), got {vocab_size}; pass a larger vocab_size")
+    tok = rustbpe.Tokenizer()
+    tok.train_from_iterator(iter(texts), vocab_size - n_special, pattern=SPLIT_PATTERN)
+    ranks = {bytes(k): v for k, v in tok.get_mergeable_ranks()}
+    special = {s: len(ranks) + i for i, s in enumerate(SPECIAL_TOKENS)}
+    return tiktoken.Encoding(name, pat_str=tok.get_pattern(), mergeable_ranks=ranks,
+                             special_tokens=special)
+
+
+def save_tokenizer(enc: "tiktoken.Encoding", path: str | os.PathLike) -> Path:
+    """Pickle ``enc`` to ``path`` (or ``path/tokenizer.pkl`` if a directory); return the file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / TOKENIZER_FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        pickle.dump(enc, f)
+    return path
+
+
+def write_shards(docs: Sequence[str | None], out_dir: str | os.PathLike, *, num_files: int,
+                 row_group_size: int | Sequence[int] = 1024,
+                 prefix: str = "shard_",
+                 on_file_written: Callable[[Path], None] | None = None) -> list[Path]:
+    """Write ``docs`` as ``num_files`` parquet shards ``{prefix}{i:05d}.parquet``; return paths.
+
+    ``on_file_written(path)``, if given, is called after each file is closed (progress bars).
+    """
+    sizes = _check_shard_args(len(docs), num_files, row_group_size)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths, start = [], 0
+    for i, count in enumerate(_split_counts(len(docs), num_files)):
+        path = out_dir / f"{prefix}{i:05d}.parquet"
+        _write_one_shard(path, docs[start:start + count], sizes)
+        paths.append(path)
+        start += count
+        if on_file_written is not None:
+            on_file_written(path)
+    return sorted(paths)
+
+
+def _check_shard_args(n_docs: int, num_files: int,
+                      row_group_size: int | Sequence[int]) -> tuple[int, ...]:
+    """Validate shard arguments; return row-group sizes as a tuple."""
+    if num_files < 1 or n_docs < num_files:
+        raise ValueError(f"expected 1 <= num_files <= len(docs), got num_files={num_files} "
+                         f"with {n_docs} docs; lower num_files or pass more docs")
+    sizes = (row_group_size,) if isinstance(row_group_size, int) else tuple(row_group_size)
+    if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+        raise ValueError(f"row_group_size must be a positive int or a non-empty sequence of "
+                         f"positive ints, got {row_group_size!r}")
+    return sizes
+
+
+def _split_counts(n: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` consecutive chunks of ``n`` items, differing by at most 1."""
+    base, extra = divmod(n, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def _write_one_shard(path: Path, docs: Sequence[str | None], sizes: tuple[int, ...]) -> None:
+    """Write one parquet file, one explicit row group per cycled size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("text", pa.string())])
+    start = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        for size in itertools.cycle(sizes):
+            if start >= len(docs):
+                break
+            chunk = list(docs[start:start + size])
+            writer.write_table(pa.table({"text": pa.array(chunk, pa.string())}, schema=schema),
+                               row_group_size=len(chunk))
+            start += size

@@ -1,0 +1,224 @@
+"""Tests for shmloader.corpus and tools/make_shards.py: exact row groups, nulls, naming,
+corpus determinism, tokenizer determinism / round trip / special ids, pickle save-load.
+
+Inputs are small so the whole file runs in a few seconds on 2 cores; no conftest needed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from shmloader import corpus
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SPECIAL_STRINGS = ("<|bos|>", "<|endoftext|>", "<|user_start|>", "<|assistant_end|>")
+
+
+def row_group_sizes(path: Path) -> list[int]:
+    meta = pq.ParquetFile(path).metadata
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def read_texts(paths: list[Path]) -> list[str | None]:
+    return [t for p in paths for t in pq.read_table(p).column("text").to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def small_texts() -> list[str]:
+    """~1 MB of stdlib text plus synthetic docs: enough for 1024 merges, trains in < 0.2 s."""
+    return corpus.stdlib_texts(140) + corpus.synthetic_texts(60, seed=1)
+
+
+@pytest.fixture(scope="module")
+def enc(small_texts):
+    return corpus.train_tokenizer(small_texts, 1024)
+
+
+# ---------------------------------------------------------------- write_shards
+
+def test_uneven_row_groups_exact_per_file_and_order_kept(tmp_path):
+    docs = [f"doc {i}" for i in range(23)]
+    paths = corpus.write_shards(docs, tmp_path, num_files=3, row_group_size=[5, 1, 2])
+    assert [pq.ParquetFile(p).metadata.num_rows for p in paths] == [8, 8, 7]
+    # the size cycle restarts in every file; the last group takes what is left
+    assert [row_group_sizes(p) for p in paths] == [[5, 1, 2], [5, 1, 2], [5, 1, 1]]
+    assert read_texts(paths) == docs
+
+
+def test_int_row_group_size_and_single_row_groups(tmp_path):
+    docs = [str(i) for i in range(10)]
+    (path,) = corpus.write_shards(docs, tmp_path / "a", num_files=1, row_group_size=4)
+    assert row_group_sizes(path) == [4, 4, 2]
+    (path,) = corpus.write_shards(docs, tmp_path / "b", num_files=1, row_group_size=1)
+    assert row_group_sizes(path) == [1] * 10
+    assert read_texts([path]) == docs
+
+
+@settings(max_examples=25, deadline=None)
+@given(n_docs=st.integers(1, 40), num_files=st.integers(1, 6),
+       sizes=st.lists(st.integers(1, 7), min_size=1, max_size=4))
+def test_row_groups_property(n_docs, num_files, sizes):
+    num_files = min(num_files, n_docs)
+    docs = [f"d{i}" for i in range(n_docs)]
+    with tempfile.TemporaryDirectory() as d:
+        paths = corpus.write_shards(docs, d, num_files=num_files, row_group_size=sizes)
+        counts = [pq.ParquetFile(p).metadata.num_rows for p in paths]
+        assert sum(counts) == n_docs and max(counts) - min(counts) <= 1
+        for path, count in zip(paths, counts):
+            got = row_group_sizes(path)
+            expected, left, k = [], count, 0
+            while left > 0:
+                expected.append(min(sizes[k % len(sizes)], left))
+                left -= expected[-1]
+                k += 1
+            assert got == expected
+        assert read_texts(paths) == docs
+
+
+def test_nulls_written_as_nulls(tmp_path):
+    docs = ["a", None, "", None, "b"]
+    paths = corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=2)
+    column = pa.concat_arrays([pq.read_table(p).column("text").combine_chunks() for p in paths])
+    assert column.null_count == 2
+    assert column.to_pylist() == docs  # "" stays an empty string, not a null
+
+
+def test_schema_naming_and_sorting(tmp_path):
+    calls = []
+    paths = corpus.write_shards([str(i) for i in range(12)], tmp_path / "new" / "dir",
+                                num_files=12, prefix="part-", on_file_written=calls.append)
+    names = [p.name for p in paths]
+    assert names == [f"part-{i:05d}.parquet" for i in range(12)]
+    assert calls == paths
+    assert sorted(p.name for p in (tmp_path / "new" / "dir").iterdir()) == names
+    schema = pq.read_schema(paths[0])
+    assert schema.names == ["text"] and schema.field("text").type == pa.string()
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_files=0), dict(num_files=4),
+                                    dict(num_files=1, row_group_size=0),
+                                    dict(num_files=1, row_group_size=[])])
+def test_write_shards_rejects_bad_args(tmp_path, kwargs):
+    with pytest.raises(ValueError, match="expected|row_group_size"):
+        corpus.write_shards(["a", "b", "c"], tmp_path, **kwargs)
+
+
+# ---------------------------------------------------------------- corpora
+
+def test_synthetic_texts_mix_and_determinism():
+    docs = corpus.synthetic_texts(100, seed=3)
+    assert len(docs) == 100 and all(isinstance(d, str) for d in docs)
+    assert docs == corpus.synthetic_texts(100, seed=3)
+    assert docs[:37] == corpus.synthetic_texts(37, seed=3)
+    assert docs != corpus.synthetic_texts(100, seed=4)
+    n_words = [len(d.split()) for d in docs]
+    assert docs.count("") == 5  # one per block of 20
+    assert sum(n >= 3000 for n in n_words) == 5
+    assert sum(any(s in d for s in SPECIAL_STRINGS) for d in docs) == 10
+    assert sum(any(ord(c) > 127 for c in d) for d in docs) > 50
+    assert corpus.synthetic_texts(0) == []
+
+
+def test_stdlib_texts_order_and_limit():
+    from pydoc_data.topics import topics
+
+    texts = corpus.stdlib_texts(len(topics) + 20)
+    assert texts[:len(topics)] == [topics[k] for k in sorted(topics)]
+    code = texts[len(topics):]
+    assert len(code) == 20 and sum("def " in t or "import " in t for t in code) >= 10
+    assert corpus.stdlib_texts(5) == texts[:5]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rel = [p.relative_to(root).as_posix() for p in corpus._stdlib_sources()]
+    assert len(rel) > 100 and rel == sorted(rel)
+    assert not any(part in ("site-packages", "test", "tests")
+                   for r in rel for part in r.split("/"))
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def test_tokenizer_ids_and_specials(enc):
+    n_ranks = len(enc._mergeable_ranks)
+    assert enc.n_vocab == 1024 and n_ranks == 1024 - len(corpus.SPECIAL_TOKENS)
+    assert enc.encode_single_token("<|bos|>") == n_ranks
+    assert [enc.encode_single_token(s) for s in corpus.SPECIAL_TOKENS] == \
+        list(range(n_ranks, n_ranks + len(corpus.SPECIAL_TOKENS)))
+    assert all(enc.encode_single_token(bytes([b])) < n_ranks for b in range(256))
+    assert enc.encode("<|bos|>hi", allowed_special="all")[0] == n_ranks
+
+
+def test_tokenizer_deterministic(small_texts, enc):
+    again = corpus.train_tokenizer(iter(small_texts), 1024)  # any iterable, e.g. a generator
+    assert again._mergeable_ranks == enc._mergeable_ranks
+    assert again._special_tokens == enc._special_tokens and again._pat_str == enc._pat_str
+
+
+def test_tokenizer_deterministic_across_processes(small_texts, enc, tmp_path):
+    code = ("import pickle, sys; from shmloader import corpus; "
+            "t = corpus.stdlib_texts(140) + corpus.synthetic_texts(60, seed=1); "
+            "corpus.save_tokenizer(corpus.train_tokenizer(t, 1024), sys.argv[1])")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=env,
+                   timeout=60)
+    with open(tmp_path / "tokenizer.pkl", "rb") as f:
+        assert pickle.load(f)._mergeable_ranks == enc._mergeable_ranks
+
+
+def test_round_trip_including_special_strings_as_text(enc):
+    bos = enc.encode_single_token("<|bos|>")
+    texts = corpus.stdlib_texts(100)[75:] + corpus.synthetic_texts(60, seed=9)
+    texts += ["<|bos|>", "a<|endoftext|>b", "<|bos|><|user_start|>", "naïve 日本語 🚀\r\n\t x"]
+    assert any(s in t for t in texts for s in SPECIAL_STRINGS)
+    for text in texts:
+        ids = enc.encode_ordinary(text)
+        assert enc.decode(ids) == text
+        assert all(i < bos for i in ids)  # special-token strings are plain text here
+
+
+def test_tokenizer_rejects_tiny_vocab():
+    with pytest.raises(ValueError, match="vocab_size must be >= 265"):
+        corpus.train_tokenizer(["abc"], 264)
+
+
+def test_save_tokenizer_file_and_directory(enc, tmp_path):
+    as_file = corpus.save_tokenizer(enc, tmp_path / "sub" / "tok.pkl")
+    assert as_file == tmp_path / "sub" / "tok.pkl"
+    as_dir = corpus.save_tokenizer(enc, tmp_path)
+    assert as_dir == tmp_path / "tokenizer.pkl"
+    sample = "def f(x):\n    return x + 1  # café <|bos|>"
+    for path in (as_file, as_dir):
+        with open(path, "rb") as f:
+            loaded = pickle.load(f)
+        assert loaded.encode_ordinary(sample) == enc.encode_ordinary(sample)
+        assert loaded.encode_single_token("<|bos|>") == enc.encode_single_token("<|bos|>")
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_make_shards_cli(tmp_path):
+    out = tmp_path / "data"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "make_shards.py"), "--source", "synthetic",
+         "--num-docs", "50", "--seed", "2", "--out-dir", str(out), "--num-files", "2",
+         "--row-group-size", "7", "1", "--vocab-size", "300"],
+        capture_output=True, text=True, env=env, timeout=60, check=True)
+    paths = sorted(out.glob("*.parquet"))
+    assert [p.name for p in paths] == ["shard_00000.parquet", "shard_00001.parquet"]
+    assert read_texts(paths) == corpus.synthetic_texts(50, seed=2)
+    assert row_group_sizes(paths[0]) == [7, 1, 7, 1, 7, 1, 1]
+    assert "50 docs to 2 files, 14 row groups" in proc.stdout
+    with open(out / "tokenizer" / "tokenizer.pkl", "rb") as f:
+        assert pickle.load(f).n_vocab == 300
