@@ -1,0 +1,26 @@
+"""shmloader: a multiprocess, shared-memory tokenizing data loader for LLM pretraining.
+
+A drop-in for nanochat's loaders (see README.md). Importing the package does nothing but
+define names: torch, pyarrow and tiktoken are imported when a loader is made, and worker
+processes, which import `shmloader.worker`, never import torch.
+"""
+__version__ = "0.1.0"
+
+_LOADER_NAMES = (
+    "ShmLoader",
+    "tokenizing_distributed_data_loader_with_state",
+    "tokenizing_distributed_data_loader",
+)
+_ERROR_NAMES = ("DataError", "WorkerError", "LoaderTimeout", "LoaderClosed", "ShmLoaderError")
+
+__all__ = list(_LOADER_NAMES + _ERROR_NAMES)
+
+
+def __getattr__(name):
+    if name in _LOADER_NAMES:
+        from . import loader
+        return getattr(loader, name)
+    if name in _ERROR_NAMES:
+        from . import errors
+        return getattr(errors, name)
+    raise AttributeError(f"module 'shmloader' has no attribute {name!r}")

@@ -1,0 +1,25 @@
+"""Exceptions raised by shmloader in the training process.
+
+Every exception raised from a worker or the coordinator is re-raised in the training process
+as one of these, with the process, its pid, the file and the row group in the message.
+"""
+
+
+class ShmLoaderError(RuntimeError):
+    """Base class for failures of the loader's processes."""
+
+
+class DataError(ValueError):
+    """The data cannot be read as the SPEC says: missing files, bad columns, corrupt parquet."""
+
+
+class WorkerError(ShmLoaderError):
+    """A worker or the coordinator raised or died; the message names it, its pid and its piece."""
+
+
+class LoaderTimeout(ShmLoaderError, TimeoutError):
+    """No batch arrived within the timeout although every process was alive."""
+
+
+class LoaderClosed(ShmLoaderError):
+    """The loader was used after close()."""

@@ -1,0 +1,253 @@
+"""The training-process side: `ShmLoader` and nanochat's drop-in functions.
+
+Per batch the trainer does one `recv` (the coordinator's "batch k is ready"), one copy and
+one `send` ("batch k may be overwritten"); it never sees token lists. CPU: the slot is copied
+into a fresh tensor, so yielded batches stay valid. CUDA: the ring is pinned once
+(`cudaHostRegister`), each batch is one non-blocking copy on the current stream into one of
+two device buffers (a batch stays valid until the second `next()` after it), and its slot is
+freed only once a CUDA event recorded after the copy has completed. Waiting for a batch is a
+`connection.wait` that costs no CPU, times out, and checks every child process's sentinel.
+See NOTE [ring protocol] in docs/design.md.
+"""
+import atexit
+import os
+import time
+import weakref
+from multiprocessing.connection import wait
+
+import torch
+
+from . import errors, source, state as statemod, tokenizer as tokmod
+from . import ring as ringmod
+from .coordinator import CoordinatorArgs, coordinator_main
+from .loader_procs import Children, start_children
+from .plan import start_cursor
+from .ring import RingLayout, SlotState
+
+PACKINGS = ("concat",)
+_live = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _close_all():
+    for loader in list(_live):
+        loader.close()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+class ShmLoader:
+    """Iterate `(inputs, targets)` int64 batches of shape (B, T); see SPEC §1-§3."""
+
+    def __init__(self, data=None, tokenizer=None, B: int = 32, T: int = 2048, split: str = "train",
+                 packing: str = "concat", num_workers: int = 4, device="cuda", *, rank=None,
+                 world_size=None, resume_state=None, n_slots: int = 8, tokenizer_batch_size: int = 128,
+                 max_piece_docs: int = 1024, start_method: str = "forkserver", timeout: float = 300.0):
+        _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
+                    start_method, timeout)
+        self.B, self.T, self.split, self.packing = B, T, split, packing
+        self.num_workers, self.n_slots, self.timeout = num_workers, n_slots, timeout
+        self.tokenizer_batch_size, self.max_piece_docs = tokenizer_batch_size, max_piece_docs
+        self.start_method = start_method
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank {self.rank} of {self.world_size}")
+        self.files = source.split_files(source.list_files(data), split)
+        self.tokenizer = tokmod.resolve(tokenizer)
+        self.config = {"B": B, "T": T, "split": split, "packing": packing,
+                       "data": statemod.data_fingerprint(self.files),
+                       "tokenizer": self.tokenizer.fingerprint}
+        self._base_state = statemod.base_state(self.config, self.rank, self.world_size)
+        self._cursor, self._skip = start_cursor(self.rank), 0
+        if resume_state is not None:
+            self.load_state_dict(resume_state)
+        self._state = self._start_state()
+        self._procs = None
+        self._closed = False
+        self._stats = {"batches": 0, "wait_s": 0.0}
+        _register(self)
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._closed:
+            raise errors.LoaderClosed("this ShmLoader was closed; make a new one")
+        if self._procs is None:
+            self._start()
+        k, pos = self._next_ready()
+        slot = k % self.n_slots
+        p = self._procs
+        p.ring.slot_states[slot] = SlotState.IN_USE
+        if p.pinned:
+            window = p.device_bufs[k & 1]
+            window.copy_(p.slot_tensors[slot], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            p.inflight.append((k, event))
+        else:
+            window = p.slot_tensors[slot].clone()
+            self._free(k)
+            if self.device.type != "cpu":
+                window = window.to(self.device)
+        self._state = statemod.make_state(self._base_state, *pos)
+        self._stats["batches"] += 1
+        return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
+
+    def state_dict(self) -> dict:
+        """The state after the last batch yielded (JSON-serialisable); see SPEC §3."""
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict):
+        """Continue from `state`: the next batch is the one after the batch it was saved with."""
+        cursor, skip = statemod.check(state, self.config, self.rank, self.world_size, len(self.files))
+        self._cursor, self._skip = cursor, skip
+        self._state = self._start_state()
+        if getattr(self, "_procs", None) is not None:
+            self._stop()
+
+    def stats(self) -> dict:
+        out = {"batches": self._stats["batches"], "wait_s": self._stats["wait_s"],
+               "num_workers": self.num_workers, "epoch": self._state["epoch"]}
+        p = self._procs
+        if p is not None:
+            values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))
+            elapsed = time.monotonic() - p.started_at
+            out.update(tokens_read=values["tokens"], docs_read=values["docs"], nulls=values["nulls"],
+                       pieces=values["pieces"], tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
+                       ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
+                       ring_slots=self.n_slots, epoch=max(out["epoch"], values["epoch"]))
+        return out
+
+    def close(self):
+        """Stop every process and unlink the shared memory; safe to call twice."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _start_state(self) -> dict:
+        c = self._cursor
+        return statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, self._skip)
+
+    def _start(self):
+        layout = RingLayout(self.n_slots, self.B * self.T + 1, self.num_workers)
+        cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
+                                "", layout, self.max_piece_docs)
+        self._procs = start_children(self, layout, cargs)
+
+    def _stop(self):
+        procs, self._procs = self._procs, None
+        if procs is not None:
+            procs.shutdown()
+
+    def _free(self, k: int):
+        p = self._procs
+        p.ring.slot_states[k % self.n_slots] = SlotState.FREE
+        p.conn.send(("free", k))
+
+    def _flush_copies(self, wait_all: bool):
+        p = self._procs
+        while p.inflight and (wait_all or p.inflight[0][1].query()):
+            k, event = p.inflight.popleft()
+            event.synchronize()
+            self._free(k)
+
+    def _next_ready(self):
+        p = self._procs
+        if p.inflight:
+            self._flush_copies(wait_all=False)
+        p.check_alive()
+        if p.conn.poll():
+            return p.receive()
+        started = time.monotonic()
+        deadline = started + self.timeout
+        if p.inflight:
+            self._flush_copies(wait_all=True)
+        while True:
+            ready = wait([p.conn, *p.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
+            if p.conn in ready:
+                self._stats["wait_s"] += time.monotonic() - started
+                return p.receive()
+            if ready:
+                p.check_alive()
+            if time.monotonic() >= deadline:
+                raise errors.LoaderTimeout(
+                    f"no batch within {self.timeout:.0f} s although every loader process is alive; "
+                    f"workers: {p.describe_workers()}; raise timeout= if row groups are huge")
+
+
+def _register(loader: ShmLoader):
+    global _atexit_registered
+    _live.add(loader)
+    if not _atexit_registered:
+        atexit.register(_close_all)
+        _atexit_registered = True
+
+
+def _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
+                start_method, timeout):
+    for name, value in (("B", B), ("T", T), ("num_workers", num_workers), ("n_slots", n_slots),
+                        ("tokenizer_batch_size", tokenizer_batch_size), ("max_piece_docs", max_piece_docs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if n_slots < 2:
+        raise ValueError(f"n_slots must be at least 2, got {n_slots}")
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if packing not in PACKINGS:
+        raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"start_method must be 'forkserver' or 'spawn' (a forked child would hold "
+                         f"the trainer's pipes open), got {start_method!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+
+
+def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads=4, tokenizer_batch_size=128,
+                                                  device="cuda", resume_state_dict=None, *, data=None,
+                                                  tokenizer=None, num_workers=None, **options):
+    """nanochat's `tokenizing_distributed_data_loader_with_state`: yields (inputs, targets, state)."""
+    loader = ShmLoader(data, tokenizer, B, T, split, num_workers=num_workers or tokenizer_threads,
+                       device=device, resume_state=resume_state_dict,
+                       tokenizer_batch_size=tokenizer_batch_size, **options)
+    return _with_state(loader)
+
+
+def _with_state(loader: ShmLoader):
+    with loader:
+        for inputs, targets in loader:
+            yield inputs, targets, loader.state_dict()
+
+
+def tokenizing_distributed_data_loader(*args, **kwargs):
+    """nanochat's `tokenizing_distributed_data_loader`: yields (inputs, targets)."""
+    return _without_state(tokenizing_distributed_data_loader_with_state(*args, **kwargs))
+
+
+def _without_state(gen):
+    try:
+        for inputs, targets, _ in gen:
+            yield inputs, targets
+    finally:
+        gen.close()

@@ -1,0 +1,212 @@
+"""Trainer-side process plumbing: start the coordinator and workers, watch them, stop them.
+
+Runs in the training process only. `start_children` creates the ring (after sweeping
+segments of dead runs), starts every child with an explicit start method (forkserver by
+default: children are forked from a clean server that preloaded the worker modules, never
+from the trainer, so they inherit neither torch, CUDA state nor the trainer's pipe ends),
+and pins the ring for CUDA. `Children.shutdown` closes the alive pipe (every child exits on
+its EOF), joins with a 2 s deadline, kills what is left, and unlinks the ring.
+"""
+import contextlib
+import multiprocessing
+import signal
+import sys
+import time
+import types
+from collections import deque
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import wait
+
+import torch
+
+from . import errors
+from . import ring as ringmod
+from .coordinator import coordinator_main
+from .worker import WorkerArgs, worker_main
+
+PRELOAD = ["shmloader.worker", "shmloader.coordinator"]
+SHUTDOWN_S = 2.0
+ERROR_GRACE_S = 1.0
+
+
+@dataclass
+class Children:
+    shm: object
+    ring: ringmod.Ring
+    conn: object = None
+    alive_w: object = None
+    coordinator: object = None
+    workers: list = field(default_factory=list)
+    slot_tensors: object = None
+    device_bufs: list = field(default_factory=list)
+    pinned: bool = False
+    inflight: deque = field(default_factory=deque)
+    started_at: float = field(default_factory=time.monotonic)
+    files: list = field(default_factory=list)
+
+    @property
+    def procs(self) -> list:
+        return [p for p in (self.coordinator, *self.workers) if p is not None]
+
+    @property
+    def sentinels(self) -> list:
+        return [p.sentinel for p in self.procs]
+
+    def receive(self):
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            self._raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
+            raise errors.WorkerError("the coordinator closed its pipe without an error") from None
+        if msg[0] == "batch":
+            return msg[1], msg[2]
+        _raise_reported(msg)
+
+    def check_alive(self):
+        dead = wait(self.sentinels, timeout=0)
+        if dead:
+            self._raise_death(dead)
+
+    def _raise_death(self, dead):
+        try:
+            msg = self.conn.recv() if self.conn.poll(ERROR_GRACE_S) else None
+        except EOFError:  # the coordinator is gone too
+            msg = None
+        if msg is not None and msg[0] == "error":  # a process that raised sends it, then exits
+            _raise_reported(msg)
+        for p in self.procs:
+            if p.sentinel in dead:
+                p.join(timeout=ERROR_GRACE_S)
+                raise errors.WorkerError(f"{self._describe(p)} died: {_exit_text(p.exitcode)}")
+
+    def _describe(self, p) -> str:
+        if p is self.coordinator:
+            return f"the coordinator (pid {p.pid})"
+        i = self.workers.index(p)
+        return f"worker {i} (pid {p.pid}){self._piece_text(i)}"
+
+    def _piece_text(self, i: int) -> str:
+        pid, piece, f, rg, doc = (int(v) for v in self.ring.workers[i])
+        if piece < 0:
+            return " while idle"
+        return f" while reading {self.files[f]}, row group {rg}, documents from {doc}"
+
+    def describe_workers(self) -> str:
+        return "; ".join(self._describe(p) for p in self.workers)
+
+    def shutdown(self):
+        if self.alive_w is not None:
+            self.alive_w.close()
+        started = [p for p in self.procs if p.pid is not None]
+        deadline = time.monotonic() + SHUTDOWN_S
+        for p in started:
+            p.join(timeout=max(deadline - time.monotonic(), 0))
+        for p in started:
+            if p.exitcode is None:
+                p.kill()
+                p.join(timeout=1.0)
+        for p in started:
+            if p.exitcode is not None:
+                p.close()
+        self.coordinator, self.workers = None, []
+        if self.conn is not None:
+            self.conn.close()
+        self._release_memory()
+
+    def _release_memory(self):
+        if self.pinned:
+            for _, event in self.inflight:
+                event.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(self.ring.slots.ctypes.data)
+            self.pinned = False
+        self.inflight.clear()
+        self.slot_tensors, self.device_bufs = None, []
+        self.ring.release_views()
+        try:
+            self.shm.close()
+        except BufferError:
+            pass  # a view is still referenced somewhere; the mapping goes with the process
+        try:
+            self.shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _exit_text(code) -> str:
+    if code is None:
+        return "it did not exit"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _raise_reported(msg):
+    _, kind, head, trace = msg
+    if kind == "data":
+        raise errors.DataError(head)
+    raise errors.WorkerError(f"{head}\n--- traceback in that process ---\n{trace}")
+
+
+def start_children(loader, layout: ringmod.RingLayout, cargs) -> Children:
+    ringmod.sweep_stale()
+    shm, ring = ringmod.create(layout)
+    kids = Children(shm, ring)
+    kids.files = loader.files
+    try:
+        _spawn(kids, loader, layout, replace(cargs, ring_name=shm.name))
+        kids.slot_tensors = torch.from_numpy(ring.slots)
+        if loader.device.type == "cuda":
+            _pin(kids, loader.device)
+    except BaseException:
+        kids.shutdown()
+        raise
+    return kids
+
+
+def _spawn(kids: Children, loader, layout, cargs):
+    ctx = multiprocessing.get_context(loader.start_method)
+    if loader.start_method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    alive_r, kids.alive_w = ctx.Pipe(duplex=False)
+    kids.conn, coord_end = ctx.Pipe()
+    pipes = [ctx.Pipe() for _ in range(loader.num_workers)]
+    kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
+                                   args=(cargs, coord_end, [a for a, _ in pipes], alive_r))
+    for i, (_, end) in enumerate(pipes):
+        wargs = WorkerArgs(i, loader.files, loader.tokenizer, cargs.ring_name, layout,
+                           loader.tokenizer_batch_size)
+        kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
+                                        args=(wargs, end, alive_r)))
+    try:
+        with _main_hidden():
+            for p in kids.procs:
+                p.start()
+    finally:
+        for c in (alive_r, coord_end, *(c for pair in pipes for c in pair)):
+            c.close()
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """Start children without the user's __main__ module.
+
+    multiprocessing's spawn and forkserver re-import the parent's main script in every child
+    (so that its functions can be unpickled). Training scripts such as nanochat's run their
+    whole training at the top level, so the children would train too. The children's targets
+    live in shmloader modules, so they are given an empty __main__ instead.
+    """
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
+
+
+def _pin(kids: Children, device: torch.device):
+    slots = kids.ring.slots
+    rc = torch.cuda.cudart().cudaHostRegister(slots.ctypes.data, slots.nbytes, 0)
+    if int(rc) != 0:
+        raise RuntimeError(f"cudaHostRegister of the {slots.nbytes} byte ring failed with CUDA error {rc}")
+    kids.pinned = True
+    kids.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]

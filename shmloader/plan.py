@@ -1,0 +1,91 @@
+"""The canonical document order, cut into pieces: pure logic over row-group sizes.
+
+Order (SPEC §2): files in the given order; in each file the row groups `rank, rank + world,
+...`; in each row group its rows in order; after the last file, the next epoch (1, 2, ...).
+
+A *piece* is a slice `[doc_start, doc_end)` of one row group. The first pieces of a run
+follow `RAMP` (16, 32, ... documents) so that the first batch needs only a few milliseconds
+of tokenizing; later pieces run to the end of their row group, capped at `max_docs`. Piece
+boundaries never change the token stream; they only decide how work is split.
+
+`iter_pieces` raises `DataError` when a whole pass over the files yields no row group for
+this rank, instead of looping forever (the original loader's end-of-data hang).
+"""
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from .errors import DataError
+
+RAMP = (16, 32, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a run starts: document `doc` of row group `rg` of file `file`, in `epoch`."""
+
+    epoch: int
+    file: int
+    rg: int
+    doc: int = 0
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int
+    epoch: int
+    file: int
+    rg: int
+    doc_start: int
+    doc_end: int
+
+    @property
+    def n_docs(self) -> int:
+        return self.doc_end - self.doc_start
+
+
+def start_cursor(rank: int) -> Cursor:
+    return Cursor(epoch=1, file=0, rg=rank, doc=0)
+
+
+def nanochat_cursor(pq_idx: int, rg_idx: int, epoch: int, rank: int, world: int) -> Cursor:
+    """Resume point of a state holding only nanochat's keys, as nanochat computes it:
+    the next stride after `rg_idx`, on this rank, in file `pq_idx`."""
+    return Cursor(epoch=epoch, file=pq_idx, rg=(rg_idx // world + 1) * world + rank, doc=0)
+
+
+def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
+                start: Cursor, max_docs: int = 1024, ramp: Sequence[int] = RAMP) -> Iterator[Piece]:
+    """Yield the pieces of the canonical order from `start`, forever.
+
+    `row_counts(f)` returns the number of rows of each row group of file `f`.
+    """
+    if n_files < 1:
+        raise DataError("no files to read")
+    sizes = iter(ramp)
+    index = 0
+    epoch, file, rg, doc = start.epoch, start.file, start.rg, start.doc
+    barren = 0  # files passed in a row without yielding a piece
+    while True:
+        if file >= n_files:
+            epoch, file, rg, doc = epoch + 1, 0, rank, 0
+            continue
+        counts = row_counts(file)
+        if rg >= len(counts):
+            barren += 1
+            if barren > n_files:
+                raise DataError(f"rank {rank} of {world} has no row group in any of the {n_files} "
+                                f"files (row groups rank, rank+{world}, ...): use fewer ranks or "
+                                f"write files with more row groups")
+            file, rg, doc = file + 1, rank, 0
+            continue
+        barren = 0
+        while doc < counts[rg]:
+            size = min(next(sizes, max_docs), max_docs)
+            end = min(counts[rg], doc + size)
+            yield Piece(index, epoch, file, rg, doc, end)
+            index += 1
+            doc = end
+        if counts[rg] == 0:  # an empty row group is still a step of the order
+            yield Piece(index, epoch, file, rg, 0, 0)
+            index += 1
+        rg, doc = rg + world, 0

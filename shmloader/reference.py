@@ -1,0 +1,73 @@
+"""The obvious single-process implementation of SPEC §2: the tests' oracle, the tools' baseline.
+
+`documents` walks the canonical order with plain nested loops (independently of plan.py);
+`concat_windows` packs it with a Python list, one window of B*T+1 tokens at a time, and
+reports the same canonical position as the loader's state (the document holding the next
+token and how many of its tokens were already used). `nanochat_style_batches` is the
+baseline that the benchmarks compare against: the algorithm of the loader nanochat users
+run today (tiktoken batch encoding on `tokenizer_threads` threads in the training process, a
+deque of tokens popped one at a time, one tensor per batch), written for this project.
+Slow on purpose: no shared memory, no processes, nothing clever.
+"""
+from collections import deque
+
+import numpy as np
+import pyarrow.parquet as pq
+
+
+def documents(files, rank=0, world=1, epoch=1, file=0, rg=None, doc=0, epochs=None):
+    """Yield `((epoch, file, rg, row), text_or_None)` in canonical order, from a cursor."""
+    rg = rank if rg is None else rg
+    while epochs is None or epoch < epochs + 1:
+        for f in range(file, len(files)):
+            pf = pq.ParquetFile(files[f])
+            for g in range(rg, pf.num_row_groups, world):
+                texts = pf.read_row_group(g, columns=["text"]).column("text").to_pylist()
+                for row in range(doc, len(texts)):
+                    yield (epoch, f, g, row), texts[row]
+                doc = 0
+            rg = rank
+        epoch, file = epoch + 1, 0
+
+
+def concat_windows(files, encode, bos, B, T, rank=0, world=1, cursor=None, skip=0):
+    """Yield `(window, position)`: int64 windows of B*T+1 tokens and the position after each,
+    `(epoch, file, rg, doc, skip)`. `cursor` is `(epoch, file, rg, doc)`."""
+    epoch, file, rg, doc = cursor or (1, 0, rank, 0)
+    docs = documents(files, rank, world, epoch, file, rg, doc)
+    need = B * T + 1
+    buffer = []       # [(meta, tokens)] of documents not fully used
+    used = skip       # tokens of buffer[0] already used
+    while True:
+        while sum(len(t) for _, t in buffer) - used < need + 1:
+            meta, text = next(docs)
+            if text is not None:
+                buffer.append((meta, [bos] + list(encode(text))))
+        window = []
+        while len(window) < need:
+            meta, tokens = buffer[0]
+            take = tokens[used:used + need - len(window)]
+            window.extend(take)
+            used += len(take)
+            if used == len(tokens):
+                buffer.pop(0)
+                used = 0
+        (e, f, g, d), _ = buffer[0]
+        yield np.array(window, dtype=np.int64), (e, f, g, d, used)
+
+
+def nanochat_style_batches(files, enc, B, T, bos, tokenizer_threads=4, tokenizer_batch_size=128):
+    """Yield `(inputs, targets)` torch tensors the way today's nanochat loader makes them."""
+    import torch
+
+    need = B * T + 1
+    tokens = deque()
+    texts = (text for _, text in documents(files))
+    while True:
+        while len(tokens) < need:
+            chunk = [t for t in (next(texts) for _ in range(tokenizer_batch_size)) if t is not None]
+            for ids in enc.encode_ordinary_batch(chunk, num_threads=tokenizer_threads):
+                tokens.append(bos)
+                tokens.extend(ids)
+        window = torch.tensor([tokens.popleft() for _ in range(need)], dtype=torch.long)
+        yield window[:-1].view(B, T), window[1:].view(B, T)

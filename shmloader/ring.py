@@ -1,0 +1,167 @@
+"""The shared-memory ring: one segment of `n_slots` slots of `window` int64 tokens.
+
+Used by the trainer (creates, unlinks), the coordinator and the workers (attach, close); it
+imports neither side. The protocol that moves slots between them is
+NOTE [ring protocol] in docs/design.md.
+
+Guarantees: each segment's memory is reserved when it is created (`posix_fallocate`), so a
+too-small /dev/shm is an OSError at start naming the bytes needed and free, never a SIGBUS
+later; names are `shml_<pid>_<hex>` (under 30 characters) and `sweep_stale()` unlinks the
+segments of creators that are no longer alive. Linux only (/dev/shm).
+"""
+import enum
+import mmap
+import os
+import secrets
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+PREFIX = "shml_"
+MAGIC = 0x73686D6C6F616472  # "shmloadr"
+LAYOUT_VERSION = 1
+ALIGN = 4096
+WORKER_FIELDS = ("pid", "piece", "file", "rg", "doc")
+STATS_FIELDS = ("tokens", "docs", "nulls", "pieces", "cropped", "epoch", "skipped_rg", "spare")
+FIXED_WORDS = 5 + len(STATS_FIELDS)
+
+
+class SlotState(enum.IntEnum):
+    """Zero is FREE, so a zeroed segment is a valid ring.
+
+    Legal transitions: FREE -> FILLING (coordinator), FILLING -> READY (coordinator),
+    READY -> IN_USE (trainer), IN_USE -> FREE (trainer).
+    """
+
+    FREE = 0
+    FILLING = 1
+    READY = 2
+    IN_USE = 3
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    n_slots: int
+    window: int
+    n_workers: int
+
+    @property
+    def header_words(self) -> int:
+        return FIXED_WORDS + self.n_slots + self.n_workers * len(WORKER_FIELDS)
+
+    @property
+    def slots_offset(self) -> int:
+        raw = self.header_words * 8
+        return (raw + ALIGN - 1) // ALIGN * ALIGN
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots_offset + self.n_slots * self.window * 8
+
+
+class Ring:
+    """Numpy views of one segment: `header`, `stats` (written by the coordinator only),
+    `slot_states`, `workers` (row i written by worker i only) and `slots`."""
+
+    def __init__(self, buf, layout: RingLayout, name: str):
+        self.name = name
+        self.layout = layout
+        self.header = np.frombuffer(buf, dtype=np.int64, count=layout.header_words)
+        self.stats = self.header[5:FIXED_WORDS]
+        self.slot_states = self.header[FIXED_WORDS:FIXED_WORDS + layout.n_slots]
+        self.workers = self.header[FIXED_WORDS + layout.n_slots:].reshape(layout.n_workers, len(WORKER_FIELDS))
+        n_tokens = layout.n_slots * layout.window
+        self.slots = np.frombuffer(buf, dtype=np.int64, count=n_tokens,
+                                   offset=layout.slots_offset).reshape(layout.n_slots, layout.window)
+
+    def release_views(self):
+        """Drop every numpy view so that the underlying buffer can be closed."""
+        self.header = self.stats = self.slot_states = self.workers = self.slots = None
+
+
+def new_name() -> str:
+    return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def create(layout: RingLayout) -> tuple[shared_memory.SharedMemory, Ring]:
+    """Create, reserve and initialise a segment. Only the trainer calls this."""
+    shm = shared_memory.SharedMemory(name=new_name(), create=True, size=layout.nbytes)
+    try:
+        _reserve(shm._fd, layout.nbytes)
+    except BaseException:
+        shm.close()
+        shm.unlink()
+        raise
+    ring = Ring(shm.buf, layout, shm.name)
+    ring.header[:5] = (MAGIC, LAYOUT_VERSION, layout.n_slots, layout.window, layout.n_workers)
+    return shm, ring
+
+
+def _reserve(fd: int, nbytes: int):
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        st = os.statvfs(SHM_DIR)
+        free = st.f_bavail * st.f_frsize
+        raise OSError(exc.errno, f"shmloader needs {nbytes / 2**20:.1f} MiB of shared memory in "
+                      f"{SHM_DIR} but only {free / 2**20:.1f} MiB are free: enlarge /dev/shm "
+                      f"(docker: --shm-size) or lower B, T or n_slots") from exc
+
+
+class Attached:
+    """A segment mapped by a process that did not create it (coordinator, workers).
+
+    It maps /dev/shm/<name> directly rather than through SharedMemory, so that the
+    attaching process never registers the segment with a resource tracker.
+    """
+
+    def __init__(self, name: str, layout: RingLayout):
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            self._mmap = mmap.mmap(fd, layout.nbytes)
+        finally:
+            os.close(fd)
+        self.ring = Ring(self._mmap, layout, name)
+        if self.ring.header[0] != MAGIC or self.ring.header[1] != LAYOUT_VERSION:
+            raise RuntimeError(f"shared memory {name} is not a shmloader ring of layout {LAYOUT_VERSION}")
+
+    def close(self):
+        self.ring.release_views()
+        self._mmap.close()
+
+
+def creator_pid(name: str) -> int | None:
+    if not name.startswith(PREFIX):
+        return None
+    head = name[len(PREFIX):].split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale() -> list[str]:
+    """Unlink segments whose creating process is gone; returns their names."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    swept = []
+    for name in names:
+        pid = creator_pid(name)
+        if pid is not None and not _alive(pid):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                swept.append(name)
+            except FileNotFoundError:
+                pass
+    return swept

@@ -1,0 +1,105 @@
+"""Finding the shards and reading their `text` column; used by the coordinator and workers.
+
+Files are sorted by name; `train` is all but the last file, `val` the last (nanochat's
+convention). Every failure is a `DataError` naming the file, the row group and what to do.
+"""
+import glob
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import DataError
+
+
+def default_data_dir() -> str:
+    base = os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
+    return os.path.join(base, "base_data")
+
+
+def list_files(data) -> list[str]:
+    """All parquet files of `data`: a directory, a glob, or a list of paths; sorted by name."""
+    if data is None:
+        data = default_data_dir()
+    if isinstance(data, (str, os.PathLike)):
+        data = os.fspath(data)
+        if any(c in data for c in "*?["):
+            files = glob.glob(data)
+        elif os.path.isdir(data):
+            files = [os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet")]
+        elif os.path.isfile(data):
+            files = [data]
+        else:
+            raise DataError(f"data directory {data} does not exist: pass data= (a directory of "
+                            f"*.parquet shards, a glob or a list of files) or set NANOCHAT_BASE_DIR")
+        if not files:
+            raise DataError(f"no *.parquet files in {data}: download or write shards there "
+                            f"(tools/make_shards.py writes some)")
+    else:
+        files = [os.fspath(f) for f in data]
+        if not files:
+            raise DataError("data is an empty list of files")
+    return sorted(files)
+
+
+def split_files(files: list[str], split: str) -> list[str]:
+    if split == "train":
+        if len(files) < 2:
+            raise DataError(f"split 'train' needs at least 2 files (the last one is the val split) "
+                            f"but found {len(files)}: {files}")
+        return files[:-1]
+    if split == "val":
+        return files[-1:]
+    raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+
+
+class ParquetSource:
+    """Lazily opened parquet files; caches the footers and the last row group read."""
+
+    def __init__(self, files: list[str]):
+        self.files = files
+        self._open = {}
+        self._last = None  # (file, rg, text column)
+
+    def _file(self, f: int) -> pq.ParquetFile:
+        pf = self._open.get(f)
+        if pf is None:
+            path = self.files[f]
+            try:
+                pf = pq.ParquetFile(path)
+            except FileNotFoundError as exc:
+                raise DataError(f"{path}: file not found ({exc})") from exc
+            except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+                raise DataError(f"{path}: not a readable parquet file ({exc}); re-download or "
+                                f"rewrite it") from exc
+            if len(self._open) >= 4:
+                self._open.pop(next(iter(self._open)))
+            self._open[f] = pf
+        return pf
+
+    def row_counts(self, f: int) -> list[int]:
+        md = self._file(f).metadata
+        return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+
+    def read_texts(self, f: int, rg: int, start: int, end: int) -> list:
+        """Rows `[start, end)` of the `text` column of row group `rg` of file `f` (None = null)."""
+        if self._last is None or self._last[:2] != (f, rg):
+            self._last = None
+            self._last = (f, rg, self._read_column(f, rg))
+        return self._last[2].slice(start, end - start).to_pylist()
+
+    def _read_column(self, f: int, rg: int):
+        path = self.files[f]
+        pf = self._file(f)
+        names = pf.schema_arrow.names
+        if "text" not in names:
+            raise DataError(f"{path}: row group {rg} has no 'text' column (columns: {names}); "
+                            f"write the documents to a string column named 'text'")
+        kind = pf.schema_arrow.field("text").type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise DataError(f"{path}: row group {rg}: column 'text' is {kind}, expected string")
+        try:
+            return pf.read_row_group(rg, columns=["text"]).column("text")
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"{path}: row group {rg} cannot be read ({exc}); the file is "
+                            f"corrupt or truncated: re-download or rewrite it") from exc

@@ -1,0 +1,91 @@
+"""The resume state: small, versioned, JSON-serialisable, checked against the config.
+
+A state names the first token *after* the batch it was yielded with:
+`{"version": 1, "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
+group), "skip" (tokens of that document already delivered), "rank", "world_size",
+"config": {...}}`. Its position is canonical (the same whatever the number of workers), so
+a loader given the state of batch k yields batch k+1 onward exactly. nanochat's keys
+(`pq_idx`, `rg_idx`, `epoch`) are kept with their meaning, so a state holding only those
+(an existing nanochat checkpoint) resumes as nanochat does. `check` names every field that
+differs from the loader's config.
+"""
+import hashlib
+import warnings
+
+from .plan import Cursor, nanochat_cursor
+
+VERSION = 1
+POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
+
+
+def data_fingerprint(files: list[str]) -> str:
+    names = "\n".join(f.replace("\\", "/").rsplit("/", 1)[-1] for f in files)
+    return hashlib.sha256(names.encode()).hexdigest()[:16]
+
+
+def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int) -> dict:
+    state = dict(base)
+    state.update(epoch=epoch, pq_idx=file, rg_idx=rg, doc_idx=doc, skip=skip)
+    return state
+
+
+def base_state(config: dict, rank: int, world: int) -> dict:
+    return {"version": VERSION, "rank": rank, "world_size": world, "config": dict(config)}
+
+
+def _int_field(state: dict, name: str, lo: int = 0) -> int:
+    value = state.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"resume state field {name!r} must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+def check(state, config: dict, rank: int, world: int, n_files: int) -> tuple[Cursor, int]:
+    """Validate `state` for this loader and return (cursor, skip) to start from."""
+    if not isinstance(state, dict):
+        raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
+    if "version" not in state:
+        return _nanochat(state, rank, world, n_files), 0
+    if state["version"] != VERSION:
+        raise ValueError(f"resume state field 'version' is {state['version']!r}; this shmloader "
+                         f"reads version {VERSION}")
+    _check_config(state, config, world)
+    pos = {name: _int_field(state, name, 1 if name == "epoch" else 0) for name in POSITION_FIELDS}
+    if pos["pq_idx"] >= n_files:
+        raise ValueError(f"resume state field 'pq_idx' is {pos['pq_idx']} but the split has "
+                         f"{n_files} files")
+    if _int_field(state, "rank") != rank:
+        warnings.warn(f"resume state was saved by rank {state['rank']}, this is rank {rank}: "
+                      f"resuming as nanochat does (rank {state['rank']}'s file and row group, "
+                      f"next stride for this rank), not exactly; save one state per rank for "
+                      f"exact resume", stacklevel=4)
+        return nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], rank, world), 0
+    if pos["rg_idx"] % world != rank:
+        raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of "
+                         f"rank {rank} of {world}")
+    return Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"]), pos["skip"]
+
+
+def _check_config(state: dict, config: dict, world: int):
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        raise ValueError(f"resume state field 'config' must be a dict, got {saved!r}")
+    diffs = [f"{key}: state has {saved.get(key)!r}, loader has {value!r}"
+             for key, value in config.items() if saved.get(key) != value]
+    diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in config]
+    if state.get("world_size") != world:
+        diffs.append(f"world_size: state has {state.get('world_size')!r}, loader has {world}")
+    if diffs:
+        raise ValueError("resume state does not match this loader: " + "; ".join(diffs))
+
+
+def _nanochat(state: dict, rank: int, world: int, n_files: int) -> Cursor:
+    for key in state:
+        if key not in ("pq_idx", "rg_idx", "epoch"):
+            raise ValueError(f"resume state has no 'version' (a nanochat state) but has field "
+                             f"{key!r}; nanochat states hold only pq_idx, rg_idx and epoch")
+    pq_idx, rg_idx = _int_field(state, "pq_idx"), _int_field(state, "rg_idx")
+    epoch = _int_field(state, "epoch", 1) if "epoch" in state else 1
+    if pq_idx >= n_files:
+        raise ValueError(f"resume state field 'pq_idx' is {pq_idx} but the split has {n_files} files")
+    return nanochat_cursor(pq_idx, rg_idx, epoch, rank, world)

@@ -1,0 +1,156 @@
+"""The worker process: read a row-group slice, tokenize it, copy its tokens where told.
+
+Loop (NOTE [ring protocol] in docs/design.md): take `("task", piece)` messages; tokenize the
+oldest task one chunk of documents at a time (`[BOS] + encode_ordinary(text)` per document,
+nulls skipped), answering the coordinator's messages between chunks so that a long row group
+never delays a write order; send `("counted", piece, lengths)`; keep the tokens until the
+`("place", ...)` orders have copied all of them into ring slots.
+
+Never imports torch. Ignores SIGINT (the trainer handles Ctrl-C and closes the loader). Exits
+when the alive pipe reports EOF (trainer gone or loader closed) or the coordinator's pipe
+closes. Any exception is sent to the coordinator with the worker, pid, file, row group and
+traceback, and ends the worker.
+"""
+import os
+import signal
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+import numpy as np
+
+from . import ring as ringmod
+from . import tokenizer as tokmod
+from .errors import DataError
+from .plan import Piece
+from .ring import RingLayout
+from .source import ParquetSource
+
+IDLE_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    index: int
+    files: list
+    tokenizer: tokmod.TokenizerSpec
+    ring_name: str
+    layout: RingLayout
+    chunk_docs: int
+
+
+class _Stop(Exception):
+    pass
+
+
+@dataclass
+class _Ctx:
+    args: WorkerArgs
+    conn: object
+    alive: object
+    ring: ringmod.Ring
+    tasks: deque
+    held: dict
+
+
+def worker_main(args: WorkerArgs, conn, alive):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    attached = ringmod.Attached(args.ring_name, args.layout)
+    ctx = _Ctx(args, conn, alive, attached.ring, deque(), {})
+    ctx.ring.workers[args.index] = (os.getpid(), -1, -1, -1, -1)
+    try:
+        _loop(ctx)
+    except (_Stop, EOFError, BrokenPipeError, ConnectionResetError):
+        pass
+    except BaseException as exc:
+        _report(ctx, exc)
+    finally:
+        ctx.ring = None
+        attached.close()
+
+
+def _loop(ctx: _Ctx):
+    encode = tokmod.build(ctx.args.tokenizer)
+    source = ParquetSource(ctx.args.files)
+    while True:
+        if ctx.tasks:
+            piece = ctx.tasks[0]
+            ctx.ring.workers[ctx.args.index, 1:] = (piece.index, piece.file, piece.rg, piece.doc_start)
+            tokens, lengths = _tokenize(ctx, source, encode, piece)
+            ctx.tasks.popleft()
+            ctx.held[piece.index] = tokens
+            ctx.ring.workers[ctx.args.index, 1] = -1
+            ctx.conn.send(("counted", piece.index, lengths))
+            continue
+        ready = wait([ctx.conn, ctx.alive], timeout=IDLE_WAIT_S)
+        if ctx.alive in ready:
+            raise _Stop
+        if ctx.conn in ready:
+            _handle(ctx, ctx.conn.recv())
+
+
+def _service(ctx: _Ctx):
+    """Answer pending messages; called between tokenizer chunks."""
+    if ctx.alive.poll():
+        raise _Stop
+    while ctx.conn.poll():
+        _handle(ctx, ctx.conn.recv())
+
+
+def _handle(ctx: _Ctx, msg):
+    kind = msg[0]
+    if kind == "task":
+        ctx.tasks.append(msg[1])
+    elif kind == "place":
+        _, index, segments, done = msg
+        ctx.conn.send(("written", index, _write(ctx, ctx.held[index], segments)))
+        if done:
+            del ctx.held[index]
+    else:
+        raise RuntimeError(f"worker {ctx.args.index}: unknown message {kind!r}")
+
+
+def _write(ctx: _Ctx, tokens: np.ndarray, segments) -> list:
+    slots = ctx.ring.slots
+    n_slots = len(slots)
+    done = []
+    for k, off, src, n in segments:
+        slots[k % n_slots, off:off + n] = tokens[src:src + n]
+        done.append((k, n))
+    return done
+
+
+def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
+    spec = ctx.args.tokenizer
+    texts = source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
+    lengths = np.zeros(len(texts), dtype=np.int64)
+    bos = np.array([spec.bos], dtype=spec.dtype)
+    parts = []
+    chunk = ctx.args.chunk_docs
+    for lo in range(0, len(texts), chunk):
+        for i in range(lo, min(lo + chunk, len(texts))):
+            text = texts[i]
+            if text is None:
+                continue
+            ids = encode(text)
+            parts.append(bos)
+            parts.append(ids)
+            lengths[i] = len(ids) + 1
+        _service(ctx)
+    tokens = np.concatenate(parts).astype(spec.dtype, copy=False) if parts else np.empty(0, spec.dtype)
+    return tokens, lengths
+
+
+def _report(ctx: _Ctx, exc: BaseException):
+    row = ctx.ring.workers[ctx.args.index] if ctx.ring is not None else None
+    where = ""
+    if row is not None and row[1] >= 0:
+        where = (f" on {ctx.args.files[int(row[2])]}, row group {int(row[3])}, "
+                 f"documents from {int(row[4])}")
+    kind = "data" if isinstance(exc, DataError) else "crash"
+    head = f"worker {ctx.args.index} (pid {os.getpid()}){where}: {type(exc).__name__}: {exc}"
+    try:
+        ctx.conn.send(("error", kind, head, traceback.format_exc()))
+    except OSError:
+        pass
