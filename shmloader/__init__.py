@@ -10,6 +10,8 @@ _LOADER_NAMES = (
     "ShmLoader",
     "tokenizing_distributed_data_loader_with_state",
     "tokenizing_distributed_data_loader",
+    "tokenizing_distributed_data_loader_with_state_bos_bestfit",
+    "tokenizing_distributed_data_loader_bos_bestfit",
 )
 _ERROR_NAMES = ("DataError", "WorkerError", "LoaderTimeout", "LoaderClosed", "ShmLoaderError")
 

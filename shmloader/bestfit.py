@@ -104,6 +104,14 @@ class BestFitPlanner:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def snapshot(self):
+        """Everything `restore` needs to undo a `plan_batch` (O(n) copies)."""
+        return list(self._keys), dict(self._ids), self._arrivals, self.tokens_placed, self.tokens_cropped
+
+    def restore(self, snapshot) -> None:
+        keys, ids, self._arrivals, self.tokens_placed, self.tokens_cropped = snapshot
+        self._keys, self._ids = list(keys), dict(ids)
+
     def buffered(self) -> tuple[np.ndarray, np.ndarray]:
         """(doc_ids, lengths) of the buffer in arrival order: what a checkpoint records."""
         lengths = [-(-key >> _SHIFT) for key in self._ids]  # ceil(key / 2**40)

@@ -1,12 +1,15 @@
 """The coordinator process: plans pieces, hands them out, sequences tokens, announces batches.
 
-It sees token *counts* only: the canonical order (`plan.iter_pieces`) and the sequencer
-(`packing.ConcatSequencer`) decide where every token lands, so the stream is the same for any
-number of workers and any timing. Each worker holds at most `MAX_PIECES_PER_WORKER` pieces
-that are assigned but not yet fully placed; new pieces go to the least-loaded worker.
-Follows NOTE [ring protocol] in docs/design.md; every wait has a timeout and the alive pipe
+It sees token *counts* only: the canonical order (`plan.iter_pieces`) and a sequencer
+(`packing.ConcatSequencer` for concat, `bestfit_seq.BestFitSequencer` for best fit) decide
+where every token lands, so the stream is the same for any number of workers and any
+timing. New pieces go to the least-loaded worker; a worker's load is bounded (concat: pieces
+not yet fully placed; best fit: pieces not yet counted, plus a global cap on documents waiting
+to enter the buffer), so memory stays bounded whatever the trainer's pace.
+Follows NOTE [ring protocol] in docs/design.md; every wait has a timeout, and the alive pipe
 ends the loop when the trainer closes the loader or dies. Never imports torch or a tokenizer.
 """
+import itertools
 import os
 import signal
 import traceback
@@ -16,9 +19,10 @@ from multiprocessing.connection import wait
 import numpy as np
 
 from . import ring as ringmod
+from .bestfit_seq import BestFitSequencer
 from .errors import DataError
 from .packing import ConcatSequencer
-from .plan import Cursor, iter_pieces
+from .plan import Cursor, buffer_pieces, iter_pieces, ramp_for, RAMP
 from .ring import RingLayout, SlotState
 from .source import ParquetSource
 
@@ -36,23 +40,117 @@ class CoordinatorArgs:
     ring_name: str
     layout: RingLayout
     max_piece_docs: int
+    packing: str = "concat"
+    B: int = 0
+    T: int = 0
+    buffer_size: int = 0
+    chunk_docs: int = 0
+    buffer_runs: tuple = ()
 
 
 class _Stop(Exception):
     pass
 
 
+class _Concat:
+    """Concat mode: pieces are placed by token offset; a piece is done when fully placed."""
+
+    def __init__(self, args: CoordinatorArgs, n_workers: int):
+        self.seq = ConcatSequencer(args.layout.window, args.layout.n_slots, args.skip)
+        self.pieces = _pieces(args, RAMP, args.max_piece_docs, 0)
+        self.load = [0] * n_workers
+        self.owner, self.specs = {}, {}
+
+    def take(self, worker: int, piece):
+        self.owner[piece.index], self.specs[piece.index] = worker, piece
+        self.load[worker] += 1
+
+    def can_take(self, worker: int) -> bool:
+        return self.load[worker] < MAX_PIECES_PER_WORKER
+
+    def counted(self, index: int, lengths):
+        self.seq.counted(index, lengths)
+        return self.specs[index]
+
+    def orders(self):
+        for index, segments, done in self.seq.placements():
+            w = self.owner[index]
+            if done:
+                self.load[w] -= 1
+                del self.owner[index]
+            yield w, ("place", index, segments, done), [k for k, _, _, _ in segments]
+
+    def written(self, msg):
+        self.seq.written(msg[2])
+
+    def ready(self):
+        out = []
+        for k, (index, row, skip) in self.seq.ready():
+            p = self.specs[index]
+            out.append((k, (p.epoch, p.file, p.rg, p.doc_start + row, skip)))
+        if out:
+            keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
+            for index in [i for i in self.specs if i < keep]:
+                del self.specs[index]
+        return out
+
+
+class _BestFit:
+    """Best-fit mode: documents are placed one by one by the planner."""
+
+    def __init__(self, args: CoordinatorArgs, n_workers: int):
+        prefix = buffer_pieces(args.buffer_runs, args.max_piece_docs)
+        ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs)
+        self.pieces = itertools.chain(prefix, _pieces(args, ramp, cap, len(prefix)))
+        s = args.start
+        self.seq = BestFitSequencer(args.B, args.T, args.layout.n_slots, args.buffer_size,
+                                    len(prefix), (s.epoch, s.file, s.rg, s.doc))
+        self.args = args
+        self.pending = [0] * n_workers   # pieces assigned, not counted
+        self.assigned_docs = 0           # documents assigned, not counted
+        self.owner, self.specs = {}, {}
+        self.cropped_reported = 0
+
+    def take(self, worker: int, piece):
+        self.owner[piece.index], self.specs[piece.index] = worker, piece
+        self.pending[worker] += 1
+        self.assigned_docs += piece.n_docs
+
+    def can_take(self, worker: int) -> bool:
+        waiting = self.seq.queued_docs + self.assigned_docs
+        return self.pending[worker] < 2 and waiting < self.args.buffer_size + 2 * self.args.max_piece_docs
+
+    def counted(self, index: int, lengths):
+        w, piece = self.owner.pop(index), self.specs.pop(index)
+        self.pending[w] -= 1
+        self.assigned_docs -= piece.n_docs
+        self.seq.counted(piece, w, lengths, self.args.chunk_docs)
+        return piece
+
+    def orders(self):
+        for k, by_worker in self.seq.plan():
+            for w, placements in by_worker.items():
+                yield w, ("rows", k, placements), [k]
+
+    def written(self, msg):
+        self.seq.written(msg[1])
+
+    def ready(self):
+        return self.seq.ready()
+
+
+def _pieces(args: CoordinatorArgs, ramp, cap, first_index):
+    source = ParquetSource(args.files)
+    return iter_pieces(source.row_counts, len(args.files), args.rank, args.world, args.start,
+                       max_docs=cap, ramp=ramp, first_index=first_index)
+
+
 class _Coordinator:
     def __init__(self, args: CoordinatorArgs, trainer, workers, alive, ring: ringmod.Ring):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
-        source = ParquetSource(args.files)
-        self.pieces = iter_pieces(source.row_counts, len(args.files), args.rank, args.world,
-                                  args.start, max_docs=args.max_piece_docs)
-        self.seq = ConcatSequencer(args.layout.window, args.layout.n_slots, args.skip)
-        self.specs = {}                       # live piece index -> Piece
-        self.owner = {}                       # piece index -> worker index
-        self.load = [0] * len(workers)        # pieces per worker, assigned and not fully placed
+        self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers))
         self.listening = [trainer, alive, *workers]
+        self.docs_seen = 0
 
     def run(self):
         self.ring.stats[5] = self.args.start.epoch
@@ -74,61 +172,52 @@ class _Coordinator:
             self.listening.remove(conn)  # the trainer sees its sentinel and reports the death
             return
         if conn is self.trainer:
-            self.seq.freed(msg[1])
+            self.mode.seq.freed(msg[1])
         elif msg[0] == "counted":
-            self._counted(msg[1], msg[2])
+            self.docs_seen += self._count_stats(msg[2])
+            piece = self.mode.counted(msg[1], msg[2])
+            if self.docs_seen == 0 and piece.epoch >= self.args.start.epoch + 2:
+                raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
+                                f"files held no document with text (all null or no rows)")
         elif msg[0] == "written":
-            self.seq.written(msg[2])
+            self.mode.written(msg)
         elif msg[0] == "error":
             self.trainer.send(msg)
         else:
             raise RuntimeError(f"coordinator: unknown message {msg[0]!r}")
 
-    def _counted(self, index: int, lengths: np.ndarray):
-        stats = self.ring.stats
+    def _count_stats(self, lengths: np.ndarray) -> int:
+        stats, live = self.ring.stats, int(np.count_nonzero(lengths))
         stats[0] += int(lengths.sum())
-        stats[1] += int(np.count_nonzero(lengths))
-        stats[2] += int(len(lengths) - np.count_nonzero(lengths))
+        stats[1] += live
+        stats[2] += len(lengths) - live
         stats[3] += 1
-        self.seq.counted(index, lengths)
-        last = self.specs.get(self.seq.next_index - 1)
-        if last is not None and self.seq.next_start <= -self.args.skip and last.epoch >= self.args.start.epoch + 2:
-            raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} files "
-                            f"held no document with text (all null or no rows)")
+        return live
 
     def _assign(self):
         while True:
-            i = min(range(len(self.load)), key=self.load.__getitem__)
-            if self.load[i] >= MAX_PIECES_PER_WORKER:
+            i = min(range(len(self.workers)), key=lambda w: (not self.mode.can_take(w), w))
+            if not self.mode.can_take(i):
                 return
-            piece = next(self.pieces)
-            self.specs[piece.index] = piece
-            self.owner[piece.index] = i
-            self.load[i] += 1
+            piece = next(self.mode.pieces)
+            self.mode.take(i, piece)
             self.workers[i].send(("task", piece))
 
     def _dispatch(self):
-        for index, segments, done in self.seq.placements():
-            w = self.owner[index]
-            for k, _, _, _ in segments:
-                self.ring.slot_states[k % self.args.layout.n_slots] = SlotState.FILLING
-            self.workers[w].send(("place", index, segments, done))
-            if done:
-                self.load[w] -= 1
-                del self.owner[index]
+        n_slots = self.args.layout.n_slots
+        for w, msg, batches in self.mode.orders():
+            for k in batches:
+                self.ring.slot_states[k % n_slots] = SlotState.FILLING
+            self.workers[w].send(msg)
 
     def _announce(self):
-        ready = self.seq.ready()
-        for k, (index, row, skip) in ready:
-            p = self.specs[index]
+        for k, pos in self.mode.ready():
             self.ring.slot_states[k % self.args.layout.n_slots] = SlotState.READY
-            self.ring.stats[5] = p.epoch
-            self.trainer.send(("batch", k, (p.epoch, p.file, p.rg, p.doc_start + row, skip)))
-        if ready:
-            oldest = min(self.owner, default=self.seq.next_index)
-            live = self.seq.oldest_live()
-            for index in [i for i in self.specs if i < min(oldest, live)]:
-                del self.specs[index]
+            self.ring.stats[5] = pos[0] if self.args.packing == "concat" else pos[0][0]
+            self.trainer.send(("batch", k, pos))
+        if self.args.packing == "bos_bestfit":
+            self.ring.stats[4] = self.mode.seq.tokens_cropped
+            self.ring.stats[7] = self.mode.seq.planned * self.args.B * (self.args.T + 1)
 
 
 def coordinator_main(args: CoordinatorArgs, trainer, workers, alive):

@@ -24,7 +24,7 @@ from .loader_procs import Children, start_children
 from .plan import start_cursor
 from .ring import RingLayout, SlotState
 
-PACKINGS = ("concat",)
+PACKINGS = ("concat", "bos_bestfit")
 _live = weakref.WeakSet()
 _atexit_registered = False
 
@@ -45,12 +45,15 @@ class ShmLoader:
     def __init__(self, data=None, tokenizer=None, B: int = 32, T: int = 2048, split: str = "train",
                  packing: str = "concat", num_workers: int = 4, device="cuda", *, rank=None,
                  world_size=None, resume_state=None, n_slots: int = 8, tokenizer_batch_size: int = 128,
-                 max_piece_docs: int = 1024, start_method: str = "forkserver", timeout: float = 300.0):
+                 buffer_size: int = 1000, max_piece_docs: int = 1024, start_method: str = "forkserver",
+                 timeout: float = 300.0):
         _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
-                    start_method, timeout)
+                    start_method, timeout, buffer_size)
         self.B, self.T, self.split, self.packing = B, T, split, packing
         self.num_workers, self.n_slots, self.timeout = num_workers, n_slots, timeout
         self.tokenizer_batch_size, self.max_piece_docs = tokenizer_batch_size, max_piece_docs
+        self.buffer_size = buffer_size
+        self.bestfit = packing == "bos_bestfit"
         self.start_method = start_method
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -64,8 +67,10 @@ class ShmLoader:
         self.config = {"B": B, "T": T, "split": split, "packing": packing,
                        "data": statemod.data_fingerprint(self.files),
                        "tokenizer": self.tokenizer.fingerprint}
+        if self.bestfit:
+            self.config.update(buffer_size=buffer_size, tokenizer_batch_size=tokenizer_batch_size)
         self._base_state = statemod.base_state(self.config, self.rank, self.world_size)
-        self._cursor, self._skip = start_cursor(self.rank), 0
+        self._cursor, self._skip, self._runs = start_cursor(self.rank), 0, []
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self._state = self._start_state()
@@ -99,8 +104,14 @@ class ShmLoader:
             self._free(k)
             if self.device.type != "cpu":
                 window = window.to(self.device)
-        self._state = statemod.make_state(self._base_state, *pos)
         self._stats["batches"] += 1
+        if self.bestfit:
+            (epoch, file, rg, doc), runs = pos
+            self._state = statemod.make_state(self._base_state, epoch, file, rg, doc, 0)
+            self._state["buffer"] = runs
+            n = self.B * self.T
+            return window[:n].view(self.B, self.T), window[n:].view(self.B, self.T)
+        self._state = statemod.make_state(self._base_state, *pos)
         return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
 
     def state_dict(self) -> dict:
@@ -110,7 +121,11 @@ class ShmLoader:
     def load_state_dict(self, state: dict):
         """Continue from `state`: the next batch is the one after the batch it was saved with."""
         cursor, skip = statemod.check(state, self.config, self.rank, self.world_size, len(self.files))
-        self._cursor, self._skip = cursor, skip
+        exact = "version" in state and state.get("rank") == self.rank
+        runs = statemod.buffer_runs(state, len(self.files)) if self.bestfit and exact else []
+        if self.bestfit and skip:
+            raise ValueError(f"resume state field 'skip' is {skip}; a best-fit state has skip 0")
+        self._cursor, self._skip, self._runs = cursor, skip, runs
         self._state = self._start_state()
         if getattr(self, "_procs", None) is not None:
             self._stop()
@@ -126,6 +141,10 @@ class ShmLoader:
                        pieces=values["pieces"], tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
                        ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
                        ring_slots=self.n_slots, epoch=max(out["epoch"], values["epoch"]))
+            if self.bestfit:
+                planned = values["placed"] + values["cropped"]
+                out.update(tokens_cropped=values["cropped"],
+                           cropped_fraction=values["cropped"] / planned if planned else 0.0)
         return out
 
     def close(self):
@@ -148,12 +167,18 @@ class ShmLoader:
 
     def _start_state(self) -> dict:
         c = self._cursor
-        return statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, self._skip)
+        state = statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, self._skip)
+        if self.bestfit:
+            state["buffer"] = [list(run) for run in self._runs]
+        return state
 
     def _start(self):
-        layout = RingLayout(self.n_slots, self.B * self.T + 1, self.num_workers)
+        window = 2 * self.B * self.T if self.bestfit else self.B * self.T + 1
+        layout = RingLayout(self.n_slots, window, self.num_workers)
         cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
-                                "", layout, self.max_piece_docs)
+                                "", layout, self.max_piece_docs, self.packing, self.B, self.T,
+                                self.buffer_size, self.tokenizer_batch_size,
+                                tuple(tuple(r) for r in self._runs))
         self._procs = start_children(self, layout, cargs)
 
     def _stop(self):
@@ -206,8 +231,9 @@ def _register(loader: ShmLoader):
 
 
 def _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
-                start_method, timeout):
+                start_method, timeout, buffer_size):
     for name, value in (("B", B), ("T", T), ("num_workers", num_workers), ("n_slots", n_slots),
+                        ("buffer_size", buffer_size),
                         ("tokenizer_batch_size", tokenizer_batch_size), ("max_piece_docs", max_piece_docs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -238,6 +264,22 @@ def _with_state(loader: ShmLoader):
     with loader:
         for inputs, targets in loader:
             yield inputs, targets, loader.state_dict()
+
+
+def tokenizing_distributed_data_loader_with_state_bos_bestfit(
+        tokenizer, B, T, split, tokenizer_threads=4, tokenizer_batch_size=128, device="cuda",
+        resume_state_dict=None, buffer_size=1000, *, data=None, num_workers=None, **options):
+    """nanochat's BOS-aligned best-fit loader: yields (inputs, targets, state)."""
+    loader = ShmLoader(data, tokenizer, B, T, split, packing="bos_bestfit",
+                       num_workers=num_workers or tokenizer_threads, device=device,
+                       resume_state=resume_state_dict, tokenizer_batch_size=tokenizer_batch_size,
+                       buffer_size=buffer_size, **options)
+    return _with_state(loader)
+
+
+def tokenizing_distributed_data_loader_bos_bestfit(*args, **kwargs):
+    """nanochat's BOS-aligned best-fit loader without the state: yields (inputs, targets)."""
+    return _without_state(tokenizing_distributed_data_loader_with_state_bos_bestfit(*args, **kwargs))
 
 
 def tokenizing_distributed_data_loader(*args, **kwargs):

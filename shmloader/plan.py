@@ -43,6 +43,21 @@ class Piece:
         return self.doc_end - self.doc_start
 
 
+def ramp_for(chunk_docs: int, max_docs: int) -> tuple[tuple[int, ...], int]:
+    """Ramp and cap rounded up to whole chunks, so that pieces never split a chunk."""
+    up = lambda n: -(-n // chunk_docs) * chunk_docs
+    return tuple(up(n) for n in RAMP), up(max_docs)
+
+
+def buffer_pieces(runs, max_docs: int) -> list[Piece]:
+    """Pieces that re-read the documents of a saved best-fit buffer, in arrival order."""
+    pieces = []
+    for epoch, file, rg, row, count in runs:
+        for lo in range(row, row + count, max_docs):
+            pieces.append(Piece(len(pieces), epoch, file, rg, lo, min(row + count, lo + max_docs)))
+    return pieces
+
+
 def start_cursor(rank: int) -> Cursor:
     return Cursor(epoch=1, file=0, rg=rank, doc=0)
 
@@ -54,7 +69,8 @@ def nanochat_cursor(pq_idx: int, rg_idx: int, epoch: int, rank: int, world: int)
 
 
 def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
-                start: Cursor, max_docs: int = 1024, ramp: Sequence[int] = RAMP) -> Iterator[Piece]:
+                start: Cursor, max_docs: int = 1024, ramp: Sequence[int] = RAMP,
+                first_index: int = 0) -> Iterator[Piece]:
     """Yield the pieces of the canonical order from `start`, forever.
 
     `row_counts(f)` returns the number of rows of each row group of file `f`.
@@ -62,7 +78,7 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
     if n_files < 1:
         raise DataError("no files to read")
     sizes = iter(ramp)
-    index = 0
+    index = first_index
     epoch, file, rg, doc = start.epoch, start.file, start.rg, start.doc
     barren = 0  # files passed in a row without yielding a piece
     while True:

@@ -71,3 +71,64 @@ def nanochat_style_batches(files, enc, B, T, bos, tokenizer_threads=4, tokenizer
                 tokens.extend(ids)
         window = torch.tensor([tokens.popleft() for _ in range(need)], dtype=torch.long)
         yield window[:-1].view(B, T), window[1:].view(B, T)
+
+
+def _chunks(files, rank, world, cursor, chunk_docs):
+    """Yield `((epoch, file, rg, row_end), [(row, text), ...])`: up to `chunk_docs`
+    consecutive rows of one row group (nanochat's tokenizer batches)."""
+    key, rows = None, []
+    for (e, f, g, row), text in documents(files, rank, world, *cursor):
+        if rows and ((e, f, g) != key or len(rows) == chunk_docs):
+            yield key + (rows[-1][0] + 1,), rows
+            rows = []
+        key = (e, f, g)
+        rows.append((row, text))
+
+
+def bestfit_rows(files, encode, bos, B, T, buffer_size=1000, chunk_docs=128, rank=0, world=1,
+                 cursor=None, runs=()):
+    """Yield `(rows, position)`: (B, T+1) int64 best-fit rows, planned by the scan oracle
+    `bestfit.plan_batch_scan`, and the position after them: `((epoch, file, rg, doc), runs)`,
+    where doc is the end of the last chunk read and runs the buffer
+    `[[epoch, file, rg, row, count], ...]` in arrival order. Resumes from `cursor` and `runs`."""
+    from .bestfit import plan_batch_scan
+
+    cursor = tuple(cursor or (1, 0, rank, 0))
+    meta, buffer, next_id = {}, [], 0
+    for e, f, g, row, count in runs:
+        texts = pq.ParquetFile(files[f]).read_row_group(g, columns=["text"]).column("text").to_pylist()
+        for r in range(row, row + count):
+            meta[next_id] = ((e, f, g, r), [bos] + list(encode(texts[r])))
+            buffer.append([next_id, len(meta[next_id][1])])
+            next_id += 1
+    chunks = _chunks(files, rank, world, cursor, chunk_docs)
+    last_end = cursor
+
+    def next_chunk():
+        nonlocal last_end, next_id
+        last_end, rows = next(chunks)
+        ids, lengths = [], []
+        for (e, f, g, _), text, row in ((last_end, t, r) for r, t in rows):
+            if text is not None:
+                meta[next_id] = ((e, f, g, row), [bos] + list(encode(text)))
+                ids.append(next_id)
+                lengths.append(len(meta[next_id][1]))
+                next_id += 1
+        return np.array(ids, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+    while True:
+        plan = plan_batch_scan(buffer, next_chunk, B, T + 1, buffer_size)
+        rows = np.zeros((B, T + 1), dtype=np.int64)
+        for r, off, doc, n in zip(plan.row, plan.row_offset, plan.doc_id, plan.n_tokens):
+            rows[r, off:off + n] = meta.pop(int(doc))[1][:n]
+        yield rows, (last_end, _runs([meta[d][0] for d, _ in buffer]))
+
+
+def _runs(coords) -> list[list[int]]:
+    runs = []
+    for e, f, g, row in coords:
+        if runs and runs[-1][:3] == [e, f, g] and runs[-1][3] + runs[-1][4] == row:
+            runs[-1][4] += 1
+        else:
+            runs.append([e, f, g, row, 1])
+    return runs

@@ -66,6 +66,22 @@ def check(state, config: dict, rank: int, world: int, n_files: int) -> tuple[Cur
     return Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"]), pos["skip"]
 
 
+def buffer_runs(state, n_files: int) -> list[list[int]]:
+    """The best-fit buffer of an exact state (one `check` accepted for this rank): runs
+    [epoch, file, rg, row, count] in arrival order."""
+    runs = state.get("buffer")
+    if not isinstance(runs, list):
+        raise ValueError(f"resume state field 'buffer' must be a list of [epoch, file, rg, row, "
+                         f"count] runs, got {type(runs).__name__}")
+    for run in runs:
+        if (not isinstance(run, list) or len(run) != 5
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in run)
+                or run[0] < 1 or run[4] < 1 or run[1] >= n_files):
+            raise ValueError(f"resume state field 'buffer' has a bad run {run!r}: expected "
+                             f"[epoch >= 1, file < {n_files}, rg, row, count >= 1]")
+    return runs
+
+
 def _check_config(state: dict, config: dict, world: int):
     saved = state.get("config")
     if not isinstance(saved, dict):

@@ -38,6 +38,9 @@ class WorkerArgs:
     ring_name: str
     layout: RingLayout
     chunk_docs: int
+    packing: str = "concat"
+    B: int = 0
+    T: int = 0
 
 
 class _Stop(Exception):
@@ -79,7 +82,8 @@ def _loop(ctx: _Ctx):
             ctx.ring.workers[ctx.args.index, 1:] = (piece.index, piece.file, piece.rg, piece.doc_start)
             tokens, lengths = _tokenize(ctx, source, encode, piece)
             ctx.tasks.popleft()
-            ctx.held[piece.index] = tokens
+            if len(tokens) and getattr(tokens, "live", 1):
+                ctx.held[piece.index] = tokens
             ctx.ring.workers[ctx.args.index, 1] = -1
             ctx.conn.send(("counted", piece.index, lengths))
             continue
@@ -107,6 +111,9 @@ def _handle(ctx: _Ctx, msg):
         ctx.conn.send(("written", index, _write(ctx, ctx.held[index], segments)))
         if done:
             del ctx.held[index]
+    elif kind == "rows":
+        _write_rows(ctx, msg[1], msg[2])
+        ctx.conn.send(("written", msg[1]))
     else:
         raise RuntimeError(f"worker {ctx.args.index}: unknown message {kind!r}")
 
@@ -119,6 +126,32 @@ def _write(ctx: _Ctx, tokens: np.ndarray, segments) -> list:
         slots[k % n_slots, off:off + n] = tokens[src:src + n]
         done.append((k, n))
     return done
+
+
+def _write_rows(ctx: _Ctx, k: int, placements):
+    """Best fit: slot k holds inputs (B, T) then targets (B, T); a placement puts tokens
+    [0, n) of a document at column `off` of row `r` of the (B, T+1) rows, and so at
+    inputs[r, off:] and targets[r, off-1:]. The document leaves memory once placed."""
+    B, T = ctx.args.B, ctx.args.T
+    slot = ctx.ring.slots[k % len(ctx.ring.slots)]
+    for index, row, r, off, n in placements:
+        docs = ctx.held[index]
+        doc = docs[row]
+        end = min(off + n, T)
+        if off < end:
+            slot[r * T + off:r * T + end] = doc[:end - off]
+        lo = max(off, 1)
+        base = B * T + r * T - 1
+        slot[base + lo:base + off + n] = doc[lo - off:n]
+        docs[row] = None
+        docs.live -= 1
+        if docs.live == 0:
+            del ctx.held[index]
+
+
+class _Docs(list):
+    """A piece's documents (each `[BOS] + tokens`, None once placed or when null)."""
+    live = 0
 
 
 def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
@@ -138,8 +171,21 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
             parts.append(ids)
             lengths[i] = len(ids) + 1
         _service(ctx)
+    if ctx.args.packing == "bos_bestfit":
+        return _per_doc(parts, lengths, spec.dtype), lengths
     tokens = np.concatenate(parts).astype(spec.dtype, copy=False) if parts else np.empty(0, spec.dtype)
     return tokens, lengths
+
+
+def _per_doc(parts: list, lengths: np.ndarray, dtype) -> "_Docs":
+    docs = _Docs([None] * len(lengths))
+    pairs = iter(zip(parts[0::2], parts[1::2]))
+    live = np.flatnonzero(lengths).tolist()
+    for i in live:
+        bos, ids = next(pairs)
+        docs[i] = np.concatenate((bos, ids.astype(dtype, copy=False)))
+    docs.live = len(live)
+    return docs
 
 
 def _report(ctx: _Ctx, exc: BaseException):
