@@ -46,6 +46,7 @@ class CoordinatorArgs:
     buffer_size: int = 0
     chunk_docs: int = 0
     buffer_runs: tuple = ()
+    on_bad_row_group: str = "raise"
 
 
 class _Stop(Exception):
@@ -55,9 +56,9 @@ class _Stop(Exception):
 class _Concat:
     """Concat mode: pieces are placed by token offset; a piece is done when fully placed."""
 
-    def __init__(self, args: CoordinatorArgs, n_workers: int):
+    def __init__(self, args: CoordinatorArgs, n_workers: int, warn):
         self.seq = ConcatSequencer(args.layout.window, args.layout.n_slots, args.skip)
-        self.pieces = _pieces(args, RAMP, args.max_piece_docs, 0)
+        self.pieces = _pieces(args, RAMP, args.max_piece_docs, 0, warn)
         self.load = [0] * n_workers
         self.owner, self.specs = {}, {}
 
@@ -98,10 +99,10 @@ class _Concat:
 class _BestFit:
     """Best-fit mode: documents are placed one by one by the planner."""
 
-    def __init__(self, args: CoordinatorArgs, n_workers: int):
+    def __init__(self, args: CoordinatorArgs, n_workers: int, warn):
         prefix = buffer_pieces(args.buffer_runs, args.max_piece_docs)
         ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs)
-        self.pieces = itertools.chain(prefix, _pieces(args, ramp, cap, len(prefix)))
+        self.pieces = itertools.chain(prefix, _pieces(args, ramp, cap, len(prefix), warn))
         s = args.start
         self.seq = BestFitSequencer(args.B, args.T, args.layout.n_slots, args.buffer_size,
                                     len(prefix), (s.epoch, s.file, s.rg, s.doc))
@@ -139,18 +140,30 @@ class _BestFit:
         return self.seq.ready()
 
 
-def _pieces(args: CoordinatorArgs, ramp, cap, first_index):
+def _pieces(args: CoordinatorArgs, ramp, cap, first_index, warn):
     source = ParquetSource(args.files)
-    return iter_pieces(source.row_counts, len(args.files), args.rank, args.world, args.start,
+
+    def row_counts(f: int) -> list[int]:
+        try:
+            return source.row_counts(f)
+        except DataError as exc:
+            if args.on_bad_row_group != "skip":
+                raise
+            warn(f"skipped a bad file: {exc}")
+            return []
+
+    return iter_pieces(row_counts, len(args.files), args.rank, args.world, args.start,
                        max_docs=cap, ramp=ramp, first_index=first_index)
 
 
 class _Coordinator:
     def __init__(self, args: CoordinatorArgs, trainer, workers, alive, ring: ringmod.Ring):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
-        self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers))
+        self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers), self._warn)
         self.listening = [trainer, alive, *workers]
         self.docs_seen = 0
+        self.skipped = {}  # piece index -> number of rows skipped with a bad row group
+        self.bad_row_groups = set()
 
     def run(self):
         self.ring.stats[5] = self.args.start.epoch
@@ -173,8 +186,10 @@ class _Coordinator:
             return
         if conn is self.trainer:
             self.mode.seq.freed(msg[1])
+        elif msg[0] == "skipped":
+            self._skipped(msg[1], msg[2])
         elif msg[0] == "counted":
-            self.docs_seen += self._count_stats(msg[2])
+            self.docs_seen += self._count_stats(msg[2], self.skipped.pop(msg[1], 0))
             piece = self.mode.counted(msg[1], msg[2])
             if self.docs_seen == 0 and piece.epoch >= self.args.start.epoch + 2:
                 raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
@@ -186,13 +201,24 @@ class _Coordinator:
         else:
             raise RuntimeError(f"coordinator: unknown message {msg[0]!r}")
 
-    def _count_stats(self, lengths: np.ndarray) -> int:
+    def _count_stats(self, lengths: np.ndarray, skipped_rows: int) -> int:
         stats, live = self.ring.stats, int(np.count_nonzero(lengths))
         stats[0] += int(lengths.sum())
         stats[1] += live
-        stats[2] += len(lengths) - live
+        stats[2] += len(lengths) - live - skipped_rows
         stats[3] += 1
         return live
+
+    def _skipped(self, index: int, text: str):
+        piece = self.mode.specs[index]
+        self.skipped[index] = piece.n_docs
+        if (piece.file, piece.rg) not in self.bad_row_groups:
+            self.bad_row_groups.add((piece.file, piece.rg))
+            self.ring.stats[6] = len(self.bad_row_groups)
+            self._warn(text)
+
+    def _warn(self, text: str):
+        self.trainer.send(("warn", text))
 
     def _assign(self):
         while True:

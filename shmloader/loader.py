@@ -46,9 +46,12 @@ class ShmLoader:
                  packing: str = "concat", num_workers: int = 4, device="cuda", *, rank=None,
                  world_size=None, resume_state=None, n_slots: int = 8, tokenizer_batch_size: int = 128,
                  buffer_size: int = 1000, max_piece_docs: int = 1024, start_method: str = "forkserver",
-                 timeout: float = 300.0):
+                 timeout: float = 300.0, on_bad_row_group: str = "raise"):
         _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
                     start_method, timeout, buffer_size)
+        if on_bad_row_group not in ("raise", "skip"):
+            raise ValueError(f"on_bad_row_group must be 'raise' or 'skip', got {on_bad_row_group!r}")
+        self.on_bad_row_group = on_bad_row_group
         self.B, self.T, self.split, self.packing = B, T, split, packing
         self.num_workers, self.n_slots, self.timeout = num_workers, n_slots, timeout
         self.tokenizer_batch_size, self.max_piece_docs = tokenizer_batch_size, max_piece_docs
@@ -69,6 +72,8 @@ class ShmLoader:
                        "tokenizer": self.tokenizer.fingerprint}
         if self.bestfit:
             self.config.update(buffer_size=buffer_size, tokenizer_batch_size=tokenizer_batch_size)
+        if on_bad_row_group == "skip":
+            self.config["on_bad_row_group"] = "skip"  # skipping changes the stream
         self._base_state = statemod.base_state(self.config, self.rank, self.world_size)
         self._cursor, self._skip, self._runs = start_cursor(self.rank), 0, []
         if resume_state is not None:
@@ -138,7 +143,8 @@ class ShmLoader:
             values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))
             elapsed = time.monotonic() - p.started_at
             out.update(tokens_read=values["tokens"], docs_read=values["docs"], nulls=values["nulls"],
-                       pieces=values["pieces"], tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
+                       pieces=values["pieces"], bad_row_groups_skipped=values["skipped_rg"],
+                       tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
                        ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
                        ring_slots=self.n_slots, epoch=max(out["epoch"], values["epoch"]))
             if self.bestfit:
@@ -178,7 +184,7 @@ class ShmLoader:
         cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
                                 "", layout, self.max_piece_docs, self.packing, self.B, self.T,
                                 self.buffer_size, self.tokenizer_batch_size,
-                                tuple(tuple(r) for r in self._runs))
+                                tuple(tuple(r) for r in self._runs), self.on_bad_row_group)
         self._procs = start_children(self, layout, cargs)
 
     def _stop(self):
@@ -203,8 +209,10 @@ class ShmLoader:
         if p.inflight:
             self._flush_copies(wait_all=False)
         p.check_alive()
-        if p.conn.poll():
-            return p.receive()
+        while p.conn.poll():
+            got = p.receive()
+            if got is not None:
+                return got
         started = time.monotonic()
         deadline = started + self.timeout
         if p.inflight:
@@ -212,8 +220,11 @@ class ShmLoader:
         while True:
             ready = wait([p.conn, *p.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if p.conn in ready:
-                self._stats["wait_s"] += time.monotonic() - started
-                return p.receive()
+                got = p.receive()
+                if got is not None:
+                    self._stats["wait_s"] += time.monotonic() - started
+                    return got
+                continue
             if ready:
                 p.check_alive()
             if time.monotonic() >= deadline:

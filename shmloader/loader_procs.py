@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 import types
+import warnings
 from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
@@ -60,6 +61,9 @@ class Children:
             raise errors.WorkerError("the coordinator closed its pipe without an error") from None
         if msg[0] == "batch":
             return msg[1], msg[2]
+        if msg[0] == "warn":
+            warnings.warn(f"shmloader: {msg[1]}", stacklevel=4)
+            return None
         _raise_reported(msg)
 
     def check_alive(self):
@@ -174,7 +178,8 @@ def _spawn(kids: Children, loader, layout, cargs):
                                    args=(cargs, coord_end, [a for a, _ in pipes], alive_r))
     for i, (_, end) in enumerate(pipes):
         wargs = WorkerArgs(i, loader.files, loader.tokenizer, cargs.ring_name, layout,
-                           loader.tokenizer_batch_size, loader.packing, loader.B, loader.T)
+                           loader.tokenizer_batch_size, loader.packing, loader.B, loader.T,
+                           loader.on_bad_row_group)
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(wargs, end, alive_r)))
     try:

@@ -86,7 +86,11 @@ class ParquetSource:
         if self._last is None or self._last[:2] != (f, rg):
             self._last = None
             self._last = (f, rg, self._read_column(f, rg))
-        return self._last[2].slice(start, end - start).to_pylist()
+        try:
+            return self._last[2].slice(start, end - start).to_pylist()
+        except (UnicodeDecodeError, pa.ArrowException) as exc:
+            raise DataError(f"{self.files[f]}: row group {rg}, rows {start}-{end}: the text is not "
+                            f"valid UTF-8 ({exc}); fix the file or pass on_bad_row_group='skip'") from exc
 
     def _read_column(self, f: int, rg: int):
         path = self.files[f]

@@ -41,6 +41,7 @@ class WorkerArgs:
     packing: str = "concat"
     B: int = 0
     T: int = 0
+    on_bad_row_group: str = "raise"
 
 
 class _Stop(Exception):
@@ -156,7 +157,13 @@ class _Docs(list):
 
 def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     spec = ctx.args.tokenizer
-    texts = source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
+    try:
+        texts = source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
+    except DataError as exc:
+        if ctx.args.on_bad_row_group != "skip":
+            raise
+        ctx.conn.send(("skipped", piece.index, f"skipped a bad row group: {exc}"))
+        texts = [None] * piece.n_docs
     lengths = np.zeros(len(texts), dtype=np.int64)
     bos = np.array([spec.bos], dtype=spec.dtype)
     parts = []
