@@ -189,7 +189,7 @@ class _Coordinator:
         elif msg[0] == "skipped":
             self._skipped(msg[1], msg[2])
         elif msg[0] == "counted":
-            self.docs_seen += self._count_stats(msg[2], self.skipped.pop(msg[1], 0))
+            self.docs_seen += self._count_stats(msg[2], self.skipped.pop(msg[1], 0), msg[3])
             piece = self.mode.counted(msg[1], msg[2])
             if self.docs_seen == 0 and piece.epoch >= self.args.start.epoch + 2:
                 raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
@@ -201,8 +201,10 @@ class _Coordinator:
         else:
             raise RuntimeError(f"coordinator: unknown message {msg[0]!r}")
 
-    def _count_stats(self, lengths: np.ndarray, skipped_rows: int) -> int:
+    def _count_stats(self, lengths: np.ndarray, skipped_rows: int, cache_hit) -> int:
         stats, live = self.ring.stats, int(np.count_nonzero(lengths))
+        if cache_hit is not None:
+            stats[8 if cache_hit else 9] += 1
         stats[0] += int(lengths.sum())
         stats[1] += live
         stats[2] += len(lengths) - live - skipped_rows

@@ -46,12 +46,13 @@ class ShmLoader:
                  packing: str = "concat", num_workers: int = 4, device="cuda", *, rank=None,
                  world_size=None, resume_state=None, n_slots: int = 8, tokenizer_batch_size: int = 128,
                  buffer_size: int = 1000, max_piece_docs: int = 1024, start_method: str = "forkserver",
-                 timeout: float = 300.0, on_bad_row_group: str = "raise"):
+                 timeout: float = 300.0, on_bad_row_group: str = "raise", cache_dir=None):
         _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
                     start_method, timeout, buffer_size)
         if on_bad_row_group not in ("raise", "skip"):
             raise ValueError(f"on_bad_row_group must be 'raise' or 'skip', got {on_bad_row_group!r}")
         self.on_bad_row_group = on_bad_row_group
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self.B, self.T, self.split, self.packing = B, T, split, packing
         self.num_workers, self.n_slots, self.timeout = num_workers, n_slots, timeout
         self.tokenizer_batch_size, self.max_piece_docs = tokenizer_batch_size, max_piece_docs
@@ -144,6 +145,7 @@ class ShmLoader:
             elapsed = time.monotonic() - p.started_at
             out.update(tokens_read=values["tokens"], docs_read=values["docs"], nulls=values["nulls"],
                        pieces=values["pieces"], bad_row_groups_skipped=values["skipped_rg"],
+                       cache_hits=values["cache_hits"], cache_misses=values["cache_misses"],
                        tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
                        ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
                        ring_slots=self.n_slots, epoch=max(out["epoch"], values["epoch"]))

@@ -22,6 +22,7 @@ class TokenizerSpec:
     payload: bytes     # the pickled Encoding or object
     bos: int
     fingerprint: str
+    n_vocab: int = 0   # 0 when unknown
 
     @property
     def dtype(self):
@@ -79,7 +80,7 @@ def _tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
     for piece, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
         h.update(piece)
         h.update(rank.to_bytes(4, "little"))
-    return TokenizerSpec("tiktoken", pickle.dumps(enc), int(bos), h.hexdigest()[:16])
+    return TokenizerSpec("tiktoken", pickle.dumps(enc), int(bos), h.hexdigest()[:16], enc.n_vocab)
 
 
 def build(spec: TokenizerSpec):

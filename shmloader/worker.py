@@ -22,6 +22,7 @@ import numpy as np
 
 from . import ring as ringmod
 from . import tokenizer as tokmod
+from .cache import TokenCache, slice_rows
 from .errors import DataError
 from .plan import Piece
 from .ring import RingLayout
@@ -42,6 +43,7 @@ class WorkerArgs:
     B: int = 0
     T: int = 0
     on_bad_row_group: str = "raise"
+    cache_dir: str | None = None
 
 
 class _Stop(Exception):
@@ -77,16 +79,20 @@ def worker_main(args: WorkerArgs, conn, alive):
 def _loop(ctx: _Ctx):
     encode = tokmod.build(ctx.args.tokenizer)
     source = ParquetSource(ctx.args.files)
+    spec = ctx.args.tokenizer
+    cache = TokenCache(ctx.args.cache_dir, spec.fingerprint, spec.n_vocab) if ctx.args.cache_dir else None
     while True:
         if ctx.tasks:
             piece = ctx.tasks[0]
             ctx.ring.workers[ctx.args.index, 1:] = (piece.index, piece.file, piece.rg, piece.doc_start)
-            tokens, lengths = _tokenize(ctx, source, encode, piece)
+            tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
             ctx.tasks.popleft()
+            if ctx.args.packing == "bos_bestfit":
+                tokens = _per_doc(tokens, lengths)
             if len(tokens) and getattr(tokens, "live", 1):
                 ctx.held[piece.index] = tokens
             ctx.ring.workers[ctx.args.index, 1] = -1
-            ctx.conn.send(("counted", piece.index, lengths))
+            ctx.conn.send(("counted", piece.index, lengths, hit))
             continue
         ready = wait([ctx.conn, ctx.alive], timeout=IDLE_WAIT_S)
         if ctx.alive in ready:
@@ -155,6 +161,22 @@ class _Docs(list):
     live = 0
 
 
+def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece: Piece):
+    """(tokens, lengths, hit): hit is None without a cache, else whether it served the piece."""
+    if cache is None:
+        return (*_tokenize(ctx, source, encode, piece)[:2], None)
+    path = ctx.args.files[piece.file]
+    entry = cache.load(path, piece.rg)
+    if entry is not None:
+        lengths, tokens = slice_rows(*entry, piece.doc_start, piece.doc_end)
+        return tokens, lengths, True
+    tokens, lengths, bad = _tokenize(ctx, source, encode, piece)
+    whole = piece.doc_start == 0 and piece.doc_end == source.row_counts(piece.file)[piece.rg]
+    if whole and not bad:
+        cache.store(path, piece.rg, lengths, tokens)
+    return tokens, lengths, False
+
+
 def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     spec = ctx.args.tokenizer
     try:
@@ -163,7 +185,7 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
         if ctx.args.on_bad_row_group != "skip":
             raise
         ctx.conn.send(("skipped", piece.index, f"skipped a bad row group: {exc}"))
-        texts = [None] * piece.n_docs
+        return np.empty(0, ctx.args.tokenizer.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     lengths = np.zeros(len(texts), dtype=np.int64)
     bos = np.array([spec.bos], dtype=spec.dtype)
     parts = []
@@ -178,19 +200,18 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
             parts.append(ids)
             lengths[i] = len(ids) + 1
         _service(ctx)
-    if ctx.args.packing == "bos_bestfit":
-        return _per_doc(parts, lengths, spec.dtype), lengths
     tokens = np.concatenate(parts).astype(spec.dtype, copy=False) if parts else np.empty(0, spec.dtype)
-    return tokens, lengths
+    return tokens, lengths, False
 
 
-def _per_doc(parts: list, lengths: np.ndarray, dtype) -> "_Docs":
+def _per_doc(tokens: np.ndarray, lengths: np.ndarray) -> "_Docs":
+    """Best fit keeps each document on its own (a copy), so that a document that lingers in
+    the buffer does not pin its whole piece in memory."""
     docs = _Docs([None] * len(lengths))
-    pairs = iter(zip(parts[0::2], parts[1::2]))
+    ends = np.cumsum(lengths).tolist()
     live = np.flatnonzero(lengths).tolist()
     for i in live:
-        bos, ids = next(pairs)
-        docs[i] = np.concatenate((bos, ids.astype(dtype, copy=False)))
+        docs[i] = np.array(tokens[ends[i] - lengths[i]:ends[i]])
     docs.live = len(live)
     return docs
 
