@@ -1,0 +1,80 @@
+"""Fill shmloader's token cache for a split ahead of time, on every core.
+
+    python tools/pretokenize.py --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split train]
+
+Each row group of the split (all ranks: the cache is shared) is tokenized once and written as
+the loader's workers would write it; entries already present and valid are skipped, so a
+second run does nothing. Prints what it did and the disk the cache takes.
+"""
+import argparse
+import multiprocessing
+import os
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from shmloader import cache as cachemod
+from shmloader import source, tokenizer as tokmod
+
+
+def _init(spec_, cache_dir_):
+    global _SPEC, _ENCODE, _CACHE
+    _SPEC = spec_
+    _ENCODE = tokmod.build(spec_)
+    _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab)
+
+
+def _one(job):
+    path, rg = job
+    if _CACHE.load(path, rg) is not None:
+        return 0, False
+    texts = source.ParquetSource([path]).read_texts(0, rg, 0, _rows(path, rg))
+    lengths = np.zeros(len(texts), dtype=np.int64)
+    parts = []
+    bos = np.array([_SPEC.bos], dtype=_SPEC.dtype)
+    for i, text in enumerate(texts):
+        if text is not None:
+            ids = _ENCODE(text)
+            parts += [bos, ids.astype(_SPEC.dtype, copy=False)]
+            lengths[i] = len(ids) + 1
+    tokens = np.concatenate(parts) if parts else np.empty(0, _SPEC.dtype)
+    _CACHE.store(path, rg, lengths, tokens)
+    return int(tokens.size), True
+
+
+def _rows(path: str, rg: int) -> int:
+    return source.ParquetSource([path]).row_counts(0)[rg]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="directory, glob or file of parquet shards")
+    ap.add_argument("--tokenizer", required=True, help="tokenizer.pkl or its directory")
+    ap.add_argument("--cache-dir", required=True, help="the loader's cache_dir")
+    ap.add_argument("--split", choices=["train", "val", "all"], default="all",
+                    help="which files to tokenize (default: all)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
+    args = ap.parse_args(argv)
+    files = source.list_files(args.data)
+    if args.split != "all":
+        files = source.split_files(files, args.split)
+    spec = tokmod.resolve(args.tokenizer)
+    jobs = [(f, rg) for f in files for rg in range(len(source.ParquetSource([f]).row_counts(0)))]
+    t0 = time.monotonic()
+    done = tokens = 0
+    ctx = multiprocessing.get_context("forkserver")
+    with ctx.Pool(args.workers, initializer=_init, initargs=(spec, args.cache_dir)) as pool:
+        for n, wrote in tqdm(pool.imap_unordered(_one, jobs), total=len(jobs), unit="rg"):
+            done += wrote
+            tokens += n
+    dt = time.monotonic() - t0
+    root = os.path.join(args.cache_dir, spec.fingerprint)
+    size = sum(e.stat().st_size for e in os.scandir(root)) if os.path.isdir(root) else 0
+    print(f"{len(jobs)} row groups: {done} tokenized ({tokens / 1e6:.1f}M tokens, "
+          f"{tokens / max(dt, 1e-9) / 1e6:.2f}M tokens/s), {len(jobs) - done} already cached; "
+          f"cache {root} holds {size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
