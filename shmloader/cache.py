@@ -28,22 +28,27 @@ HEADER = np.dtype("<u8")
 N_HEADER = 8
 
 
-def identity(path: str) -> int:
+def identity(path: str, filesystem=None) -> int:
     """64-bit hash of a data file's absolute path, size and modification time."""
-    st = os.stat(path)
-    key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    if filesystem is None:
+        st = os.stat(path)
+        key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    else:
+        info = filesystem.get_file_info(path)
+        key = f"{filesystem.type_name}:{path}\0{info.size}\0{info.mtime_ns}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
 
 
 class TokenCache:
-    def __init__(self, cache_dir: str, tokenizer_fingerprint: str, n_vocab: int):
+    def __init__(self, cache_dir: str, tokenizer_fingerprint: str, n_vocab: int, filesystem=None):
+        self.filesystem = filesystem
         self.dir = os.path.join(os.fspath(cache_dir), tokenizer_fingerprint)
         self.dtype = np.dtype("<u2") if 0 < n_vocab <= 1 << 16 else np.dtype("<u4")
         self._ids = {}
 
     def _identity(self, path: str) -> int:
         if path not in self._ids:
-            self._ids[path] = identity(path)
+            self._ids[path] = identity(path, self.filesystem)
         return self._ids[path]
 
     def path_of(self, path: str, rg: int) -> str:

@@ -47,6 +47,7 @@ class CoordinatorArgs:
     chunk_docs: int = 0
     buffer_runs: tuple = ()
     on_bad_row_group: str = "raise"
+    filesystem: object = None
 
 
 class _Stop(Exception):
@@ -141,7 +142,7 @@ class _BestFit:
 
 
 def _pieces(args: CoordinatorArgs, ramp, cap, first_index, warn):
-    source = ParquetSource(args.files)
+    source = ParquetSource(args.files, args.filesystem)
 
     def row_counts(f: int) -> list[int]:
         try:

@@ -46,7 +46,8 @@ class ShmLoader:
                  packing: str = "concat", num_workers: int = 4, device="cuda", *, rank=None,
                  world_size=None, resume_state=None, n_slots: int = 8, tokenizer_batch_size: int = 128,
                  buffer_size: int = 1000, max_piece_docs: int = 1024, start_method: str = "forkserver",
-                 timeout: float = 300.0, on_bad_row_group: str = "raise", cache_dir=None):
+                 timeout: float = 300.0, on_bad_row_group: str = "raise", cache_dir=None,
+                 filesystem=None):
         _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
                     start_method, timeout, buffer_size)
         if on_bad_row_group not in ("raise", "skip"):
@@ -66,7 +67,8 @@ class ShmLoader:
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank {self.rank} of {self.world_size}")
-        self.files = source.split_files(source.list_files(data), split)
+        self.filesystem = source.filesystem_for(data, filesystem)
+        self.files = source.split_files(source.list_files(data, self.filesystem), split)
         self.tokenizer = tokmod.resolve(tokenizer)
         self.config = {"B": B, "T": T, "split": split, "packing": packing,
                        "data": statemod.data_fingerprint(self.files),
@@ -186,7 +188,8 @@ class ShmLoader:
         cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
                                 "", layout, self.max_piece_docs, self.packing, self.B, self.T,
                                 self.buffer_size, self.tokenizer_batch_size,
-                                tuple(tuple(r) for r in self._runs), self.on_bad_row_group)
+                                tuple(tuple(r) for r in self._runs), self.on_bad_row_group,
+                                self.filesystem)
         self._procs = start_children(self, layout, cargs)
 
     def _stop(self):

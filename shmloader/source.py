@@ -1,12 +1,17 @@
 """Finding the shards and reading their `text` column; used by the coordinator and workers.
 
 Files are sorted by name; `train` is all but the last file, `val` the last (nanochat's
-convention). Every failure is a `DataError` naming the file, the row group and what to do.
+convention). `data` may be local (a directory, a glob, a list, `file://` URIs) or on any
+`pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`; credentials and endpoints
+from the usual environment or the URI's query, e.g. `?endpoint_override=host:port&scheme=http`,
+or an explicit `filesystem=`). Every failure is a `DataError` naming the file, the row group
+and what to do.
 """
 import glob
 import os
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .errors import DataError
@@ -17,10 +22,36 @@ def default_data_dir() -> str:
     return os.path.join(base, "base_data")
 
 
-def list_files(data) -> list[str]:
+def filesystem_for(data, filesystem=None):
+    """The pyarrow filesystem `data` lives on, or None for local paths."""
+    if filesystem is not None:
+        return filesystem
+    first = data if isinstance(data, str) else (next(iter(data), "") if isinstance(data, (list, tuple)) else "")
+    if isinstance(first, str) and "://" in first and not first.startswith("file://"):
+        try:
+            return pafs.FileSystem.from_uri(first)[0]
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise DataError(f"{first}: cannot open its filesystem ({exc}); check the URI, the "
+                            f"credentials and the endpoint") from exc
+    return None
+
+
+def _fs_path(uri: str) -> str:
+    """The path inside its filesystem: 's3://bucket/key?x=y' -> 'bucket/key'."""
+    if "://" not in uri:
+        return uri
+    return uri.split("://", 1)[1].split("?", 1)[0]
+
+
+def list_files(data, filesystem=None) -> list[str]:
     """All parquet files of `data`: a directory, a glob, or a list of paths; sorted by name."""
     if data is None:
         data = default_data_dir()
+    fs = filesystem_for(data, filesystem)
+    if fs is not None:
+        return _list_remote(data, fs)
+    if isinstance(data, str) and data.startswith("file://"):
+        data = data[len("file://"):]
     if isinstance(data, (str, os.PathLike)):
         data = os.fspath(data)
         if any(c in data for c in "*?["):
@@ -36,10 +67,33 @@ def list_files(data) -> list[str]:
             raise DataError(f"no *.parquet files in {data}: download or write shards there "
                             f"(tools/make_shards.py writes some)")
     else:
-        files = [os.fspath(f) for f in data]
+        files = [os.fspath(f).removeprefix("file://") for f in data]
         if not files:
             raise DataError("data is an empty list of files")
     return sorted(files)
+
+
+def _list_remote(data, fs) -> list[str]:
+    if not isinstance(data, str):
+        files = [_fs_path(os.fspath(f)) for f in data]
+        if not files:
+            raise DataError("data is an empty list of files")
+        return sorted(files)
+    path = _fs_path(data).rstrip("/")
+    try:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return [path]
+        if info.type == pafs.FileType.NotFound:
+            raise DataError(f"{data}: not found on {fs.type_name}: check the bucket and prefix")
+        found = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{data}: cannot list it on {fs.type_name} ({exc}); check the endpoint, "
+                        f"the credentials and the bucket") from exc
+    files = sorted(f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet"))
+    if not files:
+        raise DataError(f"no *.parquet files in {data}")
+    return files
 
 
 def split_files(files: list[str], split: str) -> list[str]:
@@ -56,8 +110,9 @@ def split_files(files: list[str], split: str) -> list[str]:
 class ParquetSource:
     """Lazily opened parquet files; caches the footers and the last row group read."""
 
-    def __init__(self, files: list[str]):
+    def __init__(self, files: list[str], filesystem=None):
         self.files = files
+        self.filesystem = filesystem
         self._open = {}
         self._last = None  # (file, rg, text column)
 
@@ -66,7 +121,7 @@ class ParquetSource:
         if pf is None:
             path = self.files[f]
             try:
-                pf = pq.ParquetFile(path)
+                pf = pq.ParquetFile(path, filesystem=self.filesystem)
             except FileNotFoundError as exc:
                 raise DataError(f"{path}: file not found ({exc})") from exc
             except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:

@@ -44,6 +44,7 @@ class WorkerArgs:
     T: int = 0
     on_bad_row_group: str = "raise"
     cache_dir: str | None = None
+    filesystem: object = None
 
 
 class _Stop(Exception):
@@ -78,9 +79,10 @@ def worker_main(args: WorkerArgs, conn, alive):
 
 def _loop(ctx: _Ctx):
     encode = tokmod.build(ctx.args.tokenizer)
-    source = ParquetSource(ctx.args.files)
+    source = ParquetSource(ctx.args.files, ctx.args.filesystem)
     spec = ctx.args.tokenizer
-    cache = TokenCache(ctx.args.cache_dir, spec.fingerprint, spec.n_vocab) if ctx.args.cache_dir else None
+    cache = (TokenCache(ctx.args.cache_dir, spec.fingerprint, spec.n_vocab, ctx.args.filesystem)
+             if ctx.args.cache_dir else None)
     while True:
         if ctx.tasks:
             piece = ctx.tasks[0]
