@@ -10,6 +10,7 @@ freed only once a CUDA event recorded after the copy has completed. Waiting for 
 See NOTE [ring protocol] in docs/design.md.
 """
 import atexit
+import logging
 import os
 import time
 import weakref
@@ -47,12 +48,13 @@ class ShmLoader:
                  world_size=None, resume_state=None, n_slots: int = 8, tokenizer_batch_size: int = 128,
                  buffer_size: int = 1000, max_piece_docs: int = 1024, start_method: str = "forkserver",
                  timeout: float = 300.0, on_bad_row_group: str = "raise", cache_dir=None,
-                 filesystem=None):
+                 filesystem=None, bos: int | None = None, log_every: int = 0):
         _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
                     start_method, timeout, buffer_size)
         if on_bad_row_group not in ("raise", "skip"):
             raise ValueError(f"on_bad_row_group must be 'raise' or 'skip', got {on_bad_row_group!r}")
         self.on_bad_row_group = on_bad_row_group
+        self.log_every = log_every
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self.B, self.T, self.split, self.packing = B, T, split, packing
         self.num_workers, self.n_slots, self.timeout = num_workers, n_slots, timeout
@@ -69,7 +71,7 @@ class ShmLoader:
             raise ValueError(f"rank must be in [0, world_size), got rank {self.rank} of {self.world_size}")
         self.filesystem = source.filesystem_for(data, filesystem)
         self.files = source.split_files(source.list_files(data, self.filesystem), split)
-        self.tokenizer = tokmod.resolve(tokenizer)
+        self.tokenizer = tokmod.resolve(tokenizer, bos)
         self.config = {"B": B, "T": T, "split": split, "packing": packing,
                        "data": statemod.data_fingerprint(self.files),
                        "tokenizer": self.tokenizer.fingerprint}
@@ -113,6 +115,8 @@ class ShmLoader:
             if self.device.type != "cpu":
                 window = window.to(self.device)
         self._stats["batches"] += 1
+        if self.log_every and self._stats["batches"] % self.log_every == 0:
+            self._log()
         if self.bestfit:
             (epoch, file, rg, doc), runs = pos
             self._state = statemod.make_state(self._base_state, epoch, file, rg, doc, 0)
@@ -150,12 +154,23 @@ class ShmLoader:
                        cache_hits=values["cache_hits"], cache_misses=values["cache_misses"],
                        tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
                        ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
-                       ring_slots=self.n_slots, epoch=max(out["epoch"], values["epoch"]))
+                       ring_slots=self.n_slots, epoch=max(out["epoch"], values["epoch"]),
+                       workers=[{"pid": int(r[0]), "tokens": int(r[5]),
+                                 "tokens_per_s": float(r[5] / (r[6] / 1e6)) if r[6] else 0.0}
+                                for r in p.ring.workers])
             if self.bestfit:
                 planned = values["placed"] + values["cropped"]
                 out.update(tokens_cropped=values["cropped"],
                            cropped_fraction=values["cropped"] / planned if planned else 0.0)
         return out
+
+    def _log(self):
+        s = self.stats()
+        extra = f", cropped {s['cropped_fraction']:.1%}" if "cropped_fraction" in s else ""
+        logging.getLogger("shmloader").info(
+            "batch %d: %.2fM tokens/s read, waited %.1f s in next(), ring %d/%d ready, epoch %d%s",
+            s["batches"], s.get("tokens_per_s", 0) / 1e6, s["wait_s"], s.get("ring_ready", 0),
+            self.n_slots, s["epoch"], extra)
 
     def close(self):
         """Stop every process and unlink the shared memory; safe to call twice."""

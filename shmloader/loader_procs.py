@@ -90,7 +90,7 @@ class Children:
         return f"worker {i} (pid {p.pid}){self._piece_text(i)}"
 
     def _piece_text(self, i: int) -> str:
-        pid, piece, f, rg, doc = (int(v) for v in self.ring.workers[i])
+        pid, piece, f, rg, doc = (int(v) for v in self.ring.workers[i, :5])
         if piece < 0:
             return " while idle"
         return f" while reading {self.files[f]}, row group {rg}, documents from {doc}"

@@ -23,7 +23,7 @@ PREFIX = "shml_"
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
 LAYOUT_VERSION = 1
 ALIGN = 4096
-WORKER_FIELDS = ("pid", "piece", "file", "rg", "doc")
+WORKER_FIELDS = ("pid", "piece", "file", "rg", "doc", "tokens", "busy_us")
 STATS_FIELDS = ("tokens", "docs", "nulls", "pieces", "cropped", "epoch", "skipped_rg", "placed",
                 "cache_hits", "cache_misses")
 FIXED_WORDS = 5 + len(STATS_FIELDS)

@@ -1,10 +1,14 @@
 """Tokenizers: resolved in the trainer into a small picklable spec, built once per worker.
 
 Accepted (SPEC §1): a path to a pickled `tiktoken.Encoding` (nanochat's tokenizer.pkl), a
-directory holding one, a `tiktoken.Encoding`, or an object with nanochat's tokenizer
-interface (`encode(text) -> list[int]`, `get_bos_token_id()`; nanochat's RustBPETokenizer is
-unwrapped to its `.enc`). BOS is `<|bos|>`, else `<|endoftext|>`. Documents are encoded as
-ordinary text: special-token strings inside a document are not special.
+directory holding one (or a `tokenizer.json`), a `tiktoken.Encoding`, an object with nanochat's
+tokenizer interface (`encode(text) -> list[int]`, `get_bos_token_id()`; nanochat's
+RustBPETokenizer is unwrapped to its `.enc`), a Hugging Face `tokenizer.json` (needs the
+optional `tokenizers` package) or a `tokenizers.Tokenizer`, or a tiktoken encoding name
+(`"gpt2"`, `"cl100k_base"`: downloaded by tiktoken on first use). BOS is `bos=` when given,
+else `<|bos|>`, else `<|endoftext|>` (Hugging Face: also `<s>`, `[BOS]`, `<|begin_of_text|>`).
+Documents are encoded as ordinary text: special-token strings inside a document are not
+special. Workers rebuild the tokenizer once from the spec's bytes.
 """
 import hashlib
 import os
@@ -14,11 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 BOS_NAMES = ("<|bos|>", "<|endoftext|>")
+HF_BOS_NAMES = BOS_NAMES + ("<|begin_of_text|>", "<s>", "[BOS]", "<bos>")
 
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    kind: str          # "tiktoken" or "object"
+    kind: str          # "tiktoken", "hf" or "object"
     payload: bytes     # the pickled Encoding or object
     bos: int
     fingerprint: str
@@ -26,7 +31,7 @@ class TokenizerSpec:
 
     @property
     def dtype(self):
-        return np.uint32 if self.kind == "tiktoken" else np.int64
+        return np.int64 if self.kind == "object" else np.uint32
 
 
 def default_path() -> str:
@@ -34,36 +39,80 @@ def default_path() -> str:
     return os.path.join(base, "tokenizer", "tokenizer.pkl")
 
 
-def resolve(tokenizer) -> TokenizerSpec:
+def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
     import tiktoken
 
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = _load(os.fspath(tokenizer) if tokenizer is not None else default_path())
+    if isinstance(tokenizer, _HFJson) or type(tokenizer).__module__.startswith("tokenizers"):
+        return _hf_spec(tokenizer, bos)
     enc = getattr(tokenizer, "enc", None)
     if isinstance(enc, tiktoken.Encoding) and hasattr(tokenizer, "get_bos_token_id"):
-        return _tiktoken_spec(enc, int(tokenizer.get_bos_token_id()))
+        return _tiktoken_spec(enc, int(tokenizer.get_bos_token_id()) if bos is None else bos)
     if isinstance(tokenizer, tiktoken.Encoding):
-        return _tiktoken_spec(tokenizer, None)
+        return _tiktoken_spec(tokenizer, bos)
     if callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "get_bos_token_id", None)):
         payload = pickle.dumps(tokenizer)
-        return TokenizerSpec("object", payload, int(tokenizer.get_bos_token_id()),
-                             hashlib.sha256(payload).hexdigest()[:16])
+        bos = int(tokenizer.get_bos_token_id()) if bos is None else bos
+        return TokenizerSpec("object", payload, bos, hashlib.sha256(payload).hexdigest()[:16])
     raise TypeError(f"tokenizer must be a path to tokenizer.pkl, a tiktoken.Encoding or an object "
                     f"with encode() and get_bos_token_id(); got {type(tokenizer).__name__}")
 
 
+class _HFJson(str):
+    """The text of a Hugging Face tokenizer.json."""
+
+
 def _load(path: str):
     if os.path.isdir(path):
-        path = os.path.join(path, "tokenizer.pkl")
+        pkl, js = os.path.join(path, "tokenizer.pkl"), os.path.join(path, "tokenizer.json")
+        path = js if not os.path.isfile(pkl) and os.path.isfile(js) else pkl
     if not os.path.isfile(path):
+        if os.sep not in path and not path.endswith((".pkl", ".json")):
+            return _named_encoding(path)
         raise FileNotFoundError(f"tokenizer not found at {path}: pass tokenizer= (a tokenizer.pkl, "
                                 f"its directory or a tiktoken.Encoding) or set NANOCHAT_BASE_DIR")
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as f:
+            return _HFJson(f.read())
     try:
         with open(path, "rb") as f:
             return pickle.load(f)
     except Exception as exc:
         raise ValueError(f"{path}: not a pickled tokenizer ({type(exc).__name__}: {exc}); "
                          f"re-create it (nanochat: scripts/tok_train.py)") from exc
+
+
+def _named_encoding(name: str):
+    import tiktoken
+
+    if name not in tiktoken.list_encoding_names():
+        raise FileNotFoundError(f"tokenizer {name!r} is neither a file nor a tiktoken encoding name "
+                                f"({', '.join(tiktoken.list_encoding_names())})")
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as exc:
+        raise RuntimeError(f"tiktoken encoding {name!r} is downloaded on first use and could not be "
+                           f"({type(exc).__name__}: {exc}); run once with network access (it is "
+                           f"cached in TIKTOKEN_CACHE_DIR) or pass a tokenizer.pkl") from exc
+
+
+def _hf_spec(tokenizer, bos: int | None) -> TokenizerSpec:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ImportError("a tokenizer.json needs the 'tokenizers' package: pip install tokenizers") from exc
+    text = str(tokenizer) if isinstance(tokenizer, _HFJson) else tokenizer.to_str()
+    tok = Tokenizer.from_str(text)
+    if bos is None:
+        found = [tok.token_to_id(n) for n in HF_BOS_NAMES if tok.token_to_id(n) is not None]
+        if not found:
+            raise ValueError(f"the Hugging Face tokenizer has none of the BOS tokens {HF_BOS_NAMES}: "
+                             f"pass bos=<token id>")
+        bos = found[0]
+    payload = text.encode()
+    return TokenizerSpec("hf", payload, int(bos), hashlib.sha256(payload).hexdigest()[:16],
+                         tok.get_vocab_size())
 
 
 def _tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
@@ -85,6 +134,12 @@ def _tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
 
 def build(spec: TokenizerSpec):
     """The per-document encoder a worker uses: `text -> integer array` (no BOS)."""
+    if spec.kind == "hf":
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(spec.payload.decode())
+        tok.encode_special_tokens = True  # special-token text in a document is ordinary text
+        return lambda text: np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
     obj = pickle.loads(spec.payload)
     if spec.kind == "tiktoken":
         encode = obj.encode_to_numpy

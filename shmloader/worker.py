@@ -13,6 +13,7 @@ traceback, and ends the worker.
 """
 import os
 import signal
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ def worker_main(args: WorkerArgs, conn, alive):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attached = ringmod.Attached(args.ring_name, args.layout)
     ctx = _Ctx(args, conn, alive, attached.ring, deque(), {})
-    ctx.ring.workers[args.index] = (os.getpid(), -1, -1, -1, -1)
+    ctx.ring.workers[args.index, :5] = (os.getpid(), -1, -1, -1, -1)
     try:
         _loop(ctx)
     except (_Stop, EOFError, BrokenPipeError, ConnectionResetError):
@@ -86,8 +87,12 @@ def _loop(ctx: _Ctx):
     while True:
         if ctx.tasks:
             piece = ctx.tasks[0]
-            ctx.ring.workers[ctx.args.index, 1:] = (piece.index, piece.file, piece.rg, piece.doc_start)
+            row = ctx.ring.workers[ctx.args.index]
+            row[1:5] = (piece.index, piece.file, piece.rg, piece.doc_start)
+            began = time.perf_counter()
             tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
+            row[5] += len(tokens)
+            row[6] += int((time.perf_counter() - began) * 1e6)
             ctx.tasks.popleft()
             if ctx.args.packing == "bos_bestfit":
                 tokens = _per_doc(tokens, lengths)
