@@ -214,8 +214,8 @@ def main(argv=None) -> int:
                           lambda: nanochat_style_batches(files, enc, B, T, bos),
                           args.batches, window)
     print(format_table(base, shm))
-    print("(tokens/s: tokens read, B*T+1 per batch; trainer CPU: getrusage of this process per "
-          "batch; first batch: wall time from constructing the loader)")
+    print("(tokens/s: tokens read, B*T+1 per batch; trainer CPU: getrusage of this process per batch;\n"
+          " first batch: wall time from constructing the loader, for shmloader including starting its processes)")
     try:
         n = verify(kept, files, enc, bos, B, T)
     except AssertionError as exc:

@@ -151,7 +151,10 @@ def _alive(pid: int) -> bool:
 
 
 def sweep_stale() -> list[str]:
-    """Unlink segments whose creating process is gone; returns their names."""
+    """Unlink segments whose creating process is gone; returns their names.
+
+    Liveness is judged in this PID namespace: containers that share one /dev/shm
+    (`--ipc=host`) but not their PIDs must not run loaders side by side."""
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:

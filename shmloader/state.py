@@ -46,7 +46,7 @@ def check(state, config: dict, rank: int, world: int, n_files: int) -> tuple[Cur
         raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
     if "version" not in state:
         return _nanochat(state, rank, world, n_files), 0
-    if state["version"] != VERSION:
+    if type(state["version"]) is not int or state["version"] != VERSION:
         raise ValueError(f"resume state field 'version' is {state['version']!r}; this shmloader "
                          f"reads version {VERSION}")
     _check_config(state, config, world)

@@ -42,8 +42,10 @@ def default_path() -> str:
 def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
     import tiktoken
 
+    origin = type(tokenizer).__name__
     if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = _load(os.fspath(tokenizer) if tokenizer is not None else default_path())
+        origin = os.fspath(tokenizer) if tokenizer is not None else default_path()
+        tokenizer = _load(origin)
     if isinstance(tokenizer, _HFJson) or type(tokenizer).__module__.startswith("tokenizers"):
         return _hf_spec(tokenizer, bos)
     enc = getattr(tokenizer, "enc", None)
@@ -54,9 +56,15 @@ def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
     if callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "get_bos_token_id", None)):
         payload = pickle.dumps(tokenizer)
         bos = int(tokenizer.get_bos_token_id()) if bos is None else bos
-        return TokenizerSpec("object", payload, bos, hashlib.sha256(payload).hexdigest()[:16])
-    raise TypeError(f"tokenizer must be a path to tokenizer.pkl, a tiktoken.Encoding or an object "
-                    f"with encode() and get_bos_token_id(); got {type(tokenizer).__name__}")
+        return TokenizerSpec("object", payload, bos, _fingerprint(hashlib.sha256(payload), bos))
+    raise TypeError(f"{origin}: a tokenizer must be a path to tokenizer.pkl, a tiktoken.Encoding or "
+                    f"an object with encode() and get_bos_token_id(); got {type(tokenizer).__name__}")
+
+
+def _fingerprint(h, bos: int) -> str:
+    """What identifies a tokenizer's output: its definition and the BOS id."""
+    h.update(f"bos={bos}".encode())
+    return h.hexdigest()[:16]
 
 
 class _HFJson(str):
@@ -111,7 +119,8 @@ def _hf_spec(tokenizer, bos: int | None) -> TokenizerSpec:
                              f"pass bos=<token id>")
         bos = found[0]
     payload = text.encode()
-    return TokenizerSpec("hf", payload, int(bos), hashlib.sha256(payload).hexdigest()[:16],
+    canonical = hashlib.sha256(tok.to_str().encode())  # save() pretty-prints, to_str() does not
+    return TokenizerSpec("hf", payload, int(bos), _fingerprint(canonical, int(bos)),
                          tok.get_vocab_size())
 
 
@@ -129,7 +138,7 @@ def _tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
     for piece, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
         h.update(piece)
         h.update(rank.to_bytes(4, "little"))
-    return TokenizerSpec("tiktoken", pickle.dumps(enc), int(bos), h.hexdigest()[:16], enc.n_vocab)
+    return TokenizerSpec("tiktoken", pickle.dumps(enc), int(bos), _fingerprint(h, int(bos)), enc.n_vocab)
 
 
 def build(spec: TokenizerSpec):
