@@ -10,7 +10,11 @@ that changes gets a new identity, so its old entries are never served. Layout (l
     tokens  n_tokens x uint16|uint32, every non-null row as [BOS] + tokens, in row order
 
 Tokens are uint16 when the vocabulary has at most 65536 entries (2.0 GB per billion tokens),
-else uint32 (4.0 GB). Writes go to a temporary name and are renamed into place, so a killed
+else uint32 (4.0 GB). The loader stores a row group when one of its workers read it whole: with
+a cache, pieces after a run's first ramp are whole row groups, so everything but the ramped
+start of a run's first row group is cached on the first pass (tools/pretokenize.py fills all).
+A row group whose ids do not fit, or a store that fails (read-only directory, full disk), is
+simply not cached; the stream is unchanged. Writes go to a temporary name and are renamed into place, so a killed
 writer never leaves a file that looks valid; a file whose size, header or crc32 is wrong is
 ignored (a miss) and rewritten. Several loaders may fill one cache at once: each rename is
 atomic and every writer writes the same bytes. Used by workers and tools/pretokenize.py.
@@ -79,10 +83,15 @@ class TokenCache:
             return None
         return lengths, tokens
 
+    def fits(self, tokens: np.ndarray) -> bool:
+        info = np.iinfo(self.dtype)
+        return not tokens.size or (int(tokens.min()) >= 0 and int(tokens.max()) <= info.max)
+
     def store(self, path: str, rg: int, lengths: np.ndarray, tokens: np.ndarray):
         """Write an entry atomically (temporary file, then rename)."""
-        if tokens.size and int(tokens.max()) > np.iinfo(self.dtype).max:
-            raise ValueError(f"token id {int(tokens.max())} does not fit the cache's {self.dtype}")
+        if not self.fits(tokens):
+            raise ValueError(f"token ids {int(tokens.min())}..{int(tokens.max())} do not fit the "
+                             f"cache's {self.dtype}")
         body = np.ascontiguousarray(lengths, dtype="<i8").tobytes() + \
             np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
         head = np.array([MAGIC, VERSION, len(lengths), tokens.size, self.dtype.itemsize,
@@ -99,6 +108,32 @@ class TokenCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+def sweep_temporaries(cache_dir: str) -> int:
+    """Remove the temporary files of writers that died (their pid is in the name)."""
+    removed = 0
+    for root, _, names in os.walk(cache_dir):
+        for name in names:
+            head, sep, tail = name.partition(".tmp-")
+            pid = tail.split("-", 1)[0]
+            if sep and pid.isdigit() and not _alive(int(pid)):
+                try:
+                    os.unlink(os.path.join(root, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def slice_rows(lengths: np.ndarray, tokens: np.ndarray, start: int, end: int):

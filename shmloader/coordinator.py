@@ -197,7 +197,7 @@ class _Coordinator:
                                 f"files held no document with text (all null or no rows)")
         elif msg[0] == "written":
             self.mode.written(msg)
-        elif msg[0] == "error":
+        elif msg[0] in ("error", "warn"):
             self.trainer.send(msg)
         else:
             raise RuntimeError(f"coordinator: unknown message {msg[0]!r}")

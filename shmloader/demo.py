@@ -7,7 +7,8 @@
    CPython 3.11) as 4 parquet shards with row groups of 64 documents in `base_data/`
    (train = the first 3 files), and a byte-level BPE of `--vocab-size` tokens in
    `tokenizer/tokenizer.pkl`. Building takes a few seconds; a second run reuses it
-   (`demo.json` records what was built and for which Python).
+   (`demo.json` records what was built and for which Python). A directory holding shards or a
+   tokenizer that the demo did not write is refused, never overwritten.
 2. The same B x T batches from the same files, one loader after the other: `ShmLoader` on the
    CPU with `--workers` worker processes, then `reference.nanochat_style_batches` (4 tokenizer
    threads, chunks of 128 documents, all in the training process).
@@ -39,6 +40,7 @@ from . import corpus
 NUM_FILES = 4
 ROW_GROUP_DOCS = 64
 MANIFEST = "demo.json"
+OWNER = "shmloader.demo"
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,15 @@ def prepare_data(out_dir, vocab_size: int = 4096, *, num_files: int = NUM_FILES,
     tok_ok = shards_ok and manifest.get("tokenizer", {}).get("requested") == vocab_size and tok_path.is_file()
     if shards_ok and tok_ok:
         return DemoData(data_dir, tok_path, manifest["n_docs"], num_files, manifest["tokenizer"]["n_vocab"])
+    ours = manifest.get("owner") == OWNER or "shards" in manifest
+    if not ours and (any(data_dir.glob("*.parquet")) or tok_path.exists()):
+        raise ValueError(f"{out_dir} holds parquet shards or a tokenizer that the demo did not write "
+                         f"(no {MANIFEST} of ours): pick an empty or new --out-dir")
     started = time.perf_counter()
     texts = corpus.stdlib_texts()
+    out_dir.mkdir(parents=True, exist_ok=True)
     if not shards_ok:
-        manifest = {}
-        manifest_path.unlink(missing_ok=True)
+        manifest_path.write_text(json.dumps({"owner": OWNER}) + "\n")  # ours, even if interrupted
         for old in data_dir.glob("*.parquet"):
             old.unlink()
         log(f"writing {len(texts)} documents that ship with Python as {num_files} parquet files "
@@ -83,7 +89,7 @@ def prepare_data(out_dir, vocab_size: int = 4096, *, num_files: int = NUM_FILES,
     log(f"training a {vocab_size}-token BPE tokenizer on them ...")
     enc = corpus.train_tokenizer(texts, vocab_size)
     corpus.save_tokenizer(enc, tok_path)
-    manifest = {"shards": key, "n_docs": len(texts),
+    manifest = {"owner": OWNER, "shards": key, "n_docs": len(texts),
                 "tokenizer": {"requested": vocab_size, "n_vocab": enc.n_vocab}}
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"data ready in {time.perf_counter() - started:.1f} s (cached for the next run)")
@@ -189,7 +195,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     B, T, window = args.batch_size, args.seq_len, args.batch_size * args.seq_len + 1
-    data = prepare_data(args.out_dir, args.vocab_size)
+    try:
+        data = prepare_data(args.out_dir, args.vocab_size)
+    except ValueError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 2
     import torch  # noqa: F401  (imported before any timing: SPEC §5)
 
     from . import source

@@ -18,6 +18,7 @@ from multiprocessing.connection import wait
 
 import torch
 
+from . import cache as cachemod
 from . import errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
 from .coordinator import CoordinatorArgs, coordinator_main
@@ -56,6 +57,8 @@ class ShmLoader:
         self.on_bad_row_group = on_bad_row_group
         self.log_every = log_every
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        if self.cache_dir is not None:
+            cachemod.sweep_temporaries(self.cache_dir)
         self.B, self.T, self.split, self.packing = B, T, split, packing
         self.num_workers, self.n_slots, self.timeout = num_workers, n_slots, timeout
         self.tokenizer_batch_size, self.max_piece_docs = tokenizer_batch_size, max_piece_docs
@@ -201,11 +204,15 @@ class ShmLoader:
         window = 2 * self.B * self.T if self.bestfit else self.B * self.T + 1
         layout = RingLayout(self.n_slots, window, self.num_workers)
         cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
-                                "", layout, self.max_piece_docs, self.packing, self.B, self.T,
+                                "", layout, self._piece_cap(), self.packing, self.B, self.T,
                                 self.buffer_size, self.tokenizer_batch_size,
                                 tuple(tuple(r) for r in self._runs), self.on_bad_row_group,
                                 self.filesystem)
         self._procs = start_children(self, layout, cargs)
+
+    def _piece_cap(self) -> int:
+        """With a cache, pieces after the ramp are whole row groups so that they get cached."""
+        return self.max_piece_docs if self.cache_dir is None else 1 << 40
 
     def _stop(self):
         procs, self._procs = self._procs, None

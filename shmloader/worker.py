@@ -179,8 +179,11 @@ def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece:
         return tokens, lengths, True
     tokens, lengths, bad = _tokenize(ctx, source, encode, piece)
     whole = piece.doc_start == 0 and piece.doc_end == source.row_counts(piece.file)[piece.rg]
-    if whole and not bad:
-        cache.store(path, piece.rg, lengths, tokens)
+    if whole and not bad and cache.fits(tokens):
+        try:
+            cache.store(path, piece.rg, lengths, tokens)
+        except OSError as exc:
+            ctx.conn.send(("warn", f"worker {ctx.args.index}: token cache not written ({exc})"))
     return tokens, lengths, False
 
 

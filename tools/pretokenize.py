@@ -1,6 +1,6 @@
 """Fill shmloader's token cache for a split ahead of time, on every core.
 
-    python tools/pretokenize.py --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split train]
+    python tools/pretokenize.py --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split all]
 
 Each row group of the split (all ranks: the cache is shared) is tokenized once and written as
 the loader's workers would write it; entries already present and valid are skipped, so a

@@ -1,0 +1,396 @@
+"""Benchmark shmloader against today's nanochat loader, side by side on the same data in one run.
+
+    python tools/bench.py                      # workers 1 2, 10 s per measurement (~1.5 min)
+    python tools/bench.py --quick              # ~30 s
+    python tools/bench.py --workers 1 2 4 --json bench_out/bench.json
+
+Every loader configuration (the baseline, then shmloader with each `--workers` count) runs
+in a fresh child process, so that its peak RSS is its own; the children run one after the
+other, never together. Figures (SPEC §5):
+
+- tokens/s: tokens read (B*T+1 per concat batch) per wall second, consuming as fast as
+  possible for `--seconds`, counted from the first batch; "vs base" is the ratio to the
+  baseline measured in the same run.
+- trainer CPU us/batch: user + system CPU time of the training process (getrusage
+  RUSAGE_SELF, all threads) per batch over that same loop.
+- first batch: wall time from constructing a loader to its first batch in a process that
+  has already imported torch; the median of `--first-runs` fresh loaders. "cold" is the first
+  of them, which for shmloader also starts multiprocessing's forkserver.
+- trainer cost: the CPU time of each `next()` alone (getrusage deltas around the call) while
+  the consumer sleeps `--cost-sleep-ms` between calls, so that batches are always ready.
+- RSS: the trainer's peak (ru_maxrss) and the largest worker's peak (VmHWM in /proc).
+- raw tiktoken: single-thread `encode_to_numpy(text, disallowed_special=())` and
+  `encode_ordinary(text)` over the same documents in this (the main) process; per-worker
+  efficiency = shmloader tokens/s / (workers * raw encode_to_numpy rate), meaningful only
+  while workers <= cores (the coordinator and the trainer share the cores too).
+
+Default data: the stdlib demo corpus of `python -m shmloader.demo`, built into `--cache-dir`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULT_TAG = "BENCH_RESULT "
+TARGET_SPEEDUP = 2.5          # x baseline, 2 workers on 2 cores
+TARGET_EFFICIENCY = 0.85      # per worker
+TARGET_TRAINER_US = 100.0     # CPU us per batch at B=16, T=2048
+TARGET_BT = (16, 2048)
+
+
+# ---------------------------------------------------------------- measurements (child process)
+
+def _cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _bar(desc: str, iterable=None):
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, unit="batch", leave=False, disable=None, mininterval=0.5, file=sys.stderr)
+
+
+def first_batch_s(make) -> float:
+    started = time.perf_counter()
+    it = make()
+    try:
+        next(it)
+        return time.perf_counter() - started
+    finally:
+        it.close()
+
+
+def throughput(make, seconds: float, window: int, desc: str) -> dict:
+    """Consume as fast as possible for `seconds` after the first batch."""
+    it = make()
+    try:
+        next(it)
+        n, c0, t0 = 0, _cpu(), time.perf_counter()
+        with _bar(desc) as bar:
+            while time.perf_counter() - t0 < seconds:
+                next(it)
+                n += 1
+                bar.update()
+        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        out = {"batches": n, "wall_s": wall, "tokens_per_s": n * window / wall,
+               "trainer_cpu_us_per_batch": cpu / n * 1e6}
+        out.update(_process_peaks(it))
+        workers = it.stats().get("workers") if hasattr(it, "stats") else None
+        if workers:  # each worker's tokens per second of its own busy (reading + tokenizing) time
+            out["worker_busy_tokens_per_s"] = statistics.fmean(w["tokens_per_s"] for w in workers)
+        return out
+    finally:
+        it.close()
+
+
+def trainer_cost(make, n_batches: int, sleep_s: float, desc: str) -> dict:
+    """CPU time of `next()` alone while the consumer is slow enough that batches are ready."""
+    it = make()
+    try:
+        next(it)
+        costs, not_ready = [], 0
+        for _ in _bar(desc, range(n_batches)):
+            time.sleep(sleep_s)
+            waited = it.stats()["wait_s"] if hasattr(it, "stats") else None
+            c0 = _cpu()
+            next(it)
+            costs.append(_cpu() - c0)
+            if waited is not None and it.stats()["wait_s"] > waited:
+                not_ready += 1
+        return {"cost_batches": n_batches, "cost_sleep_ms": sleep_s * 1e3,
+                "trainer_cpu_us_per_next": statistics.fmean(costs) * 1e6,
+                "trainer_cpu_us_per_next_median": statistics.median(costs) * 1e6,
+                "cost_not_ready": not_ready if hasattr(it, "stats") else None}
+    finally:
+        it.close()
+
+
+def _process_peaks(loader) -> dict:
+    """Peak RSS (VmHWM) of shmloader's worker and coordinator processes, read from /proc."""
+    procs = getattr(loader, "_procs", None)
+    if procs is None:
+        return {}
+    workers = [_vm_hwm_mib(p.pid) for p in procs.workers]
+    coord = _vm_hwm_mib(procs.coordinator.pid)
+    workers = [w for w in workers if w is not None]
+    return {"worker_peak_rss_mib": max(workers) if workers else None, "coordinator_peak_rss_mib": coord}
+
+
+def _vm_hwm_mib(pid: int):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def child_main(cfg: dict) -> dict:
+    """One loader configuration, in a fresh process: latency, throughput, trainer cost, RSS."""
+    import resource
+
+    import torch  # noqa: F401  (imported before any timing: SPEC §5)
+
+    from shmloader.loader import ShmLoader
+    from shmloader.reference import nanochat_style_batches
+
+    B, T = cfg["B"], cfg["T"]
+    window = B * T + 1
+    if cfg["kind"] == "baseline":
+        enc = _load_tiktoken(cfg["tokenizer"])
+        bos = _bos(enc)
+        make = lambda: nanochat_style_batches(cfg["files"], enc, B, T, bos)  # noqa: E731
+        label = "baseline"
+    else:
+        make = lambda: ShmLoader(cfg["data"], cfg["tokenizer"], B, T, cfg["split"],  # noqa: E731
+                                 num_workers=cfg["workers"], device="cpu")
+        label = f"shmloader {cfg['workers']}w"
+    firsts = [first_batch_s(make) for _ in range(cfg["first_runs"])]
+    out = {"kind": cfg["kind"], "workers": cfg.get("workers"),
+           "first_batch_ms_median": statistics.median(firsts) * 1e3, "first_batch_ms_cold": firsts[0] * 1e3,
+           "first_batch_ms_all": [f * 1e3 for f in firsts]}
+    out.update(throughput(make, cfg["seconds"], window, f"{label} throughput"))
+    out.update(trainer_cost(make, cfg["cost_batches"], cfg["cost_sleep_ms"] / 1e3, f"{label} trainer cost"))
+    out["trainer_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+# ---------------------------------------------------------------- main process
+
+def _load_tiktoken(path):
+    import pickle
+
+    import tiktoken
+
+    with open(path, "rb") as f:
+        tok = pickle.load(f)
+    tok = getattr(tok, "enc", tok)  # nanochat's RustBPETokenizer wraps a tiktoken.Encoding
+    if not isinstance(tok, tiktoken.Encoding):
+        raise SystemExit(f"bench: {path} holds a {type(tok).__name__}; the baseline and the raw rate "
+                         f"need a pickled tiktoken.Encoding")
+    return tok
+
+
+def _bos(enc) -> int:
+    from shmloader.tokenizer import BOS_NAMES
+
+    for name in BOS_NAMES:
+        if name in enc.special_tokens_set:
+            return enc.encode_single_token(name)
+    raise SystemExit(f"bench: tokenizer has none of the BOS tokens {BOS_NAMES}")
+
+
+def raw_rates(files, enc, seconds: float) -> dict:
+    """Single-thread tiktoken rates over the first documents of the split (up to `seconds` each)."""
+    from shmloader.reference import documents
+
+    texts, chars = [], 0
+    for _, text in documents(files, epochs=1):
+        if text is not None:
+            texts.append(text)
+            chars += len(text)
+        if chars > 64e6:
+            break
+    out = {"docs": len(texts)}
+    methods = {"encode_to_numpy": lambda t: enc.encode_to_numpy(t, disallowed_special=()),
+               "encode_ordinary": enc.encode_ordinary}
+    for name, encode in methods.items():
+        n_tok, n_doc, t0 = 0, 0, time.perf_counter()
+        for text in texts:
+            n_tok += len(encode(text))
+            n_doc += 1
+            if time.perf_counter() - t0 > seconds:
+                break
+        wall = time.perf_counter() - t0
+        out[name] = {"tokens_per_s": n_tok / wall, "tokens": n_tok, "docs": n_doc}
+    return out
+
+
+def run_child(cfg: dict) -> dict:
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], input=json.dumps(cfg),
+                          stdout=subprocess.PIPE, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"bench: the {cfg['kind']} measurement failed (exit code {proc.returncode}); "
+                         f"its output:\n{proc.stdout}")
+    return json.loads(lines[-1][len(RESULT_TAG):])
+
+
+def _fmt(x, spec=",.0f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+def _table(head, rows) -> str:
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    line = lambda r: "  ".join(str(c).ljust(widths[0]) if i == 0 else str(c).rjust(widths[i])  # noqa: E731
+                                for i, c in enumerate(r))
+    return "\n".join([line(head), "-" * (sum(widths) + 2 * (len(head) - 1))] + [line(r) for r in rows])
+
+
+def _name(run) -> str:
+    if run["kind"] == "baseline":
+        return "nanochat-style baseline"
+    return f"shmloader, {run['workers']} worker{'s' * (run['workers'] > 1)}"
+
+
+def report(result: dict) -> str:
+    c, raw, runs = result["config"], result["raw"], result["runs"]
+    base = runs[0]
+    rate = raw["encode_to_numpy"]["tokens_per_s"]
+    out = [f"shmloader bench: B={c['B']}, T={c['T']} ({c['B'] * c['T'] + 1:,} tokens read per batch), "
+           f"split {c['split']}, {c['seconds']:g} s per throughput measurement",
+           f"data: {c['data']} ({len(c['files'])} files), tokenizer: {c['tokenizer']}",
+           f"cores: {result['cores']} usable (os.cpu_count() = {os.cpu_count()}), load average at start "
+           f"{result['loadavg']}",
+           f"raw tiktoken, 1 thread, main process, over {raw['encode_to_numpy']['docs']} documents: "
+           f"encode_to_numpy {rate / 1e6:.2f} M tokens/s, encode_ordinary "
+           f"{raw['encode_ordinary']['tokens_per_s'] / 1e6:.2f} M tokens/s", ""]
+    head = ("loader", "tokens/s", "vs base", "eff/worker", "busy rate/worker", "trainer CPU us/batch",
+            "first ms (median)", "first ms (cold)", "trainer RSS MiB", "worker RSS MiB")
+    rows = []
+    for r in runs:
+        eff = None if r["kind"] == "baseline" else r["tokens_per_s"] / (r["workers"] * rate)
+        rows.append((_name(r), f"{r['tokens_per_s'] / 1e6:.2f} M",
+                     f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
+                     "-" if eff is None else f"{eff:.0%}" + ("" if r["workers"] <= result["cores"] else " (>cores)"),
+                     "-" if r.get("worker_busy_tokens_per_s") is None else f"{r['worker_busy_tokens_per_s'] / 1e6:.2f} M",
+                     _fmt(r["trainer_cpu_us_per_batch"]), _fmt(r["first_batch_ms_median"]),
+                     _fmt(r["first_batch_ms_cold"]), _fmt(r["trainer_peak_rss_mib"]),
+                     _fmt(r.get("worker_peak_rss_mib"))))
+    out.append(_table(head, rows))
+    out.append("(eff/worker: tokens/s / (workers x raw encode_to_numpy rate); busy rate: a worker's tokens "
+               "per second of its own reading + tokenizing time)")
+    out += ["", f"trainer cost at B={c['B']}, T={c['T']}, device cpu: CPU time of next() alone, "
+                f"{c['cost_batches']} batches, consumer sleeping {c['cost_sleep_ms']:g} ms between calls"]
+    for r in runs:
+        ready = "" if r["cost_not_ready"] is None else \
+            f", {r['cost_batches'] - r['cost_not_ready']}/{r['cost_batches']} batches were ready"
+        out.append(f"  {_name(r)}: {r['trainer_cpu_us_per_next']:,.1f} us per next() (median "
+                   f"{r['trainer_cpu_us_per_next_median']:,.1f}){ready}")
+    out += ["", "targets:"] + _targets(result, rate)
+    return "\n".join(out)
+
+
+def _targets(result: dict, rate: float) -> list[str]:
+    c, runs = result["config"], result["runs"]
+    base, shm = runs[0], runs[1:]
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    lines = []
+    two = [r for r in shm if r["workers"] == 2]
+    if two:
+        x = two[0]["tokens_per_s"] / base["tokens_per_s"]
+        note = "" if result["cores"] == 2 else f" (this machine has {result['cores']} cores, not 2)"
+        lines.append(f"  >= {TARGET_SPEEDUP}x baseline with 2 workers on 2 cores: {x:.2f}x, "
+                     f"{met(x >= TARGET_SPEEDUP)}{note}")
+    else:
+        lines.append(f"  >= {TARGET_SPEEDUP}x baseline with 2 workers on 2 cores: not measured (add 2 to --workers)")
+    effs = [(r["workers"], r["tokens_per_s"] / (r["workers"] * rate)) for r in shm if r["workers"] <= result["cores"]]
+    if effs:
+        text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in effs)
+        lines.append(f"  >= {TARGET_EFFICIENCY:.0%} per-worker efficiency (workers <= cores): {text}, "
+                     f"{met(all(e >= TARGET_EFFICIENCY for _, e in effs))}")
+    worst = max(r["trainer_cpu_us_per_next"] for r in shm) if shm else None
+    if worst is not None:
+        at = "" if (c["B"], c["T"]) == TARGET_BT else \
+            f" (measured at B={c['B']}, T={c['T']}; the target is defined at B=16, T=2048)"
+        lines.append(f"  < {TARGET_TRAINER_US:.0f} us trainer CPU per batch at B=16, T=2048 (batches ready): "
+                     f"worst {worst:,.1f} us, {met(worst < TARGET_TRAINER_US)}{at}")
+    return lines
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python tools/bench.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], metavar="N",
+                   help="shmloader worker counts to measure (processes; default 1 2)")
+    p.add_argument("--batch-size", type=int, default=16, help="B, rows per batch (rows; default 16)")
+    p.add_argument("--seq-len", type=int, default=2048, help="T, tokens per row (tokens; default 2048)")
+    p.add_argument("--split", choices=("train", "val"), default="train", help="split to read (default train)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="wall time of each throughput measurement (seconds; default 10, 3 with --quick)")
+    p.add_argument("--first-runs", type=int, default=3,
+                   help="fresh loaders timed for the first-batch latency (loaders; default 3)")
+    p.add_argument("--cost-batches", type=int, default=None,
+                   help="batches in the trainer-cost measurement (batches; default 100, 40 with --quick)")
+    p.add_argument("--cost-sleep-ms", type=float, default=20.0,
+                   help="consumer sleep between next() calls in the trainer-cost measurement (ms; default 20)")
+    p.add_argument("--data", default=None,
+                   help="directory (or glob) of parquet shards (default: build the stdlib demo corpus in --cache-dir)")
+    p.add_argument("--tokenizer", default=None,
+                   help="pickled tiktoken tokenizer.pkl or its directory (default: the demo tokenizer "
+                        "without --data, else $NANOCHAT_BASE_DIR/tokenizer)")
+    p.add_argument("--cache-dir", type=Path, default=Path("demo_data"),
+                   help="where the demo corpus is built and cached (directory; default ./demo_data)")
+    p.add_argument("--vocab-size", type=int, default=4096,
+                   help="demo tokenizer size when it is built (tokens; default 4096)")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the results to this JSON file")
+    p.add_argument("--quick", action="store_true", help="a ~30 s run: 3 s per measurement, 40 trainer-cost batches")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # config on stdin
+    args = p.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 3.0 if args.quick else 10.0
+    if args.cost_batches is None:
+        args.cost_batches = 40 if args.quick else 100
+    if min(args.workers) < 1 or args.batch_size < 1 or args.seq_len < 1 or args.first_runs < 1:
+        p.error("--workers, --batch-size, --seq-len and --first-runs must be >= 1")
+    if args.seconds <= 0 or args.cost_batches < 1:
+        p.error("--seconds must be > 0 and --cost-batches >= 1")
+    return args
+
+
+def _resolve_data(args) -> tuple[str, str]:
+    if args.data is None:
+        from shmloader.demo import prepare_data
+
+        try:
+            demo = prepare_data(args.cache_dir, args.vocab_size, log=lambda m: print(m, file=sys.stderr))
+        except ValueError as exc:
+            raise SystemExit(f"bench: error: {exc}") from None
+        return str(demo.data_dir), args.tokenizer or str(demo.tokenizer_path)
+    from shmloader import tokenizer as tokmod
+
+    tok = args.tokenizer or tokmod.default_path()
+    if os.path.isdir(tok):
+        tok = os.path.join(tok, "tokenizer.pkl")
+    return args.data, tok
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(RESULT_TAG + json.dumps(child_main(json.loads(sys.stdin.read()))), flush=True)
+        return 0
+    from shmloader import source
+
+    data, tok = _resolve_data(args)
+    files = source.split_files(source.list_files(data), args.split)
+    cfg = {"B": args.batch_size, "T": args.seq_len, "split": args.split, "data": data, "tokenizer": tok,
+           "files": files, "seconds": args.seconds, "first_runs": args.first_runs,
+           "cost_batches": args.cost_batches, "cost_sleep_ms": args.cost_sleep_ms}
+    result = {"config": cfg, "cores": len(os.sched_getaffinity(0)),
+              "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])}
+    print(f"measuring single-thread tiktoken on {len(files)} files ...", file=sys.stderr)
+    result["raw"] = raw_rates(files, _load_tiktoken(tok), min(args.seconds, 5.0))
+    runs = []
+    for kind, workers in [("baseline", None)] + [("shmloader", w) for w in args.workers]:
+        print(f"measuring {kind}{'' if workers is None else f' with {workers} workers'} "
+              f"(fresh process) ...", file=sys.stderr)
+        runs.append(run_child(dict(cfg, kind=kind, workers=workers)))
+    result["runs"] = runs
+    print(report(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
