@@ -142,7 +142,7 @@ class _BestFit:
 
 
 def _pieces(args: CoordinatorArgs, ramp, cap, first_index, warn):
-    source = ParquetSource(args.files, args.filesystem)
+    source = ParquetSource(args.files, args.filesystem.open() if args.filesystem is not None else None)
 
     def row_counts(f: int) -> list[int]:
         try:
@@ -249,13 +249,26 @@ class _Coordinator:
             self.ring.stats[7] = self.mode.seq.planned * self.args.B * (self.args.T + 1)
 
 
+def _forward_errors(workers, trainer):
+    for conn in workers:
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                if msg[0] == "error":
+                    trainer.send(msg)
+        except (EOFError, OSError):
+            continue
+
+
 def coordinator_main(args: CoordinatorArgs, trainer, workers, alive):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attached = ringmod.Attached(args.ring_name, args.layout)
     try:
         _Coordinator(args, trainer, list(workers), alive, attached.ring).run()
-    except (_Stop, BrokenPipeError, ConnectionResetError):
+    except _Stop:
         pass
+    except (BrokenPipeError, ConnectionResetError):  # a worker died: pass on what it said first
+        _forward_errors(workers, trainer)
     except BaseException as exc:
         kind = "data" if isinstance(exc, DataError) else "crash"
         head = f"coordinator (pid {os.getpid()}): {type(exc).__name__}: {exc}"

@@ -16,6 +16,7 @@ import time
 import weakref
 from multiprocessing.connection import wait
 
+import numpy as np
 import torch
 
 from . import cache as cachemod
@@ -76,7 +77,7 @@ class ShmLoader:
         self.files = source.split_files(source.list_files(data, self.filesystem), split)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         self.config = {"B": B, "T": T, "split": split, "packing": packing,
-                       "data": statemod.data_fingerprint(self.files),
+                       "data": statemod.data_fingerprint(self.files, source.file_sizes(self.files, self.filesystem)),
                        "tokenizer": self.tokenizer.fingerprint}
         if self.bestfit:
             self.config.update(buffer_size=buffer_size, tokenizer_batch_size=tokenizer_batch_size)
@@ -109,11 +110,14 @@ class ShmLoader:
         if p.pinned:
             window = p.device_bufs[k & 1]
             window.copy_(p.slot_tensors[slot], non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
             event.record(torch.cuda.current_stream(self.device))
             p.inflight.append((k, event))
         else:
-            window = p.slot_tensors[slot].clone()
+            # numpy's single-threaded copy: torch's clone() of a window over 32768 elements
+            # goes parallel and spins OpenMP threads against the workers for milliseconds
+            window = torch.empty(p.ring.slots.shape[1], dtype=torch.int64)
+            np.copyto(window.numpy(), p.ring.slots[slot])
             self._free(k)
             if self.device.type != "cpu":
                 window = window.to(self.device)
@@ -207,7 +211,7 @@ class ShmLoader:
                                 "", layout, self._piece_cap(), self.packing, self.B, self.T,
                                 self.buffer_size, self.tokenizer_batch_size,
                                 tuple(tuple(r) for r in self._runs), self.on_bad_row_group,
-                                self.filesystem)
+                                source.FilesystemRef(self.filesystem) if self.filesystem else None)
         self._procs = start_children(self, layout, cargs)
 
     def _piece_cap(self) -> int:
@@ -222,7 +226,7 @@ class ShmLoader:
     def _free(self, k: int):
         p = self._procs
         p.ring.slot_states[k % self.n_slots] = SlotState.FREE
-        p.conn.send(("free", k))
+        p.send(("free", k))
 
     def _flush_copies(self, wait_all: bool):
         p = self._procs

@@ -56,8 +56,8 @@ class Children:
     def receive(self):
         try:
             msg = self.conn.recv()
-        except EOFError:
-            self._raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
+        except (EOFError, OSError):
+            self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
             raise errors.WorkerError("the coordinator closed its pipe without an error") from None
         if msg[0] == "batch":
             return msg[1], msg[2]
@@ -66,22 +66,44 @@ class Children:
             return None
         _raise_reported(msg)
 
+    def send(self, msg):
+        try:
+            self.conn.send(msg)
+        except OSError:
+            self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
+            raise
+
     def check_alive(self):
         dead = wait(self.sentinels, timeout=0)
         if dead:
-            self._raise_death(dead)
+            self.raise_death(dead)
 
-    def _raise_death(self, dead):
-        try:
-            msg = self.conn.recv() if self.conn.poll(ERROR_GRACE_S) else None
-        except EOFError:  # the coordinator is gone too
-            msg = None
-        if msg is not None and msg[0] == "error":  # a process that raised sends it, then exits
+    def raise_death(self, dead):
+        """Raise the best account of a death: an error a process reported before exiting
+        (it may wait behind queued batches), else the process killed by a signal or failing,
+        workers before the coordinator (which exits cleanly when a worker's pipe breaks)."""
+        msg = self._pending_error(ERROR_GRACE_S)
+        if msg is not None:
             _raise_reported(msg)
-        for p in self.procs:
-            if p.sentinel in dead:
-                p.join(timeout=ERROR_GRACE_S)
-                raise errors.WorkerError(f"{self._describe(p)} died: {_exit_text(p.exitcode)}")
+        time.sleep(0.1)  # let deaths that happen together all show
+        gone = [p for p in self.procs if p.sentinel in dead or p.exitcode is not None]
+        for p in gone:
+            p.join(timeout=ERROR_GRACE_S)
+        if gone:
+            worst = min(gone, key=lambda p: (p.exitcode == 0, p is self.coordinator, p.exitcode is None))
+            raise errors.WorkerError(f"{self._describe(worst)} died: {_exit_text(worst.exitcode)}")
+
+    def _pending_error(self, grace: float):
+        deadline = time.monotonic() + grace
+        while True:
+            try:
+                if not self.conn.poll(max(deadline - time.monotonic(), 0)):
+                    return None
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                return None
+            if msg[0] == "error":
+                return msg
 
     def _describe(self, p) -> str:
         if p is self.coordinator:
@@ -179,7 +201,7 @@ def _spawn(kids: Children, loader, layout, cargs):
     for i, (_, end) in enumerate(pipes):
         wargs = WorkerArgs(i, loader.files, loader.tokenizer, cargs.ring_name, layout,
                            loader.tokenizer_batch_size, loader.packing, loader.B, loader.T,
-                           loader.on_bad_row_group, loader.cache_dir, loader.filesystem)
+                           loader.on_bad_row_group, loader.cache_dir, cargs.filesystem)
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(wargs, end, alive_r)))
     try:
@@ -208,9 +230,15 @@ def _main_hidden():
         sys.modules["__main__"] = real
 
 
+CUDA_HOST_REGISTER_PORTABLE = 1
+
+
 def _pin(kids: Children, device: torch.device):
+    """Page-lock the ring once, for every CUDA context (portable), on the loader's device."""
     slots = kids.ring.slots
-    rc = torch.cuda.cudart().cudaHostRegister(slots.ctypes.data, slots.nbytes, 0)
+    with torch.cuda.device(device):
+        rc = torch.cuda.cudart().cudaHostRegister(slots.ctypes.data, slots.nbytes,
+                                                  CUDA_HOST_REGISTER_PORTABLE)
     if int(rc) != 0:
         raise RuntimeError(f"cudaHostRegister of the {slots.nbytes} byte ring failed with CUDA error {rc}")
     kids.pinned = True

@@ -9,6 +9,7 @@ and what to do.
 """
 import glob
 import os
+import pickle
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -34,6 +35,28 @@ def filesystem_for(data, filesystem=None):
             raise DataError(f"{first}: cannot open its filesystem ({exc}); check the URI, the "
                             f"credentials and the endpoint") from exc
     return None
+
+
+ENV_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "AZURE_", "HADOOP_", "ARROW_", "LIBHDFS", "JAVA_HOME", "CLASSPATH")
+
+
+class FilesystemRef:
+    """A filesystem to rebuild in a child process, with the trainer's credential variables.
+
+    Children are forked from a server started with the trainer's first loader, so their
+    environment may predate variables the trainer set later; and a filesystem made from a URI
+    reads its credentials from the environment when used. The child applies the trainer's
+    variables, then unpickles the filesystem."""
+
+    def __init__(self, filesystem):
+        self.payload = pickle.dumps(filesystem) if filesystem is not None else None
+        self.env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+
+    def open(self):
+        if self.payload is None:
+            return None
+        os.environ.update(self.env)
+        return pickle.loads(self.payload)
 
 
 def _fs_path(uri: str) -> str:
@@ -94,6 +117,16 @@ def _list_remote(data, fs) -> list[str]:
     if not files:
         raise DataError(f"no *.parquet files in {data}")
     return files
+
+
+def file_sizes(files: list[str], filesystem=None) -> list[int]:
+    """Sizes in bytes, for the data fingerprint."""
+    try:
+        if filesystem is None:
+            return [os.path.getsize(f) for f in files]
+        return [info.size for info in filesystem.get_file_info(files)]
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"cannot read the sizes of the data files ({exc})") from exc
 
 
 def split_files(files: list[str], split: str) -> list[str]:

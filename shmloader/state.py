@@ -18,9 +18,13 @@ VERSION = 1
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
 
 
-def data_fingerprint(files: list[str]) -> str:
-    names = "\n".join(f.replace("\\", "/").rsplit("/", 1)[-1] for f in files)
-    return hashlib.sha256(names.encode()).hexdigest()[:16]
+def data_fingerprint(files: list[str], sizes: list[int] | None = None) -> str:
+    """Names (not directories: a moved dataset still resumes) and sizes in bytes (regenerated
+    shards with the same names do not) of the split's files."""
+    names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in files]
+    if sizes is not None:
+        names = [f"{n}:{s}" for n, s in zip(names, sizes)]
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
 def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int) -> dict:

@@ -54,6 +54,10 @@ def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
     if isinstance(tokenizer, tiktoken.Encoding):
         return _tiktoken_spec(tokenizer, bos)
     if callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "get_bos_token_id", None)):
+        if type(tokenizer).__module__ == "__main__":
+            raise TypeError(f"tokenizer class {type(tokenizer).__name__} is defined in the script being "
+                            f"run (__main__), which worker processes do not import: move it to a "
+                            f"module, or pass a tiktoken.Encoding or a tokenizer.pkl")
         payload = pickle.dumps(tokenizer)
         bos = int(tokenizer.get_bos_token_id()) if bos is None else bos
         return TokenizerSpec("object", payload, bos, _fingerprint(hashlib.sha256(payload), bos))

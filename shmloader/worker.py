@@ -80,9 +80,10 @@ def worker_main(args: WorkerArgs, conn, alive):
 
 def _loop(ctx: _Ctx):
     encode = tokmod.build(ctx.args.tokenizer)
-    source = ParquetSource(ctx.args.files, ctx.args.filesystem)
+    fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
+    source = ParquetSource(ctx.args.files, fs)
     spec = ctx.args.tokenizer
-    cache = (TokenCache(ctx.args.cache_dir, spec.fingerprint, spec.n_vocab, ctx.args.filesystem)
+    cache = (TokenCache(ctx.args.cache_dir, spec.fingerprint, spec.n_vocab, fs)
              if ctx.args.cache_dir else None)
     while True:
         if ctx.tasks:
@@ -122,9 +123,10 @@ def _handle(ctx: _Ctx, msg):
         ctx.tasks.append(msg[1])
     elif kind == "place":
         _, index, segments, done = msg
-        ctx.conn.send(("written", index, _write(ctx, ctx.held[index], segments)))
+        written = _write(ctx, ctx.held[index], segments) if segments else []
+        ctx.conn.send(("written", index, written))
         if done:
-            del ctx.held[index]
+            ctx.held.pop(index, None)  # a piece without tokens was never held
     elif kind == "rows":
         _write_rows(ctx, msg[1], msg[2])
         ctx.conn.send(("written", msg[1]))

@@ -1,0 +1,101 @@
+"""A minimal trainer for the restart test (tests/test_resume.py): checkpoints after every batch.
+
+    python restart_trainer.py --data DIR --tokenizer PKL --out DIR --total N [--batch-size B]
+        [--seq-len T] [--workers N] [--split train|val] [--step-s SECONDS]
+
+For each batch k it appends one JSON line `{"k", "pid", "head", "sha"}` to OUT/log.jsonl
+(`head`: inputs[0, :8]; `sha`: sha256 of the int64 window of B*T+1 tokens), then writes
+`{"k", "state"}` to OUT/state.json atomically (tmp file + os.replace). On start it resumes
+from OUT/state.json when present, first dropping the log lines written after that checkpoint.
+After its first batch it writes OUT/pids-<pid>.json: its live descendant processes (the
+loader's coordinator and workers, multiprocessing's helpers). Exits 0 after batch N-1.
+"""
+import argparse
+import hashlib
+import json
+import os
+import time
+
+import torch
+
+import shmloader
+
+
+def descendants(root: int) -> list[int]:
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rfind(")") + 2:].split()[1]), []).append(int(name))
+    out, stack = [], [root]
+    while stack:
+        for pid in children.get(stack.pop(), []):
+            out.append(pid)
+            stack.append(pid)
+    return out
+
+
+def load_checkpoint(out: str):
+    """(next k, state or None); trims log lines past the checkpoint."""
+    path = os.path.join(out, "state.json")
+    if not os.path.exists(path):
+        open(os.path.join(out, "log.jsonl"), "w").close()
+        return 0, None
+    with open(path) as f:
+        saved = json.load(f)
+    log = os.path.join(out, "log.jsonl")
+    with open(log) as f:
+        lines = [line for line in f if line.endswith("\n") and json.loads(line)["k"] <= saved["k"]]
+    with open(log, "w") as f:
+        f.writelines(lines)
+    return saved["k"] + 1, saved["state"]
+
+
+def save_checkpoint(out: str, k: int, state: dict):
+    tmp = os.path.join(out, "state.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"k": k, "state": state}, f)
+    os.replace(tmp, os.path.join(out, "state.json"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="directory of parquet shards")
+    ap.add_argument("--tokenizer", required=True, help="path to tokenizer.pkl")
+    ap.add_argument("--out", required=True, help="directory for log.jsonl, state.json, pids-*.json")
+    ap.add_argument("--total", type=int, required=True, help="batches to train, in all runs together")
+    ap.add_argument("--batch-size", type=int, default=2, help="B, rows per batch")
+    ap.add_argument("--seq-len", type=int, default=32, help="T, tokens per row")
+    ap.add_argument("--workers", type=int, default=2, help="loader worker processes")
+    ap.add_argument("--split", default="train", help="train or val")
+    ap.add_argument("--step-s", type=float, default=0.01, help="seconds of 'training' per batch")
+    args = ap.parse_args()
+
+    k, state = load_checkpoint(args.out)
+    gen = shmloader.tokenizing_distributed_data_loader_with_state(
+        args.batch_size, args.seq_len, args.split, args.workers, device="cpu",
+        resume_state_dict=state, data=args.data, tokenizer=args.tokenizer)
+    with open(os.path.join(args.out, "log.jsonl"), "a") as log:
+        for inputs, targets, state in gen:
+            if k >= args.total:
+                break
+            window = torch.cat([inputs.reshape(-1)[:1], targets.reshape(-1)]).numpy()
+            record = {"k": k, "pid": os.getpid(), "head": inputs[0, :8].tolist(),
+                      "sha": hashlib.sha256(window.tobytes()).hexdigest()}
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            save_checkpoint(args.out, k, state)
+            if not os.path.exists(os.path.join(args.out, f"pids-{os.getpid()}.json")):
+                with open(os.path.join(args.out, f"pids-{os.getpid()}.json"), "w") as f:
+                    json.dump(descendants(os.getpid()), f)
+            k += 1
+            time.sleep(args.step_s)
+    gen.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Every way out (SPEC §4, design "Timeouts and shutdown"): break + close/del of the generator,
+close() (twice), `with`, garbage collection, Ctrl-C in the trainer, a dead worker or
+coordinator. After each, within 2 s, no loader process and no /dev/shm/shml_<pid>_* segment
+remains; nothing hangs (SIGALRM watchdog here, `timeout=` for subprocesses).
+"""
+import gc
+import itertools
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import corpus, testing
+from conftest import loader_children, pid_alive, position_of, shm_segments, wait_clean, window_of
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+
+def assert_running(n_workers):
+    assert len(loader_children()) == n_workers + 1, "expected the coordinator and the workers"
+    assert shm_segments(), "expected the loader's shared memory"
+
+
+def assert_clean_within(seconds=2.0):
+    started = time.monotonic()
+    kids, segs = wait_clean(seconds)
+    assert not kids, f"loader processes alive {seconds} s after close: {kids}"
+    assert not segs, f"shared memory left {seconds} s after close: {segs}"
+    return time.monotonic() - started
+
+
+def generator(synth, **kw):
+    return shmloader.tokenizing_distributed_data_loader(2, 32, "val", 2, device="cpu", data=str(synth.root),
+                                                        tokenizer=synth.tokenizer, **kw)
+
+
+def test_break_then_close_generator(synth):
+    gen = generator(synth)
+    for i, _ in enumerate(gen):
+        if i == 3:
+            break
+    assert_running(2)
+    gen.close()
+    assert_clean_within(2.0)
+
+
+def test_break_then_del_generator(synth):
+    gen = generator(synth)
+    for i, _ in enumerate(gen):
+        if i == 3:
+            break
+    assert_running(2)
+    del gen
+    assert_clean_within(2.0)
+
+
+def test_close_twice_and_use_after_close(synth):
+    loader = synth.loader(2, 32, "val", num_workers=3)
+    next(loader)
+    assert_running(3)
+    loader.close()
+    assert_clean_within(2.0)
+    loader.close()  # harmless
+    with pytest.raises(shmloader.LoaderClosed):
+        next(loader)
+    never_started = synth.loader(2, 32, "val")
+    never_started.close()
+    with pytest.raises(shmloader.LoaderClosed):
+        next(never_started)
+
+
+def test_with_block(synth):
+    with synth.loader(2, 32, "val", num_workers=1) as loader:
+        for _ in itertools.islice(loader, 5):
+            pass
+        assert_running(1)
+    assert_clean_within(2.0)
+    with pytest.raises(shmloader.LoaderClosed):
+        next(loader)
+
+
+def test_with_block_left_by_exception(synth):
+    with pytest.raises(ZeroDivisionError):
+        with synth.loader(2, 32, "val") as loader:
+            next(loader)
+            1 / 0
+    assert_clean_within(2.0)
+
+
+@pytest.mark.parametrize("cycle", [False, True], ids=["refcount", "cycle"])
+def test_garbage_collection(synth, cycle):
+    loader = synth.loader(2, 32, "val")
+    next(loader)
+    assert_running(2)
+    if cycle:
+        loader.myself = loader  # only the cycle collector can free it
+    del loader
+    gc.collect()
+    assert_clean_within(2.0)
+
+
+def test_two_loaders_at_once(synth):
+    want = {split: synth.expected(40, 2, 32, split) for split in ("train", "val")}
+    got = {"train": ([], []), "val": ([], [])}
+    with synth.loader(2, 32, "train", num_workers=2) as train, synth.loader(2, 32, "val", num_workers=1) as val:
+        for k in range(40):
+            for split, loader in (("train", train), ("val", val)):
+                x, y = next(loader)
+                got[split][0].append(window_of(x, y))
+                got[split][1].append(position_of(loader.state_dict()))
+            if k == 0:
+                assert len(loader_children()) == 5 and len(shm_segments()) == 2
+    for split in ("train", "val"):
+        assert len(got[split][0]) == 40
+        assert all(np.array_equal(g, w) for g, w in zip(got[split][0], want[split][0])), split
+        assert got[split][1] == want[split][1], split
+    assert_clean_within(2.0)
+
+
+# ---------------------------------------------------------------- a child dies
+
+@pytest.mark.parametrize("who,sig", [("worker", signal.SIGKILL), ("worker", signal.SIGSEGV),
+                                     ("coordinator", signal.SIGKILL)])
+def test_dead_child_is_reported(synth, who, sig):
+    with synth.loader(2, 32, "val", num_workers=2) as loader:
+        for _ in itertools.islice(loader, 3):
+            pass
+        proc = loader._procs.workers[1] if who == "worker" else loader._procs.coordinator
+        pid = proc.pid
+        resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))  # no core file from SIGSEGV
+        os.kill(pid, sig)
+        started = time.monotonic()
+        with pytest.raises(shmloader.WorkerError) as info:
+            while time.monotonic() - started < 5:
+                next(loader)
+        assert time.monotonic() - started < 5, "the death was not reported within 5 s"
+    msg = str(info.value)
+    assert who in msg and str(pid) in msg and sig.name in msg, msg
+    assert_clean_within(2.0)
+
+
+def test_worker_exception_is_reported_while_batches_are_queued(tmp_path):
+    """A worker raises (IntTokenizer cannot read "boom") while finished batches wait in the
+    trainer's pipe: next() must raise a WorkerError carrying that exception, not a bare
+    "died: exit code 0"."""
+    docs = testing.position_documents([10] * 500)
+    # pieces: documents [0, 16), [16, 48), [48, 112), [112, 240): the 4th is handed to the
+    # one worker only once the 1st is fully placed (3 pieces in flight), i.e. after the trainer
+    # freed batch ~11; by then the ring is full of finished batches from the 2nd piece
+    docs[200] = "boom"
+    corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=1000)
+    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 1, 8, "train", num_workers=1,
+                             device="cpu", tokenizer_batch_size=1) as loader:
+        started = time.monotonic()
+        with pytest.raises(shmloader.WorkerError) as info:
+            for _ in range(25):
+                next(loader)
+                time.sleep(0.005)  # slower than the worker: the ring stays full
+            time.sleep(1.0)  # the worker fails meanwhile; announced batches queue up
+            for _ in range(1000):
+                next(loader)
+        assert time.monotonic() - started < 6
+    msg = str(info.value)
+    assert "worker 0" in msg and "ValueError" in msg and "boom" in msg, msg
+    assert_clean_within(2.0)
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+TRAINER = textwrap.dedent("""
+    import json, os, sys
+    import shmloader
+
+    def descendants(root):
+        table = {}
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            table.setdefault(ppid, []).append(int(p))
+        out, stack = [], [root]
+        while stack:
+            kids = table.get(stack.pop(), [])
+            out += kids
+            stack += kids
+        return out
+
+    data, tok, out = sys.argv[1:4]
+    gen = shmloader.tokenizing_distributed_data_loader_with_state(
+        8, 512, "val", 1, device="cpu", data=data, tokenizer=tok)
+    for n, (inputs, targets, state) in enumerate(gen):
+        if n == 0:
+            with open(os.path.join(out, "pids.json"), "w") as f:
+                json.dump(descendants(os.getpid()), f)
+        if n % 20 == 0:
+            with open(os.path.join(out, "progress"), "w") as f:
+                f.write(str(n))
+""")
+
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["trainer-only", "process-group"])
+def test_keyboard_interrupt(synth, synth_tokenizer_pkl, tmp_path, group):
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(synth.root), str(synth_tokenizer_pkl),
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        progress = tmp_path / "progress"
+        while not (progress.exists() and progress.read_text() not in ("", "0")):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the trainer made no progress"
+            time.sleep(0.01)
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGINT, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert err.rstrip().splitlines()[-1] == "KeyboardInterrupt", err
+    for text in ("worker.py", "coordinator.py", "Process shmloader", "leaked"):
+        assert text not in err, err
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    assert len(pids) >= 2, pids  # at least the coordinator and the worker
+    deadline = time.monotonic() + 2
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [p for p in pids if pid_alive(p)], "loader processes outlived the interrupted trainer"
+    assert not shm_segments(proc.pid), "the interrupted trainer left shared memory behind"

@@ -1,0 +1,319 @@
+"""Resume (SPEC §3): a loader given the state of batch k yields batches k+1, k+2, ... of the
+uninterrupted run byte for byte, whatever num_workers either run used; at exact row-group,
+file and epoch boundaries, inside documents and at random points. nanochat-format states
+resume where nanochat does; another rank's state warns; mismatched states are refused.
+A trainer killed with SIGKILL and restarted from its last checkpoint continues the stream.
+"""
+import hashlib
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import corpus, testing
+from conftest import ALIGN_W, pid_alive, position_of, shm_segments, window_of
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+HERE = Path(__file__).resolve().parent
+FOLLOW = 40  # batches compared after each resume point
+
+
+def run(loader, n):
+    out_w, out_s = [], []
+    for inputs, targets in itertools.islice(loader, n):
+        out_w.append(window_of(inputs, targets))
+        out_s.append(loader.state_dict())
+    assert len(out_w) == n
+    return out_w, out_s
+
+
+class Run:
+    """An uninterrupted run: windows[k] and states[k] (the state yielded with batch k);
+    states[-1] of a resume point means the loader's state before any batch."""
+
+    def __init__(self, ds, B, T, split="train", n=0, **kw):
+        self.ds, self.B, self.T, self.split, self.kw = ds, B, T, split, kw
+        with ds.loader(B, T, split, num_workers=2, **kw) as loader:
+            self.initial = loader.state_dict()
+            self.windows, self.states = run(loader, n)
+        self.positions = [position_of(s) for s in self.states]
+        rank, world = kw.get("rank", 0), kw.get("world_size", 1)
+        want_w, want_p = ds.expected(n, B, T, split, rank=rank, world=world)
+        assert all(np.array_equal(a, b) for a, b in zip(self.windows, want_w)), "run != oracle"
+        assert self.positions == want_p
+
+    def state(self, k):
+        state = self.initial if k < 0 else self.states[k]
+        return json.loads(json.dumps(state))  # as a checkpoint stores it
+
+    def check_follow(self, loader, k, n=FOLLOW):
+        n = min(n, len(self.windows) - k - 1)
+        assert n >= 10, "too few batches left after the resume point"
+        got_w, got_s = run(loader, n)
+        for i in range(n):
+            assert np.array_equal(got_w[i], self.windows[k + 1 + i]), \
+                f"resumed after batch {k}: batch {k + 1 + i} differs"
+            assert position_of(got_s[i]) == self.positions[k + 1 + i]
+
+
+@pytest.fixture(scope="module")
+def posrun(posdata):
+    layout = [r for r in posdata.layout if r[0] < 3]
+    P = layout[-1][3] + layout[-1][4] + 1
+    return Run(posdata, 2, 16, "train", n=P // ALIGN_W + FOLLOW + 5)
+
+
+@pytest.fixture(scope="module")
+def synthrun(synth):
+    return Run(synth, 2, 32, "train", n=240, rank=1, world_size=2)
+
+
+def boundary_points(r: Run) -> dict:
+    """Resume points found from the run's positions (after batch k)."""
+    pos = r.positions
+    pts = {}
+    for k in range(1, len(pos) - FOLLOW):
+        (e0, f0, g0, _, _), (e, f, g, d, s) = pos[k - 1], pos[k]
+        if s == 0 and (e, f, g) != (e0, f0, g0):
+            kind = "exact-epoch" if e != e0 else "exact-file" if f != f0 else "exact-rg"
+            pts.setdefault(kind, k)
+        elif (e, f, g) != (e0, f0, g0):
+            pts.setdefault("epoch" if e != e0 else "file" if f != f0 else "rg", k)
+        if s > 0 and d > 0:
+            pts.setdefault("mid-document", k)
+    return pts
+
+
+def test_boundary_points_exist(posrun, synthrun):
+    pts = boundary_points(posrun)
+    assert {"exact-rg", "exact-file", "exact-epoch", "rg", "file", "mid-document"} <= set(pts), pts
+    pts = boundary_points(synthrun)
+    assert {"file", "epoch", "mid-document"} <= set(pts), pts
+
+
+@pytest.mark.parametrize("kind", ["start", "exact-rg", "exact-file", "exact-epoch", "rg", "file",
+                                  "mid-document", "random1", "random2"])
+def test_resume_posdata(posrun, kind):
+    pts = boundary_points(posrun)
+    pts.update(start=-1, random1=random.Random(1).randrange(len(posrun.windows) - FOLLOW),
+               random2=random.Random(2).randrange(len(posrun.windows) - FOLLOW))
+    k = pts[kind]
+    workers = {"start": 1, "exact-rg": 3, "exact-file": 4, "exact-epoch": 1}.get(kind, 3)
+    with posrun.ds.loader(2, 16, "train", num_workers=workers, resume_state=posrun.state(k)) as loader:
+        assert position_of(loader.state_dict()) == position_of(posrun.state(k))
+        posrun.check_follow(loader, k)
+
+
+@pytest.mark.parametrize("kind", ["file", "epoch", "mid-document", "random"])
+def test_resume_synth_rank1_via_load_state_dict(synthrun, kind):
+    pts = boundary_points(synthrun)
+    pts["random"] = random.Random(3).randrange(len(synthrun.windows) - FOLLOW)
+    k = pts[kind]
+    with synthrun.ds.loader(2, 32, "train", num_workers=4, rank=1, world_size=2) as loader:
+        loader.load_state_dict(synthrun.state(k))
+        synthrun.check_follow(loader, k)
+
+
+def test_load_state_dict_rewinds_a_running_loader(synthrun):
+    k = 30
+    with synthrun.ds.loader(2, 32, "train", num_workers=1, rank=1, world_size=2) as loader:
+        run(loader, 60)
+        loader.load_state_dict(synthrun.state(k))
+        synthrun.check_follow(loader, k)
+
+
+def test_chained_resumes(posrun):
+    """Resume, run a few batches, save, resume again: the stream is still the same."""
+    k = 3
+    for workers in (1, 4, 2, 3):
+        with posrun.ds.loader(2, 16, "train", num_workers=workers, resume_state=posrun.state(k)) as loader:
+            got_w, got_s = run(loader, 17)
+        for i, w in enumerate(got_w):
+            assert np.array_equal(w, posrun.windows[k + 1 + i])
+        k = k + 17
+        assert position_of(got_s[-1]) == posrun.positions[k]
+
+
+# ---------------------------------------------------------------- nanochat-format states
+
+@pytest.mark.parametrize("state,rank,world", [
+    ({"pq_idx": 1, "rg_idx": 2}, 0, 1),
+    ({"pq_idx": 0, "rg_idx": 0}, 0, 1),
+    ({"pq_idx": 0, "rg_idx": 2, "epoch": 2}, 0, 2),
+    ({"pq_idx": 0, "rg_idx": 2, "epoch": 2}, 1, 2),  # row group 5 is past file 0's end
+    ({"pq_idx": 2, "rg_idx": 1}, 1, 2),
+])
+def test_nanochat_state_resumes_like_nanochat(synth, state, rank, world):
+    rg = (state["rg_idx"] // world + 1) * world + rank
+    cursor = (state.get("epoch", 1), state["pq_idx"], rg, 0)
+    want_w, want_p = synth.expected(30, 2, 32, "train", rank=rank, world=world, cursor=cursor)
+    with synth.loader(2, 32, "train", num_workers=2, rank=rank, world_size=world,
+                      resume_state=dict(state)) as loader:
+        got_w, got_s = run(loader, 30)
+    assert all(np.array_equal(g, w) for g, w in zip(got_w, want_w))
+    assert [position_of(s) for s in got_s] == want_p
+    assert got_s[0]["version"] >= 1 and got_s[0]["rank"] == rank
+
+
+def test_other_ranks_state_warns_and_resumes_like_nanochat(synth):
+    with synth.loader(2, 32, "train", num_workers=2, rank=0, world_size=2) as loader:
+        _, states = run(loader, 25)
+    state = json.loads(json.dumps(states[-1]))
+    e, p, r = state["epoch"], state["pq_idx"], state["rg_idx"]
+    want_w, want_p = synth.expected(20, 2, 32, "train", rank=1, world=2, cursor=(e, p, (r // 2 + 1) * 2 + 1, 0))
+    with pytest.warns(UserWarning, match="rank"):
+        loader = synth.loader(2, 32, "train", num_workers=3, rank=1, world_size=2, resume_state=state)
+    with loader:
+        got_w, got_s = run(loader, 20)
+    assert all(np.array_equal(g, w) for g, w in zip(got_w, want_w))
+    assert [position_of(s) for s in got_s] == want_p
+    with warnings.catch_warnings():  # the same state on its own rank: no warning
+        warnings.simplefilter("error")
+        synth.loader(2, 32, "train", rank=0, world_size=2, resume_state=state).close()
+
+
+# ---------------------------------------------------------------- refused states
+
+def _edited(state, **changes):
+    state = json.loads(json.dumps(state))
+    for key, value in changes.items():
+        if value is KeyError:
+            del state[key]
+        else:
+            state[key] = value
+    return state
+
+
+@pytest.mark.parametrize("field,kwargs", [
+    ("B", dict(B=3)), ("T", dict(T=17)), ("split", dict(split="val")),
+    ("world_size", dict(rank=0, world_size=2)),
+])
+def test_state_of_other_config_is_refused(posrun, field, kwargs):
+    args = dict(B=2, T=16, split="train")
+    args.update(kwargs)
+    B, T, split = args.pop("B"), args.pop("T"), args.pop("split")
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        posrun.ds.loader(B, T, split, resume_state=posrun.state(20), **args)
+
+
+@pytest.mark.parametrize("field,changes", [
+    ("version", dict(version=99)),
+    ("skip", dict(skip=KeyError)),
+    ("config", dict(config=KeyError)),
+    ("doc_idx", dict(doc_idx=KeyError)),
+    ("skip", dict(skip=-1)),
+    ("pq_idx", dict(pq_idx="0")),
+    ("pq_idx", dict(pq_idx=7)),
+    ("epoch", dict(epoch=0)),
+])
+def test_edited_state_is_refused(posrun, field, changes):
+    state = _edited(posrun.state(20), **changes)
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        posrun.ds.loader(2, 16, "train", resume_state=state)
+    with posrun.ds.loader(2, 16, "train") as loader:  # load_state_dict checks the same
+        with pytest.raises(ValueError, match=rf"\b{field}\b"):
+            loader.load_state_dict(state)
+
+
+def test_state_of_other_files_is_refused(synth):
+    with synth.loader(2, 32, "train") as loader:
+        _, states = run(loader, 5)
+    fewer = [str(p) for i, p in enumerate(synth.paths) if i != 1]  # train: files 0 and 2
+    with pytest.raises(ValueError, match=r"\bdata\b"):
+        shmloader.ShmLoader(fewer, synth.tokenizer, 2, 32, "train", device="cpu", resume_state=states[-1])
+
+
+def test_state_of_other_tokenizer_is_refused(synth):
+    with synth.loader(2, 32, "train") as loader:
+        _, states = run(loader, 5)
+    other = corpus.train_tokenizer(corpus.synthetic_texts(100, seed=5, mean_words=20), vocab_size=400)
+    with pytest.raises(ValueError, match=r"\btokenizer\b"):
+        shmloader.ShmLoader(str(synth.root), other, 2, 32, "train", device="cpu", resume_state=states[-1])
+
+
+def test_state_of_same_names_other_content_is_refused(posrun, tmp_path):
+    """Shards regenerated under the same names (other rows, other row groups): the saved
+    position would point at other documents, so the state must be refused."""
+    docs = testing.position_documents([3] * 500)
+    corpus.write_shards(docs, tmp_path, num_files=4, row_group_size=[17])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in posrun.ds.paths]
+    with pytest.raises(ValueError, match=r"\bdata\b"):
+        shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", device="cpu",
+                            resume_state=posrun.state(20))
+
+
+def test_moved_dataset_resumes(posrun, tmp_path):
+    for p in posrun.ds.paths:
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    k = 25
+    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", num_workers=2,
+                             device="cpu", resume_state=posrun.state(k)) as loader:
+        posrun.check_follow(loader, k)
+
+
+# ---------------------------------------------------------------- restart after SIGKILL
+
+def test_restart_after_sigkill(synth, synth_tokenizer_pkl, tmp_path):
+    total, B, T = 120, 2, 32
+    seed = random.randrange(1 << 30)
+    kill_at = random.Random(seed).randrange(5, total - 30)
+    info = f"(seed {seed}, kill after {kill_at} batches)"
+    cmd = [sys.executable, str(HERE / "restart_trainer.py"), "--data", str(synth.root),
+           "--tokenizer", str(synth_tokenizer_pkl), "--out", str(tmp_path), "--total", str(total),
+           "--batch-size", str(B), "--seq-len", str(T), "--workers", "2", "--step-s", "0.01"]
+    log = tmp_path / "log.jsonl"
+    with open(tmp_path / "err1.txt", "w") as err:
+        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_text().count("\n") >= kill_at):
+            assert first.poll() is None, f"trainer exited early {info}: {(tmp_path / 'err1.txt').read_text()}"
+            assert time.monotonic() < deadline, f"trainer made no progress {info}"
+            time.sleep(0.005)
+        os.kill(first.pid, signal.SIGKILL)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(10)
+    assert first.returncode == -signal.SIGKILL
+    pids = json.loads((tmp_path / f"pids-{first.pid}.json").read_text())
+    assert len(pids) >= 3, f"expected the coordinator and 2 workers among {pids}"
+    deadline = time.monotonic() + 5
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [p for p in pids if pid_alive(p)], f"children of the killed trainer still alive {info}"
+
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert second.returncode == 0, f"{info}\n{second.stderr}"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["k"] for r in records] == list(range(total)), info
+    by_pid = {r["pid"] for r in records}
+    assert by_pid == {first.pid, second_pid(tmp_path, first.pid)}, info
+    resumed_at = next(r["k"] for r in records if r["pid"] != first.pid)
+    assert resumed_at >= kill_at - 1, info  # the kill may fall between log line and checkpoint
+    want_w, _ = synth.expected(total, B, T, "train")
+    for r, w in zip(records, want_w):
+        assert r["sha"] == hashlib.sha256(w.tobytes()).hexdigest(), f"batch {r['k']} differs {info}"
+        assert r["head"] == w[:8].tolist()
+    for pid in (first.pid, second_pid(tmp_path, first.pid)):
+        assert not shm_segments(pid), f"shared memory of trainer {pid} left behind {info}"
+    later = json.loads((tmp_path / f"pids-{second_pid(tmp_path, first.pid)}.json").read_text())
+    deadline = time.monotonic() + 2
+    while any(pid_alive(p) for p in later) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [p for p in later if pid_alive(p)], "children of the finished trainer still alive"
+
+
+def second_pid(out: Path, first: int) -> int:
+    (pid,) = [int(p.stem.split("-")[1]) for p in out.glob("pids-*.json") if p.stem != f"pids-{first}"]
+    return pid
