@@ -1,42 +1,22 @@
 """Print one batch of the stream, decoded, and the resume state that comes with it.
 
-    python tools/inspect.py --data demo_data/base_data --tokenizer demo_data/tokenizer -B 4 -T 256 --batch 3
-    python tools/inspect.py ... --resume-state state.json --batch 0   # the batch after that state
+    python tools/inspect_batch.py --data demo_data/base_data --tokenizer demo_data/tokenizer -B 4 -T 256 --batch 3
+    python tools/inspect_batch.py ... --resume-state state.json --batch 0   # the batch after that state
 
 Batch N is counted from 0 at the start of the split, or from the batch after `--resume-state`
 (a JSON file holding a state dict, as the loader yields it or as nanochat saves it). Each of
 the B rows (its T input tokens) is decoded and shown on one line, cut to `--chars` characters,
 with each BOS token shown as `--bos-mark` and newlines as \\n. The state dict that the loader
 yields with that batch follows as JSON: hand it to `--resume-state` to continue after it.
-
-This file shares its name with the standard library's `inspect` module. Python puts the
-directory of the script it runs first on sys.path, so any script run as `python tools/X.py`
-would import this file for `import inspect`; the block below hands such imports the real module.
 """
-import os
+import argparse
+import json
 import sys
-
-if __name__ == "inspect":  # imported *as* the stdlib module because tools/ is on sys.path
-    import importlib.machinery
-    import importlib.util
-
-    _here = os.path.dirname(os.path.abspath(__file__))
-    _path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
-    _spec = importlib.machinery.PathFinder.find_spec("inspect", _path)
-    _real = importlib.util.module_from_spec(_spec)
-    sys.modules["inspect"] = _real
-    _spec.loader.exec_module(_real)
-elif __name__ == "__main__":  # this directory need not stay on sys.path: take it off
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python tools/inspect.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python tools/inspect_batch.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=None,
                    help="directory (or glob) of parquet shards (default: $NANOCHAT_BASE_DIR/base_data)")
     p.add_argument("--tokenizer", default=None,

@@ -1,0 +1,153 @@
+"""Smoke tests of the demo and the tools, each run as a user runs it (a subprocess).
+
+The demo runs once with tiny settings (B=2, T=256, a 512-token tokenizer) into a module tmp
+dir; bench and gpu_check (`--device cpu`) reuse that cached corpus. tools/inspect_batch.py reads
+position documents through `testing.IntTokenizer`, so the rows it prints are checked by
+arithmetic, and resuming from the state it prints gives the next batch. About 30 s on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shmloader import corpus, testing
+from shmloader.demo import prepare_data
+
+REPO = Path(__file__).resolve().parents[1]
+VOCAB = 512
+TIMEOUT_S = 120
+
+
+def run(*args, cwd=REPO) -> str:
+    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"{args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    text = run("-m", "shmloader.demo", "--out-dir", out, "--batches", 20, "--batch-size", 2,
+               "--seq-len", 256, "--vocab-size", VOCAB, "--verify", 4)
+    return out, text
+
+
+def test_demo_prints_the_table_and_verifies_the_stream(demo):
+    _, text = demo
+    head = next(line for line in text.splitlines() if line.startswith("loader"))
+    for column in ("tokens/s", "trainer CPU us/batch", "first batch ms"):
+        assert column in head
+    rows = {line.split("  ")[0]: line for line in text.splitlines()}
+    for name in ("nanochat-style baseline (4 threads)", "shmloader, 2 workers", "ratio (x better, shmloader)"):
+        assert name in rows, f"no {name!r} row in:\n{text}"
+    assert re.search(r"\d+\.\d+ M|\d+\.\d k", rows["shmloader, 2 workers"])
+    assert "stream verified against the reference: 4 batches" in text
+
+
+def test_demo_data_is_cached(demo):
+    out, _ = demo
+    logged = []
+    data = prepare_data(out, VOCAB, log=logged.append)
+    assert logged == [], "a second run rebuilt the cached data"
+    assert data.n_files == 4 and len(list(data.data_dir.glob("*.parquet"))) == 4
+    assert data.tokenizer_path.is_file() and data.vocab_size <= VOCAB
+
+
+def test_demo_never_overwrites_data_it_did_not_write(tmp_path):
+    theirs = tmp_path / "base_data" / "shard_00000.parquet"  # e.g. --out-dir ~/.cache/nanochat
+    theirs.parent.mkdir()
+    theirs.write_bytes(b"not ours")
+    with pytest.raises(ValueError, match="did not write"):
+        prepare_data(tmp_path, VOCAB, log=lambda m: None)
+    assert theirs.read_bytes() == b"not ours"
+
+
+def test_bench_help():
+    text = run("tools/bench.py", "--help")
+    assert "--workers" in text and "--quick" in text and "--json" in text
+
+
+def test_bench_tiny_run(demo, tmp_path):
+    out, _ = demo
+    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1,
+               "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3, "--first-runs", 1,
+               "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "b.json")
+    assert "nanochat-style baseline" in text and "shmloader, 1 worker" in text and "targets:" in text
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert [r["kind"] for r in result["runs"]] == ["baseline", "shmloader"]
+    assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 for r in result["runs"])
+    assert result["raw"]["encode_to_numpy"]["tokens_per_s"] > 0
+
+
+def test_gpu_check_help():
+    text = run("tools/gpu_check.py", "--help")
+    assert "--device" in text and "--workers" in text
+
+
+def test_gpu_check_harness_on_cpu(demo):
+    out, _ = demo
+    text = run("tools/gpu_check.py", "--device", "cpu", "--out-dir", out, "--vocab-size", VOCAB,
+               "--workers", 1, "--batches", 16, "--buffer-size", 32, "--seconds", 0.3, "--cost-batches", 3)
+    for check in ("PASS  device 'cpu': 16/16", "PASS  bos_bestfit: 16/16", "PASS  close", "all checks passed"):
+        assert check in text, text
+
+
+# ---------------------------------------------------------------- tools/inspect_batch.py
+
+@pytest.fixture(scope="module")
+def posdata(tmp_path_factory):
+    """Position documents: each non-BOS token is its position in the stream; BOS is 0."""
+    root = tmp_path_factory.mktemp("inspect")
+    lengths = [5, 0, 12, 3, 9, 1, 7, 2, 11, 4] * 4
+    corpus.write_shards(testing.position_documents(lengths), root / "data", num_files=4, row_group_size=3)
+    tok = root / "int_tokenizer.pkl"
+    tok.write_bytes(pickle.dumps(testing.IntTokenizer()))
+    bos_positions, pos = set(), 0
+    for n in lengths:
+        bos_positions.add(pos)
+        pos += n + 1
+    return root, tok, bos_positions
+
+
+def inspect_rows(text: str) -> list[tuple[int, list[int]]]:
+    """(number of BOS, numbers shown) per printed row."""
+    rows = []
+    for m in re.finditer(r"^row \d+ \((\d+) BOS\): (.*)$", text, re.M):
+        rows.append((int(m.group(1)), [int(t) for t in re.findall(r"\d+", m.group(2))]))
+    return rows
+
+
+def expected_rows(k: int, B: int, T: int, bos_positions) -> list[tuple[int, list[int]]]:
+    start = k * (B * T + 1)
+    rows = []
+    for r in range(B):
+        positions = range(start + r * T, start + r * T + T)
+        rows.append((sum(p in bos_positions for p in positions), [p for p in positions if p not in bos_positions]))
+    return rows
+
+
+def test_inspect_prints_rows_and_state_and_resumes(posdata, tmp_path):
+    root, tok, bos_positions = posdata
+    common = ["tools/inspect_batch.py", "--data", root / "data", "--tokenizer", tok, "-B", 2, "-T", 8, "--chars", 500]
+    text = run(*common, "--batch", 2)
+    assert inspect_rows(text) == expected_rows(2, 2, 8, bos_positions)
+    state = json.loads(text[text.index("state dict:") + len("state dict:"):])
+    assert state["version"] == 1 and state["config"]["B"] == 2 and state["config"]["T"] == 8
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    resumed = run(*common, "--batch", 0, "--resume-state", tmp_path / "state.json")
+    assert inspect_rows(resumed) == expected_rows(3, 2, 8, bos_positions)
+
+
+def test_inspect_bestfit_rows_start_with_bos(posdata):
+    root, tok, _ = posdata
+    text = run("tools/inspect_batch.py", "--data", root / "data", "--tokenizer", tok, "-B", 3, "-T", 8,
+               "--packing", "bos_bestfit", "--batch", 1, "--bos-mark", "<B>")
+    rows = re.findall(r"^row \d+ \(\d+ BOS\): (.*)$", text, re.M)
+    assert len(rows) == 3 and all(r.startswith("<B>") for r in rows), text
