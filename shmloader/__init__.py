@@ -19,9 +19,12 @@ __all__ = list(_LOADER_NAMES + _ERROR_NAMES)
 
 
 def __getattr__(name):
+    if name == "ShmLoader":
+        from .loader import ShmLoader
+        return ShmLoader
     if name in _LOADER_NAMES:
-        from . import loader
-        return getattr(loader, name)
+        from . import nanochat
+        return getattr(nanochat, name)
     if name in _ERROR_NAMES:
         from . import errors
         return getattr(errors, name)

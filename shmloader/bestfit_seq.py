@@ -138,20 +138,23 @@ class BestFitSequencer:
                 self._bases.remove((entry[2], index))
         return orders
 
-    def buffer_runs(self) -> list[list[int]]:
-        """The buffer in arrival order as runs `[epoch, file, rg, row, count]`."""
+    def buffer_runs(self) -> np.ndarray:
+        """The buffer in arrival order as runs `[epoch, file, rg, row, count]` (an (n, 5) array)."""
         ids, _ = self.planner.buffered()
-        runs = []
-        for doc in ids.tolist():
-            index = self._bases[bisect_right(self._bases, (doc, float("inf"))) - 1][1]
-            piece, _, base, _, _ = self._pieces[index]
-            row = piece.doc_start + doc - base
-            last = runs[-1] if runs else None
-            if last and last[:3] == [piece.epoch, piece.file, piece.rg] and last[3] + last[4] == row:
-                last[4] += 1
-            else:
-                runs.append([piece.epoch, piece.file, piece.rg, row, 1])
-        return runs
+        if not len(ids):
+            return np.zeros((0, 5), dtype=np.int64)
+        bases = np.array([b for b, _ in self._bases], dtype=np.int64)
+        live = [self._pieces[i] for _, i in self._bases]
+        where = np.searchsorted(bases, ids, side="right") - 1
+        meta = np.array([(p.epoch, p.file, p.rg, p.doc_start - base) for p, _, base, _, _ in live],
+                        dtype=np.int64)[where]
+        rows = meta[:, 3] + ids
+        same = np.ones(len(ids), dtype=bool)
+        same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
+        same[0] = False
+        starts = np.flatnonzero(~same)
+        counts = np.diff(np.append(starts, len(ids)))
+        return np.column_stack((meta[starts, :3], rows[starts], counts))
 
     def written(self, batch: int):
         self._acks[batch] -= 1

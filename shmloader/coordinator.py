@@ -240,9 +240,13 @@ class _Coordinator:
             self.workers[w].send(msg)
 
     def _announce(self):
+        n_slots = self.args.layout.n_slots
         for k, pos in self.mode.ready():
-            self.ring.slot_states[k % self.args.layout.n_slots] = SlotState.READY
-            self.ring.stats[5] = pos[0] if self.args.packing == "concat" else pos[0][0]
+            if self.args.packing == "bos_bestfit":  # the buffer travels in the slot, not the pipe
+                pos, runs = pos
+                self.ring.write_runs(k % n_slots, runs)
+            self.ring.slot_states[k % n_slots] = SlotState.READY
+            self.ring.stats[5] = pos[0]
             self.trainer.send(("batch", k, pos))
         if self.args.packing == "bos_bestfit":
             self.ring.stats[4] = self.mode.seq.tokens_cropped

@@ -16,7 +16,6 @@ import time
 import weakref
 from multiprocessing.connection import wait
 
-import numpy as np
 import torch
 
 from . import cache as cachemod
@@ -28,6 +27,7 @@ from .plan import start_cursor
 from .ring import RingLayout, SlotState
 
 PACKINGS = ("concat", "bos_bestfit")
+LIVENESS_CHECK_S = 0.5
 _live = weakref.WeakSet()
 _atexit_registered = False
 
@@ -107,6 +107,7 @@ class ShmLoader:
         slot = k % self.n_slots
         p = self._procs
         p.ring.slot_states[slot] = SlotState.IN_USE
+        runs = p.ring.read_runs(slot) if self.bestfit else None  # before the slot is freed
         if p.pinned:
             window = p.device_bufs[k & 1]
             window.copy_(p.slot_tensors[slot], non_blocking=True)
@@ -114,10 +115,7 @@ class ShmLoader:
             event.record(torch.cuda.current_stream(self.device))
             p.inflight.append((k, event))
         else:
-            # numpy's single-threaded copy: torch's clone() of a window over 32768 elements
-            # goes parallel and spins OpenMP threads against the workers for milliseconds
-            window = torch.empty(p.ring.slots.shape[1], dtype=torch.int64)
-            np.copyto(window.numpy(), p.ring.slots[slot])
+            window = p.outputs.copy_out(p.ring.slots[slot])
             self._free(k)
             if self.device.type != "cpu":
                 window = window.to(self.device)
@@ -125,8 +123,7 @@ class ShmLoader:
         if self.log_every and self._stats["batches"] % self.log_every == 0:
             self._log()
         if self.bestfit:
-            (epoch, file, rg, doc), runs = pos
-            self._state = statemod.make_state(self._base_state, epoch, file, rg, doc, 0)
+            self._state = statemod.make_state(self._base_state, *pos, 0)
             self._state["buffer"] = runs
             n = self.B * self.T
             return window[:n].view(self.B, self.T), window[n:].view(self.B, self.T)
@@ -206,7 +203,8 @@ class ShmLoader:
 
     def _start(self):
         window = 2 * self.B * self.T if self.bestfit else self.B * self.T + 1
-        layout = RingLayout(self.n_slots, window, self.num_workers)
+        max_runs = self.buffer_size + self.tokenizer_batch_size if self.bestfit else 0
+        layout = RingLayout(self.n_slots, window, self.num_workers, max_runs)
         cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
                                 "", layout, self._piece_cap(), self.packing, self.B, self.T,
                                 self.buffer_size, self.tokenizer_batch_size,
@@ -239,7 +237,10 @@ class ShmLoader:
         p = self._procs
         if p.inflight:
             self._flush_copies(wait_all=False)
-        p.check_alive()
+        now = time.monotonic()
+        if now >= p.next_check:  # a select() per batch is measurable; twice a second is enough
+            p.next_check = now + LIVENESS_CHECK_S
+            p.check_alive()
         while p.conn.poll():
             got = p.receive()
             if got is not None:
@@ -290,48 +291,3 @@ def _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size
                          f"the trainer's pipes open), got {start_method!r}")
     if not timeout > 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
-
-
-def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads=4, tokenizer_batch_size=128,
-                                                  device="cuda", resume_state_dict=None, *, data=None,
-                                                  tokenizer=None, num_workers=None, **options):
-    """nanochat's `tokenizing_distributed_data_loader_with_state`: yields (inputs, targets, state)."""
-    loader = ShmLoader(data, tokenizer, B, T, split, num_workers=num_workers or tokenizer_threads,
-                       device=device, resume_state=resume_state_dict,
-                       tokenizer_batch_size=tokenizer_batch_size, **options)
-    return _with_state(loader)
-
-
-def _with_state(loader: ShmLoader):
-    with loader:
-        for inputs, targets in loader:
-            yield inputs, targets, loader.state_dict()
-
-
-def tokenizing_distributed_data_loader_with_state_bos_bestfit(
-        tokenizer, B, T, split, tokenizer_threads=4, tokenizer_batch_size=128, device="cuda",
-        resume_state_dict=None, buffer_size=1000, *, data=None, num_workers=None, **options):
-    """nanochat's BOS-aligned best-fit loader: yields (inputs, targets, state)."""
-    loader = ShmLoader(data, tokenizer, B, T, split, packing="bos_bestfit",
-                       num_workers=num_workers or tokenizer_threads, device=device,
-                       resume_state=resume_state_dict, tokenizer_batch_size=tokenizer_batch_size,
-                       buffer_size=buffer_size, **options)
-    return _with_state(loader)
-
-
-def tokenizing_distributed_data_loader_bos_bestfit(*args, **kwargs):
-    """nanochat's BOS-aligned best-fit loader without the state: yields (inputs, targets)."""
-    return _without_state(tokenizing_distributed_data_loader_with_state_bos_bestfit(*args, **kwargs))
-
-
-def tokenizing_distributed_data_loader(*args, **kwargs):
-    """nanochat's `tokenizing_distributed_data_loader`: yields (inputs, targets)."""
-    return _without_state(tokenizing_distributed_data_loader_with_state(*args, **kwargs))
-
-
-def _without_state(gen):
-    try:
-        for inputs, targets, _ in gen:
-            yield inputs, targets
-    finally:
-        gen.close()

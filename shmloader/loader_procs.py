@@ -23,6 +23,7 @@ import torch
 from . import errors
 from . import ring as ringmod
 from .coordinator import coordinator_main
+from .outbuf import OutputPool
 from .worker import WorkerArgs, worker_main
 
 PRELOAD = ["shmloader.worker", "shmloader.coordinator"]
@@ -44,6 +45,8 @@ class Children:
     inflight: deque = field(default_factory=deque)
     started_at: float = field(default_factory=time.monotonic)
     files: list = field(default_factory=list)
+    outputs: OutputPool = None
+    next_check: float = 0.0
 
     @property
     def procs(self) -> list:
@@ -181,6 +184,7 @@ def start_children(loader, layout: ringmod.RingLayout, cargs) -> Children:
     try:
         _spawn(kids, loader, layout, replace(cargs, ring_name=shm.name))
         kids.slot_tensors = torch.from_numpy(ring.slots)
+        kids.outputs = OutputPool(layout.window)
         if loader.device.type == "cuda":
             _pin(kids, loader.device)
     except BaseException:

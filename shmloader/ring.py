@@ -47,6 +47,7 @@ class RingLayout:
     n_slots: int
     window: int
     n_workers: int
+    max_runs: int = 0  # best fit: room per slot for the buffer's runs in the state after it
 
     @property
     def header_words(self) -> int:
@@ -58,8 +59,16 @@ class RingLayout:
         return (raw + ALIGN - 1) // ALIGN * ALIGN
 
     @property
-    def nbytes(self) -> int:
+    def runs_offset(self) -> int:
         return self.slots_offset + self.n_slots * self.window * 8
+
+    @property
+    def runs_words(self) -> int:
+        return 1 + 5 * self.max_runs if self.max_runs else 0  # count, then the runs
+
+    @property
+    def nbytes(self) -> int:
+        return self.runs_offset + self.n_slots * self.runs_words * 8
 
 
 class Ring:
@@ -76,10 +85,22 @@ class Ring:
         n_tokens = layout.n_slots * layout.window
         self.slots = np.frombuffer(buf, dtype=np.int64, count=n_tokens,
                                    offset=layout.slots_offset).reshape(layout.n_slots, layout.window)
+        self.runs = np.frombuffer(buf, dtype=np.int64, count=layout.n_slots * layout.runs_words,
+                                  offset=layout.runs_offset).reshape(layout.n_slots, layout.runs_words)
+
+    def write_runs(self, slot: int, runs: np.ndarray):
+        """Best fit: the buffer after the batch in `slot` (written by the coordinator)."""
+        area = self.runs[slot]
+        area[0] = len(runs)
+        area[1:1 + runs.size] = runs.ravel()
+
+    def read_runs(self, slot: int) -> list:
+        area = self.runs[slot]
+        return area[1:1 + 5 * int(area[0])].reshape(-1, 5).tolist()
 
     def release_views(self):
         """Drop every numpy view so that the underlying buffer can be closed."""
-        self.header = self.stats = self.slot_states = self.workers = self.slots = None
+        self.header = self.stats = self.slot_states = self.workers = self.slots = self.runs = None
 
 
 def new_name() -> str:

@@ -1,0 +1,54 @@
+"""nanochat's loader functions, as drop-ins: change one import line, keep the call.
+
+    from shmloader.nanochat import tokenizing_distributed_data_loader_with_state_bos_bestfit
+
+Each is a generator over one `ShmLoader`, closed when the generator is closed or collected.
+The loader is built (and its arguments, data and tokenizer checked) when the function is
+called, so bad input raises there, in the caller's process, before the first `next()`.
+"""
+from .loader import ShmLoader
+
+
+def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads=4, tokenizer_batch_size=128,
+                                                  device="cuda", resume_state_dict=None, *, data=None,
+                                                  tokenizer=None, num_workers=None, **options):
+    """nanochat's `tokenizing_distributed_data_loader_with_state`: yields (inputs, targets, state)."""
+    loader = ShmLoader(data, tokenizer, B, T, split, num_workers=num_workers or tokenizer_threads,
+                       device=device, resume_state=resume_state_dict,
+                       tokenizer_batch_size=tokenizer_batch_size, **options)
+    return _with_state(loader)
+
+
+def _with_state(loader: ShmLoader):
+    with loader:
+        for inputs, targets in loader:
+            yield inputs, targets, loader.state_dict()
+
+
+def tokenizing_distributed_data_loader_with_state_bos_bestfit(
+        tokenizer, B, T, split, tokenizer_threads=4, tokenizer_batch_size=128, device="cuda",
+        resume_state_dict=None, buffer_size=1000, *, data=None, num_workers=None, **options):
+    """nanochat's BOS-aligned best-fit loader: yields (inputs, targets, state)."""
+    loader = ShmLoader(data, tokenizer, B, T, split, packing="bos_bestfit",
+                       num_workers=num_workers or tokenizer_threads, device=device,
+                       resume_state=resume_state_dict, tokenizer_batch_size=tokenizer_batch_size,
+                       buffer_size=buffer_size, **options)
+    return _with_state(loader)
+
+
+def tokenizing_distributed_data_loader_bos_bestfit(*args, **kwargs):
+    """nanochat's BOS-aligned best-fit loader without the state: yields (inputs, targets)."""
+    return _without_state(tokenizing_distributed_data_loader_with_state_bos_bestfit(*args, **kwargs))
+
+
+def tokenizing_distributed_data_loader(*args, **kwargs):
+    """nanochat's `tokenizing_distributed_data_loader`: yields (inputs, targets)."""
+    return _without_state(tokenizing_distributed_data_loader_with_state(*args, **kwargs))
+
+
+def _without_state(gen):
+    try:
+        for inputs, targets, _ in gen:
+            yield inputs, targets
+    finally:
+        gen.close()
