@@ -204,7 +204,7 @@ def _spawn(kids: Children, loader, layout, cargs):
                                    args=(cargs, coord_end, [a for a, _ in pipes], alive_r))
     for i, (_, end) in enumerate(pipes):
         wargs = WorkerArgs(i, loader.files, loader.tokenizer, cargs.ring_name, layout,
-                           loader.tokenizer_batch_size, loader.packing, loader.B, loader.T,
+                           loader.packing, loader.B, loader.T,
                            loader.on_bad_row_group, loader.cache_dir, cargs.filesystem)
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(wargs, end, alive_r)))

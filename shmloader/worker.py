@@ -2,7 +2,7 @@
 
 Loop (NOTE [ring protocol] in docs/design.md): take `("task", piece)` messages; tokenize the
 oldest task one chunk of documents at a time (`[BOS] + encode_ordinary(text)` per document,
-nulls skipped), answering the coordinator's messages between chunks so that a long row group
+nulls skipped), answering the coordinator's messages every 2 ms so that a long row group
 never delays a write order; send `("counted", piece, lengths)`; keep the tokens until the
 `("place", ...)` orders have copied all of them into ring slots.
 
@@ -30,6 +30,7 @@ from .ring import RingLayout
 from .source import ParquetSource
 
 IDLE_WAIT_S = 1.0
+SERVICE_EVERY_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,6 @@ class WorkerArgs:
     tokenizer: tokmod.TokenizerSpec
     ring_name: str
     layout: RingLayout
-    chunk_docs: int
     packing: str = "concat"
     B: int = 0
     T: int = 0
@@ -110,7 +110,7 @@ def _loop(ctx: _Ctx):
 
 
 def _service(ctx: _Ctx):
-    """Answer pending messages; called between tokenizer chunks."""
+    """Answer pending messages; called every SERVICE_EVERY_S while tokenizing."""
     if ctx.alive.poll():
         raise _Stop
     while ctx.conn.poll():
@@ -201,17 +201,16 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     lengths = np.zeros(len(texts), dtype=np.int64)
     bos = np.array([spec.bos], dtype=spec.dtype)
     parts = []
-    chunk = ctx.args.chunk_docs
-    for lo in range(0, len(texts), chunk):
-        for i in range(lo, min(lo + chunk, len(texts))):
-            text = texts[i]
-            if text is None:
-                continue
+    due = time.perf_counter() + SERVICE_EVERY_S
+    for i, text in enumerate(texts):
+        if text is not None:
             ids = encode(text)
             parts.append(bos)
             parts.append(ids)
             lengths[i] = len(ids) + 1
-        _service(ctx)
+        if time.perf_counter() >= due:  # write orders wait at most this long for a busy worker
+            _service(ctx)
+            due = time.perf_counter() + SERVICE_EVERY_S
     tokens = np.concatenate(parts).astype(spec.dtype, copy=False) if parts else np.empty(0, spec.dtype)
     return tokens, lengths, False
 
