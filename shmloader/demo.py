@@ -38,7 +38,8 @@ from pathlib import Path
 from . import corpus
 
 NUM_FILES = 4
-ROW_GROUP_DOCS = 64
+ROW_GROUP_DOCS = 256
+DOC_CHARS = 4000  # documents of ~1000 tokens, like web text
 MANIFEST = "demo.json"
 OWNER = "shmloader.demo"
 
@@ -54,7 +55,7 @@ class DemoData:
 
 def _corpus_key(num_files: int, row_group_docs: int) -> dict:
     return {"corpus": "stdlib", "python": sys.version, "stdlib": sysconfig.get_paths()["stdlib"],
-            "num_files": num_files, "row_group_docs": row_group_docs}
+            "num_files": num_files, "row_group_docs": row_group_docs, "doc_chars": DOC_CHARS}
 
 
 def prepare_data(out_dir, vocab_size: int = 4096, *, num_files: int = NUM_FILES,
@@ -77,7 +78,7 @@ def prepare_data(out_dir, vocab_size: int = 4096, *, num_files: int = NUM_FILES,
         raise ValueError(f"{out_dir} holds parquet shards or a tokenizer that the demo did not write "
                          f"(no {MANIFEST} of ours): pick an empty or new --out-dir")
     started = time.perf_counter()
-    texts = corpus.stdlib_texts()
+    texts = corpus.split_documents(corpus.stdlib_texts(), DOC_CHARS)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not shards_ok:
         manifest_path.write_text(json.dumps({"owner": OWNER}) + "\n")  # ours, even if interrupted

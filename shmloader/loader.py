@@ -28,6 +28,7 @@ from .ring import RingLayout, SlotState
 
 PACKINGS = ("concat", "bos_bestfit")
 LIVENESS_CHECK_S = 0.5
+IN_USE, FREE = int(SlotState.IN_USE), int(SlotState.FREE)
 _live = weakref.WeakSet()
 _atexit_registered = False
 
@@ -106,7 +107,7 @@ class ShmLoader:
         k, pos = self._next_ready()
         slot = k % self.n_slots
         p = self._procs
-        p.ring.slot_states[slot] = SlotState.IN_USE
+        p.ring.slot_states[slot] = IN_USE
         runs = p.ring.read_runs(slot) if self.bestfit else None  # before the slot is freed
         if p.pinned:
             window = p.device_bufs[k & 1]
@@ -223,7 +224,7 @@ class ShmLoader:
 
     def _free(self, k: int):
         p = self._procs
-        p.ring.slot_states[k % self.n_slots] = SlotState.FREE
+        p.ring.slot_states[k % self.n_slots] = FREE
         p.send(("free", k))
 
     def _flush_copies(self, wait_all: bool):
@@ -241,7 +242,7 @@ class ShmLoader:
         if now >= p.next_check:  # a select() per batch is measurable; twice a second is enough
             p.next_check = now + LIVENESS_CHECK_S
             p.check_alive()
-        while p.conn.poll():
+        while p.has_message():
             got = p.receive()
             if got is not None:
                 return got

@@ -9,6 +9,8 @@ its EOF), joins with a 2 s deadline, kills what is left, and unlinks the ring.
 """
 import contextlib
 import multiprocessing
+import pickle
+import select
 import signal
 import sys
 import time
@@ -47,6 +49,7 @@ class Children:
     files: list = field(default_factory=list)
     outputs: OutputPool = None
     next_check: float = 0.0
+    _poller: object = None
 
     @property
     def procs(self) -> list:
@@ -69,9 +72,18 @@ class Children:
             return None
         _raise_reported(msg)
 
+    def has_message(self) -> bool:
+        """A poll(0) on the coordinator's pipe without building a selector per call."""
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self.conn.fileno(), select.POLLIN)
+        return bool(self._poller.poll(0))
+
     def send(self, msg):
+        """Plain pickle: multiprocessing's pickler copies its reducer table (which torch
+        extends) on every message, which costs more than the rest of next()."""
         try:
-            self.conn.send(msg)
+            self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
             raise
