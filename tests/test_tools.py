@@ -78,12 +78,19 @@ def test_bench_tiny_run(demo, tmp_path):
     out, _ = demo
     text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1,
                "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3, "--first-runs", 1,
-               "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "b.json")
+               "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "b.json",
+               "--chart", tmp_path / "b.png")
     assert "nanochat-style baseline" in text and "shmloader, 1 worker" in text and "targets:" in text
+    assert "shmloader, 1 worker, best fit" in text and "best fit within 10% of concat" in text
     result = json.loads((tmp_path / "b.json").read_text())
-    assert [r["kind"] for r in result["runs"]] == ["baseline", "shmloader"]
+    assert [(r["kind"], r["packing"]) for r in result["runs"]] == \
+        [("baseline", "concat"), ("shmloader", "concat"), ("shmloader", "bos_bestfit")]
     assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 for r in result["runs"])
+    assert 0 <= result["runs"][2]["cropped_fraction"] < 1
     assert result["raw"]["encode_to_numpy"]["tokens_per_s"] > 0
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = run("tools/bench.py", "--from-json", tmp_path / "b.json", "--chart", tmp_path / "c.png")
+    assert "targets:" in again and (tmp_path / "c.png").stat().st_size > 0
 
 
 def test_gpu_check_help():
