@@ -108,7 +108,7 @@ class ShmLoader:
         slot = k % self.n_slots
         p = self._procs
         p.ring.slot_states[slot] = IN_USE
-        runs = p.ring.read_runs(slot) if self.bestfit else None  # before the slot is freed
+        runs = p.ring.runs_of(slot) if self.bestfit else None  # before the slot is freed
         if p.pinned:
             window = p.device_bufs[k & 1]
             window.copy_(p.slot_tensors[slot], non_blocking=True)
@@ -124,8 +124,7 @@ class ShmLoader:
         if self.log_every and self._stats["batches"] % self.log_every == 0:
             self._log()
         if self.bestfit:
-            self._state = statemod.make_state(self._base_state, *pos, 0)
-            self._state["buffer"] = runs
+            self._state = statemod.make_state(self._base_state, *pos, 0, runs.tolist(), runs.tobytes())
             n = self.B * self.T
             return window[:n].view(self.B, self.T), window[n:].view(self.B, self.T)
         self._state = statemod.make_state(self._base_state, *pos)
@@ -197,10 +196,8 @@ class ShmLoader:
 
     def _start_state(self) -> dict:
         c = self._cursor
-        state = statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, self._skip)
-        if self.bestfit:
-            state["buffer"] = [list(run) for run in self._runs]
-        return state
+        runs = [list(run) for run in self._runs] if self.bestfit else None
+        return statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, self._skip, runs)
 
     def _start(self):
         window = 2 * self.B * self.T if self.bestfit else self.B * self.T + 1

@@ -94,9 +94,10 @@ class Ring:
         area[0] = len(runs)
         area[1:1 + runs.size] = runs.ravel()
 
-    def read_runs(self, slot: int) -> list:
+    def runs_of(self, slot: int) -> np.ndarray:
+        """A copy of the runs written for the batch in `slot`, as an (n, 5) int64 array."""
         area = self.runs[slot]
-        return area[1:1 + 5 * int(area[0])].reshape(-1, 5).tolist()
+        return area[1:1 + 5 * int(area[0])].reshape(-1, 5).copy()
 
     def release_views(self):
         """Drop every numpy view so that the underlying buffer can be closed."""

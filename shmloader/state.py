@@ -11,6 +11,9 @@ differs from the loader's config.
 """
 import hashlib
 import warnings
+import zlib
+
+import numpy as np
 
 from .plan import Cursor, nanochat_cursor
 
@@ -27,10 +30,29 @@ def data_fingerprint(files: list[str], sizes: list[int] | None = None) -> str:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
-def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int) -> dict:
+def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int,
+               buffer: list | None = None, buffer_bytes: bytes | None = None) -> dict:
+    """A state; best fit adds its `buffer` runs (`buffer_bytes`: their int64 bytes, if at hand)."""
     state = dict(base)
     state.update(epoch=epoch, pq_idx=file, rg_idx=rg, doc_idx=doc, skip=skip)
+    if buffer is not None:
+        state["buffer"] = buffer
+        if buffer_bytes is None:
+            buffer_bytes = _runs_bytes(buffer)
+    state["digest"] = digest(state, buffer_bytes or b"")
     return state
+
+
+def digest(state: dict, buffer_bytes: bytes = b"") -> str:
+    """crc32 of the rank, the world size, the position and the buffer. DCP keeps one value per
+    key across ranks, so a state saved under one key by every rank comes back with fields of
+    different ranks; the digest turns that (and hand edits) into an error, not a wrong resume."""
+    key = ":".join(str(state.get(k)) for k in ("rank", "world_size", *POSITION_FIELDS))
+    return f"{zlib.crc32(buffer_bytes, zlib.crc32(key.encode())):08x}"
+
+
+def _runs_bytes(runs) -> bytes:
+    return np.asarray(runs, dtype=np.int64).reshape(-1, 5).tobytes()
 
 
 def base_state(config: dict, rank: int, world: int) -> dict:
@@ -58,7 +80,9 @@ def check(state, config: dict, rank: int, world: int, n_files: int) -> tuple[Cur
     if pos["pq_idx"] >= n_files:
         raise ValueError(f"resume state field 'pq_idx' is {pos['pq_idx']} but the split has "
                          f"{n_files} files")
-    if _int_field(state, "rank") != rank:
+    _int_field(state, "rank")
+    _check_digest(state)
+    if state["rank"] != rank:
         warnings.warn(f"resume state was saved by rank {state['rank']}, this is rank {rank}: "
                       f"resuming as nanochat does (rank {state['rank']}'s file and row group, "
                       f"next stride for this rank), not exactly; save one state per rank for "
@@ -68,6 +92,19 @@ def check(state, config: dict, rank: int, world: int, n_files: int) -> tuple[Cur
         raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of "
                          f"rank {rank} of {world}")
     return Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"]), pos["skip"]
+
+
+def _check_digest(state: dict):
+    runs = state.get("buffer")
+    try:
+        expected = digest(state, _runs_bytes(runs) if runs is not None else b"")
+    except (TypeError, ValueError):
+        raise ValueError("resume state field 'buffer' is not a list of 5-integer runs") from None
+    if state.get("digest") != expected:
+        raise ValueError(f"resume state field 'digest' is {state.get('digest')!r}, but its fields give "
+                         f"{expected!r}: the state was edited, or mixes the states of several ranks "
+                         f"(torch.distributed.checkpoint keeps one value per key: save each rank's "
+                         f"loader under a key of its own, e.g. f'loader_rank{{rank}}')")
 
 
 def buffer_runs(state, n_files: int) -> list[list[int]]:

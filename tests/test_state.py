@@ -252,3 +252,21 @@ def test_buffer_runs_bad_run_is_refused(run):
     state = dict(saved(), buffer=[[1, 0, 0, 0, 2], run])
     with pytest.raises(ValueError, match="buffer"):
         buffer_runs(state, n_files=3)
+
+
+def test_a_state_mixing_two_ranks_is_refused_naming_the_digest():
+    """What DCP gives back when every rank saved its loader under one key: fields of both."""
+    mixed = saved(rank=1, doc=5)
+    mixed["doc_idx"] = saved(rank=0, rg=2, doc=9)["doc_idx"]
+    with pytest.raises(ValueError, match="digest") as ei:
+        check(mixed, CONFIG, rank=1, world=2, n_files=3)
+    assert "loader_rank" in str(ei.value)
+
+
+def test_the_digest_covers_the_buffer():
+    runs = [[1, 0, 2, 10, 3], [1, 1, 0, 0, 4]]
+    state = json.loads(json.dumps(make_state(base_state(CONFIG, 1, 2), 2, 1, 3, 5, 0, runs)))
+    check(state, CONFIG, rank=1, world=2, n_files=3)  # consistent: accepted
+    state["buffer"][1][4] = 5
+    with pytest.raises(ValueError, match="digest"):
+        check(state, CONFIG, rank=1, world=2, n_files=3)
