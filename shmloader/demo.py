@@ -1,10 +1,11 @@
 """The demo: shmloader next to today's nanochat loader, on data built offline, in one run.
 
-    python -m shmloader.demo [--out-dir ./demo_data] [--workers 2] [--batches 300]
+    python -m shmloader.demo [--out-dir ./demo_data] [--workers 2] [--batches 600]
 
 1. Data (cached in `--out-dir`, nanochat's layout so `NANOCHAT_BASE_DIR=demo_data` works):
-   the documents that ship with Python (`corpus.stdlib_texts`: 813 documents, ~12.6 MB on
-   CPython 3.11) as 4 parquet shards with row groups of 64 documents in `base_data/`
+   the text that ships with Python (`corpus.stdlib_texts`: ~12.6 MB on CPython 3.11) cut at
+   blank lines into ~4000-character documents (~1000 tokens each, like web text; 2968
+   documents) as 4 parquet shards with row groups of 256 documents in `base_data/`
    (train = the first 3 files), and a byte-level BPE of `--vocab-size` tokens in
    `tokenizer/tokenizer.pkl`. Building takes a few seconds; a second run reuses it
    (`demo.json` records what was built and for which Python). A directory holding shards or a
@@ -178,8 +179,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, help="B, rows per batch (rows; default 8)")
     p.add_argument("--seq-len", type=int, default=1024, help="T, tokens per row (tokens; default 1024)")
     p.add_argument("--workers", type=int, default=2, help="shmloader worker processes (processes; default 2)")
-    p.add_argument("--batches", type=int, default=300,
-                   help="batches timed per loader after the first (batches; default 300)")
+    p.add_argument("--batches", type=int, default=600,
+                   help="batches timed per loader after the first (batches; default 600)")
     p.add_argument("--vocab-size", type=int, default=4096,
                    help="tokenizer size incl. 9 special tokens (tokens; default 4096)")
     p.add_argument("--verify", type=int, default=8,
