@@ -21,12 +21,12 @@ import torch
 from . import cache as cachemod
 from . import errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
+from .config import LoaderConfig
 from .coordinator import CoordinatorArgs, coordinator_main
 from .loader_procs import Children, start_children
 from .plan import start_cursor
 from .ring import RingLayout, SlotState
 
-PACKINGS = ("concat", "bos_bestfit")
 LIVENESS_CHECK_S = 0.5
 IN_USE, FREE = int(SlotState.IN_USE), int(SlotState.FREE)
 _live = weakref.WeakSet()
@@ -36,6 +36,13 @@ _atexit_registered = False
 def _close_all():
     for loader in list(_live):
         loader.close()
+
+
+def _device(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _env_int(name: str, default: int) -> int:
@@ -48,28 +55,15 @@ class ShmLoader:
 
     def __init__(self, data=None, tokenizer=None, B: int = 32, T: int = 2048, split: str = "train",
                  packing: str = "concat", num_workers: int = 4, device="cuda", *, rank=None,
-                 world_size=None, resume_state=None, n_slots: int = 8, tokenizer_batch_size: int = 128,
-                 buffer_size: int = 1000, max_piece_docs: int = 1024, start_method: str = "forkserver",
-                 timeout: float = 300.0, on_bad_row_group: str = "raise", cache_dir=None,
-                 filesystem=None, bos: int | None = None, log_every: int = 0):
-        _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
-                    start_method, timeout, buffer_size)
-        if on_bad_row_group not in ("raise", "skip"):
-            raise ValueError(f"on_bad_row_group must be 'raise' or 'skip', got {on_bad_row_group!r}")
-        self.on_bad_row_group = on_bad_row_group
-        self.log_every = log_every
-        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        if self.cache_dir is not None:
-            cachemod.sweep_temporaries(self.cache_dir)
-        self.B, self.T, self.split, self.packing = B, T, split, packing
-        self.num_workers, self.n_slots, self.timeout = num_workers, n_slots, timeout
-        self.tokenizer_batch_size, self.max_piece_docs = tokenizer_batch_size, max_piece_docs
-        self.buffer_size = buffer_size
-        self.bestfit = packing == "bos_bestfit"
-        self.start_method = start_method
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+                 world_size=None, resume_state=None, filesystem=None, bos: int | None = None,
+                 **options):
+        """`options` are the fields of `LoaderConfig` (n_slots, tokenizer_batch_size,
+        buffer_size, max_piece_docs, start_method, timeout, on_bad_row_group, cache_dir,
+        log_every); see the README for each one's meaning and default."""
+        if options.get("cache_dir") is not None:
+            options["cache_dir"] = os.fspath(options["cache_dir"])
+        self.cfg = LoaderConfig(B, T, split, packing, num_workers, **options)
+        self.device = _device(device)
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
@@ -77,22 +71,26 @@ class ShmLoader:
         self.filesystem = source.filesystem_for(data, filesystem)
         self.files = source.split_files(source.list_files(data, self.filesystem), split)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
-        self.config = {"B": B, "T": T, "split": split, "packing": packing,
-                       "data": statemod.data_fingerprint(self.files, source.file_sizes(self.files, self.filesystem)),
-                       "tokenizer": self.tokenizer.fingerprint}
-        if self.bestfit:
-            self.config.update(buffer_size=buffer_size, tokenizer_batch_size=tokenizer_batch_size)
-        if on_bad_row_group == "skip":
-            self.config["on_bad_row_group"] = "skip"  # skipping changes the stream
+        if self.cfg.cache_dir is not None:
+            cachemod.sweep_temporaries(self.cfg.cache_dir)
+        sizes = source.file_sizes(self.files, self.filesystem)
+        self.config = self.cfg.fingerprint(statemod.data_fingerprint(self.files, sizes),
+                                           self.tokenizer.fingerprint)
         self._base_state = statemod.base_state(self.config, self.rank, self.world_size)
         self._cursor, self._skip, self._runs = start_cursor(self.rank), 0, []
+        self._procs, self._closed = None, False
+        self._stats = {"batches": 0, "wait_s": 0.0}
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self._state = self._start_state()
-        self._procs = None
-        self._closed = False
-        self._stats = {"batches": 0, "wait_s": 0.0}
         _register(self)
+
+    def __getattr__(self, name):
+        """The config's fields read as the loader's own (loader.B, loader.n_slots, ...)."""
+        cfg = self.__dict__.get("cfg")
+        if cfg is not None and hasattr(cfg, name):
+            return getattr(cfg, name)
+        raise AttributeError(f"'ShmLoader' object has no attribute {name!r}")
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -200,19 +198,14 @@ class ShmLoader:
         return statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, self._skip, runs)
 
     def _start(self):
-        window = 2 * self.B * self.T if self.bestfit else self.B * self.T + 1
-        max_runs = self.buffer_size + self.tokenizer_batch_size if self.bestfit else 0
-        layout = RingLayout(self.n_slots, window, self.num_workers, max_runs)
+        c = self.cfg
+        layout = RingLayout(c.n_slots, c.window, c.num_workers, c.max_runs)
         cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
-                                "", layout, self._piece_cap(), self.packing, self.B, self.T,
+                                "", layout, c.piece_cap, self.packing, self.B, self.T,
                                 self.buffer_size, self.tokenizer_batch_size,
                                 tuple(tuple(r) for r in self._runs), self.on_bad_row_group,
                                 source.FilesystemRef(self.filesystem) if self.filesystem else None)
         self._procs = start_children(self, layout, cargs)
-
-    def _piece_cap(self) -> int:
-        """With a cache, pieces after the ramp are whole row groups so that they get cached."""
-        return self.max_piece_docs if self.cache_dir is None else 1 << 40
 
     def _stop(self):
         procs, self._procs = self._procs, None
@@ -269,23 +262,3 @@ def _register(loader: ShmLoader):
     if not _atexit_registered:
         atexit.register(_close_all)
         _atexit_registered = True
-
-
-def _check_args(B, T, split, packing, num_workers, n_slots, tokenizer_batch_size, max_piece_docs,
-                start_method, timeout, buffer_size):
-    for name, value in (("B", B), ("T", T), ("num_workers", num_workers), ("n_slots", n_slots),
-                        ("buffer_size", buffer_size),
-                        ("tokenizer_batch_size", tokenizer_batch_size), ("max_piece_docs", max_piece_docs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if n_slots < 2:
-        raise ValueError(f"n_slots must be at least 2, got {n_slots}")
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    if packing not in PACKINGS:
-        raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
-    if start_method not in ("forkserver", "spawn"):
-        raise ValueError(f"start_method must be 'forkserver' or 'spawn' (a forked child would hold "
-                         f"the trainer's pipes open), got {start_method!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")

@@ -1,0 +1,81 @@
+"""The loader's settings: one frozen object, checked when it is made.
+
+Every argument error is a ValueError naming the argument, what it was and what is allowed.
+`fingerprint` is the part of the config that a resume state must match (SPEC §3): what
+changes the stream. Pure: no torch, no files, no processes.
+"""
+from dataclasses import dataclass
+
+PACKINGS = ("concat", "bos_bestfit")
+START_METHODS = ("forkserver", "spawn")
+BAD_ROW_GROUP = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    B: int
+    T: int
+    split: str = "train"
+    packing: str = "concat"
+    num_workers: int = 4
+    n_slots: int = 8
+    tokenizer_batch_size: int = 128
+    buffer_size: int = 1000
+    max_piece_docs: int = 1024
+    start_method: str = "forkserver"
+    timeout: float = 300.0
+    on_bad_row_group: str = "raise"
+    cache_dir: str | None = None
+    log_every: int = 0
+
+    def __post_init__(self):
+        for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
+                     "max_piece_docs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_slots < 2:
+            raise ValueError(f"n_slots must be at least 2, got {self.n_slots}")
+        _choice("split", self.split, ("train", "val"))
+        _choice("packing", self.packing, PACKINGS)
+        _choice("on_bad_row_group", self.on_bad_row_group, BAD_ROW_GROUP)
+        if self.start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS} (a forked child would "
+                             f"hold the trainer's pipes open), got {self.start_method!r}")
+        if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
+            raise ValueError(f"timeout must be positive seconds, got {self.timeout!r}")
+        if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
+            raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
+
+    @property
+    def bestfit(self) -> bool:
+        return self.packing == "bos_bestfit"
+
+    @property
+    def window(self) -> int:
+        """Tokens per ring slot: concat B*T+1; best fit inputs then targets, 2*B*T."""
+        return 2 * self.B * self.T if self.bestfit else self.B * self.T + 1
+
+    @property
+    def max_runs(self) -> int:
+        """Best fit: the most runs a buffer can need (one per buffered document)."""
+        return self.buffer_size + self.tokenizer_batch_size if self.bestfit else 0
+
+    @property
+    def piece_cap(self) -> int:
+        """With a cache, pieces after the ramp are whole row groups so that they get cached."""
+        return self.max_piece_docs if self.cache_dir is None else 1 << 40
+
+    def fingerprint(self, data: str, tokenizer: str) -> dict:
+        out = {"B": self.B, "T": self.T, "split": self.split, "packing": self.packing,
+               "data": data, "tokenizer": tokenizer}
+        if self.bestfit:
+            out.update(buffer_size=self.buffer_size, tokenizer_batch_size=self.tokenizer_batch_size)
+        if self.on_bad_row_group == "skip":
+            out["on_bad_row_group"] = "skip"  # skipping changes the stream
+        return out
+
+
+def _choice(name: str, value, allowed: tuple):
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")

@@ -1,0 +1,41 @@
+"""LoaderConfig: each bad argument is a ValueError naming it; derived sizes are right."""
+import pytest
+
+from shmloader.config import LoaderConfig
+
+
+@pytest.mark.parametrize("field,value", [
+    ("B", 0), ("T", -1), ("B", 2.0), ("T", True), ("num_workers", 0), ("n_slots", 1),
+    ("tokenizer_batch_size", 0), ("buffer_size", 0), ("max_piece_docs", 0), ("split", "test"),
+    ("packing", "pad"), ("start_method", "fork"), ("timeout", 0), ("on_bad_row_group", "ignore"),
+    ("log_every", -1),
+])
+def test_bad_argument_is_named(field, value):
+    args = dict(B=2, T=8)
+    args[field] = value
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        LoaderConfig(**args)
+
+
+def test_derived_sizes():
+    concat = LoaderConfig(16, 2048)
+    assert (concat.window, concat.max_runs, concat.bestfit) == (16 * 2048 + 1, 0, False)
+    fit = LoaderConfig(16, 2048, packing="bos_bestfit", buffer_size=1000, tokenizer_batch_size=128)
+    assert (fit.window, fit.max_runs, fit.bestfit) == (2 * 16 * 2048, 1128, True)
+    assert LoaderConfig(2, 8).piece_cap == 1024
+    assert LoaderConfig(2, 8, cache_dir="/c").piece_cap > 10 ** 9
+
+
+def test_fingerprint_holds_what_changes_the_stream():
+    base = LoaderConfig(2, 8).fingerprint("d", "t")
+    assert base == {"B": 2, "T": 8, "split": "train", "packing": "concat", "data": "d", "tokenizer": "t"}
+    assert LoaderConfig(2, 8, num_workers=3, n_slots=5, timeout=9).fingerprint("d", "t") == base
+    fit = LoaderConfig(2, 8, packing="bos_bestfit", buffer_size=7, tokenizer_batch_size=3).fingerprint("d", "t")
+    assert (fit["buffer_size"], fit["tokenizer_batch_size"]) == (7, 3)
+    assert LoaderConfig(2, 8, on_bad_row_group="skip").fingerprint("d", "t")["on_bad_row_group"] == "skip"
+
+
+def test_frozen():
+    cfg = LoaderConfig(2, 8)
+    with pytest.raises(Exception):
+        cfg.B = 3
