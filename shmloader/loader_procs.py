@@ -97,11 +97,15 @@ class Children:
         """Raise the best account of a death: an error a process reported before exiting
         (it may wait behind queued batches), else the process killed by a signal or failing,
         workers before the coordinator (which exits cleanly when a worker's pipe breaks)."""
-        msg = self._pending_error(ERROR_GRACE_S)
+        time.sleep(0.05)  # let deaths that happen together all show
+        gone = [p for p in self.procs if p.sentinel in dead or p.exitcode is not None]
+        for p in gone:
+            p.join(timeout=0.05)
+        # a process that raised reports its error and then exits; one killed by a signal cannot
+        killed = gone and all(p.exitcode is not None and p.exitcode < 0 for p in gone)
+        msg = self._pending_error(0.05 if killed else ERROR_GRACE_S)
         if msg is not None:
             _raise_reported(msg)
-        time.sleep(0.1)  # let deaths that happen together all show
-        gone = [p for p in self.procs if p.sentinel in dead or p.exitcode is not None]
         for p in gone:
             p.join(timeout=ERROR_GRACE_S)
         if gone:

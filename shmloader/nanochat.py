@@ -13,7 +13,7 @@ def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads
                                                   device="cuda", resume_state_dict=None, *, data=None,
                                                   tokenizer=None, num_workers=None, **options):
     """nanochat's `tokenizing_distributed_data_loader_with_state`: yields (inputs, targets, state)."""
-    loader = ShmLoader(data, tokenizer, B, T, split, num_workers=num_workers or tokenizer_threads,
+    loader = ShmLoader(data, tokenizer, B, T, split, num_workers=tokenizer_threads if num_workers is None else num_workers,
                        device=device, resume_state=resume_state_dict,
                        tokenizer_batch_size=tokenizer_batch_size, **options)
     return _with_state(loader)
@@ -30,7 +30,7 @@ def tokenizing_distributed_data_loader_with_state_bos_bestfit(
         resume_state_dict=None, buffer_size=1000, *, data=None, num_workers=None, **options):
     """nanochat's BOS-aligned best-fit loader: yields (inputs, targets, state)."""
     loader = ShmLoader(data, tokenizer, B, T, split, packing="bos_bestfit",
-                       num_workers=num_workers or tokenizer_threads, device=device,
+                       num_workers=tokenizer_threads if num_workers is None else num_workers, device=device,
                        resume_state=resume_state_dict, tokenizer_batch_size=tokenizer_batch_size,
                        buffer_size=buffer_size, **options)
     return _with_state(loader)

@@ -1,0 +1,402 @@
+"""Bad input (SPEC §4, STYLE habit 9), through the public API: each case raises a specific
+exception in the calling process, naming the file (and the row group where there is one),
+quickly, never a hang (a loader `timeout=` turns a hang into the wrong exception, and the
+watchdog fails the test after 60 s); afterwards nothing is left running (conftest `no_leaks`).
+
+Null documents are skipped and counted, an empty document is exactly [BOS], and with
+`on_bad_row_group="skip"` a corrupt row group is skipped with a warning naming the file, the
+stream is the oracle's over the data without it, and resume across the skip is exact.
+Documents are `testing.position_documents` read with `IntTokenizer` (BOS = 0), so the
+expected stream is built by hand: the concatenation of `[0] + ids` of every non-null row.
+
+(tests/test_tokenizer_source.py checks `ParquetSource` and `tokenizer.resolve` on their own;
+here the same inputs go through `ShmLoader` and its processes.)
+"""
+import itertools
+import json
+import os
+import re
+import time
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from shmloader import corpus, testing
+from conftest import loader_children, position_of, shm_segments
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+B, T = 2, 8
+W = B * T + 1
+RAISE_S = 5.0  # an error must come within this many seconds of the call
+
+
+def make_loader(data, tokenizer=None, split="train", **kw):
+    kw.setdefault("num_workers", 2)
+    kw.setdefault("device", "cpu")
+    kw.setdefault("timeout", 20)
+    return shmloader.ShmLoader(str(data), tokenizer or testing.IntTokenizer(), kw.pop("B", B),
+                               kw.pop("T", T), split, **kw)
+
+
+def first_error(loader, limit_batches=10_000):
+    """next() until it raises; the exception, after checking it came within RAISE_S."""
+    started = time.monotonic()
+    with loader:
+        for k in range(limit_batches):
+            try:
+                next(loader)
+            except Exception as exc:  # noqa: BLE001 - the caller checks the type
+                took = time.monotonic() - started
+                assert took < RAISE_S, f"the error took {took:.1f} s: {exc}"
+                return exc
+            assert time.monotonic() - started < RAISE_S, f"no error within {RAISE_S} s ({k + 1} batches)"
+    pytest.fail(f"no error in {limit_batches} batches")
+
+
+def good_shards(root, n_docs=120, num_files=3, rg=10, length=5):
+    os.makedirs(root, exist_ok=True)
+    docs = testing.position_documents([length] * n_docs)
+    return [str(p) for p in corpus.write_shards(docs, root, num_files=num_files, row_group_size=rg)]
+
+
+def assert_started_nothing():
+    assert loader_children() == [] and shm_segments() == [], "a refused loader started processes"
+
+
+# ---------------------------------------------------------------- found at the call
+
+def test_missing_data_dir(tmp_path):
+    gone = tmp_path / "no_such_dir"
+    with pytest.raises(shmloader.DataError, match=re.escape(str(gone))):
+        make_loader(gone)
+    with pytest.raises(shmloader.DataError, match=re.escape(str(gone))):  # nanochat's call
+        shmloader.tokenizing_distributed_data_loader(B, T, "train", device="cpu", data=str(gone),
+                                                     tokenizer=testing.IntTokenizer())
+    assert_started_nothing()
+
+
+def test_dir_without_parquet(tmp_path):
+    (tmp_path / "notes.txt").write_text("no shards here")
+    (tmp_path / "data.parquet.tmp").write_bytes(b"")
+    with pytest.raises(shmloader.DataError, match=re.escape(str(tmp_path))) as info:
+        make_loader(tmp_path)
+    assert "parquet" in str(info.value)
+    assert_started_nothing()
+
+
+def test_train_split_with_one_file(tmp_path):
+    (path,) = good_shards(tmp_path, num_files=1)
+    with pytest.raises(shmloader.DataError, match=re.escape(path)) as info:
+        make_loader(tmp_path, split="train")
+    assert "'train'" in str(info.value) and "2 files" in str(info.value)
+    with make_loader(tmp_path, split="val") as loader:  # the same file is a fine val split
+        next(loader)
+    assert_started_nothing()
+
+
+def test_missing_tokenizer_path(tmp_path):
+    good_shards(tmp_path / "data")
+    gone = tmp_path / "tok" / "tokenizer.pkl"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(gone))):
+        make_loader(tmp_path / "data", tokenizer=str(gone))
+    assert_started_nothing()
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage, not a pickle", b"\x80\x04\x95\xff\xff"],
+                         ids=["empty", "text", "cut-pickle"])
+def test_corrupt_tokenizer_pkl(tmp_path, content):
+    good_shards(tmp_path / "data")
+    bad = tmp_path / "tokenizer.pkl"
+    bad.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(str(bad))):
+        make_loader(tmp_path / "data", tokenizer=str(bad))
+    assert_started_nothing()
+
+
+def test_half_a_tokenizer_pkl(tmp_path, synth_tokenizer_pkl):
+    good_shards(tmp_path / "data")
+    raw = synth_tokenizer_pkl.read_bytes()
+    bad = tmp_path / "tokenizer.pkl"
+    bad.write_bytes(raw[:len(raw) // 2])
+    with pytest.raises(ValueError, match=re.escape(str(bad))):
+        make_loader(tmp_path / "data", tokenizer=str(bad))
+
+
+BAD_ARGS = [("B", dict(B=0)), ("B", dict(B=-2)), ("B", dict(B=2.0)), ("B", dict(B=True)),
+            ("T", dict(T=0)), ("T", dict(T="8")), ("split", dict(split="test")),
+            ("split", dict(split="TRAIN")), ("num_workers", dict(num_workers=0)),
+            ("num_workers", dict(num_workers=-1)), ("num_workers", dict(num_workers=None)),
+            ("n_slots", dict(n_slots=1)), ("packing", dict(packing="bestfit")),
+            ("timeout", dict(timeout=0)), ("rank", dict(rank=2, world_size=2)),
+            ("on_bad_row_group", dict(on_bad_row_group="ignore"))]
+
+
+@pytest.mark.parametrize("name,kw", BAD_ARGS, ids=[f"{n}={list(k.values())[0]!r}" for n, k in BAD_ARGS])
+def test_argument_out_of_range(tmp_path, name, kw):
+    good_shards(tmp_path)
+    with pytest.raises(ValueError, match=rf"\b{name}\b") as info:
+        make_loader(tmp_path, **kw)
+    assert not isinstance(info.value, shmloader.DataError)
+    assert_started_nothing()
+
+
+@pytest.mark.parametrize("name,kw", [("B", dict(B=0)), ("T", dict(T=-1)), ("split", dict(split="test"))])
+def test_nanochat_call_checks_arguments_at_the_call(tmp_path, name, kw):
+    good_shards(tmp_path)
+    args = dict(B=B, T=T, split="train")
+    args.update(kw)
+    with pytest.raises(ValueError, match=rf"\b{name}\b"):
+        shmloader.tokenizing_distributed_data_loader_with_state(
+            args["B"], args["T"], args["split"], device="cpu", data=str(tmp_path),
+            tokenizer=testing.IntTokenizer())
+    assert_started_nothing()
+
+
+def test_nanochat_call_refuses_zero_workers(tmp_path):
+    good_shards(tmp_path)
+    gen = None
+    try:
+        with pytest.raises(ValueError, match=r"\bnum_workers\b"):
+            gen = shmloader.tokenizing_distributed_data_loader(B, T, "train", device="cpu", data=str(tmp_path),
+                                                               tokenizer=testing.IntTokenizer(),
+                                                               num_workers=0)
+    finally:
+        if gen is not None:
+            gen.close()
+
+
+# ---------------------------------------------------------------- found by the loader's processes
+
+def test_rank_without_row_groups(tmp_path):
+    good_shards(tmp_path, n_docs=60, num_files=3, rg=10)  # 2 row groups per file
+    loader = make_loader(tmp_path, rank=3, world_size=4)
+    err = first_error(loader)
+    assert type(err) is shmloader.DataError, f"{type(err).__name__}: {err}"
+    msg = str(err)
+    assert "rank 3 of 4" in msg and "row group" in msg and "fewer ranks" in msg, msg
+    with make_loader(tmp_path, rank=1, world_size=4) as ok:  # rank 1 has row group 1 of each file
+        next(ok)
+
+
+def _no_text(path):
+    pq.write_table(pa.table({"content": ["1 2", "3"] * 20}), path, row_group_size=10)
+    return ["'text'", "content"]
+
+
+def _int_text(path):
+    pq.write_table(pa.table({"text": list(range(40))}), path, row_group_size=10)
+    return ["int64", "string"]
+
+
+def _invalid_utf8(path):
+    good = pa.array([f"{i} {i + 1}".encode() for i in range(40)], pa.binary())
+    values = bytearray(good.buffers()[2].to_pybytes())
+    values[-1:] = b"\xff"  # the last row of the last row group
+    bad = pa.Array.from_buffers(pa.string(), len(good), [None, good.buffers()[1], pa.py_buffer(bytes(values))])
+    pq.write_table(pa.table({"text": bad}), path, row_group_size=10)
+    return ["UTF-8"]
+
+
+def _corrupt_row_group(path, rg=1):
+    """Overwrite the data pages of row group `rg` (the footer stays valid)."""
+    docs = testing.position_documents([5] * 40)
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=10, compression="snappy")
+    col = pq.ParquetFile(path).metadata.row_group(rg).column(0)
+    start = col.dictionary_page_offset or col.data_page_offset
+    raw = bytearray(open(path, "rb").read())
+    raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
+    open(path, "wb").write(bytes(raw))
+    return ["cannot be read"]
+
+
+# (writer, row group named in the error; None: any, the whole file is bad): the bad file is
+# train file 1, reached after file 0
+COLUMN_CASES = {"no-text-column": (_no_text, None), "int-text-column": (_int_text, None),
+                "invalid-utf8": (_invalid_utf8, 3), "corrupt-row-group": (_corrupt_row_group, 1)}
+
+
+@pytest.mark.parametrize("case", list(COLUMN_CASES))
+def test_bad_column_or_row_group(tmp_path, case):
+    write, rg = COLUMN_CASES[case]
+    paths = good_shards(tmp_path, n_docs=60, num_files=3, rg=10)
+    bad = str(tmp_path / "shard_00001.parquet")
+    assert bad in paths
+    words = write(bad)
+    err = first_error(make_loader(tmp_path))
+    assert type(err) is shmloader.DataError, f"{type(err).__name__}: {err}"
+    msg = str(err)
+    assert re.search(r"worker \d \(pid \d+\)", msg), msg
+    named = re.findall(r"row group (\d+)", msg)
+    assert bad in msg and named and set(named) == {str(rg) if rg is not None else named[0]}, msg
+    assert all(w in msg for w in words), msg
+
+
+def _truncated(path):
+    raw = open(path, "rb").read()
+    open(path, "wb").write(raw[:len(raw) // 2])
+
+
+def _not_parquet(path):
+    open(path, "wb").write(np.random.default_rng(0).bytes(3000))
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["first-file", "second-file"])
+@pytest.mark.parametrize("damage", [_truncated, _not_parquet], ids=["truncated", "not-parquet"])
+def test_unreadable_file(tmp_path, damage, which):
+    paths = good_shards(tmp_path, n_docs=90, num_files=3, rg=10)
+    damage(paths[which])
+    err = first_error(make_loader(tmp_path))
+    assert type(err) is shmloader.DataError, f"{type(err).__name__}: {err}"
+    msg = str(err)
+    assert paths[which] in msg and "not a readable parquet file" in msg, msg
+
+
+# ---------------------------------------------------------------- nulls and empty documents
+
+def stream_of(lengths, skip_rows=()) -> np.ndarray:
+    """One epoch of `position_documents(lengths)` as IntTokenizer reads it, without rows in
+    `skip_rows`: [0] + the document's positions, for each non-null row."""
+    docs = testing.position_documents(lengths)
+    tok = testing.IntTokenizer()
+    parts = [tok.encode(d, prepend=0) for i, d in enumerate(docs) if d is not None and i not in skip_rows]
+    return np.array(list(itertools.chain.from_iterable(parts)), dtype=np.int64)
+
+
+def settled(loader, timeout=15.0) -> dict:
+    """stats() once the read-ahead has stopped (the counters stay the same for 0.9 s)."""
+    deadline, seen = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        s = loader.stats()
+        seen.append((s["tokens_read"], s["docs_read"], s["nulls"]))
+        if len(seen) >= 4 and len(set(seen[-4:])) == 1:
+            return s
+        time.sleep(0.3)
+    pytest.fail("loader counters never settled")
+
+
+def test_nulls_skipped_and_counted_empty_is_bos(tmp_path):
+    # val file: row group 1 all null, a run of empty documents, a null first and last row
+    lengths = ([None, 3, 0, 4] + [None] * 6 + [2, 0, 0, 0, 5, None, 1, 0]
+               + [(i * 7) % 11 for i in range(40)] + [6, None])
+    assert len(lengths) == 4 + 6 + 8 + 40 + 2
+    docs = testing.position_documents(lengths)
+    good_shards(tmp_path / "d", num_files=1)
+    os.rename(tmp_path / "d" / "shard_00000.parquet", tmp_path / "d" / "a.parquet")
+    schema = pa.schema([("text", pa.string())])
+    with pq.ParquetWriter(tmp_path / "d" / "b.parquet", schema) as w:  # the val split
+        for lo, hi in ((0, 4), (4, 10), (10, 18), (18, 60)):
+            w.write_table(pa.table({"text": docs[lo:hi]}, schema=schema))
+    epoch = stream_of(lengths)
+    n_nulls = lengths.count(None)
+    assert n_nulls == 9 and lengths.count(0) >= 6
+    # the hand-built stream: an empty document is its BOS alone, nulls leave no trace
+    assert epoch[:10].tolist() == [0, 1, 2, 3, 0, 0, 6, 7, 8, 9]
+    n = 3 * len(epoch) // W  # three epochs
+    stream = np.tile(epoch, 4)
+    with make_loader(tmp_path / "d", split="val", num_workers=2, n_slots=2) as loader:
+        for k in range(n):
+            x, y = next(loader)
+            window = np.concatenate([x.reshape(-1)[:1].numpy(), y.reshape(-1).numpy()])
+            assert np.array_equal(window, stream[k * W:(k + 1) * W]), f"batch {k} differs"
+        s = settled(loader)
+    rows = s["docs_read"] + s["nulls"]
+    epochs_read, rest = divmod(rows, len(lengths))
+    assert epochs_read >= 3, s
+    assert s["nulls"] == epochs_read * n_nulls + lengths[:rest].count(None), s
+    live = [n for n in lengths if n is not None]
+    assert s["docs_read"] == epochs_read * len(live) + sum(n is not None for n in lengths[:rest]), s
+    assert s["tokens_read"] == epochs_read * len(epoch) + sum(n + 1 for n in lengths[:rest] if n is not None)
+
+
+# ---------------------------------------------------------------- on_bad_row_group="skip"
+
+SKIP_LENGTHS = [(i * 5) % 13 for i in range(120)]  # file 0: rows 0-59 (row groups of 15), file 1: 60-119
+BAD_RG = 1  # of file 0: rows 15-29
+
+
+@pytest.fixture(scope="module")
+def skipdata(tmp_path_factory):
+    root = tmp_path_factory.mktemp("skipdata")
+    docs = testing.position_documents(SKIP_LENGTHS)
+    paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=15)]
+    # file 0 rewritten with snappy so that its pages can be corrupted the same way
+    pq.write_table(pa.table({"text": docs[:40]}), paths[0], row_group_size=15, compression="snappy")
+    col = pq.ParquetFile(paths[0]).metadata.row_group(BAD_RG).column(0)
+    start = col.dictionary_page_offset or col.data_page_offset
+    raw = bytearray(open(paths[0], "rb").read())
+    raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
+    open(paths[0], "wb").write(bytes(raw))
+    return root, paths
+
+
+def _skip_epoch(paths) -> np.ndarray:
+    """The train epoch without row group BAD_RG of file 0 (file 0 holds rows 0-39, file 1 the
+    next part of SKIP_LENGTHS as corpus.write_shards split it)."""
+    n0 = pq.ParquetFile(paths[0]).metadata.num_rows
+    n1 = pq.ParquetFile(paths[1]).metadata.num_rows
+    assert n0 == 40
+    lengths = SKIP_LENGTHS[:40] + SKIP_LENGTHS[40:40 + n1]
+    docs = testing.position_documents(SKIP_LENGTHS)
+    assert pq.read_table(paths[1]).column("text").to_pylist() == docs[40:40 + n1]
+    bad = set(range(15 * BAD_RG, 15 * BAD_RG + 15))
+    return stream_of(lengths, skip_rows=bad)
+
+
+def _batches(loader, n, packing="concat"):
+    out, states = [], []
+    for _ in range(n):
+        x, y = next(loader)
+        if packing == "concat":
+            out.append(np.concatenate([x.reshape(-1)[:1].numpy(), y.reshape(-1).numpy()]))
+        else:
+            out.append(np.concatenate([x.reshape(-1).numpy(), y.reshape(-1).numpy()]))
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    return out, states
+
+
+def test_skip_bad_row_group_warns_counts_and_equals_oracle(skipdata):
+    root, paths = skipdata
+    epoch = _skip_epoch(paths)
+    n = 2 * len(epoch) // W + 3  # into the third epoch: the bad row group comes round twice more
+    stream = np.tile(epoch, 4)
+    with pytest.warns(UserWarning) as caught:
+        with make_loader(root, on_bad_row_group="skip", num_workers=2) as loader:
+            windows, states = _batches(loader, n)
+            s = settled(loader)
+    texts = [str(w.message) for w in caught if "skipped a bad row group" in str(w.message)]
+    assert len(texts) == 1, f"expected one warning for the one bad row group: {texts}"
+    assert paths[0] in texts[0] and f"row group {BAD_RG}" in texts[0], texts[0]
+    assert s["bad_row_groups_skipped"] == 1, s
+    for k, w in enumerate(windows):
+        assert np.array_equal(w, stream[k * W:(k + 1) * W]), f"batch {k} differs from the oracle"
+    assert all(st["rg_idx"] != BAD_RG or st["pq_idx"] != 0 for st in states), "a state points into the bad rg"
+    err = first_error(make_loader(root))  # the default still raises
+    assert type(err) is shmloader.DataError and paths[0] in str(err) and f"row group {BAD_RG}" in str(err), err
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_skip_resume_is_exact_across_the_skip(skipdata, packing):
+    root, paths = skipdata
+    kw = dict(on_bad_row_group="skip", packing=packing, buffer_size=8, tokenizer_batch_size=4)
+    n = 60
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with make_loader(root, num_workers=2, **kw) as loader:
+            initial = json.loads(json.dumps(loader.state_dict()))
+            windows, states = _batches(loader, n, packing)
+    positions = [position_of(st) for st in states]
+    # the last state before the stream passes the bad row group (file 0, rg 0 -> rg 2)
+    before = max(k for k, p in enumerate(positions) if p[:3] == (1, 0, 0))
+    assert positions[before + 1][:3] != (1, 0, 0) and before + 20 < n, positions[:before + 2]
+    for k in (-1, before, before // 2):
+        state = initial if k < 0 else states[k]
+        with pytest.warns(UserWarning, match=re.escape(paths[0])):  # the skip happens again
+            with make_loader(root, num_workers=1, resume_state=state, **kw) as resumed:
+                got, got_states = _batches(resumed, n - k - 1, packing)
+        for i, w in enumerate(got):
+            assert np.array_equal(w, windows[k + 1 + i]), f"resumed after batch {k}: batch {k + 1 + i} differs"
+        assert [position_of(st) for st in got_states] == positions[k + 1:]

@@ -1,0 +1,387 @@
+"""Faults at random moments (SPEC §4, STYLE habit 8): a worker raising, a worker or the
+coordinator killed by SIGKILL or SIGSEGV or frozen by SIGSTOP, the trainer killed (alone or
+with its process group), /dev/shm too small, hundreds of create/close cycles, repeated
+SIGKILL restarts (4 seeds by default, 20 with -m slow).
+
+Each fault is reported in the training process within 5 s as the error the SPEC names
+(WorkerError naming the process, its pid and its signal, or the worker's own exception with
+its traceback), and afterwards no loader process and no /dev/shm/shml_<pid>_* segment is
+left (conftest's `no_leaks` checks this process's; the tests check a killed trainer's).
+The fault positions are drawn from seeded RNGs; the seed is in every failure message.
+
+Not repeated here: the fixed-moment deaths, exits and Ctrl-C of tests/test_exit.py, the
+single random restart of tests/test_resume.py, and refused (unknown-version, truncated,
+edited) states, which tests/test_resume.py::test_edited_state_is_refused and
+tests/test_state.py already cover field by field.
+"""
+import errno
+import gc
+import hashlib
+import json
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import corpus, ring as ringmod, testing
+from conftest import loader_children, pid_alive, shm_segments, wait_clean, window_of
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+HERE = Path(__file__).resolve().parent
+DETECT_S = 5.0  # a fault must be reported within this many seconds
+
+
+def wait_gone(pids, seconds=DETECT_S) -> list[int]:
+    """Poll until none of `pids` is alive (zombies count as gone); return the survivors."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def wait_no_segment(pid: int, seconds=DETECT_S) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while True:
+        segs = shm_segments(pid)
+        if not segs or time.monotonic() > deadline:
+            return segs
+        time.sleep(0.02)
+
+
+def assert_clean(seconds=2.0):
+    kids, segs = wait_clean(seconds)
+    assert not kids, f"loader processes alive {seconds} s after close: {kids}"
+    assert not segs, f"shared memory left {seconds} s after close: {segs}"
+
+
+def next_until_error(loader, limit_s=DETECT_S, max_batches=100_000):
+    """Call next() until it raises; return (exception, seconds the raising call took, batches).
+    Fails if no error comes within `limit_s` of the call."""
+    n = 0
+    started = time.monotonic()
+    while n < max_batches:
+        call = time.monotonic()
+        try:
+            next(loader)
+        except Exception as exc:  # noqa: BLE001 - the caller checks the type
+            return exc, time.monotonic() - call, n
+        n += 1
+        assert time.monotonic() - started < limit_s, f"no error within {limit_s} s ({n} batches)"
+    pytest.fail(f"no error after {n} batches")
+
+
+# ---------------------------------------------------------------- an exception in a worker
+
+WORDS = 7  # tokens per document (without BOS)
+RG = 37    # rows per row group
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_worker_exception_at_random_document(tmp_path, seed):
+    """IntTokenizer raises ValueError on "boom": the trainer gets WorkerError naming the
+    worker, its pid, the file and row group, with the ValueError's traceback; every batch
+    yielded before it is exact (tokens equal positions)."""
+    rng = random.Random(seed)
+    n_docs = 1000  # file 0 (train) holds documents [0, 500)
+    lengths = [WORDS] * n_docs
+    docs = testing.position_documents(lengths)
+    bad = rng.randrange(20, 480)
+    docs[bad] = f"{bad * (WORDS + 1) + 1} boom"
+    paths = corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=RG)
+    B, T = 1, rng.choice([8, 16, 24])
+    W = B * T + 1
+    info = f"(seed {seed}: document {bad}, T={T})"
+    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), B, T, "train",
+                             num_workers=2, device="cpu", timeout=30) as loader:
+        windows = []
+        started = time.monotonic()
+        err = None
+        while err is None:
+            call = time.monotonic()
+            try:
+                windows.append(window_of(*next(loader)))
+            except Exception as exc:  # noqa: BLE001
+                err, took = exc, time.monotonic() - call
+            assert time.monotonic() - started < 10, f"no error within 10 s {info}"
+        worker_pids = {p.pid for p in loader._procs.workers}
+    assert isinstance(err, shmloader.WorkerError), f"{type(err).__name__}: {err} {info}"
+    assert took < DETECT_S, f"the raising next() took {took:.2f} s {info}"
+    msg = str(err)
+    m = re.search(r"worker (\d) \(pid (\d+)\)", msg)
+    assert m and int(m.group(2)) in worker_pids, f"no worker and pid in: {msg} {info}"
+    assert str(paths[0]) in msg and f"row group {bad // RG}" in msg, f"{msg} {info}"
+    assert "ValueError" in msg and "'boom'" in msg, msg
+    assert "Traceback (most recent call last)" in msg and "testing.py" in msg and "int(tok)" in msg, msg
+    print(f"worker ValueError seed {seed}: raised by a next() of {took:.3f} s after {len(windows)} batches")
+    # what came before the failure is the exact stream, and nothing past the bad document came
+    stream = np.concatenate([np.concatenate([[0], np.arange(p + 1, p + 1 + WORDS)])
+                             for p in range(0, bad * (WORDS + 1), WORDS + 1)])
+    assert len(windows) <= len(stream) // W, f"a batch past the bad document was yielded {info}"
+    for k, w in enumerate(windows):
+        assert np.array_equal(w, stream[k * W:(k + 1) * W]), f"batch {k} differs {info}"
+    assert_clean()
+
+
+# ---------------------------------------------------------------- a child killed
+
+KILL_CASES = [("worker", signal.SIGKILL, 1), ("worker", signal.SIGSEGV, 2), ("worker", signal.SIGKILL, 3),
+              ("coordinator", signal.SIGKILL, 4), ("coordinator", signal.SIGSEGV, 5)]
+
+
+@pytest.mark.parametrize("who,sig,seed", KILL_CASES,
+                         ids=[f"{w}-{s.name}-{n}" for w, s, n in KILL_CASES])
+def test_child_killed_at_random_moment(synth, who, sig, seed):
+    rng = random.Random(seed)
+    n_workers = 3
+    at_batch = rng.randrange(1, 80)
+    victim = rng.randrange(n_workers)
+    delay = rng.uniform(0, 0.05)
+    info = f"(seed {seed}: {who} {victim if who == 'worker' else ''} after batch {at_batch} + {delay:.3f} s)"
+    with synth.loader(2, 32, "val", num_workers=n_workers, timeout=30) as loader:
+        for _ in range(at_batch):
+            next(loader)
+        proc = loader._procs.workers[victim] if who == "worker" else loader._procs.coordinator
+        pid = proc.pid
+        resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))  # no core file from SIGSEGV
+        time.sleep(delay)
+        os.kill(pid, sig)
+        killed = time.monotonic()
+        err, _, n = next_until_error(loader)
+        detect = time.monotonic() - killed
+    assert isinstance(err, shmloader.WorkerError), f"{type(err).__name__}: {err} {info}"
+    assert detect < DETECT_S, f"reported {detect:.2f} s after the kill {info}"
+    msg = str(err)
+    name = f"worker {victim}" if who == "worker" else "coordinator"
+    assert name in msg and f"pid {pid}" in msg and sig.name in msg, f"{msg} {info}"
+    print(f"{who} {sig.name} seed {seed}: reported {detect:.3f} s after the kill, {n} batches later")
+    assert_clean()
+
+
+@pytest.mark.parametrize("who", ["worker", "coordinator"])
+def test_child_frozen_is_a_timeout_not_a_hang(synth, who):
+    """A child that is alive but makes no progress (SIGSTOP): next() raises LoaderTimeout
+    after `timeout=` seconds, naming the workers; close() still stops everything."""
+    with synth.loader(2, 32, "val", num_workers=2, timeout=2.0) as loader:
+        for _ in range(3):
+            next(loader)
+        proc = loader._procs.workers[0] if who == "worker" else loader._procs.coordinator
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        err, _, n = next_until_error(loader, limit_s=10.0)
+        waited = time.monotonic() - stopped
+        assert isinstance(err, shmloader.LoaderTimeout), f"{type(err).__name__}: {err}"
+        msg = str(err)
+        assert "2 s" in msg and all(f"pid {p.pid}" in msg for p in loader._procs.workers), msg
+        closing = time.monotonic()
+    closed = time.monotonic() - closing
+    print(f"{who} SIGSTOP: LoaderTimeout {waited:.2f} s after the stop ({n} batches), close {closed:.2f} s")
+    assert closed < 5.0, f"close() took {closed:.1f} s with a stopped {who}"
+    assert_clean()
+
+
+# ---------------------------------------------------------------- the trainer killed
+
+def _start_victim(synth, tok_pkl, workers=2):
+    proc = subprocess.Popen([sys.executable, str(HERE / "trainer_victim.py"), str(synth.root), str(tok_pkl),
+                             "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    box = {}
+    reader = threading.Thread(target=lambda: box.setdefault("line", proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(60)
+    if not box.get("line"):
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=10)
+        pytest.fail(f"the trainer printed no pids: {err}")
+    return proc, json.loads(box["line"])
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["trainer-only", "process-group"])
+def test_trainer_killed(synth, synth_tokenizer_pkl, group):
+    proc, info = _start_victim(synth, synth_tokenizer_pkl)
+    try:
+        time.sleep(random.uniform(0.05, 0.3))  # mid-stream
+        assert proc.poll() is None, proc.communicate()[1]
+        pid = info["pid"]
+        loader_pids = [info["coordinator"], *info["workers"]]
+        helpers = [p for p in info["descendants"] if p not in loader_pids]
+        assert len(info["workers"]) == 2 and set(loader_pids) <= set(info["descendants"]), info
+        assert shm_segments(pid) == [info["segment"]], info
+        if group:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    left = wait_gone(loader_pids)
+    gone_s = time.monotonic() - killed
+    assert not left, f"loader processes outlived the killed trainer by {DETECT_S} s: {left}"
+    left = wait_gone(helpers)
+    assert not left, f"multiprocessing helpers outlived the killed trainer by {DETECT_S} s: {left}"
+    if not group:
+        # the trainer's resource tracker (still alive after its parent) unlinks the segment
+        segs = wait_no_segment(pid)
+        seg_s = time.monotonic() - killed
+        assert not segs, f"the killed trainer's segment is still there after {DETECT_S} s: {segs}"
+        print(f"trainer-only: children gone {gone_s:.3f} s, segment gone {seg_s:.3f} s after SIGKILL")
+        return
+    # the whole group died, the resource tracker with it: the segment stays until swept
+    assert shm_segments(pid) == [info["segment"]], "expected the dead group's segment to remain"
+    with synth.loader(2, 32, "val", num_workers=1) as loader:
+        next(loader)  # starting a loader sweeps the segments of dead creators
+        assert shm_segments(pid) == [], "a new loader did not sweep the dead trainer's segment"
+    assert info["segment"] not in ringmod.sweep_stale()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shml_{pid}_")]
+    print(f"process-group: children gone {gone_s:.3f} s after SIGKILL; segment swept by the next loader")
+
+
+# ---------------------------------------------------------------- /dev/shm too small
+
+def test_no_room_in_dev_shm(synth, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    B, T, n_slots = 4, 64, 8
+    need = ringmod.RingLayout(n_slots, B * T + 1, 2).nbytes / 2**20
+    loader = synth.loader(B, T, "val", num_workers=2, n_slots=n_slots)
+    try:
+        started = time.monotonic()
+        with pytest.raises(OSError) as info:
+            next(loader)
+        assert time.monotonic() - started < DETECT_S
+        assert loader_children() == [] and shm_segments() == [], "a failed start left something behind"
+    finally:
+        loader.close()
+    msg = str(info.value)
+    assert info.value.errno == errno.ENOSPC, msg
+    assert not isinstance(info.value, shmloader.ShmLoaderError)
+    assert re.search(rf"needs {need:.1f} MiB .* only \d+\.\d MiB are free", msg), msg
+    assert "/dev/shm" in msg and "shm-size" in msg, msg
+    assert_clean()
+
+
+# ---------------------------------------------------------------- many cycles
+
+def _resources() -> dict:
+    shm = [n for n in os.listdir("/dev/shm") if n.startswith(f"shml_{os.getpid()}_")]
+    return {"fds": len(os.listdir("/proc/self/fd")), "children": len(loader_children()),
+            "threads": len(os.listdir("/proc/self/task")), "shm": len(shm)}
+
+
+def _cycles(synth, n: int):
+    def cycle():
+        with synth.loader(1, 8, "val", num_workers=1, n_slots=2) as loader:
+            for _ in range(3):
+                next(loader)
+
+    for _ in range(3):  # warm up: the forkserver, the resource tracker, lazy imports
+        cycle()
+    gc.collect()
+    before = _resources()
+    started = time.monotonic()
+    for _ in range(n):
+        cycle()
+    took = time.monotonic() - started
+    deadline = time.monotonic() + 2  # the last cycle's children are joined by close()
+    while _resources()["children"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    gc.collect()
+    after = _resources()
+    print(f"{n} cycles in {took:.1f} s ({took / n * 1000:.0f} ms each): before {before}, after {after}")
+    assert before["children"] == 0 and before["shm"] == 0, before
+    assert after == before, f"resources grew over {n} create/iterate/close cycles: {before} -> {after}"
+
+
+def test_create_close_cycles(synth):
+    _cycles(synth, 200)
+
+
+@pytest.mark.slow
+def test_create_close_cycles_1000(synth):
+    _cycles(synth, 1000)
+
+
+# ---------------------------------------------------------------- restarts at random kill points
+
+RESTART_SEEDS = [pytest.param(s, marks=[] if s < 4 else [pytest.mark.slow]) for s in range(20)]
+TOTAL, RB, RT = 90, 2, 32
+
+
+@pytest.fixture(scope="module")
+def restart_oracle(synth):
+    windows, _ = synth.expected(TOTAL, RB, RT, "train")
+    return [hashlib.sha256(w.tobytes()).hexdigest() for w in windows]
+
+
+def _run_until(cmd, cwd, log: Path, at: int, info: str) -> int:
+    """Start a trainer, SIGKILL it once the log holds `at` lines and its pids file exists;
+    return its pid after checking that its children and its segment are gone."""
+    with open(cwd / "stderr.txt", "a") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
+    pids_file = cwd / f"pids-{proc.pid}.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids_file.exists() and log.read_text().count("\n") >= at):
+            assert proc.poll() is None, f"trainer exited early {info}: {(cwd / 'stderr.txt').read_text()}"
+            assert time.monotonic() < deadline, f"trainer made no progress {info}"
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL, info
+    kids = json.loads(pids_file.read_text())
+    assert len(kids) >= 2, f"expected the loader's processes among {kids} {info}"
+    assert not wait_gone(kids), f"children of killed trainer {proc.pid} still alive {info}"
+    assert not wait_no_segment(proc.pid), f"segment of killed trainer {proc.pid} left {info}"
+    return proc.pid
+
+
+@pytest.mark.parametrize("seed", RESTART_SEEDS)
+def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_oracle, tmp_path, seed):
+    """Kill the trainer with SIGKILL at 2 random points (random worker counts per run), resume
+    each time from its last checkpoint: the logged stream equals the uninterrupted one."""
+    rng = random.Random(seed)
+    a = rng.randrange(3, TOTAL // 2)
+    kills = [a, rng.randrange(a + 4, TOTAL - 10)]
+    workers = [rng.randint(1, 3) for _ in range(len(kills) + 1)]
+    info = f"(seed {seed}: kills after {kills} logged batches, workers {workers})"
+    base = [sys.executable, str(HERE / "restart_trainer.py"), "--data", str(synth.root),
+            "--tokenizer", str(synth_tokenizer_pkl), "--out", str(tmp_path), "--total", str(TOTAL),
+            "--batch-size", str(RB), "--seq-len", str(RT), "--step-s", "0.002"]
+    log = tmp_path / "log.jsonl"
+    log.touch()
+    dead = [_run_until(base + ["--workers", str(w)], tmp_path, log, at, info)
+            for at, w in zip(kills, workers)]
+    last = subprocess.run(base + ["--workers", str(workers[-1])], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert last.returncode == 0, f"{info}\n{last.stderr}"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["k"] for r in records] == list(range(TOTAL)), info
+    runs = list(dict.fromkeys(r["pid"] for r in records))
+    assert runs[:-1] == dead and len(runs) == len(kills) + 1, f"runs {runs} {info}"
+    for r in records:
+        assert r["sha"] == restart_oracle[r["k"]], f"batch {r['k']} differs {info}"
+    assert not shm_segments(runs[-1]), info
+    assert not wait_gone(json.loads((tmp_path / f"pids-{runs[-1]}.json").read_text()), 2.0), info
