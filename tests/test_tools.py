@@ -83,8 +83,10 @@ def test_bench_tiny_run(demo, tmp_path):
     assert "nanochat-style baseline" in text and "shmloader, 1 worker" in text and "targets:" in text
     assert "shmloader, 1 worker, best fit" in text and "best fit within 10% of concat" in text
     result = json.loads((tmp_path / "b.json").read_text())
-    assert [(r["kind"], r["packing"]) for r in result["runs"]] == \
-        [("baseline", "concat"), ("shmloader", "concat"), ("shmloader", "bos_bestfit")]
+    assert [(r["kind"], r["packing"], r["cache"]) for r in result["runs"]] == \
+        [("baseline", "concat", None), ("shmloader", "concat", None), ("shmloader", "bos_bestfit", None),
+         ("shmloader", "concat", "cold"), ("shmloader", "concat", "warm")]
+    assert "warm token cache >= 20x cold" in text
     assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 for r in result["runs"])
     assert 0 <= result["runs"][2]["cropped_fraction"] < 1
     assert result["raw"]["encode_to_numpy"]["tokens_per_s"] > 0

@@ -30,6 +30,10 @@ other, never together. Figures (SPEC §5):
   efficiency = shmloader tokens/s / (workers * raw encode_to_numpy rate), meaningful only
   while workers <= cores (the coordinator and the trainer share the cores too).
 
+- token cache (`--cache-runs`, on by default): shmloader with 1 worker and `cache_dir` set,
+  cold (an empty cache: it tokenizes and writes every row group) and warm (the cache filled
+  for the whole split first, as tools/pretokenize.py does), in the same run.
+
 Default data: the stdlib demo corpus of `python -m shmloader.demo`, built into `--cache-dir`.
 """
 from __future__ import annotations
@@ -75,8 +79,10 @@ def first_batch_s(make) -> float:
         it.close()
 
 
-def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = False) -> dict:
-    """Consume as fast as possible for `seconds` after the first batch."""
+def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = False,
+               first_epoch_only: bool = False) -> dict:
+    """Consume as fast as possible for `seconds` after the first batch (a cold cache: only
+    while the first epoch lasts, since later epochs hit what the first one wrote)."""
     it = make()
     try:
         next(it)
@@ -84,6 +90,8 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
         with _bar(desc) as bar:
             while time.perf_counter() - t0 < seconds:
                 next(it)
+                if first_epoch_only and it.state_dict()["epoch"] > 1:
+                    break
                 n += 1
                 bar.update()
         wall, cpu = time.perf_counter() - t0, _cpu() - c0
@@ -183,15 +191,20 @@ def child_main(cfg: dict) -> dict:
         make = lambda **_: nanochat_style_batches(cfg["files"], enc, B, T, bos)  # noqa: E731
         label = "baseline"
     else:
+        cache = {"cache_dir": cfg["token_cache"]} if cfg.get("token_cache") else {}
         make = lambda **kw: ShmLoader(cfg["data"], cfg["tokenizer"], B, T, cfg["split"],  # noqa: E731
                                       num_workers=cfg["workers"], device="cpu",
-                                      packing=cfg.get("packing", "concat"), **kw)
-        label = f"shmloader {cfg['workers']}w {cfg.get('packing', 'concat')}"
-    firsts = [first_batch_s(make) for _ in range(cfg["first_runs"])]
+                                      packing=cfg.get("packing", "concat"), **cache, **kw)
+        label = f"shmloader {cfg['workers']}w {cfg.get('packing', 'concat')} {cfg.get('cache') or ''}"
+    # a cold-cache run measures throughput only: timing first batches would fill the cache
+    firsts = [first_batch_s(make) for _ in range(0 if cfg.get("cache") == "cold" else cfg["first_runs"])]
     out = {"kind": cfg["kind"], "workers": cfg.get("workers"), "packing": cfg.get("packing", "concat"),
-           "first_batch_ms_median": statistics.median(firsts) * 1e3, "first_batch_ms_cold": firsts[0] * 1e3,
+           "cache": cfg.get("cache"),
+           "first_batch_ms_median": statistics.median(firsts) * 1e3 if firsts else None,
+           "first_batch_ms_cold": firsts[0] * 1e3 if firsts else None,
            "first_batch_ms_all": [f * 1e3 for f in firsts]}
-    out.update(throughput(make, cfg["seconds"], window, f"{label} throughput", bestfit))
+    out.update(throughput(make, cfg["seconds"], window, f"{label} throughput", bestfit,
+                          first_epoch_only=cfg.get("cache") == "cold"))
     out.update(trainer_cost(make, cfg["cost_batches"], cfg["cost_sleep_ms"] / 1e3, f"{label} trainer cost"))
     out["trainer_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
@@ -253,6 +266,26 @@ def raw_rates(files, enc, seconds: float, rounds: int = 3) -> dict:
     return out
 
 
+def cache_runs(cfg: dict, data: str, tok: str) -> list:
+    """1 worker with an empty token cache, then with the cache filled for the whole split."""
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import pretokenize
+
+    out = []
+    with tempfile.TemporaryDirectory(prefix="shmloader-bench-cache-") as cache_dir:
+        print("measuring shmloader with 1 worker, cold token cache (fresh process) ...", file=sys.stderr)
+        out.append(run_child(dict(cfg, kind="shmloader", workers=1, packing="concat", cache="cold",
+                                  token_cache=cache_dir)))
+        pretokenize.main(["--data", data, "--tokenizer", tok, "--cache-dir", cache_dir,
+                          "--split", cfg["split"], "--workers", "2"])
+        print("measuring shmloader with 1 worker, warm token cache (fresh process) ...", file=sys.stderr)
+        out.append(run_child(dict(cfg, kind="shmloader", workers=1, packing="concat", cache="warm",
+                                  token_cache=cache_dir)))
+    return out
+
+
 def run_child(cfg: dict) -> dict:
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], input=json.dumps(cfg),
                           stdout=subprocess.PIPE, text=True)
@@ -278,6 +311,7 @@ def _name(run) -> str:
     if run["kind"] == "baseline":
         return "nanochat-style baseline"
     mode = ", best fit" if run.get("packing") == "bos_bestfit" else ""
+    mode += f", {run['cache']} cache" if run.get("cache") else ""
     return f"shmloader, {run['workers']} worker{'s' * (run['workers'] > 1)}{mode}"
 
 
@@ -298,7 +332,7 @@ def report(result: dict) -> str:
             "first ms (median)", "first ms (cold)", "trainer RSS MiB", "worker RSS MiB")
     rows = []
     for r in runs:
-        eff = None if r["kind"] == "baseline" else r["tokens_per_s"] / (r["workers"] * rate)
+        eff = None if r["kind"] == "baseline" or r.get("cache") else r["tokens_per_s"] / (r["workers"] * rate)
         rows.append((_name(r), f"{r['tokens_per_s'] / 1e6:.2f} M",
                      f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
                      "-" if eff is None else f"{eff:.0%}" + ("" if r["workers"] <= result["cores"] else " (>cores)"),
@@ -325,10 +359,16 @@ def report(result: dict) -> str:
 def _targets(result: dict, rate: float) -> list[str]:
     c, runs = result["config"], result["runs"]
     base = runs[0]
-    shm = [r for r in runs[1:] if r.get("packing", "concat") == "concat"]
+    shm = [r for r in runs[1:] if r.get("packing", "concat") == "concat" and not r.get("cache")]
+    cached = {r["cache"]: r for r in runs[1:] if r.get("cache")}
     fit = {r["workers"]: r for r in runs[1:] if r.get("packing") == "bos_bestfit"}
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     lines = []
+    if {"cold", "warm"} <= set(cached):
+        x = cached["warm"]["tokens_per_s"] / cached["cold"]["tokens_per_s"]
+        cost = cached["warm"]["trainer_cpu_us_per_next"] / max(cached["cold"]["trainer_cpu_us_per_next"], 1e-9)
+        lines.append(f"  warm token cache >= 20x cold, 1 worker: {x:.1f}x, {met(x >= 20)}; trainer cost per "
+                     f"next() warm/cold {cost:.2f}")
     pairs = [(r["workers"], fit[r["workers"]]["tokens_per_s"] / r["tokens_per_s"]) for r in shm if r["workers"] in fit]
     if pairs:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {x:.0%}" for w, x in pairs)
@@ -384,6 +424,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--packings", nargs="+", choices=("concat", "bos_bestfit"), default=["concat", "bos_bestfit"],
                    help="packings to measure shmloader with (default: both; best fit counts tokens read, "
                         "cropped ones included, SPEC 5)")
+    p.add_argument("--no-cache-runs", dest="cache_runs", action="store_false",
+                   help="skip the token-cache runs (1 worker, cold and warm cache)")
     p.add_argument("--chart", type=Path, default=None, metavar="PNG",
                    help="also draw tokens/s against worker count (shmloader vs baseline) into this PNG")
     p.add_argument("--from-json", type=Path, default=None, metavar="JSON",
@@ -447,6 +489,8 @@ def main(argv=None) -> int:
         print(f"measuring {kind}{'' if workers is None else f' with {workers} workers, {packing}'} "
               f"(fresh process) ...", file=sys.stderr)
         runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing)))
+    if args.cache_runs:
+        runs += cache_runs(cfg, data, tok)
     result["runs"] = runs
     print(report(result))
     if args.json is not None:
@@ -467,7 +511,8 @@ def draw_chart(result: dict, path: Path):
 
     c, runs = result["config"], result["runs"]
     base = runs[0]["tokens_per_s"] / 1e6
-    shm = sorted((r["workers"], r["tokens_per_s"] / 1e6) for r in runs[1:] if r.get("packing", "concat") == "concat")
+    shm = sorted((r["workers"], r["tokens_per_s"] / 1e6) for r in runs[1:]
+                 if r.get("packing", "concat") == "concat" and not r.get("cache"))
     fit = sorted((r["workers"], r["tokens_per_s"] / 1e6) for r in runs[1:] if r.get("packing") == "bos_bestfit")
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.plot([w for w, _ in shm], [t for _, t in shm], "o-", label="shmloader, concat")
