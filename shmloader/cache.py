@@ -26,6 +26,8 @@ import zlib
 
 import numpy as np
 
+from .ring import pid_alive
+
 MAGIC = 0x31656863616C6D73  # "smlcahe1"
 VERSION = 1
 HEADER = np.dtype("<u8")
@@ -117,23 +119,13 @@ def sweep_temporaries(cache_dir: str) -> int:
         for name in names:
             head, sep, tail = name.partition(".tmp-")
             pid = tail.split("-", 1)[0]
-            if sep and pid.isdigit() and not _alive(int(pid)):
+            if sep and pid.isdigit() and not pid_alive(int(pid)):
                 try:
                     os.unlink(os.path.join(root, name))
                     removed += 1
                 except FileNotFoundError:
                     pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def slice_rows(lengths: np.ndarray, tokens: np.ndarray, start: int, end: int):

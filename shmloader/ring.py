@@ -162,7 +162,7 @@ def creator_pid(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -184,7 +184,7 @@ def sweep_stale() -> list[str]:
     swept = []
     for name in names:
         pid = creator_pid(name)
-        if pid is not None and not _alive(pid):
+        if pid is not None and not pid_alive(pid):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 swept.append(name)

@@ -29,7 +29,7 @@ def dead_pid():
     """The pid of a process that has exited and been reaped."""
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    assert not ringmod._alive(p.pid)
+    assert not ringmod.pid_alive(p.pid)
     return p.pid
 
 
