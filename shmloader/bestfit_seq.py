@@ -47,6 +47,7 @@ class BestFitSequencer:
         self._acks = {}                       # batch -> write orders not yet acknowledged
         self._positions = {}                  # batch -> position after it
         self.tokens_cropped = 0
+        self.starved = False                  # the last plan ran out of counted chunks
 
     @property
     def queued_docs(self) -> int:
@@ -117,7 +118,9 @@ class BestFitSequencer:
         except _NeedMore:
             self.planner.restore(snapshot)
             self._chunks.extendleft(reversed(taken))
+            self.starved = True
             return None
+        self.starved = False
         for ids, _, end in taken:
             self._queued_docs -= len(ids)
             self._last_end = end

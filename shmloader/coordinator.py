@@ -119,8 +119,11 @@ class _BestFit:
         self.assigned_docs += piece.n_docs
 
     def can_take(self, worker: int) -> bool:
+        """Read ahead up to a cap; past it only while a plan waits for documents (a batch of
+        many short documents can need more than the cap)."""
         waiting = self.seq.queued_docs + self.assigned_docs
-        return self.pending[worker] < 2 and waiting < self.args.buffer_size + 2 * self.args.max_piece_docs
+        cap = self.args.buffer_size + 2 * self.args.max_piece_docs
+        return self.pending[worker] < 2 and (waiting < cap or self.seq.starved)
 
     def counted(self, index: int, lengths):
         w, piece = self.owner.pop(index), self.specs.pop(index)
