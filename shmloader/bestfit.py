@@ -112,6 +112,10 @@ class BestFitPlanner:
         keys, ids, self._arrivals, self.tokens_placed, self.tokens_cropped = snapshot
         self._keys, self._ids = list(keys), dict(ids)
 
+    def buffered_ids(self) -> np.ndarray:
+        """The doc ids of the buffer in arrival order (what `buffered` gives, without lengths)."""
+        return np.fromiter(self._ids.values(), dtype=np.int64, count=len(self._ids))
+
     def buffered(self) -> tuple[np.ndarray, np.ndarray]:
         """(doc_ids, lengths) of the buffer in arrival order: what a checkpoint records."""
         lengths = [-(-key >> _SHIFT) for key in self._ids]  # ceil(key / 2**40)

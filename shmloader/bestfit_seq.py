@@ -48,6 +48,7 @@ class BestFitSequencer:
         self._positions = {}                  # batch -> position after it
         self.tokens_cropped = 0
         self.starved = False                  # the last plan ran out of counted chunks
+        self._table = None                    # (bases, [epoch, file, rg, doc_start - base]) of live pieces
 
     @property
     def queued_docs(self) -> int:
@@ -64,6 +65,7 @@ class BestFitSequencer:
             if live:
                 self._pieces[piece.index] = [piece, owner, base, lengths, live]
                 self._bases.append((base, piece.index))
+                self._table = None
             if piece.index < self.n_prefix:
                 self._add_prefix(base, lengths)
             else:
@@ -139,18 +141,21 @@ class BestFitSequencer:
             if entry[4] == 0:
                 del self._pieces[index]
                 self._bases.remove((entry[2], index))
+                self._table = None
         return orders
 
     def buffer_runs(self) -> np.ndarray:
         """The buffer in arrival order as runs `[epoch, file, rg, row, count]` (an (n, 5) array)."""
-        ids, _ = self.planner.buffered()
+        ids = self.planner.buffered_ids()
         if not len(ids):
             return np.zeros((0, 5), dtype=np.int64)
-        bases = np.array([b for b, _ in self._bases], dtype=np.int64)
-        live = [self._pieces[i] for _, i in self._bases]
-        where = np.searchsorted(bases, ids, side="right") - 1
-        meta = np.array([(p.epoch, p.file, p.rg, p.doc_start - base) for p, _, base, _, _ in live],
-                        dtype=np.int64)[where]
+        if self._table is None:  # rebuilt only when a piece comes or goes, not every batch
+            live = [self._pieces[i] for _, i in self._bases]
+            self._table = (np.array([b for b, _ in self._bases], dtype=np.int64),
+                           np.array([(p.epoch, p.file, p.rg, p.doc_start - base)
+                                     for p, _, base, _, _ in live], dtype=np.int64))
+        bases, table = self._table
+        meta = table[np.searchsorted(bases, ids, side="right") - 1]
         rows = meta[:, 3] + ids
         same = np.ones(len(ids), dtype=bool)
         same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
