@@ -47,7 +47,7 @@ class BestFitSequencer:
         self._acks = {}                       # batch -> write orders not yet acknowledged
         self._positions = {}                  # batch -> position after it
         self.tokens_cropped = 0
-        self.starved = False                  # the last plan ran out of counted chunks
+        self.starved = False                  # the last plan() stopped for want of counted chunks
         self._table = None                    # (bases, [epoch, file, rg, doc_start - base]) of live pieces
 
     @property
@@ -95,6 +95,7 @@ class BestFitSequencer:
         """Plan every batch whose slot is free and whose chunks are counted.
         Returns `(batch, {worker: [(piece, row, batch_row, row_offset, n), ...]})`."""
         out = []
+        self.starved = False  # set again below if a free slot waits for documents
         while self.planner is not None and self.planned < self.freed_upto + self.n_slots:
             orders = self._try_plan()
             if orders is None:

@@ -172,9 +172,9 @@ class _Coordinator:
     def run(self):
         self.ring.stats[5] = self.args.start.epoch
         while True:
-            self._assign()
-            self._dispatch()
+            self._dispatch()   # plans first, so that _assign sees whether a plan starves
             self._announce()
+            self._assign()
             for conn in wait(self.listening, timeout=WAIT_S):
                 if conn is self.alive:
                     raise _Stop
