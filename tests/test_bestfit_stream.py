@@ -627,3 +627,21 @@ def test_batch_needing_more_documents_than_the_readahead_cap(tmp_path):
                     timeout=4) as loader:
         got_rows, got_states = take(loader, 3)
     assert_same(got_rows, got_states, want_rows, want_pos)
+
+
+def test_read_ahead_stops_while_the_trainer_pauses(tmp_path):
+    """With the ring full and the trainer away, workers stop reading: what was read stays
+    bounded (it used to grow without end once a plan had starved)."""
+    ds = _posdata(tmp_path, [3, 40, 5, 300, 9] * 2000, 2, [64])
+    with fit_loader(ds, 4, 128, buffer_size=50, chunk=8, num_workers=2, n_slots=4,
+                    max_piece_docs=64) as loader:
+        take(loader, 3)
+        deadline = time.monotonic() + 20
+        while loader.stats()["ring_ready"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        settled = loader.stats()["docs_read"]
+        time.sleep(1.5)
+        assert loader.stats()["ring_ready"] == 4
+        assert loader.stats()["docs_read"] == settled, "workers kept reading while the ring was full"
+        assert settled <= 50 + 8 + 2 * 64 + 3 * 4 * 129 + 4 * 64, settled  # buffer, chunk, caps, batches
