@@ -22,8 +22,8 @@ from . import cache as cachemod
 from . import errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
 from .config import LoaderConfig
-from .coordinator import CoordinatorArgs, coordinator_main
-from .loader_procs import Children, start_children
+from .coordinator import CoordinatorArgs
+from .loader_procs import start_children
 from .plan import start_cursor
 from .ring import RingLayout, SlotState
 

@@ -15,7 +15,6 @@ import itertools
 import time
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 import shmloader
