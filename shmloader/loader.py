@@ -1,12 +1,13 @@
-"""The training-process side: `ShmLoader` and nanochat's drop-in functions.
+"""The training-process side: `ShmLoader` (nanochat's drop-in functions are in nanochat.py).
 
 Per batch the trainer does one `recv` (the coordinator's "batch k is ready"), one copy and
 one `send` ("batch k may be overwritten"); it never sees token lists. CPU: the slot is copied
-into a fresh tensor, so yielded batches stay valid. CUDA: the ring is pinned once
+into a window the caller owns (outbuf.py), so yielded batches stay valid. CUDA: the ring is pinned once
 (`cudaHostRegister`), each batch is one non-blocking copy on the current stream into one of
 two device buffers (a batch stays valid until the second `next()` after it), and its slot is
 freed only once a CUDA event recorded after the copy has completed. Waiting for a batch is a
-`connection.wait` that costs no CPU, times out, and checks every child process's sentinel.
+`connection.wait` that costs no CPU, times out, and checks every child process's sentinel
+(while batches flow, liveness is checked twice a second).
 See NOTE [ring protocol] in docs/design.md.
 """
 import atexit
