@@ -100,6 +100,54 @@ def shm_segments(pid: int | None = None) -> list[str]:
         return []
 
 
+def wait_gone(pids, seconds: float = 5.0) -> list[int]:
+    """Poll until none of `pids` is alive (zombies count as gone); return the survivors."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def wait_no_segment(pid: int, seconds: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while True:
+        segs = shm_segments(pid)
+        if not segs or time.monotonic() > deadline:
+            return segs
+        time.sleep(0.02)
+
+
+def sigkill_after(cmd, cwd: Path, log: Path, at: int, info: str, timeout: float = 60) -> int:
+    """Start a trainer script (tests/restart_trainer*.py), SIGKILL it once its log holds `at`
+    lines and its pids file exists; return its pid after checking that its children (the
+    loader's processes) are gone within 5 s and its shared memory too."""
+    import json
+    import subprocess
+
+    with open(cwd / "stderr.txt", "a") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
+    pids_file = cwd / f"pids-{proc.pid}.json"
+    try:
+        deadline = time.monotonic() + timeout
+        while not (pids_file.exists() and log.exists() and log.read_text().count("\n") >= at):
+            assert proc.poll() is None, f"trainer exited early {info}: {(cwd / 'stderr.txt').read_text()}"
+            assert time.monotonic() < deadline, f"trainer made no progress {info}"
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL, info
+    kids = json.loads(pids_file.read_text())
+    assert len(kids) >= 2, f"expected the loader's processes among {kids} {info}"
+    assert not wait_gone(kids), f"children of killed trainer {proc.pid} still alive {info}"
+    assert not wait_no_segment(proc.pid), f"segment of killed trainer {proc.pid} left {info}"
+    return proc.pid
+
+
 def wait_clean(timeout: float = 2.0, pid: int | None = None) -> tuple[list[int], list[str]]:
     """Poll until no loader child and no segment of `pid` remain; return what is left."""
     deadline = time.monotonic() + timeout

@@ -79,23 +79,31 @@ def main():
     gen = shmloader.tokenizing_distributed_data_loader_with_state(
         args.batch_size, args.seq_len, args.split, args.workers, device="cpu",
         resume_state_dict=state, data=args.data, tokenizer=args.tokenizer)
+    train(gen, k, args, record)
+
+
+def record(k: int, inputs, targets, state) -> dict:
+    window = torch.cat([inputs.reshape(-1)[:1], targets.reshape(-1)]).numpy()
+    return {"k": k, "pid": os.getpid(), "head": inputs[0, :8].tolist(),
+            "sha": hashlib.sha256(window.tobytes()).hexdigest()}
+
+
+def train(gen, k: int, args, record_of):
+    """Take batches k.. up to args.total: log each, checkpoint after each, note the pids once."""
+    pids = os.path.join(args.out, f"pids-{os.getpid()}.json")
     with open(os.path.join(args.out, "log.jsonl"), "a") as log:
         for inputs, targets, state in gen:
             if k >= args.total:
                 break
-            window = torch.cat([inputs.reshape(-1)[:1], targets.reshape(-1)]).numpy()
-            record = {"k": k, "pid": os.getpid(), "head": inputs[0, :8].tolist(),
-                      "sha": hashlib.sha256(window.tobytes()).hexdigest()}
-            log.write(json.dumps(record) + "\n")
+            log.write(json.dumps(record_of(k, inputs, targets, state)) + "\n")
             log.flush()
             save_checkpoint(args.out, k, state)
-            if not os.path.exists(os.path.join(args.out, f"pids-{os.getpid()}.json")):
-                with open(os.path.join(args.out, f"pids-{os.getpid()}.json"), "w") as f:
+            if not os.path.exists(pids):
+                with open(pids, "w") as f:
                     json.dump(descendants(os.getpid()), f)
             k += 1
             time.sleep(args.step_s)
     gen.close()
-
 
 if __name__ == "__main__":
     main()

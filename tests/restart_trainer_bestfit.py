@@ -16,15 +16,13 @@ processes. Exits 0 after batch N-1.
 """
 import argparse
 import hashlib
-import json
 import os
-import time
 
 import numpy as np
 
 import shmloader
 from shmloader import testing
-from restart_trainer import descendants, load_checkpoint, save_checkpoint
+from restart_trainer import load_checkpoint, train
 
 
 def main():
@@ -47,24 +45,14 @@ def main():
     gen = shmloader.tokenizing_distributed_data_loader_with_state_bos_bestfit(
         tokenizer, args.batch_size, args.seq_len, args.split, args.workers, args.chunk, "cpu",
         state, args.buffer_size, data=args.data)
-    with open(os.path.join(args.out, "log.jsonl"), "a") as log:
-        for inputs, targets, state in gen:
-            if k >= args.total:
-                break
-            rows = np.concatenate([inputs.numpy(), targets.numpy()[:, -1:]], axis=1)
-            record = {"k": k, "pid": os.getpid(), "sha": hashlib.sha256(rows.tobytes()).hexdigest(),
-                      "pos": [state[f] for f in ("epoch", "pq_idx", "rg_idx", "doc_idx")],
-                      "buffer_docs": sum(run[4] for run in state["buffer"])}
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            save_checkpoint(args.out, k, state)
-            if not os.path.exists(os.path.join(args.out, f"pids-{os.getpid()}.json")):
-                with open(os.path.join(args.out, f"pids-{os.getpid()}.json"), "w") as f:
-                    json.dump(descendants(os.getpid()), f)
-            k += 1
-            time.sleep(args.step_s)
-    gen.close()
+    train(gen, k, args, record)
 
+
+def record(k: int, inputs, targets, state) -> dict:
+    rows = np.concatenate([inputs.numpy(), targets.numpy()[:, -1:]], axis=1)
+    return {"k": k, "pid": os.getpid(), "sha": hashlib.sha256(rows.tobytes()).hexdigest(),
+            "pos": [state[f] for f in ("epoch", "pq_idx", "rg_idx", "doc_idx")],
+            "buffer_docs": sum(run[4] for run in state["buffer"])}
 
 if __name__ == "__main__":
     main()

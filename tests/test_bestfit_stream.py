@@ -20,9 +20,7 @@ import contextlib
 import hashlib
 import itertools
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -36,7 +34,7 @@ import torch
 
 import shmloader
 from shmloader import corpus, reference, testing
-from conftest import PosData, loader_children, pid_alive, shm_segments
+from conftest import PosData, loader_children, shm_segments, sigkill_after
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
@@ -494,25 +492,7 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
            "--seq-len", str(T), "--workers", "2", "--buffer-size", str(buffer_size), "--chunk", str(chunk),
            "--step-s", "0.01"]
     log = tmp_path / "log.jsonl"
-    with open(tmp_path / "err1.txt", "w") as err:
-        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 45
-        while not (log.exists() and log.read_text().count("\n") >= kill_at):
-            assert first.poll() is None, f"trainer exited early {info}: {(tmp_path / 'err1.txt').read_text()}"
-            assert time.monotonic() < deadline, f"trainer made no progress {info}"
-            time.sleep(0.005)
-        os.kill(first.pid, signal.SIGKILL)
-    finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(10)
-    assert first.returncode == -signal.SIGKILL
-    pids = json.loads((tmp_path / f"pids-{first.pid}.json").read_text())
-    deadline = time.monotonic() + 5
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not [p for p in pids if pid_alive(p)], f"children of the killed trainer still alive {info}"
+    first_pid = sigkill_after(cmd, tmp_path, log, kill_at, info, timeout=45)
     saved = json.loads((tmp_path / "state.json").read_text())
     assert saved["state"]["buffer"], f"the checkpoint resumed from has an empty buffer {info}"
 
@@ -520,9 +500,9 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
     assert second.returncode == 0, f"{info}\n{second.stderr}"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["k"] for r in records] == list(range(total)), info
-    second_pid = _second_pid(tmp_path, first.pid)
-    assert {r["pid"] for r in records} == {first.pid, second_pid}, info
-    resumed_at = next(r["k"] for r in records if r["pid"] != first.pid)
+    second_pid = _second_pid(tmp_path, first_pid)
+    assert {r["pid"] for r in records} == {first_pid, second_pid}, info
+    resumed_at = next(r["k"] for r in records if r["pid"] != first_pid)
     assert resumed_at >= kill_at - 1, info
     want_rows, want_pos = expected(total, lingerdata, B, T, "train", buffer_size=buffer_size, chunk=chunk)
     assert want_pos[-1][0][0] >= 2, "the run does not cross an epoch"
@@ -530,7 +510,7 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
         assert r["sha"] == hashlib.sha256(w.tobytes()).hexdigest(), f"batch {r['k']} differs {info}"
         assert tuple(r["pos"]) == p[0] and r["buffer_docs"] == sum(run[4] for run in p[1]), \
             f"state of batch {r['k']} differs {info}"
-    assert not shm_segments(first.pid) and not shm_segments(second_pid), f"shared memory left {info}"
+    assert not shm_segments(first_pid) and not shm_segments(second_pid), f"shared memory left {info}"
 
 
 # ---------------------------------------------------------------- 5. nanochat states, refusals

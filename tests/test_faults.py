@@ -34,30 +34,12 @@ import pytest
 
 import shmloader
 from shmloader import corpus, ring as ringmod, testing
-from conftest import loader_children, pid_alive, shm_segments, wait_clean, window_of
+from conftest import (loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
+                      wait_no_segment, window_of)
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
 DETECT_S = 5.0  # a fault must be reported within this many seconds
-
-
-def wait_gone(pids, seconds=DETECT_S) -> list[int]:
-    """Poll until none of `pids` is alive (zombies count as gone); return the survivors."""
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = [p for p in pids if pid_alive(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.02)
-
-
-def wait_no_segment(pid: int, seconds=DETECT_S) -> list[str]:
-    deadline = time.monotonic() + seconds
-    while True:
-        segs = shm_segments(pid)
-        if not segs or time.monotonic() > deadline:
-            return segs
-        time.sleep(0.02)
 
 
 def assert_clean(seconds=2.0):
@@ -333,31 +315,6 @@ def restart_oracle(synth):
     return [hashlib.sha256(w.tobytes()).hexdigest() for w in windows]
 
 
-def _run_until(cmd, cwd, log: Path, at: int, info: str) -> int:
-    """Start a trainer, SIGKILL it once the log holds `at` lines and its pids file exists;
-    return its pid after checking that its children and its segment are gone."""
-    with open(cwd / "stderr.txt", "a") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
-    pids_file = cwd / f"pids-{proc.pid}.json"
-    try:
-        deadline = time.monotonic() + 60
-        while not (pids_file.exists() and log.read_text().count("\n") >= at):
-            assert proc.poll() is None, f"trainer exited early {info}: {(cwd / 'stderr.txt').read_text()}"
-            assert time.monotonic() < deadline, f"trainer made no progress {info}"
-            time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-    assert proc.returncode == -signal.SIGKILL, info
-    kids = json.loads(pids_file.read_text())
-    assert len(kids) >= 2, f"expected the loader's processes among {kids} {info}"
-    assert not wait_gone(kids), f"children of killed trainer {proc.pid} still alive {info}"
-    assert not wait_no_segment(proc.pid), f"segment of killed trainer {proc.pid} left {info}"
-    return proc.pid
-
-
 @pytest.mark.parametrize("seed", RESTART_SEEDS)
 def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_oracle, tmp_path, seed):
     """Kill the trainer with SIGKILL at 2 random points (random worker counts per run), resume
@@ -372,7 +329,7 @@ def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_orac
             "--batch-size", str(RB), "--seq-len", str(RT), "--step-s", "0.002"]
     log = tmp_path / "log.jsonl"
     log.touch()
-    dead = [_run_until(base + ["--workers", str(w)], tmp_path, log, at, info)
+    dead = [sigkill_after(base + ["--workers", str(w)], tmp_path, log, at, info)
             for at, w in zip(kills, workers)]
     last = subprocess.run(base + ["--workers", str(workers[-1])], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)

@@ -7,9 +7,7 @@ A trainer killed with SIGKILL and restarted from its last checkpoint continues t
 import hashlib
 import itertools
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +19,7 @@ import pytest
 
 import shmloader
 from shmloader import corpus, testing
-from conftest import ALIGN_W, pid_alive, position_of, shm_segments, window_of
+from conftest import ALIGN_W, pid_alive, position_of, shm_segments, sigkill_after, window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
@@ -272,42 +270,23 @@ def test_restart_after_sigkill(synth, synth_tokenizer_pkl, tmp_path):
            "--tokenizer", str(synth_tokenizer_pkl), "--out", str(tmp_path), "--total", str(total),
            "--batch-size", str(B), "--seq-len", str(T), "--workers", "2", "--step-s", "0.01"]
     log = tmp_path / "log.jsonl"
-    with open(tmp_path / "err1.txt", "w") as err:
-        first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 60
-        while not (log.exists() and log.read_text().count("\n") >= kill_at):
-            assert first.poll() is None, f"trainer exited early {info}: {(tmp_path / 'err1.txt').read_text()}"
-            assert time.monotonic() < deadline, f"trainer made no progress {info}"
-            time.sleep(0.005)
-        os.kill(first.pid, signal.SIGKILL)
-    finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(10)
-    assert first.returncode == -signal.SIGKILL
-    pids = json.loads((tmp_path / f"pids-{first.pid}.json").read_text())
-    assert len(pids) >= 3, f"expected the coordinator and 2 workers among {pids}"
-    deadline = time.monotonic() + 5
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not [p for p in pids if pid_alive(p)], f"children of the killed trainer still alive {info}"
+    first_pid = sigkill_after(cmd, tmp_path, log, kill_at, info)
 
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert second.returncode == 0, f"{info}\n{second.stderr}"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["k"] for r in records] == list(range(total)), info
     by_pid = {r["pid"] for r in records}
-    assert by_pid == {first.pid, second_pid(tmp_path, first.pid)}, info
-    resumed_at = next(r["k"] for r in records if r["pid"] != first.pid)
+    assert by_pid == {first_pid, second_pid(tmp_path, first_pid)}, info
+    resumed_at = next(r["k"] for r in records if r["pid"] != first_pid)
     assert resumed_at >= kill_at - 1, info  # the kill may fall between log line and checkpoint
     want_w, _ = synth.expected(total, B, T, "train")
     for r, w in zip(records, want_w):
         assert r["sha"] == hashlib.sha256(w.tobytes()).hexdigest(), f"batch {r['k']} differs {info}"
         assert r["head"] == w[:8].tolist()
-    for pid in (first.pid, second_pid(tmp_path, first.pid)):
+    for pid in (first_pid, second_pid(tmp_path, first_pid)):
         assert not shm_segments(pid), f"shared memory of trainer {pid} left behind {info}"
-    later = json.loads((tmp_path / f"pids-{second_pid(tmp_path, first.pid)}.json").read_text())
+    later = json.loads((tmp_path / f"pids-{second_pid(tmp_path, first_pid)}.json").read_text())
     deadline = time.monotonic() + 2
     while any(pid_alive(p) for p in later) and time.monotonic() < deadline:
         time.sleep(0.02)

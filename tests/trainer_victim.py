@@ -15,24 +15,7 @@ import os
 import time
 
 import shmloader
-
-
-def descendants(root: int) -> list[int]:
-    children = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rfind(")") + 2:].split()[1]), []).append(int(name))
-    out, stack = [], [root]
-    while stack:
-        for pid in children.get(stack.pop(), []):
-            out.append(pid)
-            stack.append(pid)
-    return out
+from restart_trainer import descendants
 
 
 def main():
