@@ -39,6 +39,7 @@ class BestFitSequencer:
         self._bases = []                      # sorted (base, index) of live pieces
         self._counted = {}                    # counted, waiting for earlier pieces
         self._next_index = 0                  # next piece to turn into chunks
+        self._backlog = 0                     # rows of pieces in _counted
         self._next_base = 0
         self._chunks = deque()                # (ids, lengths, end position) not yet in the planner
         self._queued_docs = 0
@@ -54,10 +55,17 @@ class BestFitSequencer:
     def queued_docs(self) -> int:
         return self._queued_docs
 
+    @property
+    def backlog_docs(self) -> int:
+        """Documents counted but waiting for an earlier piece."""
+        return self._backlog
+
     def counted(self, piece, owner: int, lengths: np.ndarray, chunk_docs: int):
         self._counted[piece.index] = (piece, owner, np.asarray(lengths, dtype=np.int64))
+        self._backlog += len(lengths)
         while self._next_index in self._counted:
             piece, owner, lengths = self._counted.pop(self._next_index)
+            self._backlog -= len(lengths)
             base = self._next_base
             self._next_base += len(lengths)
             self._next_index += 1

@@ -11,7 +11,9 @@ ends the loop when the trainer closes the loader or dies. Never imports torch or
 """
 import itertools
 import os
+import queue
 import signal
+import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -54,12 +56,36 @@ class _Stop(Exception):
     pass
 
 
+class _Outbox:
+    """Messages to one worker, sent by a thread of their own.
+
+    A worker blocked sending a large message (a long piece's lengths) reads nothing; if the
+    coordinator's loop then blocked sending it a large write order, both would wait forever.
+    So the loop only queues; this thread does the blocking send, and the loop keeps reading
+    every worker. (The worker side drains as the worker reads, every 2 ms at most.)"""
+
+    def __init__(self, conn):
+        self.conn, self._queue = conn, queue.SimpleQueue()
+        threading.Thread(target=self._run, name="shmloader-outbox", daemon=True).start()
+
+    def send(self, msg):
+        self._queue.put(msg)
+
+    def _run(self):
+        while True:
+            msg = self._queue.get()
+            try:
+                self.conn.send(msg)
+            except OSError:  # the worker is gone; its death is reported by the trainer
+                return
+
+
 class _Concat:
     """Concat mode: pieces are placed by token offset; a piece is done when fully placed."""
 
-    def __init__(self, args: CoordinatorArgs, n_workers: int, warn):
+    def __init__(self, args: CoordinatorArgs, n_workers: int, skip):
         self.seq = ConcatSequencer(args.layout.window, args.layout.n_slots, args.skip)
-        self.pieces = _pieces(args, RAMP, args.max_piece_docs, 0, warn)
+        self.pieces = _pieces(args, RAMP, args.max_piece_docs, 0, skip)
         self.load = [0] * n_workers
         self.owner, self.specs = {}, {}
 
@@ -100,10 +126,10 @@ class _Concat:
 class _BestFit:
     """Best-fit mode: documents are placed one by one by the planner."""
 
-    def __init__(self, args: CoordinatorArgs, n_workers: int, warn):
+    def __init__(self, args: CoordinatorArgs, n_workers: int, skip):
         prefix = buffer_pieces(args.buffer_runs, args.max_piece_docs)
         ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs)
-        self.pieces = itertools.chain(prefix, _pieces(args, ramp, cap, len(prefix), warn))
+        self.pieces = itertools.chain(prefix, _pieces(args, ramp, cap, len(prefix), skip))
         s = args.start
         self.seq = BestFitSequencer(args.B, args.T, args.layout.n_slots, args.buffer_size,
                                     len(prefix), (s.epoch, s.file, s.rg, s.doc))
@@ -119,11 +145,12 @@ class _BestFit:
         self.assigned_docs += piece.n_docs
 
     def can_take(self, worker: int) -> bool:
-        """Read ahead up to a cap; past it only while a plan waits for documents (a batch of
-        many short documents can need more than the cap)."""
-        waiting = self.seq.queued_docs + self.assigned_docs
+        """Read ahead up to a cap on documents not yet in the buffer; past it only while a
+        plan waits for documents and none is being tokenized (a batch of many short documents
+        can need more than the cap)."""
+        waiting = self.seq.queued_docs + self.seq.backlog_docs + self.assigned_docs
         cap = self.args.buffer_size + 2 * self.args.max_piece_docs
-        return self.pending[worker] < 2 and (waiting < cap or self.seq.starved)
+        return self.pending[worker] < 2 and (waiting < cap or (self.seq.starved and not self.assigned_docs))
 
     def counted(self, index: int, lengths):
         w, piece = self.owner.pop(index), self.specs.pop(index)
@@ -144,7 +171,7 @@ class _BestFit:
         return self.seq.ready()
 
 
-def _pieces(args: CoordinatorArgs, ramp, cap, first_index, warn):
+def _pieces(args: CoordinatorArgs, ramp, cap, first_index, skip):
     source = ParquetSource(args.files, args.filesystem.open() if args.filesystem is not None else None)
 
     def row_counts(f: int) -> list[int]:
@@ -153,7 +180,7 @@ def _pieces(args: CoordinatorArgs, ramp, cap, first_index, warn):
         except DataError as exc:
             if args.on_bad_row_group != "skip":
                 raise
-            warn(f"skipped a bad file: {exc}")
+            skip((f, None), f"skipped a bad file: {exc}")
             return []
 
     return iter_pieces(row_counts, len(args.files), args.rank, args.world, args.start,
@@ -163,9 +190,12 @@ def _pieces(args: CoordinatorArgs, ramp, cap, first_index, warn):
 class _Coordinator:
     def __init__(self, args: CoordinatorArgs, trainer, workers, alive, ring: ringmod.Ring):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
-        self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers), self._warn)
+        self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers), self._skip_once)
+        self.outboxes = [_Outbox(conn) for conn in workers]
         self.listening = [trainer, alive, *workers]
         self.docs_seen = 0
+        self._unchecked = {}      # counted pieces, by index, until their turn in stream order
+        self._next_checked = 0
         self.skipped = {}  # piece index -> number of rows skipped with a bad row group
         self.bad_row_groups = set()
 
@@ -193,17 +223,27 @@ class _Coordinator:
         elif msg[0] == "skipped":
             self._skipped(msg[1], msg[2])
         elif msg[0] == "counted":
-            self.docs_seen += self._count_stats(msg[2], self.skipped.pop(msg[1], 0), msg[3])
+            live = self._count_stats(msg[2], self.skipped.pop(msg[1], 0), msg[3])
             piece = self.mode.counted(msg[1], msg[2])
-            if self.docs_seen == 0 and piece.epoch >= self.args.start.epoch + 2:
-                raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
-                                f"files held no document with text (all null or no rows)")
+            self._check_not_empty(piece, live)
         elif msg[0] == "written":
             self.mode.written(msg)
         elif msg[0] in ("error", "warn"):
             self.trainer.send(msg)
         else:
             raise RuntimeError(f"coordinator: unknown message {msg[0]!r}")
+
+    def _check_not_empty(self, piece, live: int):
+        """A whole epoch without a document would loop forever: an error, judged in stream
+        order (pieces are counted in any order) so that it never depends on timing."""
+        self._unchecked[piece.index] = (piece.epoch, live)
+        while self._next_checked in self._unchecked:
+            epoch, n = self._unchecked.pop(self._next_checked)
+            self._next_checked += 1
+            self.docs_seen += n
+            if self.docs_seen == 0 and epoch >= self.args.start.epoch + 2:
+                raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
+                                f"files held no document with text (all null or no rows)")
 
     def _count_stats(self, lengths: np.ndarray, skipped_rows: int, cache_hit) -> int:
         stats, live = self.ring.stats, int(np.count_nonzero(lengths))
@@ -218,13 +258,14 @@ class _Coordinator:
     def _skipped(self, index: int, text: str):
         piece = self.mode.specs[index]
         self.skipped[index] = piece.n_docs
-        if (piece.file, piece.rg) not in self.bad_row_groups:
-            self.bad_row_groups.add((piece.file, piece.rg))
-            self.ring.stats[6] = len(self.bad_row_groups)
-            self._warn(text)
+        self._skip_once((piece.file, piece.rg), text)
 
-    def _warn(self, text: str):
-        self.trainer.send(("warn", text))
+    def _skip_once(self, key: tuple, text: str):
+        """Count a bad row group (or a whole bad file, `(file, None)`) and warn, once each."""
+        if key not in self.bad_row_groups:
+            self.bad_row_groups.add(key)
+            self.ring.stats[6] = len(self.bad_row_groups)
+            self.trainer.send(("warn", text))
 
     def _assign(self):
         while True:
@@ -233,14 +274,14 @@ class _Coordinator:
                 return
             piece = next(self.mode.pieces)
             self.mode.take(i, piece)
-            self.workers[i].send(("task", piece))
+            self.outboxes[i].send(("task", piece))
 
     def _dispatch(self):
         n_slots = self.args.layout.n_slots
         for w, msg, batches in self.mode.orders():
             for k in batches:
                 self.ring.slot_states[k % n_slots] = SlotState.FILLING
-            self.workers[w].send(msg)
+            self.outboxes[w].send(msg)
 
     def _announce(self):
         n_slots = self.args.layout.n_slots

@@ -3,8 +3,10 @@
     from shmloader.nanochat import tokenizing_distributed_data_loader_with_state_bos_bestfit
 
 Each is a generator over one `ShmLoader`, closed when the generator is closed or collected.
-The loader is built (and its arguments, data and tokenizer checked) when the function is
-called, so bad input raises there, in the caller's process, before the first `next()`.
+The loader is built when the function is called, so bad arguments, a missing data directory,
+a one-file train split and a missing or broken tokenizer raise there, in the caller's
+process; what is inside the files (columns, row groups, corruption) is read, and any error
+in it raised, from the first `next()` on.
 """
 from .loader import ShmLoader
 

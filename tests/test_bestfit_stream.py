@@ -625,3 +625,16 @@ def test_read_ahead_stops_while_the_trainer_pauses(tmp_path):
         assert loader.stats()["ring_ready"] == 4
         assert loader.stats()["docs_read"] == settled, "workers kept reading while the ring was full"
         assert settled <= 50 + 8 + 2 * 64 + 3 * 4 * 129 + 4 * 64, settled  # buffer, chunk, caps, batches
+
+
+def test_large_pieces_with_many_placements_do_not_deadlock(tmp_path):
+    """A piece of 30,000 rows (its lengths message is bigger than a socket buffer) while
+    write orders of thousands of placements queue up for the same worker: the coordinator
+    used to block sending to a worker that was blocked sending to it."""
+    ds = _posdata(tmp_path, [3] * 60_000, 2, [30_000])
+    B, T = 16, 1024
+    want_rows, want_pos = expected(12, ds, B, T, buffer_size=1000, chunk=128)
+    with fit_loader(ds, B, T, buffer_size=1000, chunk=128, num_workers=2, max_piece_docs=30_000,
+                    timeout=30) as loader:
+        got_rows, got_states = take(loader, 12)
+    assert_same(got_rows, got_states, want_rows, want_pos)
