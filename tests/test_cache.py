@@ -29,7 +29,6 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import zlib
@@ -53,19 +52,7 @@ PACKINGS = ("concat", "bos_bestfit")
 HEADER_BYTES = 64
 
 
-@pytest.fixture(autouse=True)
-def _deadline():
-    """Fail a test that runs past 60 s instead of hanging the suite."""
-    def on_alarm(signum, frame):
-        raise TimeoutError("test_cache: a test ran past its 60 s deadline (hang?)")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, 60.0)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+pytestmark = pytest.mark.usefixtures("watchdog")  # conftest: fail past 60 s instead of hanging
 
 
 # ---------------------------------------------------------------- data
