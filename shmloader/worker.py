@@ -99,8 +99,8 @@ def _loop(ctx: _Ctx):
                 tokens = _per_doc(tokens, lengths)
             if len(tokens) and getattr(tokens, "live", 1):
                 ctx.held[piece.index] = tokens
-            ctx.ring.workers[ctx.args.index, 1] = -1
             ctx.conn.send(("counted", piece.index, lengths, hit))
+            ctx.ring.workers[ctx.args.index, 1] = -1  # after the send: a death in it names the piece
             continue
         ready = wait([ctx.conn, ctx.alive], timeout=IDLE_WAIT_S)
         if ctx.alive in ready:
