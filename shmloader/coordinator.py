@@ -29,6 +29,7 @@ from .ring import RingLayout, SlotState
 from .source import ParquetSource
 
 MAX_PIECES_PER_WORKER = 3
+ERROR_FLUSH_S = 2.0
 WAIT_S = 1.0
 
 
@@ -57,26 +58,33 @@ class _Stop(Exception):
 
 
 class _Outbox:
-    """Messages to one worker, sent by a thread of their own.
+    """Messages to one peer (a worker or the trainer), sent by a thread of their own.
 
-    A worker blocked sending a large message (a long piece's lengths) reads nothing; if the
-    coordinator's loop then blocked sending it a large write order, both would wait forever.
-    So the loop only queues; this thread does the blocking send, and the loop keeps reading
-    every worker. (The worker side drains as the worker reads, every 2 ms at most.)"""
+    The loop never blocks in a send: a worker blocked sending a long piece's lengths reads
+    nothing, and if the loop then blocked sending it a large write order both would wait
+    forever; a trainer away from next() stops reading announcements, and the loop would stop
+    serving the workers. So the loop only queues and keeps reading every peer; this thread
+    does the blocking send. A peer that is gone ends the thread (its death is reported by
+    the trainer, or is the trainer's own)."""
 
     def __init__(self, conn):
         self.conn, self._queue = conn, queue.SimpleQueue()
-        threading.Thread(target=self._run, name="shmloader-outbox", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="shmloader-outbox", daemon=True)
+        self._thread.start()
 
     def send(self, msg):
         self._queue.put(msg)
 
+    def flush(self, timeout: float):
+        """Send what is queued (at most `timeout` seconds), then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
     def _run(self):
-        while True:
-            msg = self._queue.get()
+        while (msg := self._queue.get()) is not None:
             try:
                 self.conn.send(msg)
-            except OSError:  # the worker is gone; its death is reported by the trainer
+            except OSError:
                 return
 
 
@@ -190,6 +198,7 @@ def _pieces(args: CoordinatorArgs, ramp, cap, first_index, skip):
 class _Coordinator:
     def __init__(self, args: CoordinatorArgs, trainer, workers, alive, ring: ringmod.Ring):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
+        self.to_trainer = _Outbox(trainer)
         self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers), self._skip_once)
         self.outboxes = [_Outbox(conn) for conn in workers]
         self.listening = [trainer, alive, *workers]
@@ -229,7 +238,7 @@ class _Coordinator:
         elif msg[0] == "written":
             self.mode.written(msg)
         elif msg[0] in ("error", "warn"):
-            self.trainer.send(msg)
+            self.to_trainer.send(msg)
         else:
             raise RuntimeError(f"coordinator: unknown message {msg[0]!r}")
 
@@ -265,7 +274,7 @@ class _Coordinator:
         if key not in self.bad_row_groups:
             self.bad_row_groups.add(key)
             self.ring.stats[6] = len(self.bad_row_groups)
-            self.trainer.send(("warn", text))
+            self.to_trainer.send(("warn", text))
 
     def _assign(self):
         while True:
@@ -291,38 +300,29 @@ class _Coordinator:
                 self.ring.write_runs(k % n_slots, runs)
             self.ring.slot_states[k % n_slots] = SlotState.READY
             self.ring.stats[5] = pos[0]
-            self.trainer.send(("batch", k, pos))
+            self.to_trainer.send(("batch", k, pos))
         if self.args.packing == "bos_bestfit":
             self.ring.stats[4] = self.mode.seq.tokens_cropped
             self.ring.stats[7] = self.mode.seq.planned * self.args.B * (self.args.T + 1)
 
 
-def _forward_errors(workers, trainer):
-    for conn in workers:
-        try:
-            while conn.poll():
-                msg = conn.recv()
-                if msg[0] == "error":
-                    trainer.send(msg)
-        except (EOFError, OSError):
-            continue
-
-
 def coordinator_main(args: CoordinatorArgs, trainer, workers, alive):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attached = ringmod.Attached(args.ring_name, args.layout)
+    coordinator = None
     try:
-        _Coordinator(args, trainer, list(workers), alive, attached.ring).run()
-    except _Stop:
+        coordinator = _Coordinator(args, trainer, list(workers), alive, attached.ring)
+        coordinator.run()
+    except (_Stop, ConnectionResetError):  # the trainer closed the loader, or a peer vanished
         pass
-    except (BrokenPipeError, ConnectionResetError):  # a worker died: pass on what it said first
-        _forward_errors(workers, trainer)
     except BaseException as exc:
         kind = "data" if isinstance(exc, DataError) else "crash"
         head = f"coordinator (pid {os.getpid()}): {type(exc).__name__}: {exc}"
-        try:
-            trainer.send(("error", kind, head, traceback.format_exc()))
-        except OSError:
-            pass
+        report = ("error", kind, head, traceback.format_exc())
+        if coordinator is None:
+            trainer.send(report)
+        else:  # through the outbox: one writer per pipe, and after what it already queued
+            coordinator.to_trainer.send(report)
+            coordinator.to_trainer.flush(timeout=ERROR_FLUSH_S)
     finally:
         attached.close()

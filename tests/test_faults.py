@@ -342,3 +342,17 @@ def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_orac
         assert r["sha"] == restart_oracle[r["k"]], f"batch {r['k']} differs {info}"
     assert not shm_segments(runs[-1]), info
     assert not wait_gone(json.loads((tmp_path / f"pids-{runs[-1]}.json").read_text()), 2.0), info
+
+
+def test_a_large_ring_fills_while_the_trainer_does_not_read(synth):
+    """More announcements than the trainer's pipe holds (about 270 small messages): the
+    coordinator used to block in send to a trainer away from next(), and stop serving the
+    workers, so a 400-slot ring never filled past ~280."""
+    with synth.loader(1, 7, "train", num_workers=2, n_slots=400) as loader:
+        next(iter(loader))
+        deadline = time.monotonic() + 30
+        while loader.stats()["ring_ready"] < 399 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert loader.stats()["ring_ready"] == 399
+        for _ in range(399):  # and every announcement arrives
+            next(loader)
