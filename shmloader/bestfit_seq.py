@@ -12,7 +12,6 @@ piece; a document leaves its worker's memory with its placement.
 The position after batch k is canonical: the buffer (documents by file, row group and row,
 as runs, in arrival order) and the end of the last chunk that entered it.
 """
-from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -49,7 +48,7 @@ class BestFitSequencer:
         self._positions = {}                  # batch -> position after it
         self.tokens_cropped = 0
         self.starved = False                  # the last plan() stopped for want of counted chunks
-        self._table = None                    # (bases, [epoch, file, rg, doc_start - base]) of live pieces
+        self._table = None                    # cache of _lookup()
 
     @property
     def queued_docs(self) -> int:
@@ -141,9 +140,9 @@ class BestFitSequencer:
 
     def _orders(self, plan) -> dict:
         orders = {}
-        for r, off, doc, n in zip(plan.row.tolist(), plan.row_offset.tolist(),
-                                  plan.doc_id.tolist(), plan.n_tokens.tolist()):
-            index = self._bases[bisect_right(self._bases, (doc, float("inf"))) - 1][1]
+        pieces = self._piece_of(plan.doc_id).tolist()  # before any piece leaves below
+        for r, off, doc, n, index in zip(plan.row.tolist(), plan.row_offset.tolist(),
+                                         plan.doc_id.tolist(), plan.n_tokens.tolist(), pieces):
             entry = self._pieces[index]
             orders.setdefault(entry[1], []).append((index, doc - entry[2], r, off, n))
             entry[4] -= 1
@@ -158,13 +157,8 @@ class BestFitSequencer:
         ids = self.planner.buffered_ids()
         if not len(ids):
             return np.zeros((0, 5), dtype=np.int64)
-        if self._table is None:  # rebuilt only when a piece comes or goes, not every batch
-            live = [self._pieces[i] for _, i in self._bases]
-            self._table = (np.array([b for b, _ in self._bases], dtype=np.int64),
-                           np.array([(p.epoch, p.file, p.rg, p.doc_start - base)
-                                     for p, _, base, _, _ in live], dtype=np.int64))
-        bases, table = self._table
-        meta = table[np.searchsorted(bases, ids, side="right") - 1]
+        _, _, table = self._lookup()
+        meta = table[self._rows_of(ids)]
         rows = meta[:, 3] + ids
         same = np.ones(len(ids), dtype=bool)
         same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
@@ -172,6 +166,24 @@ class BestFitSequencer:
         starts = np.flatnonzero(~same)
         counts = np.diff(np.append(starts, len(ids)))
         return np.column_stack((meta[starts, :3], rows[starts], counts))
+
+    def _lookup(self):
+        """(bases, piece indices, [epoch, file, rg, doc_start - base]) of the live pieces, as
+        arrays; rebuilt only when a piece comes or goes, not for every batch."""
+        if self._table is None:
+            live = [self._pieces[i] for _, i in self._bases]
+            self._table = (np.array([b for b, _ in self._bases], dtype=np.int64),
+                           np.array([i for _, i in self._bases], dtype=np.int64),
+                           np.array([(p.epoch, p.file, p.rg, p.doc_start - base)
+                                     for p, _, base, _, _ in live], dtype=np.int64).reshape(-1, 4))
+        return self._table
+
+    def _rows_of(self, doc_ids: np.ndarray) -> np.ndarray:
+        """Which live piece (row of the lookup table) holds each document."""
+        return np.searchsorted(self._lookup()[0], doc_ids, side="right") - 1
+
+    def _piece_of(self, doc_ids: np.ndarray) -> np.ndarray:
+        return self._lookup()[1][self._rows_of(doc_ids)]
 
     def written(self, batch: int):
         self._acks[batch] -= 1
