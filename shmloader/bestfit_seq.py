@@ -31,7 +31,7 @@ class BestFitSequencer:
         self.buffer_size = buffer_size
         self.planner = None if n_prefix else BestFitPlanner(B, T + 1, buffer_size)
         self.n_prefix = n_prefix
-        self.freed_upto = 0
+        self.n_freed = 0
         self.planned = 0                      # batches planned
         self.announced = 0
         self._pieces = {}                     # index -> [spec, owner, base, lengths, docs left]
@@ -96,14 +96,14 @@ class BestFitSequencer:
             self._queued_docs += len(keep)
 
     def freed(self, batch: int):
-        self.freed_upto = max(self.freed_upto, batch + 1)
+        self.n_freed += 1  # in any order: at most n_slots batches are planned and not freed
 
     def plan(self) -> list[tuple[int, dict]]:
         """Plan every batch whose slot is free and whose chunks are counted.
         Returns `(batch, {worker: [(piece, row, batch_row, row_offset, n), ...]})`."""
         out = []
         self.starved = False  # set again below if a free slot waits for documents
-        while self.planner is not None and self.planned < self.freed_upto + self.n_slots:
+        while self.planner is not None and self.planned < self.n_freed + self.n_slots:
             orders = self._try_plan()
             if orders is None:
                 break

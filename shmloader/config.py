@@ -62,6 +62,12 @@ class LoaderConfig:
         return self.buffer_size + self.tokenizer_batch_size if self.bestfit else 0
 
     @property
+    def lend_cap(self) -> int:
+        """CPU batches lent out of the ring at once; past it, batches are copied, so that a
+        caller keeping batches never takes every slot from the workers."""
+        return max(1, self.n_slots // 2)
+
+    @property
     def piece_cap(self) -> int:
         """With a cache, pieces after the ramp are whole row groups so that they get cached."""
         return self.max_piece_docs if self.cache_dir is None else 1 << 40

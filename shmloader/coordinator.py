@@ -23,7 +23,7 @@ import numpy as np
 from . import ring as ringmod
 from .bestfit_seq import BestFitSequencer
 from .errors import DataError
-from .packing import ConcatSequencer
+from .packing import ConcatSequencer, SlotMap
 from .plan import Cursor, buffer_pieces, iter_pieces, ramp_for, RAMP
 from .ring import RingLayout, SlotState
 from .source import ParquetSource
@@ -108,13 +108,14 @@ class _Concat:
         self.seq.counted(index, lengths)
         return self.specs[index]
 
-    def orders(self):
+    def orders(self, slot_of):
         for index, segments, done in self.seq.placements():
             w = self.owner[index]
             if done:
                 self.load[w] -= 1
                 del self.owner[index]
-            yield w, ("place", index, segments, done), [k for k, _, _, _ in segments]
+            segments = [(k, slot_of(k), off, src, n) for k, off, src, n in segments]
+            yield w, ("place", index, segments, done), [k for k, *_ in segments]
 
     def written(self, msg):
         self.seq.written(msg[2])
@@ -167,10 +168,10 @@ class _BestFit:
         self.seq.counted(piece, w, lengths, self.args.chunk_docs)
         return piece
 
-    def orders(self):
+    def orders(self, slot_of):
         for k, by_worker in self.seq.plan():
             for w, placements in by_worker.items():
-                yield w, ("rows", k, placements), [k]
+                yield w, ("rows", k, slot_of(k), placements), [k]
 
     def written(self, msg):
         self.seq.written(msg[1])
@@ -200,6 +201,7 @@ class _Coordinator:
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
         self.to_trainer = _Outbox(trainer)
         self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers), self._skip_once)
+        self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [_Outbox(conn) for conn in workers]
         self.listening = [trainer, alive, *workers]
         self.docs_seen = 0
@@ -227,7 +229,8 @@ class _Coordinator:
                 raise _Stop
             self.listening.remove(conn)  # the trainer sees its sentinel and reports the death
             return
-        if conn is self.trainer:
+        if conn is self.trainer:  # ("free", k), in any order
+            self.slots.release(msg[1])
             self.mode.seq.freed(msg[1])
         elif msg[0] == "skipped":
             self._skipped(msg[1], msg[2])
@@ -286,21 +289,20 @@ class _Coordinator:
             self.outboxes[i].send(("task", piece))
 
     def _dispatch(self):
-        n_slots = self.args.layout.n_slots
-        for w, msg, batches in self.mode.orders():
+        for w, msg, batches in self.mode.orders(self.slots.slot):
             for k in batches:
-                self.ring.slot_states[k % n_slots] = SlotState.FILLING
+                self.ring.slot_states[self.slots.slot(k)] = SlotState.FILLING
             self.outboxes[w].send(msg)
 
     def _announce(self):
-        n_slots = self.args.layout.n_slots
         for k, pos in self.mode.ready():
+            slot = self.slots.slot(k)
             if self.args.packing == "bos_bestfit":  # the buffer travels in the slot, not the pipe
                 pos, runs = pos
-                self.ring.write_runs(k % n_slots, runs)
-            self.ring.slot_states[k % n_slots] = SlotState.READY
+                self.ring.write_runs(slot, runs)
+            self.ring.slot_states[slot] = SlotState.READY
             self.ring.stats[5] = pos[0]
-            self.to_trainer.send(("batch", k, pos))
+            self.to_trainer.send(("batch", k, slot, pos))
         if self.args.packing == "bos_bestfit":
             self.ring.stats[4] = self.mode.seq.tokens_cropped
             self.ring.stats[7] = self.mode.seq.planned * self.args.B * (self.args.T + 1)

@@ -29,7 +29,7 @@ from .plan import start_cursor
 from .ring import RingLayout, SlotState
 
 LIVENESS_CHECK_S = 0.5
-IN_USE, FREE = int(SlotState.IN_USE), int(SlotState.FREE)
+IN_USE = int(SlotState.IN_USE)
 _live = weakref.WeakSet()
 _atexit_registered = False
 
@@ -103,8 +103,7 @@ class ShmLoader:
             raise errors.LoaderClosed("this ShmLoader was closed; make a new one")
         if self._procs is None:
             self._start()
-        k, pos = self._next_ready()
-        slot = k % self.n_slots
+        k, slot, pos = self._next_ready()
         p = self._procs
         p.ring.slot_states[slot] = IN_USE
         runs = p.ring.runs_of(slot) if self.bestfit else None  # before the slot is freed
@@ -113,10 +112,12 @@ class ShmLoader:
             window.copy_(p.slot_tensors[slot], non_blocking=True)
             event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
             event.record(torch.cuda.current_stream(self.device))
-            p.inflight.append((k, event))
-        else:
+            p.inflight.append((k, slot, event))
+        elif self.device.type == "cpu" and len(p.lent) < self.cfg.lend_cap:
+            window = p.lend(k, slot)  # the slot comes back when the caller drops the batch
+        else:  # a copy: the caller holds many batches already, or a device without pinning
             window = p.outputs.copy_out(p.ring.slots[slot])
-            self._free(k)
+            self._procs.free(k, slot)
             if self.device.type != "cpu":
                 window = window.to(self.device)
         self._stats["batches"] += 1
@@ -213,20 +214,18 @@ class ShmLoader:
         if procs is not None:
             procs.shutdown()
 
-    def _free(self, k: int):
-        p = self._procs
-        p.ring.slot_states[k % self.n_slots] = FREE
-        p.send(("free", k))
-
     def _flush_copies(self, wait_all: bool):
         p = self._procs
-        while p.inflight and (wait_all or p.inflight[0][1].query()):
-            k, event = p.inflight.popleft()
+        while p.inflight and (wait_all or p.inflight[0][2].query()):
+            k, slot, event = p.inflight.popleft()
             event.synchronize()
-            self._free(k)
+            self._procs.free(k, slot)
 
     def _next_ready(self):
         p = self._procs
+        if p.released:
+            for k, slot in p.reclaim():
+                self._procs.free(k, slot)
         if p.inflight:
             self._flush_copies(wait_all=False)
         now = time.monotonic()

@@ -13,9 +13,11 @@ import pickle
 import select
 import signal
 import sys
+import threading
 import time
 import types
 import warnings
+import weakref
 from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
@@ -50,6 +52,10 @@ class Children:
     outputs: OutputPool = None
     next_check: float = 0.0
     _poller: object = None
+    lent: dict = field(default_factory=dict)          # batch -> weakref to the view lent out
+    released: deque = field(default_factory=deque)    # (batch, slot) let go of, not yet freed
+    owner: int = field(default_factory=threading.get_ident)
+    _sending: bool = False
 
     @property
     def procs(self) -> list:
@@ -65,8 +71,8 @@ class Children:
         except (EOFError, OSError):
             self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
             raise errors.WorkerError("the coordinator closed its pipe without an error") from None
-        if msg[0] == "batch":
-            return msg[1], msg[2]
+        if msg[0] == "batch":  # ("batch", k, slot, position)
+            return msg[1:]
         if msg[0] == "warn":
             warnings.warn(f"shmloader: {msg[1]}", stacklevel=4)
             return None
@@ -79,14 +85,59 @@ class Children:
             self._poller.register(self.conn.fileno(), select.POLLIN)
         return bool(self._poller.poll(0))
 
+    def lend(self, k: int, slot: int) -> torch.Tensor:
+        """Slot `slot` (batch k) as a CPU tensor without a copy. The slot stays the caller's
+        until the last tensor viewing it is freed: a weak reference to the numpy view that
+        only the tensor holds then calls `_let_go`."""
+        view = self.ring.slots[slot]
+        me = weakref.ref(self)
+
+        def gone(_, item=(k, slot)):
+            kids = me()
+            if kids is not None:
+                kids._let_go(item)
+        self.lent[k] = weakref.ref(view, gone)
+        return torch.from_numpy(view)
+
+    def _let_go(self, item):
+        """The caller dropped lent batch item = (k, slot). Freed at once when that happens in
+        the loader's own thread outside its own sends (the usual `x, y = next(loader)`), so the
+        workers refill the slot during the training step; otherwise (another thread, the
+        garbage collector inside a send, a loader shutting down) queued for `reclaim`."""
+        if self._sending or self.ring.slots is None or threading.get_ident() != self.owner:
+            self.released.append(item)
+            return
+        del self.lent[item[0]]
+        try:
+            self.free(*item)
+        except Exception:  # noqa: BLE001, S110 - a callback must not raise; next() reports deaths
+            pass
+
+    def reclaim(self) -> list:
+        """`(batch, slot)` of every lent batch let go of but not freed yet."""
+        out = []
+        while self.released:
+            item = self.released.popleft()
+            del self.lent[item[0]]
+            out.append(item)
+        return out
+
+    def free(self, k: int, slot: int):
+        """Give slot `slot` (batch k) back to the workers."""
+        self.ring.slot_states[slot] = ringmod.SlotState.FREE
+        self.send(("free", k))
+
     def send(self, msg):
         """Plain pickle: multiprocessing's pickler copies its reducer table (which torch
         extends) on every message, which costs more than the rest of next()."""
+        self._sending = True
         try:
             self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
             raise
+        finally:
+            self._sending = False
 
     def check_alive(self):
         dead = wait(self.sentinels, timeout=0)
@@ -140,6 +191,7 @@ class Children:
         return "; ".join(self._describe(p) for p in self.workers)
 
     def shutdown(self):
+        self._sending = True  # from here on, batches let go of are only queued
         if self.alive_w is not None:
             self.alive_w.close()
         started = [p for p in self.procs if p.pid is not None]
@@ -166,11 +218,13 @@ class Children:
             self.pinned = False
         self.inflight.clear()
         self.slot_tensors, self.device_bufs = None, []
+        mapping = self.ring.buf
         self.ring.release_views()
         try:
-            self.shm.close()
+            mapping.close()
         except BufferError:
-            pass  # a view is still referenced somewhere; the mapping goes with the process
+            pass  # the caller still holds lent batches: unmapped when the last one is freed
+        self.shm.close()
         try:
             self.shm.unlink()
         except FileNotFoundError:

@@ -1,15 +1,16 @@
 """Concat packing: where every token of every piece lands, from token counts alone.
 
 The documents' tokens (`[BOS] + tokens`, one document after another in canonical order) form
-one stream; batch k is the window of stream positions `[k*W, (k+1)*W)`, `W = B*T + 1`, and it
-lives in ring slot `k % n_slots`. `ConcatSequencer` is pure bookkeeping over integers: it
-assigns each piece its stream offset (piece i starts where piece i-1 ends, so the order of
-arrival cannot change the stream), cuts each piece into per-slot segments once the slot is
-free, tracks how many tokens of each batch are written, and maps a stream position back to
+one stream; batch k is the window of stream positions `[k*W, (k+1)*W)`, `W = B*T + 1`.
+`ConcatSequencer` is pure bookkeeping over integers: it assigns each piece its stream offset
+(piece i starts where piece i-1 ends, so the order of arrival cannot change the stream), cuts
+each piece into per-batch segments once the batch may be written (at most `n_slots` batches
+are written and not yet freed), tracks how many tokens of each batch are written, and maps a stream position back to
 (piece, document, token) for the resume state. Positions below zero are the tokens a resumed
 run skips: they are never placed. Work per piece is O(batches it spans); per batch O(1).
-See NOTE [ring protocol] in docs/design.md.
+`SlotMap` says which ring slot holds which batch. See NOTE [ring protocol] in docs/design.md.
 """
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ class ConcatSequencer:
         self.window, self.n_slots = window, n_slots
         self.next_start = -skip   # stream position where the next sequenced piece begins
         self.next_index = 0       # next piece index to sequence
-        self.freed_upto = 0       # batches < freed_upto are free again
+        self.n_freed = 0          # batches the trainer gave back, in any order
         self.announced = 0        # batches < announced were announced
         self._counts = {}         # counted, waiting for earlier pieces: index -> lengths
         self._seq = deque()       # sequenced pieces still needed for placement or positions
@@ -53,14 +54,15 @@ class ConcatSequencer:
             self.next_index += 1
 
     def freed(self, batch: int):
-        """The trainer gave back batch `batch` (and, batches being freed in order, all before)."""
-        self.freed_upto = max(self.freed_upto, batch + 1)
+        """The trainer gave back batch `batch` (batches come back in any order)."""
+        self.n_freed += 1
 
     def placements(self) -> list[tuple[int, list[tuple[int, int, int, int]], bool]]:
         """New write orders `(piece, [(batch, batch_offset, piece_offset, n), ...], done)`;
-        `done` means the piece has no further tokens to place. Batch k goes to slot
-        k % n_slots, which is free once batch k - n_slots has been freed."""
-        limit = (self.freed_upto + self.n_slots) * self.window
+        `done` means the piece has no further tokens to place. Batches below
+        `n_freed + n_slots` may be written: every freed batch is among them, so at most
+        `n_slots` batches hold a slot at once."""
+        limit = (self.n_freed + self.n_slots) * self.window
         orders = []
         for s in self._seq:
             if s.done_sent:
@@ -126,3 +128,29 @@ class ConcatSequencer:
         keep_from = self.announced * self.window
         while self._seq and self._seq[0].done_sent and self._seq[0].end <= keep_from:
             self._seq.popleft()
+
+
+class SlotMap:
+    """Which ring slot holds which batch (the coordinator's). A batch takes the lowest free
+    slot when its first write order is issued and gives it back when the trainer frees it,
+    in any order: the trainer lends CPU batches until the caller drops them. The sequencers
+    keep at most `n_slots` batches between their first order and their free, so a slot is
+    always free when one is asked for."""
+
+    def __init__(self, n_slots: int):
+        self._free = list(range(n_slots))
+        self._of = {}
+
+    def slot(self, batch: int) -> int:
+        s = self._of.get(batch)
+        if s is None:
+            if not self._free:
+                raise RuntimeError(f"batch {batch} needs a ring slot but all {len(self._of)} are held "
+                                   f"(batches {sorted(self._of)})")
+            s = self._of[batch] = heapq.heappop(self._free)
+        return s
+
+    def release(self, batch: int) -> int:
+        s = self._of.pop(batch)
+        heapq.heappush(self._free, s)
+        return s

@@ -76,7 +76,7 @@ class Ring:
     `slot_states`, `workers` (row i written by worker i only) and `slots`."""
 
     def __init__(self, buf, layout: RingLayout, name: str):
-        self.name = name
+        self.name, self.buf = name, buf
         self.layout = layout
         self.header = np.frombuffer(buf, dtype=np.int64, count=layout.header_words)
         self.stats = self.header[5:FIXED_WORDS]
@@ -102,6 +102,7 @@ class Ring:
     def release_views(self):
         """Drop every numpy view so that the underlying buffer can be closed."""
         self.header = self.stats = self.slot_states = self.workers = self.slots = self.runs = None
+        self.buf = None
 
 
 def new_name() -> str:
@@ -109,15 +110,21 @@ def new_name() -> str:
 
 
 def create(layout: RingLayout) -> tuple[shared_memory.SharedMemory, Ring]:
-    """Create, reserve and initialise a segment. Only the trainer calls this."""
+    """Create, reserve and initialise a segment. Only the trainer calls this.
+
+    The trainer's views come from a mapping of its own, not from `shm.buf`: CPU batches are
+    lent to the caller as views of the ring, and a batch the caller still holds when the
+    loader closes keeps that mapping alive (it is unmapped when the last view is freed),
+    while `shm` itself closes and unlinks as usual."""
     shm = shared_memory.SharedMemory(name=new_name(), create=True, size=layout.nbytes)
     try:
         _reserve(shm._fd, layout.nbytes)
+        mapping = mmap.mmap(shm._fd, layout.nbytes)
     except BaseException:
         shm.close()
         shm.unlink()
         raise
-    ring = Ring(shm.buf, layout, shm.name)
+    ring = Ring(mapping, layout, shm.name)
     ring.header[:5] = (MAGIC, LAYOUT_VERSION, layout.n_slots, layout.window, layout.n_workers)
     return shm, ring
 

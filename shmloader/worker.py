@@ -128,28 +128,28 @@ def _handle(ctx: _Ctx, msg):
         if done:
             ctx.held.pop(index, None)  # a piece without tokens was never held
     elif kind == "rows":
-        _write_rows(ctx, msg[1], msg[2])
-        ctx.conn.send(("written", msg[1]))
+        _, k, slot, placements = msg
+        _write_rows(ctx, slot, placements)
+        ctx.conn.send(("written", k))
     else:
         raise RuntimeError(f"worker {ctx.args.index}: unknown message {kind!r}")
 
 
 def _write(ctx: _Ctx, tokens: np.ndarray, segments) -> list:
     slots = ctx.ring.slots
-    n_slots = len(slots)
     done = []
-    for k, off, src, n in segments:
-        slots[k % n_slots, off:off + n] = tokens[src:src + n]
+    for k, slot, off, src, n in segments:
+        slots[slot, off:off + n] = tokens[src:src + n]
         done.append((k, n))
     return done
 
 
-def _write_rows(ctx: _Ctx, k: int, placements):
-    """Best fit: slot k holds inputs (B, T) then targets (B, T); a placement puts tokens
+def _write_rows(ctx: _Ctx, slot_index: int, placements):
+    """Best fit: a slot holds inputs (B, T) then targets (B, T); a placement puts tokens
     [0, n) of a document at column `off` of row `r` of the (B, T+1) rows, and so at
     inputs[r, off:] and targets[r, off-1:]. The document leaves memory once placed."""
     B, T = ctx.args.B, ctx.args.T
-    slot = ctx.ring.slots[k % len(ctx.ring.slots)]
+    slot = ctx.ring.slots[slot_index]
     for index, row, r, off, n in placements:
         docs = ctx.held[index]
         doc = docs[row]

@@ -609,6 +609,25 @@ def test_batch_needing_more_documents_than_the_readahead_cap(tmp_path):
     assert_same(got_rows, got_states, want_rows, want_pos)
 
 
+def test_batches_kept_out_of_order_stay_whole(fitdata):
+    """Best-fit CPU batches are lent from the ring too: batches kept while later ones are
+    dropped (their slots come back out of order) keep their rows, and so does the stream."""
+    B, T = 2, 64
+    want_rows, want_pos = expected(40, fitdata, B, T, buffer_size=20, chunk=8)
+    kept, got_rows, got_states = {}, [], []
+    with fit_loader(fitdata, B, T, buffer_size=20, chunk=8, num_workers=2, n_slots=4) as loader:
+        for k, (inputs, targets) in enumerate(itertools.islice(loader, 40)):
+            got_rows.append(rows_of(inputs, targets, B, T))
+            got_states.append(loader.state_dict())
+            if k % 5 == 1:
+                kept[k] = (inputs, targets)
+            if len(kept) > 2:
+                kept.pop(min(kept))
+    assert_same(got_rows, got_states, want_rows, want_pos)
+    for k, (inputs, targets) in kept.items():
+        assert np.array_equal(rows_of(inputs, targets, B, T), want_rows[k]), f"kept batch {k} changed"
+
+
 def test_read_ahead_stops_while_the_trainer_pauses(tmp_path):
     """With the ring full and the trainer away, workers stop reading: what was read stays
     bounded (it used to grow without end once a plan had starved)."""

@@ -105,7 +105,7 @@ def test_bestfit_batches_equal_cpu_stream(data):
 def _pending(loader) -> bool:
     """Whether the copy of the batch just returned has not run yet."""
     inflight = loader._procs.inflight
-    return bool(inflight) and not inflight[-1][1].query()
+    return bool(inflight) and not inflight[-1][-1].query()
 
 
 def test_event_gated_slot_reuse(data, cpu_stream):

@@ -2,7 +2,8 @@
 
 A simulation plays coordinator, workers and trainer: pieces are counted in a random order,
 write orders are carried out and acknowledged late and in random order, the trainer frees
-announced batches in order at random moments. Every token of the concatenation has a
+announced batches at random moments and in any order (lent CPU batches come back when the
+caller drops them), and a `SlotMap` puts each batch in a ring slot as the coordinator does. Every token of the concatenation has a
 unique value (its index), so each slot, each stream position and each resume position is
 checkable by arithmetic."""
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.packing import ConcatSequencer
+from shmloader.packing import ConcatSequencer, SlotMap
 
 
 class Sim:
@@ -29,6 +30,7 @@ class Sim:
         # token values: global index in the concatenation (before the skip)
         self.tokens = [np.arange(self.piece_start[i], self.piece_start[i + 1]) for i in range(len(pieces))]
         self.seq = ConcatSequencer(window, n_slots, skip)
+        self.slot_map = SlotMap(n_slots)                   # raises if n_slots batches are held
         self.slots = np.full((n_slots, window), -1, dtype=np.int64)
         n_pos = max(self.L, 0) + n_slots * window + window
         self.stream = np.full(n_pos, -1, dtype=np.int64)   # value written at each stream position
@@ -40,7 +42,7 @@ class Sim:
         self.done = {}                                     # piece -> number of done orders
         self.placed_tokens = [0] * len(pieces)
         self.announced = []                                # (k, where)
-        self.freed = 0                                     # batches < freed were freed
+        self.freed = set()                                 # batches the trainer freed
         self.orders = []                                   # every (piece, segment) issued
 
     # ---- the coordinator's side
@@ -49,7 +51,8 @@ class Sim:
             assert piece not in self.done, f"piece {piece} got an order after done"
             assert 0 <= piece < self.seq.next_index, "order for a piece not yet sequenced"
             for k, off, poff, n in segs:
-                assert self.freed <= k < self.freed + self.n_slots, (k, self.freed)
+                assert k not in self.freed and k < len(self.freed) + self.n_slots, (k, self.freed)
+                self.slot_map.slot(k)
                 assert n > 0 and 0 <= off and off + n <= self.W
                 assert 0 <= poff and poff + n <= len(self.tokens[piece])
                 self.pending.append((piece, (k, off, poff, n)))
@@ -73,7 +76,7 @@ class Sim:
     # ---- a worker's side
     def write_one(self):
         piece, (k, off, poff, n) = self.pending.pop(self.rng.randrange(len(self.pending)))
-        self.slots[k % self.n_slots, off:off + n] = self.tokens[piece][poff:poff + n]
+        self.slots[self.slot_map.slot(k), off:off + n] = self.tokens[piece][poff:poff + n]
         pos = k * self.W + off
         self.stream[pos:pos + n] = self.tokens[piece][poff:poff + n]
         self.writes[pos:pos + n] += 1
@@ -82,15 +85,16 @@ class Sim:
 
     # ---- the trainer's side
     def free_one(self):
-        k = self.freed
-        self.check_slot(k)  # what the trainer copies out is still batch k
+        k = self.rng.choice([k for k, _ in self.announced if k not in self.freed])
+        self.check_slot(k)  # what the caller held until now is still batch k
+        self.slot_map.release(k)
         self.seq.freed(k)
-        self.freed += 1
+        self.freed.add(k)
 
     # ---- checks
     def check_slot(self, k):
         first = self.skip + k * self.W
-        assert np.array_equal(self.slots[k % self.n_slots], np.arange(first, first + self.W)), k
+        assert np.array_equal(self.slots[self.slot_map.slot(k)], np.arange(first, first + self.W)), k
 
     def check_position(self, k, where):
         piece, row, skip = where
@@ -107,7 +111,7 @@ class Sim:
             moves.append("count")
         if self.pending:
             moves += ["write"] * 3
-        if self.freed < len(self.announced):
+        if len(self.freed) < len(self.announced):
             moves.append("free")
         if not moves:
             return False
@@ -273,3 +277,16 @@ def test_oldest_live_never_passes_a_piece_still_needed(skip):
             holder = int(np.searchsorted(sim.piece_start, g, side="right")) - 1
             assert holder >= live
     check_final(sim)
+
+
+def test_slot_map_reuses_freed_slots_in_any_order():
+    slots = SlotMap(3)
+    assert [slots.slot(k) for k in (0, 1, 2)] == [0, 1, 2]
+    assert slots.slot(1) == 1                  # asking again does not move a batch
+    with pytest.raises(RuntimeError, match="batch 3 needs a ring slot"):
+        slots.slot(3)
+    assert slots.release(1) == 1               # batch 1 freed before batch 0
+    assert slots.slot(3) == 1
+    slots.release(2)
+    slots.release(0)
+    assert [slots.slot(k) for k in (4, 5)] == [0, 2]

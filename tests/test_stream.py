@@ -5,6 +5,7 @@ token == position data every token of an epoch is checked by arithmetic.
 import contextlib
 import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -171,6 +172,78 @@ def test_cpu_batches_stay_valid(synth):
     assert len(kept) == 20
     for k, (inputs, targets) in enumerate(kept):
         assert np.array_equal(window_of(inputs, targets), want_w[k]), f"kept batch {k} was overwritten"
+
+
+def _in_ring(loader, tensor) -> bool:
+    slots = loader._procs.ring.slots
+    base = slots.ctypes.data
+    return base <= tensor.data_ptr() < base + slots.nbytes
+
+
+def test_cpu_batches_are_lent_from_the_ring_and_kept_ones_survive_close(synth):
+    """CPU batches are views of their ring slot (no copy) until the caller drops them; past
+    n_slots // 2 kept batches, further ones are copies; a batch kept past close() still
+    holds its tokens, and close() leaves no segment behind."""
+    B, T = 2, 32
+    want_w, _ = synth.expected(60, B, T, "train")
+    kept, lent = {}, []
+    with synth.loader(B, T, "train", n_slots=6, num_workers=2) as loader:
+        for k, (inputs, targets) in enumerate(itertools.islice(loader, 60)):
+            assert np.array_equal(window_of(inputs, targets), want_w[k])
+            lent.append(_in_ring(loader, inputs))
+            if k % 7 == 3:  # kept out of order: later batches are dropped before these
+                kept[k] = (inputs, targets)
+            if k == 30:     # let go of some kept ones: their slots return to the workers
+                for j in [j for j in kept if j < 20]:
+                    del kept[j]
+        assert len(loader._procs.lent) <= 3
+    assert lent[:3] == [True, True, True]
+    assert not all(lent), "kept batches never made the loader copy"
+    assert lent[24] is False and lent[31] is True, "slots let go of at batch 30 were not lent again"
+    for k, (inputs, targets) in kept.items():
+        assert np.array_equal(window_of(inputs, targets), want_w[k]), f"kept batch {k} changed"
+
+
+def test_batches_dropped_in_another_thread_come_back(synth):
+    """A slot let go of outside the loader's thread is freed at the next next()."""
+    import queue
+    import threading
+
+    B, T = 2, 32
+    want_w, _ = synth.expected(40, B, T, "train")
+    handoff, got, lent = queue.Queue(), [], []
+
+    def consume():
+        while (item := handoff.get()) is not None:
+            got.append(window_of(*item))
+            del item
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    try:
+        with synth.loader(B, T, "train", n_slots=2, num_workers=1, timeout=10) as loader:
+            for inputs, targets in itertools.islice(loader, 40):
+                lent.append(_in_ring(loader, inputs))
+                handoff.put((inputs, targets))
+                del inputs, targets
+    finally:
+        handoff.put(None)
+        thread.join(10)
+    assert len(got) == 40 and all(np.array_equal(g, w) for g, w in zip(got, want_w))
+    assert sum(lent) > 1, "a slot let go of in another thread never came back"
+
+
+def test_dropped_batches_are_refilled_while_the_trainer_is_away(synth):
+    """The usual `x, y = next(loader)` loop frees a slot when the caller drops the batch, so
+    the whole ring fills during a long step."""
+    with synth.loader(2, 32, "train", n_slots=4, num_workers=2) as loader:
+        for _ in range(3):
+            inputs, targets = next(loader)
+        del inputs, targets
+        deadline = time.monotonic() + 20
+        while loader.stats()["ring_ready"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert loader.stats()["ring_ready"] == 4
 
 
 def test_functions_with_and_without_state(synth):

@@ -160,9 +160,9 @@ def _sleep_run(ctx: Ctx, free_early: bool):
                 torch.cuda._sleep(SLEEP_CYCLES)
                 x, y = next(loader)
                 inflight = loader._procs.inflight
-                pending += bool(inflight) and not inflight[-1][1].query()
+                pending += bool(inflight) and not inflight[-1][-1].query()
                 if free_early and inflight:  # the bug this check exists for: free before the copy ran
-                    inflight[-1] = (inflight[-1][0], _DoneEvent())
+                    inflight[-1] = (*inflight[-1][:-1], _DoneEvent())
                 saved.append((x.clone(), y.clone()))
         finally:
             torch.cuda.synchronize()  # no copy may be pending when close() unregisters the ring
