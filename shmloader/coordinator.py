@@ -12,11 +12,11 @@ ends the loop when the trainer closes the loader or dies. Never imports torch or
 import itertools
 import os
 import queue
+import select
 import signal
 import threading
 import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 
 import numpy as np
 
@@ -86,6 +86,25 @@ class _Outbox:
                 self.conn.send(msg)
             except OSError:
                 return
+
+
+class _Listener:
+    """`multiprocessing.connection.wait` over a fixed set of pipes with one poll object kept
+    for the whole run: `wait` builds and tears down a selector per call, which costs tens of
+    microseconds several times per batch. A hung-up pipe reports ready, so its EOF is seen."""
+
+    def __init__(self, conns):
+        self._poll, self._by_fd = select.poll(), {}
+        for conn in conns:
+            self._by_fd[conn.fileno()] = conn
+            self._poll.register(conn.fileno(), select.POLLIN)
+
+    def wait(self, timeout: float) -> list:
+        return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout * 1000)]
+
+    def remove(self, conn):
+        self._poll.unregister(conn.fileno())
+        del self._by_fd[conn.fileno()]
 
 
 class _Concat:
@@ -203,7 +222,7 @@ class _Coordinator:
         self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers), self._skip_once)
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [_Outbox(conn) for conn in workers]
-        self.listening = [trainer, alive, *workers]
+        self.listening = _Listener([trainer, alive, *workers])
         self.docs_seen = 0
         self._unchecked = {}      # counted pieces, by index, until their turn in stream order
         self._next_checked = 0
@@ -216,7 +235,7 @@ class _Coordinator:
             self._dispatch()   # plans first, so that _assign sees whether a plan starves
             self._announce()
             self._assign()
-            for conn in wait(self.listening, timeout=WAIT_S):
+            for conn in self.listening.wait(WAIT_S):
                 if conn is self.alive:
                     raise _Stop
                 self._receive(conn)
