@@ -90,6 +90,9 @@ def test_bench_tiny_run(demo, tmp_path):
     assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 for r in result["runs"])
     assert 0 <= result["runs"][2]["cropped_fraction"] < 1
     assert result["raw"]["encode_to_numpy"]["tokens_per_s"] > 0
+    par = result["raw_parallel"]
+    assert par["processes"] == result["cores"] and len(par["per_process"]) == par["processes"]
+    assert all(r > 0 for r in par["per_process"]) and "side by side" in text
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = run("tools/bench.py", "--from-json", tmp_path / "b.json", "--chart", tmp_path / "c.png")
     assert "targets:" in again and (tmp_path / "c.png").stat().st_size > 0

@@ -28,7 +28,8 @@ other, never together. Figures (SPEC §5):
 - RSS: the trainer's peak (ru_maxrss) and the largest worker's peak (VmHWM in /proc).
 - raw tiktoken: single-thread `encode_to_numpy(text, disallowed_special=())` and
   `encode_ordinary(text)` over the same documents in this (the main) process, best of 3
-  passes; "busy rate" is each worker's own tokens per second of reading + tokenizing; per-worker
+  passes; and one bare single-thread `encode_to_numpy` process per core side by side (no
+  loader), which is what the cores really tokenize together; "busy rate" is each worker's own tokens per second of reading + tokenizing; per-worker
   efficiency = shmloader tokens/s / (workers * raw encode_to_numpy rate), meaningful only
   while workers <= cores (the coordinator and the trainer share the cores too).
 
@@ -41,6 +42,7 @@ Default data: the stdlib demo corpus of `python -m shmloader.demo`, built into `
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -180,8 +182,44 @@ def _vm_hwm_mib(pid: int):
         return None
 
 
+def raw_child(cfg: dict) -> dict:
+    """Bare single-thread tokenizing in a process of its own, from `cfg["start"]` (a shared
+    wall-clock time) for `cfg["seconds"]`: one of several run side by side."""
+    from shmloader.reference import documents
+
+    enc = _load_tiktoken(cfg["tokenizer"])
+    texts = [t for _, t in itertools.islice(documents(cfg["files"], epochs=1), 4000) if t is not None]
+    time.sleep(max(cfg["start"] - time.time(), 0))
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < cfg["seconds"]:
+        for text in texts[:100]:
+            n += len(enc.encode_to_numpy(text, disallowed_special=()))
+        texts = texts[100:] + texts[:100]
+    return {"tokens_per_s": n / (time.perf_counter() - t0)}
+
+
+def parallel_raw(cfg: dict, n_procs: int, seconds: float) -> dict:
+    """`n_procs` bare tokenizer processes side by side (no loader, no trainer): what the cores
+    can really tokenize together, the ceiling for that many workers on this machine."""
+    job = json.dumps(dict(cfg, kind="raw", start=time.time() + 3.0, seconds=seconds))
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(n_procs)]
+    for proc in procs:
+        proc.stdin.write(job)
+        proc.stdin.close()
+    rates = []
+    for proc in procs:
+        lines = [ln for ln in proc.stdout.read().splitlines() if ln.startswith(RESULT_TAG)]
+        if proc.wait() != 0 or not lines:
+            raise SystemExit("bench: a side-by-side raw tokenizer process failed")
+        rates.append(json.loads(lines[-1][len(RESULT_TAG):])["tokens_per_s"])
+    return {"processes": n_procs, "seconds": seconds, "tokens_per_s": sum(rates), "per_process": rates}
+
+
 def child_main(cfg: dict) -> dict:
     """One loader configuration, in a fresh process: latency, throughput, trainer cost, RSS."""
+    if cfg["kind"] == "raw":
+        return raw_child(cfg)
     import resource
 
     import torch  # noqa: F401  (imported before any timing: SPEC §5)
@@ -334,7 +372,13 @@ def report(result: dict) -> str:
            f"raw tiktoken, 1 thread, main process, best of {len(raw['encode_to_numpy']['passes'])} passes over "
            f"{raw['encode_to_numpy']['docs']} documents: "
            f"encode_to_numpy {rate / 1e6:.2f} M tokens/s, encode_ordinary "
-           f"{raw['encode_ordinary']['tokens_per_s'] / 1e6:.2f} M tokens/s", ""]
+           f"{raw['encode_ordinary']['tokens_per_s'] / 1e6:.2f} M tokens/s"]
+    par = result.get("raw_parallel")
+    if par:
+        out.append(f"raw tiktoken, {par['processes']} single-thread processes side by side for {par['seconds']:g} s "
+                   f"(no loader): {par['tokens_per_s'] / 1e6:.2f} M tokens/s in total "
+                   f"({par['tokens_per_s'] / (par['processes'] * rate):.0%} of {par['processes']} x the 1-thread rate)")
+    out.append("")
     head = ("loader", "tokens/s", "vs base", "eff/worker", "busy rate/worker", "trainer CPU us/batch",
             "first ms (median)", "first ms (cold)", "trainer RSS MiB", "worker RSS MiB")
     rows = []
@@ -389,6 +433,11 @@ def _targets(result: dict, rate: float) -> list[str]:
                      f"{met(x >= TARGET_SPEEDUP)}{note}")
     else:
         lines.append(f"  >= {TARGET_SPEEDUP}x baseline with 2 workers on 2 cores: not measured (add 2 to --workers)")
+    par = result.get("raw_parallel")
+    if two and par and par["processes"] == 2:
+        lines.append(f"  (context) 2 workers read {two[0]['tokens_per_s'] / par['tokens_per_s']:.0%} of what 2 bare "
+                     f"tokenizer processes side by side did; the baseline is "
+                     f"{par['tokens_per_s'] / base['tokens_per_s']:.2f}x below that ceiling in this run")
     effs = [(r["workers"], r["tokens_per_s"] / (r["workers"] * rate)) for r in shm if r["workers"] <= result["cores"]]
     if effs:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in effs)
@@ -490,6 +539,8 @@ def main(argv=None) -> int:
               "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])}
     print(f"measuring single-thread tiktoken on {len(files)} files ...", file=sys.stderr)
     result["raw"] = raw_rates(files, _load_tiktoken(tok), min(args.seconds, 5.0))
+    print(f"measuring {result['cores']} bare tokenizer processes side by side ...", file=sys.stderr)
+    result["raw_parallel"] = parallel_raw(cfg, result["cores"], min(args.seconds, 5.0))
     runs = []
     configs = [("baseline", None, "concat")] + [("shmloader", w, p) for p in args.packings for w in args.workers]
     for kind, workers, packing in configs:
@@ -529,6 +580,10 @@ def draw_chart(result: dict, path: Path):
     raw = result["raw"]["encode_to_numpy"]["tokens_per_s"] / 1e6
     cores = result["cores"]
     ax.plot([1, cores], [raw, raw * cores], ":", color="green", label="raw tiktoken x cores (ceiling)")
+    par = result.get("raw_parallel")
+    if par:
+        ax.plot([par["processes"]], [par["tokens_per_s"] / 1e6], "^", color="green",
+                label=f"{par['processes']} bare tokenizer processes side by side")
     for w, t in shm:
         ax.annotate(f"{t / base:.2f}x", (w, t), textcoords="offset points", xytext=(4, -12), fontsize=8)
     ax.set_xlabel("worker processes")
