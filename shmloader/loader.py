@@ -123,15 +123,20 @@ class ShmLoader:
         self._stats["batches"] += 1
         if self.log_every and self._stats["batches"] % self.log_every == 0:
             self._log()
+        self._state, self._position = None, (pos, runs)  # built when state_dict() asks
         if self.bestfit:
-            self._state = statemod.make_state(self._base_state, *pos, 0, runs.tolist(), runs.tobytes())
             n = self.B * self.T
             return window[:n].view(self.B, self.T), window[n:].view(self.B, self.T)
-        self._state = statemod.make_state(self._base_state, *pos)
         return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
 
     def state_dict(self) -> dict:
         """The state after the last batch yielded (JSON-serialisable); see SPEC §3."""
+        if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
+            pos, runs = self._position
+            if runs is None:
+                self._state = statemod.make_state(self._base_state, *pos)
+            else:
+                self._state = statemod.make_state(self._base_state, *pos, 0, runs.tolist(), runs.tobytes())
         return dict(self._state)
 
     def load_state_dict(self, state: dict):
@@ -148,7 +153,7 @@ class ShmLoader:
 
     def stats(self) -> dict:
         out = {"batches": self._stats["batches"], "wait_s": self._stats["wait_s"],
-               "num_workers": self.num_workers, "epoch": self._state["epoch"]}
+               "num_workers": self.num_workers, "epoch": self.state_dict()["epoch"]}
         p = self._procs
         if p is not None:
             values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))

@@ -387,7 +387,9 @@ def report(result: dict) -> str:
         rows.append((_name(r), f"{r['tokens_per_s'] / 1e6:.2f} M",
                      f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
                      "-" if eff is None else f"{eff:.0%}" + ("" if r["workers"] <= result["cores"] else " (>cores)"),
-                     "-" if r.get("worker_busy_tokens_per_s") is None else f"{r['worker_busy_tokens_per_s'] / 1e6:.2f} M",
+                     # with a cache, busy time mixes tokenized pieces and (much faster) cache hits
+                     "-" if r.get("worker_busy_tokens_per_s") is None or r.get("cache")
+                     else f"{r['worker_busy_tokens_per_s'] / 1e6:.2f} M",
                      _fmt(r["trainer_cpu_us_per_batch"]), _fmt(r["first_batch_ms_median"]),
                      _fmt(r["first_batch_ms_cold"]), _fmt(r["trainer_peak_rss_mib"]),
                      _fmt(r.get("worker_peak_rss_mib"))))
