@@ -3,6 +3,7 @@
     python tools/bench.py                      # workers 1 2, 10 s per measurement (~70 s)
     python tools/bench.py --quick              # ~30 s
     python tools/bench.py --workers 1 2 4 --json bench_out/bench.json
+    python tools/bench.py --workers 2 --repeat 5     # medians of 5 interleaved rounds
 
 Every loader configuration (the baseline, then shmloader with each `--workers` count) runs
 in a fresh child process, so that its peak RSS is its own; the children run one after the
@@ -10,7 +11,7 @@ other, never together. Figures (SPEC §5):
 
 - tokens/s: tokens read per wall second, consuming as fast as possible for `--seconds`,
   counted from the first batch; "vs base" is the ratio to the baseline measured in the same
-  run. Concat: B*T+1 per batch delivered. Best fit: tokens the workers tokenized in the window
+  run (with `--repeat`, the median of the ratios within each round). Concat: B*T+1 per batch delivered. Best fit: tokens the workers tokenized in the window
   (it opens after a quarter of `--seconds`, once the read-ahead and the buffer are full),
   since best fit drops a share of what it reads (SPEC 5: compare modes by tokens read).
 - trainer CPU us/batch: user + system CPU time of the training process (getrusage
@@ -360,6 +361,25 @@ def _name(run) -> str:
     return f"shmloader, {run['workers']} worker{'s' * (run['workers'] > 1)}{mode}"
 
 
+def vs_base(run: dict, base: dict) -> float:
+    """The ratio to the baseline: with --repeat, the median of the ratios within each round."""
+    rounds = run.get("vs_base_rounds")
+    return statistics.median(rounds) if rounds else run["tokens_per_s"] / base["tokens_per_s"]
+
+
+def aggregate(rounds: list) -> list:
+    """One row per configuration from `--repeat` rounds: the round with the median tokens/s
+    (the lower middle one for an even count), with every round's ratio to that round's
+    baseline and every round's tokens/s attached."""
+    out = []
+    for i in range(len(rounds[0])):
+        runs = [rnd[i] for rnd in rounds]
+        pick = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
+        out.append(dict(pick, tokens_per_s_rounds=[r["tokens_per_s"] for r in runs],
+                        vs_base_rounds=[r["tokens_per_s"] / rnd[0]["tokens_per_s"] for r, rnd in zip(runs, rounds)]))
+    return out
+
+
 def report(result: dict) -> str:
     c, raw, runs = result["config"], result["raw"], result["runs"]
     base = runs[0]
@@ -385,7 +405,7 @@ def report(result: dict) -> str:
     for r in runs:
         eff = None if r["kind"] == "baseline" or r.get("cache") else r["tokens_per_s"] / (r["workers"] * rate)
         rows.append((_name(r), f"{r['tokens_per_s'] / 1e6:.2f} M",
-                     f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
+                     f"{vs_base(r, base):.2f}x",
                      "-" if eff is None else f"{eff:.0%}" + ("" if r["workers"] <= result["cores"] else " (>cores)"),
                      # with a cache, busy time mixes tokenized pieces and (much faster) cache hits
                      "-" if r.get("worker_busy_tokens_per_s") is None or r.get("cache")
@@ -396,6 +416,10 @@ def report(result: dict) -> str:
     out.append(_table(head, rows))
     out.append("(eff/worker: tokens/s / (workers x raw encode_to_numpy rate); busy rate: a worker's tokens "
                "per second of its own reading + tokenizing time)")
+    if len(base.get("vs_base_rounds") or []) > 1:
+        out.append(f"{len(base['vs_base_rounds'])} rounds, each configuration once per round in turn; a row is "
+                   f"the round with its median tokens/s, 'vs base' the median of the per-round ratios:")
+        out += [f"  {_name(r)}: " + ", ".join(f"{x:.2f}x" for x in r["vs_base_rounds"]) for r in runs[1:]]
     out += ["", f"trainer cost at B={c['B']}, T={c['T']}, device cpu: CPU time of next() alone on ready "
                 f"batches ({c['cost_batches']} calls): back to back on a full ring | after "
                 f"{c['cost_sleep_ms']:g} ms sleeps | floor: one torch view after the same sleeps"]
@@ -429,7 +453,7 @@ def _targets(result: dict, rate: float) -> list[str]:
                      f"{met(all(x >= 0.9 for _, x in pairs))}")
     two = [r for r in shm if r["workers"] == 2]
     if two:
-        x = two[0]["tokens_per_s"] / base["tokens_per_s"]
+        x = vs_base(two[0], base)
         note = "" if result["cores"] == 2 else f" (this machine has {result['cores']} cores, not 2)"
         lines.append(f"  >= {TARGET_SPEEDUP}x baseline with 2 workers on 2 cores: {x:.2f}x, "
                      f"{met(x >= TARGET_SPEEDUP)}{note}")
@@ -461,6 +485,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="B, rows per batch (rows; default 16)")
     p.add_argument("--seq-len", type=int, default=2048, help="T, tokens per row (tokens; default 2048)")
     p.add_argument("--split", choices=("train", "val"), default="train", help="split to read (default train)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds: every configuration once per round, in turn, so that a slow stretch of "
+                        "a noisy machine hits each of them; rows are medians (default 1)")
     p.add_argument("--seconds", type=float, default=None,
                    help="wall time of each throughput measurement (seconds; default 10, 3 with --quick)")
     p.add_argument("--first-runs", type=int, default=3,
@@ -495,8 +522,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.seconds = 3.0 if args.quick else 10.0
     if args.cost_batches is None:
         args.cost_batches = 40 if args.quick else 100
-    if min(args.workers) < 1 or args.batch_size < 1 or args.seq_len < 1 or args.first_runs < 1:
-        p.error("--workers, --batch-size, --seq-len and --first-runs must be >= 1")
+    if min(args.workers) < 1 or min(args.batch_size, args.seq_len, args.first_runs, args.repeat) < 1:
+        p.error("--workers, --batch-size, --seq-len, --first-runs and --repeat must be >= 1")
     if args.seconds <= 0 or args.cost_batches < 1:
         p.error("--seconds must be > 0 and --cost-batches >= 1")
     return args
@@ -543,15 +570,20 @@ def main(argv=None) -> int:
     result["raw"] = raw_rates(files, _load_tiktoken(tok), min(args.seconds, 5.0))
     print(f"measuring {result['cores']} bare tokenizer processes side by side ...", file=sys.stderr)
     result["raw_parallel"] = parallel_raw(cfg, result["cores"], min(args.seconds, 5.0))
-    runs = []
+    rounds = []
     configs = [("baseline", None, "concat")] + [("shmloader", w, p) for p in args.packings for w in args.workers]
-    for kind, workers, packing in configs:
-        print(f"measuring {kind}{'' if workers is None else f' with {workers} workers, {packing}'} "
-              f"(fresh process) ...", file=sys.stderr)
-        runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing)))
+    for i in range(args.repeat):
+        runs = []
+        for kind, workers, packing in configs:
+            print(f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}measuring {kind}"
+                  f"{'' if workers is None else f' with {workers} workers, {packing}'} (fresh process) ...",
+                  file=sys.stderr)
+            runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing)))
+        rounds.append(runs)
+    runs = aggregate(rounds) if args.repeat > 1 else rounds[0]
     if args.cache_runs:
         runs += cache_runs(cfg, data, tok)
-    result["runs"] = runs
+    result["runs"], result["rounds"] = runs, args.repeat
     print(report(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -586,8 +618,10 @@ def draw_chart(result: dict, path: Path):
     if par:
         ax.plot([par["processes"]], [par["tokens_per_s"] / 1e6], "^", color="green",
                 label=f"{par['processes']} bare tokenizer processes side by side")
+    ratios = {r["workers"]: vs_base(r, runs[0]) for r in runs[1:]
+              if r.get("packing", "concat") == "concat" and not r.get("cache")}
     for w, t in shm:
-        ax.annotate(f"{t / base:.2f}x", (w, t), textcoords="offset points", xytext=(4, -12), fontsize=8)
+        ax.annotate(f"{ratios[w]:.2f}x", (w, t), textcoords="offset points", xytext=(4, -12), fontsize=8)
     ax.set_xlabel("worker processes")
     ax.set_ylabel("M tokens/s read")
     ax.set_xticks([w for w, _ in shm])
