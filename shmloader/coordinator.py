@@ -243,9 +243,9 @@ class _Coordinator:
     def _receive(self, conn):
         try:
             msg = conn.recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # reset: it exited with our messages unread
             if conn is self.trainer:
-                raise _Stop
+                raise _Stop from None
             self.listening.remove(conn)  # the trainer sees its sentinel and reports the death
             return
         if conn is self.trainer:  # ("free", k), in any order

@@ -235,6 +235,19 @@ def test_bad_column_or_row_group(tmp_path, case):
     assert all(w in msg for w in words), msg
 
 
+def test_a_workers_error_is_not_lost_when_it_exits_with_orders_unread(tmp_path):
+    """A worker that reports an error and exits leaves the coordinator's write orders unread,
+    so the coordinator's next read of its pipe fails with ECONNRESET rather than EOF. That
+    once ended the coordinator quietly, before its outbox had sent the error on, and next()
+    then reported only "worker died: exit code 0" (in about a quarter of runs, hence six)."""
+    for i in range(6):
+        root = tmp_path / str(i)
+        good_shards(root, n_docs=60, num_files=3, rg=10)
+        _no_text(str(root / "shard_00001.parquet"))
+        err = first_error(make_loader(root))
+        assert type(err) is shmloader.DataError, f"run {i}: {type(err).__name__}: {err}"
+
+
 def _truncated(path):
     raw = open(path, "rb").read()
     open(path, "wb").write(raw[:len(raw) // 2])
