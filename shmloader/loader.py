@@ -1,8 +1,10 @@
 """The training-process side: `ShmLoader` (nanochat's drop-in functions are in nanochat.py).
 
-Per batch the trainer does one `recv` (the coordinator's "batch k is ready"), one copy and
-one `send` ("batch k may be overwritten"); it never sees token lists. CPU: the slot is copied
-into a window the caller owns (outbuf.py), so yielded batches stay valid. CUDA: the ring is pinned once
+Per batch the trainer does one `recv` (the coordinator's "batch k is in slot s") and one
+`send` ("batch k may be overwritten"); it never sees token lists. CPU: the batch is a view
+of its slot, lent to the caller and freed when the caller drops it (`Children.lend`), so
+yielded batches stay valid without a copy; while `n_slots // 2` lent batches are held,
+further ones are copied into windows the caller owns (outbuf.py). CUDA: the ring is pinned once
 (`cudaHostRegister`), each batch is one non-blocking copy on the current stream into one of
 two device buffers (a batch stays valid until the second `next()` after it), and its slot is
 freed only once a CUDA event recorded after the copy has completed. Waiting for a batch is a

@@ -212,7 +212,7 @@ class Children:
 
     def _release_memory(self):
         if self.pinned:
-            for _, event in self.inflight:
+            for *_, event in self.inflight:
                 event.synchronize()
             torch.cuda.cudart().cudaHostUnregister(self.ring.slots.ctypes.data)
             self.pinned = False

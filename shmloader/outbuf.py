@@ -1,7 +1,9 @@
 """CPU output windows that are reused once the caller lets go of them (trainer process).
 
-A CPU batch must stay valid after later `next()` calls, so each batch is copied out of its
-ring slot (and the slot freed at once) into a window the caller owns. Allocating a fresh
+A CPU batch must stay valid after later `next()` calls. It is normally lent from its ring
+slot (loader_procs.Children.lend); while the caller holds `n_slots // 2` lent batches (and
+on a device that is neither the CPU nor a pinned CUDA device), a batch is instead copied out
+of its slot (and the slot freed at once) into a window the caller owns. Allocating a fresh
 256 KiB window per batch costs page faults on every batch; instead a window returns to a
 small pool when the last tensor viewing it is freed (a `weakref.finalize` on a per-batch
 numpy view that only the tensor holds), so the steady state `x, y = next(loader)` loop

@@ -101,12 +101,13 @@ def test_bench_tiny_run(demo, tmp_path):
 def test_bench_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path):
     out, _ = demo
     text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1, "--repeat", 3,
-               "--packings", "concat", "--no-cache-runs", "--batch-size", 2, "--seq-len", 128,
+               "--packings", "concat", "--batch-size", 2, "--seq-len", 128,
                "--seconds", 0.3, "--first-runs", 1, "--cost-batches", 3, "--cost-sleep-ms", 5,
                "--json", tmp_path / "r.json")
     result = json.loads((tmp_path / "r.json").read_text())
-    assert result["rounds"] == 3 and [r["kind"] for r in result["runs"]] == ["baseline", "shmloader"]
-    base, shm = result["runs"]
+    assert result["rounds"] == 3 and [(r["kind"], r["cache"]) for r in result["runs"]] == \
+        [("baseline", None), ("shmloader", None), ("shmloader", "cold"), ("shmloader", "warm")]
+    base, shm = result["runs"][:2]
     assert len(shm["tokens_per_s_rounds"]) == 3 and shm["tokens_per_s"] == sorted(shm["tokens_per_s_rounds"])[1]
     ratios = shm["vs_base_rounds"]
     row = next(ln for ln in text.splitlines() if ln.startswith("shmloader, 1 worker "))

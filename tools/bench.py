@@ -419,7 +419,8 @@ def report(result: dict) -> str:
     if len(base.get("vs_base_rounds") or []) > 1:
         out.append(f"{len(base['vs_base_rounds'])} rounds, each configuration once per round in turn; a row is "
                    f"the round with its median tokens/s, 'vs base' the median of the per-round ratios:")
-        out += [f"  {_name(r)}: " + ", ".join(f"{x:.2f}x" for x in r["vs_base_rounds"]) for r in runs[1:]]
+        out += [f"  {_name(r)}: " + ", ".join(f"{x:.2f}x" for x in r["vs_base_rounds"])
+                for r in runs[1:] if r.get("vs_base_rounds")]
     out += ["", f"trainer cost at B={c['B']}, T={c['T']}, device cpu: CPU time of next() alone on ready "
                 f"batches ({c['cost_batches']} calls): back to back on a full ring | after "
                 f"{c['cost_sleep_ms']:g} ms sleeps | floor: one torch view after the same sleeps"]
@@ -584,10 +585,11 @@ def main(argv=None) -> int:
     if args.cache_runs:
         runs += cache_runs(cfg, data, tok)
     result["runs"], result["rounds"] = runs, args.repeat
-    print(report(result))
-    if args.json is not None:
+    if args.json is not None:  # first: a report that fails must not lose the measurements
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(report(result))
+    if args.json is not None:
         print(f"results written to {args.json}")
     if args.chart is not None:
         draw_chart(result, args.chart)

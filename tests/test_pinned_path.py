@@ -1,0 +1,93 @@
+"""The trainer's CUDA bookkeeping, run on the CPU with a stand-in for the CUDA runtime.
+
+tests/test_cuda.py checks the real thing and is skipped without a GPU; this module runs the
+same code path of `ShmLoader.__next__` (pinned ring, two device buffers, one event per copy,
+slots freed only once their event has completed, events synchronised and the ring unpinned
+at close) everywhere. The stand-in: the "device buffers" are CPU tensors, the copy is a CPU
+copy, and each event completes only when the test (or the loader's own `synchronize()`)
+says so, so a slot freed before its copy "ran" is caught.
+"""
+import numpy as np
+import pytest
+import torch
+
+from shmloader import loader_procs
+from conftest import window_of
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+
+class FakeEvent:
+    made = []
+
+    def __init__(self, blocking=False):
+        self.done = False
+        FakeEvent.made.append(self)
+
+    def record(self, stream=None):
+        self.recorded = True
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+class FakeCudart:
+    def __init__(self):
+        self.unregistered = []
+
+    def cudaHostUnregister(self, ptr):
+        self.unregistered.append(ptr)
+        return 0
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    cudart = FakeCudart()
+    FakeEvent.made = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    real_start = loader_procs.start_children
+
+    def start_pinned(loader, layout, cargs):
+        kids = real_start(loader, layout, cargs)
+        kids.pinned = True  # what _pin sets up, with CPU tensors as the device buffers
+        kids.device_bufs = [torch.empty(layout.window, dtype=torch.int64) for _ in range(2)]
+        cudart.ring_ptr = kids.ring.slots.ctypes.data
+        return kids
+
+    monkeypatch.setattr("shmloader.loader.start_children", start_pinned)
+    return cudart
+
+
+def test_slots_are_freed_only_after_their_copy_completed(synth, fake_cuda, monkeypatch):
+    B, T, n = 2, 32, 40
+    want_w, _ = synth.expected(n, B, T, "train")
+    freed = []
+    real_free = loader_procs.Children.free
+
+    def checked_free(kids, k, slot):  # batch k's copy recorded the k-th event
+        assert FakeEvent.made[k].done, f"batch {k}: slot {slot} freed before its copy completed"
+        freed.append(k)
+        real_free(kids, k, slot)
+
+    monkeypatch.setattr(loader_procs.Children, "free", checked_free)
+    with synth.loader(B, T, "train", n_slots=2, num_workers=2, timeout=20) as loader:
+        got, buffers = [], set()
+        for k in range(n):
+            inputs, targets = next(loader)
+            got.append(window_of(inputs, targets))
+            buffers.add(inputs.data_ptr())
+            assert not loader._procs.lent, "a pinned loader lent a slot"
+            if k % 3 == 0:  # the "GPU" finishes some copies by itself; the rest wait for synchronize()
+                FakeEvent.made[k].done = True
+        assert len(buffers) == 2, "batches did not alternate between two device buffers"
+        assert loader._procs.inflight, "no copy was left in flight: the close path below is untested"
+        assert len(FakeEvent.made) == n
+    assert all(np.array_equal(g, w) for g, w in zip(got, want_w))
+    assert freed == sorted(freed) and len(freed) >= n - 2
+    assert all(e.done for e in FakeEvent.made), "close() did not wait for the copies in flight"
+    assert fake_cuda.unregistered == [fake_cuda.ring_ptr], "close() did not unpin the ring"
