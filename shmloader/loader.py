@@ -116,7 +116,7 @@ class ShmLoader:
             event.record(torch.cuda.current_stream(self.device))
             p.inflight.append((k, slot, event))
         elif self.device.type == "cpu" and len(p.lent) < self.cfg.lend_cap:
-            window = p.lend(k, slot)  # the slot comes back when the caller drops the batch
+            window = p.lend(k, slot)  # its slot is freed by the first next() after the caller drops it
         else:  # a copy: the caller holds many batches already, or a device without pinning
             window = p.outputs.copy_out(p.ring.slots[slot])
             self._procs.free(k, slot)
@@ -230,9 +230,9 @@ class ShmLoader:
 
     def _next_ready(self):
         p = self._procs
-        if p.released:
+        if p.released:  # lent batches the caller let go of since the last call
             for k, slot in p.reclaim():
-                self._procs.free(k, slot)
+                p.free(k, slot)
         if p.inflight:
             self._flush_copies(wait_all=False)
         now = time.monotonic()
@@ -248,6 +248,8 @@ class ShmLoader:
         if p.inflight:
             self._flush_copies(wait_all=True)
         while True:
+            for k, slot in p.reclaim():  # batches let go of in another thread meanwhile
+                p.free(k, slot)
             ready = wait([p.conn, *p.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if p.conn in ready:
                 got = p.receive()

@@ -13,7 +13,6 @@ import pickle
 import select
 import signal
 import sys
-import threading
 import time
 import types
 import warnings
@@ -52,10 +51,8 @@ class Children:
     outputs: OutputPool = None
     next_check: float = 0.0
     _poller: object = None
-    lent: dict = field(default_factory=dict)          # batch -> weakref to the view lent out
-    released: deque = field(default_factory=deque)    # (batch, slot) let go of, not yet freed
-    owner: int = field(default_factory=threading.get_ident)
-    _sending: bool = False
+    lent: dict = field(default_factory=dict)          # id(weakref) -> (batch, slot, weakref)
+    released: deque = field(default_factory=deque)    # weakrefs of lent views the caller let go of
 
     @property
     def procs(self) -> list:
@@ -87,39 +84,23 @@ class Children:
 
     def lend(self, k: int, slot: int) -> torch.Tensor:
         """Slot `slot` (batch k) as a CPU tensor without a copy. The slot stays the caller's
-        until the last tensor viewing it is freed: a weak reference to the numpy view that
-        only the tensor holds then calls `_let_go`."""
+        until the last tensor viewing it is freed: the numpy view that only the tensor holds
+        then dies, and its weak reference's callback, `released.append`, queues the reference
+        for `reclaim` at the next `next()`. The callback is a C function on purpose: it runs
+        no Python code, so it is safe in any thread and inside the garbage collector, and a
+        signal (Ctrl-C) can never land inside it, where Python would print the
+        KeyboardInterrupt and drop it."""
         view = self.ring.slots[slot]
-        me = weakref.ref(self)
-
-        def gone(_, item=(k, slot)):
-            kids = me()
-            if kids is not None:
-                kids._let_go(item)
-        self.lent[k] = weakref.ref(view, gone)
+        ref = weakref.ref(view, self.released.append)
+        self.lent[id(ref)] = (k, slot, ref)
         return torch.from_numpy(view)
 
-    def _let_go(self, item):
-        """The caller dropped lent batch item = (k, slot). Freed at once when that happens in
-        the loader's own thread outside its own sends (the usual `x, y = next(loader)`), so the
-        workers refill the slot during the training step; otherwise (another thread, the
-        garbage collector inside a send, a loader shutting down) queued for `reclaim`."""
-        if self._sending or self.ring.slots is None or threading.get_ident() != self.owner:
-            self.released.append(item)
-            return
-        del self.lent[item[0]]
-        try:
-            self.free(*item)
-        except Exception:  # noqa: BLE001, S110 - a callback must not raise; next() reports deaths
-            pass
-
     def reclaim(self) -> list:
-        """`(batch, slot)` of every lent batch let go of but not freed yet."""
+        """`(batch, slot)` of every lent batch let go of since the last call."""
         out = []
         while self.released:
-            item = self.released.popleft()
-            del self.lent[item[0]]
-            out.append(item)
+            k, slot, _ = self.lent.pop(id(self.released.popleft()))
+            out.append((k, slot))
         return out
 
     def free(self, k: int, slot: int):
@@ -130,14 +111,11 @@ class Children:
     def send(self, msg):
         """Plain pickle: multiprocessing's pickler copies its reducer table (which torch
         extends) on every message, which costs more than the rest of next()."""
-        self._sending = True
         try:
             self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
             raise
-        finally:
-            self._sending = False
 
     def check_alive(self):
         dead = wait(self.sentinels, timeout=0)
@@ -191,7 +169,6 @@ class Children:
         return "; ".join(self._describe(p) for p in self.workers)
 
     def shutdown(self):
-        self._sending = True  # from here on, batches let go of are only queued
         if self.alive_w is not None:
             self.alive_w.close()
         started = [p for p in self.procs if p.pid is not None]

@@ -630,18 +630,19 @@ def test_batches_kept_out_of_order_stay_whole(fitdata):
 
 def test_read_ahead_stops_while_the_trainer_pauses(tmp_path):
     """With the ring full and the trainer away, workers stop reading: what was read stays
-    bounded (it used to grow without end once a plan had starved)."""
+    bounded (it used to grow without end once a plan had starved). Full is n_slots - 2 here:
+    the last two batches taken keep their slots until the next next()."""
     ds = _posdata(tmp_path, [3, 40, 5, 300, 9] * 2000, 2, [64])
     with fit_loader(ds, 4, 128, buffer_size=50, chunk=8, num_workers=2, n_slots=4,
                     max_piece_docs=64) as loader:
         take(loader, 3)
         deadline = time.monotonic() + 20
-        while loader.stats()["ring_ready"] < 4 and time.monotonic() < deadline:
+        while loader.stats()["ring_ready"] < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)
         settled = loader.stats()["docs_read"]
         time.sleep(1.5)
-        assert loader.stats()["ring_ready"] == 4
+        assert loader.stats()["ring_ready"] == 2
         assert loader.stats()["docs_read"] == settled, "workers kept reading while the ring was full"
         assert settled <= 50 + 8 + 2 * 64 + 3 * 4 * 129 + 4 * 64, settled  # buffer, chunk, caps, batches
 

@@ -120,11 +120,12 @@ def test_counters_are_a_prefix_of_the_data(data, num_workers):
 
 def test_ring_ready_fills_when_the_trainer_pauses(data):
     with _loader(data, n_slots=4) as loader:
-        next(loader)
+        next(loader)  # dropped at once, but its slot is freed by the next next()
         deadline = time.monotonic() + 10
-        while loader.stats()["ring_ready"] < 4 and time.monotonic() < deadline:
+        while loader.stats()["ring_ready"] < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert loader.stats()["ring_ready"] == 4, "every slot should be ready after a pause"
+        time.sleep(0.2)
+        assert loader.stats()["ring_ready"] == 3, "every other slot should be ready after a pause"
         assert loader.stats()["ring_slots"] == 4
         waited = loader.stats()["wait_s"]
         next(loader)  # ready: no wait added

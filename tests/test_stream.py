@@ -233,17 +233,59 @@ def test_batches_dropped_in_another_thread_come_back(synth):
     assert sum(lent) > 1, "a slot let go of in another thread never came back"
 
 
-def test_dropped_batches_are_refilled_while_the_trainer_is_away(synth):
-    """The usual `x, y = next(loader)` loop frees a slot when the caller drops the batch, so
-    the whole ring fills during a long step."""
+def test_a_dropped_batch_is_refilled_from_the_next_call_on(synth):
+    """A lent batch the caller drops keeps its slot until the next next(), which frees it.
+    After `for` three times and `del`, batches 1 and 2 are dropped but not yet freed (batch 0
+    was freed by the third call): the trainer away, the ring fills the other 2 of 4 slots and
+    stops. One more next() (whose batch the caller keeps) frees both, and the ring fills 3."""
     with synth.loader(2, 32, "train", n_slots=4, num_workers=2) as loader:
+
+        def settle(want):
+            deadline = time.monotonic() + 20
+            while loader.stats()["ring_ready"] < want and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)
+            return loader.stats()["ring_ready"]
+
         for _ in range(3):
             inputs, targets = next(loader)
         del inputs, targets
-        deadline = time.monotonic() + 20
-        while loader.stats()["ring_ready"] < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert loader.stats()["ring_ready"] == 4
+        assert settle(2) == 2, "a dropped batch's slot was refilled before any next() freed it"
+        kept = next(loader)
+        assert settle(3) == 3, "the slots of the batches dropped before this next() were not refilled"
+        assert len(loader._procs.lent) == 1 and kept[0].shape == (2, 32)
+
+
+def test_ctrl_c_cannot_land_inside_the_release_of_a_lent_batch(synth):
+    """Dropping a lent batch runs its weak reference's callback wherever the last reference
+    goes. Were that callback Python code, a Ctrl-C arriving in it would be printed as
+    "Exception ignored" and lost (the training script would run on), and the slot would
+    never come back. Here every Python call raises KeyboardInterrupt while the batch is
+    dropped: none may happen, and the slot must come back."""
+    import sys
+
+    B, T = 2, 32
+    want_w, _ = synth.expected(12, B, T, "train")
+    got = []
+
+    def ctrl_c(frame, event, arg):
+        if event == "call":
+            raise KeyboardInterrupt
+        return None
+
+    with synth.loader(B, T, "train", n_slots=2, num_workers=1) as loader:
+        for _ in range(6):
+            inputs, targets = next(loader)
+            got.append(window_of(inputs, targets))
+            assert _in_ring(loader, inputs)
+            sys.settrace(ctrl_c)
+            try:
+                del inputs, targets
+            finally:
+                sys.settrace(None)
+            assert len(loader._procs.released) == 1, "the dropped batch was not queued for its slot"
+        got += [window_of(*b) for b in itertools.islice(loader, 6)]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want_w)) and len(got) == 12
 
 
 def test_functions_with_and_without_state(synth):
