@@ -191,7 +191,9 @@ class ParquetSource:
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise DataError(f"{path}: row group {rg}: column 'text' is {kind}, expected string")
         try:
-            return pf.read_row_group(rg, columns=["text"]).column("text")
+            # one thread: a worker is one process per core already; pyarrow's pool would
+            # only contend with the other workers for the same cores
+            return pf.read_row_group(rg, columns=["text"], use_threads=False).column("text")
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path}: row group {rg} cannot be read ({exc}); the file is "
                             f"corrupt or truncated: re-download or rewrite it") from exc
