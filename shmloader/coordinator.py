@@ -134,7 +134,7 @@ class _Concat:
                 self.load[w] -= 1
                 del self.owner[index]
             segments = [(k, slot_of(k), off, src, n) for k, off, src, n in segments]
-            yield w, ("place", index, segments, done), [k for k, *_ in segments]
+            yield w, ("place", index, segments, done), [s for _, s, *_ in segments]
 
     def written(self, msg):
         self.seq.written(msg[2])
@@ -190,7 +190,7 @@ class _BestFit:
     def orders(self, slot_of):
         for k, by_worker in self.seq.plan():
             for w, placements in by_worker.items():
-                yield w, ("rows", k, slot_of(k), placements), [k]
+                yield w, ("rows", k, slot_of(k), placements), [slot_of(k)]
 
     def written(self, msg):
         self.seq.written(msg[1])
@@ -308,14 +308,13 @@ class _Coordinator:
             self.outboxes[i].send(("task", piece))
 
     def _dispatch(self):
-        for w, msg, batches in self.mode.orders(self.slots.slot):
-            for k in batches:
-                self.ring.slot_states[self.slots.slot(k)] = SlotState.FILLING
+        for w, msg, slots in self.mode.orders(self.slots.slot):
+            self.ring.slot_states[slots] = SlotState.FILLING
             self.outboxes[w].send(msg)
 
     def _announce(self):
         for k, pos in self.mode.ready():
-            slot = self.slots.slot(k)
+            slot = self.slots.of(k)  # batch k has been written, so it holds a slot
             if self.args.packing == "bos_bestfit":  # the buffer travels in the slot, not the pipe
                 pos, runs = pos
                 self.ring.write_runs(slot, runs)

@@ -2,9 +2,10 @@
 
 Per batch the trainer does one `recv` (the coordinator's "batch k is in slot s") and one
 `send` ("batch k may be overwritten"); it never sees token lists. CPU: the batch is a view
-of its slot, lent to the caller and freed when the caller drops it (`Children.lend`), so
-yielded batches stay valid without a copy; while `n_slots // 2` lent batches are held,
-further ones are copied into windows the caller owns (outbuf.py). CUDA: the ring is pinned once
+of its slot, lent to the caller and freed by the next `next()` after the caller drops it
+(`Children.lend`), so yielded batches stay valid without a copy; while `n_slots // 2` lent
+batches are held, further ones are copied into windows the caller owns (outbuf.py).
+CUDA: the ring is pinned once
 (`cudaHostRegister`), each batch is one non-blocking copy on the current stream into one of
 two device buffers (a batch stays valid until the second `next()` after it), and its slot is
 freed only once a CUDA event recorded after the copy has completed. Waiting for a batch is a
@@ -119,7 +120,7 @@ class ShmLoader:
             window = p.lend(k, slot)  # its slot is freed by the first next() after the caller drops it
         else:  # a copy: the caller holds many batches already, or a device without pinning
             window = p.outputs.copy_out(p.ring.slots[slot])
-            self._procs.free(k, slot)
+            p.free(k, slot)
             if self.device.type != "cpu":
                 window = window.to(self.device)
         self._stats["batches"] += 1
@@ -155,7 +156,7 @@ class ShmLoader:
 
     def stats(self) -> dict:
         out = {"batches": self._stats["batches"], "wait_s": self._stats["wait_s"],
-               "num_workers": self.num_workers, "epoch": self.state_dict()["epoch"]}
+               "num_workers": self.num_workers, "epoch": self._epoch()}
         p = self._procs
         if p is not None:
             values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))
@@ -201,6 +202,10 @@ class ShmLoader:
 
     # ---- internals --------------------------------------------------------------------------
 
+    def _epoch(self) -> int:
+        """The state's epoch, without building the state."""
+        return self._state["epoch"] if self._state is not None else self._position[0][0]
+
     def _start_state(self) -> dict:
         c = self._cursor
         runs = [list(run) for run in self._runs] if self.bestfit else None
@@ -226,13 +231,11 @@ class ShmLoader:
         while p.inflight and (wait_all or p.inflight[0][2].query()):
             k, slot, event = p.inflight.popleft()
             event.synchronize()
-            self._procs.free(k, slot)
+            p.free(k, slot)
 
     def _next_ready(self):
         p = self._procs
-        if p.released:  # lent batches the caller let go of since the last call
-            for k, slot in p.reclaim():
-                p.free(k, slot)
+        p.free_released()
         if p.inflight:
             self._flush_copies(wait_all=False)
         now = time.monotonic()
@@ -248,8 +251,7 @@ class ShmLoader:
         if p.inflight:
             self._flush_copies(wait_all=True)
         while True:
-            for k, slot in p.reclaim():  # batches let go of in another thread meanwhile
-                p.free(k, slot)
+            p.free_released()  # batches let go of in another thread meanwhile
             ready = wait([p.conn, *p.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if p.conn in ready:
                 got = p.receive()

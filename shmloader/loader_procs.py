@@ -16,7 +16,6 @@ import sys
 import time
 import types
 import warnings
-import weakref
 from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
@@ -26,7 +25,7 @@ import torch
 from . import errors
 from . import ring as ringmod
 from .coordinator import coordinator_main
-from .outbuf import OutputPool
+from .outbuf import OutputPool, Returns
 from .worker import WorkerArgs, worker_main
 
 PRELOAD = ["shmloader.worker", "shmloader.coordinator"]
@@ -51,8 +50,7 @@ class Children:
     outputs: OutputPool = None
     next_check: float = 0.0
     _poller: object = None
-    lent: dict = field(default_factory=dict)          # id(weakref) -> (batch, slot, weakref)
-    released: deque = field(default_factory=deque)    # weakrefs of lent views the caller let go of
+    lent: Returns = field(default_factory=Returns)    # (batch, slot) lent to the caller
 
     @property
     def procs(self) -> list:
@@ -84,24 +82,16 @@ class Children:
 
     def lend(self, k: int, slot: int) -> torch.Tensor:
         """Slot `slot` (batch k) as a CPU tensor without a copy. The slot stays the caller's
-        until the last tensor viewing it is freed: the numpy view that only the tensor holds
-        then dies, and its weak reference's callback, `released.append`, queues the reference
-        for `reclaim` at the next `next()`. The callback is a C function on purpose: it runs
-        no Python code, so it is safe in any thread and inside the garbage collector, and a
-        signal (Ctrl-C) can never land inside it, where Python would print the
-        KeyboardInterrupt and drop it."""
+        until the last tensor viewing it is freed, and is freed by the next `free_released`
+        (see `outbuf.Returns`)."""
         view = self.ring.slots[slot]
-        ref = weakref.ref(view, self.released.append)
-        self.lent[id(ref)] = (k, slot, ref)
+        self.lent.hand_out(view, (k, slot))
         return torch.from_numpy(view)
 
-    def reclaim(self) -> list:
-        """`(batch, slot)` of every lent batch let go of since the last call."""
-        out = []
-        while self.released:
-            k, slot, _ = self.lent.pop(id(self.released.popleft()))
-            out.append((k, slot))
-        return out
+    def free_released(self):
+        """Free the slots of lent batches the caller has let go of since the last call."""
+        for k, slot in self.lent.collect():
+            self.free(k, slot)
 
     def free(self, k: int, slot: int):
         """Give slot `slot` (batch k) back to the workers."""

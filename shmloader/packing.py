@@ -141,7 +141,12 @@ class SlotMap:
         self._free = list(range(n_slots))
         self._of = {}
 
+    def of(self, batch: int) -> int:
+        """The slot batch `batch` holds (it must hold one)."""
+        return self._of[batch]
+
     def slot(self, batch: int) -> int:
+        """The slot of `batch`, the lowest free one if it holds none yet."""
         s = self._of.get(batch)
         if s is None:
             if not self._free:

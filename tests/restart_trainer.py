@@ -62,18 +62,23 @@ def save_checkpoint(out: str, k: int, state: dict):
     os.replace(tmp, os.path.join(out, "state.json"))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_arguments(doc: str, seq_len: int, tokenizer_help: str = "path to tokenizer.pkl"):
+    """The options every restart trainer takes."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--data", required=True, help="directory of parquet shards")
-    ap.add_argument("--tokenizer", required=True, help="path to tokenizer.pkl")
+    ap.add_argument("--tokenizer", required=True, help=tokenizer_help)
     ap.add_argument("--out", required=True, help="directory for log.jsonl, state.json, pids-*.json")
     ap.add_argument("--total", type=int, required=True, help="batches to train, in all runs together")
     ap.add_argument("--batch-size", type=int, default=2, help="B, rows per batch")
-    ap.add_argument("--seq-len", type=int, default=32, help="T, tokens per row")
+    ap.add_argument("--seq-len", type=int, default=seq_len, help="T, tokens per row")
     ap.add_argument("--workers", type=int, default=2, help="loader worker processes")
     ap.add_argument("--split", default="train", help="train or val")
     ap.add_argument("--step-s", type=float, default=0.01, help="seconds of 'training' per batch")
-    args = ap.parse_args()
+    return ap
+
+
+def main():
+    args = run_arguments(__doc__, seq_len=32).parse_args()
 
     k, state = load_checkpoint(args.out)
     gen = shmloader.tokenizing_distributed_data_loader_with_state(

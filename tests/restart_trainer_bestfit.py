@@ -14,7 +14,6 @@ after that checkpoint. `--tokenizer int` uses `shmloader.testing.IntTokenizer` (
 position data). After its first batch it writes OUT/pids-<pid>.json: its live descendant
 processes. Exits 0 after batch N-1.
 """
-import argparse
 import hashlib
 import os
 
@@ -22,22 +21,13 @@ import numpy as np
 
 import shmloader
 from shmloader import testing
-from restart_trainer import load_checkpoint, train
+from restart_trainer import load_checkpoint, run_arguments, train
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="directory of parquet shards")
-    ap.add_argument("--tokenizer", required=True, help="path to tokenizer.pkl, or 'int' for IntTokenizer")
-    ap.add_argument("--out", required=True, help="directory for log.jsonl, state.json, pids-*.json")
-    ap.add_argument("--total", type=int, required=True, help="batches to train, in all runs together")
-    ap.add_argument("--batch-size", type=int, default=2, help="B, rows per batch")
-    ap.add_argument("--seq-len", type=int, default=16, help="T, tokens per row")
-    ap.add_argument("--workers", type=int, default=2, help="loader worker processes")
-    ap.add_argument("--split", default="train", help="train or val")
+    ap = run_arguments(__doc__, seq_len=16, tokenizer_help="path to tokenizer.pkl, or 'int' for IntTokenizer")
     ap.add_argument("--buffer-size", type=int, default=1000, help="best-fit buffer, in documents")
     ap.add_argument("--chunk", type=int, default=128, help="tokenizer_batch_size, in documents")
-    ap.add_argument("--step-s", type=float, default=0.01, help="seconds of 'training' per batch")
     args = ap.parse_args()
 
     tokenizer = testing.IntTokenizer() if args.tokenizer == "int" else args.tokenizer

@@ -42,23 +42,17 @@ def generator(synth, **kw):
                                                         tokenizer=synth.tokenizer, **kw)
 
 
-def test_break_then_close_generator(synth):
+@pytest.mark.parametrize("end", ["close", "del"])
+def test_break_then_end_generator(synth, end):
     gen = generator(synth)
     for i, _ in enumerate(gen):
         if i == 3:
             break
     assert_running(2)
-    gen.close()
-    assert_clean_within(2.0)
-
-
-def test_break_then_del_generator(synth):
-    gen = generator(synth)
-    for i, _ in enumerate(gen):
-        if i == 3:
-            break
-    assert_running(2)
-    del gen
+    if end == "close":
+        gen.close()
+    else:
+        del gen
     assert_clean_within(2.0)
 
 
