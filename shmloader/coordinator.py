@@ -333,7 +333,7 @@ def coordinator_main(args: CoordinatorArgs, trainer, workers, alive):
     try:
         coordinator = _Coordinator(args, trainer, list(workers), alive, attached.ring)
         coordinator.run()
-    except (_Stop, ConnectionResetError):  # the trainer closed the loader, or a peer vanished
+    except _Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)
         pass
     except BaseException as exc:
         kind = "data" if isinstance(exc, DataError) else "crash"
