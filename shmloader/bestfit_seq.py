@@ -154,18 +154,8 @@ class BestFitSequencer:
 
     def buffer_runs(self) -> np.ndarray:
         """The buffer in arrival order as runs `[epoch, file, rg, row, count]` (an (n, 5) array)."""
-        ids = self.planner.buffered_ids()
-        if not len(ids):
-            return np.zeros((0, 5), dtype=np.int64)
-        _, _, table = self._lookup()
-        meta = table[self._rows_of(ids)]
-        rows = meta[:, 3] + ids
-        same = np.ones(len(ids), dtype=bool)
-        same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
-        same[0] = False
-        starts = np.flatnonzero(~same)
-        counts = np.diff(np.append(starts, len(ids)))
-        return np.column_stack((meta[starts, :3], rows[starts], counts))
+        bases, _, table = self._lookup()
+        return runs_of(self.planner.buffered_ids(), bases, table)
 
     def _lookup(self):
         """(bases, piece indices, [epoch, file, rg, doc_start - base]) of the live pieces, as
@@ -195,3 +185,19 @@ class BestFitSequencer:
             out.append((self.announced, self._positions.pop(self.announced)))
             self.announced += 1
         return out
+
+
+def runs_of(ids: np.ndarray, bases: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Documents `ids` (in arrival order) as runs `[epoch, file, rg, row, count]` of consecutive
+    rows: `bases` are the sorted first ids of the pieces holding them and `table` their
+    `[epoch, file, rg, doc_start - base]`."""
+    if not len(ids):
+        return np.zeros((0, 5), dtype=np.int64)
+    meta = table[np.searchsorted(bases, ids, side="right") - 1]
+    rows = meta[:, 3] + ids
+    same = np.ones(len(ids), dtype=bool)
+    same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
+    same[0] = False
+    starts = np.flatnonzero(~same)
+    counts = np.diff(np.append(starts, len(ids)))
+    return np.column_stack((meta[starts, :3], rows[starts], counts))

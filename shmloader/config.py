@@ -9,6 +9,7 @@ from dataclasses import dataclass
 PACKINGS = ("concat", "bos_bestfit")
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
+OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's place, or nanochat's
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class LoaderConfig:
     on_bad_row_group: str = "raise"
     cache_dir: str | None = None
     log_every: int = 0
+    other_rank: str = "exact"
 
     def __post_init__(self):
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
@@ -39,6 +41,7 @@ class LoaderConfig:
         _choice("split", self.split, ("train", "val"))
         _choice("packing", self.packing, PACKINGS)
         _choice("on_bad_row_group", self.on_bad_row_group, BAD_ROW_GROUP)
+        _choice("other_rank", self.other_rank, OTHER_RANK)
         if self.start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS} (a forked child would "
                              f"hold the trainer's pipes open), got {self.start_method!r}")
@@ -72,9 +75,10 @@ class LoaderConfig:
         """With a cache, pieces after the ramp are whole row groups so that they get cached."""
         return self.max_piece_docs if self.cache_dir is None else 1 << 40
 
-    def fingerprint(self, data: str, tokenizer: str) -> dict:
-        out = {"B": self.B, "T": self.T, "split": self.split, "packing": self.packing,
-               "data": data, "tokenizer": tokenizer}
+    def fingerprint(self, tokenizer: str) -> dict:
+        """What a resume state must match (B, T and the files are checked on their own: a new
+        shape or appended files continue the run)."""
+        out = {"split": self.split, "packing": self.packing, "tokenizer": tokenizer}
         if self.bestfit:
             out.update(buffer_size=self.buffer_size, tokenizer_batch_size=self.tokenizer_batch_size)
         if self.on_bad_row_group == "skip":

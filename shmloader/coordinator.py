@@ -15,6 +15,7 @@ import queue
 import select
 import signal
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import numpy as np
 from . import ring as ringmod
 from .bestfit_seq import BestFitSequencer
 from .errors import DataError
+from .locate import BestFitLocator, ConcatLocator
 from .packing import ConcatSequencer, SlotMap
 from .plan import Cursor, buffer_pieces, iter_pieces, ramp_for, RAMP
 from .ring import RingLayout, SlotState
@@ -31,6 +33,7 @@ from .source import ParquetSource
 MAX_PIECES_PER_WORKER = 3
 ERROR_FLUSH_S = 2.0
 WAIT_S = 1.0
+PROGRESS_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class CoordinatorArgs:
     buffer_runs: tuple = ()
     on_bad_row_group: str = "raise"
     filesystem: object = None
+    locate: tuple | None = None   # (shapes, batch): a count-only run that finds a position
 
 
 class _Stop(Exception):
@@ -199,6 +203,56 @@ class _BestFit:
         return self.seq.ready()
 
 
+class _Count:
+    """Count-only mode (locate.py): workers send document lengths and keep no tokens; the
+    locator replays the batches over them in piece order. When it knows the position, the
+    trainer gets `("located", position, runs)`; meanwhile `("progress", done, total)` once
+    a second."""
+
+    def __init__(self, args: CoordinatorArgs, n_workers: int, skip):
+        shapes, batch = args.locate
+        if args.packing == "bos_bestfit":
+            ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs)
+            self.locator = BestFitLocator(shapes, batch, args.start, args.buffer_size, args.chunk_docs)
+        else:
+            ramp, cap = RAMP, args.max_piece_docs
+            self.locator = ConcatLocator(shapes, batch, args.start)
+        self.pieces = _pieces(args, ramp, cap, 0, skip)
+        self.pending = [0] * n_workers
+        self.owner, self.specs, self._counted, self._next = {}, {}, {}, 0
+        self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
+
+    def take(self, worker: int, piece):
+        self.owner[piece.index], self.specs[piece.index] = worker, piece
+        self.pending[worker] += 1
+
+    def can_take(self, worker: int) -> bool:
+        return self.locator.result is None and self.pending[worker] < MAX_PIECES_PER_WORKER
+
+    def counted(self, index: int, lengths):
+        self.pending[self.owner.pop(index)] -= 1
+        self._counted[index] = lengths
+        piece = self.specs[index]
+        while self._next in self._counted and self.locator.result is None:
+            self.locator.feed(self.specs.pop(self._next), self._counted.pop(self._next))
+            self._next += 1
+        return piece
+
+    def orders(self, slot_of):
+        return ()
+
+    def ready(self):
+        return ()
+
+    def messages(self):
+        if self.locator.result is not None and not self._reported:
+            self._reported = True
+            yield ("located", *self.locator.result)
+        elif not self._reported and time.monotonic() >= self._next_progress:
+            self._next_progress = time.monotonic() + PROGRESS_S
+            yield ("progress", self.locator.done_batches, self.locator.total)
+
+
 def _pieces(args: CoordinatorArgs, ramp, cap, first_index, skip):
     source = ParquetSource(args.files, args.filesystem.open() if args.filesystem is not None else None)
 
@@ -219,7 +273,8 @@ class _Coordinator:
     def __init__(self, args: CoordinatorArgs, trainer, workers, alive, ring: ringmod.Ring):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
         self.to_trainer = _Outbox(trainer)
-        self.mode = (_BestFit if args.packing == "bos_bestfit" else _Concat)(args, len(workers), self._skip_once)
+        kind = _Count if args.locate else _BestFit if args.packing == "bos_bestfit" else _Concat
+        self.mode = kind(args, len(workers), self._skip_once)
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [_Outbox(conn) for conn in workers]
         self.listening = _Listener([trainer, alive, *workers])
@@ -234,6 +289,8 @@ class _Coordinator:
         while True:
             self._dispatch()   # plans first, so that _assign sees whether a plan starves
             self._announce()
+            for msg in getattr(self.mode, "messages", tuple)():
+                self.to_trainer.send(msg)
             self._assign()
             for conn in self.listening.wait(WAIT_S):
                 if conn is self.alive:
@@ -321,7 +378,7 @@ class _Coordinator:
             self.ring.slot_states[slot] = SlotState.READY
             self.ring.stats[5] = pos[0]
             self.to_trainer.send(("batch", k, slot, pos))
-        if self.args.packing == "bos_bestfit":
+        if isinstance(self.mode, _BestFit):
             self.ring.stats[4] = self.mode.seq.tokens_cropped
             self.ring.stats[7] = self.mode.seq.planned * self.args.B * (self.args.T + 1)
 

@@ -14,6 +14,7 @@ freed only once a CUDA event recorded after the copy has completed. Waiting for 
 See NOTE [ring protocol] in docs/design.md.
 """
 import atexit
+import dataclasses
 import logging
 import os
 import time
@@ -27,8 +28,8 @@ from . import errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
 from .config import LoaderConfig
 from .coordinator import CoordinatorArgs
-from .loader_procs import start_children
-from .plan import start_cursor
+from .loader_procs import locate_position, start_children
+from .plan import Cursor
 from .ring import RingLayout, SlotState
 
 LIVENESS_CHECK_S = 0.5
@@ -78,15 +79,14 @@ class ShmLoader:
         if self.cfg.cache_dir is not None:
             cachemod.sweep_temporaries(self.cfg.cache_dir)
         sizes = source.file_sizes(self.files, self.filesystem)
-        self.config = self.cfg.fingerprint(statemod.data_fingerprint(self.files, sizes),
-                                           self.tokenizer.fingerprint)
-        self._base_state = statemod.base_state(self.config, self.rank, self.world_size)
-        self._cursor, self._skip, self._runs = start_cursor(self.rank), 0, []
+        self.config = self.cfg.fingerprint(self.tokenizer.fingerprint)
+        self._identity = statemod.Loader(self.config, statemod.file_list(self.files, sizes), self.rank,
+                                         self.world_size, B, T, self.cfg.bestfit, self.cfg.other_rank)
         self._procs, self._closed = None, False
         self._stats = {"batches": 0, "wait_s": 0.0}
+        self._begin(statemod.start(self._identity))
         if resume_state is not None:
             self.load_state_dict(resume_state)
-        self._state = self._start_state()
         _register(self)
 
     def __getattr__(self, name):
@@ -126,33 +126,34 @@ class ShmLoader:
         self._stats["batches"] += 1
         if self.log_every and self._stats["batches"] % self.log_every == 0:
             self._log()
-        self._state, self._position = None, (pos, runs)  # built when state_dict() asks
+        self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
         if self.bestfit:
             n = self.B * self.T
             return window[:n].view(self.B, self.T), window[n:].view(self.B, self.T)
         return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
 
     def state_dict(self) -> dict:
-        """The state after the last batch yielded (JSON-serialisable); see SPEC §3."""
+        """The state that resumes after the last batch yielded (JSON-serialisable; SPEC §3).
+        nanochat's drop-in functions yield, with each batch, the state that resumes at it."""
         if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
-            pos, runs = self._position
+            pos, runs, k = self._position
+            batch = self._resume.batch + k + 1
             if runs is None:
-                self._state = statemod.make_state(self._base_state, *pos)
+                self._state = statemod.make_state(self._base_state, *pos, batch)
             else:
-                self._state = statemod.make_state(self._base_state, *pos, 0, runs.tolist(), runs.tobytes())
+                self._state = statemod.make_state(self._base_state, *pos, 0, batch, runs.tolist(),
+                                                  runs.tobytes())
         return dict(self._state)
 
     def load_state_dict(self, state: dict):
-        """Continue from `state`: the next batch is the one after the batch it was saved with."""
-        cursor, skip = statemod.check(state, self.config, self.rank, self.world_size, len(self.files))
-        exact = "version" in state and state.get("rank") == self.rank
-        runs = statemod.buffer_runs(state, len(self.files)) if self.bestfit and exact else []
-        if self.bestfit and skip:
-            raise ValueError(f"resume state field 'skip' is {skip}; a best-fit state has skip 0")
-        self._cursor, self._skip, self._runs = cursor, skip, runs
-        self._state = self._start_state()
+        """Continue from `state`: the next batch is the one it resumes at (SPEC §3). Another
+        rank's state first finds this rank's own position at the state's batch count."""
+        resume = statemod.check(state, self._identity)
+        if resume.locate:
+            resume = self._locate(resume)
         if getattr(self, "_procs", None) is not None:
             self._stop()
+        self._begin(resume)
 
     def stats(self) -> dict:
         out = {"batches": self._stats["batches"], "wait_s": self._stats["wait_s"],
@@ -206,20 +207,45 @@ class ShmLoader:
         """The state's epoch, without building the state."""
         return self._state["epoch"] if self._state is not None else self._position[0][0]
 
-    def _start_state(self) -> dict:
-        c = self._cursor
-        runs = [list(run) for run in self._runs] if self.bestfit else None
-        return statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, self._skip, runs)
+    def _begin(self, resume: statemod.Resume):
+        self._resume = resume
+        self._base_state = statemod.base_state(self._identity, resume)
+        c = resume.cursor
+        runs = [list(run) for run in resume.runs] if self.bestfit else None
+        self._state = statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, resume.skip,
+                                          resume.batch, runs)
+
+    def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None):
+        c = self.cfg
+        return CoordinatorArgs(files, self.rank, self.world_size, resume.cursor, resume.skip,
+                               "", layout, c.piece_cap, self.packing, self.B, self.T,
+                               self.buffer_size, self.tokenizer_batch_size,
+                               tuple(tuple(r) for r in resume.runs), self.on_bad_row_group,
+                               source.FilesystemRef(self.filesystem) if self.filesystem else None,
+                               locate)
 
     def _start(self):
         c = self.cfg
         layout = RingLayout(c.n_slots, c.window, c.num_workers, c.max_runs)
-        cargs = CoordinatorArgs(self.files, self.rank, self.world_size, self._cursor, self._skip,
-                                "", layout, c.piece_cap, self.packing, self.B, self.T,
-                                self.buffer_size, self.tokenizer_batch_size,
-                                tuple(tuple(r) for r in self._runs), self.on_bad_row_group,
-                                source.FilesystemRef(self.filesystem) if self.filesystem else None)
-        self._procs = start_children(self, layout, cargs)
+        self._procs = start_children(self, layout, self._coordinator_args(layout, self._resume, self.files))
+
+    def _locate(self, resume: statemod.Resume) -> statemod.Resume:
+        """This rank's position at `resume.batch`, by replaying the run over its own document
+        lengths (the token cache's, or counted by the workers), from the files the state was
+        saved with."""
+        log = logging.getLogger("shmloader")
+        log.info("rank %d: finding this rank's position at batch %d of another rank's state, "
+                 "counting document lengths with %d workers", self.rank, resume.batch, self.num_workers)
+        began = time.monotonic()
+        layout = RingLayout(2, 1, self.num_workers)
+        cargs = self._coordinator_args(layout, resume, self.files[:resume.n_files],
+                                       (resume.shapes, resume.batch))
+        (epoch, file, rg, doc, skip), runs = locate_position(self, layout, cargs)
+        log.info("rank %d: batch %d is at file %d, row group %d, document %d, token %d of it "
+                 "(found in %.1f s)", self.rank, resume.batch, file, rg, doc, skip,
+                 time.monotonic() - began)
+        return dataclasses.replace(resume, cursor=Cursor(epoch, file, rg, doc), skip=skip, runs=runs,
+                                   locate=False)
 
     def _stop(self):
         procs, self._procs = self._procs, None

@@ -8,6 +8,7 @@ and pins the ring for CUDA. `Children.shutdown` closes the alive pipe (every chi
 its EOF), joins with a 2 s deadline, kills what is left, and unlinks the ring.
 """
 import contextlib
+import logging
 import multiprocessing
 import pickle
 import select
@@ -61,15 +62,22 @@ class Children:
         return [p.sentinel for p in self.procs]
 
     def receive(self):
+        """The next batch `(k, slot, position)`, or None after a warning; raises a reported error."""
+        msg = self.read()
+        return None if msg is None else msg[1:]
+
+    def read(self, kinds=("batch",)):
+        """The coordinator's next message of one of `kinds`; None after a warning (it is
+        warned); an error it reports is raised."""
         try:
             msg = self.conn.recv()
         except (EOFError, OSError):
             self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
             raise errors.WorkerError("the coordinator closed its pipe without an error") from None
-        if msg[0] == "batch":  # ("batch", k, slot, position)
-            return msg[1:]
+        if msg[0] in kinds:
+            return msg
         if msg[0] == "warn":
-            warnings.warn(f"shmloader: {msg[1]}", stacklevel=4)
+            warnings.warn(f"shmloader: {msg[1]}", stacklevel=5)
             return None
         _raise_reported(msg)
 
@@ -213,16 +221,18 @@ def _raise_reported(msg):
     raise errors.WorkerError(f"{head}\n--- traceback in that process ---\n{trace}")
 
 
-def start_children(loader, layout: ringmod.RingLayout, cargs) -> Children:
+def start_children(loader, layout: ringmod.RingLayout, cargs, count_only: bool = False) -> Children:
+    """Start a run's coordinator and workers over a new ring (`count_only`: a run that only
+    finds a position, see `locate_position`)."""
     ringmod.sweep_stale()
     shm, ring = ringmod.create(layout)
     kids = Children(shm, ring)
-    kids.files = loader.files
+    kids.files = cargs.files
     try:
-        _spawn(kids, loader, layout, replace(cargs, ring_name=shm.name))
+        _spawn(kids, loader, layout, replace(cargs, ring_name=shm.name), count_only)
         kids.slot_tensors = torch.from_numpy(ring.slots)
         kids.outputs = OutputPool(layout.window)
-        if loader.device.type == "cuda":
+        if loader.device.type == "cuda" and not count_only:
             _pin(kids, loader.device)
     except BaseException:
         kids.shutdown()
@@ -230,7 +240,35 @@ def start_children(loader, layout: ringmod.RingLayout, cargs) -> Children:
     return kids
 
 
-def _spawn(kids: Children, loader, layout, cargs):
+def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
+    """Run a count-only coordinator and workers until the coordinator reports the position
+    `((epoch, file, rg, doc, skip), runs)` at `cargs.locate`; logs its progress. Raises as
+    `next()` does: a reported error, a dead process, or no word for `loader.timeout` s."""
+    log = logging.getLogger("shmloader")
+    kids = start_children(loader, layout, cargs, count_only=True)
+    try:
+        deadline = time.monotonic() + loader.timeout
+        while True:
+            ready = wait([kids.conn, *kids.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
+            if kids.conn in ready:
+                msg = kids.read(("located", "progress"))
+                if msg is not None and msg[0] == "located":
+                    return msg[1], msg[2]
+                if msg is not None:
+                    log.info("rank %d: counted to batch %d of %d", loader.rank, msg[1], msg[2])
+                deadline = time.monotonic() + loader.timeout
+                continue
+            if ready:
+                kids.check_alive()
+            if time.monotonic() >= deadline:
+                raise errors.LoaderTimeout(f"finding this rank's position: no word from the loader's "
+                                           f"processes within {loader.timeout:.0f} s; workers: "
+                                           f"{kids.describe_workers()}")
+    finally:
+        kids.shutdown()
+
+
+def _spawn(kids: Children, loader, layout, cargs, count_only: bool = False):
     ctx = multiprocessing.get_context(loader.start_method)
     if loader.start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
@@ -240,9 +278,9 @@ def _spawn(kids: Children, loader, layout, cargs):
     kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
                                    args=(cargs, coord_end, [a for a, _ in pipes], alive_r))
     for i, (_, end) in enumerate(pipes):
-        wargs = WorkerArgs(i, loader.files, loader.tokenizer, cargs.ring_name, layout,
+        wargs = WorkerArgs(i, cargs.files, loader.tokenizer, cargs.ring_name, layout,
                            loader.packing, loader.B, loader.T,
-                           loader.on_bad_row_group, loader.cache_dir, cargs.filesystem)
+                           loader.on_bad_row_group, loader.cache_dir, cargs.filesystem, count_only)
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(wargs, end, alive_r)))
     try:

@@ -22,9 +22,13 @@ def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads
 
 
 def _with_state(loader: ShmLoader):
+    """Yields each batch with the state that resumes AT it (SPEC §3): nanochat's loop saves the
+    state of the batch it prefetched and has not trained on yet, and resumes with a prefetch."""
     with loader:
+        state = loader.state_dict()
         for inputs, targets in loader:
-            yield inputs, targets, loader.state_dict()
+            yield inputs, targets, state
+            state = loader.state_dict()
 
 
 def tokenizing_distributed_data_loader_with_state_bos_bestfit(

@@ -1,40 +1,90 @@
-"""The resume state: small, versioned, JSON-serialisable, checked against the config.
+"""The resume state: small, versioned, JSON-serialisable, checked against the loader.
 
-A state names the first token *after* the batch it was yielded with:
-`{"version": 1, "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
-group), "skip" (tokens of that document already delivered), "rank", "world_size",
-"config": {...}}`. Its position is canonical (the same whatever the number of workers), so
-a loader given the state of batch k yields batch k+1 onward exactly. nanochat's keys
-(`pq_idx`, `rg_idx`, `epoch`) are kept with their meaning, so a state holding only those
-(an existing nanochat checkpoint) resumes as nanochat does. `check` names every field that
-differs from the loader's config.
+A state names a position in this rank's canonical stream, the first token of a batch:
+`{"version": 2, "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
+group), "skip" (tokens of that document before the position), "batch" (batches of the run
+before the position), "shapes" ([first batch, B, T] of each batch shape the run used),
+"origin" (None, or the nanochat keys the run started from), "rank", "world_size",
+"config" (what must not change), "files" ([name, bytes] of the split), "digest"}`, plus
+best fit's `"buffer"` runs. Its position is canonical (the same whatever the number of
+workers), so a loader given it yields the batch at that position and onward exactly.
+
+`check` turns a state into a `Resume` for this loader:
+- this rank's own state resumes at its position;
+- another rank's state (same world size) resumes at the same `batch` count: this rank
+  replays `origin`, `shapes` and `batch` over its own document lengths (`locate.py`) to find
+  its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
+- a state holding only nanochat's keys (`pq_idx`, `rg_idx`, `epoch`) resumes as nanochat
+  does, and becomes the run's `origin`;
+- another B or T continues from the same position with a warning (a new `shapes` entry);
+  files appended to the split are accepted with a warning naming them; any other
+  difference (split, packing, tokenizer, best-fit settings, world size, a file at or before
+  the position) is a ValueError naming each difference in words.
 """
-import hashlib
+import os
 import warnings
 import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .plan import Cursor, nanochat_cursor
 
-VERSION = 1
+VERSION = 2
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
+NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
 
 
-def data_fingerprint(files: list[str], sizes: list[int] | None = None) -> str:
-    """Names (not directories: a moved dataset still resumes) and sizes in bytes (regenerated
-    shards with the same names do not) of the split's files."""
-    names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in files]
-    if sizes is not None:
-        names = [f"{n}:{s}" for n, s in zip(names, sizes)]
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+@dataclass(frozen=True)
+class Loader:
+    """What a state is checked against: the loader's fingerprint and place."""
+    config: dict          # LoaderConfig.fingerprint(): split, packing, tokenizer, ...
+    files: list           # [[name, bytes], ...] of the split, in order
+    rank: int
+    world: int
+    B: int
+    T: int
+    bestfit: bool = False
+    other_rank: str = "exact"
 
 
-def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int,
+@dataclass
+class Resume:
+    """Where to start. `locate` is set when this rank must first find its position by
+    replaying `origin`, `shapes` and `batch` over its own document lengths."""
+    cursor: Cursor
+    skip: int = 0
+    runs: list = field(default_factory=list)
+    batch: int = 0
+    shapes: list = field(default_factory=list)
+    origin: dict | None = None
+    locate: bool = False
+    n_files: int = 0      # files of the split when the state was saved (for `locate`)
+
+
+def file_list(paths: list[str], sizes: list[int]) -> list[list]:
+    """[[name, bytes], ...]: names, not directories (a moved data set still resumes)."""
+    return [[os.fspath(p).replace("\\", "/").rsplit("/", 1)[-1], int(s)] for p, s in zip(paths, sizes)]
+
+
+def start(loader: Loader) -> Resume:
+    """A fresh run: epoch 1, file 0, this rank's first row group."""
+    return Resume(Cursor(1, 0, loader.rank, 0), shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
+
+
+def base_state(loader: Loader, resume: Resume) -> dict:
+    """The fields that stay the same for every batch of a run."""
+    return {"version": VERSION, "rank": loader.rank, "world_size": loader.world,
+            "config": dict(loader.config), "files": loader.files,
+            "shapes": [list(s) for s in resume.shapes], "origin": resume.origin}
+
+
+def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, batch: int,
                buffer: list | None = None, buffer_bytes: bytes | None = None) -> dict:
     """A state; best fit adds its `buffer` runs (`buffer_bytes`: their int64 bytes, if at hand)."""
     state = dict(base)
-    state.update(epoch=epoch, pq_idx=file, rg_idx=rg, doc_idx=doc, skip=skip)
+    state.update(epoch=epoch, pq_idx=file, rg_idx=rg, doc_idx=doc, skip=skip, batch=batch)
     if buffer is not None:
         state["buffer"] = buffer
         if buffer_bytes is None:
@@ -44,19 +94,17 @@ def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int,
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:
-    """crc32 of the rank, the world size, the position and the buffer. DCP keeps one value per
-    key across ranks, so a state saved under one key by every rank comes back with fields of
-    different ranks; the digest turns that (and hand edits) into an error, not a wrong resume."""
-    key = ":".join(str(state.get(k)) for k in ("rank", "world_size", *POSITION_FIELDS))
+    """crc32 of the rank, the world size, the position, the batch count, the shapes, the origin
+    and the buffer. DCP keeps one value per key across ranks, so a state saved under one key by
+    every rank comes back with fields of different ranks; the digest turns that (and hand
+    edits) into an error, not a wrong resume."""
+    key = ":".join(str(state.get(k)) for k in ("rank", "world_size", *POSITION_FIELDS, "batch",
+                                                 "shapes", "origin"))
     return f"{zlib.crc32(buffer_bytes, zlib.crc32(key.encode())):08x}"
 
 
 def _runs_bytes(runs) -> bytes:
     return np.asarray(runs, dtype=np.int64).reshape(-1, 5).tobytes()
-
-
-def base_state(config: dict, rank: int, world: int) -> dict:
-    return {"version": VERSION, "rank": rank, "world_size": world, "config": dict(config)}
 
 
 def _int_field(state: dict, name: str, lo: int = 0) -> int:
@@ -66,32 +114,85 @@ def _int_field(state: dict, name: str, lo: int = 0) -> int:
     return value
 
 
-def check(state, config: dict, rank: int, world: int, n_files: int) -> tuple[Cursor, int]:
-    """Validate `state` for this loader and return (cursor, skip) to start from."""
+def check(state, loader: Loader) -> Resume:
+    """Validate `state` for `loader` and say where to start (see the module docstring)."""
     if not isinstance(state, dict):
         raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
     if "version" not in state:
-        return _nanochat(state, rank, world, n_files), 0
+        return _nanochat(state, loader)
     if type(state["version"]) is not int or state["version"] != VERSION:
         raise ValueError(f"resume state field 'version' is {state['version']!r}; this shmloader "
-                         f"reads version {VERSION}")
-    _check_config(state, config, world)
+                         f"reads version {VERSION} (to resume an older state approximately, pass "
+                         f"only its nanochat keys {{pq_idx, rg_idx, epoch}})")
     pos = {name: _int_field(state, name, 1 if name == "epoch" else 0) for name in POSITION_FIELDS}
-    if pos["pq_idx"] >= n_files:
-        raise ValueError(f"resume state field 'pq_idx' is {pos['pq_idx']} but the split has "
-                         f"{n_files} files")
-    _int_field(state, "rank")
+    batch = _int_field(state, "batch")
+    rank = _int_field(state, "rank")
+    shapes = _shapes(state, batch)
+    origin = state.get("origin")
+    if origin is not None:
+        _nanochat_keys(origin, "origin", len(loader.files))
+    saved_files = _saved_files(state, pos)
     _check_digest(state)
-    if state["rank"] != rank:
-        warnings.warn(f"resume state was saved by rank {state['rank']}, this is rank {rank}: "
-                      f"resuming as nanochat does (rank {state['rank']}'s file and row group, "
-                      f"next stride for this rank), not exactly; save one state per rank for "
-                      f"exact resume", stacklevel=4)
-        return nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], rank, world), 0
-    if pos["rg_idx"] % world != rank:
+    _check_config(state, loader)
+    _check_files(saved_files, loader, pos)
+    shapes = _reshaped(shapes, batch, loader)
+    common = dict(batch=batch, shapes=shapes, origin=origin, n_files=len(saved_files))
+    if rank != loader.rank:
+        return _other_rank(state, loader, pos, common)
+    if pos["rg_idx"] % loader.world != loader.rank:
         raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of "
-                         f"rank {rank} of {world}")
-    return Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"]), pos["skip"]
+                         f"rank {loader.rank} of {loader.world}")
+    if loader.bestfit and pos["skip"]:
+        raise ValueError(f"resume state field 'skip' is {pos['skip']}; a best-fit state has skip 0")
+    runs = buffer_runs(state, len(loader.files)) if loader.bestfit else []
+    cursor = Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"])
+    return Resume(cursor, pos["skip"], runs, **common)
+
+
+def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
+    if loader.other_rank == "nanochat":
+        warnings.warn(f"resume state was saved by rank {state['rank']}, this is rank {loader.rank}: "
+                      f"resuming as nanochat does (rank {state['rank']}'s file and row group, next "
+                      f"stride for this rank), not exactly (other_rank='nanochat')", stacklevel=5)
+        origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
+        cursor = nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
+        return Resume(cursor, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
+    return Resume(origin_cursor(common["origin"], loader.rank, loader.world), locate=True, **common)
+
+
+def origin_cursor(origin: dict | None, rank: int, world: int) -> Cursor:
+    """Where this rank's stream began: the start, or where nanochat resumes `origin`."""
+    if origin is None:
+        return Cursor(1, 0, rank, 0)
+    return nanochat_cursor(origin["pq_idx"], origin["rg_idx"], origin.get("epoch", 1), rank, world)
+
+
+def _shapes(state: dict, batch: int) -> list:
+    shapes = state.get("shapes")
+    ok = isinstance(shapes, list) and shapes and all(
+        isinstance(s, list) and len(s) == 3 and all(type(v) is int for v in s) for s in shapes)
+    if ok:
+        firsts = [s[0] for s in shapes]
+        ok = (firsts[0] == 0 and firsts == sorted(set(firsts)) and firsts[-1] <= batch
+              and all(s[1] >= 1 and s[2] >= 1 for s in shapes))
+    if not ok:
+        raise ValueError(f"resume state field 'shapes' must list [first batch, B, T] from batch 0 "
+                         f"on, in order, up to 'batch' {batch}; got {shapes!r}")
+    return [list(s) for s in shapes]
+
+
+def _reshaped(shapes: list, batch: int, loader: Loader) -> list:
+    """The shapes with this loader's B and T from `batch` on; warns when they changed."""
+    _, B, T = shapes[-1]
+    if (B, T) == (loader.B, loader.T):
+        return shapes
+    changed = ", ".join(f"{n}: state has {old}, loader has {new}"
+                        for n, old, new in (("B", B, loader.B), ("T", T, loader.T)) if old != new)
+    warnings.warn(f"resume state was saved with another batch shape ({changed}): continuing from "
+                  f"the same place in the data with the new shape", stacklevel=5)
+    if shapes[-1][0] == batch:
+        shapes = shapes[:-1]
+    return shapes + [[batch, loader.B, loader.T]]
 
 
 def _check_digest(state: dict):
@@ -108,8 +209,7 @@ def _check_digest(state: dict):
 
 
 def buffer_runs(state, n_files: int) -> list[list[int]]:
-    """The best-fit buffer of an exact state (one `check` accepted for this rank): runs
-    [epoch, file, rg, row, count] in arrival order."""
+    """The best-fit buffer of a state: runs [epoch, file, rg, row, count] in arrival order."""
     runs = state.get("buffer")
     if not isinstance(runs, list):
         raise ValueError(f"resume state field 'buffer' must be a list of [epoch, file, rg, row, "
@@ -123,26 +223,95 @@ def buffer_runs(state, n_files: int) -> list[list[int]]:
     return runs
 
 
-def _check_config(state: dict, config: dict, world: int):
+def _check_config(state: dict, loader: Loader):
     saved = state.get("config")
     if not isinstance(saved, dict):
         raise ValueError(f"resume state field 'config' must be a dict, got {saved!r}")
-    diffs = [f"{key}: state has {saved.get(key)!r}, loader has {value!r}"
-             for key, value in config.items() if saved.get(key) != value]
-    diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in config]
-    if state.get("world_size") != world:
-        diffs.append(f"world_size: state has {state.get('world_size')!r}, loader has {world}")
+    diffs = [_config_diff(key, saved.get(key), value)
+             for key, value in loader.config.items() if saved.get(key) != value]
+    diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in loader.config]
+    if state.get("world_size") != loader.world:
+        diffs.append(f"world_size: state has {state.get('world_size')!r}, loader has {loader.world}")
     if diffs:
         raise ValueError("resume state does not match this loader: " + "; ".join(diffs))
 
 
-def _nanochat(state: dict, rank: int, world: int, n_files: int) -> Cursor:
+def _config_diff(key: str, saved, now) -> str:
+    if key == "tokenizer":
+        return (f"tokenizer: the state was saved with another tokenizer (its vocabulary, merges, "
+                f"special tokens or BOS differ; fingerprint {saved!r}, this loader's {now!r})")
+    return f"{key}: state has {saved!r}, loader has {now!r}"
+
+
+def _saved_files(state: dict, pos: dict) -> list:
+    saved = state.get("files")
+    if not (isinstance(saved, list) and all(
+            isinstance(f, list) and len(f) == 2 and isinstance(f[0], str) and type(f[1]) is int
+            for f in saved) and saved):
+        raise ValueError(f"resume state field 'files' must be a non-empty list of [name, bytes], got "
+                         f"{str(saved)[:80]}")
+    if pos["pq_idx"] >= len(saved):
+        raise ValueError(f"resume state field 'pq_idx' is {pos['pq_idx']} but the state's split has "
+                         f"{len(saved)} files")
+    return saved
+
+
+def _check_files(saved: list, loader: Loader, pos: dict):
+    """The saved files must be the loader's, unchanged, up to the position (in epoch 1) or all of
+    them (later epochs have read every file); files added after them are accepted with a warning."""
+    now = loader.files
+    must = len(saved) if pos["epoch"] > 1 else pos["pq_idx"] + 1
+    hard = _diffs(saved, now, must)
+    if hard:
+        raise ValueError(f"resume state's data differs from this loader's {loader.config.get('split')} "
+                         f"split at or before its position (file {pos['pq_idx']}, epoch "
+                         f"{pos['epoch']}): " + "; ".join(hard)
+                         + ". Resume with the files the state was saved with")
+    soft = _diffs(saved, now, len(saved), start=must)
+    added = [name for name, _ in now[len(saved):]]
+    if soft:
+        warnings.warn("resume state's files after its position changed since it was saved: "
+                      + "; ".join(soft), stacklevel=5)
+    if added:
+        warnings.warn(f"{len(added)} file(s) added to the split since the state was saved: "
+                      f"{', '.join(added[:5])}{', ...' if len(added) > 5 else ''}; they are read "
+                      f"after the state's files", stacklevel=5)
+
+
+def _diffs(saved: list, now: list, stop: int, start: int = 0) -> list[str]:
+    out = []
+    for i in range(start, stop):
+        old = saved[i] if i < len(saved) else None
+        new = now[i] if i < len(now) else None
+        if old != new:
+            out.append(f"file {i}: state has {_file_text(old)}, loader has {_file_text(new)}")
+    return out
+
+
+def _file_text(f) -> str:
+    return "no file" if f is None else f"{f[0]} ({f[1]:,} bytes)"
+
+
+def _nanochat_keys(state: dict, what: str, n_files: int) -> tuple[int, int, int]:
+    if not isinstance(state, dict):
+        raise ValueError(f"resume state field {what!r} must be a dict of nanochat keys, got {state!r}")
     for key in state:
-        if key not in ("pq_idx", "rg_idx", "epoch"):
+        if key not in NANOCHAT_FIELDS:
             raise ValueError(f"resume state has no 'version' (a nanochat state) but has field "
-                             f"{key!r}; nanochat states hold only pq_idx, rg_idx and epoch")
+                             f"{key!r}; nanochat states hold only pq_idx, rg_idx and epoch"
+                             if what == "state" else
+                             f"resume state field {what!r} has field {key!r}; it holds only "
+                             f"pq_idx, rg_idx and epoch")
     pq_idx, rg_idx = _int_field(state, "pq_idx"), _int_field(state, "rg_idx")
     epoch = _int_field(state, "epoch", 1) if "epoch" in state else 1
     if pq_idx >= n_files:
         raise ValueError(f"resume state field 'pq_idx' is {pq_idx} but the split has {n_files} files")
-    return nanochat_cursor(pq_idx, rg_idx, epoch, rank, world)
+    return pq_idx, rg_idx, epoch
+
+
+def _nanochat(state: dict, loader: Loader) -> Resume:
+    """A state of nanochat's own loader: resume where nanochat resumes; it is the run's origin."""
+    pq_idx, rg_idx, epoch = _nanochat_keys(state, "state", len(loader.files))
+    return Resume(nanochat_cursor(pq_idx, rg_idx, epoch, loader.rank, loader.world),
+                  shapes=[[0, loader.B, loader.T]], n_files=len(loader.files),
+                  origin={"pq_idx": pq_idx, "rg_idx": rg_idx, "epoch": epoch})

@@ -46,6 +46,7 @@ class WorkerArgs:
     on_bad_row_group: str = "raise"
     cache_dir: str | None = None
     filesystem: object = None
+    count_only: bool = False   # send lengths only, keep no tokens (a run that finds a position)
 
 
 class _Stop(Exception):
@@ -95,9 +96,9 @@ def _loop(ctx: _Ctx):
             row[5] += len(tokens)
             row[6] += int((time.perf_counter() - began) * 1e6)
             ctx.tasks.popleft()
-            if ctx.args.packing == "bos_bestfit":
+            if ctx.args.packing == "bos_bestfit" and not ctx.args.count_only:
                 tokens = _per_doc(tokens, lengths)
-            if len(tokens) and getattr(tokens, "live", 1):
+            if len(tokens) and getattr(tokens, "live", 1) and not ctx.args.count_only:
                 ctx.held[piece.index] = tokens
             ctx.conn.send(("counted", piece.index, lengths, hit))
             ctx.ring.workers[ctx.args.index, 1] = -1  # after the send: a death in it names the piece

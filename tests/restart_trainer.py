@@ -1,12 +1,15 @@
-"""A minimal trainer for the restart test (tests/test_resume.py): checkpoints after every batch.
+"""A minimal trainer for the restart test (tests/test_resume.py), in nanochat's loop: it takes
+one batch before the first step, trains on the batch in hand, prefetches the next one, and
+checkpoints the state that came with the prefetched batch (which resumes AT that batch).
 
     python restart_trainer.py --data DIR --tokenizer PKL --out DIR --total N [--batch-size B]
         [--seq-len T] [--workers N] [--split train|val] [--step-s SECONDS]
 
 For each batch k it appends one JSON line `{"k", "pid", "head", "sha"}` to OUT/log.jsonl
 (`head`: inputs[0, :8]; `sha`: sha256 of the int64 window of B*T+1 tokens), then writes
-`{"k", "state"}` to OUT/state.json atomically (tmp file + os.replace). On start it resumes
-from OUT/state.json when present, first dropping the log lines written after that checkpoint.
+`{"k": k + 1, "state"}` (the prefetched batch k + 1 and its state) to OUT/state.json
+atomically (tmp file + os.replace). On start it resumes from OUT/state.json when present at
+batch "k", first dropping the log lines of that batch and later ones.
 After its first batch it writes OUT/pids-<pid>.json: its live descendant processes (the
 loader's coordinator and workers, multiprocessing's helpers). Exits 0 after batch N-1.
 """
@@ -40,7 +43,7 @@ def descendants(root: int) -> list[int]:
 
 
 def load_checkpoint(out: str):
-    """(next k, state or None); trims log lines past the checkpoint."""
+    """(the batch to resume at, its state or None); trims log lines from that batch on."""
     path = os.path.join(out, "state.json")
     if not os.path.exists(path):
         open(os.path.join(out, "log.jsonl"), "w").close()
@@ -49,10 +52,10 @@ def load_checkpoint(out: str):
         saved = json.load(f)
     log = os.path.join(out, "log.jsonl")
     with open(log) as f:
-        lines = [line for line in f if line.endswith("\n") and json.loads(line)["k"] <= saved["k"]]
+        lines = [line for line in f if line.endswith("\n") and json.loads(line)["k"] < saved["k"]]
     with open(log, "w") as f:
         f.writelines(lines)
-    return saved["k"] + 1, saved["state"]
+    return saved["k"], saved["state"]
 
 
 def save_checkpoint(out: str, k: int, state: dict):
@@ -94,20 +97,21 @@ def record(k: int, inputs, targets, state) -> dict:
 
 
 def train(gen, k: int, args, record_of):
-    """Take batches k.. up to args.total: log each, checkpoint after each, note the pids once."""
+    """Train on batches k.. up to args.total as nanochat does: log the batch in hand, prefetch
+    the next, checkpoint the prefetched batch's state; note the pids once."""
     pids = os.path.join(args.out, f"pids-{os.getpid()}.json")
+    inputs, targets, state = next(gen)  # before the first step
     with open(os.path.join(args.out, "log.jsonl"), "a") as log:
-        for inputs, targets, state in gen:
-            if k >= args.total:
-                break
+        while k < args.total:
             log.write(json.dumps(record_of(k, inputs, targets, state)) + "\n")
             log.flush()
-            save_checkpoint(args.out, k, state)
+            time.sleep(args.step_s)
+            inputs, targets, state = next(gen)  # the prefetch
+            save_checkpoint(args.out, k + 1, state)
             if not os.path.exists(pids):
                 with open(pids, "w") as f:
                     json.dump(descendants(os.getpid()), f)
             k += 1
-            time.sleep(args.step_s)
     gen.close()
 
 if __name__ == "__main__":

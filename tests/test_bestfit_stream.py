@@ -24,6 +24,7 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -236,7 +237,8 @@ def test_drop_in_functions_positional_arguments(lingerdata):
                 assert len(loader_children()) == 4, "num_workers does not default to tokenizer_threads"
             got_rows.append(rows_of(inputs, targets, B, T))
             got_states.append(json.loads(json.dumps(state)))
-    assert_same(got_rows, got_states, want_rows, want_pos)
+    at = [((1, 0, 1, 0), [])] + want_pos[:-1]  # the state that resumes AT each batch
+    assert_same(got_rows, got_states, want_rows, at)
     gen = shmloader.tokenizing_distributed_data_loader_bos_bestfit(
         ds.tokenizer, B, T, "train", 2, 3, torch.device("cpu"), None, 5, data=str(ds.root), rank=1,
         world_size=2, num_workers=1)
@@ -506,7 +508,8 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
     assert resumed_at >= kill_at - 1, info
     want_rows, want_pos = expected(total, lingerdata, B, T, "train", buffer_size=buffer_size, chunk=chunk)
     assert want_pos[-1][0][0] >= 2, "the run does not cross an epoch"
-    for r, w, p in zip(records, want_rows, want_pos):
+    at = [((1, 0, 0, 0), [])] + want_pos[:-1]  # the drop-in yields the state that resumes AT a batch
+    for r, w, p in zip(records, want_rows, at):
         assert r["sha"] == hashlib.sha256(w.tobytes()).hexdigest(), f"batch {r['k']} differs {info}"
         assert tuple(r["pos"]) == p[0] and r["buffer_docs"] == sum(run[4] for run in p[1]), \
             f"state of batch {r['k']} differs {info}"
@@ -546,10 +549,32 @@ def test_nanochat_state_through_the_drop_in(lingerdata):
         lingerdata.tokenizer, 2, 16, "train", 2, 3, "cpu", dict(state), 5, data=str(lingerdata.root))
     with contextlib.closing(gen):
         got = [(rows_of(x, y, 2, 16), s) for x, y, s in itertools.islice(gen, 20)]
-    assert_same([r for r, _ in got], [s for _, s in got], want_rows, want_pos)
+    at = [((1, 1, 5, 0), [])] + want_pos[:-1]  # the state that resumes AT each batch
+    assert_same([r for r, _ in got], [s for _, s in got], want_rows, at)
 
 
-def test_other_ranks_state_warns_and_resumes_like_nanochat(lingerdata):
+@pytest.mark.parametrize("k", [1, 30])
+def test_other_ranks_state_resumes_exactly_at_its_batch_count(lingerdata, k):
+    """Rank 1 given rank 0's best-fit state finds its own position and buffer at the state's
+    batch count (replaying the planner over its own lengths) and continues exactly."""
+    with fit_loader(lingerdata, 2, 16, buffer_size=5, chunk=3, rank=0, world_size=2) as loader:
+        _, states = take(loader, k)
+    state = json.loads(json.dumps(states[-1]))
+    assert state["buffer"] and state["batch"] == k
+    want_rows, want_pos = expected(k + 20, lingerdata, 2, 16, "train", buffer_size=5, chunk=3, rank=1,
+                                   world=2)
+    assert any(want_pos[k - 1][1]), "rank 1's buffer at the resume point is empty: the check is vacuous"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = fit_loader(lingerdata, 2, 16, buffer_size=5, chunk=3, num_workers=3, rank=1,
+                            world_size=2, resume_state=state)
+    with loader:
+        assert position(loader.state_dict()) == want_pos[k - 1]
+        got_rows, got_states = take(loader, 20)
+    assert_same(got_rows, got_states, want_rows[k:], want_pos[k:], first=k)
+
+
+def test_other_ranks_state_with_other_rank_nanochat_resumes_like_nanochat(lingerdata):
     with fit_loader(lingerdata, 2, 16, buffer_size=5, chunk=3, rank=0, world_size=2) as loader:
         _, states = take(loader, 30)
     state = json.loads(json.dumps(states[-1]))
@@ -560,7 +585,7 @@ def test_other_ranks_state_warns_and_resumes_like_nanochat(lingerdata):
                                    cursor=cursor)
     with pytest.warns(UserWarning, match="rank"):
         loader = fit_loader(lingerdata, 2, 16, buffer_size=5, chunk=3, num_workers=3, rank=1, world_size=2,
-                            resume_state=state)
+                            resume_state=state, other_rank="nanochat")
     with loader:
         assert position(loader.state_dict()) == (cursor, [])
         got_rows, got_states = take(loader, 20)
@@ -571,7 +596,7 @@ def test_other_ranks_state_warns_and_resumes_like_nanochat(lingerdata):
     ("buffer_size", dict(buffer_size=6)),
     ("tokenizer_batch_size", dict(tokenizer_batch_size=4)),
     ("packing", dict(packing="concat")),
-    ("T", dict(T=17)),
+    ("world_size", dict(rank=0, world_size=2)),
 ])
 def test_state_of_other_config_is_refused(lingerrun, field, kwargs):
     args = dict(B=2, T=16, split="train", packing="bos_bestfit", buffer_size=5, tokenizer_batch_size=3)

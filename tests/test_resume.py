@@ -163,14 +163,38 @@ def test_nanochat_state_resumes_like_nanochat(synth, state, rank, world):
     assert got_s[0]["version"] >= 1 and got_s[0]["rank"] == rank
 
 
-def test_other_ranks_state_warns_and_resumes_like_nanochat(synth):
+@pytest.mark.parametrize("k", [0, 7, 160])  # the start, inside file 0, in epoch 2
+def test_other_ranks_state_resumes_exactly_at_its_batch_count(synth, k):
+    """nanochat hands rank 0's state to every rank: rank 1 finds its own position at the
+    state's batch count by counting its own document lengths, and continues exactly."""
+    with synth.loader(2, 32, "train", num_workers=2, rank=0, world_size=2) as loader:
+        _, states = run(loader, k) if k else ([], [])
+        state = json.loads(json.dumps(states[-1] if k else loader.state_dict()))
+    assert state["batch"] == k
+    want_w, want_p = synth.expected(k + 20, 2, 32, "train", rank=1, world=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = synth.loader(2, 32, "train", num_workers=3, rank=1, world_size=2, resume_state=state)
+    with loader:
+        assert position_of(loader.state_dict()) == (want_p[k - 1] if k else (1, 0, 1, 0, 0))
+        assert loader.state_dict()["rank"] == 1 and loader.state_dict()["batch"] == k
+        got_w, got_s = run(loader, 20)
+    assert all(np.array_equal(g, w) for g, w in zip(got_w, want_w[k:]))
+    assert [position_of(s) for s in got_s] == want_p[k:]
+    assert got_s[-1]["batch"] == k + 20
+    if k:
+        assert want_p[k - 1] != position_of(state), "rank 1's position should differ from rank 0's"
+
+
+def test_other_ranks_state_with_other_rank_nanochat_resumes_like_nanochat(synth):
     with synth.loader(2, 32, "train", num_workers=2, rank=0, world_size=2) as loader:
         _, states = run(loader, 25)
     state = json.loads(json.dumps(states[-1]))
     e, p, r = state["epoch"], state["pq_idx"], state["rg_idx"]
     want_w, want_p = synth.expected(20, 2, 32, "train", rank=1, world=2, cursor=(e, p, (r // 2 + 1) * 2 + 1, 0))
     with pytest.warns(UserWarning, match="rank"):
-        loader = synth.loader(2, 32, "train", num_workers=3, rank=1, world_size=2, resume_state=state)
+        loader = synth.loader(2, 32, "train", num_workers=3, rank=1, world_size=2, resume_state=state,
+                              other_rank="nanochat")
     with loader:
         got_w, got_s = run(loader, 20)
     assert all(np.array_equal(g, w) for g, w in zip(got_w, want_w))
@@ -193,8 +217,7 @@ def _edited(state, **changes):
 
 
 @pytest.mark.parametrize("field,kwargs", [
-    ("B", dict(B=3)), ("T", dict(T=17)), ("split", dict(split="val")),
-    ("world_size", dict(rank=0, world_size=2)),
+    ("split", dict(split="val")), ("world_size", dict(rank=0, world_size=2)),
 ])
 def test_state_of_other_config_is_refused(posrun, field, kwargs):
     args = dict(B=2, T=16, split="train")
@@ -223,11 +246,14 @@ def test_edited_state_is_refused(posrun, field, changes):
             loader.load_state_dict(state)
 
 
-def test_state_of_other_files_is_refused(synth):
+def test_state_of_other_files_is_refused_naming_the_file(synth):
+    """A file at or before the position that is gone or changed: refused, naming it."""
     with synth.loader(2, 32, "train") as loader:
         _, states = run(loader, 5)
-    fewer = [str(p) for i, p in enumerate(synth.paths) if i != 1]  # train: files 0 and 2
-    with pytest.raises(ValueError, match=r"\bdata\b"):
+    assert states[-1]["pq_idx"] == 0
+    fewer = [str(p) for i, p in enumerate(synth.paths) if i != 0]  # file 0 is gone
+    with pytest.raises(ValueError, match=r"file 0: state has shard_00000\.parquet \([\d,]+ bytes\), "
+                                         r"loader has shard_00001\.parquet"):
         shmloader.ShmLoader(fewer, synth.tokenizer, 2, 32, "train", device="cpu", resume_state=states[-1])
 
 

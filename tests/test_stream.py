@@ -43,7 +43,7 @@ def assert_same(got_windows, got_positions, want_windows, want_positions):
     assert len(got_windows) == len(want_windows) > 0
     for k, (g, w) in enumerate(zip(got_windows, want_windows)):
         assert len(g) == len(w) and np.array_equal(g, w), f"batch {k} differs from the oracle"
-        assert got_positions[k] == want_positions[k], f"state after batch {k}: position differs"
+        assert got_positions[k] == want_positions[k], f"state of batch {k}: position differs"
 
 
 def epoch2(pos):
@@ -295,6 +295,7 @@ def test_functions_with_and_without_state(synth):
     gen = shmloader.tokenizing_distributed_data_loader_with_state(
         B, T, "val", 2, 128, "cpu", None, data=str(synth.root), tokenizer=synth.tokenizer)
     got_w, got_p = [], []
+    want_p = [(1, 0, 0, 0, 0)] + want_p[:-1]  # the drop-ins yield the state that resumes AT the batch
     with contextlib.closing(gen):
         for inputs, targets, state in itertools.islice(gen, n):
             if not got_w:  # the coordinator and tokenizer_threads workers
@@ -305,6 +306,7 @@ def test_functions_with_and_without_state(synth):
             got_w.append(window_of(inputs, targets))
             got_p.append(position_of(state))
     assert_same(got_w, got_p, want_w, want_p)
+    assert [s for s in (state["batch"],)] == [n - 1]
 
     gen = shmloader.tokenizing_distributed_data_loader(
         B, T, "val", device="cpu", data=str(synth.root), tokenizer=synth.tokenizer, num_workers=3)
