@@ -1,5 +1,5 @@
-"""state.py: round trip of the resume state, the named refusals, nanochat-format states,
-the rank-mismatch warning, and the data fingerprint."""
+"""state.py: round trip of the resume state, the refusals named in words, another rank's state,
+new batch shapes, appended files, nanochat-format states, and the digest."""
 
 import json
 import warnings
@@ -9,114 +9,177 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader.plan import Cursor, nanochat_cursor
-from shmloader.state import VERSION, base_state, buffer_runs, check, data_fingerprint, make_state
+from shmloader.state import VERSION, Loader, base_state, buffer_runs, check, file_list, make_state, start
 
-FILES = [f"/data/shard_{i:05d}.parquet" for i in range(4)]
-CONFIG = {"B": 4, "T": 16, "split": "train", "packing": "concat",
-          "data": data_fingerprint(FILES), "tokenizer": "0123456789abcdef"}
+FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
+CONFIG = {"split": "train", "packing": "concat", "tokenizer": "0123456789abcdef"}
 
 
-def saved(rank=1, world=2, config=CONFIG, epoch=2, file=1, rg=3, doc=5, skip=7):
+def loader(rank=1, world=2, B=4, T=16, files=FILES, config=CONFIG, **kw) -> Loader:
+    return Loader(dict(config), [list(f) for f in files], rank, world, B, T, **kw)
+
+
+def saved(rank=1, world=2, epoch=2, file=1, rg=3, doc=5, skip=7, batch=40, buffer=None, **kw) -> dict:
     """A state as the loader saves it, through JSON as nanochat stores it."""
-    state = make_state(base_state(config, rank, world), epoch, file, rg, doc, skip)
+    lo = loader(rank, world, **kw)
+    state = make_state(base_state(lo, start(lo)), epoch, file, rg, doc, skip, batch, buffer)
     return json.loads(json.dumps(state))
+
+
+def quiet_check(state, lo):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return check(state, lo)
 
 
 # ------------------------------------------------------------------ round trip
 
 def test_round_trip():
     state = saved()
-    assert state["version"] == VERSION
+    assert state["version"] == VERSION and state["batch"] == 40
     assert (state["pq_idx"], state["rg_idx"], state["epoch"]) == (1, 3, 2)  # nanochat's keys
-    assert check(state, CONFIG, rank=1, world=2, n_files=3) == (Cursor(2, 1, 3, 5), 7)
+    r = quiet_check(state, loader())
+    assert (r.cursor, r.skip, r.batch, r.shapes, r.origin, r.locate) == (Cursor(2, 1, 3, 5), 7, 40,
+                                                                          [[0, 4, 16]], None, False)
 
 
 @settings(deadline=None)
 @given(world=st.integers(1, 8), data=st.data(), epoch=st.integers(1, 10**6),
-       n_files=st.integers(1, 1000), stride=st.integers(0, 10**4),
-       doc=st.integers(0, 10**6), skip=st.integers(0, 10**9))
-def test_round_trip_property(world, data, epoch, n_files, stride, doc, skip):
+       stride=st.integers(0, 10**4), doc=st.integers(0, 10**6), skip=st.integers(0, 10**9),
+       batch=st.integers(0, 10**9))
+def test_round_trip_property(world, data, epoch, stride, doc, skip, batch):
     rank = data.draw(st.integers(0, world - 1))
-    file = data.draw(st.integers(0, n_files - 1))
+    file = data.draw(st.integers(0, len(FILES) - 1))
     rg = stride * world + rank
-    state = saved(rank, world, CONFIG, epoch, file, rg, doc, skip)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert check(state, dict(CONFIG), rank, world, n_files) == (Cursor(epoch, file, rg, doc), skip)
+    r = quiet_check(saved(rank, world, epoch, file, rg, doc, skip, batch), loader(rank, world))
+    assert (r.cursor, r.skip, r.batch) == (Cursor(epoch, file, rg, doc), skip, batch)
 
 
 def test_make_state_does_not_mutate_base():
-    base = base_state(CONFIG, 0, 1)
+    lo = loader()
+    base = base_state(lo, start(lo))
     before = json.dumps(base, sort_keys=True)
-    make_state(base, 1, 0, 0, 0, 0)
+    make_state(base, 1, 0, 0, 0, 0, 0)
     assert json.dumps(base, sort_keys=True) == before
 
 
 # ------------------------------------------------------------------ config mismatches
 
-@pytest.mark.parametrize("key,value", [("B", 8), ("T", 32), ("split", "val"),
-                                       ("packing", "bos_bestfit"),
-                                       ("data", data_fingerprint(FILES[:3])),
-                                       ("tokenizer", "fedcba9876543210")])
+@pytest.mark.parametrize("key,value", [("split", "val"), ("packing", "bos_bestfit")])
 def test_each_config_mismatch_is_named(key, value):
-    loader = dict(CONFIG, **{key: value})
     with pytest.raises(ValueError) as ei:
-        check(saved(), loader, rank=1, world=2, n_files=3)
+        check(saved(), loader(config=dict(CONFIG, **{key: value})))
     msg = str(ei.value)
-    assert key in msg and repr(value) in msg and repr(CONFIG[key]) in msg
-    others = [k for k in CONFIG if k != key and f"{k}:" in msg]
-    assert others == [], f"unchanged fields named: {others}"
+    assert f"{key}: state has {CONFIG[key]!r}, loader has {value!r}" in msg
+    assert [k for k in CONFIG if k != key and f"{k}:" in msg] == []
+
+
+def test_tokenizer_mismatch_is_said_in_words():
+    with pytest.raises(ValueError, match="saved with another tokenizer"):
+        check(saved(), loader(config=dict(CONFIG, tokenizer="fedcba9876543210")))
 
 
 def test_world_size_mismatch_is_named():
-    with pytest.raises(ValueError, match="world_size") as ei:
-        check(saved(rank=1, world=2), CONFIG, rank=1, world=4, n_files=3)
-    assert "2" in str(ei.value) and "4" in str(ei.value)
+    with pytest.raises(ValueError, match="world_size: state has 2, loader has 4"):
+        check(saved(rank=1, world=2), loader(rank=1, world=4))
 
 
 def test_several_mismatches_are_all_named():
-    loader = dict(CONFIG, B=2, T=64, tokenizer="ffff")
     with pytest.raises(ValueError) as ei:
-        check(saved(), loader, rank=1, world=3, n_files=3)
+        check(saved(), loader(world=3, config=dict(CONFIG, split="val", tokenizer="ffff")))
     msg = str(ei.value)
-    for name in ("B:", "T:", "tokenizer:", "world_size:"):
+    for name in ("split:", "tokenizer:", "world_size:"):
         assert name in msg, name
-    assert "split:" not in msg and "packing:" not in msg and "data:" not in msg
+    assert "packing:" not in msg
 
 
 def test_config_key_missing_from_loader_or_state_is_named():
-    state = saved()
-    state["config"]["extra_knob"] = 3
+    state = saved(config=dict(CONFIG, extra_knob=3))
     with pytest.raises(ValueError, match="extra_knob"):
-        check(state, CONFIG, 1, 2, 3)
+        check(state, loader())
     state = saved(config={k: v for k, v in CONFIG.items() if k != "packing"})
     with pytest.raises(ValueError, match="packing"):
-        check(state, CONFIG, 1, 2, 3)
+        check(state, loader())
 
 
-def test_config_not_a_dict_is_refused():
-    state = saved()
-    state["config"] = "B=4"
-    with pytest.raises(ValueError, match="config"):
-        check(state, CONFIG, 1, 2, 3)
+# ------------------------------------------------------------------ new batch shape
+
+@pytest.mark.parametrize("B,T,words", [(2, 16, "B: state has 4, loader has 2"),
+                                       (4, 32, "T: state has 16, loader has 32"),
+                                       (8, 8, "B: state has 4, loader has 8, T: state has 16, loader has 8")])
+def test_new_batch_shape_continues_from_the_same_place_with_a_warning(B, T, words):
+    with pytest.warns(UserWarning, match=words):
+        r = check(saved(), loader(B=B, T=T))
+    assert (r.cursor, r.skip, r.batch) == (Cursor(2, 1, 3, 5), 7, 40)
+    assert r.shapes == [[0, 4, 16], [40, B, T]]
 
 
-# ------------------------------------------------------------------ version, type
+def test_a_second_new_shape_at_the_same_batch_replaces_the_first():
+    lo = loader(B=2)
+    with pytest.warns(UserWarning):
+        r = check(saved(), lo)
+    state = json.loads(json.dumps(make_state(base_state(lo, r), 2, 1, 3, 5, 7, 40)))
+    with pytest.warns(UserWarning, match="B: state has 2, loader has 3"):
+        assert check(state, loader(B=3)).shapes == [[0, 4, 16], [40, 3, 16]]
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+
+@pytest.mark.parametrize("shapes", [[], [[1, 4, 16]], [[0, 4, 16], [50, 2, 16]], [[0, 4]], [[0, 0, 16]],
+                                    [[0, 4, 16], [0, 2, 16]], "4x16", [[0, 4, 16.0]]])
+def test_bad_shapes_are_refused(shapes):
+    with pytest.raises(ValueError, match="shapes"):
+        check(dict(saved(), shapes=shapes), loader())
+
+
+# ------------------------------------------------------------------ files
+
+def test_appended_files_are_accepted_with_a_warning_naming_them():
+    more = FILES + file_list(["/data/shard_00003.parquet", "/data/shard_00004.parquet"], [10, 20])
+    with pytest.warns(UserWarning, match=r"2 file\(s\) added .*shard_00003\.parquet, shard_00004\.parquet"):
+        r = check(saved(), loader(files=more))
+    assert r.cursor == Cursor(2, 1, 3, 5) and r.n_files == 3
+
+
+@pytest.mark.parametrize("epoch,file,index,refused", [
+    (1, 1, 0, True), (1, 1, 1, True), (1, 1, 2, False),   # epoch 1: after the position, a warning
+    (2, 0, 2, True)])                                       # later epochs have read every file
+def test_a_changed_file_at_or_before_the_position_is_refused_naming_it(epoch, file, index, refused):
+    files = [list(f) for f in FILES]
+    files[index][1] += 1
+    state = saved(epoch=epoch, file=file)
+    name = f"shard_{index:05d}.parquet"
+    words = rf"file {index}: state has {name} \({FILES[index][1]:,} bytes\), loader has {name} " \
+            rf"\({FILES[index][1] + 1:,} bytes\)"
+    if refused:
+        with pytest.raises(ValueError, match=words):
+            check(state, loader(files=files))
+    else:
+        with pytest.warns(UserWarning, match=words):
+            check(state, loader(files=files))
+
+
+def test_a_missing_file_is_named():
+    with pytest.raises(ValueError, match=r"file 2: state has shard_00002\.parquet \(3,000 bytes\), loader has no file"):
+        check(saved(), loader(files=FILES[:2]))
+
+
+def test_moved_files_resume():
+    moved = file_list([f"/elsewhere/x/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
+    assert quiet_check(saved(), loader(files=moved)).cursor == Cursor(2, 1, 3, 5)
+
+
+# ------------------------------------------------------------------ version, type, fields
+
+@pytest.mark.parametrize("version", [0, 1, 3, "2", None])
 def test_version_mismatch_is_refused(version):
-    state = dict(saved(), version=version)
     with pytest.raises(ValueError, match="version"):
-        check(state, CONFIG, 1, 2, 3)
+        check(dict(saved(), version=version), loader())
 
 
 @pytest.mark.parametrize("state", [None, [], "pq_idx=1", 3, (("pq_idx", 0),)])
 def test_non_dict_is_refused(state):
     with pytest.raises(ValueError, match="dict"):
-        check(state, CONFIG, 0, 1, 3)
+        check(state, loader())
 
-
-# ------------------------------------------------------------------ position fields
 
 @pytest.mark.parametrize("field,value", [
     ("epoch", 0), ("epoch", -1), ("epoch", "2"), ("epoch", True), ("epoch", 1.0),
@@ -124,47 +187,64 @@ def test_non_dict_is_refused(state):
     ("rg_idx", -2), ("rg_idx", True), ("rg_idx", 3.0),
     ("doc_idx", -1), ("doc_idx", "5"), ("doc_idx", True),
     ("skip", -7), ("skip", True), ("skip", "7"),
+    ("batch", -1), ("batch", "3"), ("batch", None),
     ("rank", -1), ("rank", "1"), ("rank", True)])
 def test_bad_position_field_is_refused_naming_it(field, value):
-    state = dict(saved(), **{field: value})
     with pytest.raises(ValueError) as ei:
-        check(state, CONFIG, 1, 2, 3)
+        check(dict(saved(), **{field: value}), loader())
     assert repr(field) in str(ei.value)
 
 
-@pytest.mark.parametrize("field", ["epoch", "pq_idx", "rg_idx", "doc_idx", "skip", "rank"])
-def test_missing_position_field_is_refused_naming_it(field):
+@pytest.mark.parametrize("field", ["epoch", "pq_idx", "rg_idx", "doc_idx", "skip", "batch", "rank",
+                                   "config", "files", "shapes"])
+def test_missing_field_is_refused_naming_it(field):
     state = saved()
     del state[field]
     with pytest.raises(ValueError, match=field):
-        check(state, CONFIG, 1, 2, 3)
+        check(state, loader())
 
 
 def test_pq_idx_out_of_range_is_refused():
     with pytest.raises(ValueError, match="pq_idx"):
-        check(saved(file=3), CONFIG, 1, 2, n_files=3)
-    assert check(saved(file=2), CONFIG, 1, 2, n_files=3)[0].file == 2
+        check(saved(file=3), loader())
 
 
 def test_row_group_of_another_rank_is_refused():
     with pytest.raises(ValueError, match="rg_idx"):
-        check(saved(rank=1, world=2, rg=4), CONFIG, 1, 2, 3)
+        check(saved(rank=1, world=2, rg=4), loader())
 
 
-# ------------------------------------------------------------------ rank mismatch
+@pytest.mark.parametrize("origin", ["x", {"pq_idx": 0}, {"pq_idx": 0, "rg_idx": 0, "doc": 1},
+                                    {"pq_idx": 9, "rg_idx": 0}])
+def test_bad_origin_is_refused(origin):
+    with pytest.raises(ValueError, match="origin|pq_idx|rg_idx"):
+        check(dict(saved(), origin=origin), loader())
 
-def test_state_of_another_rank_warns_and_resumes_as_nanochat():
+
+# ------------------------------------------------------------------ another rank's state
+
+def test_another_ranks_state_is_located_from_this_ranks_origin():
+    r = quiet_check(saved(rank=0, world=4, epoch=3, file=2, rg=8, doc=11, skip=99, batch=7),
+                    loader(rank=3, world=4))
+    assert r.locate and (r.cursor, r.skip, r.batch, r.shapes) == (Cursor(1, 0, 3, 0), 0, 7, [[0, 4, 16]])
+
+
+def test_another_ranks_state_from_a_nanochat_origin_locates_from_its_own_nanochat_cursor():
+    state = saved(rank=0, world=4)
+    state["origin"] = {"pq_idx": 1, "rg_idx": 5, "epoch": 2}
+    from shmloader.state import digest
+    state["digest"] = digest(state)
+    r = quiet_check(state, loader(rank=3, world=4))
+    assert r.locate and r.cursor == nanochat_cursor(1, 5, 2, rank=3, world=4) == Cursor(2, 1, 11, 0)
+
+
+def test_another_ranks_state_with_other_rank_nanochat_warns_and_resumes_as_nanochat():
     state = saved(rank=0, world=4, epoch=3, file=2, rg=8, doc=11, skip=99)
     with pytest.warns(UserWarning, match="rank 0"):
-        cursor, skip = check(state, CONFIG, rank=3, world=4, n_files=3)
-    assert skip == 0
-    assert cursor == nanochat_cursor(2, 8, 3, rank=3, world=4) == Cursor(3, 2, 15, 0)
-
-
-def test_same_rank_does_not_warn():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        check(saved(rank=0, world=4, rg=8), CONFIG, rank=0, world=4, n_files=3)
+        r = check(state, loader(rank=3, world=4, other_rank="nanochat"))
+    assert not r.locate and (r.skip, r.batch) == (0, 0)
+    assert r.cursor == nanochat_cursor(2, 8, 3, rank=3, world=4) == Cursor(3, 2, 15, 0)
+    assert r.origin == {"pq_idx": 2, "rg_idx": 8, "epoch": 3}
 
 
 # ------------------------------------------------------------------ nanochat states
@@ -175,83 +255,49 @@ def test_same_rank_does_not_warn():
     ({"pq_idx": 2, "rg_idx": 3, "epoch": 4}, 0, 4, Cursor(4, 2, 4, 0)),
     ({"pq_idx": 2, "rg_idx": 3, "epoch": 4}, 3, 4, Cursor(4, 2, 7, 0)),
 ])
-def test_nanochat_state_resumes_as_nanochat(state, rank, world, expected):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        cursor, skip = check(json.loads(json.dumps(state)), CONFIG, rank, world, n_files=3)
-    assert (cursor, skip) == (expected, 0)
-    assert cursor == nanochat_cursor(state["pq_idx"], state["rg_idx"], state.get("epoch", 1), rank, world)
+def test_nanochat_state_resumes_as_nanochat_and_is_the_origin(state, rank, world, expected):
+    r = quiet_check(json.loads(json.dumps(state)), loader(rank, world))
+    assert (r.cursor, r.skip, r.batch, r.locate) == (expected, 0, 0, False)
+    assert r.origin == {"epoch": 1, **state}
 
 
 @pytest.mark.parametrize("extra", ["doc_idx", "skip", "config", "rank", "B"])
 def test_versionless_state_with_unknown_field_is_refused(extra):
     with pytest.raises(ValueError, match=extra):
-        check({"pq_idx": 0, "rg_idx": 0, "epoch": 1, extra: 0}, CONFIG, 0, 1, 3)
+        check({"pq_idx": 0, "rg_idx": 0, "epoch": 1, extra: 0}, loader())
 
 
 @pytest.mark.parametrize("field,value", [("pq_idx", -1), ("pq_idx", "0"), ("pq_idx", True),
                                          ("rg_idx", -1), ("rg_idx", None), ("rg_idx", False),
                                          ("epoch", 0), ("epoch", "1"), ("epoch", True)])
 def test_versionless_bad_field_is_refused_naming_it(field, value):
-    state = dict({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, **{field: value})
     with pytest.raises(ValueError, match=field):
-        check(state, CONFIG, 0, 1, 3)
+        check(dict({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, **{field: value}), loader())
 
 
-def test_versionless_missing_rg_idx_or_pq_idx_is_refused():
+def test_versionless_missing_rg_idx_or_pq_idx_or_out_of_range_is_refused():
     with pytest.raises(ValueError, match="rg_idx"):
-        check({"pq_idx": 0}, CONFIG, 0, 1, 3)
+        check({"pq_idx": 0}, loader())
     with pytest.raises(ValueError, match="pq_idx"):
-        check({"rg_idx": 0}, CONFIG, 0, 1, 3)
-
-
-def test_versionless_pq_idx_out_of_range_is_refused():
+        check({"rg_idx": 0}, loader())
     with pytest.raises(ValueError, match="pq_idx"):
-        check({"pq_idx": 3, "rg_idx": 0}, CONFIG, 0, 1, n_files=3)
+        check({"pq_idx": 3, "rg_idx": 0}, loader())
 
 
-# ------------------------------------------------------------------ data fingerprint
-
-def test_data_fingerprint_depends_on_names_not_directories():
-    a = data_fingerprint(["/mnt/a/shard_00000.parquet", "/mnt/a/shard_00001.parquet"])
-    b = data_fingerprint(["rel/shard_00000.parquet", "/tmp/x/y/shard_00001.parquet"])
-    c = data_fingerprint(["C:\\data\\shard_00000.parquet", "D:\\shard_00001.parquet"])
-    assert a == b == c
-    assert a != data_fingerprint(["/mnt/a/shard_00000.parquet", "/mnt/a/shard_00002.parquet"])
-    assert a != data_fingerprint(["/mnt/a/shard_00000.parquet"])
-    assert a != data_fingerprint(["/mnt/a/shard_00001.parquet", "/mnt/a/shard_00000.parquet"])
-    assert isinstance(a, str) and json.loads(json.dumps(a)) == a
-
-
-# ------------------------------------------------------------------ best-fit buffer runs
+# ------------------------------------------------------------------ best-fit buffer runs, digest
 
 def test_buffer_runs_round_trip():
     runs = [[1, 0, 2, 5, 3], [2, 2, 0, 0, 1]]
-    state = json.loads(json.dumps(dict(saved(), buffer=runs)))
-    assert buffer_runs(state, n_files=3) == runs
+    assert buffer_runs(json.loads(json.dumps(dict(saved(), buffer=runs))), n_files=3) == runs
     assert buffer_runs(dict(saved(), buffer=[]), n_files=3) == []
 
 
-@pytest.mark.parametrize("buffer", [None, "[]", {"runs": []}, 5])
-def test_buffer_runs_not_a_list_is_refused(buffer):
-    state = saved()
-    if buffer is not None:
-        state["buffer"] = buffer
-    with pytest.raises(ValueError, match="buffer"):
-        buffer_runs(state, n_files=3)
-
-
 @pytest.mark.parametrize("run", [
-    [1, 0, 0, 0], [1, 0, 0, 0, 1, 1], (1, 0, 0, 0, 1), "1,0,0,0,1",
-    [0, 0, 0, 0, 1],        # epoch 0
-    [1, 3, 0, 0, 1],        # file out of range
-    [1, 0, 0, 0, 0],        # empty run
-    [1, -1, 0, 0, 1], [1, 0, -1, 0, 1], [1, 0, 0, -1, 1],
-    [True, 0, 0, 0, 1], [1, 0, 0, 0, True], [1, 0, 0.0, 0, 1], [1, 0, "0", 0, 1]])
+    [1, 0, 0, 0], [1, 0, 0, 0, 1, 1], (1, 0, 0, 0, 1), "1,0,0,0,1", [0, 0, 0, 0, 1], [1, 3, 0, 0, 1],
+    [1, 0, 0, 0, 0], [1, -1, 0, 0, 1], [1, 0, -1, 0, 1], [True, 0, 0, 0, 1], [1, 0, "0", 0, 1]])
 def test_buffer_runs_bad_run_is_refused(run):
-    state = dict(saved(), buffer=[[1, 0, 0, 0, 2], run])
     with pytest.raises(ValueError, match="buffer"):
-        buffer_runs(state, n_files=3)
+        buffer_runs(dict(saved(), buffer=[[1, 0, 0, 0, 2], run]), n_files=3)
 
 
 def test_a_state_mixing_two_ranks_is_refused_naming_the_digest():
@@ -259,14 +305,22 @@ def test_a_state_mixing_two_ranks_is_refused_naming_the_digest():
     mixed = saved(rank=1, doc=5)
     mixed["doc_idx"] = saved(rank=0, rg=2, doc=9)["doc_idx"]
     with pytest.raises(ValueError, match="digest") as ei:
-        check(mixed, CONFIG, rank=1, world=2, n_files=3)
+        check(mixed, loader())
     assert "loader_rank" in str(ei.value)
+
+
+@pytest.mark.parametrize("field,value", [("batch", 41), ("shapes", [[0, 4, 8]]),
+                                         ("origin", {"pq_idx": 0, "rg_idx": 1})])
+def test_the_digest_covers_batch_shapes_and_origin(field, value):
+    with pytest.raises(ValueError, match="digest"):
+        check(dict(saved(), **{field: value}), loader())
 
 
 def test_the_digest_covers_the_buffer():
     runs = [[1, 0, 2, 10, 3], [1, 1, 0, 0, 4]]
-    state = json.loads(json.dumps(make_state(base_state(CONFIG, 1, 2), 2, 1, 3, 5, 0, runs)))
-    check(state, CONFIG, rank=1, world=2, n_files=3)  # consistent: accepted
+    state = saved(skip=0, buffer=runs, config=dict(CONFIG, packing="bos_bestfit"))
+    lo = loader(config=dict(CONFIG, packing="bos_bestfit"), bestfit=True)
+    assert quiet_check(state, lo).runs == runs
     state["buffer"][1][4] = 5
     with pytest.raises(ValueError, match="digest"):
-        check(state, CONFIG, rank=1, world=2, n_files=3)
+        check(state, lo)
