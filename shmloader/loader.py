@@ -240,10 +240,10 @@ class ShmLoader:
         layout = RingLayout(2, 1, self.num_workers)
         cargs = self._coordinator_args(layout, resume, self.files[:resume.n_files],
                                        (resume.shapes, resume.batch))
-        (epoch, file, rg, doc, skip), runs = locate_position(self, layout, cargs)
-        log.info("rank %d: batch %d is at file %d, row group %d, document %d, token %d of it "
-                 "(found in %.1f s)", self.rank, resume.batch, file, rg, doc, skip,
-                 time.monotonic() - began)
+        (epoch, file, rg, doc, skip), runs, cached, counted = locate_position(self, layout, cargs)
+        log.info("rank %d: batch %d is at epoch %d, file %d, row group %d, document %d, token %d "
+                 "(found in %.1f s; row groups from the token cache: %d, %d counted)", self.rank,
+                 resume.batch, epoch, file, rg, doc, skip, time.monotonic() - began, cached, counted)
         return dataclasses.replace(resume, cursor=Cursor(epoch, file, rg, doc), skip=skip, runs=runs,
                                    locate=False)
 

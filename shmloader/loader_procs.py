@@ -242,7 +242,8 @@ def start_children(loader, layout: ringmod.RingLayout, cargs, count_only: bool =
 
 def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
     """Run a count-only coordinator and workers until the coordinator reports the position
-    `((epoch, file, rg, doc, skip), runs)` at `cargs.locate`; logs its progress. Raises as
+    `((epoch, file, rg, doc, skip), runs)` at `cargs.locate`; returns it with the pieces read
+    from the token cache and the pieces tokenized to count them. Logs its progress. Raises as
     `next()` does: a reported error, a dead process, or no word for `loader.timeout` s."""
     log = logging.getLogger("shmloader")
     kids = start_children(loader, layout, cargs, count_only=True)
@@ -253,7 +254,8 @@ def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
             if kids.conn in ready:
                 msg = kids.read(("located", "progress"))
                 if msg is not None and msg[0] == "located":
-                    return msg[1], msg[2]
+                    stats = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in kids.ring.stats)))
+                    return msg[1], msg[2], stats["cache_hits"], stats["pieces"] - stats["cache_hits"]
                 if msg is not None:
                     log.info("rank %d: counted to batch %d of %d", loader.rank, msg[1], msg[2])
                 deadline = time.monotonic() + loader.timeout

@@ -26,13 +26,16 @@ def test_derived_sizes():
     assert LoaderConfig(2, 8, cache_dir="/c").piece_cap > 10 ** 9
 
 
-def test_fingerprint_holds_what_changes_the_stream():
-    base = LoaderConfig(2, 8).fingerprint("d", "t")
-    assert base == {"B": 2, "T": 8, "split": "train", "packing": "concat", "data": "d", "tokenizer": "t"}
-    assert LoaderConfig(2, 8, num_workers=3, n_slots=5, timeout=9).fingerprint("d", "t") == base
-    fit = LoaderConfig(2, 8, packing="bos_bestfit", buffer_size=7, tokenizer_batch_size=3).fingerprint("d", "t")
+def test_fingerprint_holds_what_a_resume_may_not_change():
+    """B, T and the files are checked on their own (a new shape or appended files continue)."""
+    base = LoaderConfig(2, 8).fingerprint("t")
+    assert base == {"split": "train", "packing": "concat", "tokenizer": "t"}
+    assert LoaderConfig(4, 16, num_workers=3, n_slots=5, timeout=9, other_rank="nanochat").fingerprint("t") == base
+    fit = LoaderConfig(2, 8, packing="bos_bestfit", buffer_size=7, tokenizer_batch_size=3).fingerprint("t")
     assert (fit["buffer_size"], fit["tokenizer_batch_size"]) == (7, 3)
-    assert LoaderConfig(2, 8, on_bad_row_group="skip").fingerprint("d", "t")["on_bad_row_group"] == "skip"
+    assert LoaderConfig(2, 8, on_bad_row_group="skip").fingerprint("t")["on_bad_row_group"] == "skip"
+    with pytest.raises(ValueError, match="other_rank"):
+        LoaderConfig(2, 8, other_rank="approximate")
 
 
 def test_frozen():
