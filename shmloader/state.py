@@ -63,9 +63,11 @@ class Resume:
     n_files: int = 0      # files of the split when the state was saved (for `locate`)
 
 
-def file_list(paths: list[str], sizes: list[int]) -> list[list]:
-    """[[name, bytes], ...]: names, not directories (a moved data set still resumes)."""
-    return [[os.fspath(p).replace("\\", "/").rsplit("/", 1)[-1], int(s)] for p, s in zip(paths, sizes)]
+def file_list(paths: list[str], sizes: list) -> list[list]:
+    """[[name, bytes], ...]: names, not directories (a moved data set still resumes); -1 for a
+    size the filesystem does not know (a missing object, reported when it is read)."""
+    return [[os.fspath(p).replace("\\", "/").rsplit("/", 1)[-1], -1 if s is None else int(s)]
+            for p, s in zip(paths, sizes)]
 
 
 def start(loader: Loader) -> Resume:
