@@ -156,13 +156,13 @@ class _BestFit:
 
     def __init__(self, args: CoordinatorArgs, n_workers: int, skip):
         prefix = buffer_pieces(args.buffer_runs, args.max_piece_docs)
-        ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs)
+        ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs, args.buffer_size)
         self.pieces = itertools.chain(prefix, _pieces(args, ramp, cap, len(prefix), skip))
         s = args.start
         self.seq = BestFitSequencer(args.B, args.T, args.layout.n_slots, args.buffer_size,
                                     len(prefix), (s.epoch, s.file, s.rg, s.doc))
         self.args = args
-        self.pending = [0] * n_workers   # pieces assigned, not counted
+        self.pending = self.load = [0] * n_workers   # pieces assigned, not counted
         self.assigned_docs = 0           # documents assigned, not counted
         self.owner, self.specs = {}, {}
         self.cropped_reported = 0
@@ -300,7 +300,7 @@ class _Coordinator:
 
     def _assign(self):
         while True:
-            i = min(range(len(self.workers)), key=lambda w: (not self.mode.can_take(w), w))
+            i = min(range(len(self.workers)), key=lambda w: (not self.mode.can_take(w), self.mode.load[w], w))
             if not self.mode.can_take(i):
                 return
             piece = next(self.mode.pieces)
