@@ -160,13 +160,13 @@ class _BestFit:
 
     def __init__(self, args: CoordinatorArgs, n_workers: int, skip):
         prefix = buffer_pieces(args.buffer_runs, args.max_piece_docs)
-        ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs)
+        ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs, args.buffer_size)
         self.pieces = itertools.chain(prefix, _pieces(args, ramp, cap, len(prefix), skip))
         s = args.start
         self.seq = BestFitSequencer(args.B, args.T, args.layout.n_slots, args.buffer_size,
                                     len(prefix), (s.epoch, s.file, s.rg, s.doc))
         self.args = args
-        self.pending = [0] * n_workers   # pieces assigned, not counted
+        self.pending = self.load = [0] * n_workers   # pieces assigned, not counted
         self.assigned_docs = 0           # documents assigned, not counted
         self.owner, self.specs = {}, {}
         self.cropped_reported = 0
@@ -212,13 +212,13 @@ class _Count:
     def __init__(self, args: CoordinatorArgs, n_workers: int, skip):
         shapes, batch = args.locate
         if args.packing == "bos_bestfit":
-            ramp, cap = ramp_for(args.chunk_docs, args.max_piece_docs)
+            _, cap = ramp_for(args.chunk_docs, args.max_piece_docs)  # whole chunks
             self.locator = BestFitLocator(shapes, batch, args.start, args.buffer_size, args.chunk_docs)
         else:
-            ramp, cap = RAMP, args.max_piece_docs
+            cap = args.max_piece_docs
             self.locator = ConcatLocator(shapes, batch, args.start)
-        self.pieces = _pieces(args, ramp, cap, 0, skip)
-        self.pending = [0] * n_workers
+        self.pieces = _pieces(args, (), cap, 0, skip)  # no ramp: nothing waits for a first batch
+        self.pending = self.load = [0] * n_workers  # pieces assigned, not counted
         self.owner, self.specs, self._counted, self._next = {}, {}, {}, 0
         self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
 
@@ -357,7 +357,7 @@ class _Coordinator:
 
     def _assign(self):
         while True:
-            i = min(range(len(self.workers)), key=lambda w: (not self.mode.can_take(w), w))
+            i = min(range(len(self.workers)), key=lambda w: (not self.mode.can_take(w), self.mode.load[w], w))
             if not self.mode.can_take(i):
                 return
             piece = next(self.mode.pieces)

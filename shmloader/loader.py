@@ -28,7 +28,7 @@ from . import errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
 from .config import LoaderConfig
 from .coordinator import CoordinatorArgs
-from .loader_procs import locate_position, start_children
+from .loader_procs import locate_position, prestart, start_children
 from .plan import Cursor
 from .ring import RingLayout, SlotState
 
@@ -68,6 +68,7 @@ class ShmLoader:
         if options.get("cache_dir") is not None:
             options["cache_dir"] = os.fspath(options["cache_dir"])
         self.cfg = LoaderConfig(B, T, split, packing, num_workers, **options)
+        prestart(self.cfg.start_method)  # the forkserver boots while the rest is built
         self.device = _device(device)
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size

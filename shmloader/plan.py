@@ -43,10 +43,17 @@ class Piece:
         return self.doc_end - self.doc_start
 
 
-def ramp_for(chunk_docs: int, max_docs: int) -> tuple[tuple[int, ...], int]:
-    """Ramp and cap rounded up to whole chunks, so that pieces never split a chunk."""
+def ramp_for(chunk_docs: int, max_docs: int, fill_docs: int = 0) -> tuple[tuple[int, ...], int]:
+    """Ramp and cap rounded up to whole chunks, so that pieces never split a chunk.
+
+    Best fit plans its first batch only once `fill_docs` documents (its buffer) and the
+    batch's own are counted: the ramp then starts with one-chunk pieces covering them plus
+    one chunk, which the coordinator spreads over every worker, so that the fill is
+    tokenized in parallel in pieces of equal size (one big last piece would hold the first
+    batch back, and pieces past the fill only compete with it for the cores)."""
     up = lambda n: -(-n // chunk_docs) * chunk_docs
-    return tuple(up(n) for n in RAMP), up(max_docs)
+    fill = (chunk_docs,) * (-(-fill_docs // chunk_docs) + 1) if fill_docs else ()
+    return fill + tuple(up(n) for n in RAMP if not fill or up(n) > chunk_docs), up(max_docs)
 
 
 def buffer_pieces(runs, max_docs: int) -> list[Piece]:

@@ -132,3 +132,38 @@ def _runs(coords) -> list[list[int]]:
         else:
             runs.append([e, f, g, row, 1])
     return runs
+
+
+def nanochat_style_bestfit_batches(files, enc, B, T, bos, buffer_size=1000, tokenizer_threads=4,
+                                   tokenizer_batch_size=128):
+    """Yield `(inputs, targets)` the way nanochat's BOS-aligned best-fit loader makes them: a
+    buffer of `buffer_size` tokenized documents (refilled `tokenizer_batch_size` documents at a
+    time, batch-encoded on threads), each row filled with the largest document that fits, else
+    the shortest one cropped. The baseline for first-batch latency, not the tests' oracle."""
+    import torch
+
+    texts = (text for _, text in documents(files))
+    buffer = []
+
+    def refill():
+        chunk = [t for t in (next(texts) for _ in range(tokenizer_batch_size)) if t is not None]
+        buffer.extend([bos] + ids for ids in enc.encode_ordinary_batch(chunk, num_threads=tokenizer_threads))
+
+    while True:
+        rows = torch.empty((B, T + 1), dtype=torch.long)
+        for r in range(B):
+            pos = 0
+            while pos < T + 1:
+                while len(buffer) < buffer_size:
+                    refill()
+                room = T + 1 - pos
+                best, best_len = -1, 0
+                for i, doc in enumerate(buffer):
+                    if best_len < len(doc) <= room:
+                        best, best_len = i, len(doc)
+                if best < 0:
+                    best = min(range(len(buffer)), key=lambda i: len(buffer[i]))
+                doc = buffer.pop(best)[:room]
+                rows[r, pos:pos + len(doc)] = torch.tensor(doc, dtype=torch.long)
+                pos += len(doc)
+        yield rows[:, :-1], rows[:, 1:]

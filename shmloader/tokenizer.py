@@ -13,6 +13,7 @@ special. Workers rebuild the tokenizer once from the spec's bytes.
 import hashlib
 import os
 import pickle
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,7 +129,23 @@ def _hf_spec(tokenizer, bos: int | None) -> TokenizerSpec:
                          tok.get_vocab_size())
 
 
+# Encoding -> {bos: spec}: nanochat builds a new val loader, with the same tokenizer object, at
+# every evaluation; pickling and fingerprinting a 65k-token vocabulary each time costs tens of ms
+_SPECS = weakref.WeakKeyDictionary()
+
+
 def _tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
+    try:
+        known = _SPECS.setdefault(enc, {})
+    except TypeError:  # not weak-referenceable
+        known = {}
+    if bos in known:
+        return known[bos]
+    known[bos] = spec = _make_tiktoken_spec(enc, bos)
+    return spec
+
+
+def _make_tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
     if bos is None:
         names = [n for n in BOS_NAMES if n in enc.special_tokens_set]
         if not names:
@@ -139,9 +156,10 @@ def _tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
     h.update(enc._pat_str.encode())
     for name, tok in sorted(enc._special_tokens.items()):
         h.update(f"{name}={tok};".encode())
-    for piece, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+    ranks = enc._mergeable_ranks
+    for piece in sorted(ranks, key=ranks.__getitem__):  # no (piece, rank) tuple per entry
         h.update(piece)
-        h.update(rank.to_bytes(4, "little"))
+        h.update(ranks[piece].to_bytes(4, "little"))
     return TokenizerSpec("tiktoken", pickle.dumps(enc), int(bos), _fingerprint(h, int(bos)), enc.n_vocab)
 
 

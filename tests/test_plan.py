@@ -292,6 +292,14 @@ def test_ramp_for_examples():
     assert ramp_for(7, 10) == ((21, 35, 70, 133, 259, 518), 14)
 
 
+def test_ramp_for_best_fit_fill_is_one_chunk_pieces():
+    # best fit's first batch waits for its buffer (1000 documents): one-chunk pieces cover it
+    # and one chunk more, spread over the workers; then the ramp resumes above a chunk
+    assert ramp_for(128, 1024, 1000) == ((128,) * 9 + (256, 512), 1024)
+    assert ramp_for(100, 1000, 150) == ((100, 100, 100, 200, 300, 600), 1000)
+    assert ramp_for(128, 1024, 0) == ramp_for(128, 1024)
+
+
 @settings(deadline=None)
 @given(chunk=st.integers(1, 600), max_docs=st.integers(1, 3000))
 def test_ramp_for_rounds_up_to_whole_chunks(chunk, max_docs):

@@ -263,3 +263,14 @@ def test_fingerprint_is_the_same_across_forms(shards, enc, pkl):
     other = corpus.train_tokenizer(corpus.synthetic_texts(80, seed=9, mean_words=20), vocab_size=300)
     _, config = _loader_windows(shards, other, n=1)
     assert config["tokenizer"] != prints["object"], "a different tokenizer must change the fingerprint"
+
+
+def test_spec_of_an_encoding_is_computed_once_per_object_and_bos(enc):
+    # nanochat builds a val loader with the same tokenizer object at every evaluation
+    from shmloader import tokenizer as tokmod
+
+    first = tokmod.resolve(enc)
+    assert tokmod.resolve(enc) is first
+    other = tokmod.resolve(enc, bos=first.bos + 1)
+    assert other is not first and other.bos == first.bos + 1 and other.fingerprint != first.fingerprint
+    assert tokmod.resolve(enc, bos=first.bos + 1) is other

@@ -34,6 +34,18 @@ other, never together. Figures (SPEC §5):
   efficiency = shmloader tokens/s / (workers * raw encode_to_numpy rate), meaningful only
   while workers <= cores (the coordinator and the trainer share the cores too).
 
+- first batch as nanochat pays it (`--first-batch`, or `--first-batch-only`): nanochat builds a
+  new validation loader at every evaluation, takes a few batches and drops it. In one fresh
+  process (torch imported first) the bench builds `--first-batch-loaders` loaders one after the
+  other through the nanochat drop-ins (`shmloader.nanochat`; the tokenizer passed as an object,
+  as nanochat does), times each from the call to its first batch, takes
+  `--first-batch-take` batches and drops it; "first" is loader 1 (which also starts the
+  forkserver), "later" the median and max of loaders 2..N. Per packing (best fit with
+  buffer_size 1000, tokenizer_batch_size 128, as nanochat's val loader), next to the
+  nanochat-style in-process loaders of `shmloader.reference` timed the same way.
+  `--first-batch-compare DIR` also runs every shmloader row with the shmloader package of
+  another checkout (DIR on PYTHONPATH), interleaved, for before/after figures in one run.
+
 - token cache (`--cache-runs`, on by default): shmloader with 1 worker and `cache_dir` set,
   cold (an empty cache: it tokenizes and writes every row group) and warm (the cache filled
   for the whole split first, as tools/pretokenize.py does), in the same run.
@@ -57,6 +69,8 @@ TARGET_SPEEDUP = 2.5          # x baseline, 2 workers on 2 cores
 TARGET_EFFICIENCY = 0.85      # per worker
 TARGET_TRAINER_US = 100.0     # CPU us per batch at B=16, T=2048
 TARGET_BT = (16, 2048)
+TARGET_FIRST_MS = 400.0       # first loader of a process, call to first batch
+TARGET_LATER_MS = 100.0       # every later loader in the same process
 
 
 # ---------------------------------------------------------------- measurements (child process)
@@ -221,6 +235,8 @@ def child_main(cfg: dict) -> dict:
     """One loader configuration, in a fresh process: latency, throughput, trainer cost, RSS."""
     if cfg["kind"] == "raw":
         return raw_child(cfg)
+    if cfg["kind"] in ("fb_baseline", "fb_shmloader"):
+        return first_batch_child(cfg)
     import resource
 
     import torch  # noqa: F401  (imported before any timing: SPEC §5)
@@ -253,6 +269,60 @@ def child_main(cfg: dict) -> dict:
                           first_epoch_only=cfg.get("cache") == "cold"))
     out.update(trainer_cost(make, cfg["cost_batches"], cfg["cost_sleep_ms"] / 1e3, f"{label} trainer cost"))
     out["trainer_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def first_batch_series(make, n_loaders: int, take: int) -> dict:
+    """Build `n_loaders` loaders one after the other, each timed from the call to its first
+    batch, then `take` batches in all from it and dropped (as nanochat's val loader)."""
+    times = []
+    for _ in range(n_loaders):
+        started = time.perf_counter()
+        gen = make()
+        next(gen)
+        times.append(time.perf_counter() - started)
+        for _ in range(take - 1):
+            next(gen)
+        gen.close()
+        del gen
+    later = times[1:]
+    return {"loaders": n_loaders, "take": take, "first_ms": times[0] * 1e3,
+            "later_ms_median": statistics.median(later) * 1e3 if later else None,
+            "later_ms_max": max(later) * 1e3 if later else None, "all_ms": [t * 1e3 for t in times]}
+
+
+def first_batch_child(cfg: dict) -> dict:
+    import torch  # noqa: F401  (imported before any timing, as in a training script)
+
+    B, T, split = cfg["B"], cfg["T"], cfg["fb_split"]
+    bestfit = cfg["packing"] == "bos_bestfit"
+    enc = _load_tiktoken(cfg["tokenizer"])  # nanochat passes its tokenizer object
+    if cfg["kind"] == "fb_baseline":
+        from shmloader import source
+        from shmloader.reference import nanochat_style_batches, nanochat_style_bestfit_batches
+
+        files, bos = source.split_files(source.list_files(cfg["data"]), split), _bos(enc)
+        if bestfit:
+            make = lambda: nanochat_style_bestfit_batches(files, enc, B, T, bos, buffer_size=1000,  # noqa: E731
+                                                          tokenizer_batch_size=128)
+        else:
+            make = lambda: nanochat_style_batches(files, enc, B, T, bos)  # noqa: E731
+    else:
+        import shmloader
+        from shmloader import nanochat
+
+        opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"])
+        if bestfit:
+            make = lambda: nanochat.tokenizing_distributed_data_loader_bos_bestfit(  # noqa: E731
+                enc, B, T, split, buffer_size=1000, tokenizer_batch_size=128, **opts)
+        else:
+            make = lambda: nanochat.tokenizing_distributed_data_loader(B, T, split, tokenizer=enc,  # noqa: E731
+                                                                        **opts)
+    out = {"kind": cfg["kind"], "packing": cfg["packing"], "workers": cfg.get("workers"),
+           "label": cfg.get("label")}
+    if cfg["kind"] != "fb_baseline":
+        out["shmloader"] = os.path.dirname(os.path.dirname(os.path.abspath(shmloader.__file__)))
+    out.update(first_batch_series(make, cfg["fb_loaders"], cfg["fb_take"]))
     return out
 
 
@@ -312,6 +382,72 @@ def raw_rates(files, enc, seconds: float, rounds: int = 3) -> dict:
     return out
 
 
+def first_batch_runs(cfg: dict, args) -> dict:
+    """Per packing: the nanochat-style baseline, then shmloader at each worker count (and the
+    `--first-batch-compare` checkout next to it), each a fresh process, `--repeat` rounds in
+    turn. A row: the median over rounds of loader 1's time, later loaders pooled."""
+    configs = []
+    for packing in args.packings:
+        configs.append(dict(kind="fb_baseline", packing=packing, label="nanochat-style baseline"))
+        for w in args.workers:
+            if args.first_batch_compare is not None:
+                configs.append(dict(kind="fb_shmloader", packing=packing, workers=w, label="before",
+                                    pythonpath=str(args.first_batch_compare)))
+            configs.append(dict(kind="fb_shmloader", packing=packing, workers=w,
+                                label="this checkout" if args.first_batch_compare is not None else None))
+    base = dict(cfg, fb_split=args.first_batch_split, fb_loaders=args.first_batch_loaders,
+                fb_take=args.first_batch_take)
+    rounds = []
+    for i in range(args.repeat):
+        runs = []
+        for c in configs:
+            c = dict(c)
+            pythonpath = c.pop("pythonpath", None)
+            workers = "" if c.get("workers") is None else f", {c['workers']} workers"
+            print(f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}first batch: {c['label'] or ''} "
+                  f"{c['kind'][3:]} {c['packing']}{workers} (fresh process) ...", file=sys.stderr)
+            runs.append(run_child(dict(base, **c), pythonpath))
+        rounds.append(runs)
+    rows = []
+    for i in range(len(configs)):
+        got = [rnd[i] for rnd in rounds]
+        later = [t for r in got for t in r["all_ms"][1:]]
+        rows.append(dict(got[0], first_ms=statistics.median(r["first_ms"] for r in got),
+                         first_ms_rounds=[r["first_ms"] for r in got],
+                         later_ms_median=statistics.median(later) if later else None,
+                         later_ms_max=max(later) if later else None,
+                         all_ms_rounds=[r["all_ms"] for r in got]))
+    return {"split": args.first_batch_split, "loaders": args.first_batch_loaders, "take": args.first_batch_take,
+            "rounds": args.repeat, "rows": rows}
+
+
+def first_batch_report(fb: dict, c: dict) -> list[str]:
+    out = ["", f"first batch, as nanochat's val loader (rebuilt at every evaluation): split {fb['split']}, "
+               f"B={c['B']}, T={c['T']}; {fb['loaders']} loaders one after the other in one fresh process "
+               f"(torch imported first), {fb['take']} batches each; ms from the call to the first batch"
+               + (f"; {fb['rounds']} rounds, loader 1 the median over rounds, later loaders pooled"
+                  if fb["rounds"] > 1 else "")]
+    head = ("loader", "packing", "first (loader 1)", "later median", "later max", "all (round 1)")
+    rows = []
+    for r in fb["rows"]:
+        name = "nanochat-style baseline" if r["kind"] == "fb_baseline" else \
+            f"shmloader, {r['workers']} worker{'s' * (r['workers'] > 1)}" + (f" ({r['label']})" if r.get("label") else "")
+        rows.append((name, r["packing"], _fmt(r["first_ms"]), _fmt(r["later_ms_median"]), _fmt(r["later_ms_max"]),
+                     " ".join(f"{t:.0f}" for t in r["all_ms_rounds"][0])))
+    out.append(_table(head, rows))
+    ours = [r for r in fb["rows"] if r["kind"] == "fb_shmloader" and r.get("label") != "before"]
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    for packing in sorted({r["packing"] for r in ours}):
+        mine = [r for r in ours if r["packing"] == packing]
+        first = max(r["first_ms"] for r in mine)
+        median = max(r["later_ms_median"] or 0 for r in mine)
+        worst = max(r["later_ms_max"] or 0 for r in mine)
+        out.append(f"  {packing}: first loader <= {TARGET_FIRST_MS:.0f} ms: {first:,.0f} ms, "
+                   f"{met(first <= TARGET_FIRST_MS)}; every later loader <= {TARGET_LATER_MS:.0f} ms: median "
+                   f"{median:,.0f}, max {worst:,.0f} ms, {met(worst <= TARGET_LATER_MS)}")
+    return out
+
+
 def cache_runs(cfg: dict, data: str, tok: str) -> list:
     """1 worker with an empty token cache, then with the cache filled for the whole split."""
     import tempfile
@@ -332,9 +468,12 @@ def cache_runs(cfg: dict, data: str, tok: str) -> list:
     return out
 
 
-def run_child(cfg: dict) -> dict:
+def run_child(cfg: dict, pythonpath: str | None = None) -> dict:
+    env = None
+    if pythonpath is not None:  # another checkout's shmloader first
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], input=json.dumps(cfg),
-                          stdout=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"bench: the {cfg['kind']} measurement failed (exit code {proc.returncode}); "
@@ -381,7 +520,11 @@ def aggregate(rounds: list) -> list:
 
 
 def report(result: dict) -> str:
-    c, raw, runs = result["config"], result["raw"], result["runs"]
+    c = result["config"]
+    if "runs" not in result:  # --first-batch-only
+        return "\n".join([f"shmloader bench: cores: {result['cores']} usable, load average at start "
+                          f"{result['loadavg']}; data: {c['data']}"] + first_batch_report(result["first_batch"], c))
+    raw, runs = result["raw"], result["runs"]
     base = runs[0]
     rate = raw["encode_to_numpy"]["tokens_per_s"]
     out = [f"shmloader bench: B={c['B']}, T={c['T']} ({c['B'] * c['T'] + 1:,} tokens read per batch), "
@@ -431,6 +574,8 @@ def report(result: dict) -> str:
                    f"{r['trainer_cpu_us_per_next_median']:,.1f}) | {r['trainer_cpu_us_per_next_after_sleep']:,.1f} us"
                    f" | floor {r['after_sleep_floor_us']:,.1f} us{ready}")
     out += ["", "targets:"] + _targets(result, rate)
+    if result.get("first_batch"):
+        out += first_batch_report(result["first_batch"], c)
     return "\n".join(out)
 
 
@@ -516,6 +661,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also draw tokens/s against worker count (shmloader vs baseline) into this PNG")
     p.add_argument("--from-json", type=Path, default=None, metavar="JSON",
                    help="measure nothing: redraw --chart (and reprint the report) from an earlier --json")
+    p.add_argument("--first-batch", action="store_true",
+                   help="also measure first-batch latency as nanochat pays it (a new val loader per evaluation)")
+    p.add_argument("--first-batch-only", action="store_true",
+                   help="measure only the first-batch latency (no raw rates, throughput or cache runs)")
+    p.add_argument("--first-batch-loaders", type=int, default=8,
+                   help="loaders built one after the other per process (loaders; default 8)")
+    p.add_argument("--first-batch-take", type=int, default=4,
+                   help="batches taken from each before it is dropped (batches; default 4)")
+    p.add_argument("--first-batch-split", choices=("train", "val"), default="val",
+                   help="split of the first-batch loaders (default val, as nanochat's evaluation)")
+    p.add_argument("--first-batch-compare", type=Path, default=None, metavar="DIR",
+                   help="also run the shmloader rows with the shmloader package under DIR (another checkout), "
+                        "interleaved, for before/after figures in one run")
     p.add_argument("--quick", action="store_true", help="a ~30 s run: 3 s per measurement, 40 trainer-cost batches")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # config on stdin
     args = p.parse_args(argv)
@@ -525,6 +683,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.cost_batches = 40 if args.quick else 100
     if min(args.workers) < 1 or min(args.batch_size, args.seq_len, args.first_runs, args.repeat) < 1:
         p.error("--workers, --batch-size, --seq-len, --first-runs and --repeat must be >= 1")
+    if args.first_batch_loaders < 1 or args.first_batch_take < 1:
+        p.error("--first-batch-loaders and --first-batch-take must be >= 1")
+    if args.first_batch_compare is not None:
+        args.first_batch_compare = args.first_batch_compare.resolve()
+        if not (args.first_batch_compare / "shmloader" / "__init__.py").is_file():
+            p.error(f"--first-batch-compare {args.first_batch_compare}: no shmloader package there")
     if args.seconds <= 0 or args.cost_batches < 1:
         p.error("--seconds must be > 0 and --cost-batches >= 1")
     return args
@@ -567,6 +731,13 @@ def main(argv=None) -> int:
            "cost_batches": args.cost_batches, "cost_sleep_ms": args.cost_sleep_ms}
     result = {"config": cfg, "cores": len(os.sched_getaffinity(0)),
               "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])}
+    if args.first_batch_only:
+        result["first_batch"] = first_batch_runs(cfg, args)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(report(result))
+        return 0
     print(f"measuring single-thread tiktoken on {len(files)} files ...", file=sys.stderr)
     result["raw"] = raw_rates(files, _load_tiktoken(tok), min(args.seconds, 5.0))
     print(f"measuring {result['cores']} bare tokenizer processes side by side ...", file=sys.stderr)
@@ -585,6 +756,8 @@ def main(argv=None) -> int:
     if args.cache_runs:
         runs += cache_runs(cfg, data, tok)
     result["runs"], result["rounds"] = runs, args.repeat
+    if args.first_batch:
+        result["first_batch"] = first_batch_runs(cfg, args)
     if args.json is not None:  # first: a report that fails must not lose the measurements
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
