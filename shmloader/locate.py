@@ -38,14 +38,14 @@ def concat_tokens(shapes: list, batch: int) -> int:
 class ConcatLocator:
     def __init__(self, shapes: list, batch: int, start):
         self.target, self.consumed = concat_tokens(shapes, batch), 0
-        self.batch, self.total = batch, batch
+        self.total = batch
         self.result = ((start.epoch, start.file, start.rg, start.doc, 0), []) if self.target == 0 else None
 
     @property
     def done_batches(self) -> int:
         """Progress, in batches of the current shape (approximate across shapes)."""
-        per = max(self.target // max(self.batch, 1), 1)
-        return min(self.consumed // per, self.batch)
+        per = max(self.target // max(self.total, 1), 1)
+        return min(self.consumed // per, self.total)
 
     def feed(self, piece, lengths: np.ndarray):
         if self.result is not None:
