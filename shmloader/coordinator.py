@@ -384,10 +384,15 @@ class _Coordinator:
 
 
 def coordinator_main(args: CoordinatorArgs, trainer, workers, alive):
+    # Ctrl-C is the trainer's; started with SIGINT blocked (loader_procs._start),
+    # so ignore it before unblocking it, which drops one that is pending
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    attached = ringmod.Attached(args.ring_name, args.layout)
-    coordinator = None
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    attached = coordinator = None
     try:
+        attached = ringmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
+        if attached is None:
+            return
         coordinator = _Coordinator(args, trainer, list(workers), alive, attached.ring)
         coordinator.run()
     except _Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)
@@ -402,4 +407,5 @@ def coordinator_main(args: CoordinatorArgs, trainer, workers, alive):
             coordinator.to_trainer.send(report)
             coordinator.to_trainer.flush(timeout=ERROR_FLUSH_S)
     finally:
-        attached.close()
+        if attached is not None:
+            attached.close()

@@ -74,6 +74,8 @@ class ShmLoader:
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank {self.rank} of {self.world_size}")
+        if data is None:  # nanochat's directory; rank 0 of the train split tells of a fallback
+            data = source.default_data_dir(notice=self.rank == 0 and split == "train")
         self.filesystem = source.filesystem_for(data, filesystem)
         self.files = source.split_files(source.list_files(data, self.filesystem), split)
         self.tokenizer = tokmod.resolve(tokenizer, bos)

@@ -10,6 +10,7 @@ its EOF), joins with a 2 s deadline, kills what is left, and unlinks the ring.
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import pickle
 import select
 import signal
@@ -19,6 +20,7 @@ import types
 import warnings
 from collections import deque
 from dataclasses import dataclass, field, replace
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 
 import torch
@@ -304,11 +306,34 @@ def _spawn(kids: Children, loader, layout, cargs, count_only: bool = False):
                                         args=(wargs, end, alive_r)))
     try:
         with _main_hidden():
-            for p in kids.procs:
-                p.start()
+            _start(kids.procs, loader.start_method)
     finally:
         for c in (alive_r, coord_end, *(c for pair in pipes for c in pair)):
             c.close()
+
+
+def _start(procs, start_method: str):
+    """Start the children so that a Ctrl-C (sent to the whole foreground process group)
+    cannot interrupt them while they start up: the forkserver's interpreter and preloads, a
+    spawned child's interpreter, a forked child's unpickling and bootstrap would each print
+    a traceback. Processes are created with SIGINT blocked (`ring.sigint_blocked`; the mask
+    survives fork and exec), and each child ignores SIGINT before unblocking it
+    (`coordinator_main`, `worker_main`), which drops a pending one. The forkserver ignores
+    SIGINT and keeps it blocked, so every child it forks starts blocked (other processes
+    forked by the same server, e.g. the user's own, inherit that too); so only its start is
+    blocked, and the trainer stays interruptible while it waits for the server's preloads.
+    A forkserver already started elsewhere without the block leaves its children's short
+    bootstrap exposed."""
+    resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
+    if start_method == "forkserver":
+        with ringmod.sigint_blocked():
+            multiprocessing.forkserver.ensure_running()
+        for p in procs:
+            p.start()
+    else:
+        with ringmod.sigint_blocked():
+            for p in procs:
+                p.start()
 
 
 @contextlib.contextmanager

@@ -9,12 +9,14 @@ too-small /dev/shm is an OSError at start naming the bytes needed and free, neve
 later; names are `shml_<pid>_<hex>` (under 30 characters) and `sweep_stale()` unlinks the
 segments of creators that are no longer alive. Linux only (/dev/shm).
 """
+import contextlib
 import enum
 import mmap
 import os
 import secrets
+import signal
 from dataclasses import dataclass
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
@@ -116,17 +118,37 @@ def create(layout: RingLayout) -> tuple[shared_memory.SharedMemory, Ring]:
     lent to the caller as views of the ring, and a batch the caller still holds when the
     loader closes keeps that mapping alive (it is unmapped when the last view is freed),
     while `shm` itself closes and unlinks as usual."""
-    shm = shared_memory.SharedMemory(name=new_name(), create=True, size=layout.nbytes)
+    # A Ctrl-C must not land between the segment's creation and `shm` (nobody would unlink
+    # it): the resource tracker is started first (it unblocks SIGINT when it has started
+    # itself), then the segment is created with SIGINT blocked; one that came meanwhile is
+    # raised on leaving the block, and the except below unlinks the segment.
+    resource_tracker.ensure_running()
+    shm = None
     try:
+        with sigint_blocked():
+            shm = shared_memory.SharedMemory(name=new_name(), create=True, size=layout.nbytes)
         _reserve(shm._fd, layout.nbytes)
         mapping = mmap.mmap(shm._fd, layout.nbytes)
     except BaseException:
-        shm.close()
-        shm.unlink()
+        if shm is not None:
+            shm.close()
+            shm.unlink()
         raise
     ring = Ring(mapping, layout, shm.name)
     ring.header[:5] = (MAGIC, LAYOUT_VERSION, layout.n_slots, layout.window, layout.n_workers)
     return shm, ring
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """Run the body with SIGINT blocked in this thread; a Ctrl-C that came meanwhile is
+    delivered on leaving (a KeyboardInterrupt then, in the trainer). Processes created in the
+    body inherit the blocked mask, through fork and exec."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _reserve(fd: int, nbytes: int):
@@ -160,6 +182,19 @@ class Attached:
     def close(self):
         self.ring.release_views()
         self._mmap.close()
+
+
+def attach_unless_gone(name: str, layout: RingLayout, trainer_gone) -> Attached | None:
+    """`Attached(name, layout)`, or None when attaching fails and `trainer_gone()` (the alive
+    pipe at EOF): the trainer closed the loader or died, and unlinked the segment, before this
+    child got to it, so there is nothing to report. A failure while the trainer is alive
+    raises as usual."""
+    try:
+        return Attached(name, layout)
+    except Exception:
+        if trainer_gone():
+            return None
+        raise
 
 
 def creator_pid(name: str) -> int | None:

@@ -10,6 +10,7 @@ and what to do.
 import glob
 import os
 import pickle
+import sys
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -18,9 +19,34 @@ import pyarrow.parquet as pq
 from .errors import DataError
 
 
-def default_data_dir() -> str:
-    base = os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
-    return os.path.join(base, "base_data")
+CLIMBMIX_DIR = "base_data_climbmix"  # nanochat's data since its switch to ClimbMix-400B
+LEGACY_DIR = "base_data"             # FinewebEdu-100B, before it
+
+
+def nanochat_base_dir() -> str:
+    return os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
+
+
+def default_data_dir(notice: bool = False) -> str:
+    """nanochat's data directory: `$NANOCHAT_BASE_DIR/base_data_climbmix`, or the older
+    `base_data` only when the climbmix directory does not exist (nanochat's fallback). With
+    `notice` (nanochat: rank 0 of the train split) the fallback prints a short upgrade notice
+    to stderr. Neither directory: a `DataError` naming both."""
+    base = nanochat_base_dir()
+    climbmix, legacy = os.path.join(base, CLIMBMIX_DIR), os.path.join(base, LEGACY_DIR)
+    if os.path.exists(climbmix):
+        return climbmix
+    if not os.path.exists(legacy):
+        raise DataError(f"data directory {climbmix} does not exist (nor the older {legacy}, used "
+                        f"when it is missing): download shards with `python -m nanochat.dataset`, "
+                        f"pass data= (a directory of *.parquet shards, a glob or a list of files) "
+                        f"or set NANOCHAT_BASE_DIR")
+    if notice:
+        print(f"shmloader: {climbmix} not found; falling back to the older FinewebEdu-100B shards "
+              f"in {legacy}. nanochat now trains on ClimbMix-400B: to upgrade, run "
+              f"`python -m nanochat.dataset -n 170` and retrain the tokenizer with "
+              f"`python -m scripts.tok_train`.", file=sys.stderr, flush=True)
+    return legacy
 
 
 def filesystem_for(data, filesystem=None):
@@ -67,7 +93,9 @@ def _fs_path(uri: str) -> str:
 
 
 def list_files(data, filesystem=None) -> list[str]:
-    """All parquet files of `data`: a directory, a glob, or a list of paths; sorted by name."""
+    """All parquet files of `data`: a directory, a glob, or a list of paths; sorted by name.
+    `None` is nanochat's directory (`default_data_dir`). In a directory only names ending in
+    `.parquet` count, so partial downloads (`*.parquet.tmp`) are skipped, as nanochat does."""
     if data is None:
         data = default_data_dir()
     fs = filesystem_for(data, filesystem)

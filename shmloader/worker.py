@@ -64,11 +64,18 @@ class _Ctx:
 
 
 def worker_main(args: WorkerArgs, conn, alive):
+    # Ctrl-C is the trainer's; started with SIGINT blocked (loader_procs._start),
+    # so ignore it before unblocking it, which drops one that is pending
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    attached = ringmod.Attached(args.ring_name, args.layout)
-    ctx = _Ctx(args, conn, alive, attached.ring, deque(), {})
-    ctx.ring.workers[args.index, :5] = (os.getpid(), -1, -1, -1, -1)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    ctx = _Ctx(args, conn, alive, None, deque(), {})
+    attached = None
     try:
+        attached = ringmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
+        if attached is None:
+            return
+        ctx.ring = attached.ring
+        ctx.ring.workers[args.index, :5] = (os.getpid(), -1, -1, -1, -1)
         _loop(ctx)
     except (_Stop, EOFError, BrokenPipeError, ConnectionResetError):
         pass
@@ -76,7 +83,8 @@ def worker_main(args: WorkerArgs, conn, alive):
         _report(ctx, exc)
     finally:
         ctx.ring = None
-        attached.close()
+        if attached is not None:
+            attached.close()
 
 
 def _loop(ctx: _Ctx):

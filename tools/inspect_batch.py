@@ -18,7 +18,8 @@ from pathlib import Path
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python tools/inspect_batch.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=None,
-                   help="directory (or glob) of parquet shards (default: $NANOCHAT_BASE_DIR/base_data)")
+                   help="directory (or glob) of parquet shards (default: nanochat's, "
+                        "$NANOCHAT_BASE_DIR/base_data_climbmix, else base_data)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.pkl or its directory (default: $NANOCHAT_BASE_DIR/tokenizer)")
     p.add_argument("-B", "--batch-size", type=int, default=4, help="rows per batch (rows; default 4)")
