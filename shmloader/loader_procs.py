@@ -230,14 +230,21 @@ def prestart(start_method: str):
     The first loader of a process starts the server, a fresh interpreter that imports the
     PRELOAD modules (numpy, pyarrow, tiktoken: ~150-250 ms); called when a loader is built,
     those imports overlap the rest of the construction and the ring's creation instead of
-    delaying the first child. Later loaders find it running (a waitpid)."""
+    delaying the first child. Later loaders find it running (a waitpid). Started with SIGINT
+    blocked, as `_start` explains."""
     if start_method != "forkserver":
         return
-    from multiprocessing import forkserver
-
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     with _main_hidden():
-        forkserver.ensure_running()
+        _ensure_forkserver()
+
+
+def _ensure_forkserver():
+    """The forkserver, started with SIGINT blocked (see `_start`); the resource tracker first,
+    because starting it unblocks SIGINT."""
+    resource_tracker.ensure_running()
+    with ringmod.sigint_blocked():
+        multiprocessing.forkserver.ensure_running()
 
 
 def start_children(loader, layout: ringmod.RingLayout, cargs, count_only: bool = False) -> Children:
@@ -324,13 +331,12 @@ def _start(procs, start_method: str):
     blocked, and the trainer stays interruptible while it waits for the server's preloads.
     A forkserver already started elsewhere without the block leaves its children's short
     bootstrap exposed."""
-    resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
     if start_method == "forkserver":
-        with ringmod.sigint_blocked():
-            multiprocessing.forkserver.ensure_running()
+        _ensure_forkserver()
         for p in procs:
             p.start()
     else:
+        resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
         with ringmod.sigint_blocked():
             for p in procs:
                 p.start()
