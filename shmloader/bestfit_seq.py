@@ -113,23 +113,11 @@ class BestFitSequencer:
         return out
 
     def _try_plan(self):
-        snapshot = self.planner.snapshot()
-        taken = []
-
-        def next_chunk():
-            if not self._chunks:
-                raise _NeedMore
-            chunk = self._chunks.popleft()
-            taken.append(chunk)
-            return chunk[0], chunk[1]
-
-        try:
-            plan = self.planner.plan_batch(next_chunk)
-        except _NeedMore:
-            self.planner.restore(snapshot)
-            self._chunks.extendleft(reversed(taken))
+        got = plan_from(self.planner, self._chunks)
+        if got is None:
             self.starved = True
             return None
+        plan, taken = got
         self.starved = False
         for ids, _, end in taken:
             self._queued_docs -= len(ids)
@@ -185,6 +173,29 @@ class BestFitSequencer:
             out.append((self.announced, self._positions.pop(self.announced)))
             self.announced += 1
         return out
+
+
+def plan_from(planner: BestFitPlanner, chunks: deque, safe: bool = False):
+    """Plan one batch, taking chunks `(ids, lengths, end)` from the left of `chunks`; returns
+    `(plan, chunks taken)`, or None after undoing everything when they run out (timing never
+    changes a plan). `safe`: the caller knows they cannot run out, so no snapshot is taken."""
+    snapshot, taken = (None if safe else planner.snapshot()), []
+
+    def next_chunk():
+        if not chunks:
+            raise _NeedMore
+        chunk = chunks.popleft()
+        taken.append(chunk)
+        return chunk[0], chunk[1]
+
+    try:
+        plan = planner.plan_batch(next_chunk)
+    except _NeedMore:
+        assert snapshot is not None, "a plan called safe ran out of chunks"
+        planner.restore(snapshot)
+        chunks.extendleft(reversed(taken))
+        return None
+    return plan, taken
 
 
 def runs_of(ids: np.ndarray, bases: np.ndarray, table: np.ndarray) -> np.ndarray:

@@ -127,7 +127,7 @@ class _Concat:
     def can_take(self, worker: int) -> bool:
         return self.load[worker] < MAX_PIECES_PER_WORKER
 
-    def counted(self, index: int, lengths):
+    def counted(self, index: int, lengths, cache_hit=None):
         self.seq.counted(index, lengths)
         return self.specs[index]
 
@@ -184,7 +184,7 @@ class _BestFit:
         cap = self.args.buffer_size + 2 * self.args.max_piece_docs
         return self.pending[worker] < 2 and (waiting < cap or (self.seq.starved and not self.assigned_docs))
 
-    def counted(self, index: int, lengths):
+    def counted(self, index: int, lengths, cache_hit=None):
         w, piece = self.owner.pop(index), self.specs.pop(index)
         self.pending[w] -= 1
         self.assigned_docs -= piece.n_docs
@@ -206,7 +206,8 @@ class _BestFit:
 class _Count:
     """Count-only mode (locate.py): workers send document lengths and keep no tokens; the
     locator replays the batches over them in piece order. When it knows the position, the
-    trainer gets `("located", position, runs)`; meanwhile `("progress", done, total)` once
+    trainer gets `("located", position, runs, pieces tokenized, pieces from the cache)`
+    (read-ahead included); meanwhile `("progress", done, total)` once
     a second."""
 
     def __init__(self, args: CoordinatorArgs, n_workers: int, skip):
@@ -220,6 +221,7 @@ class _Count:
         self.pieces = _pieces(args, (), cap, 0, skip)  # no ramp: nothing waits for a first batch
         self.pending = self.load = [0] * n_workers  # pieces assigned, not counted
         self.owner, self.specs, self._counted, self._next = {}, {}, {}, 0
+        self.from_cache = [0, 0]  # pieces tokenized, pieces read from the token cache
         self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
 
     def take(self, worker: int, piece):
@@ -229,9 +231,10 @@ class _Count:
     def can_take(self, worker: int) -> bool:
         return self.locator.result is None and self.pending[worker] < MAX_PIECES_PER_WORKER
 
-    def counted(self, index: int, lengths):
+    def counted(self, index: int, lengths, cache_hit=None):
         self.pending[self.owner.pop(index)] -= 1
         self._counted[index] = lengths
+        self.from_cache[bool(cache_hit)] += 1
         piece = self.specs[index]
         while self._next in self._counted and self.locator.result is None:
             self.locator.feed(self.specs.pop(self._next), self._counted.pop(self._next))
@@ -247,7 +250,7 @@ class _Count:
     def messages(self):
         if self.locator.result is not None and not self._reported:
             self._reported = True
-            yield ("located", *self.locator.result)
+            yield ("located", *self.locator.result, *self.from_cache)
         elif not self._reported and time.monotonic() >= self._next_progress:
             self._next_progress = time.monotonic() + PROGRESS_S
             yield ("progress", self.locator.done_batches, self.locator.total)
@@ -312,7 +315,7 @@ class _Coordinator:
             self._skipped(msg[1], msg[2])
         elif msg[0] == "counted":
             live = self._count_stats(msg[2], self.skipped.pop(msg[1], 0), msg[3])
-            piece = self.mode.counted(msg[1], msg[2])
+            piece = self.mode.counted(msg[1], msg[2], msg[3])
             self._check_not_empty(piece, live)
         elif msg[0] == "written":
             self.mode.written(msg)

@@ -280,8 +280,7 @@ def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
             if kids.conn in ready:
                 msg = kids.read(("located", "progress"))
                 if msg is not None and msg[0] == "located":
-                    stats = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in kids.ring.stats)))
-                    return msg[1], msg[2], stats["cache_hits"], stats["pieces"] - stats["cache_hits"]
+                    return msg[1], msg[2], msg[4], msg[3]
                 if msg is not None:
                     log.info("rank %d: counted to batch %d of %d", loader.rank, msg[1], msg[2])
                 deadline = time.monotonic() + loader.timeout

@@ -23,7 +23,7 @@ from collections import deque
 import numpy as np
 
 from .bestfit import BestFitPlanner
-from .bestfit_seq import runs_of
+from .bestfit_seq import plan_from, runs_of
 
 
 def concat_tokens(shapes: list, batch: int) -> int:
@@ -59,10 +59,6 @@ class ConcatLocator:
         self.consumed += int(cum[-1]) if len(cum) else 0
 
 
-class _NeedMore(Exception):
-    pass
-
-
 class BestFitLocator:
     def __init__(self, shapes: list, batch: int, start, buffer_size: int, chunk_docs: int):
         self.shapes, self.batch, self.total = shapes, batch, batch
@@ -96,23 +92,10 @@ class BestFitLocator:
         while self.done_batches < self.batch:
             self._reshape()
             p = self.planner
-            safe = self._queued >= p.B * p.row_len + self.buffer_size  # cannot run out of chunks
-            snapshot, taken = (None if safe else p.snapshot()), []
-
-            def next_chunk():
-                if not self._chunks:
-                    raise _NeedMore
-                chunk = self._chunks.popleft()
-                taken.append(chunk)
-                return chunk[0], chunk[1]
-
-            try:
-                p.plan_batch(next_chunk)
-            except _NeedMore:
-                p.restore(snapshot)
-                self._chunks.extendleft(reversed(taken))
+            got = plan_from(p, self._chunks, safe=self._queued >= p.B * p.row_len + self.buffer_size)
+            if got is None:
                 return
-            for ids, _, end in taken:
+            for ids, _, end in got[1]:
                 self._queued -= len(ids)
                 self._last_end = end
             self.done_batches += 1

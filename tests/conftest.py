@@ -40,9 +40,8 @@ ALIGN_W = 33  # B=2, T=16
 
 # ---------------------------------------------------------------- processes and shared memory
 
-def _proc_table() -> dict[int, list[int]]:
-    """ppid -> live (non-zombie) child pids, from /proc."""
-    children: dict[int, list[int]] = {}
+def live_processes():
+    """(pid, fields of /proc/pid/stat after the command name) of every live (non-zombie) process."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -52,9 +51,15 @@ def _proc_table() -> dict[int, list[int]]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        if fields[0] in ("Z", "X"):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
+        if fields[0] not in ("Z", "X"):
+            yield int(name), fields
+
+
+def _proc_table() -> dict[int, list[int]]:
+    """ppid -> live (non-zombie) child pids, from /proc."""
+    children: dict[int, list[int]] = {}
+    for pid, fields in live_processes():
+        children.setdefault(int(fields[1]), []).append(pid)
     return children
 
 

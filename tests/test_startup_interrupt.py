@@ -22,7 +22,7 @@ import time
 import pytest
 
 from shmloader import corpus, testing
-from conftest import pid_alive, shm_segments
+from conftest import live_processes, pid_alive, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -47,17 +47,7 @@ TRAINER = textwrap.dedent("""
 def group_members(pgid: int) -> list[int]:
     """Live processes of process group `pgid` (the trainer's children keep its group even
     when they outlive it)."""
-    out = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            out.append(int(name))
-    return out
+    return [pid for pid, fields in live_processes() if int(fields[2]) == pgid]
 
 
 @pytest.fixture(scope="module")
