@@ -74,6 +74,15 @@ def test_bench_help():
     assert "--workers" in text and "--quick" in text and "--json" in text
 
 
+def test_bench_locate_tiny_run(demo):
+    out, _ = demo
+    text = run("tools/bench_locate.py", "--cache-dir", out, "--vocab-size", VOCAB, "--batches", 30,
+               "-B", 2, "-T", 64, "--raw-seconds", 0.3)
+    assert "rank 1 locating batch 30 of rank 0's state" in text
+    assert re.search(r"no cache \(tokenizing\) +\d+\.\d+ s +\d+ batches/s +\d+\.\d+ M tokens counted/s", text), text
+    assert re.search(r"warm token cache +\d+\.\d+ s", text), text
+
+
 def test_bench_tiny_run(demo, tmp_path):
     out, _ = demo
     text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1,

@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None, help="tokenizer.pkl (default: the demo corpus's)")
     p.add_argument("--cache-dir", type=Path, default=Path("demo_data"), help="where the demo corpus is built")
     p.add_argument("--vocab-size", type=int, default=4096, help="demo tokenizer vocabulary (tokens)")
+    p.add_argument("--raw-seconds", type=float, default=6.0, help="seconds of the bare tokenizer rate")
     args = p.parse_args(argv)
     data, tok = bench._resolve_data(args)
     import shmloader.source as source
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
     state = rank0_state(data, tok, args)
     tokens = state["batch"] * (args.batch_size * args.seq_len + 1)  # rank 1's stream, concat
     enc = bench._load_tiktoken(tok)
-    raw = bench.raw_rates(source.split_files(source.list_files(data), "train"), enc, 6.0)
+    raw = bench.raw_rates(source.split_files(source.list_files(data), "train"), enc, args.raw_seconds)
     single = raw["encode_to_numpy"]["tokens_per_s"]
     cold = locate(data, tok, state, args)
     with tempfile.TemporaryDirectory() as cache:
