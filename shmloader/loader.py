@@ -1,16 +1,18 @@
-"""The training-process side: `ShmLoader` (nanochat's drop-in functions are in nanochat.py).
+"""The training process's side: `ShmLoader` composes three parts (the nanochat drop-in
+functions over it are in nanochat.py):
+
+- the children (`loader_procs.Children`): the coordinator and workers, started, watched and
+  stopped, and the ring they share;
+- the delivery (`delivery.py`): how a ring slot becomes the caller's batch (a lent CPU view,
+  one pinned non-blocking CUDA copy, or a copy) and when its slot goes back;
+- the resume state (`state.py`): built from the position the coordinator sends with each
+  batch, when `state_dict()` asks.
 
 Per batch the trainer does one `recv` (the coordinator's "batch k is in slot s") and one
-`send` ("batch k may be overwritten"); it never sees token lists. CPU: the batch is a view
-of its slot, lent to the caller and freed by the next `next()` after the caller drops it
-(`Children.lend`), so yielded batches stay valid without a copy; while `n_slots // 2` lent
-batches are held, further ones are copied into windows the caller owns (outbuf.py).
-CUDA: the ring is pinned once
-(`cudaHostRegister`), each batch is one non-blocking copy on the current stream into one of
-two device buffers (a batch stays valid until the second `next()` after it), and its slot is
-freed only once a CUDA event recorded after the copy has completed. Waiting for a batch is a
+`send` ("batch k may be overwritten"); it never sees token lists. Waiting for a batch is a
 `connection.wait` that costs no CPU, times out, and checks every child process's sentinel
-(while batches flow, liveness is checked twice a second).
+(while batches flow, liveness is checked twice a second). `config` is the frozen
+`LoaderConfig`; `debug()` exposes the running parts to tests and tools.
 See NOTE [ring protocol] in docs/design.md.
 """
 import atexit
@@ -19,12 +21,13 @@ import logging
 import os
 import time
 import weakref
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 import torch
 
 from . import cache as cachemod
-from . import errors, source, state as statemod, tokenizer as tokmod
+from . import delivery, errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
 from .config import LoaderConfig
 from .coordinator import CoordinatorArgs
@@ -55,6 +58,17 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value not in (None, "") else default
 
 
+@dataclass(frozen=True)
+class Debug:
+    """`ShmLoader.debug()`: the running children (multiprocessing `Process` objects), the ring's
+    /dev/shm name and views, and the delivery (delivery.py) in use."""
+    coordinator: object
+    workers: list
+    segment: str
+    ring: object
+    delivery: object
+
+
 class ShmLoader:
     """Iterate `(inputs, targets)` int64 batches of shape (B, T); see SPEC §1-§3."""
 
@@ -67,8 +81,8 @@ class ShmLoader:
         log_every); see the README for each one's meaning and default."""
         if options.get("cache_dir") is not None:
             options["cache_dir"] = os.fspath(options["cache_dir"])
-        self.cfg = LoaderConfig(B, T, split, packing, num_workers, **options)
-        prestart(self.cfg.start_method)  # the forkserver boots while the rest is built
+        self.config = LoaderConfig(B, T, split, packing, num_workers, **options)
+        prestart(self.config.start_method)  # the forkserver boots while the rest is built
         self.device = _device(device)
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
@@ -79,25 +93,25 @@ class ShmLoader:
         self.filesystem = source.filesystem_for(data, filesystem)
         self.files = source.split_files(source.list_files(data, self.filesystem), split)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
-        if self.cfg.cache_dir is not None:
-            cachemod.sweep_temporaries(self.cfg.cache_dir)
+        if self.config.cache_dir is not None:
+            cachemod.sweep_temporaries(self.config.cache_dir)
         sizes = source.file_sizes(self.files, self.filesystem)
-        self.config = self.cfg.fingerprint(self.tokenizer.fingerprint)
-        self._identity = statemod.Loader(self.config, statemod.file_list(self.files, sizes), self.rank,
-                                         self.world_size, B, T, self.cfg.bestfit, self.cfg.other_rank)
-        self._procs, self._closed = None, False
+        self._identity = statemod.Loader(self.config.fingerprint(self.tokenizer.fingerprint),
+                                         statemod.file_list(self.files, sizes), self.rank,
+                                         self.world_size, B, T, self.config.bestfit, self.config.other_rank)
+        self._procs, self._delivery, self._closed = None, None, False
         self._stats = {"batches": 0, "wait_s": 0.0}
         self._begin(statemod.start(self._identity))
         if resume_state is not None:
             self.load_state_dict(resume_state)
         _register(self)
 
-    def __getattr__(self, name):
-        """The config's fields read as the loader's own (loader.B, loader.n_slots, ...)."""
-        cfg = self.__dict__.get("cfg")
-        if cfg is not None and hasattr(cfg, name):
-            return getattr(cfg, name)
-        raise AttributeError(f"'ShmLoader' object has no attribute {name!r}")
+    B = property(lambda self: self.config.B, doc="rows per batch")
+    T = property(lambda self: self.config.T, doc="tokens per row")
+    split = property(lambda self: self.config.split)
+    packing = property(lambda self: self.config.packing)
+    num_workers = property(lambda self: self.config.num_workers)
+    n_slots = property(lambda self: self.config.n_slots)
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -110,30 +124,18 @@ class ShmLoader:
         if self._procs is None:
             self._start()
         k, slot, pos = self._next_ready()
-        p = self._procs
-        p.ring.slot_states[slot] = IN_USE
-        runs = p.ring.runs_of(slot) if self.bestfit else None  # before the slot is freed
-        if p.pinned:
-            window = p.device_bufs[k & 1]
-            window.copy_(p.slot_tensors[slot], non_blocking=True)
-            event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
-            event.record(torch.cuda.current_stream(self.device))
-            p.inflight.append((k, slot, event))
-        elif self.device.type == "cpu" and len(p.lent) < self.cfg.lend_cap:
-            window = p.lend(k, slot)  # its slot is freed by the first next() after the caller drops it
-        else:  # a copy: the caller holds many batches already, or a device without pinning
-            window = p.outputs.copy_out(p.ring.slots[slot])
-            p.free(k, slot)
-            if self.device.type != "cpu":
-                window = window.to(self.device)
+        ring = self._procs.ring
+        ring.slot_states[slot] = IN_USE
+        runs = ring.runs_of(slot) if self.config.bestfit else None  # before the slot is freed
+        window = self._delivery.deliver(k, slot)
         self._stats["batches"] += 1
-        if self.log_every and self._stats["batches"] % self.log_every == 0:
+        if self.config.log_every and self._stats["batches"] % self.config.log_every == 0:
             self._log()
         self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
-        if self.bestfit:
-            n = self.B * self.T
-            return window[:n].view(self.B, self.T), window[n:].view(self.B, self.T)
-        return window[:-1].view(self.B, self.T), window[1:].view(self.B, self.T)
+        B, T = self.config.B, self.config.T
+        if self.config.bestfit:
+            return window[:B * T].view(B, T), window[B * T:].view(B, T)
+        return window[:-1].view(B, T), window[1:].view(B, T)
 
     def state_dict(self) -> dict:
         """The state that resumes after the last batch yielded (JSON-serialisable; SPEC §3).
@@ -160,7 +162,7 @@ class ShmLoader:
 
     def stats(self) -> dict:
         out = {"batches": self._stats["batches"], "wait_s": self._stats["wait_s"],
-               "num_workers": self.num_workers, "epoch": self._epoch()}
+               "num_workers": self.config.num_workers, "epoch": self._epoch()}
         p = self._procs
         if p is not None:
             values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))
@@ -170,11 +172,11 @@ class ShmLoader:
                        cache_hits=values["cache_hits"], cache_misses=values["cache_misses"],
                        tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
                        ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
-                       ring_slots=self.n_slots, epoch=max(out["epoch"], values["epoch"]),
+                       ring_slots=self.config.n_slots, epoch=max(out["epoch"], values["epoch"]),
                        workers=[{"pid": int(r[0]), "tokens": int(r[5]),
                                  "tokens_per_s": float(r[5] / (r[6] / 1e6)) if r[6] else 0.0}
                                 for r in p.ring.workers])
-            if self.bestfit:
+            if self.config.bestfit:
                 planned = values["placed"] + values["cropped"]
                 out.update(tokens_cropped=values["cropped"],
                            cropped_fraction=values["cropped"] / planned if planned else 0.0)
@@ -186,7 +188,15 @@ class ShmLoader:
         logging.getLogger("shmloader").info(
             "batch %d: %.2fM tokens/s read, waited %.1f s in next(), ring %d/%d ready, epoch %d%s",
             s["batches"], s.get("tokens_per_s", 0) / 1e6, s["wait_s"], s.get("ring_ready", 0),
-            self.n_slots, s["epoch"], extra)
+            self.config.n_slots, s["epoch"], extra)
+
+    def debug(self) -> "Debug | None":
+        """What the loader runs now, for tests and tools (not a stable API); None before the
+        first `next()` and after `close()`."""
+        p = self._procs
+        if p is None:
+            return None
+        return Debug(p.coordinator, list(p.workers), p.shm.name.lstrip("/"), p.ring, self._delivery)
 
     def close(self):
         """Stop every process and unlink the shared memory; safe to call twice."""
@@ -214,23 +224,29 @@ class ShmLoader:
         self._resume = resume
         self._base_state = statemod.base_state(self._identity, resume)
         c = resume.cursor
-        runs = [list(run) for run in resume.runs] if self.bestfit else None
+        runs = [list(run) for run in resume.runs] if self.config.bestfit else None
         self._state = statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, resume.skip,
                                           resume.batch, runs)
 
     def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None):
-        c = self.cfg
+        c = self.config
         return CoordinatorArgs(files, self.rank, self.world_size, resume.cursor, resume.skip,
-                               "", layout, c.piece_cap, self.packing, self.B, self.T,
-                               self.buffer_size, self.tokenizer_batch_size,
-                               tuple(tuple(r) for r in resume.runs), self.on_bad_row_group,
+                               "", layout, c.piece_cap, self.config.packing, self.config.B, self.config.T,
+                               self.config.buffer_size, self.config.tokenizer_batch_size,
+                               tuple(tuple(r) for r in resume.runs), self.config.on_bad_row_group,
                                source.FilesystemRef(self.filesystem) if self.filesystem else None,
                                locate)
 
     def _start(self):
-        c = self.cfg
+        c = self.config
         layout = RingLayout(c.n_slots, c.window, c.num_workers, c.max_runs)
         self._procs = start_children(self, layout, self._coordinator_args(layout, self._resume, self.files))
+        try:
+            self._delivery = delivery.make(self.device, self._procs.ring.slots, self._procs.free,
+                                           self.config.lend_cap)
+        except BaseException:
+            self._stop()
+            raise
 
     def _locate(self, resume: statemod.Resume) -> statemod.Resume:
         """This rank's position at `resume.batch`, by replaying the run over its own document
@@ -238,9 +254,9 @@ class ShmLoader:
         saved with."""
         log = logging.getLogger("shmloader")
         log.info("rank %d: finding this rank's position at batch %d of another rank's state, "
-                 "counting document lengths with %d workers", self.rank, resume.batch, self.num_workers)
+                 "counting document lengths with %d workers", self.rank, resume.batch, self.config.num_workers)
         began = time.monotonic()
-        layout = RingLayout(2, 1, self.num_workers)
+        layout = RingLayout(2, 1, self.config.num_workers)
         cargs = self._coordinator_args(layout, resume, self.files[:resume.n_files],
                                        (resume.shapes, resume.batch))
         (epoch, file, rg, doc, skip), runs, cached, counted = locate_position(self, layout, cargs)
@@ -251,22 +267,19 @@ class ShmLoader:
                                    locate=False)
 
     def _stop(self):
+        """Stop the children; the delivery first (copies in flight read the ring)."""
         procs, self._procs = self._procs, None
-        if procs is not None:
-            procs.shutdown()
-
-    def _flush_copies(self, wait_all: bool):
-        p = self._procs
-        while p.inflight and (wait_all or p.inflight[0][2].query()):
-            k, slot, event = p.inflight.popleft()
-            event.synchronize()
-            p.free(k, slot)
+        got, self._delivery = self._delivery, None
+        try:
+            if got is not None:
+                got.close()
+        finally:
+            if procs is not None:
+                procs.shutdown()
 
     def _next_ready(self):
         p = self._procs
-        p.free_released()
-        if p.inflight:
-            self._flush_copies(wait_all=False)
+        self._delivery.reclaim()
         now = time.monotonic()
         if now >= p.next_check:  # a select() per batch is measurable; twice a second is enough
             p.next_check = now + LIVENESS_CHECK_S
@@ -276,11 +289,10 @@ class ShmLoader:
             if got is not None:
                 return got
         started = time.monotonic()
-        deadline = started + self.timeout
-        if p.inflight:
-            self._flush_copies(wait_all=True)
+        deadline = started + self.config.timeout
+        self._delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
         while True:
-            p.free_released()  # batches let go of in another thread meanwhile
+            self._delivery.reclaim()  # batches let go of in another thread meanwhile
             ready = wait([p.conn, *p.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if p.conn in ready:
                 got = p.receive()
@@ -292,7 +304,7 @@ class ShmLoader:
                 p.check_alive()
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(
-                    f"no batch within {self.timeout:.0f} s although every loader process is alive; "
+                    f"no batch within {self.config.timeout:.0f} s although every loader process is alive; "
                     f"workers: {p.describe_workers()}; raise timeout= if row groups are huge")
 
 

@@ -4,7 +4,7 @@ Runs in the training process only. `start_children` creates the ring (after swee
 segments of dead runs), starts every child with an explicit start method (forkserver by
 default: children are forked from a clean server that preloaded the worker modules, never
 from the trainer, so they inherit neither torch, CUDA state nor the trainer's pipe ends),
-and pins the ring for CUDA. `Children.shutdown` closes the alive pipe (every child exits on
+`Children.shutdown` closes the alive pipe (every child exits on
 its EOF), joins with a 2 s deadline, kills what is left, and unlinks the ring.
 """
 import contextlib
@@ -18,17 +18,14 @@ import sys
 import time
 import types
 import warnings
-from collections import deque
 from dataclasses import dataclass, field, replace
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 
-import torch
 
 from . import errors
 from . import ring as ringmod
 from .coordinator import coordinator_main
-from .outbuf import OutputPool, Returns
 from .worker import WorkerArgs, worker_main
 
 # tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server)
@@ -45,16 +42,10 @@ class Children:
     alive_w: object = None
     coordinator: object = None
     workers: list = field(default_factory=list)
-    slot_tensors: object = None
-    device_bufs: list = field(default_factory=list)
-    pinned: bool = False
-    inflight: deque = field(default_factory=deque)
     started_at: float = field(default_factory=time.monotonic)
     files: list = field(default_factory=list)
-    outputs: OutputPool = None
     next_check: float = 0.0
     _poller: object = None
-    lent: Returns = field(default_factory=Returns)    # (batch, slot) lent to the caller
 
     @property
     def procs(self) -> list:
@@ -90,19 +81,6 @@ class Children:
             self._poller = select.poll()
             self._poller.register(self.conn.fileno(), select.POLLIN)
         return bool(self._poller.poll(0))
-
-    def lend(self, k: int, slot: int) -> torch.Tensor:
-        """Slot `slot` (batch k) as a CPU tensor without a copy. The slot stays the caller's
-        until the last tensor viewing it is freed, and is freed by the next `free_released`
-        (see `outbuf.Returns`)."""
-        view = self.ring.slots[slot]
-        self.lent.hand_out(view, (k, slot))
-        return torch.from_numpy(view)
-
-    def free_released(self):
-        """Free the slots of lent batches the caller has let go of since the last call."""
-        for k, slot in self.lent.collect():
-            self.free(k, slot)
 
     def free(self, k: int, slot: int):
         """Give slot `slot` (batch k) back to the workers."""
@@ -189,13 +167,6 @@ class Children:
         self._release_memory()
 
     def _release_memory(self):
-        if self.pinned:
-            for *_, event in self.inflight:
-                event.synchronize()
-            torch.cuda.cudart().cudaHostUnregister(self.ring.slots.ctypes.data)
-            self.pinned = False
-        self.inflight.clear()
-        self.slot_tensors, self.device_bufs = None, []
         mapping = self.ring.buf
         self.ring.release_views()
         try:
@@ -256,10 +227,6 @@ def start_children(loader, layout: ringmod.RingLayout, cargs, count_only: bool =
     kids.files = cargs.files
     try:
         _spawn(kids, loader, layout, replace(cargs, ring_name=shm.name), count_only)
-        kids.slot_tensors = torch.from_numpy(ring.slots)
-        kids.outputs = OutputPool(layout.window)
-        if loader.device.type == "cuda" and not count_only:
-            _pin(kids, loader.device)
     except BaseException:
         kids.shutdown()
         raise
@@ -270,11 +237,11 @@ def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
     """Run a count-only coordinator and workers until the coordinator reports the position
     `((epoch, file, rg, doc, skip), runs)` at `cargs.locate`; returns it with the pieces read
     from the token cache and the pieces tokenized to count them. Logs its progress. Raises as
-    `next()` does: a reported error, a dead process, or no word for `loader.timeout` s."""
+    `next()` does: a reported error, a dead process, or no word for `loader.config.timeout` s."""
     log = logging.getLogger("shmloader")
     kids = start_children(loader, layout, cargs, count_only=True)
     try:
-        deadline = time.monotonic() + loader.timeout
+        deadline = time.monotonic() + loader.config.timeout
         while True:
             ready = wait([kids.conn, *kids.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if kids.conn in ready:
@@ -283,36 +250,36 @@ def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
                     return msg[1], msg[2], msg[4], msg[3]
                 if msg is not None:
                     log.info("rank %d: counted to batch %d of %d", loader.rank, msg[1], msg[2])
-                deadline = time.monotonic() + loader.timeout
+                deadline = time.monotonic() + loader.config.timeout
                 continue
             if ready:
                 kids.check_alive()
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(f"finding this rank's position: no word from the loader's "
-                                           f"processes within {loader.timeout:.0f} s; workers: "
+                                           f"processes within {loader.config.timeout:.0f} s; workers: "
                                            f"{kids.describe_workers()}")
     finally:
         kids.shutdown()
 
 
 def _spawn(kids: Children, loader, layout, cargs, count_only: bool = False):
-    ctx = multiprocessing.get_context(loader.start_method)
-    if loader.start_method == "forkserver":
+    ctx = multiprocessing.get_context(loader.config.start_method)
+    if loader.config.start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
     alive_r, kids.alive_w = ctx.Pipe(duplex=False)
     kids.conn, coord_end = ctx.Pipe()
-    pipes = [ctx.Pipe() for _ in range(loader.num_workers)]
+    pipes = [ctx.Pipe() for _ in range(loader.config.num_workers)]
     kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
                                    args=(cargs, coord_end, [a for a, _ in pipes], alive_r))
     for i, (_, end) in enumerate(pipes):
         wargs = WorkerArgs(i, cargs.files, loader.tokenizer, cargs.ring_name, layout,
-                           loader.packing, loader.B, loader.T,
-                           loader.on_bad_row_group, loader.cache_dir, cargs.filesystem, count_only)
+                           loader.config.packing, loader.config.B, loader.config.T,
+                           loader.config.on_bad_row_group, loader.config.cache_dir, cargs.filesystem, count_only)
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(wargs, end, alive_r)))
     try:
         with _main_hidden():
-            _start(kids.procs, loader.start_method)
+            _start(kids.procs, loader.config.start_method)
     finally:
         for c in (alive_r, coord_end, *(c for pair in pipes for c in pair)):
             c.close()
@@ -356,18 +323,3 @@ def _main_hidden():
         yield
     finally:
         sys.modules["__main__"] = real
-
-
-CUDA_HOST_REGISTER_PORTABLE = 1
-
-
-def _pin(kids: Children, device: torch.device):
-    """Page-lock the ring once, for every CUDA context (portable), on the loader's device."""
-    slots = kids.ring.slots
-    with torch.cuda.device(device):
-        rc = torch.cuda.cudart().cudaHostRegister(slots.ctypes.data, slots.nbytes,
-                                                  CUDA_HOST_REGISTER_PORTABLE)
-    if int(rc) != 0:
-        raise RuntimeError(f"cudaHostRegister of the {slots.nbytes} byte ring failed with CUDA error {rc}")
-    kids.pinned = True
-    kids.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]

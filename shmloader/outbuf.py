@@ -1,12 +1,13 @@
 """CPU output windows that are reused once the caller lets go of them (trainer process).
 
 A CPU batch must stay valid after later `next()` calls. It is normally lent from its ring
-slot (loader_procs.Children.lend); while the caller holds `n_slots // 2` lent batches (and
+slot (`delivery.Lending`); while the caller holds `n_slots // 2` lent batches (and
 on a device that is neither the CPU nor a pinned CUDA device), a batch is instead copied out
 of its slot (and the slot freed at once) into a window the caller owns. Allocating a fresh
 256 KiB window per batch costs page faults on every batch; instead a window returns to a
 small pool when the last tensor viewing it is freed (a weak reference to a per-batch numpy
-view that only the tensor holds: `Returns`, which `Children.lend` uses for ring slots too), so the steady state `x, y = next(loader)` loop cycles
+view that only the tensor holds: `Returns`, which `delivery.Lending` uses for ring slots
+too), so the steady state `x, y = next(loader)` loop cycles
 through a few windows and never faults. Windows a caller keeps are simply not reused. The
 copy is numpy's single-threaded one: torch's copy of more than 32768 elements goes parallel
 and spins OpenMP threads against the workers for milliseconds.

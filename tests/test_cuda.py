@@ -70,10 +70,10 @@ def test_ring_slots_are_pinned(data):
     with make(data, "cuda") as loader:
         x, _ = next(loader)
         assert x.is_cuda
-        procs = loader._procs
-        assert procs.pinned
-        assert procs.slot_tensors.is_pinned()
-        assert all(procs.slot_tensors[i].is_pinned() for i in range(loader.n_slots))
+        delivery = loader.debug().delivery
+        assert delivery.pinned
+        assert delivery.slot_tensors.is_pinned()
+        assert all(delivery.slot_tensors[i].is_pinned() for i in range(loader.n_slots))
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda")], ids=str)
@@ -104,7 +104,7 @@ def test_bestfit_batches_equal_cpu_stream(data):
 
 def _pending(loader) -> bool:
     """Whether the copy of the batch just returned has not run yet."""
-    inflight = loader._procs.inflight
+    inflight = loader.debug().delivery.inflight
     return bool(inflight) and not inflight[-1][-1].query()
 
 
@@ -146,7 +146,7 @@ def test_nanochat_style_device_object(data, cpu_stream):
 def test_close_leaves_no_segment(data):
     loader = make(data, "cuda")
     next(loader)
-    name = loader._procs.shm.name.lstrip("/")
+    name = loader.debug().segment
     assert os.path.exists(os.path.join("/dev/shm", name))
     loader.close()
     assert not os.path.exists(os.path.join("/dev/shm", name))

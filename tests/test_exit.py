@@ -127,7 +127,7 @@ def test_dead_child_is_reported(synth, who, sig):
     with synth.loader(2, 32, "val", num_workers=2) as loader:
         for _ in itertools.islice(loader, 3):
             pass
-        proc = loader._procs.workers[1] if who == "worker" else loader._procs.coordinator
+        proc = loader.debug().workers[1] if who == "worker" else loader.debug().coordinator
         pid = proc.pid
         resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))  # no core file from SIGSEGV
         os.kill(pid, sig)

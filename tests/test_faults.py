@@ -97,7 +97,7 @@ def test_worker_exception_at_random_document(tmp_path, seed):
             except Exception as exc:  # noqa: BLE001
                 err, took = exc, time.monotonic() - call
             assert time.monotonic() - started < 10, f"no error within 10 s {info}"
-        worker_pids = {p.pid for p in loader._procs.workers}
+        worker_pids = {p.pid for p in loader.debug().workers}
     assert isinstance(err, shmloader.WorkerError), f"{type(err).__name__}: {err} {info}"
     assert took < DETECT_S, f"the raising next() took {took:.2f} s {info}"
     msg = str(err)
@@ -134,7 +134,7 @@ def test_child_killed_at_random_moment(synth, who, sig, seed):
     with synth.loader(2, 32, "val", num_workers=n_workers, timeout=30) as loader:
         for _ in range(at_batch):
             next(loader)
-        proc = loader._procs.workers[victim] if who == "worker" else loader._procs.coordinator
+        proc = loader.debug().workers[victim] if who == "worker" else loader.debug().coordinator
         pid = proc.pid
         resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))  # no core file from SIGSEGV
         time.sleep(delay)
@@ -158,14 +158,14 @@ def test_child_frozen_is_a_timeout_not_a_hang(synth, who):
     with synth.loader(2, 32, "val", num_workers=2, timeout=2.0) as loader:
         for _ in range(3):
             next(loader)
-        proc = loader._procs.workers[0] if who == "worker" else loader._procs.coordinator
+        proc = loader.debug().workers[0] if who == "worker" else loader.debug().coordinator
         os.kill(proc.pid, signal.SIGSTOP)
         stopped = time.monotonic()
         err, _, n = next_until_error(loader, limit_s=10.0)
         waited = time.monotonic() - stopped
         assert isinstance(err, shmloader.LoaderTimeout), f"{type(err).__name__}: {err}"
         msg = str(err)
-        assert "2 s" in msg and all(f"pid {p.pid}" in msg for p in loader._procs.workers), msg
+        assert "2 s" in msg and all(f"pid {p.pid}" in msg for p in loader.debug().workers), msg
         closing = time.monotonic()
     closed = time.monotonic() - closing
     print(f"{who} SIGSTOP: LoaderTimeout {waited:.2f} s after the stop ({n} batches), close {closed:.2f} s")

@@ -104,7 +104,7 @@ def test_counters_are_a_prefix_of_the_data(data, num_workers):
         for _ in itertools.islice(loader, n):
             pass
         s = _settled(loader)
-        pids = [p.pid for p in loader._procs.workers]
+        pids = [p.pid for p in loader.debug().workers]
     assert set(s) >= BASE_KEYS | RUN_KEYS
     assert s["batches"] == n
     _prefix_matching(seq, s, at_least_tokens=n * W)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from shmloader import loader_procs
+from shmloader import delivery, loader_procs
 from conftest import window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -50,16 +50,14 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    real_start = loader_procs.start_children
 
-    def start_pinned(loader, layout, cargs):
-        kids = real_start(loader, layout, cargs)
-        kids.pinned = True  # what _pin sets up, with CPU tensors as the device buffers
-        kids.device_bufs = [torch.empty(layout.window, dtype=torch.int64) for _ in range(2)]
-        cudart.ring_ptr = kids.ring.slots.ctypes.data
-        return kids
+    def fake_pin(slots, device):  # what cudaHostRegister does, recorded
+        cudart.ring_ptr = slots.ctypes.data
 
-    monkeypatch.setattr("shmloader.loader.start_children", start_pinned)
+    monkeypatch.setattr(delivery, "pin", fake_pin)
+    # the pinned delivery on a CPU loader: its "device buffers" are CPU tensors
+    monkeypatch.setattr(delivery, "make", lambda device, slots, free, lend_cap:
+                        delivery.PinnedCopy(slots, free, torch.device("cpu")))
     return cudart
 
 
@@ -81,11 +79,11 @@ def test_slots_are_freed_only_after_their_copy_completed(synth, fake_cuda, monke
             inputs, targets = next(loader)
             got.append(window_of(inputs, targets))
             buffers.add(inputs.data_ptr())
-            assert not loader._procs.lent, "a pinned loader lent a slot"
+            assert type(loader.debug().delivery) is delivery.PinnedCopy, "a pinned loader lent a slot"
             if k % 3 == 0:  # the "GPU" finishes some copies by itself; the rest wait for synchronize()
                 FakeEvent.made[k].done = True
         assert len(buffers) == 2, "batches did not alternate between two device buffers"
-        assert loader._procs.inflight, "no copy was left in flight: the close path below is untested"
+        assert loader.debug().delivery.inflight, "no copy was left in flight: the close path below is untested"
         assert len(FakeEvent.made) == n
     assert all(np.array_equal(g, w) for g, w in zip(got, want_w))
     assert freed == sorted(freed) and len(freed) >= n - 2

@@ -63,7 +63,7 @@ def test_soak(posdata, capsys):
             if now < next_check:
                 continue
             next_check = now + CHECK_S
-            procs = loader._procs
+            procs = loader.debug()
             kids = [procs.coordinator, *procs.workers]
             dead = [p.name for p in kids if not p.is_alive()]
             assert not dead, f"loader processes died during the soak: {dead}"

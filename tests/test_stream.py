@@ -175,7 +175,7 @@ def test_cpu_batches_stay_valid(synth):
 
 
 def _in_ring(loader, tensor) -> bool:
-    slots = loader._procs.ring.slots
+    slots = loader.debug().ring.slots
     base = slots.ctypes.data
     return base <= tensor.data_ptr() < base + slots.nbytes
 
@@ -196,7 +196,7 @@ def test_cpu_batches_are_lent_from_the_ring_and_kept_ones_survive_close(synth):
             if k == 30:     # let go of some kept ones: their slots return to the workers
                 for j in [j for j in kept if j < 20]:
                     del kept[j]
-        assert len(loader._procs.lent) <= 3
+        assert len(loader.debug().delivery.lent) <= 3
     assert lent[:3] == [True, True, True]
     assert not all(lent), "kept batches never made the loader copy"
     assert lent[24] is False and lent[31] is True, "slots let go of at batch 30 were not lent again"
@@ -253,7 +253,7 @@ def test_a_dropped_batch_is_refilled_from_the_next_call_on(synth):
         assert settle(2) == 2, "a dropped batch's slot was refilled before any next() freed it"
         kept = next(loader)
         assert settle(3) == 3, "the slots of the batches dropped before this next() were not refilled"
-        assert len(loader._procs.lent) == 1 and kept[0].shape == (2, 32)
+        assert len(loader.debug().delivery.lent) == 1 and kept[0].shape == (2, 32)
 
 
 def test_ctrl_c_cannot_land_inside_the_release_of_a_lent_batch(synth):
@@ -283,7 +283,7 @@ def test_ctrl_c_cannot_land_inside_the_release_of_a_lent_batch(synth):
                 del inputs, targets
             finally:
                 sys.settrace(None)
-            assert loader._procs.lent.pending == 1, "the dropped batch was not queued for its slot"
+            assert loader.debug().delivery.lent.pending == 1, "the dropped batch was not queued for its slot"
         got += [window_of(*b) for b in itertools.islice(loader, 6)]
     assert all(np.array_equal(g, w) for g, w in zip(got, want_w)) and len(got) == 12
 

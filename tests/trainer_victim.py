@@ -32,9 +32,9 @@ def main():
     loader = shmloader.ShmLoader(args.data, args.tokenizer, args.batch_size, args.seq_len, args.split,
                                  num_workers=args.workers, device="cpu")
     next(loader)
-    procs = loader._procs
+    procs = loader.debug()
     print(json.dumps({"pid": os.getpid(), "coordinator": procs.coordinator.pid,
-                      "workers": [p.pid for p in procs.workers], "segment": procs.shm.name,
+                      "workers": [p.pid for p in procs.workers], "segment": procs.segment,
                       "descendants": descendants(os.getpid())}), flush=True)
     while True:
         next(loader)

@@ -180,7 +180,7 @@ def trainer_cost(make, n_batches: int, sleep_s: float, desc: str) -> dict:
 
 def _process_peaks(loader) -> dict:
     """Peak RSS (VmHWM) of shmloader's worker and coordinator processes, read from /proc."""
-    procs = getattr(loader, "_procs", None)
+    procs = loader.debug() if hasattr(loader, "debug") else None  # the baseline is a generator
     if procs is None:
         return {}
     workers = [_vm_hwm_mib(p.pid) for p in procs.workers]

@@ -109,9 +109,9 @@ def check_pinned(ctx: Ctx):
         return None, "needs CUDA"
     with _loader(ctx, ctx.device) as loader:
         x, _ = next(loader)
-        slots = loader._procs.slot_tensors
+        slots = loader.debug().delivery.slot_tensors
         pinned = [bool(slots[i].is_pinned()) for i in range(loader.n_slots)]
-        ok = x.is_cuda and loader._procs.pinned and slots.is_pinned() and all(pinned)
+        ok = x.is_cuda and loader.debug().delivery.pinned and slots.is_pinned() and all(pinned)
         return ok, f"{sum(pinned)}/{len(pinned)} slots of {slots.shape[1]} tokens report is_pinned()"
 
 
@@ -159,7 +159,7 @@ def _sleep_run(ctx: Ctx, free_early: bool):
             for _ in range(_sleep_steps(ctx)):
                 torch.cuda._sleep(SLEEP_CYCLES)
                 x, y = next(loader)
-                inflight = loader._procs.inflight
+                inflight = loader.debug().delivery.inflight
                 pending += bool(inflight) and not inflight[-1][-1].query()
                 if free_early and inflight:  # the bug this check exists for: free before the copy ran
                     inflight[-1] = (*inflight[-1][:-1], _DoneEvent())
@@ -220,7 +220,7 @@ def check_side_stream(ctx: Ctx):
 def check_close(ctx: Ctx):
     loader = _loader(ctx, ctx.device)
     next(loader)
-    name = loader._procs.shm.name.lstrip("/")
+    name = loader.debug().segment
     existed = os.path.exists(os.path.join("/dev/shm", name))
     loader.close()
     left = [n for n in os.listdir("/dev/shm") if n.startswith(f"shml_{os.getpid()}_")]
