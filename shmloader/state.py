@@ -39,7 +39,7 @@ NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
 @dataclass(frozen=True)
 class Loader:
     """What a state is checked against: the loader's fingerprint and place."""
-    config: dict          # LoaderConfig.fingerprint(): split, packing, tokenizer, ...
+    fingerprint: dict     # LoaderConfig.fingerprint(): split, packing, tokenizer, ... (the state's "config")
     files: list           # [[name, bytes], ...] of the split, in order
     rank: int
     world: int
@@ -78,7 +78,7 @@ def start(loader: Loader) -> Resume:
 def base_state(loader: Loader, resume: Resume) -> dict:
     """The fields that stay the same for every batch of a run."""
     return {"version": VERSION, "rank": loader.rank, "world_size": loader.world,
-            "config": dict(loader.config), "files": loader.files,
+            "config": dict(loader.fingerprint), "files": loader.files,
             "shapes": [list(s) for s in resume.shapes], "origin": resume.origin}
 
 
@@ -230,8 +230,8 @@ def _check_config(state: dict, loader: Loader):
     if not isinstance(saved, dict):
         raise ValueError(f"resume state field 'config' must be a dict, got {saved!r}")
     diffs = [_config_diff(key, saved.get(key), value)
-             for key, value in loader.config.items() if saved.get(key) != value]
-    diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in loader.config]
+             for key, value in loader.fingerprint.items() if saved.get(key) != value]
+    diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in loader.fingerprint]
     if state.get("world_size") != loader.world:
         diffs.append(f"world_size: state has {state.get('world_size')!r}, loader has {loader.world}")
     if diffs:
@@ -265,7 +265,7 @@ def _check_files(saved: list, loader: Loader, pos: dict):
     must = len(saved) if pos["epoch"] > 1 else pos["pq_idx"] + 1
     hard = _diffs(saved, now, must)
     if hard:
-        raise ValueError(f"resume state's data differs from this loader's {loader.config.get('split')} "
+        raise ValueError(f"resume state's data differs from this loader's {loader.fingerprint.get('split')} "
                          f"split at or before its position (file {pos['pq_idx']}, epoch "
                          f"{pos['epoch']}): " + "; ".join(hard)
                          + ". Resume with the files the state was saved with")
