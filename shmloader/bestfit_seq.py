@@ -10,73 +10,152 @@ becomes a write order `(piece, row, batch_row, row_offset, n)` for the worker th
 piece; a document leaves its worker's memory with its placement.
 
 The position after batch k is canonical: the buffer (documents by file, row group and row,
-as runs, in arrival order) and the end of the last chunk that entered it.
+as runs, in arrival order) and the end of the last chunk that entered it. `Chunks` and
+`PieceTable` are shared with the locator (`locate.BestFitLocator`), which replays the same
+planner; `BestFitMode` is the coordinator's view of the sequencer (`sequencing.Mode`).
 """
+import itertools
 from collections import deque
 
 import numpy as np
 
 from .bestfit import BestFitPlanner
+from .plan import buffer_pieces, ramp_for
+from .protocol import Rows
+from .ring import Stat
+from .sequencing import BatchBook, Mode
 
 
 class _NeedMore(Exception):
     pass
 
 
+class Chunks:
+    """Counted documents waiting to enter a planner, as chunks `(ids, lengths, end)` in order;
+    `end` is the position `(epoch, file, rg, doc)` after the chunk, `last_end` that of the
+    last chunk a plan took."""
+
+    def __init__(self, chunk_docs: int, last_end: tuple):
+        self.chunk_docs, self.last_end = chunk_docs, last_end
+        self.docs = 0                 # documents queued
+        self._queue = deque()
+
+    def add(self, piece, base: int, lengths: np.ndarray):
+        """The rows of `piece`, whose first document has id `base`."""
+        for lo in range(0, len(lengths), self.chunk_docs):
+            part = lengths[lo:lo + self.chunk_docs]
+            keep = np.flatnonzero(part)
+            end = (piece.epoch, piece.file, piece.rg, piece.doc_start + lo + len(part))
+            self._queue.append((base + lo + keep, part[keep], end))
+            self.docs += len(keep)
+
+    def plan(self, planner: BestFitPlanner, safe: bool = False):
+        """Plan one batch from the queued chunks; None after undoing everything when they run
+        out (timing never changes a plan). `safe`: the caller knows they cannot run out, so no
+        snapshot is taken."""
+        snapshot, taken = (None if safe else planner.snapshot()), []
+
+        def next_chunk():
+            if not self._queue:
+                raise _NeedMore
+            chunk = self._queue.popleft()
+            taken.append(chunk)
+            return chunk[0], chunk[1]
+
+        try:
+            plan = planner.plan_batch(next_chunk)
+        except _NeedMore:
+            assert snapshot is not None, "a plan called safe ran out of chunks"
+            planner.restore(snapshot)
+            self._queue.extendleft(reversed(taken))
+            return None
+        for ids, _, end in taken:
+            self.docs -= len(ids)
+            self.last_end = end
+        return plan
+
+
+class PieceTable:
+    """The pieces holding live documents, by their first document id (added in id order):
+    which piece holds a document, and documents as runs `[epoch, file, rg, row, count]`."""
+
+    def __init__(self):
+        self._live = {}               # piece index -> (base, epoch, file, rg, doc_start - base)
+        self._arrays = None           # cache of arrays(): rebuilt when a piece comes or goes
+
+    def add(self, base: int, piece):
+        self._live[piece.index] = (base, piece.epoch, piece.file, piece.rg, piece.doc_start - base)
+        self._arrays = None
+
+    def remove(self, index: int):
+        del self._live[index]
+        self._arrays = None
+
+    def _tables(self):
+        if self._arrays is None:
+            rows = np.array(list(self._live.values()), dtype=np.int64).reshape(-1, 5)
+            self._arrays = rows[:, 0].copy(), np.array(list(self._live), dtype=np.int64), rows[:, 1:]
+        return self._arrays
+
+    def piece_of(self, ids: np.ndarray) -> np.ndarray:
+        bases, indices, _ = self._tables()
+        return indices[np.searchsorted(bases, ids, side="right") - 1]
+
+    def runs(self, ids: np.ndarray) -> np.ndarray:
+        """Documents `ids` (in arrival order) as runs of consecutive rows, an (n, 5) array."""
+        if not len(ids):
+            return np.zeros((0, 5), dtype=np.int64)
+        bases, _, table = self._tables()
+        meta = table[np.searchsorted(bases, ids, side="right") - 1]
+        rows = meta[:, 3] + ids
+        same = np.ones(len(ids), dtype=bool)
+        same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
+        same[0] = False
+        starts = np.flatnonzero(~same)
+        counts = np.diff(np.append(starts, len(ids)))
+        return np.column_stack((meta[starts, :3], rows[starts], counts))
+
+
 class BestFitSequencer:
-    def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, n_prefix: int, start_doc_end):
+    def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, chunk_docs: int,
+                 n_prefix: int, start_doc_end):
         """`n_prefix` pieces (indices 0..n_prefix-1) rebuild a resumed buffer; `start_doc_end`
         is the position `(epoch, file, rg, doc)` the run starts from."""
-        self.B, self.row_len, self.n_slots = B, T + 1, n_slots
+        self.B, self.row_len = B, T + 1
         self.buffer_size = buffer_size
         self.planner = None if n_prefix else BestFitPlanner(B, T + 1, buffer_size)
         self.n_prefix = n_prefix
-        self.n_freed = 0
+        self.book = BatchBook(n_slots)
+        self.chunks = Chunks(chunk_docs, start_doc_end)
+        self.table = PieceTable()
         self.planned = 0                      # batches planned
-        self.announced = 0
-        self._pieces = {}                     # index -> [spec, owner, base, lengths, docs left]
-        self._bases = []                      # sorted (base, index) of live pieces
+        self._pieces = {}                     # index -> [owner, base, documents not yet placed]
         self._counted = {}                    # counted, waiting for earlier pieces
         self._next_index = 0                  # next piece to turn into chunks
-        self._backlog = 0                     # rows of pieces in _counted
+        self.backlog_docs = 0                 # rows counted but waiting for an earlier piece
         self._next_base = 0
-        self._chunks = deque()                # (ids, lengths, end position) not yet in the planner
-        self._queued_docs = 0
-        self._last_end = start_doc_end        # end of the last chunk taken by the planner
         self._prefix = []                     # (ids, lengths) of the buffer being rebuilt
-        self._acks = {}                       # batch -> write orders not yet acknowledged
-        self._positions = {}                  # batch -> position after it
+        self._positions = {}                  # batch -> (position after it, buffer runs)
         self.tokens_cropped = 0
         self.starved = False                  # the last plan() stopped for want of counted chunks
-        self._table = None                    # cache of _lookup()
 
-    @property
-    def queued_docs(self) -> int:
-        return self._queued_docs
-
-    @property
-    def backlog_docs(self) -> int:
-        """Documents counted but waiting for an earlier piece."""
-        return self._backlog
-
-    def counted(self, piece, owner: int, lengths: np.ndarray, chunk_docs: int):
+    def counted(self, piece, owner: int, lengths: np.ndarray):
         self._counted[piece.index] = (piece, owner, np.asarray(lengths, dtype=np.int64))
-        self._backlog += len(lengths)
+        self.backlog_docs += len(lengths)
         while self._next_index in self._counted:
             piece, owner, lengths = self._counted.pop(self._next_index)
-            self._backlog -= len(lengths)
+            self.backlog_docs -= len(lengths)
             base = self._next_base
             self._next_base += len(lengths)
             self._next_index += 1
             live = int(np.count_nonzero(lengths))
             if live:
-                self._pieces[piece.index] = [piece, owner, base, lengths, live]
-                self._bases.append((base, piece.index))
-                self._table = None
+                self._pieces[piece.index] = [owner, base, live]
+                self.table.add(base, piece)
             if piece.index < self.n_prefix:
                 self._add_prefix(base, lengths)
             else:
-                self._add_chunks(piece, base, lengths, chunk_docs)
+                self.chunks.add(piece, base, lengths)
 
     def _add_prefix(self, base, lengths):
         keep = np.flatnonzero(lengths)
@@ -87,128 +166,101 @@ class BestFitSequencer:
             self.planner = BestFitPlanner.from_buffer(self.B, self.row_len, self.buffer_size, ids, lens)
             self._prefix = []
 
-    def _add_chunks(self, piece, base, lengths, chunk_docs):
-        for lo in range(0, len(lengths), chunk_docs):
-            part = lengths[lo:lo + chunk_docs]
-            keep = np.flatnonzero(part)
-            end = (piece.epoch, piece.file, piece.rg, piece.doc_start + lo + len(part))
-            self._chunks.append((base + lo + keep, part[keep], end))
-            self._queued_docs += len(keep)
-
     def freed(self, batch: int):
-        self.n_freed += 1  # in any order: at most n_slots batches are planned and not freed
+        self.book.freed()  # in any order: at most n_slots batches are planned and not freed
 
     def plan(self) -> list[tuple[int, dict]]:
         """Plan every batch whose slot is free and whose chunks are counted.
         Returns `(batch, {worker: [(piece, row, batch_row, row_offset, n), ...]})`."""
         out = []
         self.starved = False  # set again below if a free slot waits for documents
-        while self.planner is not None and self.planned < self.n_freed + self.n_slots:
-            orders = self._try_plan()
-            if orders is None:
+        while self.planner is not None and self.planned < self.book.limit:
+            plan = self.chunks.plan(self.planner)
+            if plan is None:
+                self.starved = True
                 break
-            out.append((self.planned, orders))
-            self._acks[self.planned] = len(orders)
+            self.tokens_cropped += plan.n_cropped
+            self._positions[self.planned] = (self.chunks.last_end, self.buffer_runs())
+            self.book.expect(self.planned, int(plan.n_tokens.sum()))
+            out.append((self.planned, self._orders(plan)))
             self.planned += 1
         return out
 
-    def _try_plan(self):
-        got = plan_from(self.planner, self._chunks)
-        if got is None:
-            self.starved = True
-            return None
-        plan, taken = got
-        self.starved = False
-        for ids, _, end in taken:
-            self._queued_docs -= len(ids)
-            self._last_end = end
-        self.tokens_cropped += plan.n_cropped
-        self._positions[self.planned] = (self._last_end, self.buffer_runs())
-        return self._orders(plan)
-
     def _orders(self, plan) -> dict:
         orders = {}
-        pieces = self._piece_of(plan.doc_id).tolist()  # before any piece leaves below
+        pieces = self.table.piece_of(plan.doc_id).tolist()  # before any piece leaves below
         for r, off, doc, n, index in zip(plan.row.tolist(), plan.row_offset.tolist(),
                                          plan.doc_id.tolist(), plan.n_tokens.tolist(), pieces):
             entry = self._pieces[index]
-            orders.setdefault(entry[1], []).append((index, doc - entry[2], r, off, n))
-            entry[4] -= 1
-            if entry[4] == 0:
+            orders.setdefault(entry[0], []).append((index, doc - entry[1], r, off, n))
+            entry[2] -= 1
+            if entry[2] == 0:
                 del self._pieces[index]
-                self._bases.remove((entry[2], index))
-                self._table = None
+                self.table.remove(index)
         return orders
 
     def buffer_runs(self) -> np.ndarray:
         """The buffer in arrival order as runs `[epoch, file, rg, row, count]` (an (n, 5) array)."""
-        bases, _, table = self._lookup()
-        return runs_of(self.planner.buffered_ids(), bases, table)
+        return self.table.runs(self.planner.buffered_ids())
 
-    def _lookup(self):
-        """(bases, piece indices, [epoch, file, rg, doc_start - base]) of the live pieces, as
-        arrays; rebuilt only when a piece comes or goes, not for every batch."""
-        if self._table is None:
-            live = [self._pieces[i] for _, i in self._bases]
-            self._table = (np.array([b for b, _ in self._bases], dtype=np.int64),
-                           np.array([i for _, i in self._bases], dtype=np.int64),
-                           np.array([(p.epoch, p.file, p.rg, p.doc_start - base)
-                                     for p, _, base, _, _ in live], dtype=np.int64).reshape(-1, 4))
-        return self._table
-
-    def _rows_of(self, doc_ids: np.ndarray) -> np.ndarray:
-        """Which live piece (row of the lookup table) holds each document."""
-        return np.searchsorted(self._lookup()[0], doc_ids, side="right") - 1
-
-    def _piece_of(self, doc_ids: np.ndarray) -> np.ndarray:
-        return self._lookup()[1][self._rows_of(doc_ids)]
-
-    def written(self, batch: int):
-        self._acks[batch] -= 1
+    def written(self, counts):
+        self.book.written(counts)
 
     def ready(self) -> list[tuple[int, tuple]]:
-        out = []
-        while self._acks.get(self.announced) == 0:
-            del self._acks[self.announced]
-            out.append((self.announced, self._positions.pop(self.announced)))
-            self.announced += 1
-        return out
+        """`(batch, (position, runs))` of the batches now complete, in order."""
+        return self.book.ready(self._positions.pop)
 
 
-def plan_from(planner: BestFitPlanner, chunks: deque, safe: bool = False):
-    """Plan one batch, taking chunks `(ids, lengths, end)` from the left of `chunks`; returns
-    `(plan, chunks taken)`, or None after undoing everything when they run out (timing never
-    changes a plan). `safe`: the caller knows they cannot run out, so no snapshot is taken."""
-    snapshot, taken = (None if safe else planner.snapshot()), []
+class BestFitMode(Mode):
+    """Best fit: documents are placed one by one by the planner; a piece leaves its worker's
+    load when counted, and a global cap bounds the documents waiting to enter the buffer."""
 
-    def next_chunk():
-        if not chunks:
-            raise _NeedMore
-        chunk = chunks.popleft()
-        taken.append(chunk)
-        return chunk[0], chunk[1]
+    keep = "docs"
 
-    try:
-        plan = planner.plan_batch(next_chunk)
-    except _NeedMore:
-        assert snapshot is not None, "a plan called safe ran out of chunks"
-        planner.restore(snapshot)
-        chunks.extendleft(reversed(taken))
-        return None
-    return plan, taken
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        super().__init__(n_workers)
+        prefix = buffer_pieces(run.buffer_runs, cfg.piece_cap)
+        ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.piece_cap, cfg.buffer_size)
+        self.pieces = itertools.chain(prefix, pieces(ramp, cap, len(prefix)))
+        s = run.start
+        self.seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size,
+                                    cfg.tokenizer_batch_size, len(prefix), (s.epoch, s.file, s.rg, s.doc))
+        self.cap = cfg.buffer_size + 2 * cfg.piece_cap
+        self.assigned_docs = 0           # documents assigned, not counted
 
+    def take(self, worker: int, piece):
+        super().take(worker, piece)
+        self.assigned_docs += piece.n_docs
 
-def runs_of(ids: np.ndarray, bases: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Documents `ids` (in arrival order) as runs `[epoch, file, rg, row, count]` of consecutive
-    rows: `bases` are the sorted first ids of the pieces holding them and `table` their
-    `[epoch, file, rg, doc_start - base]`."""
-    if not len(ids):
-        return np.zeros((0, 5), dtype=np.int64)
-    meta = table[np.searchsorted(bases, ids, side="right") - 1]
-    rows = meta[:, 3] + ids
-    same = np.ones(len(ids), dtype=bool)
-    same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
-    same[0] = False
-    starts = np.flatnonzero(~same)
-    counts = np.diff(np.append(starts, len(ids)))
-    return np.column_stack((meta[starts, :3], rows[starts], counts))
+    def can_take(self, worker: int) -> bool:
+        """Read ahead up to a cap on documents not yet in the buffer; past it only while a
+        plan waits for documents and none is being tokenized (a batch of many short documents
+        can need more than the cap)."""
+        waiting = self.seq.chunks.docs + self.seq.backlog_docs + self.assigned_docs
+        return self._load[worker] < 2 and (waiting < self.cap or (self.seq.starved and not self.assigned_docs))
+
+    def counted(self, msg):
+        w, piece = self.owner.pop(msg.piece), self.specs.pop(msg.piece)
+        self._load[w] -= 1
+        self.assigned_docs -= piece.n_docs
+        self.seq.counted(piece, w, msg.lengths)
+        return piece
+
+    def freed(self, batch: int):
+        self.seq.freed(batch)
+
+    def orders(self, take_slot):
+        for k, by_worker in self.seq.plan():
+            slot = take_slot(k)
+            for w, placements in by_worker.items():
+                yield w, Rows(k, slot, placements), [slot]
+
+    def written(self, counts):
+        self.seq.written(counts)
+
+    def ready(self):
+        return [(k, pos, runs) for k, (pos, runs) in self.seq.ready()]
+
+    def stats(self):
+        row_tokens = self.seq.B * self.seq.row_len
+        return (Stat.CROPPED, self.seq.tokens_cropped), (Stat.PLACED, self.seq.planned * row_tokens)

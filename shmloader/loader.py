@@ -30,10 +30,10 @@ from . import cache as cachemod
 from . import delivery, errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
 from .config import LoaderConfig
-from .coordinator import CoordinatorArgs
 from .loader_procs import locate_position, prestart, start_children
 from .plan import Cursor
-from .ring import RingLayout, SlotState
+from .protocol import RunArgs
+from .ring import RingLayout, SlotState, WorkerCol
 
 LIVENESS_CHECK_S = 0.5
 IN_USE = int(SlotState.IN_USE)
@@ -173,8 +173,9 @@ class ShmLoader:
                        tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
                        ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
                        ring_slots=self.config.n_slots, epoch=max(out["epoch"], values["epoch"]),
-                       workers=[{"pid": int(r[0]), "tokens": int(r[5]),
-                                 "tokens_per_s": float(r[5] / (r[6] / 1e6)) if r[6] else 0.0}
+                       workers=[{"pid": int(r[WorkerCol.PID]), "tokens": int(r[WorkerCol.TOKENS]),
+                                 "tokens_per_s": float(r[WorkerCol.TOKENS] / (r[WorkerCol.BUSY_US] / 1e6))
+                                 if r[WorkerCol.BUSY_US] else 0.0}
                                 for r in p.ring.workers])
             if self.config.bestfit:
                 planned = values["placed"] + values["cropped"]
@@ -229,13 +230,11 @@ class ShmLoader:
                                           resume.batch, runs)
 
     def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None):
-        c = self.config
-        return CoordinatorArgs(files, self.rank, self.world_size, resume.cursor, resume.skip,
-                               "", layout, c.piece_cap, self.config.packing, self.config.B, self.config.T,
-                               self.config.buffer_size, self.config.tokenizer_batch_size,
-                               tuple(tuple(r) for r in resume.runs), self.config.on_bad_row_group,
-                               source.FilesystemRef(self.filesystem) if self.filesystem else None,
-                               locate)
+        return RunArgs(files=files, rank=self.rank, world=self.world_size, layout=layout,
+                       start=resume.cursor, skip=resume.skip,
+                       buffer_runs=tuple(tuple(r) for r in resume.runs),
+                       filesystem=source.FilesystemRef(self.filesystem) if self.filesystem else None,
+                       tokenizer=self.tokenizer, locate=locate)
 
     def _start(self):
         c = self.config

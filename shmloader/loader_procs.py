@@ -26,7 +26,9 @@ from multiprocessing.connection import wait
 from . import errors
 from . import ring as ringmod
 from .coordinator import coordinator_main
-from .worker import WorkerArgs, worker_main
+from .protocol import Batch, Error, Free, Located, Progress, Warn
+from .ring import WorkerCol
+from .worker import worker_main
 
 # tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server)
 PRELOAD = ["shmloader.worker", "shmloader.coordinator", "tiktoken"]
@@ -57,10 +59,9 @@ class Children:
 
     def receive(self):
         """The next batch `(k, slot, position)`, or None after a warning; raises a reported error."""
-        msg = self.read()
-        return None if msg is None else msg[1:]
+        return self.read()
 
-    def read(self, kinds=("batch",)):
+    def read(self, kinds=(Batch,)):
         """The coordinator's next message of one of `kinds`; None after a warning (it is
         warned); an error it reports is raised."""
         try:
@@ -68,10 +69,10 @@ class Children:
         except (EOFError, OSError):
             self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
             raise errors.WorkerError("the coordinator closed its pipe without an error") from None
-        if msg[0] in kinds:
+        if isinstance(msg, kinds):
             return msg
-        if msg[0] == "warn":
-            warnings.warn(f"shmloader: {msg[1]}", stacklevel=5)
+        if isinstance(msg, Warn):
+            warnings.warn(f"shmloader: {msg.text}", stacklevel=5)
             return None
         _raise_reported(msg)
 
@@ -85,7 +86,7 @@ class Children:
     def free(self, k: int, slot: int):
         """Give slot `slot` (batch k) back to the workers."""
         self.ring.slot_states[slot] = ringmod.SlotState.FREE
-        self.send(("free", k))
+        self.send(Free(k))
 
     def send(self, msg):
         """Plain pickle: multiprocessing's pickler copies its reducer table (which torch
@@ -129,7 +130,7 @@ class Children:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 return None
-            if msg[0] == "error":
+            if isinstance(msg, Error):
                 return msg
 
     def _describe(self, p) -> str:
@@ -139,7 +140,7 @@ class Children:
         return f"worker {i} (pid {p.pid}){self._piece_text(i)}"
 
     def _piece_text(self, i: int) -> str:
-        pid, piece, f, rg, doc = (int(v) for v in self.ring.workers[i, :5])
+        piece, f, rg, doc = (int(v) for v in self.ring.workers[i, WorkerCol.PIECE:WorkerCol.DOC + 1])
         if piece < 0:
             return " while idle"
         return f" while reading {self.files[f]}, row group {rg}, documents from {doc}"
@@ -188,11 +189,10 @@ def _exit_text(code) -> str:
     return f"exit code {code}"
 
 
-def _raise_reported(msg):
-    _, kind, head, trace = msg
-    if kind == "data":
-        raise errors.DataError(head)
-    raise errors.WorkerError(f"{head}\n--- traceback in that process ---\n{trace}")
+def _raise_reported(msg: Error):
+    if msg.kind == "data":
+        raise errors.DataError(msg.head)
+    raise errors.WorkerError(f"{msg.head}\n--- traceback in that process ---\n{msg.trace}")
 
 
 def prestart(start_method: str):
@@ -218,15 +218,15 @@ def _ensure_forkserver():
         multiprocessing.forkserver.ensure_running()
 
 
-def start_children(loader, layout: ringmod.RingLayout, cargs, count_only: bool = False) -> Children:
-    """Start a run's coordinator and workers over a new ring (`count_only`: a run that only
-    finds a position, see `locate_position`)."""
+def start_children(loader, layout: ringmod.RingLayout, cargs) -> Children:
+    """Start a run's coordinator and workers over a new ring (for a run that only finds a
+    position, `cargs.locate` is set: see `locate_position`)."""
     ringmod.sweep_stale()
     shm, ring = ringmod.create(layout)
     kids = Children(shm, ring)
     kids.files = cargs.files
     try:
-        _spawn(kids, loader, layout, replace(cargs, ring_name=shm.name), count_only)
+        _spawn(kids, loader, replace(cargs, ring_name=shm.name))
     except BaseException:
         kids.shutdown()
         raise
@@ -239,17 +239,17 @@ def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
     from the token cache and the pieces tokenized to count them. Logs its progress. Raises as
     `next()` does: a reported error, a dead process, or no word for `loader.config.timeout` s."""
     log = logging.getLogger("shmloader")
-    kids = start_children(loader, layout, cargs, count_only=True)
+    kids = start_children(loader, layout, cargs)
     try:
         deadline = time.monotonic() + loader.config.timeout
         while True:
             ready = wait([kids.conn, *kids.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if kids.conn in ready:
-                msg = kids.read(("located", "progress"))
-                if msg is not None and msg[0] == "located":
-                    return msg[1], msg[2], msg[4], msg[3]
+                msg = kids.read((Located, Progress))
+                if isinstance(msg, Located):
+                    return msg.position, msg.runs, msg.cached, msg.tokenized
                 if msg is not None:
-                    log.info("rank %d: counted to batch %d of %d", loader.rank, msg[1], msg[2])
+                    log.info("rank %d: counted to batch %d of %d", loader.rank, msg.done, msg.total)
                 deadline = time.monotonic() + loader.config.timeout
                 continue
             if ready:
@@ -262,7 +262,7 @@ def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
         kids.shutdown()
 
 
-def _spawn(kids: Children, loader, layout, cargs, count_only: bool = False):
+def _spawn(kids: Children, loader, cargs):
     ctx = multiprocessing.get_context(loader.config.start_method)
     if loader.config.start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
@@ -270,13 +270,10 @@ def _spawn(kids: Children, loader, layout, cargs, count_only: bool = False):
     kids.conn, coord_end = ctx.Pipe()
     pipes = [ctx.Pipe() for _ in range(loader.config.num_workers)]
     kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
-                                   args=(cargs, coord_end, [a for a, _ in pipes], alive_r))
+                                   args=(loader.config, cargs, coord_end, [a for a, _ in pipes], alive_r))
     for i, (_, end) in enumerate(pipes):
-        wargs = WorkerArgs(i, cargs.files, loader.tokenizer, cargs.ring_name, layout,
-                           loader.config.packing, loader.config.B, loader.config.T,
-                           loader.config.on_bad_row_group, loader.config.cache_dir, cargs.filesystem, count_only)
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
-                                        args=(wargs, end, alive_r)))
+                                        args=(loader.config, replace(cargs, worker=i), end, alive_r)))
     try:
         with _main_hidden():
             _start(kids.procs, loader.config.start_method)

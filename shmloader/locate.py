@@ -16,14 +16,20 @@ rank's own state would hold at that batch count, exactly:
 
 Cost: O(documents) for concat; best fit adds the planner's ~0.05 ms per batch. Each locator is
 fed `(piece, lengths)` in piece order (`feed`) until `result` is set:
-`((epoch, file, rg, doc, skip), runs)`. Used by the coordinator in count-only runs.
+`((epoch, file, rg, doc, skip), runs)`. `CountMode` runs them in the coordinator
+(`sequencing.Mode`) for a count-only run.
 """
-from collections import deque
+import time
 
 import numpy as np
 
 from .bestfit import BestFitPlanner
-from .bestfit_seq import plan_from, runs_of
+from .bestfit_seq import Chunks, PieceTable
+from .plan import ramp_for
+from .protocol import Located, Progress
+from .sequencing import Mode
+
+PROGRESS_S = 1.0
 
 
 def concat_tokens(shapes: list, batch: int) -> int:
@@ -62,14 +68,13 @@ class ConcatLocator:
 class BestFitLocator:
     def __init__(self, shapes: list, batch: int, start, buffer_size: int, chunk_docs: int):
         self.shapes, self.batch, self.total = shapes, batch, batch
-        self.buffer_size, self.chunk_docs = buffer_size, chunk_docs
+        self.buffer_size = buffer_size
         _, B, T = shapes[0]
         self.planner = BestFitPlanner(B, T + 1, buffer_size)
         self.done_batches = 0
         self._shape = 0
-        self._chunks, self._queued = deque(), 0
-        self._last_end = (start.epoch, start.file, start.rg, start.doc)
-        self._bases, self._meta, self._next_base = [], [], 0
+        self._chunks = Chunks(chunk_docs, (start.epoch, start.file, start.rg, start.doc))
+        self._table, self._next_base = PieceTable(), 0
         self.result = None
         self._finish_if_done()
 
@@ -78,26 +83,16 @@ class BestFitLocator:
             return
         base, self._next_base = self._next_base, self._next_base + len(lengths)
         if np.count_nonzero(lengths):
-            self._bases.append(base)
-            self._meta.append((piece.epoch, piece.file, piece.rg, piece.doc_start - base))
-        for lo in range(0, len(lengths), self.chunk_docs):
-            part = lengths[lo:lo + self.chunk_docs]
-            keep = np.flatnonzero(part)
-            end = (piece.epoch, piece.file, piece.rg, piece.doc_start + lo + len(part))
-            self._chunks.append((base + lo + keep, part[keep], end))
-            self._queued += len(keep)
+            self._table.add(base, piece)
+        self._chunks.add(piece, base, lengths)
         self._plan()
 
     def _plan(self):
         while self.done_batches < self.batch:
             self._reshape()
             p = self.planner
-            got = plan_from(p, self._chunks, safe=self._queued >= p.B * p.row_len + self.buffer_size)
-            if got is None:
+            if self._chunks.plan(p, safe=self._chunks.docs >= p.B * p.row_len + self.buffer_size) is None:
                 return
-            for ids, _, end in got[1]:
-                self._queued -= len(ids)
-                self._last_end = end
             self.done_batches += 1
         self._finish_if_done()
 
@@ -111,7 +106,49 @@ class BestFitLocator:
 
     def _finish_if_done(self):
         if self.done_batches == self.batch:
-            ids = self.planner.buffered_ids()
-            meta = np.array(self._meta, dtype=np.int64).reshape(-1, 4)
-            runs = runs_of(ids, np.array(self._bases, dtype=np.int64), meta)
-            self.result = ((*self._last_end, 0), runs.tolist())
+            runs = self._table.runs(self.planner.buffered_ids())
+            self.result = ((*self._chunks.last_end, 0), runs.tolist())
+
+
+class CountMode(Mode):
+    """Count-only (a run that finds a position): workers send document lengths and keep no
+    tokens; the locator replays the batches over them in piece order. When it knows the
+    position, the trainer gets `Located` (pieces tokenized and read from the cache counted
+    with the read-ahead); meanwhile `Progress` once a second."""
+
+    keep = None
+
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        super().__init__(n_workers)
+        shapes, batch = run.locate
+        if cfg.bestfit:
+            cap = ramp_for(cfg.tokenizer_batch_size, cfg.piece_cap)[1]  # whole chunks
+            self.locator = BestFitLocator(shapes, batch, run.start, cfg.buffer_size, cfg.tokenizer_batch_size)
+        else:
+            cap = cfg.piece_cap
+            self.locator = ConcatLocator(shapes, batch, run.start)
+        self.pieces = pieces((), cap, 0)  # no ramp: nothing waits for a first batch
+        self._counted, self._next = {}, 0
+        self.from_cache = [0, 0]  # pieces tokenized, pieces read from the token cache
+        self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
+
+    def can_take(self, worker: int) -> bool:
+        return self.locator.result is None and super().can_take(worker)
+
+    def counted(self, msg):
+        self._load[self.owner.pop(msg.piece)] -= 1
+        self._counted[msg.piece] = msg.lengths
+        self.from_cache[bool(msg.cache_hit)] += 1
+        piece = self.specs[msg.piece]
+        while self._next in self._counted and self.locator.result is None:
+            self.locator.feed(self.specs.pop(self._next), self._counted.pop(self._next))
+            self._next += 1
+        return piece
+
+    def messages(self):
+        if self.locator.result is not None and not self._reported:
+            self._reported = True
+            yield Located(*self.locator.result, *self.from_cache)
+        elif not self._reported and time.monotonic() >= self._next_progress:
+            self._next_progress = time.monotonic() + PROGRESS_S
+            yield Progress(self.locator.done_batches, self.locator.total)

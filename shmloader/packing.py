@@ -5,16 +5,20 @@ one stream; batch k is the window of stream positions `[k*W, (k+1)*W)`, `W = B*T
 `ConcatSequencer` is pure bookkeeping over integers: it assigns each piece its stream offset
 (piece i starts where piece i-1 ends, so the order of arrival cannot change the stream), cuts
 each piece into per-batch segments once the batch may be written (at most `n_slots` batches
-are written and not yet freed), tracks how many tokens of each batch are written, and maps a stream position back to
+are written and not yet freed, `sequencing.BatchBook`), and maps a stream position back to
 (piece, document, token) for the resume state. Positions below zero are the tokens a resumed
 run skips: they are never placed. Work per piece is O(batches it spans); per batch O(1).
-`SlotMap` says which ring slot holds which batch. See NOTE [ring protocol] in docs/design.md.
+`ConcatMode` is the coordinator's view of it (`sequencing.Mode`). See NOTE [ring protocol] in
+protocol.py.
 """
-import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .plan import RAMP
+from .protocol import Place
+from .sequencing import BatchBook, Mode
 
 
 @dataclass
@@ -34,14 +38,13 @@ class ConcatSequencer:
     """Bookkeeping for one run. Call `counted`, `freed`, `written`; read `placements`, `ready`."""
 
     def __init__(self, window: int, n_slots: int, skip: int = 0):
-        self.window, self.n_slots = window, n_slots
+        self.window = window
+        self.book = BatchBook(n_slots)
         self.next_start = -skip   # stream position where the next sequenced piece begins
         self.next_index = 0       # next piece index to sequence
-        self.n_freed = 0          # batches the trainer gave back, in any order
-        self.announced = 0        # batches < announced were announced
         self._counts = {}         # counted, waiting for earlier pieces: index -> lengths
         self._seq = deque()       # sequenced pieces still needed for placement or positions
-        self._filled = {}         # batch -> tokens written
+        self._opened = 0          # batches < _opened have had a segment issued
 
     def counted(self, index: int, lengths: np.ndarray):
         """Piece `index` was tokenized: `lengths[i]` tokens for its i-th row (0 for a null)."""
@@ -55,14 +58,13 @@ class ConcatSequencer:
 
     def freed(self, batch: int):
         """The trainer gave back batch `batch` (batches come back in any order)."""
-        self.n_freed += 1
+        self.book.freed()
 
     def placements(self) -> list[tuple[int, list[tuple[int, int, int, int]], bool]]:
         """New write orders `(piece, [(batch, batch_offset, piece_offset, n), ...], done)`;
-        `done` means the piece has no further tokens to place. Batches below
-        `n_freed + n_slots` may be written: every freed batch is among them, so at most
-        `n_slots` batches hold a slot at once."""
-        limit = (self.n_freed + self.n_slots) * self.window
+        `done` means the piece has no further tokens to place. Batches below `book.limit` may
+        be written."""
+        limit = self.book.limit * self.window
         orders = []
         for s in self._seq:
             if s.done_sent:
@@ -87,26 +89,20 @@ class ConcatSequencer:
             n = min(hi, (k + 1) * w) - lo
             segs.append((k, lo - k * w, lo - start, n))
             lo += n
+            while self._opened <= k:  # segments go out in stream order: k's first one
+                self.book.expect(self._opened, w)
+                self._opened += 1
         return segs
 
     def written(self, batches: list[tuple[int, int]]):
         """A worker finished writing `n` tokens of batch `k` for each `(k, n)`."""
-        for k, n in batches:
-            self._filled[k] = self._filled.get(k, 0) + n
+        self.book.written(batches)
 
     def ready(self) -> list[tuple[int, tuple[int, int, int]]]:
         """Batches now complete, in order, each with the position of the next token:
         `(batch, (piece, row, skip))`. A batch waits until the piece holding the token after it
         is sequenced, so that its position is the same in every run."""
-        out = []
-        while self._filled.get(self.announced, 0) == self.window:
-            pos = (self.announced + 1) * self.window
-            where = self.locate(pos)
-            if where is None:
-                break
-            del self._filled[self.announced]
-            out.append((self.announced, where))
-            self.announced += 1
+        out = self.book.ready(lambda k: self.locate((k + 1) * self.window))
         self._prune()
         return out
 
@@ -125,37 +121,46 @@ class ConcatSequencer:
         return self._seq[0].index if self._seq else self.next_index
 
     def _prune(self):
-        keep_from = self.announced * self.window
+        keep_from = self.book.announced * self.window
         while self._seq and self._seq[0].done_sent and self._seq[0].end <= keep_from:
             self._seq.popleft()
 
 
-class SlotMap:
-    """Which ring slot holds which batch (the coordinator's). A batch takes the lowest free
-    slot when its first write order is issued and gives it back when the trainer frees it,
-    in any order: the trainer lends CPU batches until the caller drops them. The sequencers
-    keep at most `n_slots` batches between their first order and their free, so a slot is
-    always free when one is asked for."""
+class ConcatMode(Mode):
+    """Concat: pieces are placed by token offset; a piece is done, and leaves its worker's
+    load, when fully placed."""
 
-    def __init__(self, n_slots: int):
-        self._free = list(range(n_slots))
-        self._of = {}
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        super().__init__(n_workers)
+        self.seq = ConcatSequencer(run.layout.window, run.layout.n_slots, run.skip)
+        self.pieces = pieces(RAMP, cfg.piece_cap, 0)
 
-    def of(self, batch: int) -> int:
-        """The slot batch `batch` holds (it must hold one)."""
-        return self._of[batch]
+    def counted(self, msg):
+        self.seq.counted(msg.piece, msg.lengths)
+        return self.specs[msg.piece]
 
-    def slot(self, batch: int) -> int:
-        """The slot of `batch`, the lowest free one if it holds none yet."""
-        s = self._of.get(batch)
-        if s is None:
-            if not self._free:
-                raise RuntimeError(f"batch {batch} needs a ring slot but all {len(self._of)} are held "
-                                   f"(batches {sorted(self._of)})")
-            s = self._of[batch] = heapq.heappop(self._free)
-        return s
+    def freed(self, batch: int):
+        self.seq.freed(batch)
 
-    def release(self, batch: int) -> int:
-        s = self._of.pop(batch)
-        heapq.heappush(self._free, s)
-        return s
+    def orders(self, take_slot):
+        for index, segments, done in self.seq.placements():
+            w = self.owner[index]
+            if done:
+                self._load[w] -= 1
+                del self.owner[index]
+            segments = [(k, take_slot(k), off, src, n) for k, off, src, n in segments]
+            yield w, Place(index, segments, done), [s for _, s, *_ in segments]
+
+    def written(self, counts):
+        self.seq.written(counts)
+
+    def ready(self):
+        out = []
+        for k, (index, row, skip) in self.seq.ready():
+            p = self.specs[index]
+            out.append((k, (p.epoch, p.file, p.rg, p.doc_start + row, skip), None))
+        if out:
+            keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
+            for index in [i for i in self.specs if i < keep]:
+                del self.specs[index]
+        return out

@@ -2,7 +2,7 @@
 
 Used by the trainer (creates, unlinks), the coordinator and the workers (attach, close); it
 imports neither side. The protocol that moves slots between them is
-NOTE [ring protocol] in docs/design.md.
+NOTE [ring protocol] in shmloader/protocol.py.
 
 Guarantees: each segment's memory is reserved when it is created (`posix_fallocate`), so a
 too-small /dev/shm is an OSError at start naming the bytes needed and free, never a SIGBUS
@@ -25,9 +25,37 @@ PREFIX = "shml_"
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
 LAYOUT_VERSION = 1
 ALIGN = 4096
-WORKER_FIELDS = ("pid", "piece", "file", "rg", "doc", "tokens", "busy_us")
-STATS_FIELDS = ("tokens", "docs", "nulls", "pieces", "cropped", "epoch", "skipped_rg", "placed",
-                "cache_hits", "cache_misses")
+
+
+class Stat(enum.IntEnum):
+    """The header's counters (`Ring.stats`), written by the coordinator only."""
+
+    TOKENS = 0        # tokens counted (BOS included)
+    DOCS = 1          # documents with text
+    NULLS = 2         # null documents
+    PIECES = 3        # pieces counted
+    CROPPED = 4       # best fit: tokens cropped
+    EPOCH = 5         # epoch of the last announced batch
+    SKIPPED_RG = 6    # bad row groups (and files) skipped
+    PLACED = 7        # best fit: tokens planned into batches
+    CACHE_HITS = 8    # pieces served by the token cache
+    CACHE_MISSES = 9  # pieces tokenized with a cache
+
+
+class WorkerCol(enum.IntEnum):
+    """The columns of a worker's status row (`Ring.workers[i]`), written by worker i only."""
+
+    PID = 0
+    PIECE = 1         # index of the piece being read, -1 when idle
+    FILE = 2
+    RG = 3
+    DOC = 4           # its first document
+    TOKENS = 5        # tokens produced so far
+    BUSY_US = 6       # microseconds spent reading and tokenizing
+
+
+WORKER_FIELDS = tuple(c.name.lower() for c in WorkerCol)
+STATS_FIELDS = tuple(s.name.lower() for s in Stat)
 FIXED_WORDS = 5 + len(STATS_FIELDS)
 
 
@@ -137,6 +165,13 @@ def create(layout: RingLayout) -> tuple[shared_memory.SharedMemory, Ring]:
     ring = Ring(mapping, layout, shm.name)
     ring.header[:5] = (MAGIC, LAYOUT_VERSION, layout.n_slots, layout.window, layout.n_workers)
     return shm, ring
+
+
+def ignore_sigint():
+    """A child's first step: Ctrl-C is the trainer's. Children are started with SIGINT blocked
+    (loader_procs._start); ignoring it before unblocking it drops one that is pending."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @contextlib.contextmanager

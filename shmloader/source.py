@@ -5,7 +5,7 @@ convention). `data` may be local (a directory, a glob, a list, `file://` URIs) o
 `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`; credentials and endpoints
 from the usual environment or the URI's query, e.g. `?endpoint_override=host:port&scheme=http`,
 or an explicit `filesystem=`). Every failure is a `DataError` naming the file, the row group
-and what to do.
+and what to do; `read_or_skip` applies the `on_bad_row_group` policy to one.
 """
 import glob
 import os
@@ -166,6 +166,18 @@ def split_files(files: list[str], split: str) -> list[str]:
     if split == "val":
         return files[-1:]
     raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+
+
+def read_or_skip(read, policy: str, report_bad, what: str):
+    """`read()`; when it raises a `DataError` and `policy` (`on_bad_row_group`) is "skip",
+    `report_bad(text)` and None instead. `what` names what is skipped ("file", "row group")."""
+    try:
+        return read()
+    except DataError as exc:
+        if policy != "skip":
+            raise
+        report_bad(f"skipped a bad {what}: {exc}")
+        return None
 
 
 class ParquetSource:

@@ -1,10 +1,11 @@
 """The worker process: read a row-group slice, tokenize it, copy its tokens where told.
 
-Loop (NOTE [ring protocol] in docs/design.md): take `("task", piece)` messages; tokenize the
-oldest task one chunk of documents at a time (`[BOS] + encode_ordinary(text)` per document,
-nulls skipped), answering the coordinator's messages every 2 ms so that a long row group
-never delays a write order; send `("counted", piece, lengths)`; keep the tokens until the
-`("place", ...)` orders have copied all of them into ring slots.
+Loop (NOTE [ring protocol] in protocol.py): take `Task` messages; tokenize the oldest task
+one document at a time (`[BOS] + encode_ordinary(text)` per document, nulls skipped),
+answering the coordinator's messages every 2 ms so that a long row group never delays a write
+order; send `Counted(piece, lengths, cache_hit)`; keep the tokens as the task says (`KEEP`)
+until the write orders (`Place`, `Rows`; `WRITERS` holds what carries out each) have copied
+all of them into ring slots. It never asks which packing the run uses.
 
 Never imports torch. Ignores SIGINT (the trainer handles Ctrl-C and closes the loader). Exits
 when the alive pipe reports EOF (trainer gone or loader closed) or the coordinator's pipe
@@ -12,9 +13,7 @@ closes. Any exception is sent to the coordinator with the worker, pid, file, row
 traceback, and ends the worker.
 """
 import os
-import signal
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -24,38 +23,20 @@ import numpy as np
 from . import ring as ringmod
 from . import tokenizer as tokmod
 from .cache import TokenCache, slice_rows
-from .errors import DataError
+from .config import LoaderConfig
 from .plan import Piece
-from .ring import RingLayout
-from .source import ParquetSource
+from .protocol import Counted, Error, Place, Rows, RunArgs, Skipped, Stop, Task, Warn, Written
+from .ring import WorkerCol
+from .source import ParquetSource, read_or_skip
 
 IDLE_WAIT_S = 1.0
 SERVICE_EVERY_S = 0.002
 
 
-@dataclass(frozen=True)
-class WorkerArgs:
-    index: int
-    files: list
-    tokenizer: tokmod.TokenizerSpec
-    ring_name: str
-    layout: RingLayout
-    packing: str = "concat"
-    B: int = 0
-    T: int = 0
-    on_bad_row_group: str = "raise"
-    cache_dir: str | None = None
-    filesystem: object = None
-    count_only: bool = False   # send lengths only, keep no tokens (a run that finds a position)
-
-
-class _Stop(Exception):
-    pass
-
-
 @dataclass
 class _Ctx:
-    args: WorkerArgs
+    cfg: LoaderConfig
+    args: RunArgs
     conn: object
     alive: object
     ring: ringmod.Ring
@@ -63,21 +44,18 @@ class _Ctx:
     held: dict
 
 
-def worker_main(args: WorkerArgs, conn, alive):
-    # Ctrl-C is the trainer's; started with SIGINT blocked (loader_procs._start),
-    # so ignore it before unblocking it, which drops one that is pending
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    ctx = _Ctx(args, conn, alive, None, deque(), {})
+def worker_main(cfg: LoaderConfig, args: RunArgs, conn, alive):
+    ringmod.ignore_sigint()
+    ctx = _Ctx(cfg, args, conn, alive, None, deque(), {})
     attached = None
     try:
         attached = ringmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
         if attached is None:
             return
         ctx.ring = attached.ring
-        ctx.ring.workers[args.index, :5] = (os.getpid(), -1, -1, -1, -1)
+        ctx.ring.workers[args.worker, :WorkerCol.DOC + 1] = (os.getpid(), -1, -1, -1, -1)
         _loop(ctx)
-    except (_Stop, EOFError, BrokenPipeError, ConnectionResetError):
+    except (Stop, EOFError, BrokenPipeError, ConnectionResetError):
         pass
     except BaseException as exc:
         _report(ctx, exc)
@@ -88,32 +66,31 @@ def worker_main(args: WorkerArgs, conn, alive):
 
 
 def _loop(ctx: _Ctx):
-    encode = tokmod.build(ctx.args.tokenizer)
+    spec = ctx.args.tokenizer
+    encode = tokmod.build(spec)
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
     source = ParquetSource(ctx.args.files, fs)
-    spec = ctx.args.tokenizer
-    cache = (TokenCache(ctx.args.cache_dir, spec.fingerprint, spec.n_vocab, fs)
-             if ctx.args.cache_dir else None)
+    cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
+             if ctx.cfg.cache_dir else None)
+    row = ctx.ring.workers[ctx.args.worker]
     while True:
         if ctx.tasks:
-            piece = ctx.tasks[0]
-            row = ctx.ring.workers[ctx.args.index]
-            row[1:5] = (piece.index, piece.file, piece.rg, piece.doc_start)
+            piece, keep = ctx.tasks[0]
+            row[WorkerCol.PIECE:WorkerCol.DOC + 1] = (piece.index, piece.file, piece.rg, piece.doc_start)
             began = time.perf_counter()
             tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
-            row[5] += len(tokens)
-            row[6] += int((time.perf_counter() - began) * 1e6)
+            row[WorkerCol.TOKENS] += len(tokens)
+            row[WorkerCol.BUSY_US] += int((time.perf_counter() - began) * 1e6)
             ctx.tasks.popleft()
-            if ctx.args.packing == "bos_bestfit" and not ctx.args.count_only:
-                tokens = _per_doc(tokens, lengths)
-            if len(tokens) and getattr(tokens, "live", 1) and not ctx.args.count_only:
-                ctx.held[piece.index] = tokens
-            ctx.conn.send(("counted", piece.index, lengths, hit))
-            ctx.ring.workers[ctx.args.index, 1] = -1  # after the send: a death in it names the piece
+            held = KEEP[keep](tokens, lengths)
+            if held is not None:
+                ctx.held[piece.index] = held
+            ctx.conn.send(Counted(piece.index, lengths, hit))
+            row[WorkerCol.PIECE] = -1  # after the send: a death in it names the piece
             continue
         ready = wait([ctx.conn, ctx.alive], timeout=IDLE_WAIT_S)
         if ctx.alive in ready:
-            raise _Stop
+            raise Stop
         if ctx.conn in ready:
             _handle(ctx, ctx.conn.recv())
 
@@ -121,45 +98,41 @@ def _loop(ctx: _Ctx):
 def _service(ctx: _Ctx):
     """Answer pending messages; called every SERVICE_EVERY_S while tokenizing."""
     if ctx.alive.poll():
-        raise _Stop
+        raise Stop
     while ctx.conn.poll():
         _handle(ctx, ctx.conn.recv())
 
 
 def _handle(ctx: _Ctx, msg):
-    kind = msg[0]
-    if kind == "task":
-        ctx.tasks.append(msg[1])
-    elif kind == "place":
-        _, index, segments, done = msg
-        written = _write(ctx, ctx.held[index], segments) if segments else []
-        ctx.conn.send(("written", index, written))
-        if done:
-            ctx.held.pop(index, None)  # a piece without tokens was never held
-    elif kind == "rows":
-        _, k, slot, placements = msg
-        _write_rows(ctx, slot, placements)
-        ctx.conn.send(("written", k))
-    else:
-        raise RuntimeError(f"worker {ctx.args.index}: unknown message {kind!r}")
+    if type(msg) is Task:
+        ctx.tasks.append(msg)
+        return
+    write = WRITERS.get(type(msg))
+    if write is None:
+        raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
+    counts = write(ctx, msg)
+    if counts:
+        ctx.conn.send(Written(counts))
 
 
-def _write(ctx: _Ctx, tokens: np.ndarray, segments) -> list:
-    slots = ctx.ring.slots
-    done = []
-    for k, slot, off, src, n in segments:
+def _place(ctx: _Ctx, order: Place) -> list:
+    """Concat: copy the segments of one piece's token stream; drop it when `done`."""
+    tokens, slots, counts = ctx.held.get(order.piece), ctx.ring.slots, []
+    for k, slot, off, src, n in order.segments:
         slots[slot, off:off + n] = tokens[src:src + n]
-        done.append((k, n))
-    return done
+        counts.append((k, n))
+    if order.done:
+        ctx.held.pop(order.piece, None)  # a piece without tokens was never held
+    return counts
 
 
-def _write_rows(ctx: _Ctx, slot_index: int, placements):
+def _write_rows(ctx: _Ctx, order: Rows) -> list:
     """Best fit: a slot holds inputs (B, T) then targets (B, T); a placement puts tokens
     [0, n) of a document at column `off` of row `r` of the (B, T+1) rows, and so at
     inputs[r, off:] and targets[r, off-1:]. The document leaves memory once placed."""
-    B, T = ctx.args.B, ctx.args.T
-    slot = ctx.ring.slots[slot_index]
-    for index, row, r, off, n in placements:
+    B, T = ctx.cfg.B, ctx.cfg.T
+    slot, total = ctx.ring.slots[order.slot], 0
+    for index, row, r, off, n in order.placements:
         docs = ctx.held[index]
         doc = docs[row]
         end = min(off + n, T)
@@ -168,15 +141,40 @@ def _write_rows(ctx: _Ctx, slot_index: int, placements):
         lo = max(off, 1)
         base = B * T + r * T - 1
         slot[base + lo:base + off + n] = doc[lo - off:n]
+        total += n
         docs[row] = None
         docs.live -= 1
         if docs.live == 0:
             del ctx.held[index]
+    return [(order.batch, total)]
+
+
+WRITERS = {Place: _place, Rows: _write_rows}
 
 
 class _Docs(list):
     """A piece's documents (each `[BOS] + tokens`, None once placed or when null)."""
     live = 0
+
+
+def _per_doc(tokens: np.ndarray, lengths: np.ndarray) -> "_Docs | None":
+    """Best fit keeps each document on its own (a copy), so that a document that lingers in
+    the buffer does not pin its whole piece in memory."""
+    live = np.flatnonzero(lengths).tolist()
+    if not live:
+        return None
+    docs = _Docs([None] * len(lengths))
+    ends = np.cumsum(lengths).tolist()
+    for i in live:
+        docs[i] = np.array(tokens[ends[i] - lengths[i]:ends[i]])
+    docs.live = len(live)
+    return docs
+
+
+# how a counted piece's tokens are kept until written (`Task.keep`, chosen by the coordinator's mode)
+KEEP = {"stream": lambda tokens, lengths: tokens if len(tokens) else None,  # concat: `Place`
+        "docs": _per_doc,                                                   # best fit: `Rows`
+        None: lambda tokens, lengths: None}                                 # count only
 
 
 def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece: Piece):
@@ -194,19 +192,17 @@ def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece:
         try:
             cache.store(path, piece.rg, lengths, tokens)
         except OSError as exc:
-            ctx.conn.send(("warn", f"worker {ctx.args.index}: token cache not written ({exc})"))
+            ctx.conn.send(Warn(f"worker {ctx.args.worker}: token cache not written ({exc})"))
     return tokens, lengths, False
 
 
 def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     spec = ctx.args.tokenizer
-    try:
-        texts = source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
-    except DataError as exc:
-        if ctx.args.on_bad_row_group != "skip":
-            raise
-        ctx.conn.send(("skipped", piece.index, f"skipped a bad row group: {exc}"))
-        return np.empty(0, ctx.args.tokenizer.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
+    texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
+                         ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
+                         "row group")
+    if texts is None:
+        return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     lengths = np.zeros(len(texts), dtype=np.int64)
     bos = np.array([spec.bos], dtype=spec.dtype)
     parts = []
@@ -224,27 +220,13 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     return tokens, lengths, False
 
 
-def _per_doc(tokens: np.ndarray, lengths: np.ndarray) -> "_Docs":
-    """Best fit keeps each document on its own (a copy), so that a document that lingers in
-    the buffer does not pin its whole piece in memory."""
-    docs = _Docs([None] * len(lengths))
-    ends = np.cumsum(lengths).tolist()
-    live = np.flatnonzero(lengths).tolist()
-    for i in live:
-        docs[i] = np.array(tokens[ends[i] - lengths[i]:ends[i]])
-    docs.live = len(live)
-    return docs
-
-
 def _report(ctx: _Ctx, exc: BaseException):
-    row = ctx.ring.workers[ctx.args.index] if ctx.ring is not None else None
+    row = ctx.ring.workers[ctx.args.worker] if ctx.ring is not None else None
     where = ""
-    if row is not None and row[1] >= 0:
-        where = (f" on {ctx.args.files[int(row[2])]}, row group {int(row[3])}, "
-                 f"documents from {int(row[4])}")
-    kind = "data" if isinstance(exc, DataError) else "crash"
-    head = f"worker {ctx.args.index} (pid {os.getpid()}){where}: {type(exc).__name__}: {exc}"
+    if row is not None and row[WorkerCol.PIECE] >= 0:
+        where = (f" on {ctx.args.files[int(row[WorkerCol.FILE])]}, row group {int(row[WorkerCol.RG])}, "
+                 f"documents from {int(row[WorkerCol.DOC])}")
     try:
-        ctx.conn.send(("error", kind, head, traceback.format_exc()))
+        ctx.conn.send(Error.of(f"worker {ctx.args.worker} (pid {os.getpid()}){where}", exc))
     except OSError:
         pass

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.packing import ConcatSequencer, SlotMap
+from shmloader.packing import ConcatSequencer
+from shmloader.sequencing import SlotMap
 
 
 class Sim:
@@ -52,7 +53,7 @@ class Sim:
             assert 0 <= piece < self.seq.next_index, "order for a piece not yet sequenced"
             for k, off, poff, n in segs:
                 assert k not in self.freed and k < len(self.freed) + self.n_slots, (k, self.freed)
-                self.slot_map.slot(k)
+                self.slot_map.take_slot(k)
                 assert n > 0 and 0 <= off and off + n <= self.W
                 assert 0 <= poff and poff + n <= len(self.tokens[piece])
                 self.pending.append((piece, (k, off, poff, n)))
@@ -76,7 +77,7 @@ class Sim:
     # ---- a worker's side
     def write_one(self):
         piece, (k, off, poff, n) = self.pending.pop(self.rng.randrange(len(self.pending)))
-        self.slots[self.slot_map.slot(k), off:off + n] = self.tokens[piece][poff:poff + n]
+        self.slots[self.slot_map.take_slot(k), off:off + n] = self.tokens[piece][poff:poff + n]
         pos = k * self.W + off
         self.stream[pos:pos + n] = self.tokens[piece][poff:poff + n]
         self.writes[pos:pos + n] += 1
@@ -94,7 +95,7 @@ class Sim:
     # ---- checks
     def check_slot(self, k):
         first = self.skip + k * self.W
-        assert np.array_equal(self.slots[self.slot_map.slot(k)], np.arange(first, first + self.W)), k
+        assert np.array_equal(self.slots[self.slot_map.take_slot(k)], np.arange(first, first + self.W)), k
 
     def check_position(self, k, where):
         piece, row, skip = where
@@ -281,12 +282,12 @@ def test_oldest_live_never_passes_a_piece_still_needed(skip):
 
 def test_slot_map_reuses_freed_slots_in_any_order():
     slots = SlotMap(3)
-    assert [slots.slot(k) for k in (0, 1, 2)] == [0, 1, 2]
-    assert slots.slot(1) == 1                  # asking again does not move a batch
+    assert [slots.take_slot(k) for k in (0, 1, 2)] == [0, 1, 2]
+    assert slots.take_slot(1) == 1                  # asking again does not move a batch
     with pytest.raises(RuntimeError, match="batch 3 needs a ring slot"):
-        slots.slot(3)
+        slots.take_slot(3)
     assert slots.release(1) == 1               # batch 1 freed before batch 0
-    assert slots.slot(3) == 1
+    assert slots.take_slot(3) == 1
     slots.release(2)
     slots.release(0)
-    assert [slots.slot(k) for k in (4, 5)] == [0, 2]
+    assert [slots.take_slot(k) for k in (4, 5)] == [0, 2]

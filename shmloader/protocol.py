@@ -1,0 +1,181 @@
+"""NOTE [ring protocol]: the messages between the trainer, the coordinator and the workers.
+
+One shared-memory segment (`ring.py`), created by the trainer, holds a header and `n_slots`
+slots of `window` int64 tokens each (concat: `B*T + 1`; best fit: `2*B*T`, the inputs then
+the targets, so that both come out contiguous). The coordinator's `SlotMap` gives batch `k`
+the lowest free slot when k's first write order goes out, and takes it back when k is freed;
+the slot travels in the write orders and in the announcement. Best fit adds one *runs area*
+per slot: the buffer after batch k, as `[epoch, file, rg, row, count]` runs, written by the
+coordinator before it announces k and read by the trainer before it frees k (the buffer is too
+big to send through the pipe with every batch).
+
+Header words (int64): magic, layout version, n_slots, window, n_workers; the counters
+`ring.Stat`, written only by the coordinator; one `SlotState` word per slot; one status row
+per worker (`ring.WorkerCol`: pid, piece, file, row group, first document, tokens, busy
+time), written only by that worker. `SlotState` (zero is FREE, so a zeroed segment is a valid
+ring): FREE -> FILLING (coordinator: a write order went out) -> READY (coordinator: announced)
+-> IN_USE (trainer: lent or being copied) -> FREE (trainer). Slots change hands only by
+messages (no locks are shared with workers, so a killed process cannot wedge the others); the
+state words mirror the messages for `stats()` and debugging.
+
+Every message is one record below, dispatched on its type:
+
+1. Trainer -> coordinator: `Free(k)` once batch k's slot may be overwritten: on the CPU when
+   the caller has dropped the lent batch (the view's weak-reference callback, a C
+   `deque.append` that no signal can interrupt, queues it; the next `next()` sends the free;
+   right after the copy for a copied batch), on CUDA when the event recorded after the copy
+   has completed. Batches come back in any order; batches below `freed + n_slots` (`freed` =
+   how many came back) may be written, so at most `n_slots` hold a slot at once.
+2. Coordinator -> worker: `Task(piece, keep)`; a worker holds at most a few pieces (concat: 3
+   not yet fully placed; best fit: 2 not yet counted, and a global cap on documents waiting to
+   enter the buffer), so memory is bounded whatever the trainer's pace. `keep` says how the
+   worker keeps the tokens until they are written (one array, one per document, or none).
+3. Worker -> coordinator: `Counted(piece, lengths, cache_hit)` after tokenizing a piece
+   (`lengths[i]` = tokens of row i including BOS, 0 for a null); `Skipped(piece, text)` first
+   when its row group is bad and `on_bad_row_group="skip"`.
+4. Coordinator -> worker, write orders. Concat: pieces are sequenced in order; piece i starts
+   where piece i-1 ends. For every sequenced piece its worker gets `Place(piece, segments,
+   done)`, one segment `(batch, slot, batch_offset, piece_offset, n)` per writable batch the
+   piece overlaps. Best fit: when batch k may be written and the chunks its plan needs are
+   counted, the planner plans batch k (a plan that runs out of chunks is rolled back and
+   retried later) and each worker holding a placed document gets `Rows(k, slot,
+   [(piece, row, batch_row, offset, n)])`.
+5. Worker -> coordinator: copies what it was told, replies `Written([(batch, tokens), ...])`;
+   drops tokens it no longer needs.
+6. Coordinator -> trainer: when every token of batch k is written, and batches < k were
+   announced, `Batch(k, slot, position)`, the canonical position of the first token after
+   batch k (best fit: the runs go into the slot's runs area first). A count-only run
+   (`locate.py`) sends `Progress(done, total)` once a second and then `Located(position, runs,
+   tokenized, cached)`. Errors travel as `Error(kind, head, trace)` and warnings as
+   `Warn(text)`, from the workers through the coordinator, to the trainer.
+
+The coordinator's loop never blocks in a send: every message to a worker or to the trainer
+goes through an outbox thread per peer, so the loop keeps reading all of them (a worker
+blocked sending a long piece's lengths, and a trainer away from `next()`, can never stall it
+or deadlock with it). Every wait has a timeout; all children also wait on the read end of an
+*alive pipe* whose write end only the trainer holds: EOF means the trainer closed the loader
+or died, and they exit at once (`Stop`). Records are NamedTuples: a message is pickled per
+batch, and a NamedTuple pickles as little more than its tuple.
+"""
+import select
+import traceback
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .errors import DataError
+
+
+class Stop(Exception):
+    """The trainer closed the loader or is gone: a child's loop ends, quietly."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunArgs:
+    """What one run adds to the `LoaderConfig`, for the coordinator and the workers."""
+
+    files: list                    # the split's data files (a count-only run: those it was saved with)
+    rank: int
+    world: int
+    layout: object                 # ring.RingLayout
+    ring_name: str | None = None   # set by loader_procs.start_children, which creates the ring
+    start: object = None           # plan.Cursor: the first document of the run
+    skip: int = 0                  # tokens of the stream from `start` that the run drops
+    buffer_runs: tuple = ()        # best fit: the resumed buffer, as [epoch, file, rg, row, count]
+    filesystem: object = None      # source.FilesystemRef, or None for local files
+    tokenizer: object = None       # tokenizer.TokenizerSpec (workers)
+    locate: tuple | None = None    # (shapes, batch): a count-only run that finds a position
+    worker: int = -1               # this worker's index (workers)
+
+
+# trainer -> coordinator
+class Free(NamedTuple):
+    batch: int
+
+
+# coordinator -> worker
+class Task(NamedTuple):
+    piece: object                  # plan.Piece
+    keep: str | None               # worker.KEEP: "stream", "docs", or None (count only)
+
+
+class Place(NamedTuple):
+    piece: int
+    segments: list                 # [(batch, slot, batch_offset, piece_offset, n)]
+    done: bool                     # the piece has no further tokens to place
+
+
+class Rows(NamedTuple):
+    batch: int
+    slot: int
+    placements: list               # [(piece, row, batch_row, row_offset, n)]
+
+
+# worker -> coordinator
+class Counted(NamedTuple):
+    piece: int
+    lengths: object                # np.ndarray of int64, one per row
+    cache_hit: bool | None         # None without a token cache
+
+
+class Written(NamedTuple):
+    counts: list                   # [(batch, tokens written)]
+
+
+class Skipped(NamedTuple):
+    piece: object                  # plan.Piece
+    text: str
+
+
+# either child -> trainer (a worker's through the coordinator)
+class Warn(NamedTuple):
+    text: str
+
+
+class Error(NamedTuple):
+    kind: str                      # "data" (raised as DataError) or "crash"
+    head: str
+    trace: str
+
+    @classmethod
+    def of(cls, who: str, exc: BaseException) -> "Error":
+        """The report of `exc`, being handled now in process `who`."""
+        kind = "data" if isinstance(exc, DataError) else "crash"
+        return cls(kind, f"{who}: {type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+# coordinator -> trainer
+class Batch(NamedTuple):
+    batch: int
+    slot: int
+    position: tuple                # (epoch, file, rg, doc, skip) after the batch
+
+
+class Located(NamedTuple):
+    position: tuple
+    runs: list
+    tokenized: int                 # pieces tokenized to count them
+    cached: int                    # pieces whose lengths came from the token cache
+
+
+class Progress(NamedTuple):
+    done: int
+    total: int
+
+
+class Listener:
+    """`multiprocessing.connection.wait` over a fixed set of pipes with one poll object kept
+    for the whole run: `wait` builds and tears down a selector per call, which costs tens of
+    microseconds several times per batch. A hung-up pipe reports ready, so its EOF is seen."""
+
+    def __init__(self, conns):
+        self._poll, self._by_fd = select.poll(), {}
+        for conn in conns:
+            self._by_fd[conn.fileno()] = conn
+            self._poll.register(conn.fileno(), select.POLLIN)
+
+    def wait(self, timeout: float) -> list:
+        return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout * 1000)]
+
+    def remove(self, conn):
+        self._poll.unregister(conn.fileno())
+        del self._by_fd[conn.fileno()]
