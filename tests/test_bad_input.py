@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader import corpus, testing
+from shmloader_dev import corpus, testing
 from conftest import loader_children, position_of, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import shmloader
-from shmloader import corpus, reference, testing
+from shmloader_dev import corpus, reference, testing
 from conftest import PosData, loader_children, shm_segments, sigkill_after
 
 pytestmark = pytest.mark.usefixtures("watchdog")

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader import corpus, reference, testing
+from shmloader_dev import corpus, reference, testing
 
 B, T = 2, 24
 W = B * T + 1

@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import corpus, ring as ringmod, testing
+from shmloader import ring as ringmod
+from shmloader_dev import corpus, testing
 from conftest import (loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
                       wait_no_segment, window_of)
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from shmloader import corpus, testing
+from shmloader_dev import corpus, testing
 from conftest import live_processes, pid_alive, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -31,7 +31,8 @@ INTERRUPTED = 42
 
 TRAINER = textwrap.dedent("""
     import sys
-    from shmloader import ShmLoader, testing
+    from shmloader import ShmLoader
+    from shmloader_dev import testing
 
     print("start", flush=True)
     try:

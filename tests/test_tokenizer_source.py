@@ -1,5 +1,5 @@
 """tokenizer.py (resolve, BOS rule, fingerprint, build) and source.py (list_files,
-split_files, ParquetSource errors). Tokenizers are trained offline with shmloader.corpus;
+split_files, ParquetSource errors). Tokenizers are trained offline with shmloader_dev.corpus;
 all data lives in tmp_path."""
 
 import os
@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 
-from shmloader import corpus
+from shmloader_dev import corpus
 from shmloader.errors import DataError
 from shmloader.source import ParquetSource, list_files, split_files
-from shmloader.testing import IntTokenizer
+from shmloader_dev.testing import IntTokenizer
 from shmloader.tokenizer import TokenizerSpec, build, resolve
 
 SPECIAL_TEXTS = ["<|bos|>", "a <|bos|> b", "<|endoftext|>", "x<|endoftext|>y<|bos|>",

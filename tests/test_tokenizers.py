@@ -4,7 +4,7 @@ For each form the loader's concat stream (2 workers) is compared window for wind
 `reference.concat_windows` run here with that tokenizer's own ordinary encode and BOS:
 a `tiktoken.Encoding`, its `tokenizer.pkl` path and directory, a nanochat-style wrapper (`.enc`
 + `get_bos_token_id()`), a generic object with `encode()` defined in this module (unpickled
-by the workers), `shmloader.testing.IntTokenizer`, a Hugging Face `tokenizer.json` trained
+by the workers), `shmloader_dev.testing.IntTokenizer`, a Hugging Face `tokenizer.json` trained
 offline with `tokenizers` (path, directory, `tokenizers.Tokenizer` object) and an explicit `bos=`.
 The documents hold literal special-token text ("<|bos|>", "<|endoftext|>"): the stream must
 hold the BOS id exactly at document starts and nowhere else. Also: a tiktoken name offline
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import corpus, reference, testing
+from shmloader_dev import corpus, reference, testing
 
 B, T = 2, 24
 N = 10

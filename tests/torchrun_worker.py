@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 import shmloader
-from shmloader import reference
-from shmloader.testing import IntTokenizer
+from shmloader_dev import reference
+from shmloader_dev.testing import IntTokenizer
 
 
 def token_owners(files) -> dict:
