@@ -125,7 +125,7 @@ def wait_no_segment(pid: int, seconds: float = 5.0) -> list[str]:
 
 
 def sigkill_after(cmd, cwd: Path, log: Path, at: int, info: str, timeout: float = 60) -> int:
-    """Start a trainer script (tests/restart_trainer*.py), SIGKILL it once its log holds `at`
+    """Start a trainer script (tests/scripts/restart_trainer*.py), SIGKILL it once its log holds `at`
     lines and its pids file exists; return its pid after checking that its children (the
     loader's processes) are gone within 5 s and its shared memory too."""
     import json

@@ -39,6 +39,7 @@ from conftest import PosData, loader_children, shm_segments, sigkill_after
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"  # the trainer scripts these tests run as subprocesses
 FOLLOW = 30  # batches compared after each resume point
 
 
@@ -489,7 +490,7 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
     seed = random.randrange(1 << 30)
     kill_at = random.Random(seed).randrange(5, total - 30)
     info = f"(seed {seed}, kill after {kill_at} batches)"
-    cmd = [sys.executable, str(HERE / "restart_trainer_bestfit.py"), "--data", str(lingerdata.root),
+    cmd = [sys.executable, str(SCRIPTS / "restart_trainer_bestfit.py"), "--data", str(lingerdata.root),
            "--tokenizer", "int", "--out", str(tmp_path), "--total", str(total), "--batch-size", str(B),
            "--seq-len", str(T), "--workers", "2", "--buffer-size", str(buffer_size), "--chunk", str(chunk),
            "--step-s", "0.01"]
