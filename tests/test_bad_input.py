@@ -9,8 +9,8 @@ stream is the oracle's over the data without it, and resume across the skip is e
 Documents are `testing.position_documents` read with `IntTokenizer` (BOS = 0), so the
 expected stream is built by hand: the concatenation of `[0] + ids` of every non-null row.
 
-(tests/test_tokenizer_source.py checks `ParquetSource` and `tokenizer.resolve` on their own;
-here the same inputs go through `ShmLoader` and its processes.)
+(tests/test_source.py checks `ParquetSource` and tests/test_tokenizers.py `tokenizer.resolve`
+on their own; here the same inputs go through `ShmLoader` and its processes.)
 """
 import itertools
 import json
