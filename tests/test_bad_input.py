@@ -237,9 +237,9 @@ def test_bad_column_or_row_group(tmp_path, case):
 
 def test_a_workers_error_is_not_lost_when_it_exits_with_orders_unread(tmp_path):
     """A worker that reports an error and exits leaves the coordinator's write orders unread,
-    so the coordinator's next read of its pipe fails with ECONNRESET rather than EOF. That
-    once ended the coordinator quietly, before its outbox had sent the error on, and next()
-    then reported only "worker died: exit code 0" (in about a quarter of runs, hence six)."""
+    so the coordinator's next read of its pipe fails with ECONNRESET rather than EOF. The
+    coordinator must still send the error on before it ends, so that next() raises it and not
+    a bare "worker died: exit code 0". The timing lines up in about a quarter of runs, hence six."""
     for i in range(6):
         root = tmp_path / str(i)
         good_shards(root, n_docs=60, num_files=3, rg=10)

@@ -348,8 +348,8 @@ def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_orac
 
 def test_a_large_ring_fills_while_the_trainer_does_not_read(synth):
     """More announcements than the trainer's pipe holds (about 270 small messages): the
-    coordinator used to block in send to a trainer away from next(), and stop serving the
-    workers, so a 400-slot ring never filled past ~280."""
+    coordinator must not block in send to a trainer away from next(), or it stops serving the
+    workers and a 400-slot ring stops filling at about 280."""
     with synth.loader(1, 7, "train", num_workers=2, n_slots=400) as loader:
         next(iter(loader))
         deadline = time.monotonic() + 30
