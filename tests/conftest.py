@@ -1,6 +1,6 @@
 """Shared fixtures for the loader tests: offline datasets, a small tokenizer, leak checks.
 
-Datasets (session-scoped, written once into tmp dirs with `shmloader.corpus`):
+Datasets (session-scoped, written once into tmp dirs with `shmloader_dev.corpus`):
 
 - `synth`: 800 synthetic documents (mean 8 words; 1 empty and 1 long document per 20, special
   token strings such as "<|bos|>" inside documents), every 23rd row null, the single-row row
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from shmloader import corpus, reference, testing
+from shmloader_dev import corpus, reference, testing
 
 HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 ALIGN_W = 33  # B=2, T=16
@@ -125,7 +125,7 @@ def wait_no_segment(pid: int, seconds: float = 5.0) -> list[str]:
 
 
 def sigkill_after(cmd, cwd: Path, log: Path, at: int, info: str, timeout: float = 60) -> int:
-    """Start a trainer script (tests/restart_trainer*.py), SIGKILL it once its log holds `at`
+    """Start a trainer script (tests/scripts/restart_trainer*.py), SIGKILL it once its log holds `at`
     lines and its pids file exists; return its pid after checking that its children (the
     loader's processes) are gone within 5 s and its shared memory too."""
     import json

@@ -9,8 +9,8 @@ stream is the oracle's over the data without it, and resume across the skip is e
 Documents are `testing.position_documents` read with `IntTokenizer` (BOS = 0), so the
 expected stream is built by hand: the concatenation of `[0] + ids` of every non-null row.
 
-(tests/test_tokenizer_source.py checks `ParquetSource` and `tokenizer.resolve` on their own;
-here the same inputs go through `ShmLoader` and its processes.)
+(tests/test_source.py checks `ParquetSource` and tests/test_tokenizers.py `tokenizer.resolve`
+on their own; here the same inputs go through `ShmLoader` and its processes.)
 """
 import itertools
 import json
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader import corpus, testing
+from shmloader_dev import corpus, testing
 from conftest import loader_children, position_of, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -237,9 +237,9 @@ def test_bad_column_or_row_group(tmp_path, case):
 
 def test_a_workers_error_is_not_lost_when_it_exits_with_orders_unread(tmp_path):
     """A worker that reports an error and exits leaves the coordinator's write orders unread,
-    so the coordinator's next read of its pipe fails with ECONNRESET rather than EOF. That
-    once ended the coordinator quietly, before its outbox had sent the error on, and next()
-    then reported only "worker died: exit code 0" (in about a quarter of runs, hence six)."""
+    so the coordinator's next read of its pipe fails with ECONNRESET rather than EOF. The
+    coordinator must still send the error on before it ends, so that next() raises it and not
+    a bare "worker died: exit code 0". The timing lines up in about a quarter of runs, hence six."""
     for i in range(6):
         root = tmp_path / str(i)
         good_shards(root, n_docs=60, num_files=3, rg=10)

@@ -34,11 +34,12 @@ import pytest
 import torch
 
 import shmloader
-from shmloader import corpus, reference, testing
+from shmloader_dev import corpus, reference, testing
 from conftest import PosData, loader_children, shm_segments, sigkill_after
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"  # the trainer scripts these tests run as subprocesses
 FOLLOW = 30  # batches compared after each resume point
 
 
@@ -489,7 +490,7 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
     seed = random.randrange(1 << 30)
     kill_at = random.Random(seed).randrange(5, total - 30)
     info = f"(seed {seed}, kill after {kill_at} batches)"
-    cmd = [sys.executable, str(HERE / "restart_trainer_bestfit.py"), "--data", str(lingerdata.root),
+    cmd = [sys.executable, str(SCRIPTS / "restart_trainer_bestfit.py"), "--data", str(lingerdata.root),
            "--tokenizer", "int", "--out", str(tmp_path), "--total", str(total), "--batch-size", str(B),
            "--seq-len", str(T), "--workers", "2", "--buffer-size", str(buffer_size), "--chunk", str(chunk),
            "--step-s", "0.01"]
@@ -619,12 +620,12 @@ def test_concat_state_is_refused_by_bestfit(lingerdata):
         fit_loader(lingerdata, 2, 16, buffer_size=5, chunk=3, resume_state=state)
 
 
-# ---------------------------------------------------------------- regressions
+# ---------------------------------------------------------------- read-ahead, lending, back-pressure
 
 def test_batch_needing_more_documents_than_the_readahead_cap(tmp_path):
     """One batch of 4 rows of 129 tokens needs 129 four-token documents; the read-ahead cap is
-    5 + 2 * 16 = 37 waiting documents: past it the coordinator reads on while a plan starves
-    (it used to stop, and next() timed out)."""
+    5 + 2 * 16 = 37 waiting documents: past it the coordinator reads on while a plan starves,
+    so next() gets its batch instead of timing out."""
     ds = _posdata(tmp_path, [3] * 600, 2, [300])
     B, T = 4, 128
     want_rows, want_pos = expected(3, ds, B, T, buffer_size=5, chunk=8)
@@ -655,7 +656,7 @@ def test_batches_kept_out_of_order_stay_whole(fitdata):
 
 def test_read_ahead_stops_while_the_trainer_pauses(tmp_path):
     """With the ring full and the trainer away, workers stop reading: what was read stays
-    bounded (it used to grow without end once a plan had starved). Full is n_slots - 2 here:
+    bounded, also after a plan has starved. Full is n_slots - 2 here:
     the last two batches taken keep their slots until the next next()."""
     ds = _posdata(tmp_path, [3, 40, 5, 300, 9] * 2000, 2, [64])
     with fit_loader(ds, 4, 128, buffer_size=50, chunk=8, num_workers=2, n_slots=4,
@@ -674,8 +675,8 @@ def test_read_ahead_stops_while_the_trainer_pauses(tmp_path):
 
 def test_large_pieces_with_many_placements_do_not_deadlock(tmp_path):
     """A piece of 30,000 rows (its lengths message is bigger than a socket buffer) while
-    write orders of thousands of placements queue up for the same worker: the coordinator
-    used to block sending to a worker that was blocked sending to it."""
+    write orders of thousands of placements queue up for the same worker: the coordinator must
+    not block sending to a worker that is blocked sending to it."""
     ds = _posdata(tmp_path, [3] * 60_000, 2, [30_000])
     B, T = 16, 1024
     want_rows, want_pos = expected(12, ds, B, T, buffer_size=1000, chunk=128)

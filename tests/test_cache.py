@@ -39,9 +39,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from shmloader import ShmLoader, corpus, reference, testing
+from shmloader import ShmLoader
 from shmloader import cache as cachemod
 from shmloader import tokenizer as tokmod
+from shmloader_dev import corpus, reference, testing
 
 REPO = Path(__file__).resolve().parents[1]
 B, T = 2, 128

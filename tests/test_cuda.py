@@ -27,7 +27,8 @@ import os
 import pytest
 import torch
 
-from shmloader import ShmLoader, corpus, tokenizing_distributed_data_loader
+from shmloader import ShmLoader, tokenizing_distributed_data_loader
+from shmloader_dev import corpus
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import corpus, testing
 from shmloader.errors import DataError
 from shmloader.source import CLIMBMIX_DIR, LEGACY_DIR
+from shmloader_dev import corpus, testing
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

@@ -1,6 +1,6 @@
 """Two ranks under torchrun, and torch.distributed.checkpoint round trips.
 
-`tests/torchrun_worker.py` runs as 2 torchrun processes (gloo, CPU); the rank comes only from
+`tests/scripts/torchrun_worker.py` runs as 2 torchrun processes (gloo, CPU); the rank comes only from
 torchrun's RANK / WORLD_SIZE. The data is IntTokenizer text whose non-BOS tokens are unique
 integers (token = position in the file set), so each rank's stream maps back to the row
 groups it read. Checked here, from the ranks' JSON reports:
@@ -34,11 +34,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader import corpus, reference, testing
+from shmloader_dev import corpus, reference, testing
 
 B, T = 2, 24
 W = B * T + 1
-WORKER = Path(__file__).parent / "torchrun_worker.py"
+WORKER = Path(__file__).parent / "scripts" / "torchrun_worker.py"
 TORCHRUN_TIMEOUT_S = 150
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import corpus, testing
+from shmloader_dev import corpus, testing
 from conftest import loader_children, pid_alive, position_of, shm_segments, wait_clean, window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")

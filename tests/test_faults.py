@@ -33,12 +33,14 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import corpus, ring as ringmod, testing
+from shmloader import ring as ringmod
+from shmloader_dev import corpus, testing
 from conftest import (loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
                       wait_no_segment, window_of)
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"  # the trainer scripts these tests run as subprocesses
 DETECT_S = 5.0  # a fault must be reported within this many seconds
 
 
@@ -176,7 +178,7 @@ def test_child_frozen_is_a_timeout_not_a_hang(synth, who):
 # ---------------------------------------------------------------- the trainer killed
 
 def _start_victim(synth, tok_pkl, workers=2):
-    proc = subprocess.Popen([sys.executable, str(HERE / "trainer_victim.py"), str(synth.root), str(tok_pkl),
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "trainer_victim.py"), str(synth.root), str(tok_pkl),
                              "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     box = {}
@@ -324,7 +326,7 @@ def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_orac
     kills = [a, rng.randrange(a + 4, TOTAL - 10)]
     workers = [rng.randint(1, 3) for _ in range(len(kills) + 1)]
     info = f"(seed {seed}: kills after {kills} logged batches, workers {workers})"
-    base = [sys.executable, str(HERE / "restart_trainer.py"), "--data", str(synth.root),
+    base = [sys.executable, str(SCRIPTS / "restart_trainer.py"), "--data", str(synth.root),
             "--tokenizer", str(synth_tokenizer_pkl), "--out", str(tmp_path), "--total", str(TOTAL),
             "--batch-size", str(RB), "--seq-len", str(RT), "--step-s", "0.002"]
     log = tmp_path / "log.jsonl"
@@ -346,8 +348,8 @@ def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_orac
 
 def test_a_large_ring_fills_while_the_trainer_does_not_read(synth):
     """More announcements than the trainer's pipe holds (about 270 small messages): the
-    coordinator used to block in send to a trainer away from next(), and stop serving the
-    workers, so a 400-slot ring never filled past ~280."""
+    coordinator must not block in send to a trainer away from next(), or it stops serving the
+    workers and a 400-slot ring stops filling at about 280."""
     with synth.loader(1, 7, "train", num_workers=2, n_slots=400) as loader:
         next(iter(loader))
         deadline = time.monotonic() + 30

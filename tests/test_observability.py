@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader import bestfit, corpus, reference, testing
+from shmloader import bestfit
+from shmloader_dev import corpus, reference, testing
 
 B, T = 2, 16
 W = B * T + 1

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import corpus, testing
+from shmloader_dev import corpus, testing
 from conftest import ALIGN_W, pid_alive, position_of, shm_segments, sigkill_after, window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"  # the trainer scripts these tests run as subprocesses
 FOLLOW = 40  # batches compared after each resume point
 
 
@@ -292,7 +293,7 @@ def test_restart_after_sigkill(synth, synth_tokenizer_pkl, tmp_path):
     seed = random.randrange(1 << 30)
     kill_at = random.Random(seed).randrange(5, total - 30)
     info = f"(seed {seed}, kill after {kill_at} batches)"
-    cmd = [sys.executable, str(HERE / "restart_trainer.py"), "--data", str(synth.root),
+    cmd = [sys.executable, str(SCRIPTS / "restart_trainer.py"), "--data", str(synth.root),
            "--tokenizer", str(synth_tokenizer_pkl), "--out", str(tmp_path), "--total", str(total),
            "--batch-size", str(B), "--seq-len", str(T), "--workers", "2", "--step-s", "0.01"]
     log = tmp_path / "log.jsonl"

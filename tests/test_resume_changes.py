@@ -2,7 +2,7 @@
 the data with a warning, also when another rank's state must first be located through the
 shape change; shards appended since the save are read after the saved ones, with a warning
 naming them; a changed file at or before the position, another tokenizer or another packing
-is refused in words. Checked against the single-process oracles in shmloader/reference.py."""
+is refused in words. Checked against the single-process oracles in shmloader_dev/reference.py."""
 import itertools
 import json
 import shutil
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import reference, testing
+from shmloader_dev import reference, testing
 from conftest import position_of, window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -129,7 +129,7 @@ def test_a_changed_earlier_file_is_refused_naming_it(posdata, tmp_path):
 
 
 def test_another_tokenizer_or_packing_is_refused_in_words(synth):
-    from shmloader import corpus
+    from shmloader_dev import corpus
     with synth.loader(2, 32, "train") as loader:
         _, states = take(loader, 5)
     other = corpus.train_tokenizer(corpus.synthetic_texts(100, seed=5, mean_words=20), vocab_size=400)

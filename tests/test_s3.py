@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import corpus
+from shmloader_dev import corpus
 
 B, T = 2, 16
 N = 12  # batches compared per run

@@ -7,10 +7,10 @@ loader. Each time the trainer, and only the trainer, gets KeyboardInterrupt (it 
 code 42), nothing prints a traceback or an error, and no process of the group and no
 /dev/shm segment of the trainer is left.
 
-Windows this closes, as measured on a 2-core machine: the forkserver's preloads (~100-400 ms
-after the marker), a child's bootstrap before it ignores SIGINT, a child attaching the
-segment after the trainer already unlinked it, and the resource tracker's start inside the
-segment's creation (a segment left behind).
+The windows of start-up this covers (timed on a 2-core machine): the forkserver's preloads
+(~100-400 ms after the marker), a child's bootstrap before it ignores SIGINT, a child
+attaching the segment after the trainer already unlinked it, and the resource tracker's start
+inside the segment's creation (where a segment could be left behind).
 """
 import os
 import signal
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from shmloader import corpus, testing
+from shmloader_dev import corpus, testing
 from conftest import live_processes, pid_alive, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -31,7 +31,8 @@ INTERRUPTED = 42
 
 TRAINER = textwrap.dedent("""
     import sys
-    from shmloader import ShmLoader, testing
+    from shmloader import ShmLoader
+    from shmloader_dev import testing
 
     print("start", flush=True)
     try:

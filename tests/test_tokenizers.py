@@ -1,10 +1,15 @@
-"""Every tokenizer form is rebuilt in the workers and tokenizes exactly as in this process.
+"""tokenizer.py: every tokenizer form, resolved here and rebuilt in the workers.
 
-For each form the loader's concat stream (2 workers) is compared window for window with
-`reference.concat_windows` run here with that tokenizer's own ordinary encode and BOS:
+In this process: `resolve` (a `tiktoken.Encoding`, its pickle path and directory, a
+nanochat-style wrapper, `IntTokenizer`, a Hugging Face tokenizer), the BOS rule (`<|bos|>`,
+else `<|endoftext|>`, else an error; `bos=` overrides), bad paths and pickles, the fingerprint
+and `build`, which encodes special-token text as ordinary text.
+
+In the workers: for each form the loader's concat stream (2 workers) is compared window for
+window with `reference.concat_windows` run here with that tokenizer's own ordinary encode and BOS:
 a `tiktoken.Encoding`, its `tokenizer.pkl` path and directory, a nanochat-style wrapper (`.enc`
 + `get_bos_token_id()`), a generic object with `encode()` defined in this module (unpickled
-by the workers), `shmloader.testing.IntTokenizer`, a Hugging Face `tokenizer.json` trained
+by the workers), `shmloader_dev.testing.IntTokenizer`, a Hugging Face `tokenizer.json` trained
 offline with `tokenizers` (path, directory, `tokenizers.Tokenizer` object) and an explicit `bos=`.
 The documents hold literal special-token text ("<|bos|>", "<|endoftext|>"): the stream must
 hold the BOS id exactly at document starts and nowhere else. Also: a tiktoken name offline
@@ -12,13 +17,294 @@ is a quick error that says it needs a download; a missing path is a FileNotFound
 it; the state's tokenizer fingerprint is the same for every form of one tokenizer.
 """
 import itertools
+import os
+import pickle
+import re
 import time
 
 import numpy as np
 import pytest
+import tiktoken
 
 import shmloader
-from shmloader import corpus, reference, testing
+from shmloader.tokenizer import TokenizerSpec, build, resolve
+from shmloader_dev import corpus, reference, testing
+from shmloader_dev.testing import IntTokenizer
+
+
+SPECIAL_TEXTS = ["<|bos|>", "a <|bos|> b", "<|endoftext|>", "x<|endoftext|>y<|bos|>",
+                 "<|user_start|>hi<|assistant_end|>", "", "plain text, naïve café 😀"]
+
+
+def train_enc():
+    """The module's tiktoken BPE; training is deterministic, so a retrained one equals it."""
+    return corpus.train_tokenizer(corpus.synthetic_texts(80, seed=4, mean_words=20), vocab_size=330)
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return train_enc()
+
+
+@pytest.fixture(scope="module")
+def enc_other():
+    return corpus.train_tokenizer(corpus.synthetic_texts(300, seed=5), vocab_size=290)
+
+
+def with_specials(enc, specials, name="custom"):
+    """The same BPE ranks with another set of special tokens."""
+    n = len(enc._mergeable_ranks)
+    return tiktoken.Encoding(name, pat_str=enc._pat_str, mergeable_ranks=enc._mergeable_ranks,
+                             special_tokens={s: n + i for i, s in enumerate(specials)})
+
+
+class NanochatLike:
+    """nanochat's RustBPETokenizer shape: a tiktoken Encoding in `.enc`, a BOS getter."""
+
+    def __init__(self, enc, bos=None):
+        self.enc = enc
+        self._bos = bos if bos is not None else enc.encode_single_token("<|bos|>")
+
+    def get_bos_token_id(self):
+        return self._bos
+
+    def encode(self, text, prepend=None, num_threads=None):
+        raise AssertionError("resolve() must unwrap .enc, not pickle the wrapper")
+
+
+# ================================================================== in this process
+
+# ------------------------------------------------------------------ resolve
+
+def test_resolve_encoding(enc):
+    spec = resolve(enc)
+    assert isinstance(spec, TokenizerSpec) and spec.kind == "tiktoken"
+    assert spec.bos == enc.encode_single_token("<|bos|>") == len(enc._mergeable_ranks)
+    assert spec.dtype == np.uint32
+    assert pickle.loads(spec.payload).encode_ordinary("hello world") == enc.encode_ordinary("hello world")
+
+
+def test_resolve_pickle_path_and_directory(enc, tmp_path):
+    path = corpus.save_tokenizer(enc, tmp_path / "tokenizer.pkl")
+    a, b, c, d = resolve(enc), resolve(str(path)), resolve(path), resolve(str(tmp_path))
+    assert a.bos == b.bos == c.bos == d.bos
+    assert a.fingerprint == b.fingerprint == c.fingerprint == d.fingerprint
+    assert b.kind == d.kind == "tiktoken"
+
+
+def test_resolve_nanochat_wrapper(enc):
+    spec = resolve(NanochatLike(enc))
+    assert spec.kind == "tiktoken"
+    assert spec.bos == enc.encode_single_token("<|bos|>")
+    assert spec.fingerprint == resolve(enc).fingerprint
+    assert build(spec)("a b c").tolist() == enc.encode_ordinary("a b c")
+    # the wrapper's BOS id is the one used
+    assert resolve(NanochatLike(enc, bos=7)).bos == 7
+
+
+def test_resolve_int_tokenizer():
+    spec = resolve(IntTokenizer(bos=5))
+    assert spec.kind == "object" and spec.bos == 5 and spec.dtype == np.int64
+    ids = build(spec)("3 1 4 1 5 9")
+    assert ids.dtype == np.int64 and ids.tolist() == [3, 1, 4, 1, 5, 9]
+    assert build(spec)("").tolist() == []
+    assert resolve(IntTokenizer(bos=5)).fingerprint == spec.fingerprint
+    assert resolve(IntTokenizer(bos=6)).fingerprint != spec.fingerprint
+
+
+def test_resolve_rejects_other_objects():
+    with pytest.raises(TypeError, match="tokenizer"):
+        resolve(12345)
+    with pytest.raises(TypeError):
+        resolve(object())
+
+
+# ------------------------------------------------------------------ BOS rule
+
+def test_bos_prefers_bos_over_endoftext(enc):
+    e = with_specials(enc, ["<|endoftext|>", "<|bos|>"])
+    assert resolve(e).bos == len(enc._mergeable_ranks) + 1
+
+
+def test_bos_falls_back_to_endoftext(enc):
+    e = with_specials(enc, ["<|user_start|>", "<|endoftext|>"])
+    assert resolve(e).bos == len(enc._mergeable_ranks) + 1
+
+
+def test_no_bos_token_is_a_value_error(enc):
+    e = with_specials(enc, ["<|user_start|>"], name="nobos")
+    with pytest.raises(ValueError, match="BOS") as ei:
+        resolve(e)
+    assert "<|bos|>" in str(ei.value) and "<|endoftext|>" in str(ei.value)
+
+
+# ------------------------------------------------------------------ bad paths
+
+def test_missing_path_names_it(tmp_path):
+    path = tmp_path / "nope" / "tokenizer.pkl"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(path))):
+        resolve(str(path))
+
+
+def test_directory_without_tokenizer_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=re.escape(os.path.join(str(tmp_path), "tokenizer.pkl"))):
+        resolve(tmp_path)
+
+
+def test_default_path_uses_nanochat_base_dir(tmp_path, monkeypatch, enc):
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path))
+    expected = os.path.join(str(tmp_path), "tokenizer", "tokenizer.pkl")
+    with pytest.raises(FileNotFoundError, match=re.escape(expected)):
+        resolve(None)
+    corpus.save_tokenizer(enc, expected)
+    assert resolve(None).fingerprint == resolve(enc).fingerprint
+
+
+@pytest.mark.parametrize("content", [b"", b"not a pickle at all", pickle.dumps([1, 2])[:-3]])
+def test_corrupt_pickle_is_a_value_error(tmp_path, content):
+    path = tmp_path / "tokenizer.pkl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        resolve(str(path))
+
+
+def test_pickle_that_is_not_a_tokenizer_names_the_file(tmp_path):
+    # SPEC 4: an error names the file; a tokenizer.pkl holding something else is bad input
+    path = tmp_path / "tokenizer.pkl"
+    path.write_bytes(pickle.dumps({"not": "a tokenizer"}))
+    with pytest.raises((TypeError, ValueError)) as ei:
+        resolve(str(path))
+    assert str(path) in str(ei.value)
+
+
+# ------------------------------------------------------------------ fingerprint
+
+def test_fingerprint_stable_and_distinct(enc, enc_other):
+    a1, a2 = resolve(enc).fingerprint, resolve(enc).fingerprint
+    copy = pickle.loads(pickle.dumps(enc))
+    assert a1 == a2 == resolve(copy).fingerprint
+    assert isinstance(a1, str) and len(a1) >= 8
+    assert resolve(enc_other).fingerprint != a1
+    # same ranks, other special tokens
+    assert resolve(with_specials(enc, ["<|bos|>"])).fingerprint != a1
+    # retrained from the same texts: deterministic, so the same fingerprint
+    again = train_enc()
+    assert resolve(again).fingerprint == a1
+
+
+def test_fingerprint_depends_on_bos(enc):
+    # SPEC 3: a state made under another tokenizer is refused. The BOS id is part of every
+    # document, so a state made with bos=X must not resume silently under bos=Y.
+    default = resolve(enc)
+    other = resolve(enc, bos=7)
+    assert other.bos == 7 and default.bos != 7
+    assert other.fingerprint != default.fingerprint
+
+
+def test_bos_override(enc):
+    assert resolve(enc, bos=11).bos == 11
+    assert resolve(NanochatLike(enc), bos=12).bos == 12
+    assert resolve(IntTokenizer(bos=1), bos=13).bos == 13
+    # an explicit bos= also rescues an encoding with no BOS token
+    assert resolve(with_specials(enc, ["<|user_start|>"]), bos=3).bos == 3
+
+
+def test_unknown_name_is_not_found():
+    with pytest.raises(FileNotFoundError, match="no_such_tokenizer_name"):
+        resolve("no_such_tokenizer_name")
+
+
+# ------------------------------------------------------------------ build
+
+def test_build_equals_encode_ordinary(enc):
+    encode = build(resolve(enc))
+    texts = [t for t in corpus.synthetic_texts(300) if t is not None] + SPECIAL_TEXTS
+    assert sum("<|bos|>" in t for t in texts) > 5  # guard: special strings are present
+    for text in texts:
+        got = encode(text)
+        assert got.dtype == np.uint32
+        assert got.tolist() == enc.encode_ordinary(text), text
+    bos = resolve(enc).bos
+    assert bos not in encode("<|bos|>").tolist()
+
+
+def test_build_from_pickle_path_matches(enc, tmp_path):
+    path = corpus.save_tokenizer(enc, tmp_path)
+    encode = build(resolve(str(path)))
+    for text in SPECIAL_TEXTS:
+        assert encode(text).tolist() == enc.encode_ordinary(text)
+
+
+# ------------------------------------------------------------------ Hugging Face tokenizers
+
+@pytest.fixture(scope="module")
+def hf_tok():
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator([t for t in corpus.synthetic_texts(300) if t], trainer)
+    return tok
+
+
+def test_hf_resolve_object_path_and_directory(hf_tok, tmp_path):
+    spec = resolve(hf_tok)
+    assert spec.kind == "hf" and spec.dtype == np.uint32 and spec.n_vocab == hf_tok.get_vocab_size()
+    assert spec.bos == hf_tok.token_to_id("<|endoftext|>")  # before "<s>" in the BOS order
+    hf_tok.save(str(tmp_path / "tokenizer.json"))
+    for source in (str(tmp_path / "tokenizer.json"), tmp_path):
+        other = resolve(source)
+        assert (other.kind, other.bos) == ("hf", spec.bos)
+        assert build(other)("hello world").tolist() == build(spec)("hello world").tolist()
+    assert resolve(hf_tok, bos=5).bos == 5
+
+
+def test_hf_fingerprint_same_for_object_and_its_file(hf_tok, tmp_path):
+    # the same tokenizer passed as a Tokenizer or as its tokenizer.json must resume each
+    # other's states; Tokenizer.save() writes pretty JSON, to_str() compact JSON
+    path = tmp_path / "tokenizer.json"
+    hf_tok.save(str(path))
+    assert resolve(str(path)).fingerprint == resolve(hf_tok).fingerprint
+    assert resolve(hf_tok).fingerprint == resolve(hf_tok).fingerprint
+
+
+def test_directory_with_both_files_prefers_tokenizer_pkl(hf_tok, enc, tmp_path):
+    hf_tok.save(str(tmp_path / "tokenizer.json"))
+    corpus.save_tokenizer(enc, tmp_path / "tokenizer.pkl")
+    spec = resolve(tmp_path)
+    assert spec.kind == "tiktoken" and spec.fingerprint == resolve(enc).fingerprint
+
+
+def test_hf_build_treats_special_text_as_ordinary(hf_tok):
+    encode = build(resolve(hf_tok))
+    specials = {hf_tok.token_to_id("<|endoftext|>"), hf_tok.token_to_id("<s>")}
+    for text in SPECIAL_TEXTS + ["a <s> b"]:
+        ids = encode(text)
+        assert ids.dtype == np.uint32
+        assert not specials & set(ids.tolist()), text
+        assert hf_tok.decode(ids.tolist(), skip_special_tokens=False) == text
+
+
+def test_hf_without_bos_token_is_a_value_error(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["hello world"] * 10, trainers.BpeTrainer(vocab_size=300,
+                                                                      special_tokens=["<pad>"],
+                                                                      show_progress=False))
+    with pytest.raises(ValueError, match="bos"):
+        resolve(tok)
+    assert resolve(tok, bos=0).bos == 0
+
+
+# ================================================================== in the workers
 
 B, T = 2, 24
 N = 10
@@ -63,11 +349,6 @@ def shards(tmp_path_factory):
     docs[5] = "a <|endoftext|> b <|bos|><|endoftext|>"  # early, so the compared batches hold them
     paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=[12, 5])]
     return root, paths
-
-
-@pytest.fixture(scope="module")
-def enc():
-    return corpus.train_tokenizer(corpus.synthetic_texts(80, seed=4, mean_words=20), vocab_size=330)
 
 
 @pytest.fixture(scope="module")

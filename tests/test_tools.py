@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shmloader import corpus, testing
-from shmloader.demo import prepare_data
+from shmloader_dev import corpus, testing
+from shmloader_dev.demo import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 512

@@ -42,7 +42,7 @@ other, never together. Figures (SPEC §5):
   `--first-batch-take` batches and drops it; "first" is loader 1 (which also starts the
   forkserver), "later" the median and max of loaders 2..N. Per packing (best fit with
   buffer_size 1000, tokenizer_batch_size 128, as nanochat's val loader), next to the
-  nanochat-style in-process loaders of `shmloader.reference` timed the same way.
+  nanochat-style in-process loaders of `shmloader_dev.reference` timed the same way.
   `--first-batch-compare DIR` also runs every shmloader row with the shmloader package of
   another checkout (DIR on PYTHONPATH), interleaved, for before/after figures in one run.
 
@@ -200,7 +200,7 @@ def _vm_hwm_mib(pid: int):
 def raw_child(cfg: dict) -> dict:
     """Bare single-thread tokenizing in a process of its own, from `cfg["start"]` (a shared
     wall-clock time) for `cfg["seconds"]`: one of several run side by side."""
-    from shmloader.reference import documents
+    from shmloader_dev.reference import documents
 
     enc = _load_tiktoken(cfg["tokenizer"])
     texts = [t for _, t in itertools.islice(documents(cfg["files"], epochs=1), 4000) if t is not None]
@@ -242,7 +242,7 @@ def child_main(cfg: dict) -> dict:
     import torch  # noqa: F401  (imported before any timing: SPEC §5)
 
     from shmloader.loader import ShmLoader
-    from shmloader.reference import nanochat_style_batches
+    from shmloader_dev.reference import nanochat_style_batches
 
     B, T = cfg["B"], cfg["T"]
     bestfit = cfg.get("packing") == "bos_bestfit"
@@ -299,7 +299,7 @@ def first_batch_child(cfg: dict) -> dict:
     enc = _load_tiktoken(cfg["tokenizer"])  # nanochat passes its tokenizer object
     if cfg["kind"] == "fb_baseline":
         from shmloader import source
-        from shmloader.reference import nanochat_style_batches, nanochat_style_bestfit_batches
+        from shmloader_dev.reference import nanochat_style_batches, nanochat_style_bestfit_batches
 
         files, bos = source.split_files(source.list_files(cfg["data"]), split), _bos(enc)
         if bestfit:
@@ -355,7 +355,7 @@ def raw_rates(files, enc, seconds: float, rounds: int = 3) -> dict:
     """Single-thread tiktoken rates over the split's documents: the best of `rounds` passes from
     the first document, each capped at `seconds / rounds`, the methods interleaved (best-of
     damps other processes' noise)."""
-    from shmloader.reference import documents
+    from shmloader_dev.reference import documents
 
     texts, chars = [], 0
     for _, text in documents(files, epochs=1):
@@ -696,7 +696,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _resolve_data(args) -> tuple[str, str]:
     if args.data is None:
-        from shmloader.demo import prepare_data
+        from shmloader_dev.demo import prepare_data
 
         try:
             demo = prepare_data(args.cache_dir, args.vocab_size, log=lambda m: print(m, file=sys.stderr))

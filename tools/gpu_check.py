@@ -82,8 +82,9 @@ def _equal(ctx: Ctx, k: int, x, y) -> bool:
 def build_reference(ctx: Ctx, n: int, n_oracle: int = 4) -> str:
     import numpy as np
 
-    from shmloader import reference, source
-    from shmloader.demo import load_encoding
+    from shmloader import source
+    from shmloader_dev import reference
+    from shmloader_dev.demo import load_encoding
 
     with _loader(ctx, "cpu") as loader:
         for _ in range(n):
@@ -302,7 +303,7 @@ def _header(device: str) -> str:
 def run(args, out_dir: str) -> int:
     import torch
 
-    from shmloader.demo import prepare_data
+    from shmloader_dev.demo import prepare_data
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: CUDA is not available here; run on a GPU machine, or with --device cpu to "

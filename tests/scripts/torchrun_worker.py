@@ -1,6 +1,6 @@
 """One rank of tests/test_distributed.py, launched by torchrun (2 processes, gloo, CPU).
 
-Usage: torchrun --nproc_per_node=2 tests/torchrun_worker.py DATA_DIR OUT_DIR B T
+Usage: torchrun --nproc_per_node=2 tests/scripts/torchrun_worker.py DATA_DIR OUT_DIR B T
 
 The rank and world size come only from torchrun's environment (RANK / WORLD_SIZE): the loader
 is not told them. Each rank
@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 import shmloader
-from shmloader import reference
-from shmloader.testing import IntTokenizer
+from shmloader_dev import reference
+from shmloader_dev.testing import IntTokenizer
 
 
 def token_owners(files) -> dict:

@@ -91,7 +91,7 @@ def bestfit_rows(files, encode, bos, B, T, buffer_size=1000, chunk_docs=128, ran
     `bestfit.plan_batch_scan`, and the position after them: `((epoch, file, rg, doc), runs)`,
     where doc is the end of the last chunk read and runs the buffer
     `[[epoch, file, rg, row, count], ...]` in arrival order. Resumes from `cursor` and `runs`."""
-    from .bestfit import plan_batch_scan
+    from shmloader.bestfit import plan_batch_scan
 
     cursor = tuple(cursor or (1, 0, rank, 0))
     meta, buffer, next_id = {}, [], 0

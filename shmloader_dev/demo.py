@@ -1,0 +1,241 @@
+"""The demo: shmloader next to today's nanochat loader, on data built offline, in one run.
+
+    python -m shmloader.demo [--out-dir ./demo_data] [--workers 2] [--batches 600]
+
+1. Data (cached in `--out-dir`, nanochat's layout so `NANOCHAT_BASE_DIR=demo_data` works):
+   the text that ships with Python (`corpus.stdlib_texts`: ~12.6 MB on CPython 3.11) cut at
+   blank lines into ~4000-character documents (~1000 tokens each, like web text; 2968
+   documents) as 4 parquet shards with row groups of 256 documents in `base_data/`
+   (train = the first 3 files), and a byte-level BPE of `--vocab-size` tokens in
+   `tokenizer/tokenizer.pkl`. Building takes a few seconds; a second run reuses it
+   (`demo.json` records what was built and for which Python). A directory holding shards or a
+   tokenizer that the demo did not write is refused, never overwritten.
+2. The same B x T batches from the same files, one loader after the other: `ShmLoader` on the
+   CPU with `--workers` worker processes, then `reference.nanochat_style_batches` (4 tokenizer
+   threads, chunks of 128 documents, all in the training process).
+3. A table (SPEC §5): tokens read per second (B*T+1 per batch, counted from the first batch
+   to the last), the training process's CPU time per batch (getrusage RUSAGE_SELF, user +
+   system; the baseline tokenizes in that process, shmloader does not), and the wall time
+   from constructing the loader to its first batch (torch already imported).
+4. The first `--verify` shmloader batches are compared token for token with the oracle
+   `reference.concat_windows`; the run fails (exit 1) if any differs.
+
+About 5 s on 2 cores once the data is cached; `prepare_data` is reused by tools/bench.py and
+tools/gpu_check.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import resource
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import corpus
+
+NUM_FILES = 4
+ROW_GROUP_DOCS = 256
+DOC_CHARS = 4000  # documents of ~1000 tokens, like web text
+MANIFEST = "demo.json"
+OWNER = "shmloader.demo"
+
+
+@dataclass(frozen=True)
+class DemoData:
+    data_dir: Path        # the parquet shards (pass as data=)
+    tokenizer_path: Path  # the pickled tiktoken.Encoding (pass as tokenizer=)
+    n_docs: int
+    n_files: int
+    vocab_size: int       # n_vocab of the tokenizer (<= the requested size)
+
+
+def _corpus_key(num_files: int, row_group_docs: int) -> dict:
+    return {"corpus": "stdlib", "python": sys.version, "stdlib": sysconfig.get_paths()["stdlib"],
+            "num_files": num_files, "row_group_docs": row_group_docs, "doc_chars": DOC_CHARS}
+
+
+def prepare_data(out_dir, vocab_size: int = 4096, *, num_files: int = NUM_FILES,
+                 row_group_docs: int = ROW_GROUP_DOCS, log=print) -> DemoData:
+    """Write (or reuse) the stdlib corpus shards and a trained tokenizer under `out_dir`."""
+    out_dir = Path(out_dir)
+    data_dir, tok_path = out_dir / "base_data", out_dir / "tokenizer" / corpus.TOKENIZER_FILENAME
+    manifest_path = out_dir / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    key = _corpus_key(num_files, row_group_docs)
+    shards_ok = manifest.get("shards") == key and len(list(data_dir.glob("*.parquet"))) == num_files
+    tok_ok = shards_ok and manifest.get("tokenizer", {}).get("requested") == vocab_size and tok_path.is_file()
+    if shards_ok and tok_ok:
+        return DemoData(data_dir, tok_path, manifest["n_docs"], num_files, manifest["tokenizer"]["n_vocab"])
+    ours = manifest.get("owner") == OWNER or "shards" in manifest
+    if not ours and (any(data_dir.glob("*.parquet")) or tok_path.exists()):
+        raise ValueError(f"{out_dir} holds parquet shards or a tokenizer that the demo did not write "
+                         f"(no {MANIFEST} of ours): pick an empty or new --out-dir")
+    started = time.perf_counter()
+    texts = corpus.split_documents(corpus.stdlib_texts(), DOC_CHARS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not shards_ok:
+        manifest_path.write_text(json.dumps({"owner": OWNER}) + "\n")  # ours, even if interrupted
+        for old in data_dir.glob("*.parquet"):
+            old.unlink()
+        log(f"writing {len(texts)} documents that ship with Python as {num_files} parquet files "
+            f"(row groups of {row_group_docs} documents) into {data_dir} ...")
+        corpus.write_shards(texts, data_dir, num_files=num_files, row_group_size=row_group_docs)
+    log(f"training a {vocab_size}-token BPE tokenizer on them ...")
+    enc = corpus.train_tokenizer(texts, vocab_size)
+    corpus.save_tokenizer(enc, tok_path)
+    manifest = {"owner": OWNER, "shards": key, "n_docs": len(texts),
+                "tokenizer": {"requested": vocab_size, "n_vocab": enc.n_vocab}}
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"data ready in {time.perf_counter() - started:.1f} s (cached for the next run)")
+    return DemoData(data_dir, tok_path, len(texts), num_files, enc.n_vocab)
+
+
+def load_encoding(path):
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process, all its threads (SPEC §5)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@dataclass
+class Timing:
+    name: str
+    first_batch_s: float
+    tokens_per_s: float
+    cpu_us_per_batch: float
+    batches: int
+
+
+def time_loader(name: str, make, n_batches: int, window: int, keep: int = 0, progress=True):
+    """Construct with `make()`, take one batch (first-batch latency), then time `n_batches`
+    more. Returns the Timing and the first `keep` batches (the loader is closed)."""
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    it = make()
+    try:
+        first = next(it)
+        first_s = time.perf_counter() - started
+        kept = [first][:keep]
+        c0, t0 = cpu_seconds(), time.perf_counter()
+        for i in tqdm(range(n_batches), desc=name, unit="batch", leave=False,
+                      disable=None if progress else True, mininterval=0.5):
+            batch = next(it)
+            if len(kept) < keep:
+                kept.append(batch)
+        wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    finally:
+        it.close()
+    return Timing(name, first_s, n_batches * window / wall, cpu / n_batches * 1e6, n_batches), kept
+
+
+def verify(kept, files, enc, bos: int, B: int, T: int) -> int:
+    """Compare batches with `reference.concat_windows`; return how many matched, raise if one differs."""
+    import numpy as np
+
+    from .reference import concat_windows
+
+    oracle = concat_windows(files, enc.encode_ordinary, bos, B, T)
+    for k, (inputs, targets) in enumerate(kept):
+        window, _ = next(oracle)
+        if not (np.array_equal(inputs.reshape(-1).numpy(), window[:-1])
+                and np.array_equal(targets.reshape(-1).numpy(), window[1:])):
+            raise AssertionError(f"batch {k} differs from reference.concat_windows")
+    return len(kept)
+
+
+def _si(x: float) -> str:
+    return f"{x / 1e6:.2f} M" if x >= 1e5 else f"{x / 1e3:.1f} k"
+
+
+def format_table(base: Timing, shm: Timing) -> str:
+    rows = [(base.name, _si(base.tokens_per_s), f"{base.cpu_us_per_batch:,.0f}", f"{base.first_batch_s * 1e3:,.0f}"),
+            (shm.name, _si(shm.tokens_per_s), f"{shm.cpu_us_per_batch:,.0f}", f"{shm.first_batch_s * 1e3:,.0f}"),
+            ("ratio (x better, shmloader)", f"{shm.tokens_per_s / base.tokens_per_s:.2f}x",
+             f"{base.cpu_us_per_batch / shm.cpu_us_per_batch:.1f}x less",
+             f"{base.first_batch_s / shm.first_batch_s:.2f}x")]
+    head = ("loader", "tokens/s", "trainer CPU us/batch", "first batch ms")
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
+    line = lambda r: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
+    return "\n".join([line(head), "-" * (sum(widths) + 6)] + [line(r) for r in rows])
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m shmloader.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out-dir", type=Path, default=Path("demo_data"),
+                   help="where the shards and tokenizer are built and cached (directory; default ./demo_data)")
+    p.add_argument("--batch-size", type=int, default=8, help="B, rows per batch (rows; default 8)")
+    p.add_argument("--seq-len", type=int, default=1024, help="T, tokens per row (tokens; default 1024)")
+    p.add_argument("--workers", type=int, default=2, help="shmloader worker processes (processes; default 2)")
+    p.add_argument("--batches", type=int, default=600,
+                   help="batches timed per loader after the first (batches; default 600)")
+    p.add_argument("--vocab-size", type=int, default=4096,
+                   help="tokenizer size incl. 9 special tokens (tokens; default 4096)")
+    p.add_argument("--verify", type=int, default=8,
+                   help="first shmloader batches checked against the reference (batches; default 8)")
+    args = p.parse_args(argv)
+    for name in ("batch_size", "seq_len", "workers", "batches"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.verify < 0:
+        p.error(f"--verify must be >= 0, got {args.verify}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    B, T, window = args.batch_size, args.seq_len, args.batch_size * args.seq_len + 1
+    try:
+        data = prepare_data(args.out_dir, args.vocab_size)
+    except ValueError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 2
+    import torch  # noqa: F401  (imported before any timing: SPEC §5)
+
+    from shmloader import source
+    from shmloader.loader import ShmLoader
+    from .reference import nanochat_style_batches
+
+    files = source.split_files(source.list_files(str(data.data_dir)), "train")
+    enc = load_encoding(data.tokenizer_path)
+    bos = enc.encode_single_token("<|bos|>")
+    cores = len(os.sched_getaffinity(0))
+    print(f"shmloader demo: B={B}, T={T} ({window:,} tokens read per batch), {args.batches} batches "
+          f"timed per loader, {cores} cores")
+    print(f"data: {data.data_dir} ({data.n_files} files, {data.n_docs} documents; train = first "
+          f"{len(files)}), tokenizer: {data.tokenizer_path} ({data.vocab_size} tokens)\n")
+
+    shm, kept = time_loader(
+        f"shmloader, {args.workers} worker{'s' * (args.workers > 1)}",
+        lambda: ShmLoader(str(data.data_dir), str(data.tokenizer_path), B, T, "train",
+                          num_workers=args.workers, device="cpu"),
+        args.batches, window, keep=min(args.verify, args.batches + 1))
+    base, _ = time_loader("nanochat-style baseline (4 threads)",
+                          lambda: nanochat_style_batches(files, enc, B, T, bos),
+                          args.batches, window)
+    print(format_table(base, shm))
+    print("(tokens/s: tokens read, B*T+1 per batch; trainer CPU: getrusage of this process per batch;\n"
+          " first batch: wall time from constructing the loader, for shmloader including starting its processes)")
+    try:
+        n = verify(kept, files, enc, bos, B, T)
+    except AssertionError as exc:
+        print(f"STREAM MISMATCH: {exc}", file=sys.stderr)
+        return 1
+    print(f"stream verified against the reference: {n} batches")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""source.py: listing data files (directory, glob, list, file:// URI, nanochat's default
+directory), the train/val split, and ParquetSource reading rows and naming the file and row
+group of every bad input (no text column, non-string text, truncated, not parquet, missing,
+corrupt data page, invalid UTF-8). All data lives in tmp_path."""
+
+import os
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shmloader.errors import DataError
+from shmloader.source import ParquetSource, list_files, split_files
+from shmloader_dev import corpus
+
+
+def write(path, texts, row_group_size=None, schema=None):
+    table = pa.table({"text": texts}) if schema is None else pa.table(texts, schema=schema)
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return str(path)
+
+
+def test_list_files_directory_sorted_and_parquet_only(tmp_path):
+    for name in ["b.parquet", "a.parquet", "c.parquet", "notes.txt", "a.parquet.tmp"]:
+        (tmp_path / name).write_bytes(b"x")
+    got = list_files(tmp_path)
+    assert got == [os.path.join(str(tmp_path), n) for n in ["a.parquet", "b.parquet", "c.parquet"]]
+    assert list_files(str(tmp_path)) == got
+
+
+def test_list_files_glob_and_list(tmp_path):
+    for name in ["s2.parquet", "s10.parquet", "s1.parquet", "t1.parquet"]:
+        (tmp_path / name).write_bytes(b"x")
+    got = list_files(str(tmp_path / "s*.parquet"))
+    assert [os.path.basename(f) for f in got] == ["s1.parquet", "s10.parquet", "s2.parquet"]
+    paths = [str(tmp_path / n) for n in ["t1.parquet", "s2.parquet", "s1.parquet"]]
+    assert list_files(paths) == sorted(paths)
+    assert list_files([tmp_path / "s1.parquet"]) == [str(tmp_path / "s1.parquet")]
+
+
+def test_list_files_local_file_uris(tmp_path):
+    for name in ["b.parquet", "a.parquet"]:
+        (tmp_path / name).write_bytes(b"x")
+    expected = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    assert list_files("file://" + str(tmp_path)) == expected
+    assert list_files(["file://" + p for p in reversed(expected)]) == expected
+
+
+def test_list_files_single_file(tmp_path):
+    path = write(tmp_path / "one.parquet", ["a"])
+    assert list_files(path) == [path]
+
+
+def test_list_files_missing_dir(tmp_path):
+    missing = tmp_path / "no_such_dir"
+    with pytest.raises(DataError, match=re.escape(str(missing))):
+        list_files(missing)
+
+
+def test_list_files_dir_without_parquet(tmp_path):
+    (tmp_path / "readme.txt").write_text("hi")
+    with pytest.raises(DataError, match="parquet"):
+        list_files(tmp_path)
+    with pytest.raises(DataError):
+        list_files(str(tmp_path / "*.parquet"))
+    with pytest.raises(DataError):
+        list_files([])
+
+
+def test_list_files_default_is_nanochat_base_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path))
+    with pytest.raises(DataError, match=re.escape(os.path.join(str(tmp_path), "base_data"))):
+        list_files(None)
+    corpus.write_shards(["a", "b", "c"], tmp_path / "base_data", num_files=2)
+    assert [os.path.basename(f) for f in list_files(None)] == ["shard_00000.parquet", "shard_00001.parquet"]
+
+
+def test_split_files():
+    files = ["a", "b", "c"]
+    assert split_files(files, "train") == ["a", "b"]
+    assert split_files(files, "val") == ["c"]
+    assert split_files(["a", "b"], "train") == ["a"]
+    assert split_files(["a"], "val") == ["a"]
+    with pytest.raises(DataError, match="2 files"):
+        split_files(["a"], "train")
+    with pytest.raises(ValueError, match="split"):
+        split_files(files, "test")
+
+
+def test_parquet_source_reads_rows_with_nulls(tmp_path):
+    docs = ["d0", None, "d2", "", "d4", "d5", "d6"]
+    (path,) = corpus.write_shards(docs, tmp_path, num_files=1, row_group_size=[3, 4])
+    src = ParquetSource([str(path)])
+    assert src.row_counts(0) == [3, 4]
+    assert src.read_texts(0, 0, 0, 3) == ["d0", None, "d2"]
+    assert src.read_texts(0, 1, 1, 3) == ["d4", "d5"]
+    assert src.read_texts(0, 0, 2, 3) == ["d2"]  # back to an earlier row group
+    assert src.read_texts(0, 1, 0, 4) == ["", "d4", "d5", "d6"]
+
+
+def test_parquet_source_large_string_is_fine(tmp_path):
+    schema = pa.schema([("text", pa.large_string())])
+    path = write(tmp_path / "l.parquet", {"text": ["x", "y"]}, schema=schema)
+    assert ParquetSource([path]).read_texts(0, 0, 0, 2) == ["x", "y"]
+
+
+def test_no_text_column_names_file_and_row_group(tmp_path):
+    path = str(tmp_path / "notext.parquet")
+    pq.write_table(pa.table({"content": ["a", "b", "c"]}), path, row_group_size=1)
+    src = ParquetSource([path])
+    assert src.row_counts(0) == [1, 1, 1]
+    with pytest.raises(DataError) as ei:
+        src.read_texts(0, 2, 0, 1)
+    msg = str(ei.value)
+    assert path in msg and "row group 2" in msg and "'text'" in msg and "content" in msg
+
+
+def test_int_text_column_is_a_data_error(tmp_path):
+    path = str(tmp_path / "ints.parquet")
+    pq.write_table(pa.table({"text": [1, 2, 3]}), path, row_group_size=2)
+    with pytest.raises(DataError) as ei:
+        ParquetSource([path]).read_texts(0, 1, 0, 1)
+    msg = str(ei.value)
+    assert path in msg and "row group 1" in msg and "int64" in msg and "string" in msg
+
+
+def test_truncated_file_is_a_data_error_naming_it(tmp_path):
+    good = corpus.write_shards([f"doc {i}" for i in range(200)], tmp_path, num_files=1,
+                               row_group_size=50)[0]
+    data = good.read_bytes()
+    bad = tmp_path / "truncated.parquet"
+    bad.write_bytes(data[: len(data) // 2])
+    src = ParquetSource([str(good), str(bad)])
+    assert src.row_counts(0) == [50, 50, 50, 50]
+    with pytest.raises(DataError, match=re.escape(str(bad))):
+        src.row_counts(1)
+    with pytest.raises(DataError, match=re.escape(str(bad))):
+        ParquetSource([str(bad)]).read_texts(0, 0, 0, 1)
+
+
+def test_non_parquet_file_is_a_data_error_naming_it(tmp_path):
+    bad = tmp_path / "junk.parquet"
+    bad.write_text("this is not parquet\n" * 100)
+    with pytest.raises(DataError, match=re.escape(str(bad))):
+        ParquetSource([str(bad)]).row_counts(0)
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    with pytest.raises(DataError, match=re.escape(str(empty))):
+        ParquetSource([str(empty)]).row_counts(0)
+
+
+def test_missing_file_is_a_data_error_naming_it(tmp_path):
+    gone = tmp_path / "gone.parquet"
+    with pytest.raises(DataError, match=re.escape(str(gone))):
+        ParquetSource([str(gone)]).row_counts(0)
+
+
+def test_corrupt_data_page_is_a_data_error_naming_file_and_row_group(tmp_path):
+    # footer intact, the bytes of the data pages overwritten: opening works, reading fails
+    path = tmp_path / "pages.parquet"
+    texts = [f"document number {i} " * 20 for i in range(100)]
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=50, compression="snappy")
+    md = pq.ParquetFile(path).metadata
+    col = md.row_group(1).column(0)
+    start = col.dictionary_page_offset or col.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
+    path.write_bytes(bytes(raw))
+    src = ParquetSource([str(path)])
+    assert src.read_texts(0, 0, 0, 2) == texts[:2]  # row group 0 is intact
+    with pytest.raises(DataError) as ei:
+        src.read_texts(0, 1, 0, 1)
+    assert str(path) in str(ei.value) and "row group 1" in str(ei.value)
+
+
+def test_invalid_utf8_is_a_data_error_naming_file_and_row_group(tmp_path):
+    path = str(tmp_path / "bad_utf8.parquet")
+    offsets = pa.py_buffer(np.array([0, 2, 4], dtype=np.int32).tobytes())
+    arr = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"ok\xff\xfe")])
+    pq.write_table(pa.table({"text": arr}), path)
+    src = ParquetSource([path])
+    assert src.read_texts(0, 0, 0, 1) == ["ok"]
+    with pytest.raises(DataError) as ei:
+        src.read_texts(0, 0, 0, 2)
+    assert path in str(ei.value) and "row group 0" in str(ei.value) and "UTF-8" in str(ei.value)
