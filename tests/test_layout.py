@@ -54,3 +54,46 @@ def test_dev_package_comes_from_this_checkout():
 
     assert Path(shmloader_dev.__file__).resolve().parent == REPO_ROOT / "shmloader_dev"
     assert Path(shmloader.__file__).resolve().parent == REPO_ROOT / "shmloader"
+
+
+# Each module's layer: a module may import its own layer or lower ones, never a higher one.
+# 0: shared definitions; 1: pure logic (no processes); 2: one child process's loop and its
+# I/O; 3: the training process; 4: the drop-in functions and entry points.
+LAYERS = {
+    "errors": 0, "config": 0, "ring": 0, "protocol": 0, "tokenizer": 0, "outbuf": 0,
+    "plan": 1, "bestfit": 1, "sequencing": 1, "packing": 1, "bestfit_seq": 1, "locate": 1,
+    "state": 1, "source": 1, "cache": 1,
+    "coordinator": 2, "worker": 2,
+    "delivery": 3, "loader_procs": 3, "loader": 3,
+    "nanochat": 4, "demo": 4, "__init__": 4,
+}
+CHILD_MODULES = ("coordinator", "worker")
+
+
+def _imports(name: str) -> set[str]:
+    import ast
+
+    tree = ast.parse((REPO_ROOT / "shmloader" / f"{name}.py").read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            out |= {node.module} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shmloader."):
+            out.add(node.module.split(".")[1])
+    return out
+
+
+def test_no_module_imports_upward():
+    assert set(LAYERS) == {m.rsplit(".", 1)[1] for m in RUNTIME_MODULES} | {"__init__"}, \
+        "a module is missing from LAYERS: give it a layer"
+    upward = [(m, dep) for m in LAYERS for dep in _imports(m) if dep in LAYERS and LAYERS[dep] > LAYERS[m]]
+    assert upward == [], f"modules importing a higher layer: {upward}"
+
+
+def test_child_processes_never_import_torch():
+    code = ("import sys; import shmloader.coordinator, shmloader.worker; "
+            "print('torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "the coordinator or a worker imports torch"
