@@ -4,6 +4,7 @@ Every argument error is a ValueError naming the argument, what it was and what i
 `fingerprint` is the part of the config that a resume state must match (SPEC §3): what
 changes the stream. Pure: no torch, no files, no processes.
 """
+import os
 from dataclasses import dataclass
 
 PACKINGS = ("concat", "bos_bestfit")
@@ -89,3 +90,9 @@ class LoaderConfig:
 def _choice(name: str, value, allowed: tuple):
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def nanochat_base_dir() -> str:
+    """nanochat's base directory: `$NANOCHAT_BASE_DIR`, else `~/.cache/nanochat` (its data and
+    tokenizer defaults live there)."""
+    return os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")

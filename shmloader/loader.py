@@ -239,7 +239,7 @@ class ShmLoader:
     def _start(self):
         c = self.config
         layout = RingLayout(c.n_slots, c.window, c.num_workers, c.max_runs)
-        self._procs = start_children(self, layout, self._coordinator_args(layout, self._resume, self.files))
+        self._procs = start_children(self.config, layout, self._coordinator_args(layout, self._resume, self.files))
         try:
             self._delivery = delivery.make(self.device, self._procs.ring.slots, self._procs.free,
                                            self.config.lend_cap)
@@ -258,7 +258,7 @@ class ShmLoader:
         layout = RingLayout(2, 1, self.config.num_workers)
         cargs = self._coordinator_args(layout, resume, self.files[:resume.n_files],
                                        (resume.shapes, resume.batch))
-        (epoch, file, rg, doc, skip), runs, cached, counted = locate_position(self, layout, cargs)
+        (epoch, file, rg, doc, skip), runs, cached, counted = locate_position(self.config, layout, cargs)
         log.info("rank %d: batch %d is at epoch %d, file %d, row group %d, document %d, token %d "
                  "(found in %.1f s; row groups from the token cache: %d, %d counted)", self.rank,
                  resume.batch, epoch, file, rg, doc, skip, time.monotonic() - began, cached, counted)

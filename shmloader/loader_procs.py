@@ -12,7 +12,6 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import pickle
-import select
 import signal
 import sys
 import time
@@ -26,7 +25,7 @@ from multiprocessing.connection import wait
 from . import errors
 from . import ring as ringmod
 from .coordinator import coordinator_main
-from .protocol import Batch, Error, Free, Located, Progress, Warn
+from .protocol import Batch, Error, Free, Listener, Located, Progress, Warn
 from .ring import WorkerCol
 from .worker import worker_main
 
@@ -47,7 +46,7 @@ class Children:
     started_at: float = field(default_factory=time.monotonic)
     files: list = field(default_factory=list)
     next_check: float = 0.0
-    _poller: object = None
+    _listener: Listener = None
 
     @property
     def procs(self) -> list:
@@ -77,11 +76,10 @@ class Children:
         _raise_reported(msg)
 
     def has_message(self) -> bool:
-        """A poll(0) on the coordinator's pipe without building a selector per call."""
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self.conn.fileno(), select.POLLIN)
-        return bool(self._poller.poll(0))
+        """A poll(0) on the coordinator's pipe, without building a selector per call."""
+        if self._listener is None:
+            self._listener = Listener([self.conn])
+        return bool(self._listener.wait(0))
 
     def free(self, k: int, slot: int):
         """Give slot `slot` (batch k) back to the workers."""
@@ -218,7 +216,7 @@ def _ensure_forkserver():
         multiprocessing.forkserver.ensure_running()
 
 
-def start_children(loader, layout: ringmod.RingLayout, cargs) -> Children:
+def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
     position, `cargs.locate` is set: see `locate_position`)."""
     ringmod.sweep_stale()
@@ -226,22 +224,22 @@ def start_children(loader, layout: ringmod.RingLayout, cargs) -> Children:
     kids = Children(shm, ring)
     kids.files = cargs.files
     try:
-        _spawn(kids, loader, replace(cargs, ring_name=shm.name))
+        _spawn(kids, config, replace(cargs, ring_name=shm.name))
     except BaseException:
         kids.shutdown()
         raise
     return kids
 
 
-def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
+def locate_position(config, layout: ringmod.RingLayout, cargs) -> tuple:
     """Run a count-only coordinator and workers until the coordinator reports the position
     `((epoch, file, rg, doc, skip), runs)` at `cargs.locate`; returns it with the pieces read
     from the token cache and the pieces tokenized to count them. Logs its progress. Raises as
-    `next()` does: a reported error, a dead process, or no word for `loader.config.timeout` s."""
+    `next()` does: a reported error, a dead process, or no word for `config.timeout` s."""
     log = logging.getLogger("shmloader")
-    kids = start_children(loader, layout, cargs)
+    kids = start_children(config, layout, cargs)
     try:
-        deadline = time.monotonic() + loader.config.timeout
+        deadline = time.monotonic() + config.timeout
         while True:
             ready = wait([kids.conn, *kids.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if kids.conn in ready:
@@ -249,34 +247,34 @@ def locate_position(loader, layout: ringmod.RingLayout, cargs) -> tuple:
                 if isinstance(msg, Located):
                     return msg.position, msg.runs, msg.cached, msg.tokenized
                 if msg is not None:
-                    log.info("rank %d: counted to batch %d of %d", loader.rank, msg.done, msg.total)
-                deadline = time.monotonic() + loader.config.timeout
+                    log.info("rank %d: counted to batch %d of %d", cargs.rank, msg.done, msg.total)
+                deadline = time.monotonic() + config.timeout
                 continue
             if ready:
                 kids.check_alive()
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(f"finding this rank's position: no word from the loader's "
-                                           f"processes within {loader.config.timeout:.0f} s; workers: "
+                                           f"processes within {config.timeout:.0f} s; workers: "
                                            f"{kids.describe_workers()}")
     finally:
         kids.shutdown()
 
 
-def _spawn(kids: Children, loader, cargs):
-    ctx = multiprocessing.get_context(loader.config.start_method)
-    if loader.config.start_method == "forkserver":
+def _spawn(kids: Children, config, cargs):
+    ctx = multiprocessing.get_context(config.start_method)
+    if config.start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
     alive_r, kids.alive_w = ctx.Pipe(duplex=False)
     kids.conn, coord_end = ctx.Pipe()
-    pipes = [ctx.Pipe() for _ in range(loader.config.num_workers)]
+    pipes = [ctx.Pipe() for _ in range(config.num_workers)]
     kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
-                                   args=(loader.config, cargs, coord_end, [a for a, _ in pipes], alive_r))
+                                   args=(config, cargs, coord_end, [a for a, _ in pipes], alive_r))
     for i, (_, end) in enumerate(pipes):
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
-                                        args=(loader.config, replace(cargs, worker=i), end, alive_r)))
+                                        args=(config, replace(cargs, worker=i), end, alive_r)))
     try:
         with _main_hidden():
-            _start(kids.procs, loader.config.start_method)
+            _start(kids.procs, config.start_method)
     finally:
         for c in (alive_r, coord_end, *(c for pair in pipes for c in pair)):
             c.close()

@@ -16,15 +16,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .config import nanochat_base_dir
 from .errors import DataError
 
 
 CLIMBMIX_DIR = "base_data_climbmix"  # nanochat's data since its switch to ClimbMix-400B
 LEGACY_DIR = "base_data"             # FinewebEdu-100B, before it
-
-
-def nanochat_base_dir() -> str:
-    return os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
 
 
 def default_data_dir(notice: bool = False) -> str:

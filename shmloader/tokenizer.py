@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .config import nanochat_base_dir
+
 BOS_NAMES = ("<|bos|>", "<|endoftext|>")
 HF_BOS_NAMES = BOS_NAMES + ("<|begin_of_text|>", "<s>", "[BOS]", "<bos>")
 
@@ -36,8 +38,7 @@ class TokenizerSpec:
 
 
 def default_path() -> str:
-    base = os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
-    return os.path.join(base, "tokenizer", "tokenizer.pkl")
+    return os.path.join(nanochat_base_dir(), "tokenizer", "tokenizer.pkl")
 
 
 def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
