@@ -7,9 +7,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmloader.bestfit import (BestFitPlanner, ids_to_runs, plan_batch_scan, runs_to_ids)
+from shmloader.bestfit import BestFitPlanner, plan_batch_scan
 
 FIELDS = ("row", "row_offset", "doc_id", "n_tokens")
+
+
+# A compact checkpoint of a planner's buffer ids, for the resume tests below.
+def ids_to_runs(doc_ids) -> list[list[int]]:
+    """Compress ids into [[start, count], ...] runs of consecutive +1 ids, order kept."""
+    ids = np.asarray(doc_ids, dtype=np.int64).ravel()
+    if ids.size == 0:
+        return []
+    starts = np.flatnonzero(np.diff(ids) != 1) + 1
+    bounds = np.concatenate(([0], starts, [ids.size]))
+    return [[int(ids[a]), int(b - a)] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def runs_to_ids(runs) -> np.ndarray:
+    """Expand [[start, count], ...] back into the int64 id array `ids_to_runs` compressed."""
+    if not runs:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.arange(s, s + c, dtype=np.int64) for s, c in runs])
 
 
 class Source:
