@@ -13,7 +13,7 @@ _LOADER_NAMES = (
     "tokenizing_distributed_data_loader_with_state_bos_bestfit",
     "tokenizing_distributed_data_loader_bos_bestfit",
 )
-_ERROR_NAMES = ("DataError", "WorkerError", "LoaderTimeout", "LoaderClosed", "ShmLoaderError")
+_ERROR_NAMES = ("DataError", "DeviceError", "WorkerError", "LoaderTimeout", "LoaderClosed", "ShmLoaderError")
 
 __all__ = list(_LOADER_NAMES + _ERROR_NAMES)
 

@@ -205,7 +205,7 @@ def coordinator_main(cfg, args: RunArgs, trainer, workers, alive):
         coordinator = _Coordinator(cfg, args, trainer, list(workers), alive, attached.ring)
         coordinator.run()
     except Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)
-        pass
+        ringmod.unlink_orphan(args.ring_name)
     except BaseException as exc:
         report = Error.of(f"coordinator (pid {os.getpid()})", exc)
         if coordinator is None:

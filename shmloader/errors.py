@@ -23,3 +23,7 @@ class LoaderTimeout(ShmLoaderError, TimeoutError):
 
 class LoaderClosed(ShmLoaderError):
     """The loader was used after close()."""
+
+
+class DeviceError(ShmLoaderError, ValueError):
+    """The device asked for is not there (e.g. device="cuda" with a torch that has no CUDA)."""

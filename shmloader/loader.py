@@ -47,9 +47,17 @@ def _close_all():
 
 
 def _device(device) -> torch.device:
+    """`device` as a torch.device with its index; a CUDA device this torch cannot use is a
+    DeviceError that says to pass device="cpu" (torch's own is an AssertionError, raised later)."""
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is a CPU build" if torch.version.cuda is None
+                   else "no CUDA device is visible (CUDA_VISIBLE_DEVICES, the driver?)")
+            raise errors.DeviceError(f"device={str(device)!r}, but {why} (torch {torch.__version__}); "
+                                     f"pass device=\"cpu\" to load on the CPU")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -78,12 +86,12 @@ class ShmLoader:
                  **options):
         """`options` are the fields of `LoaderConfig` (n_slots, tokenizer_batch_size,
         buffer_size, max_piece_docs, start_method, timeout, on_bad_row_group, cache_dir,
-        log_every); see the README for each one's meaning and default."""
+        log_every, other_rank); see the README for each one's meaning and default."""
+        self.device = _device(device)  # first: without CUDA, say so before reading anything
         if options.get("cache_dir") is not None:
             options["cache_dir"] = os.fspath(options["cache_dir"])
         self.config = LoaderConfig(B, T, split, packing, num_workers, **options)
         prestart(self.config.start_method)  # the forkserver boots while the rest is built
-        self.device = _device(device)
         self.rank = _env_int("RANK", 0) if rank is None else rank
         self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
@@ -197,7 +205,7 @@ class ShmLoader:
         p = self._procs
         if p is None:
             return None
-        return Debug(p.coordinator, list(p.workers), p.shm.name.lstrip("/"), p.ring, self._delivery)
+        return Debug(p.coordinator, list(p.workers), p.segment.name, p.ring, self._delivery)
 
     def close(self):
         """Stop every process and unlink the shared memory; safe to call twice."""

@@ -37,7 +37,7 @@ ERROR_GRACE_S = 1.0
 
 @dataclass
 class Children:
-    shm: object
+    segment: ringmod.Segment
     ring: ringmod.Ring
     conn: object = None
     alive_w: object = None
@@ -147,6 +147,10 @@ class Children:
         return "; ".join(self._describe(p) for p in self.workers)
 
     def shutdown(self):
+        """Unlink the segment's name first (a coordinator that finds it gone knows the loader
+        was closed, and one that finds it there that the trainer died: `ring.unlink_orphan`),
+        then let the children go, join them (kill what is left) and unmap the ring."""
+        self.segment.unlink()
         if self.alive_w is not None:
             self.alive_w.close()
         started = [p for p in self.procs if p.pid is not None]
@@ -172,11 +176,6 @@ class Children:
             mapping.close()
         except BufferError:
             pass  # the caller still holds lent batches: unmapped when the last one is freed
-        self.shm.close()
-        try:
-            self.shm.unlink()
-        except FileNotFoundError:
-            pass
 
 
 def _exit_text(code) -> str:
@@ -220,11 +219,11 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
     position, `cargs.locate` is set: see `locate_position`)."""
     ringmod.sweep_stale()
-    shm, ring = ringmod.create(layout)
-    kids = Children(shm, ring)
+    segment, ring = ringmod.create(layout)
+    kids = Children(segment, ring)
     kids.files = cargs.files
     try:
-        _spawn(kids, config, replace(cargs, ring_name=shm.name))
+        _spawn(kids, config, replace(cargs, ring_name=segment.name))
     except BaseException:
         kids.shutdown()
         raise

@@ -16,7 +16,6 @@ import os
 import secrets
 import signal
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
@@ -139,32 +138,60 @@ def new_name() -> str:
     return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
 
 
-def create(layout: RingLayout) -> tuple[shared_memory.SharedMemory, Ring]:
+class Segment:
+    """A /dev/shm segment the trainer created: its name, and `unlink()` (safe to repeat).
+
+    It is created with `os.open`, not `multiprocessing.shared_memory`, so that Python's
+    resource tracker never holds it: the tracker would print "leaked shared_memory objects"
+    whenever the trainer is killed (SIGTERM, SIGKILL), although the segment is not leaked: the
+    trainer unlinks it on close, the coordinator when the trainer dies (`unlink_orphan`), and
+    the next loader's start sweeps what is left of a run killed whole (`sweep_stale`)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def unlink(self):
+        try:
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        except FileNotFoundError:
+            pass
+
+
+def create(layout: RingLayout) -> tuple[Segment, Ring]:
     """Create, reserve and initialise a segment. Only the trainer calls this.
 
-    The trainer's views come from a mapping of its own, not from `shm.buf`: CPU batches are
-    lent to the caller as views of the ring, and a batch the caller still holds when the
-    loader closes keeps that mapping alive (it is unmapped when the last view is freed),
-    while `shm` itself closes and unlinks as usual."""
-    # A Ctrl-C must not land between the segment's creation and `shm` (nobody would unlink
-    # it): the resource tracker is started first (it unblocks SIGINT when it has started
-    # itself), then the segment is created with SIGINT blocked; one that came meanwhile is
-    # raised on leaving the block, and the except below unlinks the segment.
-    resource_tracker.ensure_running()
-    shm = None
+    The trainer's views come from a mapping of its own: CPU batches are lent to the caller as
+    views of the ring, and a batch the caller still holds when the loader closes keeps that
+    mapping alive (it is unmapped when the last view is freed), while the segment's name is
+    unlinked at once."""
+    # A Ctrl-C must not land between the segment's creation and `segment` (nobody would
+    # unlink it): it is created with SIGINT blocked; one that came meanwhile is raised on
+    # leaving the block, and the except below unlinks the segment.
+    segment = None
     try:
         with sigint_blocked():
-            shm = shared_memory.SharedMemory(name=new_name(), create=True, size=layout.nbytes)
-        _reserve(shm._fd, layout.nbytes)
-        mapping = mmap.mmap(shm._fd, layout.nbytes)
+            name = new_name()
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            segment = Segment(name)
+        try:
+            _reserve(fd, layout.nbytes)
+            mapping = mmap.mmap(fd, layout.nbytes)
+        finally:
+            os.close(fd)
     except BaseException:
-        if shm is not None:
-            shm.close()
-            shm.unlink()
+        if segment is not None:
+            segment.unlink()
         raise
-    ring = Ring(mapping, layout, shm.name)
+    ring = Ring(mapping, layout, name)
     ring.header[:5] = (MAGIC, LAYOUT_VERSION, layout.n_slots, layout.window, layout.n_workers)
-    return shm, ring
+    return segment, ring
+
+
+def unlink_orphan(name: str):
+    """The coordinator's last step when the trainer is gone: a trainer that closes the loader
+    unlinks the segment before it lets the children go (`Children.shutdown`), so a segment
+    still there was left by a trainer that died; unlink it."""
+    Segment(name).unlink()
 
 
 def ignore_sigint():

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import shmloader
 from shmloader_dev import corpus, testing
@@ -76,6 +77,22 @@ def test_missing_data_dir(tmp_path):
     with pytest.raises(shmloader.DataError, match=re.escape(str(gone))):  # nanochat's call
         shmloader.tokenizing_distributed_data_loader(B, T, "train", device="cpu", data=str(gone),
                                                      tokenizer=testing.IntTokenizer())
+    assert_started_nothing()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "default"])
+def test_cuda_without_cuda_says_pass_cpu_before_anything_else(tmp_path, device):
+    """device="cuda" (ShmLoader's and nanochat's default) on a torch without CUDA: shmloader's
+    own DeviceError naming device="cpu", raised first (the data directory here does not even
+    exist), not torch's AssertionError from deep inside."""
+    gone = str(tmp_path / "no_such_dir")
+    kw = {} if device == "default" else {"device": device}
+    with pytest.raises(shmloader.DeviceError, match=r"pass device=\"cpu\"") as ei:
+        shmloader.ShmLoader(gone, testing.IntTokenizer(), B, T, **kw)
+    assert "cuda" in str(ei.value)
+    with pytest.raises(shmloader.DeviceError, match=r"pass device=\"cpu\""):  # nanochat's call
+        shmloader.tokenizing_distributed_data_loader(B, T, "train", data=gone, tokenizer=testing.IntTokenizer())
     assert_started_nothing()
 
 

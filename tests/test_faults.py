@@ -177,9 +177,9 @@ def test_child_frozen_is_a_timeout_not_a_hang(synth, who):
 
 # ---------------------------------------------------------------- the trainer killed
 
-def _start_victim(synth, tok_pkl, workers=2):
+def _start_victim(synth, tok_pkl, workers=2, *extra):
     proc = subprocess.Popen([sys.executable, str(SCRIPTS / "trainer_victim.py"), str(synth.root), str(tok_pkl),
-                             "--workers", str(workers)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--workers", str(workers), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     box = {}
     reader = threading.Thread(target=lambda: box.setdefault("line", proc.stdout.readline()), daemon=True)
@@ -192,8 +192,23 @@ def _start_victim(synth, tok_pkl, workers=2):
     return proc, json.loads(box["line"])
 
 
+def _stderr_once_closed(proc, seconds: float = 10.0) -> str:
+    """The trainer's stderr once every process writing to it (the trainer, multiprocessing's
+    forkserver and resource tracker) has exited."""
+    box = {}
+    reader = threading.Thread(target=lambda: box.setdefault("err", proc.stderr.read()), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    assert "err" in box, f"something kept the killed trainer's stderr open for {seconds} s"
+    return box["err"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 @pytest.mark.parametrize("group", [False, True], ids=["trainer-only", "process-group"])
-def test_trainer_killed(synth, synth_tokenizer_pkl, group):
+def test_trainer_killed(synth, synth_tokenizer_pkl, group, sig):
+    """The trainer killed (SIGKILL, or SIGTERM with Python's default action, as schedulers send
+    it): its children exit, its segment goes (the coordinator unlinks it; a whole killed group
+    leaves it to the next loader's sweep), and nothing is printed about leaked shared memory."""
     proc, info = _start_victim(synth, synth_tokenizer_pkl)
     try:
         time.sleep(random.uniform(0.05, 0.3))  # mid-stream
@@ -204,9 +219,9 @@ def test_trainer_killed(synth, synth_tokenizer_pkl, group):
         assert len(info["workers"]) == 2 and set(loader_pids) <= set(info["descendants"]), info
         assert shm_segments(pid) == [info["segment"]], info
         if group:
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(pid, sig)
         else:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         killed = time.monotonic()
         proc.wait(10)
     finally:
@@ -214,19 +229,20 @@ def test_trainer_killed(synth, synth_tokenizer_pkl, group):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     proc.stdout.close()
-    proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.returncode == -sig
     left = wait_gone(loader_pids)
     gone_s = time.monotonic() - killed
     assert not left, f"loader processes outlived the killed trainer by {DETECT_S} s: {left}"
     left = wait_gone(helpers)
     assert not left, f"multiprocessing helpers outlived the killed trainer by {DETECT_S} s: {left}"
+    err = _stderr_once_closed(proc)
+    assert "leaked" not in err and "Traceback" not in err, f"the killed trainer's processes printed: {err}"
     if not group:
-        # the trainer's resource tracker (still alive after its parent) unlinks the segment
+        # the coordinator, seeing the trainer gone with the segment still there, unlinks it
         segs = wait_no_segment(pid)
         seg_s = time.monotonic() - killed
         assert not segs, f"the killed trainer's segment is still there after {DETECT_S} s: {segs}"
-        print(f"trainer-only: children gone {gone_s:.3f} s, segment gone {seg_s:.3f} s after SIGKILL")
+        print(f"trainer-only: children gone {gone_s:.3f} s, segment gone {seg_s:.3f} s after {sig.name}")
         return
     # the whole group died, the resource tracker with it: the segment stays until swept
     assert shm_segments(pid) == [info["segment"]], "expected the dead group's segment to remain"
@@ -235,7 +251,27 @@ def test_trainer_killed(synth, synth_tokenizer_pkl, group):
         assert shm_segments(pid) == [], "a new loader did not sweep the dead trainer's segment"
     assert info["segment"] not in ringmod.sweep_stale()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shml_{pid}_")]
-    print(f"process-group: children gone {gone_s:.3f} s after SIGKILL; segment swept by the next loader")
+    print(f"process-group: children gone {gone_s:.3f} s after {sig.name}; segment swept by the next loader")
+
+
+def test_sigterm_handled_by_the_users_handler_cleans_up(synth, synth_tokenizer_pkl):
+    """A training script that handles SIGTERM itself (sys.exit in the handler) closes its loaders
+    on the way out: children gone, segment unlinked, nothing printed about leaks."""
+    proc, info = _start_victim(synth, synth_tokenizer_pkl, 2, "--sigterm-exits")
+    try:
+        time.sleep(random.uniform(0.05, 0.3))
+        os.kill(info["pid"], signal.SIGTERM)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    proc.stdout.close()
+    assert proc.returncode == 0
+    assert not wait_gone([info["coordinator"], *info["workers"]]), "loader processes outlived the exit"
+    assert not shm_segments(info["pid"]), "the segment outlived the handled SIGTERM"
+    err = _stderr_once_closed(proc)
+    assert "leaked" not in err and "Traceback" not in err, err
 
 
 # ---------------------------------------------------------------- /dev/shm too small

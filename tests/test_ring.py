@@ -71,12 +71,12 @@ def test_slot_state_zero_is_free():
 
 def test_create_attach_share_memory():
     lay = RingLayout(n_slots=3, window=17, n_workers=2)
-    shm, ring = ringmod.create(lay)
+    segment, ring = ringmod.create(lay)
     att = None
     try:
-        assert shm.name.startswith(PREFIX) and len(shm.name) < 30
-        assert creator_pid(shm.name) == os.getpid()
-        assert os.path.getsize(os.path.join(SHM_DIR, shm.name)) >= lay.nbytes
+        assert segment.name.startswith(PREFIX) and len(segment.name) < 30
+        assert creator_pid(segment.name) == os.getpid()
+        assert os.path.getsize(os.path.join(SHM_DIR, segment.name)) >= lay.nbytes
         assert list(ring.header[:5]) == [MAGIC, LAYOUT_VERSION, 3, 17, 2]
         # a fresh ring: zeroed counters, every slot FREE, zeroed worker rows
         assert not ring.stats.any() and not ring.workers.any()
@@ -84,7 +84,7 @@ def test_create_attach_share_memory():
         assert ring.slots.shape == (3, 17) and ring.slots.dtype == np.int64
         assert ring.workers.shape == (2, len(WORKER_FIELDS))
 
-        att = Attached(shm.name, lay)
+        att = Attached(segment.name, lay)
         other = att.ring
         # creator writes, attached reads
         ring.slots[1] = np.arange(17) * 3 - 5
@@ -106,22 +106,20 @@ def test_create_attach_share_memory():
         if att is not None:
             att.close()
         ring.release_views()
-        shm.close()
-        shm.unlink()
-    assert shm.name not in os.listdir(SHM_DIR)
+        segment.unlink()
+    assert segment.name not in os.listdir(SHM_DIR)
 
 
 def test_attach_refuses_a_segment_that_is_not_a_ring():
     lay = RingLayout(1, 4, 1)
-    shm, ring = ringmod.create(lay)
+    segment, ring = ringmod.create(lay)
     try:
         ring.header[0] = 0
-        with pytest.raises(RuntimeError, match=re.escape(shm.name)):
-            Attached(shm.name, lay)
+        with pytest.raises(RuntimeError, match=re.escape(segment.name)):
+            Attached(segment.name, lay)
     finally:
         ring.release_views()
-        shm.close()
-        shm.unlink()
+        segment.unlink()
 
 
 def test_new_names_are_unique_short_and_carry_the_pid():
@@ -164,14 +162,13 @@ def test_sweep_stale_unlinks_dead_and_keeps_live():
 
 
 def test_sweep_stale_keeps_a_ring_of_this_process():
-    shm, ring = ringmod.create(RingLayout(1, 8, 1))
+    segment, ring = ringmod.create(RingLayout(1, 8, 1))
     try:
-        assert shm.name not in sweep_stale()
-        assert shm.name in os.listdir(SHM_DIR)
+        assert segment.name not in sweep_stale()
+        assert segment.name in os.listdir(SHM_DIR)
     finally:
         ring.release_views()
-        shm.close()
-        shm.unlink()
+        segment.unlink()
 
 
 # ------------------------------------------------------------------ too small /dev/shm
@@ -201,11 +198,10 @@ def test_create_cleans_up_when_reservation_fails(monkeypatch):
 
 def test_reserve_really_reserves():
     # without the monkeypatch a normal size succeeds and the file has the full size
-    shm, ring = ringmod.create(RingLayout(2, 1000, 1))
+    segment, ring = ringmod.create(RingLayout(2, 1000, 1))
     try:
-        st_ = os.stat(os.path.join(SHM_DIR, shm.name))
+        st_ = os.stat(os.path.join(SHM_DIR, segment.name))
         assert st_.st_blocks * 512 >= ring.layout.nbytes
     finally:
         ring.release_views()
-        shm.close()
-        shm.unlink()
+        segment.unlink()

@@ -68,7 +68,7 @@ def test_soak(posdata, capsys):
             dead = [p.name for p in kids if not p.is_alive()]
             assert not dead, f"loader processes died during the soak: {dead}"
             assert sorted(loader_children()) == sorted(p.pid for p in kids), "unexpected child processes"
-            assert shm_segments() == [procs.shm.name], f"segments of this process: {shm_segments()}"
+            assert shm_segments() == [procs.segment], f"segments of this process: {shm_segments()}"
             if base is None:
                 if now - started >= warmup:
                     base = {"rss": rss_mb(), "counts": counts(), "t": now - started,

@@ -113,12 +113,11 @@ def test_attach_after_the_trainer_is_gone_is_quiet():
     assert ringmod.attach_unless_gone(missing, layout, lambda: True) is None
     with pytest.raises(FileNotFoundError):
         ringmod.attach_unless_gone(missing, layout, lambda: False)
-    shm, ring = ringmod.create(layout)
+    segment, ring = ringmod.create(layout)
     try:
-        attached = ringmod.attach_unless_gone(shm.name, layout, lambda: True)
+        attached = ringmod.attach_unless_gone(segment.name, layout, lambda: True)
         assert attached.ring.header[2] == 2
         attached.close()
     finally:
         ring.release_views()
-        shm.close()
-        shm.unlink()
+        segment.unlink()

@@ -8,10 +8,13 @@ After its first batch it prints one JSON line to stdout and flushes it:
 coordinator and worker pids, the name of the loader's shared-memory segment and every live
 descendant (the loader's processes plus multiprocessing's forkserver and resource tracker).
 Then it keeps taking batches (`--step-s` of "training" each), wrapping epochs, forever.
+`--sigterm-exits` installs a SIGTERM handler that exits (sys.exit(0)).
 """
 import argparse
 import json
 import os
+import signal
+import sys
 import time
 
 import shmloader
@@ -27,7 +30,11 @@ def main():
     ap.add_argument("--seq-len", type=int, default=32, help="T, tokens per row")
     ap.add_argument("--split", default="val", help="train or val")
     ap.add_argument("--step-s", type=float, default=0.002, help="seconds of 'training' per batch")
+    ap.add_argument("--sigterm-exits", action="store_true",
+                    help="install a SIGTERM handler that calls sys.exit(0), as schedulers' users do")
     args = ap.parse_args()
+    if args.sigterm_exits:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
 
     loader = shmloader.ShmLoader(args.data, args.tokenizer, args.batch_size, args.seq_len, args.split,
                                  num_workers=args.workers, device="cpu")
