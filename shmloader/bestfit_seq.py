@@ -137,6 +137,7 @@ class BestFitSequencer:
         self._prefix = []                     # (ids, lengths) of the buffer being rebuilt
         self._positions = {}                  # batch -> (position after it, buffer runs)
         self.tokens_cropped = 0
+        self.docs_placed = 0                  # documents placed in rows (whole or cropped)
         self.starved = False                  # the last plan() stopped for want of counted chunks
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
@@ -180,7 +181,8 @@ class BestFitSequencer:
                 self.starved = True
                 break
             self.tokens_cropped += plan.n_cropped
-            self._positions[self.planned] = (self.chunks.last_end, self.buffer_runs())
+            self.docs_placed += len(plan.doc_id)
+            self._positions[self.planned] = (self.chunks.last_end, self.buffer_runs(), self.docs_placed)
             self.book.expect(self.planned, int(plan.n_tokens.sum()))
             out.append((self.planned, self._orders(plan)))
             self.planned += 1
@@ -207,7 +209,7 @@ class BestFitSequencer:
         self.book.written(counts)
 
     def ready(self) -> list[tuple[int, tuple]]:
-        """`(batch, (position, runs))` of the batches now complete, in order."""
+        """`(batch, (position, runs, documents placed so far))` of the batches now complete, in order."""
         return self.book.ready(self._positions.pop)
 
 
@@ -259,7 +261,7 @@ class BestFitMode(Mode):
         self.seq.written(counts)
 
     def ready(self):
-        return [(k, pos, runs) for k, (pos, runs) in self.seq.ready()]
+        return [(k, pos, runs, docs) for k, (pos, runs, docs) in self.seq.ready()]
 
     def stats(self):
         row_tokens = self.seq.B * self.seq.row_len

@@ -184,13 +184,13 @@ class _Coordinator:
             self.outboxes[w].send(msg)
 
     def _announce(self):
-        for k, pos, runs in self.mode.ready():
+        for k, pos, runs, docs in self.mode.ready():
             slot = self.slots.slot_of(k)  # batch k has been written, so it holds a slot
             if runs is not None:  # best fit: the buffer travels in the slot, not the pipe
                 self.ring.write_runs(slot, runs)
             self.ring.slot_states[slot] = SlotState.READY
             self.ring.stats[Stat.EPOCH] = pos[0]
-            self.to_trainer.send(Batch(k, slot, pos))
+            self.to_trainer.send(Batch(k, slot, pos, docs))
         for stat, value in self.mode.stats():
             self.ring.stats[stat] = value
 

@@ -108,7 +108,8 @@ class ShmLoader:
                                          statemod.file_list(self.files, sizes), self.rank,
                                          self.world_size, B, T, self.config.bestfit, self.config.other_rank)
         self._procs, self._delivery, self._closed = None, None, False
-        self._stats = {"batches": 0, "wait_s": 0.0}
+        # documents delivered: by runs that ended (load_state_dict), and by the current run
+        self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0}
         self._begin(statemod.start(self._identity))
         if resume_state is not None:
             self.load_state_dict(resume_state)
@@ -131,12 +132,13 @@ class ShmLoader:
             raise errors.LoaderClosed("this ShmLoader was closed; make a new one")
         if self._procs is None:
             self._start()
-        k, slot, pos = self._next_ready()
+        k, slot, pos, docs = self._next_ready()
         ring = self._procs.ring
         ring.slot_states[slot] = IN_USE
         runs = ring.runs_of(slot) if self.config.bestfit else None  # before the slot is freed
         window = self._delivery.deliver(k, slot)
         self._stats["batches"] += 1
+        self._stats["run_docs"] = docs
         if self.config.log_every and self._stats["batches"] % self.config.log_every == 0:
             self._log()
         self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
@@ -169,8 +171,14 @@ class ShmLoader:
         self._begin(resume)
 
     def stats(self) -> dict:
-        out = {"batches": self._stats["batches"], "wait_s": self._stats["wait_s"],
-               "num_workers": self.config.num_workers, "epoch": self._epoch()}
+        """Counters of this loader. `tokens_delivered` and `docs_delivered` are what the batches
+        `next()` returned hold (documents begun in them; best fit: placed in them);
+        `tokens_read` and `docs_read` are what the workers tokenized (or read from the cache)
+        so far, which runs ahead of delivery by up to the ring and the workers' pieces."""
+        s = self._stats
+        out = {"batches": s["batches"], "wait_s": s["wait_s"], "num_workers": self.config.num_workers,
+               "epoch": self._epoch(), "tokens_delivered": s["batches"] * self.config.B * self.config.T,
+               "docs_delivered": s["docs"] + s["run_docs"]}
         p = self._procs
         if p is not None:
             values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))
@@ -275,6 +283,8 @@ class ShmLoader:
 
     def _stop(self):
         """Stop the children; the delivery first (copies in flight read the ring)."""
+        self._stats["docs"] += self._stats["run_docs"]
+        self._stats["run_docs"] = 0
         procs, self._procs = self._procs, None
         got, self._delivery = self._delivery, None
         try:

@@ -57,7 +57,7 @@ class Children:
         return [p.sentinel for p in self.procs]
 
     def receive(self):
-        """The next batch `(k, slot, position)`, or None after a warning; raises a reported error."""
+        """The next `protocol.Batch`, or None after a warning; raises a reported error."""
         return self.read()
 
     def read(self, kinds=(Batch,)):

@@ -26,6 +26,7 @@ class _Seq:
     index: int
     start: int
     cum_ends: np.ndarray  # end offset (relative to start) of each document row of the piece
+    docs_before: int      # documents (non-null rows) of the pieces sequenced before this one
     placed: int = field(default=0)  # stream position up to which segments were issued
     done_sent: bool = field(default=False)
 
@@ -43,6 +44,9 @@ class ConcatSequencer:
         self.next_start = -skip   # stream position where the next sequenced piece begins
         self.next_index = 0       # next piece index to sequence
         self._counts = {}         # counted, waiting for earlier pieces: index -> lengths
+        self.docs_at = {}         # batch -> documents of the run begun by its end, until read
+        self._docs = -1 if skip else 0  # documents sequenced; one begun before the start is not
+        #                                 the run's (its BOS is at a negative position)
         self._seq = deque()       # sequenced pieces still needed for placement or positions
         self._opened = 0          # batches < _opened have had a segment issued
 
@@ -51,7 +55,8 @@ class ConcatSequencer:
         self._counts[index] = np.cumsum(lengths, dtype=np.int64)
         while self.next_index in self._counts:
             cum = self._counts.pop(self.next_index)
-            s = _Seq(self.next_index, self.next_start, cum, placed=self.next_start)
+            s = _Seq(self.next_index, self.next_start, cum, self._docs, placed=self.next_start)
+            self._docs += int(np.count_nonzero(np.diff(cum, prepend=0)))
             self._seq.append(s)
             self.next_start = s.end
             self.next_index += 1
@@ -102,9 +107,23 @@ class ConcatSequencer:
         """Batches now complete, in order, each with the position of the next token:
         `(batch, (piece, row, skip))`. A batch waits until the piece holding the token after it
         is sequenced, so that its position is the same in every run."""
-        out = self.book.ready(lambda k: self.locate((k + 1) * self.window))
+        out = self.book.ready(self._position_after)
         self._prune()
         return out
+
+    def _position_after(self, k: int):
+        """Where batch k ends, noting how many documents of the run began by then (`docs_at`,
+        before the pieces it needs can be pruned)."""
+        where = self.locate((k + 1) * self.window)
+        if where is not None:
+            self.docs_at[k] = self.docs_until(*where)
+        return where
+
+    def docs_until(self, index: int, row: int, skip: int) -> int:
+        """Documents of the run begun before the position (piece `index`, row, skip)."""
+        s = next(s for s in self._seq if s.index == index)
+        before = int(np.count_nonzero(np.diff(s.cum_ends[:row], prepend=0)))
+        return s.docs_before + before + (1 if skip else 0)
 
     def locate(self, pos: int) -> tuple[int, int, int] | None:
         """(piece, row, skip): token `pos` is token `skip` of row `row` of that piece."""
@@ -158,7 +177,8 @@ class ConcatMode(Mode):
         out = []
         for k, (index, row, skip) in self.seq.ready():
             p = self.specs[index]
-            out.append((k, (p.epoch, p.file, p.rg, p.doc_start + row, skip), None))
+            out.append((k, (p.epoch, p.file, p.rg, p.doc_start + row, skip), None,
+                        self.seq.docs_at.pop(k)))
         if out:
             keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
             for index in [i for i in self.specs if i < keep]:

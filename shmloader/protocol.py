@@ -148,6 +148,7 @@ class Batch(NamedTuple):
     batch: int
     slot: int
     position: tuple                # (epoch, file, rg, doc, skip) after the batch
+    docs: int                      # documents delivered by the end of the batch (this run)
 
 
 class Located(NamedTuple):

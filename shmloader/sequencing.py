@@ -57,7 +57,8 @@ class Mode:
     """The coordinator's view of a sequencer. Pieces come from `pieces`; `take` gives one to a
     worker, which answers with `counted`; `orders(take_slot)` yields `(worker, write order,
     slots it fills)`; `written` takes the workers' acknowledgements, `freed` the trainer's;
-    `ready` yields `(batch, position, runs or None)` of complete batches in order; `messages`
+    `ready` yields `(batch, position, runs or None, documents begun by the end of the batch)`
+    of complete batches in order; `messages`
     are extra messages for the trainer and `stats` the header counters `(ring.Stat, value)`
     the mode keeps. `keep` tells workers how to keep a counted piece's tokens (worker.KEEP)."""
 

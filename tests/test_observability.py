@@ -23,7 +23,7 @@ from shmloader_dev import corpus, reference, testing
 
 B, T = 2, 16
 W = B * T + 1
-BASE_KEYS = {"batches", "wait_s", "num_workers", "epoch"}
+BASE_KEYS = {"batches", "wait_s", "num_workers", "epoch", "tokens_delivered", "docs_delivered"}
 RUN_KEYS = {"tokens_read", "docs_read", "nulls", "tokens_per_s", "ring_ready", "ring_slots",
             "workers", "bad_row_groups_skipped", "pieces"}
 
@@ -117,6 +117,29 @@ def test_counters_are_a_prefix_of_the_data(data, num_workers):
     assert [w["pid"] for w in s["workers"]] == pids
     assert all(w["tokens"] > 0 and w["tokens_per_s"] > 0 for w in s["workers"])
     assert sum(w["tokens"] for w in s["workers"]) == s["tokens_read"]
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_delivered_counts_what_the_batches_hold_and_read_counts_the_read_ahead(data, packing):
+    """`tokens_delivered` / `docs_delivered` are what the returned batches hold (IntTokenizer:
+    BOS is the only 0, and every document in a batch starts with its BOS: concat's windows
+    are disjoint, best fit places document prefixes); `tokens_read` / `docs_read` run ahead.
+    Across a load_state_dict (a new run of the children) the delivered counts carry on."""
+    kw = dict(packing="bos_bestfit", buffer_size=5, tokenizer_batch_size=3) if packing == "bos_bestfit" else {}
+    with _loader(data, **kw) as loader:
+        bos = 0
+        for i, (x, y) in enumerate(itertools.islice(loader, 30)):
+            if packing == "concat":  # the window: the inputs, then the last target
+                held = np.concatenate([x.numpy().reshape(-1), y.numpy().reshape(-1)[-1:]])
+            else:  # the (B, T+1) rows
+                held = np.concatenate([x.numpy(), y.numpy()[:, -1:]], axis=1)
+            bos += int((held == 0).sum())
+            if i == 14:
+                loader.load_state_dict(loader.state_dict())  # same stream, new children
+        s = _settled(loader)
+    assert s["batches"] == 30 and s["tokens_delivered"] == 30 * B * T
+    assert s["docs_delivered"] == bos > 30, (s["docs_delivered"], bos)
+    assert s["docs_read"] > s["docs_delivered"] - 15 and s["tokens_read"] > 0
 
 
 def test_ring_ready_fills_when_the_trainer_pauses(data):
