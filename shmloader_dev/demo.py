@@ -1,6 +1,6 @@
 """The demo: shmloader next to today's nanochat loader, on data built offline, in one run.
 
-    python -m shmloader.demo [--out-dir ./demo_data] [--workers 2] [--batches 600]
+    python -m shmloader.demo [--out-dir ./demo_data] [--workers 2] [--batches 200]
 
 1. Data (cached in `--out-dir`, nanochat's layout so `NANOCHAT_BASE_DIR=demo_data` works):
    the text that ships with Python (`corpus.stdlib_texts`: ~12.6 MB on CPython 3.11) cut at
@@ -18,10 +18,13 @@
    system; the baseline tokenizes in that process, shmloader does not), and the wall time
    from constructing the loader to its first batch (torch already imported).
 4. The first `--verify` shmloader batches are compared token for token with the oracle
-   `reference.concat_windows`; the run fails (exit 1) if any differs.
+   `shmloader_dev.reference.concat_windows` (one process: every document tokenized with
+   tiktoken, concatenated, cut into windows, SPEC §2); the run fails (exit 1) if any differs.
+5. Exact resume: a loader's state after a few batches goes through JSON into a new loader
+   with another worker count, whose batches must equal the uninterrupted run's (exit 1 if not).
 
-About 5 s on 2 cores once the data is cached; `prepare_data` is reused by tools/bench.py and
-tools/gpu_check.py.
+B=16, T=2048 by default, as the README's benchmarks. About 10 s on 2 cores once the data is
+cached; `prepare_data` is reused by tools/bench.py and tools/gpu_check.py.
 """
 from __future__ import annotations
 
@@ -121,8 +124,6 @@ class Timing:
 def time_loader(name: str, make, n_batches: int, window: int, keep: int = 0, progress=True):
     """Construct with `make()`, take one batch (first-batch latency), then time `n_batches`
     more. Returns the Timing and the first `keep` batches (the loader is closed)."""
-    from tqdm import tqdm
-
     started = time.perf_counter()
     it = make()
     try:
@@ -130,8 +131,7 @@ def time_loader(name: str, make, n_batches: int, window: int, keep: int = 0, pro
         first_s = time.perf_counter() - started
         kept = [first][:keep]
         c0, t0 = cpu_seconds(), time.perf_counter()
-        for i in tqdm(range(n_batches), desc=name, unit="batch", leave=False,
-                      disable=None if progress else True, mininterval=0.5):
+        for _ in range(n_batches):
             batch = next(it)
             if len(kept) < keep:
                 kept.append(batch)
@@ -152,20 +152,49 @@ def verify(kept, files, enc, bos: int, B: int, T: int) -> int:
         window, _ = next(oracle)
         if not (np.array_equal(inputs.reshape(-1).numpy(), window[:-1])
                 and np.array_equal(targets.reshape(-1).numpy(), window[1:])):
-            raise AssertionError(f"batch {k} differs from reference.concat_windows")
+            raise AssertionError(f"batch {k} differs from shmloader_dev.reference.concat_windows")
     return len(kept)
+
+
+def resume_round_trip(make, workers: int, save_after: int = 5, follow: int = 8) -> str:
+    """Save a loader's state after `save_after` batches, through JSON, resume it in a new loader
+    with another worker count, and compare `follow` batches with the uninterrupted run's."""
+    import numpy as np
+
+    with make(workers) as loader:
+        for _ in range(save_after):
+            next(loader)
+        saved = json.dumps(loader.state_dict())  # as a checkpoint stores it
+        run = [next(loader) for _ in range(follow)]
+    other = 1 if workers > 1 else 2
+    with make(other, resume_state=json.loads(saved)) as loader:
+        for k, (x, y) in enumerate(run):
+            got_x, got_y = next(loader)
+            if not (np.array_equal(got_x.numpy(), x.numpy()) and np.array_equal(got_y.numpy(), y.numpy())):
+                raise AssertionError(f"resumed batch {save_after + k} differs from the uninterrupted run's")
+    return (f"resume verified: the state after batch {save_after - 1} ({len(saved):,} bytes of JSON) "
+            f"resumed in a new loader with {other} worker{'s' * (other > 1)} instead of {workers}; "
+            f"its {follow} batches equal the uninterrupted run's batches {save_after}-{save_after + follow - 1}")
 
 
 def _si(x: float) -> str:
     return f"{x / 1e6:.2f} M" if x >= 1e5 else f"{x / 1e3:.1f} k"
 
 
+def _compare(ours: float, theirs: float, better_high: bool, less: str = "") -> str:
+    """`ours` against `theirs` in words: '1.53x faster', '7.0x slower', '35.6x less'."""
+    ratio = ours / theirs if better_high else theirs / ours
+    if less:
+        return f"{ratio:.1f}x {less}" if ratio >= 1 else f"{1 / ratio:.1f}x more"
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
+
+
 def format_table(base: Timing, shm: Timing) -> str:
     rows = [(base.name, _si(base.tokens_per_s), f"{base.cpu_us_per_batch:,.0f}", f"{base.first_batch_s * 1e3:,.0f}"),
             (shm.name, _si(shm.tokens_per_s), f"{shm.cpu_us_per_batch:,.0f}", f"{shm.first_batch_s * 1e3:,.0f}"),
-            ("ratio (x better, shmloader)", f"{shm.tokens_per_s / base.tokens_per_s:.2f}x",
-             f"{base.cpu_us_per_batch / shm.cpu_us_per_batch:.1f}x less",
-             f"{base.first_batch_s / shm.first_batch_s:.2f}x")]
+            ("shmloader against the baseline", _compare(shm.tokens_per_s, base.tokens_per_s, True),
+             _compare(shm.cpu_us_per_batch, base.cpu_us_per_batch, False, less="less"),
+             _compare(shm.first_batch_s, base.first_batch_s, False))]
     head = ("loader", "tokens/s", "trainer CPU us/batch", "first batch ms")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
     line = lambda r: "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
@@ -176,11 +205,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m shmloader.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", type=Path, default=Path("demo_data"),
                    help="where the shards and tokenizer are built and cached (directory; default ./demo_data)")
-    p.add_argument("--batch-size", type=int, default=8, help="B, rows per batch (rows; default 8)")
-    p.add_argument("--seq-len", type=int, default=1024, help="T, tokens per row (tokens; default 1024)")
+    p.add_argument("--batch-size", type=int, default=16, help="B, rows per batch (rows; default 16)")
+    p.add_argument("--seq-len", type=int, default=2048, help="T, tokens per row (tokens; default 2048)")
     p.add_argument("--workers", type=int, default=2, help="shmloader worker processes (processes; default 2)")
-    p.add_argument("--batches", type=int, default=600,
-                   help="batches timed per loader after the first (batches; default 600)")
+    p.add_argument("--batches", type=int, default=200,
+                   help="batches timed per loader after the first (batches; default 200)")
     p.add_argument("--vocab-size", type=int, default=4096,
                    help="tokenizer size incl. 9 special tokens (tokens; default 4096)")
     p.add_argument("--verify", type=int, default=8,
@@ -227,13 +256,18 @@ def main(argv=None) -> int:
                           args.batches, window)
     print(format_table(base, shm))
     print("(tokens/s: tokens read, B*T+1 per batch; trainer CPU: getrusage of this process per batch;\n"
-          " first batch: wall time from constructing the loader, for shmloader including starting its processes)")
+          " first batch: wall time from constructing the loader; shmloader's includes starting its\n"
+          " processes, the first time in a process also multiprocessing's forkserver)")
+    make = lambda workers, **kw: ShmLoader(str(data.data_dir), str(data.tokenizer_path), B, T, "train",
+                                           num_workers=workers, device="cpu", **kw)
     try:
         n = verify(kept, files, enc, bos, B, T)
+        print(f"stream verified: shmloader's first {n} batches equal, token for token, those of "
+              f"shmloader_dev.reference.concat_windows (the single-process oracle of SPEC §2)")
+        print(resume_round_trip(make, args.workers))
     except AssertionError as exc:
-        print(f"STREAM MISMATCH: {exc}", file=sys.stderr)
+        print(f"MISMATCH: {exc}", file=sys.stderr)
         return 1
-    print(f"stream verified against the reference: {n} batches")
     return 0
 
 

@@ -45,10 +45,15 @@ def test_demo_prints_the_table_and_verifies_the_stream(demo):
     for column in ("tokens/s", "trainer CPU us/batch", "first batch ms"):
         assert column in head
     rows = {line.split("  ")[0]: line for line in text.splitlines()}
-    for name in ("nanochat-style baseline (4 threads)", "shmloader, 2 workers", "ratio (x better, shmloader)"):
+    for name in ("nanochat-style baseline (4 threads)", "shmloader, 2 workers", "shmloader against the baseline"):
         assert name in rows, f"no {name!r} row in:\n{text}"
     assert re.search(r"\d+\.\d+ M|\d+\.\d k", rows["shmloader, 2 workers"])
-    assert "stream verified against the reference: 4 batches" in text
+    # each comparison says which way it goes, in words
+    assert re.search(r"\d+\.\d+x (faster|slower) +\d+\.\dx (less|more) +\d+\.\d+x (faster|slower)$",
+                     rows["shmloader against the baseline"]), rows["shmloader against the baseline"]
+    assert "shmloader's first 4 batches equal, token for token, those of shmloader_dev.reference.concat_windows" in text
+    assert re.search(r"resume verified: the state after batch 4 \([\d,]+ bytes of JSON\) resumed in a new "
+                     r"loader with 1 worker instead of 2; its 8 batches equal", text), text
 
 
 def test_demo_data_is_cached(demo):

@@ -771,7 +771,11 @@ def main(argv=None) -> int:
 
 def draw_chart(result: dict, path: Path):
     """tokens/s read against worker count: shmloader's line, the baseline as a level."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("bench: --chart draws with matplotlib, which is not installed: "
+                         "pip install matplotlib (or omit --chart)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

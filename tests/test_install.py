@@ -1,0 +1,45 @@
+"""A newcomer's install: a wheel of the project in a fresh virtual environment, without the
+dev extra, runs the demo and the tools. Slow (it installs torch and the runtime dependencies
+into a new environment, a few minutes): `python -m pytest -m slow tests/test_install.py`."""
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd, cwd, timeout=900, env=None):
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_a_wheel_without_the_dev_extra_runs_the_demo_and_the_tools(tmp_path):
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", REPO], cwd=tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("shmloader-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    _run([py, "-m", "pip", "install", "-q", f"torch=={_torch_version()}"], cwd=tmp_path)
+    _run([py, "-m", "pip", "install", "-q", wheel], cwd=tmp_path)
+    listed = _run([py, "-m", "pip", "list", "--format=freeze"], cwd=tmp_path).lower()
+    for dev_only in ("pytest", "hypothesis", "moto", "matplotlib"):
+        assert f"{dev_only}==" not in listed, f"{dev_only} came with a plain install"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = _run([py, "-m", "shmloader.demo", "--out-dir", tmp_path / "demo", "--batches", 20, "--batch-size", 2,
+                "--seq-len", 256, "--vocab-size", 512], cwd=tmp_path, env=env)
+    assert "stream verified" in out and "resume verified" in out, out
+    for tool in ("pretokenize.py", "bench.py", "make_shards.py", "inspect_batch.py", "bench_locate.py"):
+        assert "usage:" in _run([py, REPO / "tools" / tool, "--help"], cwd=tmp_path, env=env)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
