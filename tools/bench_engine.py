@@ -1,6 +1,6 @@
 """The fast engine against tiktoken, one core, on the demo corpus (engine.py).
 
-    python tools/bench_engine.py [--out-dir demo_data] [--rounds 3] [--loader-s 4]
+    python tools/bench_engine.py [--out-dir demo_data] [--vocab-size 4096] [--rounds 3] [--loader-s 4]
 
 Raw rates in this process (the engine pinned to one thread, as in a worker), over the train
 split's documents, the methods interleaved, best of `--rounds` passes:
@@ -58,10 +58,11 @@ def loader_rate(data_dir, tok, engine, seconds) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out-dir", default="demo_data")
+    ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--loader-s", type=float, default=4.0)
     args = ap.parse_args()
-    demo = prepare_data(args.out_dir)
+    demo = prepare_data(args.out_dir, args.vocab_size)
     files = sorted(str(p) for p in demo.data_dir.glob("*.parquet"))[:-1]
     texts = [t for _, t in documents(files, epochs=1) if t is not None]
     with open(demo.tokenizer_path, "rb") as f:
