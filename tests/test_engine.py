@@ -137,6 +137,20 @@ def test_tiktoken_forced_and_objects_are_the_definition_unchecked(synth_tokenize
         enginemod.build(tokmod.resolve(IntTokenizer(bos=5)), "fastokens")
 
 
+def test_auto_falls_back_with_a_note_when_the_engine_cannot_be_built(synth_tokenizer, monkeypatch):
+    import fastokens
+
+    def refuse(*args, **kwargs):
+        raise ValueError("unsupported pattern")
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_tiktoken", refuse, raising=False)
+    spec = tokmod.resolve(synth_tokenizer)
+    auto = enginemod.build(spec, "auto")
+    assert auto.name == "tiktoken" and auto.reference is None and "unsupported pattern" in auto.note
+    with pytest.raises(ValueError, match="unsupported pattern"):
+        enginemod.build(spec, "fastokens")
+
+
 def test_engine_option_checked_and_not_in_the_fingerprint(monkeypatch):
     with pytest.raises(ValueError, match="engine"):
         LoaderConfig(2, 8, engine="fast")
