@@ -11,6 +11,7 @@ PACKINGS = ("concat", "bos_bestfit")
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
 OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's place, or nanochat's
+ENGINES = ("auto", "tiktoken", "fastokens")  # engine.py: who tokenizes; the stream is the same
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class LoaderConfig:
     cache_dir: str | None = None
     log_every: int = 0
     other_rank: str = "exact"
+    engine: str = "auto"
 
     def __post_init__(self):
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
@@ -43,6 +45,7 @@ class LoaderConfig:
         _choice("packing", self.packing, PACKINGS)
         _choice("on_bad_row_group", self.on_bad_row_group, BAD_ROW_GROUP)
         _choice("other_rank", self.other_rank, OTHER_RANK)
+        _choice("engine", self.engine, ENGINES)
         if self.start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS} (a forked child would "
                              f"hold the trainer's pipes open), got {self.start_method!r}")
@@ -78,7 +81,8 @@ class LoaderConfig:
 
     def fingerprint(self, tokenizer: str) -> dict:
         """What a resume state must match (B, T and the files are checked on their own: a new
-        shape or appended files continue the run)."""
+        shape or appended files continue the run; `engine` is not in it: every engine makes
+        the same stream)."""
         out = {"split": self.split, "packing": self.packing, "tokenizer": tokenizer}
         if self.bestfit:
             out.update(buffer_size=self.buffer_size, tokenizer_batch_size=self.tokenizer_batch_size)

@@ -27,6 +27,7 @@ from multiprocessing.connection import wait
 import torch
 
 from . import cache as cachemod
+from . import engine as enginemod
 from . import delivery, errors, source, state as statemod, tokenizer as tokmod
 from . import ring as ringmod
 from .config import LoaderConfig
@@ -86,7 +87,7 @@ class ShmLoader:
                  **options):
         """`options` are the fields of `LoaderConfig` (n_slots, tokenizer_batch_size,
         buffer_size, max_piece_docs, start_method, timeout, on_bad_row_group, cache_dir,
-        log_every, other_rank); see the README for each one's meaning and default."""
+        log_every, other_rank, engine); see the README for each one's meaning and default."""
         self.device = _device(device)  # first: without CUDA, say so before reading anything
         if options.get("cache_dir") is not None:
             options["cache_dir"] = os.fspath(options["cache_dir"])
@@ -101,6 +102,7 @@ class ShmLoader:
         self.filesystem = source.filesystem_for(data, filesystem)
         self.files = source.split_files(source.list_files(data, self.filesystem), split)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
+        enginemod.available(self.config.engine)
         if self.config.cache_dir is not None:
             cachemod.sweep_temporaries(self.config.cache_dir)
         sizes = source.file_sizes(self.files, self.filesystem)

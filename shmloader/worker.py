@@ -20,8 +20,8 @@ from multiprocessing.connection import wait
 
 import numpy as np
 
+from . import engine as enginemod
 from . import ring as ringmod
-from . import tokenizer as tokmod
 from .cache import TokenCache, slice_rows
 from .config import LoaderConfig
 from .plan import Piece
@@ -67,7 +67,13 @@ def worker_main(cfg: LoaderConfig, args: RunArgs, conn, alive):
 
 def _loop(ctx: _Ctx):
     spec = ctx.args.tokenizer
-    encode = tokmod.build(spec)
+    encoder = enginemod.build(spec, ctx.cfg.engine)
+    if encoder.note:
+        ctx.conn.send(Warn(f"worker {ctx.args.worker}: {encoder.note}"))
+    if encoder.threads is not None and encoder.threads > 1:
+        ctx.conn.send(Warn(f"worker {ctx.args.worker}: the {encoder.name} engine started "
+                           f"{encoder.threads} threads, not 1"))
+    encode = _Encode(encoder)
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
     source = ParquetSource(ctx.args.files, fs)
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
@@ -152,6 +158,15 @@ def _write_rows(ctx: _Ctx, order: Rows) -> list:
 WRITERS = {Place: _place, Rows: _write_rows}
 
 
+class _Encode:
+    """The worker's encoder and, when it is not the definition itself, the check against the
+    definition (engine.Check)."""
+
+    def __init__(self, encoder):
+        self.encode = encoder.encode
+        self.check = enginemod.Check(encoder) if encoder.reference is not None else None
+
+
 class _Docs(list):
     """A piece's documents (each `[BOS] + tokens`, None once placed or when null)."""
     live = 0
@@ -207,9 +222,13 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     bos = np.array([spec.bos], dtype=spec.dtype)
     parts = []
     due = time.perf_counter() + SERVICE_EVERY_S
+    check = encode.check
     for i, text in enumerate(texts):
         if text is not None:
-            ids = encode(text)
+            ids = encode.encode(text)
+            if check is not None:
+                check(text, ids, lambda: f"{ctx.args.files[piece.file]}, row group {piece.rg}, "
+                                         f"document row {piece.doc_start + i}")
             parts.append(bos)
             parts.append(ids)
             lengths[i] = len(ids) + 1

@@ -74,6 +74,16 @@ def test_demo_never_overwrites_data_it_did_not_write(tmp_path):
     assert theirs.read_bytes() == b"not ours"
 
 
+def test_bench_engine(demo):
+    out, _ = demo
+    pytest.importorskip("fastokens")
+    text = run("tools/bench_engine.py", "--out-dir", out, "--vocab-size", VOCAB, "--rounds", 1,
+               "--loader-s", 0.5)
+    for line in ("tiktoken encode_to_numpy", "fastokens + sampled check", "sampled check cost",
+                 "start check", "engine='fastokens'"):
+        assert line in text, text
+
+
 def test_bench_help():
     text = run("tools/bench.py", "--help")
     assert "--workers" in text and "--quick" in text and "--json" in text

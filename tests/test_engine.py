@@ -1,0 +1,296 @@
+"""engine.py: the fast tokenizer engine (fastokens) and its checks against tiktoken.
+
+- In this process: the engine's ids equal `encode_ordinary` on hard texts (special-token text,
+  long whitespace and digit runs, non-ASCII, random fuzz) and, for a Hugging Face tokenizer.json,
+  the `tokenizers` package's; `engine="tiktoken"` and objects with only `encode()` use the
+  definition unchecked; a bad `engine` value and `engine="fastokens"` without the package are
+  quick errors; `engine` is not part of the resume fingerprint.
+- In the workers: the stream with `engine="fastokens"` is byte-identical to the tiktoken
+  reference (and to the oracle) for concat and best fit; a deliberately wrong engine (the test
+  hook `SHMLOADER_ENGINE_HOOK` names a function of this module, so the workers, started with
+  `spawn` to get the environment, import it) is stopped by the start check and, when it is
+  wrong only on a document after the start sample, by the sampled check, with a WorkerError
+  naming the file, row group and row and `engine="tiktoken"`; with `engine="tiktoken"` the same
+  hook is never used; the engine adds at most one thread to a worker.
+"""
+import itertools
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader import engine as enginemod
+from shmloader import tokenizer as tokmod
+from shmloader.config import LoaderConfig
+from shmloader.errors import WorkerError
+from shmloader_dev import corpus, reference
+from shmloader_dev.testing import IntTokenizer
+
+pytest.importorskip("fastokens")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+B, T = 2, 32
+EARLY, LATE = "ENGINE-FAULT-EARLY", "ENGINE-FAULT-LATE"
+EARLY_ROW, LATE_ROW = 20, 250  # canonical document indices (train split)
+
+
+def hard_texts(seed: int = 3) -> list:
+    rng = random.Random(seed)
+    texts = [" " * 5000, "\n" * 300 + "x", "\t \n \r\n" * 200, "1" * 4000, "3.14159265358979" * 50,
+             "  12  345  6789  " * 40, "naïve café ünïcödé 日本語のテキスト 😀😀😀 " * 20,
+             "Ελληνικά русский עברית العربية हिन्दी", "<|bos|>" * 30, "<|bos|><|endoftext|>x<|user_start|>",
+             "a" * 10000, "'s 've 're 'll 'd 'S 'VE", "\x00\x01\x7f\u200b\ufeff", ""]
+    alphabet = " \t\n\r0123456789abcXYZ.,'!é日😀<|>_-"
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 200))) for _ in range(300)]
+    return texts
+
+
+def engine_docs() -> list:
+    docs = list(corpus.synthetic_texts(480, seed=21, mean_words=12))
+    hard = hard_texts()[:14]
+    for k, i in enumerate(range(3, 470, 31)):
+        docs[i] = hard[k % len(hard)]
+    for i in range(7, len(docs), 29):
+        docs[i] = None
+    docs[9] = ""
+    docs[EARLY_ROW] = f"an early document {EARLY} with some words"
+    docs[LATE_ROW] = f"a late document {LATE} with some words"
+    return docs
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, synth_tokenizer):
+    root = tmp_path_factory.mktemp("engine_data")
+    docs = engine_docs()
+    paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=[64, 7, 100])]
+    return root, paths, docs
+
+
+def _locate(paths, index):
+    """(file path, row group, row) of canonical document `index` of the train split."""
+    (_, f, g, row), _ = next(itertools.islice(reference.documents(paths[:-1], epochs=1), index, None))
+    return paths[f], g, row
+
+
+# ------------------------------------------------------------------ wrong engines (the test hook)
+
+def _wrong_on(marker):
+    def make(spec):
+        right = tokmod.build(spec)
+
+        def encode(text):
+            ids = np.array(right(text), dtype=np.uint32)
+            if marker in text and len(ids):
+                ids[len(ids) // 2] ^= 1  # one id off, same length
+            return ids
+        return encode
+    return make
+
+
+wrong_early = _wrong_on(EARLY)
+wrong_late = _wrong_on(LATE)
+
+
+# ================================================================== in this process
+
+def test_fastokens_equals_encode_ordinary(synth_tokenizer):
+    enc = synth_tokenizer
+    encoder = enginemod.build(tokmod.resolve(enc), "fastokens")
+    assert encoder.name == "fastokens" and encoder.definition == "tiktoken"
+    texts = hard_texts() + [t for t in corpus.synthetic_texts(200, seed=5) if t is not None]
+    assert sum("<|bos|>" in t for t in texts) > 3
+    for text in texts:
+        got = encoder.encode(text)
+        assert got.dtype == np.uint32
+        assert got.tolist() == enc.encode_ordinary(text), repr(text[:80])
+
+
+def test_fastokens_equals_tokenizers_for_tokenizer_json():
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus.synthetic_texts(80, seed=4, mean_words=20),
+                            trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<s>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                show_progress=False))
+    encoder = enginemod.build(tokmod.resolve(tok), "fastokens")
+    assert encoder.name == "fastokens" and encoder.definition == "tokenizers"
+    for text in hard_texts() + ["x <|endoftext|> y <s>"]:
+        assert encoder.encode(text).tolist() == encoder.reference(text).tolist(), repr(text[:80])
+
+
+def test_tiktoken_forced_and_objects_are_the_definition_unchecked(synth_tokenizer):
+    forced = enginemod.build(tokmod.resolve(synth_tokenizer), "tiktoken")
+    assert forced.name == "tiktoken" and forced.reference is None
+    assert forced.encode("a <|bos|> b").tolist() == synth_tokenizer.encode_ordinary("a <|bos|> b")
+    obj = enginemod.build(tokmod.resolve(IntTokenizer(bos=5)), "auto")
+    assert obj.name == "object" and obj.reference is None
+    with pytest.raises(ValueError, match="fastokens"):
+        enginemod.build(tokmod.resolve(IntTokenizer(bos=5)), "fastokens")
+
+
+def test_auto_falls_back_with_a_note_when_the_engine_cannot_be_built(synth_tokenizer, monkeypatch):
+    import fastokens
+
+    def refuse(*args, **kwargs):
+        raise ValueError("unsupported pattern")
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_tiktoken", refuse, raising=False)
+    spec = tokmod.resolve(synth_tokenizer)
+    auto = enginemod.build(spec, "auto")
+    assert auto.name == "tiktoken" and auto.reference is None and "unsupported pattern" in auto.note
+    with pytest.raises(ValueError, match="unsupported pattern"):
+        enginemod.build(spec, "fastokens")
+
+
+def test_engine_option_checked_and_not_in_the_fingerprint(monkeypatch):
+    with pytest.raises(ValueError, match="engine"):
+        LoaderConfig(2, 8, engine="fast")
+    prints = {e: LoaderConfig(2, 8, engine=e).fingerprint("tok") for e in ("auto", "tiktoken", "fastokens")}
+    assert len({str(p) for p in prints.values()}) == 1
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastokens" else real(name, *a))
+    with pytest.raises(ImportError, match="pip install fastokens"):
+        enginemod.available("fastokens")
+    enginemod.available("auto")  # "auto" falls back, no error
+
+
+def test_check_counts_start_then_one_in_every():
+    seen = []
+    encoder = enginemod.Encoder("fake", lambda t: np.array([1]), lambda t: seen.append(t) or np.array([1]))
+    check = enginemod.Check(encoder, start=4, every=8)
+    for i in range(40):
+        check(str(i), np.array([1]), lambda: "nowhere")
+    assert seen == ["0", "1", "2", "3", "11", "19", "27", "35"]
+    assert check.checked == 8
+
+
+def test_engine_threads_pinned_to_one(synth_tokenizer, tmp_path):
+    """In a fresh interpreter (fastokens not yet imported), as in a worker: the engine's build
+    sets the thread variables and starts at most one thread, also under a long batch of work."""
+    path = corpus.save_tokenizer(synth_tokenizer, tmp_path)
+    code = f"""
+import os, time
+from shmloader import engine, tokenizer
+base = len(os.listdir("/proc/self/task"))
+e = engine.build(tokenizer.resolve({str(path)!r}), "fastokens")
+t0, c0 = time.perf_counter(), time.process_time()
+for _ in range(40):
+    e.encode("words and 12345 numbers, naïve " * 5000)
+ratio = (time.process_time() - c0) / (time.perf_counter() - t0)
+print(e.name, e.threads, len(os.listdir("/proc/self/task")) - base, os.environ["FASTOKENS_BPE_THREADS"],
+      os.environ["RAYON_NUM_THREADS"], round(ratio, 2))
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("FASTOKENS_BPE_THREADS", None)
+    env.pop("RAYON_NUM_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    name, at_build, after, bpe, rayon, ratio = out.stdout.split()
+    assert name == "fastokens" and (bpe, rayon) == ("1", "1")
+    assert int(at_build) <= 1 and int(after) <= 1, out.stdout
+    assert float(ratio) < 1.3, f"the engine used {ratio} cores"
+
+
+# ================================================================== in the workers
+
+def _stream(root, enc, n, packing="concat", **kw):
+    kw.setdefault("num_workers", 2)
+    extra = dict(buffer_size=12, tokenizer_batch_size=4) if packing == "bos_bestfit" else {}
+    with shmloader.ShmLoader(str(root), enc, B, T, "train", packing=packing, device="cpu",
+                             timeout=60, **extra, **kw) as loader:
+        return [(x.numpy().copy(), y.numpy().copy()) for x, y in itertools.islice(loader, n)]
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_fast_stream_is_byte_identical_to_tiktoken(data, synth_tokenizer, packing, watchdog):
+    root, paths, _ = data
+    enc = synth_tokenizer
+    bos = enc.encode_single_token("<|bos|>")
+    n = 700  # past the end of the first epoch (~40k train tokens in 65-token windows: ~620 batches)
+    fast = _stream(root, enc, n, packing, engine="fastokens")
+    ref = _stream(root, enc, n, packing, engine="tiktoken")
+    assert len(fast) == len(ref) == n
+    for k, ((fx, fy), (rx, ry)) in enumerate(zip(fast, ref)):
+        assert fx.tobytes() == rx.tobytes() and fy.tobytes() == ry.tobytes(), f"batch {k}"
+    if packing == "concat":
+        oracle = [w for w, _ in itertools.islice(
+            reference.concat_windows(paths[:-1], enc.encode_ordinary, bos, B, T), n)]
+        for k, ((x, y), w) in enumerate(zip(fast, oracle)):
+            assert np.array_equal(np.concatenate([x.reshape(-1)[:1], y.reshape(-1)]), w), f"batch {k}"
+    else:
+        oracle = list(itertools.islice(reference.bestfit_rows(paths[:-1], enc.encode_ordinary, bos, B, T,
+                                                              buffer_size=12, chunk_docs=4), n))
+        for k, ((x, y), (rows, _)) in enumerate(zip(fast, oracle)):
+            assert np.array_equal(x, rows[:, :-1]) and np.array_equal(y, rows[:, 1:]), f"batch {k}"
+
+
+def _expect_mismatch(root, enc, paths, index, phase):
+    path, rg, row = _locate(paths, index)
+    with pytest.raises(WorkerError) as info:
+        _stream(root, enc, 10_000, num_workers=1, start_method="spawn")
+    text = str(info.value)
+    print(text.splitlines()[0])
+    for part in (os.path.basename(path), f"row group {rg}", f"document row {row}", phase,
+                 'engine="tiktoken"', "EngineMismatch"):
+        assert part in text, f"{part!r} not in: {text}"
+
+
+def test_wrong_engine_is_caught_by_the_start_check(data, synth_tokenizer, monkeypatch, watchdog):
+    root, paths, _ = data
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_early")
+    assert EARLY_ROW < enginemod.START_DOCS
+    _expect_mismatch(root, synth_tokenizer, paths, EARLY_ROW, "start check")
+
+
+def test_wrong_engine_is_caught_by_the_sampled_check(data, synth_tokenizer, monkeypatch, watchdog):
+    root, paths, _ = data
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_late")
+    # the late document is far past the start sample; every later document is sampled here
+    monkeypatch.setenv(enginemod.CHECK_ENV, f"{enginemod.START_DOCS},1")
+    assert LATE_ROW > 2 * enginemod.START_DOCS
+    _expect_mismatch(root, synth_tokenizer, paths, LATE_ROW, "sampled check")
+
+
+def test_wrong_engine_unsampled_document_goes_unseen_only_between_samples(data, synth_tokenizer, monkeypatch,
+                                                                          watchdog):
+    """The sampled check is a sample: with the late document between two samples the run goes
+    on (this documents the limit; the start check covers the first documents)."""
+    root, paths, _ = data
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_late")
+    monkeypatch.setenv(enginemod.CHECK_ENV, f"{enginemod.START_DOCS},100000")
+    assert len(_stream(root, synth_tokenizer, 60, num_workers=1, start_method="spawn")) == 60
+
+
+def test_tiktoken_forced_never_uses_the_engine(data, synth_tokenizer, monkeypatch, watchdog):
+    root, paths, _ = data
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_early")
+    enc = synth_tokenizer
+    got = _stream(root, enc, 60, num_workers=1, start_method="spawn", engine="tiktoken")
+    oracle = [w for w, _ in itertools.islice(reference.concat_windows(
+        paths[:-1], enc.encode_ordinary, enc.encode_single_token("<|bos|>"), B, T), 60)]
+    for (x, y), w in zip(got, oracle):
+        assert np.array_equal(np.concatenate([x.reshape(-1)[:1], y.reshape(-1)]), w)
+
+
+def test_engine_adds_at_most_one_thread_to_a_worker(data, synth_tokenizer, watchdog):
+    root, _, _ = data
+    counts = {}
+    for engine in ("tiktoken", "fastokens"):
+        with shmloader.ShmLoader(str(root), synth_tokenizer, B, T, "train", num_workers=1, device="cpu",
+                                 timeout=60, engine=engine) as loader:
+            for _ in itertools.islice(loader, 100):
+                pass
+            pid = loader.debug().workers[0].pid
+            counts[engine] = len(os.listdir(f"/proc/{pid}/task"))
+    assert counts["fastokens"] - counts["tiktoken"] <= 1, counts
