@@ -2,8 +2,9 @@
 
     python tools/pretokenize.py --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split all]
 
-Each row group of the split (all ranks: the cache is shared) is tokenized once and written as
-the loader's workers would write it; entries already present and valid are skipped, so a
+Each row group of the split (all ranks: the cache is shared) is tokenized once, with the
+loader's engine and its checks against tiktoken (`--engine`), and written as the loader's
+workers would write it; entries already present and valid are skipped, so a
 second run does nothing. Prints what it did and the disk the cache takes.
 """
 import argparse
@@ -15,13 +16,16 @@ import numpy as np
 from tqdm import tqdm
 
 from shmloader import cache as cachemod
+from shmloader import engine as enginemod
 from shmloader import source, tokenizer as tokmod
 
 
-def _init(spec_, cache_dir_):
-    global _SPEC, _ENCODE, _CACHE
+def _init(spec_, cache_dir_, engine):
+    global _SPEC, _ENCODE, _CHECK, _CACHE
     _SPEC = spec_
-    _ENCODE = tokmod.build(spec_)
+    encoder = enginemod.build(spec_, engine)  # the loader's engine, checked as a worker checks it
+    _ENCODE = encoder.encode
+    _CHECK = enginemod.Check(encoder) if encoder.reference is not None else None
     _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab)
 
 
@@ -36,6 +40,8 @@ def _one(job):
     for i, text in enumerate(texts):
         if text is not None:
             ids = _ENCODE(text)
+            if _CHECK is not None:
+                _CHECK(text, ids, lambda: f"{path}, row group {rg}, document row {i}")
             parts += [bos, ids.astype(_SPEC.dtype, copy=False)]
             lengths[i] = len(ids) + 1
     tokens = np.concatenate(parts) if parts else np.empty(0, _SPEC.dtype)
@@ -55,6 +61,9 @@ def main(argv=None):
     ap.add_argument("--split", choices=["train", "val", "all"], default="all",
                     help="which files to tokenize (default: all)")
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
+    ap.add_argument("--engine", choices=["auto", "tiktoken", "fastokens"], default="auto",
+                    help="tokenizer engine, as the loader's engine= (default auto: fastokens when "
+                         "installed, checked against tiktoken)")
     args = ap.parse_args(argv)
     files = source.list_files(args.data)
     if args.split != "all":
@@ -64,7 +73,7 @@ def main(argv=None):
     t0 = time.monotonic()
     done = tokens = 0
     ctx = multiprocessing.get_context("forkserver")
-    with ctx.Pool(args.workers, initializer=_init, initargs=(spec, args.cache_dir)) as pool:
+    with ctx.Pool(args.workers, initializer=_init, initargs=(spec, args.cache_dir, args.engine)) as pool:
         for n, wrote in tqdm(pool.imap_unordered(_one, jobs), total=len(jobs), unit="rg"):
             done += wrote
             tokens += n
