@@ -216,7 +216,10 @@ class TokenCache:
         if os.path.exists(self.path_of(path, rg)):  # merged meanwhile by another writer
             self._drop_parts(path, rg)
             return False
-        whole = self._cover(path, rg, 0, n_rows, self._parts(path, rg))
+        parts = self._parts(path, rg)
+        if not _spans(parts, n_rows):  # by their names: the usual answer, read nothing
+            return False
+        whole = self._cover(path, rg, 0, n_rows, parts)
         if whole is None:
             return False
         self.store(path, rg, *whole)
@@ -253,6 +256,16 @@ class TokenCache:
                 os.rmdir(self.parts_dir(path, rg))
             except OSError:  # another writer's part or temporary is in it; harmless
                 pass
+
+
+def _spans(parts: dict, n_rows: int) -> bool:
+    """Whether the row ranges `parts` holds (its keys) cover rows [0, n_rows)."""
+    at = 0
+    for lo, hi in sorted(parts):
+        if lo > at:
+            return False
+        at = max(at, hi)
+    return at >= n_rows
 
 
 def sweep_temporaries(cache_dir: str) -> int:
