@@ -192,6 +192,7 @@ class ShmLoader:
                        ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
                        ring_slots=self.config.n_slots, epoch=max(out["epoch"], values["epoch"]),
                        workers=[{"pid": int(r[WorkerCol.PID]), "tokens": int(r[WorkerCol.TOKENS]),
+                                 "tokenized": int(r[WorkerCol.TOKENIZED]),
                                  "tokens_per_s": float(r[WorkerCol.TOKENS] / (r[WorkerCol.BUSY_US] / 1e6))
                                  if r[WorkerCol.BUSY_US] else 0.0}
                                 for r in p.ring.workers])

@@ -22,7 +22,7 @@ import numpy as np
 SHM_DIR = "/dev/shm"
 PREFIX = "shml_"
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 ALIGN = 4096
 
 
@@ -51,6 +51,7 @@ class WorkerCol(enum.IntEnum):
     DOC = 4           # its first document
     TOKENS = 5        # tokens produced so far
     BUSY_US = 6       # microseconds spent reading and tokenizing
+    TOKENIZED = 7     # of TOKENS, those tokenized here (not served by the token cache)
 
 
 WORKER_FIELDS = tuple(c.name.lower() for c in WorkerCol)

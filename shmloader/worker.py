@@ -22,7 +22,7 @@ import numpy as np
 
 from . import engine as enginemod
 from . import ring as ringmod
-from .cache import TokenCache, slice_rows
+from .cache import TokenCache
 from .config import LoaderConfig
 from .plan import Piece
 from .protocol import Counted, Error, Place, Rows, RunArgs, Skipped, Stop, Task, Warn, Written
@@ -193,22 +193,29 @@ KEEP = {"stream": lambda tokens, lengths: tokens if len(tokens) else None,  # co
 
 
 def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece: Piece):
-    """(tokens, lengths, hit): hit is None without a cache, else whether it served the piece."""
+    """(tokens, lengths, hit): hit is None without a cache, else whether it served the piece.
+    A piece the cache does not hold is tokenized and kept, whole row group or not (cache.py)."""
     if cache is None:
-        return (*_tokenize(ctx, source, encode, piece)[:2], None)
+        return (*_tokenized(ctx, source, encode, piece)[:2], None)
     path = ctx.args.files[piece.file]
-    entry = cache.load(path, piece.rg)
-    if entry is not None:
-        lengths, tokens = slice_rows(*entry, piece.doc_start, piece.doc_end)
-        return tokens, lengths, True
-    tokens, lengths, bad = _tokenize(ctx, source, encode, piece)
-    whole = piece.doc_start == 0 and piece.doc_end == source.row_counts(piece.file)[piece.rg]
-    if whole and not bad and cache.fits(tokens):
+    got = cache.load_rows(path, piece.rg, piece.doc_start, piece.doc_end)
+    if got is not None:
+        return got[1], got[0], True
+    tokens, lengths, bad = _tokenized(ctx, source, encode, piece)
+    if not bad and cache.fits(tokens):
         try:
-            cache.store(path, piece.rg, lengths, tokens)
+            cache.store_rows(path, piece.rg, piece.doc_start, piece.doc_end,
+                             source.row_counts(piece.file)[piece.rg], lengths, tokens)
         except OSError as exc:
             ctx.conn.send(Warn(f"worker {ctx.args.worker}: token cache not written ({exc})"))
     return tokens, lengths, False
+
+
+def _tokenized(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
+    """`_tokenize`, counted in the worker's `TOKENIZED` column (tokens not from the cache)."""
+    out = _tokenize(ctx, source, encode, piece)
+    ctx.ring.workers[ctx.args.worker, WorkerCol.TOKENIZED] += len(out[0])
+    return out
 
 
 def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):

@@ -15,13 +15,18 @@ group tokenized here with `enc.encode_ordinary` and stored with `TokenCache.stor
 - loaders filling one cache at once; tokenizers (and BOS ids) sharing a cache directory;
   2- and 4-byte tokens; tools/pretokenize.py.
 
+- a restart (fresh, or resumed inside the first, ramped, row group or a later one) on a cache
+  filled only by a shorter earlier run tokenizes nothing (no miss, every worker's `tokenized`
+  count 0), in both packings: slices of row groups are kept as partial entries and merged
+  into the whole entry once they cover it.
+
 Regression tests: a row group longer than max_piece_docs is cached (with a cache, pieces after
 the ramp are whole row groups), and an id that does not fit the cache's dtype (a negative id of
 an object tokenizer) is never cached, so it is never served changed.
 
 Data: 3 files x 200 documents (every 37th a null row), row groups of 24, 16, 16, ... rows.
 The first row group of a run (24 rows) is read as two ramp pieces (16 + 8 documents), so a
-run's first pieces are partial; every later piece of these tests is a whole row group.
+run's first pieces are partial; every later concat piece of these tests is a whole row group.
 Built here (module fixtures), not from conftest.py.
 """
 import contextlib
@@ -140,6 +145,10 @@ def copy_cache(src: Path, dst: Path) -> Path:
 
 def entry_files(cache_dir) -> list[Path]:
     return sorted(Path(cache_dir).rglob("*.tok"))
+
+
+def part_files(cache_dir) -> list[Path]:
+    return sorted(Path(cache_dir).rglob("*.part"))
 
 
 def tmp_files(cache_dir) -> list[Path]:
@@ -354,19 +363,85 @@ def test_cold_warm_and_uncached_runs_equal_the_oracle(data, pristine, tmp_path, 
 
 
 @pytest.mark.parametrize("packing", PACKINGS)
-def test_a_partial_first_row_group_is_never_stored_as_its_entry(data, pristine, tmp_path, packing):
-    """A short cold run reads file 0's row group 0 (24 rows) as two ramp pieces only: it may
-    have no entry, but if it has one it is the whole row group; later row groups are cached."""
+def test_a_partial_first_row_group_is_merged_into_its_whole_entry(data, pristine, tmp_path, packing):
+    """A short cold run reads file 0's row group 0 (24 rows) only as ramp pieces (16 + 8, or
+    best fit's one-chunk pieces): they are kept as partial entries and merged into the whole
+    entry, byte-equal to the independent one, with no partial entry left; later row groups
+    are cached whole."""
     n = first_batch(packing, data, lambda pos: (pos[0], pos[1], pos[2]) >= (1, 0, 4))
     want, _ = expected(n, packing, data)
     cache = tmp_path / "cache"
     got, _, stats = run(data, packing, cache, n)
     assert_stream(got, want, "cold cache")
     assert stats["cache_misses"] >= 4
+    assert_entries_pristine(data, cache, pristine, files=data.train[:1], rgs=[0, 1, 2, 3])
+    assert part_files(cache) == [] and tmp_files(cache) == []
+
+
+def tokenized(stats) -> int:
+    """Tokens the workers tokenized (not served by the cache)."""
+    return sum(w["tokenized"] for w in stats["workers"])
+
+
+@pytest.mark.parametrize("packing", PACKINGS)
+def test_a_restart_on_a_cache_filled_by_a_previous_run_tokenizes_nothing(data, tmp_path, packing):
+    """A cold run shorter than an epoch (so that no row group is read whole a second time)
+    fills the cache; restarting it, fresh or resumed inside the first (ramped) row group or
+    inside a later one, tokenizes nothing and gives the oracle's bytes. The restarts take
+    fewer batches than the filling run by more than a run reads ahead."""
+    epoch = first_batch(packing, data, lambda p: p[0] >= 2)
+    inside_first = first_batch(packing, data, lambda p: p[:3] == (1, 0, 0) and p[3] > 0)
+    inside_later = resume_point(packing, data)
+    m, ahead = 6, 16
+    n = max(inside_first, inside_later) + m + ahead
+    assert n < epoch, "the filling run would reach epoch 2, which reads the first row group whole"
+    want, _ = expected(n, packing, data)
+    cache = tmp_path / "cache"
+    fill, states, st = run(data, packing, cache, n, n_slots=2)
+    assert_stream(fill, want, "filling run")
+    assert st["cache_misses"] > 0 and tokenized(st) > 0, st
     c = data.cache(cache)
-    assert c.load(data.train[0], 0) is None or Path(c.path_of(data.train[0], 0)).read_bytes() == \
-        Path(data.cache(pristine).path_of(data.train[0], 0)).read_bytes()
-    assert_entries_pristine(data, cache, pristine, files=data.train[:1], rgs=[1, 2, 3])
+    assert c.load(data.train[0], 0) is not None, "the ramped first row group was not kept"
+
+    got, _, st = run(data, packing, cache, m + ahead // 2, n_slots=2)
+    assert_stream(got, want[:len(got)], "fresh restart")
+    assert st["cache_misses"] == 0 and st["cache_hits"] > 0 and tokenized(st) == 0, st
+    for k in (inside_first, inside_later):
+        got, _, st = run(data, packing, cache, m, resume_state=states[k - 1], n_slots=2)
+        assert_stream(got, want[k:k + m], f"resumed after batch {k}")
+        assert st["cache_misses"] == 0 and st["cache_hits"] > 0 and tokenized(st) == 0, (k, st)
+
+
+def test_partial_entries_serve_their_rows_and_merge_when_complete(tmp_path):
+    src = tmp_path / "f.parquet"
+    src.write_bytes(b"x")
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 9, size=20)
+    lengths[[3, 11]] = 0                                    # null rows
+    tokens = rng.integers(0, 300, size=int(lengths.sum()))
+    ends = np.concatenate(([0], np.cumsum(lengths)))
+    rows = lambda a, b: (lengths[a:b], tokens[ends[a]:ends[b]])  # noqa: E731
+    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
+    assert cache.load_rows(str(src), 0, 0, 5) is None
+    assert cache.store_rows(str(src), 0, 5, 12, 20, *rows(5, 12)) is False
+    assert cache.store_rows(str(src), 0, 0, 7, 20, *rows(0, 7)) is False     # overlapping
+    for a, b in ((0, 12), (2, 9), (6, 7), (5, 12)):
+        got = cache.load_rows(str(src), 0, a, b)
+        assert got is not None and got[0].tolist() == lengths[a:b].tolist(), (a, b)
+        assert got[1].tolist() == tokens[ends[a]:ends[b]].tolist() and got[1].dtype == np.uint16
+    assert cache.load_rows(str(src), 0, 10, 13) is None and cache.load(str(src), 0) is None
+    # a part renamed to other rows is never valid for them (the crc32 is seeded with its start)
+    Path(cache.part_path(str(src), 0, 5, 12)).rename(cache.part_path(str(src), 0, 6, 13))
+    assert cache.load_rows(str(src), 0, 7, 9) is None
+    Path(cache.part_path(str(src), 0, 6, 13)).rename(cache.part_path(str(src), 0, 5, 12))
+    assert cache.store_rows(str(src), 0, 12, 20, 20, *rows(12, 20)) is True   # complete: merged
+    got = cache.load(str(src), 0)
+    assert got[0].tolist() == lengths.tolist() and got[1].tolist() == tokens.tolist()
+    whole = tmp_path / "whole"
+    cachemod.TokenCache(str(whole), "fp", 300).store(str(src), 0, lengths, tokens)
+    assert Path(cache.path_of(str(src), 0)).read_bytes() == next(whole.rglob("*.tok")).read_bytes()
+    assert part_files(tmp_path / "c") == [] and not os.path.exists(cache.parts_dir(str(src), 0))
+    assert tmp_files(tmp_path / "c") == []
 
 
 # ---------------------------------------------------------------- resume across the switch

@@ -47,8 +47,11 @@ other, never together. Figures (SPEC §5):
   another checkout (DIR on PYTHONPATH), interleaved, for before/after figures in one run.
 
 - token cache (`--cache-runs`, on by default): shmloader with 1 worker and `cache_dir` set,
-  cold (an empty cache: it tokenizes and writes every row group) and warm (the cache filled
-  for the whole split first, as tools/pretokenize.py does), in the same run.
+  cold (an empty cache: it tokenizes and writes every row group), restart (a fresh loader on
+  what the cold run cached: its first epoch) and warm (the cache filled for the whole split
+  first, as tools/pretokenize.py does), in the same run. Like every row, their tokens/s count
+  from the first batch: what a restart tokenizes before it shows in "first ms" (and in the
+  JSON's `worker_tokenized`, tokens the worker tokenized instead of reading the cache).
 
 Default data: the stdlib demo corpus of `python -m shmloader.demo`, built into `--cache-dir`.
 """
@@ -131,6 +134,7 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
         workers = it.stats().get("workers") if hasattr(it, "stats") else None
         if workers:  # each worker's tokens per second of its own busy (reading + tokenizing) time
             out["worker_busy_tokens_per_s"] = statistics.fmean(w["tokens_per_s"] for w in workers)
+            out["worker_tokenized"] = sum(w.get("tokenized", 0) for w in workers)  # not from the cache
         return out
     finally:
         it.close()
@@ -261,7 +265,7 @@ def child_main(cfg: dict) -> dict:
     # a cold-cache run measures throughput only: timing first batches would fill the cache
     firsts = [first_batch_s(make) for _ in range(0 if cfg.get("cache") == "cold" else cfg["first_runs"])]
     out = {"kind": cfg["kind"], "workers": cfg.get("workers"), "packing": cfg.get("packing", "concat"),
-           "cache": cfg.get("cache"),
+           "cache": cfg.get("cache"), "label": cfg.get("label"),
            "first_batch_ms_median": statistics.median(firsts) * 1e3 if firsts else None,
            "first_batch_ms_cold": firsts[0] * 1e3 if firsts else None,
            "first_batch_ms_all": [f * 1e3 for f in firsts]}
@@ -448,23 +452,31 @@ def first_batch_report(fb: dict, c: dict) -> list[str]:
     return out
 
 
-def cache_runs(cfg: dict, data: str, tok: str) -> list:
-    """1 worker with an empty token cache, then with the cache filled for the whole split."""
+def cache_runs(cfg: dict, data: str, tok: str, compare: Path | None = None) -> list:
+    """1 worker with an empty token cache, again on what that run cached, then with the cache
+    filled for the whole split. With `compare` (another checkout), each of these rows is also
+    run with its shmloader, on a cache of its own, just before this checkout's."""
     import tempfile
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import pretokenize
 
+    checkouts = ([("before", str(compare))] if compare is not None else []) + \
+        [("this checkout" if compare is not None else None, None)]
     out = []
-    with tempfile.TemporaryDirectory(prefix="shmloader-bench-cache-") as cache_dir:
-        print("measuring shmloader with 1 worker, cold token cache (fresh process) ...", file=sys.stderr)
-        out.append(run_child(dict(cfg, kind="shmloader", workers=1, packing="concat", cache="cold",
-                                  token_cache=cache_dir)))
-        pretokenize.main(["--data", data, "--tokenizer", tok, "--cache-dir", cache_dir,
-                          "--split", cfg["split"], "--workers", "2"])
-        print("measuring shmloader with 1 worker, warm token cache (fresh process) ...", file=sys.stderr)
-        out.append(run_child(dict(cfg, kind="shmloader", workers=1, packing="concat", cache="warm",
-                                  token_cache=cache_dir)))
+    with tempfile.TemporaryDirectory(prefix="shmloader-bench-cache-") as root:
+        dirs = [os.path.join(root, str(i)) for i in range(len(checkouts))]
+        for kind, what in (("cold", "cold token cache"), ("restart", "restarted on what the cold run cached"),
+                           ("warm", "warm token cache")):
+            if kind == "warm":
+                for d in dirs:
+                    pretokenize.main(["--data", data, "--tokenizer", tok, "--cache-dir", d,
+                                      "--split", cfg["split"], "--workers", "2"])
+            for (label, pythonpath), d in zip(checkouts, dirs):
+                print(f"measuring shmloader with 1 worker, {what}{f' ({label})' if label else ''} "
+                      f"(fresh process) ...", file=sys.stderr)
+                out.append(run_child(dict(cfg, kind="shmloader", workers=1, packing="concat", cache=kind,
+                                          token_cache=d, label=label), pythonpath))
     return out
 
 
@@ -497,6 +509,7 @@ def _name(run) -> str:
         return "nanochat-style baseline"
     mode = ", best fit" if run.get("packing") == "bos_bestfit" else ""
     mode += f", {run['cache']} cache" if run.get("cache") else ""
+    mode += f" ({run['label']})" if run.get("label") else ""
     return f"shmloader, {run['workers']} worker{'s' * (run['workers'] > 1)}{mode}"
 
 
@@ -674,6 +687,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--first-batch-compare", type=Path, default=None, metavar="DIR",
                    help="also run the shmloader rows with the shmloader package under DIR (another checkout), "
                         "interleaved, for before/after figures in one run")
+    p.add_argument("--cache-compare", type=Path, default=None, metavar="DIR",
+                   help="also run the token-cache rows with the shmloader package under DIR (another "
+                        "checkout), interleaved, for before/after figures in one run")
     p.add_argument("--quick", action="store_true", help="a ~30 s run: 3 s per measurement, 40 trainer-cost batches")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # config on stdin
     args = p.parse_args(argv)
@@ -689,6 +705,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.first_batch_compare = args.first_batch_compare.resolve()
         if not (args.first_batch_compare / "shmloader" / "__init__.py").is_file():
             p.error(f"--first-batch-compare {args.first_batch_compare}: no shmloader package there")
+    if args.cache_compare is not None:
+        args.cache_compare = args.cache_compare.resolve()
+        if not (args.cache_compare / "shmloader" / "__init__.py").is_file():
+            p.error(f"--cache-compare {args.cache_compare}: no shmloader package there")
     if args.seconds <= 0 or args.cost_batches < 1:
         p.error("--seconds must be > 0 and --cost-batches >= 1")
     return args
@@ -754,7 +774,7 @@ def main(argv=None) -> int:
         rounds.append(runs)
     runs = aggregate(rounds) if args.repeat > 1 else rounds[0]
     if args.cache_runs:
-        runs += cache_runs(cfg, data, tok)
+        runs += cache_runs(cfg, data, tok, args.cache_compare)
     result["runs"], result["rounds"] = runs, args.repeat
     if args.first_batch:
         result["first_batch"] = first_batch_runs(cfg, args)
