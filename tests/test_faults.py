@@ -192,6 +192,23 @@ def _start_victim(synth, tok_pkl, workers=2, *extra):
     return proc, json.loads(box["line"])
 
 
+def _signal_mid_stream(proc, send) -> float:
+    """After a moment of batches, `send()` a signal to the trainer and wait for it to exit (its
+    group is SIGKILLed if it does not); returns when the signal was sent."""
+    try:
+        time.sleep(random.uniform(0.05, 0.3))  # mid-stream
+        assert proc.poll() is None, proc.communicate()[1]
+        send()
+        sent = time.monotonic()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    proc.stdout.close()
+    return sent
+
+
 def _stderr_once_closed(proc, seconds: float = 10.0) -> str:
     """The trainer's stderr once every process writing to it (the trainer, multiprocessing's
     forkserver and resource tracker) has exited."""
@@ -210,25 +227,12 @@ def test_trainer_killed(synth, synth_tokenizer_pkl, group, sig):
     it): its children exit, its segment goes (the coordinator unlinks it; a whole killed group
     leaves it to the next loader's sweep), and nothing is printed about leaked shared memory."""
     proc, info = _start_victim(synth, synth_tokenizer_pkl)
-    try:
-        time.sleep(random.uniform(0.05, 0.3))  # mid-stream
-        assert proc.poll() is None, proc.communicate()[1]
-        pid = info["pid"]
-        loader_pids = [info["coordinator"], *info["workers"]]
-        helpers = [p for p in info["descendants"] if p not in loader_pids]
-        assert len(info["workers"]) == 2 and set(loader_pids) <= set(info["descendants"]), info
-        assert shm_segments(pid) == [info["segment"]], info
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-        killed = time.monotonic()
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    proc.stdout.close()
+    pid = info["pid"]
+    loader_pids = [info["coordinator"], *info["workers"]]
+    helpers = [p for p in info["descendants"] if p not in loader_pids]
+    assert len(info["workers"]) == 2 and set(loader_pids) <= set(info["descendants"]), info
+    assert shm_segments(pid) == [info["segment"]], info
+    killed = _signal_mid_stream(proc, lambda: os.killpg(pid, sig) if group else os.kill(pid, sig))
     assert proc.returncode == -sig
     left = wait_gone(loader_pids)
     gone_s = time.monotonic() - killed
@@ -258,15 +262,7 @@ def test_sigterm_handled_by_the_users_handler_cleans_up(synth, synth_tokenizer_p
     """A training script that handles SIGTERM itself (sys.exit in the handler) closes its loaders
     on the way out: children gone, segment unlinked, nothing printed about leaks."""
     proc, info = _start_victim(synth, synth_tokenizer_pkl, 2, "--sigterm-exits")
-    try:
-        time.sleep(random.uniform(0.05, 0.3))
-        os.kill(info["pid"], signal.SIGTERM)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    proc.stdout.close()
+    _signal_mid_stream(proc, lambda: os.kill(info["pid"], signal.SIGTERM))
     assert proc.returncode == 0
     assert not wait_gone([info["coordinator"], *info["workers"]]), "loader processes outlived the exit"
     assert not shm_segments(info["pid"]), "the segment outlived the handled SIGTERM"
