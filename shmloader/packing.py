@@ -27,6 +27,7 @@ class _Seq:
     start: int
     cum_ends: np.ndarray  # end offset (relative to start) of each document row of the piece
     docs_before: int      # documents (non-null rows) of the pieces sequenced before this one
+    live_cum: np.ndarray  # documents (non-null rows) among the piece's rows up to each one
     placed: int = field(default=0)  # stream position up to which segments were issued
     done_sent: bool = field(default=False)
 
@@ -55,8 +56,9 @@ class ConcatSequencer:
         self._counts[index] = np.cumsum(lengths, dtype=np.int64)
         while self.next_index in self._counts:
             cum = self._counts.pop(self.next_index)
-            s = _Seq(self.next_index, self.next_start, cum, self._docs, placed=self.next_start)
-            self._docs += int(np.count_nonzero(np.diff(cum, prepend=0)))
+            live_cum = np.cumsum(np.diff(cum, prepend=0) > 0)
+            s = _Seq(self.next_index, self.next_start, cum, self._docs, live_cum, placed=self.next_start)
+            self._docs += int(live_cum[-1]) if len(live_cum) else 0
             self._seq.append(s)
             self.next_start = s.end
             self.next_index += 1
@@ -114,25 +116,25 @@ class ConcatSequencer:
     def _position_after(self, k: int):
         """Where batch k ends, noting how many documents of the run began by then (`docs_at`,
         before the pieces it needs can be pruned)."""
-        where = self.locate((k + 1) * self.window)
-        if where is not None:
-            self.docs_at[k] = self.docs_until(*where)
-        return where
-
-    def docs_until(self, index: int, row: int, skip: int) -> int:
-        """Documents of the run begun before the position (piece `index`, row, skip)."""
-        s = next(s for s in self._seq if s.index == index)
-        before = int(np.count_nonzero(np.diff(s.cum_ends[:row], prepend=0)))
-        return s.docs_before + before + (1 if skip else 0)
+        found = self._find((k + 1) * self.window)
+        if found is None:
+            return None
+        s, row, skip = found
+        self.docs_at[k] = s.docs_before + (int(s.live_cum[row - 1]) if row else 0) + (1 if skip else 0)
+        return s.index, row, skip
 
     def locate(self, pos: int) -> tuple[int, int, int] | None:
         """(piece, row, skip): token `pos` is token `skip` of row `row` of that piece."""
+        found = self._find(pos)
+        return None if found is None else (found[0].index, found[1], found[2])
+
+    def _find(self, pos: int):
         for s in self._seq:
             if s.start <= pos < s.end:
                 rel = pos - s.start
                 row = int(np.searchsorted(s.cum_ends, rel, side="right"))
                 row_start = int(s.cum_ends[row - 1]) if row else 0
-                return s.index, row, rel - row_start
+                return s, row, rel - row_start
         return None
 
     def oldest_live(self) -> int:
