@@ -328,7 +328,7 @@ def first_batch_child(cfg: dict) -> dict:
         import shmloader
         from shmloader import nanochat
 
-        opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"])
+        opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"], engine=cfg.get("engine", "auto"))
         if bestfit:
             make = lambda: nanochat.tokenizing_distributed_data_loader_bos_bestfit(  # noqa: E731
                 enc, B, T, split, buffer_size=1000, tokenizer_batch_size=128, **opts)
