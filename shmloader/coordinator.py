@@ -16,12 +16,12 @@ import numpy as np
 
 from . import ring as ringmod
 from .bestfit_seq import BestFitMode
+from .handover import FREE_POLL_S, CoordinatorEnd
 from .errors import DataError
 from .locate import CountMode
 from .packing import ConcatMode
 from .plan import iter_pieces
-from .protocol import (Batch, Counted, Error, Free, Listener, RunArgs, Skipped, Stop, Task, Warn,
-                       Written)
+from .protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Task, Warn, Written
 from .ring import SlotState, Stat
 from .sequencing import SlotMap
 from .source import ParquetSource, read_or_skip
@@ -79,35 +79,49 @@ def _pieces(cfg, run, report_bad):
 
 
 class _Coordinator:
-    def __init__(self, cfg, args: RunArgs, trainer, workers, alive, ring: ringmod.Ring):
+    def __init__(self, cfg, args: RunArgs, trainer, workers, alive, ring: ringmod.Ring, bells):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
         self.to_trainer = _Outbox(trainer)
+        ready, self.kick, header_only = bells
+        self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
         kind = CountMode if args.locate else MODES[cfg.packing]
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self._report_bad))
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [_Outbox(conn) for conn in workers]
-        self.listening = Listener([trainer, alive, *workers])
+        self.listening = Listener([trainer, alive, self.kick, *workers])
         self.docs_seen = 0
         self._unchecked = {}      # counted pieces, by index, until their turn in stream order
         self._next_checked = 0
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
-        self._handlers = {Free: self._freed, Counted: self._counted, Written: self._written,
-                          Skipped: self._row_group_skipped, Error: self.to_trainer.send,
-                          Warn: self.to_trainer.send}
+        self._handlers = {Counted: self._counted, Written: self._written,
+                          Skipped: self._row_group_skipped, Error: self.tell, Warn: self.tell}
 
     def run(self):
         self.ring.stats[Stat.EPOCH] = self.args.start.epoch
         while True:
+            for k in self.handover.freed():  # in any order
+                self.slots.release(k)
+                self.mode.freed(k)
             self._dispatch()   # plans first, so that _assign sees whether a plan starves
             self._announce()
             for msg in self.mode.messages():
-                self.to_trainer.send(msg)
+                self.tell(msg)
             self._assign()
-            for conn in self.listening.wait(WAIT_S):
+            # holding no free slot, look at the free log often (NOTE [slot handover])
+            for conn in self.listening.wait(FREE_POLL_S if self.slots.full else WAIT_S):
                 if conn is self.alive:
                     raise Stop
-                self._receive(conn)
+                if conn is self.kick:
+                    self.handover.kicked_now()
+                else:
+                    self._receive(conn)
+
+    def tell(self, msg):
+        """A message for the trainer's pipe (counted in the header first, so that the trainer
+        reads it before the batches announced after it)."""
+        self.handover.message_queued()
+        self.to_trainer.send(msg)
 
     def _receive(self, conn):
         try:
@@ -121,10 +135,6 @@ class _Coordinator:
         if handler is None:
             raise RuntimeError(f"coordinator: unknown message {msg!r}")
         handler(msg)
-
-    def _freed(self, msg: Free):  # in any order
-        self.slots.release(msg.batch)
-        self.mode.freed(msg.batch)
 
     def _counted(self, msg: Counted):
         live = self._count_stats(msg, self.skipped_rows.pop(msg.piece, 0))
@@ -166,7 +176,7 @@ class _Coordinator:
         if key not in self.bad_row_groups:
             self.bad_row_groups.add(key)
             self.ring.stats[Stat.SKIPPED_RG] = len(self.bad_row_groups)
-            self.to_trainer.send(Warn(text))
+            self.tell(Warn(text))
 
     def _assign(self):
         mode = self.mode
@@ -190,19 +200,20 @@ class _Coordinator:
                 self.ring.write_runs(slot, runs)
             self.ring.slot_states[slot] = SlotState.READY
             self.ring.stats[Stat.EPOCH] = pos[0]
-            self.to_trainer.send(Batch(k, slot, pos, docs))
+            self.handover.announce(k, slot, pos, docs)
         for stat, value in self.mode.stats():
             self.ring.stats[stat] = value
 
 
-def coordinator_main(cfg, args: RunArgs, trainer, workers, alive):
+def coordinator_main(cfg, args: RunArgs, trainer, workers, alive, bells):
+    """`bells`: the slot handover's `(ready, kick, header_only)` (handover.py)."""
     ringmod.ignore_sigint()
     attached = coordinator = None
     try:
         attached = ringmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
         if attached is None:
             return
-        coordinator = _Coordinator(cfg, args, trainer, list(workers), alive, attached.ring)
+        coordinator = _Coordinator(cfg, args, trainer, list(workers), alive, attached.ring, bells)
         coordinator.run()
     except Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)
         ringmod.unlink_orphan(args.ring_name)
@@ -211,7 +222,7 @@ def coordinator_main(cfg, args: RunArgs, trainer, workers, alive):
         if coordinator is None:
             trainer.send(report)
         else:  # through the outbox: one writer per pipe, and after what it already queued
-            coordinator.to_trainer.send(report)
+            coordinator.tell(report)
             coordinator.to_trainer.flush(timeout=ERROR_FLUSH_S)
     finally:
         if attached is not None:

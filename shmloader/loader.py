@@ -8,10 +8,10 @@ functions over it are in nanochat.py):
 - the resume state (`state.py`): built from the position the coordinator sends with each
   batch, when `state_dict()` asks.
 
-Per batch the trainer does one `recv` (the coordinator's "batch k is in slot s") and one
-`send` ("batch k may be overwritten"); it never sees token lists. Waiting for a batch is a
-`connection.wait` that costs no CPU, times out, and checks every child process's sentinel
-(while batches flow, liveness is checked twice a second). `config` is the frozen
+A ready batch is taken from the ring's header and its slot given back there, without a
+system call (NOTE [slot handover], handover.py); it never sees token lists. Waiting for a
+batch is a poll on the coordinator's doorbell and pipe that costs no CPU, times out, and
+checks every child process's sentinel (while batches flow, liveness is checked twice a second). `config` is the frozen
 `LoaderConfig`; `debug()` exposes the running parts to tests and tools.
 See NOTE [ring protocol] in docs/design.md.
 """
@@ -22,7 +22,6 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 
 import torch
 
@@ -158,8 +157,8 @@ class ShmLoader:
             if runs is None:
                 self._state = statemod.make_state(self._base_state, *pos, batch)
             else:
-                self._state = statemod.make_state(self._base_state, *pos, 0, batch, runs.tolist(),
-                                                  runs.tobytes())
+                self._state = statemod.make_state(self._base_state, *pos, batch, runs.tolist(),
+                                                  runs.tobytes())  # pos ends with skip 0
         return dict(self._state)
 
     def load_state_dict(self, state: dict):
@@ -298,30 +297,29 @@ class ShmLoader:
                 procs.shutdown()
 
     def _next_ready(self):
+        """`(k, slot, position, docs)` of the next batch. A ready one is taken from the ring's
+        header without a system call (NOTE [slot handover]); otherwise the trainer blocks on
+        the coordinator's doorbell, its pipe and every child's sentinel, with a timeout."""
         p = self._procs
         self._delivery.reclaim()
         now = time.monotonic()
-        if now >= p.next_check:  # a select() per batch is measurable; twice a second is enough
+        if now >= p.next_check:  # a poll per batch is measurable; twice a second is enough
             p.next_check = now + LIVENESS_CHECK_S
             p.check_alive()
-        while p.has_message():
-            got = p.receive()
-            if got is not None:
-                return got
+        got = p.take()
+        if got is not None:
+            return got
         started = time.monotonic()
         deadline = started + self.config.timeout
         self._delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
         while True:
             self._delivery.reclaim()  # batches let go of in another thread meanwhile
-            ready = wait([p.conn, *p.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
-            if p.conn in ready:
-                got = p.receive()
-                if got is not None:
-                    self._stats["wait_s"] += time.monotonic() - started
-                    return got
-                continue
-            if ready:
-                p.check_alive()
+            p.handover.before_blocking()
+            got = p.take()
+            if got is not None:
+                self._stats["wait_s"] += time.monotonic() - started
+                return got
+            p.wait_for_batch(timeout=min(1.0, max(deadline - time.monotonic(), 0)))
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(
                     f"no batch within {self.config.timeout:.0f} s although every loader process is alive; "

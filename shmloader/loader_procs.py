@@ -11,7 +11,6 @@ import contextlib
 import logging
 import multiprocessing
 import multiprocessing.forkserver
-import pickle
 import signal
 import sys
 import time
@@ -25,7 +24,8 @@ from multiprocessing.connection import wait
 from . import errors
 from . import ring as ringmod
 from .coordinator import coordinator_main
-from .protocol import Batch, Error, Free, Listener, Located, Progress, Warn
+from .handover import Doorbell, TrainerEnd
+from .protocol import Error, Listener, Located, Progress, Warn
 from .ring import WorkerCol
 from .worker import worker_main
 
@@ -33,6 +33,7 @@ from .worker import worker_main
 PRELOAD = ["shmloader.worker", "shmloader.coordinator", "tiktoken"]
 SHUTDOWN_S = 2.0
 ERROR_GRACE_S = 1.0
+MESSAGE_WAIT_S = 1.0
 
 
 @dataclass
@@ -46,7 +47,11 @@ class Children:
     started_at: float = field(default_factory=time.monotonic)
     files: list = field(default_factory=list)
     next_check: float = 0.0
-    _listener: Listener = None
+    ready: Doorbell = None      # the slot handover's doorbells (handover.py)
+    kick: Doorbell = None
+    handover: TrainerEnd = None
+    _watch: Listener = None     # every child's sentinel
+    _blocked: Listener = None   # what a trainer waiting for a batch waits on
 
     @property
     def procs(self) -> list:
@@ -56,11 +61,22 @@ class Children:
     def sentinels(self) -> list:
         return [p.sentinel for p in self.procs]
 
-    def receive(self):
-        """The next `protocol.Batch`, or None after a warning; raises a reported error."""
-        return self.read()
+    def take(self):
+        """The next batch `(k, slot, position, docs)` if it is announced, else None; first
+        the messages the coordinator queued before it (a warning is warned, an error raised)."""
+        while self.handover.pending_messages() > 0:
+            if not self.conn.poll(MESSAGE_WAIT_S):  # queued a moment ago; or the sender died
+                self.check_alive()
+                break
+            self.read_message()
+        return self.handover.take()
 
-    def read(self, kinds=(Batch,)):
+    def read_message(self):
+        """Read one message from the coordinator's pipe: warn a warning, raise an error."""
+        self.handover.messages_read += 1
+        self.read(())
+
+    def read(self, kinds=()):
         """The coordinator's next message of one of `kinds`; None after a warning (it is
         warned); an error it reports is raised."""
         try:
@@ -71,32 +87,33 @@ class Children:
         if isinstance(msg, kinds):
             return msg
         if isinstance(msg, Warn):
-            warnings.warn(f"shmloader: {msg.text}", stacklevel=5)
+            warnings.warn(f"shmloader: {msg.text}", stacklevel=6)
             return None
         _raise_reported(msg)
-
-    def has_message(self) -> bool:
-        """A poll(0) on the coordinator's pipe, without building a selector per call."""
-        if self._listener is None:
-            self._listener = Listener([self.conn])
-        return bool(self._listener.wait(0))
 
     def free(self, k: int, slot: int):
         """Give slot `slot` (batch k) back to the workers."""
         self.ring.slot_states[slot] = ringmod.SlotState.FREE
-        self.send(Free(k))
+        self.handover.free(k)
 
-    def send(self, msg):
-        """Plain pickle: multiprocessing's pickler copies its reducer table (which torch
-        extends) on every message, which costs more than the rest of next()."""
-        try:
-            self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
-        except OSError:
-            self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
-            raise
+    def wait_for_batch(self, timeout: float) -> bool:
+        """Block until the coordinator rings, writes to its pipe, or a child exits (True), or
+        for `timeout` s (False); reads a message, raises a death. Clears the doorbell first
+        (`TrainerEnd.before_blocking`): call `take()` between this and the wait."""
+        if self._blocked is None:
+            self._blocked = Listener([self.conn, self.ready, *self.sentinels])
+        ready = self._blocked.wait(timeout)
+        if self.conn in ready:
+            self.read_message()
+        elif any(r is not self.ready for r in ready):
+            self.check_alive()
+        return bool(ready)
 
     def check_alive(self):
-        dead = wait(self.sentinels, timeout=0)
+        """Raise if a child has exited: one poll over the sentinels, no selector built."""
+        if self._watch is None:
+            self._watch = Listener(self.sentinels)
+        dead = self._watch.wait(0)
         if dead:
             self.raise_death(dead)
 
@@ -165,8 +182,9 @@ class Children:
             if p.exitcode is not None:
                 p.close()
         self.coordinator, self.workers = None, []
-        if self.conn is not None:
-            self.conn.close()
+        for c in (self.conn, self.ready, self.kick):
+            if c is not None:
+                c.close()
         self._release_memory()
 
     def _release_memory(self):
@@ -265,9 +283,12 @@ def _spawn(kids: Children, config, cargs):
         ctx.set_forkserver_preload(PRELOAD)
     alive_r, kids.alive_w = ctx.Pipe(duplex=False)
     kids.conn, coord_end = ctx.Pipe()
+    kids.ready, kids.kick = Doorbell(), Doorbell()
+    kids.handover = TrainerEnd(kids.ring, kids.ready, kids.kick)
     pipes = [ctx.Pipe() for _ in range(config.num_workers)]
     kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
-                                   args=(config, cargs, coord_end, [a for a, _ in pipes], alive_r))
+                                   args=(config, cargs, coord_end, [a for a, _ in pipes], alive_r,
+                                         (kids.ready, kids.kick, kids.handover.header_only)))
     for i, (_, end) in enumerate(pipes):
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(config, replace(cargs, worker=i), end, alive_r)))

@@ -7,22 +7,26 @@ the lowest free slot when k's first write order goes out, and takes it back when
 the slot travels in the write orders and in the announcement. Best fit adds one *runs area*
 per slot: the buffer after batch k, as `[epoch, file, rg, row, count]` runs, written by the
 coordinator before it announces k and read by the trainer before it frees k (the buffer is too
-big to send through the pipe with every batch).
+big to send with every batch).
 
 Header words (int64): magic, layout version, n_slots, window, n_workers; the counters
-`ring.Stat`, written only by the coordinator; one `SlotState` word per slot; one status row
-per worker (`ring.WorkerCol`: pid, piece, file, row group, first document, tokens, busy
-time), written only by that worker. `SlotState` (zero is FREE, so a zeroed segment is a valid
+`ring.Stat`, written only by the coordinator; the slot handover's counters `ring.Counter`; one
+`SlotState` word per slot; one status row per worker (`ring.WorkerCol`: pid, piece, file, row
+group, first document, tokens, busy time), written only by that worker; the handover's
+announcement records and free log. `SlotState` (zero is FREE, so a zeroed segment is a valid
 ring): FREE -> FILLING (coordinator: a write order went out) -> READY (coordinator: announced)
--> IN_USE (trainer: lent or being copied) -> FREE (trainer). Slots change hands only by
-messages (no locks are shared with workers, so a killed process cannot wedge the others); the
-state words mirror the messages for `stats()` and debugging.
+-> IN_USE (trainer: lent or being copied) -> FREE (trainer). The state words mirror the
+handover for `stats()` and debugging. No lock is shared, so a killed process cannot wedge the
+others.
 
-Every message is one record below, dispatched on its type:
+Between the trainer and the coordinator, batches and frees cross through the header, and a
+ready batch costs the trainer no system call: NOTE [slot handover] (handover.py). Between the
+coordinator and the workers, and for everything else the coordinator tells the trainer, every
+message is one record below, sent through a pipe and dispatched on its type:
 
-1. Trainer -> coordinator: `Free(k)` once batch k's slot may be overwritten: on the CPU when
-   the caller has dropped the lent batch (the view's weak-reference callback, a C
-   `deque.append` that no signal can interrupt, queues it; the next `next()` sends the free;
+1. Trainer -> coordinator (free log): batch k once its slot may be overwritten: on the CPU
+   when the caller has dropped the lent batch (the view's weak-reference callback, a C
+   `deque.append` that no signal can interrupt, queues it; the next `next()` logs the free;
    right after the copy for a copied batch), on CUDA when the event recorded after the copy
    has completed. Batches come back in any order; batches below `freed + n_slots` (`freed` =
    how many came back) may be written, so at most `n_slots` hold a slot at once.
@@ -42,20 +46,20 @@ Every message is one record below, dispatched on its type:
    [(piece, row, batch_row, offset, n)])`.
 5. Worker -> coordinator: copies what it was told, replies `Written([(batch, tokens), ...])`;
    drops tokens it no longer needs.
-6. Coordinator -> trainer: when every token of batch k is written, and batches < k were
-   announced, `Batch(k, slot, position)`, the canonical position of the first token after
-   batch k (best fit: the runs go into the slot's runs area first). A count-only run
-   (`locate.py`) sends `Progress(done, total)` once a second and then `Located(position, runs,
-   tokenized, cached)`. Errors travel as `Error(kind, head, trace)` and warnings as
-   `Warn(text)`, from the workers through the coordinator, to the trainer.
+6. Coordinator -> trainer (announcement record): when every token of batch k is written, and
+   batches < k were announced, `(k, slot, position, docs)`: the canonical position of the
+   first token after batch k (best fit: the runs go into the slot's runs area first) and the
+   documents begun by then. Through the pipe: a count-only run (`locate.py`) sends
+   `Progress(done, total)` once a second and then `Located(position, runs, tokenized,
+   cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
+   the workers through the coordinator, to the trainer.
 
 The coordinator's loop never blocks in a send: every message to a worker or to the trainer
 goes through an outbox thread per peer, so the loop keeps reading all of them (a worker
-blocked sending a long piece's lengths, and a trainer away from `next()`, can never stall it
-or deadlock with it). Every wait has a timeout; all children also wait on the read end of an
-*alive pipe* whose write end only the trainer holds: EOF means the trainer closed the loader
-or died, and they exit at once (`Stop`). Records are NamedTuples: a message is pickled per
-batch, and a NamedTuple pickles as little more than its tuple.
+blocked sending a long piece's lengths can never stall it or deadlock with it). Every wait has
+a timeout; all children also wait on the read end of an *alive pipe* whose write end only
+the trainer holds: EOF means the trainer closed the loader or died, and they exit at once
+(`Stop`). Records are NamedTuples: a NamedTuple pickles as little more than its tuple.
 """
 import select
 import traceback
@@ -85,11 +89,6 @@ class RunArgs:
     tokenizer: object = None       # tokenizer.TokenizerSpec (workers)
     locate: tuple | None = None    # (shapes, batch): a count-only run that finds a position
     worker: int = -1               # this worker's index (workers)
-
-
-# trainer -> coordinator
-class Free(NamedTuple):
-    batch: int
 
 
 # coordinator -> worker
@@ -143,14 +142,7 @@ class Error(NamedTuple):
         return cls(kind, f"{who}: {type(exc).__name__}: {exc}", traceback.format_exc())
 
 
-# coordinator -> trainer
-class Batch(NamedTuple):
-    batch: int
-    slot: int
-    position: tuple                # (epoch, file, rg, doc, skip) after the batch
-    docs: int                      # documents delivered by the end of the batch (this run)
-
-
+# coordinator -> trainer (a batch's announcement is a header record: handover.py)
 class Located(NamedTuple):
     position: tuple
     runs: list
@@ -169,10 +161,12 @@ class Listener:
     microseconds several times per batch. A hung-up pipe reports ready, so its EOF is seen."""
 
     def __init__(self, conns):
+        """`conns`: objects with `fileno()`, or file descriptors (process sentinels)."""
         self._poll, self._by_fd = select.poll(), {}
         for conn in conns:
-            self._by_fd[conn.fileno()] = conn
-            self._poll.register(conn.fileno(), select.POLLIN)
+            fd = conn if isinstance(conn, int) else conn.fileno()
+            self._by_fd[fd] = conn
+            self._poll.register(fd, select.POLLIN)
 
     def wait(self, timeout: float) -> list:
         return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout * 1000)]

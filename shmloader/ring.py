@@ -22,7 +22,7 @@ import numpy as np
 SHM_DIR = "/dev/shm"
 PREFIX = "shml_"
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 ALIGN = 4096
 
 
@@ -41,6 +41,19 @@ class Stat(enum.IntEnum):
     CACHE_MISSES = 9  # pieces tokenized with a cache
 
 
+class Counter(enum.IntEnum):
+    """The slot handover's counters (`Ring.counters`; handover.py), after the stats."""
+
+    ANNOUNCED = 0     # batches announced (coordinator)
+    MESSAGES = 1      # messages queued for the trainer's pipe (coordinator)
+    FREES = 2         # frees logged (trainer)
+    FREES_SEEN = 3    # frees the coordinator has taken from the log (coordinator)
+
+
+# One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k).
+RECORD_FIELDS = ("batch", "slot", "epoch", "file", "rg", "doc", "skip", "docs")
+
+
 class WorkerCol(enum.IntEnum):
     """The columns of a worker's status row (`Ring.workers[i]`), written by worker i only."""
 
@@ -56,7 +69,7 @@ class WorkerCol(enum.IntEnum):
 
 WORKER_FIELDS = tuple(c.name.lower() for c in WorkerCol)
 STATS_FIELDS = tuple(s.name.lower() for s in Stat)
-FIXED_WORDS = 5 + len(STATS_FIELDS)
+FIXED_WORDS = 5 + len(STATS_FIELDS) + len(Counter)
 
 
 class SlotState(enum.IntEnum):
@@ -81,7 +94,8 @@ class RingLayout:
 
     @property
     def header_words(self) -> int:
-        return FIXED_WORDS + self.n_slots + self.n_workers * len(WORKER_FIELDS)
+        return (FIXED_WORDS + self.n_slots + self.n_workers * len(WORKER_FIELDS)
+                + self.n_slots * (len(RECORD_FIELDS) + 1))  # the records, then the free log
 
     @property
     def slots_offset(self) -> int:
@@ -103,15 +117,22 @@ class RingLayout:
 
 class Ring:
     """Numpy views of one segment: `header`, `stats` (written by the coordinator only),
-    `slot_states`, `workers` (row i written by worker i only) and `slots`."""
+    `counters`, `slot_states`, `workers` (row i written by worker i only), the handover's
+    `records` and `free_log` (handover.py), and `slots`."""
 
     def __init__(self, buf, layout: RingLayout, name: str):
         self.name, self.buf = name, buf
         self.layout = layout
         self.header = np.frombuffer(buf, dtype=np.int64, count=layout.header_words)
-        self.stats = self.header[5:FIXED_WORDS]
-        self.slot_states = self.header[FIXED_WORDS:FIXED_WORDS + layout.n_slots]
-        self.workers = self.header[FIXED_WORDS + layout.n_slots:].reshape(layout.n_workers, len(WORKER_FIELDS))
+        n, stats_end = layout.n_slots, 5 + len(STATS_FIELDS)
+        self.stats = self.header[5:stats_end]
+        self.counters = self.header[stats_end:FIXED_WORDS]
+        self.slot_states = self.header[FIXED_WORDS:FIXED_WORDS + n]
+        workers_end = FIXED_WORDS + n + layout.n_workers * len(WORKER_FIELDS)
+        self.workers = self.header[FIXED_WORDS + n:workers_end].reshape(layout.n_workers, len(WORKER_FIELDS))
+        records_end = workers_end + n * len(RECORD_FIELDS)
+        self.records = self.header[workers_end:records_end].reshape(n, len(RECORD_FIELDS))
+        self.free_log = self.header[records_end:records_end + n]
         n_tokens = layout.n_slots * layout.window
         self.slots = np.frombuffer(buf, dtype=np.int64, count=n_tokens,
                                    offset=layout.slots_offset).reshape(layout.n_slots, layout.window)
@@ -131,7 +152,8 @@ class Ring:
 
     def release_views(self):
         """Drop every numpy view so that the underlying buffer can be closed."""
-        self.header = self.stats = self.slot_states = self.workers = self.slots = self.runs = None
+        self.header = self.stats = self.counters = self.slot_states = self.workers = None
+        self.records = self.free_log = self.slots = self.runs = None
         self.buf = None
 
 

@@ -111,6 +111,11 @@ class SlotMap:
         self._free = list(range(n_slots))
         self._of = {}
 
+    @property
+    def full(self) -> bool:
+        """Every slot is held: nothing more can be written until the trainer frees one."""
+        return not self._free
+
     def slot_of(self, batch: int) -> int:
         """The slot batch `batch` holds (it must hold one)."""
         return self._of[batch]

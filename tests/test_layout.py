@@ -60,7 +60,8 @@ def test_dev_package_comes_from_this_checkout():
 # 0: shared definitions; 1: pure logic (no processes); 2: one child process's loop and its
 # I/O; 3: the training process; 4: the drop-in functions and entry points.
 LAYERS = {
-    "errors": 0, "config": 0, "ring": 0, "protocol": 0, "tokenizer": 0, "engine": 0, "outbuf": 0,
+    "errors": 0, "config": 0, "ring": 0, "handover": 0, "protocol": 0, "tokenizer": 0, "engine": 0,
+    "outbuf": 0,
     "plan": 1, "bestfit": 1, "sequencing": 1, "packing": 1, "bestfit_seq": 1, "locate": 1,
     "state": 1, "source": 1, "cache": 1,
     "coordinator": 2, "worker": 2,

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader import ring as ringmod
-from shmloader.ring import (ALIGN, FIXED_WORDS, LAYOUT_VERSION, MAGIC, PREFIX, SHM_DIR,
-                            STATS_FIELDS, WORKER_FIELDS, Attached, RingLayout, SlotState,
-                            creator_pid, sweep_stale)
+from shmloader.ring import (ALIGN, FIXED_WORDS, LAYOUT_VERSION, MAGIC, PREFIX, RECORD_FIELDS,
+                            SHM_DIR, STATS_FIELDS, WORKER_FIELDS, Attached, Counter, RingLayout,
+                            SlotState, creator_pid, sweep_stale)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="needs /dev/shm (Linux)")
 
@@ -35,31 +35,49 @@ def dead_pid():
 
 # ------------------------------------------------------------------ layout
 
+PER_SLOT = 1 + len(RECORD_FIELDS) + 1   # its state, its announcement record, its free-log entry
+
+
 @settings(deadline=None)
 @given(n_slots=st.integers(1, 64), window=st.integers(1, 10**6), n_workers=st.integers(0, 256))
 def test_layout_sizes_and_alignment(n_slots, window, n_workers):
     lay = RingLayout(n_slots, window, n_workers)
-    assert FIXED_WORDS == 5 + len(STATS_FIELDS)
-    assert lay.header_words == FIXED_WORDS + n_slots + n_workers * len(WORKER_FIELDS)
+    assert FIXED_WORDS == 5 + len(STATS_FIELDS) + len(Counter)
+    assert lay.header_words == FIXED_WORDS + n_slots * PER_SLOT + n_workers * len(WORKER_FIELDS)
     assert lay.slots_offset % ALIGN == 0 and ALIGN == 4096
     assert lay.header_words * 8 <= lay.slots_offset < lay.header_words * 8 + ALIGN
     assert lay.nbytes == lay.slots_offset + n_slots * window * 8
 
 
+def test_views_tile_the_header():
+    """Every header view is where the layout says, and together they cover it exactly once."""
+    lay = RingLayout(3, 5, 2)
+    ring = ringmod.Ring(bytearray(lay.nbytes), lay, "x")
+    views = [ring.header[:5], ring.stats, ring.counters, ring.slot_states, ring.workers,
+             ring.records, ring.free_log]
+    for i, v in enumerate(views):
+        v[...] = i + 1
+    assert ring.header.tolist() == [i + 1 for i, v in enumerate(views) for _ in range(v.size)]
+    assert ring.records.shape == (3, len(RECORD_FIELDS)) and ring.free_log.shape == (3,)
+
+
 def test_layout_examples():
     assert RingLayout(4, 100, 2).slots_offset == 4096
-    # a header of exactly k pages, then one word more
+    # headers that end exactly at a page boundary or one word short of it, then a worker more
     per_worker = len(WORKER_FIELDS)
     for pages in (1, 2, 5):
         words = pages * 512
-        n_slots = per_worker + (words - FIXED_WORDS) % per_worker
-        n_workers = (words - FIXED_WORDS - n_slots) // per_worker
-        assert RingLayout(n_slots, 10, n_workers).header_words == words
-        assert RingLayout(n_slots, 10, n_workers).slots_offset == pages * 4096
-        assert RingLayout(n_slots + 1, 10, n_workers).slots_offset == (pages + 1) * 4096
-    assert RingLayout(511 - FIXED_WORDS, 1, 0).slots_offset == 4096   # 511 words fit a page
-    assert RingLayout(512 - FIXED_WORDS, 1, 0).slots_offset == 4096   # 512 words exactly
-    assert RingLayout(513 - FIXED_WORDS, 1, 0).slots_offset == 8192
+        found = [(s, (words - short - FIXED_WORDS - s * PER_SLOT) // per_worker)
+                 for short in (0, 1) for s in range(1, 9)
+                 if (words - short - FIXED_WORDS - s * PER_SLOT) % per_worker == 0]
+        assert found
+        for n_slots, n_workers in found:
+            assert RingLayout(n_slots, 10, n_workers).header_words in (words, words - 1)
+            assert RingLayout(n_slots, 10, n_workers).slots_offset == pages * 4096
+            assert RingLayout(n_slots, 10, n_workers + 1).slots_offset == (pages + 1) * 4096
+    fits = (512 - FIXED_WORDS - PER_SLOT) // per_worker   # workers whose rows fit one page with 1 slot
+    assert RingLayout(1, 1, fits).slots_offset == 4096
+    assert RingLayout(1, 1, fits + 1).slots_offset == 8192
 
 
 def test_slot_state_zero_is_free():

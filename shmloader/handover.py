@@ -1,0 +1,184 @@
+"""NOTE [slot handover]: how batches and freed slots cross between the trainer and the
+coordinator through the ring's header, so that `next()` on a ready batch makes no system call.
+
+Two single-writer logs in the header (`ring.Counter`, `ring.RECORD_FIELDS`):
+
+- **Announcements** (coordinator -> trainer). For batch k the coordinator writes the record
+  `records[k % n_slots] = (k, slot, epoch, file, rg, doc, skip, docs)` and then the counter
+  `ANNOUNCED = k + 1`. The trainer takes batches in order: batch `taken` is ready when
+  `ANNOUNCED > taken`. A record is never overwritten before the trainer has read it: batch
+  k + n_slots can be written only once one of k..k+n_slots-1 was freed (at most n_slots
+  batches hold a slot), and the trainer frees a batch only after it has taken every batch
+  before it.
+- **Frees** (trainer -> coordinator). The trainer writes `free_log[i % n_slots] = k` and then
+  `FREES = i + 1`; the coordinator takes the entries from `FREES_SEEN` to `FREES` at every turn
+  of its loop and publishes `FREES_SEEN`. At most n_slots frees are ever unseen (each one holds
+  a slot the coordinator has not given again).
+
+Nobody is woken per batch. Two doorbells (eventfds, `Doorbell`) are rung only where a wait
+could otherwise last:
+
+- `ready`: the coordinator rings it after every announcement (a cheap write nobody waits on
+  while batches are ready). The trainer clears and waits on it only when no batch is ready;
+  it clears before looking at `ANNOUNCED`, so an announcement made meanwhile is never missed.
+- `kick`: the trainer rings it when it is about to block with frees the coordinator has not
+  seen, or when half the ring's slots wait in the log. Otherwise the coordinator notices frees
+  by itself: at every turn of its loop, and, while it holds no free slot, by polling every
+  `FREE_POLL_S` (then the ring is full and the trainer is the bottleneck, so the poll costs
+  what nobody waits for).
+- `MESSAGES` counts the messages the coordinator has queued for the trainer's pipe (warnings,
+  errors, a count-only run's progress): before taking a batch the trainer reads the ones
+  queued before its announcement, so a warning still comes before the batches after it.
+
+Memory order. On x86-64 (total store order) a store is seen by other cores in program order,
+and loads are not reordered with each other or with later stores, which is all this needs:
+the record before its counter, the slot's tokens (acknowledged to the coordinator through a
+pipe) before the counter, and the caller's reads of a lent batch before its free. Elsewhere
+(e.g. aarch64, where plain stores and loads may be reordered) every handover also goes
+through a system call: the coordinator's doorbell write and the trainer's read of it order the
+announcement, and only announcements the trainer has been rung for are taken; each free rings
+the kick doorbell. That costs what the pipes cost before, and is correct.
+`SHMLOADER_HANDOVER=syscall` forces that path on x86-64 (the tests run both).
+"""
+import os
+import platform
+from multiprocessing import reduction
+
+from .ring import Counter, Ring
+
+FREE_POLL_S = 0.01
+HANDOVER_ENV = "SHMLOADER_HANDOVER"
+
+
+def header_only() -> bool:
+    """Whether batches and frees may cross through the header alone (see the NOTE)."""
+    forced = os.environ.get(HANDOVER_ENV, "")
+    if forced not in ("", "header", "syscall"):
+        raise ValueError(f'{HANDOVER_ENV} must be "header" or "syscall", got {forced!r}')
+    if forced:
+        return forced == "header"
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class Doorbell:
+    """An eventfd that one process rings and another waits on (`fileno()` for poll). Ringing
+    adds to a counter and never blocks; `clear()` reads and zeroes it without blocking.
+    Pickles for a child as a duplicate of its descriptor (as a multiprocessing Connection)."""
+
+    def __init__(self, fd: int | None = None):
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if fd is None else fd
+
+    def ring(self):
+        os.eventfd_write(self.fd, 1)
+
+    def clear(self) -> int:
+        """How many rings since the last clear (0 if none)."""
+        try:
+            return os.eventfd_read(self.fd)
+        except BlockingIOError:
+            return 0
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __reduce__(self):
+        return _rebuild_doorbell, (reduction.DupFd(self.fd),)
+
+
+def _rebuild_doorbell(dup) -> Doorbell:
+    return Doorbell(dup.detach())
+
+
+class TrainerEnd:
+    """The trainer's side: `take()` the next announced batch's record, `free(k)` a batch,
+    `pending_messages()`, and `before_blocking()`."""
+
+    def __init__(self, ring: Ring, ready: Doorbell, kick: Doorbell, header_only_: bool | None = None):
+        self.ring, self.ready, self.kick = ring, ready, kick
+        self.n = ring.layout.n_slots
+        self.header_only = header_only() if header_only_ is None else header_only_
+        self.kick_at = max(1, self.n // 2)
+        self.taken = 0           # batches taken, in order
+        self.rung = 0            # announcements the ready doorbell was rung for (syscall path)
+        self.messages_read = 0
+        self.frees = 0
+
+    def take(self) -> tuple | None:
+        """`(batch, slot, position, docs)` of batch `taken` if it is announced, else None."""
+        if self.header_only:
+            if self.ring.counters[Counter.ANNOUNCED] <= self.taken:
+                return None
+        elif self.rung <= self.taken:
+            self.rung += self.ready.clear()
+            if self.rung <= self.taken:
+                return None
+        k, slot, *position, docs = self.ring.records[self.taken % self.n].tolist()
+        if k != self.taken:
+            raise RuntimeError(f"ring handover: record {self.taken % self.n} holds batch {k}, "
+                               f"expected batch {self.taken}")
+        self.taken += 1
+        return k, slot, tuple(position), docs
+
+    def pending_messages(self) -> int:
+        return int(self.ring.counters[Counter.MESSAGES]) - self.messages_read
+
+    def free(self, k: int):
+        """Log batch k's slot as free; ring the coordinator only when half the ring waits
+        (on the system-call path, for every free)."""
+        self.ring.free_log[self.frees % self.n] = k
+        self.frees += 1
+        self.ring.counters[Counter.FREES] = self.frees
+        if not self.header_only or self.frees - self.ring.counters[Counter.FREES_SEEN] >= self.kick_at:
+            self.kick.ring()
+
+    def before_blocking(self):
+        """No batch is ready: clear the ready doorbell (then look at the header again before
+        waiting on it), and ring the coordinator if it has frees it has not seen."""
+        if self.header_only:
+            self.ready.clear()
+            if self.frees > self.ring.counters[Counter.FREES_SEEN]:
+                self.kick.ring()
+
+
+class CoordinatorEnd:
+    """The coordinator's side: `freed()` the batches freed since the last call, `kicked_now()`
+    when the kick doorbell is readable, `announce()` a batch, `message_queued()` before a
+    message to the trainer goes out. On the system-call path a free is taken only once its
+    kick was read (the eventfd orders the log's entry)."""
+
+    def __init__(self, ring: Ring, ready: Doorbell, kick: Doorbell, header_only_: bool):
+        self.ring, self.ready, self.kick = ring, ready, kick
+        self.n = ring.layout.n_slots
+        self.header_only = header_only_
+        self.seen = 0
+        self.kicked = 0          # frees the trainer rang for (system-call path)
+
+    def kicked_now(self):
+        """The kick doorbell is readable: clear it (on the system-call path, count the frees
+        it was rung for; otherwise it was only a hint to look at the log)."""
+        rings = self.kick.clear()
+        if not self.header_only:
+            self.kicked += rings
+
+    def freed(self) -> list[int]:
+        logged = int(self.ring.counters[Counter.FREES]) if self.header_only else self.kicked
+        if logged == self.seen:
+            return []
+        out = [int(self.ring.free_log[i % self.n]) for i in range(self.seen, logged)]
+        self.seen = logged
+        self.ring.counters[Counter.FREES_SEEN] = logged
+        return out
+
+    def announce(self, k: int, slot: int, position: tuple, docs: int):
+        """`position`: (epoch, file, rg, doc, skip); best fit's (epoch, file, rg, doc) gets skip 0."""
+        self.ring.records[k % self.n] = (k, slot, *position, *(0,) * (5 - len(position)), docs)
+        self.ring.counters[Counter.ANNOUNCED] = k + 1
+        self.ready.ring()
+
+    def message_queued(self):
+        self.ring.counters[Counter.MESSAGES] += 1

@@ -1,0 +1,124 @@
+"""Count the system calls a trainer makes in `next()`, with strace, in a training loop's rhythm.
+
+`trace_next(...)` starts a trainer process (this module's `child`), which builds a CPU
+`ShmLoader`, takes one batch, waits until the ring holds ready batches, and then runs `n`
+steps of a training loop: `spin_ms` of busy work (a step's compute, no system call: the
+clock it spins on is read through the vDSO), then `x, y = next(loader)`. strace is attached
+to the trainer's main thread only (torch's threads are not the loader's) for those steps,
+which lie between two `getppid()` markers; every system call between the markers is counted.
+The child also reports how many of the `n` calls found no batch ready (they block, and may
+make system calls: NOTE [slot handover]).
+
+Used by tests/test_handover.py and tools/bench.py; needs `strace` (`available()`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MARKER = "getppid"
+
+
+def available() -> bool:
+    return shutil.which("strace") is not None
+
+
+def trace_next(data: str, tokenizer_pkl: str, *, B: int, T: int, n: int = 200, spin_ms: float = 5.0,
+               num_workers: int = 1, packing: str = "concat", env: dict | None = None,
+               loader_options: dict | None = None, timeout: float = 120.0) -> dict:
+    """Run the child under strace; returns `{"calls": [names...], "per_next": float, "n": n,
+    "not_ready": int, "by_name": {name: count}}`."""
+    config = {"data": data, "tokenizer": tokenizer_pkl, "B": B, "T": T, "n": n, "spin_ms": spin_ms,
+              "num_workers": num_workers, "packing": packing, "options": loader_options or {}}
+    with tempfile.TemporaryDirectory(prefix="shml_strace_") as tmp:
+        out = os.path.join(tmp, "trace.txt")
+        child = subprocess.Popen([sys.executable, "-m", "shmloader_dev.syscalls", "child", json.dumps(config)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, **(env or {})})
+        tracer = None
+        try:
+            line = child.stdout.readline().split()
+            if line[:1] != ["ready"]:
+                raise RuntimeError(f"the traced trainer did not start: {line}")
+            tracer = subprocess.Popen(["strace", "-p", line[1], "-o", out], stderr=subprocess.PIPE, text=True)
+            tracer.stderr.readline()  # "strace: Process N attached"
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            result = json.loads(child.stdout.readline())
+            child.wait(timeout)
+            tracer.wait(timeout)
+        finally:
+            for p in (child, tracer):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                    p.wait()
+        with open(out) as f:
+            calls = _between_markers(f.read().splitlines())
+    by_name = {}
+    for name in calls:
+        by_name[name] = by_name.get(name, 0) + 1
+    return {"calls": calls, "by_name": by_name, "n": n, "per_next": len(calls) / n,
+            "not_ready": result["not_ready"]}
+
+
+def _between_markers(lines: list[str]) -> list[str]:
+    names = [m.group(1) for line in lines if (m := re.match(r"(\w+)\(", line))]
+    marks = [i for i, name in enumerate(names) if name == MARKER]
+    if len(marks) < 2:
+        raise RuntimeError(f"strace saw {len(marks)} of the 2 markers")
+    return names[marks[0] + 1:marks[1]]
+
+
+def _spin(seconds: float):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def child(config: dict):
+    import shmloader
+
+    with open(config["tokenizer"], "rb") as f:
+        tokenizer = pickle.load(f)
+    loader = shmloader.ShmLoader(config["data"], tokenizer, config["B"], config["T"], packing=config["packing"],
+                                 num_workers=config["num_workers"], device="cpu", **config["options"])
+    try:
+        x, y = next(loader)
+        deadline = time.monotonic() + 60
+        while loader.stats()["ring_ready"] < loader.n_slots - 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("ready", threading.get_native_id(), flush=True)
+        sys.stdin.readline()
+        time.sleep(0.2)  # strace is attached
+        waits = []
+        os.getppid()
+        for _ in range(config["n"]):
+            _spin(config["spin_ms"] / 1e3)
+            x, y = next(loader)
+            waits.append(loader.stats()["wait_s"])
+        os.getppid()
+        not_ready = sum(1 for a, b in zip([0.0, *waits], waits) if b > a)
+        print(json.dumps({"not_ready": not_ready}), flush=True)
+    finally:
+        loader.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("role", choices=["child"])
+    p.add_argument("config")
+    args = p.parse_args()
+    child(json.loads(args.config))
+
+
+if __name__ == "__main__":
+    main()

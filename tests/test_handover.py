@@ -1,0 +1,199 @@
+"""The slot handover through the ring's header (handover.py, NOTE [slot handover]).
+
+Pure tests run both ends in one process over one ring (a bytearray) and real eventfds; a
+simulation drives a coordinator (a SlotMap, batches announced in order) and a trainer that
+frees lent batches in any order, checking every record it takes. Then, as a trainer runs
+(a step of busy work between calls, `shmloader_dev.syscalls` with strace on its main thread):
+`next()` on ready batches makes no system call, amortised, while the system-call path (the
+one for machines without x86's store order) makes at least one per batch.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shmloader.handover import CoordinatorEnd, Doorbell, TrainerEnd, header_only
+from shmloader.ring import Counter, Ring, RingLayout
+from shmloader.sequencing import SlotMap
+from shmloader_dev import syscalls
+
+
+def ends(n_slots: int, header: bool = True):
+    lay = RingLayout(n_slots, 4, 1)
+    ring = Ring(bytearray(lay.nbytes), lay, "test")
+    ready, kick = Doorbell(), Doorbell()
+    return ring, ready, kick, TrainerEnd(ring, ready, kick, header), CoordinatorEnd(ring, ready, kick, header)
+
+
+def test_doorbell_counts_rings_and_never_blocks():
+    bell = Doorbell()
+    try:
+        assert bell.clear() == 0
+        for _ in range(3):
+            bell.ring()
+        assert bell.clear() == 3 and bell.clear() == 0
+    finally:
+        bell.close()
+    bell.close()  # twice is fine
+
+
+def test_announced_batches_are_taken_in_order_with_their_records():
+    ring, ready, kick, trainer, coord = ends(3)
+    assert trainer.take() is None
+    coord.announce(0, 2, (0, 1, 2, 3, 4), 7)
+    coord.announce(1, 0, (1, 0, 0, 5), 9)  # best fit's position: skip 0
+    assert trainer.take() == (0, 2, (0, 1, 2, 3, 4), 7)
+    assert trainer.take() == (1, 0, (1, 0, 0, 5, 0), 9)
+    assert trainer.take() is None
+    assert ready.clear() == 2  # one ring per announcement
+
+
+def test_a_record_of_another_batch_is_an_error():
+    ring, ready, kick, trainer, coord = ends(2)
+    coord.announce(0, 0, (0, 0, 0, 0, 0), 1)
+    ring.records[0, 0] = 5
+    with pytest.raises(RuntimeError, match="holds batch 5, expected batch 0"):
+        trainer.take()
+
+
+def test_frees_reach_the_coordinator_in_log_order_and_kick_only_at_half_the_ring():
+    ring, ready, kick, trainer, coord = ends(8)
+    for k in (2, 0, 1):
+        trainer.free(k)
+    assert kick.clear() == 0  # 3 unseen of 8: no kick
+    trainer.free(3)
+    assert kick.clear() == 1  # 4 unseen: half the ring waits
+    assert coord.freed() == [2, 0, 1, 3] and ring.counters[Counter.FREES_SEEN] == 4
+    assert coord.freed() == []
+    trainer.free(4)
+    assert kick.clear() == 0
+
+
+def test_before_blocking_clears_the_ready_bell_and_kicks_only_for_unseen_frees():
+    ring, ready, kick, trainer, coord = ends(8)
+    ready.ring()
+    trainer.before_blocking()
+    assert ready.clear() == 0 and kick.clear() == 0
+    trainer.free(0)
+    trainer.before_blocking()
+    assert kick.clear() == 1
+    coord.freed()
+    trainer.before_blocking()
+    assert kick.clear() == 0
+
+
+def test_syscall_path_takes_only_what_the_doorbells_ordered():
+    ring, ready, kick, trainer, coord = ends(4, header=False)
+    ring.records[0] = (0, 1, 0, 0, 0, 0, 0, 3)
+    ring.counters[Counter.ANNOUNCED] = 1  # in the header, but not rung: not taken
+    assert trainer.take() is None
+    ready.ring()
+    assert trainer.take() == (0, 1, (0, 0, 0, 0, 0), 3)
+    trainer.free(0)  # every free rings
+    ring.free_log[1], ring.counters[Counter.FREES] = 7, 2  # logged, not rung: not taken
+    assert coord.freed() == []
+    coord.kicked_now()
+    assert coord.freed() == [0]
+
+
+def test_messages_are_counted():
+    ring, ready, kick, trainer, coord = ends(2)
+    coord.message_queued()
+    coord.message_queued()
+    assert trainer.pending_messages() == 2
+    trainer.messages_read += 1
+    assert trainer.pending_messages() == 1
+
+
+def test_handover_env(monkeypatch):
+    monkeypatch.setenv("SHMLOADER_HANDOVER", "syscall")
+    assert header_only() is False
+    monkeypatch.setenv("SHMLOADER_HANDOVER", "header")
+    assert header_only() is True
+    monkeypatch.setenv("SHMLOADER_HANDOVER", "fast")
+    with pytest.raises(ValueError, match="SHMLOADER_HANDOVER"):
+        header_only()
+
+
+def test_doorbell_pickles_for_a_child_as_a_duplicate():
+    import multiprocessing
+
+    bell = Doorbell()
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_ring_three_times, args=(bell,))
+    try:
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0
+        assert bell.clear() == 3
+    finally:
+        bell.close()
+
+
+def _ring_three_times(bell):
+    for _ in range(3):
+        bell.ring()
+
+
+@settings(deadline=None, max_examples=60)
+@given(n_slots=st.integers(2, 6), seed=st.integers(0, 10**6), header=st.booleans())
+def test_simulated_run_takes_every_batch_once_in_order(n_slots, seed, header):
+    """A coordinator writes batches into the slots the SlotMap gives and announces them in
+    order; a trainer takes them, holds up to n_slots - 1 (lent batches), frees them in random
+    order. Every record taken is the batch expected, in the slot the coordinator chose, and no
+    record is overwritten before it was taken."""
+    rng = random.Random(seed)
+    ring, ready, kick, trainer, coord = ends(n_slots, header)
+    slots, held, slot_of = SlotMap(n_slots), [], {}
+    written = taken = 0
+    for _ in range(400):
+        if not header:
+            coord.kicked_now()
+        for k in coord.freed():
+            slots.release(k)
+        if not slots.full and rng.random() < 0.6:
+            s = slots.take_slot(written)
+            slot_of[written] = s
+            ring.slots[s] = written
+            coord.announce(written, s, (written, 0, 0, 0, 0), written)
+            written += 1
+        if rng.random() < 0.5 and (got := trainer.take()) is not None:
+            k, s, pos, docs = got
+            assert (k, s, pos[0], docs) == (taken, slot_of[taken], taken, taken)
+            assert np.all(ring.slots[s] == k)
+            held.append(k)
+            taken += 1
+        if held and (len(held) >= n_slots - 1 or rng.random() < 0.4):
+            trainer.free(held.pop(rng.randrange(len(held))))
+    assert taken > 0
+
+
+# ------------------------------------------------------------------ as a trainer runs
+
+needs_strace = pytest.mark.skipif(not syscalls.available(), reason="needs strace")
+
+
+@needs_strace
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, packing):
+    """200 steps of 3 ms busy work, then next(): the workers keep ahead, and next() makes
+    at most 0.1 system calls per call (the liveness poll, twice a second; a kick)."""
+    r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=200, spin_ms=3,
+                            num_workers=2, packing=packing, env={"SHMLOADER_HANDOVER": "header"})
+    assert r["not_ready"] <= 5, r
+    assert r["per_next"] <= 0.1, r
+
+
+@needs_strace
+def test_the_syscall_path_is_counted(synth, synth_tokenizer_pkl):
+    """The instrument sees system calls when next() makes them: on the path for machines
+    without x86's store order, every batch's free rings the coordinator."""
+    r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=100, spin_ms=3,
+                            num_workers=2, env={"SHMLOADER_HANDOVER": "syscall"})
+    assert r["per_next"] >= 1.0, r
+    assert r["by_name"].get("write", 0) >= 95, r
+
