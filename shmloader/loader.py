@@ -109,6 +109,8 @@ class ShmLoader:
                                          statemod.file_list(self.files, sizes), self.rank,
                                          self.world_size, B, T, self.config.bestfit, self.config.other_rank)
         self._procs, self._delivery, self._closed = None, None, False
+        # inputs and targets in the window: concat's overlap by all but a token, best fit's follow each other
+        self._shape, self._strides, self._y_at = (B, T), (T, 1), B * T if self.config.bestfit else 1
         # documents delivered: by runs that ended (load_state_dict), and by the current run
         self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0}
         self._begin(statemod.start(self._identity))
@@ -143,10 +145,8 @@ class ShmLoader:
         if self.config.log_every and self._stats["batches"] % self.config.log_every == 0:
             self._log()
         self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
-        B, T = self.config.B, self.config.T
-        if self.config.bestfit:
-            return window[:B * T].view(B, T), window[B * T:].view(B, T)
-        return window[:-1].view(B, T), window[1:].view(B, T)
+        # one strided view each (a slice and a view would be two torch calls each)
+        return window.as_strided(self._shape, self._strides, 0), window.as_strided(self._shape, self._strides, self._y_at)
 
     def state_dict(self) -> dict:
         """The state that resumes after the last batch yielded (JSON-serialisable; SPEC §3).

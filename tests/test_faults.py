@@ -66,6 +66,14 @@ def next_until_error(loader, limit_s=DETECT_S, max_batches=100_000):
     pytest.fail(f"no error after {n} batches")
 
 
+@pytest.fixture(params=["header", "syscall"])
+def handover(request, monkeypatch):
+    """Both paths of NOTE [slot handover]: through the header alone, and through system calls
+    (the path for machines without x86-64's store order)."""
+    monkeypatch.setenv("SHMLOADER_HANDOVER", request.param)
+    return request.param
+
+
 # ---------------------------------------------------------------- an exception in a worker
 
 WORDS = 7  # tokens per document (without BOS)
@@ -126,13 +134,14 @@ KILL_CASES = [("worker", signal.SIGKILL, 1), ("worker", signal.SIGSEGV, 2), ("wo
 
 @pytest.mark.parametrize("who,sig,seed", KILL_CASES,
                          ids=[f"{w}-{s.name}-{n}" for w, s, n in KILL_CASES])
-def test_child_killed_at_random_moment(synth, who, sig, seed):
+def test_child_killed_at_random_moment(synth, who, sig, seed, handover):
     rng = random.Random(seed)
     n_workers = 3
     at_batch = rng.randrange(1, 80)
     victim = rng.randrange(n_workers)
     delay = rng.uniform(0, 0.05)
-    info = f"(seed {seed}: {who} {victim if who == 'worker' else ''} after batch {at_batch} + {delay:.3f} s)"
+    info = (f"(seed {seed}: {who} {victim if who == 'worker' else ''} after batch {at_batch} + {delay:.3f} s, "
+            f"{handover} handover)")
     with synth.loader(2, 32, "val", num_workers=n_workers, timeout=30) as loader:
         for _ in range(at_batch):
             next(loader)
@@ -154,7 +163,7 @@ def test_child_killed_at_random_moment(synth, who, sig, seed):
 
 
 @pytest.mark.parametrize("who", ["worker", "coordinator"])
-def test_child_frozen_is_a_timeout_not_a_hang(synth, who):
+def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover):
     """A child that is alive but makes no progress (SIGSTOP): next() raises LoaderTimeout
     after `timeout=` seconds, naming the workers; close() still stops everything."""
     with synth.loader(2, 32, "val", num_workers=2, timeout=2.0) as loader:

@@ -20,6 +20,7 @@ from shmloader.handover import CoordinatorEnd, Doorbell, TrainerEnd, header_only
 from shmloader.ring import Counter, Ring, RingLayout
 from shmloader.sequencing import SlotMap
 from shmloader_dev import syscalls
+from conftest import window_of
 
 
 def ends(n_slots: int, header: bool = True):
@@ -174,15 +175,39 @@ def test_simulated_run_takes_every_batch_once_in_order(n_slots, seed, header):
 
 # ------------------------------------------------------------------ as a trainer runs
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_syscall_path_gives_the_same_stream(synth, monkeypatch, workers):
+    """Concat through the system-call path equals the oracle, over more than an epoch."""
+    B, T, n = 2, 32, 400
+    expected, _ = synth.expected(n, B, T, "train")
+    monkeypatch.setenv("SHMLOADER_HANDOVER", "syscall")
+    with synth.loader(B, T, "train", num_workers=workers, n_slots=3) as loader:
+        for k, want in enumerate(expected):
+            assert np.array_equal(window_of(*next(loader)), want), f"batch {k}"
+
+
+def test_syscall_path_best_fit_equals_the_header_path(synth, monkeypatch):
+    def run(path):
+        monkeypatch.setenv("SHMLOADER_HANDOVER", path)
+        with synth.loader(2, 32, "train", packing="bos_bestfit", num_workers=2) as loader:
+            out = [np.concatenate([x.reshape(-1).numpy(), y.reshape(-1).numpy()]) for x, y in
+                   (next(loader) for _ in range(150))]
+            return out, loader.state_dict()
+    a, state_a = run("header")
+    b, state_b = run("syscall")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and state_a == state_b
+
+
 needs_strace = pytest.mark.skipif(not syscalls.available(), reason="needs strace")
 
 
 @needs_strace
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, packing):
-    """200 steps of 3 ms busy work, then next(): the workers keep ahead, and next() makes
-    at most 0.1 system calls per call (the liveness poll, twice a second; a kick)."""
-    r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=200, spin_ms=3,
+    """150 steps of 10 ms busy work (a training step), then next(): the workers keep ahead,
+    and next() makes at most 0.1 system calls per call (the liveness poll, twice a second;
+    a kick when half the ring waits for the coordinator to notice its frees)."""
+    r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=150, spin_ms=10,
                             num_workers=2, packing=packing, env={"SHMLOADER_HANDOVER": "header"})
     assert r["not_ready"] <= 5, r
     assert r["per_next"] <= 0.1, r
