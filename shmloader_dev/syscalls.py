@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import re
 import shutil
 import subprocess
@@ -87,9 +86,7 @@ def _spin(seconds: float):
 def child(config: dict):
     import shmloader
 
-    with open(config["tokenizer"], "rb") as f:
-        tokenizer = pickle.load(f)
-    loader = shmloader.ShmLoader(config["data"], tokenizer, config["B"], config["T"], packing=config["packing"],
+    loader = shmloader.ShmLoader(config["data"], config["tokenizer"], config["B"], config["T"], packing=config["packing"],
                                  num_workers=config["num_workers"], device="cpu", **config["options"])
     try:
         x, y = next(loader)

@@ -26,6 +26,11 @@ other, never together. Figures (SPEC §5):
   cost of one small torch op (a view) under the same sleeps: on this kind of virtual machine
   the first work after a sleep pays a large warm-up penalty (cache and TLB refills), which
   the "floor" column shows and which has nothing to do with the loader.
+- system calls per `next()` (`--syscall-batches`, needs strace): a trainer process runs
+  that many steps of `--syscall-step-ms` of busy work (a training step's compute, no system
+  call) then `next()`, with strace attached to its main thread for those steps
+  (`shmloader_dev.syscalls`), per packing, with the largest `--workers` count; also how many
+  of those calls found no batch ready (they block, which takes system calls).
 - RSS: the trainer's peak (ru_maxrss) and the largest worker's peak (VmHWM in /proc).
 - raw rates: single-thread tiktoken `encode_to_numpy(text, disallowed_special=())` and
   `encode_ordinary(text)`, and the loaders' engine (`--engine`, default auto: fastokens when
@@ -144,9 +149,11 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
         it.close()
 
 
-def trainer_cost(make, n_batches: int, sleep_s: float, desc: str) -> dict:
+def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int) -> dict:
     """CPU time of `next()` alone on ready batches: back to back on a full ring, and with
-    the consumer sleeping between calls (next to a trivial torch op's cost under the same sleeps)."""
+    the consumer sleeping between calls, next to the floor under the same sleeps: a bare
+    `torch.from_numpy(window[:-1]).view(B, T)` of a (B*T+1)-token window."""
+    import numpy as np
     import torch
 
     it = make(n_slots=n_batches + 1)
@@ -162,11 +169,11 @@ def trainer_cost(make, n_batches: int, sleep_s: float, desc: str) -> dict:
             next(it)
             back_to_back.append(_cpu() - c0)
         slept, floor, not_ready = [], [], 0
-        probe = torch.empty(16)
+        probe = np.zeros(B * T + 1, dtype=np.int64)
         for _ in _bar(desc, range(n_batches)):
             time.sleep(sleep_s)
             c0 = _cpu()
-            probe[:-1].view(15)
+            torch.from_numpy(probe[:-1]).view(B, T)
             floor.append(_cpu() - c0)
             time.sleep(sleep_s)
             waited = it.stats()["wait_s"] if hasattr(it, "stats") else None
@@ -284,7 +291,7 @@ def child_main(cfg: dict) -> dict:
            "first_batch_ms_all": [f * 1e3 for f in firsts]}
     out.update(throughput(make, cfg["seconds"], window, f"{label} throughput", bestfit,
                           first_epoch_only=cfg.get("cache") == "cold"))
-    out.update(trainer_cost(make, cfg["cost_batches"], cfg["cost_sleep_ms"] / 1e3, f"{label} trainer cost"))
+    out.update(trainer_cost(make, cfg["cost_batches"], cfg["cost_sleep_ms"] / 1e3, f"{label} trainer cost", B, T))
     out["trainer_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
@@ -547,6 +554,24 @@ def aggregate(rounds: list) -> list:
     return out
 
 
+def syscall_runs(cfg: dict, args) -> list[dict]:
+    """System calls per `next()` in a trainer's rhythm, per packing (shmloader_dev.syscalls)."""
+    from shmloader_dev import syscalls
+
+    if not syscalls.available():
+        return [{"error": "not measured: strace is not installed"}]
+    out = []
+    for packing in args.packings:
+        workers = max(args.workers)
+        print(f"counting system calls per next(), {packing}, {workers} workers (strace) ...", file=sys.stderr)
+        r = syscalls.trace_next(cfg["data"], cfg["tokenizer"], B=cfg["B"], T=cfg["T"], n=args.syscall_batches,
+                                spin_ms=args.syscall_step_ms, num_workers=workers, packing=packing,
+                                loader_options={"engine": cfg["engine"]})
+        r.pop("calls")
+        out.append(dict(r, packing=packing, workers=workers, step_ms=args.syscall_step_ms))
+    return out
+
+
 def report(result: dict) -> str:
     c = result["config"]
     if "runs" not in result:  # --first-batch-only
@@ -597,13 +622,23 @@ def report(result: dict) -> str:
                 for r in runs[1:] if r.get("vs_base_rounds")]
     out += ["", f"trainer cost at B={c['B']}, T={c['T']}, device cpu: CPU time of next() alone on ready "
                 f"batches ({c['cost_batches']} calls): back to back on a full ring | after "
-                f"{c['cost_sleep_ms']:g} ms sleeps | floor: one torch view after the same sleeps"]
+                f"{c['cost_sleep_ms']:g} ms sleeps | floor: torch.from_numpy(window[:-1]).view(B, T) after "
+                f"the same sleeps"]
     for r in runs:
         ready = "" if r["cost_not_ready"] is None else \
             f"; {r['cost_batches'] - r['cost_not_ready']}/{r['cost_batches']} ready after sleeps"
         out.append(f"  {_name(r)}: {r['trainer_cpu_us_per_next']:,.1f} us (median "
                    f"{r['trainer_cpu_us_per_next_median']:,.1f}) | {r['trainer_cpu_us_per_next_after_sleep']:,.1f} us"
-                   f" | floor {r['after_sleep_floor_us']:,.1f} us{ready}")
+                   f" | floor {r['after_sleep_floor_us']:,.1f} us"
+                   f" ({r['trainer_cpu_us_per_next_after_sleep'] / r['after_sleep_floor_us']:.2f}x){ready}")
+    for r in result.get("syscalls") or []:
+        if "error" in r:
+            out.append(f"system calls per next(): {r['error']}")
+            continue
+        names = ", ".join(f"{n} {k}" for k, n in sorted(r["by_name"].items())) or "none"
+        out.append(f"system calls per next(), {r['packing']}, {r['workers']} workers, {r['n']} steps of "
+                   f"{r['step_ms']:g} ms busy work then next() (strace on the trainer's main thread): "
+                   f"{r['per_next']:.3f} ({names}); {r['not_ready']} of {r['n']} calls found no batch ready")
     out += ["", "targets:"] + _targets(result, rate)
     if result.get("first_batch"):
         out += first_batch_report(result["first_batch"], c)
@@ -649,6 +684,16 @@ def _targets(result: dict, rate: float) -> list[str]:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in effs)
         lines.append(f"  >= {efficiency:.0%} per-worker efficiency (workers <= cores): {text}, "
                      f"{met(all(e >= efficiency for _, e in effs))}")
+    calls = [r for r in result.get("syscalls") or [] if "per_next" in r]
+    if calls:
+        text = ", ".join(f"{r['packing']} {r['per_next']:.3f}" for r in calls)
+        lines.append(f"  <= 0.1 system calls per next() with ready batches (amortised, strace): {text}, "
+                     f"{met(all(r['per_next'] <= 0.1 for r in calls))}")
+    slept = [(r, r["trainer_cpu_us_per_next_after_sleep"] / r["after_sleep_floor_us"]) for r in shm]
+    if slept:
+        text = ", ".join(f"{r['workers']}w {x:.2f}x" for r, x in slept)
+        lines.append(f"  next() CPU within 2x of a bare torch.from_numpy(...).view(B, T) after the same "
+                     f"{c['cost_sleep_ms']:g} ms pause: {text}, {met(all(x <= 2 for _, x in slept))}")
     worst = max(r["trainer_cpu_us_per_next"] for r in shm) if shm else None
     if worst is not None:
         at = "" if (c["B"], c["T"]) == TARGET_BT else \
@@ -679,6 +724,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="batches in the trainer-cost measurement (batches; default 100, 40 with --quick)")
     p.add_argument("--cost-sleep-ms", type=float, default=20.0,
                    help="consumer sleep between next() calls in the trainer-cost measurement (ms; default 20)")
+    p.add_argument("--syscall-batches", type=int, default=200,
+                   help="steps in the system-call count (0: skip it; needs strace; default 200)")
+    p.add_argument("--syscall-step-ms", type=float, default=10.0,
+                   help="busy work per step before each next() in the system-call count (ms; default 10)")
     p.add_argument("--data", default=None,
                    help="directory (or glob) of parquet shards (default: build the stdlib demo corpus in --cache-dir)")
     p.add_argument("--tokenizer", default=None,
@@ -803,6 +852,8 @@ def main(argv=None) -> int:
     if args.cache_runs:
         runs += cache_runs(cfg, data, tok, args.cache_compare)
     result["runs"], result["rounds"] = runs, args.repeat
+    if args.syscall_batches > 0:
+        result["syscalls"] = syscall_runs(cfg, args)
     if args.first_batch:
         result["first_batch"] = first_batch_runs(cfg, args)
     if args.json is not None:  # first: a report that fails must not lose the measurements
