@@ -16,7 +16,7 @@ import numpy as np
 
 from . import ring as ringmod
 from .bestfit_seq import BestFitMode
-from .handover import FREE_POLL_S, CoordinatorEnd
+from .handover import CoordinatorEnd
 from .errors import DataError
 from .locate import CountMode
 from .packing import ConcatMode
@@ -109,7 +109,10 @@ class _Coordinator:
                 self.tell(msg)
             self._assign()
             # holding no free slot, look at the free log often (NOTE [slot handover])
-            for conn in self.listening.wait(FREE_POLL_S if self.slots.full else WAIT_S):
+            ready = self.listening.wait(self.handover.wait_s(self.slots.full, WAIT_S))
+            if not ready:
+                self.handover.timed_out()
+            for conn in ready:
                 if conn is self.alive:
                     raise Stop
                 if conn is self.kick:

@@ -25,7 +25,9 @@ could otherwise last:
   seen, or when half the ring's slots wait in the log. Otherwise the coordinator notices frees
   by itself: at every turn of its loop, and, while it holds no free slot, by polling every
   `FREE_POLL_S` (then the ring is full and the trainer is the bottleneck, so the poll costs
-  what nobody waits for).
+  what nobody waits for); each poll that finds nothing doubles the interval (up to the
+  loop's usual wait), so a trainer away for minutes (an evaluation) costs a few wake-ups a
+  second, and the half-ring kick still reaches the coordinator at once when it is back.
 - `MESSAGES` counts the messages the coordinator has queued for the trainer's pipe (warnings,
   errors, a count-only run's progress): before taking a batch the trainer reads the ones
   queued before its announcement, so a warning still comes before the batches after it.
@@ -157,6 +159,16 @@ class CoordinatorEnd:
         self.header_only = header_only_
         self.seen = 0
         self.kicked = 0          # frees the trainer rang for (system-call path)
+        self.poll_s = FREE_POLL_S
+
+    def wait_s(self, slots_full: bool, idle_s: float) -> float:
+        """How long the loop may wait for its pipes: `idle_s`, or while every slot is held,
+        the free-log poll interval."""
+        return min(self.poll_s, idle_s) if slots_full else idle_s
+
+    def timed_out(self):
+        """A wait ended with nothing to read: poll the free log half as often."""
+        self.poll_s *= 2
 
     def kicked_now(self):
         """The kick doorbell is readable: clear it (on the system-call path, count the frees
@@ -170,7 +182,7 @@ class CoordinatorEnd:
         if logged == self.seen:
             return []
         out = [int(self.ring.free_log[i % self.n]) for i in range(self.seen, logged)]
-        self.seen = logged
+        self.seen, self.poll_s = logged, FREE_POLL_S
         self.ring.counters[Counter.FREES_SEEN] = logged
         return out
 

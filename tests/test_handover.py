@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.handover import CoordinatorEnd, Doorbell, TrainerEnd, header_only
+from shmloader.handover import FREE_POLL_S, CoordinatorEnd, Doorbell, TrainerEnd, header_only
 from shmloader.ring import Counter, Ring, RingLayout
 from shmloader.sequencing import SlotMap
 from shmloader_dev import syscalls
@@ -72,6 +72,20 @@ def test_frees_reach_the_coordinator_in_log_order_and_kick_only_at_half_the_ring
     assert coord.freed() == []
     trainer.free(4)
     assert kick.clear() == 0
+
+
+def test_the_free_poll_backs_off_while_nothing_is_freed():
+    ring, ready, kick, trainer, coord = ends(4)
+    assert coord.wait_s(False, 1.0) == 1.0  # a free slot: no polling
+    assert coord.wait_s(True, 1.0) == FREE_POLL_S
+    for _ in range(3):
+        coord.timed_out()
+    assert coord.wait_s(True, 1.0) == 8 * FREE_POLL_S
+    for _ in range(10):
+        coord.timed_out()
+    assert coord.wait_s(True, 1.0) == 1.0  # never longer than the loop's usual wait
+    trainer.free(0)
+    assert coord.freed() == [0] and coord.wait_s(True, 1.0) == FREE_POLL_S
 
 
 def test_before_blocking_clears_the_ready_bell_and_kicks_only_for_unseen_frees():
