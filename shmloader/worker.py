@@ -42,6 +42,7 @@ class _Ctx:
     ring: ringmod.Ring
     tasks: deque
     held: dict
+    ordered: bool = False  # a write order came: the first batch is planned
 
 
 def worker_main(cfg: LoaderConfig, args: RunArgs, conn, alive):
@@ -67,13 +68,9 @@ def worker_main(cfg: LoaderConfig, args: RunArgs, conn, alive):
 
 def _loop(ctx: _Ctx):
     spec = ctx.args.tokenizer
-    encoder = enginemod.build(spec, ctx.cfg.engine)
-    if encoder.note:
-        ctx.conn.send(Warn(f"worker {ctx.args.worker}: {encoder.note}"))
-    if encoder.threads is not None and encoder.threads > 1:
-        ctx.conn.send(Warn(f"worker {ctx.args.worker}: the {encoder.name} engine started "
-                           f"{encoder.threads} threads, not 1"))
-    encode = _Encode(encoder)
+    # the definition encodes until the fast engine, built once it pays, takes over
+    encode = enginemod.Engines(spec, ctx.cfg.engine,
+                               lambda text: ctx.conn.send(Warn(f"worker {ctx.args.worker}: {text}")))
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
     source = ParquetSource(ctx.args.files, fs)
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
@@ -85,8 +82,11 @@ def _loop(ctx: _Ctx):
             row[WorkerCol.PIECE:WorkerCol.DOC + 1] = (piece.index, piece.file, piece.rg, piece.doc_start)
             began = time.perf_counter()
             tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
+            busy = time.perf_counter() - began
             row[WorkerCol.TOKENS] += len(tokens)
-            row[WorkerCol.BUSY_US] += int((time.perf_counter() - began) * 1e6)
+            row[WorkerCol.BUSY_US] += int(busy * 1e6)
+            if not hit and (ctx.ordered or keep is None):  # after the first batch, or counting only
+                encode.worked(busy)
             ctx.tasks.popleft()
             held = KEEP[keep](tokens, lengths)
             if held is not None:
@@ -116,6 +116,7 @@ def _handle(ctx: _Ctx, msg):
     write = WRITERS.get(type(msg))
     if write is None:
         raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
+    ctx.ordered = True
     counts = write(ctx, msg)
     if counts:
         ctx.conn.send(Written(counts))
@@ -156,15 +157,6 @@ def _write_rows(ctx: _Ctx, order: Rows) -> list:
 
 
 WRITERS = {Place: _place, Rows: _write_rows}
-
-
-class _Encode:
-    """The worker's encoder and, when it is not the definition itself, the check against the
-    definition (engine.Check)."""
-
-    def __init__(self, encoder):
-        self.encode = encoder.encode
-        self.check = enginemod.Check(encoder) if encoder.reference is not None else None
 
 
 class _Docs(list):
@@ -229,13 +221,10 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     bos = np.array([spec.bos], dtype=spec.dtype)
     parts = []
     due = time.perf_counter() + SERVICE_EVERY_S
-    check = encode.check
     for i, text in enumerate(texts):
         if text is not None:
-            ids = encode.encode(text)
-            if check is not None:
-                check(text, ids, lambda: f"{ctx.args.files[piece.file]}, row group {piece.rg}, "
-                                         f"document row {piece.doc_start + i}")
+            ids = encode.encode(text, lambda: f"{ctx.args.files[piece.file]}, row group {piece.rg}, "
+                                              f"document row {piece.doc_start + i}")
             parts.append(bos)
             parts.append(ids)
             lengths[i] = len(ids) + 1
