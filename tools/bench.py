@@ -496,9 +496,15 @@ def cache_runs(cfg: dict, data: str, tok: str, compare: Path | None = None) -> l
 
 
 def run_child(cfg: dict, pythonpath: str | None = None) -> dict:
-    env = None
+    """One measurement in a fresh process; `pythonpath` (another checkout) goes first on its path.
+    PYTHONSAFEPATH: the loader's workers come from multiprocessing's forkserver, a `python -c`
+    that puts the current directory first on its path (3.11 ignores the sys_path it is given),
+    so run from a checkout they imported that checkout's shmloader whatever the child did (the
+    rows of --first-batch-compare and --cache-compare then timed the same workers). Python 3.10
+    has no PYTHONSAFEPATH: compare from a directory that holds no shmloader package."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
     if pythonpath is not None:  # another checkout's shmloader first
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")])))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], input=json.dumps(cfg),
                           stdout=subprocess.PIPE, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
