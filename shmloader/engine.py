@@ -64,6 +64,18 @@ class Encoder:
     definition: str = ""          # what `reference` is: "tiktoken" or "tokenizers"
     threads: int | None = None    # threads the engine started (fastokens), counted in /proc
     note: str | None = None       # why "auto" fell back to the definition, for a warning
+    batch: object = None          # texts -> (ids, offsets) in one call (fastokens), else None
+
+    def encode_batch(self, texts: list) -> tuple:
+        """(ids, offsets) of non-null `texts`: their ids end to end, text j's at
+        `ids[offsets[j]:offsets[j + 1]]`. fastokens encodes them in one call (no Python per
+        document, and its per-call cost paid once); the others one by one."""
+        if self.batch is not None:
+            return self.batch(texts)
+        parts = [self.encode(text) for text in texts]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(ids) for ids in parts], out=offsets[1:])
+        return np.concatenate(parts), offsets
 
 
 def available(engine: str) -> None:
@@ -118,14 +130,14 @@ def _fast(spec, engine: str, definition: Encoder) -> Encoder:
         return definition
     before = _threads()
     try:
-        fast = _fastokens(fastokens, spec)
+        fast, batch = _fastokens(fastokens, spec)
         fast("warm up 0123, the engine's threads " * 1000)  # long enough to start its pool
     except Exception as exc:  # noqa: BLE001 - "auto" falls back, with a warning
         if engine == "fastokens":
             raise
         return Encoder(base, definition.encode, note=f"fastokens could not be built for this tokenizer "
                                                      f"({type(exc).__name__}: {exc}); using {base}")
-    return Encoder("fastokens", fast, definition.encode, base, threads=_threads() - before)
+    return Encoder("fastokens", fast, definition.encode, base, threads=_threads() - before, batch=batch)
 
 
 def _fastokens(fastokens, spec):
@@ -144,7 +156,11 @@ def _fastokens(fastokens, spec):
 
     def encode(text):
         return np.frombuffer(flat([text], split_special_tokens=True)[0], dtype=np.uint32)
-    return encode
+
+    def batch(texts):
+        ids, offsets = flat(texts, split_special_tokens=True)
+        return np.frombuffer(ids, dtype=np.uint32), np.frombuffer(offsets, dtype=np.uint64).view(np.int64)
+    return encode, batch
 
 
 def _threads() -> int:
@@ -166,11 +182,27 @@ class Check:
         self.seen, self.checked = 0, 0
 
     def __call__(self, text: str, ids, where) -> None:
-        """`where()` names the document (called only on a mismatch)."""
+        """One document; `where()` names it (called only on a mismatch)."""
         n = self.seen
         self.seen += 1
-        if n >= self.start and (n - self.start) % self.every != self.every - 1:
-            return
+        if n < self.start or (n - self.start) % self.every == self.every - 1:
+            self._compare(text, ids, where, n)
+
+    def batch(self, texts: list, ids, offsets, where) -> None:
+        """Documents encoded together (`Encoder.encode_batch`); `where(j)` names text j."""
+        n = self.seen
+        self.seen += len(texts)
+        for j in self._due(n, len(texts)):
+            self._compare(texts[j], ids[offsets[j]:offsets[j + 1]], lambda: where(j), n + j)
+
+    def _due(self, n: int, k: int) -> list:
+        """Which of the documents counted n .. n + k - 1 are compared, as offsets from n."""
+        due = list(range(min(max(self.start - n, 0), k)))
+        first = max(n, self.start)
+        first += (self.every - 1 - (first - self.start)) % self.every
+        return due + list(range(first - n, k, self.every))
+
+    def _compare(self, text: str, ids, where, n: int) -> None:
         self.checked += 1
         ref = np.asarray(self.encoder.reference(text))
         ids = np.asarray(ids)
@@ -277,12 +309,27 @@ class Engines:
             self.encoder, self.check = fast, Check(fast)
 
     def encode(self, text: str, where):
-        """The ids of one non-null document (no BOS), by the engine in use, checked when it
-        is not the definition; `where()` names the document (called only on a mismatch)."""
+        """The ids of one non-null document (no BOS): `encode_batch` of one."""
+        return self.encode_batch([text], lambda j: where())[0]
+
+    def encode_batch(self, texts: list, where) -> tuple:
+        """(ids, offsets) of non-null `texts` (`Encoder.encode_batch`; no BOS) by the engine in
+        use, checked when it is not the definition; `where(j)` names text j (called only on a
+        mismatch). The fast engine takes over between two calls (under the test knob, exactly
+        at its document: the call is split there)."""
         if self._thread is not None:
+            cut = self._at - self.docs if self._at is not None else 0
+            if 0 < cut < len(texts):
+                return _joined(self.encode_batch(texts[:cut], where),
+                               self.encode_batch(texts[cut:], lambda j: where(cut + j)))
             self.poll()
-        ids = self.encoder.encode(text)
+        ids, offsets = self.encoder.encode_batch(texts)
         if self.check is not None:
-            self.check(text, ids, where)
-        self.docs += 1
-        return ids
+            self.check.batch(texts, ids, offsets, where)
+        self.docs += len(texts)
+        return ids, offsets
+
+
+def _joined(a: tuple, b: tuple) -> tuple:
+    """Two (ids, offsets) results as one."""
+    return np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1][1:] + a[1][-1]])

@@ -196,6 +196,43 @@ def test_check_counts_start_then_one_in_every():
     assert check.checked == 8
 
 
+@pytest.mark.parametrize("start,every", [(4, 8), (64, 256), (0, 1), (3, 5)])
+def test_check_in_batches_compares_what_one_by_one_compares(start, every):
+    """Documents encoded together (a worker's chunks, of any size) are sampled exactly as
+    one by one; `where(j)` names the j-th of its batch."""
+    texts = [str(i) for i in range(700)]
+    single, batched = [], []
+    for seen, check in ((single, None), (batched, None)):
+        encoder = enginemod.Encoder("fake", None, lambda t, seen=seen: seen.append(t) or np.array([int(t)]))
+        checker = enginemod.Check(encoder, start=start, every=every)
+        if seen is single:
+            for t in texts:
+                checker(t, np.array([int(t)]), lambda: "nowhere")
+        else:
+            rng, i = random.Random(start * 1000 + every), 0
+            while i < len(texts):
+                k = rng.randint(1, 40)
+                chunk = texts[i:i + k]
+                checker.batch(chunk, np.array([int(t) for t in chunk]), np.arange(len(chunk) + 1), lambda j: "nowhere")
+                i += k
+    assert batched == single and len(single) > 0
+    encoder = enginemod.Encoder("fake", None, lambda t: np.array([0]), "tiktoken")
+    ids = np.zeros(10, dtype=np.uint32)
+    ids[7] = 1
+    with pytest.raises(enginemod.EngineMismatch, match="document 7 of the batch"):
+        enginemod.Check(encoder, start=100, every=1).batch(texts[:10], ids, np.arange(11),
+                                                            lambda j: f"document {j} of the batch")
+
+
+def test_worker_chunks_cut_at_about_chunk_chars():
+    from shmloader.worker import _chunks
+
+    texts = ["a" * 10, None, "b" * 25, "c" * 100, "", "d" * 5, None, "e" * 30]
+    got = list(_chunks(texts, 30))
+    assert got == [(0, 3), (3, 4), (4, 8)]  # 35 characters, a long one alone, the rest (35)
+    assert list(_chunks([None, None], 30)) == [(0, 2)] and list(_chunks([], 30)) == []
+
+
 def _take_over(engines, deadline_s=30.0):
     """Poll (as a worker does between documents) until the fast engine has taken over."""
     import time
@@ -238,6 +275,18 @@ def test_engines_knob_takes_over_at_the_document(synth_tokenizer, monkeypatch):
     assert used == ["tiktoken"] * 3 + ["fastokens"] * 2
 
 
+def test_engines_knob_splits_a_batch_at_the_document(synth_tokenizer, monkeypatch):
+    monkeypatch.setenv(enginemod.AT_ENV, "3")
+    enc = synth_tokenizer
+    engines = enginemod.Engines(tokmod.resolve(enc), "auto", warn=pytest.fail)
+    texts = [t for t in corpus.synthetic_texts(40, seed=9) if t][:5] + ["", "a <|bos|> b"]
+    ids, offsets = engines.encode_batch(texts, lambda j: "?")
+    assert [ids[offsets[j]:offsets[j + 1]].tolist() for j in range(len(texts))] == \
+        [enc.encode_ordinary(t) for t in texts]
+    assert engines.encoder.name == "fastokens" and engines.check.seen == len(texts) - 3
+    assert engines.docs == len(texts)
+
+
 def test_engines_never_build_for_tiktoken_or_objects(synth_tokenizer, monkeypatch):
     monkeypatch.setenv(enginemod.AT_ENV, "0")
     for tok, engine in ((synth_tokenizer, "tiktoken"), (IntTokenizer(bos=5), "auto")):
@@ -273,8 +322,9 @@ def test_engines_warn_when_auto_falls_back(synth_tokenizer, monkeypatch):
 
 def test_engine_threads_pinned_to_one(synth_tokenizer, tmp_path):
     """In a fresh interpreter (fastokens not yet imported), as in a worker: the engine's build
-    sets the thread variables and starts at most one thread, and under a long batch of work
-    the threads it started do almost none of it (the caller's thread does). Threads that
+    sets the thread variables and starts at most one thread, and under a long run of work (one
+    document per call, then many: a batch could go parallel) the threads it started do almost
+    none of it (the caller's thread does). Threads that
     existed before the build (e.g. a BLAS pool of numpy's) are not the engine's and are not
     counted: CPU is read per thread from /proc, not for the whole process."""
     path = corpus.save_tokenizer(synth_tokenizer, tmp_path)
@@ -290,8 +340,10 @@ before = set(os.listdir("/proc/self/task"))
 e = engine.build(tokenizer.resolve({str(path)!r}), "fastokens")
 main = str(threading.get_native_id())
 main0 = cpu(main)
-for i in range(300):  # texts that differ, so that no cache of the engine's does the work
+for i in range(150):  # texts that differ, so that no cache of the engine's does the work
     e.encode(" ".join(f"w{{i}}x{{j * 7919 % 10007}} naïve" for j in range(2000)))
+for i in range(150, 300, 15):  # and many at a time, as a worker calls it
+    e.encode_batch([" ".join(f"w{{k}}x{{j * 7919 % 10007}} naïve" for j in range(2000)) for k in range(i, i + 15)])
 new = set(os.listdir("/proc/self/task")) - before
 print(e.name, e.threads, len(new), os.environ["FASTOKENS_BPE_THREADS"], os.environ["RAYON_NUM_THREADS"],
       cpu(main) - main0, sum(cpu(t) for t in new))
