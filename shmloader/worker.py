@@ -12,6 +12,8 @@ when the alive pipe reports EOF (trainer gone or loader closed) or the coordinat
 closes. Any exception is sent to the coordinator with the worker, pid, file, row group and
 traceback, and ends the worker.
 """
+import bisect
+import itertools
 import os
 import select
 import time
@@ -234,8 +236,7 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     if texts is None:
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     lengths = np.zeros(len(texts), dtype=np.int64)
-    bos = np.array([spec.bos], dtype=spec.dtype)
-    parts = []  # [BOS], ids, [BOS], ids, ...: views, copied once at the end
+    parts = []  # each run's [BOS] + ids, ...
     due = time.perf_counter() + SERVICE_EVERY_S
     for start, end in _chunks(texts, CHUNK_CHARS):
         docs, rows, at = texts[start:end], range(start, end), slice(start, end)  # at: their lengths
@@ -246,28 +247,39 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
             ids, offsets = encode.encode_batch(docs, lambda j: f"{ctx.args.files[piece.file]}, row group "
                                                                 f"{piece.rg}, document row {piece.doc_start + rows[j]}")
             lengths[at] = offsets[1:] - offsets[:-1] + 1
-            ends = offsets.tolist()
-            for j in range(len(docs)):
-                parts += (bos, ids[ends[j]:ends[j + 1]])
+            parts.append(_with_bos(ids, offsets, spec.bos, spec.dtype))
         if time.perf_counter() >= due:  # write orders wait at most about this long (or one chunk)
             _service(ctx)
             due = time.perf_counter() + SERVICE_EVERY_S
-    tokens = np.concatenate(parts).astype(spec.dtype, copy=False) if parts else np.empty(0, spec.dtype)
-    return tokens, lengths, False
+    if len(parts) == 1:
+        return parts[0], lengths, False
+    return (np.concatenate(parts) if parts else np.empty(0, spec.dtype)), lengths, False
+
+
+def _with_bos(ids: np.ndarray, offsets: np.ndarray, bos: int, dtype) -> np.ndarray:
+    """`[BOS] + ids` of each document of a run, end to end, in one pass over the run while its
+    ids are in the cache (no numpy call per document)."""
+    k = len(offsets) - 1
+    out = np.empty(len(ids) + k, dtype=dtype)
+    starts = offsets[:-1] + np.arange(k)
+    keep = np.ones(len(out), dtype=bool)
+    keep[starts] = False
+    out[starts] = bos
+    out[keep] = ids
+    return out
 
 
 def _chunks(texts: list, chars: int):
     """[start, end) ranges of documents of about `chars` characters together (a longer
-    document alone): an engine call's worth, short enough to answer write orders between."""
-    start, size = 0, 0
-    for i, text in enumerate(texts):
-        if text is not None:
-            size += len(text)
-        if size >= chars:
-            yield start, i + 1
-            start, size = i + 1, 0
-    if start < len(texts):
-        yield start, len(texts)
+    document alone): an engine call's worth, short enough to answer write orders between.
+    Cut on the running total of their lengths (no Python per document)."""
+    sizes = map(len, texts) if None not in texts else (0 if text is None else len(text) for text in texts)
+    totals = list(itertools.accumulate(sizes))
+    start = 0
+    while start < len(texts):
+        end = bisect.bisect_left(totals, (totals[start - 1] if start else 0) + chars, lo=start) + 1
+        yield start, min(end, len(texts))
+        start = end
 
 
 def _report(ctx: _Ctx, exc: BaseException):
