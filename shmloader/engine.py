@@ -10,15 +10,20 @@ ranks, pattern and special tokens (`Tokenizer.from_tiktoken`) or from the tokeni
 ordinary text) and is pinned to one thread of its own (`FASTOKENS_BPE_THREADS=1`,
 `RAYON_NUM_THREADS=1`, set before it is imported; the threads it starts are counted).
 
+`Engines`: a worker encodes with the definition until it has tokenized for about as long as
+building the fast engine costs, then builds it on a thread of its own and lets it take over
+between documents (so that a loader's first batch never waits for the build).
+
 `Check`: the engine's ids must equal the definition's on the first `START_DOCS` non-null
-documents a worker tokenizes (the run's own data), then on one document in `SAMPLE_EVERY`;
+documents it tokenizes in a worker (the run's own data), then on one document in `SAMPLE_EVERY`;
 a difference raises `EngineMismatch` naming the file, row group and row, and `engine="tiktoken"`.
 Objects with only `encode()` are encoded as they always were, unchecked.
 
-Test hook: `SHMLOADER_ENGINE_HOOK="module:function"` in a worker's environment replaces the
-fast engine by `function(spec) -> (text -> ids)` (a deliberately wrong engine), and
-`SHMLOADER_ENGINE_CHECK="start,every"` sets the two counts; tests start their workers with
-`start_method="spawn"` so that the environment reaches them.
+Test hooks: `SHMLOADER_ENGINE_HOOK="module:function"` in a worker's environment replaces the
+fast engine by `function(spec) -> (text -> ids)` (a deliberately wrong engine),
+`SHMLOADER_ENGINE_CHECK="start,every"` sets the two counts, and `SHMLOADER_ENGINE_AT=k` makes
+the engine take over at exactly the worker's k-th document (`Engines`); tests start their
+workers with `start_method="spawn"` so that the environment reaches them.
 """
 import base64
 import importlib
@@ -26,6 +31,7 @@ import importlib.util
 import os
 import pickle
 import tempfile
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,8 +42,12 @@ START_DOCS = 64       # every engine id array is compared on a worker's first do
 SAMPLE_EVERY = 256    # then one document in this many
 HOOK_ENV = "SHMLOADER_ENGINE_HOOK"
 CHECK_ENV = "SHMLOADER_ENGINE_CHECK"
+AT_ENV = "SHMLOADER_ENGINE_AT"
 THREAD_ENV = {"FASTOKENS_BPE_THREADS": "1", "RAYON_NUM_THREADS": "1"}
 FORCE = 'engine="tiktoken"'
+# the fast engine's build, estimated: seconds, plus seconds per vocabulary entry (measured on a
+# 2-core VM: 0.03-0.05 s at 4K entries, 0.18-0.22 s at 32K)
+BUILD_S = (0.025, 5.5e-6)
 
 
 class EngineMismatch(RuntimeError):
@@ -54,6 +64,18 @@ class Encoder:
     definition: str = ""          # what `reference` is: "tiktoken" or "tokenizers"
     threads: int | None = None    # threads the engine started (fastokens), counted in /proc
     note: str | None = None       # why "auto" fell back to the definition, for a warning
+    batch: object = None          # texts -> (ids, offsets) in one call (fastokens), else None
+
+    def encode_batch(self, texts: list) -> tuple:
+        """(ids, offsets) of non-null `texts`: their ids end to end, text j's at
+        `ids[offsets[j]:offsets[j + 1]]`. fastokens encodes them in one call (no Python per
+        document, and its per-call cost paid once); the others one by one."""
+        if self.batch is not None:
+            return self.batch(texts)
+        parts = [self.encode(text) for text in texts]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(ids) for ids in parts], out=offsets[1:])
+        return np.concatenate(parts), offsets
 
 
 def available(engine: str) -> None:
@@ -64,36 +86,58 @@ def available(engine: str) -> None:
 
 
 def build(spec, engine: str = "auto") -> Encoder:
-    """The encoder of one worker for `spec` (a `tokenizer.TokenizerSpec`)."""
-    definition = tokmod.build(spec)
-    base = {"tiktoken": "tiktoken", "hf": "tokenizers"}.get(spec.kind, "object")
-    if spec.kind == "object" or engine == "tiktoken":
-        if engine == "fastokens":
-            raise ValueError(f'engine="fastokens" cannot encode a {type(spec).__name__} of kind '
-                             f'{spec.kind!r} (an object with encode()): use engine="auto"')
-        return Encoder(base, definition)
+    """The encoder for `spec` (a `tokenizer.TokenizerSpec`), built at once (tools, tests; a
+    worker builds the fast engine in the background instead: `Engines`)."""
+    definition = _definition(spec)
+    if not _wants_fast(spec, engine):
+        return definition
+    _pin_threads()
+    return _fast(spec, engine, definition)
+
+
+def _definition(spec) -> Encoder:
+    return Encoder({"tiktoken": "tiktoken", "hf": "tokenizers"}.get(spec.kind, "object"), tokmod.build(spec))
+
+
+def _wants_fast(spec, engine: str) -> bool:
+    """Whether `engine` asks for another engine than the definition (a ValueError when it
+    asks for one that cannot encode `spec`)."""
+    if spec.kind == "object" and engine == "fastokens":
+        raise ValueError(f'engine="fastokens" cannot encode a {type(spec).__name__} of kind '
+                         f'{spec.kind!r} (an object with encode()): use engine="auto"')
+    return spec.kind != "object" and engine != "tiktoken"
+
+
+def _pin_threads() -> None:
+    """Before fastokens is imported: one thread of its own."""
+    for key, value in THREAD_ENV.items():
+        os.environ[key] = value
+
+
+def _fast(spec, engine: str, definition: Encoder) -> Encoder:
+    """The fast engine checked against `definition`; `definition` itself (with a note) when
+    "auto" cannot build it, or when fastokens is not installed."""
+    base = definition.name
     hook = os.environ.get(HOOK_ENV)
     if hook:
         module, _, func = hook.partition(":")
-        return Encoder("hook", getattr(importlib.import_module(module), func)(spec), definition, base)
-    for key, value in THREAD_ENV.items():  # before fastokens is imported: one thread of its own
-        os.environ[key] = value
+        return Encoder("hook", getattr(importlib.import_module(module), func)(spec), definition.encode, base)
     try:
         import fastokens
     except ImportError as exc:
         if engine == "fastokens":
             raise ImportError('engine="fastokens" needs the fastokens package: pip install fastokens') from exc
-        return Encoder(base, definition)
+        return definition
     before = _threads()
     try:
-        fast = _fastokens(fastokens, spec)
+        fast, batch = _fastokens(fastokens, spec)
         fast("warm up 0123, the engine's threads " * 1000)  # long enough to start its pool
     except Exception as exc:  # noqa: BLE001 - "auto" falls back, with a warning
         if engine == "fastokens":
             raise
-        return Encoder(base, definition, note=f"fastokens could not be built for this tokenizer "
-                                              f"({type(exc).__name__}: {exc}); using {base}")
-    return Encoder("fastokens", fast, definition, base, threads=_threads() - before)
+        return Encoder(base, definition.encode, note=f"fastokens could not be built for this tokenizer "
+                                                     f"({type(exc).__name__}: {exc}); using {base}")
+    return Encoder("fastokens", fast, definition.encode, base, threads=_threads() - before, batch=batch)
 
 
 def _fastokens(fastokens, spec):
@@ -112,7 +156,11 @@ def _fastokens(fastokens, spec):
 
     def encode(text):
         return np.frombuffer(flat([text], split_special_tokens=True)[0], dtype=np.uint32)
-    return encode
+
+    def batch(texts):
+        ids, offsets = flat(texts, split_special_tokens=True)
+        return np.frombuffer(ids, dtype=np.uint32), np.frombuffer(offsets, dtype=np.uint64).view(np.int64)
+    return encode, batch
 
 
 def _threads() -> int:
@@ -134,11 +182,27 @@ class Check:
         self.seen, self.checked = 0, 0
 
     def __call__(self, text: str, ids, where) -> None:
-        """`where()` names the document (called only on a mismatch)."""
+        """One document; `where()` names it (called only on a mismatch)."""
         n = self.seen
         self.seen += 1
-        if n >= self.start and (n - self.start) % self.every != self.every - 1:
-            return
+        if n < self.start or (n - self.start) % self.every == self.every - 1:
+            self._compare(text, ids, where, n)
+
+    def batch(self, texts: list, ids, offsets, where) -> None:
+        """Documents encoded together (`Encoder.encode_batch`); `where(j)` names text j."""
+        n = self.seen
+        self.seen += len(texts)
+        for j in self._due(n, len(texts)):
+            self._compare(texts[j], ids[offsets[j]:offsets[j + 1]], lambda: where(j), n + j)
+
+    def _due(self, n: int, k: int) -> list:
+        """Which of the documents counted n .. n + k - 1 are compared, as offsets from n."""
+        due = list(range(min(max(self.start - n, 0), k)))
+        first = max(n, self.start)
+        first += (self.every - 1 - (first - self.start)) % self.every
+        return due + list(range(first - n, k, self.every))
+
+    def _compare(self, text: str, ids, where, n: int) -> None:
         self.checked += 1
         ref = np.asarray(self.encoder.reference(text))
         ids = np.asarray(ids)
@@ -151,3 +215,121 @@ class Check:
             f"the {self.encoder.name} engine's tokens differ from {self.encoder.definition}'s on "
             f"{where()} ({phase}; {len(ids)} vs {len(ref)} tokens, first difference at token {at}): "
             f"pass {FORCE} to tokenize with the reference, and please report the document")
+
+
+class Engines:
+    """A worker's engines: the definition at once, the fast engine once it has paid for itself.
+
+    Building fastokens takes about `BUILD_S` (0.2 s at a 32K vocabulary, mostly `from_tiktoken`),
+    and a worker that waited for it put that on every loader's first batch, while nanochat builds
+    a new validation loader at every evaluation and takes a few batches from it. So a worker
+    encodes with the definition, which is the stream by definition, and starts the build, on a
+    thread of its own, only once it has spent about as long tokenizing as the build costs
+    (`worked`, which the worker calls for pieces tokenized after the first batch is planned:
+    rent until the rent adds up to the price, then buy, never more than twice the better
+    choice's cost): a short loader never pays for a build, a long run pays once, early. Not at
+    once on a thread: the build holds the GIL (so does tiktoken's encode), so beside the first
+    batch's tokenizing it only shares one core with it; measured, that first batch took about
+    half as long as with the build first, twice as long as with the definition alone.
+    `poll()`, between documents, lets the fast engine take over once it is built; its `Check`
+    starts there: its first `START_DOCS` documents are the start check, then one in
+    `SAMPLE_EVERY`.
+
+    `warn(text)` is called (by the worker's thread, in `poll`) when "auto" fell back to the
+    definition or the engine started more than one thread; an error of `engine="fastokens"`'s
+    build is raised by `poll`. Test knob: `SHMLOADER_ENGINE_AT=k` in the environment starts the
+    build at once and makes the fast engine take over exactly at the worker's `k`-th non-null
+    document (waiting for its build there; 0: before the first), so that tests know which
+    documents it encodes.
+    """
+
+    def __init__(self, spec, engine: str = "auto", warn=print):
+        self.encoder, self.check = _definition(spec), None
+        self.docs = 0            # non-null documents encoded, by either engine
+        self._warn = warn
+        self._todo = (spec, engine) if _wants_fast(spec, engine) else None  # a build not started
+        self._rent = 0.0         # seconds tokenized with the definition while no build started
+        self.price = BUILD_S[0] + BUILD_S[1] * (spec.n_vocab or 32768)  # the build's, estimated (s)
+        self._thread = None      # the build, until the engine takes over
+        self._started = False
+        self._built = None       # (Encoder, None) or (None, exception), set by the build thread
+        at = os.environ.get(AT_ENV)
+        self._at = int(at) if at else None
+        if self._at is not None:
+            self.start()
+
+    def worked(self, seconds: float) -> None:
+        """The worker tokenized a piece in `seconds`: the build starts once these add up to its
+        estimated cost."""
+        if self._todo is not None:
+            self._rent += seconds
+            if self._rent >= self.price:
+                self.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether the fast engine's build has started."""
+        return self._started
+
+    def start(self) -> None:
+        """Start building the fast engine (once; nothing when there is none to build)."""
+        if self._todo is None:
+            return
+        spec, engine = self._todo
+        self._todo, self._started = None, True
+        _pin_threads()  # in the worker's thread, before fastokens is imported
+        self._thread = threading.Thread(target=self._build, args=(spec, engine, self.encoder),
+                                        name="shmloader-engine-build", daemon=True)
+        self._thread.start()
+
+    def _build(self, spec, engine, definition):
+        try:
+            self._built = (_fast(spec, engine, definition), None)
+        except BaseException as exc:  # noqa: BLE001 - raised in the worker's thread, by poll()
+            self._built = (None, exc)
+
+    def poll(self) -> None:
+        """Between documents: the fast engine takes over if it is built (with the test knob,
+        exactly at the knob's document)."""
+        if self._thread is None or (self._built is None and self._at is None):
+            return
+        if self._at is not None:
+            if self.docs < self._at:
+                return
+            self._thread.join()
+        self._thread = None
+        fast, error = self._built
+        if error is not None:
+            raise error
+        if fast.note:
+            self._warn(fast.note)
+        if fast.threads is not None and fast.threads > 1:
+            self._warn(f"the {fast.name} engine started {fast.threads} threads, not 1")
+        if fast.reference is not None:
+            self.encoder, self.check = fast, Check(fast)
+
+    def encode(self, text: str, where):
+        """The ids of one non-null document (no BOS): `encode_batch` of one."""
+        return self.encode_batch([text], lambda j: where())[0]
+
+    def encode_batch(self, texts: list, where) -> tuple:
+        """(ids, offsets) of non-null `texts` (`Encoder.encode_batch`; no BOS) by the engine in
+        use, checked when it is not the definition; `where(j)` names text j (called only on a
+        mismatch). The fast engine takes over between two calls (under the test knob, exactly
+        at its document: the call is split there)."""
+        if self._thread is not None:
+            cut = self._at - self.docs if self._at is not None else 0
+            if 0 < cut < len(texts):
+                return _joined(self.encode_batch(texts[:cut], where),
+                               self.encode_batch(texts[cut:], lambda j: where(cut + j)))
+            self.poll()
+        ids, offsets = self.encoder.encode_batch(texts)
+        if self.check is not None:
+            self.check.batch(texts, ids, offsets, where)
+        self.docs += len(texts)
+        return ids, offsets
+
+
+def _joined(a: tuple, b: tuple) -> tuple:
+    """Two (ids, offsets) results as one."""
+    return np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1][1:] + a[1][-1]])

@@ -13,7 +13,7 @@ Datasets (session-scoped, written once into tmp dirs with `shmloader_dev.corpus`
   W = 33 (B=2, T=16, world 1) a window ends exactly at the end of row group 0 of file 0, at
   the end of file 0 and at the end of the train epoch (exact-boundary resume points).
 
-Autouse `no_leaks`: after every test, no child process of the loader (a descendant of this
+`SHMLOADER_ENGINE_AT=0` for the whole session (below). Autouse `no_leaks`: after every test, no child process of the loader (a descendant of this
 process other than multiprocessing's forkserver / resource tracker) is alive and no
 /dev/shm/shml_<this pid>_* segment remains (2 s grace). `watchdog`: a per-test SIGALRM deadline,
 used by the loader test modules so that a hang fails instead of blocking the run.
@@ -33,6 +33,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from shmloader_dev import corpus, reference, testing
+
+# Every worker of the suite tokenizes with the fast engine from its first document (when
+# fastokens is installed), so that every stream test also checks it against the tiktoken
+# oracle: by default a worker starts with tiktoken and lets the engine take over only after
+# tokenizing for about as long as building it costs, which the suite's small data sets never
+# reach (engine.py; tests/test_engine.py tests that default path). Set before any forkserver
+# starts: its workers inherit the server's environment.
+os.environ.setdefault("SHMLOADER_ENGINE_AT", "0")
 
 HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 ALIGN_W = 33  # B=2, T=16

@@ -4,14 +4,25 @@
   long whitespace and digit runs, non-ASCII, random fuzz) and, for a Hugging Face tokenizer.json,
   the `tokenizers` package's; `engine="tiktoken"` and objects with only `encode()` use the
   definition unchecked; a bad `engine` value and `engine="fastokens"` without the package are
-  quick errors; `engine` is not part of the resume fingerprint.
+  quick errors; `engine` is not part of the resume fingerprint. A worker's `Engines`: the
+  definition encodes until the worker has tokenized for about as long as the fast engine's
+  build costs, the build runs on a thread, the engine takes over between documents and its
+  start check begins there; the test knob `SHMLOADER_ENGINE_AT` makes the takeover exact.
 - In the workers: the stream with `engine="fastokens"` is byte-identical to the tiktoken
-  reference (and to the oracle) for concat and best fit; a deliberately wrong engine (the test
-  hook `SHMLOADER_ENGINE_HOOK` names a function of this module, so the workers, started with
-  `spawn` to get the environment, import it) is stopped by the start check and, when it is
-  wrong only on a document after the start sample, by the sampled check, with a WorkerError
-  naming the file, row group and row and `engine="tiktoken"`; with `engine="tiktoken"` the same
-  hook is never used; the engine adds at most one thread to a worker.
+  reference (and to the oracle) for concat and best fit, with the engine taking over at the
+  first document and mid-run; a deliberately wrong engine (the test hook
+  `SHMLOADER_ENGINE_HOOK` names a function of this module, so the workers, started with `spawn`
+  to get the environment, import it) is stopped by the start check (also when it takes over
+  mid-run: the start check follows it) and, when it is wrong only on a document after the
+  start sample, by the sampled check, with a WorkerError naming the file, row group and row
+  and `engine="tiktoken"`; without the knob a long run's engine does take over (and is
+  checked); with `engine="tiktoken"` the same hook is never used; the engine adds at most one
+  thread to a worker.
+
+Most worker tests set `SHMLOADER_ENGINE_AT=0` (the engine takes over at a worker's first
+document, as it did when it was built before the first document): a worker builds the engine
+only once it has tokenized for about as long as the build costs, which these small data sets
+may never reach.
 """
 import itertools
 import os
@@ -94,6 +105,16 @@ def _wrong_on(marker):
 
 wrong_early = _wrong_on(EARLY)
 wrong_late = _wrong_on(LATE)
+wrong_all = _wrong_on("")
+
+
+def broken(spec):
+    raise RuntimeError("this engine cannot be built")
+
+
+def _nonnull_before(docs, index) -> int:
+    """How many non-null documents precede canonical document `index` (a lone worker's count)."""
+    return sum(d is not None for d in docs[:index])
 
 
 # ================================================================== in this process
@@ -175,10 +196,135 @@ def test_check_counts_start_then_one_in_every():
     assert check.checked == 8
 
 
+@pytest.mark.parametrize("start,every", [(4, 8), (64, 256), (0, 1), (3, 5)])
+def test_check_in_batches_compares_what_one_by_one_compares(start, every):
+    """Documents encoded together (a worker's chunks, of any size) are sampled exactly as
+    one by one; `where(j)` names the j-th of its batch."""
+    texts = [str(i) for i in range(700)]
+    single, batched = [], []
+    for seen, check in ((single, None), (batched, None)):
+        encoder = enginemod.Encoder("fake", None, lambda t, seen=seen: seen.append(t) or np.array([int(t)]))
+        checker = enginemod.Check(encoder, start=start, every=every)
+        if seen is single:
+            for t in texts:
+                checker(t, np.array([int(t)]), lambda: "nowhere")
+        else:
+            rng, i = random.Random(start * 1000 + every), 0
+            while i < len(texts):
+                k = rng.randint(1, 40)
+                chunk = texts[i:i + k]
+                checker.batch(chunk, np.array([int(t) for t in chunk]), np.arange(len(chunk) + 1), lambda j: "nowhere")
+                i += k
+    assert batched == single and len(single) > 0
+    encoder = enginemod.Encoder("fake", None, lambda t: np.array([0]), "tiktoken")
+    ids = np.zeros(10, dtype=np.uint32)
+    ids[7] = 1
+    with pytest.raises(enginemod.EngineMismatch, match="document 7 of the batch"):
+        enginemod.Check(encoder, start=100, every=1).batch(texts[:10], ids, np.arange(11),
+                                                            lambda j: f"document {j} of the batch")
+
+
+def test_worker_chunks_cut_at_about_chunk_chars():
+    from shmloader.worker import _chunks
+
+    texts = ["a" * 10, None, "b" * 25, "c" * 100, "", "d" * 5, None, "e" * 30]
+    got = list(_chunks(texts, 30))
+    assert got == [(0, 3), (3, 4), (4, 8)]  # 35 characters, a long one alone, the rest (35)
+    assert list(_chunks([None, None], 30)) == [(0, 2)] and list(_chunks([], 30)) == []
+
+
+def _take_over(engines, deadline_s=30.0):
+    """Poll (as a worker does between documents) until the fast engine has taken over."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    while engines.encoder.reference is None:
+        assert time.monotonic() < end, "the fast engine never took over"
+        time.sleep(0.005)
+        engines.poll()
+
+
+def test_engines_build_once_the_definition_has_cost_as_much(synth_tokenizer, monkeypatch):
+    monkeypatch.delenv(enginemod.AT_ENV, raising=False)
+    enc = synth_tokenizer
+    engines = enginemod.Engines(tokmod.resolve(enc), "fastokens", warn=pytest.fail)
+    texts = [t for t in corpus.synthetic_texts(200, seed=8) if t]
+    for text in texts[:20]:
+        assert engines.encode(text, lambda: "?").tolist() == enc.encode_ordinary(text)
+    assert engines.encoder.name == "tiktoken" and engines.check is None and not engines.started
+    engines.worked(0.6 * engines.price)
+    assert not engines.started
+    engines.worked(0.6 * engines.price)
+    assert engines.started
+    _take_over(engines)
+    assert engines.encoder.name == "fastokens" and engines.check.seen == 0  # the start check begins here
+    for text in texts[20:20 + enginemod.START_DOCS + 10]:
+        assert engines.encode(text, lambda: "?").tolist() == enc.encode_ordinary(text)
+    assert engines.check.checked == enginemod.START_DOCS
+    assert engines.docs == 20 + enginemod.START_DOCS + 10
+
+
+def test_engines_knob_takes_over_at_the_document(synth_tokenizer, monkeypatch):
+    monkeypatch.setenv(enginemod.AT_ENV, "3")
+    engines = enginemod.Engines(tokmod.resolve(synth_tokenizer), "auto", warn=pytest.fail)
+    assert engines.started  # at once, under the knob
+    used = []
+    for i in range(5):
+        engines.encode(f"document {i}", lambda: "?")
+        used.append(engines.encoder.name)
+    assert used == ["tiktoken"] * 3 + ["fastokens"] * 2
+
+
+def test_engines_knob_splits_a_batch_at_the_document(synth_tokenizer, monkeypatch):
+    monkeypatch.setenv(enginemod.AT_ENV, "3")
+    enc = synth_tokenizer
+    engines = enginemod.Engines(tokmod.resolve(enc), "auto", warn=pytest.fail)
+    texts = [t for t in corpus.synthetic_texts(40, seed=9) if t][:5] + ["", "a <|bos|> b"]
+    ids, offsets = engines.encode_batch(texts, lambda j: "?")
+    assert [ids[offsets[j]:offsets[j + 1]].tolist() for j in range(len(texts))] == \
+        [enc.encode_ordinary(t) for t in texts]
+    assert engines.encoder.name == "fastokens" and engines.check.seen == len(texts) - 3
+    assert engines.docs == len(texts)
+
+
+def test_engines_never_build_for_tiktoken_or_objects(synth_tokenizer, monkeypatch):
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
+    for tok, engine in ((synth_tokenizer, "tiktoken"), (IntTokenizer(bos=5), "auto")):
+        engines = enginemod.Engines(tokmod.resolve(tok), engine, warn=pytest.fail)
+        engines.worked(1e9)
+        engines.encode("12 34", lambda: "?")
+        assert not engines.started and engines.check is None and engines.encoder.reference is None
+
+
+def test_engines_raise_a_failed_build_at_the_takeover(synth_tokenizer, monkeypatch):
+    monkeypatch.setenv(enginemod.AT_ENV, "1")
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:broken")
+    engines = enginemod.Engines(tokmod.resolve(synth_tokenizer), "auto", warn=pytest.fail)
+    engines.encode("the definition's document", lambda: "?")
+    with pytest.raises(RuntimeError, match="cannot be built"):
+        engines.encode("the engine's document", lambda: "?")
+
+
+def test_engines_warn_when_auto_falls_back(synth_tokenizer, monkeypatch):
+    import fastokens
+
+    def refuse(*args, **kwargs):
+        raise ValueError("unsupported pattern")
+
+    monkeypatch.setattr(fastokens.Tokenizer, "from_tiktoken", refuse, raising=False)
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
+    warned = []
+    engines = enginemod.Engines(tokmod.resolve(synth_tokenizer), "auto", warn=warned.append)
+    engines.encode("text", lambda: "?")
+    assert engines.encoder.name == "tiktoken" and engines.check is None
+    assert len(warned) == 1 and "unsupported pattern" in warned[0]
+
+
 def test_engine_threads_pinned_to_one(synth_tokenizer, tmp_path):
     """In a fresh interpreter (fastokens not yet imported), as in a worker: the engine's build
-    sets the thread variables and starts at most one thread, and under a long batch of work
-    the threads it started do almost none of it (the caller's thread does). Threads that
+    sets the thread variables and starts at most one thread, and under a long run of work (one
+    document per call, then many: a batch could go parallel) the threads it started do almost
+    none of it (the caller's thread does). Threads that
     existed before the build (e.g. a BLAS pool of numpy's) are not the engine's and are not
     counted: CPU is read per thread from /proc, not for the whole process."""
     path = corpus.save_tokenizer(synth_tokenizer, tmp_path)
@@ -194,8 +340,10 @@ before = set(os.listdir("/proc/self/task"))
 e = engine.build(tokenizer.resolve({str(path)!r}), "fastokens")
 main = str(threading.get_native_id())
 main0 = cpu(main)
-for i in range(300):  # texts that differ, so that no cache of the engine's does the work
+for i in range(150):  # texts that differ, so that no cache of the engine's does the work
     e.encode(" ".join(f"w{{i}}x{{j * 7919 % 10007}} naïve" for j in range(2000)))
+for i in range(150, 300, 15):  # and many at a time, as a worker calls it
+    e.encode_batch([" ".join(f"w{{k}}x{{j * 7919 % 10007}} naïve" for j in range(2000)) for k in range(i, i + 15)])
 new = set(os.listdir("/proc/self/task")) - before
 print(e.name, e.threads, len(new), os.environ["FASTOKENS_BPE_THREADS"], os.environ["RAYON_NUM_THREADS"],
       cpu(main) - main0, sum(cpu(t) for t in new))
@@ -222,13 +370,15 @@ def _stream(root, enc, n, packing="concat", **kw):
         return [(x.numpy().copy(), y.numpy().copy()) for x, y in itertools.islice(loader, n)]
 
 
+@pytest.mark.parametrize("at", [0, 150], ids=["from the first document", "mid-run"])
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-def test_fast_stream_is_byte_identical_to_tiktoken(data, synth_tokenizer, packing, watchdog):
+def test_fast_stream_is_byte_identical_to_tiktoken(data, synth_tokenizer, packing, at, monkeypatch, watchdog):
     root, paths, _ = data
     enc = synth_tokenizer
     bos = enc.encode_single_token("<|bos|>")
     n = 700  # past the end of the first epoch (~40k train tokens in 65-token windows: ~620 batches)
-    fast = _stream(root, enc, n, packing, engine="fastokens")
+    monkeypatch.setenv(enginemod.AT_ENV, str(at))  # each worker's engine takes over at its at-th document
+    fast = _stream(root, enc, n, packing, engine="fastokens", start_method="spawn")
     ref = _stream(root, enc, n, packing, engine="tiktoken")
     assert len(fast) == len(ref) == n
     for k, ((fx, fy), (rx, ry)) in enumerate(zip(fast, ref)):
@@ -259,13 +409,38 @@ def _expect_mismatch(root, enc, paths, index, phase):
 def test_wrong_engine_is_caught_by_the_start_check(data, synth_tokenizer, monkeypatch, watchdog):
     root, paths, _ = data
     monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_early")
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
     assert EARLY_ROW < enginemod.START_DOCS
     _expect_mismatch(root, synth_tokenizer, paths, EARLY_ROW, "start check")
+
+
+def test_start_check_follows_an_engine_that_takes_over_mid_run(data, synth_tokenizer, monkeypatch, watchdog):
+    """The late document is far past a worker's first START_DOCS documents and between two
+    samples; an engine that takes over 30 documents before it is start-checked on it."""
+    root, paths, docs = data
+    late = _nonnull_before(docs, LATE_ROW)
+    assert late - 30 > enginemod.START_DOCS and (late - enginemod.START_DOCS) % enginemod.SAMPLE_EVERY != \
+        enginemod.SAMPLE_EVERY - 1
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_late")
+    monkeypatch.setenv(enginemod.AT_ENV, str(late - 30))
+    _expect_mismatch(root, synth_tokenizer, paths, LATE_ROW, "start check")
+
+
+def test_engine_takes_over_without_the_knob(data, synth_tokenizer, monkeypatch, watchdog):
+    """No knob: once a worker has tokenized for about as long as the build costs, a wrong
+    engine (here wrong on every document) takes over and its start check stops the run."""
+    root, _, _ = data
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_all")
+    monkeypatch.delenv(enginemod.AT_ENV, raising=False)
+    with pytest.raises(WorkerError, match="EngineMismatch") as info:
+        _stream(root, synth_tokenizer, 100_000, num_workers=1, start_method="spawn")
+    assert "start check" in str(info.value)
 
 
 def test_wrong_engine_is_caught_by_the_sampled_check(data, synth_tokenizer, monkeypatch, watchdog):
     root, paths, _ = data
     monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_late")
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
     # the late document is far past the start sample; every later document is sampled here
     monkeypatch.setenv(enginemod.CHECK_ENV, f"{enginemod.START_DOCS},1")
     assert LATE_ROW > 2 * enginemod.START_DOCS
@@ -278,6 +453,7 @@ def test_wrong_engine_unsampled_document_goes_unseen_only_between_samples(data, 
     on (this documents the limit; the start check covers the first documents)."""
     root, paths, _ = data
     monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_late")
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
     monkeypatch.setenv(enginemod.CHECK_ENV, f"{enginemod.START_DOCS},100000")
     assert len(_stream(root, synth_tokenizer, 60, num_workers=1, start_method="spawn")) == 60
 
@@ -285,6 +461,7 @@ def test_wrong_engine_unsampled_document_goes_unseen_only_between_samples(data, 
 def test_tiktoken_forced_never_uses_the_engine(data, synth_tokenizer, monkeypatch, watchdog):
     root, paths, _ = data
     monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_early")
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
     enc = synth_tokenizer
     got = _stream(root, enc, 60, num_workers=1, start_method="spawn", engine="tiktoken")
     oracle = [w for w, _ in itertools.islice(reference.concat_windows(
@@ -293,12 +470,14 @@ def test_tiktoken_forced_never_uses_the_engine(data, synth_tokenizer, monkeypatc
         assert np.array_equal(np.concatenate([x.reshape(-1)[:1], y.reshape(-1)]), w)
 
 
-def test_engine_adds_at_most_one_thread_to_a_worker(data, synth_tokenizer, watchdog):
+def test_engine_adds_at_most_one_thread_to_a_worker(data, synth_tokenizer, monkeypatch, watchdog):
+    """Counted once the engine has taken over (at the first document) and its build thread is done."""
     root, _, _ = data
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
     counts = {}
     for engine in ("tiktoken", "fastokens"):
         with shmloader.ShmLoader(str(root), synth_tokenizer, B, T, "train", num_workers=1, device="cpu",
-                                 timeout=60, engine=engine) as loader:
+                                 timeout=60, engine=engine, start_method="spawn") as loader:
             for _ in itertools.islice(loader, 100):
                 pass
             pid = loader.debug().workers[0].pid

@@ -141,6 +141,23 @@ def test_bench_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path):
     assert "3 rounds" in text and "shmloader, 1 worker: " + ", ".join(f"{x:.2f}x" for x in ratios) in text
 
 
+def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path):
+    """--compare DIR: each shmloader throughput row also with DIR's package, interleaved; the
+    workers' CPU over the window gives the CPU efficiency; the engine's batch rate is measured."""
+    out, _ = demo
+    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1, "--packings", "concat",
+               "--no-cache-runs", "--compare", REPO, "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3,
+               "--first-runs", 1, "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "c.json")
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert [(r["kind"], r["label"]) for r in result["runs"]] == \
+        [("baseline", None), ("shmloader", "before"), ("shmloader", "this checkout")]
+    assert all(r["worker_cpu_s"] > 0 for r in result["runs"][1:]) and result["runs"][0]["worker_cpu_s"] is None
+    assert "shmloader, 1 worker (before)" in text and "CPU eff/worker" in text
+    assert "per worker CPU second" in text
+    if result["engine"] == "fastokens":
+        assert result["raw"]["fastokens batch"]["tokens_per_s"] > 0 and "as a worker calls it (batch)" in text
+
+
 def test_gpu_check_help():
     text = run("tools/gpu_check.py", "--help")
     assert "--device" in text and "--workers" in text

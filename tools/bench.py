@@ -35,11 +35,17 @@ other, never together. Figures (SPEC §5):
 - raw rates: single-thread tiktoken `encode_to_numpy(text, disallowed_special=())` and
   `encode_ordinary(text)`, and the loaders' engine (`--engine`, default auto: fastokens when
   installed, as a worker builds it) over the same documents in this (the main) process, best
-  of 3 interleaved passes; and one bare single-thread process of the loaders' engine per core
-  side by side (no loader), which is what the cores really tokenize together; "busy rate" is
-  each worker's own tokens per second of reading + tokenizing; per-worker efficiency =
-  shmloader tokens/s / (workers * the engine's raw 1-thread rate), meaningful only while
-  workers <= cores (the coordinator and the trainer share the cores too).
+  of 3 interleaved passes, the engine both one document per call and as a worker calls it
+  ("batch": runs of documents of `worker.CHUNK_CHARS` characters per call); and one bare
+  single-thread process of the loaders' engine per core side by side (no loader; called as a
+  worker calls it), which is what the cores really tokenize together; "busy rate" is each
+  worker's own tokens per second of reading + tokenizing; per-worker efficiency = shmloader
+  tokens/s / (workers * the engine's raw 1-thread rate, the faster of its two ways),
+  meaningful only while workers <= cores (the coordinator and the trainer share the cores
+  too); "CPU eff/worker" = tokens per CPU second of the workers (/proc, the same window) /
+  that rate: what a worker reads per second of a core of its own, the trainer's and the
+  coordinator's share of the cores (and other processes') left out. `--compare DIR` also
+  runs every shmloader throughput row with another checkout's package, interleaved.
 
 - first batch as nanochat pays it (`--first-batch`, or `--first-batch-only`): nanochat builds a
   new validation loader at every evaluation, takes a few batches and drops it. In one fresh
@@ -122,7 +128,8 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
             while time.perf_counter() < end:
                 next(it)
             read0 = it.stats()["tokens_read"]
-        n, c0, t0 = 0, _cpu(), time.perf_counter()
+        workers = _worker_pids(it)
+        n, c0, w0, t0 = 0, _cpu(), _cpu_of(workers), time.perf_counter()
         with _bar(desc) as bar:
             while time.perf_counter() - t0 < seconds:
                 next(it)
@@ -130,13 +137,13 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
                     break
                 n += 1
                 bar.update()
-        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        wall, cpu, worker_cpu = time.perf_counter() - t0, _cpu() - c0, _cpu_of(workers) - w0
         read = n * window
         if bestfit:  # tokens read = tokenized by the workers in the window (SPEC 5)
             stats = it.stats()
             read = stats["tokens_read"] - read0
         out = {"batches": n, "wall_s": wall, "tokens_per_s": read / wall,
-               "trainer_cpu_us_per_batch": cpu / n * 1e6}
+               "trainer_cpu_us_per_batch": cpu / n * 1e6, "worker_cpu_s": worker_cpu if workers else None}
         if bestfit:
             out.update(cropped_fraction=stats["cropped_fraction"], delivered_tokens_per_s=n * window / wall)
         out.update(_process_peaks(it))
@@ -147,6 +154,21 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
         return out
     finally:
         it.close()
+
+
+def _worker_pids(loader) -> list:
+    procs = loader.debug() if hasattr(loader, "debug") else None  # the baseline is a generator
+    return [p.pid for p in procs.workers] if procs is not None else []
+
+
+def _cpu_of(pids) -> float:
+    """User + system CPU seconds of these processes, from /proc."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int) -> dict:
@@ -213,26 +235,41 @@ def _vm_hwm_mib(pid: int):
 
 
 def engine_encoder(tokenizer_path: str, engine: str):
-    """(name, encode): the per-document encoder a loader worker uses with `engine`
-    (shmloader.engine): "fastokens" when it is in use, else "tiktoken"."""
+    """The encoder a loader worker uses with `engine` (shmloader.engine, built at once):
+    name "fastokens" when it is in use, else "tiktoken"."""
     from shmloader import engine as enginemod, tokenizer as tokmod
 
-    encoder = enginemod.build(tokmod.resolve(tokenizer_path), engine)
-    return encoder.name, encoder.encode
+    return enginemod.build(tokmod.resolve(tokenizer_path), engine)
+
+
+def in_chunks(encoder):
+    """`texts -> tokens` as a worker calls the engine: `encode_batch` on runs of documents of
+    about `worker.CHUNK_CHARS` characters (one call per document for engines without a batch call)."""
+    from shmloader.worker import CHUNK_CHARS
+
+    def run(texts) -> int:
+        n, start, size = 0, 0, 0
+        for i, text in enumerate(texts):
+            size += len(text)
+            if size >= CHUNK_CHARS or i == len(texts) - 1:
+                n += len(encoder.encode_batch(texts[start:i + 1])[0])
+                start, size = i + 1, 0
+        return n
+    return run
 
 
 def raw_child(cfg: dict) -> dict:
     """Bare single-thread tokenizing in a process of its own, from `cfg["start"]` (a shared
-    wall-clock time) for `cfg["seconds"]`: one of several run side by side."""
+    wall-clock time) for `cfg["seconds"]`: one of several run side by side. The engine is called
+    as a worker calls it (`in_chunks`), which is at least as fast as one call per document."""
     from shmloader_dev.reference import documents
 
-    _, encode = engine_encoder(cfg["tokenizer"], cfg.get("engine", "auto"))
+    encode = in_chunks(engine_encoder(cfg["tokenizer"], cfg.get("engine", "auto")))
     texts = [t for _, t in itertools.islice(documents(cfg["files"], epochs=1), 4000) if t is not None]
     time.sleep(max(cfg["start"] - time.time(), 0))
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < cfg["seconds"]:
-        for text in texts[:100]:
-            n += len(encode(text))
+        n += encode(texts[:100])
         texts = texts[100:] + texts[:100]
     return {"tokens_per_s": n / (time.perf_counter() - t0)}
 
@@ -376,9 +413,11 @@ def _bos(enc) -> int:
 
 
 def raw_rates(files, enc, seconds: float, rounds: int = 3, engine=None) -> dict:
-    """Single-thread tiktoken rates over the split's documents: the best of `rounds` passes from
-    the first document, each capped at `seconds / rounds`, the methods interleaved (best-of
-    damps other processes' noise)."""
+    """Single-thread rates over the split's documents: tiktoken's, and with `engine` (the
+    loaders' encoder when it is not tiktoken) the engine's one document per call and as a
+    worker calls it (`in_chunks`, "<name> batch"); the best of `rounds` passes from the first
+    document, each capped at `seconds / rounds`, the methods interleaved (best-of damps other
+    processes' noise)."""
     from shmloader_dev.reference import documents
 
     texts, chars = [], 0
@@ -391,10 +430,13 @@ def raw_rates(files, enc, seconds: float, rounds: int = 3, engine=None) -> dict:
     out = {"docs": len(texts)}
     methods = {"encode_to_numpy": lambda t: enc.encode_to_numpy(t, disallowed_special=()),
                "encode_ordinary": enc.encode_ordinary}
-    if engine is not None:  # (name, encode) of the loader's engine when it is not tiktoken
-        methods[engine[0]] = engine[1]
-    passes = {name: [] for name in methods}
-    for _ in range(rounds):  # interleaved, so that both methods see the same conditions
+    chunked = {}
+    if engine is not None:
+        methods[engine.name] = engine.encode
+        if engine.batch is not None:
+            chunked[f"{engine.name} batch"] = in_chunks(engine)
+    passes = {name: [] for name in [*methods, *chunked]}
+    for _ in range(rounds):  # interleaved, so that every method sees the same conditions
         for name, encode in methods.items():
             n_tok, n_doc, t0 = 0, 0, time.perf_counter()
             for text in texts:
@@ -403,9 +445,22 @@ def raw_rates(files, enc, seconds: float, rounds: int = 3, engine=None) -> dict:
                 if time.perf_counter() - t0 > seconds / rounds:
                     break
             passes[name].append({"tokens_per_s": n_tok / (time.perf_counter() - t0), "tokens": n_tok, "docs": n_doc})
+        for name, run in chunked.items():  # 100 documents at a time: the same cap
+            n_tok, n_doc, t0 = 0, 0, time.perf_counter()
+            while n_doc < len(texts) and time.perf_counter() - t0 <= seconds / rounds:
+                n_tok += run(texts[n_doc:n_doc + 100])
+                n_doc += len(texts[n_doc:n_doc + 100])
+            passes[name].append({"tokens_per_s": n_tok / (time.perf_counter() - t0), "tokens": n_tok, "docs": n_doc})
     for name, got in passes.items():
         out[name] = dict(max(got, key=lambda p: p["tokens_per_s"]), passes=got)
     return out
+
+
+def engine_rate(raw: dict, engine: str) -> tuple[str, float]:
+    """(method, tokens/s): the engine's fastest single-thread way in `raw`, what per-worker
+    efficiency is measured against (tiktoken: encode_to_numpy, what a worker calls)."""
+    got = [(name, raw[name]["tokens_per_s"]) for name in (engine, f"{engine} batch") if name in raw]
+    return max(got, key=lambda x: x[1]) if got else ("encode_to_numpy", raw["encode_to_numpy"]["tokens_per_s"])
 
 
 def first_batch_runs(cfg: dict, args) -> dict:
@@ -503,9 +558,15 @@ def cache_runs(cfg: dict, data: str, tok: str, compare: Path | None = None) -> l
 
 
 def run_child(cfg: dict, pythonpath: str | None = None) -> dict:
-    env = None
+    """One measurement in a fresh process; `pythonpath` (another checkout) goes first on its path.
+    PYTHONSAFEPATH: the loader's workers come from multiprocessing's forkserver, a `python -c`
+    that puts the current directory first on its path (3.11 ignores the sys_path it is given),
+    so run from a checkout they imported that checkout's shmloader whatever the child did (the
+    rows of --first-batch-compare and --cache-compare then timed the same workers). Python 3.10
+    has no PYTHONSAFEPATH: compare from a directory that holds no shmloader package."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
     if pythonpath is not None:  # another checkout's shmloader first
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")])))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"], input=json.dumps(cfg),
                           stdout=subprocess.PIPE, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
@@ -533,6 +594,14 @@ def _name(run) -> str:
     mode += f", {run['cache']} cache" if run.get("cache") else ""
     mode += f" ({run['label']})" if run.get("label") else ""
     return f"shmloader, {run['workers']} worker{'s' * (run['workers'] > 1)}{mode}"
+
+
+def cpu_efficiency(run: dict, rate: float) -> float | None:
+    """Tokens per CPU second of the workers / `rate` (None without a worker CPU count, and
+    for cache rows, whose workers mostly read the cache)."""
+    if not run.get("worker_cpu_s") or run.get("cache"):
+        return None
+    return run["tokens_per_s"] * run["wall_s"] / run["worker_cpu_s"] / rate
 
 
 def vs_base(run: dict, base: dict) -> float:
@@ -580,7 +649,7 @@ def report(result: dict) -> str:
     raw, runs = result["raw"], result["runs"]
     base = runs[0]
     engine = result.get("engine", "tiktoken")  # what the loaders and the bare processes tokenize with
-    rate = raw[engine if engine in raw else "encode_to_numpy"]["tokens_per_s"]
+    method, rate = engine_rate(raw, engine)
     out = [f"shmloader bench: B={c['B']}, T={c['T']} ({c['B'] * c['T'] + 1:,} tokens read per batch), "
            f"split {c['split']}, {c['seconds']:g} s per throughput measurement",
            f"data: {c['data']} ({len(c['files'])} files), tokenizer: {c['tokenizer']}",
@@ -590,22 +659,26 @@ def report(result: dict) -> str:
            f"{raw['encode_to_numpy']['docs']} documents: "
            f"encode_to_numpy {raw['encode_to_numpy']['tokens_per_s'] / 1e6:.2f} M tokens/s, encode_ordinary "
            f"{raw['encode_ordinary']['tokens_per_s'] / 1e6:.2f} M tokens/s"
-           + (f"; the loaders' engine, {engine}: {rate / 1e6:.2f} M tokens/s "
-              f"({rate / raw['encode_to_numpy']['tokens_per_s']:.2f}x encode_to_numpy)" if engine in raw else "")]
+           + (f"; the loaders' engine, {engine}: {raw[engine]['tokens_per_s'] / 1e6:.2f} M tokens/s one document "
+              f"per call" + (f", {raw[engine + ' batch']['tokens_per_s'] / 1e6:.2f} M as a worker calls it (batch)"
+                             if engine + " batch" in raw else "")
+              + f" ({rate / raw['encode_to_numpy']['tokens_per_s']:.2f}x encode_to_numpy)" if engine in raw else "")]
     par = result.get("raw_parallel")
     if par:
         out.append(f"raw {engine}, {par['processes']} single-thread processes side by side for {par['seconds']:g} s "
                    f"(no loader): {par['tokens_per_s'] / 1e6:.2f} M tokens/s in total "
                    f"({par['tokens_per_s'] / (par['processes'] * rate):.0%} of {par['processes']} x the 1-thread rate)")
     out.append("")
-    head = ("loader", "tokens/s", "vs base", "eff/worker", "busy rate/worker", "trainer CPU us/batch",
-            "first ms (median)", "first ms (cold)", "trainer RSS MiB", "worker RSS MiB")
+    head = ("loader", "tokens/s", "vs base", "eff/worker", "CPU eff/worker", "busy rate/worker",
+            "trainer CPU us/batch", "first ms (median)", "first ms (cold)", "trainer RSS MiB", "worker RSS MiB")
     rows = []
     for r in runs:
         eff = None if r["kind"] == "baseline" or r.get("cache") else r["tokens_per_s"] / (r["workers"] * rate)
+        cpu_eff = cpu_efficiency(r, rate)
         rows.append((_name(r), f"{r['tokens_per_s'] / 1e6:.2f} M",
                      f"{vs_base(r, base):.2f}x",
                      "-" if eff is None else f"{eff:.0%}" + ("" if r["workers"] <= result["cores"] else " (>cores)"),
+                     "-" if cpu_eff is None else f"{cpu_eff:.0%}",
                      # with a cache, busy time mixes tokenized pieces and (much faster) cache hits
                      "-" if r.get("worker_busy_tokens_per_s") is None or r.get("cache")
                      else f"{r['worker_busy_tokens_per_s'] / 1e6:.2f} M",
@@ -613,8 +686,11 @@ def report(result: dict) -> str:
                      _fmt(r["first_batch_ms_cold"]), _fmt(r["trainer_peak_rss_mib"]),
                      _fmt(r.get("worker_peak_rss_mib"))))
     out.append(_table(head, rows))
-    out.append(f"(eff/worker: tokens/s / (workers x the raw 1-thread rate of {engine}); busy rate: a worker's tokens "
-               "per second of its own reading + tokenizing time)")
+    out.append(f"(eff/worker: tokens/s / (workers x the raw 1-thread rate of {engine}, {method}: "
+               f"{rate / 1e6:.2f} M); CPU eff/worker: tokens per CPU second of the workers (their own, from /proc, "
+               "over the same window) / that rate, what a worker would read with a core of its own, the trainer's and "
+               "coordinator's share of the cores left out; busy rate: a worker's tokens per second of its own "
+               "reading + tokenizing time)")
     if len(base.get("vs_base_rounds") or []) > 1:
         out.append(f"{len(base['vs_base_rounds'])} rounds, each configuration once per round in turn; a row is "
                    f"the round with its median tokens/s, 'vs base' the median of the per-round ratios:")
@@ -648,9 +724,10 @@ def report(result: dict) -> str:
 def _targets(result: dict, rate: float) -> list[str]:
     c, runs = result["config"], result["runs"]
     base = runs[0]
-    shm = [r for r in runs[1:] if r.get("packing", "concat") == "concat" and not r.get("cache")]
+    shm = [r for r in runs[1:] if r.get("packing", "concat") == "concat" and not r.get("cache")
+           and r.get("label") != "before"]
     cached = {r["cache"]: r for r in runs[1:] if r.get("cache")}
-    fit = {r["workers"]: r for r in runs[1:] if r.get("packing") == "bos_bestfit"}
+    fit = {r["workers"]: r for r in runs[1:] if r.get("packing") == "bos_bestfit" and r.get("label") != "before"}
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     fast = result.get("engine", "tiktoken") != "tiktoken"
     speedup = TARGET_SPEEDUP_ENGINE if fast else TARGET_SPEEDUP
@@ -684,6 +761,10 @@ def _targets(result: dict, rate: float) -> list[str]:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in effs)
         lines.append(f"  >= {efficiency:.0%} per-worker efficiency (workers <= cores): {text}, "
                      f"{met(all(e >= efficiency for _, e in effs))}")
+    cpu = [(r["workers"], cpu_efficiency(r, rate)) for r in shm if r["workers"] <= result["cores"]]
+    if cpu and all(e is not None for _, e in cpu):
+        text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in cpu)
+        lines.append(f"  (context) per worker CPU second, against the same rate: {text}")
     calls = [r for r in result.get("syscalls") or [] if "per_next" in r]
     if calls:
         text = ", ".join(f"{r['packing']} {r['per_next']:.3f}" for r in calls)
@@ -760,6 +841,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--first-batch-compare", type=Path, default=None, metavar="DIR",
                    help="also run the shmloader rows with the shmloader package under DIR (another checkout), "
                         "interleaved, for before/after figures in one run")
+    p.add_argument("--compare", type=Path, default=None, metavar="DIR",
+                   help="also run the shmloader throughput rows with the shmloader package under DIR (another "
+                        "checkout), interleaved, for before/after figures (tokens/s, efficiency) in one run")
     p.add_argument("--cache-compare", type=Path, default=None, metavar="DIR",
                    help="also run the token-cache rows with the shmloader package under DIR (another "
                         "checkout), interleaved, for before/after figures in one run")
@@ -778,6 +862,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.first_batch_compare = args.first_batch_compare.resolve()
         if not (args.first_batch_compare / "shmloader" / "__init__.py").is_file():
             p.error(f"--first-batch-compare {args.first_batch_compare}: no shmloader package there")
+    if args.compare is not None:
+        args.compare = args.compare.resolve()
+        if not (args.compare / "shmloader" / "__init__.py").is_file():
+            p.error(f"--compare {args.compare}: no shmloader package there")
     if args.cache_compare is not None:
         args.cache_compare = args.cache_compare.resolve()
         if not (args.cache_compare / "shmloader" / "__init__.py").is_file():
@@ -832,21 +920,24 @@ def main(argv=None) -> int:
         print(report(result))
         return 0
     print(f"measuring single-thread tokenizing on {len(files)} files ...", file=sys.stderr)
-    name, encode = engine_encoder(tok, args.engine)
-    result["engine"] = name
+    encoder = engine_encoder(tok, args.engine)
+    result["engine"] = encoder.name
     result["raw"] = raw_rates(files, _load_tiktoken(tok), min(args.seconds, 5.0),
-                              engine=None if name == "tiktoken" else (name, encode))
+                              engine=None if encoder.name == "tiktoken" else encoder)
     print(f"measuring {result['cores']} bare tokenizer processes side by side ...", file=sys.stderr)
     result["raw_parallel"] = parallel_raw(cfg, result["cores"], min(args.seconds, 5.0))
     rounds = []
-    configs = [("baseline", None, "concat")] + [("shmloader", w, p) for p in args.packings for w in args.workers]
+    compare = [("before", str(args.compare))] if args.compare is not None else []
+    ours = [("this checkout" if compare else None, None)]
+    configs = [("baseline", None, "concat", None, None)] + [
+        ("shmloader", w, p, label, path) for p in args.packings for w in args.workers for label, path in compare + ours]
     for i in range(args.repeat):
         runs = []
-        for kind, workers, packing in configs:
+        for kind, workers, packing, label, path in configs:
             print(f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}measuring {kind}"
-                  f"{'' if workers is None else f' with {workers} workers, {packing}'} (fresh process) ...",
-                  file=sys.stderr)
-            runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing)))
+                  f"{'' if workers is None else f' with {workers} workers, {packing}'}{f' ({label})' if label else ''}"
+                  f" (fresh process) ...", file=sys.stderr)
+            runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing, label=label), path))
         rounds.append(runs)
     runs = aggregate(rounds) if args.repeat > 1 else rounds[0]
     if args.cache_runs:
@@ -880,6 +971,7 @@ def draw_chart(result: dict, path: Path):
 
     c, runs = result["config"], result["runs"]
     base = runs[0]["tokens_per_s"] / 1e6
+    runs = runs[:1] + [r for r in runs[1:] if r.get("label") != "before"]
     shm = sorted((r["workers"], r["tokens_per_s"] / 1e6) for r in runs[1:]
                  if r.get("packing", "concat") == "concat" and not r.get("cache"))
     fit = sorted((r["workers"], r["tokens_per_s"] / 1e6) for r in runs[1:] if r.get("packing") == "bos_bestfit")
