@@ -238,9 +238,9 @@ class Engines:
     `warn(text)` is called (by the worker's thread, in `poll`) when "auto" fell back to the
     definition or the engine started more than one thread; an error of `engine="fastokens"`'s
     build is raised by `poll`. Test knob: `SHMLOADER_ENGINE_AT=k` in the environment starts the
-    build at once and makes the fast engine take over exactly at the worker's `k`-th non-null
-    document (waiting for its build there; 0: before the first), so that tests know which
-    documents it encodes.
+    build at once, before the worker reads anything, and makes the fast engine take over
+    exactly at the worker's `k`-th non-null document (0: before the first), so that tests know
+    which documents it encodes.
     """
 
     def __init__(self, spec, engine: str = "auto", warn=print):
@@ -255,8 +255,10 @@ class Engines:
         self._built = None       # (Encoder, None) or (None, exception), set by the build thread
         at = os.environ.get(AT_ENV)
         self._at = int(at) if at else None
-        if self._at is not None:
-            self.start()
+        if self._at is not None:  # built before the worker reads anything: the threads it
+            self.start()          # counts are then the engine's alone (a first read of S3 or
+            if self._thread is not None:  # GCS starts threads of pyarrow's own)
+                self._thread.join()
 
     def worked(self, seconds: float) -> None:
         """The worker tokenized a piece in `seconds`: the build starts once these add up to its
