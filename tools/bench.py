@@ -738,6 +738,8 @@ def _targets(result: dict, rate: float) -> list[str]:
         cost = cached["warm"]["trainer_cpu_us_per_next"] / max(cached["cold"]["trainer_cpu_us_per_next"], 1e-9)
         lines.append(f"  warm token cache >= 20x cold, 1 worker: {x:.1f}x, {met(x >= 20)}; trainer cost per "
                      f"next() warm/cold {cost:.2f}")
+        x = vs_base(cached["warm"], base)
+        lines.append(f"  warm token cache >= 40x the baseline, 1 worker: {x:.1f}x, {met(x >= 40)}")
     pairs = [(r["workers"], fit[r["workers"]]["tokens_per_s"] / r["tokens_per_s"]) for r in shm if r["workers"] in fit]
     if pairs:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {x:.0%}" for w, x in pairs)
