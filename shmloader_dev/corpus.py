@@ -219,14 +219,19 @@ def _split_counts(n: int, parts: int) -> list[int]:
     return [base + (i < extra) for i in range(parts)]
 
 
+SHARD_FORMAT = {"use_dictionary": False, "compression": "zstd", "compression_level": 3,
+                "write_statistics": False}
+
+
 def _write_one_shard(path: Path, docs: Sequence[str | None], sizes: tuple[int, ...]) -> None:
-    """Write one parquet file, one explicit row group per cycled size."""
+    """Write one parquet file, one explicit row group per cycled size, as nanochat writes its
+    shards (`dev/repackage_data_reference.py`: no dictionary, zstd level 3, no statistics)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.schema([("text", pa.string())])
     start = 0
-    with pq.ParquetWriter(path, schema) as writer:
+    with pq.ParquetWriter(path, schema, **SHARD_FORMAT) as writer:
         for size in itertools.cycle(sizes):
             if start >= len(docs):
                 break

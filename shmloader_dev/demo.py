@@ -59,7 +59,8 @@ class DemoData:
 
 def _corpus_key(num_files: int, row_group_docs: int) -> dict:
     return {"corpus": "stdlib", "python": sys.version, "stdlib": sysconfig.get_paths()["stdlib"],
-            "num_files": num_files, "row_group_docs": row_group_docs, "doc_chars": DOC_CHARS}
+            "num_files": num_files, "row_group_docs": row_group_docs, "doc_chars": DOC_CHARS,
+            "format": corpus.SHARD_FORMAT}
 
 
 def prepare_data(out_dir, vocab_size: int = 4096, *, num_files: int = NUM_FILES,
