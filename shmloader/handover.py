@@ -100,10 +100,11 @@ class TrainerEnd:
     """The trainer's side: `take()` the next announced batch's record, `free(k)` a batch,
     `pending_messages()`, and `before_blocking()`."""
 
-    def __init__(self, ring: Ring, ready: Doorbell, kick: Doorbell, header_only_: bool | None = None):
+    def __init__(self, ring: Ring, ready: Doorbell, kick: Doorbell, header: bool | None = None):
+        """`header`: take the header-only path (default: `header_only()`, by machine)."""
         self.ring, self.ready, self.kick = ring, ready, kick
         self.n = ring.layout.n_slots
-        self.header_only = header_only() if header_only_ is None else header_only_
+        self.header_only = header_only() if header is None else header
         self.kick_at = max(1, self.n // 2)
         self.taken = 0           # batches taken, in order
         self.rung = 0            # announcements the ready doorbell was rung for (syscall path)
@@ -153,10 +154,10 @@ class CoordinatorEnd:
     message to the trainer goes out. On the system-call path a free is taken only once its
     kick was read (the eventfd orders the log's entry)."""
 
-    def __init__(self, ring: Ring, ready: Doorbell, kick: Doorbell, header_only_: bool):
+    def __init__(self, ring: Ring, ready: Doorbell, kick: Doorbell, header: bool):
         self.ring, self.ready, self.kick = ring, ready, kick
         self.n = ring.layout.n_slots
-        self.header_only = header_only_
+        self.header_only = header
         self.seen = 0
         self.kicked = 0          # frees the trainer rang for (system-call path)
         self.poll_s = FREE_POLL_S

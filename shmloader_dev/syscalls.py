@@ -44,18 +44,24 @@ def trace_next(data: str, tokenizer_pkl: str, *, B: int, T: int, n: int = 200, s
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  env={**os.environ, **(env or {})})
         tracer = None
+        watchdog = threading.Timer(timeout, lambda: [p.kill() for p in (child, tracer) if p is not None])
+        watchdog.start()  # every read below blocks until the child or strace writes, or dies
         try:
             line = child.stdout.readline().split()
             if line[:1] != ["ready"]:
-                raise RuntimeError(f"the traced trainer did not start: {line}")
+                raise RuntimeError(f"the traced trainer did not start (or took over {timeout:.0f} s): {line}")
             tracer = subprocess.Popen(["strace", "-p", line[1], "-o", out], stderr=subprocess.PIPE, text=True)
             tracer.stderr.readline()  # "strace: Process N attached"
             child.stdin.write("go\n")
             child.stdin.flush()
-            result = json.loads(child.stdout.readline())
+            line = child.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the traced trainer ended without a result (or took over {timeout:.0f} s)")
+            result = json.loads(line)
             child.wait(timeout)
             tracer.wait(timeout)
         finally:
+            watchdog.cancel()
             for p in (child, tracer):
                 if p is not None and p.poll() is None:
                     p.kill()
@@ -94,8 +100,7 @@ def child(config: dict):
         while loader.stats()["ring_ready"] < loader.n_slots - 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         print("ready", threading.get_native_id(), flush=True)
-        sys.stdin.readline()
-        time.sleep(0.2)  # strace is attached
+        sys.stdin.readline()  # strace is attached
         waits = []
         os.getppid()
         for _ in range(config["n"]):

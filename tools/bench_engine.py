@@ -15,7 +15,6 @@ engine: tokens/s read by the trainer.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import pickle
 import sys
