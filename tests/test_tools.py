@@ -115,9 +115,13 @@ def test_bench_tiny_run(demo, tmp_path):
     assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 for r in result["runs"])
     assert 0 <= result["runs"][2]["cropped_fraction"] < 1
     assert result["raw"]["encode_to_numpy"]["tokens_per_s"] > 0
-    par = result["raw_parallel"]
-    assert par["processes"] == result["cores"] and len(par["per_process"]) == par["processes"]
-    assert all(r > 0 for r in par["per_process"]) and "side by side" in text
+    # the ceiling of 1 worker: 1 bare engine process, measured in the same round for as long
+    [bare] = result["bare"]
+    assert bare["processes"] == 1 and bare["seconds"] == 0.3 and bare["per_process"][0] > 0
+    assert result["runs"][1]["bare_tokens_per_s"] == bare["tokens_per_s"]
+    eff = result["runs"][1]["tokens_per_s"] / bare["tokens_per_s"]
+    assert re.search(rf"^shmloader, 1 worker +\S+ M +\S+x +{eff:.0%} ", text, re.M), text
+    assert "1 single-thread process (no loader" in text
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = run("tools/bench.py", "--from-json", tmp_path / "b.json", "--chart", tmp_path / "c.png")
     assert "targets:" in again and (tmp_path / "c.png").stat().st_size > 0
@@ -139,6 +143,12 @@ def test_bench_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path):
     row = next(ln for ln in text.splitlines() if ln.startswith("shmloader, 1 worker "))
     assert len(ratios) == 3 and f" {sorted(ratios)[1]:.2f}x " in row
     assert "3 rounds" in text and "shmloader, 1 worker: " + ", ".join(f"{x:.2f}x" for x in ratios) in text
+    # efficiency: each round's loader over that round's bare process, the median of those ratios
+    bare = [rnd[0]["tokens_per_s"] for rnd in result["bare_rounds"]]
+    assert len(bare) == 3 and all(len(rnd) == 1 and rnd[0]["processes"] == 1 for rnd in result["bare_rounds"])
+    effs = [t / b for t, b in zip(shm["tokens_per_s_rounds"], bare)]
+    assert shm["efficiency_rounds"] == pytest.approx(effs)
+    assert re.search(rf" {sorted(effs)[1]:.0%} ", row), row
 
 
 def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path):

@@ -36,16 +36,19 @@ other, never together. Figures (SPEC §5):
   `encode_ordinary(text)`, and the loaders' engine (`--engine`, default auto: fastokens when
   installed, as a worker builds it) over the same documents in this (the main) process, best
   of 3 interleaved passes, the engine both one document per call and as a worker calls it
-  ("batch": runs of documents of `worker.CHUNK_CHARS` characters per call); and one bare
-  single-thread process of the loaders' engine per core side by side (no loader; called as a
-  worker calls it), which is what the cores really tokenize together; "busy rate" is each
-  worker's own tokens per second of reading + tokenizing; per-worker efficiency = shmloader
-  tokens/s / (workers * the engine's raw 1-thread rate, the faster of its two ways),
-  meaningful only while workers <= cores (the coordinator and the trainer share the cores
-  too); "CPU eff/worker" = tokens per CPU second of the workers (/proc, the same window) /
-  that rate: what a worker reads per second of a core of its own, the trainer's and the
-  coordinator's share of the cores (and other processes') left out. `--compare DIR` also
-  runs every shmloader throughput row with another checkout's package, interleaved.
+  ("batch": runs of documents of `worker.CHUNK_CHARS` characters per call): how fast each
+  engine is, for context.
+- bare processes: in every round, just before the loaders with N workers (N <= cores), N bare
+  single-thread processes of the loaders' engine side by side for `--seconds` (no loader; the
+  documents read beforehand, the engine called as a worker calls it): what N cores tokenize
+  with nothing else to do. Per-worker efficiency ("eff/worker") = shmloader's tokens/s / the
+  tokens/s of as many bare processes in the same round (the median of the per-round ratios
+  with `--repeat`): side by side in time, so that this machine's slow stretches hit both;
+  "busy rate" is each worker's own tokens per second of reading + tokenizing; "CPU
+  eff/worker" = tokens per CPU second of the workers (/proc, the same window) / a bare
+  process's tokens per second: what a worker reads per second of a core of its own, the
+  trainer's and the coordinator's share of the cores (and other processes') left out.
+  `--compare DIR` also runs every shmloader throughput row with another checkout's package, interleaved.
 
 - first batch as nanochat pays it (`--first-batch`, or `--first-batch-only`): nanochat builds a
   new validation loader at every evaluation, takes a few batches and drops it. In one fresh
@@ -596,12 +599,28 @@ def _name(run) -> str:
     return f"shmloader, {run['workers']} worker{'s' * (run['workers'] > 1)}{mode}"
 
 
-def cpu_efficiency(run: dict, rate: float) -> float | None:
-    """Tokens per CPU second of the workers / `rate` (None without a worker CPU count, and
-    for cache rows, whose workers mostly read the cache)."""
-    if not run.get("worker_cpu_s") or run.get("cache"):
+def efficiency(run: dict) -> float | None:
+    """Per-worker efficiency: the loader's tokens/s over what as many bare single-thread engine
+    processes read side by side in the same round (`bare_tokens_per_s`); with `--repeat`, the
+    median of the per-round ratios. None for rows without that measurement (the baseline,
+    cache rows, more workers than cores)."""
+    if run.get("efficiency_rounds"):
+        return statistics.median(run["efficiency_rounds"])
+    if not run.get("bare_tokens_per_s") or run.get("cache"):
         return None
-    return run["tokens_per_s"] * run["wall_s"] / run["worker_cpu_s"] / rate
+    return run["tokens_per_s"] / run["bare_tokens_per_s"]
+
+
+def cpu_efficiency(run: dict) -> float | None:
+    """Tokens per CPU second of the workers over a bare process's tokens per second (each bare
+    process has a core to itself): what a worker reads per second of a core of its own. None
+    without a worker CPU count or a bare measurement, and for cache rows, whose workers mostly
+    read the cache."""
+    if run.get("cpu_efficiency_rounds"):
+        return statistics.median(run["cpu_efficiency_rounds"])
+    if not run.get("worker_cpu_s") or run.get("cache") or not run.get("bare_tokens_per_s"):
+        return None
+    return run["tokens_per_s"] * run["wall_s"] / run["worker_cpu_s"] / (run["bare_tokens_per_s"] / run["workers"])
 
 
 def vs_base(run: dict, base: dict) -> float:
@@ -618,8 +637,12 @@ def aggregate(rounds: list) -> list:
     for i in range(len(rounds[0])):
         runs = [rnd[i] for rnd in rounds]
         pick = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
-        out.append(dict(pick, tokens_per_s_rounds=[r["tokens_per_s"] for r in runs],
-                        vs_base_rounds=[r["tokens_per_s"] / rnd[0]["tokens_per_s"] for r, rnd in zip(runs, rounds)]))
+        row = dict(pick, tokens_per_s_rounds=[r["tokens_per_s"] for r in runs],
+                   vs_base_rounds=[r["tokens_per_s"] / rnd[0]["tokens_per_s"] for r, rnd in zip(runs, rounds)])
+        if all(r.get("bare_tokens_per_s") for r in runs):
+            row["efficiency_rounds"] = [efficiency(r) for r in runs]
+            row["cpu_efficiency_rounds"] = [cpu_efficiency(r) for r in runs]
+        out.append(row)
     return out
 
 
@@ -663,21 +686,23 @@ def report(result: dict) -> str:
               f"per call" + (f", {raw[engine + ' batch']['tokens_per_s'] / 1e6:.2f} M as a worker calls it (batch)"
                              if engine + " batch" in raw else "")
               + f" ({rate / raw['encode_to_numpy']['tokens_per_s']:.2f}x encode_to_numpy)" if engine in raw else "")]
-    par = result.get("raw_parallel")
-    if par:
-        out.append(f"raw {engine}, {par['processes']} single-thread processes side by side for {par['seconds']:g} s "
-                   f"(no loader): {par['tokens_per_s'] / 1e6:.2f} M tokens/s in total "
-                   f"({par['tokens_per_s'] / (par['processes'] * rate):.0%} of {par['processes']} x the 1-thread rate)")
+    for par in result.get("bare") or ([result["raw_parallel"]] if result.get("raw_parallel") else []):
+        rounds = par.get("tokens_per_s_rounds") or []
+        out.append(f"bare {engine}: {par['processes']} single-thread process{'es side by side' * (par['processes'] > 1)}"
+                   f" (no loader, the engine called as a worker calls it) for {par['seconds']:g} s: "
+                   f"{par['tokens_per_s'] / 1e6:.2f} M tokens/s in total"
+                   + (f" (rounds: {', '.join(f'{x / 1e6:.2f}' for x in rounds)} M)" if len(rounds) > 1 else "")
+                   + f", {par['tokens_per_s'] / (par['processes'] * rate):.0%} of {par['processes']} x the "
+                     f"best in-process pass")
     out.append("")
     head = ("loader", "tokens/s", "vs base", "eff/worker", "CPU eff/worker", "busy rate/worker",
             "trainer CPU us/batch", "first ms (median)", "first ms (cold)", "trainer RSS MiB", "worker RSS MiB")
     rows = []
     for r in runs:
-        eff = None if r["kind"] == "baseline" or r.get("cache") else r["tokens_per_s"] / (r["workers"] * rate)
-        cpu_eff = cpu_efficiency(r, rate)
+        eff, cpu_eff = efficiency(r), cpu_efficiency(r)
         rows.append((_name(r), f"{r['tokens_per_s'] / 1e6:.2f} M",
                      f"{vs_base(r, base):.2f}x",
-                     "-" if eff is None else f"{eff:.0%}" + ("" if r["workers"] <= result["cores"] else " (>cores)"),
+                     "-" if eff is None else f"{eff:.0%}",
                      "-" if cpu_eff is None else f"{cpu_eff:.0%}",
                      # with a cache, busy time mixes tokenized pieces and (much faster) cache hits
                      "-" if r.get("worker_busy_tokens_per_s") is None or r.get("cache")
@@ -686,11 +711,12 @@ def report(result: dict) -> str:
                      _fmt(r["first_batch_ms_cold"]), _fmt(r["trainer_peak_rss_mib"]),
                      _fmt(r.get("worker_peak_rss_mib"))))
     out.append(_table(head, rows))
-    out.append(f"(eff/worker: tokens/s / (workers x the raw 1-thread rate of {engine}, {method}: "
-               f"{rate / 1e6:.2f} M); CPU eff/worker: tokens per CPU second of the workers (their own, from /proc, "
-               "over the same window) / that rate, what a worker would read with a core of its own, the trainer's and "
-               "coordinator's share of the cores left out; busy rate: a worker's tokens per second of its own "
-               "reading + tokenizing time)")
+    out.append(f"(eff/worker: tokens/s / what as many bare single-thread {engine} processes read side by side "
+               "in the same round, for as long (workers <= cores; with --repeat the median of the per-round "
+               "ratios); CPU eff/worker: tokens per CPU second of the workers (their own, from /proc, over the same "
+               "window) / a bare process's tokens per second, what a worker would read with a core of its own, the "
+               "trainer's and coordinator's share of the cores left out; busy rate: a worker's tokens per second of "
+               "its own reading + tokenizing time)")
     if len(base.get("vs_base_rounds") or []) > 1:
         out.append(f"{len(base['vs_base_rounds'])} rounds, each configuration once per round in turn; a row is "
                    f"the round with its median tokens/s, 'vs base' the median of the per-round ratios:")
@@ -731,7 +757,7 @@ def _targets(result: dict, rate: float) -> list[str]:
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     fast = result.get("engine", "tiktoken") != "tiktoken"
     speedup = TARGET_SPEEDUP_ENGINE if fast else TARGET_SPEEDUP
-    efficiency = TARGET_EFFICIENCY_ENGINE if fast else TARGET_EFFICIENCY
+    target_eff = TARGET_EFFICIENCY_ENGINE if fast else TARGET_EFFICIENCY
     lines = []
     if {"cold", "warm"} <= set(cached):
         x = cached["warm"]["tokens_per_s"] / cached["cold"]["tokens_per_s"]
@@ -754,19 +780,22 @@ def _targets(result: dict, rate: float) -> list[str]:
     else:
         lines.append(f"  >= {speedup}x baseline with 2 workers on 2 cores: not measured (add 2 to --workers)")
     par = result.get("raw_parallel")
-    if two and par and par["processes"] == 2:
-        lines.append(f"  (context) 2 workers read {two[0]['tokens_per_s'] / par['tokens_per_s']:.0%} of what 2 bare "
-                     f"tokenizer processes side by side did; the baseline is "
-                     f"{par['tokens_per_s'] / base['tokens_per_s']:.2f}x below that ceiling in this run")
-    effs = [(r["workers"], r["tokens_per_s"] / (r["workers"] * rate)) for r in shm if r["workers"] <= result["cores"]]
+    if par:
+        lines.append(f"  (context) {par['processes']} bare engine process{'es side by side' * (par['processes'] > 1)} "
+                     f"read {par['tokens_per_s'] / base['tokens_per_s']:.2f}x the baseline in this run")
+    effs = [(r["workers"], efficiency(r)) for r in shm if efficiency(r) is not None]
     if effs:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in effs)
-        lines.append(f"  >= {efficiency:.0%} per-worker efficiency (workers <= cores): {text}, "
-                     f"{met(all(e >= efficiency for _, e in effs))}")
-    cpu = [(r["workers"], cpu_efficiency(r, rate)) for r in shm if r["workers"] <= result["cores"]]
-    if cpu and all(e is not None for _, e in cpu):
+        lines.append(f"  >= {target_eff:.0%} per-worker efficiency, of as many bare single-thread engine processes "
+                     f"side by side (workers <= cores): {text}, {met(all(e >= target_eff for _, e in effs))}")
+    cpu = [(r["workers"], cpu_efficiency(r)) for r in shm if cpu_efficiency(r) is not None]
+    if cpu:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in cpu)
-        lines.append(f"  (context) per worker CPU second, against the same rate: {text}")
+        lines.append(f"  (context) per worker CPU second, of a bare process's second: {text}")
+    best = [(r["workers"], r["tokens_per_s"] / (r["workers"] * rate)) for r in shm if r["workers"] <= result["cores"]]
+    if best:
+        text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in best)
+        lines.append(f"  (context) per worker, of the engine's best in-process pass ({rate / 1e6:.2f} M): {text}")
     calls = [r for r in result.get("syscalls") or [] if "per_next" in r]
     if calls:
         text = ", ".join(f"{r['packing']} {r['per_next']:.3f}" for r in calls)
@@ -926,22 +955,38 @@ def main(argv=None) -> int:
     result["engine"] = encoder.name
     result["raw"] = raw_rates(files, _load_tiktoken(tok), min(args.seconds, 5.0),
                               engine=None if encoder.name == "tiktoken" else encoder)
-    print(f"measuring {result['cores']} bare tokenizer processes side by side ...", file=sys.stderr)
-    result["raw_parallel"] = parallel_raw(cfg, result["cores"], min(args.seconds, 5.0))
     rounds = []
     compare = [("before", str(args.compare))] if args.compare is not None else []
     ours = [("this checkout" if compare else None, None)]
-    configs = [("baseline", None, "concat", None, None)] + [
-        ("shmloader", w, p, label, path) for p in args.packings for w in args.workers for label, path in compare + ours]
+    configs = [("baseline", None, "concat", None, None)]
+    for w in args.workers:  # the bare processes just before the loaders of their count
+        if w <= result["cores"]:
+            configs.append(("bare", w, None, None, None))
+        configs += [("shmloader", w, p, label, path) for p in args.packings for label, path in compare + ours]
     for i in range(args.repeat):
         runs = []
         for kind, workers, packing, label, path in configs:
             print(f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}measuring {kind}"
                   f"{'' if workers is None else f' with {workers} workers, {packing}'}{f' ({label})' if label else ''}"
-                  f" (fresh process) ...", file=sys.stderr)
-            runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing, label=label), path))
-        rounds.append(runs)
+                  f" (fresh process) ..." if kind != "bare" else
+                  f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}measuring {workers} bare "
+                  f"tokenizer process{'es side by side' if workers > 1 else ''} ...", file=sys.stderr)
+            if kind == "bare":
+                runs.append(dict(parallel_raw(cfg, workers, args.seconds), kind="bare", workers=workers))
+            else:
+                runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing, label=label), path))
+        bare = {r["workers"]: r["tokens_per_s"] for r in runs if r["kind"] == "bare"}
+        for r in runs:  # each loader's ceiling: as many bare processes, measured in the same round
+            if r["kind"] == "shmloader":
+                r["bare_tokens_per_s"] = bare.get(r["workers"])
+        rounds.append([r for r in runs if r["kind"] != "bare"])
+        result.setdefault("bare_rounds", []).append([r for r in runs if r["kind"] == "bare"])
     runs = aggregate(rounds) if args.repeat > 1 else rounds[0]
+    result["bare"] = [dict(sorted(got, key=lambda r: r["tokens_per_s"])[(len(got) - 1) // 2],
+                           tokens_per_s_rounds=[r["tokens_per_s"] for r in got])
+                      for got in zip(*result["bare_rounds"])]  # per count, the round with the median
+    if result["bare"]:  # the most processes side by side: what these cores tokenize together
+        result["raw_parallel"] = max(result["bare"], key=lambda r: r["processes"])
     if args.cache_runs:
         runs += cache_runs(cfg, data, tok, args.cache_compare)
     result["runs"], result["rounds"] = runs, args.repeat
