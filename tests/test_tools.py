@@ -163,6 +163,9 @@ def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path)
         [("baseline", None), ("shmloader", "before"), ("shmloader", "this checkout")]
     assert all(r["worker_cpu_s"] > 0 for r in result["runs"][1:]) and result["runs"][0]["worker_cpu_s"] is None
     assert "shmloader, 1 worker (before)" in text and "CPU eff/worker" in text
+    assert all(r["coordinator_cpu_s"] >= 0 for r in result["runs"][1:]) and result["runs"][0]["coordinator_cpu_s"] is None
+    assert re.search(r"where the \d+ cores went with 1 worker: workers \d+%, coordinator \d+%, training process "
+                     r"\d+%, the rest \(idle, kernel, other processes\) -?\d+%", text), text
     assert "per worker CPU second" in text
     if result["engine"] == "fastokens":
         assert result["raw"]["fastokens batch"]["tokens_per_s"] > 0 and "as a worker calls it (batch)" in text

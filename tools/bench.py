@@ -131,8 +131,9 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
             while time.perf_counter() < end:
                 next(it)
             read0 = it.stats()["tokens_read"]
-        workers = _worker_pids(it)
+        workers, coordinator = _worker_pids(it), _coordinator_pid(it)
         n, c0, w0, t0 = 0, _cpu(), _cpu_of(workers), time.perf_counter()
+        k0 = _cpu_of(coordinator)
         with _bar(desc) as bar:
             while time.perf_counter() - t0 < seconds:
                 next(it)
@@ -141,12 +142,15 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
                 n += 1
                 bar.update()
         wall, cpu, worker_cpu = time.perf_counter() - t0, _cpu() - c0, _cpu_of(workers) - w0
+        coordinator_cpu = _cpu_of(coordinator) - k0
         read = n * window
         if bestfit:  # tokens read = tokenized by the workers in the window (SPEC 5)
             stats = it.stats()
             read = stats["tokens_read"] - read0
         out = {"batches": n, "wall_s": wall, "tokens_per_s": read / wall,
-               "trainer_cpu_us_per_batch": cpu / n * 1e6, "worker_cpu_s": worker_cpu if workers else None}
+               "trainer_cpu_us_per_batch": cpu / n * 1e6, "trainer_cpu_s": cpu,
+               "worker_cpu_s": worker_cpu if workers else None,
+               "coordinator_cpu_s": coordinator_cpu if coordinator else None}
         if bestfit:
             out.update(cropped_fraction=stats["cropped_fraction"], delivered_tokens_per_s=n * window / wall)
         out.update(_process_peaks(it))
@@ -162,6 +166,11 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
 def _worker_pids(loader) -> list:
     procs = loader.debug() if hasattr(loader, "debug") else None  # the baseline is a generator
     return [p.pid for p in procs.workers] if procs is not None else []
+
+
+def _coordinator_pid(loader) -> list:
+    procs = loader.debug() if hasattr(loader, "debug") else None
+    return [procs.coordinator.pid] if procs is not None else []
 
 
 def _cpu_of(pids) -> float:
@@ -792,6 +801,14 @@ def _targets(result: dict, rate: float) -> list[str]:
     if cpu:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in cpu)
         lines.append(f"  (context) per worker CPU second, of a bare process's second: {text}")
+    for r in shm:
+        if r.get("coordinator_cpu_s") is not None and r["workers"] <= result["cores"]:
+            share = lambda x: x / (r["wall_s"] * result["cores"])  # noqa: E731  (of all the cores)
+            lines.append(f"  (context) where the {result['cores']} cores went with {r['workers']} worker"
+                         f"{'s' * (r['workers'] > 1)}: workers {share(r['worker_cpu_s']):.0%}, coordinator "
+                         f"{share(r['coordinator_cpu_s']):.0%}, training process {share(r['trainer_cpu_s']):.0%}, "
+                         f"the rest (idle, kernel, other processes) "
+                         f"{1 - share(r['worker_cpu_s'] + r['coordinator_cpu_s'] + r['trainer_cpu_s']):.0%}")
     best = [(r["workers"], r["tokens_per_s"] / (r["workers"] * rate)) for r in shm if r["workers"] <= result["cores"]]
     if best:
         text = ", ".join(f"{w} worker{'s' * (w > 1)} {e:.0%}" for w, e in best)
