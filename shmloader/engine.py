@@ -237,13 +237,14 @@ class Engines:
 
     `warn(text)` is called (by the worker's thread, in `poll`) when "auto" fell back to the
     definition or the engine started more than one thread; an error of `engine="fastokens"`'s
-    build is raised by `poll`. Test knob: `SHMLOADER_ENGINE_AT=k` in the environment starts the
-    build at once, before the worker reads anything, and makes the fast engine take over
-    exactly at the worker's `k`-th non-null document (0: before the first), so that tests know
-    which documents it encodes.
+    build is raised by `poll`. `at=k` starts the build at once, before anything is read, and
+    makes the fast engine take over exactly at the `k`-th non-null document (0: before the
+    first): a tool that tokenizes a whole split (tools/pretokenize.py) passes 0, and tests set
+    it for workers through the environment (`SHMLOADER_ENGINE_AT=k`), so that they know which
+    documents it encodes.
     """
 
-    def __init__(self, spec, engine: str = "auto", warn=print):
+    def __init__(self, spec, engine: str = "auto", warn=print, at: int | None = None):
         self.encoder, self.check = _definition(spec), None
         self.docs = 0            # non-null documents encoded, by either engine
         self._warn = warn
@@ -253,8 +254,9 @@ class Engines:
         self._thread = None      # the build, until the engine takes over
         self._started = False
         self._built = None       # (Encoder, None) or (None, exception), set by the build thread
-        at = os.environ.get(AT_ENV)
-        self._at = int(at) if at else None
+        if at is None and os.environ.get(AT_ENV):
+            at = int(os.environ[AT_ENV])
+        self._at = at
         if self._at is not None:  # built before the worker reads anything: the threads it
             self.start()          # counts are then the engine's alone (a first read of S3 or
             if self._thread is not None:  # GCS starts threads of pyarrow's own)

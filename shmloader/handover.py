@@ -49,6 +49,7 @@ from multiprocessing import reduction
 from .ring import Counter, Ring
 
 FREE_POLL_S = 0.01
+FREE_POLL_MAX_S = 1.0  # the longest the poll backs off to: the coordinator loop's usual wait (WAIT_S)
 HANDOVER_ENV = "SHMLOADER_HANDOVER"
 
 
@@ -169,7 +170,7 @@ class CoordinatorEnd:
 
     def timed_out(self):
         """A wait ended with nothing to read: poll the free log half as often."""
-        self.poll_s *= 2
+        self.poll_s = min(2 * self.poll_s, FREE_POLL_MAX_S)
 
     def kicked_now(self):
         """The kick doorbell is readable: clear it (on the system-call path, count the frees

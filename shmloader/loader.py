@@ -11,8 +11,9 @@ functions over it are in nanochat.py):
 A ready batch is taken from the ring's header and its slot given back there, without a
 system call (NOTE [slot handover], handover.py); it never sees token lists. Waiting for a
 batch is a poll on the coordinator's doorbell and pipe that costs no CPU, times out, and
-checks every child process's sentinel (while batches flow, liveness is checked twice a second). `config` is the frozen
-`LoaderConfig`; `debug()` exposes the running parts to tests and tools.
+checks every child process's sentinel (while batches flow, liveness is checked twice a
+second). `config` is the frozen `LoaderConfig`; `debug()` exposes the running parts to tests
+and tools.
 See NOTE [ring protocol] in docs/design.md.
 """
 import atexit

@@ -96,10 +96,10 @@ class Children:
         self.ring.slot_states[slot] = ringmod.SlotState.FREE
         self.handover.free(k)
 
-    def wait_for_batch(self, timeout: float) -> bool:
-        """Block until the coordinator rings, writes to its pipe, or a child exits (True), or
-        for `timeout` s (False); reads a message, raises a death. Clears the doorbell first
-        (`TrainerEnd.before_blocking`): call `take()` between this and the wait."""
+    def wait_for_batch(self, timeout: float):
+        """Block until the coordinator rings, writes to its pipe, or a child exits, or for
+        `timeout` s; reads a message, raises a death. The caller clears the doorbell first
+        (`TrainerEnd.before_blocking`) and calls `take()` between that and this wait."""
         if self._blocked is None:
             self._blocked = Listener([self.conn, self.ready, *self.sentinels])
         ready = self._blocked.wait(timeout)
@@ -107,7 +107,6 @@ class Children:
             self.read_message()
         elif any(r is not self.ready for r in ready):
             self.check_alive()
-        return bool(ready)
 
     def check_alive(self):
         """Raise if a child has exited: one poll over the sentinels, no selector built."""

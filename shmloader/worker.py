@@ -1,11 +1,11 @@
 """The worker process: read a row-group slice, tokenize it, copy its tokens where told.
 
 Loop (NOTE [ring protocol] in protocol.py): take `Task` messages; tokenize the oldest task
-(`[BOS] + encode_ordinary(text)` per document, nulls skipped) in runs of documents of about
-`CHUNK_CHARS` characters, one engine call each (`engine.Engines`), answering the coordinator's
-messages every 2 ms (once the run in progress is done), so that a long row group never
-delays a write order; send `Counted(piece, lengths, cache_hit)`; keep the tokens as the task says (`KEEP`)
-until the write orders (`Place`, `Rows`; `WRITERS` holds what carries out each) have copied
+(`[BOS] + encode_ordinary(text)` per document, nulls skipped: `encode_texts`) in runs of
+documents of about `CHUNK_CHARS` characters, one engine call each (`engine.Engines`),
+answering the coordinator's messages every 2 ms (once the run in progress is done), so that a
+long row group never delays a write order; send `Counted(piece, lengths, cache_hit)`; keep
+the tokens as the task says (`KEEP`) until the write orders (`Place`, `Rows`; `WRITERS` holds what carries out each) have copied
 all of them into ring slots. It never asks which packing the run uses.
 
 Never imports torch. Ignores SIGINT (the trainer handles Ctrl-C and closes the loader). Exits
@@ -17,11 +17,9 @@ import bisect
 import ctypes
 import itertools
 import os
-import select
 import time
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 
 import numpy as np
 
@@ -30,7 +28,7 @@ from . import ring as ringmod
 from .cache import TokenCache
 from .config import LoaderConfig
 from .plan import Piece
-from .protocol import Counted, Error, Place, Rows, RunArgs, Skipped, Stop, Task, Warn, Written
+from .protocol import Counted, Error, Listener, Place, Rows, RunArgs, Skipped, Stop, Task, Warn, Written
 from .ring import WorkerCol
 from .source import ParquetSource, read_or_skip
 
@@ -50,7 +48,7 @@ class _Ctx:
     tasks: deque
     held: dict
     ordered: bool = False  # a write order came: the first batch is planned
-    poller: object = None  # select.poll of conn and alive
+    listening: Listener = None  # conn and alive
 
 
 def worker_main(cfg: LoaderConfig, args: RunArgs, conn, alive):
@@ -62,7 +60,7 @@ def worker_main(cfg: LoaderConfig, args: RunArgs, conn, alive):
         if attached is None:
             return
         ctx.ring = attached.ring
-        ctx.poller = _poller(conn, alive)
+        ctx.listening = Listener([conn, alive])
         ctx.ring.workers[args.worker, :WorkerCol.DOC + 1] = (os.getpid(), -1, -1, -1, -1)
         _loop(ctx)
     except (Stop, EOFError, BrokenPipeError, ConnectionResetError):
@@ -124,7 +122,7 @@ def _loop(ctx: _Ctx):
             ctx.conn.send(Counted(piece.index, lengths, hit))
             row[WorkerCol.PIECE] = -1  # after the send: a death in it names the piece
             continue
-        ready = wait([ctx.conn, ctx.alive], timeout=IDLE_WAIT_S)
+        ready = ctx.listening.wait(IDLE_WAIT_S)
         if ctx.alive in ready:
             raise Stop
         if ctx.conn in ready:
@@ -134,19 +132,12 @@ def _loop(ctx: _Ctx):
 def _service(ctx: _Ctx):
     """Answer pending messages; called every SERVICE_EVERY_S while tokenizing. Usually there
     are none: one poll(2) of both pipes says so (`Connection.poll` builds a selector per call)."""
-    if not ctx.poller.poll(0):
+    if not ctx.listening.wait(0):
         return
     if ctx.alive.poll():
         raise Stop
     while ctx.conn.poll():
         _handle(ctx, ctx.conn.recv())
-
-
-def _poller(*conns):
-    poller = select.poll()
-    for conn in conns:
-        poller.register(conn.fileno(), select.POLLIN)
-    return poller
 
 
 def _handle(ctx: _Ctx, msg):
@@ -251,33 +242,50 @@ def _tokenized(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
 
 
 def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
-    """(tokens, lengths, bad) of a piece: `[BOS] + ids` of each non-null document, end to end,
-    encoded a chunk of documents at a time (`CHUNK_CHARS`), answering write orders between chunks."""
+    """(tokens, lengths, bad) of a piece (`encode_texts`), answering write orders between chunks."""
     spec = ctx.args.tokenizer
     texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
                          ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
                          "row group")
     if texts is None:
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
+    due = time.perf_counter() + SERVICE_EVERY_S
+
+    def between():
+        nonlocal due
+        if time.perf_counter() >= due:  # write orders wait at most about this long (or one chunk)
+            _service(ctx)
+            due = time.perf_counter() + SERVICE_EVERY_S
+
+    path = ctx.args.files[piece.file]
+    tokens, lengths = encode_texts(texts, encode.encode_batch, spec.bos, spec.dtype,
+                                   lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}",
+                                   between)
+    return tokens, lengths, False
+
+
+def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None) -> tuple:
+    """(tokens, lengths): `[BOS] + ids` of each non-null text, end to end, and each text's
+    length with its BOS (0 for a null), as the stream and the token cache hold them. Encoded
+    in runs of about `CHUNK_CHARS` characters, one `encode_batch(texts, where) -> (ids,
+    offsets)` call each (`engine.Engines.encode_batch`), `where(i)` naming text i; `between()`
+    after each run."""
     lengths = np.zeros(len(texts), dtype=np.int64)
     parts = []  # each run's [BOS] + ids, ...
-    due = time.perf_counter() + SERVICE_EVERY_S
     for start, end in _chunks(texts, CHUNK_CHARS):
         docs, rows, at = texts[start:end], range(start, end), slice(start, end)  # at: their lengths
         if None in docs:
             at = rows = [i for i in rows if texts[i] is not None]
             docs = [texts[i] for i in rows]
         if docs:
-            ids, offsets = encode.encode_batch(docs, lambda j: f"{ctx.args.files[piece.file]}, row group "
-                                                                f"{piece.rg}, document row {piece.doc_start + rows[j]}")
+            ids, offsets = encode_batch(docs, lambda j: where(rows[j]))
             lengths[at] = offsets[1:] - offsets[:-1] + 1
-            parts.append(_with_bos(ids, offsets, spec.bos, spec.dtype))
-        if time.perf_counter() >= due:  # write orders wait at most about this long (or one chunk)
-            _service(ctx)
-            due = time.perf_counter() + SERVICE_EVERY_S
+            parts.append(_with_bos(ids, offsets, bos, dtype))
+        if between is not None:
+            between()
     if len(parts) == 1:
-        return parts[0], lengths, False
-    return (np.concatenate(parts) if parts else np.empty(0, spec.dtype)), lengths, False
+        return parts[0], lengths
+    return (np.concatenate(parts) if parts else np.empty(0, dtype)), lengths
 
 
 def _with_bos(ids: np.ndarray, offsets: np.ndarray, bos: int, dtype) -> np.ndarray:

@@ -13,10 +13,11 @@ Datasets (session-scoped, written once into tmp dirs with `shmloader_dev.corpus`
   W = 33 (B=2, T=16, world 1) a window ends exactly at the end of row group 0 of file 0, at
   the end of file 0 and at the end of the train epoch (exact-boundary resume points).
 
-`SHMLOADER_ENGINE_AT=0` for the whole session (below). Autouse `no_leaks`: after every test, no child process of the loader (a descendant of this
-process other than multiprocessing's forkserver / resource tracker) is alive and no
-/dev/shm/shml_<this pid>_* segment remains (2 s grace). `watchdog`: a per-test SIGALRM deadline,
-used by the loader test modules so that a hang fails instead of blocking the run.
+`SHMLOADER_ENGINE_AT=0` for the whole session (below). Autouse `no_leaks`: after every test,
+no child process of the loader (a descendant of this process other than multiprocessing's
+forkserver / resource tracker) is alive and no /dev/shm/shml_<this pid>_* segment remains (2 s
+grace). `watchdog`: a per-test SIGALRM deadline, used by the loader test modules so that a
+hang fails instead of blocking the run.
 """
 from __future__ import annotations
 

@@ -171,6 +171,50 @@ def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path)
         assert result["raw"]["fastokens batch"]["tokens_per_s"] > 0 and "as a worker calls it (batch)" in text
 
 
+def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import profile_worker
+    finally:
+        sys.path.pop(0)
+    top = "worker_main (shmloader/worker.py:67);_loop (shmloader/worker.py:114)"
+    tok = top + ";_tokenize (shmloader/worker.py:250);encode_texts (shmloader/worker.py:280)"
+    raw = "\n".join([
+        f"{tok};Engines.encode_batch (shmloader/engine.py:331);_fastokens.<locals>.batch (shmloader/engine.py:161);"
+        f"pcre2_match_8 (fastokens/_native.abi3.so) 7",
+        f"{tok};Engines.encode_batch (shmloader/engine.py:333);Check.batch (shmloader/engine.py:196);"
+        f"Check._compare (shmloader/engine.py:210);<lambda> (shmloader/tokenizer.py:178) 2",
+        f"{top};_tokenize (shmloader/worker.py:245);ParquetSource.read_texts (shmloader/source.py:214);"
+        f"ParquetSource._read_column (shmloader/source.py:234);read_row_group (pyarrow/parquet/core.py:489);"
+        f"ZSTD_decompressSequences_bmi2 (pyarrow/libarrow.so) 3",
+        f"{top};_tokenize (shmloader/worker.py:245);ParquetSource.read_texts (shmloader/source.py:216);"
+        f"unicode_decode_utf8 (libpython3.11.so) 1",
+        f"{tok};_with_bos (shmloader/worker.py:292) 4",
+        f"{top};_handle (shmloader/worker.py:160);_place (shmloader/worker.py:169) 5",
+        f"{top};Listener.wait (shmloader/protocol.py:172);poll (libc.so.6) 6",
+        f"{tok} 8",
+    ])
+    parts, total = profile_worker.classify(raw)
+    assert total == 36 and parts == {
+        "engine encode": 7, "sampled check (tiktoken) and its bookkeeping": 2, "reading: zstd decompression": 3,
+        "reading: the rest (decode, to_pylist)": 1, "inserting BOS": 4, "copies into ring slots": 5,
+        "messages and polls": 6, "other": 8}
+    assert "engine encode" in profile_worker.report(parts, total) and "19.4%" in profile_worker.report(parts, total)
+
+
+def test_profile_worker_samples_a_running_worker(demo):
+    out, _ = demo
+    if subprocess.run([sys.executable, "-c", "import shutil, sys, os; sys.exit(shutil.which('py-spy', path="
+                       "os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']) is None)"]).returncode:
+        pytest.skip("needs py-spy (the dev extras install it)")
+    text = run("tools/profile_worker.py", "--cache-dir", out, "--vocab-size", VOCAB, "-B", 2, "-T", 128,
+               "--seconds", 2, "--warmup", 0.2)
+    samples = re.search(r"^all +([\d,]+)$", text, re.M)
+    engine = re.search(r"^engine encode +([\d,]+) ", text, re.M)
+    assert samples and engine and int(engine.group(1).replace(",", "")) > 0, text
+    assert "M tokens/s meanwhile" in text
+
+
 def test_gpu_check_help():
     text = run("tools/gpu_check.py", "--help")
     assert "--device" in text and "--workers" in text

@@ -638,19 +638,26 @@ def vs_base(run: dict, base: dict) -> float:
     return statistics.median(rounds) if rounds else run["tokens_per_s"] / base["tokens_per_s"]
 
 
+def median_round(runs: list) -> dict:
+    """One configuration's runs over the rounds as one row: the round with the median tokens/s
+    (the lower middle one for an even count), with every round's tokens/s attached."""
+    pick = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
+    return dict(pick, tokens_per_s_rounds=[r["tokens_per_s"] for r in runs])
+
+
 def aggregate(rounds: list) -> list:
-    """One row per configuration from `--repeat` rounds: the round with the median tokens/s
-    (the lower middle one for an even count), with every round's ratio to that round's
-    baseline and every round's tokens/s attached."""
+    """One row per configuration from `--repeat` rounds (`median_round`), with every round's
+    ratio to that round's baseline and, for loaders measured against bare processes, every
+    round's efficiencies attached."""
     out = []
     for i in range(len(rounds[0])):
         runs = [rnd[i] for rnd in rounds]
-        pick = sorted(runs, key=lambda r: r["tokens_per_s"])[(len(runs) - 1) // 2]
-        row = dict(pick, tokens_per_s_rounds=[r["tokens_per_s"] for r in runs],
+        row = dict(median_round(runs),
                    vs_base_rounds=[r["tokens_per_s"] / rnd[0]["tokens_per_s"] for r, rnd in zip(runs, rounds)])
-        if all(r.get("bare_tokens_per_s") for r in runs):
-            row["efficiency_rounds"] = [efficiency(r) for r in runs]
-            row["cpu_efficiency_rounds"] = [cpu_efficiency(r) for r in runs]
+        for key, of in (("efficiency_rounds", efficiency), ("cpu_efficiency_rounds", cpu_efficiency)):
+            got = [of(r) for r in runs]
+            if None not in got:
+                row[key] = got
         out.append(row)
     return out
 
@@ -695,7 +702,7 @@ def report(result: dict) -> str:
               f"per call" + (f", {raw[engine + ' batch']['tokens_per_s'] / 1e6:.2f} M as a worker calls it (batch)"
                              if engine + " batch" in raw else "")
               + f" ({rate / raw['encode_to_numpy']['tokens_per_s']:.2f}x encode_to_numpy)" if engine in raw else "")]
-    for par in result.get("bare") or ([result["raw_parallel"]] if result.get("raw_parallel") else []):
+    for par in result.get("bare", []):
         rounds = par.get("tokens_per_s_rounds") or []
         out.append(f"bare {engine}: {par['processes']} single-thread process{'es side by side' * (par['processes'] > 1)}"
                    f" (no loader, the engine called as a worker calls it) for {par['seconds']:g} s: "
@@ -788,8 +795,8 @@ def _targets(result: dict, rate: float) -> list[str]:
                      f"{met(x >= speedup)}{note}")
     else:
         lines.append(f"  >= {speedup}x baseline with 2 workers on 2 cores: not measured (add 2 to --workers)")
-    par = result.get("raw_parallel")
-    if par:
+    if result.get("bare"):  # the most processes side by side: what these cores tokenize together
+        par = max(result["bare"], key=lambda r: r["processes"])
         lines.append(f"  (context) {par['processes']} bare engine process{'es side by side' * (par['processes'] > 1)} "
                      f"read {par['tokens_per_s'] / base['tokens_per_s']:.2f}x the baseline in this run")
     effs = [(r["workers"], efficiency(r)) for r in shm if efficiency(r) is not None]
@@ -982,16 +989,16 @@ def main(argv=None) -> int:
         configs += [("shmloader", w, p, label, path) for p in args.packings for label, path in compare + ours]
     for i in range(args.repeat):
         runs = []
+        step = f"round {i + 1}/{args.repeat}: " if args.repeat > 1 else ""
         for kind, workers, packing, label, path in configs:
-            print(f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}measuring {kind}"
-                  f"{'' if workers is None else f' with {workers} workers, {packing}'}{f' ({label})' if label else ''}"
-                  f" (fresh process) ..." if kind != "bare" else
-                  f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}measuring {workers} bare "
-                  f"tokenizer process{'es side by side' if workers > 1 else ''} ...", file=sys.stderr)
             if kind == "bare":
+                print(f"{step}measuring {workers} bare tokenizer process{'es side by side' * (workers > 1)} ...",
+                      file=sys.stderr)
                 runs.append(dict(parallel_raw(cfg, workers, args.seconds), kind="bare", workers=workers))
-            else:
-                runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing, label=label), path))
+                continue
+            print(f"{step}measuring {kind}{'' if workers is None else f' with {workers} workers, {packing}'}"
+                  f"{f' ({label})' if label else ''} (fresh process) ...", file=sys.stderr)
+            runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing, label=label), path))
         bare = {r["workers"]: r["tokens_per_s"] for r in runs if r["kind"] == "bare"}
         for r in runs:  # each loader's ceiling: as many bare processes, measured in the same round
             if r["kind"] == "shmloader":
@@ -999,11 +1006,7 @@ def main(argv=None) -> int:
         rounds.append([r for r in runs if r["kind"] != "bare"])
         result.setdefault("bare_rounds", []).append([r for r in runs if r["kind"] == "bare"])
     runs = aggregate(rounds) if args.repeat > 1 else rounds[0]
-    result["bare"] = [dict(sorted(got, key=lambda r: r["tokens_per_s"])[(len(got) - 1) // 2],
-                           tokens_per_s_rounds=[r["tokens_per_s"] for r in got])
-                      for got in zip(*result["bare_rounds"])]  # per count, the round with the median
-    if result["bare"]:  # the most processes side by side: what these cores tokenize together
-        result["raw_parallel"] = max(result["bare"], key=lambda r: r["processes"])
+    result["bare"] = [median_round(list(got)) for got in zip(*result["bare_rounds"])]  # per count
     if args.cache_runs:
         runs += cache_runs(cfg, data, tok, args.cache_compare)
     result["runs"], result["rounds"] = runs, args.repeat
@@ -1047,7 +1050,7 @@ def draw_chart(result: dict, path: Path):
     raw = result["raw"]["encode_to_numpy"]["tokens_per_s"] / 1e6
     cores = result["cores"]
     ax.plot([1, cores], [raw, raw * cores], ":", color="gray", label="tiktoken's single-thread rate x cores")
-    bare = result.get("bare") or ([result["raw_parallel"]] if result.get("raw_parallel") else [])
+    bare = result.get("bare", [])
     if bare:  # the ceiling: as many bare engine processes, no loader
         ax.plot([b["processes"] for b in bare], [b["tokens_per_s"] / 1e6 for b in bare], "^:", color="green",
                 label=f"bare {result.get('engine', 'tiktoken')} processes side by side (no loader)")

@@ -10,22 +10,22 @@ second run does nothing. Prints what it did and the disk the cache takes.
 import argparse
 import multiprocessing
 import os
+import sys
 import time
 
-import numpy as np
 from tqdm import tqdm
 
 from shmloader import cache as cachemod
 from shmloader import engine as enginemod
-from shmloader import source, tokenizer as tokmod
+from shmloader import source, tokenizer as tokmod, worker
 
 
 def _init(spec_, cache_dir_, engine):
-    global _SPEC, _ENCODE, _CHECK, _CACHE
+    global _SPEC, _ENGINES, _CACHE
     _SPEC = spec_
-    encoder = enginemod.build(spec_, engine)  # the loader's engine, checked as a worker checks it
-    _ENCODE = encoder.encode
-    _CHECK = enginemod.Check(encoder) if encoder.reference is not None else None
+    # the loader's engine, checked as a worker checks it, taking over before the first document
+    _ENGINES = enginemod.Engines(spec_, engine, warn=lambda text: print(f"pretokenize: {text}", file=sys.stderr),
+                                 at=0)
     _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab)
 
 
@@ -34,17 +34,8 @@ def _one(job):
     if _CACHE.load(path, rg) is not None:
         return 0, False
     texts = source.ParquetSource([path]).read_texts(0, rg, 0, _rows(path, rg))
-    lengths = np.zeros(len(texts), dtype=np.int64)
-    parts = []
-    bos = np.array([_SPEC.bos], dtype=_SPEC.dtype)
-    for i, text in enumerate(texts):
-        if text is not None:
-            ids = _ENCODE(text)
-            if _CHECK is not None:
-                _CHECK(text, ids, lambda: f"{path}, row group {rg}, document row {i}")
-            parts += [bos, ids.astype(_SPEC.dtype, copy=False)]
-            lengths[i] = len(ids) + 1
-    tokens = np.concatenate(parts) if parts else np.empty(0, _SPEC.dtype)
+    tokens, lengths = worker.encode_texts(texts, _ENGINES.encode_batch, _SPEC.bos, _SPEC.dtype,
+                                          lambda i: f"{path}, row group {rg}, document row {i}")
     _CACHE.store(path, rg, lengths, tokens)
     return int(tokens.size), True
 

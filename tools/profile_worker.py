@@ -1,0 +1,126 @@
+"""Where a loader worker's time goes, sampled with py-spy while a training process reads.
+
+    python tools/profile_worker.py                         # the demo corpus, 1 worker, 15 s
+    python tools/profile_worker.py --workers 2 --seconds 30 --raw worker.txt
+
+Builds a CPU `ShmLoader` (B=16, T=2048 by default), takes batches for `--warmup` seconds,
+then runs `py-spy record --native` on worker 0 for `--seconds` while this process keeps taking
+batches as fast as it can (a consumer that never waits: the workers are the bottleneck).
+Prints the share of the worker's samples in each part of its work, judged by the innermost
+frame of the worker's own code in each sample (and, for reading, zstd's native frames), and
+the loader's tokens/s while it was sampled (the sampler slows the worker; compare shares, not
+rates). Needs `py-spy` (`pip install py-spy`) and permission to trace a process of your own.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+
+# (part, what marks a sample as that part), checked in this order against a sample's frames
+PARTS = [
+    ("sampled check (tiktoken) and its bookkeeping", lambda fr: any(f.startswith("Check.") for f in fr)),
+    ("engine encode", lambda fr: _inner(fr, ("_fastokens.<locals>.batch", "Encoder.encode_batch"))),
+    ("reading: zstd decompression", lambda fr: _inner(fr, ("ParquetSource.",)) and "ZSTD_" in fr[-1]),
+    ("reading: the rest (decode, to_pylist)", lambda fr: _inner(fr, ("ParquetSource.", "read_or_skip"))),
+    ("inserting BOS", lambda fr: _inner(fr, ("_with_bos",))),
+    ("copies into ring slots", lambda fr: _inner(fr, ("_place", "_write_rows", "_per_doc"))),
+    ("messages and polls", lambda fr: _inner(fr, ("_service", "_handle", "Connection.", "_loop", "Listener.",
+                                                    "_tokenize.<locals>.between"))),
+]
+
+
+def _inner(frames: list[str], names: tuple[str, ...]) -> bool:
+    """Whether the innermost frame of shmloader's own code is one of `names` (a prefix)."""
+    for frame in reversed(frames):
+        if "shmloader/" in frame:
+            return frame.split(" (", 1)[0].startswith(names)
+    return False
+
+
+def classify(raw: str) -> tuple[Counter, int]:
+    """(samples per part, all samples) of py-spy's raw format: one `frame;frame;... count` per
+    line, outermost frame first."""
+    parts, total = Counter(), 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        frames, n = stack.split(";"), int(count)
+        total += n
+        parts[next((name for name, match in PARTS if match(frames)), "other")] += n
+    return parts, total
+
+
+def report(parts: Counter, total: int) -> str:
+    rows = [f"{'part of the worker':<46} {'samples':>8} {'share':>7}", "-" * 63]
+    for name in [p for p, _ in PARTS] + ["other"]:
+        rows.append(f"{name:<46} {parts[name]:>8,} {parts[name] / max(total, 1):>7.1%}")
+    rows.append(f"{'all':<46} {total:>8,}")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", help="directory (or glob) of parquet shards (default: the demo corpus)")
+    ap.add_argument("--tokenizer", help="tokenizer.pkl (default: the demo tokenizer)")
+    ap.add_argument("--cache-dir", default="demo_data", help="where the demo corpus is built (default ./demo_data)")
+    ap.add_argument("--vocab-size", type=int, default=4096, help="demo tokenizer size when it is built (default 4096)")
+    ap.add_argument("--workers", type=int, default=1, help="loader workers; worker 0 is sampled (default 1)")
+    ap.add_argument("-B", type=int, default=16, help="rows per batch (default 16)")
+    ap.add_argument("-T", type=int, default=2048, help="tokens per row (default 2048)")
+    ap.add_argument("--seconds", type=int, default=15, help="sampling time (whole seconds; default 15)")
+    ap.add_argument("--warmup", type=float, default=2.0, help="batches taken before sampling (s; default 2)")
+    ap.add_argument("--rate", type=int, default=200, help="samples per second (default 200)")
+    ap.add_argument("--raw", help="also keep py-spy's raw samples in this file")
+    args = ap.parse_args(argv)
+    # pip puts it beside this Python, which is on PATH only in an activated environment
+    spy = shutil.which("py-spy", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    if spy is None:
+        raise SystemExit("profile_worker: needs py-spy: pip install py-spy")
+    if args.data is None:
+        from shmloader_dev.demo import prepare_data
+
+        demo = prepare_data(args.cache_dir, args.vocab_size, log=lambda m: print(m, file=sys.stderr))
+        data, tok = str(demo.data_dir), args.tokenizer or str(demo.tokenizer_path)
+    else:
+        data, tok = args.data, args.tokenizer
+    import torch  # noqa: F401  (the training process's own import, before the loader)
+
+    from shmloader import ShmLoader
+
+    with tempfile.TemporaryDirectory(prefix="shmloader-profile-") as tmp, \
+            ShmLoader(data, tok, args.B, args.T, num_workers=args.workers, device="cpu") as loader:
+        end = time.monotonic() + args.warmup
+        while time.monotonic() < end:
+            next(loader)
+        out = args.raw or os.path.join(tmp, "raw.txt")
+        pid = loader.debug().workers[0].pid
+        proc = subprocess.Popen([spy, "record", "--native", "-r", str(args.rate), "-d", str(args.seconds),
+                                 "-f", "raw", "-o", out, "-p", str(pid)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        n, started, deadline = 0, time.monotonic(), time.monotonic() + args.seconds + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # py-spy ends after --seconds
+            next(loader)
+            n += 1
+        wall = time.monotonic() - started
+        if proc.poll() is None:
+            proc.kill()
+        err = proc.communicate(timeout=10)[1]
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise SystemExit(f"profile_worker: py-spy failed (exit code {proc.returncode}): {err.strip()}")
+        with open(out) as f:
+            parts, total = classify(f.read())
+    print(f"worker 0 of {args.workers} (pid {pid}), {args.seconds} s at {args.rate}/s: {total:,} samples; "
+          f"the loader read {n * (args.B * args.T + 1) / wall / 1e6:.2f} M tokens/s meanwhile (slowed by the sampler)")
+    print(report(parts, total))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
