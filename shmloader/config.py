@@ -1,17 +1,17 @@
 """The loader's settings: one frozen object, checked when it is made.
 
 Every argument error is a ValueError naming the argument, what it was and what is allowed.
-`fingerprint` is the part of the config that a resume state must match (SPEC §3): what
-changes the stream. Pure: no torch, no files, no processes.
+`fingerprint` is the part of the config that a resume state must match (docs/contract.md §3):
+what changes the stream. `spec` is the packing's spec (packing/base.py: `Packing`), which sizes
+the ring's slots. Pure: no torch, no files, no processes.
 """
-import os
 from dataclasses import dataclass
 
-PACKINGS = ("concat", "bos_bestfit")
+from .packing import PACKINGS
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
 OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's place, or nanochat's
-ENGINES = ("auto", "tiktoken", "fastokens")  # engine.py: who tokenizes; the stream is the same
+ENGINES = ("auto", "tiktoken", "fastokens")  # data/engine.py: who tokenizes; the stream is the same
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class LoaderConfig:
         if self.n_slots < 2:
             raise ValueError(f"n_slots must be at least 2, got {self.n_slots}")
         _choice("split", self.split, ("train", "val"))
-        _choice("packing", self.packing, PACKINGS)
+        _choice("packing", self.packing, tuple(PACKINGS))
         _choice("on_bad_row_group", self.on_bad_row_group, BAD_ROW_GROUP)
         _choice("other_rank", self.other_rank, OTHER_RANK)
         _choice("engine", self.engine, ENGINES)
@@ -55,18 +55,19 @@ class LoaderConfig:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 
     @property
-    def bestfit(self) -> bool:
-        return self.packing == "bos_bestfit"
+    def spec(self):
+        """The packing's spec (`packing.base.Packing`)."""
+        return PACKINGS[self.packing]
 
     @property
     def window(self) -> int:
-        """Tokens per ring slot: concat B*T+1; best fit inputs then targets, 2*B*T."""
-        return 2 * self.B * self.T if self.bestfit else self.B * self.T + 1
+        """Tokens per ring slot (concat B*T+1; best fit inputs then targets, 2*B*T)."""
+        return self.spec.window(self.B, self.T)
 
     @property
     def max_runs(self) -> int:
-        """Best fit: the most runs a buffer can need (one per buffered document)."""
-        return self.buffer_size + self.tokenizer_batch_size if self.bestfit else 0
+        """The most runs a state's buffer can need (one per buffered document; 0: no buffer)."""
+        return self.spec.buffer_docs(self) if self.spec.buffered else 0
 
     @property
     def lend_cap(self) -> int:
@@ -84,8 +85,7 @@ class LoaderConfig:
         shape or appended files continue the run; `engine` is not in it: every engine makes
         the same stream)."""
         out = {"split": self.split, "packing": self.packing, "tokenizer": tokenizer}
-        if self.bestfit:
-            out.update(buffer_size=self.buffer_size, tokenizer_batch_size=self.tokenizer_batch_size)
+        out.update({name: getattr(self, name) for name in self.spec.settings})
         if self.on_bad_row_group == "skip":
             out["on_bad_row_group"] = "skip"  # skipping changes the stream
         return out
@@ -94,9 +94,3 @@ class LoaderConfig:
 def _choice(name: str, value, allowed: tuple):
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def nanochat_base_dir() -> str:
-    """nanochat's base directory: `$NANOCHAT_BASE_DIR`, else `~/.cache/nanochat` (its data and
-    tokenizer defaults live there)."""
-    return os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")

@@ -1,15 +1,15 @@
 """How a ring slot becomes the caller's batch (training process): one interface, three ways.
 
 Every delivery gets `(k, slot)` for batch k, returns the batch's window as a 1-D int64 tensor
-the caller may keep, and gives the slot back to the workers (`free(k, slot)`, the loader's
-message to the coordinator) only once nothing reads it any more:
+the caller may keep, and gives the slot back to the workers (`free(k)`, the free log of NOTE
+[slot handover]) only once nothing reads it any more:
 
 - `Lending` (CPU): the window IS the slot, lent without a copy. The slot comes back at the
-  first `reclaim()` after the last tensor viewing it is freed (`outbuf.Returns`: a C
-  callback, safe from any thread and from Ctrl-C), so a batch stays valid for as long as the
-  caller holds it. While `lend_cap` lent batches are held, further batches are copied out
-  (`outbuf.OutputPool`) and their slots freed at once, so a caller keeping batches never
-  takes every slot from the workers.
+  first `reclaim()` after the last tensor viewing it is freed (`Returns`: a C callback, safe
+  from any thread and from Ctrl-C), so a batch stays valid for as long as the caller holds
+  it. While `lend_cap` lent batches are held, further batches are copied out (`OutputPool`)
+  and their slots freed at once, so a caller keeping batches never takes every slot from
+  the workers.
 - `PinnedCopy` (CUDA): the ring is page-locked once (`cudaHostRegister`, portable, on the
   loader's device); each batch is one non-blocking copy on the current stream into one of
   two device buffers (valid until the second `next()` after it), and the slot is freed once
@@ -19,12 +19,11 @@ message to the coordinator) only once nothing reads it any more:
 `reclaim(wait)` frees what came back (`wait`: also wait for copies in flight, before the
 loader blocks for a batch); `close()` waits for copies in flight and unpins.
 """
+import weakref
 from collections import deque
 
 import numpy as np
 import torch
-
-from .outbuf import OutputPool, Returns
 
 CUDA_HOST_REGISTER_PORTABLE = 1
 
@@ -32,21 +31,21 @@ CUDA_HOST_REGISTER_PORTABLE = 1
 class Lending:
     def __init__(self, slots: np.ndarray, free, lend_cap: int):
         self.slots, self.free, self.lend_cap = slots, free, lend_cap
-        self.lent = Returns()                  # (k, slot) lent to the caller
+        self.lent = Returns()                  # batches lent to the caller
         self.outputs = OutputPool(slots.shape[1])
 
     def deliver(self, k: int, slot: int) -> torch.Tensor:
         if len(self.lent) >= self.lend_cap:
             window = self.outputs.copy_out(self.slots[slot])
-            self.free(k, slot)
+            self.free(k)
             return window
         view = self.slots[slot]
-        self.lent.hand_out(view, (k, slot))
+        self.lent.hand_out(view, k)
         return torch.from_numpy(view)
 
     def reclaim(self, wait: bool = False):
-        for k, slot in self.lent.collect():
-            self.free(k, slot)
+        for k in self.lent.collect():
+            self.free(k)
 
     def close(self):
         pass
@@ -59,7 +58,7 @@ class CopyOut:
 
     def deliver(self, k: int, slot: int) -> torch.Tensor:
         window = self.outputs.copy_out(self.slots[slot])
-        self.free(k, slot)
+        self.free(k)
         return window.to(self.device)
 
     def reclaim(self, wait: bool = False):
@@ -73,7 +72,7 @@ class PinnedCopy:
     def __init__(self, slots: np.ndarray, free, device: torch.device):
         self.slots, self.free, self.device = slots, free, device
         self.slot_tensors = torch.from_numpy(slots)
-        self.inflight = deque()                # (k, slot, event), in copy order
+        self.inflight = deque()                # (k, event), in copy order
         pin(slots, device)
         self.pinned = True
         self.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]
@@ -83,24 +82,76 @@ class PinnedCopy:
         window.copy_(self.slot_tensors[slot], non_blocking=True)
         event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
         event.record(torch.cuda.current_stream(self.device))
-        self.inflight.append((k, slot, event))
+        self.inflight.append((k, event))
         return window
 
     def reclaim(self, wait: bool = False):
-        while self.inflight and (wait or self.inflight[0][2].query()):
-            k, slot, event = self.inflight.popleft()
+        while self.inflight and (wait or self.inflight[0][1].query()):
+            k, event = self.inflight.popleft()
             event.synchronize()
-            self.free(k, slot)
+            self.free(k)
 
     def close(self):
         """Wait for the copies in flight (their slots are not freed: the run is over), unpin."""
-        for *_, event in self.inflight:
+        for _, event in self.inflight:
             event.synchronize()
         self.inflight.clear()
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self.slots.ctypes.data)
             self.pinned = False
         self.slot_tensors, self.device_bufs = None, []
+
+
+class Returns:
+    """Things handed out with a numpy view that only the caller's tensors hold, back once
+    that view dies. The weak reference's callback is `deque.append`, a C function: it runs
+    no Python code, so it is safe from any thread and inside the garbage collector, and a
+    signal (Ctrl-C) can never land inside it, where Python would print the KeyboardInterrupt
+    and drop it. `collect` (called by the trainer at its next `next()`) returns them."""
+
+    def __init__(self):
+        self._out = {}           # id(weakref) -> (weakref, item), out with the caller
+        self._dead = deque()     # weakrefs whose view died, not yet collected
+
+    def __len__(self) -> int:
+        """Items out, including those whose view died since the last `collect`."""
+        return len(self._out)
+
+    def hand_out(self, view: np.ndarray, item):
+        ref = weakref.ref(view, self._dead.append)
+        self._out[id(ref)] = (ref, item)
+
+    def collect(self) -> list:
+        out = []
+        while self._dead:
+            out.append(self._out.pop(id(self._dead.popleft()))[1])
+        return out
+
+
+class OutputPool:
+    """CPU windows a batch is copied into, reused once the caller lets go of them.
+
+    A fresh window per batch would page-fault on every batch; instead a window returns to a
+    small pool when the last tensor viewing it is freed (`Returns`, over a per-batch numpy
+    view that only the tensor holds), so a steady `x, y = next(loader)` loop cycles through a
+    few windows. Windows a caller keeps are simply not reused. The copy is numpy's
+    single-threaded one: torch's copy of more than 32768 elements goes parallel and spins
+    OpenMP threads against the workers."""
+
+    def __init__(self, window: int, keep: int = 4):
+        self.window, self.keep = window, keep
+        self._free = []
+        self._out = Returns()   # windows lent to the caller
+
+    def copy_out(self, src: np.ndarray) -> torch.Tensor:
+        for buf in self._out.collect():
+            if len(self._free) < self.keep:
+                self._free.append(buf)
+        buf = self._free.pop() if self._free else np.empty(self.window, dtype=np.int64)
+        np.copyto(buf, src)
+        view = buf[:]  # held only by the tensor: its death returns buf
+        self._out.hand_out(view, buf)
+        return torch.from_numpy(view)
 
 
 def pin(slots: np.ndarray, device: torch.device):

@@ -10,7 +10,7 @@ class ShmLoaderError(RuntimeError):
 
 
 class DataError(ValueError):
-    """The data cannot be read as the SPEC says: missing files, bad columns, corrupt parquet."""
+    """The data cannot be read as docs/contract.md §4 says: missing files, bad columns, corrupt parquet."""
 
 
 class WorkerError(ShmLoaderError):

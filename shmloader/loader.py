@@ -1,7 +1,7 @@
 """The training process's side: `ShmLoader` composes three parts (the nanochat drop-in
 functions over it are in nanochat.py):
 
-- the children (`loader_procs.Children`): the coordinator and workers, started, watched and
+- the children (`procs.children.Children`): the coordinator and workers, started, watched and
   stopped, and the ring they share;
 - the delivery (`delivery.py`): how a ring slot becomes the caller's batch (a lent CPU view,
   one pinned non-blocking CUDA copy, or a copy) and when its slot goes back;
@@ -9,7 +9,7 @@ functions over it are in nanochat.py):
   batch, when `state_dict()` asks.
 
 A ready batch is taken from the ring's header and its slot given back there, without a
-system call (NOTE [slot handover], handover.py); it never sees token lists. Waiting for a
+system call (NOTE [slot handover], ipc/handover.py); it never sees token lists. Waiting for a
 batch is a poll on the coordinator's doorbell and pipe that costs no CPU, times out, and
 checks every child process's sentinel (while batches flow, liveness is checked twice a
 second). `config` is the frozen `LoaderConfig`; `debug()` exposes the running parts to tests
@@ -26,18 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cache as cachemod
-from . import engine as enginemod
-from . import delivery, errors, source, state as statemod, tokenizer as tokmod
-from . import ring as ringmod
+from . import delivery, errors, state as statemod
 from .config import LoaderConfig
-from .loader_procs import locate_position, prestart, start_children
-from .plan import Cursor
-from .protocol import RunArgs
-from .ring import RingLayout, SlotState, WorkerCol
+from .data import cache as cachemod
+from .data import engine as enginemod
+from .data import source, tokenizer as tokmod
+from .data.order import Cursor
+from .ipc import ring as ringmod
+from .ipc.protocol import RunArgs
+from .ipc.ring import RingLayout, WorkerCol
+from .procs.children import locate_position, prestart, start_children
 
-LIVENESS_CHECK_S = 0.5
-IN_USE = int(SlotState.IN_USE)
 _live = weakref.WeakSet()
 _atexit_registered = False
 
@@ -79,7 +78,7 @@ class Debug:
 
 
 class ShmLoader:
-    """Iterate `(inputs, targets)` int64 batches of shape (B, T); see SPEC §1-§3."""
+    """Iterate `(inputs, targets)` int64 batches of shape (B, T); see docs/contract.md §1-§3."""
 
     def __init__(self, data=None, tokenizer=None, B: int = 32, T: int = 2048, split: str = "train",
                  packing: str = "concat", num_workers: int = 4, device="cuda", *, rank=None,
@@ -108,10 +107,9 @@ class ShmLoader:
         sizes = source.file_sizes(self.files, self.filesystem)
         self._identity = statemod.Loader(self.config.fingerprint(self.tokenizer.fingerprint),
                                          statemod.file_list(self.files, sizes), self.rank,
-                                         self.world_size, B, T, self.config.bestfit, self.config.other_rank)
+                                         self.world_size, B, T, self.config.spec.buffered, self.config.other_rank)
         self._procs, self._delivery, self._closed = None, None, False
-        # inputs and targets in the window: concat's overlap by all but a token, best fit's follow each other
-        self._shape, self._strides, self._y_at = (B, T), (T, 1), B * T if self.config.bestfit else 1
+        self._shape, self._strides, self._y_at = (B, T), (T, 1), self.config.spec.targets_at(B, T)
         # documents delivered: by runs that ended (load_state_dict), and by the current run
         self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0}
         self._begin(statemod.start(self._identity))
@@ -136,12 +134,11 @@ class ShmLoader:
             raise errors.LoaderClosed("this ShmLoader was closed; make a new one")
         if self._procs is None:
             self._start()
-        k, slot, pos, docs = self._next_ready()
-        ring = self._procs.ring
-        ring.slot_states[slot] = IN_USE
-        runs = ring.runs_of(slot) if self.config.bestfit else None  # before the slot is freed
+        k, slot, pos, docs, waited = self._procs.next_batch(self._delivery, self.config.timeout)
+        runs = self._procs.ring.runs_of(slot) if self._identity.buffered else None  # before its free
         window = self._delivery.deliver(k, slot)
         self._stats["batches"] += 1
+        self._stats["wait_s"] += waited
         self._stats["run_docs"] = docs
         if self.config.log_every and self._stats["batches"] % self.config.log_every == 0:
             self._log()
@@ -150,7 +147,7 @@ class ShmLoader:
         return window.as_strided(self._shape, self._strides, 0), window.as_strided(self._shape, self._strides, self._y_at)
 
     def state_dict(self) -> dict:
-        """The state that resumes after the last batch yielded (JSON-serialisable; SPEC §3).
+        """The state that resumes after the last batch yielded (JSON-serialisable; docs/contract.md §3).
         nanochat's drop-in functions yield, with each batch, the state that resumes at it."""
         if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
             pos, runs, k = self._position
@@ -163,7 +160,7 @@ class ShmLoader:
         return dict(self._state)
 
     def load_state_dict(self, state: dict):
-        """Continue from `state`: the next batch is the one it resumes at (SPEC §3). Another
+        """Continue from `state`: the next batch is the one it resumes at (docs/contract.md §3). Another
         rank's state first finds this rank's own position at the state's batch count."""
         resume = statemod.check(state, self._identity)
         if resume.locate:
@@ -189,17 +186,14 @@ class ShmLoader:
                        pieces=values["pieces"], bad_row_groups_skipped=values["skipped_rg"],
                        cache_hits=values["cache_hits"], cache_misses=values["cache_misses"],
                        tokens_per_s=values["tokens"] / max(elapsed, 1e-9),
-                       ring_ready=int((p.ring.slot_states == SlotState.READY).sum()),
+                       ring_ready=p.ready_batches(),
                        ring_slots=self.config.n_slots, epoch=max(out["epoch"], values["epoch"]),
                        workers=[{"pid": int(r[WorkerCol.PID]), "tokens": int(r[WorkerCol.TOKENS]),
                                  "tokenized": int(r[WorkerCol.TOKENIZED]),
                                  "tokens_per_s": float(r[WorkerCol.TOKENS] / (r[WorkerCol.BUSY_US] / 1e6))
                                  if r[WorkerCol.BUSY_US] else 0.0}
                                 for r in p.ring.workers])
-            if self.config.bestfit:
-                planned = values["placed"] + values["cropped"]
-                out.update(tokens_cropped=values["cropped"],
-                           cropped_fraction=values["cropped"] / planned if planned else 0.0)
+            out.update(self.config.spec.stats(values))
         return out
 
     def _log(self):
@@ -244,7 +238,7 @@ class ShmLoader:
         self._resume = resume
         self._base_state = statemod.base_state(self._identity, resume)
         c = resume.cursor
-        runs = [list(run) for run in resume.runs] if self.config.bestfit else None
+        runs = [list(run) for run in resume.runs] if self._identity.buffered else None
         self._state = statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, resume.skip,
                                           resume.batch, runs)
 
@@ -260,7 +254,7 @@ class ShmLoader:
         layout = RingLayout(c.n_slots, c.window, c.num_workers, c.max_runs)
         self._procs = start_children(self.config, layout, self._coordinator_args(layout, self._resume, self.files))
         try:
-            self._delivery = delivery.make(self.device, self._procs.ring.slots, self._procs.free,
+            self._delivery = delivery.make(self.device, self._procs.ring.slots, self._procs.handover.free,
                                            self.config.lend_cap)
         except BaseException:
             self._stop()
@@ -296,35 +290,6 @@ class ShmLoader:
         finally:
             if procs is not None:
                 procs.shutdown()
-
-    def _next_ready(self):
-        """`(k, slot, position, docs)` of the next batch. A ready one is taken from the ring's
-        header without a system call (NOTE [slot handover]); otherwise the trainer blocks on
-        the coordinator's doorbell, its pipe and every child's sentinel, with a timeout."""
-        p = self._procs
-        self._delivery.reclaim()
-        now = time.monotonic()
-        if now >= p.next_check:  # a poll per batch is measurable; twice a second is enough
-            p.next_check = now + LIVENESS_CHECK_S
-            p.check_alive()
-        got = p.take()
-        if got is not None:
-            return got
-        started = time.monotonic()
-        deadline = started + self.config.timeout
-        self._delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
-        while True:
-            self._delivery.reclaim()  # batches let go of in another thread meanwhile
-            p.handover.before_blocking()
-            got = p.take()
-            if got is not None:
-                self._stats["wait_s"] += time.monotonic() - started
-                return got
-            p.wait_for_batch(timeout=min(1.0, max(deadline - time.monotonic(), 0)))
-            if time.monotonic() >= deadline:
-                raise errors.LoaderTimeout(
-                    f"no batch within {self.config.timeout:.0f} s although every loader process is alive; "
-                    f"workers: {p.describe_workers()}; raise timeout= if row groups are huge")
 
 
 def _register(loader: ShmLoader):

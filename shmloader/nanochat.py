@@ -22,7 +22,7 @@ def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads
 
 
 def _with_state(loader: ShmLoader):
-    """Yields each batch with the state that resumes AT it (SPEC §3): nanochat's loop saves the
+    """Yields each batch with the state that resumes AT it (docs/contract.md §3): nanochat's loop saves the
     state of the batch it prefetched and has not trained on yet, and resumes with a prefetch."""
     with loader:
         state = loader.state_dict()

@@ -12,7 +12,7 @@ workers), so a loader given it yields the batch at that position and onward exac
 `check` turns a state into a `Resume` for this loader:
 - this rank's own state resumes at its position;
 - another rank's state (same world size) resumes at the same `batch` count: this rank
-  replays `origin`, `shapes` and `batch` over its own document lengths (`locate.py`) to find
+  replays `origin`, `shapes` and `batch` over its own document lengths (packing/count.py) to find
   its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
 - a state holding only nanochat's keys (`pq_idx`, `rg_idx`, `epoch`) resumes as nanochat
   does, and becomes the run's `origin`;
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .plan import Cursor, nanochat_cursor
+from .data.order import Cursor, nanochat_cursor, start_cursor
 
 VERSION = 2
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
@@ -45,7 +45,7 @@ class Loader:
     world: int
     B: int
     T: int
-    bestfit: bool = False
+    buffered: bool = False  # the packing's state holds a buffer and its skip is 0 (its spec)
     other_rank: str = "exact"
 
 
@@ -72,7 +72,7 @@ def file_list(paths: list[str], sizes: list) -> list[list]:
 
 def start(loader: Loader) -> Resume:
     """A fresh run: epoch 1, file 0, this rank's first row group."""
-    return Resume(Cursor(1, 0, loader.rank, 0), shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
+    return Resume(start_cursor(loader.rank), shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
 
 
 def base_state(loader: Loader, resume: Resume) -> dict:
@@ -144,9 +144,10 @@ def check(state, loader: Loader) -> Resume:
     if pos["rg_idx"] % loader.world != loader.rank:
         raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of "
                          f"rank {loader.rank} of {loader.world}")
-    if loader.bestfit and pos["skip"]:
-        raise ValueError(f"resume state field 'skip' is {pos['skip']}; a best-fit state has skip 0")
-    runs = buffer_runs(state, len(loader.files)) if loader.bestfit else []
+    if loader.buffered and pos["skip"]:
+        raise ValueError(f"resume state field 'skip' is {pos['skip']}; a {loader.fingerprint.get('packing')} "
+                         f"state has skip 0")
+    runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
     cursor = Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"])
     return Resume(cursor, pos["skip"], runs, **common)
 
@@ -165,7 +166,7 @@ def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
 def origin_cursor(origin: dict | None, rank: int, world: int) -> Cursor:
     """Where this rank's stream began: the start, or where nanochat resumes `origin`."""
     if origin is None:
-        return Cursor(1, 0, rank, 0)
+        return start_cursor(rank)
     return nanochat_cursor(origin["pq_idx"], origin["rg_idx"], origin.get("epoch", 1), rank, world)
 
 

@@ -1,13 +1,14 @@
-"""Shared fixtures for the loader tests: offline datasets, a small tokenizer, leak checks.
+"""The suite's fixtures: offline datasets, a small tokenizer, leak checks (helpers.py holds the
+functions and classes the tests share).
 
-Datasets (session-scoped, written once into tmp dirs with `shmloader_dev.corpus`):
+Datasets (session-scoped, written once into tmp dirs with `shmloader.demo.corpus`):
 
 - `synth`: 800 synthetic documents (mean 8 words; 1 empty and 1 long document per 20, special
   token strings such as "<|bos|>" inside documents), every 23rd row null, the single-row row
   group of file 0 null, one 1500-word document in file 0 and in the val file; 4 files of 200
   rows with row groups [50, 1, 7, 120] cycled (50, 1, 7, 120, 22 per file). Tokenizer: a
   512-token BPE trained by `corpus.train_tokenizer`. About 22k train tokens, 9k val tokens.
-- `posdata`: `testing.position_documents` read with `IntTokenizer`, so every non-BOS token
+- `posdata`: `helpers.position_documents` read with `IntTokenizer`, so every non-BOS token
   equals its position in the epoch's stream (BOS = 0). 4 files of 160 rows, row groups
   [30, 1, 13, 64] cycled, lengths 0..40 with some nulls. Lengths are adjusted so that with
   W = 33 (B=2, T=16, world 1) a window ends exactly at the end of row group 0 of file 0, at
@@ -21,162 +22,33 @@ hang fails instead of blocking the run.
 """
 from __future__ import annotations
 
-import itertools
 import os
-import random
 import signal
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
-from shmloader_dev import corpus, reference, testing
+from shmloader.demo import corpus
+from tests import helpers
 
 # Every worker of the suite tokenizes with the fast engine from its first document (when
 # fastokens is installed), so that every stream test also checks it against the tiktoken
 # oracle: by default a worker starts with tiktoken and lets the engine take over only after
 # tokenizing for about as long as building it costs, which the suite's small data sets never
-# reach (engine.py; tests/test_engine.py tests that default path). Set before any forkserver
-# starts: its workers inherit the server's environment.
+# reach (data/engine.py; tests/test_engine.py tests that default path). Set before any
+# forkserver starts: its workers inherit the server's environment.
 os.environ.setdefault("SHMLOADER_ENGINE_AT", "0")
-
-HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
-ALIGN_W = 33  # B=2, T=16
-
-
-# ---------------------------------------------------------------- processes and shared memory
-
-def live_processes():
-    """(pid, fields of /proc/pid/stat after the command name) of every live (non-zombie) process."""
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if fields[0] not in ("Z", "X"):
-            yield int(name), fields
-
-
-def _proc_table() -> dict[int, list[int]]:
-    """ppid -> live (non-zombie) child pids, from /proc."""
-    children: dict[int, list[int]] = {}
-    for pid, fields in live_processes():
-        children.setdefault(int(fields[1]), []).append(pid)
-    return children
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def pid_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in ("Z", "X")
-
-
-def loader_children(root: int | None = None) -> list[int]:
-    """Live descendants of `root` (default: this process) except multiprocessing's helpers
-    (the forkserver itself and the resource tracker); the forkserver's children count."""
-    table = _proc_table()
-    root = os.getpid() if root is None else root
-    out, stack = [], [root]
-    while stack:
-        parent = stack.pop()
-        for pid in table.get(parent, []):
-            stack.append(pid)
-            # a forked child keeps the forkserver's command line: only a direct child is a helper
-            if parent != root or not any(m in _cmdline(pid) for m in HELPER_MARKERS):
-                out.append(pid)
-    return out
-
-
-def shm_segments(pid: int | None = None) -> list[str]:
-    prefix = f"shml_{os.getpid() if pid is None else pid}_"
-    try:
-        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
-    except FileNotFoundError:
-        return []
-
-
-def wait_gone(pids, seconds: float = 5.0) -> list[int]:
-    """Poll until none of `pids` is alive (zombies count as gone); return the survivors."""
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = [p for p in pids if pid_alive(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.02)
-
-
-def wait_no_segment(pid: int, seconds: float = 5.0) -> list[str]:
-    deadline = time.monotonic() + seconds
-    while True:
-        segs = shm_segments(pid)
-        if not segs or time.monotonic() > deadline:
-            return segs
-        time.sleep(0.02)
-
-
-def sigkill_after(cmd, cwd: Path, log: Path, at: int, info: str, timeout: float = 60) -> int:
-    """Start a trainer script (tests/scripts/restart_trainer*.py), SIGKILL it once its log holds `at`
-    lines and its pids file exists; return its pid after checking that its children (the
-    loader's processes) are gone within 5 s and its shared memory too."""
-    import json
-    import subprocess
-
-    with open(cwd / "stderr.txt", "a") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
-    pids_file = cwd / f"pids-{proc.pid}.json"
-    try:
-        deadline = time.monotonic() + timeout
-        while not (pids_file.exists() and log.exists() and log.read_text().count("\n") >= at):
-            assert proc.poll() is None, f"trainer exited early {info}: {(cwd / 'stderr.txt').read_text()}"
-            assert time.monotonic() < deadline, f"trainer made no progress {info}"
-            time.sleep(0.002)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-    assert proc.returncode == -signal.SIGKILL, info
-    kids = json.loads(pids_file.read_text())
-    assert len(kids) >= 2, f"expected the loader's processes among {kids} {info}"
-    assert not wait_gone(kids), f"children of killed trainer {proc.pid} still alive {info}"
-    assert not wait_no_segment(proc.pid), f"segment of killed trainer {proc.pid} left {info}"
-    return proc.pid
-
-
-def wait_clean(timeout: float = 2.0, pid: int | None = None) -> tuple[list[int], list[str]]:
-    """Poll until no loader child and no segment of `pid` remain; return what is left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        kids, segs = loader_children(), shm_segments(pid)
-        if (not kids and not segs) or time.monotonic() > deadline:
-            return kids, segs
-        time.sleep(0.02)
+# Workers unpickle the tests' tokenizers (`tests.helpers.IntTokenizer`): the forkserver's
+# interpreter, and scripts the tests run, find the `tests` package through PYTHONPATH.
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     yield
-    kids, segs = wait_clean(2.0)
-    described = [(pid, _cmdline(pid)[:120]) for pid in kids]
+    kids, segs = helpers.wait_clean(2.0)
+    described = [(pid, helpers.cmdline(pid)[:120]) for pid in kids]
     for pid in kids:  # do not let one leak cascade into every later test
         try:
             os.kill(pid, signal.SIGKILL)
@@ -210,78 +82,14 @@ def watchdog():
         signal.signal(signal.SIGALRM, old)
 
 
-# ---------------------------------------------------------------- windows
-
-def window_of(inputs, targets) -> np.ndarray:
-    """The B*T+1 token window of a batch, checking that targets are inputs shifted by one."""
-    x = inputs.reshape(-1).numpy()
-    y = targets.reshape(-1).numpy()
-    assert np.array_equal(x[1:], y[:-1]), "targets are not inputs shifted by one token"
-    return np.concatenate([x[:1], y])
-
-
-def position_of(state: dict) -> tuple:
-    return tuple(state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip"))
-
-
-# ---------------------------------------------------------------- datasets
-
-@dataclass
-class Dataset:
-    root: Path
-    paths: list            # every file, sorted
-    tokenizer: object      # what the loader is given
-    encode: object         # text -> token ids (ordinary text)
-    bos: int
-    docs: list = field(default_factory=list)
-
-    def files(self, split: str) -> list[str]:
-        paths = [str(p) for p in self.paths]
-        return paths[:-1] if split == "train" else paths[-1:]
-
-    def oracle(self, B, T, split="train", rank=0, world=1, cursor=None, skip=0):
-        """`reference.concat_windows` over this dataset: yields (window, position)."""
-        return reference.concat_windows(self.files(split), self.encode, self.bos, B, T, rank=rank,
-                                        world=world, cursor=cursor, skip=skip)
-
-    def expected(self, n, B, T, split="train", **kw):
-        """The first `n` oracle windows and positions."""
-        got = list(itertools.islice(self.oracle(B, T, split, **kw), n))
-        assert len(got) == n
-        return [w for w, _ in got], [p for _, p in got]
-
-    def loader(self, B, T, split="train", **kw):
-        import shmloader
-
-        kw.setdefault("num_workers", 2)
-        kw.setdefault("device", "cpu")
-        return shmloader.ShmLoader(str(self.root), self.tokenizer, B, T, split, **kw)
-
-
-def _synth_docs() -> list:
-    docs = list(corpus.synthetic_texts(800, seed=0, mean_words=8))
-    for i in range(5, len(docs), 23):
-        docs[i] = None
-    docs[50] = None  # file 0 row group 1 is a single row: a row group holding only a null
-    rng = random.Random(7)
-    huge = " ".join(rng.choice(["alpha", "beta", "gamma", "token", "shard", "<|bos|>"]) for _ in range(1500))
-    docs[10] = huge   # file 0, row group 0
-    docs[700] = huge  # val file, row group 0
-    return docs
-
-
 @pytest.fixture(scope="session")
 def synth_tokenizer():
     return corpus.train_tokenizer(corpus.synthetic_texts(200, seed=1, mean_words=20), vocab_size=512)
 
 
 @pytest.fixture(scope="session")
-def synth(tmp_path_factory, synth_tokenizer) -> Dataset:
-    root = tmp_path_factory.mktemp("synth")
-    docs = _synth_docs()
-    paths = corpus.write_shards(docs, root, num_files=4, row_group_size=[50, 1, 7, 120])
-    enc = synth_tokenizer
-    return Dataset(root, paths, enc, enc.encode_ordinary, enc.encode_single_token("<|bos|>"), docs)
+def synth(tmp_path_factory, synth_tokenizer) -> helpers.Dataset:
+    return helpers.synth_dataset(tmp_path_factory.mktemp("synth"), synth_tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -289,57 +97,6 @@ def synth_tokenizer_pkl(tmp_path_factory, synth_tokenizer) -> Path:
     return corpus.save_tokenizer(synth_tokenizer, tmp_path_factory.mktemp("tok"))
 
 
-def position_lengths(seed=3, n=640, sizes=(30, 1, 13, 64), files=4, align=ALIGN_W) -> list:
-    """Lengths for `position_documents`, aligned so that a W=`align` window ends exactly at the
-    end of row group 0 of file 0, of file 0 and of the train split (files 0..files-2)."""
-    rng = random.Random(seed)
-    lengths = [None if rng.random() < 0.06 else rng.choice([0, 0, 1, 2, 5] + list(range(3, 41)))
-               for _ in range(n)]
-    per_file = n // files
-    ends = [sizes[0], per_file, per_file * (files - 1)]  # row ends (exclusive) to align
-
-    def tokens(upto):
-        return sum(length + 1 for length in lengths[:upto] if length is not None)
-
-    for end in ends:
-        last = max(i for i in range(end) if lengths[i] is not None)
-        lengths[last] += (-tokens(end)) % align
-        assert tokens(end) % align == 0
-    return lengths
-
-
-@dataclass
-class PosData(Dataset):
-    lengths: list = field(default_factory=list)
-    layout: list = field(default_factory=list)  # per row: (file, rg, row, bos position, length)
-
-    def row_groups(self, split="train") -> dict:
-        """(file index within split, rg) -> positions of its non-BOS tokens (in the epoch)."""
-        first = 0 if split == "train" else len(self.paths) - 1
-        out = {}
-        for f, g, _, bos_pos, n in self.layout:
-            if (split == "train" and f < len(self.paths) - 1) or (split == "val" and f == first):
-                out.setdefault((f - first, g), []).extend(range(bos_pos + 1, bos_pos + 1 + n))
-        return out
-
-
 @pytest.fixture(scope="session")
-def posdata(tmp_path_factory) -> PosData:
-    root = tmp_path_factory.mktemp("posdata")
-    lengths = position_lengths()
-    docs = testing.position_documents(lengths)
-    paths = corpus.write_shards(docs, root, num_files=4, row_group_size=[30, 1, 13, 64])
-    layout, pos, i = [], 0, 0
-    for f, path in enumerate(paths):
-        md = pq.ParquetFile(path).metadata
-        for g in range(md.num_row_groups):
-            for row in range(md.row_group(g).num_rows):
-                n = lengths[i]
-                if n is not None:
-                    layout.append((f, g, row, pos, n))
-                    pos += n + 1
-                i += 1
-    assert i == len(lengths)
-    tok = testing.IntTokenizer()
-    return PosData(root, paths, tok, lambda t: tok.encode(t), tok.get_bos_token_id(), docs,
-                   lengths=lengths, layout=layout)
+def posdata(tmp_path_factory) -> helpers.PosData:
+    return helpers.position_dataset(tmp_path_factory.mktemp("posdata"))

@@ -1,4 +1,4 @@
-"""Bad input (SPEC §4, STYLE habit 9), through the public API: each case raises a specific
+"""Bad input (docs/contract.md §4), through the public API: each case raises a specific
 exception in the calling process, naming the file (and the row group where there is one),
 quickly, never a hang (a loader `timeout=` turns a hang into the wrong exception, and the
 watchdog fails the test after 60 s); afterwards nothing is left running (conftest `no_leaks`).
@@ -6,7 +6,7 @@ watchdog fails the test after 60 s); afterwards nothing is left running (conftes
 Null documents are skipped and counted, an empty document is exactly [BOS], and with
 `on_bad_row_group="skip"` a corrupt row group is skipped with a warning naming the file, the
 stream is the oracle's over the data without it, and resume across the skip is exact.
-Documents are `testing.position_documents` read with `IntTokenizer` (BOS = 0), so the
+Documents are `helpers.position_documents` read with `IntTokenizer` (BOS = 0), so the
 expected stream is built by hand: the concatenation of `[0] + ids` of every non-null row.
 
 (tests/test_source.py checks `ParquetSource` and tests/test_tokenizers.py `tokenizer.resolve`
@@ -26,8 +26,9 @@ import pytest
 import torch
 
 import shmloader
-from shmloader_dev import corpus, testing
-from conftest import loader_children, position_of, shm_segments
+from shmloader.demo import corpus
+from tests import helpers
+from tests.helpers import loader_children, position_of, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 B, T = 2, 8
@@ -39,7 +40,7 @@ def make_loader(data, tokenizer=None, split="train", **kw):
     kw.setdefault("num_workers", 2)
     kw.setdefault("device", "cpu")
     kw.setdefault("timeout", 20)
-    return shmloader.ShmLoader(str(data), tokenizer or testing.IntTokenizer(), kw.pop("B", B),
+    return shmloader.ShmLoader(str(data), tokenizer or helpers.IntTokenizer(), kw.pop("B", B),
                                kw.pop("T", T), split, **kw)
 
 
@@ -60,7 +61,7 @@ def first_error(loader, limit_batches=10_000):
 
 def good_shards(root, n_docs=120, num_files=3, rg=10, length=5):
     os.makedirs(root, exist_ok=True)
-    docs = testing.position_documents([length] * n_docs)
+    docs = helpers.position_documents([length] * n_docs)
     return [str(p) for p in corpus.write_shards(docs, root, num_files=num_files, row_group_size=rg)]
 
 
@@ -76,7 +77,7 @@ def test_missing_data_dir(tmp_path):
         make_loader(gone)
     with pytest.raises(shmloader.DataError, match=re.escape(str(gone))):  # nanochat's call
         shmloader.tokenizing_distributed_data_loader(B, T, "train", device="cpu", data=str(gone),
-                                                     tokenizer=testing.IntTokenizer())
+                                                     tokenizer=helpers.IntTokenizer())
     assert_started_nothing()
 
 
@@ -89,10 +90,10 @@ def test_cuda_without_cuda_says_pass_cpu_before_anything_else(tmp_path, device):
     gone = str(tmp_path / "no_such_dir")
     kw = {} if device == "default" else {"device": device}
     with pytest.raises(shmloader.DeviceError, match=r"pass device=\"cpu\"") as ei:
-        shmloader.ShmLoader(gone, testing.IntTokenizer(), B, T, **kw)
+        shmloader.ShmLoader(gone, helpers.IntTokenizer(), B, T, **kw)
     assert "cuda" in str(ei.value)
     with pytest.raises(shmloader.DeviceError, match=r"pass device=\"cpu\""):  # nanochat's call
-        shmloader.tokenizing_distributed_data_loader(B, T, "train", data=gone, tokenizer=testing.IntTokenizer())
+        shmloader.tokenizing_distributed_data_loader(B, T, "train", data=gone, tokenizer=helpers.IntTokenizer())
     assert_started_nothing()
 
 
@@ -169,7 +170,7 @@ def test_nanochat_call_checks_arguments_at_the_call(tmp_path, name, kw):
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         shmloader.tokenizing_distributed_data_loader_with_state(
             args["B"], args["T"], args["split"], device="cpu", data=str(tmp_path),
-            tokenizer=testing.IntTokenizer())
+            tokenizer=helpers.IntTokenizer())
     assert_started_nothing()
 
 
@@ -179,7 +180,7 @@ def test_nanochat_call_refuses_zero_workers(tmp_path):
     try:
         with pytest.raises(ValueError, match=r"\bnum_workers\b"):
             gen = shmloader.tokenizing_distributed_data_loader(B, T, "train", device="cpu", data=str(tmp_path),
-                                                               tokenizer=testing.IntTokenizer(),
+                                                               tokenizer=helpers.IntTokenizer(),
                                                                num_workers=0)
     finally:
         if gen is not None:
@@ -220,13 +221,8 @@ def _invalid_utf8(path):
 
 def _corrupt_row_group(path, rg=1):
     """Overwrite the data pages of row group `rg` (the footer stays valid)."""
-    docs = testing.position_documents([5] * 40)
-    pq.write_table(pa.table({"text": docs}), path, row_group_size=10, compression="snappy")
-    col = pq.ParquetFile(path).metadata.row_group(rg).column(0)
-    start = col.dictionary_page_offset or col.data_page_offset
-    raw = bytearray(open(path, "rb").read())
-    raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
-    open(path, "wb").write(bytes(raw))
+    helpers.write_snappy(path, helpers.position_documents([5] * 40), rows=10)
+    helpers.corrupt_row_group(path, rg)
     return ["cannot be read"]
 
 
@@ -290,8 +286,8 @@ def test_unreadable_file(tmp_path, damage, which):
 def stream_of(lengths, skip_rows=()) -> np.ndarray:
     """One epoch of `position_documents(lengths)` as IntTokenizer reads it, without rows in
     `skip_rows`: [0] + the document's positions, for each non-null row."""
-    docs = testing.position_documents(lengths)
-    tok = testing.IntTokenizer()
+    docs = helpers.position_documents(lengths)
+    tok = helpers.IntTokenizer()
     parts = [tok.encode(d, prepend=0) for i, d in enumerate(docs) if d is not None and i not in skip_rows]
     return np.array(list(itertools.chain.from_iterable(parts)), dtype=np.int64)
 
@@ -313,7 +309,7 @@ def test_nulls_skipped_and_counted_empty_is_bos(tmp_path):
     lengths = ([None, 3, 0, 4] + [None] * 6 + [2, 0, 0, 0, 5, None, 1, 0]
                + [(i * 7) % 11 for i in range(40)] + [6, None])
     assert len(lengths) == 4 + 6 + 8 + 40 + 2
-    docs = testing.position_documents(lengths)
+    docs = helpers.position_documents(lengths)
     good_shards(tmp_path / "d", num_files=1)
     os.rename(tmp_path / "d" / "shard_00000.parquet", tmp_path / "d" / "a.parquet")
     schema = pa.schema([("text", pa.string())])
@@ -351,22 +347,16 @@ BAD_RG = 1  # of file 0: rows 15-29
 @pytest.fixture(scope="module")
 def skipdata(tmp_path_factory):
     root = tmp_path_factory.mktemp("skipdata")
-    docs = testing.position_documents(SKIP_LENGTHS)
+    docs = helpers.position_documents(SKIP_LENGTHS)
     paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=15)]
-    _corrupt_row_group(paths[0], docs[:40], BAD_RG)
+    _rewrite_corrupt(paths[0], docs[:40], BAD_RG)
     return root, paths
 
 
-def _corrupt_row_group(path: str, docs: list, rg: int, rows: int = 15):
-    """Rewrite `path` with `docs` in row groups of `rows`, snappy (so that its pages can be
-    corrupted the same way whatever the corpus writer's format), and overwrite row group `rg`'s
-    column chunk with 0xff bytes."""
-    pq.write_table(pa.table({"text": docs}), path, row_group_size=rows, compression="snappy")
-    col = pq.ParquetFile(path).metadata.row_group(rg).column(0)
-    start = col.dictionary_page_offset or col.data_page_offset
-    raw = bytearray(open(path, "rb").read())
-    raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
-    open(path, "wb").write(bytes(raw))
+def _rewrite_corrupt(path: str, docs: list, rg: int, rows: int = 15):
+    """Rewrite `path` with `docs` in row groups of `rows` and corrupt row group `rg`."""
+    helpers.write_snappy(path, docs, rows)
+    helpers.corrupt_row_group(path, rg)
 
 
 def _skip_epoch(paths) -> np.ndarray:
@@ -376,7 +366,7 @@ def _skip_epoch(paths) -> np.ndarray:
     n1 = pq.ParquetFile(paths[1]).metadata.num_rows
     assert n0 == 40
     lengths = SKIP_LENGTHS[:40] + SKIP_LENGTHS[40:40 + n1]
-    docs = testing.position_documents(SKIP_LENGTHS)
+    docs = helpers.position_documents(SKIP_LENGTHS)
     assert pq.read_table(paths[1]).column("text").to_pylist() == docs[40:40 + n1]
     bad = set(range(15 * BAD_RG, 15 * BAD_RG + 15))
     return stream_of(lengths, skip_rows=bad)
@@ -452,7 +442,7 @@ def test_sparse_data_is_not_mistaken_for_an_empty_epoch(tmp_path, packing):
                 w.write_table(pa.table({"text": pa.array(docs, pa.string())}, schema=schema),
                               row_group_size=max(n, 1))
     for _ in range(4):
-        with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 8, device="cpu", rank=1,
+        with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 8, device="cpu", rank=1,
                                  world_size=2, num_workers=3, packing=packing, buffer_size=3,
                                  tokenizer_batch_size=2, timeout=30) as loader:
             batches = [x for _, (x, _) in zip(range(20), loader)]
@@ -464,10 +454,11 @@ def test_empty_epoch_check_follows_stream_order_not_arrival_order():
     document must not make the coordinator declare a whole epoch empty."""
     from types import SimpleNamespace
 
-    from shmloader.coordinator import _Coordinator
-    from shmloader.plan import Cursor, Piece
+    from shmloader.procs.coordinator import _Coordinator
+    from shmloader.data.order import Cursor, Piece
+    from shmloader.packing.base import InOrder
 
-    fake = SimpleNamespace(docs_seen=0, _unchecked={}, _next_checked=0,
+    fake = SimpleNamespace(docs_seen=0, _unchecked=InOrder(),
                            args=SimpleNamespace(start=Cursor(1, 0, 0), rank=0, files=["a", "b"]))
     check = lambda index, epoch, live: _Coordinator._check_not_empty(  # noqa: E731
         fake, Piece(index, epoch, 0, 0, 0, 1), live)
@@ -477,8 +468,8 @@ def test_empty_epoch_check_follows_stream_order_not_arrival_order():
     check(0, 1, 1)  # epoch 1's one document: nothing is empty
     check(3, 2, 0)
     check(4, 3, 0)
-    assert fake.docs_seen == 1 and fake._next_checked == 6
-    fake2 = SimpleNamespace(docs_seen=0, _unchecked={}, _next_checked=0,
+    assert fake.docs_seen == 1 and fake._unchecked.next == 6
+    fake2 = SimpleNamespace(docs_seen=0, _unchecked=InOrder(),
                             args=SimpleNamespace(start=Cursor(1, 0, 0), rank=0, files=["a"]))
     for index, epoch in enumerate([1, 1, 2, 2]):
         _Coordinator._check_not_empty(fake2, Piece(index, epoch, 0, 0, 0, 1), 0)
@@ -491,10 +482,10 @@ def test_the_skip_warning_comes_before_the_batches_after_it(tmp_path):
     a batch announced after the warning is returned only once the warning was raised, also
     while the workers keep ahead and next() never waits. The bad row group lies ~60 batches
     into the stream, so the trainer is taking ready batches when the skip happens."""
-    docs = testing.position_documents([(i * 5) % 13 for i in range(400)])
+    docs = helpers.position_documents([(i * 5) % 13 for i in range(400)])
     paths = [str(p) for p in corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=15)]
     bad = 10  # of file 0: rows 150-164
-    _corrupt_row_group(paths[0], docs[:200], bad)
+    _rewrite_corrupt(paths[0], docs[:200], bad)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with make_loader(tmp_path, on_bad_row_group="skip", num_workers=1, n_slots=32) as loader:

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmloader.bestfit import BestFitPlanner, plan_batch_scan
+from shmloader.packing.planner import BestFitPlanner
+from tests.oracle import plan_batch_scan
 
 FIELDS = ("row", "row_offset", "doc_id", "n_tokens")
 

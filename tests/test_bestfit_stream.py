@@ -1,7 +1,7 @@
-"""The best-fit stream through the whole loader (SPEC §2 `bos_bestfit`, §3).
+"""The best-fit stream through the whole loader (docs/contract.md §2 `bos_bestfit`, §3).
 
 - Parity: rows (inputs = rows[:, :-1], targets = rows[:, 1:]) AND each state's position
-  `[epoch, pq_idx, rg_idx, doc_idx]` and `buffer` equal `reference.bestfit_rows` (the scan
+  `[epoch, pq_idx, rg_idx, doc_idx]` and `buffer` equal `oracle.bestfit_rows` (the scan
   oracle's rows, `last_end` and `runs`), over a pairwise grid of num_workers 1..4, rank 0/1
   of 1/2, T 7..2048, buffer_size 1/5/1000, tokenizer_batch_size 1/7/128, across epochs.
 - Arithmetic on the loader's own output (token == position data, no empty documents, so a
@@ -34,8 +34,10 @@ import pytest
 import torch
 
 import shmloader
-from shmloader_dev import corpus, reference, testing
-from conftest import PosData, loader_children, shm_segments, sigkill_after
+from shmloader.demo import corpus
+from tests import helpers
+from tests.oracle import bestfit_rows
+from tests.helpers import PosData, loader_children, shm_segments, sigkill_after
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
@@ -46,8 +48,8 @@ FOLLOW = 30  # batches compared after each resume point
 # ---------------------------------------------------------------- data
 
 def _posdata(root, lengths, num_files, sizes) -> PosData:
-    """`testing.position_documents(lengths)` in `num_files` shards, read with IntTokenizer."""
-    paths = corpus.write_shards(testing.position_documents(lengths), root, num_files=num_files,
+    """`helpers.position_documents(lengths)` in `num_files` shards, read with IntTokenizer."""
+    paths = corpus.write_shards(helpers.position_documents(lengths), root, num_files=num_files,
                                 row_group_size=sizes)
     layout, pos, i = [], 0, 0
     for f, path in enumerate(paths):
@@ -59,7 +61,7 @@ def _posdata(root, lengths, num_files, sizes) -> PosData:
                     pos += lengths[i] + 1
                 i += 1
     assert i == len(lengths)
-    tok = testing.IntTokenizer()
+    tok = helpers.IntTokenizer()
     return PosData(root, paths, tok, lambda t: tok.encode(t), tok.get_bos_token_id(), [],
                    lengths=lengths, layout=layout)
 
@@ -126,8 +128,8 @@ def fit_loader(ds, B, T, split="train", *, buffer_size, chunk, **kw):
 
 
 def oracle(ds, B, T, split="train", *, buffer_size, chunk, rank=0, world=1, cursor=None, runs=()):
-    """`reference.bestfit_rows`: yields (rows, ((epoch, file, rg, doc), runs))."""
-    for rows, (end, buf) in reference.bestfit_rows(ds.files(split), ds.encode, ds.bos, B, T, buffer_size,
+    """`oracle.bestfit_rows`: yields (rows, ((epoch, file, rg, doc), runs))."""
+    for rows, (end, buf) in bestfit_rows(ds.files(split), ds.encode, ds.bos, B, T, buffer_size,
                                                    chunk, rank, world, cursor, runs):
         yield rows, (tuple(end), buf)
 

@@ -1,7 +1,7 @@
 """The token cache (shmloader/cache.py, worker._cached_or_tokenized, tools/pretokenize.py).
 
-What is checked, against the single-process oracles (`reference.concat_windows`,
-`reference.bestfit_rows`) and against entries written independently of the workers (each row
+What is checked, against the single-process oracles (`oracle.concat_windows`,
+`oracle.bestfit_rows`) and against entries written independently of the workers (each row
 group tokenized here with `enc.encode_ordinary` and stored with `TokenCache.store`):
 
 - a cold run, a warm run and an uncached run give the same bytes as the oracle, in both
@@ -45,9 +45,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from shmloader import ShmLoader
-from shmloader import cache as cachemod
-from shmloader import tokenizer as tokmod
-from shmloader_dev import corpus, reference, testing
+from shmloader.data import cache as cachemod
+from shmloader.data import tokenizer as tokmod
+from shmloader.demo import corpus
+from tests import helpers
+from tests.oracle import bestfit_rows, concat_windows
 
 REPO = Path(__file__).resolve().parents[1]
 B, T = 2, 128
@@ -177,9 +179,9 @@ def oracle(data: Data, packing: str, files=None, encode=None, bos=None):
     encode = encode or data.encode
     bos = data.bos if bos is None else bos
     if packing == "concat":
-        yield from reference.concat_windows(files, encode, bos, B, T)
+        yield from concat_windows(files, encode, bos, B, T)
     else:
-        for rows, ((e, f, g, d), runs) in reference.bestfit_rows(files, encode, bos, B, T, BUFFER, CHUNK):
+        for rows, ((e, f, g, d), runs) in bestfit_rows(files, encode, bos, B, T, BUFFER, CHUNK):
             yield rows, (e, f, g, d, runs)
 
 
@@ -247,7 +249,7 @@ def past_epoch1(pos) -> bool:
 
 # ---------------------------------------------------------------- units
 
-def test_slice_rows_matches_a_python_slice():
+def test_entry_rows_match_a_python_slice():
     lengths = np.array([3, 0, 2, 4, 0, 1], dtype=np.int64)
     tokens = np.arange(10, dtype=np.uint16) + 100
     rows, at = [], 0
@@ -257,7 +259,7 @@ def test_slice_rows_matches_a_python_slice():
     cases = 0
     for start in range(len(lengths) + 1):
         for end in range(start, len(lengths) + 1):
-            got_len, got_tok = cachemod.slice_rows(lengths, tokens, start, end)
+            got_len, got_tok = cachemod._Entry(lengths, tokens).rows(start, end)
             assert got_len.tolist() == lengths[start:end].tolist(), (start, end)
             assert got_tok.tolist() == sum(rows[start:end], []), (start, end)
             assert got_tok.dtype == tokens.dtype
@@ -702,9 +704,9 @@ def int_docs(seed: int = 0) -> list:
 def test_an_object_tokenizer_stores_four_byte_tokens(tmp_path):
     root, cache = tmp_path / "data", tmp_path / "cache"
     paths = [str(p) for p in corpus.write_shards(int_docs(), root, num_files=3, row_group_size=16)]
-    tok = testing.IntTokenizer(bos=0)
+    tok = helpers.IntTokenizer(bos=0)
     n = 60
-    want = [w for w, _ in itertools.islice(reference.concat_windows(paths[:-1], tok.encode, 0, B, T), n)]
+    want = [w for w, _ in itertools.islice(concat_windows(paths[:-1], tok.encode, 0, B, T), n)]
     assert max(int(w.max()) for w in want) == (1 << 32) - 1
     for name, cdir in (("uncached", None), ("cold", cache), ("warm", cache)):
         got = []
@@ -727,9 +729,9 @@ def test_an_id_that_does_not_fit_is_never_served_changed(tmp_path):
     root, cache = tmp_path / "data", tmp_path / "cache"
     docs = [f"1 2 {-(i + 1)} 3" if i % 4 == 0 else "4 5 6" for i in range(96)]
     paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=16)]
-    tok = testing.IntTokenizer(bos=0)
+    tok = helpers.IntTokenizer(bos=0)
     n = 10
-    want = [w for w, _ in itertools.islice(reference.concat_windows(paths[:-1], tok.encode, 0, B, 16), n)]
+    want = [w for w, _ in itertools.islice(concat_windows(paths[:-1], tok.encode, 0, B, 16), n)]
     for _ in range(2):                                   # cold, then warm
         with ShmLoader(str(root), tok, B, 16, device="cpu", num_workers=1, cache_dir=str(cache),
                        timeout=30) as loader:

@@ -19,9 +19,9 @@ def test_bad_argument_is_named(field, value):
 
 def test_derived_sizes():
     concat = LoaderConfig(16, 2048)
-    assert (concat.window, concat.max_runs, concat.bestfit) == (16 * 2048 + 1, 0, False)
+    assert (concat.window, concat.max_runs, concat.spec.buffered) == (16 * 2048 + 1, 0, False)
     fit = LoaderConfig(16, 2048, packing="bos_bestfit", buffer_size=1000, tokenizer_batch_size=128)
-    assert (fit.window, fit.max_runs, fit.bestfit) == (2 * 16 * 2048, 1128, True)
+    assert (fit.window, fit.max_runs, fit.spec.buffered) == (2 * 16 * 2048, 1128, True)
     assert LoaderConfig(2, 8).piece_cap == 1024
     assert LoaderConfig(2, 8, cache_dir="/c").piece_cap > 10 ** 9
 

@@ -1,4 +1,4 @@
-"""Tests for shmloader_dev.corpus and tools/make_shards.py: exact row groups, nulls, naming,
+"""Tests for shmloader.demo.corpus and tools/make_shards.py: exact row groups, nulls, naming,
 corpus determinism, tokenizer determinism / round trip / special ids, pickle save-load.
 
 Inputs are small so the whole file runs in a few seconds on 2 cores; no conftest needed.
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from shmloader_dev import corpus
+from shmloader.demo import corpus
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPECIAL_STRINGS = ("<|bos|>", "<|endoftext|>", "<|user_start|>", "<|assistant_end|>")
@@ -164,7 +164,7 @@ def test_tokenizer_deterministic(small_texts, enc):
 
 
 def test_tokenizer_deterministic_across_processes(small_texts, enc, tmp_path):
-    code = ("import pickle, sys; from shmloader_dev import corpus; "
+    code = ("import pickle, sys; from shmloader.demo import corpus; "
             "t = corpus.stdlib_texts(140) + corpus.synthetic_texts(60, seed=1); "
             "corpus.save_tokenizer(corpus.train_tokenizer(t, 1024), sys.argv[1])")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from shmloader import ShmLoader, tokenizing_distributed_data_loader
-from shmloader_dev import corpus
+from shmloader.demo import corpus
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -12,8 +12,9 @@ import pytest
 
 import shmloader
 from shmloader.errors import DataError
-from shmloader.source import CLIMBMIX_DIR, LEGACY_DIR
-from shmloader_dev import corpus, testing
+from shmloader.data.source import CLIMBMIX_DIR, LEGACY_DIR
+from shmloader.demo import corpus
+from tests import helpers
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -24,14 +25,14 @@ FIRST = {CLIMBMIX_DIR: 1000, LEGACY_DIR: 5000}
 def write(base, name):
     """Three shards of 40 documents of 6 tokens whose numbers start at FIRST[name], one
     row group of 10 documents after another (so rank 1 of 2 has row groups too)."""
-    docs = testing.position_documents([6] * 120, start=FIRST[name])
+    docs = helpers.position_documents([6] * 120, start=FIRST[name])
     paths = corpus.write_shards(docs, base / name, num_files=3, row_group_size=10)
     (base / name / "shard_00099.parquet.tmp").write_bytes(b"a partial download")  # skipped
     return paths
 
 
 def loader(split="train", rank=0, **kw):
-    return shmloader.ShmLoader(None, testing.IntTokenizer(), B, T, split, num_workers=1, device="cpu",
+    return shmloader.ShmLoader(None, helpers.IntTokenizer(), B, T, split, num_workers=1, device="cpu",
                                rank=rank, world_size=2, **kw)
 
 
@@ -78,7 +79,7 @@ def test_legacy_only_falls_back_with_a_notice_on_rank_0_train(base, capfd):
 def test_nanochat_drop_in_reads_the_fallback_too(base, capfd):
     write(base, LEGACY_DIR)
     gen = shmloader.tokenizing_distributed_data_loader(B, T, "val", 1, device="cpu",
-                                                       tokenizer=testing.IntTokenizer())
+                                                       tokenizer=helpers.IntTokenizer())
     x, _ = next(gen)
     gen.close()
     words = x.numpy()[x.numpy() != 0]

@@ -5,9 +5,9 @@ torchrun's RANK / WORLD_SIZE. The data is IntTokenizer text whose non-BOS tokens
 integers (token = position in the file set), so each rank's stream maps back to the row
 groups it read. Checked here, from the ranks' JSON reports:
 
-- each rank's concat stream equals `reference.concat_windows(rank=r, world=2)` window for
+- each rank's concat stream equals `oracle.concat_windows(rank=r, world=2)` window for
   window (checked in the rank and again here from the raw stream), and its states equal the
-  oracle's positions; its best-fit batches equal `reference.bestfit_rows(rank=r, world=2)`;
+  oracle's positions; its best-fit batches equal `oracle.bestfit_rows(rank=r, world=2)`;
 - over one epoch the two ranks read disjoint sets of row groups (rank r: row groups
   r, r+2, ...) whose union is every row group of the train split, and every train token
   exactly once;
@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import warnings
@@ -34,7 +33,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader_dev import corpus, reference, testing
+from shmloader.demo import corpus
+from tests import helpers, oracle
 
 B, T = 2, 24
 W = B * T + 1
@@ -58,7 +58,7 @@ def _lengths(n=120):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist_data")
-    docs = testing.position_documents(_lengths())
+    docs = helpers.position_documents(_lengths())
     paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=[7, 3, 11, 5])]
     return root, paths
 
@@ -74,19 +74,13 @@ def _owners(paths) -> dict:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(data, tmp_path_factory):
     """Run torchrun once; return the two ranks' JSON reports."""
     root, _ = data
     out = tmp_path_factory.mktemp("dist_out")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", str(WORKER),
+           "--master-addr=127.0.0.1", f"--master-port={helpers.free_port()}", str(WORKER),
            str(root), str(out), str(B), str(T)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -122,13 +116,13 @@ def test_each_rank_streams_its_oracle(ranks, data, rank):
     assert n >= 3, "an epoch should take several batches"
     assert rep["equal"] and rep["positions_equal"], f"rank {rank}: stream differs from its oracle"
     # re-check here, from the raw stream, against the oracle computed in this process
-    tok = testing.IntTokenizer()
-    oracle = list(itertools.islice(reference.concat_windows(paths[:-1], tok.encode, 0, B, T,
+    tok = helpers.IntTokenizer()
+    expected = list(itertools.islice(oracle.concat_windows(paths[:-1], tok.encode, 0, B, T,
                                                             rank=rank, world=2), n))
     assert len(rep["stream"]) == n * W
-    assert np.array_equal(np.array(rep["stream"]), np.concatenate([w for w, _ in oracle]))
+    assert np.array_equal(np.array(rep["stream"]), np.concatenate([w for w, _ in expected]))
     assert [tuple(s[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")) for s in rep["states"]] \
-        == [tuple(p) for _, p in oracle]
+        == [tuple(p) for _, p in expected]
     assert rep["states"][-1]["epoch"] == 2, "the run should end just past one epoch"
     assert all(s["rank"] == rank and s["world_size"] == 2 for s in rep["states"])
 
@@ -136,7 +130,7 @@ def test_each_rank_streams_its_oracle(ranks, data, rank):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_rank_bestfit_matches_oracle(ranks, rank):
     assert ranks[rank]["n_bestfit"] == 6
-    assert ranks[rank]["equal_bestfit"], f"rank {rank}: best-fit batches differ from reference.bestfit_rows"
+    assert ranks[rank]["equal_bestfit"], f"rank {rank}: best-fit batches differ from oracle.bestfit_rows"
 
 
 def test_ranks_cover_every_row_group_once_per_epoch(ranks, data):
@@ -200,7 +194,7 @@ def test_dcp_single_process_round_trip(data, tmp_path, packing):
     import torch.distributed.checkpoint as dcp
 
     root, _ = data
-    tok = testing.IntTokenizer()
+    tok = helpers.IntTokenizer()
     kw = dict(packing=packing, num_workers=1, device="cpu", timeout=60,
               buffer_size=12, tokenizer_batch_size=4)
     k, n = 5, 4

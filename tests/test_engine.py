@@ -35,12 +35,13 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import engine as enginemod
-from shmloader import tokenizer as tokmod
+from shmloader.data import engine as enginemod
+from shmloader.data import tokenizer as tokmod
 from shmloader.config import LoaderConfig
 from shmloader.errors import WorkerError
-from shmloader_dev import corpus, reference
-from shmloader_dev.testing import IntTokenizer
+from shmloader.demo import corpus
+from tests import oracle
+from tests.helpers import IntTokenizer
 
 pytest.importorskip("fastokens")
 
@@ -84,7 +85,7 @@ def data(tmp_path_factory, synth_tokenizer):
 
 def _locate(paths, index):
     """(file path, row group, row) of canonical document `index` of the train split."""
-    (_, f, g, row), _ = next(itertools.islice(reference.documents(paths[:-1], epochs=1), index, None))
+    (_, f, g, row), _ = next(itertools.islice(oracle.documents(paths[:-1], epochs=1), index, None))
     return paths[f], g, row
 
 
@@ -225,7 +226,7 @@ def test_check_in_batches_compares_what_one_by_one_compares(start, every):
 
 
 def test_worker_chunks_cut_at_about_chunk_chars():
-    from shmloader.worker import _chunks
+    from shmloader.procs.worker import _chunks
 
     texts = ["a" * 10, None, "b" * 25, "c" * 100, "", "d" * 5, None, "e" * 30]
     got = list(_chunks(texts, 30))
@@ -251,11 +252,11 @@ def test_engines_build_once_the_definition_has_cost_as_much(synth_tokenizer, mon
     texts = [t for t in corpus.synthetic_texts(200, seed=8) if t]
     for text in texts[:20]:
         assert engines.encode(text, lambda: "?").tolist() == enc.encode_ordinary(text)
-    assert engines.encoder.name == "tiktoken" and engines.check is None and not engines.started
+    assert engines.encoder.name == "tiktoken" and engines.check is None and engines._todo is not None
     engines.worked(0.6 * engines.price)
-    assert not engines.started
+    assert engines._todo is not None  # not started
     engines.worked(0.6 * engines.price)
-    assert engines.started
+    assert engines._todo is None  # started
     _take_over(engines)
     assert engines.encoder.name == "fastokens" and engines.check.seen == 0  # the start check begins here
     for text in texts[20:20 + enginemod.START_DOCS + 10]:
@@ -267,7 +268,7 @@ def test_engines_build_once_the_definition_has_cost_as_much(synth_tokenizer, mon
 def test_engines_knob_takes_over_at_the_document(synth_tokenizer, monkeypatch):
     monkeypatch.setenv(enginemod.AT_ENV, "3")
     engines = enginemod.Engines(tokmod.resolve(synth_tokenizer), "auto", warn=pytest.fail)
-    assert engines.started  # at once, under the knob
+    assert engines._todo is None  # started at once, under the knob
     used = []
     for i in range(5):
         engines.encode(f"document {i}", lambda: "?")
@@ -293,7 +294,7 @@ def test_engines_never_build_for_tiktoken_or_objects(synth_tokenizer, monkeypatc
         engines = enginemod.Engines(tokmod.resolve(tok), engine, warn=pytest.fail)
         engines.worked(1e9)
         engines.encode("12 34", lambda: "?")
-        assert not engines.started and engines.check is None and engines.encoder.reference is None
+        assert engines._thread is None and engines.check is None and engines.encoder.reference is None
 
 
 def test_engines_raise_a_failed_build_at_the_takeover(synth_tokenizer, monkeypatch):
@@ -330,7 +331,8 @@ def test_engine_threads_pinned_to_one(synth_tokenizer, tmp_path):
     path = corpus.save_tokenizer(synth_tokenizer, tmp_path)
     code = f"""
 import os, threading
-from shmloader import engine, tokenizer
+from shmloader.data import engine
+from shmloader.data import tokenizer
 
 def cpu(tid):
     f = open(f"/proc/self/task/{{tid}}/stat").read().rsplit(")", 1)[1].split()
@@ -384,14 +386,14 @@ def test_fast_stream_is_byte_identical_to_tiktoken(data, synth_tokenizer, packin
     for k, ((fx, fy), (rx, ry)) in enumerate(zip(fast, ref)):
         assert fx.tobytes() == rx.tobytes() and fy.tobytes() == ry.tobytes(), f"batch {k}"
     if packing == "concat":
-        oracle = [w for w, _ in itertools.islice(
-            reference.concat_windows(paths[:-1], enc.encode_ordinary, bos, B, T), n)]
-        for k, ((x, y), w) in enumerate(zip(fast, oracle)):
+        expected = [w for w, _ in itertools.islice(
+            oracle.concat_windows(paths[:-1], enc.encode_ordinary, bos, B, T), n)]
+        for k, ((x, y), w) in enumerate(zip(fast, expected)):
             assert np.array_equal(np.concatenate([x.reshape(-1)[:1], y.reshape(-1)]), w), f"batch {k}"
     else:
-        oracle = list(itertools.islice(reference.bestfit_rows(paths[:-1], enc.encode_ordinary, bos, B, T,
+        expected = list(itertools.islice(oracle.bestfit_rows(paths[:-1], enc.encode_ordinary, bos, B, T,
                                                               buffer_size=12, chunk_docs=4), n))
-        for k, ((x, y), (rows, _)) in enumerate(zip(fast, oracle)):
+        for k, ((x, y), (rows, _)) in enumerate(zip(fast, expected)):
             assert np.array_equal(x, rows[:, :-1]) and np.array_equal(y, rows[:, 1:]), f"batch {k}"
 
 
@@ -464,9 +466,9 @@ def test_tiktoken_forced_never_uses_the_engine(data, synth_tokenizer, monkeypatc
     monkeypatch.setenv(enginemod.AT_ENV, "0")
     enc = synth_tokenizer
     got = _stream(root, enc, 60, num_workers=1, start_method="spawn", engine="tiktoken")
-    oracle = [w for w, _ in itertools.islice(reference.concat_windows(
+    expected = [w for w, _ in itertools.islice(oracle.concat_windows(
         paths[:-1], enc.encode_ordinary, enc.encode_single_token("<|bos|>"), B, T), 60)]
-    for (x, y), w in zip(got, oracle):
+    for (x, y), w in zip(got, expected):
         assert np.array_equal(np.concatenate([x.reshape(-1)[:1], y.reshape(-1)]), w)
 
 

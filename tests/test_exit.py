@@ -1,4 +1,4 @@
-"""Every way out (SPEC §4, design "Timeouts and shutdown"): break + close/del of the generator,
+"""Every way out (docs/contract.md §4, design "Timeouts and shutdown"): break + close/del of the generator,
 close() (twice), `with`, garbage collection, Ctrl-C in the trainer, a dead worker or
 coordinator. After each, within 2 s, no loader process and no /dev/shm/shml_<pid>_* segment
 remains; nothing hangs (SIGALRM watchdog here, `timeout=` for subprocesses).
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader_dev import corpus, testing
-from conftest import loader_children, pid_alive, position_of, shm_segments, wait_clean, window_of
+from shmloader.demo import corpus
+from tests import helpers
+from tests.helpers import loader_children, pid_alive, position_of, shm_segments, wait_clean, window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -145,13 +146,13 @@ def test_worker_exception_is_reported_while_batches_are_queued(tmp_path):
     """A worker raises (IntTokenizer cannot read "boom") while finished batches wait in the
     trainer's pipe: next() must raise a WorkerError carrying that exception, not a bare
     "died: exit code 0"."""
-    docs = testing.position_documents([10] * 500)
+    docs = helpers.position_documents([10] * 500)
     # pieces: documents [0, 16), [16, 48), [48, 112), [112, 240): the 4th is handed to the
     # one worker only once the 1st is fully placed (3 pieces in flight), i.e. after the trainer
     # freed batch ~11; by then the ring is full of finished batches from the 2nd piece
     docs[200] = "boom"
     corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=1000)
-    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 1, 8, "train", num_workers=1,
+    with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 1, 8, "train", num_workers=1,
                              device="cpu", tokenizer_batch_size=1) as loader:
         started = time.monotonic()
         with pytest.raises(shmloader.WorkerError) as info:

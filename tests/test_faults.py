@@ -1,9 +1,9 @@
-"""Faults at random moments (SPEC §4, STYLE habit 8): a worker raising, a worker or the
+"""Faults at random moments (docs/contract.md §4): a worker raising, a worker or the
 coordinator killed by SIGKILL or SIGSEGV or frozen by SIGSTOP, the trainer killed (alone or
 with its process group), /dev/shm too small, hundreds of create/close cycles, repeated
 SIGKILL restarts (4 seeds by default, 20 with -m slow).
 
-Each fault is reported in the training process within 5 s as the error the SPEC names
+Each fault is reported in the training process within 5 s as the error docs/contract.md §4 names
 (WorkerError naming the process, its pid and its signal, or the worker's own exception with
 its traceback), and afterwards no loader process and no /dev/shm/shml_<pid>_* segment is
 left (conftest's `no_leaks` checks this process's; the tests check a killed trainer's).
@@ -33,9 +33,11 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import ring as ringmod
-from shmloader_dev import corpus, testing
-from conftest import (loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
+from shmloader.ipc import ring as ringmod
+from shmloader.ipc import segment as segmod
+from shmloader.demo import corpus
+from tests import helpers
+from tests.helpers import (loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
                       wait_no_segment, window_of)
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -88,14 +90,14 @@ def test_worker_exception_at_random_document(tmp_path, seed):
     rng = random.Random(seed)
     n_docs = 1000  # file 0 (train) holds documents [0, 500)
     lengths = [WORDS] * n_docs
-    docs = testing.position_documents(lengths)
+    docs = helpers.position_documents(lengths)
     bad = rng.randrange(20, 480)
     docs[bad] = f"{bad * (WORDS + 1) + 1} boom"
     paths = corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=RG)
     B, T = 1, rng.choice([8, 16, 24])
     W = B * T + 1
     info = f"(seed {seed}: document {bad}, T={T})"
-    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), B, T, "train",
+    with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), B, T, "train",
                              num_workers=2, device="cpu", timeout=30) as loader:
         windows = []
         started = time.monotonic()
@@ -115,7 +117,7 @@ def test_worker_exception_at_random_document(tmp_path, seed):
     assert m and int(m.group(2)) in worker_pids, f"no worker and pid in: {msg} {info}"
     assert str(paths[0]) in msg and f"row group {bad // RG}" in msg, f"{msg} {info}"
     assert "ValueError" in msg and "'boom'" in msg, msg
-    assert "Traceback (most recent call last)" in msg and "testing.py" in msg and "int(tok)" in msg, msg
+    assert "Traceback (most recent call last)" in msg and "helpers.py" in msg and "int(tok)" in msg, msg
     print(f"worker ValueError seed {seed}: raised by a next() of {took:.3f} s after {len(windows)} batches")
     # what came before the failure is the exact stream, and nothing past the bad document came
     stream = np.concatenate([np.concatenate([[0], np.arange(p + 1, p + 1 + WORDS)])
@@ -262,7 +264,7 @@ def test_trainer_killed(synth, synth_tokenizer_pkl, group, sig):
     with synth.loader(2, 32, "val", num_workers=1) as loader:
         next(loader)  # starting a loader sweeps the segments of dead creators
         assert shm_segments(pid) == [], "a new loader did not sweep the dead trainer's segment"
-    assert info["segment"] not in ringmod.sweep_stale()
+    assert info["segment"] not in segmod.sweep_stale()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shml_{pid}_")]
     print(f"process-group: children gone {gone_s:.3f} s after {sig.name}; segment swept by the next loader")
 

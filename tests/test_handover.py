@@ -3,7 +3,7 @@
 Pure tests run both ends in one process over one ring (a bytearray) and real eventfds; a
 simulation drives a coordinator (a SlotMap, batches announced in order) and a trainer that
 frees lent batches in any order, checking every record it takes. Then, as a trainer runs
-(a step of busy work between calls, `shmloader_dev.syscalls` with strace on its main thread):
+(a step of busy work between calls, `tools/syscalls.py` with strace on its main thread):
 `next()` on ready batches makes no system call, amortised, while the system-call path (the
 one for machines without x86's store order) makes at least one per batch.
 """
@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.handover import FREE_POLL_S, CoordinatorEnd, Doorbell, TrainerEnd, header_only
-from shmloader.ring import Counter, Ring, RingLayout
-from shmloader.sequencing import SlotMap
-from shmloader_dev import syscalls
-from conftest import window_of
+from shmloader.ipc.handover import FREE_POLL_S, CoordinatorEnd, Doorbell, TrainerEnd, header_only
+from shmloader.ipc.ring import Counter, Ring, RingLayout
+from shmloader.packing.base import SlotMap
+from tools import syscalls
+from tests.helpers import window_of
 
 
 def ends(n_slots: int, header: bool = True):

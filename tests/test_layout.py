@@ -1,8 +1,17 @@
-"""The runtime package stands alone: `shmloader` and every module in it import without
-`shmloader_dev` (the corpus, the oracle, the test helpers and the demo's implementation),
-each checked in a fresh interpreter so that nothing imported by another test counts."""
+"""The tree shows the architecture: folders by role, imports only downward, the design card's
+top level, and a runtime that imports no test or tool code.
+
+Layers (a module may import its own layer or lower ones, never a higher one):
+0 `errors`; 1 `ipc/` (the shared memory and the messages); 2 `data/` (files, order,
+tokenizers, the token cache); 3 `packing/` (pure sequencing over token counts); 4 `procs/`
+(the child processes and their starting); 5 the training process's front (`config`, `state`,
+`delivery`, `loader`); 6 the entry points (`nanochat`, `demo/`, `__init__`). Imports are read
+from the source (ast); the import checks run in fresh interpreters so that nothing imported
+by another test counts.
+"""
 from __future__ import annotations
 
+import ast
 import os
 import pkgutil
 import subprocess
@@ -12,89 +21,109 @@ from pathlib import Path
 import shmloader
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_MODULES = sorted(f"shmloader.{m.name}" for m in pkgutil.iter_modules(shmloader.__path__))
+PACKAGE = REPO_ROOT / "shmloader"
+RUNTIME_MODULES = sorted(m.name for m in pkgutil.walk_packages(shmloader.__path__, "shmloader."))
+
+LAYERS = {
+    "errors": 0, "ipc": 1, "data": 2, "packing": 3, "procs": 4,
+    "config": 5, "state": 5, "delivery": 5, "loader": 5,
+    "nanochat": 6, "demo": 6, "__init__": 6,
+}
+CARD_TOP_LEVEL = {"setup.cfg", "shmloader", "tests", "tools"}
+COMPANIONS = {"README.md", "LICENSE", "pyproject.toml", "docs", ".ci", ".gitignore"}
+
+
+def _unit(module: str) -> str:
+    """The layer key of `shmloader.x.y`: its folder `x`, or the top-level module `x`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _source(module: str) -> Path:
+    rel = Path(*module.split(".")[1:])
+    return PACKAGE / rel / "__init__.py" if (PACKAGE / rel).is_dir() else PACKAGE / f"{rel}.py"
+
+
+def _imports(module: str) -> set[str]:
+    """The shmloader modules `module` imports (absolute names), and `tests` / `tools` if it does."""
+    path = _source(module)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [f"{target}.{a.name}" for a in node.names] if not node.module else [target]
+            out.update(names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {n for n in out if n.split(".")[0] in ("shmloader", "tests", "tools")}
+
+
+def test_every_runtime_folder_and_module_has_a_layer():
+    assert "shmloader.procs.worker" in RUNTIME_MODULES and "shmloader.ipc.ring" in RUNTIME_MODULES
+    units = {_unit(m) for m in RUNTIME_MODULES} | {"__init__"}
+    assert units == set(LAYERS), f"give each folder or top-level module a layer: {units ^ set(LAYERS)}"
+
+
+def test_no_module_imports_upward():
+    upward = []
+    for m in RUNTIME_MODULES:
+        for dep in _imports(m):
+            if dep.startswith("shmloader.") and LAYERS[_unit(dep)] > LAYERS[_unit(m)]:
+                upward.append((m, dep))
+    assert upward == [], f"modules importing a higher layer: {upward}"
+
+
+def test_runtime_imports_no_test_or_tool_code():
+    found = [(m, dep) for m in RUNTIME_MODULES for dep in _imports(m) if not dep.startswith("shmloader")]
+    assert found == [], f"runtime modules importing tests/ or tools/: {found}"
+
+
+def test_top_level_is_the_design_cards():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    if tracked.returncode != 0:
+        import pytest
+        pytest.skip("not a git checkout")
+    names = {line.split("/", 1)[0] for line in tracked.stdout.splitlines()}
+    assert CARD_TOP_LEVEL <= names, f"missing at the top level: {CARD_TOP_LEVEL - names}"
+    assert names <= CARD_TOP_LEVEL | COMPANIONS, f"not on the design card: {names - CARD_TOP_LEVEL - COMPANIONS}"
+
 
 CHECK = """
 import importlib, sys
 for name in sys.argv[1:]:
     importlib.import_module(name)
-import shmloader
-for name in shmloader.__all__:
-    getattr(shmloader, name)
-dev = sorted(m for m in sys.modules if m == "shmloader_dev" or m.startswith("shmloader_dev."))
-print(" ".join(dev) or "none")
+print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("tests", "tools"))) or "none")
 """
 
 
-def _dev_modules_after_import(*modules: str) -> str:
+def _run(code: str, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", CHECK, *modules], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd="/")
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
 
-def test_runtime_modules_are_found():
-    for name in ("loader", "coordinator", "worker", "ring", "state", "demo"):
-        assert f"shmloader.{name}" in RUNTIME_MODULES
-    for name in ("corpus", "reference", "testing"):
-        assert f"shmloader.{name}" not in RUNTIME_MODULES
+def test_importing_every_runtime_module_imports_no_test_code():
+    importable = [m for m in RUNTIME_MODULES if not m.endswith(".__main__")]  # that one runs the demo
+    assert _run(CHECK, *importable) == "none"
 
 
-def test_importing_shmloader_does_not_import_the_dev_package():
-    assert _dev_modules_after_import("shmloader") == "none"
-
-
-def test_importing_every_runtime_module_does_not_import_the_dev_package():
-    assert _dev_modules_after_import(*RUNTIME_MODULES) == "none"
-
-
-def test_dev_package_comes_from_this_checkout():
-    import shmloader_dev
-
-    assert Path(shmloader_dev.__file__).resolve().parent == REPO_ROOT / "shmloader_dev"
-    assert Path(shmloader.__file__).resolve().parent == REPO_ROOT / "shmloader"
-
-
-# Each module's layer: a module may import its own layer or lower ones, never a higher one.
-# 0: shared definitions; 1: pure logic (no processes); 2: one child process's loop and its
-# I/O; 3: the training process; 4: the drop-in functions and entry points.
-LAYERS = {
-    "errors": 0, "config": 0, "ring": 0, "handover": 0, "protocol": 0, "tokenizer": 0, "engine": 0,
-    "outbuf": 0,
-    "plan": 1, "bestfit": 1, "sequencing": 1, "packing": 1, "bestfit_seq": 1, "locate": 1,
-    "state": 1, "source": 1, "cache": 1,
-    "coordinator": 2, "worker": 2,
-    "delivery": 3, "loader_procs": 3, "loader": 3,
-    "nanochat": 4, "demo": 4, "__init__": 4,
-}
-CHILD_MODULES = ("coordinator", "worker")
-
-
-def _imports(name: str) -> set[str]:
-    import ast
-
-    tree = ast.parse((REPO_ROOT / "shmloader" / f"{name}.py").read_text())
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            out |= {node.module} if node.module else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shmloader."):
-            out.add(node.module.split(".")[1])
-    return out
-
-
-def test_no_module_imports_upward():
-    assert set(LAYERS) == {m.rsplit(".", 1)[1] for m in RUNTIME_MODULES} | {"__init__"}, \
-        "a module is missing from LAYERS: give it a layer"
-    upward = [(m, dep) for m in LAYERS for dep in _imports(m) if dep in LAYERS and LAYERS[dep] > LAYERS[m]]
-    assert upward == [], f"modules importing a higher layer: {upward}"
+def test_importing_shmloader_imports_nothing_heavy():
+    """`import shmloader` only defines names (torch, pyarrow and the processes' modules come with
+    the first loader); every public name then resolves."""
+    code = ("import sys, shmloader\n"
+            "print(sorted(m for m in ('torch', 'pyarrow', 'shmloader.procs') if m in sys.modules))\n"
+            "for name in shmloader.__all__: getattr(shmloader, name)")
+    assert _run(code) == "[]"
 
 
 def test_child_processes_never_import_torch():
-    code = ("import sys; import shmloader.coordinator, shmloader.worker; "
-            "print('torch' in sys.modules)")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False", "the coordinator or a worker imports torch"
+    code = "import sys; import shmloader.procs.coordinator, shmloader.procs.worker; print('torch' in sys.modules)"
+    assert _run(code) == "False", "the coordinator or a worker imports torch"

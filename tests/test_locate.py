@@ -7,9 +7,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.bestfit import BestFitPlanner
-from shmloader.locate import BestFitLocator, ConcatLocator, concat_tokens
-from shmloader.plan import Cursor, Piece
+from shmloader.packing.planner import BestFitPlanner
+from shmloader.packing.bestfit import BestFitLocator
+from shmloader.packing.concat import ConcatLocator, concat_tokens
+from shmloader.data.order import Cursor, Piece
 
 START = Cursor(1, 0, 0, 0)
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader import tokenizer as tokmod
-from shmloader.cache import TokenCache
-from shmloader.source import ParquetSource
+from shmloader.data import tokenizer as tokmod
+from shmloader.data.cache import TokenCache
+from shmloader.data.source import ParquetSource
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 B, T, MICRO = 2, 16, 2

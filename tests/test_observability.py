@@ -1,11 +1,11 @@
 """`stats()` and `log_every`: every figure checked against arithmetic on the data.
 
-Data: `testing.position_documents` read with `IntTokenizer` (3 files; nulls at known rows,
+Data: `helpers.position_documents` read with `IntTokenizer` (3 files; nulls at known rows,
 some empty documents). Counters are compared once the loader has settled (the trainer stops
 consuming; the ring fills; the coordinator stops reading): the pieces read are then a prefix
 of the canonical document sequence (epochs repeating), so `tokens_read`, `docs_read` and
 `nulls` must equal the totals of some prefix of it, at least as long as what was delivered.
-Best fit: `tokens_cropped` equals the scan oracle's (`bestfit.plan_batch_scan`) over the
+Best fit: `tokens_cropped` equals the scan oracle's (`plan_batch_scan`) over the
 batches planned so far, and `cropped_fraction` is cropped / (placed + cropped).
 """
 import itertools
@@ -14,12 +14,12 @@ import time
 import warnings
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader import bestfit
-from shmloader_dev import corpus, reference, testing
+from tests.oracle import plan_batch_scan
+from shmloader.demo import corpus
+from tests import helpers, oracle
 
 B, T = 2, 16
 W = B * T + 1
@@ -36,16 +36,16 @@ def _lengths(n=150):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("obs_data")
-    paths = corpus.write_shards(testing.position_documents(_lengths()), root, num_files=3,
+    paths = corpus.write_shards(helpers.position_documents(_lengths()), root, num_files=3,
                                 row_group_size=[12, 7, 19])
     return root, [str(p) for p in paths]
 
 
 def _sequence(files, skip_rgs=()) -> list:
     """One epoch of the canonical sequence (rank 0 of 1): token count incl. BOS, or None (null)."""
-    tok = testing.IntTokenizer()
+    tok = helpers.IntTokenizer()
     return [None if text is None else 1 + len(tok.encode(text))
-            for (_, f, g, _), text in reference.documents(files, epochs=1) if (f, g) not in skip_rgs]
+            for (_, f, g, _), text in oracle.documents(files, epochs=1) if (f, g) not in skip_rgs]
 
 
 def _prefix_matching(seq, stats, at_least_tokens) -> int:
@@ -84,7 +84,7 @@ def _settled(loader, timeout=15.0, still=3) -> dict:
 def _loader(data, split="train", **kw):
     root, _ = data
     kw.setdefault("num_workers", 2)
-    return shmloader.ShmLoader(str(root), testing.IntTokenizer(), B, T, split, device="cpu",
+    return shmloader.ShmLoader(str(root), helpers.IntTokenizer(), B, T, split, device="cpu",
                                timeout=60, **kw)
 
 
@@ -175,9 +175,9 @@ def test_epoch_advances_when_the_val_split_wraps(data):
 
 def _chunks(files, chunk_docs):
     """nanochat's tokenizer batches: up to chunk_docs consecutive rows of one row group."""
-    tok = testing.IntTokenizer()
+    tok = helpers.IntTokenizer()
     key, rows = None, []
-    for (e, f, g, _), text in reference.documents(files):
+    for (e, f, g, _), text in oracle.documents(files):
         if rows and ((e, f, g) != key or len(rows) == chunk_docs):
             yield rows
             rows = []
@@ -196,7 +196,7 @@ def _oracle_cropped(files, n_batches, buffer_size, chunk_docs) -> list:
 
     buffer, total, out = [], 0, []
     for _ in range(n_batches):
-        total += bestfit.plan_batch_scan(buffer, next_chunk, B, T + 1, buffer_size).n_cropped
+        total += plan_batch_scan(buffer, next_chunk, B, T + 1, buffer_size).n_cropped
         out.append(total)
     return out
 
@@ -226,26 +226,17 @@ def test_concat_has_no_cropped_fraction(data):
         assert "cropped_fraction" not in loader.stats()
 
 
-def _corrupt_row_group(path, rg):
-    md = pq.ParquetFile(path).metadata
-    col = md.row_group(rg).column(0)
-    start = col.dictionary_page_offset or col.data_page_offset
-    raw = bytearray(open(path, "rb").read())
-    raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
-    open(path, "wb").write(bytes(raw))
-
-
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_bad_row_groups_skipped_counts_each_once(tmp_path, packing):
     lengths = _lengths(90)
-    paths = [str(p) for p in corpus.write_shards(testing.position_documents(lengths), tmp_path,
+    paths = [str(p) for p in corpus.write_shards(helpers.position_documents(lengths), tmp_path,
                                                 num_files=2, row_group_size=[12, 7, 19])]
     seq = _sequence(paths[:1], skip_rgs={(0, 1)})
-    _corrupt_row_group(paths[0], 1)
+    helpers.corrupt_row_group(paths[0], 1)
     epoch_tokens = sum(n or 0 for n in seq)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), B, T, "train", device="cpu",
+        with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), B, T, "train", device="cpu",
                                  num_workers=1, n_slots=2, on_bad_row_group="skip", timeout=60,
                                  packing=packing, buffer_size=8, tokenizer_batch_size=4) as loader:
             n = 2 * epoch_tokens // W + 1  # into the second epoch: the bad row group comes round again

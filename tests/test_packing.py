@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.packing import ConcatSequencer
-from shmloader.sequencing import SlotMap
+from shmloader.packing.concat import ConcatSequencer
+from shmloader.packing.base import SlotMap
 
 
 class Sim:

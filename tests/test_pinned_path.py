@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from shmloader import delivery, loader_procs
-from conftest import window_of
+from shmloader import delivery
+from shmloader.ipc.handover import TrainerEnd
+from tests.helpers import window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -65,14 +66,14 @@ def test_slots_are_freed_only_after_their_copy_completed(synth, fake_cuda, monke
     B, T, n = 2, 32, 40
     want_w, _ = synth.expected(n, B, T, "train")
     freed = []
-    real_free = loader_procs.Children.free
+    real_free = TrainerEnd.free
 
-    def checked_free(kids, k, slot):  # batch k's copy recorded the k-th event
-        assert FakeEvent.made[k].done, f"batch {k}: slot {slot} freed before its copy completed"
+    def checked_free(end, k):  # batch k's copy recorded the k-th event
+        assert FakeEvent.made[k].done, f"batch {k}: its slot freed before its copy completed"
         freed.append(k)
-        real_free(kids, k, slot)
+        real_free(end, k)
 
-    monkeypatch.setattr(loader_procs.Children, "free", checked_free)
+    monkeypatch.setattr(TrainerEnd, "free", checked_free)
     with synth.loader(B, T, "train", n_slots=2, num_workers=2, timeout=20) as loader:
         got, buffers = [], set()
         for k in range(n):

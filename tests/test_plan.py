@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader.errors import DataError
-from shmloader.plan import (RAMP, Cursor, buffer_pieces, iter_pieces, nanochat_cursor, ramp_for,
+from shmloader.data.order import (RAMP, Cursor, buffer_pieces, iter_pieces, nanochat_cursor, ramp_for,
                            start_cursor)
 
 EMPTY = "empty"  # marker unit: a row group with no rows (one 0-doc piece)

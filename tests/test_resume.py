@@ -1,4 +1,4 @@
-"""Resume (SPEC §3): a loader given the state of batch k yields batches k+1, k+2, ... of the
+"""Resume (docs/contract.md §3): a loader given the state of batch k yields batches k+1, k+2, ... of the
 uninterrupted run byte for byte, whatever num_workers either run used; at exact row-group,
 file and epoch boundaries, inside documents and at random points. nanochat-format states
 resume where nanochat does; another rank's state resumes exactly at its batch count (or as
@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader_dev import corpus, reference, testing
-from conftest import ALIGN_W, pid_alive, position_of, shm_segments, sigkill_after, window_of
+from shmloader.demo import corpus
+from tests import helpers, oracle
+from tests.helpers import ALIGN_W, pid_alive, position_of, shm_segments, sigkill_after, window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 HERE = Path(__file__).resolve().parent
@@ -275,11 +276,11 @@ def test_state_of_other_tokenizer_is_refused(synth):
 def test_state_of_same_names_other_content_is_refused(posrun, tmp_path):
     """Shards regenerated under the same names (other rows, other row groups): the saved
     position would point at other documents, so the state must be refused."""
-    docs = testing.position_documents([3] * 500)
+    docs = helpers.position_documents([3] * 500)
     corpus.write_shards(docs, tmp_path, num_files=4, row_group_size=[17])
     assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in posrun.ds.paths]
     with pytest.raises(ValueError, match=r"\bdata\b"):
-        shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", device="cpu",
+        shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 16, "train", device="cpu",
                             resume_state=posrun.state(20))
 
 
@@ -287,7 +288,7 @@ def test_moved_dataset_resumes(posrun, tmp_path):
     for p in posrun.ds.paths:
         (tmp_path / p.name).write_bytes(p.read_bytes())
     k = 25
-    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", num_workers=2,
+    with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 16, "train", num_workers=2,
                              device="cpu", resume_state=posrun.state(k)) as loader:
         posrun.check_follow(loader, k)
 
@@ -377,7 +378,7 @@ def test_new_shape_bestfit_continues_from_the_same_buffer(posdata):
     with pytest.warns(UserWarning, match=r"T: state has 16, loader has 24"):
         loader = fit(posdata, 2, 24, num_workers=1, resume_state=state)
     pos = position_of(state)[:4]
-    want = [r for r, _ in itertools.islice(reference.bestfit_rows(
+    want = [r for r, _ in itertools.islice(oracle.bestfit_rows(
         posdata.files("train"), posdata.encode, posdata.bos, 2, 24, 5, 3, cursor=pos, runs=state["buffer"]), 25)]
     with loader:
         got, _ = take(loader, 25, bestfit=True)
@@ -418,13 +419,13 @@ def test_appended_shards_are_read_after_the_saved_ones(posdata, tmp_path):
     val). The resumed run continues exactly and names the new train file."""
     for p in posdata.paths:
         shutil.copy(p, tmp_path / p.name)
-    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", device="cpu",
+    with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 16, "train", device="cpu",
                              num_workers=2) as loader:
         want, states = take(loader, 60)
     k = 25
     shutil.copy(posdata.paths[-1], tmp_path / "shard_00099.parquet")  # a new last file
     with pytest.warns(UserWarning, match=r"1 file\(s\) added .*shard_00003\.parquet"):
-        loader = shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", device="cpu",
+        loader = shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 16, "train", device="cpu",
                                      num_workers=3, resume_state=states[k])
     with loader:
         got, _ = take(loader, 60 - k - 1)
@@ -434,18 +435,18 @@ def test_appended_shards_are_read_after_the_saved_ones(posdata, tmp_path):
 def test_a_changed_earlier_file_is_refused_naming_it(posdata, tmp_path):
     for p in posdata.paths:
         shutil.copy(p, tmp_path / p.name)
-    with shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", device="cpu") as loader:
+    with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 16, "train", device="cpu") as loader:
         _, states = take(loader, 130)
     state = next(s for s in states if s["pq_idx"] == 1)
     shutil.copy(posdata.paths[2], tmp_path / posdata.paths[0].name)  # file 0 rewritten
     with pytest.raises(ValueError, match=r"file 0: state has shard_00000\.parquet \([\d,]+ bytes\), "
                                          r"loader has shard_00000\.parquet \([\d,]+ bytes\)"):
-        shmloader.ShmLoader(str(tmp_path), testing.IntTokenizer(), 2, 16, "train", device="cpu",
+        shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 16, "train", device="cpu",
                             resume_state=state)
 
 
 def test_another_tokenizer_or_packing_is_refused_in_words(synth):
-    from shmloader_dev import corpus
+    from shmloader.demo import corpus
     with synth.loader(2, 32, "train") as loader:
         _, states = take(loader, 5)
     other = corpus.train_tokenizer(corpus.synthetic_texts(100, seed=5, mean_words=20), vocab_size=400)

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import shmloader
-from shmloader_dev import corpus
+from shmloader.demo import corpus
+from tests import helpers
 
 B, T = 2, 16
 N = 12  # batches compared per run
@@ -38,12 +39,6 @@ def _moto_server() -> str | None:
     if here.exists():
         return str(here)
     return shutil.which("moto_server")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +67,7 @@ def moto(tmp_path, aws_env):
     exe = _moto_server()
     if exe is None:
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    port = _free_port()
+    port = helpers.free_port()
     log = open(tmp_path / "moto.log", "wb")
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -201,7 +196,7 @@ def test_s3_missing_object_names_it(local, bucket):
 
 def test_s3_unreachable_endpoint_is_a_data_error_within_bound(local, aws_env):
     _, _, enc = local
-    endpoint = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    endpoint = f"127.0.0.1:{helpers.free_port()}"  # nothing listens there
     uri = _uri(endpoint)
     began = time.monotonic()
     with pytest.raises(shmloader.DataError) as info:

@@ -1,4 +1,4 @@
-"""Soak (SPEC §4): one loader, one process, batches for SHMLOADER_SOAK_S seconds (default 600).
+"""Soak (docs/contract.md §4): one loader, one process, batches for SHMLOADER_SOAK_S seconds (default 600).
 
 Slow, excluded by default: `SHMLOADER_SOAK_S=600 python -m pytest -m slow tests/test_soak.py`.
 Data: conftest's `posdata` (IntTokenizer, every non-BOS token equals its position in the
@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import loader_children, shm_segments
+from tests.helpers import loader_children, shm_segments
 
 pytestmark = pytest.mark.slow
 B, T, WORKERS = 4, 64, 2

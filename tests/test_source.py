@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from shmloader.errors import DataError
-from shmloader.source import ParquetSource, list_files, split_files
-from shmloader_dev import corpus
+from shmloader.data.source import ParquetSource, list_files, split_files
+from shmloader.demo import corpus
 
 
 def write(path, texts, row_group_size=None, schema=None):

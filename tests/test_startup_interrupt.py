@@ -21,8 +21,9 @@ import time
 
 import pytest
 
-from shmloader_dev import corpus, testing
-from conftest import live_processes, pid_alive, shm_segments
+from shmloader.demo import corpus
+from tests import helpers
+from tests.helpers import live_processes, pid_alive, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -32,11 +33,11 @@ INTERRUPTED = 42
 TRAINER = textwrap.dedent("""
     import sys
     from shmloader import ShmLoader
-    from shmloader_dev import testing
+    from tests import helpers
 
     print("start", flush=True)
     try:
-        with ShmLoader(sys.argv[1], testing.IntTokenizer(), 2, 16, "train", num_workers=2,
+        with ShmLoader(sys.argv[1], helpers.IntTokenizer(), 2, 16, "train", num_workers=2,
                        device="cpu") as loader:
             while True:
                 next(loader)
@@ -54,7 +55,7 @@ def group_members(pgid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("interrupt")
-    corpus.write_shards(testing.position_documents([20] * 300), root, num_files=3, row_group_size=30)
+    corpus.write_shards(helpers.position_documents([20] * 300), root, num_files=3, row_group_size=30)
     return root
 
 
@@ -106,16 +107,17 @@ def test_ctrl_c_during_startup_and_first_next(data):
 def test_attach_after_the_trainer_is_gone_is_quiet():
     """The segment is unlinked by the trainer only after it closed the alive pipe: a child
     attaching too late exits quietly; the same failure with the trainer alive is raised."""
-    from shmloader import ring as ringmod
+    from shmloader.ipc import ring as ringmod
+    from shmloader.ipc import segment as segmod
 
     layout = ringmod.RingLayout(n_slots=2, window=8, n_workers=1)
-    missing = ringmod.new_name()
-    assert ringmod.attach_unless_gone(missing, layout, lambda: True) is None
+    missing = segmod.new_name()
+    assert segmod.attach_unless_gone(missing, layout, lambda: True) is None
     with pytest.raises(FileNotFoundError):
-        ringmod.attach_unless_gone(missing, layout, lambda: False)
-    segment, ring = ringmod.create(layout)
+        segmod.attach_unless_gone(missing, layout, lambda: False)
+    segment, ring = segmod.create(layout)
     try:
-        attached = ringmod.attach_unless_gone(segment.name, layout, lambda: True)
+        attached = segmod.attach_unless_gone(segment.name, layout, lambda: True)
         assert attached.ring.header[2] == 2
         attached.close()
     finally:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.plan import Cursor, nanochat_cursor
+from shmloader.data.order import Cursor, nanochat_cursor
 from shmloader.state import VERSION, Loader, base_state, buffer_runs, check, file_list, make_state, start
 
 FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
@@ -319,7 +319,7 @@ def test_the_digest_covers_batch_shapes_and_origin(field, value):
 def test_the_digest_covers_the_buffer():
     runs = [[1, 0, 2, 10, 3], [1, 1, 0, 0, 4]]
     state = saved(skip=0, buffer=runs, config=dict(CONFIG, packing="bos_bestfit"))
-    lo = loader(config=dict(CONFIG, packing="bos_bestfit"), bestfit=True)
+    lo = loader(config=dict(CONFIG, packing="bos_bestfit"), buffered=True)
     assert quiet_check(state, lo).runs == runs
     state["buffer"][1][4] = 5
     with pytest.raises(ValueError, match="digest"):

@@ -6,10 +6,10 @@ else `<|endoftext|>`, else an error; `bos=` overrides), bad paths and pickles, t
 and `build`, which encodes special-token text as ordinary text.
 
 In the workers: for each form the loader's concat stream (2 workers) is compared window for
-window with `reference.concat_windows` run here with that tokenizer's own ordinary encode and BOS:
+window with `oracle.concat_windows` run here with that tokenizer's own ordinary encode and BOS:
 a `tiktoken.Encoding`, its `tokenizer.pkl` path and directory, a nanochat-style wrapper (`.enc`
 + `get_bos_token_id()`), a generic object with `encode()` defined in this module (unpickled
-by the workers), `shmloader_dev.testing.IntTokenizer`, a Hugging Face `tokenizer.json` trained
+by the workers), `tests.helpers.IntTokenizer`, a Hugging Face `tokenizer.json` trained
 offline with `tokenizers` (path, directory, `tokenizers.Tokenizer` object) and an explicit `bos=`.
 The documents hold literal special-token text ("<|bos|>", "<|endoftext|>"): the stream must
 hold the BOS id exactly at document starts and nowhere else. Also: a tiktoken name offline
@@ -27,9 +27,10 @@ import pytest
 import tiktoken
 
 import shmloader
-from shmloader.tokenizer import TokenizerSpec, build, resolve
-from shmloader_dev import corpus, reference, testing
-from shmloader_dev.testing import IntTokenizer
+from shmloader.data.tokenizer import TokenizerSpec, build, resolve
+from shmloader.demo import corpus
+from tests import helpers, oracle
+from tests.helpers import IntTokenizer
 
 
 SPECIAL_TEXTS = ["<|bos|>", "a <|bos|> b", "<|endoftext|>", "x<|endoftext|>y<|bos|>",
@@ -169,7 +170,7 @@ def test_corrupt_pickle_is_a_value_error(tmp_path, content):
 
 
 def test_pickle_that_is_not_a_tokenizer_names_the_file(tmp_path):
-    # SPEC 4: an error names the file; a tokenizer.pkl holding something else is bad input
+    # docs/contract.md §4: an error names the file; a tokenizer.pkl holding something else is bad input
     path = tmp_path / "tokenizer.pkl"
     path.write_bytes(pickle.dumps({"not": "a tokenizer"}))
     with pytest.raises((TypeError, ValueError)) as ei:
@@ -193,7 +194,7 @@ def test_fingerprint_stable_and_distinct(enc, enc_other):
 
 
 def test_fingerprint_depends_on_bos(enc):
-    # SPEC 3: a state made under another tokenizer is refused. The BOS id is part of every
+    # docs/contract.md §3: a state made under another tokenizer is refused. The BOS id is part of every
     # document, so a state made with bos=X must not resume silently under bos=Y.
     default = resolve(enc)
     other = resolve(enc, bos=7)
@@ -397,14 +398,14 @@ def _check_stream(shards, tokenizer, encode, bos_id, **kw):
     """Loader windows == oracle windows; BOS only at document starts. Returns the config."""
     _, paths = shards
     got, config = _loader_windows(shards, tokenizer, **kw)
-    oracle = [w for w, _ in itertools.islice(
-        reference.concat_windows(paths[:-1], encode, bos_id, B, T), N)]
+    expected = [w for w, _ in itertools.islice(
+        oracle.concat_windows(paths[:-1], encode, bos_id, B, T), N)]
     assert len(got) == N
-    for k, (g, o) in enumerate(zip(got, oracle)):
+    for k, (g, o) in enumerate(zip(got, expected)):
         assert np.array_equal(g, o), f"batch {k}: the workers tokenize differently from this process"
     stream = np.concatenate(got)
     starts, pos, special_seen = [], 0, 0
-    for _, text in reference.documents(paths[:-1]):
+    for _, text in oracle.documents(paths[:-1]):
         if pos >= len(stream):
             break
         if text is None:
@@ -439,16 +440,16 @@ def test_object_defined_in_a_test_module(shards, enc):
 
 def test_int_tokenizer(tmp_path):
     lengths = [(i * 5) % 17 for i in range(90)]
-    paths = [str(p) for p in corpus.write_shards(testing.position_documents(lengths), tmp_path,
+    paths = [str(p) for p in corpus.write_shards(helpers.position_documents(lengths), tmp_path,
                                                 num_files=3, row_group_size=[7, 4])]
-    tok = testing.IntTokenizer(bos=0)
+    tok = helpers.IntTokenizer(bos=0)
     got, _ = _loader_windows((tmp_path, paths), tok, n=6)
     stream = np.concatenate(got)
     # token == position in the stream, except BOS (0)
     nonbos = np.flatnonzero(stream != 0)
     assert len(nonbos) > 100 and np.array_equal(stream[nonbos], nonbos)
-    oracle = [w for w, _ in itertools.islice(reference.concat_windows(paths[:-1], tok.encode, 0, B, T), 6)]
-    assert all(np.array_equal(g, o) for g, o in zip(got, oracle))
+    expected = [w for w, _ in itertools.islice(oracle.concat_windows(paths[:-1], tok.encode, 0, B, T), 6)]
+    assert all(np.array_equal(g, o) for g, o in zip(got, expected))
 
 
 def test_hf_tokenizer_json_path_directory_and_object(shards, hf_json):
@@ -472,13 +473,13 @@ def test_hf_bestfit_matches_oracle(shards, hf_json):
     encode = _hf_encode(hf_json)
     bos = Tokenizer.from_file(str(hf_json)).token_to_id("<|endoftext|>")
     kw = dict(buffer_size=10, tokenizer_batch_size=4)
-    oracle = list(itertools.islice(reference.bestfit_rows(paths[:-1], encode, bos, B, T,
+    expected = list(itertools.islice(oracle.bestfit_rows(paths[:-1], encode, bos, B, T,
                                                           buffer_size=10, chunk_docs=4), 5))
     with shmloader.ShmLoader(str(root), str(hf_json), B, T, "train", packing="bos_bestfit",
                              num_workers=2, device="cpu", timeout=60, **kw) as loader:
         got = [(x.numpy().copy(), y.numpy().copy()) for x, y in itertools.islice(loader, 5)]
     assert len(got) == 5
-    for (x, y), (rows, _) in zip(got, oracle):
+    for (x, y), (rows, _) in zip(got, expected):
         assert np.array_equal(x, rows[:, :-1]) and np.array_equal(y, rows[:, 1:])
         assert (x[:, 0] == bos).all(), "every best-fit row starts with BOS"
 
@@ -489,7 +490,7 @@ def test_explicit_bos(shards, enc, hf_json):
     # Hugging Face: an ordinary token id that no document uses, so any misplaced BOS shows
     _, paths = shards
     encode = _hf_encode(hf_json)
-    used = {t for _, text in reference.documents(paths[:-1], epochs=1) if text for t in encode(text)}
+    used = {t for _, text in oracle.documents(paths[:-1], epochs=1) if text for t in encode(text)}
     unused = [i for i in range(1, 400) if i not in used]
     assert unused, "the test needs a token id that the documents never use"
     _check_stream(shards, str(hf_json), encode, unused[0], bos=unused[0])
@@ -548,7 +549,7 @@ def test_fingerprint_is_the_same_across_forms(shards, enc, pkl):
 
 def test_spec_of_an_encoding_is_computed_once_per_object_and_bos(enc):
     # nanochat builds a val loader with the same tokenizer object at every evaluation
-    from shmloader import tokenizer as tokmod
+    from shmloader.data import tokenizer as tokmod
 
     first = tokmod.resolve(enc)
     assert tokmod.resolve(enc) is first

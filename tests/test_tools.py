@@ -2,7 +2,7 @@
 
 The demo runs once with tiny settings (B=2, T=256, a 512-token tokenizer) into a module tmp
 dir; bench and gpu_check (`--device cpu`) reuse that cached corpus. tools/inspect_batch.py reads
-position documents through `testing.IntTokenizer`, so the rows it prints are checked by
+position documents through `helpers.IntTokenizer`, so the rows it prints are checked by
 arithmetic, and resuming from the state it prints gives the next batch. About 30 s on 2 cores.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from shmloader_dev import corpus, testing
-from shmloader_dev.demo import prepare_data
+from shmloader.demo import corpus
+from tests import helpers
+from shmloader.demo import prepare_data
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 512
@@ -51,7 +52,7 @@ def test_demo_prints_the_table_and_verifies_the_stream(demo):
     # each comparison says which way it goes, in words
     assert re.search(r"\d+\.\d+x (faster|slower) +\d+\.\dx (less|more) +\d+\.\d+x (faster|slower)$",
                      rows["shmloader against the baseline"]), rows["shmloader against the baseline"]
-    assert "shmloader's first 4 batches equal, token for token, those of shmloader_dev.reference.concat_windows" in text
+    assert "shmloader's first 4 batches equal, token for token, those of the nanochat-style baseline" in text
     assert re.search(r"resume verified: the state after batch 4 \([\d,]+ bytes of JSON\) resumed in a new "
                      r"loader with 1 worker instead of 2; its 8 batches equal", text), text
 
@@ -177,21 +178,21 @@ def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
         import profile_worker
     finally:
         sys.path.pop(0)
-    top = "worker_main (shmloader/worker.py:67);_loop (shmloader/worker.py:114)"
-    tok = top + ";_tokenize (shmloader/worker.py:250);encode_texts (shmloader/worker.py:280)"
+    top = "worker_main (shmloader/procs/worker.py:67);_loop (shmloader/procs/worker.py:114)"
+    tok = top + ";_tokenize (shmloader/procs/worker.py:250);encode_texts (shmloader/procs/worker.py:280)"
     raw = "\n".join([
-        f"{tok};Engines.encode_batch (shmloader/engine.py:331);_fastokens.<locals>.batch (shmloader/engine.py:161);"
+        f"{tok};Engines.encode_batch (shmloader/data/engine.py:331);_fastokens.<locals>.batch (shmloader/data/engine.py:161);"
         f"pcre2_match_8 (fastokens/_native.abi3.so) 7",
-        f"{tok};Engines.encode_batch (shmloader/engine.py:333);Check.batch (shmloader/engine.py:196);"
-        f"Check._compare (shmloader/engine.py:210);<lambda> (shmloader/tokenizer.py:178) 2",
-        f"{top};_tokenize (shmloader/worker.py:245);ParquetSource.read_texts (shmloader/source.py:214);"
-        f"ParquetSource._read_column (shmloader/source.py:234);read_row_group (pyarrow/parquet/core.py:489);"
+        f"{tok};Engines.encode_batch (shmloader/data/engine.py:333);Check.batch (shmloader/data/engine.py:196);"
+        f"Check._compare (shmloader/data/engine.py:210);<lambda> (shmloader/data/tokenizer.py:178) 2",
+        f"{top};_tokenize (shmloader/procs/worker.py:245);ParquetSource.read_texts (shmloader/data/source.py:214);"
+        f"ParquetSource._read_column (shmloader/data/source.py:234);read_row_group (pyarrow/parquet/core.py:489);"
         f"ZSTD_decompressSequences_bmi2 (pyarrow/libarrow.so) 3",
-        f"{top};_tokenize (shmloader/worker.py:245);ParquetSource.read_texts (shmloader/source.py:216);"
+        f"{top};_tokenize (shmloader/procs/worker.py:245);ParquetSource.read_texts (shmloader/data/source.py:216);"
         f"unicode_decode_utf8 (libpython3.11.so) 1",
-        f"{tok};_with_bos (shmloader/worker.py:292) 4",
-        f"{top};_handle (shmloader/worker.py:160);_place (shmloader/worker.py:169) 5",
-        f"{top};Listener.wait (shmloader/protocol.py:172);poll (libc.so.6) 6",
+        f"{tok};_with_bos (shmloader/procs/worker.py:292) 4",
+        f"{top};_handle (shmloader/procs/worker.py:160);write (shmloader/packing/concat.py:169) 5",
+        f"{top};Listener.wait (shmloader/ipc/protocol.py:172);poll (libc.so.6) 6",
         f"{tok} 8",
     ])
     parts, total = profile_worker.classify(raw)
@@ -235,9 +236,9 @@ def posdata(tmp_path_factory):
     """Position documents: each non-BOS token is its position in the stream; BOS is 0."""
     root = tmp_path_factory.mktemp("inspect")
     lengths = [5, 0, 12, 3, 9, 1, 7, 2, 11, 4] * 4
-    corpus.write_shards(testing.position_documents(lengths), root / "data", num_files=4, row_group_size=3)
+    corpus.write_shards(helpers.position_documents(lengths), root / "data", num_files=4, row_group_size=3)
     tok = root / "int_tokenizer.pkl"
-    tok.write_bytes(pickle.dumps(testing.IntTokenizer()))
+    tok.write_bytes(pickle.dumps(helpers.IntTokenizer()))
     bos_positions, pos = set(), 0
     for n in lengths:
         bos_positions.add(pos)

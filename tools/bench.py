@@ -7,13 +7,13 @@
 
 Every loader configuration (the baseline, then shmloader with each `--workers` count) runs
 in a fresh child process, so that its peak RSS is its own; the children run one after the
-other, never together. Figures (SPEC §5):
+other, never together. Figures (docs/contract.md §5):
 
 - tokens/s: tokens read per wall second, consuming as fast as possible for `--seconds`,
   counted from the first batch; "vs base" is the ratio to the baseline measured in the same
   run (with `--repeat`, the median of the ratios within each round). Concat: B*T+1 per batch delivered. Best fit: tokens the workers tokenized in the window
   (it opens after a quarter of `--seconds`, once the read-ahead and the buffer are full),
-  since best fit drops a share of what it reads (SPEC 5: compare modes by tokens read).
+  since best fit drops a share of what it reads (docs/contract.md §5: compare modes by tokens read).
 - trainer CPU us/batch: user + system CPU time of the training process (getrusage
   RUSAGE_SELF, all threads) per batch over that same loop.
 - first batch: wall time from constructing a loader to its first batch in a process that
@@ -29,7 +29,7 @@ other, never together. Figures (SPEC §5):
 - system calls per `next()` (`--syscall-batches`, needs strace): a trainer process runs
   that many steps of `--syscall-step-ms` of busy work (a training step's compute, no system
   call) then `next()`, with strace attached to its main thread for those steps
-  (`shmloader_dev.syscalls`), per packing, with the largest `--workers` count; also how many
+  (`tools/syscalls.py`), per packing, with the largest `--workers` count; also how many
   of those calls found no batch ready (they block, which takes system calls).
 - RSS: the trainer's peak (ru_maxrss) and the largest worker's peak (VmHWM in /proc).
 - raw rates: single-thread tiktoken `encode_to_numpy(text, disallowed_special=())` and
@@ -58,7 +58,7 @@ other, never together. Figures (SPEC §5):
   `--first-batch-take` batches and drops it; "first" is loader 1 (which also starts the
   forkserver), "later" the median and max of loaders 2..N. Per packing (best fit with
   buffer_size 1000, tokenizer_batch_size 128, as nanochat's val loader), next to the
-  nanochat-style in-process loaders of `shmloader_dev.reference` timed the same way.
+  nanochat-style in-process loaders of `tests.oracle` timed the same way.
   `--first-batch-compare DIR` also runs every shmloader row with the shmloader package of
   another checkout (DIR on PYTHONPATH), interleaved, for before/after figures in one run.
 
@@ -144,7 +144,7 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
         wall, cpu, worker_cpu = time.perf_counter() - t0, _cpu() - c0, _cpu_of(workers) - w0
         coordinator_cpu = _cpu_of(coordinator) - k0
         read = n * window
-        if bestfit:  # tokens read = tokenized by the workers in the window (SPEC 5)
+        if bestfit:  # tokens read = tokenized by the workers in the window (docs/contract.md §5)
             stats = it.stats()
             read = stats["tokens_read"] - read0
         out = {"batches": n, "wall_s": wall, "tokens_per_s": read / wall,
@@ -249,7 +249,8 @@ def _vm_hwm_mib(pid: int):
 def engine_encoder(tokenizer_path: str, engine: str):
     """The encoder a loader worker uses with `engine` (shmloader.engine, built at once):
     name "fastokens" when it is in use, else "tiktoken"."""
-    from shmloader import engine as enginemod, tokenizer as tokmod
+    from shmloader.data import engine as enginemod
+    from shmloader.data import tokenizer as tokmod
 
     return enginemod.build(tokmod.resolve(tokenizer_path), engine)
 
@@ -257,7 +258,7 @@ def engine_encoder(tokenizer_path: str, engine: str):
 def in_chunks(encoder):
     """`texts -> tokens` as a worker calls the engine: `encode_batch` on runs of documents of
     about `worker.CHUNK_CHARS` characters (one call per document for engines without a batch call)."""
-    from shmloader.worker import CHUNK_CHARS
+    from shmloader.procs.worker import CHUNK_CHARS
 
     def run(texts) -> int:
         n, start, size = 0, 0, 0
@@ -274,7 +275,7 @@ def raw_child(cfg: dict) -> dict:
     """Bare single-thread tokenizing in a process of its own, from `cfg["start"]` (a shared
     wall-clock time) for `cfg["seconds"]`: one of several run side by side. The engine is called
     as a worker calls it (`in_chunks`), which is at least as fast as one call per document."""
-    from shmloader_dev.reference import documents
+    from shmloader.demo.baseline import documents
 
     encode = in_chunks(engine_encoder(cfg["tokenizer"], cfg.get("engine", "auto")))
     texts = [t for _, t in itertools.islice(documents(cfg["files"], epochs=1), 4000) if t is not None]
@@ -312,10 +313,10 @@ def child_main(cfg: dict) -> dict:
         return first_batch_child(cfg)
     import resource
 
-    import torch  # noqa: F401  (imported before any timing: SPEC §5)
+    import torch  # noqa: F401  (imported before any timing: docs/contract.md §5)
 
     from shmloader.loader import ShmLoader
-    from shmloader_dev.reference import nanochat_style_batches
+    from shmloader.demo.baseline import nanochat_style_batches
 
     B, T = cfg["B"], cfg["T"]
     bestfit = cfg.get("packing") == "bos_bestfit"
@@ -371,8 +372,8 @@ def first_batch_child(cfg: dict) -> dict:
     bestfit = cfg["packing"] == "bos_bestfit"
     enc = _load_tiktoken(cfg["tokenizer"])  # nanochat passes its tokenizer object
     if cfg["kind"] == "fb_baseline":
-        from shmloader import source
-        from shmloader_dev.reference import nanochat_style_batches, nanochat_style_bestfit_batches
+        from shmloader.data import source
+        from shmloader.demo.baseline import nanochat_style_batches, nanochat_style_bestfit_batches
 
         files, bos = source.split_files(source.list_files(cfg["data"]), split), _bos(enc)
         if bestfit:
@@ -416,7 +417,7 @@ def _load_tiktoken(path):
 
 
 def _bos(enc) -> int:
-    from shmloader.tokenizer import BOS_NAMES
+    from shmloader.data.tokenizer import BOS_NAMES
 
     for name in BOS_NAMES:
         if name in enc.special_tokens_set:
@@ -430,7 +431,7 @@ def raw_rates(files, enc, seconds: float, rounds: int = 3, engine=None) -> dict:
     worker calls it (`in_chunks`, "<name> batch"); the best of `rounds` passes from the first
     document, each capped at `seconds / rounds`, the methods interleaved (best-of damps other
     processes' noise)."""
-    from shmloader_dev.reference import documents
+    from shmloader.demo.baseline import documents
 
     texts, chars = [], 0
     for _, text in documents(files, epochs=1):
@@ -663,8 +664,9 @@ def aggregate(rounds: list) -> list:
 
 
 def syscall_runs(cfg: dict, args) -> list[dict]:
-    """System calls per `next()` in a trainer's rhythm, per packing (shmloader_dev.syscalls)."""
-    from shmloader_dev import syscalls
+    """System calls per `next()` in a trainer's rhythm, per packing (tools/syscalls.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this script's folder
+    import syscalls
 
     if not syscalls.available():
         return [{"error": "not measured: strace is not installed"}]
@@ -876,7 +878,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the results to this JSON file")
     p.add_argument("--packings", nargs="+", choices=("concat", "bos_bestfit"), default=["concat", "bos_bestfit"],
                    help="packings to measure shmloader with (default: both; best fit counts tokens read, "
-                        "cropped ones included, SPEC 5)")
+                        "cropped ones included, docs/contract.md §5)")
     p.add_argument("--no-cache-runs", dest="cache_runs", action="store_false",
                    help="skip the token-cache runs (1 worker, cold and warm cache)")
     p.add_argument("--chart", type=Path, default=None, metavar="PNG",
@@ -932,14 +934,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _resolve_data(args) -> tuple[str, str]:
     if args.data is None:
-        from shmloader_dev.demo import prepare_data
+        from shmloader.demo import prepare_data
 
         try:
             demo = prepare_data(args.cache_dir, args.vocab_size, log=lambda m: print(m, file=sys.stderr))
         except ValueError as exc:
             raise SystemExit(f"bench: error: {exc}") from None
         return str(demo.data_dir), args.tokenizer or str(demo.tokenizer_path)
-    from shmloader import tokenizer as tokmod
+    from shmloader.data import tokenizer as tokmod
 
     tok = args.tokenizer or tokmod.default_path()
     if os.path.isdir(tok):
@@ -958,7 +960,7 @@ def main(argv=None) -> int:
         if args.chart is not None:
             draw_chart(result, args.chart)
         return 0
-    from shmloader import source
+    from shmloader.data import source
 
     data, tok = _resolve_data(args)
     files = source.split_files(source.list_files(data), args.split)

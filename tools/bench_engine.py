@@ -24,10 +24,10 @@ os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shmloader import engine as enginemod  # noqa: E402
-from shmloader import tokenizer as tokmod  # noqa: E402
-from shmloader_dev.demo import prepare_data  # noqa: E402
-from shmloader_dev.reference import documents  # noqa: E402
+from shmloader.data import engine as enginemod  # noqa: E402
+from shmloader.data import tokenizer as tokmod  # noqa: E402
+from shmloader.demo import prepare_data  # noqa: E402
+from shmloader.demo.baseline import documents  # noqa: E402
 
 
 def raw(texts, encode, check=None) -> float:

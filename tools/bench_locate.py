@@ -1,4 +1,4 @@
-"""How fast a rank finds its own place from another rank's state (SPEC §3, locate.py).
+"""How fast a rank finds its own place from another rank's state (docs/contract.md §3, locate.py).
 
     python tools/bench_locate.py [--batches 2000] [--workers 2] [--packing concat]
 
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--raw-seconds", type=float, default=6.0, help="seconds of the bare tokenizer rate")
     args = p.parse_args(argv)
     data, tok = bench._resolve_data(args)
-    import shmloader.source as source
+    import shmloader.data.source as source
 
     state = rank0_state(data, tok, args)
     tokens = state["batch"] * (args.batch_size * args.seq_len + 1)  # rank 1's stream, concat

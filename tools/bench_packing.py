@@ -9,11 +9,16 @@ Target: >= 30x at buffer 1000, T=2048, B=16. From the repository root:
 """
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
 
-from shmloader.bestfit import BestFitPlanner, plan_batch_scan
+from shmloader.packing.planner import BestFitPlanner
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from tests.oracle import plan_batch_scan  # noqa: E402  (nanochat's scan, the tests' oracle)
 
 
 def chunk_source(seq_len: int, chunk: int, seed: int):

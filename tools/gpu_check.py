@@ -5,7 +5,7 @@
 
 Builds its own data offline (the stdlib demo corpus of `python -m shmloader.demo`, into
 `--out-dir` or a temporary directory), takes the CPU loader's stream as the reference (its first
-batches checked against `reference.concat_windows`), then checks, as tests/test_cuda.py does:
+batches checked against `oracle.concat_windows`), then checks, as tests/test_cuda.py does:
 
 1. pinned: the ring's slot tensors report `is_pinned()` (cudaHostRegister worked);
 2. devices: `"cuda"`, `"cuda:0"` and `torch.device("cuda")` give GPU batches byte-equal to the
@@ -82,9 +82,10 @@ def _equal(ctx: Ctx, k: int, x, y) -> bool:
 def build_reference(ctx: Ctx, n: int, n_oracle: int = 4) -> str:
     import numpy as np
 
-    from shmloader import source
-    from shmloader_dev import reference
-    from shmloader_dev.demo import load_encoding
+    from shmloader.data import source
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    from tests import oracle
+    from shmloader.demo import load_encoding
 
     with _loader(ctx, "cpu") as loader:
         for _ in range(n):
@@ -92,15 +93,15 @@ def build_reference(ctx: Ctx, n: int, n_oracle: int = 4) -> str:
             ctx.reference.append((x, y, loader.state_dict()))
     enc = load_encoding(ctx.tokenizer)
     files = source.split_files(source.list_files(ctx.data), "train")
-    oracle = reference.concat_windows(files, enc.encode_ordinary, enc.encode_single_token("<|bos|>"), ctx.B, ctx.T)
+    expected = oracle.concat_windows(files, enc.encode_ordinary, enc.encode_single_token("<|bos|>"), ctx.B, ctx.T)
     for k in range(min(n_oracle, n)):
-        window, _ = next(oracle)
+        window, _ = next(expected)
         x, y, _ = ctx.reference[k]
         flat_x, flat_y = x.reshape(-1).numpy(), y.reshape(-1).numpy()
         if not (np.array_equal(flat_x, window[:-1]) and np.array_equal(flat_y, window[1:])):
-            raise SystemExit(f"gpu_check: the CPU stream differs from reference.concat_windows at batch {k}; "
+            raise SystemExit(f"gpu_check: the CPU stream differs from oracle.concat_windows at batch {k}; "
                              f"fix that first (pytest tests/)")
-    return f"CPU stream of {n} batches (B={ctx.B}, T={ctx.T}), first {min(n_oracle, n)} equal the oracle"
+    return f"CPU stream of {n} batches (B={ctx.B}, T={ctx.T}), first {min(n_oracle, n)} equal the oracle's"
 
 
 # ---------------------------------------------------------------- checks: (ok, detail); ok None = skipped
@@ -303,7 +304,7 @@ def _header(device: str) -> str:
 def run(args, out_dir: str) -> int:
     import torch
 
-    from shmloader_dev.demo import prepare_data
+    from shmloader.demo import prepare_data
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: CUDA is not available here; run on a GPU machine, or with --device cpu to "

@@ -44,7 +44,7 @@ def make_decoder(tokenizer):
     decode() (else the ids are shown as numbers)."""
     import pickle
 
-    from shmloader import tokenizer as tokmod
+    from shmloader.data import tokenizer as tokmod
 
     spec = tokmod.resolve(tokenizer)
     if spec.kind == "hf":  # the payload is the tokenizer.json text

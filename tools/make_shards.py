@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from shmloader_dev import corpus
+from shmloader.demo import corpus
 
 DEFAULT_SYNTHETIC_DOCS = 10_000
 

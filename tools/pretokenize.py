@@ -15,9 +15,11 @@ import time
 
 from tqdm import tqdm
 
-from shmloader import cache as cachemod
-from shmloader import engine as enginemod
-from shmloader import source, tokenizer as tokmod, worker
+from shmloader.data import cache as cachemod
+from shmloader.data import engine as enginemod
+from shmloader.data import source
+from shmloader.data import tokenizer as tokmod
+from shmloader.procs import worker
 
 
 def _init(spec_, cache_dir_, engine):

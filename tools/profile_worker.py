@@ -29,7 +29,7 @@ PARTS = [
     ("reading: zstd decompression", lambda fr: _inner(fr, ("ParquetSource.",)) and "ZSTD_" in fr[-1]),
     ("reading: the rest (decode, to_pylist)", lambda fr: _inner(fr, ("ParquetSource.", "read_or_skip"))),
     ("inserting BOS", lambda fr: _inner(fr, ("_with_bos",))),
-    ("copies into ring slots", lambda fr: _inner(fr, ("_place", "_write_rows", "_per_doc"))),
+    ("copies into ring slots", lambda fr: _inner(fr, ("write ", "_keep"))),  # the packing's
     ("messages and polls", lambda fr: _inner(fr, ("_service", "_handle", "Connection.", "_loop", "Listener.",
                                                     "_tokenize.<locals>.between"))),
 ]
@@ -39,7 +39,7 @@ def _inner(frames: list[str], names: tuple[str, ...]) -> bool:
     """Whether the innermost frame of shmloader's own code is one of `names` (a prefix)."""
     for frame in reversed(frames):
         if "shmloader/" in frame:
-            return frame.split(" (", 1)[0].startswith(names)
+            return (frame.split(" (", 1)[0] + " ").startswith(names)
     return False
 
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     if spy is None:
         raise SystemExit("profile_worker: needs py-spy: pip install py-spy")
     if args.data is None:
-        from shmloader_dev.demo import prepare_data
+        from shmloader.demo import prepare_data
 
         demo = prepare_data(args.cache_dir, args.vocab_size, log=lambda m: print(m, file=sys.stderr))
         data, tok = str(demo.data_dir), args.tokenizer or str(demo.tokenizer_path)

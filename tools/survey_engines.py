@@ -8,7 +8,7 @@ dependency of shmloader. Each of fastokens, splintr (PyPI name `splintr-rs`, imp
 `splintr`; the PyPI package `splintr` is an unrelated multi-GPU trainer) and gigatoken is used
 when importable, and reported as skipped when not.
 
-The definition: the demo tokenizer (`shmloader_dev.demo.prepare_data`: the stdlib corpus, a
+The definition: the demo tokenizer (`shmloader.demo.prepare_data`: the stdlib corpus, a
 byte-level BPE of `--vocab-size` trained offline by rustbpe with nanochat's split pattern, in a
 `tiktoken.Encoding`), encoded with `Encoding.encode_ordinary` (special-token text is ordinary).
 Nothing is downloaded: every engine gets the Encoding's mergeable ranks (as .tiktoken rank
@@ -275,8 +275,8 @@ def main():
     ap.add_argument("--no-pin", action="store_true", help="leave RAYON_NUM_THREADS/FASTOKENS_BPE_THREADS unset")
     args = ap.parse_args()
 
-    from shmloader_dev.demo import prepare_data
-    from shmloader_dev.reference import documents
+    from shmloader.demo import prepare_data
+    from shmloader.demo.baseline import documents
 
     demo = prepare_data(args.out_dir, args.vocab_size)
     files = sorted(str(p) for p in demo.data_dir.glob("*.parquet"))

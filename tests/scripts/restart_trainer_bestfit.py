@@ -10,7 +10,7 @@ batch k, appends one JSON line `{"k", "pid", "sha", "pos", "buffer_docs"}` to OU
 the state's [epoch, pq_idx, rg_idx, doc_idx]; `buffer_docs`: documents in the state's
 buffer), then writes `{"k", "state"}` to OUT/state.json atomically (tmp file + os.replace).
 On start it resumes from OUT/state.json when present, first dropping the log lines written
-after that checkpoint. `--tokenizer int` uses `shmloader_dev.testing.IntTokenizer` (token ==
+after that checkpoint. `--tokenizer int` uses `tests.helpers.IntTokenizer` (token ==
 position data). After its first batch it writes OUT/pids-<pid>.json: its live descendant
 processes. Exits 0 after batch N-1.
 """
@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 import shmloader
-from shmloader_dev import testing
+from tests import helpers
 from restart_trainer import load_checkpoint, run_arguments, train
 
 
@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--chunk", type=int, default=128, help="tokenizer_batch_size, in documents")
     args = ap.parse_args()
 
-    tokenizer = testing.IntTokenizer() if args.tokenizer == "int" else args.tokenizer
+    tokenizer = helpers.IntTokenizer() if args.tokenizer == "int" else args.tokenizer
     k, state = load_checkpoint(args.out)
     gen = shmloader.tokenizing_distributed_data_loader_with_state_bos_bestfit(
         tokenizer, args.batch_size, args.seq_len, args.split, args.workers, args.chunk, "cpu",

@@ -6,10 +6,10 @@ The rank and world size come only from torchrun's environment (RANK / WORLD_SIZE
 is not told them. Each rank
   1. streams one epoch of concat batches plus one batch (ceil(epoch tokens / window) + 1
      batches) with `ShmLoader(..., device="cpu")`, compares every window with
-     `reference.concat_windows(..., rank=r, world=2)`, and maps the epoch-1 part of its
+     `oracle.concat_windows(..., rank=r, world=2)`, and maps the epoch-1 part of its
      stream back to row groups (IntTokenizer data: every non-BOS token is a unique integer,
      so a token names the row group it came from);
-  2. streams a few best-fit batches and compares them with `reference.bestfit_rows`;
+  2. streams a few best-fit batches and compares them with `oracle.bestfit_rows`;
   3. exchanges its final state with the other rank through `all_gather_object`;
   4. saves a loader after K batches with torch.distributed.checkpoint (collectively, both
      ranks), once as `{"loader": loader}` and once under a per-rank key
@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 import shmloader
-from shmloader_dev import reference
-from shmloader_dev.testing import IntTokenizer
+from tests import oracle
+from tests.helpers import IntTokenizer
 
 
 def token_owners(files) -> dict:
@@ -50,10 +50,10 @@ def concat_run(files, tok, B, T, rank, world) -> dict:
     bos = tok.get_bos_token_id()
     W = B * T + 1
     epoch_tokens = sum(1 + len(tok.encode(text)) for _, text in
-                       reference.documents(files, rank, world, epochs=1) if text is not None)
+                       oracle.documents(files, rank, world, epochs=1) if text is not None)
     n = -(-epoch_tokens // W) + 1
-    oracle = list(itertools.islice(
-        reference.concat_windows(files, tok.encode, bos, B, T, rank=rank, world=world), n))
+    expected = list(itertools.islice(
+        oracle.concat_windows(files, tok.encode, bos, B, T, rank=rank, world=world), n))
     windows, states = [], []
     with shmloader.ShmLoader(sys.argv[1], tok, B, T, "train", num_workers=1, device="cpu",
                              timeout=60) as loader:
@@ -63,9 +63,9 @@ def concat_run(files, tok, B, T, rank, world) -> dict:
             x, y = inputs.reshape(-1).numpy(), targets.reshape(-1).numpy()
             windows.append(np.concatenate([x[:1], y]))
             states.append(loader.state_dict())
-    equal = len(windows) == n and all(np.array_equal(w, o) for w, (o, _) in zip(windows, oracle))
+    equal = len(windows) == n and all(np.array_equal(w, o) for w, (o, _) in zip(windows, expected))
     positions_equal = [tuple(s[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip"))
-                       for s in states] == [tuple(p) for _, p in oracle]
+                       for s in states] == [tuple(p) for _, p in expected]
     stream = np.concatenate(windows)[:epoch_tokens]
     owners = token_owners(files)
     row_groups = sorted({owners[int(t)] for t in stream if t != bos})
@@ -76,8 +76,8 @@ def concat_run(files, tok, B, T, rank, world) -> dict:
 
 def bestfit_run(files, tok, B, T, rank, world, n=6) -> dict:
     kw = dict(buffer_size=12, tokenizer_batch_size=4)
-    oracle = list(itertools.islice(
-        reference.bestfit_rows(files, tok.encode, tok.get_bos_token_id(), B, T, rank=rank,
+    expected = list(itertools.islice(
+        oracle.bestfit_rows(files, tok.encode, tok.get_bos_token_id(), B, T, rank=rank,
                                world=world, buffer_size=kw["buffer_size"],
                                chunk_docs=kw["tokenizer_batch_size"]), n))
     got = []
@@ -87,7 +87,7 @@ def bestfit_run(files, tok, B, T, rank, world, n=6) -> dict:
             got.append((inputs.numpy().copy(), targets.numpy().copy()))
     equal = len(got) == n and all(
         np.array_equal(x, rows[:, :-1]) and np.array_equal(y, rows[:, 1:])
-        for (x, y), (rows, _) in zip(got, oracle))
+        for (x, y), (rows, _) in zip(got, expected))
     return {"n_bestfit": len(got), "equal_bestfit": bool(equal)}
 
 

@@ -40,7 +40,7 @@ def trace_next(data: str, tokenizer_pkl: str, *, B: int, T: int, n: int = 200, s
               "num_workers": num_workers, "packing": packing, "options": loader_options or {}}
     with tempfile.TemporaryDirectory(prefix="shml_strace_") as tmp:
         out = os.path.join(tmp, "trace.txt")
-        child = subprocess.Popen([sys.executable, "-m", "shmloader_dev.syscalls", "child", json.dumps(config)],
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "child", json.dumps(config)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  env={**os.environ, **(env or {})})
         tracer = None

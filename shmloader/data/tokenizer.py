@@ -1,6 +1,6 @@
 """Tokenizers: resolved in the trainer into a small picklable spec, built once per worker.
 
-Accepted (SPEC §1): a path to a pickled `tiktoken.Encoding` (nanochat's tokenizer.pkl), a
+Accepted (docs/contract.md §1): a path to a pickled `tiktoken.Encoding` (nanochat's tokenizer.pkl), a
 directory holding one (or a `tokenizer.json`), a `tiktoken.Encoding`, an object with nanochat's
 tokenizer interface (`encode(text) -> list[int]`, `get_bos_token_id()`; nanochat's
 RustBPETokenizer is unwrapped to its `.enc`), a Hugging Face `tokenizer.json` (needs the
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import nanochat_base_dir
+from .source import nanochat_base_dir
 
 BOS_NAMES = ("<|bos|>", "<|endoftext|>")
 HF_BOS_NAMES = BOS_NAMES + ("<|begin_of_text|>", "<s>", "[BOS]", "<bos>")
@@ -131,7 +131,7 @@ def _hf_spec(tokenizer, bos: int | None) -> TokenizerSpec:
 
 
 # Encoding -> {bos: spec}: nanochat builds a new val loader, with the same tokenizer object, at
-# every evaluation; pickling and fingerprinting a 65k-token vocabulary each time costs tens of ms
+# every evaluation; pickling and fingerprinting a 65k-token vocabulary each time would delay each one
 _SPECS = weakref.WeakKeyDictionary()
 
 

@@ -21,24 +21,27 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 
 
-from . import errors
-from . import ring as ringmod
+from .. import errors
+from ..ipc import ring as ringmod
+from ..ipc import segment as segmod
+from ..ipc.handover import Doorbell, TrainerEnd
+from ..ipc.protocol import Error, Listener, Located, Progress, Warn
+from ..ipc.ring import WorkerCol
+from ..ipc.signals import sigint_blocked
 from .coordinator import coordinator_main
-from .handover import Doorbell, TrainerEnd
-from .protocol import Error, Listener, Located, Progress, Warn
-from .ring import WorkerCol
 from .worker import worker_main
 
 # tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server)
-PRELOAD = ["shmloader.worker", "shmloader.coordinator", "tiktoken"]
+PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken"]
 SHUTDOWN_S = 2.0
 ERROR_GRACE_S = 1.0
 MESSAGE_WAIT_S = 1.0
+LIVENESS_CHECK_S = 0.5
 
 
 @dataclass
 class Children:
-    segment: ringmod.Segment
+    segment: segmod.Segment
     ring: ringmod.Ring
     conn: object = None
     alive_w: object = None
@@ -47,7 +50,7 @@ class Children:
     started_at: float = field(default_factory=time.monotonic)
     files: list = field(default_factory=list)
     next_check: float = 0.0
-    ready: Doorbell = None      # the slot handover's doorbells (handover.py)
+    ready: Doorbell = None      # the slot handover's doorbells (ipc/handover.py)
     kick: Doorbell = None
     handover: TrainerEnd = None
     _watch: Listener = None     # every child's sentinel
@@ -61,7 +64,36 @@ class Children:
     def sentinels(self) -> list:
         return [p.sentinel for p in self.procs]
 
-    def take(self):
+    def next_batch(self, delivery, timeout: float) -> tuple:
+        """`(k, slot, position, docs, waited)` of the next batch. A ready one is taken from the
+        ring's header without a system call (NOTE [slot handover]); otherwise, once the copies
+        in flight are done, the trainer blocks on the coordinator's doorbell, its pipe and every
+        child's sentinel, for at most `timeout` s (then `LoaderTimeout`). `delivery` gives back
+        the slots the caller let go of first; `waited` is the seconds spent blocked."""
+        delivery.reclaim()
+        now = time.monotonic()
+        if now >= self.next_check:  # a poll per batch is measurable; twice a second is enough
+            self.next_check = now + LIVENESS_CHECK_S
+            self.check_alive()
+        got = self._take()
+        if got is not None:
+            return (*got, 0.0)
+        started = time.monotonic()
+        deadline = started + timeout
+        delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
+        while True:
+            delivery.reclaim()  # batches let go of in another thread meanwhile
+            self.handover.before_blocking()
+            got = self._take()
+            if got is not None:
+                return (*got, time.monotonic() - started)
+            self._wait(min(1.0, max(deadline - time.monotonic(), 0)))
+            if time.monotonic() >= deadline:
+                raise errors.LoaderTimeout(
+                    f"no batch within {timeout:.0f} s although every loader process is alive; "
+                    f"workers: {self.describe_workers()}; raise timeout= if row groups are huge")
+
+    def _take(self):
         """The next batch `(k, slot, position, docs)` if it is announced, else None; first
         the messages the coordinator queued before it (a warning is warned, an error raised)."""
         while self.handover.pending_messages() > 0:
@@ -91,15 +123,14 @@ class Children:
             return None
         _raise_reported(msg)
 
-    def free(self, k: int, slot: int):
-        """Give slot `slot` (batch k) back to the workers."""
-        self.ring.slot_states[slot] = ringmod.SlotState.FREE
-        self.handover.free(k)
+    def ready_batches(self) -> int:
+        """Batches announced and not yet taken by `next()`."""
+        return self.handover.announced() - self.handover.taken
 
-    def wait_for_batch(self, timeout: float):
+    def _wait(self, timeout: float):
         """Block until the coordinator rings, writes to its pipe, or a child exits, or for
         `timeout` s; reads a message, raises a death. The caller clears the doorbell first
-        (`TrainerEnd.before_blocking`) and calls `take()` between that and this wait."""
+        (`TrainerEnd.before_blocking`) and calls `_take()` between that and this wait."""
         if self._blocked is None:
             self._blocked = Listener([self.conn, self.ready, *self.sentinels])
         ready = self._blocked.wait(timeout)
@@ -213,7 +244,7 @@ def prestart(start_method: str):
     """Launch multiprocessing's forkserver now, without waiting for it.
 
     The first loader of a process starts the server, a fresh interpreter that imports the
-    PRELOAD modules (numpy, pyarrow, tiktoken: ~150-250 ms); called when a loader is built,
+    PRELOAD modules (numpy, pyarrow, tiktoken); called when a loader is built,
     those imports overlap the rest of the construction and the ring's creation instead of
     delaying the first child. Later loaders find it running (a waitpid). Started with SIGINT
     blocked, as `_start` explains."""
@@ -228,15 +259,15 @@ def _ensure_forkserver():
     """The forkserver, started with SIGINT blocked (see `_start`); the resource tracker first,
     because starting it unblocks SIGINT."""
     resource_tracker.ensure_running()
-    with ringmod.sigint_blocked():
+    with sigint_blocked():
         multiprocessing.forkserver.ensure_running()
 
 
 def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
     position, `cargs.locate` is set: see `locate_position`)."""
-    ringmod.sweep_stale()
-    segment, ring = ringmod.create(layout)
+    segmod.sweep_stale()
+    segment, ring = segmod.create(layout)
     kids = Children(segment, ring)
     kids.files = cargs.files
     try:
@@ -303,7 +334,7 @@ def _start(procs, start_method: str):
     """Start the children so that a Ctrl-C (sent to the whole foreground process group)
     cannot interrupt them while they start up: the forkserver's interpreter and preloads, a
     spawned child's interpreter, a forked child's unpickling and bootstrap would each print
-    a traceback. Processes are created with SIGINT blocked (`ring.sigint_blocked`; the mask
+    a traceback. Processes are created with SIGINT blocked (`signals.sigint_blocked`; the mask
     survives fork and exec), and each child ignores SIGINT before unblocking it
     (`coordinator_main`, `worker_main`), which drops a pending one. The forkserver ignores
     SIGINT and keeps it blocked, so every child it forks starts blocked (other processes
@@ -317,7 +348,7 @@ def _start(procs, start_method: str):
             p.start()
     else:
         resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
-        with ringmod.sigint_blocked():
+        with sigint_blocked():
             for p in procs:
                 p.start()
 

@@ -11,20 +11,20 @@
    (`demo.json` records what was built and for which Python). A directory holding shards or a
    tokenizer that the demo did not write is refused, never overwritten.
 2. The same B x T batches from the same files, one loader after the other: `ShmLoader` on the
-   CPU with `--workers` worker processes, then `reference.nanochat_style_batches` (4 tokenizer
+   CPU with `--workers` worker processes, then `baseline.nanochat_style_batches` (4 tokenizer
    threads, chunks of 128 documents, all in the training process).
-3. A table (SPEC §5): tokens read per second (B*T+1 per batch, counted from the first batch
+3. A table (docs/contract.md §5): tokens read per second (B*T+1 per batch, counted from the first batch
    to the last), the training process's CPU time per batch (getrusage RUSAGE_SELF, user +
    system; the baseline tokenizes in that process, shmloader does not), and the wall time
    from constructing the loader to its first batch (torch already imported).
-4. The first `--verify` shmloader batches are compared token for token with the oracle
-   `shmloader_dev.reference.concat_windows` (one process: every document tokenized with
-   tiktoken, concatenated, cut into windows, SPEC §2); the run fails (exit 1) if any differs.
+4. The first `--verify` shmloader batches are compared token for token with the baseline's
+   first batches (one process: every document tokenized with tiktoken, concatenated, cut
+   into windows: the stream of docs/contract.md §2); the run fails (exit 1) if any differs.
 5. Exact resume: a loader's state after a few batches goes through JSON into a new loader
    with another worker count, whose batches must equal the uninterrupted run's (exit 1 if not).
 
-B=16, T=2048 by default, as the README's benchmarks. About 10 s on 2 cores once the data is
-cached; `prepare_data` is reused by tools/bench.py and tools/gpu_check.py.
+B=16, T=2048 by default, as the README's figures. `prepare_data` is reused by the tools
+(tools/bench.py, tools/gpu_check.py, ...).
 """
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def load_encoding(path):
 
 
 def cpu_seconds() -> float:
-    """User + system CPU time of this process, all its threads (SPEC §5)."""
+    """User + system CPU time of this process, all its threads (docs/contract.md §5)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
@@ -142,19 +142,15 @@ def time_loader(name: str, make, n_batches: int, window: int, keep: int = 0, pro
     return Timing(name, first_s, n_batches * window / wall, cpu / n_batches * 1e6, n_batches), kept
 
 
-def verify(kept, files, enc, bos: int, B: int, T: int) -> int:
-    """Compare batches with `reference.concat_windows`; return how many matched, raise if one differs."""
-    import numpy as np
+def verify(ours, theirs) -> int:
+    """Compare shmloader's batches with the baseline's, token for token; return how many
+    matched, raise if one differs."""
+    import torch
 
-    from .reference import concat_windows
-
-    oracle = concat_windows(files, enc.encode_ordinary, bos, B, T)
-    for k, (inputs, targets) in enumerate(kept):
-        window, _ = next(oracle)
-        if not (np.array_equal(inputs.reshape(-1).numpy(), window[:-1])
-                and np.array_equal(targets.reshape(-1).numpy(), window[1:])):
-            raise AssertionError(f"batch {k} differs from shmloader_dev.reference.concat_windows")
-    return len(kept)
+    for k, ((x, y), (bx, by)) in enumerate(zip(ours, theirs)):
+        if not (torch.equal(x, bx) and torch.equal(y, by)):
+            raise AssertionError(f"batch {k} differs from the nanochat-style baseline's batch {k}")
+    return min(len(ours), len(theirs))
 
 
 def resume_round_trip(make, workers: int, save_after: int = 5, follow: int = 8) -> str:
@@ -214,7 +210,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=4096,
                    help="tokenizer size incl. 9 special tokens (tokens; default 4096)")
     p.add_argument("--verify", type=int, default=8,
-                   help="first shmloader batches checked against the reference (batches; default 8)")
+                   help="first shmloader batches checked against the baseline's (batches; default 8)")
     args = p.parse_args(argv)
     for name in ("batch_size", "seq_len", "workers", "batches"):
         if getattr(args, name) < 1:
@@ -232,11 +228,11 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
         return 2
-    import torch  # noqa: F401  (imported before any timing: SPEC §5)
+    import torch  # noqa: F401  (imported before any timing: docs/contract.md §5)
 
-    from shmloader import source
-    from shmloader.loader import ShmLoader
-    from .reference import nanochat_style_batches
+    from ..data import source
+    from ..loader import ShmLoader
+    from .baseline import nanochat_style_batches
 
     files = source.split_files(source.list_files(str(data.data_dir)), "train")
     enc = load_encoding(data.tokenizer_path)
@@ -252,9 +248,9 @@ def main(argv=None) -> int:
         lambda: ShmLoader(str(data.data_dir), str(data.tokenizer_path), B, T, "train",
                           num_workers=args.workers, device="cpu"),
         args.batches, window, keep=min(args.verify, args.batches + 1))
-    base, _ = time_loader("nanochat-style baseline (4 threads)",
-                          lambda: nanochat_style_batches(files, enc, B, T, bos),
-                          args.batches, window)
+    base, theirs = time_loader("nanochat-style baseline (4 threads)",
+                               lambda: nanochat_style_batches(files, enc, B, T, bos),
+                               args.batches, window, keep=len(kept))
     print(format_table(base, shm))
     print("(tokens/s: tokens read, B*T+1 per batch; trainer CPU: getrusage of this process per batch;\n"
           " first batch: wall time from constructing the loader; shmloader's includes starting its\n"
@@ -262,9 +258,9 @@ def main(argv=None) -> int:
     make = lambda workers, **kw: ShmLoader(str(data.data_dir), str(data.tokenizer_path), B, T, "train",
                                            num_workers=workers, device="cpu", **kw)
     try:
-        n = verify(kept, files, enc, bos, B, T)
+        n = verify(kept, theirs)
         print(f"stream verified: shmloader's first {n} batches equal, token for token, those of "
-              f"shmloader_dev.reference.concat_windows (the single-process oracle of SPEC §2)")
+              f"the nanochat-style baseline (the stream of docs/contract.md §2)")
         print(resume_round_trip(make, args.workers))
     except AssertionError as exc:
         print(f"MISMATCH: {exc}", file=sys.stderr)

@@ -1,24 +1,37 @@
-"""Concat packing: where every token of every piece lands, from token counts alone.
+"""Concat packing (nanochat's original loader): where every token of every piece lands, from
+token counts alone.
 
 The documents' tokens (`[BOS] + tokens`, one document after another in canonical order) form
-one stream; batch k is the window of stream positions `[k*W, (k+1)*W)`, `W = B*T + 1`.
+one stream; batch k is the window of stream positions `[k*W, (k+1)*W)`, `W = B*T + 1`; its
+inputs are the window's first B*T tokens and its targets the last B*T (docs/contract.md §2).
 `ConcatSequencer` is pure bookkeeping over integers: it assigns each piece its stream offset
 (piece i starts where piece i-1 ends, so the order of arrival cannot change the stream), cuts
 each piece into per-batch segments once the batch may be written (at most `n_slots` batches
-are written and not yet freed, `sequencing.BatchBook`), and maps a stream position back to
+are written and not yet freed, `base.BatchBook`), and maps a stream position back to
 (piece, document, token) for the resume state. Positions below zero are the tokens a resumed
 run skips: they are never placed. Work per piece is O(batches it spans); per batch O(1).
-`ConcatMode` is the coordinator's view of it (`sequencing.Mode`). See NOTE [ring protocol] in
-protocol.py.
+
+`ConcatMode` is the coordinator's view of it (`base.Mode`); a worker keeps a counted piece's
+tokens as one array and copies the segments a `Place` order names (`write`);
+`ConcatLocator` finds the position at a batch count from document lengths (a rank given
+another rank's state); `PACKING` is the spec the rest of the loader reads. See NOTE [ring
+protocol] in ipc/protocol.py.
 """
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from .plan import RAMP
-from .protocol import Place
-from .sequencing import BatchBook, Mode
+from ..data.order import RAMP
+from .base import BatchBook, InOrder, Mode, Packing
+
+
+class Place(NamedTuple):
+    """Coordinator -> worker: copy these segments of piece `piece`'s tokens into the slots."""
+    piece: int
+    segments: list                 # [(batch, slot, batch_offset, piece_offset, n)]
+    done: bool                     # the piece has no further tokens to place
 
 
 @dataclass
@@ -43,25 +56,26 @@ class ConcatSequencer:
         self.window = window
         self.book = BatchBook(n_slots)
         self.next_start = -skip   # stream position where the next sequenced piece begins
-        self.next_index = 0       # next piece index to sequence
-        self._counts = {}         # counted, waiting for earlier pieces: index -> lengths
+        self._counted = InOrder()  # counted pieces' cumulative lengths, sequenced in index order
         self.docs_at = {}         # batch -> documents of the run begun by its end, until read
         self._docs = -1 if skip else 0  # documents sequenced; one begun before the start is not
         #                                 the run's (its BOS is at a negative position)
         self._seq = deque()       # sequenced pieces still needed for placement or positions
         self._opened = 0          # batches < _opened have had a segment issued
 
+    @property
+    def next_index(self) -> int:
+        """The next piece index to sequence."""
+        return self._counted.next
+
     def counted(self, index: int, lengths: np.ndarray):
         """Piece `index` was tokenized: `lengths[i]` tokens for its i-th row (0 for a null)."""
-        self._counts[index] = np.cumsum(lengths, dtype=np.int64)
-        while self.next_index in self._counts:
-            cum = self._counts.pop(self.next_index)
+        for i, cum in self._counted.add(index, np.cumsum(lengths, dtype=np.int64)):
             live_cum = np.cumsum(np.diff(cum, prepend=0) > 0)
-            s = _Seq(self.next_index, self.next_start, cum, self._docs, live_cum, placed=self.next_start)
+            s = _Seq(i, self.next_start, cum, self._docs, live_cum, placed=self.next_start)
             self._docs += int(live_cum[-1]) if len(live_cum) else 0
             self._seq.append(s)
             self.next_start = s.end
-            self.next_index += 1
 
     def freed(self, batch: int):
         """The trainer gave back batch `batch` (batches come back in any order)."""
@@ -123,11 +137,6 @@ class ConcatSequencer:
         self.docs_at[k] = s.docs_before + (int(s.live_cum[row - 1]) if row else 0) + (1 if skip else 0)
         return s.index, row, skip
 
-    def locate(self, pos: int) -> tuple[int, int, int] | None:
-        """(piece, row, skip): token `pos` is token `skip` of row `row` of that piece."""
-        found = self._find(pos)
-        return None if found is None else (found[0].index, found[1], found[2])
-
     def _find(self, pos: int):
         for s in self._seq:
             if s.start <= pos < s.end:
@@ -170,7 +179,7 @@ class ConcatMode(Mode):
                 self._load[w] -= 1
                 del self.owner[index]
             segments = [(k, take_slot(k), off, src, n) for k, off, src, n in segments]
-            yield w, Place(index, segments, done), [s for _, s, *_ in segments]
+            yield w, Place(index, segments, done)
 
     def written(self, counts):
         self.seq.written(counts)
@@ -186,3 +195,64 @@ class ConcatMode(Mode):
             for index in [i for i in self.specs if i < keep]:
                 del self.specs[index]
         return out
+
+
+def concat_tokens(shapes: list, batch: int) -> int:
+    """Stream tokens before batch `batch` of a run with these [first batch, B, T] shapes."""
+    total = 0
+    for i, (first, B, T) in enumerate(shapes):
+        end = shapes[i + 1][0] if i + 1 < len(shapes) else batch
+        total += (min(end, batch) - first) * (B * T + 1)
+    return total
+
+
+class ConcatLocator:
+    def __init__(self, shapes: list, batch: int, start):
+        self.target, self.consumed = concat_tokens(shapes, batch), 0
+        self.total = batch
+        self.result = ((start.epoch, start.file, start.rg, start.doc, 0), []) if self.target == 0 else None
+
+    @property
+    def done_batches(self) -> int:
+        """Progress, in batches of the current shape (approximate across shapes)."""
+        per = max(self.target // max(self.total, 1), 1)
+        return min(self.consumed // per, self.total)
+
+    def feed(self, piece, lengths: np.ndarray):
+        if self.result is not None:
+            return
+        cum = np.cumsum(lengths, dtype=np.int64)
+        rel = self.target - self.consumed
+        if len(cum) and rel < cum[-1]:
+            row = int(np.searchsorted(cum, rel, side="right"))
+            skip = rel - (int(cum[row - 1]) if row else 0)
+            self.result = ((piece.epoch, piece.file, piece.rg, piece.doc_start + row, int(skip)), [])
+        self.consumed += int(cum[-1]) if len(cum) else 0
+
+
+def _locator(cfg, run) -> tuple:
+    shapes, batch = run.locate
+    return ConcatLocator(shapes, batch, run.start), cfg.piece_cap
+
+
+def _keep(tokens: np.ndarray, lengths: np.ndarray):
+    """A worker keeps a counted piece's tokens as one array, until `Place` has copied them."""
+    return tokens if len(tokens) else None
+
+
+def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int) -> list:
+    """A worker copies the segments of one piece's token stream; drops it when `done`."""
+    tokens, counts = held.get(order.piece), []
+    for k, slot, off, src, n in order.segments:
+        slots[slot, off:off + n] = tokens[src:src + n]
+        counts.append((k, n))
+    if order.done:
+        held.pop(order.piece, None)  # a piece without tokens was never held
+    return counts
+
+
+PACKING = Packing(
+    name="concat", mode=ConcatMode, locator=_locator, order=Place, keep=_keep, write=write,
+    window=lambda B, T: B * T + 1,     # the window's inputs and targets overlap by all but a token
+    targets_at=lambda B, T: 1,
+    stats=lambda counters: {})

@@ -128,6 +128,10 @@ class TrainerEnd:
         self.taken += 1
         return k, slot, tuple(position), docs
 
+    def announced(self) -> int:
+        """Batches the coordinator has announced."""
+        return int(self.ring.counters[Counter.ANNOUNCED])
+
     def pending_messages(self) -> int:
         return int(self.ring.counters[Counter.MESSAGES]) - self.messages_read
 

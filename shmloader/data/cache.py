@@ -39,7 +39,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .ring import pid_alive
+from ..ipc.signals import pid_alive
 
 MAGIC = 0x31656863616C6D73  # "smlcahe1"
 VERSION = 1
@@ -66,8 +66,10 @@ class _Entry:
 
     __slots__ = ("lengths", "tokens", "offsets")
 
-    def __init__(self, lengths, tokens, offsets):
-        self.lengths, self.tokens, self.offsets = lengths, tokens, offsets
+    def __init__(self, lengths, tokens):
+        self.lengths, self.tokens = lengths, tokens
+        self.offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.offsets[1:])
 
     def rows(self, start: int, end: int):
         """(lengths, tokens) of its rows [start, end), counted from its own first row."""
@@ -146,11 +148,10 @@ class TokenCache:
             return None
         lengths = body[:n_rows * 8].view("<i8")
         tokens = body[n_rows * 8:].view(self.dtype)
-        offsets = np.zeros(n_rows + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        if int(offsets[-1]) != n_tokens or (n_rows and int(lengths.min()) < 0):
+        entry = _Entry(lengths, tokens)
+        if int(entry.offsets[-1]) != n_tokens or (n_rows and int(lengths.min()) < 0):
             return None
-        return _Entry(lengths, tokens, offsets)
+        return entry
 
     def _parts(self, path: str, rg: int) -> dict:
         """{(start, end): file name} of the partial entries of row group `rg` on disk."""
@@ -283,8 +284,3 @@ def sweep_temporaries(cache_dir: str) -> int:
                     pass
     return removed
 
-
-def slice_rows(lengths: np.ndarray, tokens: np.ndarray, start: int, end: int):
-    """Rows [start, end) of an entry: (their lengths, their tokens)."""
-    offsets = np.concatenate(([0], np.cumsum(lengths)))
-    return lengths[start:end].copy(), tokens[offsets[start]:offsets[end]]

@@ -1,23 +1,22 @@
 """NOTE [ring protocol]: the messages between the trainer, the coordinator and the workers.
 
-One shared-memory segment (`ring.py`), created by the trainer, holds a header and `n_slots`
-slots of `window` int64 tokens each (concat: `B*T + 1`; best fit: `2*B*T`, the inputs then
-the targets, so that both come out contiguous). The coordinator's `SlotMap` gives batch `k`
-the lowest free slot when k's first write order goes out, and takes it back when k is freed;
-the slot travels in the write orders and in the announcement. Best fit adds one *runs area*
-per slot: the buffer after batch k, as `[epoch, file, rg, row, count]` runs, written by the
-coordinator before it announces k and read by the trainer before it frees k (the buffer is too
-big to send with every batch).
+One shared-memory segment (segment.py: a `multiprocessing.shared_memory.SharedMemory`),
+created by the trainer, holds a header and `n_slots` slots of `window` int64 tokens each (the
+packing's spec says how many: concat `B*T + 1`; best fit `2*B*T`, the inputs then the
+targets, so that both come out contiguous). The coordinator's `SlotMap` gives batch `k` the
+lowest free slot when k's first write order goes out, and takes it back when k is freed; the
+slot travels in the write orders and in the announcement. A buffered packing (best fit) adds
+one *runs area* per slot: the buffer after batch k, as `[epoch, file, rg, row, count]` runs,
+written by the coordinator before it announces k and read by the trainer before it frees k
+(the buffer is too big to send with every batch).
 
-Header words (int64): magic, layout version, n_slots, window, n_workers; the counters
+Header words (int64, ring.py): magic, layout version, n_slots, window, n_workers; the counters
 `ring.Stat`, written only by the coordinator; the slot handover's counters `ring.Counter`; one
-`SlotState` word per slot; one status row per worker (`ring.WorkerCol`: pid, piece, file, row
-group, first document, tokens, busy time), written only by that worker; the handover's
-announcement records and free log. `SlotState` (zero is FREE, so a zeroed segment is a valid
-ring): FREE -> FILLING (coordinator: a write order went out) -> READY (coordinator: announced)
--> IN_USE (trainer: lent or being copied) -> FREE (trainer). The state words mirror the
-handover for `stats()` and debugging. No lock is shared, so a killed process cannot wedge the
-others.
+status row per worker (`ring.WorkerCol`: pid, piece, file, row group, first document, tokens,
+busy time), written only by that worker; the handover's announcement records and free log.
+A slot's state is what the handover's logs say of its batch: written (an order went out),
+announced, taken by `next()`, freed. Every word starts at zero, so a zeroed segment is a valid,
+empty ring. No lock is shared, so a killed process cannot wedge the others.
 
 Between the trainer and the coordinator, batches and frees cross through the header, and a
 ready batch costs the trainer no system call: NOTE [slot handover] (handover.py). Between the
@@ -32,12 +31,15 @@ message is one record below, sent through a pipe and dispatched on its type:
    how many came back) may be written, so at most `n_slots` hold a slot at once.
 2. Coordinator -> worker: `Task(piece, keep)`; a worker holds at most a few pieces (concat: 3
    not yet fully placed; best fit: 2 not yet counted, and a global cap on documents waiting to
-   enter the buffer), so memory is bounded whatever the trainer's pace. `keep` says how the
-   worker keeps the tokens until they are written (one array, one per document, or none).
+   enter the buffer), so memory is bounded whatever the trainer's pace. `keep` says whether
+   the worker keeps the tokens until they are written (as the packing's spec keeps them: one
+   array, one per document) or only counts them.
 3. Worker -> coordinator: `Counted(piece, lengths, cache_hit)` after tokenizing a piece
    (`lengths[i]` = tokens of row i including BOS, 0 for a null); `Skipped(piece, text)` first
    when its row group is bad and `on_bad_row_group="skip"`.
-4. Coordinator -> worker, write orders. Concat: pieces are sequenced in order; piece i starts
+4. Coordinator -> worker, write orders, each packing's own record (its spec's `order`, in its
+   module; the worker carries it out with the spec's `write`). Concat: pieces are sequenced in
+   order; piece i starts
    where piece i-1 ends. For every sequenced piece its worker gets `Place(piece, segments,
    done)`, one segment `(batch, slot, batch_offset, piece_offset, n)` per writable batch the
    piece overlaps. Best fit: when batch k may be written and the chunks its plan needs are
@@ -49,7 +51,7 @@ message is one record below, sent through a pipe and dispatched on its type:
 6. Coordinator -> trainer (announcement record): when every token of batch k is written, and
    batches < k were announced, `(k, slot, position, docs)`: the canonical position of the
    first token after batch k (best fit: the runs go into the slot's runs area first) and the
-   documents begun by then. Through the pipe: a count-only run (`locate.py`) sends
+   documents begun by then. Through the pipe: a count-only run (packing/count.py) sends
    `Progress(done, total)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
    the workers through the coordinator, to the trainer.
@@ -66,7 +68,7 @@ import traceback
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .errors import DataError
+from ..errors import DataError
 
 
 class Stop(Exception):
@@ -81,32 +83,24 @@ class RunArgs:
     rank: int
     world: int
     layout: object                 # ring.RingLayout
-    ring_name: str | None = None   # set by loader_procs.start_children, which creates the ring
-    start: object = None           # plan.Cursor: the first document of the run
+    ring_name: str | None = None   # set by procs.children.start_children, which creates the ring
+    start: object = None           # data.order.Cursor: the first document of the run
     skip: int = 0                  # tokens of the stream from `start` that the run drops
-    buffer_runs: tuple = ()        # best fit: the resumed buffer, as [epoch, file, rg, row, count]
-    filesystem: object = None      # source.FilesystemRef, or None for local files
-    tokenizer: object = None       # tokenizer.TokenizerSpec (workers)
+    buffer_runs: tuple = ()        # a buffered packing: the resumed buffer, as [epoch, file, rg, row, count]
+    filesystem: object = None      # data.source.FilesystemRef, or None for local files
+    tokenizer: object = None       # data.tokenizer.TokenizerSpec (workers)
     locate: tuple | None = None    # (shapes, batch): a count-only run that finds a position
     worker: int = -1               # this worker's index (workers)
 
 
 # coordinator -> worker
 class Task(NamedTuple):
-    piece: object                  # plan.Piece
-    keep: str | None               # worker.KEEP: "stream", "docs", or None (count only)
+    piece: object                  # data.order.Piece
+    keep: bool                     # keep the tokens for write orders (False: count only)
 
 
-class Place(NamedTuple):
-    piece: int
-    segments: list                 # [(batch, slot, batch_offset, piece_offset, n)]
-    done: bool                     # the piece has no further tokens to place
-
-
-class Rows(NamedTuple):
-    batch: int
-    slot: int
-    placements: list               # [(piece, row, batch_row, row_offset, n)]
+# coordinator -> worker, write orders: each packing's own (packing/concat.py `Place`,
+# packing/bestfit.py `Rows`), named by its spec's `order`
 
 
 # worker -> coordinator

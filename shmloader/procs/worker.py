@@ -1,12 +1,12 @@
 """The worker process: read a row-group slice, tokenize it, copy its tokens where told.
 
-Loop (NOTE [ring protocol] in protocol.py): take `Task` messages; tokenize the oldest task
+Loop (NOTE [ring protocol] in ipc/protocol.py): take `Task` messages; tokenize the oldest task
 (`[BOS] + encode_ordinary(text)` per document, nulls skipped: `encode_texts`) in runs of
-documents of about `CHUNK_CHARS` characters, one engine call each (`engine.Engines`),
+documents of about `CHUNK_CHARS` characters, one engine call each (`data.engine.Engines`),
 answering the coordinator's messages every 2 ms (once the run in progress is done), so that a
 long row group never delays a write order; send `Counted(piece, lengths, cache_hit)`; keep
-the tokens as the task says (`KEEP`) until the write orders (`Place`, `Rows`; `WRITERS` holds what carries out each) have copied
-all of them into ring slots. It never asks which packing the run uses.
+the tokens as the run's packing keeps them (its spec's `keep`) until its write orders (the
+spec's `order`, carried out by its `write`) have copied all of them into ring slots.
 
 Never imports torch. Ignores SIGINT (the trainer handles Ctrl-C and closes the loader). Exits
 when the alive pipe reports EOF (trainer gone or loader closed) or the coordinator's pipe
@@ -23,40 +23,42 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import engine as enginemod
-from . import ring as ringmod
-from .cache import TokenCache
-from .config import LoaderConfig
-from .plan import Piece
-from .protocol import Counted, Error, Listener, Place, Rows, RunArgs, Skipped, Stop, Task, Warn, Written
-from .ring import WorkerCol
-from .source import ParquetSource, read_or_skip
+from ..data import engine as enginemod
+from ..data.cache import TokenCache
+from ..data.order import Piece
+from ..data.source import ParquetSource, read_or_skip
+from ..ipc import ring as ringmod
+from ..ipc import segment as segmod
+from ..ipc.protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Task, Warn, Written
+from ..ipc.ring import WorkerCol
+from ..ipc.signals import ignore_sigint
 
 IDLE_WAIT_S = 1.0
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
 SERVICE_EVERY_S = 0.002
-CHUNK_CHARS = 32768  # characters of text per engine call: about 0.7 ms of fastokens, 2.5 of tiktoken
+CHUNK_CHARS = 32768  # characters of text per engine call (docs/benchmarks.md: its cost)
 
 
 @dataclass
 class _Ctx:
-    cfg: LoaderConfig
+    cfg: object                # config.LoaderConfig
     args: RunArgs
     conn: object
     alive: object
     ring: ringmod.Ring
     tasks: deque
-    held: dict
+    held: dict                 # piece -> its tokens as the packing keeps them, until written
+    packing: object = None     # the run's packing spec (packing/base.py: Packing)
     ordered: bool = False  # a write order came: the first batch is planned
     listening: Listener = None  # conn and alive
 
 
-def worker_main(cfg: LoaderConfig, args: RunArgs, conn, alive):
-    ringmod.ignore_sigint()
-    ctx = _Ctx(cfg, args, conn, alive, None, deque(), {})
+def worker_main(cfg, args: RunArgs, conn, alive):
+    ignore_sigint()
+    ctx = _Ctx(cfg, args, conn, alive, None, deque(), {}, cfg.spec)
     attached = None
     try:
-        attached = ringmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
+        attached = segmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
         if attached is None:
             return
         ctx.ring = attached.ring
@@ -78,9 +80,8 @@ def _keep_freed_memory():
 
     A worker allocates and frees the same sizes all the time (the engine's output for each
     run, a piece's tokens); by default glibc gives such memory back (it trims the heap's top
-    and maps big blocks apart), and touching it again faults each page in: about 270 faults
-    per 256-document row group here, 13,000 a second, at 3 us each on this VM, about 4% of a
-    worker. Fixed thresholds (which also stop glibc raising them on its own) keep it: a
+    and maps big blocks apart), and touching it again faults each page in, several hundred
+    times per row group (docs/benchmarks.md: what that cost a worker). Fixed thresholds (which also stop glibc raising them on its own) keep it: a
     worker's memory stays at its peak, which it reaches within its first pieces anyway. Not
     glibc (no mallopt): nothing."""
     try:
@@ -116,7 +117,7 @@ def _loop(ctx: _Ctx):
             if not hit and (ctx.ordered or keep is None):  # after the first batch, or counting only
                 encode.worked(busy)
             ctx.tasks.popleft()
-            held = KEEP[keep](tokens, lengths)
+            held = ctx.packing.keep(tokens, lengths) if keep else None
             if held is not None:
                 ctx.held[piece.index] = held
             ctx.conn.send(Counted(piece.index, lengths, hit))
@@ -144,80 +145,17 @@ def _handle(ctx: _Ctx, msg):
     if type(msg) is Task:
         ctx.tasks.append(msg)
         return
-    write = WRITERS.get(type(msg))
-    if write is None:
+    if type(msg) is not ctx.packing.order:
         raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
     ctx.ordered = True
-    counts = write(ctx, msg)
+    counts = ctx.packing.write(ctx.ring.slots, ctx.held, msg, ctx.cfg.B, ctx.cfg.T)
     if counts:
         ctx.conn.send(Written(counts))
 
 
-def _place(ctx: _Ctx, order: Place) -> list:
-    """Concat: copy the segments of one piece's token stream; drop it when `done`."""
-    tokens, slots, counts = ctx.held.get(order.piece), ctx.ring.slots, []
-    for k, slot, off, src, n in order.segments:
-        slots[slot, off:off + n] = tokens[src:src + n]
-        counts.append((k, n))
-    if order.done:
-        ctx.held.pop(order.piece, None)  # a piece without tokens was never held
-    return counts
-
-
-def _write_rows(ctx: _Ctx, order: Rows) -> list:
-    """Best fit: a slot holds inputs (B, T) then targets (B, T); a placement puts tokens
-    [0, n) of a document at column `off` of row `r` of the (B, T+1) rows, and so at
-    inputs[r, off:] and targets[r, off-1:]. The document leaves memory once placed."""
-    B, T = ctx.cfg.B, ctx.cfg.T
-    slot, total = ctx.ring.slots[order.slot], 0
-    for index, row, r, off, n in order.placements:
-        docs = ctx.held[index]
-        doc = docs[row]
-        end = min(off + n, T)
-        if off < end:
-            slot[r * T + off:r * T + end] = doc[:end - off]
-        lo = max(off, 1)
-        base = B * T + r * T - 1
-        slot[base + lo:base + off + n] = doc[lo - off:n]
-        total += n
-        docs[row] = None
-        docs.live -= 1
-        if docs.live == 0:
-            del ctx.held[index]
-    return [(order.batch, total)]
-
-
-WRITERS = {Place: _place, Rows: _write_rows}
-
-
-class _Docs(list):
-    """A piece's documents (each `[BOS] + tokens`, None once placed or when null)."""
-    live = 0
-
-
-def _per_doc(tokens: np.ndarray, lengths: np.ndarray) -> "_Docs | None":
-    """Best fit keeps each document on its own (a copy), so that a document that lingers in
-    the buffer does not pin its whole piece in memory."""
-    live = np.flatnonzero(lengths).tolist()
-    if not live:
-        return None
-    docs = _Docs([None] * len(lengths))
-    ends = np.cumsum(lengths).tolist()
-    for i in live:
-        docs[i] = np.array(tokens[ends[i] - lengths[i]:ends[i]])
-    docs.live = len(live)
-    return docs
-
-
-# how a counted piece's tokens are kept until written (`Task.keep`, chosen by the coordinator's mode)
-KEEP = {"stream": lambda tokens, lengths: tokens if len(tokens) else None,  # concat: `Place`
-        "docs": _per_doc,                                                   # best fit: `Rows`
-        None: lambda tokens, lengths: None}                                 # count only
-
-
 def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece: Piece):
     """(tokens, lengths, hit): hit is None without a cache, else whether it served the piece.
-    A piece the cache does not hold is tokenized and kept, whole row group or not (cache.py)."""
+    A piece the cache does not hold is tokenized and kept, whole row group or not (data/cache.py)."""
     if cache is None:
         return (*_tokenized(ctx, source, encode, piece)[:2], None)
     path = ctx.args.files[piece.file]

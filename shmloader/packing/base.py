@@ -1,16 +1,65 @@
-"""What the coordinator's sequencing modes share: their interface and their batch bookkeeping.
+"""What every packing shares: its spec, its mode's interface, and their bookkeeping.
 
-A *mode* (`packing.ConcatMode`, `bestfit_seq.BestFitMode`, `locate.CountMode`) turns counted
-pieces into write orders and complete batches; the coordinator (`coordinator.py`) only moves
-its messages and never looks inside it. `BatchBook` is the bookkeeping both sequencers need:
-which batches may be written (at most `n_slots` between their first order and their free),
-how many tokens each still waits for, and which are complete, in order. `SlotMap` says which
-ring slot holds which batch. Pure logic: no processes, no tokens. See NOTE [ring protocol]
-in protocol.py.
+A packing is one module (`concat.py`, `bestfit.py`) that builds a `Packing`: the spec that
+tells the rest of the loader what it needs to know (the slot's window, where targets start,
+its resume fields, how a worker keeps and writes its tokens, its coordinator `Mode` and the
+locator of a count-only run), so that nothing outside the module branches on which packing
+runs. A *mode* turns counted pieces into write orders and complete batches; the coordinator
+(procs/coordinator.py) only moves its messages and never looks inside it. `count.CountMode` is
+the mode of a run that only finds a position.
+
+`BatchBook` is the bookkeeping every sequencer needs: which batches may be written (at most
+`n_slots` between their first order and their free), how many tokens each still waits for,
+and which are complete, in order. `InOrder` takes what arrives by index in any order and
+hands it out in index order (pieces are counted in any order, used in stream order).
+`SlotMap` says which ring slot holds which batch. Pure logic: no processes, no tokens. See
+NOTE [ring protocol] in ipc/protocol.py.
 """
 import heapq
+from dataclasses import dataclass
+from typing import Callable
 
 MAX_PIECES_PER_WORKER = 3
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What the loader needs to know about one packing (its module's `PACKING`)."""
+
+    name: str                  # the `packing=` value
+    mode: type                 # the coordinator's `Mode`: mode(cfg, run, n_workers, pieces)
+    locator: Callable          # (cfg, run) -> (locator, piece cap): a count-only run's replay
+    order: type                # its write order (a NamedTuple), carried out by `write`
+    keep: Callable             # worker: (tokens, lengths) -> what it holds of a counted piece, or None
+    write: Callable            # worker: (slots, held, order, B, T) -> [(batch, tokens written)]
+    window: Callable           # (B, T) -> int64 tokens per ring slot
+    targets_at: Callable       # (B, T) -> where targets start in the window (inputs start at 0)
+    stats: Callable            # the ring's counters (dict) -> what it adds to `stats()`
+    settings: tuple = ()       # LoaderConfig fields that change its stream (the state's fingerprint)
+    buffer_docs: Callable | None = None  # cfg -> the documents its state's buffer may hold;
+    #                                      None: it has no buffer, and its position has a skip
+
+    @property
+    def buffered(self) -> bool:
+        """Its state holds a buffer of documents (as runs) and its position has skip 0."""
+        return self.buffer_docs is not None
+
+
+class InOrder:
+    """Items that arrive by index in any order, handed out in index order."""
+
+    def __init__(self, first: int = 0):
+        self.next = first         # the index handed out next
+        self._waiting = {}
+
+    def add(self, index: int, item) -> list:
+        """Take item `index`; return `[(index, item), ...]` of those now in turn, in order."""
+        self._waiting[index] = item
+        out = []
+        while self.next in self._waiting:
+            out.append((self.next, self._waiting.pop(self.next)))
+            self.next += 1
+        return out
 
 
 class BatchBook:
@@ -55,14 +104,13 @@ class BatchBook:
 
 class Mode:
     """The coordinator's view of a sequencer. Pieces come from `pieces`; `take` gives one to a
-    worker, which answers with `counted`; `orders(take_slot)` yields `(worker, write order,
-    slots it fills)`; `written` takes the workers' acknowledgements, `freed` the trainer's;
+    worker, which answers with `counted`; `orders(take_slot)` yields `(worker, write order)`; `written` takes the workers' acknowledgements, `freed` the trainer's;
     `ready` yields `(batch, position, runs or None, documents begun by the end of the batch)`
-    of complete batches in order; `messages`
-    are extra messages for the trainer and `stats` the header counters `(ring.Stat, value)`
-    the mode keeps. `keep` tells workers how to keep a counted piece's tokens (worker.KEEP)."""
+    of complete batches in order; `messages` are extra messages for the trainer and `stats`
+    the header counters `(ring.Stat, value)` the mode keeps. `keep` tells workers whether to
+    keep a counted piece's tokens (as the packing's `keep` says) or only to count them."""
 
-    keep = "stream"
+    keep = True
 
     def __init__(self, n_workers: int):
         self._load = [0] * n_workers   # pieces a worker holds that count against its share

@@ -1,6 +1,9 @@
-"""Best-fit sequencing: turn counted pieces into per-batch write orders, from lengths alone.
+"""BOS-aligned best-fit packing (nanochat's current loader): counted pieces into per-batch write
+orders, from lengths alone.
 
-Pure bookkeeping for the coordinator (no processes, no tokens). Documents are numbered in
+Pure bookkeeping for the coordinator (no processes, no tokens). The rule is the planner's
+(`planner.BestFitPlanner`, docs/contract.md §2); a slot holds a batch's inputs (B, T) and then
+its targets (B, T), so that both come out contiguous. Documents are numbered in
 canonical order (`id = piece base + row`); a *chunk* is up to `chunk_docs` consecutive rows
 of one row group with the nulls left out (pieces are cut at chunk boundaries, so a chunk
 never spans pieces). Chunks enter `BestFitPlanner` strictly in order; a batch is planned only
@@ -11,19 +14,29 @@ piece; a document leaves its worker's memory with its placement.
 
 The position after batch k is canonical: the buffer (documents by file, row group and row,
 as runs, in arrival order) and the end of the last chunk that entered it. `Chunks` and
-`PieceTable` are shared with the locator (`locate.BestFitLocator`), which replays the same
-planner; `BestFitMode` is the coordinator's view of the sequencer (`sequencing.Mode`).
+`PieceTable` serve the sequencer and `BestFitLocator`, which replays the same planner over a
+rank's document lengths to find its position at a batch count (a rank given another rank's
+state). `BestFitMode` is the coordinator's view of the sequencer (`base.Mode`); a worker keeps
+each counted document on its own and writes the placements a `Rows` order names (`write`);
+`PACKING` is the spec the rest of the loader reads.
 """
 import itertools
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
-from .bestfit import BestFitPlanner
-from .plan import buffer_pieces, ramp_for
-from .protocol import Rows
-from .ring import Stat
-from .sequencing import BatchBook, Mode
+from ..data.order import buffer_pieces, ramp_for
+from ..ipc.ring import Stat
+from .base import BatchBook, InOrder, Mode, Packing
+from .planner import BestFitPlanner
+
+
+class Rows(NamedTuple):
+    """Coordinator -> worker: write these documents' tokens into batch `batch`'s slot."""
+    batch: int
+    slot: int
+    placements: list               # [(piece, row, batch_row, row_offset, n)]
 
 
 class _NeedMore(Exception):
@@ -130,8 +143,7 @@ class BestFitSequencer:
         self.table = PieceTable()
         self.planned = 0                      # batches planned
         self._pieces = {}                     # index -> [owner, base, documents not yet placed]
-        self._counted = {}                    # counted, waiting for earlier pieces
-        self._next_index = 0                  # next piece to turn into chunks
+        self._counted = InOrder()             # counted pieces, turned into chunks in index order
         self.backlog_docs = 0                 # rows counted but waiting for an earlier piece
         self._next_base = 0
         self._prefix = []                     # (ids, lengths) of the buffer being rebuilt
@@ -141,27 +153,26 @@ class BestFitSequencer:
         self.starved = False                  # the last plan() stopped for want of counted chunks
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
-        self._counted[piece.index] = (piece, owner, np.asarray(lengths, dtype=np.int64))
         self.backlog_docs += len(lengths)
-        while self._next_index in self._counted:
-            piece, owner, lengths = self._counted.pop(self._next_index)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        for _, (piece, owner, lengths) in self._counted.add(piece.index, (piece, owner, lengths)):
             self.backlog_docs -= len(lengths)
             base = self._next_base
             self._next_base += len(lengths)
-            self._next_index += 1
             live = int(np.count_nonzero(lengths))
             if live:
                 self._pieces[piece.index] = [owner, base, live]
                 self.table.add(base, piece)
             if piece.index < self.n_prefix:
-                self._add_prefix(base, lengths)
+                self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
             else:
                 self.chunks.add(piece, base, lengths)
 
-    def _add_prefix(self, base, lengths):
+    def _add_prefix(self, base, lengths, last: bool):
+        """A piece of the resumed buffer; with the `last` one, the planner is rebuilt from it."""
         keep = np.flatnonzero(lengths)
         self._prefix.append((base + keep, lengths[keep]))
-        if self._next_index == self.n_prefix:
+        if last:
             ids = np.concatenate([i for i, _ in self._prefix])
             lens = np.concatenate([n for _, n in self._prefix])
             self.planner = BestFitPlanner.from_buffer(self.B, self.row_len, self.buffer_size, ids, lens)
@@ -217,8 +228,6 @@ class BestFitMode(Mode):
     """Best fit: documents are placed one by one by the planner; a piece leaves its worker's
     load when counted, and a global cap bounds the documents waiting to enter the buffer."""
 
-    keep = "docs"
-
     def __init__(self, cfg, run, n_workers: int, pieces):
         super().__init__(n_workers)
         prefix = buffer_pieces(run.buffer_runs, cfg.piece_cap)
@@ -255,7 +264,7 @@ class BestFitMode(Mode):
         for k, by_worker in self.seq.plan():
             slot = take_slot(k)
             for w, placements in by_worker.items():
-                yield w, Rows(k, slot, placements), [slot]
+                yield w, Rows(k, slot, placements)
 
     def written(self, counts):
         self.seq.written(counts)
@@ -266,3 +275,109 @@ class BestFitMode(Mode):
     def stats(self):
         row_tokens = self.seq.B * self.seq.row_len
         return (Stat.CROPPED, self.seq.tokens_cropped), (Stat.PLACED, self.seq.planned * row_tokens)
+
+
+class BestFitLocator:
+    def __init__(self, shapes: list, batch: int, start, buffer_size: int, chunk_docs: int):
+        self.shapes, self.batch, self.total = shapes, batch, batch
+        self.buffer_size = buffer_size
+        _, B, T = shapes[0]
+        self.planner = BestFitPlanner(B, T + 1, buffer_size)
+        self.done_batches = 0
+        self._shape = 0
+        self._chunks = Chunks(chunk_docs, (start.epoch, start.file, start.rg, start.doc))
+        self._table, self._next_base = PieceTable(), 0
+        self.result = None
+        self._finish_if_done()
+
+    def feed(self, piece, lengths: np.ndarray):
+        if self.result is not None:
+            return
+        base, self._next_base = self._next_base, self._next_base + len(lengths)
+        if np.count_nonzero(lengths):
+            self._table.add(base, piece)
+        self._chunks.add(piece, base, lengths)
+        self._plan()
+
+    def _plan(self):
+        while self.done_batches < self.batch:
+            self._reshape()
+            p = self.planner
+            if self._chunks.plan(p, safe=self._chunks.docs >= p.B * p.row_len + self.buffer_size) is None:
+                return
+            self.done_batches += 1
+        self._finish_if_done()
+
+    def _reshape(self):
+        """At the first batch of the next shape, rebuild the planner as a resumed run does."""
+        nxt = self._shape + 1
+        if nxt < len(self.shapes) and self.shapes[nxt][0] == self.done_batches:
+            _, B, T = self.shapes[nxt]
+            self.planner = BestFitPlanner.from_buffer(B, T + 1, self.buffer_size, *self.planner.buffered())
+            self._shape = nxt
+
+    def _finish_if_done(self):
+        if self.done_batches == self.batch:
+            runs = self._table.runs(self.planner.buffered_ids())
+            self.result = ((*self._chunks.last_end, 0), runs.tolist())
+
+
+def _locator(cfg, run) -> tuple:
+    shapes, batch = run.locate
+    cap = ramp_for(cfg.tokenizer_batch_size, cfg.piece_cap)[1]  # whole chunks
+    return BestFitLocator(shapes, batch, run.start, cfg.buffer_size, cfg.tokenizer_batch_size), cap
+
+
+class _Docs(list):
+    """A piece's documents (each `[BOS] + tokens`, None once placed or when null)."""
+    live = 0
+
+
+def _keep(tokens: np.ndarray, lengths: np.ndarray) -> "_Docs | None":
+    """A worker keeps each document on its own (a copy), so that a document that lingers in
+    the buffer does not pin its whole piece in memory."""
+    live = np.flatnonzero(lengths).tolist()
+    if not live:
+        return None
+    docs = _Docs([None] * len(lengths))
+    ends = np.cumsum(lengths).tolist()
+    for i in live:
+        docs[i] = np.array(tokens[ends[i] - lengths[i]:ends[i]])
+    docs.live = len(live)
+    return docs
+
+
+def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int) -> list:
+    """A worker writes one batch's placements: tokens [0, n) of a document at column `off` of
+    row `r` of the (B, T+1) rows go to inputs[r, off:] and targets[r, off-1:] of the slot
+    (inputs (B, T), then targets (B, T)). A document leaves memory once placed."""
+    slot, total = slots[order.slot], 0
+    for index, row, r, off, n in order.placements:
+        docs = held[index]
+        doc = docs[row]
+        end = min(off + n, T)
+        if off < end:
+            slot[r * T + off:r * T + end] = doc[:end - off]
+        lo = max(off, 1)
+        base = B * T + r * T - 1
+        slot[base + lo:base + off + n] = doc[lo - off:n]
+        total += n
+        docs[row] = None
+        docs.live -= 1
+        if docs.live == 0:
+            del held[index]
+    return [(order.batch, total)]
+
+
+def _stats(counters: dict) -> dict:
+    planned = counters["placed"] + counters["cropped"]
+    return {"tokens_cropped": counters["cropped"],
+            "cropped_fraction": counters["cropped"] / planned if planned else 0.0}
+
+
+PACKING = Packing(
+    name="bos_bestfit", mode=BestFitMode, locator=_locator, order=Rows, keep=_keep, write=write,
+    window=lambda B, T: 2 * B * T,     # inputs, then targets
+    targets_at=lambda B, T: B * T,
+    stats=_stats, settings=("buffer_size", "tokenizer_batch_size"),
+    buffer_docs=lambda cfg: cfg.buffer_size + cfg.tokenizer_batch_size)

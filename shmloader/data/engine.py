@@ -45,8 +45,8 @@ CHECK_ENV = "SHMLOADER_ENGINE_CHECK"
 AT_ENV = "SHMLOADER_ENGINE_AT"
 THREAD_ENV = {"FASTOKENS_BPE_THREADS": "1", "RAYON_NUM_THREADS": "1"}
 FORCE = 'engine="tiktoken"'
-# the fast engine's build, estimated: seconds, plus seconds per vocabulary entry (measured on a
-# 2-core VM: 0.03-0.05 s at 4K entries, 0.18-0.22 s at 32K)
+# the fast engine's build, estimated: seconds, plus seconds per vocabulary entry (fitted to the
+# build times in docs/benchmarks.md)
 BUILD_S = (0.025, 5.5e-6)
 
 
@@ -220,8 +220,7 @@ class Check:
 class Engines:
     """A worker's engines: the definition at once, the fast engine once it has paid for itself.
 
-    Building fastokens takes about `BUILD_S` (0.2 s at a 32K vocabulary, mostly `from_tiktoken`),
-    and a worker that waited for it put that on every loader's first batch, while nanochat builds
+    Building fastokens takes about `BUILD_S` (mostly `from_tiktoken`), and a worker that waited for it put that on every loader's first batch, while nanochat builds
     a new validation loader at every evaluation and takes a few batches from it. So a worker
     encodes with the definition, which is the stream by definition, and starts the build, on a
     thread of its own, only once it has spent about as long tokenizing as the build costs
@@ -229,8 +228,8 @@ class Engines:
     rent until the rent adds up to the price, then buy, never more than twice the better
     choice's cost): a short loader never pays for a build, a long run pays once, early. Not at
     once on a thread: the build holds the GIL (so does tiktoken's encode), so beside the first
-    batch's tokenizing it only shares one core with it; measured, that first batch took about
-    half as long as with the build first, twice as long as with the definition alone.
+    batch's tokenizing it only shares one core with it (docs/engines.md: what each choice cost
+    a first batch).
     `poll()`, between documents, lets the fast engine take over once it is built; its `Check`
     starts there: its first `START_DOCS` documents are the start check, then one in
     `SAMPLE_EVERY`.
@@ -252,7 +251,6 @@ class Engines:
         self._rent = 0.0         # seconds tokenized with the definition while no build started
         self.price = BUILD_S[0] + BUILD_S[1] * (spec.n_vocab or 32768)  # the build's, estimated (s)
         self._thread = None      # the build, until the engine takes over
-        self._started = False
         self._built = None       # (Encoder, None) or (None, exception), set by the build thread
         if at is None and os.environ.get(AT_ENV):
             at = int(os.environ[AT_ENV])
@@ -270,17 +268,12 @@ class Engines:
             if self._rent >= self.price:
                 self.start()
 
-    @property
-    def started(self) -> bool:
-        """Whether the fast engine's build has started."""
-        return self._started
-
     def start(self) -> None:
         """Start building the fast engine (once; nothing when there is none to build)."""
         if self._todo is None:
             return
         spec, engine = self._todo
-        self._todo, self._started = None, True
+        self._todo = None
         _pin_threads()  # in the worker's thread, before fastokens is imported
         self._thread = threading.Thread(target=self._build, args=(spec, engine, self.encoder),
                                         name="shmloader-engine-build", daemon=True)

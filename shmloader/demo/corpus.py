@@ -8,7 +8,7 @@ Corpora
     texts (sorted by key) then the source of every standard-library ``.py`` file (sorted by
     relative path; ``site-packages`` and test directories skipped). On CPython 3.11 that
     is 813 documents: ~0.5 MB of English plus ~12 MB of code (734 files); the order is
-    fixed for a given Python install, and reading it all takes ~0.4 s.
+    fixed for a given Python install.
     ``synthetic_texts`` returns seeded pseudo-random documents. Docs come in blocks of 20,
     shuffled within the block; every full block holds exactly 1 empty string, 1 long
     document (15..40 x ``mean_words`` words, 3000..8000 at the default) and 2 documents

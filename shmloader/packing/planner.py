@@ -1,6 +1,6 @@
 """BOS-aligned best-fit packing, planned over document lengths only.
 
-Algorithm (SPEC §2 `bos_bestfit`, the rule of nanochat's current loader). Documents arrive in
+Algorithm (docs/contract.md §2 `bos_bestfit`, the rule of nanochat's current loader). Documents arrive in
 canonical order, a chunk (up to `tokenizer_batch_size` consecutive documents) at a time. Before
 EACH placement the buffer is topped up, one whole chunk at a time, until it holds at least
 `buffer_size` documents. A batch is B rows of `row_len = T + 1` tokens; each row is filled from
@@ -17,16 +17,15 @@ Data structure. The buffer is a Python list of int keys kept sorted, one key per
 `key = length * 2**40 - arrival`, so keys order by length, and within one length the earliest
 arrival has the largest key. Rule 1 is one `bisect_right(keys, space * 2**40) - 1`; rule 2 is
 `keys[0]` (the shortest length) and one more bisect for the earliest of that length. A choice
-is O(log n) compares plus one `list.pop` memmove (~1.2 us a placement at n = 1000); a chunk
-enters with one `list.sort`, which keeps the sorted buffer as one run and merges the chunk in
-one pass (no per-document `insort` memmove). Measured on CPython 3.11 at buffer 1000,
-T=2048, B=16, lognormal lengths (median 600): 0.054 ms a batch vs 2.35 ms for the scan in
-`plan_batch_scan`, 43x (`python -m tools.bench_packing --batches 2000`). A dict keyed by
+is O(log n) compares plus one `list.pop` memmove; a chunk enters with one `list.sort`, which
+keeps the sorted buffer as one run and merges the chunk in one pass (no per-document `insort`
+memmove). Its cost against nanochat's linear scan: `python tools/bench_packing.py`
+(docs/benchmarks.md). A dict keyed by
 the same keys, in insertion order, maps each key to its doc id and gives the buffer in
 arrival order for checkpoints. Arrivals are at most 2**40 per planner (renumbered from 0 on
 `from_buffer`); lengths are Python ints, so any length >= 1 works.
 
-Guarantees, for every batch (tests/test_bestfit.py checks each against the scan oracle):
+Guarantees, for every batch (tests check each against the scan oracle, tests/oracle.py):
 - every row is full: its placements tile [0, row_len) exactly, in order, no padding;
 - every placement uses a prefix [0, n_tokens) of its document, so each row starts with a
   document's first token (BOS);
@@ -167,33 +166,3 @@ class BestFitPlanner:
 def _plan(rows, offs, ids, ntok, cropped) -> BatchPlan:
     as64 = lambda xs: np.array(xs, dtype=np.int64)
     return BatchPlan(as64(rows), as64(offs), as64(ids), as64(ntok), int(cropped))
-
-
-def plan_batch_scan(buffer: list, next_chunk: ChunkSource, B: int, row_len: int,
-                    buffer_size: int) -> BatchPlan:
-    """The reference: nanochat's linear scans over `buffer`, a list of [doc_id, length] in
-    arrival order that this call mutates and the next call continues from."""
-    rows, offs, ids, ntok, cropped = [], [], [], [], 0
-    for r in range(B):
-        pos = 0
-        while pos < row_len:
-            while len(buffer) < buffer_size:
-                chunk_ids, chunk_lengths = _check_chunk(*next_chunk())
-                for doc_id, length in zip(chunk_ids.tolist(), chunk_lengths.tolist()):
-                    buffer.append([doc_id, length])
-            space = row_len - pos
-            best, best_len = -1, 0
-            for i, (_, length) in enumerate(buffer):  # ">" keeps the earliest on ties
-                if length <= space and length > best_len:
-                    best, best_len = i, length
-            if best < 0:  # nothing fits: the shortest; min keeps the earliest on ties
-                best = min(range(len(buffer)), key=lambda i: buffer[i][1])
-            doc_id, length = buffer.pop(best)
-            n = min(length, space)
-            rows.append(r)
-            offs.append(pos)
-            ids.append(doc_id)
-            ntok.append(n)
-            cropped += length - n
-            pos += n
-    return _plan(rows, offs, ids, ntok, cropped)

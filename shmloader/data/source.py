@@ -16,8 +16,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .config import nanochat_base_dir
-from .errors import DataError
+from ..errors import DataError
+
+
+def nanochat_base_dir() -> str:
+    """nanochat's base directory: `$NANOCHAT_BASE_DIR`, else `~/.cache/nanochat` (its data and
+    tokenizer defaults live there)."""
+    return os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
 
 
 CLIMBMIX_DIR = "base_data_climbmix"  # nanochat's data since its switch to ClimbMix-400B

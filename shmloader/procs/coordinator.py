@@ -1,11 +1,11 @@
 """The coordinator process: plans pieces, hands them out, sequences tokens, announces batches.
 
-It sees token *counts* only: the canonical order (`plan.iter_pieces`) and a sequencing mode
-(`packing.ConcatMode`, `bestfit_seq.BestFitMode`, or `locate.CountMode` for a count-only run;
-`sequencing.Mode` is their interface) decide where every token lands, so the stream is the
+It sees token *counts* only: the canonical order (`data.order.iter_pieces`) and the packing's
+sequencing mode (its spec's `mode`, or `packing.count.CountMode` for a count-only run;
+`packing.base.Mode` is their interface) decide where every token lands, so the stream is the
 same for any number of workers and any timing. New pieces go to the least-loaded worker that
 the mode lets take one, so memory stays bounded whatever the trainer's pace.
-Follows NOTE [ring protocol] (protocol.py); every wait has a timeout, and the alive pipe ends
+Follows NOTE [ring protocol] (ipc/protocol.py); every wait has a timeout, and the alive pipe ends
 the loop when the trainer closes the loader or dies. Never imports torch or a tokenizer.
 """
 import os
@@ -14,21 +14,20 @@ import threading
 
 import numpy as np
 
-from . import ring as ringmod
-from .bestfit_seq import BestFitMode
-from .handover import CoordinatorEnd
-from .errors import DataError
-from .locate import CountMode
-from .packing import ConcatMode
-from .plan import iter_pieces
-from .protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Task, Warn, Written
-from .ring import SlotState, Stat
-from .sequencing import SlotMap
-from .source import ParquetSource, read_or_skip
+from ..data.order import iter_pieces
+from ..data.source import ParquetSource, read_or_skip
+from ..errors import DataError
+from ..ipc import ring as ringmod
+from ..ipc import segment as segmod
+from ..ipc.handover import CoordinatorEnd
+from ..ipc.protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Task, Warn, Written
+from ..ipc.ring import Stat
+from ..ipc.signals import ignore_sigint
+from ..packing.base import InOrder, SlotMap
+from ..packing.count import CountMode
 
 ERROR_FLUSH_S = 2.0
 WAIT_S = 1.0
-MODES = {"concat": ConcatMode, "bos_bestfit": BestFitMode}
 
 
 class _Outbox:
@@ -84,14 +83,13 @@ class _Coordinator:
         self.to_trainer = _Outbox(trainer)
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
-        kind = CountMode if args.locate else MODES[cfg.packing]
+        kind = CountMode if args.locate else cfg.spec.mode
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self._report_bad))
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [_Outbox(conn) for conn in workers]
         self.listening = Listener([trainer, alive, self.kick, *workers])
         self.docs_seen = 0
-        self._unchecked = {}      # counted pieces, by index, until their turn in stream order
-        self._next_checked = 0
+        self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
         self._handlers = {Counted: self._counted, Written: self._written,
@@ -149,10 +147,7 @@ class _Coordinator:
     def _check_not_empty(self, piece, live: int):
         """A whole epoch without a document would loop forever: an error, judged in stream
         order (pieces are counted in any order) so that it never depends on timing."""
-        self._unchecked[piece.index] = (piece.epoch, live)
-        while self._next_checked in self._unchecked:
-            epoch, n = self._unchecked.pop(self._next_checked)
-            self._next_checked += 1
+        for _, (epoch, n) in self._unchecked.add(piece.index, (piece.epoch, live)):
             self.docs_seen += n
             if self.docs_seen == 0 and epoch >= self.args.start.epoch + 2:
                 raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
@@ -192,8 +187,7 @@ class _Coordinator:
             self.outboxes[i].send(Task(piece, mode.keep))
 
     def _dispatch(self):
-        for w, msg, slots in self.mode.orders(self.slots.take_slot):
-            self.ring.slot_states[slots] = SlotState.FILLING
+        for w, msg in self.mode.orders(self.slots.take_slot):
             self.outboxes[w].send(msg)
 
     def _announce(self):
@@ -201,7 +195,6 @@ class _Coordinator:
             slot = self.slots.slot_of(k)  # batch k has been written, so it holds a slot
             if runs is not None:  # best fit: the buffer travels in the slot, not the pipe
                 self.ring.write_runs(slot, runs)
-            self.ring.slot_states[slot] = SlotState.READY
             self.ring.stats[Stat.EPOCH] = pos[0]
             self.handover.announce(k, slot, pos, docs)
         for stat, value in self.mode.stats():
@@ -209,17 +202,17 @@ class _Coordinator:
 
 
 def coordinator_main(cfg, args: RunArgs, trainer, workers, alive, bells):
-    """`bells`: the slot handover's `(ready, kick, header_only)` (handover.py)."""
-    ringmod.ignore_sigint()
+    """`bells`: the slot handover's `(ready, kick, header_only)` (ipc/handover.py)."""
+    ignore_sigint()
     attached = coordinator = None
     try:
-        attached = ringmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
+        attached = segmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
         if attached is None:
             return
         coordinator = _Coordinator(cfg, args, trainer, list(workers), alive, attached.ring, bells)
         coordinator.run()
     except Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)
-        ringmod.unlink_orphan(args.ring_name)
+        segmod.unlink_orphan(args.ring_name)
     except BaseException as exc:
         report = Error.of(f"coordinator (pid {os.getpid()})", exc)
         if coordinator is None:

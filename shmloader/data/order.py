@@ -1,6 +1,6 @@
 """The canonical document order, cut into pieces: pure logic over row-group sizes.
 
-Order (SPEC §2): files in the given order; in each file the row groups `rank, rank + world,
+Order (docs/contract.md §2): files in the given order; in each file the row groups `rank, rank + world,
 ...`; in each row group its rows in order; after the last file, the next epoch (1, 2, ...).
 
 A *piece* is a slice `[doc_start, doc_end)` of one row group. The first pieces of a run
@@ -14,7 +14,7 @@ this rank, instead of looping forever (the original loader's end-of-data hang).
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from .errors import DataError
+from ..errors import DataError
 
 RAMP = (16, 32, 64, 128, 256, 512)
 
@@ -66,6 +66,7 @@ def buffer_pieces(runs, max_docs: int) -> list[Piece]:
 
 
 def start_cursor(rank: int) -> Cursor:
+    """Where a fresh run of `rank` starts: epoch 1, file 0, its first row group."""
     return Cursor(epoch=1, file=0, rg=rank, doc=0)
 
 

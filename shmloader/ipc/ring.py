@@ -1,0 +1,142 @@
+"""The ring's layout: one shared-memory segment (segment.py) holding a header and `n_slots`
+slots of `window` int64 tokens, seen as numpy views (`Ring`).
+
+Used by every process; it imports neither side. The protocol that moves slots between them is
+NOTE [ring protocol] in ipc/protocol.py, and the header's handover logs NOTE [slot handover] in
+ipc/handover.py. A zeroed segment is a valid, empty ring: every counter starts at zero.
+"""
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = 0x73686D6C6F616472  # "shmloadr"
+LAYOUT_VERSION = 4
+ALIGN = 4096
+
+
+class Stat(enum.IntEnum):
+    """The header's counters (`Ring.stats`), written by the coordinator only."""
+
+    TOKENS = 0        # tokens counted (BOS included)
+    DOCS = 1          # documents with text
+    NULLS = 2         # null documents
+    PIECES = 3        # pieces counted
+    CROPPED = 4       # tokens cropped (best fit)
+    EPOCH = 5         # epoch of the last announced batch
+    SKIPPED_RG = 6    # bad row groups (and files) skipped
+    PLACED = 7        # tokens planned into batches (best fit)
+    CACHE_HITS = 8    # pieces served by the token cache
+    CACHE_MISSES = 9  # pieces tokenized with a cache
+
+
+class Counter(enum.IntEnum):
+    """The slot handover's counters (`Ring.counters`; handover.py), after the stats."""
+
+    ANNOUNCED = 0     # batches announced (coordinator)
+    MESSAGES = 1      # messages queued for the trainer's pipe (coordinator)
+    FREES = 2         # frees logged (trainer)
+    FREES_SEEN = 3    # frees the coordinator has taken from the log (coordinator)
+
+
+# One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k).
+RECORD_FIELDS = ("batch", "slot", "epoch", "file", "rg", "doc", "skip", "docs")
+
+
+class WorkerCol(enum.IntEnum):
+    """The columns of a worker's status row (`Ring.workers[i]`), written by worker i only."""
+
+    PID = 0
+    PIECE = 1         # index of the piece being read, -1 when idle
+    FILE = 2
+    RG = 3
+    DOC = 4           # its first document
+    TOKENS = 5        # tokens produced so far
+    BUSY_US = 6       # microseconds spent reading and tokenizing
+    TOKENIZED = 7     # of TOKENS, those tokenized here (not served by the token cache)
+
+
+WORKER_FIELDS = tuple(c.name.lower() for c in WorkerCol)
+STATS_FIELDS = tuple(s.name.lower() for s in Stat)
+FIXED_WORDS = 5 + len(STATS_FIELDS) + len(Counter)
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    n_slots: int
+    window: int
+    n_workers: int
+    max_runs: int = 0  # a buffered packing: room per slot for the buffer's runs after its batch
+
+    @property
+    def header_words(self) -> int:
+        return (FIXED_WORDS + self.n_workers * len(WORKER_FIELDS)
+                + self.n_slots * (len(RECORD_FIELDS) + 1))  # the records, then the free log
+
+    @property
+    def slots_offset(self) -> int:
+        raw = self.header_words * 8
+        return (raw + ALIGN - 1) // ALIGN * ALIGN
+
+    @property
+    def runs_offset(self) -> int:
+        return self.slots_offset + self.n_slots * self.window * 8
+
+    @property
+    def runs_words(self) -> int:
+        return 1 + 5 * self.max_runs if self.max_runs else 0  # count, then the runs
+
+    @property
+    def nbytes(self) -> int:
+        return self.runs_offset + self.n_slots * self.runs_words * 8
+
+
+class Ring:
+    """Numpy views of one segment: `header`, `stats` (written by the coordinator only), the
+    handover's `counters`, `records` and `free_log` (handover.py), `workers` (row i written by
+    worker i only), `slots`, and each slot's `runs` area (a buffered packing's)."""
+
+    def __init__(self, buf, layout: RingLayout, name: str):
+        self.name, self.buf = name, buf
+        self.layout = layout
+        self.header = np.frombuffer(buf, dtype=np.int64, count=layout.header_words)
+        n, stats_end = layout.n_slots, 5 + len(STATS_FIELDS)
+        self.stats = self.header[5:stats_end]
+        self.counters = self.header[stats_end:FIXED_WORDS]
+        workers_end = FIXED_WORDS + layout.n_workers * len(WORKER_FIELDS)
+        self.workers = self.header[FIXED_WORDS:workers_end].reshape(layout.n_workers, len(WORKER_FIELDS))
+        records_end = workers_end + n * len(RECORD_FIELDS)
+        self.records = self.header[workers_end:records_end].reshape(n, len(RECORD_FIELDS))
+        self.free_log = self.header[records_end:records_end + n]
+        n_tokens = layout.n_slots * layout.window
+        self.slots = np.frombuffer(buf, dtype=np.int64, count=n_tokens,
+                                   offset=layout.slots_offset).reshape(layout.n_slots, layout.window)
+        self.runs = np.frombuffer(buf, dtype=np.int64, count=layout.n_slots * layout.runs_words,
+                                  offset=layout.runs_offset).reshape(layout.n_slots, layout.runs_words)
+
+    def initialise(self):
+        """The creator's first write: what `is_valid` checks (the rest is zero: an empty ring)."""
+        lay = self.layout
+        self.header[:5] = (MAGIC, LAYOUT_VERSION, lay.n_slots, lay.window, lay.n_workers)
+
+    def is_valid(self) -> bool:
+        """Whether the segment holds a ring of this layout."""
+        lay = self.layout
+        return list(self.header[:5]) == [MAGIC, LAYOUT_VERSION, lay.n_slots, lay.window, lay.n_workers]
+
+    def write_runs(self, slot: int, runs: np.ndarray):
+        """The buffer after the batch in `slot`, as runs (written by the coordinator)."""
+        area = self.runs[slot]
+        area[0] = len(runs)
+        area[1:1 + runs.size] = runs.ravel()
+
+    def runs_of(self, slot: int) -> np.ndarray:
+        """A copy of the runs written for the batch in `slot`, as an (n, 5) int64 array."""
+        area = self.runs[slot]
+        return area[1:1 + 5 * int(area[0])].reshape(-1, 5).copy()
+
+    def release_views(self):
+        """Drop every numpy view so that the underlying buffer can be closed."""
+        self.header = self.stats = self.counters = self.workers = None
+        self.records = self.free_log = self.slots = self.runs = None
+        self.buf = None

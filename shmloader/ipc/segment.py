@@ -1,0 +1,190 @@
+"""The ring's shared memory: one `multiprocessing.shared_memory.SharedMemory` per run.
+
+The creator owns it: only the training process creates and unlinks a segment (`create`,
+`Segment.unlink`); the coordinator and the workers attach by name and close (`Attached`),
+and the coordinator unlinks it only when the trainer died (`unlink_orphan`).
+
+- **Out of Python's resource tracker.** The tracker would print "leaked shared_memory
+  objects" whenever the trainer is killed (SIGTERM, SIGKILL), and would unlink a segment when
+  one attaching process exits, though no segment leaks: the trainer unlinks it on close, the
+  coordinator when the trainer dies, and the next loader's start sweeps what a run killed
+  whole left (`sweep_stale`). Python >= 3.13 opens it with `track=False`; on 3.10-3.12 the
+  trainer unregisters what it created at once, and children never register what they attach
+  (`_untracked`: every process of a loader shares the trainer's tracker, whose registry is a
+  set, so a child's register-then-unregister could meet another's and fail there).
+- **Reserved up front.** The segment's space is allocated when it is created
+  (`posix_fallocate` on its file), so a too-small /dev/shm is an `OSError` at start naming the
+  MiB needed and free, never a SIGBUS in a worker later.
+- **Named by its creator.** `shml_<pid>_<hex>` (under 30 characters); `sweep_stale` unlinks
+  the segments whose creator is no longer alive (judged in this PID namespace).
+- **The trainer's own mapping.** The trainer maps the segment once more for its views:
+  a CPU batch lent to the caller is a view of the ring and may outlive `close()`, which a
+  `SharedMemory` refuses to close under live views; an `mmap` is simply unmapped when its last
+  view is freed, while the name is unlinked at once.
+
+Linux only (/dev/shm).
+"""
+import contextlib
+import mmap
+import os
+import secrets
+import sys
+from multiprocessing import resource_tracker, shared_memory
+
+from .ring import LAYOUT_VERSION, Ring, RingLayout
+from .signals import pid_alive, sigint_blocked
+
+SHM_DIR = "/dev/shm"
+PREFIX = "shml_"
+TRACK_FLAG = sys.version_info >= (3, 13)  # SharedMemory(track=False) exists
+
+
+def new_name() -> str:
+    return f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+
+
+class Segment:
+    """A segment the trainer created: its name, and `unlink()` (safe to repeat)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def unlink(self):
+        """Remove the name (by its file: on 3.10-3.12 `SharedMemory.unlink` would also tell the
+        resource tracker, which no longer holds it)."""
+        try:
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        except FileNotFoundError:
+            pass
+
+
+def open_shared(name: str, create: bool = False, size: int = 0) -> shared_memory.SharedMemory:
+    """`SharedMemory(name, create, size)`, held by no resource tracker."""
+    if TRACK_FLAG:
+        return shared_memory.SharedMemory(name, create=create, size=size, track=False)
+    if create:  # this process registers and unregisters it, in that order
+        shm = shared_memory.SharedMemory(name, create=True, size=size)
+        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 (its name with the "/")
+        return shm
+    with _untracked():
+        return shared_memory.SharedMemory(name)
+
+
+@contextlib.contextmanager
+def _untracked():
+    """Python 3.10-3.12: `SharedMemory` registers every segment it opens; skip that (children
+    only: they are the loader's own, single-threaded processes when they attach)."""
+    register = resource_tracker.register
+
+    def skip_shared_memory(name, rtype):
+        if rtype != "shared_memory":
+            register(name, rtype)
+
+    resource_tracker.register = skip_shared_memory
+    try:
+        yield
+    finally:
+        resource_tracker.register = register
+
+
+def create(layout: RingLayout) -> tuple[Segment, Ring]:
+    """Create, reserve and initialise a segment, and map it for the trainer. Only the trainer
+    calls this."""
+    # A Ctrl-C must not land between the segment's creation and `segment` (nobody would
+    # unlink it): it is created with SIGINT blocked; one that came meanwhile is raised on
+    # leaving the block, and the except below unlinks the segment.
+    segment = None
+    if not TRACK_FLAG:
+        resource_tracker.ensure_running()  # first: starting it unblocks SIGINT
+    try:
+        with sigint_blocked():
+            name = new_name()
+            open_shared(name, create=True, size=layout.nbytes).close()
+            segment = Segment(name)
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            _reserve(fd, layout.nbytes)
+            mapping = mmap.mmap(fd, layout.nbytes)
+        finally:
+            os.close(fd)
+    except BaseException:
+        if segment is not None:
+            segment.unlink()
+        raise
+    ring = Ring(mapping, layout, name)
+    ring.initialise()
+    return segment, ring
+
+
+def unlink_orphan(name: str):
+    """The coordinator's last step when the trainer is gone: a trainer that closes the loader
+    unlinks the segment before it lets the children go (`Children.shutdown`), so a segment
+    still there was left by a trainer that died; unlink it."""
+    Segment(name).unlink()
+
+
+def _reserve(fd: int, nbytes: int):
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        st = os.statvfs(SHM_DIR)
+        free = st.f_bavail * st.f_frsize
+        raise OSError(exc.errno, f"shmloader needs {nbytes / 2**20:.1f} MiB of shared memory in "
+                      f"{SHM_DIR} but only {free / 2**20:.1f} MiB are free: enlarge /dev/shm "
+                      f"(docker: --shm-size) or lower B, T or n_slots") from exc
+
+
+class Attached:
+    """The segment as a process that did not create it sees it (coordinator, workers)."""
+
+    def __init__(self, name: str, layout: RingLayout):
+        self._shm = open_shared(name)
+        self.ring = Ring(self._shm.buf, layout, name)
+        if not self.ring.is_valid():
+            self.close()
+            raise RuntimeError(f"shared memory {name} is not a shmloader ring of layout {LAYOUT_VERSION}")
+
+    def close(self):
+        self.ring.release_views()
+        self._shm.close()
+
+
+def attach_unless_gone(name: str, layout: RingLayout, trainer_gone) -> Attached | None:
+    """`Attached(name, layout)`, or None when attaching fails and `trainer_gone()` (the alive
+    pipe at EOF): the trainer closed the loader or died, and unlinked the segment, before this
+    child got to it, so there is nothing to report. A failure while the trainer is alive
+    raises as usual."""
+    try:
+        return Attached(name, layout)
+    except Exception:
+        if trainer_gone():
+            return None
+        raise
+
+
+def creator_pid(name: str) -> int | None:
+    if not name.startswith(PREFIX):
+        return None
+    head = name[len(PREFIX):].split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def sweep_stale() -> list[str]:
+    """Unlink segments whose creating process is gone; returns their names.
+
+    Liveness is judged in this PID namespace: containers that share one /dev/shm
+    (`--ipc=host`) but not their PIDs must not run loaders side by side."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    swept = []
+    for name in names:
+        pid = creator_pid(name)
+        if pid is not None and not pid_alive(pid):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                swept.append(name)
+            except FileNotFoundError:
+                pass
+    return swept

@@ -1,0 +1,57 @@
+"""A count-only run: a rank's position at a batch count, from its document lengths alone.
+
+nanochat saves rank 0's loader state only and hands it to every rank. A state carries the
+batch count `batch`, the batch shapes the run used (`shapes`: [first batch, B, T], ...) and
+where the run began (`origin`), which are the same on every rank. Replaying them over this
+rank's own document lengths, in canonical order from its origin, gives the position this
+rank's own state would hold at that batch count, exactly: each packing's locator
+(`concat.ConcatLocator`, `bestfit.BestFitLocator`, named by its spec) is fed `(piece,
+lengths)` in piece order (`feed`) until its `result` is set: `((epoch, file, rg, doc, skip),
+runs)`.
+
+`CountMode` is the coordinator's mode for such a run (`base.Mode`): workers send document
+lengths and keep no tokens (`keep = False`); the trainer gets `Progress` once a second and
+then `Located`.
+"""
+import time
+
+from ..ipc.protocol import Located, Progress
+from .base import InOrder, Mode
+
+PROGRESS_S = 1.0
+
+
+class CountMode(Mode):
+    """Count-only (a run that finds a position): the locator replays the batches over the
+    counted lengths in piece order. When it knows the position, the trainer gets `Located`
+    (pieces tokenized and read from the cache counted with the read-ahead); meanwhile
+    `Progress` once a second."""
+
+    keep = False
+
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        super().__init__(n_workers)
+        self.locator, cap = cfg.spec.locator(cfg, run)
+        self.pieces = pieces((), cap, 0)  # no ramp: nothing waits for a first batch
+        self._counted = InOrder()
+        self.from_cache = [0, 0]  # pieces tokenized, pieces read from the token cache
+        self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
+
+    def can_take(self, worker: int) -> bool:
+        return self.locator.result is None and super().can_take(worker)
+
+    def counted(self, msg):
+        self._load[self.owner.pop(msg.piece)] -= 1
+        self.from_cache[bool(msg.cache_hit)] += 1
+        piece = self.specs[msg.piece]
+        for index, lengths in self._counted.add(msg.piece, msg.lengths):
+            self.locator.feed(self.specs.pop(index), lengths)  # ignored once it has a result
+        return piece
+
+    def messages(self):
+        if self.locator.result is not None and not self._reported:
+            self._reported = True
+            yield Located(*self.locator.result, *self.from_cache)
+        elif not self._reported and time.monotonic() >= self._next_progress:
+            self._next_progress = time.monotonic() + PROGRESS_S
+            yield Progress(self.locator.done_batches, self.locator.total)

@@ -1,0 +1,134 @@
+"""The obvious single-process implementation of the stream (docs/contract.md §2): the tests' oracle.
+
+`concat_windows` packs the canonical document order (`documents`, plain nested loops,
+independent of the loader's own order) with a Python list, one window of B*T+1 tokens at a
+time, and reports the same canonical position as the loader's state (the document holding
+the next token and how many of its tokens were already used). `bestfit_rows` plans best-fit
+rows with `plan_batch_scan`, nanochat's linear scans. Slow on purpose: no shared memory, no
+processes, nothing clever.
+"""
+import numpy as np
+import pyarrow.parquet as pq
+
+from shmloader.demo.baseline import documents
+from shmloader.packing.planner import BatchPlan
+
+
+def concat_windows(files, encode, bos, B, T, rank=0, world=1, cursor=None, skip=0):
+    """Yield `(window, position)`: int64 windows of B*T+1 tokens and the position after each,
+    `(epoch, file, rg, doc, skip)`. `cursor` is `(epoch, file, rg, doc)`."""
+    epoch, file, rg, doc = cursor or (1, 0, rank, 0)
+    docs = documents(files, rank, world, epoch, file, rg, doc)
+    need = B * T + 1
+    buffer = []       # [(meta, tokens)] of documents not fully used
+    used = skip       # tokens of buffer[0] already used
+    while True:
+        while sum(len(t) for _, t in buffer) - used < need + 1:
+            meta, text = next(docs)
+            if text is not None:
+                buffer.append((meta, [bos] + list(encode(text))))
+        window = []
+        while len(window) < need:
+            meta, tokens = buffer[0]
+            take = tokens[used:used + need - len(window)]
+            window.extend(take)
+            used += len(take)
+            if used == len(tokens):
+                buffer.pop(0)
+                used = 0
+        (e, f, g, d), _ = buffer[0]
+        yield np.array(window, dtype=np.int64), (e, f, g, d, used)
+
+
+def _chunks(files, rank, world, cursor, chunk_docs):
+    """Yield `((epoch, file, rg, row_end), [(row, text), ...])`: up to `chunk_docs`
+    consecutive rows of one row group (nanochat's tokenizer batches)."""
+    key, rows = None, []
+    for (e, f, g, row), text in documents(files, rank, world, *cursor):
+        if rows and ((e, f, g) != key or len(rows) == chunk_docs):
+            yield key + (rows[-1][0] + 1,), rows
+            rows = []
+        key = (e, f, g)
+        rows.append((row, text))
+
+
+def bestfit_rows(files, encode, bos, B, T, buffer_size=1000, chunk_docs=128, rank=0, world=1,
+                 cursor=None, runs=()):
+    """Yield `(rows, position)`: (B, T+1) int64 best-fit rows, planned by the scan oracle
+    `plan_batch_scan`, and the position after them: `((epoch, file, rg, doc), runs)`,
+    where doc is the end of the last chunk read and runs the buffer
+    `[[epoch, file, rg, row, count], ...]` in arrival order. Resumes from `cursor` and `runs`."""
+    cursor = tuple(cursor or (1, 0, rank, 0))
+    meta, buffer, next_id = {}, [], 0
+    for e, f, g, row, count in runs:
+        texts = pq.ParquetFile(files[f]).read_row_group(g, columns=["text"]).column("text").to_pylist()
+        for r in range(row, row + count):
+            meta[next_id] = ((e, f, g, r), [bos] + list(encode(texts[r])))
+            buffer.append([next_id, len(meta[next_id][1])])
+            next_id += 1
+    chunks = _chunks(files, rank, world, cursor, chunk_docs)
+    last_end = cursor
+
+    def next_chunk():
+        nonlocal last_end, next_id
+        last_end, rows = next(chunks)
+        ids, lengths = [], []
+        for (e, f, g, _), text, row in ((last_end, t, r) for r, t in rows):
+            if text is not None:
+                meta[next_id] = ((e, f, g, row), [bos] + list(encode(text)))
+                ids.append(next_id)
+                lengths.append(len(meta[next_id][1]))
+                next_id += 1
+        return np.array(ids, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+    while True:
+        plan = plan_batch_scan(buffer, next_chunk, B, T + 1, buffer_size)
+        rows = np.zeros((B, T + 1), dtype=np.int64)
+        for r, off, doc, n in zip(plan.row, plan.row_offset, plan.doc_id, plan.n_tokens):
+            rows[r, off:off + n] = meta.pop(int(doc))[1][:n]
+        yield rows, (last_end, _runs([meta[d][0] for d, _ in buffer]))
+
+
+def _runs(coords) -> list[list[int]]:
+    runs = []
+    for e, f, g, row in coords:
+        if runs and runs[-1][:3] == [e, f, g] and runs[-1][3] + runs[-1][4] == row:
+            runs[-1][4] += 1
+        else:
+            runs.append([e, f, g, row, 1])
+    return runs
+
+
+def plan_batch_scan(buffer: list, next_chunk, B: int, row_len: int,
+                    buffer_size: int) -> BatchPlan:
+    """The reference: nanochat's linear scans over `buffer`, a list of [doc_id, length] in
+    arrival order that this call mutates and the next call continues from."""
+    rows, offs, ids, ntok, cropped = [], [], [], [], 0
+    for r in range(B):
+        pos = 0
+        while pos < row_len:
+            while len(buffer) < buffer_size:
+                chunk_ids, chunk_lengths = (np.asarray(a, dtype=np.int64).ravel() for a in next_chunk())
+                for doc_id, length in zip(chunk_ids.tolist(), chunk_lengths.tolist()):
+                    buffer.append([doc_id, length])
+            space = row_len - pos
+            best, best_len = -1, 0
+            for i, (_, length) in enumerate(buffer):  # ">" keeps the earliest on ties
+                if length <= space and length > best_len:
+                    best, best_len = i, length
+            if best < 0:  # nothing fits: the shortest; min keeps the earliest on ties
+                best = min(range(len(buffer)), key=lambda i: buffer[i][1])
+            doc_id, length = buffer.pop(best)
+            n = min(length, space)
+            rows.append(r)
+            offs.append(pos)
+            ids.append(doc_id)
+            ntok.append(n)
+            cropped += length - n
+            pos += n
+    return _as_plan(rows, offs, ids, ntok, cropped)
+
+
+def _as_plan(rows, offs, ids, ntok, cropped) -> BatchPlan:
+    as64 = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
+    return BatchPlan(as64(rows), as64(offs), as64(ids), as64(ntok), int(cropped))

@@ -1,0 +1,226 @@
+"""packing.bestfit.BestFitSequencer, driven through NOTE [ring protocol] in-process.
+
+A simulation plays coordinator, workers and trainer, as tests/unit/test_concat_sequencer.py
+does for concat: pieces (cut at chunk boundaries, as the coordinator cuts them) are counted in
+a random order by random workers, write orders are carried out by the packing's own worker
+functions (`bestfit._keep`, `bestfit.write`) late and in random order, and the trainer frees
+announced batches at random moments and in any order. Every token is unique (its document's
+file, row group and row, and its place in the document), so each slot is checked token for
+token against nanochat's scan (tests/oracle.py: `plan_batch_scan`) fed the same chunks, and
+each announced position and buffer against the scan's. A run resumed from the position and
+buffer of a random batch (its buffer re-read as prefix pieces, `order.buffer_pieces`, then
+the order from the position) must give the uninterrupted run's next batches.
+"""
+import random
+
+import numpy as np
+import pytest
+
+from shmloader.data.order import Piece, buffer_pieces
+from shmloader.packing import bestfit
+from shmloader.packing.base import SlotMap
+from shmloader.packing.bestfit import BestFitSequencer, Rows
+from tests.oracle import plan_batch_scan
+
+B, T = 2, 16
+ROW_LEN = T + 1
+
+
+def doc_tokens(f: int, g: int, row: int, n: int) -> np.ndarray:
+    """Document (f, g, row)'s n tokens: unique across the data set, and in order."""
+    return (((f * 50 + g) * 1000 + row) * 100 + np.arange(n)).astype(np.int64)
+
+
+class Data:
+    """Row groups of documents: `lengths[(f, g)]` per row (0: a null row), one epoch."""
+
+    def __init__(self, rng, n_files=2, rgs_per_file=4, max_rows=11):
+        self.lengths = {}
+        for f in range(n_files):
+            for g in range(rgs_per_file):
+                n = rng.randint(0 if g else 1, max_rows)
+                self.lengths[f, g] = [0 if rng.random() < 0.1 else rng.randint(1, 3 * ROW_LEN)
+                                      for _ in range(n)]
+        self.order = sorted(self.lengths)
+
+    def rest(self, start: tuple):
+        """(f, g, first row) of the row groups from position `start` = (f, g, doc) on."""
+        f, g, doc = start
+        out = [(f, g, doc)] if (f, g) in self.lengths else []
+        return out + [(ff, gg, 0) for ff, gg in self.order if (ff, gg) > (f, g)]
+
+    def chunks(self, start: tuple, chunk_docs: int):
+        """The scan's chunks from `start`: (ids, lengths, end) with ids (f, g, row)."""
+        for f, g, doc in self.rest(start):
+            rows = self.lengths[f, g]
+            for lo in range(doc, len(rows), chunk_docs):
+                part = range(lo, min(lo + chunk_docs, len(rows)))
+                live = [r for r in part if rows[r]]
+                yield [(f, g, r) for r in live], [rows[r] for r in live], (1, f, g, part[-1] + 1)
+
+    def pieces(self, start: tuple, chunk_docs: int, rng, first_index: int = 0) -> list:
+        """Pieces from `start`, each a whole number of chunks of its row group (the last may be
+        shorter), of random sizes."""
+        out, index = [], first_index
+        for f, g, doc in self.rest(start):
+            n = len(self.lengths[f, g])
+            if n == 0:  # an empty row group is still a step of the order (a piece of no rows)
+                out.append(Piece(index, 1, f, g, 0, 0))
+                index += 1
+            while doc < n:
+                end = min(n, doc + chunk_docs * rng.randint(1, 3))
+                out.append(Piece(index, 1, f, g, doc, end))
+                index, doc = index + 1, end
+        return out
+
+
+def oracle(data: Data, chunk_docs: int, buffer_size: int):
+    """The scan's batches: per batch (rows (B, T+1), position after it, buffer runs, documents
+    placed so far), until the data runs out."""
+    source, buffer, out, placed = data.chunks((0, 0, 0), chunk_docs), [], [], 0
+    ends, key = [None], {}
+
+    def next_chunk():
+        ids, lengths, end = next(source)  # StopIteration: the data ran out
+        ends[0] = end
+        numbered = [key.setdefault(doc, len(key)) for doc in ids]
+        return np.array(numbered, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+    while True:
+        try:
+            plan = plan_batch_scan(buffer, next_chunk, B, ROW_LEN, buffer_size)
+        except StopIteration:
+            return out
+        of = {v: doc for doc, v in key.items()}
+        rows = np.zeros((B, ROW_LEN), dtype=np.int64)
+        for r, off, doc, n in zip(plan.row, plan.row_offset, plan.doc_id, plan.n_tokens):
+            rows[r, off:off + n] = doc_tokens(*of[int(doc)], n)
+        placed += len(plan.doc_id)
+        out.append((rows, ends[0], runs_of([of[d] for d, _ in buffer]), placed))
+
+
+def cropped(data: Data, chunk_docs: int, buffer_size: int) -> int:
+    """Tokens the scan drops from cropped documents over all the batches it can make."""
+    source, buffer, total = data.chunks((0, 0, 0), chunk_docs), [], 0
+    key = {}
+
+    def next_chunk():
+        ids, lengths, _ = next(source)
+        return np.array([key.setdefault(d, len(key)) for d in ids], dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+    while True:
+        try:
+            total += plan_batch_scan(buffer, next_chunk, B, ROW_LEN, buffer_size).n_cropped
+        except StopIteration:
+            return total
+
+
+def runs_of(docs) -> list:
+    runs = []
+    for f, g, row in docs:
+        if runs and runs[-1][1:3] == [f, g] and runs[-1][3] + runs[-1][4] == row:
+            runs[-1][4] += 1
+        else:
+            runs.append([1, f, g, row, 1])
+    return runs
+
+
+class Sim:
+    """One run of the protocol over `pieces` (the first `n_prefix` rebuild a resumed buffer)."""
+
+    def __init__(self, data: Data, pieces: list, n_prefix: int, start, buffer_size, chunk_docs,
+                 n_slots, rng):
+        self.data, self.pieces, self.rng, self.n_slots = data, pieces, rng, n_slots
+        self.seq = BestFitSequencer(B, T, n_slots, buffer_size, chunk_docs, n_prefix, start)
+        self.slot_map, self.held, self.pending = SlotMap(n_slots), {}, []
+        self.slots = np.full((n_slots, bestfit.PACKING.window(B, T)), -1, dtype=np.int64)
+        self.uncounted = list(range(len(pieces)))
+        rng.shuffle(self.uncounted)
+        self.announced, self.freed = [], set()   # (k, inputs, targets, position, runs, docs)
+
+    def count_one(self):
+        p = self.pieces[self.uncounted.pop()]
+        lengths = np.array(self.data.lengths[p.file, p.rg][p.doc_start:p.doc_end], dtype=np.int64)
+        tokens = np.concatenate([doc_tokens(p.file, p.rg, p.doc_start + i, n) for i, n in enumerate(lengths)]
+                                + [np.zeros(0, dtype=np.int64)])
+        held = bestfit.PACKING.keep(tokens, lengths)
+        if held is not None:
+            self.held[p.index] = held
+        self.seq.counted(p, self.rng.randrange(3), lengths)
+
+    def dispatch(self):
+        for k, by_worker in self.seq.plan():
+            assert k not in self.freed and k < len(self.freed) + self.n_slots, (k, self.freed)
+            slot = self.slot_map.take_slot(k)
+            self.pending += [Rows(k, slot, placements) for placements in by_worker.values()]
+
+    def write_one(self):
+        order = self.pending.pop(self.rng.randrange(len(self.pending)))
+        self.seq.written(bestfit.write(self.slots, self.held, order, B, T))
+
+    def announce(self):
+        for k, (position, runs, docs) in self.seq.ready():
+            assert k == len(self.announced), "batches announced out of order"
+            window = self.slots[self.slot_map.slot_of(k)]
+            self.announced.append((k, window[:B * T].copy(), window[B * T:].copy(), position,
+                                   runs.tolist(), docs))
+
+    def free_one(self):
+        k = self.rng.choice([a[0] for a in self.announced if a[0] not in self.freed])
+        self.slot_map.release(k)
+        self.seq.freed(k)
+        self.freed.add(k)
+
+    def run(self):
+        while True:
+            moves = (["count"] * bool(self.uncounted) + ["write"] * 3 * bool(self.pending)
+                     + ["free"] * (len(self.freed) < len(self.announced)))
+            if not moves:
+                return self
+            move = self.rng.choice(moves)
+            {"count": self.count_one, "write": self.write_one, "free": self.free_one}[move]()
+            self.dispatch()
+            self.announce()
+
+
+def check_against(announced, expected, first: int = 0):
+    """Each announced batch equals the scan's batch `first + k`: rows, position and buffer."""
+    for k, x, y, position, runs, docs in announced:
+        rows, end, want_runs, placed = expected[first + k]
+        assert np.array_equal(x, rows[:, :-1].reshape(-1)), f"batch {first + k}: inputs"
+        assert np.array_equal(y, rows[:, 1:].reshape(-1)), f"batch {first + k}: targets"
+        assert tuple(position) == end and runs == want_runs, f"batch {first + k}: position / buffer"
+        if first == 0:
+            assert docs == placed, f"batch {k}: documents placed"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_batches_positions_and_buffers_equal_the_scan_whatever_the_order(seed):
+    rng = random.Random(seed)
+    data = Data(rng)
+    buffer_size, chunk_docs, n_slots = rng.randint(1, 8), rng.randint(1, 4), rng.randint(1, 4)
+    expected = oracle(data, chunk_docs, buffer_size)
+    sim = Sim(data, data.pieces((0, 0, 0), chunk_docs, rng), 0, (1, 0, 0, 0), buffer_size, chunk_docs,
+              n_slots, rng).run()
+    assert len(expected) >= 3, "the data set is too small to test anything"
+    # every batch the scan can make is announced (the last ones wait only if the data ran out)
+    assert len(sim.announced) == len(expected)
+    check_against(sim.announced, expected)
+    assert sim.seq.tokens_cropped == cropped(data, chunk_docs, buffer_size) > 0 or not any(
+        n > ROW_LEN for rows in data.lengths.values() for n in rows), "no document was cropped"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_run_resumed_from_any_batch_continues_the_scan(seed):
+    rng = random.Random(1000 + seed)
+    data = Data(rng)
+    buffer_size, chunk_docs, n_slots = rng.randint(1, 8), rng.randint(1, 4), rng.randint(1, 4)
+    expected = oracle(data, chunk_docs, buffer_size)
+    assert len(expected) >= 3, "the data set is too small to test anything"
+    k = rng.randrange(len(expected) - 1)
+    _, end, runs, _ = expected[k]
+    prefix = buffer_pieces(runs, max_docs=rng.randint(1, 4))  # the buffer, re-read as small pieces
+    rest = data.pieces(end[1:], chunk_docs, rng, first_index=len(prefix))
+    sim = Sim(data, prefix + rest, len(prefix), end, buffer_size, chunk_docs, n_slots, rng).run()
+    assert len(sim.announced) == len(expected) - k - 1
+    check_against(sim.announced, expected, first=k + 1)
