@@ -27,6 +27,8 @@ import pyarrow.parquet as pq
 
 HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
 ALIGN_W = 33  # B=2, T=16
+REPO_ROOT = Path(__file__).resolve().parent.parent  # whatever folder of tests/ a test is in
+SCRIPTS = REPO_ROOT / "tests" / "scripts"            # the trainer scripts tests run as subprocesses
 
 
 # ---------------------------------------------------------------- tokenizers and documents

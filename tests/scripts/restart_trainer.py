@@ -1,6 +1,7 @@
-"""A minimal trainer for the restart test (tests/test_resume.py), in nanochat's loop: it takes
-one batch before the first step, trains on the batch in hand, prefetches the next one, and
-checkpoints the state that came with the prefetched batch (which resumes AT that batch).
+"""A minimal trainer for the restart test (tests/loader/test_resume.py), in nanochat's loop:
+it takes one batch before the first step, trains on the batch in hand, prefetches the next
+one, and checkpoints the state that came with the prefetched batch (which resumes AT that
+batch).
 
     python restart_trainer.py --data DIR --tokenizer PKL --out DIR --total N [--batch-size B]
         [--seq-len T] [--workers N] [--split train|val] [--step-s SECONDS]

@@ -1,4 +1,4 @@
-"""A minimal best-fit trainer for the restart test (tests/test_bestfit_stream.py).
+"""A minimal best-fit trainer for the restart test (tests/loader/test_bestfit_stream.py).
 
     python restart_trainer_bestfit.py --data DIR --tokenizer PKL|int --out DIR --total N
         [--batch-size B] [--seq-len T] [--workers N] [--split train|val]

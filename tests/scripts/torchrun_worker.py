@@ -1,4 +1,4 @@
-"""One rank of tests/test_distributed.py, launched by torchrun (2 processes, gloo, CPU).
+"""One rank of tests/loader/test_distributed.py, launched by torchrun (2 processes, gloo, CPU).
 
 Usage: torchrun --nproc_per_node=2 tests/scripts/torchrun_worker.py DATA_DIR OUT_DIR B T
 

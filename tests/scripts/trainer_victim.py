@@ -1,4 +1,4 @@
-"""A trainer to be killed (tests/test_faults.py): iterates a loader until it is killed.
+"""A trainer to be killed (tests/loader/test_faults.py): iterates a loader until it is killed.
 
     python trainer_victim.py DATA TOKENIZER [--workers N] [--batch-size B] [--seq-len T]
         [--split train|val] [--step-s SECONDS]

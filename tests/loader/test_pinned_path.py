@@ -1,6 +1,6 @@
 """The trainer's CUDA bookkeeping, run on the CPU with a stand-in for the CUDA runtime.
 
-tests/test_cuda.py checks the real thing and is skipped without a GPU; this module runs the
+tests/loader/test_cuda.py checks the real thing and is skipped without a GPU; this module runs the
 same code path of `ShmLoader.__next__` (pinned ring, two device buffers, one event per copy,
 slots freed only once their event has completed, events synchronised and the ring unpinned
 at close) everywhere. The stand-in: the "device buffers" are CPU tensors, the copy is a CPU

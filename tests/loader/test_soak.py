@@ -1,6 +1,6 @@
 """Soak (docs/contract.md §4): one loader, one process, batches for SHMLOADER_SOAK_S seconds (default 600).
 
-Slow, excluded by default: `SHMLOADER_SOAK_S=600 python -m pytest -m slow tests/test_soak.py`.
+Slow, excluded by default: `SHMLOADER_SOAK_S=600 python -m pytest -m slow tests/loader/test_soak.py`.
 Data: conftest's `posdata` (IntTokenizer, every non-BOS token equals its position in the
 epoch), so every batch of the run is checked by arithmetic, across thousands of epochs.
 Every CHECK_S seconds: the trainer's RSS (VmRSS) stays within RSS_SLACK_MB of its value at

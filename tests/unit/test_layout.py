@@ -7,7 +7,8 @@ tokenizers, the token cache); 3 `packing/` (pure sequencing over token counts); 
 (the child processes and their starting); 5 the training process's front (`config`, `state`,
 `delivery`, `loader`); 6 the entry points (`nanochat`, `demo/`, `__init__`). Imports are read
 from the source (ast); the import checks run in fresh interpreters so that nothing imported
-by another test counts.
+by another test counts. Those interpreters and `git ls-files` are the only subprocesses of
+tests/unit/ (an exception kept here: they import modules or list files, no loader runs).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import sys
 from pathlib import Path
 
 import shmloader
+from tests.helpers import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = REPO_ROOT / "shmloader"
 RUNTIME_MODULES = sorted(m.name for m in pkgutil.walk_packages(shmloader.__path__, "shmloader."))
 

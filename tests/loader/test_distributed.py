@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -38,7 +37,7 @@ from tests import helpers, oracle
 
 B, T = 2, 24
 W = B * T + 1
-WORKER = Path(__file__).parent / "scripts" / "torchrun_worker.py"
+WORKER = helpers.SCRIPTS / "torchrun_worker.py"
 TORCHRUN_TIMEOUT_S = 150
 
 

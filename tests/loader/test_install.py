@@ -1,16 +1,16 @@
 """A newcomer's install: a wheel of the project in a fresh virtual environment, without the
 dev extra, runs the demo and the tools. Marked slow: it installs torch and the runtime
 dependencies from the package index into a new environment (38 s here with pip's cache warm,
-minutes with it cold): `python -m pytest -m slow tests/test_install.py`."""
+minutes with it cold): `python -m pytest -m slow tests/loader/test_install.py`."""
 import os
 import subprocess
 import sys
 import venv
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO_ROOT
+
 pytestmark = pytest.mark.slow
 
 
@@ -22,7 +22,7 @@ def _run(cmd, cwd, timeout=900, env=None):
 
 
 def test_a_wheel_without_the_dev_extra_runs_the_demo_and_the_tools(tmp_path):
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", REPO], cwd=tmp_path)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", REPO_ROOT], cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("shmloader-*.whl")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -37,7 +37,7 @@ def test_a_wheel_without_the_dev_extra_runs_the_demo_and_the_tools(tmp_path):
                 "--seq-len", 256, "--vocab-size", 512], cwd=tmp_path, env=env)
     assert "stream verified" in out and "resume verified" in out, out
     for tool in ("pretokenize.py", "bench.py", "make_shards.py", "inspect_batch.py", "bench_locate.py"):
-        assert "usage:" in _run([py, REPO / "tools" / tool, "--help"], cwd=tmp_path, env=env)
+        assert "usage:" in _run([py, REPO_ROOT / "tools" / tool, "--help"], cwd=tmp_path, env=env)
 
 
 def _torch_version() -> str:

@@ -51,7 +51,7 @@ from shmloader.demo import corpus
 from tests import helpers
 from tests.oracle import bestfit_rows, concat_windows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = helpers.REPO_ROOT
 B, T = 2, 128
 BUFFER, CHUNK = 16, 8          # best fit: buffer_size, tokenizer_batch_size
 RG_SIZES = (24, 16, 16)

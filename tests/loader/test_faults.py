@@ -9,10 +9,10 @@ its traceback), and afterwards no loader process and no /dev/shm/shml_<pid>_* se
 left (conftest's `no_leaks` checks this process's; the tests check a killed trainer's).
 The fault positions are drawn from seeded RNGs; the seed is in every failure message.
 
-Not repeated here: the fixed-moment deaths, exits and Ctrl-C of tests/test_exit.py, the
-single random restart of tests/test_resume.py, and refused (unknown-version, truncated,
-edited) states, which tests/test_resume.py::test_edited_state_is_refused and
-tests/test_state.py already cover field by field.
+Not repeated here: the fixed-moment deaths, exits and Ctrl-C of tests/loader/test_exit.py,
+the single random restart of tests/loader/test_resume.py, and refused (unknown-version,
+truncated, edited) states, which tests/loader/test_resume.py::test_edited_state_is_refused
+and tests/unit/test_state.py already cover field by field.
 """
 import errno
 import gc
@@ -27,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,12 +36,10 @@ from shmloader.ipc import ring as ringmod
 from shmloader.ipc import segment as segmod
 from shmloader.demo import corpus
 from tests import helpers
-from tests.helpers import (loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
-                      wait_no_segment, window_of)
+from tests.helpers import (SCRIPTS, loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
+                           wait_no_segment, window_of)
 
 pytestmark = pytest.mark.usefixtures("watchdog")
-HERE = Path(__file__).resolve().parent
-SCRIPTS = HERE / "scripts"  # the trainer scripts these tests run as subprocesses
 DETECT_S = 5.0  # a fault must be reported within this many seconds
 
 

@@ -12,7 +12,6 @@ import pickle
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from shmloader.demo import corpus
 from tests import helpers
 from shmloader.demo import prepare_data
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = helpers.REPO_ROOT
 VOCAB = 512
 TIMEOUT_S = 120
 

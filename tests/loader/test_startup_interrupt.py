@@ -61,7 +61,7 @@ def data(tmp_path_factory):
 
 def interrupt_at(data, delay_ms: int):
     """Run the trainer, Ctrl-C its group `delay_ms` after its marker; return what is wrong."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(helpers.REPO_ROOT),
                                                        os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(data)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)

@@ -7,7 +7,8 @@ trainer killed with SIGKILL and restarted from its last checkpoint continues the
 After the run changed: a new batch shape continues from the same place in the data, also
 when another rank's state is located through the change; shards appended since the save are
 read after the saved ones; a changed earlier file, another tokenizer or packing is refused.
-(nanochat's own prefetching loop: test_nanochat_loop.py; the state on its own: test_state.py.)
+(nanochat's own prefetching loop: test_nanochat_loop.py; the state on its own:
+tests/unit/test_state.py.)
 """
 import hashlib
 import itertools
@@ -26,11 +27,9 @@ import pytest
 import shmloader
 from shmloader.demo import corpus
 from tests import helpers, oracle
-from tests.helpers import ALIGN_W, pid_alive, position_of, shm_segments, sigkill_after, window_of
+from tests.helpers import ALIGN_W, SCRIPTS, pid_alive, position_of, shm_segments, sigkill_after, window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
-HERE = Path(__file__).resolve().parent
-SCRIPTS = HERE / "scripts"  # the trainer scripts these tests run as subprocesses
 FOLLOW = 40  # batches compared after each resume point
 
 

@@ -29,7 +29,6 @@ import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,11 +40,10 @@ from shmloader.config import LoaderConfig
 from shmloader.errors import WorkerError
 from shmloader.demo import corpus
 from tests import oracle
-from tests.helpers import IntTokenizer
+from tests.helpers import REPO_ROOT, IntTokenizer
 
 pytest.importorskip("fastokens")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 B, T = 2, 32
 EARLY, LATE = "ENGINE-FAULT-EARLY", "ENGINE-FAULT-LATE"
 EARLY_ROW, LATE_ROW = 20, 250  # canonical document indices (train split)

@@ -1,5 +1,5 @@
 """ipc/ring.py: the layout's arithmetic, views that tile the header, and a zeroed segment that
-is a valid, empty ring (in memory: no shared memory here; test_segment.py has that)."""
+is a valid, empty ring (in memory: no shared memory here; tests/unit/test_segment.py has that)."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from shmloader.demo import corpus
+from tests.helpers import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SPECIAL_STRINGS = ("<|bos|>", "<|endoftext|>", "<|user_start|>", "<|assistant_end|>")
 
 

@@ -14,7 +14,7 @@
   restarted from its last checkpoint continues the oracle's stream.
 - nanochat-format states resume like nanochat (empty buffer, next stride); states of another
   buffer_size / tokenizer_batch_size / packing are refused naming the field.
-(`stats()["cropped_fraction"]` vs the oracle is tests/test_observability.py's.)
+(`stats()["cropped_fraction"]` vs the oracle is tests/loader/test_observability.py's.)
 """
 import contextlib
 import hashlib
@@ -37,11 +37,9 @@ import shmloader
 from shmloader.demo import corpus
 from tests import helpers
 from tests.oracle import bestfit_rows
-from tests.helpers import PosData, loader_children, shm_segments, sigkill_after
+from tests.helpers import SCRIPTS, PosData, loader_children, shm_segments, sigkill_after
 
 pytestmark = pytest.mark.usefixtures("watchdog")
-HERE = Path(__file__).resolve().parent
-SCRIPTS = HERE / "scripts"  # the trainer scripts these tests run as subprocesses
 FOLLOW = 30  # batches compared after each resume point
 
 
