@@ -1,6 +1,7 @@
 """What the tests share (one copy of each), importable by worker processes (no torch, no
-pytest at import time): test tokenizers and documents, datasets, process and shared-memory
-checks, batch windows, and corrupted files.
+pytest at import time): the repository's paths, test tokenizers and documents, datasets,
+process and shared-memory checks, batch windows, corrupted files, and the helpers that a
+topic's unit tests (tests/unit/) and loader tests (tests/loader/) both use.
 
 `IntTokenizer` has nanochat's tokenizer interface and encodes a document that is a list of
 decimal integers separated by spaces into exactly those integers. With it a test can write
@@ -101,6 +102,34 @@ def _synth_docs() -> list:
     docs[10] = huge   # file 0, row group 0
     docs[700] = huge  # val file, row group 0
     return docs
+
+
+def hard_texts(seed: int = 3) -> list:
+    """Texts a tokenizer engine gets wrong first: special-token text, long whitespace and digit
+    runs, non-ASCII, control characters, then 300 random strings (test_engine.py)."""
+    rng = random.Random(seed)
+    texts = [" " * 5000, "\n" * 300 + "x", "\t \n \r\n" * 200, "1" * 4000, "3.14159265358979" * 50,
+             "  12  345  6789  " * 40, "naïve café ünïcödé 日本語のテキスト 😀😀😀 " * 20,
+             "Ελληνικά русский עברית العربية हिन्दी", "<|bos|>" * 30, "<|bos|><|endoftext|>x<|user_start|>",
+             "a" * 10000, "'s 've 're 'll 'd 'S 'VE", "\x00\x01\x7f\u200b\ufeff", ""]
+    alphabet = " \t\n\r0123456789abcXYZ.,'!é日😀<|>_-"
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 200))) for _ in range(300)]
+    return texts
+
+
+def small_texts() -> list[str]:
+    """~1 MB of stdlib text plus synthetic docs: enough for 1024 merges, trains in < 0.2 s
+    (test_corpus.py; a subprocess there builds the same texts by hand)."""
+    from shmloader.demo import corpus
+
+    return corpus.stdlib_texts(140) + corpus.synthetic_texts(60, seed=1)
+
+
+def train_enc():
+    """test_tokenizers.py's tiktoken BPE; training is deterministic, so a retrained one equals it."""
+    from shmloader.demo import corpus
+
+    return corpus.train_tokenizer(corpus.synthetic_texts(80, seed=4, mean_words=20), vocab_size=330)
 
 
 # ---------------------------------------------------------------- datasets
@@ -266,6 +295,12 @@ def sigkill_after(cmd, cwd: Path, log: Path, at: int, info: str, timeout: float 
     return proc.pid
 
 
+def second_pid(out: Path, first: int) -> int:
+    """The pid of the run after `first` among the trainer scripts' pids-<pid>.json in `out`."""
+    (pid,) = [int(p.stem.split("-")[1]) for p in out.glob("pids-*.json") if p.stem != f"pids-{first}"]
+    return pid
+
+
 def wait_clean(timeout: float = 2.0, pid: int | None = None) -> tuple[list[int], list[str]]:
     """Poll until no loader child and no segment of `pid` remain; return what is left."""
     deadline = time.monotonic() + timeout
@@ -309,6 +344,26 @@ def write_snappy(path, docs: list, rows: int):
     """`docs` as the `text` column of `path` in row groups of `rows`, snappy (so that its pages
     can be corrupted the same way whatever the corpus writer's format)."""
     pq.write_table(pa.table({"text": docs}), path, row_group_size=rows, compression="snappy")
+
+
+def row_group_sizes(path: Path) -> list[int]:
+    meta = pq.ParquetFile(path).metadata
+    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+
+
+def read_texts(paths: list[Path]) -> list[str | None]:
+    """The `text` column of `paths`, file after file."""
+    return [t for p in paths for t in pq.read_table(p).column("text").to_pylist()]
+
+
+def part_files(cache_dir) -> list[Path]:
+    """A token cache's partial entries (slices of a row group)."""
+    return sorted(Path(cache_dir).rglob("*.part"))
+
+
+def tmp_files(cache_dir) -> list[Path]:
+    """A token cache's temporary files (of a writer not done, or killed)."""
+    return sorted(p for p in Path(cache_dir).rglob("*") if ".tmp-" in p.name)
 
 
 def free_port() -> int:

@@ -9,8 +9,9 @@ stream is the oracle's over the data without it, and resume across the skip is e
 Documents are `helpers.position_documents` read with `IntTokenizer` (BOS = 0), so the
 expected stream is built by hand: the concatenation of `[0] + ids` of every non-null row.
 
-(tests/test_source.py checks `ParquetSource` and tests/test_tokenizers.py `tokenizer.resolve`
-on their own; here the same inputs go through `ShmLoader` and its processes.)
+(tests/unit/test_source.py checks `ParquetSource` and tests/unit/test_tokenizers.py
+`tokenizer.resolve` on their own; here the same inputs go through `ShmLoader` and its
+processes. The coordinator's empty-epoch check on its own: tests/unit/test_bad_input.py.)
 """
 import itertools
 import json
@@ -447,34 +448,6 @@ def test_sparse_data_is_not_mistaken_for_an_empty_epoch(tmp_path, packing):
                                  tokenizer_batch_size=2, timeout=30) as loader:
             batches = [x for _, (x, _) in zip(range(20), loader)]
         assert len(batches) == 20
-
-
-def test_empty_epoch_check_follows_stream_order_not_arrival_order():
-    """Pieces counted out of order: an empty piece of epoch 3 arriving before epoch 1's only
-    document must not make the coordinator declare a whole epoch empty."""
-    from types import SimpleNamespace
-
-    from shmloader.procs.coordinator import _Coordinator
-    from shmloader.data.order import Cursor, Piece
-    from shmloader.packing.base import InOrder
-
-    fake = SimpleNamespace(docs_seen=0, _unchecked=InOrder(),
-                           args=SimpleNamespace(start=Cursor(1, 0, 0), rank=0, files=["a", "b"]))
-    check = lambda index, epoch, live: _Coordinator._check_not_empty(  # noqa: E731
-        fake, Piece(index, epoch, 0, 0, 0, 1), live)
-    check(5, 3, 0)  # epoch 3, empty, counted first
-    check(1, 1, 0)
-    check(2, 2, 0)
-    check(0, 1, 1)  # epoch 1's one document: nothing is empty
-    check(3, 2, 0)
-    check(4, 3, 0)
-    assert fake.docs_seen == 1 and fake._unchecked.next == 6
-    fake2 = SimpleNamespace(docs_seen=0, _unchecked=InOrder(),
-                            args=SimpleNamespace(start=Cursor(1, 0, 0), rank=0, files=["a"]))
-    for index, epoch in enumerate([1, 1, 2, 2]):
-        _Coordinator._check_not_empty(fake2, Piece(index, epoch, 0, 0, 0, 1), 0)
-    with pytest.raises(shmloader.DataError, match="whole epoch"):
-        _Coordinator._check_not_empty(fake2, Piece(4, 3, 0, 0, 0, 1), 0)
 
 
 def test_the_skip_warning_comes_before_the_batches_after_it(tmp_path):

@@ -26,7 +26,6 @@ import sys
 import time
 import warnings
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -480,11 +479,6 @@ def test_resume_default_buffer_across_epochs(fitdata):
 
 # ---------------------------------------------------------------- 4. restart after SIGKILL
 
-def _second_pid(out: Path, first: int) -> int:
-    (pid,) = [int(p.stem.split("-")[1]) for p in out.glob("pids-*.json") if p.stem != f"pids-{first}"]
-    return pid
-
-
 def test_restart_after_sigkill(lingerdata, tmp_path):
     total, B, T, buffer_size, chunk = 150, 2, 16, 5, 3
     seed = random.randrange(1 << 30)
@@ -503,7 +497,7 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
     assert second.returncode == 0, f"{info}\n{second.stderr}"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["k"] for r in records] == list(range(total)), info
-    second_pid = _second_pid(tmp_path, first_pid)
+    second_pid = helpers.second_pid(tmp_path, first_pid)
     assert {r["pid"] for r in records} == {first_pid, second_pid}, info
     resumed_at = next(r["k"] for r in records if r["pid"] != first_pid)
     assert resumed_at >= kill_at - 1, info

@@ -1,4 +1,5 @@
-"""The token cache (shmloader/cache.py, worker._cached_or_tokenized, tools/pretokenize.py).
+"""The token cache through the whole loader (shmloader/data/cache.py,
+worker._cached_or_tokenized, tools/pretokenize.py).
 
 What is checked, against the single-process oracles (`oracle.concat_windows`,
 `oracle.bestfit_rows`) and against entries written independently of the workers (each row
@@ -23,6 +24,8 @@ group tokenized here with `enc.encode_ordinary` and stored with `TokenCache.stor
 Regression tests: a row group longer than max_piece_docs is cached (with a cache, pieces after
 the ramp are whole row groups), and an id that does not fit the cache's dtype (a negative id of
 an object tokenizer) is never cached, so it is never served changed.
+
+(The cache's file format on its own, in this process: tests/unit/test_cache.py.)
 
 Data: 3 files x 200 documents (every 37th a null row), row groups of 24, 16, 16, ... rows.
 The first row group of a run (24 rows) is read as two ramp pieces (16 + 8 documents), so a
@@ -49,9 +52,9 @@ from shmloader.data import cache as cachemod
 from shmloader.data import tokenizer as tokmod
 from shmloader.demo import corpus
 from tests import helpers
+from tests.helpers import REPO_ROOT, part_files, tmp_files
 from tests.oracle import bestfit_rows, concat_windows
 
-REPO = helpers.REPO_ROOT
 B, T = 2, 128
 BUFFER, CHUNK = 16, 8          # best fit: buffer_size, tokenizer_batch_size
 RG_SIZES = (24, 16, 16)
@@ -149,14 +152,6 @@ def entry_files(cache_dir) -> list[Path]:
     return sorted(Path(cache_dir).rglob("*.tok"))
 
 
-def part_files(cache_dir) -> list[Path]:
-    return sorted(Path(cache_dir).rglob("*.part"))
-
-
-def tmp_files(cache_dir) -> list[Path]:
-    return sorted(p for p in Path(cache_dir).rglob("*") if ".tmp-" in p.name)
-
-
 def assert_entries_pristine(data: Data, cache_dir, pristine: Path, files=None, rgs=None):
     """Every listed row group has a valid entry, byte-equal to the independent one."""
     cache, ref = data.cache(cache_dir), data.cache(pristine)
@@ -247,94 +242,6 @@ def past_epoch1(pos) -> bool:
     return pos[0] >= 2 and (pos[1], pos[2]) >= (0, 1)
 
 
-# ---------------------------------------------------------------- units
-
-def test_entry_rows_match_a_python_slice():
-    lengths = np.array([3, 0, 2, 4, 0, 1], dtype=np.int64)
-    tokens = np.arange(10, dtype=np.uint16) + 100
-    rows, at = [], 0
-    for n in lengths:
-        rows.append(tokens[at:at + n].tolist())
-        at += n
-    cases = 0
-    for start in range(len(lengths) + 1):
-        for end in range(start, len(lengths) + 1):
-            got_len, got_tok = cachemod._Entry(lengths, tokens).rows(start, end)
-            assert got_len.tolist() == lengths[start:end].tolist(), (start, end)
-            assert got_tok.tolist() == sum(rows[start:end], []), (start, end)
-            assert got_tok.dtype == tokens.dtype
-            cases += 1
-    assert cases == 28
-
-
-@pytest.mark.parametrize("n_vocab,width", [(300, 2), (1 << 16, 2), ((1 << 16) + 1, 4), (0, 4)],
-                         ids=["vocab300-u16", "vocab65536-u16", "vocab65537-u32", "unknown-u32"])
-def test_store_load_round_trip_and_layout(tmp_path, n_vocab, width):
-    """The documented layout: 8 x uint64 header (magic, version, n_rows, n_tokens, width,
-    crc32(body), identity, rg), int64 lengths, then the tokens in 2 or 4 bytes."""
-    src = tmp_path / "f.parquet"
-    src.write_bytes(b"not read, only stat()ed")
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 30, size=40)
-    lengths[::7] = 0                                   # null rows
-    top = (1 << 16) - 1 if width == 2 else (1 << 32) - 1
-    tokens = rng.integers(0, top, size=int(lengths.sum()), endpoint=True)
-    tokens[-1] = top                                   # the largest id that fits
-    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", n_vocab)
-    cache.store(str(src), 3, lengths, tokens)
-    got = cache.load(str(src), 3)
-    assert got is not None
-    assert got[0].tolist() == lengths.tolist() and got[1].tolist() == tokens.tolist()
-    assert got[1].dtype.itemsize == width
-    name = Path(cache.path_of(str(src), 3))
-    assert name.parent == tmp_path / "c" / "fp" and name.name.endswith("-rg00003.tok")
-    raw = name.read_bytes()
-    assert len(raw) == HEADER_BYTES + 8 * len(lengths) + width * tokens.size
-    head = np.frombuffer(raw[:HEADER_BYTES], dtype="<u8").tolist()
-    assert head == [cachemod.MAGIC, cachemod.VERSION, len(lengths), tokens.size, width,
-                    zlib.crc32(raw[HEADER_BYTES:]), cachemod.identity(str(src)), 3]
-    assert np.frombuffer(raw[HEADER_BYTES:HEADER_BYTES + 8 * len(lengths)], "<i8").tolist() == lengths.tolist()
-    assert np.frombuffer(raw[HEADER_BYTES + 8 * len(lengths):], f"<u{width}").tolist() == tokens.tolist()
-    assert cache.load(str(src), 4) is None, "row group 4 was never stored"
-    assert tmp_files(tmp_path / "c") == []
-
-
-def test_store_load_empty_and_all_null_row_groups(tmp_path):
-    src = tmp_path / "f.parquet"
-    src.write_bytes(b"x")
-    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
-    cache.store(str(src), 0, np.zeros(0, np.int64), np.zeros(0, np.int64))
-    cache.store(str(src), 1, np.zeros(5, np.int64), np.zeros(0, np.int64))
-    for rg, n_rows in ((0, 0), (1, 5)):
-        got = cache.load(str(src), rg)
-        assert got is not None, f"rg {rg}: an empty entry is valid"
-        assert got[0].tolist() == [0] * n_rows and got[1].size == 0
-
-
-def test_store_rejects_an_id_too_wide_and_leaves_no_file(tmp_path):
-    src = tmp_path / "f.parquet"
-    src.write_bytes(b"x")
-    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
-    with pytest.raises(ValueError, match="65536"):
-        cache.store(str(src), 0, np.array([2]), np.array([1, 1 << 16]))
-    assert cache.load(str(src), 0) is None
-    assert list((tmp_path / "c").rglob("*")) in ([], [tmp_path / "c" / "fp"])
-
-
-def test_an_entry_belongs_to_one_version_of_the_data_file(tmp_path):
-    src = tmp_path / "f.parquet"
-    src.write_bytes(b"version one")
-    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
-    cache.store(str(src), 0, np.array([2]), np.array([1, 2]))
-    assert cache.load(str(src), 0) is not None
-    st = src.stat()
-    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))     # touched
-    assert cachemod.TokenCache(str(tmp_path / "c"), "fp", 300).load(str(src), 0) is None
-    src.write_bytes(b"version two!")                                        # other size
-    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))                      # old mtime (cp -p)
-    assert cachemod.TokenCache(str(tmp_path / "c"), "fp", 300).load(str(src), 0) is None
-
-
 # ---------------------------------------------------------------- cold, warm, uncached
 
 @pytest.mark.parametrize("packing", PACKINGS)
@@ -412,38 +319,6 @@ def test_a_restart_on_a_cache_filled_by_a_previous_run_tokenizes_nothing(data, t
         got, _, st = run(data, packing, cache, m, resume_state=states[k - 1], n_slots=2)
         assert_stream(got, want[k:k + m], f"resumed after batch {k}")
         assert st["cache_misses"] == 0 and st["cache_hits"] > 0 and tokenized(st) == 0, (k, st)
-
-
-def test_partial_entries_serve_their_rows_and_merge_when_complete(tmp_path):
-    src = tmp_path / "f.parquet"
-    src.write_bytes(b"x")
-    rng = np.random.default_rng(1)
-    lengths = rng.integers(1, 9, size=20)
-    lengths[[3, 11]] = 0                                    # null rows
-    tokens = rng.integers(0, 300, size=int(lengths.sum()))
-    ends = np.concatenate(([0], np.cumsum(lengths)))
-    rows = lambda a, b: (lengths[a:b], tokens[ends[a]:ends[b]])  # noqa: E731
-    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
-    assert cache.load_rows(str(src), 0, 0, 5) is None
-    assert cache.store_rows(str(src), 0, 5, 12, 20, *rows(5, 12)) is False
-    assert cache.store_rows(str(src), 0, 0, 7, 20, *rows(0, 7)) is False     # overlapping
-    for a, b in ((0, 12), (2, 9), (6, 7), (5, 12)):
-        got = cache.load_rows(str(src), 0, a, b)
-        assert got is not None and got[0].tolist() == lengths[a:b].tolist(), (a, b)
-        assert got[1].tolist() == tokens[ends[a]:ends[b]].tolist() and got[1].dtype == np.uint16
-    assert cache.load_rows(str(src), 0, 10, 13) is None and cache.load(str(src), 0) is None
-    # a part renamed to other rows is never valid for them (the crc32 is seeded with its start)
-    Path(cache.part_path(str(src), 0, 5, 12)).rename(cache.part_path(str(src), 0, 6, 13))
-    assert cache.load_rows(str(src), 0, 7, 9) is None
-    Path(cache.part_path(str(src), 0, 6, 13)).rename(cache.part_path(str(src), 0, 5, 12))
-    assert cache.store_rows(str(src), 0, 12, 20, 20, *rows(12, 20)) is True   # complete: merged
-    got = cache.load(str(src), 0)
-    assert got[0].tolist() == lengths.tolist() and got[1].tolist() == tokens.tolist()
-    whole = tmp_path / "whole"
-    cachemod.TokenCache(str(whole), "fp", 300).store(str(src), 0, lengths, tokens)
-    assert Path(cache.path_of(str(src), 0)).read_bytes() == next(whole.rglob("*.tok")).read_bytes()
-    assert part_files(tmp_path / "c") == [] and not os.path.exists(cache.parts_dir(str(src), 0))
-    assert tmp_files(tmp_path / "c") == []
 
 
 # ---------------------------------------------------------------- resume across the switch
@@ -742,9 +617,9 @@ def test_an_id_that_does_not_fit_is_never_served_changed(tmp_path):
 # ---------------------------------------------------------------- tools/pretokenize.py
 
 def pretokenize(data_dir, tokenizer_pkl, cache_dir) -> tuple[int, int]:
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "pretokenize.py"), "--data", str(data_dir),
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "pretokenize.py"), "--data", str(data_dir),
                            "--tokenizer", str(tokenizer_pkl), "--cache-dir", str(cache_dir),
-                           "--workers", "2"], cwd=REPO, capture_output=True, text=True, timeout=50)
+                           "--workers", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = re.search(r"(\d+) row groups: (\d+) tokenized", proc.stdout)
     assert m, f"unexpected output: {proc.stdout!r}"

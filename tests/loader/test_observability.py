@@ -7,6 +7,7 @@ of the canonical document sequence (epochs repeating), so `tokens_read`, `docs_r
 `nulls` must equal the totals of some prefix of it, at least as long as what was delivered.
 Best fit: `tokens_cropped` equals the scan oracle's (`plan_batch_scan`) over the
 batches planned so far, and `cropped_fraction` is cropped / (placed + cropped).
+(Importing shmloader configures no logging: tests/unit/test_observability.py.)
 """
 import itertools
 import logging
@@ -86,10 +87,6 @@ def _loader(data, split="train", **kw):
     kw.setdefault("num_workers", 2)
     return shmloader.ShmLoader(str(root), helpers.IntTokenizer(), B, T, split, device="cpu",
                                timeout=60, **kw)
-
-
-def test_importing_configures_no_logging():
-    assert logging.getLogger("shmloader").handlers == []
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])

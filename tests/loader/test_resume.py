@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +26,8 @@ import pytest
 import shmloader
 from shmloader.demo import corpus
 from tests import helpers, oracle
-from tests.helpers import ALIGN_W, SCRIPTS, pid_alive, position_of, shm_segments, sigkill_after, window_of
+from tests.helpers import (ALIGN_W, SCRIPTS, pid_alive, position_of, second_pid, shm_segments, sigkill_after,
+                           window_of)
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 FOLLOW = 40  # batches compared after each resume point
@@ -324,11 +324,6 @@ def test_restart_after_sigkill(synth, synth_tokenizer_pkl, tmp_path):
     while any(pid_alive(p) for p in later) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not [p for p in later if pid_alive(p)], "children of the finished trainer still alive"
-
-
-def second_pid(out: Path, first: int) -> int:
-    (pid,) = [int(p.stem.split("-")[1]) for p in out.glob("pids-*.json") if p.stem != f"pids-{first}"]
-    return pid
 
 
 # ---------------------------------------------------------------- after the run changed

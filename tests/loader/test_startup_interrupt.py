@@ -10,7 +10,8 @@ code 42), nothing prints a traceback or an error, and no process of the group an
 The windows of start-up this covers (timed on a 2-core machine): the forkserver's preloads
 (~100-400 ms after the marker), a child's bootstrap before it ignores SIGINT, a child
 attaching the segment after the trainer already unlinked it, and the resource tracker's start
-inside the segment's creation (where a segment could be left behind).
+inside the segment's creation (where a segment could be left behind). (A child attaching
+after the trainer is gone, in this process: tests/unit/test_startup_interrupt.py.)
 """
 import os
 import signal
@@ -102,24 +103,3 @@ def test_ctrl_c_during_startup_and_first_next(data):
         if wrong:
             failures[delay] = wrong
     assert not failures, "\n".join(f"SIGINT at {d} ms: " + "; ".join(w) for d, w in failures.items())
-
-
-def test_attach_after_the_trainer_is_gone_is_quiet():
-    """The segment is unlinked by the trainer only after it closed the alive pipe: a child
-    attaching too late exits quietly; the same failure with the trainer alive is raised."""
-    from shmloader.ipc import ring as ringmod
-    from shmloader.ipc import segment as segmod
-
-    layout = ringmod.RingLayout(n_slots=2, window=8, n_workers=1)
-    missing = segmod.new_name()
-    assert segmod.attach_unless_gone(missing, layout, lambda: True) is None
-    with pytest.raises(FileNotFoundError):
-        segmod.attach_unless_gone(missing, layout, lambda: False)
-    segment, ring = segmod.create(layout)
-    try:
-        attached = segmod.attach_unless_gone(segment.name, layout, lambda: True)
-        assert attached.ring.header[2] == 2
-        attached.close()
-    finally:
-        ring.release_views()
-        segment.unlink()

@@ -1,4 +1,5 @@
 """Smoke tests of the demo and the tools, each run as a user runs it (a subprocess).
+(What of them runs in this process: tests/unit/test_tools.py.)
 
 The demo runs once with tiny settings (B=2, T=256, a 512-token tokenizer) into a module tmp
 dir; bench and gpu_check (`--device cpu`) reuse that cached corpus. tools/inspect_batch.py reads
@@ -17,14 +18,14 @@ import pytest
 
 from shmloader.demo import corpus
 from tests import helpers
+from tests.helpers import REPO_ROOT
 from shmloader.demo import prepare_data
 
-REPO = helpers.REPO_ROOT
 VOCAB = 512
 TIMEOUT_S = 120
 
 
-def run(*args, cwd=REPO) -> str:
+def run(*args, cwd=REPO_ROOT) -> str:
     proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"{args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -63,15 +64,6 @@ def test_demo_data_is_cached(demo):
     assert logged == [], "a second run rebuilt the cached data"
     assert data.n_files == 4 and len(list(data.data_dir.glob("*.parquet"))) == 4
     assert data.tokenizer_path.is_file() and data.vocab_size <= VOCAB
-
-
-def test_demo_never_overwrites_data_it_did_not_write(tmp_path):
-    theirs = tmp_path / "base_data" / "shard_00000.parquet"  # e.g. --out-dir ~/.cache/nanochat
-    theirs.parent.mkdir()
-    theirs.write_bytes(b"not ours")
-    with pytest.raises(ValueError, match="did not write"):
-        prepare_data(tmp_path, VOCAB, log=lambda m: None)
-    assert theirs.read_bytes() == b"not ours"
 
 
 def test_bench_engine(demo):
@@ -156,7 +148,7 @@ def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path)
     workers' CPU over the window gives the CPU efficiency; the engine's batch rate is measured."""
     out, _ = demo
     text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1, "--packings", "concat",
-               "--no-cache-runs", "--compare", REPO, "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3,
+               "--no-cache-runs", "--compare", REPO_ROOT, "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3,
                "--first-runs", 1, "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "c.json")
     result = json.loads((tmp_path / "c.json").read_text())
     assert [(r["kind"], r["label"]) for r in result["runs"]] == \
@@ -169,37 +161,6 @@ def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path)
     assert "per worker CPU second" in text
     if result["engine"] == "fastokens":
         assert result["raw"]["fastokens batch"]["tokens_per_s"] > 0 and "as a worker calls it (batch)" in text
-
-
-def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import profile_worker
-    finally:
-        sys.path.pop(0)
-    top = "worker_main (shmloader/procs/worker.py:67);_loop (shmloader/procs/worker.py:114)"
-    tok = top + ";_tokenize (shmloader/procs/worker.py:250);encode_texts (shmloader/procs/worker.py:280)"
-    raw = "\n".join([
-        f"{tok};Engines.encode_batch (shmloader/data/engine.py:331);_fastokens.<locals>.batch (shmloader/data/engine.py:161);"
-        f"pcre2_match_8 (fastokens/_native.abi3.so) 7",
-        f"{tok};Engines.encode_batch (shmloader/data/engine.py:333);Check.batch (shmloader/data/engine.py:196);"
-        f"Check._compare (shmloader/data/engine.py:210);<lambda> (shmloader/data/tokenizer.py:178) 2",
-        f"{top};_tokenize (shmloader/procs/worker.py:245);ParquetSource.read_texts (shmloader/data/source.py:214);"
-        f"ParquetSource._read_column (shmloader/data/source.py:234);read_row_group (pyarrow/parquet/core.py:489);"
-        f"ZSTD_decompressSequences_bmi2 (pyarrow/libarrow.so) 3",
-        f"{top};_tokenize (shmloader/procs/worker.py:245);ParquetSource.read_texts (shmloader/data/source.py:216);"
-        f"unicode_decode_utf8 (libpython3.11.so) 1",
-        f"{tok};_with_bos (shmloader/procs/worker.py:292) 4",
-        f"{top};_handle (shmloader/procs/worker.py:160);write (shmloader/packing/concat.py:169) 5",
-        f"{top};Listener.wait (shmloader/ipc/protocol.py:172);poll (libc.so.6) 6",
-        f"{tok} 8",
-    ])
-    parts, total = profile_worker.classify(raw)
-    assert total == 36 and parts == {
-        "engine encode": 7, "sampled check (tiktoken) and its bookkeeping": 2, "reading: zstd decompression": 3,
-        "reading: the rest (decode, to_pylist)": 1, "inserting BOS": 4, "copies into ring slots": 5,
-        "messages and polls": 6, "other": 8}
-    assert "engine encode" in profile_worker.report(parts, total) and "19.4%" in profile_worker.report(parts, total)
 
 
 def test_profile_worker_samples_a_running_worker(demo):

@@ -1,15 +1,14 @@
-"""Tests for shmloader.demo.corpus and tools/make_shards.py: exact row groups, nulls, naming,
-corpus determinism, tokenizer determinism / round trip / special ids, pickle save-load.
+"""Tests for shmloader.demo.corpus in this process: exact row groups, nulls, naming, corpus
+determinism, tokenizer determinism / round trip / special ids, pickle save-load. (The
+tokenizer retrained in another process, and tools/make_shards.py run as a user runs it:
+tests/loader/test_corpus.py.)
 
 Inputs are small so the whole file runs in a few seconds on 2 cores; no conftest needed.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 import sysconfig
 import tempfile
 from pathlib import Path
@@ -20,24 +19,16 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from shmloader.demo import corpus
-from tests.helpers import REPO_ROOT
+from tests import helpers
+from tests.helpers import read_texts, row_group_sizes
 
 SPECIAL_STRINGS = ("<|bos|>", "<|endoftext|>", "<|user_start|>", "<|assistant_end|>")
-
-
-def row_group_sizes(path: Path) -> list[int]:
-    meta = pq.ParquetFile(path).metadata
-    return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-
-
-def read_texts(paths: list[Path]) -> list[str | None]:
-    return [t for p in paths for t in pq.read_table(p).column("text").to_pylist()]
 
 
 @pytest.fixture(scope="module")
 def small_texts() -> list[str]:
     """~1 MB of stdlib text plus synthetic docs: enough for 1024 merges, trains in < 0.2 s."""
-    return corpus.stdlib_texts(140) + corpus.synthetic_texts(60, seed=1)
+    return helpers.small_texts()
 
 
 @pytest.fixture(scope="module")
@@ -163,18 +154,6 @@ def test_tokenizer_deterministic(small_texts, enc):
     assert again._special_tokens == enc._special_tokens and again._pat_str == enc._pat_str
 
 
-def test_tokenizer_deterministic_across_processes(small_texts, enc, tmp_path):
-    code = ("import pickle, sys; from shmloader.demo import corpus; "
-            "t = corpus.stdlib_texts(140) + corpus.synthetic_texts(60, seed=1); "
-            "corpus.save_tokenizer(corpus.train_tokenizer(t, 1024), sys.argv[1])")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, env=env,
-                   timeout=60)
-    with open(tmp_path / "tokenizer.pkl", "rb") as f:
-        assert pickle.load(f)._mergeable_ranks == enc._mergeable_ranks
-
-
 def test_round_trip_including_special_strings_as_text(enc):
     bos = enc.encode_single_token("<|bos|>")
     texts = corpus.stdlib_texts(100)[75:] + corpus.synthetic_texts(60, seed=9)
@@ -202,23 +181,3 @@ def test_save_tokenizer_file_and_directory(enc, tmp_path):
             loaded = pickle.load(f)
         assert loaded.encode_ordinary(sample) == enc.encode_ordinary(sample)
         assert loaded.encode_single_token("<|bos|>") == enc.encode_single_token("<|bos|>")
-
-
-# ---------------------------------------------------------------- CLI
-
-def test_make_shards_cli(tmp_path):
-    out = tmp_path / "data"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools" / "make_shards.py"), "--source", "synthetic",
-         "--num-docs", "50", "--seed", "2", "--out-dir", str(out), "--num-files", "2",
-         "--row-group-size", "7", "1", "--vocab-size", "300"],
-        capture_output=True, text=True, env=env, timeout=60, check=True)
-    paths = sorted(out.glob("*.parquet"))
-    assert [p.name for p in paths] == ["shard_00000.parquet", "shard_00001.parquet"]
-    assert read_texts(paths) == corpus.synthetic_texts(50, seed=2)
-    assert row_group_sizes(paths[0]) == [7, 1, 7, 1, 7, 1, 1]
-    assert "50 docs to 2 files, 14 row groups" in proc.stdout
-    with open(out / "tokenizer" / "tokenizer.pkl", "rb") as f:
-        assert pickle.load(f).n_vocab == 300

@@ -1,0 +1,85 @@
+"""The slot handover (handover.py, NOTE [slot handover]) across processes: a doorbell pickled
+for a child (spawn) is a duplicate of the same eventfd; then, as a trainer runs (a step of
+busy work between calls, `tools/syscalls.py` with strace on its main thread): `next()` on
+ready batches makes no system call, amortised, while the system-call path (the one for
+machines without x86's store order) makes at least one per batch and gives the same stream.
+(Both ends in one process, and the simulated run: tests/unit/test_handover.py.)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shmloader.ipc.handover import Doorbell
+from tools import syscalls
+from tests.helpers import window_of
+
+
+def test_doorbell_pickles_for_a_child_as_a_duplicate():
+    import multiprocessing
+
+    bell = Doorbell()
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_ring_three_times, args=(bell,))
+    try:
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0
+        assert bell.clear() == 3
+    finally:
+        bell.close()
+
+
+def _ring_three_times(bell):
+    for _ in range(3):
+        bell.ring()
+
+
+# ------------------------------------------------------------------ as a trainer runs
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_syscall_path_gives_the_same_stream(synth, monkeypatch, workers):
+    """Concat through the system-call path equals the oracle, over more than an epoch."""
+    B, T, n = 2, 32, 400
+    expected, _ = synth.expected(n, B, T, "train")
+    monkeypatch.setenv("SHMLOADER_HANDOVER", "syscall")
+    with synth.loader(B, T, "train", num_workers=workers, n_slots=3) as loader:
+        for k, want in enumerate(expected):
+            assert np.array_equal(window_of(*next(loader)), want), f"batch {k}"
+
+
+def test_syscall_path_best_fit_equals_the_header_path(synth, monkeypatch):
+    def run(path):
+        monkeypatch.setenv("SHMLOADER_HANDOVER", path)
+        with synth.loader(2, 32, "train", packing="bos_bestfit", num_workers=2) as loader:
+            out = [np.concatenate([x.reshape(-1).numpy(), y.reshape(-1).numpy()]) for x, y in
+                   (next(loader) for _ in range(150))]
+            return out, loader.state_dict()
+    a, state_a = run("header")
+    b, state_b = run("syscall")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and state_a == state_b
+
+
+needs_strace = pytest.mark.skipif(not syscalls.available(), reason="needs strace")
+
+
+@needs_strace
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, packing):
+    """150 steps of 10 ms busy work (a training step), then next(): the workers keep ahead,
+    and next() makes at most 0.1 system calls per call (the liveness poll, twice a second;
+    a kick when half the ring waits for the coordinator to notice its frees)."""
+    r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=150, spin_ms=10,
+                            num_workers=2, packing=packing, env={"SHMLOADER_HANDOVER": "header"})
+    assert r["not_ready"] <= 5, r
+    assert r["per_next"] <= 0.1, r
+
+
+@needs_strace
+def test_the_syscall_path_is_counted(synth, synth_tokenizer_pkl):
+    """The instrument sees system calls when next() makes them: on the path for machines
+    without x86's store order, every batch's free rings the coordinator."""
+    r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=100, spin_ms=3,
+                            num_workers=2, env={"SHMLOADER_HANDOVER": "syscall"})
+    assert r["per_next"] >= 1.0, r
+    assert r["by_name"].get("write", 0) >= 95, r
