@@ -35,7 +35,8 @@ from .data.order import Cursor
 from .ipc import ring as ringmod
 from .ipc.protocol import RunArgs
 from .ipc.ring import RingLayout, WorkerCol
-from .procs.children import locate_position, prestart, start_children
+from .procs.children import locate_position, start_children
+from .procs.start import prestart
 
 _live = weakref.WeakSet()
 _atexit_registered = False

@@ -1,4 +1,4 @@
-"""The fast engine against tiktoken, one core, on the demo corpus (engine.py).
+"""The fast engine against tiktoken, one core, on the demo corpus (shmloader/data/engine.py).
 
     python tools/bench_engine.py [--out-dir demo_data] [--vocab-size 4096] [--rounds 3] [--loader-s 4]
 

@@ -1,4 +1,4 @@
-"""How fast a rank finds its own place from another rank's state (docs/contract.md §3, locate.py).
+"""How fast a rank finds its own place from another rank's state (docs/contract.md §3, shmloader/packing/count.py).
 
     python tools/bench_locate.py [--batches 2000] [--workers 2] [--packing concat]
 

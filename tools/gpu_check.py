@@ -5,7 +5,7 @@
 
 Builds its own data offline (the stdlib demo corpus of `python -m shmloader.demo`, into
 `--out-dir` or a temporary directory), takes the CPU loader's stream as the reference (its first
-batches checked against `oracle.concat_windows`), then checks, as tests/test_cuda.py does:
+batches checked against `oracle.concat_windows`), then checks, as tests/loader/test_cuda.py does:
 
 1. pinned: the ring's slot tensors report `is_pinned()` (cudaHostRegister worked);
 2. devices: `"cuda"`, `"cuda:0"` and `torch.device("cuda")` give GPU batches byte-equal to the

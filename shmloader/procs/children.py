@@ -1,25 +1,21 @@
-"""Trainer-side process plumbing: start the coordinator and workers, watch them, stop them.
+"""The training process's hold on its children: watch them, take each batch, stop them.
 
 Runs in the training process only. `start_children` creates the ring (after sweeping
-segments of dead runs), starts every child with an explicit start method (forkserver by
-default: children are forked from a clean server that preloaded the worker modules, never
-from the trainer, so they inherit neither torch, CUDA state nor the trainer's pipe ends),
-`Children.shutdown` closes the alive pipe (every child exits on
-its EOF), joins with a 2 s deadline, kills what is left, and unlinks the ring.
+segments of dead runs) and starts the coordinator and workers (start.py). `Children` is
+what the trainer holds of them: `next_batch` takes the next announced batch from the ring's
+header (NOTE [slot handover]) or waits for it, with a timeout, on the coordinator's doorbell,
+its pipe and every child's sentinel; a death or a reported error is raised naming the
+process, its pid, its signal or traceback, and the piece it was on. `Children.shutdown`
+unlinks the ring's name, closes the alive pipe (every child exits on its EOF), joins with a
+2 s deadline, kills what is left, and unmaps the ring. `locate_position` runs a count-only
+run to its answer.
 """
-import contextlib
 import logging
-import multiprocessing
-import multiprocessing.forkserver
 import signal
-import sys
 import time
-import types
 import warnings
 from dataclasses import dataclass, field, replace
-from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
-
 
 from .. import errors
 from ..ipc import ring as ringmod
@@ -27,12 +23,8 @@ from ..ipc import segment as segmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.protocol import Error, Listener, Located, Progress, Warn
 from ..ipc.ring import WorkerCol
-from ..ipc.signals import sigint_blocked
-from .coordinator import coordinator_main
-from .worker import worker_main
+from .start import spawn
 
-# tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server)
-PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken"]
 SHUTDOWN_S = 2.0
 ERROR_GRACE_S = 1.0
 MESSAGE_WAIT_S = 1.0
@@ -240,29 +232,6 @@ def _raise_reported(msg: Error):
     raise errors.WorkerError(f"{msg.head}\n--- traceback in that process ---\n{msg.trace}")
 
 
-def prestart(start_method: str):
-    """Launch multiprocessing's forkserver now, without waiting for it.
-
-    The first loader of a process starts the server, a fresh interpreter that imports the
-    PRELOAD modules (numpy, pyarrow, tiktoken); called when a loader is built,
-    those imports overlap the rest of the construction and the ring's creation instead of
-    delaying the first child. Later loaders find it running (a waitpid). Started with SIGINT
-    blocked, as `_start` explains."""
-    if start_method != "forkserver":
-        return
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    with _main_hidden():
-        _ensure_forkserver()
-
-
-def _ensure_forkserver():
-    """The forkserver, started with SIGINT blocked (see `_start`); the resource tracker first,
-    because starting it unblocks SIGINT."""
-    resource_tracker.ensure_running()
-    with sigint_blocked():
-        multiprocessing.forkserver.ensure_running()
-
-
 def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
     position, `cargs.locate` is set: see `locate_position`)."""
@@ -271,7 +240,7 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     kids = Children(segment, ring)
     kids.files = cargs.files
     try:
-        _spawn(kids, config, replace(cargs, ring_name=segment.name))
+        spawn(kids, config, replace(cargs, ring_name=segment.name))
     except BaseException:
         kids.shutdown()
         raise
@@ -307,64 +276,3 @@ def locate_position(config, layout: ringmod.RingLayout, cargs) -> tuple:
         kids.shutdown()
 
 
-def _spawn(kids: Children, config, cargs):
-    ctx = multiprocessing.get_context(config.start_method)
-    if config.start_method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
-    alive_r, kids.alive_w = ctx.Pipe(duplex=False)
-    kids.conn, coord_end = ctx.Pipe()
-    kids.ready, kids.kick = Doorbell(), Doorbell()
-    kids.handover = TrainerEnd(kids.ring, kids.ready, kids.kick)
-    pipes = [ctx.Pipe() for _ in range(config.num_workers)]
-    kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
-                                   args=(config, cargs, coord_end, [a for a, _ in pipes], alive_r,
-                                         (kids.ready, kids.kick, kids.handover.header_only)))
-    for i, (_, end) in enumerate(pipes):
-        kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
-                                        args=(config, replace(cargs, worker=i), end, alive_r)))
-    try:
-        with _main_hidden():
-            _start(kids.procs, config.start_method)
-    finally:
-        for c in (alive_r, coord_end, *(c for pair in pipes for c in pair)):
-            c.close()
-
-
-def _start(procs, start_method: str):
-    """Start the children so that a Ctrl-C (sent to the whole foreground process group)
-    cannot interrupt them while they start up: the forkserver's interpreter and preloads, a
-    spawned child's interpreter, a forked child's unpickling and bootstrap would each print
-    a traceback. Processes are created with SIGINT blocked (`signals.sigint_blocked`; the mask
-    survives fork and exec), and each child ignores SIGINT before unblocking it
-    (`coordinator_main`, `worker_main`), which drops a pending one. The forkserver ignores
-    SIGINT and keeps it blocked, so every child it forks starts blocked (other processes
-    forked by the same server, e.g. the user's own, inherit that too); so only its start is
-    blocked, and the trainer stays interruptible while it waits for the server's preloads.
-    A forkserver already started elsewhere without the block leaves its children's short
-    bootstrap exposed."""
-    if start_method == "forkserver":
-        _ensure_forkserver()
-        for p in procs:
-            p.start()
-    else:
-        resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
-        with sigint_blocked():
-            for p in procs:
-                p.start()
-
-
-@contextlib.contextmanager
-def _main_hidden():
-    """Start children without the user's __main__ module.
-
-    multiprocessing's spawn and forkserver re-import the parent's main script in every child
-    (so that its functions can be unpickled). Training scripts such as nanochat's run their
-    whole training at the top level, so the children would train too. The children's targets
-    live in shmloader modules, so they are given an empty __main__ instead.
-    """
-    real = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = real

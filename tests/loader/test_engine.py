@@ -1,4 +1,4 @@
-"""engine.py in the workers: the fast tokenizer engine (fastokens) and its checks against
+"""data/engine.py in the workers: the fast tokenizer engine (fastokens) and its checks against
 tiktoken, through the whole loader.
 
 The stream with `engine="fastokens"` is byte-identical to the tiktoken reference (and to the

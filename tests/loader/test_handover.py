@@ -1,4 +1,4 @@
-"""The slot handover (handover.py, NOTE [slot handover]) across processes: a doorbell pickled
+"""The slot handover (ipc/handover.py, NOTE [slot handover]) across processes: a doorbell pickled
 for a child (spawn) is a duplicate of the same eventfd; then, as a trainer runs (a step of
 busy work between calls, `tools/syscalls.py` with strace on its main thread): `next()` on
 ready batches makes no system call, amortised, while the system-call path (the one for

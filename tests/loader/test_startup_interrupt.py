@@ -1,5 +1,5 @@
-"""Ctrl-C at any moment of a loader's start-up and first `next()` (loader_procs._start,
-coordinator_main, worker_main, ring.create): a trainer script, in a session of its own,
+"""Ctrl-C at any moment of a loader's start-up and first `next()` (procs/start.py `_start`,
+coordinator_main, worker_main, segment.create): a trainer script, in a session of its own,
 builds a loader (its process's first, so multiprocessing's forkserver starts too) and takes
 batches; SIGINT goes to its whole process group, as a terminal's Ctrl-C does, at delays
 spread over start-up, timed from a marker the script prints just before it builds the

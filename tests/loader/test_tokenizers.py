@@ -1,4 +1,4 @@
-"""tokenizer.py in the workers: every tokenizer form, rebuilt by the workers.
+"""data/tokenizer.py in the workers: every tokenizer form, rebuilt by the workers.
 
 For each form the loader's concat stream (2 workers) is compared window for window with
 `oracle.concat_windows` run here with that tokenizer's own ordinary encode and BOS: a

@@ -1,4 +1,4 @@
-"""engine.py in this process: the fast tokenizer engine (fastokens) and its checks against
+"""data/engine.py in this process: the fast tokenizer engine (fastokens) and its checks against
 tiktoken.
 
 The engine's ids equal `encode_ordinary` on hard texts (special-token text, long whitespace

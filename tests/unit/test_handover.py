@@ -1,4 +1,4 @@
-"""The slot handover through the ring's header (handover.py, NOTE [slot handover]), in one
+"""The slot handover through the ring's header (ipc/handover.py, NOTE [slot handover]), in one
 process: both ends run over one ring (a bytearray) and real eventfds; a simulation drives a
 coordinator (a SlotMap, batches announced in order) and a trainer that frees lent batches in
 any order, checking every record it takes. (A doorbell handed to a child process, and the

@@ -1,4 +1,4 @@
-"""locate.py on its own: the position after a batch count, from lengths alone.
+"""The packings' locators (packing/concat.py, packing/bestfit.py) on their own: the position after a batch count, from lengths alone.
 
 Concat against a brute-force walk of the token stream; both locators against piece layouts
 (the same documents cut into pieces differently must give the same answer); best fit against

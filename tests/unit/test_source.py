@@ -1,4 +1,4 @@
-"""source.py: listing data files (directory, glob, list, file:// URI, nanochat's default
+"""data/source.py: listing data files (directory, glob, list, file:// URI, nanochat's default
 directory), the train/val split, and ParquetSource reading rows and naming the file and row
 group of every bad input (no text column, non-string text, truncated, not parquet, missing,
 corrupt data page, invalid UTF-8). All data lives in tmp_path."""

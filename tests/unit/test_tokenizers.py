@@ -1,4 +1,4 @@
-"""tokenizer.py in this process: every tokenizer form resolved.
+"""data/tokenizer.py in this process: every tokenizer form resolved.
 
 `resolve` (a `tiktoken.Encoding`, its pickle path and directory, a nanochat-style wrapper,
 `IntTokenizer`, a Hugging Face tokenizer), the BOS rule (`<|bos|>`, else `<|endoftext|>`, else

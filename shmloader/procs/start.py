@@ -1,0 +1,112 @@
+"""Starting a loader's children, so that nothing of the training process leaks into them.
+
+Every child starts with an explicit start method: forkserver by default (children are forked
+from a clean server that preloaded the worker modules, never from the trainer, so they inherit
+neither torch, CUDA state nor the trainer's pipe ends) or spawn; never fork. The children's
+targets live in shmloader modules, so they get an empty `__main__` (`_main_hidden`) and a
+training script is never re-run in them. They are created with SIGINT blocked (`_start`), so
+that a Ctrl-C during start-up reaches only the trainer.
+"""
+import contextlib
+import multiprocessing
+import multiprocessing.forkserver
+import sys
+import types
+from dataclasses import replace
+from multiprocessing import resource_tracker
+
+from ..ipc.handover import Doorbell, TrainerEnd
+from ..ipc.signals import sigint_blocked
+from .coordinator import coordinator_main
+from .worker import worker_main
+
+# tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server)
+PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken"]
+
+
+def prestart(start_method: str):
+    """Launch multiprocessing's forkserver now, without waiting for it.
+
+    The first loader of a process starts the server, a fresh interpreter that imports the
+    PRELOAD modules (numpy, pyarrow, tiktoken); called when a loader is built,
+    those imports overlap the rest of the construction and the ring's creation instead of
+    delaying the first child. Later loaders find it running (a waitpid). Started with SIGINT
+    blocked, as `_start` explains."""
+    if start_method != "forkserver":
+        return
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    with _main_hidden():
+        _ensure_forkserver()
+
+
+def _ensure_forkserver():
+    """The forkserver, started with SIGINT blocked (see `_start`); the resource tracker first,
+    because starting it unblocks SIGINT."""
+    resource_tracker.ensure_running()
+    with sigint_blocked():
+        multiprocessing.forkserver.ensure_running()
+
+
+def spawn(kids, config, cargs):
+    """Create and start `kids`' coordinator and workers (a `children.Children`: its pipes,
+    doorbells and handover are set here) for the run `cargs`."""
+    ctx = multiprocessing.get_context(config.start_method)
+    if config.start_method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    alive_r, kids.alive_w = ctx.Pipe(duplex=False)
+    kids.conn, coord_end = ctx.Pipe()
+    kids.ready, kids.kick = Doorbell(), Doorbell()
+    kids.handover = TrainerEnd(kids.ring, kids.ready, kids.kick)
+    pipes = [ctx.Pipe() for _ in range(config.num_workers)]
+    kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
+                                   args=(config, cargs, coord_end, [a for a, _ in pipes], alive_r,
+                                         (kids.ready, kids.kick, kids.handover.header_only)))
+    for i, (_, end) in enumerate(pipes):
+        kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
+                                        args=(config, replace(cargs, worker=i), end, alive_r)))
+    try:
+        with _main_hidden():
+            _start(kids.procs, config.start_method)
+    finally:
+        for c in (alive_r, coord_end, *(c for pair in pipes for c in pair)):
+            c.close()
+
+
+def _start(procs, start_method: str):
+    """Start the children so that a Ctrl-C (sent to the whole foreground process group)
+    cannot interrupt them while they start up: the forkserver's interpreter and preloads, a
+    spawned child's interpreter, a forked child's unpickling and bootstrap would each print
+    a traceback. Processes are created with SIGINT blocked (`signals.sigint_blocked`; the mask
+    survives fork and exec), and each child ignores SIGINT before unblocking it
+    (`coordinator_main`, `worker_main`), which drops a pending one. The forkserver ignores
+    SIGINT and keeps it blocked, so every child it forks starts blocked (other processes
+    forked by the same server, e.g. the user's own, inherit that too); so only its start is
+    blocked, and the trainer stays interruptible while it waits for the server's preloads.
+    A forkserver already started elsewhere without the block leaves its children's short
+    bootstrap exposed."""
+    if start_method == "forkserver":
+        _ensure_forkserver()
+        for p in procs:
+            p.start()
+    else:
+        resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
+        with sigint_blocked():
+            for p in procs:
+                p.start()
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """Start children without the user's __main__ module.
+
+    multiprocessing's spawn and forkserver re-import the parent's main script in every child
+    (so that its functions can be unpickled). Training scripts such as nanochat's run their
+    whole training at the top level, so the children would train too. The children's targets
+    live in shmloader modules, so they are given an empty __main__ instead.
+    """
+    real = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real
