@@ -128,3 +128,21 @@ def test_importing_shmloader_imports_nothing_heavy():
 def test_child_processes_never_import_torch():
     code = "import sys; import shmloader.procs.coordinator, shmloader.procs.worker; print('torch' in sys.modules)"
     assert _run(code) == "False", "the coordinator or a worker imports torch"
+
+
+def test_the_design_pages_module_map_is_the_tree():
+    """docs/design.md's module map names every runtime module (a folder row covers its files;
+    empty package `__init__.py` files and `__main__.py` need no row), and nothing that is gone."""
+    import re
+
+    text = (REPO_ROOT / "docs" / "design.md").read_text()
+    section = text.split("## The tree", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| \d \| `([a-z_/]+(?:\.py|/))`", section, flags=re.M))
+    folders = {n for n in named if n.endswith("/")}
+    files = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if path.name == "__main__.py" or (path.name == "__init__.py" and not path.read_text().strip()):
+            continue
+        files.add(next((d for d in folders if rel.startswith(d)), rel))
+    assert named == files, f"in the map, not the tree: {named - files}; in the tree, not the map: {files - named}"
