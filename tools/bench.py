@@ -316,12 +316,13 @@ def child_main(cfg: dict) -> dict:
     import torch  # noqa: F401  (imported before any timing: docs/contract.md §5)
 
     from shmloader.loader import ShmLoader
-    from shmloader.demo.baseline import nanochat_style_batches
 
     B, T = cfg["B"], cfg["T"]
     bestfit = cfg.get("packing") == "bos_bestfit"
     window = B * (T + 1) if bestfit else B * T + 1
     if cfg["kind"] == "baseline":
+        from shmloader.demo.baseline import nanochat_style_batches  # (not in a --compare checkout's child)
+
         enc = _load_tiktoken(cfg["tokenizer"])
         bos = _bos(enc)
         make = lambda **_: nanochat_style_batches(cfg["files"], enc, B, T, bos)  # noqa: E731
