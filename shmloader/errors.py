@@ -2,7 +2,19 @@
 
 Every exception raised from a worker or the coordinator is re-raised in the training process
 as one of these, with the process, its pid, the file and the row group in the message.
+`warn` is how every warning reaches the caller: it points at the caller's own line.
 """
+import sys
+import warnings
+
+
+def warn(text: str):
+    """`warnings.warn(text)` from the first frame outside shmloader (the caller's line, however
+    deep in the loader or its drop-in generators the warning arose)."""
+    frame, level = sys._getframe(1), 2  # level 2: warn()'s caller
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "shmloader":
+        frame, level = frame.f_back, level + 1
+    warnings.warn(text, stacklevel=level)
 
 
 class ShmLoaderError(RuntimeError):

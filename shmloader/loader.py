@@ -20,6 +20,7 @@ import atexit
 import dataclasses
 import logging
 import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -36,15 +37,22 @@ from .ipc import ring as ringmod
 from .ipc.protocol import RunArgs
 from .ipc.ring import RingLayout, WorkerCol
 from .procs.children import locate_position, start_children
-from .procs.start import prestart
+from .procs.start import forget_forkserver, prestart
 
 _live = weakref.WeakSet()
-_atexit_registered = False
+_registered = False
 
 
 def _close_all():
     for loader in list(_live):
         loader.close()
+
+
+def _forget_all():
+    """In a child forked from a process that holds loaders (`os.fork()`): none is used here."""
+    for loader in list(_live):
+        loader._forked()
+    forget_forkserver()
 
 
 def _device(device) -> torch.device:
@@ -104,12 +112,16 @@ class ShmLoader:
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine)
         if self.config.cache_dir is not None:
-            cachemod.sweep_temporaries(self.config.cache_dir)
+            problem = cachemod.prepare(self.config.cache_dir)
+            if problem is not None:
+                errors.warn(f"shmloader: {problem}")
         sizes = source.file_sizes(self.files, self.filesystem)
         self._identity = statemod.Loader(self.config.fingerprint(self.tokenizer.fingerprint),
                                          statemod.file_list(self.files, sizes), self.rank,
                                          self.world_size, B, T, self.config.spec.buffered, self.config.other_rank)
         self._procs, self._delivery, self._closed = None, None, False
+        self._pid, self._forked_from = os.getpid(), None
+        self._next_lock = threading.Lock()  # next() from several threads: one at a time
         self._shape, self._strides, self._y_at = (B, T), (T, 1), self.config.spec.targets_at(B, T)
         # documents delivered: by runs that ended (load_state_dict), and by the current run
         self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0}
@@ -131,8 +143,20 @@ class ShmLoader:
         return self
 
     def __next__(self):
+        """The next batch. Threads that call it at once are served one at a time, in turn (each
+        batch goes to one of them); one that waits longer than `timeout` for another's call
+        raises `LoaderTimeout`."""
+        if not self._next_lock.acquire(timeout=self.config.timeout):
+            raise errors.LoaderTimeout(f"next() waited {self.config.timeout:.0f} s for another thread's "
+                                       f"next() on this loader to return")
+        try:
+            return self._next()
+        finally:
+            self._next_lock.release()
+
+    def _next(self):
         if self._closed:
-            raise errors.LoaderClosed("this ShmLoader was closed; make a new one")
+            raise errors.LoaderClosed(self._closed_text())
         if self._procs is None:
             self._start()
         k, slot, pos, docs, waited = self._procs.next_batch(self._delivery, self.config.timeout)
@@ -163,6 +187,8 @@ class ShmLoader:
     def load_state_dict(self, state: dict):
         """Continue from `state`: the next batch is the one it resumes at (docs/contract.md §3). Another
         rank's state first finds this rank's own position at the state's batch count."""
+        if self._closed:
+            raise errors.LoaderClosed(self._closed_text())
         resume = statemod.check(state, self._identity)
         if resume.locate:
             resume = self._locate(resume)
@@ -231,6 +257,24 @@ class ShmLoader:
 
     # ---- internals --------------------------------------------------------------------------
 
+    def _closed_text(self) -> str:
+        if self._forked_from is not None:
+            return (f"this ShmLoader belongs to process {self._forked_from}, and this process was forked "
+                    f"from it: a forked child never uses its parent's loader (its processes and ring "
+                    f"are the parent's); make a new loader in the child, after the fork")
+        return "this ShmLoader was closed; make a new one"
+
+    def _forked(self):
+        """This process was forked from the loader's: let go of the parent's processes and ring
+        without touching them (`Children.forget`), and refuse to be used."""
+        if self._closed:
+            return
+        self._closed, self._forked_from = True, self._pid
+        self._next_lock = threading.Lock()  # the parent's other thread may have held it
+        procs, self._procs, self._delivery = self._procs, None, None
+        if procs is not None:
+            procs.forget()
+
     def _epoch(self) -> int:
         """The state's epoch, without building the state."""
         return self._state["epoch"] if self._state is not None else self._position[0][0]
@@ -294,8 +338,9 @@ class ShmLoader:
 
 
 def _register(loader: ShmLoader):
-    global _atexit_registered
+    global _registered
     _live.add(loader)
-    if not _atexit_registered:
+    if not _registered:
         atexit.register(_close_all)
-        _atexit_registered = True
+        os.register_at_fork(after_in_child=_forget_all)
+        _registered = True

@@ -22,13 +22,13 @@ workers), so a loader given it yields the batch at that position and onward exac
   the position) is a ValueError naming each difference in words.
 """
 import os
-import warnings
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .data.order import Cursor, nanochat_cursor, start_cursor
+from .errors import warn
 
 VERSION = 2
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
@@ -154,9 +154,9 @@ def check(state, loader: Loader) -> Resume:
 
 def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
     if loader.other_rank == "nanochat":
-        warnings.warn(f"resume state was saved by rank {state['rank']}, this is rank {loader.rank}: "
-                      f"resuming as nanochat does (rank {state['rank']}'s file and row group, next "
-                      f"stride for this rank), not exactly (other_rank='nanochat')", stacklevel=5)
+        warn(f"resume state was saved by rank {state['rank']}, this is rank {loader.rank}: "
+             f"resuming as nanochat does (rank {state['rank']}'s file and row group, next "
+             f"stride for this rank), not exactly (other_rank='nanochat')")
         origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
         cursor = nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
         return Resume(cursor, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
@@ -191,8 +191,8 @@ def _reshaped(shapes: list, batch: int, loader: Loader) -> list:
         return shapes
     changed = ", ".join(f"{n}: state has {old}, loader has {new}"
                         for n, old, new in (("B", B, loader.B), ("T", T, loader.T)) if old != new)
-    warnings.warn(f"resume state was saved with another batch shape ({changed}): continuing from "
-                  f"the same place in the data with the new shape", stacklevel=5)
+    warn(f"resume state was saved with another batch shape ({changed}): continuing from "
+         f"the same place in the data with the new shape")
     if shapes[-1][0] == batch:
         shapes = shapes[:-1]
     return shapes + [[batch, loader.B, loader.T]]
@@ -273,12 +273,11 @@ def _check_files(saved: list, loader: Loader, pos: dict):
     soft = _diffs(saved, now, len(saved), start=must)
     added = [name for name, _ in now[len(saved):]]
     if soft:
-        warnings.warn("resume state's files after its position changed since it was saved: "
-                      + "; ".join(soft), stacklevel=5)
+        warn("resume state's files after its position changed since it was saved: " + "; ".join(soft))
     if added:
-        warnings.warn(f"{len(added)} file(s) added to the split since the state was saved: "
-                      f"{', '.join(added[:5])}{', ...' if len(added) > 5 else ''}; they are read "
-                      f"after the state's files", stacklevel=5)
+        warn(f"{len(added)} file(s) added to the split since the state was saved: "
+             f"{', '.join(added[:5])}{', ...' if len(added) > 5 else ''}; they are read "
+             f"after the state's files")
 
 
 def _diffs(saved: list, now: list, stop: int, start: int = 0) -> list[str]:

@@ -130,7 +130,7 @@ class TokenCache:
     def _read(self, name: str, ident: int, rg: int, start: int, n_rows: int | None = None):
         try:
             raw = np.memmap(name, dtype=np.uint8, mode="r").view(np.ndarray)
-        except (FileNotFoundError, ValueError):  # ValueError: an empty file
+        except (OSError, ValueError):  # none (the usual miss), unreadable; ValueError: an empty file
             return None
         return self._parse(raw, ident, rg, start, n_rows)
 
@@ -267,6 +267,28 @@ def _spans(parts: dict, n_rows: int) -> bool:
             return False
         at = max(at, hi)
     return at >= n_rows
+
+
+def prepare(cache_dir: str) -> str | None:
+    """Check `cache_dir` in the caller's process, when the loader is built: a ValueError when
+    it cannot be a directory at all (a regular file, or a path through one); the directory is
+    made if missing. Returns a warning's text when the cache can only be read (not writable:
+    nothing new is kept), else None. Temporary files of writers that died are removed."""
+    path = os.fspath(cache_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"cache_dir {path!r} is a file, not a directory: pass a directory (it is "
+                         f"made if missing) or cache_dir=None")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except NotADirectoryError:
+        raise ValueError(f"cache_dir {path!r} lies under a file, not a directory: pass a directory "
+                         f"or cache_dir=None") from None
+    except OSError as exc:
+        return f"cache_dir {path!r} cannot be made ({exc}): nothing is cached in this run"
+    sweep_temporaries(path)
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"cache_dir {path!r} is not writable: tokens it holds are read, nothing new is kept"
+    return None
 
 
 def sweep_temporaries(cache_dir: str) -> int:

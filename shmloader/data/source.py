@@ -11,12 +11,13 @@ import glob
 import os
 import pickle
 import sys
+import threading
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..errors import DataError
+from ..errors import DataError, warn
 
 
 def nanochat_base_dir() -> str:
@@ -108,9 +109,9 @@ def list_files(data, filesystem=None) -> list[str]:
     if isinstance(data, (str, os.PathLike)):
         data = os.fspath(data)
         if any(c in data for c in "*?["):
-            files = glob.glob(data)
+            files = _shards(glob.glob(data), data)
         elif os.path.isdir(data):
-            files = [os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet")]
+            files = _shards([os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet")], data)
         elif os.path.isfile(data):
             files = [data]
         else:
@@ -123,7 +124,33 @@ def list_files(data, filesystem=None) -> list[str]:
         files = [os.fspath(f).removeprefix("file://") for f in data]
         if not files:
             raise DataError("data is an empty list of files")
+        not_files = [f for f in files if not os.path.isfile(f)]
+        if not_files:
+            raise DataError(f"data lists {len(not_files)} path(s) that are not files: {not_files[:3]}; "
+                            f"list the parquet shards themselves")
     return sorted(files)
+
+
+def _shards(found: list[str], where: str) -> list[str]:
+    """The regular files among `found` whose names do not start with a dot; one notice names
+    what was left out (a Spark-style `x.parquet/` directory, a `.x.parquet` dot-file)."""
+    keep, left = [], []
+    for path in found:
+        name = os.path.basename(path)
+        (left if name.startswith(".") or not os.path.isfile(path) else keep).append(path)
+    if left:
+        kinds = [_what(p) for p in sorted(left)]
+        warn(f"shmloader: {where}: left out {len(left)} entr{'y' if len(left) == 1 else 'ies'} that "
+             f"{'is not a shard' if len(left) == 1 else 'are not shards'}: {', '.join(kinds[:5])}"
+             f"{', ...' if len(kinds) > 5 else ''} (only regular *.parquet files not starting with a dot are read)")
+    return keep
+
+
+def _what(path: str) -> str:
+    name = os.path.basename(path)
+    if os.path.isdir(path):
+        return f"{name}/ (a directory)"
+    return f"{name} ({'a dot-file' if name.startswith('.') else 'not a regular file'})"
 
 
 def _list_remote(data, fs) -> list[str]:
@@ -143,7 +170,8 @@ def _list_remote(data, fs) -> list[str]:
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{data}: cannot list it on {fs.type_name} ({exc}); check the endpoint, "
                         f"the credentials and the bucket") from exc
-    files = sorted(f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet"))
+    files = sorted(f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+                   and not f.base_name.startswith("."))
     if not files:
         raise DataError(f"no *.parquet files in {data}")
     return files
@@ -223,20 +251,70 @@ class ParquetSource:
             raise DataError(f"{self.files[f]}: row group {rg}, rows {start}-{end}: the text is not "
                             f"valid UTF-8 ({exc}); fix the file or pass on_bad_row_group='skip'") from exc
 
+    def check_schema(self, f: int, where: str = ""):
+        """A `DataError` unless file `f` has a string-like `text` column (from its footer)."""
+        text_column_problem(self.files[f], self._file(f).schema_arrow, where)
+
     def _read_column(self, f: int, rg: int):
         path = self.files[f]
         pf = self._file(f)
-        names = pf.schema_arrow.names
-        if "text" not in names:
-            raise DataError(f"{path}: row group {rg} has no 'text' column (columns: {names}); "
-                            f"write the documents to a string column named 'text'")
-        kind = pf.schema_arrow.field("text").type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            raise DataError(f"{path}: row group {rg}: column 'text' is {kind}, expected string")
+        kind = text_column_problem(path, pf.schema_arrow, f"row group {rg}: ")
         try:
             # one thread: a worker is one process per core already; pyarrow's pool would
             # only contend with the other workers for the same cores
-            return pf.read_row_group(rg, columns=["text"], use_threads=False).column("text")
+            column = pf.read_row_group(rg, columns=["text"], use_threads=False).column("text")
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{path}: row group {rg} cannot be read ({exc}); the file is "
                             f"corrupt or truncated: re-download or rewrite it") from exc
+        return column if kind in (pa.string(), pa.large_string()) else column.cast(pa.large_string())
+
+
+def text_column_problem(path: str, schema, where: str = ""):
+    """The `text` column's type if it can be read as text (string, large_string, string_view,
+    or a dictionary of one of them: the last two are cast), else a `DataError` naming the file."""
+    if "text" not in schema.names:
+        raise DataError(f"{path}: {where}no 'text' column (columns: {schema.names}); write the "
+                        f"documents to a string column named 'text'")
+    kind = schema.field("text").type
+    values = kind.value_type if pa.types.is_dictionary(kind) else kind
+    if not (pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_string_view(values)):
+        raise DataError(f"{path}: {where}column 'text' is {kind}, expected a string column (string, "
+                        f"large_string, string_view, or a dictionary of strings)")
+    return kind
+
+
+class SchemaCheck:
+    """Every file's `text` column checked from its footer ahead of the run reaching it, on a
+    thread of its own (so the first batch never waits for it), in the order the run reads
+    the files from `first`; files where this rank has no row group are not its to read.
+    `found()` is the first problem, a `DataError` naming the file and the row group where the
+    run would have met it, or None. Used by the coordinator under `on_bad_row_group="raise"`:
+    a bad file hours into a run is then an error seconds into it."""
+
+    def __init__(self, files: list[str], filesystem, rank: int, first: int = 0):
+        self.files, self.filesystem, self.rank, self.first = files, filesystem, rank, first
+        self._found, self._stop = None, threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shmloader-schema-check", daemon=True)
+        self._thread.start()
+
+    def found(self) -> "DataError | None":
+        return self._found
+
+    def stop(self):
+        self._stop.set()
+
+    def _run(self):
+        order = list(range(self.first, len(self.files))) + list(range(self.first))
+        for f in order:
+            if self._stop.is_set():
+                return
+            path = self.files[f]
+            try:
+                pf = pq.ParquetFile(path, filesystem=self.filesystem)
+                if pf.metadata.num_row_groups > self.rank:
+                    text_column_problem(path, pf.schema_arrow, f"row group {self.rank} (checked ahead): ")
+            except DataError as exc:
+                self._found = exc
+                return
+            except Exception:  # noqa: BLE001 - unreadable files are reported when the run reads them
+                continue

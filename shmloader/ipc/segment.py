@@ -15,8 +15,16 @@ and the coordinator unlinks it only when the trainer died (`unlink_orphan`).
 - **Reserved up front.** The segment's space is allocated when it is created
   (`posix_fallocate` on its file), so a too-small /dev/shm is an `OSError` at start naming the
   MiB needed and free, never a SIGBUS in a worker later.
-- **Named by its creator.** `shml_<pid>_<hex>` (under 30 characters); `sweep_stale` unlinks
-  the segments whose creator is no longer alive (judged in this PID namespace).
+- **Held by its creator.** The trainer holds an exclusive `flock` on the segment's file for
+  as long as the segment is its (`Segment.lock_fd`), and writes the ring's header only once
+  it holds it; the kernel drops the lock when the trainer dies, whatever killed it.
+  `sweep_stale` unlinks a segment only when it can take that lock itself and the header is
+  there: its creator is gone. This holds across PID namespaces that share one /dev/shm
+  (containers with `--ipc=host`, pods sharing an emptyDir), where a creator's pid means
+  nothing. A segment without a header yet is being created (or its creator died in those
+  microseconds) and is swept only once it is `UNBORN_S` old; a ring of an older layout, which
+  holds no lock, only when its creator pid is dead here. Names are `shml_<pid>_<hex>` (under
+  30 characters).
 - **The trainer's own mapping.** The trainer maps the segment once more for its views:
   a CPU batch lent to the caller is a view of the ring and may outlive `close()`, which a
   `SharedMemory` refuses to close under live views; an `mmap` is simply unmapped when its last
@@ -25,18 +33,24 @@ and the coordinator unlinks it only when the trainer died (`unlink_orphan`).
 Linux only (/dev/shm).
 """
 import contextlib
+import fcntl
 import mmap
 import os
 import secrets
 import sys
+import time
 from multiprocessing import resource_tracker, shared_memory
 
-from .ring import LAYOUT_VERSION, Ring, RingLayout
+import numpy as np
+
+from .ring import LAYOUT_VERSION, MAGIC, Ring, RingLayout
 from .signals import pid_alive, sigint_blocked
 
 SHM_DIR = "/dev/shm"
 PREFIX = "shml_"
 TRACK_FLAG = sys.version_info >= (3, 13)  # SharedMemory(track=False) exists
+LOCKED_SINCE = 4   # the layout version from which a creator holds its segment's lock
+UNBORN_S = 60.0    # a segment with no header yet is left alone for this long
 
 
 def new_name() -> str:
@@ -44,18 +58,26 @@ def new_name() -> str:
 
 
 class Segment:
-    """A segment the trainer created: its name, and `unlink()` (safe to repeat)."""
+    """A segment the trainer created: its name, the descriptor that holds its lock, and
+    `unlink()` (safe to repeat), which also lets the lock go."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, lock_fd: int = -1):
+        self.name, self.lock_fd = name, lock_fd
 
     def unlink(self):
         """Remove the name (by its file: on 3.10-3.12 `SharedMemory.unlink` would also tell the
-        resource tracker, which no longer holds it)."""
+        resource tracker, which no longer holds it), then drop the lock."""
         try:
             os.unlink(os.path.join(SHM_DIR, self.name))
         except FileNotFoundError:
             pass
+        self.forget()
+
+    def forget(self):
+        """Close the lock's descriptor (a forked child's copy of it: the parent keeps the lock)."""
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
 def open_shared(name: str, create: bool = False, size: int = 0) -> shared_memory.SharedMemory:
@@ -100,13 +122,10 @@ def create(layout: RingLayout) -> tuple[Segment, Ring]:
         with sigint_blocked():
             name = new_name()
             open_shared(name, create=True, size=layout.nbytes).close()
-            segment = Segment(name)
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
-        try:
-            _reserve(fd, layout.nbytes)
-            mapping = mmap.mmap(fd, layout.nbytes)
-        finally:
-            os.close(fd)
+            segment = Segment(name, os.open(os.path.join(SHM_DIR, name), os.O_RDWR))
+        fcntl.flock(segment.lock_fd, fcntl.LOCK_EX)  # before the header: see the module docstring
+        _reserve(segment.lock_fd, layout.nbytes)
+        mapping = mmap.mmap(segment.lock_fd, layout.nbytes)
     except BaseException:
         if segment is not None:
             segment.unlink()
@@ -170,10 +189,8 @@ def creator_pid(name: str) -> int | None:
 
 
 def sweep_stale() -> list[str]:
-    """Unlink segments whose creating process is gone; returns their names.
-
-    Liveness is judged in this PID namespace: containers that share one /dev/shm
-    (`--ipc=host`) but not their PIDs must not run loaders side by side."""
+    """Unlink the segments whose creator is gone (see the module docstring); returns their
+    names."""
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
@@ -181,10 +198,30 @@ def sweep_stale() -> list[str]:
     swept = []
     for name in names:
         pid = creator_pid(name)
-        if pid is not None and not pid_alive(pid):
+        if pid is not None and _orphan(os.path.join(SHM_DIR, name), pid):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 swept.append(name)
             except FileNotFoundError:
                 pass
     return swept
+
+
+def _orphan(path: str, pid: int) -> bool:
+    """Whether the segment at `path` (named by creator `pid`) has no creator any more. Its
+    lock is taken only to look, and dropped at once."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # its creator holds it
+        head = np.frombuffer(os.pread(fd, 16, 0).ljust(16, b"\0"), dtype=np.int64)
+        if head[0] != MAGIC:
+            return time.time() - os.fstat(fd).st_mtime > UNBORN_S
+        return head[1] >= LOCKED_SINCE or not pid_alive(pid)
+    finally:
+        os.close(fd)

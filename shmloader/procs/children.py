@@ -11,9 +11,9 @@ unlinks the ring's name, closes the alive pipe (every child exits on its EOF), j
 run to its answer.
 """
 import logging
+import multiprocessing.process
 import signal
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 
@@ -111,7 +111,7 @@ class Children:
         if isinstance(msg, kinds):
             return msg
         if isinstance(msg, Warn):
-            warnings.warn(f"shmloader: {msg.text}", stacklevel=6)
+            errors.warn(f"shmloader: {msg.text}")
             return None
         _raise_reported(msg)
 
@@ -208,6 +208,21 @@ class Children:
             if c is not None:
                 c.close()
         self._release_memory()
+
+    def forget(self):
+        """In a process forked from the trainer: let go of the trainer's children and ring
+        without touching them. multiprocessing's exit handler would terminate the processes it
+        believes its own (the trainer's workers), and this process's copies of the alive pipe's
+        write end and of the ring's lock would keep the children and the next sweep from seeing
+        the trainer die; the mapping stays for the lent batches this copy of the caller holds."""
+        for p in self.procs:
+            multiprocessing.process._children.discard(p)  # noqa: SLF001 (the set its exit handler reads)
+        for c in (self.alive_w, self.conn, self.ready, self.kick):
+            if c is not None:
+                c.close()
+        self.alive_w = self.conn = self.ready = self.kick = None
+        self.segment.forget()
+        self.coordinator, self.workers = None, []
 
     def _release_memory(self):
         mapping = self.ring.buf

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from ..data.order import iter_pieces
-from ..data.source import ParquetSource, read_or_skip
+from ..data.source import ParquetSource, SchemaCheck, read_or_skip
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -61,10 +61,10 @@ class _Outbox:
                 return
 
 
-def _pieces(cfg, run, report_bad):
+def _pieces(cfg, run, fs, report_bad):
     """`pieces(ramp, cap, first_index)`: the canonical order's pieces from `run.start`; a bad
     file is skipped (`report_bad((file, None), text)`) or raises, as `on_bad_row_group` says."""
-    source = ParquetSource(run.files, run.filesystem.open() if run.filesystem is not None else None)
+    source = ParquetSource(run.files, fs)
 
     def row_counts(f: int) -> list[int]:
         counts = read_or_skip(lambda: source.row_counts(f), cfg.on_bad_row_group,
@@ -84,7 +84,11 @@ class _Coordinator:
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
         kind = CountMode if args.locate else cfg.spec.mode
-        self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self._report_bad))
+        fs = args.filesystem.open() if args.filesystem is not None else None
+        self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, fs, self._report_bad))
+        # a bad file is an error when found, ahead of the run (skipped ones are skipped when reached)
+        self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file)
+                       if cfg.on_bad_row_group == "raise" else None)
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [_Outbox(conn) for conn in workers]
         self.listening = Listener([trainer, alive, self.kick, *workers])
@@ -98,6 +102,8 @@ class _Coordinator:
     def run(self):
         self.ring.stats[Stat.EPOCH] = self.args.start.epoch
         while True:
+            if self.schema is not None and self.schema.found() is not None:
+                raise self.schema.found()
             for k in self.handover.freed():  # in any order
                 self.slots.release(k)
                 self.mode.freed(k)

@@ -10,6 +10,7 @@ that a Ctrl-C during start-up reaches only the trainer.
 import contextlib
 import multiprocessing
 import multiprocessing.forkserver
+import os
 import sys
 import types
 from dataclasses import replace
@@ -37,6 +38,18 @@ def prestart(start_method: str):
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     with _main_hidden():
         _ensure_forkserver()
+
+
+def forget_forkserver():
+    """In a child forked (`os.fork()`) from a process that started the forkserver: the server
+    is the parent's, not this process's child (multiprocessing would wait for it and fail), so
+    this process forgets it, and starts a server of its own if it makes a loader."""
+    server = multiprocessing.forkserver._forkserver  # noqa: SLF001 (multiprocessing keeps no public handle)
+    if server._forkserver_pid is None:  # noqa: SLF001
+        return
+    if server._forkserver_alive_fd is not None:  # noqa: SLF001 (the parent keeps its own copy)
+        os.close(server._forkserver_alive_fd)  # noqa: SLF001
+    server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None  # noqa: SLF001
 
 
 def _ensure_forkserver():

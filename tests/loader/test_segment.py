@@ -1,17 +1,25 @@
 """ipc/segment.py across processes: sweep_stale unlinks the segment of a creator that has
-exited (and keeps a live one's and foreign names), and the resource tracker that a killed
-trainer's children shared never unlinks nor reports its segment. Every segment created here
-is unlinked in a finally block. (The segment in one process: tests/unit/test_segment.py.)"""
+exited, judged by the creator's lock on it (so also across PID namespaces that share
+/dev/shm), and keeps a live one's, one being created, and foreign names; the resource tracker
+that a killed trainer's children shared never unlinks nor reports its segment. Every segment
+created here is unlinked in a finally block. (The segment in one process:
+tests/unit/test_segment.py.)"""
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 
 from shmloader.ipc import segment as segmod
+from shmloader.ipc.ring import MAGIC
 from shmloader.ipc.segment import PREFIX, SHM_DIR, sweep_stale
 from shmloader.ipc.signals import pid_alive
+from tests import helpers
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="needs /dev/shm (Linux)")
 
@@ -24,7 +32,19 @@ def dead_pid():
     return p.pid
 
 
+def _write_ring(path: str, version: int, age_s: float = 0.0):
+    """A file that looks like a ring of layout `version` (0: no header yet), `age_s` old."""
+    head = np.zeros(8, dtype=np.int64)
+    if version:
+        head[:2] = (MAGIC, version)
+    with open(path, "wb") as f:
+        f.write(head.tobytes())
+    if age_s:
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+
+
 def test_sweep_stale_unlinks_dead_and_keeps_live():
+    """Rings of the layout before creators held a lock (3) are judged by their creator's pid."""
     dead = dead_pid()
     stale = f"{PREFIX}{dead}_deadbeef"
     live = f"{PREFIX}{os.getpid()}_livelive"
@@ -32,8 +52,7 @@ def test_sweep_stale_unlinks_dead_and_keeps_live():
     paths = [os.path.join(SHM_DIR, n) for n in (stale, live, foreign)]
     try:
         for p in paths:
-            with open(p, "wb") as f:
-                f.write(b"\0" * 64)
+            _write_ring(p, version=3)
         swept = sweep_stale()
         assert stale in swept
         assert live not in swept and foreign not in swept
@@ -86,3 +105,99 @@ def test_resource_tracker_never_holds_the_segment(tmp_path, method):
         assert proc.stderr == "", proc.stderr
     finally:
         segmod.Segment(name).unlink()
+
+
+def test_sweep_judges_a_locked_layout_by_its_lock_not_its_pid():
+    """From layout 4 the creator's lock decides, whatever its pid says here (in another PID
+    namespace the pid means nothing): an unlocked ring is swept even under a live pid's name, a
+    locked one kept even under a dead pid's; a file without a header yet (being created) is
+    kept until it is `UNBORN_S` old."""
+    dead = dead_pid()
+    names = {"unlocked_live_pid": f"{PREFIX}{os.getpid()}_unlocked", "locked_dead_pid": f"{PREFIX}{dead}_locked",
+             "unborn_young": f"{PREFIX}{dead}_young", "unborn_old": f"{PREFIX}{dead}_oldold"}
+    paths = {k: os.path.join(SHM_DIR, n) for k, n in names.items()}
+    holder = None
+    try:
+        _write_ring(paths["unlocked_live_pid"], version=segmod.LOCKED_SINCE)
+        _write_ring(paths["locked_dead_pid"], version=segmod.LOCKED_SINCE)
+        _write_ring(paths["unborn_young"], version=0)
+        _write_ring(paths["unborn_old"], version=0, age_s=segmod.UNBORN_S + 5)
+        holder = os.open(paths["locked_dead_pid"], os.O_RDONLY)
+        fcntl.flock(holder, fcntl.LOCK_EX)  # as a live creator in another namespace holds it
+        swept = set(sweep_stale())
+        assert swept >= {names["unlocked_live_pid"], names["unborn_old"]}
+        assert not swept & {names["locked_dead_pid"], names["unborn_young"]}
+        left = set(os.listdir(SHM_DIR))
+        assert names["locked_dead_pid"] in left and names["unborn_young"] in left
+        os.close(holder)  # the creator dies: the kernel drops its lock
+        holder = None
+        assert names["locked_dead_pid"] in sweep_stale()
+    finally:
+        if holder is not None:
+            os.close(holder)
+        for p in paths.values():
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def test_a_loaders_segment_is_locked_by_its_trainer_until_it_is_closed(synth):
+    with synth.loader(2, 16, num_workers=1) as loader:
+        next(loader)
+        name = loader.debug().segment
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        assert name not in sweep_stale()
+
+
+NAMESPACE_TRAINER = """
+import sys
+import shmloader
+from tests.helpers import IntTokenizer
+
+with shmloader.ShmLoader(sys.argv[1], IntTokenizer(), 2, 16, num_workers=1, device="cpu", n_slots=2) as loader:
+    next(loader)
+    print(loader.debug().segment, flush=True)
+    sys.stdin.readline()  # the other namespace has swept
+    for _ in range(200):
+        next(loader)
+    print("ok", flush=True)
+"""
+SWEEP = "import json, os, shmloader.ipc.segment as s; print(json.dumps([os.getpid(), s.sweep_stale()]))"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_loader_in_another_pid_namespace_never_unlinks_a_live_ring(posdata, tmp_path):
+    """Two loaders share one /dev/shm (a private tmpfs, so the machine's is untouched) from two
+    PID namespaces, as containers started with --ipc=host do: the second one's start-up sweep
+    cannot see the first trainer's pid, and must leave its live ring alone; the first keeps
+    reading its batches. With pids alone (layout 3), that sweep unlinked the ring."""
+    import json
+
+    script = tmp_path / "trainer.py"
+    script.write_text(NAMESPACE_TRAINER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(helpers.REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    outer = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} {script} {posdata.root}"
+    with subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", outer],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as first:
+        try:
+            name = first.stdout.readline().strip()
+            assert name.startswith(PREFIX), first.stderr.read()
+            # in the first one's mount namespace (its /dev/shm), a new PID namespace
+            second = subprocess.run(["nsenter", f"--target={first.pid}", "--mount", "--", "unshare", "--pid",
+                                     "--fork", "--mount-proc", sys.executable, "-c", SWEEP],
+                                    capture_output=True, text=True, env=env, timeout=60)
+            assert second.returncode == 0, second.stderr
+            pid, swept = json.loads(second.stdout)
+            assert pid == 1, "the sweep did not run in a PID namespace of its own"
+            assert name not in swept, f"the other PID namespace swept a live ring: {swept}"
+            first.stdin.write("go\n")
+            first.stdin.flush()
+            assert first.stdout.readline().strip() == "ok", first.stderr.read()
+        finally:
+            if first.poll() is None:
+                first.kill()

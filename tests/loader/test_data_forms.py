@@ -1,0 +1,138 @@
+"""Data in the forms users have it (docs/contract.md §2, §4): any string-like `text` column,
+a bad schema reported early and by name, directories and dot-files that only look like
+shards, and a `cache_dir` that cannot be one, refused in the caller's process.
+
+Every stream is checked against the oracle (tests/oracle.py) on token = position data.
+"""
+import itertools
+import os
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from shmloader.demo import corpus
+from tests import helpers, oracle
+from tests.helpers import loader_children, shm_segments, window_of
+
+B, T = 2, 16
+
+
+def shards(root, lengths, num_files=4, rg=8) -> list[str]:
+    os.makedirs(root, exist_ok=True)
+    return [str(p) for p in corpus.write_shards(helpers.position_documents(lengths), root, num_files=num_files,
+                                                row_group_size=rg)]
+
+
+def loader(data, **kw):
+    kw.setdefault("num_workers", 2)
+    return shmloader.ShmLoader(data if isinstance(data, list) else str(data), helpers.IntTokenizer(), B, T,
+                               kw.pop("split", "train"), device="cpu",
+                               timeout=30, **kw)
+
+
+def expected(files, n):
+    tok = helpers.IntTokenizer()
+    return [w for w, _ in itertools.islice(oracle.concat_windows(files, tok.encode, 0, B, T), n)]
+
+
+def rewrite_text_as(path, kind):
+    """Rewrite `path` with its `text` column as a dictionary or string_view column (same rows,
+    same row groups)."""
+    pf = pq.ParquetFile(path)
+    sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+    texts = pf.read(columns=["text"]).column("text").to_pylist()
+    column = pa.array(texts).dictionary_encode() if kind == "dictionary" else pa.array(texts, pa.string_view())
+    table = pa.table({"text": column})
+    with pq.ParquetWriter(path, table.schema) as w:
+        at = 0
+        for n in sizes:
+            w.write_table(table.slice(at, n), row_group_size=n)
+            at += n
+
+
+@pytest.mark.parametrize("kind", ["dictionary", "string_view"])
+def test_any_string_like_text_column_is_read_as_text(tmp_path, kind):
+    paths = shards(tmp_path, [(i * 7) % 23 for i in range(200)])
+    for p in paths:
+        rewrite_text_as(p, kind)
+    assert str(pq.ParquetFile(paths[0]).schema_arrow.field("text").type).startswith(kind[:6])
+    want = expected(paths[:-1], 20)
+    with loader(tmp_path) as ld:
+        got = [window_of(*next(ld)) for _ in range(20)]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def _int_text(path):
+    rows = pq.ParquetFile(path).metadata.num_rows
+    pq.write_table(pa.table({"text": list(range(rows))}), path, row_group_size=8)
+
+
+def test_a_bad_schema_far_into_the_run_is_reported_early_by_name(tmp_path):
+    """The bad file is the last train file, ~100 batches into the stream: the coordinator's
+    check of every footer finds it within the first batches, and names it."""
+    paths = shards(tmp_path, [5] * 1000, num_files=5)
+    _int_text(paths[3])
+    reach = sum(1 for _ in oracle.documents(paths[:3], epochs=1)) * 6 // (B * T + 1)
+    assert reach > 100
+    with loader(tmp_path) as ld:
+        with pytest.raises(shmloader.DataError) as ei:
+            for k in range(reach):
+                next(ld)
+    msg = str(ei.value)
+    assert paths[3] in msg and "int64" in msg and "row group" in msg and "coordinator" in msg, msg
+    assert k < 30, f"found only after {k} of the {reach} batches before the run reaches the file"
+
+
+def test_a_bad_schema_is_still_skipped_when_asked(tmp_path):
+    paths = shards(tmp_path, [5] * 400, num_files=5)
+    _int_text(paths[2])
+    want = expected([paths[0], paths[1], paths[3]], 60)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with loader(tmp_path, on_bad_row_group="skip") as ld:
+            got = [window_of(*next(ld)) for _ in range(60)]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want)), "the stream is not the one without the file"
+    assert any(paths[2] in str(w.message) for w in caught)
+
+
+def test_directories_and_dot_files_named_parquet_are_not_shards(tmp_path):
+    """A Spark-style `x.parquet/` directory sorted after the last shard would have become the
+    val file, and the intended val shard trained on."""
+    paths = shards(tmp_path / "data", [(i * 5) % 17 for i in range(160)])
+    spark = tmp_path / "data" / "zz_part.parquet"
+    spark.mkdir()
+    pq.write_table(pa.table({"text": ["1 2 3"]}), spark / "part-0000.parquet")
+    (tmp_path / "data" / ".zz_partial.parquet").write_bytes(b"not yet")
+    for data in (tmp_path / "data", str(tmp_path / "data" / "*.parquet")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ld = loader(data, split="val")
+        notice = [w for w in caught if "left out" in str(w.message)]
+        assert len(notice) == 1 and "zz_part.parquet/ (a directory)" in str(notice[0].message), notice
+        if not isinstance(data, str):  # a glob never matches a dot-file
+            assert ".zz_partial.parquet (a dot-file)" in str(notice[0].message)
+        assert notice[0].filename == __file__, "the notice points at shmloader, not at the caller's line"
+        with ld:
+            assert ld.files == paths[-1:]
+            got = window_of(*next(ld))
+        assert np.array_equal(got, expected(paths[-1:], 1)[0])
+    with pytest.raises(shmloader.DataError, match="not files"):
+        loader([*paths, str(spark)])
+
+
+def test_cache_dir_that_cannot_be_a_directory_is_refused_at_construction(tmp_path):
+    shards(tmp_path / "data", [5] * 40)
+    a_file = tmp_path / "cache"
+    a_file.write_text("x")
+    for bad in (a_file, a_file / "sub"):
+        with pytest.raises(ValueError, match="cache_dir .* (is a file|lies under a file)"):
+            loader(tmp_path / "data", cache_dir=bad)
+    assert loader_children() == [] and shm_segments() == [], "a refused loader started processes"
+    missing = tmp_path / "new" / "cache"
+    with loader(tmp_path / "data", cache_dir=missing, num_workers=1) as ld:
+        next(ld)
+    assert missing.is_dir()

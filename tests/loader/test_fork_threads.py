@@ -1,0 +1,111 @@
+"""A loader across `os.fork()` and from several threads (docs/contract.md §1).
+
+Fork: a trainer script builds a loader, takes batches, forks; the child exits the usual way
+(`sys.exit`, so multiprocessing's and shmloader's exit handlers run in it), or calls `next()` on
+the inherited loader (a `LoaderClosed` naming the fork), or builds a loader of its own. The
+parent's loader must go on untouched: the same processes, the same segment, and the batches
+of an uninterrupted run (token = position data, so each window is checked by arithmetic).
+Threads: two threads calling `next()` on one loader get every batch of the stream exactly once,
+each thread its batches in stream order.
+"""
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import shmloader
+from tests.helpers import window_of
+
+B, T = 2, 16
+
+FORK_SCRIPT = """
+import json, os, sys
+import shmloader
+from tests.helpers import IntTokenizer, window_of
+
+data, case = sys.argv[1], sys.argv[2]
+make = lambda: shmloader.ShmLoader(data, IntTokenizer(), {B}, {T}, num_workers=2, device="cpu")
+loader = make()
+windows = [window_of(*next(loader)).tolist() for _ in range(3)]
+info = loader.debug()
+before = {{"pids": [p.pid for p in [info.coordinator, *info.workers]], "segment": info.segment}}
+child = os.fork()
+if child == 0:
+    if case == "next":
+        try:
+            next(loader)
+            print("child: next() returned a batch", file=sys.stderr)
+            sys.exit(3)
+        except shmloader.LoaderClosed as exc:
+            sys.exit(0 if "forked" in str(exc) else 4)
+    if case == "own":
+        with make() as own:
+            first = window_of(*next(own)).tolist()
+        sys.exit(0 if first == windows[0] else 5)
+    sys.exit(0)  # exit handlers run here: multiprocessing's, atexit's
+_, status = os.waitpid(child, 0)
+alive = all(os.path.exists(f"/proc/{{pid}}") for pid in before["pids"])
+segment_there = os.path.exists("/dev/shm/" + before["segment"])
+windows += [window_of(*next(loader)).tolist() for _ in range(40)]
+loader.close()
+print(json.dumps({{"child_status": status, "alive": alive, "segment": segment_there, "windows": windows}}))
+""".format(B=B, T=T)
+
+
+@pytest.mark.parametrize("case", ["exit", "next", "own"])
+def test_a_forked_child_never_touches_the_parents_loader(posdata, tmp_path, case):
+    script = tmp_path / "fork_trainer.py"
+    script.write_text(FORK_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(posdata.root), case], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["child_status"] == 0, f"the child's check failed (wait status {out['child_status']}): {proc.stderr}"
+    assert out["alive"] and out["segment"], "the child's exit touched the parent's processes or segment"
+    want, _ = posdata.expected(len(out["windows"]), B, T)
+    assert [np.array(w).tolist() for w in want] == out["windows"]
+    assert "Traceback" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr
+
+
+def test_two_threads_get_every_batch_once_in_order(posdata, watchdog):
+    n = 60
+    want, _ = posdata.expected(2 * n, B, T)
+    index = {w.tobytes(): k for k, w in enumerate(want)}
+    got = {0: [], 1: []}
+    errors = []
+    with posdata.loader(B, T) as loader:
+        start = threading.Barrier(2)
+
+        def take(i):
+            try:
+                start.wait(10)
+                for _ in range(n):
+                    got[i].append(index[window_of(*next(loader)).tobytes()])  # KeyError: not the stream's
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=take, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a thread is still in next()"
+    assert not errors, errors
+    assert sorted(got[0] + got[1]) == list(range(2 * n)), "a batch came twice or never"
+    assert all(g == sorted(g) for g in got.values()), "a thread got its batches out of order"
+    assert got[0] and got[1]
+
+
+def test_a_thread_waiting_behind_another_times_out_with_a_clear_error(posdata):
+    with posdata.loader(B, T, timeout=1) as loader:
+        next(loader)
+        assert loader._next_lock.acquire()  # another thread is inside next() (and stays)
+        try:
+            with pytest.raises(shmloader.LoaderTimeout, match="another thread"):
+                next(loader)
+        finally:
+            loader._next_lock.release()
+        next(loader)
