@@ -72,7 +72,13 @@ def _device(device) -> torch.device:
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer (torchrun sets "
+                         f"RANK and WORLD_SIZE; or pass rank= and world_size=)") from None
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,8 @@ class ShmLoader:
         if self._closed:
             raise errors.LoaderClosed(self._closed_text())
         resume = statemod.check(state, self._identity)
+        if resume.origin is not None and "version" not in state:
+            self._check_row_group(resume.origin)
         if resume.locate:
             resume = self._locate(resume)
         if getattr(self, "_procs", None) is not None:
@@ -263,6 +271,14 @@ class ShmLoader:
                     f"from it: a forked child never uses its parent's loader (its processes and ring "
                     f"are the parent's); make a new loader in the child, after the fork")
         return "this ShmLoader was closed; make a new one"
+
+    def _check_row_group(self, origin: dict):
+        """A nanochat state's row group must be one of its file's (the file's footer says)."""
+        f, rg = origin["pq_idx"], origin["rg_idx"]
+        n = len(source.ParquetSource(self.files, self.filesystem).row_counts(f))
+        if rg >= n:
+            raise ValueError(f"resume state field 'rg_idx' is {rg}, but {self.files[f]} (its 'pq_idx' "
+                             f"{f}) has {n} row groups: the state is not of these files")
 
     def _forked(self):
         """This process was forked from the loader's: let go of the parent's processes and ring

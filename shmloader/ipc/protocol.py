@@ -52,7 +52,7 @@ message is one record below, sent through a pipe and dispatched on its type:
    batches < k were announced, `(k, slot, position, docs)`: the canonical position of the
    first token after batch k (best fit: the runs go into the slot's runs area first) and the
    documents begun by then. Through the pipe: a count-only run (packing/count.py) sends
-   `Progress(done, total)` once a second and then `Located(position, runs, tokenized,
+   `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
    the workers through the coordinator, to the trainer.
 
@@ -145,8 +145,9 @@ class Located(NamedTuple):
 
 
 class Progress(NamedTuple):
-    done: int
+    done: int                      # batches replayed (over pieces in stream order)
     total: int
+    docs: int                      # documents counted so far, also those waiting for an earlier piece
 
 
 class Listener:

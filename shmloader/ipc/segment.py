@@ -148,9 +148,14 @@ def _reserve(fd: int, nbytes: int):
     except OSError as exc:
         st = os.statvfs(SHM_DIR)
         free = st.f_bavail * st.f_frsize
-        raise OSError(exc.errno, f"shmloader needs {nbytes / 2**20:.1f} MiB of shared memory in "
-                      f"{SHM_DIR} but only {free / 2**20:.1f} MiB are free: enlarge /dev/shm "
-                      f"(docker: --shm-size) or lower B, T or n_slots") from exc
+        raise OSError(exc.errno, f"shmloader needs {_size(nbytes)} of shared memory in {SHM_DIR} but only "
+                      f"{_size(free)} are free: enlarge /dev/shm (docker: --shm-size) or lower B, "
+                      f"T or n_slots") from exc
+
+
+def _size(n: int) -> str:
+    """MiB to one decimal, and the bytes too (two sizes that round alike still read apart)."""
+    return f"{n / 2**20:.1f} MiB ({n:,} bytes)"
 
 
 class Attached:

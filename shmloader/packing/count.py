@@ -35,6 +35,7 @@ class CountMode(Mode):
         self.pieces = pieces((), cap, 0)  # no ramp: nothing waits for a first batch
         self._counted = InOrder()
         self.from_cache = [0, 0]  # pieces tokenized, pieces read from the token cache
+        self.docs = 0             # documents counted
         self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
 
     def can_take(self, worker: int) -> bool:
@@ -43,6 +44,7 @@ class CountMode(Mode):
     def counted(self, msg):
         self._load[self.owner.pop(msg.piece)] -= 1
         self.from_cache[bool(msg.cache_hit)] += 1
+        self.docs += len(msg.lengths)
         piece = self.specs[msg.piece]
         for index, lengths in self._counted.add(msg.piece, msg.lengths):
             self.locator.feed(self.specs.pop(index), lengths)  # ignored once it has a result
@@ -54,4 +56,4 @@ class CountMode(Mode):
             yield Located(*self.locator.result, *self.from_cache)
         elif not self._reported and time.monotonic() >= self._next_progress:
             self._next_progress = time.monotonic() + PROGRESS_S
-            yield Progress(self.locator.done_batches, self.locator.total)
+            yield Progress(self.locator.done_batches, self.locator.total, self.docs)

@@ -83,7 +83,7 @@ class Children:
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(
                     f"no batch within {timeout:.0f} s although every loader process is alive; "
-                    f"workers: {self.describe_workers()}; raise timeout= if row groups are huge")
+                    f"{self.describe_all()}; raise timeout= if row groups are huge")
 
     def _take(self):
         """The next batch `(k, slot, position, docs)` if it is announced, else None; first
@@ -172,9 +172,9 @@ class Children:
 
     def _describe(self, p) -> str:
         if p is self.coordinator:
-            return f"the coordinator (pid {p.pid})"
+            return f"the coordinator (pid {p.pid}){_stopped_text(p.pid)}"
         i = self.workers.index(p)
-        return f"worker {i} (pid {p.pid}){self._piece_text(i)}"
+        return f"worker {i} (pid {p.pid}){_stopped_text(p.pid)}{self._piece_text(i)}"
 
     def _piece_text(self, i: int) -> str:
         piece, f, rg, doc = (int(v) for v in self.ring.workers[i, WorkerCol.PIECE:WorkerCol.DOC + 1])
@@ -182,8 +182,9 @@ class Children:
             return " while idle"
         return f" while reading {self.files[f]}, row group {rg}, documents from {doc}"
 
-    def describe_workers(self) -> str:
-        return "; ".join(self._describe(p) for p in self.workers)
+    def describe_all(self) -> str:
+        """Every child, what it is doing, and whether it is stopped (SIGSTOP, a debugger)."""
+        return "; ".join(self._describe(p) for p in self.procs)
 
     def shutdown(self):
         """Unlink the segment's name first (a coordinator that finds it gone knows the loader
@@ -233,6 +234,16 @@ class Children:
             pass  # the caller still holds lent batches: unmapped when the last one is freed
 
 
+def _stopped_text(pid: int) -> str:
+    """" (stopped)" when the process is stopped (its state in /proc is T or t), else ""."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return " (stopped: SIGSTOP or a debugger holds it)" if state in ("T", "t") else ""
+
+
 def _exit_text(code) -> str:
     if code is None:
         return "it did not exit"
@@ -278,7 +289,8 @@ def locate_position(config, layout: ringmod.RingLayout, cargs) -> tuple:
                 if isinstance(msg, Located):
                     return msg.position, msg.runs, msg.cached, msg.tokenized
                 if msg is not None:
-                    log.info("rank %d: counted to batch %d of %d", cargs.rank, msg.done, msg.total)
+                    log.info("rank %d: %d documents counted so far; %d of %d batches replayed over them",
+                             cargs.rank, msg.docs, msg.done, msg.total)
                 deadline = time.monotonic() + config.timeout
                 continue
             if ready:
@@ -286,7 +298,7 @@ def locate_position(config, layout: ringmod.RingLayout, cargs) -> tuple:
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(f"finding this rank's position: no word from the loader's "
                                            f"processes within {config.timeout:.0f} s; workers: "
-                                           f"{kids.describe_workers()}")
+                                           f"{kids.describe_all()}")
     finally:
         kids.shutdown()
 

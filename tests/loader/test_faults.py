@@ -164,7 +164,8 @@ def test_child_killed_at_random_moment(synth, who, sig, seed, handover):
 @pytest.mark.parametrize("who", ["worker", "coordinator"])
 def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover):
     """A child that is alive but makes no progress (SIGSTOP): next() raises LoaderTimeout
-    after `timeout=` seconds, naming the workers; close() still stops everything."""
+    after `timeout=` seconds, naming every process and the stopped one as stopped; close()
+    still stops everything."""
     with synth.loader(2, 32, "val", num_workers=2, timeout=2.0) as loader:
         for _ in range(3):
             next(loader)
@@ -176,6 +177,8 @@ def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover):
         assert isinstance(err, shmloader.LoaderTimeout), f"{type(err).__name__}: {err}"
         msg = str(err)
         assert "2 s" in msg and all(f"pid {p.pid}" in msg for p in loader.debug().workers), msg
+        assert f"pid {loader.debug().coordinator.pid}" in msg, msg
+        assert f"pid {proc.pid}) (stopped" in msg and msg.count("(stopped") == 1, msg
         closing = time.monotonic()
     closed = time.monotonic() - closing
     print(f"{who} SIGSTOP: LoaderTimeout {waited:.2f} s after the stop ({n} batches), close {closed:.2f} s")
@@ -299,7 +302,7 @@ def test_no_room_in_dev_shm(synth, monkeypatch):
     msg = str(info.value)
     assert info.value.errno == errno.ENOSPC, msg
     assert not isinstance(info.value, shmloader.ShmLoaderError)
-    assert re.search(rf"needs {need:.1f} MiB .* only \d+\.\d MiB are free", msg), msg
+    assert re.search(rf"needs {need:.1f} MiB \([\d,]+ bytes\) .* only \d+\.\d MiB \([\d,]+ bytes\) are free", msg), msg
     assert "/dev/shm" in msg and "shm-size" in msg, msg
     assert_clean()
 

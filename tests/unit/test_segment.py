@@ -118,7 +118,7 @@ def test_reserve_names_mib_needed_and_free(monkeypatch):
         segmod._reserve(0, 300 * 2**20)
     msg = str(ei.value)
     assert ei.value.errno == errno.ENOSPC
-    assert "300.0 MiB" in msg and "MiB are free" in msg and SHM_DIR in msg
+    assert "300.0 MiB (314,572,800 bytes)" in msg and "bytes) are free" in msg and SHM_DIR in msg
     assert isinstance(ei.value.__cause__, OSError)
 
 

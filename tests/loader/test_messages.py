@@ -1,0 +1,42 @@
+"""Errors and warnings say what is wrong, in the caller's process, at the caller's line
+(docs/contract.md §3, §4): a bad RANK, a nanochat state of other files, warnings raised through
+the drop-in functions."""
+import warnings
+
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from tests.helpers import loader_children, shm_segments
+
+B, T = 2, 16
+
+
+def test_a_rank_that_is_not_a_number_is_named(posdata, monkeypatch):
+    monkeypatch.setenv("RANK", "abc")
+    with pytest.raises(ValueError, match=r"RANK='abc' is not an integer"):
+        posdata.loader(B, T)
+    assert loader_children() == [] and shm_segments() == []
+
+
+def test_a_nanochat_state_past_its_files_row_groups_is_refused(posdata):
+    n = pq.ParquetFile(posdata.paths[1]).metadata.num_row_groups
+    with pytest.raises(ValueError, match=rf"'rg_idx' is 999, but .*shard_00001.parquet .* has {n} row groups"):
+        posdata.loader(B, T, resume_state={"pq_idx": 1, "rg_idx": 999, "epoch": 1})
+    with posdata.loader(B, T, resume_state={"pq_idx": 1, "rg_idx": n - 1, "epoch": 1}) as ok:
+        next(ok)
+
+
+def test_warnings_through_the_drop_ins_point_at_the_callers_line(posdata):
+    with posdata.loader(B, T) as loader:
+        next(loader)
+        state = loader.state_dict()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gen = shmloader.tokenizing_distributed_data_loader_with_state(
+            B, 2 * T, "train", device="cpu", resume_state_dict=state, data=str(posdata.root),
+            tokenizer=posdata.tokenizer, num_workers=1)
+        next(gen)
+        gen.close()
+    shape = [w for w in caught if "another batch shape" in str(w.message)]
+    assert shape and all(w.filename == __file__ for w in shape), [(w.filename, w.lineno) for w in caught]
