@@ -124,7 +124,9 @@ class ShmLoader:
         sizes = source.file_sizes(self.files, self.filesystem)
         self._identity = statemod.Loader(self.config.fingerprint(self.tokenizer.fingerprint),
                                          statemod.file_list(self.files, sizes), self.rank,
-                                         self.world_size, B, T, self.config.spec.buffered, self.config.other_rank)
+                                         self.world_size, B, T, self.config.spec.buffered, self.config.other_rank,
+                                         footers=lambda idx: source.footer_digests([self.files[i] for i in idx],
+                                                                                   self.filesystem))
         self._procs, self._delivery, self._closed = None, None, False
         self._pid, self._forked_from = os.getpid(), None
         self._next_lock = threading.Lock()  # next() from several threads: one at a time
@@ -166,6 +168,8 @@ class ShmLoader:
         if self._procs is None:
             self._start()
         k, slot, pos, docs, waited = self._procs.next_batch(self._delivery, self.config.timeout)
+        if self._procs.opened:  # files the coordinator has read (first, or again after a change)
+            self._learn(self._procs.opened)
         runs = self._procs.ring.runs_of(slot) if self._identity.buffered else None  # before its free
         window = self._delivery.deliver(k, slot)
         self._stats["batches"] += 1
@@ -183,11 +187,12 @@ class ShmLoader:
         if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
             pos, runs, k = self._position
             batch = self._resume.batch + k + 1
+            files = self._described(pos[0], pos[1])
             if runs is None:
-                self._state = statemod.make_state(self._base_state, *pos, batch)
+                self._state = statemod.make_state(self._base_state, *pos, batch, files=files)
             else:
                 self._state = statemod.make_state(self._base_state, *pos, batch, runs.tolist(),
-                                                  runs.tobytes())  # pos ends with skip 0
+                                                  runs.tobytes(), files=files)  # pos ends with skip 0
         return dict(self._state)
 
     def load_state_dict(self, state: dict):
@@ -200,6 +205,7 @@ class ShmLoader:
             self._check_row_group(resume.origin)
         if resume.locate:
             resume = self._locate(resume)
+        self._identity = dataclasses.replace(self._identity, files=statemod.with_footers(state, self._identity.files))
         if getattr(self, "_procs", None) is not None:
             self._stop()
         self._begin(resume)
@@ -272,6 +278,32 @@ class ShmLoader:
                     f"are the parent's); make a new loader in the child, after the fork")
         return "this ShmLoader was closed; make a new one"
 
+    def _described(self, epoch: int, file: int) -> list:
+        """`state.described_files` at (epoch, file), kept while it does not change (nanochat's
+        loop asks for a state with every batch, and a split may hold thousands of files)."""
+        key = (epoch > 1, file if epoch == 1 else -1)
+        if self._described_at[0] != key:
+            self._described_at = (key, statemod.described_files(self._identity.files, epoch, file))
+        return self._described_at[1]
+
+    def _learn(self, opened: list):
+        """The files' identities as the coordinator read them, for the states from here on: a
+        state describes the files its batches came from. A file whose size or footer changed
+        since the loader knew it is warned of. The list is replaced, never changed in place:
+        states already handed out keep theirs."""
+        files = list(self._identity.files)
+        while opened:
+            msg = opened.pop(0)
+            name, size, footer = files[msg.file]
+            if size != msg.size or footer not in (None, msg.footer):
+                errors.warn(f"shmloader: {self.files[msg.file]} changed since this loader first knew it "
+                            f"({size} bytes, footer {footer}; now {msg.size} bytes, footer {msg.footer}): "
+                            f"batches from here on read it as it is now, and states say so")
+            files[msg.file] = [name, msg.size, msg.footer]
+        self._identity = dataclasses.replace(self._identity, files=files)
+        self._base_state = dict(self._base_state, files=files)
+        self._described_at = (None, None)
+
     def _check_row_group(self, origin: dict):
         """A nanochat state's row group must be one of its file's (the file's footer says)."""
         f, rg = origin["pq_idx"], origin["rg_idx"]
@@ -297,6 +329,7 @@ class ShmLoader:
 
     def _begin(self, resume: statemod.Resume):
         self._resume = resume
+        self._described_at = (None, None)
         self._base_state = statemod.base_state(self._identity, resume)
         c = resume.cursor
         runs = [list(run) for run in resume.runs] if self._identity.buffered else None

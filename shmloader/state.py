@@ -1,11 +1,12 @@
 """The resume state: small, versioned, JSON-serialisable, checked against the loader.
 
 A state names a position in this rank's canonical stream, the first token of a batch:
-`{"version": 2, "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
+`{"version": 3, "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
 group), "skip" (tokens of that document before the position), "batch" (batches of the run
 before the position), "shapes" ([first batch, B, T] of each batch shape the run used),
 "origin" (None, or the nanochat keys the run started from), "rank", "world_size",
-"config" (what must not change), "files" ([name, bytes] of the split), "digest"}`, plus
+"config" (what must not change), "files" ([name, bytes, footer] of the split: footer is the
+digest of its parquet footer once the run had read it, else None), "digest"}`, plus
 best fit's `"buffer"` runs. Its position is canonical (the same whatever the number of
 workers), so a loader given it yields the batch at that position and onward exactly.
 
@@ -19,7 +20,9 @@ workers), so a loader given it yields the batch at that position and onward exac
 - another B or T continues from the same position with a warning (a new `shapes` entry);
   files appended to the split are accepted with a warning naming them; any other
   difference (split, packing, tokenizer, best-fit settings, world size, a file at or before
-  the position) is a ValueError naming each difference in words.
+  the position: its name, its size, or, when the state knows it, its footer) is a ValueError
+  naming each difference in words.
+Version 2 states (files as [name, bytes], no footers) are read too.
 """
 import os
 import zlib
@@ -30,7 +33,8 @@ import numpy as np
 from .data.order import Cursor, nanochat_cursor, start_cursor
 from .errors import warn
 
-VERSION = 2
+VERSION = 3
+READS = (2, 3)  # versions 2 and 3 differ only in the files' footers
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
 NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
 
@@ -40,13 +44,14 @@ NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
 class Loader:
     """What a state is checked against: the loader's fingerprint and place."""
     fingerprint: dict     # LoaderConfig.fingerprint(): split, packing, tokenizer, ... (the state's "config")
-    files: list           # [[name, bytes], ...] of the split, in order
+    files: list           # [[name, bytes, footer or None], ...] of the split, in order
     rank: int
     world: int
     B: int
     T: int
     buffered: bool = False  # the packing's state holds a buffer and its skip is 0 (its spec)
     other_rank: str = "exact"
+    footers: object = None  # [file index] -> their footer digests now (data.source.footer_digests)
 
 
 @dataclass
@@ -64,9 +69,10 @@ class Resume:
 
 
 def file_list(paths: list[str], sizes: list) -> list[list]:
-    """[[name, bytes], ...]: names, not directories (a moved data set still resumes); -1 for a
-    size the filesystem does not know (a missing object, reported when it is read)."""
-    return [[os.fspath(p).replace("\\", "/").rsplit("/", 1)[-1], -1 if s is None else int(s)]
+    """[[name, bytes, None], ...]: names, not directories (a moved data set still resumes); -1
+    for a size the filesystem does not know (a missing object, reported when it is read); the
+    footer digest is learnt when the run opens the file."""
+    return [[os.fspath(p).replace("\\", "/").rsplit("/", 1)[-1], -1 if s is None else int(s), None]
             for p, s in zip(paths, sizes)]
 
 
@@ -82,10 +88,22 @@ def base_state(loader: Loader, resume: Resume) -> dict:
             "shapes": [list(s) for s in resume.shapes], "origin": resume.origin}
 
 
+def described_files(files: list, epoch: int, file: int) -> list:
+    """The files as a state at (epoch, file) describes them: with their footers up to its
+    position (every file past epoch 1), which the run read before that batch whatever its
+    timing, and without them after it, where what the coordinator has read ahead depends on
+    timing: so that a state is the same in every run."""
+    if epoch > 1 or all(f[2] is None for f in files[file + 1:]):
+        return files
+    return files[:file + 1] + [[name, size, None] for name, size, _ in files[file + 1:]]
+
+
 def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, batch: int,
-               buffer: list | None = None, buffer_bytes: bytes | None = None) -> dict:
-    """A state; best fit adds its `buffer` runs (`buffer_bytes`: their int64 bytes, if at hand)."""
+               buffer: list | None = None, buffer_bytes: bytes | None = None, files: list | None = None) -> dict:
+    """A state; best fit adds its `buffer` runs (`buffer_bytes`: their int64 bytes, if at hand);
+    `files`: `described_files` of the base's, if at hand."""
     state = dict(base)
+    state["files"] = files if files is not None else described_files(base["files"], epoch, file)
     state.update(epoch=epoch, pq_idx=file, rg_idx=rg, doc_idx=doc, skip=skip, batch=batch)
     if buffer is not None:
         state["buffer"] = buffer
@@ -122,9 +140,9 @@ def check(state, loader: Loader) -> Resume:
         raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
     if "version" not in state:
         return _nanochat(state, loader)
-    if type(state["version"]) is not int or state["version"] != VERSION:
+    if type(state["version"]) is not int or state["version"] not in READS:
         raise ValueError(f"resume state field 'version' is {state['version']!r}; this shmloader "
-                         f"reads version {VERSION} (to resume an older state approximately, pass "
+                         f"reads versions {' and '.join(map(str, READS))} (to resume an older state approximately, pass "
                          f"only its nanochat keys {{pq_idx, rg_idx, epoch}})")
     pos = {name: _int_field(state, name, 1 if name == "epoch" else 0) for name in POSITION_FIELDS}
     batch = _int_field(state, "batch")
@@ -247,16 +265,19 @@ def _config_diff(key: str, saved, now) -> str:
 
 
 def _saved_files(state: dict, pos: dict) -> list:
+    """The state's files as [name, bytes, footer or None] (version 2 has no footers)."""
     saved = state.get("files")
-    if not (isinstance(saved, list) and all(
-            isinstance(f, list) and len(f) == 2 and isinstance(f[0], str) and type(f[1]) is int
-            for f in saved) and saved):
-        raise ValueError(f"resume state field 'files' must be a non-empty list of [name, bytes], got "
+    width = 2 if state["version"] == 2 else 3
+    if not (isinstance(saved, list) and saved and all(
+            isinstance(f, list) and len(f) == width and isinstance(f[0], str) and type(f[1]) is int
+            and (width == 2 or f[2] is None or isinstance(f[2], str)) for f in saved)):
+        raise ValueError(f"resume state field 'files' must be a non-empty list of "
+                         f"{'[name, bytes]' if width == 2 else '[name, bytes, footer or null]'}, got "
                          f"{str(saved)[:80]}")
     if pos["pq_idx"] >= len(saved):
         raise ValueError(f"resume state field 'pq_idx' is {pos['pq_idx']} but the state's split has "
                          f"{len(saved)} files")
-    return saved
+    return [list(f) + [None] * (3 - len(f)) for f in saved]
 
 
 def _check_files(saved: list, loader: Loader, pos: dict):
@@ -264,14 +285,14 @@ def _check_files(saved: list, loader: Loader, pos: dict):
     them (later epochs have read every file); files added after them are accepted with a warning."""
     now = loader.files
     must = len(saved) if pos["epoch"] > 1 else pos["pq_idx"] + 1
-    hard = _diffs(saved, now, must)
+    hard = _diffs(saved, now, must) or _rewritten(saved[:must], loader)
     if hard:
         raise ValueError(f"resume state's data differs from this loader's {loader.fingerprint.get('split')} "
                          f"split at or before its position (file {pos['pq_idx']}, epoch "
                          f"{pos['epoch']}): " + "; ".join(hard)
                          + ". Resume with the files the state was saved with")
     soft = _diffs(saved, now, len(saved), start=must)
-    added = [name for name, _ in now[len(saved):]]
+    added = [f[0] for f in now[len(saved):]]
     if soft:
         warn("resume state's files after its position changed since it was saved: " + "; ".join(soft))
     if added:
@@ -280,11 +301,33 @@ def _check_files(saved: list, loader: Loader, pos: dict):
              f"after the state's files")
 
 
+def with_footers(state: dict, files: list) -> list:
+    """`files` with the footers a (checked) state knows of the same files: a resumed run's
+    states go on describing the files it will not read again before its next epoch."""
+    saved = state.get("files") if isinstance(state, dict) and state.get("version") == VERSION else None
+    out = [list(f) for f in files]
+    for now, old in zip(out, saved or []):
+        if now[2] is None and old[2] is not None and now[:2] == old[:2]:
+            now[2] = old[2]
+    return out
+
+
+def _rewritten(saved: list, loader: Loader) -> list[str]:
+    """The saved files (of the same name and size as the loader's) whose parquet footer the
+    state knows and that now have another one: rewritten in place."""
+    known = [i for i, f in enumerate(saved) if f[2] is not None]
+    if not known or loader.footers is None:
+        return []
+    now = dict(zip(known, loader.footers(known)))
+    return [f"file {i}: {saved[i][0]} was rewritten with the same name and size (its parquet footer "
+            f"was {saved[i][2]}, it is {now[i]})" for i in known if now[i] != saved[i][2]]
+
+
 def _diffs(saved: list, now: list, stop: int, start: int = 0) -> list[str]:
     out = []
     for i in range(start, stop):
-        old = saved[i] if i < len(saved) else None
-        new = now[i] if i < len(now) else None
+        old = saved[i][:2] if i < len(saved) else None
+        new = now[i][:2] if i < len(now) else None
         if old != new:
             out.append(f"file {i}: state has {_file_text(old)}, loader has {_file_text(new)}")
     return out

@@ -97,6 +97,7 @@ class RunArgs:
 class Task(NamedTuple):
     piece: object                  # data.order.Piece
     keep: bool                     # keep the tokens for write orders (False: count only)
+    footer: str | None = None      # the footer digest of the piece's file, as the coordinator read it
 
 
 # coordinator -> worker, write orders: each packing's own (packing/concat.py `Place`,
@@ -142,6 +143,13 @@ class Located(NamedTuple):
     runs: list
     tokenized: int                 # pieces tokenized to count them
     cached: int                    # pieces whose lengths came from the token cache
+
+
+class Opened(NamedTuple):
+    """The coordinator read file `file`'s footer (first, or again after it changed)."""
+    file: int
+    size: int | None
+    footer: str
 
 
 class Progress(NamedTuple):

@@ -21,7 +21,7 @@ from .. import errors
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import Doorbell, TrainerEnd
-from ..ipc.protocol import Error, Listener, Located, Progress, Warn
+from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Warn
 from ..ipc.ring import WorkerCol
 from .start import spawn
 
@@ -45,6 +45,7 @@ class Children:
     ready: Doorbell = None      # the slot handover's doorbells (ipc/handover.py)
     kick: Doorbell = None
     handover: TrainerEnd = None
+    opened: list = field(default_factory=list)  # `Opened` messages not yet taken by the loader
     _watch: Listener = None     # every child's sentinel
     _blocked: Listener = None   # what a trainer waiting for a batch waits on
 
@@ -112,6 +113,9 @@ class Children:
             return msg
         if isinstance(msg, Warn):
             errors.warn(f"shmloader: {msg.text}")
+            return None
+        if isinstance(msg, Opened):
+            self.opened.append(msg)  # the loader takes them into its states (ShmLoader._learn)
             return None
         _raise_reported(msg)
 

@@ -20,7 +20,7 @@ from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
-from ..ipc.protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Task, Warn, Written
+from ..ipc.protocol import Counted, Error, Listener, Opened, RunArgs, Skipped, Stop, Task, Warn, Written
 from ..ipc.ring import Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
@@ -61,15 +61,17 @@ class _Outbox:
                 return
 
 
-def _pieces(cfg, run, fs, report_bad):
+def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
     """`pieces(ramp, cap, first_index)`: the canonical order's pieces from `run.start`; a bad
-    file is skipped (`report_bad((file, None), text)`) or raises, as `on_bad_row_group` says."""
-    source = ParquetSource(run.files, fs)
-
+    file is skipped (`report_bad((file, None), text)`) or raises, as `on_bad_row_group` says;
+    `opened(f)` once a file's footer is read."""
     def row_counts(f: int) -> list[int]:
         counts = read_or_skip(lambda: source.row_counts(f), cfg.on_bad_row_group,
                               lambda text: report_bad((f, None), text), "file")
-        return [] if counts is None else counts
+        if counts is None:
+            return []
+        opened(f)
+        return counts
 
     def pieces(ramp, cap, first_index):
         return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
@@ -85,7 +87,8 @@ class _Coordinator:
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
         kind = CountMode if args.locate else cfg.spec.mode
         fs = args.filesystem.open() if args.filesystem is not None else None
-        self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, fs, self._report_bad))
+        self.source, self.told = ParquetSource(args.files, fs), {}  # told: file -> identity sent
+        self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))
         # a bad file is an error when found, ahead of the run (skipped ones are skipped when reached)
         self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file)
                        if cfg.on_bad_row_group == "raise" else None)
@@ -175,6 +178,14 @@ class _Coordinator:
         self.skipped_rows[msg.piece.index] = msg.piece.n_docs
         self._report_bad((msg.piece.file, msg.piece.rg), msg.text)
 
+    def _opened(self, f: int):
+        """File f's footer was read: the trainer learns its identity (before the batches that
+        come from it), again whenever it has changed since."""
+        size, digest = self.source.identity(f)
+        if self.told.get(f) != (size, digest):
+            self.told[f] = (size, digest)
+            self.tell(Opened(f, size, digest))
+
     def _report_bad(self, key: tuple, text: str):
         """Count a bad row group (or a whole bad file, `(file, None)`) and warn, once each."""
         if key not in self.bad_row_groups:
@@ -190,7 +201,7 @@ class _Coordinator:
                 return
             piece = next(mode.pieces)
             mode.take(i, piece)
-            self.outboxes[i].send(Task(piece, mode.keep))
+            self.outboxes[i].send(Task(piece, mode.keep, self.told.get(piece.file, (None, None))[1]))
 
     def _dispatch(self):
         for w, msg in self.mode.orders(self.slots.take_slot):

@@ -49,6 +49,7 @@ class _Ctx:
     tasks: deque
     held: dict                 # piece -> its tokens as the packing keeps them, until written
     packing: object = None     # the run's packing spec (packing/base.py: Packing)
+    source: ParquetSource = None
     ordered: bool = False  # a write order came: the first batch is planned
     listening: Listener = None  # conn and alive
 
@@ -101,13 +102,13 @@ def _loop(ctx: _Ctx):
     encode = enginemod.Engines(spec, ctx.cfg.engine,
                                lambda text: ctx.conn.send(Warn(f"worker {ctx.args.worker}: {text}")))
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
-    source = ParquetSource(ctx.args.files, fs)
+    source = ctx.source = ParquetSource(ctx.args.files, fs)
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
              if ctx.cfg.cache_dir else None)
     row = ctx.ring.workers[ctx.args.worker]
     while True:
         if ctx.tasks:
-            piece, keep = ctx.tasks[0]
+            piece, keep, _ = ctx.tasks[0]
             row[WorkerCol.PIECE:WorkerCol.DOC + 1] = (piece.index, piece.file, piece.rg, piece.doc_start)
             began = time.perf_counter()
             tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
@@ -144,6 +145,7 @@ def _service(ctx: _Ctx):
 def _handle(ctx: _Ctx, msg):
     if type(msg) is Task:
         ctx.tasks.append(msg)
+        ctx.source.expect(msg.piece.file, msg.footer)
         return
     if type(msg) is not ctx.packing.order:
         raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
