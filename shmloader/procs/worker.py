@@ -17,6 +17,7 @@ import bisect
 import ctypes
 import itertools
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ IDLE_WAIT_S = 1.0
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
 SERVICE_EVERY_S = 0.002
 CHUNK_CHARS = 32768  # characters of text per engine call (docs/benchmarks.md: its cost)
+LONG_CHARS = 4 * CHUNK_CHARS  # a document this long is encoded beside the worker's loop
 
 
 @dataclass
@@ -209,7 +211,10 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
     length with its BOS (0 for a null), as the stream and the token cache hold them. Encoded
     in runs of about `CHUNK_CHARS` characters, one `encode_batch(texts, where) -> (ids,
     offsets)` call each (`engine.Engines.encode_batch`), `where(i)` naming text i; `between()`
-    after each run."""
+    after each run. A document of `LONG_CHARS` or more (a run of its own) is encoded on a
+    thread, with `between()` every `SERVICE_EVERY_S` meanwhile: the engines release the GIL,
+    so write orders for the tokens this worker already holds are carried out while it
+    tokenizes (one long document used to hold a loader's first batch until it was done)."""
     lengths = np.zeros(len(texts), dtype=np.int64)
     parts = []  # each run's [BOS] + ids, ...
     for start, end in _chunks(texts, CHUNK_CHARS):
@@ -218,7 +223,9 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
             at = rows = [i for i in rows if texts[i] is not None]
             docs = [texts[i] for i in rows]
         if docs:
-            ids, offsets = encode_batch(docs, lambda j: where(rows[j]))
+            call = lambda: encode_batch(docs, lambda j: where(rows[j]))  # noqa: E731
+            long = between is not None and len(docs) == 1 and len(docs[0]) >= LONG_CHARS
+            ids, offsets = _beside(call, between) if long else call()
             lengths[at] = offsets[1:] - offsets[:-1] + 1
             parts.append(_with_bos(ids, offsets, bos, dtype))
         if between is not None:
@@ -226,6 +233,29 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
     if len(parts) == 1:
         return parts[0], lengths
     return (np.concatenate(parts) if parts else np.empty(0, dtype)), lengths
+
+
+def _beside(work, between):
+    """`work()` on a thread of its own, `between()` every `SERVICE_EVERY_S` until it is done;
+    its result, or its exception raised here. (A `Stop` from `between` leaves the thread to
+    the process's exit.)"""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - raised in the worker's thread below
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="shmloader-long-document", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(SERVICE_EVERY_S)
+        if thread.is_alive():
+            between()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def _with_bos(ids: np.ndarray, offsets: np.ndarray, bos: int, dtype) -> np.ndarray:
@@ -249,8 +279,11 @@ def _chunks(texts: list, chars: int):
     totals = list(itertools.accumulate(sizes))
     start = 0
     while start < len(texts):
-        end = bisect.bisect_left(totals, (totals[start - 1] if start else 0) + chars, lo=start) + 1
-        yield start, min(end, len(texts))
+        end = min(bisect.bisect_left(totals, (totals[start - 1] if start else 0) + chars, lo=start) + 1,
+                  len(texts))
+        if end - start > 1 and texts[end - 1] is not None and len(texts[end - 1]) > chars:
+            end -= 1  # the long one starts a run of its own
+        yield start, end
         start = end
 
 

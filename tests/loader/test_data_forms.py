@@ -136,3 +136,23 @@ def test_cache_dir_that_cannot_be_a_directory_is_refused_at_construction(tmp_pat
     with loader(tmp_path / "data", cache_dir=missing, num_workers=1) as ld:
         next(ld)
     assert missing.is_dir()
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_long_document_in_a_later_piece_keeps_the_stream(tmp_path, packing):
+    """A 100,000-token document (~590K characters, encoded beside the worker's loop) in the
+    third piece of a run, with 2 workers: the stream is the oracle's, both packings."""
+    lengths = [(i * 7) % 19 for i in range(300)]
+    lengths[60] = 100_000
+    paths = shards(tmp_path, lengths, num_files=3, rg=128)
+    tok = helpers.IntTokenizer()
+    n = 12
+    with loader(tmp_path, packing=packing, buffer_size=8, tokenizer_batch_size=4) as ld:
+        got = [next(ld) for _ in range(n)]
+    if packing == "concat":
+        assert all(np.array_equal(window_of(*b), w) for b, w in zip(got, expected(paths[:-1], n)))
+    else:
+        rows = [r for r, _ in itertools.islice(oracle.bestfit_rows(paths[:-1], tok.encode, 0, B, T, buffer_size=8,
+                                                                   chunk_docs=4), n)]
+        for (x, y), r in zip(got, rows):
+            assert np.array_equal(x.numpy(), r[:, :-1]) and np.array_equal(y.numpy(), r[:, 1:])

@@ -143,6 +143,8 @@ def test_worker_chunks_cut_at_about_chunk_chars():
     got = list(_chunks(texts, 30))
     assert got == [(0, 3), (3, 4), (4, 8)]  # 35 characters, a long one alone, the rest (35)
     assert list(_chunks([None, None], 30)) == [(0, 2)] and list(_chunks([], 30)) == []
+    # a long document is alone also when short ones come before it in the run
+    assert list(_chunks(["a" * 10, "c" * 100, "b" * 5], 30)) == [(0, 1), (1, 2), (2, 3)]
 
 
 def _take_over(engines, deadline_s=30.0):
@@ -230,3 +232,39 @@ def test_engines_warn_when_auto_falls_back(synth_tokenizer, monkeypatch):
     engines.encode("text", lambda: "?")
     assert engines.encoder.name == "tiktoken" and engines.check is None
     assert len(warned) == 1 and "unsupported pattern" in warned[0]
+
+
+def test_a_long_document_is_encoded_while_write_orders_are_served():
+    """A document of LONG_CHARS or more is encoded beside the worker's loop: `between()` (which
+    answers write orders) runs while the engine works on it. The fake engine returns only once
+    `between()` has run 3 times, as a long encode outlasts several service periods; before, it
+    was never called inside a run, and this timed out."""
+    import threading
+
+    from shmloader.procs import worker
+
+    served = threading.Semaphore(0)
+
+    def slow_engine(texts, where):
+        if len(texts[0]) >= worker.LONG_CHARS:
+            for _ in range(3):
+                assert served.acquire(timeout=10), "write orders were not served during a long document"
+        ids = np.arange(sum(len(t) for t in texts), dtype=np.uint32)
+        offsets = np.concatenate([[0], np.cumsum([len(t) for t in texts])]).astype(np.int64)
+        return ids, offsets
+
+    texts = ["short"] * 3 + ["x" * worker.LONG_CHARS] + ["tail"]
+    tokens, lengths = worker.encode_texts(texts, slow_engine, 7, np.uint32, str, between=served.release)
+    assert lengths.tolist() == [6, 6, 6, worker.LONG_CHARS + 1, 5]
+    assert len(tokens) == int(lengths.sum()) and tokens[18] == 7  # the long one's BOS
+    with pytest.raises(ZeroDivisionError):  # an engine's error reaches the worker's thread
+        worker.encode_texts(["y" * worker.LONG_CHARS], lambda t, w: 1 / 0, 7, np.uint32, str, between=lambda: None)
+
+
+def test_the_check_does_not_encode_a_huge_document_twice():
+    calls = []
+    encoder = enginemod.Encoder("fast", None, reference=lambda text: calls.append(len(text)) or [1], definition="x")
+    check = enginemod.Check(encoder, start=2, every=1)
+    huge = "z" * (enginemod.CHECK_MAX_CHARS + 1)
+    check.batch(["a", huge, "b"], np.array([1, 1], dtype=np.uint32), np.array([0, 1, 1, 2]), lambda j: "?")
+    assert calls == [1, 1] and check.too_long == 1 and check.checked == 2
