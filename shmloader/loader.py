@@ -25,6 +25,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from . import delivery, errors, state as statemod
@@ -114,7 +115,9 @@ class ShmLoader:
         if data is None:  # nanochat's directory; rank 0 of the train split tells of a fallback
             data = source.default_data_dir(notice=self.rank == 0 and split == "train")
         self.filesystem = source.filesystem_for(data, filesystem)
-        self.files = source.split_files(source.list_files(data, self.filesystem), split)
+        listing = source.list_files(data, self.filesystem)
+        self.files = source.split_files(listing, split)
+        self._listing, self._later, self._later_at = list(self.files), None, None  # (see _reorder)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine)
         if self.config.cache_dir is not None:
@@ -126,7 +129,8 @@ class ShmLoader:
                                          statemod.file_list(self.files, sizes), self.rank,
                                          self.world_size, B, T, self.config.spec.buffered, self.config.other_rank,
                                          footers=lambda idx: source.footer_digests([self.files[i] for i in idx],
-                                                                                   self.filesystem))
+                                                                                   self.filesystem),
+                                         val=statemod.file_list(listing[-1:], [0])[0][0])
         self._procs, self._delivery, self._closed = None, None, False
         self._pid, self._forked_from = os.getpid(), None
         self._next_lock = threading.Lock()  # next() from several threads: one at a time
@@ -186,13 +190,7 @@ class ShmLoader:
         nanochat's drop-in functions yield, with each batch, the state that resumes at it."""
         if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
             pos, runs, k = self._position
-            batch = self._resume.batch + k + 1
-            files = self._described(pos[0], pos[1])
-            if runs is None:
-                self._state = statemod.make_state(self._base_state, *pos, batch, files=files)
-            else:
-                self._state = statemod.make_state(self._base_state, *pos, batch, runs.tolist(),
-                                                  runs.tobytes(), files=files)  # pos ends with skip 0
+            self._state = self._make_state(pos, self._resume.batch + k + 1, runs)
         return dict(self._state)
 
     def load_state_dict(self, state: dict):
@@ -203,6 +201,7 @@ class ShmLoader:
         resume = statemod.check(state, self._identity)
         if resume.origin is not None and "version" not in state:
             self._check_row_group(resume.origin)
+        self._reorder(resume.order)
         if resume.locate:
             resume = self._locate(resume)
         self._identity = dataclasses.replace(self._identity, files=statemod.with_footers(state, self._identity.files))
@@ -278,13 +277,45 @@ class ShmLoader:
                     f"are the parent's); make a new loader in the child, after the fork")
         return "this ShmLoader was closed; make a new one"
 
-    def _described(self, epoch: int, file: int) -> list:
-        """`state.described_files` at (epoch, file), kept while it does not change (nanochat's
-        loop asks for a state with every batch, and a split may hold thousands of files)."""
-        key = (epoch > 1, file if epoch == 1 else -1)
+    def _make_state(self, pos: tuple, batch: int, runs):
+        """The state at `pos` (epoch, file, rg, doc, skip: the file as the run numbers it);
+        `runs`: a buffered packing's (n, 5) array, or None."""
+        epoch, file, *rest = pos
+        pq, files, renumber = self._described(epoch, file)
+        if runs is None:
+            return statemod.make_state(self._base_state, epoch, pq, *rest, batch, files=files)
+        if renumber is not None:
+            runs = runs.copy()
+            runs[:, 1] = renumber[runs[:, 1]]
+        return statemod.make_state(self._base_state, epoch, pq, *rest, batch, runs.tolist(), runs.tobytes(),
+                                   files=files)  # a buffered packing's position has skip 0
+
+    def _described(self, epoch: int, file: int) -> tuple:
+        """`(pq_idx, files, renumber)` a state at (epoch, file) holds: the files in the order of
+        its epoch (past the epoch a reordered run started in, their sorted order: `_reorder`),
+        `state.described_files` of them, and the array that renumbers the run's file indices
+        into that order (None: the same). Kept while it does not change: nanochat's loop asks
+        for a state with every batch, and a split may hold thousands of files."""
+        later = self._later is not None and epoch > self._resume.cursor.epoch
+        pq = int(self._later_at[file]) if later else file
+        key = (later, epoch > 1, pq if epoch == 1 else -1)
         if self._described_at[0] != key:
-            self._described_at = (key, statemod.described_files(self._identity.files, epoch, file))
-        return self._described_at[1]
+            files = [self._identity.files[t] for t in self._later] if later else self._identity.files
+            self._described_at = (key, statemod.described_files(files, epoch, pq))
+        return pq, self._described_at[1], self._later_at if later else None
+
+    def _reorder(self, order: list | None):
+        """The files in the order of the epoch in progress (`order`: indices into the present
+        order; `state.check` gives it when files arrived inside the sort order since the save),
+        and, for the epochs after it, in their sorted place: `_later` (indices into the new
+        order), `_later_at` (its inverse)."""
+        if order is not None:
+            self.files = [self.files[i] for i in order]
+            self._identity = dataclasses.replace(self._identity, files=[self._identity.files[i] for i in order])
+        place = {path: i for i, path in enumerate(self._listing)}
+        later = sorted(range(len(self.files)), key=lambda t: place[self.files[t]])
+        self._later = None if later == list(range(len(later))) else tuple(later)
+        self._later_at = np.argsort(later) if self._later is not None else None
 
     def _learn(self, opened: list):
         """The files' identities as the coordinator read them, for the states from here on: a
@@ -332,16 +363,15 @@ class ShmLoader:
         self._described_at = (None, None)
         self._base_state = statemod.base_state(self._identity, resume)
         c = resume.cursor
-        runs = [list(run) for run in resume.runs] if self._identity.buffered else None
-        self._state = statemod.make_state(self._base_state, c.epoch, c.file, c.rg, c.doc, resume.skip,
-                                          resume.batch, runs)
+        runs = np.asarray(resume.runs, dtype=np.int64).reshape(-1, 5) if self._identity.buffered else None
+        self._state = self._make_state((c.epoch, c.file, c.rg, c.doc, resume.skip), resume.batch, runs)
 
     def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None):
         return RunArgs(files=files, rank=self.rank, world=self.world_size, layout=layout,
                        start=resume.cursor, skip=resume.skip,
                        buffer_runs=tuple(tuple(r) for r in resume.runs),
                        filesystem=source.FilesystemRef(self.filesystem) if self.filesystem else None,
-                       tokenizer=self.tokenizer, locate=locate)
+                       tokenizer=self.tokenizer, locate=locate, later=None if locate else self._later)
 
     def _start(self):
         c = self.config

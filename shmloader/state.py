@@ -52,6 +52,7 @@ class Loader:
     buffered: bool = False  # the packing's state holds a buffer and its skip is 0 (its spec)
     other_rank: str = "exact"
     footers: object = None  # [file index] -> their footer digests now (data.source.footer_digests)
+    val: str | None = None  # the name of the data set's val file (the last one)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Resume:
     origin: dict | None = None
     locate: bool = False
     n_files: int = 0      # files of the split when the state was saved (for `locate`)
+    order: list | None = None  # the loader's files (indices) in the order of the epoch in progress,
+    #                            when it is not theirs: the state's, then files new to it
 
 
 def file_list(paths: list[str], sizes: list) -> list[list]:
@@ -84,7 +87,7 @@ def start(loader: Loader) -> Resume:
 def base_state(loader: Loader, resume: Resume) -> dict:
     """The fields that stay the same for every batch of a run."""
     return {"version": VERSION, "rank": loader.rank, "world_size": loader.world,
-            "config": dict(loader.fingerprint), "files": loader.files,
+            "config": dict(loader.fingerprint), "files": loader.files, "val": loader.val,
             "shapes": [list(s) for s in resume.shapes], "origin": resume.origin}
 
 
@@ -154,9 +157,11 @@ def check(state, loader: Loader) -> Resume:
     saved_files = _saved_files(state, pos)
     _check_digest(state)
     _check_config(state, loader)
-    _check_files(saved_files, loader, pos)
+    _check_val(state, loader)
+    order = _check_files(saved_files, loader, pos)
     shapes = _reshaped(shapes, batch, loader)
-    common = dict(batch=batch, shapes=shapes, origin=origin, n_files=len(saved_files))
+    common = dict(batch=batch, shapes=shapes, origin=origin, n_files=len(saved_files),
+                  order=None if order == list(range(len(loader.files))) else order)
     if rank != loader.rank:
         return _other_rank(state, loader, pos, common)
     if pos["rg_idx"] % loader.world != loader.rank:
@@ -280,57 +285,82 @@ def _saved_files(state: dict, pos: dict) -> list:
     return [list(f) + [None] * (3 - len(f)) for f in saved]
 
 
-def _check_files(saved: list, loader: Loader, pos: dict):
-    """The saved files must be the loader's, unchanged, up to the position (in epoch 1) or all of
-    them (later epochs have read every file); files added after them are accepted with a warning."""
-    now = loader.files
+def _check_files(saved: list, loader: Loader, pos: dict) -> list[int]:
+    """The saved files, by name, must be the loader's, unchanged, up to the position (in epoch 1)
+    or all of them (later epochs have read every file). Returns the order of the epoch in
+    progress, as indices into the loader's files: the state's files (those still there), then
+    the files new to it, by name; a file that arrived anywhere in the sort order (shards land out
+    of order while they download) is read after the state's, with a warning naming it, and in
+    its sorted place from the next epoch on."""
+    now = {f[0]: i for i, f in enumerate(loader.files)}
     must = len(saved) if pos["epoch"] > 1 else pos["pq_idx"] + 1
-    hard = _diffs(saved, now, must) or _rewritten(saved[:must], loader)
+    hard = [d for i, f in enumerate(saved[:must]) if (d := _diff(i, f, loader.files, now))]
+    hard = hard or _rewritten(saved[:must], loader, now)
     if hard:
         raise ValueError(f"resume state's data differs from this loader's {loader.fingerprint.get('split')} "
                          f"split at or before its position (file {pos['pq_idx']}, epoch "
                          f"{pos['epoch']}): " + "; ".join(hard)
                          + ". Resume with the files the state was saved with")
-    soft = _diffs(saved, now, len(saved), start=must)
-    added = [f[0] for f in now[len(saved):]]
+    soft = [d for i, f in enumerate(saved[must:], must) if (d := _diff(i, f, loader.files, now))]
     if soft:
-        warn("resume state's files after its position changed since it was saved: " + "; ".join(soft))
+        warn("resume state's files after its position changed since it was saved (they are read as "
+             "they are now): " + "; ".join(soft))
+    names = {f[0] for f in saved}
+    added = [i for i, f in enumerate(loader.files) if f[0] not in names]
     if added:
-        warn(f"{len(added)} file(s) added to the split since the state was saved: "
-             f"{', '.join(added[:5])}{', ...' if len(added) > 5 else ''}; they are read "
-             f"after the state's files")
+        shown = ", ".join(loader.files[i][0] for i in added[:5]) + (", ..." if len(added) > 5 else "")
+        warn(f"{len(added)} file(s) added to the split since the state was saved: {shown}; they are "
+             f"read after the state's files in the epoch in progress, and in their sorted place "
+             f"from the next epoch on")
+    return [now[f[0]] for f in saved if f[0] in now] + added
+
+
+def _diff(i: int, old: list, files: list, index: dict) -> str | None:
+    """What differs between saved file `i` and the loader's file of its name, or None."""
+    if old[0] not in index:
+        return f"file {i}: state has {_file_text(old)}, loader has no file of that name"
+    new = files[index[old[0]]]
+    if old[1] != new[1]:
+        return f"file {i}: state has {_file_text(old)}, loader has {_file_text(new)}"
+    return None
+
+
+def _check_val(state: dict, loader: Loader):
+    """A state remembers the val file; a train split whose val file changed says what it means."""
+    old, new = state.get("val"), loader.val
+    if old is None or new is None or old == new:
+        return
+    if loader.fingerprint.get("split") == "train":
+        warn(f"the val file was {old} when the state was saved and is {new} now (a shard that sorts "
+             f"after it was added): {old} is read as training data from here on, and the val split "
+             f"reads {new}")
+    else:
+        raise ValueError(f"resume state's val split read {old}; this loader's val file is {new} (a shard "
+                         f"that sorts after it was added): resume the val split with the files of the state")
 
 
 def with_footers(state: dict, files: list) -> list:
-    """`files` with the footers a (checked) state knows of the same files: a resumed run's
-    states go on describing the files it will not read again before its next epoch."""
+    """`files` with the footers a (checked) state knows of the same files (by name): a resumed
+    run's states go on describing the files it will not read again before its next epoch."""
     saved = state.get("files") if isinstance(state, dict) and state.get("version") == VERSION else None
+    known = {f[0]: f for f in saved or [] if isinstance(f, list) and len(f) == 3}
     out = [list(f) for f in files]
-    for now, old in zip(out, saved or []):
-        if now[2] is None and old[2] is not None and now[:2] == old[:2]:
+    for now in out:
+        old = known.get(now[0])
+        if now[2] is None and old is not None and old[2] is not None and now[1] == old[1]:
             now[2] = old[2]
     return out
 
 
-def _rewritten(saved: list, loader: Loader) -> list[str]:
-    """The saved files (of the same name and size as the loader's) whose parquet footer the
-    state knows and that now have another one: rewritten in place."""
+def _rewritten(saved: list, loader: Loader, index: dict) -> list[str]:
+    """The saved files (of the same name and size as the loader's; `index`: name -> the loader's
+    index) whose parquet footer the state knows and that now have another one."""
     known = [i for i, f in enumerate(saved) if f[2] is not None]
     if not known or loader.footers is None:
         return []
-    now = dict(zip(known, loader.footers(known)))
+    now = dict(zip(known, loader.footers([index[saved[i][0]] for i in known])))
     return [f"file {i}: {saved[i][0]} was rewritten with the same name and size (its parquet footer "
             f"was {saved[i][2]}, it is {now[i]})" for i in known if now[i] != saved[i][2]]
-
-
-def _diffs(saved: list, now: list, stop: int, start: int = 0) -> list[str]:
-    out = []
-    for i in range(start, stop):
-        old = saved[i][:2] if i < len(saved) else None
-        new = now[i][:2] if i < len(now) else None
-        if old != new:
-            out.append(f"file {i}: state has {_file_text(old)}, loader has {_file_text(new)}")
-    return out
 
 
 def _file_text(f) -> str:

@@ -78,21 +78,25 @@ def nanochat_cursor(pq_idx: int, rg_idx: int, epoch: int, rank: int, world: int)
 
 def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
                 start: Cursor, max_docs: int = 1024, ramp: Sequence[int] = RAMP,
-                first_index: int = 0) -> Iterator[Piece]:
+                first_index: int = 0, later: Sequence[int] | None = None) -> Iterator[Piece]:
     """Yield the pieces of the canonical order from `start`, forever.
 
-    `row_counts(f)` returns the number of rows of each row group of file `f`.
+    `row_counts(f)` returns the number of rows of each row group of file `f`. The files are
+    read in index order in the start's epoch and, when `later` is given, in its order (file
+    indices) in the epochs after it (a resumed run reads files new to its state after the
+    state's, then every file in its sorted place: state.py).
     """
     if n_files < 1:
         raise DataError("no files to read")
     sizes = iter(ramp)
     index = first_index
-    epoch, file, rg, doc = start.epoch, start.file, start.rg, start.doc
+    epoch, at, rg, doc = start.epoch, start.file, start.rg, start.doc
     barren = 0  # files passed in a row without yielding a piece
     while True:
-        if file >= n_files:
-            epoch, file, rg, doc = epoch + 1, 0, rank, 0
+        if at >= n_files:
+            epoch, at, rg, doc = epoch + 1, 0, rank, 0
             continue
+        file = later[at] if later is not None and epoch > start.epoch else at
         counts = row_counts(file)
         if rg >= len(counts):
             barren += 1
@@ -100,7 +104,7 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
                 raise DataError(f"rank {rank} of {world} has no row group in any of the {n_files} "
                                 f"files (row groups rank, rank+{world}, ...): use fewer ranks or "
                                 f"write files with more row groups")
-            file, rg, doc = file + 1, rank, 0
+            at, rg, doc = at + 1, rank, 0
             continue
         barren = 0
         while doc < counts[rg]:

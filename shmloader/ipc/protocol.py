@@ -51,7 +51,9 @@ message is one record below, sent through a pipe and dispatched on its type:
 6. Coordinator -> trainer (announcement record): when every token of batch k is written, and
    batches < k were announced, `(k, slot, position, docs)`: the canonical position of the
    first token after batch k (best fit: the runs go into the slot's runs area first) and the
-   documents begun by then. Through the pipe: a count-only run (packing/count.py) sends
+   documents begun by then. Through the pipe: `Opened(file, size, footer)` when the
+   coordinator reads a file's footer (first, or again after it changed: the trainer's states
+   describe files by it); a count-only run (packing/count.py) sends
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
    the workers through the coordinator, to the trainer.
@@ -90,6 +92,7 @@ class RunArgs:
     filesystem: object = None      # data.source.FilesystemRef, or None for local files
     tokenizer: object = None       # data.tokenizer.TokenizerSpec (workers)
     locate: tuple | None = None    # (shapes, batch): a count-only run that finds a position
+    later: tuple | None = None     # the files' order after the start's epoch (data.order.iter_pieces)
     worker: int = -1               # this worker's index (workers)
 
 

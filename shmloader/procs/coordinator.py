@@ -75,7 +75,7 @@ def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
 
     def pieces(ramp, cap, first_index):
         return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
-                           max_docs=cap, ramp=ramp, first_index=first_index)
+                           max_docs=cap, ramp=ramp, first_index=first_index, later=run.later)
     return pieces
 
 

@@ -119,6 +119,7 @@ def test_bench_tiny_run(demo, tmp_path):
     assert "targets:" in again and (tmp_path / "c.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # ~50 s: 14 fresh processes; test_bench_tiny_run runs the bench end to end by default
 def test_bench_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path):
     out, _ = demo
     text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1, "--repeat", 3,

@@ -1,0 +1,143 @@
+"""A data set that grows while a run trains, as nanochat's downloader (4 processes, so shards
+land out of order) leaves it (docs/contract.md §3): a shard that arrives anywhere in the sort
+order after a save is accepted, read after the state's files in the epoch in progress and in its
+sorted place from the next epoch on; a new last shard, which turns the old val file into
+training data, says so in words, and the val split refuses a state of another val file.
+
+Each file's documents hold tokens of their own range (file i: 1_000_000 * (i + 1) + row * 100 +
+k), so the expected stream is built here from the files in the expected order, independently
+of the loader's order logic."""
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from tests import helpers
+from tests.helpers import window_of
+
+B, T = 2, 16
+W = B * T + 1
+
+
+def write_file(path, i, n_docs=30, rg=8):
+    docs = [" ".join(str(1_000_000 * (i + 1) + row * 100 + k) for k in range(row % 7 + 1)) for row in range(n_docs)]
+    pq.write_table(pa.table({"text": docs}), path, row_group_size=rg)
+
+
+def tokens_of(paths) -> list:
+    out = []
+    for path in paths:
+        for text in pq.read_table(path).column("text").to_pylist():
+            out += [0] + [int(t) for t in text.split()]
+    return out
+
+
+def loader(data, split="train", **kw):
+    return shmloader.ShmLoader(str(data), helpers.IntTokenizer(), B, T, split, device="cpu", num_workers=2,
+                               timeout=30, **kw)
+
+
+@pytest.mark.parametrize("state_from,where", [("state_dict", "before_gap"), ("drop_in", "before_gap"),
+                                              ("state_dict", "past_gap"), ("drop_in", "epoch_2")])
+def test_a_shard_that_lands_inside_the_sort_order_is_read_after_the_states(tmp_path, state_from, where):
+    """Saved in shard 1 (before where shard 2 lands), in shard 3 (past it: such states were
+    refused) or in the second epoch (refused too)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    names = [f"shard_{i:05d}.parquet" for i in range(5)]  # shard 4 is the val file
+    for i in (0, 1, 3, 4):  # shard 2 is still downloading
+        write_file(data / names[i], i)
+    first_epoch = tokens_of([data / names[i] for i in (0, 1, 3)])
+    into = {"before_gap": len(tokens_of([data / names[0]])),
+            "past_gap": len(tokens_of([data / names[i] for i in (0, 1)])),
+            "epoch_2": len(first_epoch) + len(tokens_of([data / names[0]]))}[where]
+    k = into // W + 2  # the save
+    if state_from == "state_dict":
+        with loader(data) as ld:
+            for _ in range(k):
+                next(ld)
+            state = ld.state_dict()
+        offset = k * W
+    else:
+        gen = shmloader.tokenizing_distributed_data_loader_with_state(B, T, "train", device="cpu", data=str(data),
+                                                                       tokenizer=helpers.IntTokenizer(), num_workers=2)
+        for _ in range(k):
+            _, _, state = next(gen)  # resumes AT the batch it came with
+        gen.close()
+        offset = (k - 1) * W
+    assert (state["epoch"], state["pq_idx"]) == {"before_gap": (1, 1), "past_gap": (1, 2), "epoch_2": (2, 1)}[where]
+    write_file(data / names[2], 2)  # shard 2 lands
+    every = [data / names[i] for i in range(4)]
+    epoch_rest = (first_epoch * 2)[offset:len(first_epoch) * (1 + (offset >= len(first_epoch)))]
+    want = epoch_rest + tokens_of([data / names[2]]) + tokens_of(every) * 3
+    n = len(want) // W - 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with loader(data, resume_state=state) as ld:
+            got = [window_of(*next(ld)) for _ in range(n)]
+            later = ld.state_dict()
+    added = [str(w.message) for w in caught if "added to the split" in str(w.message)]
+    assert len(added) == 1 and "1 file(s)" in added[0] and names[2] in added[0], added
+    for j, g in enumerate(got):
+        assert np.array_equal(g, np.array(want[j * W:(j + 1) * W])), f"resumed batch {j}"
+    # a state of the later epochs names the files in their sorted order, and resumes exactly
+    assert later["epoch"] > 1 and [f[0] for f in later["files"]] == names[:4]
+    with loader(data, resume_state=later) as ld:
+        again = window_of(*next(ld))
+    assert np.array_equal(again, np.array(want[n * W:(n + 1) * W]))
+
+
+def test_a_new_last_shard_says_the_val_file_changed(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        write_file(data / f"shard_{i:05d}.parquet", i)
+    with loader(data) as ld:
+        next(ld)
+        train_state = ld.state_dict()
+    with loader(data, "val") as ld:
+        next(ld)
+        val_state = ld.state_dict()
+    assert train_state["val"] == val_state["val"] == "shard_00003.parquet"
+    write_file(data / "shard_00004.parquet", 4)  # a new last shard: the old val file is training data now
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader(data, resume_state=train_state).close()
+    said = [str(w.message) for w in caught if "val file" in str(w.message)]
+    assert len(said) == 1 and "was shard_00003.parquet" in said[0] and "is shard_00004.parquet now" in said[0] \
+        and "training data" in said[0], [str(w.message) for w in caught]
+    with pytest.raises(ValueError, match=r"val split read shard_00003\.parquet; this loader's val file is "
+                                         r"shard_00004\.parquet"):
+        loader(data, "val", resume_state=val_state)
+
+
+def test_best_fit_resumes_exactly_across_a_reordered_epoch(tmp_path):
+    """Best fit's state holds its buffer as runs of file indices: in the epochs after a
+    reordered one they name the sorted order's files, and a state taken there resumes
+    exactly."""
+    data = tmp_path / "data"
+    data.mkdir()
+    names = [f"shard_{i:05d}.parquet" for i in range(5)]
+    for i in (0, 1, 3, 4):
+        write_file(data / names[i], i, n_docs=60)
+    kw = dict(packing="bos_bestfit", buffer_size=6, tokenizer_batch_size=3)
+    with loader(data, **kw) as ld:
+        for _ in range(4):
+            next(ld)
+        state = ld.state_dict()
+    write_file(data / names[2], 2, n_docs=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with loader(data, resume_state=state, **kw) as ld:
+            while ld.state_dict()["epoch"] < 3:
+                next(ld)
+            later = ld.state_dict()
+            follow = [next(ld) for _ in range(8)]
+        assert later["buffer"] and [f[0] for f in later["files"]] == names[:4]
+        with loader(data, resume_state=later, **kw) as again:
+            for x, y in follow:
+                gx, gy = next(again)
+                assert np.array_equal(gx.numpy(), x.numpy()) and np.array_equal(gy.numpy(), y.numpy())
