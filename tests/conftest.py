@@ -83,6 +83,19 @@ def watchdog():
 
 
 @pytest.fixture(scope="session")
+def small_texts() -> list[str]:
+    """~1 MB of stdlib text plus synthetic docs: enough for 1024 merges, trains in < 0.2 s
+    (a subprocess in tests/loader/test_corpus.py builds the same)."""
+    return helpers.small_texts()
+
+
+@pytest.fixture(scope="session")
+def enc(small_texts):
+    """A 1024-token BPE trained on `small_texts`."""
+    return corpus.train_tokenizer(small_texts, 1024)
+
+
+@pytest.fixture(scope="session")
 def synth_tokenizer():
     return corpus.train_tokenizer(corpus.synthetic_texts(200, seed=1, mean_words=20), vocab_size=512)
 

@@ -366,6 +366,16 @@ def tmp_files(cache_dir) -> list[Path]:
     return sorted(p for p in Path(cache_dir).rglob("*") if ".tmp-" in p.name)
 
 
+def position_shards(root, lengths, num_files=3, rg=8) -> list[str]:
+    """`position_documents(lengths)` written as `num_files` shards of row groups of `rg` under
+    `root` (made if missing); their paths."""
+    from shmloader.demo import corpus
+
+    os.makedirs(root, exist_ok=True)
+    return [str(p) for p in corpus.write_shards(position_documents(lengths), root, num_files=num_files,
+                                                row_group_size=rg)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

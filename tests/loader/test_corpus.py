@@ -11,22 +11,9 @@ import pickle
 import subprocess
 import sys
 
-import pytest
 
 from shmloader.demo import corpus
-from tests import helpers
 from tests.helpers import REPO_ROOT, read_texts, row_group_sizes
-
-
-@pytest.fixture(scope="module")
-def small_texts() -> list[str]:
-    """~1 MB of stdlib text plus synthetic docs (the subprocess below builds the same)."""
-    return helpers.small_texts()
-
-
-@pytest.fixture(scope="module")
-def enc(small_texts):
-    return corpus.train_tokenizer(small_texts, 1024)
 
 
 def test_tokenizer_deterministic_across_processes(small_texts, enc, tmp_path):

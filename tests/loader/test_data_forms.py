@@ -5,7 +5,6 @@ shards, and a `cache_dir` that cannot be one, refused in the caller's process.
 Every stream is checked against the oracle (tests/oracle.py) on token = position data.
 """
 import itertools
-import os
 import warnings
 
 import numpy as np
@@ -14,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
-from shmloader.demo import corpus
 from tests import helpers, oracle
 from tests.helpers import loader_children, shm_segments, window_of
 
@@ -22,9 +20,7 @@ B, T = 2, 16
 
 
 def shards(root, lengths, num_files=4, rg=8) -> list[str]:
-    os.makedirs(root, exist_ok=True)
-    return [str(p) for p in corpus.write_shards(helpers.position_documents(lengths), root, num_files=num_files,
-                                                row_group_size=rg)]
+    return helpers.position_shards(root, lengths, num_files, rg)
 
 
 def loader(data, **kw):

@@ -20,9 +20,7 @@ B, T = 2, 16
 
 
 def shards(root, lengths, num_files=3, rg=8) -> list[str]:
-    os.makedirs(root, exist_ok=True)
-    return [str(p) for p in corpus.write_shards(helpers.position_documents(lengths), root, num_files=num_files,
-                                                row_group_size=rg)]
+    return helpers.position_shards(root, lengths, num_files, rg)
 
 
 def loader(data, **kw):

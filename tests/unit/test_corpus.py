@@ -19,21 +19,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from shmloader.demo import corpus
-from tests import helpers
 from tests.helpers import read_texts, row_group_sizes
 
 SPECIAL_STRINGS = ("<|bos|>", "<|endoftext|>", "<|user_start|>", "<|assistant_end|>")
-
-
-@pytest.fixture(scope="module")
-def small_texts() -> list[str]:
-    """~1 MB of stdlib text plus synthetic docs: enough for 1024 merges, trains in < 0.2 s."""
-    return helpers.small_texts()
-
-
-@pytest.fixture(scope="module")
-def enc(small_texts):
-    return corpus.train_tokenizer(small_texts, 1024)
 
 
 # ---------------------------------------------------------------- write_shards
