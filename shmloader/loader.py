@@ -196,6 +196,15 @@ class ShmLoader:
     def load_state_dict(self, state: dict):
         """Continue from `state`: the next batch is the one it resumes at (docs/contract.md §3). Another
         rank's state first finds this rank's own position at the state's batch count."""
+        if not self._next_lock.acquire(timeout=self.config.timeout):  # not under another thread's next()
+            raise errors.LoaderTimeout(f"load_state_dict() waited {self.config.timeout:.0f} s for another "
+                                       f"thread's next() on this loader to return")
+        try:
+            self._load(state)
+        finally:
+            self._next_lock.release()
+
+    def _load(self, state: dict):
         if self._closed:
             raise errors.LoaderClosed(self._closed_text())
         resume = statemod.check(state, self._identity)

@@ -308,10 +308,6 @@ class ParquetSource:
             raise DataError(f"{self.files[f]}: row group {rg}, rows {start}-{end}: the text is not "
                             f"valid UTF-8 ({exc}); fix the file or pass on_bad_row_group='skip'") from exc
 
-    def check_schema(self, f: int, where: str = ""):
-        """A `DataError` unless file `f` has a string-like `text` column (from its footer)."""
-        text_column_problem(self.files[f], self._file(f).schema_arrow, where)
-
     def _read_column(self, f: int, rg: int):
         path = self.files[f]
         pf = self._file(f)
@@ -355,21 +351,16 @@ class SchemaCheck:
 
     def __init__(self, files: list[str], filesystem, rank: int, first: int = 0):
         self.files, self.filesystem, self.rank, self.first = files, filesystem, rank, first
-        self._found, self._stop = None, threading.Event()
+        self._found = None
         self._thread = threading.Thread(target=self._run, name="shmloader-schema-check", daemon=True)
         self._thread.start()
 
     def found(self) -> "DataError | None":
         return self._found
 
-    def stop(self):
-        self._stop.set()
-
     def _run(self):
         order = list(range(self.first, len(self.files))) + list(range(self.first))
-        for f in order:
-            if self._stop.is_set():
-                return
+        for f in order:  # a daemon thread: it ends with the coordinator
             path = self.files[f]
             try:
                 pf = pq.ParquetFile(path, filesystem=self.filesystem)
