@@ -93,19 +93,22 @@ def _start(procs, start_method: str):
     survives fork and exec), and each child ignores SIGINT before unblocking it
     (`coordinator_main`, `worker_main`), which drops a pending one. The forkserver ignores
     SIGINT and keeps it blocked, so every child it forks starts blocked (other processes
-    forked by the same server, e.g. the user's own, inherit that too); so only its start is
-    blocked, and the trainer stays interruptible while it waits for the server's preloads.
-    A forkserver already started elsewhere without the block leaves its children's short
-    bootstrap exposed."""
+    forked by the same server, e.g. the user's own, inherit that too).
+
+    The trainer's own side of a start is kept whole too: a request to the forkserver is a
+    connection, the child's file descriptors and then its pickled process object, and a
+    KeyboardInterrupt between those steps leaves the server a connection that ends early (it
+    dies with an EOFError traceback) or the child a truncated object (a traceback of its own).
+    So SIGINT stays blocked in the trainer while it starts the children, and a Ctrl-C that
+    came meanwhile is raised once they are all started (the caller then stops them). Waiting
+    for the server's preloads (~0.1-0.4 s after a process's first loader is built, on a
+    2-core machine) is part of that, as waiting for a spawned child's interpreter is."""
+    resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
     if start_method == "forkserver":
         _ensure_forkserver()
+    with sigint_blocked():
         for p in procs:
             p.start()
-    else:
-        resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
-        with sigint_blocked():
-            for p in procs:
-                p.start()
 
 
 @contextlib.contextmanager
