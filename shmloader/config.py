@@ -25,6 +25,7 @@ class LoaderConfig:
     tokenizer_batch_size: int = 128
     buffer_size: int = 1000
     max_piece_docs: int = 1024
+    max_piece_bytes: int = 1 << 20
     start_method: str = "forkserver"
     timeout: float = 300.0
     on_bad_row_group: str = "raise"
@@ -35,7 +36,7 @@ class LoaderConfig:
 
     def __post_init__(self):
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
-                     "max_piece_docs"):
+                     "max_piece_docs", "max_piece_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -79,6 +80,16 @@ class LoaderConfig:
     def piece_cap(self) -> int:
         """With a cache, pieces after the ramp are whole row groups so that they get cached."""
         return self.max_piece_docs if self.cache_dir is None else 1 << 40
+
+    @property
+    def piece_bytes(self) -> int | None:
+        """Text bytes a piece holds at most (data/order.py); None with a cache (whole row groups)."""
+        return self.max_piece_bytes if self.cache_dir is None else None
+
+    @property
+    def piece_unit(self) -> int:
+        """Pieces hold whole units of documents: best fit's chunks, so that none is split."""
+        return self.tokenizer_batch_size if self.spec.buffered else 1
 
     def fingerprint(self, tokenizer: str) -> dict:
         """What a resume state must match (B, T and the files are checked on their own: a new

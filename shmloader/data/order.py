@@ -5,8 +5,13 @@ Order (docs/contract.md §2): files in the given order; in each file the row gro
 
 A *piece* is a slice `[doc_start, doc_end)` of one row group. The first pieces of a run
 follow `RAMP` (16, 32, ... documents) so that the first batch needs only a few milliseconds
-of tokenizing; later pieces run to the end of their row group, capped at `max_docs`. Piece
-boundaries never change the token stream; they only decide how work is split.
+of tokenizing; later pieces run to the end of their row group, capped at `max_docs`, and at
+about `max_bytes` of text: a row group's text size is in its parquet footer, so a piece of a
+row group of N documents and S bytes has at most `max_bytes * N / S` of them (rounded down to
+whole `unit`s, at least one). That keeps the work of a piece, and what a worker holds behind
+it, bounded whatever the row groups look like (1 to thousands of documents, of 0 to 100K
+characters each). Piece boundaries never change the token stream; they only decide how work
+is split.
 
 `iter_pieces` raises `DataError` when a whole pass over the files yields no row group for
 this rank, instead of looping forever (the original loader's end-of-data hang).
@@ -37,6 +42,7 @@ class Piece:
     rg: int
     doc_start: int
     doc_end: int
+    text_bytes: int = 0  # its text's size, estimated from its row group's (0: unknown)
 
     @property
     def n_docs(self) -> int:
@@ -78,10 +84,14 @@ def nanochat_cursor(pq_idx: int, rg_idx: int, epoch: int, rank: int, world: int)
 
 def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
                 start: Cursor, max_docs: int = 1024, ramp: Sequence[int] = RAMP,
-                first_index: int = 0, later: Sequence[int] | None = None) -> Iterator[Piece]:
+                first_index: int = 0, later: Sequence[int] | None = None,
+                row_bytes: Callable[[int], Sequence[int]] | None = None, max_bytes: int | None = None,
+                unit: int = 1) -> Iterator[Piece]:
     """Yield the pieces of the canonical order from `start`, forever.
 
-    `row_counts(f)` returns the number of rows of each row group of file `f`. The files are
+    `row_counts(f)` returns the number of rows of each row group of file `f`, `row_bytes(f)`
+    (called after it) their text's size in bytes; with both `row_bytes` and `max_bytes` a
+    piece holds about `max_bytes` of text at most, in whole `unit`s of documents. The files are
     read in index order in the start's epoch and, when `later` is given, in its order (file
     indices) in the epochs after it (a resumed run reads files new to its state after the
     state's, then every file in its sorted place: state.py).
@@ -107,13 +117,29 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
             at, rg, doc = at + 1, rank, 0
             continue
         barren = 0
+        per_doc = _bytes_per_doc(row_bytes, file, rg, counts[rg]) if max_bytes else 0.0
         while doc < counts[rg]:
-            size = min(next(sizes, max_docs), max_docs)
+            size = min(next(sizes, max_docs), max_docs, _docs_within(max_bytes, per_doc, unit))
             end = min(counts[rg], doc + size)
-            yield Piece(index, epoch, file, rg, doc, end)
+            yield Piece(index, epoch, file, rg, doc, end, round(per_doc * (end - doc)))
             index += 1
             doc = end
         if counts[rg] == 0:  # an empty row group is still a step of the order
             yield Piece(index, epoch, file, rg, 0, 0)
             index += 1
         rg, doc = rg + world, 0
+
+
+def _bytes_per_doc(row_bytes, file: int, rg: int, n_docs: int) -> float:
+    """Average text bytes per document of row group `rg` of `file` (0.0 when unknown)."""
+    if row_bytes is None or n_docs == 0:
+        return 0.0
+    sizes = row_bytes(file)
+    return sizes[rg] / n_docs if rg < len(sizes) else 0.0
+
+
+def _docs_within(max_bytes: int | None, per_doc: float, unit: int) -> float:
+    """The most documents of `per_doc` bytes that fit in `max_bytes`, in whole units (>= 1)."""
+    if not max_bytes or per_doc <= 0:
+        return float("inf")
+    return max(1, int(max_bytes / per_doc) // unit) * unit

@@ -297,6 +297,20 @@ class ParquetSource:
         md = self._file(f).metadata
         return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
 
+    def text_bytes(self, f: int) -> list[int]:
+        """Each row group's `text` column chunk size, uncompressed, from the footer: about its
+        text's size (plus 4 bytes a row; a dictionary-encoded column counts each distinct
+        text once). 0 for every row group when there is no `text` column (the worker that
+        reads it reports that)."""
+        md = self._file(f).metadata
+        if md.num_row_groups == 0:
+            return []
+        first = md.row_group(0)
+        at = next((j for j in range(first.num_columns) if first.column(j).path_in_schema == "text"), None)
+        if at is None:
+            return [0] * md.num_row_groups
+        return [md.row_group(i).column(at).total_uncompressed_size for i in range(md.num_row_groups)]
+
     def read_texts(self, f: int, rg: int, start: int, end: int) -> list:
         """Rows `[start, end)` of the `text` column of row group `rg` of file `f` (None = null)."""
         if self._last is None or self._last[:2] != (f, rg):

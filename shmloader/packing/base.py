@@ -14,12 +14,23 @@ and which are complete, in order. `InOrder` takes what arrives by index in any o
 hands it out in index order (pieces are counted in any order, used in stream order).
 `SlotMap` says which ring slot holds which batch. Pure logic: no processes, no tokens. See
 NOTE [ring protocol] in ipc/protocol.py.
+
+What a worker may hold (`Mode.can_take`): work is given so that no worker idles behind
+another's long piece, and memory stays bounded whatever the trainer's pace. A worker takes a
+new piece while it has fewer than 2 pieces given and not yet counted (one in progress, one
+queued), or up to `MAX_IN_FLIGHT` of them while they hold less than a piece's worth of text
+(`max_piece_bytes`: many tiny row groups in a row); and while the tokens it holds counted but
+not yet written into the ring (the stream needs an earlier piece first, or the ring is full)
+are fewer than `hold_tokens` (twice a largest piece's text in tokens, at least 4 rings), in
+fewer than `MAX_HELD_PIECES` pieces. So a worker whose finished pieces wait behind another's
+long piece keeps working, up to that budget.
 """
 import heapq
 from dataclasses import dataclass
 from typing import Callable
 
-MAX_PIECES_PER_WORKER = 3
+MAX_IN_FLIGHT = 8      # pieces given to a worker and not yet counted, at most
+MAX_HELD_PIECES = 256  # pieces a worker holds (given or counted, not yet written), at most
 
 
 @dataclass(frozen=True)
@@ -112,19 +123,48 @@ class Mode:
 
     keep = True
 
-    def __init__(self, n_workers: int):
-        self._load = [0] * n_workers   # pieces a worker holds that count against its share
+    def __init__(self, n_workers: int, cfg=None, window: int = 0, n_slots: int = 0):
+        piece_bytes = cfg.max_piece_bytes if cfg is not None else 1 << 20
+        self.flight_bytes = cfg.piece_bytes if cfg is not None else piece_bytes
+        self.hold_tokens = max(2 * piece_bytes, 4 * window * n_slots)
+        self._flight = [0] * n_workers        # pieces given, not counted
+        self._flight_text = [0] * n_workers   # their text bytes (estimated)
+        self._held = [0] * n_workers          # tokens counted, not yet written
+        self._held_pieces = [0] * n_workers
+        self._tokens = {}                     # piece index -> tokens it holds, counted
         self.owner, self.specs = {}, {}
 
-    def load(self, worker: int) -> int:
-        return self._load[worker]
+    def load(self, worker: int) -> tuple:
+        return self._flight[worker], self._held[worker]
 
     def can_take(self, worker: int) -> bool:
-        return self._load[worker] < MAX_PIECES_PER_WORKER
+        n = self._flight[worker]
+        flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None
+                              and self._flight_text[worker] < self.flight_bytes)
+        return (flight_ok and self._held[worker] < self.hold_tokens
+                and n + self._held_pieces[worker] < MAX_HELD_PIECES)
 
     def take(self, worker: int, piece):
         self.owner[piece.index], self.specs[piece.index] = worker, piece
-        self._load[worker] += 1
+        self._flight[worker] += 1
+        self._flight_text[worker] += piece.text_bytes
+
+    def _counted_by(self, worker: int, piece, tokens: int):
+        """`piece` of `worker` was counted; it holds `tokens` until `_written_out` (0: the
+        mode bounds what workers hold itself, or they keep nothing)."""
+        self._flight[worker] -= 1
+        self._flight_text[worker] -= piece.text_bytes
+        if tokens:
+            self._tokens[piece.index] = tokens
+            self._held[worker] += tokens
+            self._held_pieces[worker] += 1
+
+    def _written_out(self, worker: int, index: int):
+        """Every token of piece `index` of `worker` was written into the ring."""
+        tokens = self._tokens.pop(index, 0)
+        if tokens:
+            self._held[worker] -= tokens
+            self._held_pieces[worker] -= 1
 
     def counted(self, msg):
         raise NotImplementedError

@@ -229,7 +229,7 @@ class BestFitMode(Mode):
     load when counted, and a global cap bounds the documents waiting to enter the buffer."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
-        super().__init__(n_workers)
+        super().__init__(n_workers, cfg)
         prefix = buffer_pieces(run.buffer_runs, cfg.piece_cap)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.piece_cap, cfg.buffer_size)
         self.pieces = itertools.chain(prefix, pieces(ramp, cap, len(prefix)))
@@ -248,11 +248,11 @@ class BestFitMode(Mode):
         plan waits for documents and none is being tokenized (a batch of many short documents
         can need more than the cap)."""
         waiting = self.seq.chunks.docs + self.seq.backlog_docs + self.assigned_docs
-        return self._load[worker] < 2 and (waiting < self.cap or (self.seq.starved and not self.assigned_docs))
+        return super().can_take(worker) and (waiting < self.cap or (self.seq.starved and not self.assigned_docs))
 
     def counted(self, msg):
         w, piece = self.owner.pop(msg.piece), self.specs.pop(msg.piece)
-        self._load[w] -= 1
+        self._counted_by(w, piece, 0)
         self.assigned_docs -= piece.n_docs
         self.seq.counted(piece, w, msg.lengths)
         return piece

@@ -157,17 +157,19 @@ class ConcatSequencer:
 
 
 class ConcatMode(Mode):
-    """Concat: pieces are placed by token offset; a piece is done, and leaves its worker's
-    load, when fully placed."""
+    """Concat: pieces are placed by token offset; a counted piece's tokens count against its
+    worker's hold until it is fully placed (base.py: what a worker may hold)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
-        super().__init__(n_workers)
+        super().__init__(n_workers, cfg, run.layout.window, run.layout.n_slots)
         self.seq = ConcatSequencer(run.layout.window, run.layout.n_slots, run.skip)
         self.pieces = pieces(RAMP, cfg.piece_cap, 0)
 
     def counted(self, msg):
         self.seq.counted(msg.piece, msg.lengths)
-        return self.specs[msg.piece]
+        piece = self.specs[msg.piece]
+        self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
+        return piece
 
     def freed(self, batch: int):
         self.seq.freed(batch)
@@ -176,7 +178,7 @@ class ConcatMode(Mode):
         for index, segments, done in self.seq.placements():
             w = self.owner[index]
             if done:
-                self._load[w] -= 1
+                self._written_out(w, index)
                 del self.owner[index]
             segments = [(k, take_slot(k), off, src, n) for k, off, src, n in segments]
             yield w, Place(index, segments, done)

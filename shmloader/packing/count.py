@@ -30,7 +30,7 @@ class CountMode(Mode):
     keep = False
 
     def __init__(self, cfg, run, n_workers: int, pieces):
-        super().__init__(n_workers)
+        super().__init__(n_workers, cfg)
         self.locator, cap = cfg.spec.locator(cfg, run)
         self.pieces = pieces((), cap, 0)  # no ramp: nothing waits for a first batch
         self._counted = InOrder()
@@ -42,7 +42,7 @@ class CountMode(Mode):
         return self.locator.result is None and super().can_take(worker)
 
     def counted(self, msg):
-        self._load[self.owner.pop(msg.piece)] -= 1
+        self._counted_by(self.owner.pop(msg.piece), self.specs[msg.piece], 0)
         self.from_cache[bool(msg.cache_hit)] += 1
         self.docs += len(msg.lengths)
         piece = self.specs[msg.piece]

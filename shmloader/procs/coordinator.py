@@ -75,7 +75,8 @@ def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
 
     def pieces(ramp, cap, first_index):
         return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
-                           max_docs=cap, ramp=ramp, first_index=first_index, later=run.later)
+                           max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
+                           row_bytes=source.text_bytes, max_bytes=cfg.piece_bytes, unit=cfg.piece_unit)
     return pieces
 
 

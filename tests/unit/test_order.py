@@ -5,7 +5,7 @@ for a rank with no row group anywhere."""
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from shmloader.errors import DataError
@@ -340,3 +340,52 @@ def test_buffer_pieces_rereads_exactly_the_runs_in_order(runs, max_docs):
     got = [(p.epoch, p.file, p.rg, d) for p in pieces for d in range(p.doc_start, p.doc_end)]
     want = [(e, f, rg, d) for e, f, rg, row, n in runs for d in range(row, row + n)]
     assert got == want
+
+
+# ------------------------------------------------------------------ pieces bounded by text bytes
+
+def test_pieces_are_cut_by_text_bytes_examples():
+    # row group 0: 100 docs of 10 bytes, 1: 4 docs of 1000 bytes, 2: one doc of 5000 bytes
+    counts, sizes = [[100, 4, 1]], [[1000, 4000, 5000]]
+    it = iter_pieces(counts_fn(counts), 1, 0, 1, start_cursor(0), ramp=(), row_bytes=lambda f: sizes[f],
+                     max_bytes=250)
+    got = [(p.rg, p.doc_start, p.doc_end, p.text_bytes) for p in itertools.islice(it, 9)]
+    assert got == [(0, 0, 25, 250), (0, 25, 50, 250), (0, 50, 75, 250), (0, 75, 100, 250),
+                   (1, 0, 1, 1000), (1, 1, 2, 1000), (1, 2, 3, 1000), (1, 3, 4, 1000),
+                   (2, 0, 1, 5000)]  # a piece holds one document at least
+
+
+def test_bytes_bound_keeps_whole_units():
+    it = iter_pieces(counts_fn([[100]]), 1, 0, 1, start_cursor(0), ramp=(), row_bytes=lambda f: [1000],
+                     max_bytes=250, unit=7)
+    assert [p.n_docs for p in itertools.islice(it, 5)] == [21, 21, 21, 21, 16]
+    it = iter_pieces(counts_fn([[100]]), 1, 0, 1, start_cursor(0), ramp=(), row_bytes=lambda f: [1000],
+                     max_bytes=30, unit=7)
+    assert next(it).n_docs == 7  # one unit even when it is larger than max_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=st.lists(st.lists(st.integers(0, 400), min_size=1, max_size=4), min_size=1, max_size=3),
+       per_doc=st.lists(st.integers(0, 5000), min_size=12, max_size=12),
+       max_bytes=st.integers(1, 20000), unit=st.integers(1, 9), max_docs=st.integers(1, 300),
+       rank_world=st.sampled_from([(0, 1), (1, 2), (0, 3)]))
+def test_bytes_bound_changes_only_the_cuts(counts, per_doc, max_bytes, unit, max_docs, rank_world):
+    """With a text size per row group, the pieces still cover exactly the order the pieces
+    without it cover; each holds at most max_bytes of text (or one unit), whole units."""
+    rank, world = rank_world
+    assume(has_rg(counts, rank))
+    sizes = [[c * per_doc[(f * 4 + g) % 12] for g, c in enumerate(rgs)] for f, rgs in enumerate(counts)]
+    ramp, cap = ramp_for(unit, max_docs)
+    one_epoch = sum(max(1, c) for rgs in counts for g, c in enumerate(rgs) if g % world == rank)
+    plain = iter_pieces(counts_fn(counts), len(counts), rank, world, start_cursor(rank), max_docs=cap, ramp=ramp)
+    cut = iter_pieces(counts_fn(counts), len(counts), rank, world, start_cursor(rank), max_docs=cap, ramp=ramp,
+                      row_bytes=lambda f: sizes[f], max_bytes=max_bytes, unit=unit)
+    want, _ = piece_units(plain, 2 * one_epoch)
+    got, pieces = piece_units(cut, 2 * one_epoch)
+    assert got == want
+    for p in pieces:
+        n_rows = counts[p.file][p.rg]
+        each = sizes[p.file][p.rg] / n_rows if n_rows else 0
+        assert p.doc_start % unit == 0 and (p.n_docs % unit == 0 or p.doc_end == n_rows)
+        assert p.n_docs <= max(unit, max_bytes / each if each else cap) + 1e-9
+        assert p.text_bytes == round(each * p.n_docs)

@@ -1,0 +1,96 @@
+"""What a worker may hold (packing/base.py `Mode.can_take`), through `ConcatMode` as the
+coordinator drives it: a worker whose counted pieces wait behind another worker's long piece
+keeps getting work, up to a budget of tokens; tiny pieces may queue several at a time; and
+what any worker holds stays bounded whatever the trainer's pace."""
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+
+from shmloader.config import LoaderConfig
+from shmloader.data.order import Piece
+from shmloader.ipc.protocol import Counted
+from shmloader.packing.base import MAX_HELD_PIECES, MAX_IN_FLIGHT
+from shmloader.packing.concat import ConcatMode
+
+B, T, N_SLOTS = 2, 16, 4
+
+
+def mode_over(pieces, **options):
+    cfg = LoaderConfig(B, T, n_slots=N_SLOTS, **options)
+    run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS), skip=0)
+    return ConcatMode(cfg, run, 2, lambda ramp, cap, first: iter(pieces))
+
+
+def count(mode, piece, tokens_per_doc):
+    mode.counted(Counted(piece.index, np.full(piece.n_docs, tokens_per_doc, dtype=np.int64), None))
+
+
+def drain(mode):
+    """Place what can be placed (every slot taken is freed at once, as a fast trainer does)."""
+    for _ in range(10_000):
+        orders = list(mode.orders(lambda k: k % N_SLOTS))
+        for w, order in orders:
+            mode.written([(k, n) for k, _, _, _, n in order.segments])
+        ready = mode.ready()
+        for k, *_ in ready:
+            mode.freed(k)
+        if not orders and not ready:
+            return
+
+
+def test_a_worker_behind_a_long_piece_keeps_working_up_to_its_budget():
+    pieces = [Piece(i, 1, 0, i, 0, 100, text_bytes=4_000) for i in range(100)]
+    mode = mode_over(pieces, max_piece_bytes=4_000)
+    long_one = next(mode.pieces)
+    mode.take(0, long_one)                  # worker 0 tokenizes a long piece, for a while
+    taken = 0
+    while mode.can_take(1):                 # worker 1 finishes piece after piece meanwhile
+        piece = next(mode.pieces)
+        mode.take(1, piece)
+        count(mode, piece, 10)              # 1,000 tokens a piece, placed only after piece 0
+        drain(mode)
+        taken += 1
+    assert taken > 3, "the other worker idled behind a long piece"  # the old limit: 3 pieces
+    assert mode.load(1)[1] >= mode.hold_tokens > mode.load(1)[1] - 1_000, "held past its budget"
+    count(mode, long_one, 10)             # the long piece is counted: everything drains
+    drain(mode)
+    assert mode.load(0) == mode.load(1) == (0, 0)
+    assert mode.can_take(0) and mode.can_take(1)
+
+
+def test_pieces_in_flight_two_or_tiny_ones_up_to_a_piece_of_text():
+    big = [Piece(i, 1, 0, i, 0, 10, text_bytes=700_000) for i in range(5)]
+    mode = mode_over(big)
+    mode.take(0, next(mode.pieces))
+    assert mode.can_take(0)
+    mode.take(0, next(mode.pieces))
+    assert not mode.can_take(0), "more than 2 large pieces queued on one worker"
+    tiny = [Piece(i, 1, 0, i, 0, 1, text_bytes=50) for i in range(20)]
+    mode = mode_over(tiny)
+    n = 0
+    while mode.can_take(0):
+        mode.take(0, next(mode.pieces))
+        n += 1
+    assert n == MAX_IN_FLIGHT
+
+
+def test_a_slow_trainer_bounds_what_every_worker_holds():
+    """The ring is never freed: every worker stops at its budget of tokens, or of pieces."""
+    for tokens_per_doc, docs in ((1000, 100), (1, 1)):
+        pieces = (Piece(i, 1, 0, i, 0, docs, text_bytes=docs * 4) for i in itertools.count())
+        mode = mode_over(pieces)
+        for _ in range(100_000):
+            w = min((0, 1), key=lambda w: (not mode.can_take(w), mode.load(w)))
+            if not mode.can_take(w):
+                break
+            piece = next(mode.pieces)
+            mode.take(w, piece)
+            count(mode, piece, tokens_per_doc)
+            list(mode.orders(lambda k: k % N_SLOTS))  # placed into the ring, never freed
+        else:
+            raise AssertionError("workers took work forever with a stalled trainer")
+        for w in (0, 1):
+            flight, held = mode.load(w)
+            assert held < mode.hold_tokens + docs * tokens_per_doc
+            assert len([i for i, o in mode.owner.items() if o == w]) <= MAX_HELD_PIECES
