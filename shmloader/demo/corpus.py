@@ -31,12 +31,29 @@ Shards
     differ by at most 1 and writes each as a parquet file with one string column ``text``
     (``None`` becomes null). Row groups are written one at a time, so their sizes are
     exactly the requested ones (a cycled list of sizes, restarting in each file; the last
-    group of a file holds whatever is left).
+    group of a file holds whatever is left). With ``row_group_sizes`` (the size of every
+    row group in order, summing to ``len(docs)``) the row groups are exactly those, and the
+    files are consecutive runs of them whose counts of row groups differ by at most 1.
+
+Benchmark corpora (``tools/bench.py --corpus``), each ``(docs, row_group_sizes)`` for
+``write_shards(docs, ..., row_group_sizes=sizes)``, deterministic from ``seed`` for a given
+Python install (their words and code come from its standard library):
+    ``nanochat_corpus`` has nanochat's shard geometry: row groups of 1024 documents whose
+    lengths are log-normal (median ~2.85K characters, mean ~4.7K, a long tail past 100K),
+    prose made of runs of words from the pydoc topic texts, in paragraphs. Write it with
+    ``SHARD_FORMAT`` (zstd level 3, no dictionary), as ``write_shards`` does.
+    ``skewed_corpus`` has row groups of 1 to ``max_row_group_docs`` (500) documents,
+    log-uniform, each row group of one kind of source: web pages (prose, some pages of
+    20K-100K characters), code (slices of standard-library sources, 500 to 100K characters),
+    chat (mostly one-liners) or a mix; every kind holds some empty strings. Documents run
+    from empty to ``max_chars`` (100K) characters.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import os
 import pickle
 import random
@@ -181,11 +198,17 @@ def save_tokenizer(enc: "tiktoken.Encoding", path: str | os.PathLike) -> Path:
 def write_shards(docs: Sequence[str | None], out_dir: str | os.PathLike, *, num_files: int,
                  row_group_size: int | Sequence[int] = 1024,
                  prefix: str = "shard_",
-                 on_file_written: Callable[[Path], None] | None = None) -> list[Path]:
+                 on_file_written: Callable[[Path], None] | None = None,
+                 row_group_sizes: Sequence[int] | None = None) -> list[Path]:
     """Write ``docs`` as ``num_files`` parquet shards ``{prefix}{i:05d}.parquet``; return paths.
 
     ``on_file_written(path)``, if given, is called after each file is closed (progress bars).
+    ``row_group_sizes``, if given, replaces ``row_group_size``: every row group's size in
+    order across the files (summing to ``len(docs)``); each file gets a consecutive run of
+    them, the files' counts of row groups differing by at most 1.
     """
+    if row_group_sizes is not None:
+        return _write_shards_exact(docs, Path(out_dir), num_files, row_group_sizes, prefix, on_file_written)
     sizes = _check_shard_args(len(docs), num_files, row_group_size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -195,6 +218,30 @@ def write_shards(docs: Sequence[str | None], out_dir: str | os.PathLike, *, num_
         _write_one_shard(path, docs[start:start + count], sizes)
         paths.append(path)
         start += count
+        if on_file_written is not None:
+            on_file_written(path)
+    return sorted(paths)
+
+
+def _write_shards_exact(docs: Sequence[str | None], out_dir: Path, num_files: int,
+                        row_group_sizes: Sequence[int], prefix: str,
+                        on_file_written: Callable[[Path], None] | None) -> list[Path]:
+    """``write_shards`` with every row group's size given: files are runs of row groups."""
+    sizes = list(row_group_sizes)
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes) or sum(sizes) != len(docs):
+        raise ValueError(f"row_group_sizes must be positive ints summing to len(docs) = {len(docs)}, got "
+                         f"{len(sizes)} sizes summing to {sum(s for s in sizes if isinstance(s, int))}")
+    if num_files < 1 or num_files > len(sizes):
+        raise ValueError(f"expected 1 <= num_files <= len(row_group_sizes), got num_files={num_files} "
+                         f"with {len(sizes)} row groups; lower num_files or pass more row groups")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths, start, first = [], 0, 0
+    for i, n_groups in enumerate(_split_counts(len(sizes), num_files)):
+        mine = sizes[first:first + n_groups]
+        path = out_dir / f"{prefix}{i:05d}.parquet"
+        _write_one_shard(path, docs[start:start + sum(mine)], tuple(mine))
+        paths.append(path)
+        start, first = start + sum(mine), first + n_groups
         if on_file_written is not None:
             on_file_written(path)
     return sorted(paths)
@@ -259,3 +306,112 @@ def split_documents(texts: Iterable[str], target_chars: int = 4000) -> list[str]
         if current:
             docs.append("\n\n".join(current))
     return docs
+
+
+# ---------------------------------------------------------------- benchmark corpora
+
+NANOCHAT_ROW_GROUP_DOCS = 1024   # nanochat's shards (dev/repackage_data_reference.py)
+NANOCHAT_MEAN_CHARS = 4700       # its documents' mean length in characters
+NANOCHAT_SIGMA = 1.0             # log-normal shape: median = mean / e^(sigma^2 / 2)
+SKEWED_MAX_ROW_GROUP_DOCS = 500
+SKEWED_MAX_CHARS = 100_000
+# each skewed row group comes from one kind of source; weights of its documents' kinds
+_SKEWED_FLAVORS = {  # flavor: (weight, {kind: weight})
+    "web": (35, {"empty": 2, "line": 15, "prose": 50, "page": 30, "code": 3}),
+    "code": (20, {"empty": 3, "line": 10, "prose": 7, "code": 80}),
+    "chat": (20, {"empty": 10, "line": 75, "prose": 15}),
+    "mixed": (25, {"empty": 5, "line": 35, "prose": 35, "page": 13, "code": 12}),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _prose_words() -> tuple[str, ...]:
+    """The words of the pydoc topic texts in order (~65K on CPython 3.11): English prose."""
+    from pydoc_data.topics import topics
+
+    return tuple(" ".join(topics[key] for key in sorted(topics)).split())
+
+
+@functools.lru_cache(maxsize=1)
+def _code_text() -> str:
+    """The standard library's sources (``_stdlib_sources``), concatenated: ~12 MB of code."""
+    return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in _stdlib_sources())
+
+
+def _prose(rng: random.Random, n_chars: int, *, paragraphs: bool = True) -> str:
+    """About ``n_chars`` characters (exactly, cut at the end) of runs of 8..60 consecutive
+    prose words, a paragraph break after ~1 run in 6 (none with ``paragraphs=False``)."""
+    if n_chars <= 0:
+        return ""
+    words, parts, size = _prose_words(), [], 0
+    while size < n_chars:
+        span = rng.randint(8, 60)
+        start = rng.randrange(len(words) - span)
+        run = " ".join(words[start:start + span])
+        parts.append(run)
+        parts.append("\n\n" if paragraphs and rng.random() < 1 / 6 else " ")
+        size += len(run) + 1
+    text = "".join(parts)[:n_chars]
+    return text[:1].upper() + text[1:]
+
+
+def _code(rng: random.Random, n_chars: int) -> str:
+    """``n_chars`` characters of standard-library source from a random line on."""
+    code = _code_text()
+    start = code.find("\n", rng.randrange(max(1, len(code) - n_chars))) + 1
+    return code[start:start + n_chars]
+
+
+def _log_uniform(rng: random.Random, lo: float, hi: float) -> int:
+    return round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def nanochat_corpus(n_docs: int, seed: int = 0, *, row_group_docs: int = NANOCHAT_ROW_GROUP_DOCS,
+                    mean_chars: float = NANOCHAT_MEAN_CHARS, sigma: float = NANOCHAT_SIGMA,
+                    max_chars: int = 1_000_000) -> tuple[list[str], list[int]]:
+    """nanochat's shard geometry: ``(docs, row_group_sizes)``, row groups of ``row_group_docs``
+    (the last one what is left), document lengths log-normal with mean ``mean_chars`` and
+    shape ``sigma`` (clipped to 32..``max_chars``), prose (``_prose``)."""
+    if n_docs < 1 or row_group_docs < 1 or mean_chars <= 0 or sigma < 0:
+        raise ValueError(f"expected n_docs >= 1, row_group_docs >= 1, mean_chars > 0, sigma >= 0, got "
+                         f"{n_docs}, {row_group_docs}, {mean_chars}, {sigma}")
+    rng = random.Random(f"nanochat-{seed}")
+    mu = math.log(mean_chars) - sigma ** 2 / 2
+    docs = [_prose(rng, min(max_chars, max(32, round(rng.lognormvariate(mu, sigma))))) for _ in range(n_docs)]
+    full, rest = divmod(n_docs, row_group_docs)
+    return docs, [row_group_docs] * full + ([rest] if rest else [])
+
+
+def skewed_corpus(n_docs: int, seed: int = 0, *, max_row_group_docs: int = SKEWED_MAX_ROW_GROUP_DOCS,
+                  max_chars: int = SKEWED_MAX_CHARS) -> tuple[list[str], list[int]]:
+    """Skewed shards: ``(docs, row_group_sizes)``, row groups of 1..``max_row_group_docs``
+    documents (log-uniform; the last one what is left), each of one flavor of source
+    (``_SKEWED_FLAVORS``); documents: empty strings, one-liners (10..200 characters), prose
+    (log-normal, median 1,500), web pages (20K..``max_chars``, log-uniform) and code
+    (500..``max_chars``, log-uniform), at most ``max_chars`` characters."""
+    if n_docs < 1 or max_row_group_docs < 1 or max_chars < 1:
+        raise ValueError(f"expected n_docs, max_row_group_docs and max_chars >= 1, got "
+                         f"{n_docs}, {max_row_group_docs}, {max_chars}")
+    rng = random.Random(f"skewed-{seed}")
+    flavors = list(_SKEWED_FLAVORS)
+    docs: list[str] = []
+    sizes: list[int] = []
+    while len(docs) < n_docs:
+        size = min(_log_uniform(rng, 1, max_row_group_docs), n_docs - len(docs))
+        flavor = rng.choices(flavors, weights=[_SKEWED_FLAVORS[f][0] for f in flavors])[0]
+        kinds = _SKEWED_FLAVORS[flavor][1]
+        for kind in rng.choices(list(kinds), weights=list(kinds.values()), k=size):
+            if kind == "empty":
+                doc = ""
+            elif kind == "line":
+                doc = _prose(rng, _log_uniform(rng, 10, 200), paragraphs=False).strip()
+                doc = doc.rsplit(" ", 1)[0] if " " in doc else doc  # end on a whole word
+            elif kind == "prose":
+                doc = _prose(rng, max(32, round(rng.lognormvariate(math.log(1500), 0.8))))
+            elif kind == "page":
+                doc = _prose(rng, _log_uniform(rng, 20_000, max_chars))
+            else:
+                doc = _code(rng, _log_uniform(rng, 500, max_chars))
+            docs.append(doc[:max_chars])
+        sizes.append(size)
+    return docs, sizes

@@ -169,3 +169,94 @@ def test_save_tokenizer_file_and_directory(enc, tmp_path):
             loaded = pickle.load(f)
         assert loaded.encode_ordinary(sample) == enc.encode_ordinary(sample)
         assert loaded.encode_single_token("<|bos|>") == enc.encode_single_token("<|bos|>")
+
+
+# ---------------------------------------------------------------- exact row groups, benchmark corpora
+
+def test_row_group_sizes_exact_and_files_are_runs_of_them(tmp_path):
+    docs = [f"doc {i}" for i in range(20)]
+    sizes = [3, 1, 7, 2, 5, 2]
+    paths = corpus.write_shards(docs, tmp_path, num_files=4, row_group_sizes=sizes)
+    # 6 row groups over 4 files: 2, 2, 1, 1 of them, in order
+    assert [row_group_sizes(p) for p in paths] == [[3, 1], [7, 2], [5], [2]]
+    assert read_texts(paths) == docs
+    (one,) = corpus.write_shards(docs, tmp_path / "one", num_files=1, row_group_sizes=sizes,
+                                 row_group_size=4)  # row_group_sizes replaces row_group_size
+    assert row_group_sizes(one) == sizes
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_files=1, row_group_sizes=[2, 2]),  # sums to 4, not 3
+                                    dict(num_files=1, row_group_sizes=[3, 0]),
+                                    dict(num_files=1, row_group_sizes=[]),
+                                    dict(num_files=3, row_group_sizes=[1, 2]),  # fewer groups than files
+                                    dict(num_files=0, row_group_sizes=[3])])
+def test_row_group_sizes_rejects_bad_args(tmp_path, kwargs):
+    with pytest.raises(ValueError, match="row_group_sizes|num_files"):
+        corpus.write_shards(["a", "b", "c"], tmp_path, **kwargs)
+
+
+def _letters_share(docs) -> float:
+    text = "".join(docs)
+    return sum(c.isalpha() or c == " " for c in text) / len(text)
+
+
+def test_nanochat_corpus_geometry_lengths_and_determinism(enc):
+    docs, sizes = corpus.nanochat_corpus(3000, seed=1)
+    assert sizes == [1024, 1024, 952] and len(docs) == sum(sizes) == 3000
+    assert (docs, sizes) == corpus.nanochat_corpus(3000, seed=1)
+    assert docs != corpus.nanochat_corpus(3000, seed=2)[0]
+    lengths = sorted(map(len, docs))
+    mean, median = sum(lengths) / len(lengths), lengths[len(lengths) // 2]
+    assert 4000 < mean < 5400 and 2400 < median < 3300  # log-normal: mean 4.7K, median 2.85K
+    assert lengths[0] >= 32 and lengths[-1] > 10 * median  # a long tail
+    assert lengths[int(0.99 * len(lengths))] > 5 * median
+    assert _letters_share(docs[:200]) > 0.8 and sum("\n\n" in d for d in docs) > 1500  # prose, in paragraphs
+    # BPE reads it like the prose it was made from: about as many characters per token
+    from pydoc_data.topics import topics
+
+    prose = " ".join(topics[k] for k in sorted(topics))[:200_000]
+    ours = "".join(docs[:100])[:200_000]
+    rate = lambda text: len(text) / len(enc.encode_ordinary(text))  # noqa: E731
+    assert 0.8 < rate(ours) / rate(prose) < 1.25
+
+
+def test_nanochat_corpus_sizes_are_configurable():
+    docs, sizes = corpus.nanochat_corpus(50, seed=0, row_group_docs=16, mean_chars=500)
+    assert sizes == [16, 16, 16, 2] and 300 < sum(map(len, docs)) / 50 < 800
+    with pytest.raises(ValueError, match="n_docs"):
+        corpus.nanochat_corpus(0)
+
+
+def test_skewed_corpus_row_groups_and_lengths():
+    docs, sizes = corpus.skewed_corpus(4000, seed=0)
+    assert sum(sizes) == len(docs) == 4000 and all(1 <= s <= 500 for s in sizes)
+    assert (docs, sizes) == corpus.skewed_corpus(4000, seed=0)
+    assert docs != corpus.skewed_corpus(4000, seed=1)[0]
+    # log-uniform counts: tiny, middling and large row groups alike
+    assert min(sizes) <= 5 and max(sizes) >= 200 and any(20 <= s <= 100 for s in sizes)
+    lengths = [len(d) for d in docs]
+    assert max(lengths) <= 100_000 and max(lengths) > 80_000
+    assert docs.count("") > 20
+    assert sum(0 < n <= 200 for n in lengths) > 400  # one-liners
+    assert sum(n >= 20_000 for n in lengths) > 100  # long web pages and code
+    assert sum("def " in d or "import " in d for d in docs) > 200  # code-like documents
+    # row groups far apart in characters, not only in documents
+    chars, start = [], 0
+    for n in sizes:
+        chars.append(sum(lengths[start:start + n]))
+        start += n
+    assert min(chars) < 1000 and max(chars) > 20 * sorted(chars)[len(chars) // 2] > 1_000_000
+
+
+def test_skewed_corpus_limits_are_configurable():
+    docs, sizes = corpus.skewed_corpus(300, seed=3, max_row_group_docs=10, max_chars=2000)
+    assert all(1 <= s <= 10 for s in sizes) and max(map(len, docs)) <= 2000 and sum(sizes) == 300
+
+
+def test_benchmark_corpora_written_as_nanochat_writes_its_shards(tmp_path):
+    docs, sizes = corpus.nanochat_corpus(2100, seed=0)
+    paths = corpus.write_shards(docs, tmp_path, num_files=2, row_group_sizes=sizes)
+    assert [row_group_sizes(p) for p in paths] == [[1024, 1024], [52]]
+    column = pq.ParquetFile(paths[0]).metadata.row_group(0).column(0)
+    assert column.compression == "ZSTD" and not any("DICTIONARY" in e for e in column.encodings)
+    assert read_texts(paths) == docs
