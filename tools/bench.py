@@ -1,9 +1,11 @@
 """Benchmark shmloader against today's nanochat loader, side by side on the same data in one run.
 
-    python tools/bench.py                      # workers 1 2, 10 s per measurement (~70 s)
-    python tools/bench.py --quick              # ~30 s
+    python tools/bench.py                      # the demo corpus, workers 1 2, 10 s per measurement
+    python tools/bench.py --quick              # 3 s per measurement (~1.5-2 min on 2 cores)
     python tools/bench.py --workers 1 2 4 --json bench_out/bench.json
     python tools/bench.py --workers 2 --repeat 5     # medians of 5 interleaved rounds
+    python tools/bench.py --corpus demo nanochat skewed --workers 1 2 --repeat 3 --first-batch
+                                               # the three corpora (about 3x as long per corpus)
 
 Every loader configuration (the baseline, then shmloader with each `--workers` count) runs
 in a fresh child process, so that its peak RSS is its own; the children run one after the
@@ -58,7 +60,7 @@ other, never together. Figures (docs/contract.md §5):
   `--first-batch-take` batches and drops it; "first" is loader 1 (which also starts the
   forkserver), "later" the median and max of loaders 2..N. Per packing (best fit with
   buffer_size 1000, tokenizer_batch_size 128, as nanochat's val loader), next to the
-  nanochat-style in-process loaders of `tests.oracle` timed the same way.
+  nanochat-style in-process loaders of `shmloader.demo.baseline` timed the same way.
   `--first-batch-compare DIR` also runs every shmloader row with the shmloader package of
   another checkout (DIR on PYTHONPATH), interleaved, for before/after figures in one run.
 
@@ -69,12 +71,40 @@ other, never together. Figures (docs/contract.md §5):
   from the first batch: what a restart tokenizes before it shows in "first ms" (and in the
   JSON's `worker_tokenized`, tokens the worker tokenized instead of reading the cache).
 
+- corpora (`--corpus`, default demo): every throughput row, bare process and drop-in row is
+  measured on each corpus in turn within every round. "demo" is the stdlib corpus of
+  `python -m shmloader.demo`; "nanochat" has nanochat's shard geometry (`corpus.nanochat_corpus`:
+  1024-document row groups, log-normal lengths averaging ~4.7K characters with a long tail,
+  zstd 3, no dictionary); "skewed" has row groups of 1 to ~500 documents and documents from
+  empty to 100K characters (`corpus.skewed_corpus`: code, long web pages, one-liners). The two
+  built ones go into `--cache-dir` (`<name>_corpus/`, reused while their manifest matches:
+  sizes, Python, the generator's code) as `--corpus-files` files; all are read with the demo's
+  tokenizer. The first corpus also gets the raw rates, cache rows, system calls and chart.
+  Per corpus and loader row: tokens/s, each worker's busy share (its utime + stime from
+  /proc/<pid>/stat over the measured window / the window's wall time) and the ratio to as many
+  bare engine processes side by side in the same round ("of bare"; a bare process reads the
+  split's first epoch, up to 64M characters, so its mix of documents is the loader's).
+- next() after busy work: in the trainer-cost child, `--cost-batches` times `--cost-busy-ms` of
+  busy CPU (`busy_work`: numpy passes over a 1 MiB buffer and Python bytecode, no sleep), a bare
+  `torch.from_numpy(window[:-1]).view(B, T)` timed, the same busy work, then `next()` timed:
+  medians of both, side by side (target: next() <= 2x the bare view).
+- nanochat drop-ins (`--no-dropin-runs` to skip): `tokenizing_distributed_data_loader_with_state`
+  and `..._with_state_bos_bestfit` iterated as nanochat's loop does, `x, y, state = next(loader)`,
+  at the most `--workers` the cores hold, each in a fresh process: the training process's CPU per
+  batch consuming as fast as it goes for `--seconds` (target: best fit <= 1.3x concat), next()
+  after busy work, and the time and size of the last state as JSON.
+- first batch (`--first-batch`) as base_train pays it: each loader stays referenced until the
+  next is built and assigned over it (so dropping it is part of the next evaluation's time;
+  `--first-batch-close` closes each at once instead), `--first-batch-gap-ms` between evaluations,
+  after which the resident memory of the trainer and all its descendants is read (RSS summed
+  and PSS, `tree_memory`); every evaluation's time is compared with nanochat's own loader's
+  (the nanochat-style in-process loaders) at the same evaluation, per corpus.
+
 Default data: the stdlib demo corpus of `python -m shmloader.demo`, built into `--cache-dir`.
 """
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -92,6 +122,14 @@ TARGET_TRAINER_US = 100.0     # CPU us per batch at B=16, T=2048
 TARGET_BT = (16, 2048)
 TARGET_FIRST_MS = 400.0       # first loader of a process, call to first batch
 TARGET_LATER_MS = 100.0       # every later loader in the same process
+TARGET_BUSY_SHARE = 0.90      # each worker's CPU share of the window, on every corpus (issue 21)
+TARGET_VS_BARE = 0.85         # the loader's tokens/s / as many bare engine processes', on every corpus
+TARGET_DROPIN_RATIO = 1.3     # best-fit drop-in trainer CPU per batch / concat drop-in's (nanochat's loop)
+TARGET_AFTER_BUSY = 2.0       # next() after busy work / a bare view after the same busy work
+CORPORA = ("demo", "nanochat", "skewed")
+CORPUS = "corpus"             # the key naming a measurement's corpus
+RAW_CHARS = 64e6              # a bare process's documents: its split's first epoch, up to this many characters
+RAW_START_S = 5.0             # the bare processes start together this long after they are launched
 
 
 # ---------------------------------------------------------------- measurements (child process)
@@ -132,8 +170,8 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
                 next(it)
             read0 = it.stats()["tokens_read"]
         workers, coordinator = _worker_pids(it), _coordinator_pid(it)
-        n, c0, w0, t0 = 0, _cpu(), _cpu_of(workers), time.perf_counter()
-        k0 = _cpu_of(coordinator)
+        n, c0, t0 = 0, _cpu(), time.perf_counter()
+        w0, k0 = [_cpu_of([pid]) for pid in workers], _cpu_of(coordinator)
         with _bar(desc) as bar:
             while time.perf_counter() - t0 < seconds:
                 next(it)
@@ -141,7 +179,8 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
                     break
                 n += 1
                 bar.update()
-        wall, cpu, worker_cpu = time.perf_counter() - t0, _cpu() - c0, _cpu_of(workers) - w0
+        each = [_cpu_of([pid]) - c for pid, c in zip(workers, w0)]
+        wall, cpu, worker_cpu = time.perf_counter() - t0, _cpu() - c0, sum(each)
         coordinator_cpu = _cpu_of(coordinator) - k0
         read = n * window
         if bestfit:  # tokens read = tokenized by the workers in the window (docs/contract.md §5)
@@ -150,6 +189,8 @@ def throughput(make, seconds: float, window: int, desc: str, bestfit: bool = Fal
         out = {"batches": n, "wall_s": wall, "tokens_per_s": read / wall,
                "trainer_cpu_us_per_batch": cpu / n * 1e6, "trainer_cpu_s": cpu,
                "worker_cpu_s": worker_cpu if workers else None,
+               # each worker's CPU (utime + stime, /proc) over the window / the window's wall time
+               "worker_busy_share": [x / wall for x in each] if workers else None,
                "coordinator_cpu_s": coordinator_cpu if coordinator else None}
         if bestfit:
             out.update(cropped_fraction=stats["cropped_fraction"], delivered_tokens_per_s=n * window / wall)
@@ -183,10 +224,22 @@ def _cpu_of(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int) -> dict:
+def busy_work(seconds: float, buf) -> None:
+    """Keep this thread on the CPU for `seconds` without a system call, as a training step
+    launching kernels does: numpy passes over `buf` (1 MiB: the caches get refilled) and
+    Python bytecode, never a sleep."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        buf += 1.0
+        sum(range(200))
+
+
+def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int, busy_s: float = 0.010) -> dict:
     """CPU time of `next()` alone on ready batches: back to back on a full ring, and with
     the consumer sleeping between calls, next to the floor under the same sleeps: a bare
-    `torch.from_numpy(window[:-1]).view(B, T)` of a (B*T+1)-token window."""
+    `torch.from_numpy(window[:-1]).view(B, T)` of a (B*T+1)-token window. Then the same with
+    `busy_s` of busy CPU work (`busy_work`) instead of each sleep, next() and the floor
+    alternating, side by side: medians."""
     import numpy as np
     import torch
 
@@ -216,13 +269,32 @@ def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int
             slept.append(_cpu() - c0)
             if waited is not None and it.stats()["wait_s"] > waited:
                 not_ready += 1
+        busy, busy_floor, busy_not_ready = [], [], 0
+        buf = np.zeros(1 << 17)
+        for _ in _bar(f"{desc} after busy work", range(n_batches)):
+            busy_work(busy_s, buf)
+            c0 = _cpu()
+            torch.from_numpy(probe[:-1]).view(B, T)
+            busy_floor.append(_cpu() - c0)
+            busy_work(busy_s, buf)
+            waited = it.stats()["wait_s"] if hasattr(it, "stats") else None
+            c0 = _cpu()
+            next(it)
+            busy.append(_cpu() - c0)
+            if waited is not None and it.stats()["wait_s"] > waited:
+                busy_not_ready += 1
         us = lambda xs: statistics.fmean(xs) * 1e6  # noqa: E731
+        med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
         return {"cost_batches": n_batches, "cost_sleep_ms": sleep_s * 1e3,
                 "trainer_cpu_us_per_next": us(back_to_back),
-                "trainer_cpu_us_per_next_median": statistics.median(back_to_back) * 1e6,
+                "trainer_cpu_us_per_next_median": med(back_to_back),
                 "trainer_cpu_us_per_next_after_sleep": us(slept),
                 "after_sleep_floor_us": us(floor),
-                "cost_not_ready": not_ready if hasattr(it, "stats") else None}
+                "cost_not_ready": not_ready if hasattr(it, "stats") else None,
+                "cost_busy_ms": busy_s * 1e3,
+                "next_after_busy_us_median": med(busy), "next_after_busy_us_mean": us(busy),
+                "after_busy_floor_us_median": med(busy_floor), "after_busy_floor_us_mean": us(busy_floor),
+                "busy_not_ready": busy_not_ready if hasattr(it, "stats") else None}
     finally:
         it.close()
 
@@ -278,31 +350,40 @@ def raw_child(cfg: dict) -> dict:
     from shmloader.demo.baseline import documents
 
     encode = in_chunks(engine_encoder(cfg["tokenizer"], cfg.get("engine", "auto")))
-    texts = [t for _, t in itertools.islice(documents(cfg["files"], epochs=1), 4000) if t is not None]
-    time.sleep(max(cfg["start"] - time.time(), 0))
+    texts, chars = [], 0  # the split's documents in order, its whole first epoch up to RAW_CHARS
+    for _, t in documents(cfg["files"], epochs=1):
+        if t is not None:
+            texts.append(t)
+            chars += len(t)
+        if chars >= RAW_CHARS:
+            break
+    late = time.time() - cfg["start"]
+    time.sleep(max(-late, 0))
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < cfg["seconds"]:
         n += encode(texts[:100])
         texts = texts[100:] + texts[:100]
-    return {"tokens_per_s": n / (time.perf_counter() - t0)}
+    return {"tokens_per_s": n / (time.perf_counter() - t0), "late_s": max(late, 0.0), "docs": len(texts)}
 
 
 def parallel_raw(cfg: dict, n_procs: int, seconds: float) -> dict:
     """`n_procs` bare tokenizer processes side by side (no loader, no trainer): what the cores
     can really tokenize together, the ceiling for that many workers on this machine."""
-    job = json.dumps(dict(cfg, kind="raw", start=time.time() + 3.0, seconds=seconds))
+    job = json.dumps(dict(cfg, kind="raw", start=time.time() + RAW_START_S, seconds=seconds))
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for _ in range(n_procs)]
     for proc in procs:
         proc.stdin.write(job)
         proc.stdin.close()
-    rates = []
+    got = []
     for proc in procs:
         lines = [ln for ln in proc.stdout.read().splitlines() if ln.startswith(RESULT_TAG)]
         if proc.wait() != 0 or not lines:
             raise SystemExit("bench: a side-by-side raw tokenizer process failed")
-        rates.append(json.loads(lines[-1][len(RESULT_TAG):])["tokens_per_s"])
-    return {"processes": n_procs, "seconds": seconds, "tokens_per_s": sum(rates), "per_process": rates}
+        got.append(json.loads(lines[-1][len(RESULT_TAG):]))
+    rates = [g["tokens_per_s"] for g in got]
+    return {"processes": n_procs, "seconds": seconds, "tokens_per_s": sum(rates), "per_process": rates,
+            "late_s": max(g.get("late_s", 0.0) for g in got), "docs": got[0].get("docs")}
 
 
 def child_main(cfg: dict) -> dict:
@@ -311,6 +392,8 @@ def child_main(cfg: dict) -> dict:
         return raw_child(cfg)
     if cfg["kind"] in ("fb_baseline", "fb_shmloader"):
         return first_batch_child(cfg)
+    if cfg["kind"] == "dropin":
+        return dropin_child(cfg)
     import resource
 
     import torch  # noqa: F401  (imported before any timing: docs/contract.md §5)
@@ -342,28 +425,83 @@ def child_main(cfg: dict) -> dict:
            "first_batch_ms_all": [f * 1e3 for f in firsts]}
     out.update(throughput(make, cfg["seconds"], window, f"{label} throughput", bestfit,
                           first_epoch_only=cfg.get("cache") == "cold"))
-    out.update(trainer_cost(make, cfg["cost_batches"], cfg["cost_sleep_ms"] / 1e3, f"{label} trainer cost", B, T))
+    out.update(trainer_cost(make, cfg["cost_batches"], cfg["cost_sleep_ms"] / 1e3, f"{label} trainer cost", B, T,
+                            cfg.get("cost_busy_ms", 10.0) / 1e3))
     out["trainer_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
 
-def first_batch_series(make, n_loaders: int, take: int) -> dict:
-    """Build `n_loaders` loaders one after the other, each timed from the call to its first
-    batch, then `take` batches in all from it and dropped (as nanochat's val loader)."""
-    times = []
-    for _ in range(n_loaders):
-        started = time.perf_counter()
-        gen = make()
-        next(gen)
-        times.append(time.perf_counter() - started)
-        for _ in range(take - 1):
+def first_batch_series(make, n_loaders: int, take: int, keep: bool = True, gap_s: float = 0.0) -> dict:
+    """Build `n_loaders` loaders one after the other (evaluations), each timed from the call to
+    its first batch, then `take` batches in all from it. With `keep` (nanochat's base_train:
+    `val_loader = build_val_loader()` at every evaluation), the last loader stays referenced
+    until the next one is built and assigned over it, so dropping it is inside the next
+    evaluation's time; else each is closed at once. After each evaluation, `gap_s` (the
+    training steps until the next one), then the resident memory of this process and all its
+    descendants (`tree_memory`: the loader's processes, forkserver included)."""
+    times, memory, gen = [], [], None
+    try:
+        for _ in range(n_loaders):
+            started = time.perf_counter()
+            gen = make()  # the previous loader, still referenced, is dropped here (keep)
             next(gen)
-        gen.close()
-        del gen
+            times.append(time.perf_counter() - started)
+            for _ in range(take - 1):
+                next(gen)
+            if not keep:
+                gen.close()
+                gen = None
+            time.sleep(gap_s)
+            memory.append(tree_memory())
+    finally:
+        if gen is not None:
+            gen.close()
     later = times[1:]
-    return {"loaders": n_loaders, "take": take, "first_ms": times[0] * 1e3,
+    return {"loaders": n_loaders, "take": take, "keep": keep, "gap_s": gap_s, "first_ms": times[0] * 1e3,
             "later_ms_median": statistics.median(later) * 1e3 if later else None,
-            "later_ms_max": max(later) * 1e3 if later else None, "all_ms": [t * 1e3 for t in times]}
+            "later_ms_max": max(later) * 1e3 if later else None, "all_ms": [t * 1e3 for t in times],
+            "memory_between": memory}
+
+
+def _descendants(root: int) -> list[int]:
+    """`root`'s descendant processes, from /proc (parent pids)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _status_kib(pid: int, field: str, path: str = "status"):
+    try:
+        with open(f"/proc/{pid}/{path}") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith(field + ":"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def tree_memory(root: int | None = None) -> dict:
+    """Resident memory of `root` (this process) and all its descendants, in MiB: the sum of
+    their RSS (pages shared between them, the ring's included, counted in each) and of their
+    PSS (shared pages split between their users, from smaps_rollup), and how many processes."""
+    root = os.getpid() if root is None else root
+    pids = [root] + _descendants(root)
+    rss = [_status_kib(p, "VmRSS") for p in pids]
+    pss = [_status_kib(p, "Pss", "smaps_rollup") for p in pids]
+    mib = lambda xs: sum(x for x in xs if x is not None) / 1024  # noqa: E731
+    return {"processes": sum(r is not None for r in rss), "rss_mib": mib(rss),
+            "pss_mib": mib(pss) if None not in pss else None, "trainer_rss_mib": (rss[0] or 0) / 1024}
 
 
 def first_batch_child(cfg: dict) -> dict:
@@ -397,8 +535,65 @@ def first_batch_child(cfg: dict) -> dict:
            "label": cfg.get("label")}
     if cfg["kind"] != "fb_baseline":
         out["shmloader"] = os.path.dirname(os.path.dirname(os.path.abspath(shmloader.__file__)))
-    out.update(first_batch_series(make, cfg["fb_loaders"], cfg["fb_take"]))
+    out.update(first_batch_series(make, cfg["fb_loaders"], cfg["fb_take"], keep=cfg.get("fb_keep", True),
+                                  gap_s=cfg.get("fb_gap_ms", 0.0) / 1e3))
     return out
+
+
+def dropin_child(cfg: dict) -> dict:
+    """A nanochat drop-in with its state (`shmloader.nanochat.tokenizing_distributed_data_loader_with_state`
+    or `..._with_state_bos_bestfit`, the tokenizer passed as an object), iterated as nanochat's
+    loop does, `x, y, state = next(loader)`: the training process's CPU per batch (getrusage,
+    all threads) consuming as fast as it goes for `seconds` (after a quarter of that to fill the
+    read-ahead and best fit's buffer); then the CPU of each `next()` after `cost_busy_ms` of busy
+    work, as a training step; and what turning the last state into JSON costs (a checkpoint)."""
+    import resource
+
+    import numpy as np
+    import torch  # noqa: F401  (imported before any timing, as in a training script)
+
+    from shmloader import nanochat
+
+    B, T = cfg["B"], cfg["T"]
+    bestfit = cfg["packing"] == "bos_bestfit"
+    enc = _load_tiktoken(cfg["tokenizer"])
+    opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"], engine=cfg.get("engine", "auto"))
+    if bestfit:
+        loader = nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(enc, B, T, cfg["split"], **opts)
+        name = "tokenizing_distributed_data_loader_with_state_bos_bestfit"
+    else:
+        loader = nanochat.tokenizing_distributed_data_loader_with_state(B, T, cfg["split"], tokenizer=enc, **opts)
+        name = "tokenizing_distributed_data_loader_with_state"
+    try:
+        x, y, state = next(loader)
+        end = time.perf_counter() + cfg["seconds"] / 4
+        while time.perf_counter() < end:
+            x, y, state = next(loader)
+        n, c0, t0 = 0, _cpu(), time.perf_counter()
+        with _bar(f"drop-in {cfg['packing']} {cfg['workers']}w"):
+            while time.perf_counter() - t0 < cfg["seconds"]:
+                x, y, state = next(loader)
+                n += 1
+        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        buf, after_busy = np.zeros(1 << 17), []
+        for _ in range(cfg["cost_batches"]):
+            busy_work(cfg.get("cost_busy_ms", 10.0) / 1e3, buf)
+            c0 = _cpu()
+            x, y, state = next(loader)
+            after_busy.append(_cpu() - c0)
+        c0 = time.perf_counter()
+        saved = json.dumps(state)
+        json_s = time.perf_counter() - c0
+    finally:
+        loader.close()
+    return {"kind": "dropin", "function": name, "packing": cfg["packing"], "workers": cfg["workers"],
+            "batches": n, "wall_s": wall, "delivered_tokens_per_s": n * B * T / wall,
+            "trainer_cpu_us_per_batch": cpu / n * 1e6, "cost_batches": cfg["cost_batches"],
+            "cost_busy_ms": cfg.get("cost_busy_ms", 10.0),
+            "next_after_busy_us_median": statistics.median(after_busy) * 1e6,
+            "next_after_busy_us_mean": statistics.fmean(after_busy) * 1e6,
+            "state_json_us": json_s * 1e6, "state_json_bytes": len(saved),
+            "trainer_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 # ---------------------------------------------------------------- main process
@@ -491,7 +686,7 @@ def first_batch_runs(cfg: dict, args) -> dict:
             configs.append(dict(kind="fb_shmloader", packing=packing, workers=w,
                                 label="this checkout" if args.first_batch_compare is not None else None))
     base = dict(cfg, fb_split=args.first_batch_split, fb_loaders=args.first_batch_loaders,
-                fb_take=args.first_batch_take)
+                fb_take=args.first_batch_take, fb_keep=not args.first_batch_close, fb_gap_ms=args.first_batch_gap_ms)
     rounds = []
     for i in range(args.repeat):
         runs = []
@@ -499,7 +694,8 @@ def first_batch_runs(cfg: dict, args) -> dict:
             c = dict(c)
             pythonpath = c.pop("pythonpath", None)
             workers = "" if c.get("workers") is None else f", {c['workers']} workers"
-            print(f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}first batch: {c['label'] or ''} "
+            print(f"{f'round {i + 1}/{args.repeat}: ' if args.repeat > 1 else ''}first batch"
+                  f"{f' ({cfg[CORPUS]})' if cfg.get(CORPUS) else ''}: {c['label'] or ''} "
                   f"{c['kind'][3:]} {c['packing']}{workers} (fresh process) ...", file=sys.stderr)
             runs.append(run_child(dict(base, **c), pythonpath))
         rounds.append(runs)
@@ -507,29 +703,56 @@ def first_batch_runs(cfg: dict, args) -> dict:
     for i in range(len(configs)):
         got = [rnd[i] for rnd in rounds]
         later = [t for r in got for t in r["all_ms"][1:]]
+        memory = [m for r in got for m in r.get("memory_between", [])]
         rows.append(dict(got[0], first_ms=statistics.median(r["first_ms"] for r in got),
                          first_ms_rounds=[r["first_ms"] for r in got],
                          later_ms_median=statistics.median(later) if later else None,
                          later_ms_max=max(later) if later else None,
-                         all_ms_rounds=[r["all_ms"] for r in got]))
+                         all_ms_rounds=[r["all_ms"] for r in got],
+                         # evaluation k's time: the median over rounds of the k-th loader's
+                         per_evaluation_ms=[statistics.median(ts) for ts in zip(*(r["all_ms"] for r in got))],
+                         memory_between_rounds=[r.get("memory_between", []) for r in got],
+                         rss_between_mib_median=statistics.median(m["rss_mib"] for m in memory) if memory else None,
+                         rss_between_mib_max=max(m["rss_mib"] for m in memory) if memory else None,
+                         pss_between_mib_median=statistics.median(m["pss_mib"] for m in memory)
+                         if memory and all(m["pss_mib"] is not None for m in memory) else None,
+                         processes_between=max(m["processes"] for m in memory) if memory else None))
+    base_of = {r["packing"]: r for r in rows if r["kind"] == "fb_baseline"}
+    for r in rows:  # side by side with nanochat's own loader at every evaluation
+        if r["kind"] == "fb_shmloader" and r["packing"] in base_of:
+            r["vs_nanochat_per_evaluation"] = [a / b for a, b in zip(r["per_evaluation_ms"],
+                                                                    base_of[r["packing"]]["per_evaluation_ms"])]
     return {"split": args.first_batch_split, "loaders": args.first_batch_loaders, "take": args.first_batch_take,
-            "rounds": args.repeat, "rows": rows}
+            "rounds": args.repeat, "keep": not args.first_batch_close, "gap_ms": args.first_batch_gap_ms,
+            "corpus": cfg.get(CORPUS), "rows": rows}
 
 
 def first_batch_report(fb: dict, c: dict) -> list[str]:
-    out = ["", f"first batch, as nanochat's val loader (rebuilt at every evaluation): split {fb['split']}, "
+    keep = fb.get("keep")
+    pattern = "" if keep is None else (
+        f"; each loader stays referenced until the next is built over it (as base_train), "
+        f"{fb.get('gap_ms', 0):g} ms between evaluations" if keep else
+        f"; each loader closed at once, {fb.get('gap_ms', 0):g} ms between evaluations")
+    out = ["", f"first batch, as nanochat's val loader (rebuilt at every evaluation)"
+               f"{f' on the {fb[CORPUS]} corpus' if fb.get(CORPUS) else ''}: split {fb['split']}, "
                f"B={c['B']}, T={c['T']}; {fb['loaders']} loaders one after the other in one fresh process "
-               f"(torch imported first), {fb['take']} batches each; ms from the call to the first batch"
+               f"(torch imported first), {fb['take']} batches each; ms from the call to the first batch{pattern}"
                + (f"; {fb['rounds']} rounds, loader 1 the median over rounds, later loaders pooled"
                   if fb["rounds"] > 1 else "")]
-    head = ("loader", "packing", "first (loader 1)", "later median", "later max", "all (round 1)")
+    head = ("loader", "packing", "first (loader 1)", "later median", "later max",
+            "per evaluation" + (" (median of rounds)" if fb["rounds"] > 1 else ""), "MiB between evals (RSS sum / PSS)")
     rows = []
     for r in fb["rows"]:
         name = "nanochat-style baseline" if r["kind"] == "fb_baseline" else \
             f"shmloader, {r['workers']} worker{'s' * (r['workers'] > 1)}" + (f" ({r['label']})" if r.get("label") else "")
+        memory = "-" if r.get("rss_between_mib_median") is None else \
+            f"{r['rss_between_mib_median']:,.0f} / {_fmt(r.get('pss_between_mib_median'))} " \
+            f"({r['processes_between']} proc{'s' * (r['processes_between'] > 1)})"
         rows.append((name, r["packing"], _fmt(r["first_ms"]), _fmt(r["later_ms_median"]), _fmt(r["later_ms_max"]),
-                     " ".join(f"{t:.0f}" for t in r["all_ms_rounds"][0])))
+                     " ".join(f"{t:.0f}" for t in r.get("per_evaluation_ms") or r["all_ms_rounds"][0]), memory))
     out.append(_table(head, rows))
+    out.append("(MiB between evaluations: this process and all its descendants, the last loader still referenced, "
+               "the median over evaluations; RSS summed counts the pages they share in each, PSS splits them)")
     ours = [r for r in fb["rows"] if r["kind"] == "fb_shmloader" and r.get("label") != "before"]
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     for packing in sorted({r["packing"] for r in ours}):
@@ -540,6 +763,29 @@ def first_batch_report(fb: dict, c: dict) -> list[str]:
         out.append(f"  {packing}: first loader <= {TARGET_FIRST_MS:.0f} ms: {first:,.0f} ms, "
                    f"{met(first <= TARGET_FIRST_MS)}; every later loader <= {TARGET_LATER_MS:.0f} ms: median "
                    f"{median:,.0f}, max {worst:,.0f} ms, {met(worst <= TARGET_LATER_MS)}")
+    out += first_batch_targets(fb)
+    return out
+
+
+def first_batch_targets(fb: dict) -> list[str]:
+    """First val batch <= nanochat's own loader's at every evaluation (issue 21), per packing and
+    worker count, with the memory left resident between evaluations."""
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    base_of = {r["packing"]: r for r in fb["rows"] if r["kind"] == "fb_baseline"}
+    out = []
+    for r in fb["rows"]:
+        if r["kind"] != "fb_shmloader" or r.get("label") == "before" or not r.get("vs_nanochat_per_evaluation"):
+            continue
+        ratios, base = r["vs_nanochat_per_evaluation"], base_of[r["packing"]]
+        pairs = ", ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(r["per_evaluation_ms"], base["per_evaluation_ms"]))
+        where = f" ({fb[CORPUS]})" if fb.get(CORPUS) else ""
+        memory = "" if r.get("rss_between_mib_median") is None else \
+            (f"; between evaluations {r['rss_between_mib_median']:,.0f} MiB RSS summed over "
+             f"{r['processes_between']} processes ({_fmt(r.get('pss_between_mib_median'))} PSS) against "
+             f"{_fmt(base.get('rss_between_mib_median'))} MiB for nanochat's own loader")
+        out.append(f"  {r['packing']}{where}, {r['workers']} worker{'s' * (r['workers'] > 1)}: first val batch "
+                   f"<= nanochat's own loader's at every evaluation (ms, ours/theirs: {pairs}): worst "
+                   f"{max(ratios):.2f}x, {met(max(ratios) <= 1.0)}{memory}")
     return out
 
 
@@ -647,6 +893,13 @@ def median_round(runs: list) -> dict:
     return dict(pick, tokens_per_s_rounds=[r["tokens_per_s"] for r in runs])
 
 
+def median_by(runs: list, key: str) -> dict:
+    """One configuration's runs over the rounds as one row: the round with the median `key` (the
+    lower middle one for an even count), with every round's `key` attached."""
+    pick = sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
+    return dict(pick, **{f"{key}_rounds": [r[key] for r in runs]})
+
+
 def aggregate(rounds: list) -> list:
     """One row per configuration from `--repeat` rounds (`median_round`), with every round's
     ratio to that round's baseline and, for loaders measured against bare processes, every
@@ -660,6 +913,9 @@ def aggregate(rounds: list) -> list:
             got = [of(r) for r in runs]
             if None not in got:
                 row[key] = got
+        for key in ("worker_busy_share", "next_after_busy_us_median", "after_busy_floor_us_median"):
+            if any(r.get(key) is not None for r in runs):
+                row[f"{key}_rounds"] = [r.get(key) for r in runs]
         out.append(row)
     return out
 
@@ -686,8 +942,11 @@ def syscall_runs(cfg: dict, args) -> list[dict]:
 def report(result: dict) -> str:
     c = result["config"]
     if "runs" not in result:  # --first-batch-only
-        return "\n".join([f"shmloader bench: cores: {result['cores']} usable, load average at start "
-                          f"{result['loadavg']}; data: {c['data']}"] + first_batch_report(result["first_batch"], c))
+        out = [f"shmloader bench: cores: {result['cores']} usable, load average at start "
+               f"{result['loadavg']}; data: {c['data']}"]
+        for fb in _first_batches(result):
+            out += first_batch_report(fb, c)
+        return "\n".join(out)
     raw, runs = result["raw"], result["runs"]
     base = runs[0]
     engine = result.get("engine", "tiktoken")  # what the loaders and the bare processes tokenize with
@@ -760,10 +1019,134 @@ def report(result: dict) -> str:
         out.append(f"system calls per next(), {r['packing']}, {r['workers']} workers, {r['n']} steps of "
                    f"{r['step_ms']:g} ms busy work then next() (strace on the trainer's main thread): "
                    f"{r['per_next']:.3f} ({names}); {r['not_ready']} of {r['n']} calls found no batch ready")
-    out += ["", "targets:"] + _targets(result, rate)
-    if result.get("first_batch"):
-        out += first_batch_report(result["first_batch"], c)
+    out += corpora_report(result)
+    out += ["", "targets:"] + _targets(result, rate) + corpora_targets(result)
+    for fb in _first_batches(result):
+        out += first_batch_report(fb, c)
     return "\n".join(out)
+
+
+def _first_batches(result: dict) -> list[dict]:
+    """The first-batch measurements: one per corpus, or the one of a JSON from before corpora."""
+    got = [e["first_batch"] for e in result.get("corpora") or [] if e.get("first_batch")]
+    return got or ([result["first_batch"]] if result.get("first_batch") else [])
+
+
+def _corpus_name(entry: dict) -> str:
+    return entry.get(CORPUS) or "data"
+
+
+def busy_text(shares) -> str:
+    return "-" if not shares else " ".join(f"{x:.0%}" for x in shares)
+
+
+def after_busy_ratio(r: dict) -> float | None:
+    """next() after busy work / a bare view after the same busy work (medians; with --repeat the
+    median of the per-round ratios), None if not measured."""
+    ours, floors = r.get("next_after_busy_us_median_rounds"), r.get("after_busy_floor_us_median_rounds")
+    if ours and floors and None not in ours and all(floors):
+        return statistics.median(a / b for a, b in zip(ours, floors))
+    if r.get("next_after_busy_us_median") is None or not r.get("after_busy_floor_us_median"):
+        return None
+    return r["next_after_busy_us_median"] / r["after_busy_floor_us_median"]
+
+
+def corpora_report(result: dict) -> list[str]:
+    """Per corpus and loader row: tokens/s, each worker's busy share, the ratio to as many bare
+    engine processes in the same round, next() after busy work; then the nanochat drop-in rows."""
+    corpora = [e for e in result.get("corpora") or [] if e.get("runs")]
+    if not corpora:
+        return []
+    c = result["config"]
+    busy_ms = c.get("cost_busy_ms", 10.0)
+    out = ["", f"per corpus, side by side in each round: tokens/s read; each worker's busy share (its CPU time, "
+               f"utime + stime from /proc, over the measured window / the window's wall time); the loader's tokens/s "
+               f"/ as many bare engine processes' side by side in the same round; next() after {busy_ms:g} ms of busy "
+               f"work against a bare view after the same (medians, us)"]
+    head = ("corpus", "loader", "tokens/s", "vs base", "of bare", "busy per worker", "next() after busy / bare view")
+    rows = []
+    for entry in corpora:
+        base = entry["runs"][0]
+        for r in entry["runs"]:
+            eff, ratio = efficiency(r), after_busy_ratio(r)
+            rows.append((_corpus_name(entry), _name(r), f"{r['tokens_per_s'] / 1e6:.2f} M", f"{vs_base(r, base):.2f}x",
+                         "-" if eff is None else f"{eff:.0%}", busy_text(r.get("worker_busy_share")),
+                         "-" if ratio is None else f"{r['next_after_busy_us_median']:,.1f} / "
+                         f"{r['after_busy_floor_us_median']:,.1f} ({ratio:.2f}x)"
+                         + (f", {r['busy_not_ready']} not ready" if r.get("busy_not_ready") else "")))
+    out.append(_table(head, rows))
+    bare = [(entry, b) for entry in corpora for b in entry.get("bare") or []]
+    if bare:
+        out.append("bare engine processes side by side per corpus (M tokens/s in total): " + "; ".join(
+            f"{_corpus_name(e)} {b['processes']}: {b['tokens_per_s'] / 1e6:.2f}" for e, b in bare))
+    dropins = [(entry, r) for entry in corpora for r in entry.get("dropin") or []]
+    if dropins:
+        r0 = dropins[0][1]
+        out += ["", f"nanochat's loop through the drop-ins (x, y, state = next(loader), the tokenizer an object, "
+                    f"device cpu, {r0['workers']} worker{'s' * (r0['workers'] > 1)}): the training process's CPU per "
+                    f"batch consuming as fast as it goes | next() after {r0['cost_busy_ms']:g} ms of busy work "
+                    f"(median of {r0['cost_batches']}) | the last state as JSON"]
+        head = ("corpus", "drop-in", "trainer CPU us/batch", "next() after busy us", "state JSON us", "state JSON bytes")
+        out.append(_table(head, [(_corpus_name(e), ("best fit" if r["packing"] == "bos_bestfit" else "concat")
+                                  + (f" ({r['label']})" if r.get("label") else ""),
+                                  f"{r['trainer_cpu_us_per_batch']:,.0f}", f"{r['next_after_busy_us_median']:,.1f}",
+                                  f"{r['state_json_us']:,.0f}", f"{r['state_json_bytes']:,}") for e, r in dropins]))
+    return out
+
+
+def corpora_targets(result: dict) -> list[str]:
+    """Issue 21's targets over every corpus: each worker busy, the loader against bare processes,
+    the best-fit drop-in against concat's, next() after busy work against a bare view."""
+    corpora = [e for e in result.get("corpora") or [] if e.get("runs")]
+    if not corpora:
+        return []
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    ours = lambda r: r["kind"] == "shmloader" and r.get("label") != "before" and not r.get("cache")  # noqa: E731
+    lines = []
+    names = ", ".join(_corpus_name(e) for e in corpora)
+    counts = sorted({r["workers"] for e in corpora for r in e["runs"] if ours(r) and r["workers"] <= result["cores"]})
+    for packing in ("concat", "bos_bestfit"):
+        mode = "concat" if packing == "concat" else "best fit"
+        context = "" if packing == "concat" else "(context) "
+        for w in counts:
+            rows = [(e, r) for e in corpora for r in e["runs"]
+                    if ours(r) and r["workers"] == w and r.get("packing", "concat") == packing]
+            busy = [(e, r["worker_busy_share"]) for e, r in rows if r.get("worker_busy_share")]
+            if busy:
+                worst = min(min(b) for _, b in busy)
+                lines.append(f"  {context}each worker busy >= {TARGET_BUSY_SHARE:.0%} on every corpus ({names}), "
+                             f"{w} worker{'s' * (w > 1)}, {mode}: "
+                             + "; ".join(f"{_corpus_name(e)} {busy_text(b)}" for e, b in busy)
+                             + f"; worst {worst:.0%}, {met(worst >= TARGET_BUSY_SHARE)}")
+            effs = [(e, efficiency(r)) for e, r in rows if efficiency(r) is not None]
+            if effs:
+                worst = min(x for _, x in effs)
+                lines.append(f"  {context}loader >= {TARGET_VS_BARE:.0%} of {w} bare engine process"
+                             f"{'es side by side' * (w > 1)} in the same round on every corpus, {mode}: "
+                             + ", ".join(f"{_corpus_name(e)} {x:.0%}" for e, x in effs)
+                             + f"; worst (the headline) {worst:.0%}, {met(worst >= TARGET_VS_BARE)}")
+    pairs = []
+    for e in corpora:
+        got = {r["packing"]: r for r in e.get("dropin") or [] if r.get("label") != "before"}
+        if {"concat", "bos_bestfit"} <= set(got):
+            pairs.append((e, got["bos_bestfit"], got["concat"]))
+    if pairs:
+        ratios = [f["trainer_cpu_us_per_batch"] / c["trainer_cpu_us_per_batch"] for _, f, c in pairs]
+        lines.append(f"  best-fit drop-in trainer CPU per batch <= {TARGET_DROPIN_RATIO:g}x the concat drop-in's "
+                     f"(nanochat's loop, {pairs[0][2]['workers']} workers; us): "
+                     + ", ".join(f"{_corpus_name(e)} {f['trainer_cpu_us_per_batch']:,.0f}/"
+                                 f"{c['trainer_cpu_us_per_batch']:,.0f} = {x:.2f}x"
+                                 for (e, f, c), x in zip(pairs, ratios))
+                     + f"; worst {max(ratios):.2f}x, {met(max(ratios) <= TARGET_DROPIN_RATIO)}")
+    busy = [(e, r, after_busy_ratio(r)) for e in corpora for r in e["runs"] if ours(r) and after_busy_ratio(r)]
+    if busy:
+        worst = max(x for _, _, x in busy)
+        short = lambda r: f"{r['workers']}w {'bf' if r.get('packing') == 'bos_bestfit' else 'concat'}"  # noqa: E731
+        lines.append(f"  next() after {busy[0][1]['cost_busy_ms']:g} ms of busy work <= {TARGET_AFTER_BUSY:g}x a bare "
+                     f"torch.from_numpy(...).view(B, T) after the same busy work (medians, side by side): "
+                     + ", ".join(f"{_corpus_name(e)} {short(r)} {x:.2f}x" for e, r, x in busy)
+                     + f"; worst {worst:.2f}x, {met(worst <= TARGET_AFTER_BUSY)}")
+    return lines
 
 
 def _targets(result: dict, rate: float) -> list[str]:
@@ -863,6 +1246,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="batches in the trainer-cost measurement (batches; default 100, 40 with --quick)")
     p.add_argument("--cost-sleep-ms", type=float, default=20.0,
                    help="consumer sleep between next() calls in the trainer-cost measurement (ms; default 20)")
+    p.add_argument("--cost-busy-ms", type=float, default=10.0,
+                   help="busy CPU work (a numpy and Python spin, no sleep) before each next() and each bare "
+                        "view in the after-busy-work measurement, and before each drop-in next() (ms; default 10)")
+    p.add_argument("--no-dropin-runs", dest="dropin_runs", action="store_false",
+                   help="skip the nanochat drop-in rows (x, y, state = next(loader) with each packing)")
     p.add_argument("--syscall-batches", type=int, default=200,
                    help="steps in the system-call count (0: skip it; needs strace; default 200)")
     p.add_argument("--syscall-step-ms", type=float, default=10.0,
@@ -872,8 +1260,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default=None,
                    help="pickled tiktoken tokenizer.pkl or its directory (default: the demo tokenizer "
                         "without --data, else $NANOCHAT_BASE_DIR/tokenizer)")
+    p.add_argument("--corpus", nargs="+", choices=CORPORA, default=None, metavar="NAME",
+                   help="corpora to measure, each built offline into --cache-dir (and reused): demo (the stdlib "
+                        "demo corpus), nanochat (nanochat's shard geometry), skewed (skewed row groups and "
+                        "documents); the first also gets the raw rates, cache, system-call and chart rows "
+                        f"(choices: {', '.join(CORPORA)}; default demo)")
+    p.add_argument("--corpus-files", type=int, default=4,
+                   help="files of the nanochat and skewed corpora, the last one the val split (files; default 4)")
+    p.add_argument("--nanochat-docs", type=int, default=12288,
+                   help="documents of the nanochat corpus (documents; default 12288: 12 row groups of 1024)")
+    p.add_argument("--skewed-docs", type=int, default=6000,
+                   help="documents of the skewed corpus (documents; default 6000, ~75 row groups)")
     p.add_argument("--cache-dir", type=Path, default=Path("demo_data"),
-                   help="where the demo corpus is built and cached (directory; default ./demo_data)")
+                   help="where the corpora are built and cached (directory; default ./demo_data)")
     p.add_argument("--vocab-size", type=int, default=4096,
                    help="demo tokenizer size when it is built (tokens; default 4096)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the results to this JSON file")
@@ -896,6 +1295,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="batches taken from each before it is dropped (batches; default 4)")
     p.add_argument("--first-batch-split", choices=("train", "val"), default="val",
                    help="split of the first-batch loaders (default val, as nanochat's evaluation)")
+    p.add_argument("--first-batch-gap-ms", type=float, default=500.0,
+                   help="time between evaluations, after which the resident memory is read (ms; default 500)")
+    p.add_argument("--first-batch-close", action="store_true",
+                   help="close each first-batch loader at once (default: keep it referenced until the next "
+                        "one is built over it, as nanochat's base_train does)")
     p.add_argument("--first-batch-compare", type=Path, default=None, metavar="DIR",
                    help="also run the shmloader rows with the shmloader package under DIR (another checkout), "
                         "interleaved, for before/after figures in one run")
@@ -905,7 +1309,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache-compare", type=Path, default=None, metavar="DIR",
                    help="also run the token-cache rows with the shmloader package under DIR (another "
                         "checkout), interleaved, for before/after figures in one run")
-    p.add_argument("--quick", action="store_true", help="a ~30 s run: 3 s per measurement, 40 trainer-cost batches")
+    p.add_argument("--quick", action="store_true", help="a short run: 3 s per measurement, 40 trainer-cost batches")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # config on stdin
     args = p.parse_args(argv)
     if args.seconds is None:
@@ -930,6 +1334,15 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--cache-compare {args.cache_compare}: no shmloader package there")
     if args.seconds <= 0 or args.cost_batches < 1:
         p.error("--seconds must be > 0 and --cost-batches >= 1")
+    if args.cost_busy_ms < 0 or args.first_batch_gap_ms < 0:
+        p.error("--cost-busy-ms and --first-batch-gap-ms must be >= 0")
+    if args.corpus_files < 2 or min(args.nanochat_docs, args.skewed_docs) < 1:
+        p.error("--corpus-files must be >= 2 (a train and a val file) and --nanochat-docs, --skewed-docs >= 1")
+    if args.data is not None and args.corpus is not None:
+        p.error("--data measures that one directory: drop --corpus, or drop --data to build the corpora")
+    if args.corpus is None:
+        args.corpus = [] if args.data is not None else ["demo"]
+    args.corpus = list(dict.fromkeys(args.corpus))  # each once, in the order given
     return args
 
 
@@ -950,6 +1363,72 @@ def _resolve_data(args) -> tuple[str, str]:
     return args.data, tok
 
 
+def resolve_corpora(args) -> list[tuple[str | None, str, str]]:
+    """`(name, data, tokenizer)` per corpus to measure: `--data` alone (name None), else each
+    `--corpus`, built offline into `--cache-dir` or reused, all read with one tokenizer (the demo's,
+    trained on the stdlib text the corpora are made of, unless `--tokenizer`)."""
+    if args.data is not None:
+        return [(None, *_resolve_data(args))]
+    demo_data, tok = _resolve_data(args)  # the demo corpus and its tokenizer, built or reused
+    out = []
+    for name in args.corpus:
+        if name == "demo":
+            out.append((name, demo_data, tok))
+            continue
+        n_docs = args.nanochat_docs if name == "nanochat" else args.skewed_docs
+        try:
+            data = prepare_corpus(name, args.cache_dir, n_docs, args.corpus_files,
+                                  log=lambda m: print(m, file=sys.stderr))
+        except ValueError as exc:
+            raise SystemExit(f"bench: error: {exc}") from None
+        out.append((name, str(data), tok))
+    return out
+
+
+def prepare_corpus(name: str, cache_dir: Path, n_docs: int, num_files: int, seed: int = 0, log=print) -> Path:
+    """Write (or reuse) the `name` corpus ("nanochat": `corpus.nanochat_corpus`, "skewed":
+    `corpus.skewed_corpus`) as `num_files` shards in `cache_dir/<name>_corpus/base_data`; return
+    that directory. Reused when its manifest records the same corpus, sizes, Python and generator
+    code (a hash of shmloader/demo/corpus.py); a directory holding shards it did not write is refused."""
+    import hashlib
+    import sysconfig
+
+    from shmloader.demo import corpus
+
+    root = Path(cache_dir) / f"{name}_corpus"
+    data_dir, manifest_path = root / "base_data", root / "corpus.json"
+    key = {"corpus": name, "n_docs": n_docs, "num_files": num_files, "seed": seed, "python": sys.version,
+           "stdlib": sysconfig.get_paths()["stdlib"], "format": corpus.SHARD_FORMAT,
+           "generator": hashlib.sha256(Path(corpus.__file__).read_bytes()).hexdigest()[:16]}
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    if manifest.get("key") == key and len(list(data_dir.glob("*.parquet"))) == num_files:
+        return data_dir
+    if manifest.get("owner") != "tools/bench.py" and any(data_dir.glob("*.parquet")):
+        raise ValueError(f"{data_dir} holds parquet shards that tools/bench.py did not write (no {manifest_path.name} "
+                         f"of ours): pick another --cache-dir")
+    started = time.perf_counter()
+    make = corpus.nanochat_corpus if name == "nanochat" else corpus.skewed_corpus
+    docs, sizes = make(n_docs, seed)
+    if len(sizes) < num_files:
+        raise ValueError(f"the {name} corpus of {n_docs} documents has {len(sizes)} row groups, fewer than "
+                         f"--corpus-files {num_files}: pass more documents")
+    root.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps({"owner": "tools/bench.py"}) + "\n")  # ours, even if interrupted
+    for old in data_dir.glob("*.parquet"):
+        old.unlink()
+    log(f"writing the {name} corpus: {len(docs):,} documents ({sum(map(len, docs)) / 1e6:.1f} M characters), "
+        f"{len(sizes)} row groups of {min(sizes)}-{max(sizes)} documents, as {num_files} parquet files into "
+        f"{data_dir} ...")
+    corpus.write_shards(docs, data_dir, num_files=num_files, row_group_sizes=sizes)
+    manifest_path.write_text(json.dumps({"owner": "tools/bench.py", "key": key, "n_docs": len(docs),
+                                         "row_groups": len(sizes), "chars": sum(map(len, docs))}, indent=2) + "\n")
+    log(f"{name} corpus ready in {time.perf_counter() - started:.1f} s (cached for the next run)")
+    return data_dir
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -963,26 +1442,27 @@ def main(argv=None) -> int:
         return 0
     from shmloader.data import source
 
-    data, tok = _resolve_data(args)
-    files = source.split_files(source.list_files(data), args.split)
-    cfg = {"B": args.batch_size, "T": args.seq_len, "split": args.split, "data": data, "tokenizer": tok,
-           "files": files, "seconds": args.seconds, "first_runs": args.first_runs,
-           "cost_batches": args.cost_batches, "cost_sleep_ms": args.cost_sleep_ms, "engine": args.engine}
+    common = {"B": args.batch_size, "T": args.seq_len, "split": args.split, "seconds": args.seconds,
+              "first_runs": args.first_runs, "cost_batches": args.cost_batches, "cost_sleep_ms": args.cost_sleep_ms,
+              "cost_busy_ms": args.cost_busy_ms, "engine": args.engine}
+    cfgs = [dict(common, data=data, tokenizer=tok, files=source.split_files(source.list_files(data), args.split),
+                 **{CORPUS: name}) for name, data, tok in resolve_corpora(args)]
+    cfg, data, tok = cfgs[0], cfgs[0]["data"], cfgs[0]["tokenizer"]  # the first corpus: every other row too
     result = {"config": cfg, "cores": len(os.sched_getaffinity(0)),
-              "loadavg": " ".join(open("/proc/loadavg").read().split()[:3])}
+              "loadavg": " ".join(open("/proc/loadavg").read().split()[:3]),
+              "corpora": [{CORPUS: c[CORPUS], "data": c["data"], "files": c["files"]} for c in cfgs]}
     if args.first_batch_only:
-        result["first_batch"] = first_batch_runs(cfg, args)
-        if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        for c, entry in zip(cfgs, result["corpora"]):
+            entry["first_batch"] = first_batch_runs(c, args)
+        result["first_batch"] = result["corpora"][0]["first_batch"]
+        _write_json(args, result)
         print(report(result))
         return 0
-    print(f"measuring single-thread tokenizing on {len(files)} files ...", file=sys.stderr)
+    print(f"measuring single-thread tokenizing on {len(cfg['files'])} files ...", file=sys.stderr)
     encoder = engine_encoder(tok, args.engine)
     result["engine"] = encoder.name
-    result["raw"] = raw_rates(files, _load_tiktoken(tok), min(args.seconds, 5.0),
+    result["raw"] = raw_rates(cfg["files"], _load_tiktoken(tok), min(args.seconds, 5.0),
                               engine=None if encoder.name == "tiktoken" else encoder)
-    rounds = []
     compare = [("before", str(args.compare))] if args.compare is not None else []
     ours = [("this checkout" if compare else None, None)]
     configs = [("baseline", None, "concat", None, None)]
@@ -990,42 +1470,64 @@ def main(argv=None) -> int:
         if w <= result["cores"]:
             configs.append(("bare", w, None, None, None))
         configs += [("shmloader", w, p, label, path) for p in args.packings for label, path in compare + ours]
+    if args.dropin_runs:  # nanochat's loop, at the most workers the cores hold
+        w = max([w for w in args.workers if w <= result["cores"]] or args.workers)
+        configs += [("dropin", w, p, label, path) for p in ("concat", "bos_bestfit") for label, path in compare + ours]
+    rounds = {i: [] for i in range(len(cfgs))}      # per corpus: each round's loader rows
+    bare_rounds = {i: [] for i in range(len(cfgs))}
+    dropin_rounds = {i: [] for i in range(len(cfgs))}
     for i in range(args.repeat):
-        runs = []
         step = f"round {i + 1}/{args.repeat}: " if args.repeat > 1 else ""
-        for kind, workers, packing, label, path in configs:
-            if kind == "bare":
-                print(f"{step}measuring {workers} bare tokenizer process{'es side by side' * (workers > 1)} ...",
-                      file=sys.stderr)
-                runs.append(dict(parallel_raw(cfg, workers, args.seconds), kind="bare", workers=workers))
-                continue
-            print(f"{step}measuring {kind}{'' if workers is None else f' with {workers} workers, {packing}'}"
-                  f"{f' ({label})' if label else ''} (fresh process) ...", file=sys.stderr)
-            runs.append(run_child(dict(cfg, kind=kind, workers=workers, packing=packing, label=label), path))
-        bare = {r["workers"]: r["tokens_per_s"] for r in runs if r["kind"] == "bare"}
-        for r in runs:  # each loader's ceiling: as many bare processes, measured in the same round
-            if r["kind"] == "shmloader":
-                r["bare_tokens_per_s"] = bare.get(r["workers"])
-        rounds.append([r for r in runs if r["kind"] != "bare"])
-        result.setdefault("bare_rounds", []).append([r for r in runs if r["kind"] == "bare"])
-    runs = aggregate(rounds) if args.repeat > 1 else rounds[0]
-    result["bare"] = [median_round(list(got)) for got in zip(*result["bare_rounds"])]  # per count
+        for k, ccfg in enumerate(cfgs):
+            where = f" ({ccfg[CORPUS]} corpus)" if len(cfgs) > 1 else ""
+            runs = []
+            for kind, workers, packing, label, path in configs:
+                if kind == "bare":
+                    print(f"{step}measuring {workers} bare tokenizer process{'es side by side' * (workers > 1)}"
+                          f"{where} ...", file=sys.stderr)
+                    runs.append(dict(parallel_raw(ccfg, workers, args.seconds), kind="bare", workers=workers))
+                    continue
+                what = "the nanochat drop-in" if kind == "dropin" else kind
+                print(f"{step}measuring {what}{'' if workers is None else f' with {workers} workers, {packing}'}"
+                      f"{f' ({label})' if label else ''}{where} (fresh process) ...", file=sys.stderr)
+                runs.append(dict(run_child(dict(ccfg, kind=kind, workers=workers, packing=packing, label=label),
+                                           path), label=label, **{CORPUS: ccfg[CORPUS]}))
+            bare = {r["workers"]: r["tokens_per_s"] for r in runs if r["kind"] == "bare"}
+            for r in runs:  # each loader's ceiling: as many bare processes, measured in the same round
+                if r["kind"] == "shmloader":
+                    r["bare_tokens_per_s"] = bare.get(r["workers"])
+            rounds[k].append([r for r in runs if r["kind"] in ("baseline", "shmloader")])
+            bare_rounds[k].append([r for r in runs if r["kind"] == "bare"])
+            dropin_rounds[k].append([r for r in runs if r["kind"] == "dropin"])
+    for k, entry in enumerate(result["corpora"]):
+        entry["runs"] = aggregate(rounds[k]) if args.repeat > 1 else rounds[k][0]
+        entry["bare_rounds"] = bare_rounds[k]
+        entry["bare"] = [median_round(list(got)) for got in zip(*bare_rounds[k])]  # per count
+        entry["dropin"] = [median_by(list(got), "trainer_cpu_us_per_batch") for got in zip(*dropin_rounds[k])]
+    runs = list(result["corpora"][0]["runs"])
+    result["bare_rounds"], result["bare"] = result["corpora"][0]["bare_rounds"], result["corpora"][0]["bare"]
     if args.cache_runs:
         runs += cache_runs(cfg, data, tok, args.cache_compare)
     result["runs"], result["rounds"] = runs, args.repeat
     if args.syscall_batches > 0:
         result["syscalls"] = syscall_runs(cfg, args)
     if args.first_batch:
-        result["first_batch"] = first_batch_runs(cfg, args)
-    if args.json is not None:  # first: a report that fails must not lose the measurements
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        for c, entry in zip(cfgs, result["corpora"]):
+            entry["first_batch"] = first_batch_runs(c, args)
+        result["first_batch"] = result["corpora"][0]["first_batch"]
+    _write_json(args, result)  # first: a report that fails must not lose the measurements
     print(report(result))
     if args.json is not None:
         print(f"results written to {args.json}")
     if args.chart is not None:
         draw_chart(result, args.chart)
     return 0
+
+
+def _write_json(args, result: dict) -> None:
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def draw_chart(result: dict, path: Path):

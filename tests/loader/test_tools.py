@@ -94,8 +94,8 @@ def test_bench_tiny_run(demo, tmp_path):
     out, _ = demo
     text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1,
                "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3, "--first-runs", 1,
-               "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "b.json",
-               "--chart", tmp_path / "b.png")
+               "--cost-batches", 3, "--cost-sleep-ms", 5, "--cost-busy-ms", 2, "--syscall-batches", 20,
+               "--json", tmp_path / "b.json", "--chart", tmp_path / "b.png")
     assert "nanochat-style baseline" in text and "shmloader, 1 worker" in text and "targets:" in text
     assert "shmloader, 1 worker, best fit" in text and "best fit within 10% of concat" in text
     result = json.loads((tmp_path / "b.json").read_text())
@@ -115,8 +115,74 @@ def test_bench_tiny_run(demo, tmp_path):
     assert re.search(rf"^shmloader, 1 worker +\S+ M +\S+x +{eff:.0%} ", text, re.M), text
     assert "1 single-thread process (no loader" in text
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # per corpus (the demo alone by default): each worker's busy share, next() after busy work
+    # against a bare view after the same, the drop-ins in nanochat's loop
+    [demo_corpus] = result["corpora"]
+    assert demo_corpus["corpus"] == "demo" and demo_corpus["runs"] == result["runs"][:3]
+    for r in result["runs"][1:3]:
+        [share] = r["worker_busy_share"]
+        assert 0 < share <= 1.5 and r["cost_busy_ms"] == 2
+        assert r["next_after_busy_us_median"] > 0 and r["after_busy_floor_us_median"] > 0
+    assert [(r["kind"], r["packing"], r["workers"]) for r in demo_corpus["dropin"]] == \
+        [("dropin", "concat", 1), ("dropin", "bos_bestfit", 1)]
+    assert [r["function"] for r in demo_corpus["dropin"]] == \
+        ["tokenizing_distributed_data_loader_with_state", "tokenizing_distributed_data_loader_with_state_bos_bestfit"]
+    assert all(r["trainer_cpu_us_per_batch"] > 0 and r["state_json_bytes"] > 0 for r in demo_corpus["dropin"])
+    assert [b["processes"] for b in demo_corpus["bare"]] == [1]
+    for line in ("each worker busy >= 90% on every corpus (demo), 1 worker, concat: demo ",
+                 "loader >= 85% of 1 bare engine process in the same round on every corpus, concat: demo ",
+                 "best-fit drop-in trainer CPU per batch <= 1.3x the concat drop-in's",
+                 "next() after 2 ms of busy work <= 2x a bare torch.from_numpy(...).view(B, T)"):
+        assert line in text, text
+    assert re.search(r"^demo +shmloader, 1 worker +\S+ M +\S+x +\d+% +\d+% ", text, re.M), text
     again = run("tools/bench.py", "--from-json", tmp_path / "b.json", "--chart", tmp_path / "c.png")
     assert "targets:" in again and (tmp_path / "c.png").stat().st_size > 0
+    assert "best-fit drop-in trainer CPU per batch" in again
+
+
+def test_bench_first_batch_on_a_skewed_corpus_as_base_train(demo, tmp_path):
+    """--first-batch-only on the skewed corpus (built into the cache dir): every evaluation next to
+    nanochat's own loader, the memory left resident between evaluations with the last loader kept."""
+    out, _ = demo
+    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--corpus", "skewed", "--skewed-docs", 200,
+               "--corpus-files", 2, "--first-batch-only", "--workers", 1, "--packings", "concat",
+               "--batch-size", 2, "--seq-len", 128, "--first-batch-loaders", 2, "--first-batch-take", 2,
+               "--first-batch-gap-ms", 50, "--json", tmp_path / "f.json")
+    result = json.loads((tmp_path / "f.json").read_text())
+    assert len(list((out / "skewed_corpus" / "base_data").glob("*.parquet"))) == 2
+    [entry] = result["corpora"]
+    fb = entry["first_batch"]
+    assert entry["corpus"] == "skewed" and fb == result["first_batch"] and fb["keep"] and fb["gap_ms"] == 50
+    base, ours = fb["rows"]
+    assert (base["kind"], ours["kind"]) == ("fb_baseline", "fb_shmloader")
+    assert len(ours["per_evaluation_ms"]) == 2 and len(ours["vs_nanochat_per_evaluation"]) == 2
+    [memory] = ours["memory_between_rounds"]
+    assert len(memory) == 2 and all(m["processes"] >= 4 for m in memory)  # trainer, forkserver, coordinator, worker
+    assert base["processes_between"] == 1 and ours["rss_between_mib_median"] > base["rss_between_mib_median"] > 0
+    assert "on the skewed corpus" in text and "MiB between evals" in text
+    assert "concat (skewed), 1 worker: first val batch <= nanochat's own loader's at every evaluation" in text
+
+
+@pytest.mark.slow  # ~40 s: two corpora built and measured, 10 fresh processes
+def test_bench_two_built_corpora_side_by_side(demo, tmp_path):
+    out, _ = demo
+    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--corpus", "nanochat", "skewed",
+               "--nanochat-docs", 1100, "--skewed-docs", 200, "--corpus-files", 2, "--workers", 1,
+               "--packings", "concat", "--no-cache-runs", "--syscall-batches", 0, "--no-dropin-runs",
+               "--first-batch", "--first-batch-loaders", 2, "--first-batch-take", 1, "--first-batch-gap-ms", 0,
+               "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3, "--first-runs", 1, "--cost-batches", 3,
+               "--cost-sleep-ms", 5, "--cost-busy-ms", 2, "--json", tmp_path / "n.json")
+    result = json.loads((tmp_path / "n.json").read_text())
+    assert [e["corpus"] for e in result["corpora"]] == ["nanochat", "skewed"]
+    assert result["config"]["data"] == result["corpora"][0]["data"] and result["runs"] == result["corpora"][0]["runs"]
+    for e in result["corpora"]:
+        assert [(r["kind"], r["corpus"]) for r in e["runs"]] == [("baseline", e["corpus"]), ("shmloader", e["corpus"])]
+        assert e["runs"][1]["bare_tokens_per_s"] == e["bare"][0]["tokens_per_s"] > 0
+        assert len(e["runs"][1]["worker_busy_share"]) == 1 and e["first_batch"]["corpus"] == e["corpus"]
+        assert e["dropin"] == []
+    assert re.search(r"each worker busy >= 90% on every corpus \(nanochat, skewed\), 1 worker, concat: nanochat \d+%; "
+                     r"skewed \d+%; worst \d+%", text), text
+    assert "on the nanochat corpus" in text and "on the skewed corpus" in text
 
 
 @pytest.mark.slow  # ~50 s: 14 fresh processes; test_bench_tiny_run runs the bench end to end by default
