@@ -117,7 +117,7 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
             at, rg, doc = at + 1, rank, 0
             continue
         barren = 0
-        per_doc = _bytes_per_doc(row_bytes, file, rg, counts[rg]) if max_bytes else 0.0
+        per_doc = _bytes_per_doc(row_bytes, file, rg, counts[rg])
         while doc < counts[rg]:
             size = min(next(sizes, max_docs), max_docs, _docs_within(max_bytes, per_doc, unit))
             end = min(counts[rg], doc + size)

@@ -21,9 +21,11 @@ new piece while it has fewer than 2 pieces given and not yet counted (one in pro
 queued), or up to `MAX_IN_FLIGHT` of them while they hold less than a piece's worth of text
 (`max_piece_bytes`: many tiny row groups in a row); and while the tokens it holds counted but
 not yet written into the ring (the stream needs an earlier piece first, or the ring is full)
-are fewer than `hold_tokens` (twice a largest piece's text in tokens, at least 4 rings), in
-fewer than `MAX_HELD_PIECES` pieces. So a worker whose finished pieces wait behind another's
-long piece keeps working, up to that budget.
+are fewer than its budget, in fewer than `MAX_HELD_PIECES` pieces. The budget is a ring of
+tokens, or as many tokens as the largest piece another worker is tokenizing has bytes of text
+(some 3-4 times its tokens), whichever is more: so a worker whose finished pieces wait behind
+another's long piece keeps working until that piece is done, and otherwise holds no more
+than a ring.
 """
 import heapq
 from dataclasses import dataclass
@@ -124,11 +126,11 @@ class Mode:
     keep = True
 
     def __init__(self, n_workers: int, cfg=None, window: int = 0, n_slots: int = 0):
-        piece_bytes = cfg.max_piece_bytes if cfg is not None else 1 << 20
-        self.flight_bytes = cfg.piece_bytes if cfg is not None else piece_bytes
-        self.hold_tokens = max(2 * piece_bytes, 4 * window * n_slots)
+        self.flight_bytes = cfg.piece_bytes if cfg is not None else 1 << 20
+        self.ring_tokens = window * n_slots
         self._flight = [0] * n_workers        # pieces given, not counted
         self._flight_text = [0] * n_workers   # their text bytes (estimated)
+        self._in_flight = {}                  # piece index -> (worker, text bytes), not counted
         self._held = [0] * n_workers          # tokens counted, not yet written
         self._held_pieces = [0] * n_workers
         self._tokens = {}                     # piece index -> tokens it holds, counted
@@ -137,23 +139,30 @@ class Mode:
     def load(self, worker: int) -> tuple:
         return self._flight[worker], self._held[worker]
 
+    def hold_tokens(self, worker: int) -> int:
+        """The most tokens `worker` may hold counted and not yet written (see above)."""
+        behind = max((b for w, b in self._in_flight.values() if w != worker), default=0)
+        return max(self.ring_tokens, behind)
+
     def can_take(self, worker: int) -> bool:
         n = self._flight[worker]
         flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None
                               and self._flight_text[worker] < self.flight_bytes)
-        return (flight_ok and self._held[worker] < self.hold_tokens
-                and n + self._held_pieces[worker] < MAX_HELD_PIECES)
+        return (flight_ok and n + self._held_pieces[worker] < MAX_HELD_PIECES
+                and (not self._held[worker] or self._held[worker] < self.hold_tokens(worker)))
 
     def take(self, worker: int, piece):
         self.owner[piece.index], self.specs[piece.index] = worker, piece
         self._flight[worker] += 1
         self._flight_text[worker] += piece.text_bytes
+        self._in_flight[piece.index] = (worker, piece.text_bytes)
 
     def _counted_by(self, worker: int, piece, tokens: int):
         """`piece` of `worker` was counted; it holds `tokens` until `_written_out` (0: the
         mode bounds what workers hold itself, or they keep nothing)."""
         self._flight[worker] -= 1
         self._flight_text[worker] -= piece.text_bytes
+        del self._in_flight[piece.index]
         if tokens:
             self._tokens[piece.index] = tokens
             self._held[worker] += tokens

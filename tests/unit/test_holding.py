@@ -40,8 +40,8 @@ def drain(mode):
 
 
 def test_a_worker_behind_a_long_piece_keeps_working_up_to_its_budget():
-    pieces = [Piece(i, 1, 0, i, 0, 100, text_bytes=4_000) for i in range(100)]
-    mode = mode_over(pieces, max_piece_bytes=4_000)
+    pieces = [Piece(i, 1, 0, i, 0, 100, text_bytes=8_000) for i in range(100)]
+    mode = mode_over(pieces, max_piece_bytes=8_000)
     long_one = next(mode.pieces)
     mode.take(0, long_one)                  # worker 0 tokenizes a long piece, for a while
     taken = 0
@@ -52,7 +52,9 @@ def test_a_worker_behind_a_long_piece_keeps_working_up_to_its_budget():
         drain(mode)
         taken += 1
     assert taken > 3, "the other worker idled behind a long piece"  # the old limit: 3 pieces
-    assert mode.load(1)[1] >= mode.hold_tokens > mode.load(1)[1] - 1_000, "held past its budget"
+    budget = mode.hold_tokens(1)
+    assert budget == long_one.text_bytes > mode.ring_tokens, "the budget is not the long piece's"
+    assert mode.load(1)[1] >= budget > mode.load(1)[1] - 1_000, "held past its budget"
     count(mode, long_one, 10)             # the long piece is counted: everything drains
     drain(mode)
     assert mode.load(0) == mode.load(1) == (0, 0)
@@ -92,5 +94,6 @@ def test_a_slow_trainer_bounds_what_every_worker_holds():
             raise AssertionError("workers took work forever with a stalled trainer")
         for w in (0, 1):
             flight, held = mode.load(w)
-            assert held < mode.hold_tokens + docs * tokens_per_doc
+            assert mode.hold_tokens(w) == mode.ring_tokens  # nothing long in flight
+            assert held < mode.hold_tokens(w) + docs * tokens_per_doc
             assert len([i for i, o in mode.owner.items() if o == w]) <= MAX_HELD_PIECES
