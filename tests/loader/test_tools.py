@@ -215,7 +215,7 @@ def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path)
     workers' CPU over the window gives the CPU efficiency; the engine's batch rate is measured."""
     out, _ = demo
     text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1, "--packings", "concat",
-               "--no-cache-runs", "--compare", REPO_ROOT, "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3,
+               "--no-cache-runs", "--no-dropin-runs", "--syscall-batches", 0, "--compare", REPO_ROOT, "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3,
                "--first-runs", 1, "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "c.json")
     result = json.loads((tmp_path / "c.json").read_text())
     assert [(r["kind"], r["label"]) for r in result["runs"]] == \
