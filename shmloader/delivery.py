@@ -1,15 +1,20 @@
 """How a ring slot becomes the caller's batch (training process): one interface, three ways.
 
-Every delivery gets `(k, slot)` for batch k, returns the batch's window as a 1-D int64 tensor
-the caller may keep, and gives the slot back to the workers (`free(k)`, the free log of NOTE
-[slot handover]) only once nothing reads it any more:
+Every delivery's `batch(k, slot, shape)` gets batch k in `slot` and returns `(inputs, targets)`,
+int64 tensors of `shape` = (B, T, offset of the targets in the window), which the caller may
+keep, and gives the slot back to the workers (`free(k)`, the free log of NOTE [slot handover])
+only once nothing reads it any more:
 
-- `Lending` (CPU): the window IS the slot, lent without a copy. The slot comes back at the
-  first `reclaim()` after the last tensor viewing it is freed (`Returns`: a C callback, safe
-  from any thread and from Ctrl-C), so a batch stays valid for as long as the caller holds
-  it. While `lend_cap` lent batches are held, further batches are copied out (`OutputPool`)
-  and their slots freed at once, so a caller keeping batches never takes every slot from
-  the workers.
+- `Lending` (CPU): the batch IS the slot, lent without a copy. Each slot has two numpy views
+  made once, inputs and targets; a batch is `torch.from_numpy` of each (two calls: after a
+  busy training step, when code and data are cold, torch's view operations cost several
+  times a `from_numpy`). Each tensor's storage holds one reference to its view for as long
+  as any tensor viewing it lives, so the slot is back at the first `reclaim()` that finds
+  both views' reference counts down to the delivery's own: nothing runs when the caller
+  drops a batch (no callback that a Ctrl-C could land in), from any thread. A batch stays
+  valid for as long as the caller holds it. While `lend_cap` lent batches are held, further
+  batches are copied out (`OutputPool`) and their slots freed at once, so a caller keeping
+  batches never takes every slot from the workers.
 - `PinnedCopy` (CUDA): the ring is page-locked once (`cudaHostRegister`, portable, on the
   loader's device); each batch is one non-blocking copy on the current stream into one of
   two device buffers (valid until the second `next()` after it), and the slot is freed once
@@ -19,6 +24,7 @@ the caller may keep, and gives the slot back to the workers (`free(k)`, the free
 `reclaim(wait)` frees what came back (`wait`: also wait for copies in flight, before the
 loader blocks for a batch); `close()` waits for copies in flight and unpins.
 """
+import sys
 import weakref
 from collections import deque
 
@@ -28,33 +34,57 @@ import torch
 CUDA_HOST_REGISTER_PORTABLE = 1
 
 
+def split(window: torch.Tensor, shape: tuple) -> tuple:
+    """`(inputs, targets)` of a 1-D window: one strided view each (`shape`: B, T, targets' offset)."""
+    B, T, y_at = shape
+    return window.as_strided((B, T), (T, 1), 0), window.as_strided((B, T), (T, 1), y_at)
+
+
 class Lending:
     def __init__(self, slots: np.ndarray, free, lend_cap: int):
         self.slots, self.free, self.lend_cap = slots, free, lend_cap
-        self.lent = Returns()                  # batches lent to the caller
+        self.lent = {}                         # slot -> batch, lent to the caller
         self.outputs = OutputPool(slots.shape[1])
+        self._views = None                     # slot -> (inputs, targets) numpy views, made once
+        self._own = 0                          # the reference count of a view nobody else holds
 
-    def deliver(self, k: int, slot: int) -> torch.Tensor:
+    def batch(self, k: int, slot: int, shape: tuple) -> tuple:
         if len(self.lent) >= self.lend_cap:
             window = self.outputs.copy_out(self.slots[slot])
             self.free(k)
-            return window
-        view = self.slots[slot]
-        self.lent.hand_out(view, k)
-        return torch.from_numpy(view)
+            return split(window, shape)
+        if self._views is None:
+            self._make_views(shape)
+        x, y = self._views[slot]
+        self.lent[slot] = k
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def _make_views(self, shape: tuple):
+        B, T, y_at = shape
+        self._views = [(row[:B * T].reshape(B, T), row[y_at:y_at + B * T].reshape(B, T)) for row in self.slots]
+        # a view's reference count while no tensor holds it, measured with the same expression
+        # as `reclaim` (the list's tuple and getrefcount's argument)
+        self._own = sys.getrefcount(self._views[0][0])
 
     def reclaim(self, wait: bool = False):
-        for k in self.lent.collect():
-            self.free(k)
+        if self.lent:
+            own, views, refs = self._own, self._views, sys.getrefcount
+            for slot in [s for s in self.lent if refs(views[s][0]) <= own and refs(views[s][1]) <= own]:
+                self.free(self.lent.pop(slot))
 
     def close(self):
-        pass
+        """The views go with the delivery; a batch the caller keeps keeps its own view (and the
+        ring's mapping) alive."""
+        self._views = None
 
 
 class CopyOut:
     def __init__(self, slots: np.ndarray, free, device: torch.device):
         self.slots, self.free, self.device = slots, free, device
         self.outputs = OutputPool(slots.shape[1])
+
+    def batch(self, k: int, slot: int, shape: tuple) -> tuple:
+        return split(self.deliver(k, slot), shape)
 
     def deliver(self, k: int, slot: int) -> torch.Tensor:
         window = self.outputs.copy_out(self.slots[slot])
@@ -76,6 +106,9 @@ class PinnedCopy:
         pin(slots, device)
         self.pinned = True
         self.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]
+
+    def batch(self, k: int, slot: int, shape: tuple) -> tuple:
+        return split(self.deliver(k, slot), shape)
 
     def deliver(self, k: int, slot: int) -> torch.Tensor:
         window = self.device_bufs[k & 1]

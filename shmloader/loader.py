@@ -134,7 +134,8 @@ class ShmLoader:
         self._procs, self._delivery, self._closed = None, None, False
         self._pid, self._forked_from = os.getpid(), None
         self._next_lock = threading.Lock()  # next() from several threads: one at a time
-        self._shape, self._strides, self._y_at = (B, T), (T, 1), self.config.spec.targets_at(B, T)
+        self._shape = (B, T, self.config.spec.targets_at(B, T))  # a batch's (B, T, targets' offset)
+        self._buffered, self._log_every = self.config.spec.buffered, self.config.log_every
         # documents delivered: by runs that ended (load_state_dict), and by the current run
         self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0}
         self._begin(statemod.start(self._identity))
@@ -158,32 +159,35 @@ class ShmLoader:
         """The next batch. Threads that call it at once are served one at a time, in turn (each
         batch goes to one of them); one that waits longer than `timeout` for another's call
         raises `LoaderTimeout`."""
-        if not self._next_lock.acquire(timeout=self.config.timeout):
+        lock = self._next_lock
+        if not lock.acquire(False) and not lock.acquire(timeout=self.config.timeout):
             raise errors.LoaderTimeout(f"next() waited {self.config.timeout:.0f} s for another thread's "
                                        f"next() on this loader to return")
         try:
             return self._next()
         finally:
-            self._next_lock.release()
+            lock.release()
 
     def _next(self):
         if self._closed:
             raise errors.LoaderClosed(self._closed_text())
         if self._procs is None:
             self._start()
-        k, slot, pos, docs, waited = self._procs.next_batch(self._delivery, self.config.timeout)
-        if self._procs.opened:  # files the coordinator has read (first, or again after a change)
-            self._learn(self._procs.opened)
-        runs = self._procs.ring.runs_of(slot) if self._identity.buffered else None  # before its free
-        window = self._delivery.deliver(k, slot)
-        self._stats["batches"] += 1
-        self._stats["wait_s"] += waited
-        self._stats["run_docs"] = docs
-        if self.config.log_every and self._stats["batches"] % self.config.log_every == 0:
+        procs = self._procs
+        k, slot, pos, docs, waited = procs.next_batch(self._delivery, self.config.timeout)
+        if procs.opened:  # files the coordinator has read (first, or again after a change)
+            self._learn(procs.opened)
+        runs = procs.ring.runs_of(slot) if self._buffered else None  # before its free
+        batch = self._delivery.batch(k, slot, self._shape)
+        stats = self._stats
+        stats["batches"] += 1
+        if waited:
+            stats["wait_s"] += waited
+        stats["run_docs"] = docs
+        if self._log_every and stats["batches"] % self._log_every == 0:
             self._log()
         self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
-        # one strided view each (a slice and a view would be two torch calls each)
-        return window.as_strided(self._shape, self._strides, 0), window.as_strided(self._shape, self._strides, self._y_at)
+        return batch
 
     def state_dict(self) -> dict:
         """The state that resumes after the last batch yielded (JSON-serialisable; docs/contract.md §3).

@@ -46,11 +46,14 @@ import os
 import platform
 from multiprocessing import reduction
 
-from .ring import Counter, Ring
+from .ring import RECORD_FIELDS, Counter, Ring
 
 FREE_POLL_S = 0.01
 FREE_POLL_MAX_S = 1.0  # the longest the poll backs off to: the coordinator loop's usual wait (WAIT_S)
 HANDOVER_ENV = "SHMLOADER_HANDOVER"
+# the counters' indices as plain ints, for the trainer's hot path
+_ANNOUNCED, _MESSAGES, _FREES, _FREES_SEEN = (int(c) for c in (Counter.ANNOUNCED, Counter.MESSAGES,
+                                                                Counter.FREES, Counter.FREES_SEEN))
 
 
 def header_only() -> bool:
@@ -99,7 +102,13 @@ def _rebuild_doorbell(dup) -> Doorbell:
 
 class TrainerEnd:
     """The trainer's side: `take()` the next announced batch's record, `free(k)` a batch,
-    `pending_messages()`, and `before_blocking()`."""
+    `pending_messages()`, and `before_blocking()`.
+
+    It reads and writes the header through `memoryview`s of its words, not numpy: on a ready
+    batch `next()` is a handful of these accesses, and after a busy training step (code and
+    data cold) a numpy scalar access costs about twice as much as a memoryview's, whose code
+    is the interpreter's own. An aligned 8-byte word is one load or store either way.
+    `release()` lets go of the views (before the ring is unmapped)."""
 
     def __init__(self, ring: Ring, ready: Doorbell, kick: Doorbell, header: bool | None = None):
         """`header`: take the header-only path (default: `header_only()`, by machine)."""
@@ -111,17 +120,21 @@ class TrainerEnd:
         self.rung = 0            # announcements the ready doorbell was rung for (syscall path)
         self.messages_read = 0
         self.frees = 0
+        self._counters, self._records, self._free_log = (_words(a) for a in (ring.counters, ring.records,
+                                                                             ring.free_log))
+        self._width = len(RECORD_FIELDS)
 
     def take(self) -> tuple | None:
         """`(batch, slot, position, docs)` of batch `taken` if it is announced, else None."""
         if self.header_only:
-            if self.ring.counters[Counter.ANNOUNCED] <= self.taken:
+            if self._counters[_ANNOUNCED] <= self.taken:
                 return None
         elif self.rung <= self.taken:
             self.rung += self.ready.clear()
             if self.rung <= self.taken:
                 return None
-        k, slot, *position, docs = self.ring.records[self.taken % self.n].tolist()
+        at = self.taken % self.n * self._width
+        k, slot, *position, docs = self._records[at:at + self._width].tolist()
         if k != self.taken:
             raise RuntimeError(f"ring handover: record {self.taken % self.n} holds batch {k}, "
                                f"expected batch {self.taken}")
@@ -130,18 +143,18 @@ class TrainerEnd:
 
     def announced(self) -> int:
         """Batches the coordinator has announced."""
-        return int(self.ring.counters[Counter.ANNOUNCED])
+        return self._counters[_ANNOUNCED]
 
     def pending_messages(self) -> int:
-        return int(self.ring.counters[Counter.MESSAGES]) - self.messages_read
+        return self._counters[_MESSAGES] - self.messages_read
 
     def free(self, k: int):
         """Log batch k's slot as free; ring the coordinator only when half the ring waits
         (on the system-call path, for every free)."""
-        self.ring.free_log[self.frees % self.n] = k
+        self._free_log[self.frees % self.n] = k
         self.frees += 1
-        self.ring.counters[Counter.FREES] = self.frees
-        if not self.header_only or self.frees - self.ring.counters[Counter.FREES_SEEN] >= self.kick_at:
+        self._counters[_FREES] = self.frees
+        if not self.header_only or self.frees - self._counters[_FREES_SEEN] >= self.kick_at:
             self.kick.ring()
 
     def before_blocking(self):
@@ -149,8 +162,20 @@ class TrainerEnd:
         waiting on it), and ring the coordinator if it has frees it has not seen."""
         if self.header_only:
             self.ready.clear()
-            if self.frees > self.ring.counters[Counter.FREES_SEEN]:
+            if self.frees > self._counters[_FREES_SEEN]:
                 self.kick.ring()
+
+    def release(self):
+        """Let go of the header's views (the ring can be unmapped once nothing else holds it)."""
+        for view in (self._counters, self._records, self._free_log):
+            if view is not None:
+                view.release()
+        self._counters = self._records = self._free_log = None
+
+
+def _words(array) -> memoryview:
+    """A flat memoryview of int64 words over a C-contiguous numpy array of the ring."""
+    return memoryview(array).cast("B").cast("q")
 
 
 class CoordinatorEnd:

@@ -68,7 +68,8 @@ class Children:
         if now >= self.next_check:  # a poll per batch is measurable; twice a second is enough
             self.next_check = now + LIVENESS_CHECK_S
             self.check_alive()
-        got = self._take()
+        handover = self.handover
+        got = handover.take() if handover.pending_messages() <= 0 else self._take()
         if got is not None:
             return (*got, 0.0)
         started = time.monotonic()
@@ -231,6 +232,8 @@ class Children:
 
     def _release_memory(self):
         mapping = self.ring.buf
+        if self.handover is not None:
+            self.handover.release()
         self.ring.release_views()
         try:
             mapping.close()

@@ -83,3 +83,35 @@ def test_the_syscall_path_is_counted(synth, synth_tokenizer_pkl):
                             num_workers=2, env={"SHMLOADER_HANDOVER": "syscall"})
     assert r["per_next"] >= 1.0, r
     assert r["by_name"].get("write", 0) >= 95, r
+
+
+# ------------------------------------------------------------------ what next() costs after a busy step
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_next_on_a_lent_batch_calls_no_torch_operation(synth, packing):
+    """After a training step (code and data cold) a torch view operation (`view`,
+    `as_strided`, indexing) costs several times a `torch.from_numpy`: a lent CPU batch is two
+    `from_numpy` of views made once per slot, and next() calls no torch operation besides
+    (a TorchFunctionMode sees every one). The batch is still the slot's memory."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    B, T = 2, 32
+    with synth.loader(B, T, "train", packing=packing, num_workers=1, n_slots=6) as loader:
+        x, y = next(loader)  # started
+        slots = loader.debug().ring.slots
+        for _ in range(5):
+            with Seen() as seen:
+                x, y = next(loader)
+            assert seen.calls == [], f"next() called torch operations {seen.calls}"
+            assert x.shape == y.shape == (B, T) and x.dtype == y.dtype == torch.int64
+            assert slots.ctypes.data <= x.data_ptr() < slots.ctypes.data + slots.nbytes, "the batch was copied"

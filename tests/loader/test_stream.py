@@ -257,11 +257,12 @@ def test_a_dropped_batch_is_refilled_from_the_next_call_on(synth):
 
 
 def test_ctrl_c_cannot_land_inside_the_release_of_a_lent_batch(synth):
-    """Dropping a lent batch runs its weak reference's callback wherever the last reference
-    goes. Were that callback Python code, a Ctrl-C arriving in it would be printed as
-    "Exception ignored" and lost (the training script would run on), and the slot would
-    never come back. Here every Python call raises KeyboardInterrupt while the batch is
-    dropped: none may happen, and the slot must come back."""
+    """Dropping a lent batch must run no Python code wherever the last reference goes (the
+    delivery finds the slot let go by its views' reference counts at the next next()). Were
+    Python code run there, a Ctrl-C arriving in it would be printed as "Exception ignored" and
+    lost (the training script would run on), and the slot would never come back. Here every
+    Python call raises KeyboardInterrupt while the batch is dropped: none may happen, and the
+    slot must come back."""
     import sys
 
     B, T = 2, 32
@@ -283,7 +284,10 @@ def test_ctrl_c_cannot_land_inside_the_release_of_a_lent_batch(synth):
                 del inputs, targets
             finally:
                 sys.settrace(None)
-            assert len(loader.debug().delivery.lent._dead) == 1, "the dropped batch was not queued for its slot"
+            # nothing ran: the slot is still lent, and the next next() finds it let go (its
+            # batch is lent from the ring again, above: with n_slots=2 a slot that never came
+            # back would make every later batch a copy)
+            assert len(loader.debug().delivery.lent) == 1
         got += [window_of(*b) for b in itertools.islice(loader, 6)]
     assert all(np.array_equal(g, w) for g, w in zip(got, want_w)) and len(got) == 12
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shmloader.delivery import Lending
 from shmloader.ipc.handover import FREE_POLL_S, CoordinatorEnd, Doorbell, TrainerEnd, header_only
 from shmloader.ipc.ring import Counter, Ring, RingLayout
 from shmloader.packing.base import SlotMap
@@ -160,3 +161,71 @@ def test_simulated_run_takes_every_batch_once_in_order(n_slots, seed, header):
         if held and (len(held) >= n_slots - 1 or rng.random() < 0.4):
             trainer.free(held.pop(rng.randrange(len(held))))
     assert taken > 0
+
+
+# ------------------------------------------------------------------ lent CPU batches (delivery.Lending)
+
+def lending(n_slots=4, B=2, T=3, lend_cap=2):
+    """A Lending over n_slots concat windows of B*T+1 tokens (slot s holds s*100 + position)."""
+    slots = np.arange(n_slots)[:, None] * 100 + np.arange(B * T + 1)[None, :]
+    freed = []
+    return Lending(slots, freed.append, lend_cap), freed, (B, T, 1)
+
+
+@pytest.mark.parametrize("keep", ["nothing", "inputs", "targets", "a view", "a numpy array", "the storage",
+                                  "a list holding both"])
+def test_a_lent_slot_comes_back_only_once_no_tensor_views_it(keep):
+    lend, freed, shape = lending()
+    x, y = lend.batch(7, 2, shape)
+    assert x.tolist() == [[200, 201, 202], [203, 204, 205]] and y.tolist() == [[201, 202, 203], [204, 205, 206]]
+    kept = {"nothing": None, "inputs": x, "targets": y, "a view": y[1, 1:], "a numpy array": x.numpy(),
+            "the storage": y.untyped_storage(), "a list holding both": [x, y]}[keep]
+    del x, y
+    lend.reclaim()
+    if keep == "nothing":
+        assert freed == [7] and not lend.lent
+        return
+    assert freed == [] and lend.lent == {2: 7}, f"a slot came back while {keep} of its batch lives"
+    del kept
+    lend.reclaim()
+    assert freed == [7] and not lend.lent
+
+
+def test_a_batch_dropped_in_another_thread_comes_back_at_the_next_reclaim():
+    import threading
+
+    lend, freed, shape = lending()
+    box = [lend.batch(3, 1, shape)]
+    thread = threading.Thread(target=box.clear)
+    thread.start()
+    thread.join()
+    lend.reclaim()
+    assert freed == [3]
+
+
+def test_past_the_lend_cap_batches_are_copies_freed_at_once():
+    lend, freed, shape = lending(lend_cap=2)
+    held = [lend.batch(0, 0, shape), lend.batch(1, 1, shape)]
+    x, y = lend.batch(2, 3, shape)
+    assert freed == [2] and x.tolist() == [[300, 301, 302], [303, 304, 305]]
+    assert x.data_ptr() != lend.slots[3].ctypes.data, "a batch past the cap was lent, not copied"
+    del held
+    lend.reclaim()
+    assert sorted(freed) == [0, 1, 2]
+    x2, _ = lend.batch(4, 0, shape)
+    assert x2.data_ptr() == lend.slots[0].ctypes.data  # lent again
+
+
+def test_lending_makes_no_view_per_batch():
+    """A batch is two `torch.from_numpy` of views made once per slot (after a busy step torch's
+    view operations are what next() costs); the tensors are the slot's memory."""
+    lend, freed, shape = lending()
+    views = None
+    for k in range(6):
+        x, y = lend.batch(k, k % 2, shape)
+        if views is None:
+            views = [id(v) for pair in lend._views for v in pair]  # ids: a reference would hold the slot
+        assert x.data_ptr() == lend.slots[k % 2].ctypes.data and y.data_ptr() == x.data_ptr() + 8
+        del x, y
+        lend.reclaim()
+    assert [id(v) for pair in lend._views for v in pair] == views and freed == list(range(6))
