@@ -177,7 +177,11 @@ class ShmLoader:
         k, slot, pos, docs, waited = procs.next_batch(self._delivery, self.config.timeout)
         if procs.opened:  # files the coordinator has read (first, or again after a change)
             self._learn(procs.opened)
-        runs = procs.ring.runs_of(slot) if self._buffered else None  # before its free
+        if self._buffered:  # the buffer after this batch, read before its slot is freed
+            runs = (statemod.narrow(procs.ring.runs_values(slot)) if self._later is None  # the state's form
+                    else procs.ring.runs_of(slot))  # its files to renumber (_described)
+        else:
+            runs = None
         batch = self._delivery.batch(k, slot, self._shape)
         stats = self._stats
         stats["batches"] += 1
@@ -292,15 +296,15 @@ class ShmLoader:
 
     def _make_state(self, pos: tuple, batch: int, runs):
         """The state at `pos` (epoch, file, rg, doc, skip: the file as the run numbers it);
-        `runs`: a buffered packing's (n, 5) array, or None."""
+        `runs`: a buffered packing's (n, 5) array or `state.narrow` of it, or None."""
         epoch, file, *rest = pos
         pq, files, renumber = self._described(epoch, file)
         if runs is None:
             return statemod.make_state(self._base_state, epoch, pq, *rest, batch, files=files)
-        if renumber is not None:
+        if renumber is not None:  # an (n, 5) array then (_next)
             runs = runs.copy()
             runs[:, 1] = renumber[runs[:, 1]]
-        return statemod.make_state(self._base_state, epoch, pq, *rest, batch, runs.tolist(), runs.tobytes(),
+        return statemod.make_state(self._base_state, epoch, pq, *rest, batch, runs,
                                    files=files)  # a buffered packing's position has skip 0
 
     def _described(self, epoch: int, file: int) -> tuple:

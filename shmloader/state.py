@@ -7,8 +7,10 @@ before the position), "shapes" ([first batch, B, T] of each batch shape the run 
 "origin" (None, or the nanochat keys the run started from), "rank", "world_size",
 "config" (what must not change), "files" ([name, bytes, footer] of the split: footer is the
 digest of its parquet footer once the run had read it, else None), "digest"}`, plus
-best fit's `"buffer"` runs. Its position is canonical (the same whatever the number of
-workers), so a loader given it yields the batch at that position and onward exactly.
+best fit's `"buffer"`: its runs `[epoch, file, rg, row, count]` as one short text
+(`encode_runs`; `buffer_runs` reads them back). Its position is canonical (the same whatever
+the number of workers), so a loader given it yields the batch at that position and onward
+exactly.
 
 `check` turns a state into a `Resume` for this loader:
 - this rank's own state resumes at its position;
@@ -22,21 +24,30 @@ workers), so a loader given it yields the batch at that position and onward exac
   difference (split, packing, tokenizer, best-fit settings, world size, a file at or before
   the position: its name, its size, or, when the state knows it, its footer) is a ValueError
   naming each difference in words.
-Version 2 states (files as [name, bytes], no footers) are read too.
+Versions 2 (files as [name, bytes], no footers) and 3 (best fit's buffer as a list of runs)
+are read too.
+
+Why the buffer is text: nanochat's loop takes a state with every batch, and best fit's buffer
+holds ~1000 documents in a few hundred runs. As lists of Python ints that is thousands of
+objects per batch (and garbage-collector work), several times the cost of the batch itself;
+as text it is a few C calls on one small array.
 """
 import os
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from .data.order import Cursor, nanochat_cursor, start_cursor
 from .errors import warn
 
-VERSION = 3
-READS = (2, 3)  # versions 2 and 3 differ only in the files' footers
+VERSION = 4
+READS = (2, 3, 4)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`)
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
 NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
+# the buffer text's widths: (largest value, numpy dtype, name), narrowest first
+RUN_WIDTHS = ((0xFF, "<u1", "u1"), (0xFFFF, "<u2", "u2"), (0xFFFFFFFF, "<u4", "u4"), (2**63 - 1, "<u8", "u8"))
 
 
 
@@ -102,28 +113,101 @@ def described_files(files: list, epoch: int, file: int) -> list:
 
 
 def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, batch: int,
-               buffer: list | None = None, buffer_bytes: bytes | None = None, files: list | None = None) -> dict:
-    """A state; best fit adds its `buffer` runs (`buffer_bytes`: their int64 bytes, if at hand);
-    `files`: `described_files` of the base's, if at hand."""
+               buffer=None, files: list | None = None) -> dict:
+    """A state; best fit adds its `buffer` runs (an (n, 5) int64 array, a list of runs, or
+    `narrow(runs)`), written as `encode_runs` text; `files`: `described_files` of the base's,
+    if at hand. Called with every batch in nanochat's loop: a dict copy and a crc32, and for
+    best fit the buffer's text (one hex of a small array). Its digest is `digest`'s."""
     state = dict(base)
     state["files"] = files if files is not None else described_files(base["files"], epoch, file)
-    state.update(epoch=epoch, pq_idx=file, rg_idx=rg, doc_idx=doc, skip=skip, batch=batch)
+    state["epoch"], state["pq_idx"], state["rg_idx"], state["doc_idx"] = epoch, file, rg, doc
+    state["skip"], state["batch"] = skip, batch
+    crc = 0
     if buffer is not None:
-        state["buffer"] = buffer
-        if buffer_bytes is None:
-            buffer_bytes = _runs_bytes(buffer)
-    state["digest"] = digest(state, buffer_bytes or b"")
+        prefix, values = buffer if isinstance(buffer, Narrowed) else narrow(buffer)
+        raw = values.tobytes()
+        state["buffer"] = f"{prefix}:{raw.hex()}" if raw else ""
+        if raw:
+            crc = zlib.crc32(raw, zlib.crc32(prefix.encode()))
+    # digest()'s key, formatted at once (an f-string field is str() of its value)
+    key = (f"{base['rank']}:{base['world_size']}:{epoch}:{file}:{rg}:{doc}:{skip}:{batch}:"
+           f"{base['shapes']}:{base['origin']}")
+    crc = zlib.crc32(key.encode(), crc)
+    state["digest"] = f"{crc:08x}"
     return state
+
+
+class Narrowed(NamedTuple):
+    """Best fit's runs in the narrowest unsigned width that holds them (`narrow`)."""
+    prefix: str           # "u1", "u2", "u4" or "u8"
+    values: np.ndarray    # the runs' values in turn (5 per run), little-endian of that width
+
+
+def narrow(runs) -> Narrowed:
+    """The runs (non-negative integers: an (n, 5) or flat array, or a list of runs) as a flat
+    copy in the narrowest of 1, 2, 4 and 8 bytes that holds them all. The trainer calls it
+    with every best-fit batch: three numpy calls."""
+    if type(runs) is not np.ndarray or runs.dtype != np.int64:
+        runs = np.asarray(runs, dtype=np.int64)
+    top = int(runs.max()) if runs.size else 0
+    for limit, dtype, prefix in RUN_WIDTHS:
+        if top <= limit:
+            return Narrowed(prefix, runs.astype(dtype).ravel())
+    raise ValueError(f"best-fit buffer run value {top} is past 2**63 - 1")
+
+
+def encode_runs(runs) -> str:
+    """Best fit's buffer runs `[epoch, file, rg, row, count]` (non-negative integers; an (n, 5)
+    array or a list of runs) as a state's "buffer" text: "" for an empty buffer, else the
+    width `u1`, `u2`, `u4` or `u8`, a colon, and the hex of every run's five values in turn,
+    little-endian unsigned integers of that many bytes, the narrowest that holds them all."""
+    prefix, values = narrow(runs)
+    return f"{prefix}:{values.tobytes().hex()}" if values.size else ""
+
+
+def _decode(text: str) -> tuple[str, bytes, np.ndarray]:
+    """`(prefix, raw bytes, (n, 5) int64 runs)` of a buffer text; a malformed one is a ValueError."""
+    if text == "":
+        return "", b"", np.zeros((0, 5), dtype=np.int64)
+    prefix, colon, body = text.partition(":")
+    dtype = next((d for _, d, p in RUN_WIDTHS if p == prefix), None) if colon else None
+    if dtype is None:
+        raise ValueError(f"resume state field 'buffer' must start with u1:, u2:, u4: or u8:, got {text[:12]!r}")
+    try:
+        raw = bytes.fromhex(body)
+    except ValueError:
+        raise ValueError("resume state field 'buffer' is not hex after its width") from None
+    width = np.dtype(dtype).itemsize
+    if not raw or len(raw) % (5 * width) or raw.hex() != body:
+        raise ValueError(f"resume state field 'buffer' holds {len(raw)} bytes of hex: not whole runs of "
+                         f"5 {prefix} values (lowercase hex, no spaces)")
+    values = np.frombuffer(raw, dtype=dtype)
+    if int(values.max()) > RUN_WIDTHS[-1][0]:
+        raise ValueError("resume state field 'buffer' has a value past 2**63 - 1")
+    return prefix, raw, values.astype(np.int64).reshape(-1, 5)
+
+
+def decode_runs(text: str) -> np.ndarray:
+    """The (n, 5) int64 runs of a buffer text (`encode_runs`); a malformed one is a ValueError."""
+    return _decode(text)[2]
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:
     """crc32 of the rank, the world size, the position, the batch count, the shapes, the origin
     and the buffer. DCP keeps one value per key across ranks, so a state saved under one key by
     every rank comes back with fields of different ranks; the digest turns that (and hand
-    edits) into an error, not a wrong resume."""
+    edits) into an error, not a wrong resume.
+
+    `buffer_bytes`: version 4, the buffer's width name and values (b"u2" and the bytes its hex
+    spells), taken first and the fields after them (so that whoever writes the buffer can
+    take its crc32 apart from the fields); versions 2 and 3, its runs' int64 bytes, after the
+    fields. Without a buffer both are the fields' crc32."""
     key = ":".join(str(state.get(k)) for k in ("rank", "world_size", *POSITION_FIELDS, "batch",
-                                                 "shapes", "origin"))
-    return f"{zlib.crc32(buffer_bytes, zlib.crc32(key.encode())):08x}"
+                                                 "shapes", "origin")).encode()
+    version = state.get("version")
+    if type(version) is int and version >= 4:
+        return f"{zlib.crc32(key, zlib.crc32(buffer_bytes)):08x}"
+    return f"{zlib.crc32(buffer_bytes, zlib.crc32(key)):08x}"
 
 
 def _runs_bytes(runs) -> bytes:
@@ -223,10 +307,17 @@ def _reshaped(shapes: list, batch: int, loader: Loader) -> list:
 
 def _check_digest(state: dict):
     runs = state.get("buffer")
-    try:
-        expected = digest(state, _runs_bytes(runs) if runs is not None else b"")
-    except (TypeError, ValueError):
-        raise ValueError("resume state field 'buffer' is not a list of 5-integer runs") from None
+    if state["version"] >= 4:
+        if runs is not None and not isinstance(runs, str):
+            raise ValueError(f"resume state field 'buffer' must be text (version {state['version']}), got "
+                             f"{type(runs).__name__}")
+        prefix, raw, _ = _decode(runs) if runs is not None else ("", b"", None)
+        expected = digest(state, prefix.encode() + raw if raw else b"")
+    else:
+        try:
+            expected = digest(state, _runs_bytes(runs) if runs is not None else b"")
+        except (TypeError, ValueError):
+            raise ValueError("resume state field 'buffer' is not a list of 5-integer runs") from None
     if state.get("digest") != expected:
         raise ValueError(f"resume state field 'digest' is {state.get('digest')!r}, but its fields give "
                          f"{expected!r}: the state was edited, or mixes the states of several ranks "
@@ -235,9 +326,15 @@ def _check_digest(state: dict):
 
 
 def buffer_runs(state, n_files: int) -> list[list[int]]:
-    """The best-fit buffer of a state: runs [epoch, file, rg, row, count] in arrival order."""
+    """The best-fit buffer of a state: runs [epoch, file, rg, row, count] in arrival order
+    (version 4: decoded from its text; versions 2 and 3: its list)."""
     runs = state.get("buffer")
-    if not isinstance(runs, list):
+    if state.get("version", VERSION) >= 4:
+        if not isinstance(runs, str):
+            raise ValueError(f"resume state field 'buffer' must be the buffer's text (encode_runs), got "
+                             f"{type(runs).__name__}")
+        runs = decode_runs(runs).tolist()
+    elif not isinstance(runs, list):
         raise ValueError(f"resume state field 'buffer' must be a list of [epoch, file, rg, row, "
                          f"count] runs, got {type(runs).__name__}")
     for run in runs:
@@ -342,7 +439,7 @@ def _check_val(state: dict, loader: Loader):
 def with_footers(state: dict, files: list) -> list:
     """`files` with the footers a (checked) state knows of the same files (by name): a resumed
     run's states go on describing the files it will not read again before its next epoch."""
-    saved = state.get("files") if isinstance(state, dict) and state.get("version") == VERSION else None
+    saved = state.get("files") if isinstance(state, dict) and state.get("version") in (3, 4) else None
     known = {f[0]: f for f in saved or [] if isinstance(f, list) and len(f) == 3}
     out = [list(f) for f in files]
     for now in out:

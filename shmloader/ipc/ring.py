@@ -132,8 +132,13 @@ class Ring:
 
     def runs_of(self, slot: int) -> np.ndarray:
         """A copy of the runs written for the batch in `slot`, as an (n, 5) int64 array."""
+        return self.runs_values(slot).reshape(-1, 5).copy()
+
+    def runs_values(self, slot: int) -> np.ndarray:
+        """The runs written for the batch in `slot`, their 5n int64 values in a flat view of
+        the ring (valid until the slot is freed; the trainer's)."""
         area = self.runs[slot]
-        return area[1:1 + 5 * int(area[0])].reshape(-1, 5).copy()
+        return area[1:1 + 5 * int(area[0])]
 
     def release_views(self):
         """Drop every numpy view so that the underlying buffer can be closed."""

@@ -34,6 +34,7 @@ import torch
 
 import shmloader
 from shmloader.demo import corpus
+from shmloader.state import decode_runs
 from tests import helpers
 from tests.oracle import bestfit_rows
 from tests.helpers import SCRIPTS, PosData, loader_children, shm_segments, sigkill_after
@@ -103,9 +104,10 @@ def rows_of(inputs, targets, B, T) -> np.ndarray:
 
 
 def position(state: dict) -> tuple:
-    """((epoch, pq_idx, rg_idx, doc_idx), buffer runs), as the oracle reports it."""
+    """((epoch, pq_idx, rg_idx, doc_idx), buffer runs), as the oracle reports it (the state holds
+    the runs as text: state.decode_runs)."""
     assert state["skip"] == 0
-    return tuple(state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx")), state["buffer"]
+    return tuple(state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx")), decode_runs(state["buffer"]).tolist()
 
 
 def take(loader, n):

@@ -51,6 +51,7 @@ from shmloader import ShmLoader
 from shmloader.data import cache as cachemod
 from shmloader.data import tokenizer as tokmod
 from shmloader.demo import corpus
+from shmloader.state import decode_runs
 from tests import helpers
 from tests.helpers import REPO_ROOT, part_files, tmp_files
 from tests.oracle import bestfit_rows, concat_windows
@@ -207,7 +208,7 @@ def window_of(packing: str, inputs, targets) -> np.ndarray:
 
 def position_of(packing: str, state: dict) -> tuple:
     pos = tuple(state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip"))
-    return pos if packing == "concat" else pos[:4] + (state["buffer"],)
+    return pos if packing == "concat" else pos[:4] + (decode_runs(state["buffer"]).tolist(),)
 
 
 def make_loader(data_root, tokenizer, packing: str, cache_dir, **kw) -> ShmLoader:

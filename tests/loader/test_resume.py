@@ -25,6 +25,7 @@ import pytest
 
 import shmloader
 from shmloader.demo import corpus
+from shmloader.state import decode_runs
 from tests import helpers, oracle
 from tests.helpers import (ALIGN_W, SCRIPTS, pid_alive, position_of, second_pid, shm_segments, sigkill_after,
                            window_of)
@@ -373,7 +374,7 @@ def test_new_shape_bestfit_continues_from_the_same_buffer(posdata):
         loader = fit(posdata, 2, 24, num_workers=1, resume_state=state)
     pos = position_of(state)[:4]
     want = [r for r, _ in itertools.islice(oracle.bestfit_rows(
-        posdata.files("train"), posdata.encode, posdata.bos, 2, 24, 5, 3, cursor=pos, runs=state["buffer"]), 25)]
+        posdata.files("train"), posdata.encode, posdata.bos, 2, 24, 5, 3, cursor=pos, runs=decode_runs(state["buffer"]).tolist()), 25)]
     with loader:
         got, _ = take(loader, 25, bestfit=True)
     assert all(np.array_equal(g, w) for g, w in zip(got, want))

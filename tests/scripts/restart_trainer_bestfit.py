@@ -20,6 +20,7 @@ import os
 import numpy as np
 
 import shmloader
+from shmloader.state import decode_runs
 from tests import helpers
 from restart_trainer import load_checkpoint, run_arguments, train
 
@@ -42,7 +43,7 @@ def record(k: int, inputs, targets, state) -> dict:
     rows = np.concatenate([inputs.numpy(), targets.numpy()[:, -1:]], axis=1)
     return {"k": k, "pid": os.getpid(), "sha": hashlib.sha256(rows.tobytes()).hexdigest(),
             "pos": [state[f] for f in ("epoch", "pq_idx", "rg_idx", "doc_idx")],
-            "buffer_docs": sum(run[4] for run in state["buffer"])}
+            "buffer_docs": int(decode_runs(state["buffer"])[:, 4].sum())}
 
 if __name__ == "__main__":
     main()

@@ -4,12 +4,14 @@ new batch shapes, appended files, nanochat-format states, and the digest."""
 import json
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader.data.order import Cursor, nanochat_cursor
-from shmloader.state import VERSION, Loader, base_state, buffer_runs, check, file_list, make_state, start
+from shmloader.state import (VERSION, Loader, base_state, buffer_runs, check, decode_runs, digest, encode_runs,
+                             file_list, make_state, start)
 
 FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
 CONFIG = {"split": "train", "packing": "concat", "tokenizer": "0123456789abcdef"}
@@ -169,7 +171,7 @@ def test_moved_files_resume():
 
 # ------------------------------------------------------------------ version, type, fields
 
-@pytest.mark.parametrize("version", [0, 1, 4, "3", None])
+@pytest.mark.parametrize("version", [0, 1, 5, "3", "4", None])
 def test_version_mismatch_is_refused(version):
     with pytest.raises(ValueError, match="version"):
         check(dict(saved(), version=version), loader())
@@ -288,16 +290,68 @@ def test_versionless_missing_rg_idx_or_pq_idx_or_out_of_range_is_refused():
 
 def test_buffer_runs_round_trip():
     runs = [[1, 0, 2, 5, 3], [2, 2, 0, 0, 1]]
-    assert buffer_runs(json.loads(json.dumps(dict(saved(), buffer=runs))), n_files=3) == runs
-    assert buffer_runs(dict(saved(), buffer=[]), n_files=3) == []
+    state = saved(buffer=runs)
+    assert state["buffer"] == "u1:" + bytes([1, 0, 2, 5, 3, 2, 2, 0, 0, 1]).hex()  # the text, as documented
+    assert buffer_runs(json.loads(json.dumps(state)), n_files=3) == runs
+    assert saved(buffer=[])["buffer"] == "" and buffer_runs(saved(buffer=[]), n_files=3) == []
 
 
-@pytest.mark.parametrize("run", [
-    [1, 0, 0, 0], [1, 0, 0, 0, 1, 1], (1, 0, 0, 0, 1), "1,0,0,0,1", [0, 0, 0, 0, 1], [1, 3, 0, 0, 1],
-    [1, 0, 0, 0, 0], [1, -1, 0, 0, 1], [1, 0, -1, 0, 1], [True, 0, 0, 0, 1], [1, 0, "0", 0, 1]])
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.lists(st.integers(0, 2**63 - 1), min_size=5, max_size=5), max_size=12))
+def test_buffer_text_round_trips_every_width(runs):
+    text = encode_runs(runs)
+    assert decode_runs(text).tolist() == runs
+    top = max((v for run in runs for v in run), default=0)
+    width = next(w for w, limit in ((1, 0xFF), (2, 0xFFFF), (4, 0xFFFFFFFF), (8, 2**63 - 1)) if top <= limit)
+    assert text == "" if not runs else text.startswith(f"u{width}:") and len(text) == 3 + 2 * 5 * width * len(runs)
+
+
+@pytest.mark.parametrize("top,width", [(0, 1), (255, 1), (256, 2), (65535, 2), (65536, 4), (2**32 - 1, 4),
+                                       (2**32, 8), (2**63 - 1, 8)])
+def test_buffer_text_width_at_each_boundary(top, width):
+    runs = [[1, 0, 7, 3, 2], [1, 2, top, 0, 1]]
+    text = encode_runs(runs)
+    assert text.startswith(f"u{width}:") and decode_runs(text).tolist() == runs
+
+
+@pytest.mark.parametrize("run", [[0, 0, 0, 0, 1], [1, 3, 0, 0, 1], [1, 0, 0, 0, 0]])
 def test_buffer_runs_bad_run_is_refused(run):
     with pytest.raises(ValueError, match="buffer"):
-        buffer_runs(dict(saved(), buffer=[[1, 0, 0, 0, 2], run]), n_files=3)
+        buffer_runs(saved(buffer=[[1, 0, 0, 0, 2], run]), n_files=3)
+
+
+@pytest.mark.parametrize("text", ["u3:0100000001", "0100000001", "u1:010000000", "u1:0100000001ff",
+                                  "u1:01 00000001", "u1:0100000G01", "u1:01000000Ff", "u1:", "u8:" + "ff" * 40,
+                                  "u2:0100"])
+def test_a_malformed_buffer_text_is_refused(text):
+    with pytest.raises(ValueError, match="buffer"):
+        buffer_runs(dict(saved(), buffer=text), n_files=3)
+
+
+@pytest.mark.parametrize("buffer", [[[1, 0, 0, 0, 2]], 5, {"runs": ""}])
+def test_a_version_4_buffer_that_is_not_text_is_refused(buffer):
+    lo = loader(config=dict(CONFIG, packing="bos_bestfit"), buffered=True)
+    with pytest.raises(ValueError, match="buffer"):
+        check(dict(saved(skip=0, config=dict(CONFIG, packing="bos_bestfit")), buffer=buffer), lo)
+
+
+def v3_state(runs, **kw) -> dict:
+    """A version 3 state as shmloader saved it before version 4: best fit's buffer as a list of
+    runs, and the digest over their int64 bytes."""
+    state = saved(skip=0, config=dict(CONFIG, packing="bos_bestfit"), **kw)
+    state.update(version=3, buffer=runs)
+    state["digest"] = digest(state, np.asarray(runs, dtype=np.int64).reshape(-1, 5).tobytes())
+    return json.loads(json.dumps(state))
+
+
+def test_a_version_3_state_with_a_list_buffer_is_read():
+    runs = [[1, 0, 2, 10, 3], [1, 1, 0, 0, 300]]
+    lo = loader(config=dict(CONFIG, packing="bos_bestfit"), buffered=True)
+    assert quiet_check(v3_state(runs), lo).runs == runs
+    edited = v3_state(runs)
+    edited["buffer"][1][4] = 5
+    with pytest.raises(ValueError, match="digest"):
+        check(edited, lo)
 
 
 def test_a_state_mixing_two_ranks_is_refused_naming_the_digest():
@@ -321,6 +375,20 @@ def test_the_digest_covers_the_buffer():
     state = saved(skip=0, buffer=runs, config=dict(CONFIG, packing="bos_bestfit"))
     lo = loader(config=dict(CONFIG, packing="bos_bestfit"), buffered=True)
     assert quiet_check(state, lo).runs == runs
-    state["buffer"][1][4] = 5
-    with pytest.raises(ValueError, match="digest"):
-        check(state, lo)
+    other = saved(skip=0, buffer=[[1, 0, 2, 10, 3], [1, 1, 0, 0, 5]], config=dict(CONFIG, packing="bos_bestfit"))
+    for edit in (other["buffer"], "u2:" + bytes.fromhex(state["buffer"][3:]).hex(), ""):
+        with pytest.raises(ValueError, match="digest"):
+            check(dict(state, buffer=edit), lo)
+
+
+def test_make_state_digest_is_the_checked_one():
+    """make_state formats the digest's key itself (it runs with every batch): it must give what
+    `digest`, which the check uses, gives, whatever the fields hold."""
+    lo = loader()
+    resume = start(lo)
+    resume.shapes, resume.origin = [[0, 4, 16], [7, 2, 16]], {"pq_idx": 1, "rg_idx": 3, "epoch": 2}
+    for buffer in (None, [], [[1, 2, 3, 4, 5]], np.array([[3, 0, 70000, 1, 2]])):
+        state = make_state(base_state(lo, resume), 3, 2, 9, 11, 0, 12345, buffer)
+        runs = state.get("buffer")
+        prefix, raw = (runs[:2].encode(), bytes.fromhex(runs[3:])) if runs else (b"", b"")
+        assert state["digest"] == digest(state, prefix + raw)
