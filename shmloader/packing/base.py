@@ -22,10 +22,10 @@ queued), or up to `MAX_IN_FLIGHT` of them while they hold less than a piece's wo
 (`max_piece_bytes`: many tiny row groups in a row); and while the tokens it holds counted but
 not yet written into the ring (the stream needs an earlier piece first, or the ring is full)
 are fewer than its budget, in fewer than `MAX_HELD_PIECES` pieces. The budget is a ring of
-tokens, or as many tokens as the largest piece another worker is tokenizing has bytes of text
-(some 3-4 times its tokens), whichever is more: so a worker whose finished pieces wait behind
-another's long piece keeps working until that piece is done, and otherwise holds no more
-than a ring.
+tokens, or the tokens of the largest piece another worker is tokenizing (its text bytes times
+the tokens per byte of the pieces counted so far), whichever is more: so a worker whose
+finished pieces wait behind another's long piece keeps working about as long as that piece
+takes, and otherwise holds no more than a ring.
 """
 import heapq
 from dataclasses import dataclass
@@ -134,6 +134,7 @@ class Mode:
         self._held = [0] * n_workers          # tokens counted, not yet written
         self._held_pieces = [0] * n_workers
         self._tokens = {}                     # piece index -> tokens it holds, counted
+        self._seen = [0, 0]                   # tokens and text bytes of the pieces counted
         self.owner, self.specs = {}, {}
 
     def load(self, worker: int) -> tuple:
@@ -142,7 +143,8 @@ class Mode:
     def hold_tokens(self, worker: int) -> int:
         """The most tokens `worker` may hold counted and not yet written (see above)."""
         behind = max((b for w, b in self._in_flight.values() if w != worker), default=0)
-        return max(self.ring_tokens, behind)
+        per_byte = self._seen[0] / self._seen[1] if self._seen[1] else 1.0
+        return max(self.ring_tokens, int(behind * per_byte))
 
     def can_take(self, worker: int) -> bool:
         n = self._flight[worker]
@@ -163,6 +165,9 @@ class Mode:
         self._flight[worker] -= 1
         self._flight_text[worker] -= piece.text_bytes
         del self._in_flight[piece.index]
+        if tokens and piece.text_bytes:
+            self._seen[0] += tokens
+            self._seen[1] += piece.text_bytes
         if tokens:
             self._tokens[piece.index] = tokens
             self._held[worker] += tokens

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from shmloader.state import VERSION
 from shmloader.demo import corpus
 from tests import helpers
 from tests.helpers import REPO_ROOT
@@ -296,7 +297,7 @@ def test_inspect_prints_rows_and_state_and_resumes(posdata, tmp_path):
     text = run(*common, "--batch", 2)
     assert inspect_rows(text) == expected_rows(2, 2, 8, bos_positions)
     state = json.loads(text[text.index("state dict:") + len("state dict:"):])
-    assert state["version"] == 3 and state["shapes"] == [[0, 2, 8]] and state["batch"] == 3
+    assert state["version"] == VERSION and state["shapes"] == [[0, 2, 8]] and state["batch"] == 3
     (tmp_path / "state.json").write_text(json.dumps(state))
     resumed = run(*common, "--batch", 0, "--resume-state", tmp_path / "state.json")
     assert inspect_rows(resumed) == expected_rows(3, 2, 8, bos_positions)
