@@ -84,12 +84,9 @@ class CopyOut:
         self.outputs = OutputPool(slots.shape[1])
 
     def batch(self, k: int, slot: int, shape: tuple) -> tuple:
-        return split(self.deliver(k, slot), shape)
-
-    def deliver(self, k: int, slot: int) -> torch.Tensor:
         window = self.outputs.copy_out(self.slots[slot])
         self.free(k)
-        return window.to(self.device)
+        return split(window.to(self.device), shape)
 
     def reclaim(self, wait: bool = False):
         pass
@@ -108,15 +105,12 @@ class PinnedCopy:
         self.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]
 
     def batch(self, k: int, slot: int, shape: tuple) -> tuple:
-        return split(self.deliver(k, slot), shape)
-
-    def deliver(self, k: int, slot: int) -> torch.Tensor:
         window = self.device_bufs[k & 1]
         window.copy_(self.slot_tensors[slot], non_blocking=True)
         event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
         event.record(torch.cuda.current_stream(self.device))
         self.inflight.append((k, event))
-        return window
+        return split(window, shape)
 
     def reclaim(self, wait: bool = False):
         while self.inflight and (wait or self.inflight[0][1].query()):

@@ -241,7 +241,6 @@ def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int
     `busy_s` of busy CPU work (`busy_work`) instead of each sleep, next() and the floor
     alternating, side by side: medians."""
     import numpy as np
-    import torch
 
     it = make(n_slots=n_batches + 1)
     try:
@@ -255,34 +254,11 @@ def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int
             c0 = _cpu()
             next(it)
             back_to_back.append(_cpu() - c0)
-        slept, floor, not_ready = [], [], 0
         probe = np.zeros(B * T + 1, dtype=np.int64)
-        for _ in _bar(desc, range(n_batches)):
-            time.sleep(sleep_s)
-            c0 = _cpu()
-            torch.from_numpy(probe[:-1]).view(B, T)
-            floor.append(_cpu() - c0)
-            time.sleep(sleep_s)
-            waited = it.stats()["wait_s"] if hasattr(it, "stats") else None
-            c0 = _cpu()
-            next(it)
-            slept.append(_cpu() - c0)
-            if waited is not None and it.stats()["wait_s"] > waited:
-                not_ready += 1
-        busy, busy_floor, busy_not_ready = [], [], 0
         buf = np.zeros(1 << 17)
-        for _ in _bar(f"{desc} after busy work", range(n_batches)):
-            busy_work(busy_s, buf)
-            c0 = _cpu()
-            torch.from_numpy(probe[:-1]).view(B, T)
-            busy_floor.append(_cpu() - c0)
-            busy_work(busy_s, buf)
-            waited = it.stats()["wait_s"] if hasattr(it, "stats") else None
-            c0 = _cpu()
-            next(it)
-            busy.append(_cpu() - c0)
-            if waited is not None and it.stats()["wait_s"] > waited:
-                busy_not_ready += 1
+        slept, floor, not_ready = _after_pauses(it, lambda: time.sleep(sleep_s), probe, B, T, n_batches, desc)
+        busy, busy_floor, busy_not_ready = _after_pauses(it, lambda: busy_work(busy_s, buf), probe, B, T,
+                                                         n_batches, f"{desc} after busy work")
         us = lambda xs: statistics.fmean(xs) * 1e6  # noqa: E731
         med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
         return {"cost_batches": n_batches, "cost_sleep_ms": sleep_s * 1e3,
@@ -297,6 +273,28 @@ def trainer_cost(make, n_batches: int, sleep_s: float, desc: str, B: int, T: int
                 "busy_not_ready": busy_not_ready if hasattr(it, "stats") else None}
     finally:
         it.close()
+
+
+def _after_pauses(it, pause, probe, B: int, T: int, n_batches: int, desc: str) -> tuple:
+    """`(next() CPU times, bare-view CPU times, calls that found no batch ready)`: each step
+    pauses, times a bare `torch.from_numpy(probe[:-1]).view(B, T)`, pauses again and times
+    `next(it)`."""
+    import torch
+
+    cost, floor, not_ready = [], [], 0
+    for _ in _bar(desc, range(n_batches)):
+        pause()
+        c0 = _cpu()
+        torch.from_numpy(probe[:-1]).view(B, T)
+        floor.append(_cpu() - c0)
+        pause()
+        waited = it.stats()["wait_s"] if hasattr(it, "stats") else None
+        c0 = _cpu()
+        next(it)
+        cost.append(_cpu() - c0)
+        if waited is not None and it.stats()["wait_s"] > waited:
+            not_ready += 1
+    return cost, floor, not_ready
 
 
 def _process_peaks(loader) -> dict:

@@ -261,6 +261,7 @@ class ParquetSource:
         self._ids = {}      # f -> (size, footer digest) when opened
         self._expected = {}  # f -> the footer digest it must have
         self._last = None   # (file, rg, text column)
+        self._sizes = {}    # f -> (row counts, text bytes) of its row groups, while it is open
 
     def expect(self, f: int, digest: str | None):
         if digest is not None:
@@ -289,27 +290,34 @@ class ParquetSource:
                                 f"the run planned with (a data file must not be rewritten under a running "
                                 f"loader; resume from a saved state once it is written)")
             if len(self._open) >= 4:
-                self._open.pop(next(iter(self._open)))
+                gone = next(iter(self._open))
+                del self._open[gone]
+                self._sizes.pop(gone, None)
             self._open[f], self._ids[f] = pf, ident
         return pf
 
     def row_counts(self, f: int) -> list[int]:
-        md = self._file(f).metadata
-        return [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        return self._row_sizes(f)[0]
 
     def text_bytes(self, f: int) -> list[int]:
         """Each row group's `text` column chunk size, uncompressed, from the footer: about its
         text's size (plus 4 bytes a row; a dictionary-encoded column counts each distinct
         text once). 0 for every row group when there is no `text` column (the worker that
         reads it reports that)."""
+        return self._row_sizes(f)[1]
+
+    def _row_sizes(self, f: int) -> tuple:
+        """`(row counts, text bytes)` of file f's row groups, read from its footer once while
+        it stays open (the order asks for them at every row group)."""
         md = self._file(f).metadata
-        if md.num_row_groups == 0:
-            return []
-        first = md.row_group(0)
-        at = next((j for j in range(first.num_columns) if first.column(j).path_in_schema == "text"), None)
-        if at is None:
-            return [0] * md.num_row_groups
-        return [md.row_group(i).column(at).total_uncompressed_size for i in range(md.num_row_groups)]
+        sizes = self._sizes.get(f)
+        if sizes is None:
+            groups = [md.row_group(i) for i in range(md.num_row_groups)]
+            at = next((j for j in range(groups[0].num_columns) if groups[0].column(j).path_in_schema == "text"),
+                      None) if groups else None
+            sizes = self._sizes[f] = ([g.num_rows for g in groups],
+                                      [0 if at is None else g.column(at).total_uncompressed_size for g in groups])
+        return sizes
 
     def read_texts(self, f: int, rg: int, start: int, end: int) -> list:
         """Rows `[start, end)` of the `text` column of row group `rg` of file `f` (None = null)."""

@@ -125,60 +125,62 @@ class Mode:
 
     keep = True
 
-    def __init__(self, n_workers: int, cfg=None, window: int = 0, n_slots: int = 0):
-        self.flight_bytes = cfg.piece_bytes if cfg is not None else 1 << 20
+    def __init__(self, n_workers: int, cfg, window: int = 0, n_slots: int = 0):
+        self.flight_bytes = cfg.piece_bytes   # None: no bound by text (a token cache's whole row groups)
         self.ring_tokens = window * n_slots
-        self._flight = [0] * n_workers        # pieces given, not counted
-        self._flight_text = [0] * n_workers   # their text bytes (estimated)
-        self._in_flight = {}                  # piece index -> (worker, text bytes), not counted
-        self._held = [0] * n_workers          # tokens counted, not yet written
-        self._held_pieces = [0] * n_workers
-        self._tokens = {}                     # piece index -> tokens it holds, counted
+        self._in_flight = {}                  # piece index -> (worker, text bytes): given, not counted
+        self._held = [{} for _ in range(n_workers)]  # per worker: piece index -> tokens, counted, not written
+        self._held_tokens = [0] * n_workers   # their sums
         self._seen = [0, 0]                   # tokens and text bytes of the pieces counted
         self.owner, self.specs = {}, {}
 
+    def _flight(self, worker: int) -> tuple:
+        """`(pieces, their text bytes)` in flight on `worker`, and the text bytes of the largest
+        piece in flight on another worker."""
+        n = text = behind = 0
+        for w, b in self._in_flight.values():
+            if w == worker:
+                n, text = n + 1, text + b
+            elif b > behind:
+                behind = b
+        return n, text, behind
+
     def load(self, worker: int) -> tuple:
-        return self._flight[worker], self._held[worker]
+        return self._flight(worker)[0], self._held_tokens[worker]
 
     def hold_tokens(self, worker: int) -> int:
         """The most tokens `worker` may hold counted and not yet written (see above)."""
-        behind = max((b for w, b in self._in_flight.values() if w != worker), default=0)
+        return self._budget(self._flight(worker)[2])
+
+    def _budget(self, behind: int) -> int:
         per_byte = self._seen[0] / self._seen[1] if self._seen[1] else 1.0
         return max(self.ring_tokens, int(behind * per_byte))
 
     def can_take(self, worker: int) -> bool:
-        n = self._flight[worker]
-        flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None
-                              and self._flight_text[worker] < self.flight_bytes)
-        return (flight_ok and n + self._held_pieces[worker] < MAX_HELD_PIECES
-                and (not self._held[worker] or self._held[worker] < self.hold_tokens(worker)))
+        n, text, behind = self._flight(worker)
+        held = self._held_tokens[worker]
+        flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None and text < self.flight_bytes)
+        return (flight_ok and n + len(self._held[worker]) < MAX_HELD_PIECES
+                and (not held or held < self._budget(behind)))
 
     def take(self, worker: int, piece):
         self.owner[piece.index], self.specs[piece.index] = worker, piece
-        self._flight[worker] += 1
-        self._flight_text[worker] += piece.text_bytes
         self._in_flight[piece.index] = (worker, piece.text_bytes)
 
     def _counted_by(self, worker: int, piece, tokens: int):
         """`piece` of `worker` was counted; it holds `tokens` until `_written_out` (0: the
         mode bounds what workers hold itself, or they keep nothing)."""
-        self._flight[worker] -= 1
-        self._flight_text[worker] -= piece.text_bytes
         del self._in_flight[piece.index]
         if tokens and piece.text_bytes:
             self._seen[0] += tokens
             self._seen[1] += piece.text_bytes
         if tokens:
-            self._tokens[piece.index] = tokens
-            self._held[worker] += tokens
-            self._held_pieces[worker] += 1
+            self._held[worker][piece.index] = tokens
+            self._held_tokens[worker] += tokens
 
     def _written_out(self, worker: int, index: int):
         """Every token of piece `index` of `worker` was written into the ring."""
-        tokens = self._tokens.pop(index, 0)
-        if tokens:
-            self._held[worker] -= tokens
-            self._held_pieces[worker] -= 1
+        self._held_tokens[worker] -= self._held[worker].pop(index, 0)
 
     def counted(self, msg):
         raise NotImplementedError

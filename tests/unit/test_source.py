@@ -89,6 +89,21 @@ def test_split_files():
         split_files(files, "test")
 
 
+def test_text_bytes_are_each_row_group_s_text_size(tmp_path):
+    """The footer's column sizes order row groups by their text: a row group of one 50,000-
+    character document outweighs one of 100 short ones (pieces are cut by them: data/order.py)."""
+    docs = ["x" * 50_000] + ["short text"] * 100 + ["y" * 30] * 3
+    (path,) = corpus.write_shards(docs, tmp_path, num_files=1, row_group_size=[1, 100, 3])
+    src = ParquetSource([str(path)])
+    sizes = src.text_bytes(0)
+    assert src.row_counts(0) == [1, 100, 3] and len(sizes) == 3
+    for size, text in zip(sizes, (50_000, 1_000, 90)):
+        assert text <= size <= text + 4 * 100 + 200, sizes  # the text, plus lengths and headers
+    no_text = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"body": ["a", "b"]}), no_text)
+    assert ParquetSource([str(no_text)]).text_bytes(0) == [0]
+
+
 def test_parquet_source_reads_rows_with_nulls(tmp_path):
     docs = ["d0", None, "d2", "", "d4", "d5", "d6"]
     (path,) = corpus.write_shards(docs, tmp_path, num_files=1, row_group_size=[3, 4])
