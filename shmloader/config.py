@@ -25,7 +25,7 @@ class LoaderConfig:
     tokenizer_batch_size: int = 128
     buffer_size: int = 1000
     max_piece_docs: int = 1024
-    max_piece_bytes: int = 1 << 20
+    max_piece_bytes: int = 8 << 20  # a nanochat row group (~4.8 MB) stays one piece: docs/benchmarks.md
     start_method: str = "forkserver"
     timeout: float = 300.0
     on_bad_row_group: str = "raise"
