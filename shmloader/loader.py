@@ -177,11 +177,8 @@ class ShmLoader:
         k, slot, pos, docs, waited = procs.next_batch(self._delivery, self.config.timeout)
         if procs.opened:  # files the coordinator has read (first, or again after a change)
             self._learn(procs.opened)
-        if self._buffered:  # the buffer after this batch, read before its slot is freed
-            runs = (statemod.narrow(procs.ring.runs_values(slot)) if self._later is None  # the state's form
-                    else procs.ring.runs_of(slot))  # its files to renumber (_described)
-        else:
-            runs = None
+        # best fit: the buffer after this batch, as the state's text (copied before the slot is freed)
+        runs = statemod.Encoded(*procs.ring.buffer_of(slot)) if self._buffered else None
         batch = self._delivery.batch(k, slot, self._shape)
         stats = self._stats
         stats["batches"] += 1
@@ -296,13 +293,13 @@ class ShmLoader:
 
     def _make_state(self, pos: tuple, batch: int, runs):
         """The state at `pos` (epoch, file, rg, doc, skip: the file as the run numbers it);
-        `runs`: a buffered packing's (n, 5) array or `state.narrow` of it, or None."""
+        `runs`: a buffered packing's `state.Encoded` buffer (the coordinator's), or None."""
         epoch, file, *rest = pos
         pq, files, renumber = self._described(epoch, file)
         if runs is None:
             return statemod.make_state(self._base_state, epoch, pq, *rest, batch, files=files)
-        if renumber is not None:  # an (n, 5) array then (_next)
-            runs = runs.copy()
+        if renumber is not None:  # the run's file numbers are not the state's: decoded and renumbered
+            runs = statemod.decode_runs(runs.text)
             runs[:, 1] = renumber[runs[:, 1]]
         return statemod.make_state(self._base_state, epoch, pq, *rest, batch, runs,
                                    files=files)  # a buffered packing's position has skip 0
@@ -380,7 +377,7 @@ class ShmLoader:
         self._described_at = (None, None)
         self._base_state = statemod.base_state(self._identity, resume)
         c = resume.cursor
-        runs = np.asarray(resume.runs, dtype=np.int64).reshape(-1, 5) if self._identity.buffered else None
+        runs = statemod.encode_buffer(resume.runs) if self._identity.buffered else None
         self._state = self._make_state((c.epoch, c.file, c.rg, c.doc, resume.skip), resume.batch, runs)
 
     def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None):

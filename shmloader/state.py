@@ -35,19 +35,17 @@ as text it is a few C calls on one small array.
 import os
 import zlib
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
 from .data.order import Cursor, nanochat_cursor, start_cursor
 from .errors import warn
+from .packing.runs import RUN_WIDTHS, Encoded, encode_buffer, narrow  # noqa: F401 (narrow: the state's API)
 
 VERSION = 4
 READS = (2, 3, 4)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`)
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
 NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
-# the buffer text's widths: (largest value, numpy dtype, name), narrowest first
-RUN_WIDTHS = ((0xFF, "<u1", "u1"), (0xFFFF, "<u2", "u2"), (0xFFFFFFFF, "<u4", "u4"), (2**63 - 1, "<u8", "u8"))
 
 
 
@@ -115,45 +113,24 @@ def described_files(files: list, epoch: int, file: int) -> list:
 def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, batch: int,
                buffer=None, files: list | None = None) -> dict:
     """A state; best fit adds its `buffer` runs (an (n, 5) int64 array, a list of runs, or
-    `narrow(runs)`), written as `encode_runs` text; `files`: `described_files` of the base's,
-    if at hand. Called with every batch in nanochat's loop: a dict copy and a crc32, and for
-    best fit the buffer's text (one hex of a small array). Its digest is `digest`'s."""
+    their `encode_buffer`, which the coordinator writes into the batch's slot), written as
+    `encode_runs` text; `files`: `described_files` of the base's, if at hand. Called with
+    every batch in nanochat's loop: a dict copy and a crc32 of a short key (the buffer's text
+    and crc come made). Its digest is `digest`'s."""
     state = dict(base)
     state["files"] = files if files is not None else described_files(base["files"], epoch, file)
     state["epoch"], state["pq_idx"], state["rg_idx"], state["doc_idx"] = epoch, file, rg, doc
     state["skip"], state["batch"] = skip, batch
     crc = 0
     if buffer is not None:
-        prefix, values = buffer if isinstance(buffer, Narrowed) else narrow(buffer)
-        raw = values.tobytes()
-        state["buffer"] = f"{prefix}:{raw.hex()}" if raw else ""
-        if raw:
-            crc = zlib.crc32(raw, zlib.crc32(prefix.encode()))
+        text, crc = buffer if isinstance(buffer, Encoded) else encode_buffer(buffer)
+        state["buffer"] = text
     # digest()'s key, formatted at once (an f-string field is str() of its value)
     key = (f"{base['rank']}:{base['world_size']}:{epoch}:{file}:{rg}:{doc}:{skip}:{batch}:"
            f"{base['shapes']}:{base['origin']}")
     crc = zlib.crc32(key.encode(), crc)
     state["digest"] = f"{crc:08x}"
     return state
-
-
-class Narrowed(NamedTuple):
-    """Best fit's runs in the narrowest unsigned width that holds them (`narrow`)."""
-    prefix: str           # "u1", "u2", "u4" or "u8"
-    values: np.ndarray    # the runs' values in turn (5 per run), little-endian of that width
-
-
-def narrow(runs) -> Narrowed:
-    """The runs (non-negative integers: an (n, 5) or flat array, or a list of runs) as a flat
-    copy in the narrowest of 1, 2, 4 and 8 bytes that holds them all. The trainer calls it
-    with every best-fit batch: three numpy calls."""
-    if type(runs) is not np.ndarray or runs.dtype != np.int64:
-        runs = np.asarray(runs, dtype=np.int64)
-    top = int(runs.max()) if runs.size else 0
-    for limit, dtype, prefix in RUN_WIDTHS:
-        if top <= limit:
-            return Narrowed(prefix, runs.astype(dtype).ravel())
-    raise ValueError(f"best-fit buffer run value {top} is past 2**63 - 1")
 
 
 def encode_runs(runs) -> str:

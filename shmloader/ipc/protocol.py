@@ -6,9 +6,10 @@ packing's spec says how many: concat `B*T + 1`; best fit `2*B*T`, the inputs the
 targets, so that both come out contiguous). The coordinator's `SlotMap` gives batch `k` the
 lowest free slot when k's first write order goes out, and takes it back when k is freed; the
 slot travels in the write orders and in the announcement. A buffered packing (best fit) adds
-one *runs area* per slot: the buffer after batch k, as `[epoch, file, rg, row, count]` runs,
-written by the coordinator before it announces k and read by the trainer before it frees k
-(the buffer is too big to send with every batch).
+one *buffer area* per slot: the buffer after batch k, as the state's text of its
+`[epoch, file, rg, row, count]` runs and that text's crc (packing/runs.py), written by the
+coordinator before it announces k and copied by the trainer before it frees k (the buffer is
+too big to send with every batch, and the trainer takes a state with every batch).
 
 Header words (int64, ring.py): magic, layout version, n_slots, window, n_workers; the counters
 `ring.Stat`, written only by the coordinator; the slot handover's counters `ring.Counter`; one
@@ -50,7 +51,7 @@ message is one record below, sent through a pipe and dispatched on its type:
    drops tokens it no longer needs.
 6. Coordinator -> trainer (announcement record): when every token of batch k is written, and
    batches < k were announced, `(k, slot, position, docs)`: the canonical position of the
-   first token after batch k (best fit: the runs go into the slot's runs area first) and the
+   first token after batch k (best fit: the buffer goes into the slot's buffer area first) and the
    documents begun by then. Through the pipe: `Opened(file, size, footer)` when the
    coordinator reads a file's footer (first, or again after it changed: the trainer's states
    describe files by it); a count-only run (packing/count.py) sends

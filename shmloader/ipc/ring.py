@@ -1,5 +1,8 @@
 """The ring's layout: one shared-memory segment (segment.py) holding a header and `n_slots`
-slots of `window` int64 tokens, seen as numpy views (`Ring`).
+slots of `window` int64 tokens, seen as numpy views (`Ring`); a buffered packing adds one
+*buffer area* per slot: the buffer after the slot's batch as the state will hold it (its
+text and crc, `state.encode_buffer`), so that the trainer copies a short text per batch and
+computes nothing.
 
 Used by every process; it imports neither side. The protocol that moves slots between them is
 NOTE [ring protocol] in ipc/protocol.py, and the header's handover logs NOTE [slot handover] in
@@ -11,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5  # 5: a slot's buffer is its state text, not int64 runs
 ALIGN = 4096
 
 
@@ -79,22 +82,26 @@ class RingLayout:
         return (raw + ALIGN - 1) // ALIGN * ALIGN
 
     @property
-    def runs_offset(self) -> int:
+    def buffer_offset(self) -> int:
         return self.slots_offset + self.n_slots * self.window * 8
 
     @property
-    def runs_words(self) -> int:
-        return 1 + 5 * self.max_runs if self.max_runs else 0  # count, then the runs
+    def buffer_bytes(self) -> int:
+        """Bytes of one slot's buffer area: its text's length and crc, then the text (at most
+        `u8:` and 16 hex digits for each of a run's 5 values), in whole words."""
+        if not self.max_runs:
+            return 0
+        return 16 + (3 + 80 * self.max_runs + 7) // 8 * 8
 
     @property
     def nbytes(self) -> int:
-        return self.runs_offset + self.n_slots * self.runs_words * 8
+        return self.buffer_offset + self.n_slots * self.buffer_bytes
 
 
 class Ring:
     """Numpy views of one segment: `header`, `stats` (written by the coordinator only), the
     handover's `counters`, `records` and `free_log` (handover.py), `workers` (row i written by
-    worker i only), `slots`, and each slot's `runs` area (a buffered packing's)."""
+    worker i only), `slots`, and each slot's buffer area (`buffers`, a buffered packing's)."""
 
     def __init__(self, buf, layout: RingLayout, name: str):
         self.name, self.buf = name, buf
@@ -111,8 +118,9 @@ class Ring:
         n_tokens = layout.n_slots * layout.window
         self.slots = np.frombuffer(buf, dtype=np.int64, count=n_tokens,
                                    offset=layout.slots_offset).reshape(layout.n_slots, layout.window)
-        self.runs = np.frombuffer(buf, dtype=np.int64, count=layout.n_slots * layout.runs_words,
-                                  offset=layout.runs_offset).reshape(layout.n_slots, layout.runs_words)
+        self.buffers = np.frombuffer(buf, dtype=np.uint8, count=layout.n_slots * layout.buffer_bytes,
+                                     offset=layout.buffer_offset).reshape(layout.n_slots, layout.buffer_bytes)
+        self._buffer_heads = [row[:16].view(np.int64) for row in self.buffers]  # (length, crc)
 
     def initialise(self):
         """The creator's first write: what `is_valid` checks (the rest is zero: an empty ring)."""
@@ -124,24 +132,26 @@ class Ring:
         lay = self.layout
         return list(self.header[:5]) == [MAGIC, LAYOUT_VERSION, lay.n_slots, lay.window, lay.n_workers]
 
-    def write_runs(self, slot: int, runs: np.ndarray):
-        """The buffer after the batch in `slot`, as runs (written by the coordinator)."""
-        area = self.runs[slot]
-        area[0] = len(runs)
-        area[1:1 + runs.size] = runs.ravel()
+    def write_buffer(self, slot: int, text: str, crc: int):
+        """The buffer after the batch in `slot`, as its state text and crc (`state.Encoded`;
+        written by the coordinator before it announces the batch)."""
+        data = text.encode("ascii")
+        row, head = self.buffers[slot], self._buffer_heads[slot]
+        if 16 + len(data) > len(row):
+            raise ValueError(f"a buffer text of {len(data)} bytes does not fit a slot's {len(row) - 16}")
+        row[16:16 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        head[0], head[1] = len(data), crc
 
-    def runs_of(self, slot: int) -> np.ndarray:
-        """A copy of the runs written for the batch in `slot`, as an (n, 5) int64 array."""
-        return self.runs_values(slot).reshape(-1, 5).copy()
-
-    def runs_values(self, slot: int) -> np.ndarray:
-        """The runs written for the batch in `slot`, their 5n int64 values in a flat view of
-        the ring (valid until the slot is freed; the trainer's)."""
-        area = self.runs[slot]
-        return area[1:1 + 5 * int(area[0])]
+    def buffer_of(self, slot: int) -> tuple[str, int]:
+        """`(text, crc)` written for the batch in `slot`, copied out (the trainer's, before the
+        slot is freed)."""
+        head = self._buffer_heads[slot]
+        n = int(head[0])
+        return self.buffers[slot, 16:16 + n].tobytes().decode("ascii"), int(head[1])
 
     def release_views(self):
         """Drop every numpy view so that the underlying buffer can be closed."""
         self.header = self.stats = self.counters = self.workers = None
-        self.records = self.free_log = self.slots = self.runs = None
+        self.records = self.free_log = self.slots = self.buffers = None
+        self._buffer_heads = []
         self.buf = None

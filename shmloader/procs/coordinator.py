@@ -25,6 +25,7 @@ from ..ipc.ring import Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
+from ..packing.runs import encode_buffer
 
 ERROR_FLUSH_S = 2.0
 WAIT_S = 1.0
@@ -211,8 +212,8 @@ class _Coordinator:
     def _announce(self):
         for k, pos, runs, docs in self.mode.ready():
             slot = self.slots.slot_of(k)  # batch k has been written, so it holds a slot
-            if runs is not None:  # best fit: the buffer travels in the slot, not the pipe
-                self.ring.write_runs(slot, runs)
+            if runs is not None:  # best fit: the buffer travels in the slot, as the state's text
+                self.ring.write_buffer(slot, *encode_buffer(runs))
             self.ring.stats[Stat.EPOCH] = pos[0]
             self.handover.announce(k, slot, pos, docs)
         for stat, value in self.mode.stats():

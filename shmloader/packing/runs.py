@@ -1,0 +1,50 @@
+"""A buffered packing's runs `[epoch, file, rg, row, count]` as a state's `buffer` text: pure.
+
+The text is the width `u1`, `u2`, `u4` or `u8` (the narrowest unsigned little-endian integer
+that holds every value), a colon and the hex of the runs' values in turn; "" for no runs
+(state.py reads it back, docs/contract.md §3). The coordinator encodes the buffer after each
+best-fit batch once (`encode_buffer`) and writes the text and its crc into the batch's slot
+(ipc/ring.py), so that the training process, which takes a state with every batch in
+nanochat's loop, only copies a short text.
+"""
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+
+# the buffer text's widths: (largest value, numpy dtype, name), narrowest first
+RUN_WIDTHS = ((0xFF, "<u1", "u1"), (0xFFFF, "<u2", "u2"), (0xFFFFFFFF, "<u4", "u4"), (2**63 - 1, "<u8", "u8"))
+
+
+class Narrowed(NamedTuple):
+    """Best fit's runs in the narrowest unsigned width that holds them (`narrow`)."""
+    prefix: str           # "u1", "u2", "u4" or "u8"
+    values: np.ndarray    # the runs' values in turn (5 per run), little-endian of that width
+
+
+def narrow(runs) -> Narrowed:
+    """The runs (non-negative integers: an (n, 5) or flat array, or a list of runs) as a flat
+    copy in the narrowest of 1, 2, 4 and 8 bytes that holds them all."""
+    if type(runs) is not np.ndarray or runs.dtype != np.int64:
+        runs = np.asarray(runs, dtype=np.int64)
+    top = int(runs.max()) if runs.size else 0
+    for limit, dtype, prefix in RUN_WIDTHS:
+        if top <= limit:
+            return Narrowed(prefix, runs.astype(dtype).ravel())
+    raise ValueError(f"best-fit buffer run value {top} is past 2**63 - 1")
+
+
+class Encoded(NamedTuple):
+    """Best fit's buffer as a state holds it: its `encode_runs` text and the crc32 its digest
+    starts from (`digest`'s `buffer_bytes`: the width name, then the bytes the hex spells)."""
+    text: str
+    crc: int
+
+
+def encode_buffer(runs) -> Encoded:
+    """`Encoded` of the runs (as `narrow` takes them); the coordinator's, once per batch."""
+    prefix, values = narrow(runs)
+    if not values.size:
+        return Encoded("", 0)
+    raw = values.tobytes()
+    return Encoded(f"{prefix}:{raw.hex()}", zlib.crc32(raw, zlib.crc32(prefix.encode())))
