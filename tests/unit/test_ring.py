@@ -1,5 +1,6 @@
 """ipc/ring.py: the layout's arithmetic, views that tile the header, and a zeroed segment that
 is a valid, empty ring (in memory: no shared memory here; tests/unit/test_segment.py has that)."""
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -70,3 +71,23 @@ def test_a_zeroed_ring_is_valid_and_empty():
     assert not ringmod.Ring(ring.buf, RingLayout(3, 4, 2), "x").is_valid()  # another window
     ring.header[1] += 1  # another layout version
     assert not ring.is_valid()
+
+
+def test_a_slots_buffer_area_holds_the_longest_text_and_no_more():
+    """Best fit's buffer goes through the slot as its state text and crc: every slot's area
+    holds the text of `max_runs` runs of the widest values, each slot its own, and a longer
+    text is refused instead of overwriting the next slot."""
+    from shmloader.packing.runs import encode_buffer
+
+    lay = RingLayout(3, 5, 2, max_runs=4)
+    ring = ringmod.Ring(bytearray(lay.nbytes), lay, "x")
+    widest = encode_buffer([[2**63 - 1] * 5] * 4)
+    ring.write_buffer(0, *widest)
+    ring.write_buffer(1, "u1:0102030405", 7)
+    ring.write_buffer(2, "", 0)
+    assert ring.buffer_of(0) == widest and ring.buffer_of(1) == ("u1:0102030405", 7)
+    assert ring.buffer_of(2) == ("", 0)
+    with pytest.raises(ValueError, match="does not fit"):
+        ring.write_buffer(1, *encode_buffer([[2**63 - 1] * 5] * 5))
+    assert ring.buffer_of(0) == widest and ring.buffer_of(2) == ("", 0)
+    assert lay.nbytes == lay.buffer_offset + 3 * lay.buffer_bytes and RingLayout(3, 5, 2).buffer_bytes == 0

@@ -2,6 +2,7 @@
 new batch shapes, appended files, nanochat-format states, and the digest."""
 
 import json
+import zlib
 import warnings
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader.data.order import Cursor, nanochat_cursor
-from shmloader.state import (VERSION, Loader, base_state, buffer_runs, check, decode_runs, digest, encode_runs,
+from shmloader.state import (VERSION, Loader, base_state, buffer_runs, check, decode_runs, digest, encode_buffer, encode_runs,
                              file_list, make_state, start)
 
 FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
@@ -392,3 +393,20 @@ def test_make_state_digest_is_the_checked_one():
         runs = state.get("buffer")
         prefix, raw = (runs[:2].encode(), bytes.fromhex(runs[3:])) if runs else (b"", b"")
         assert state["digest"] == digest(state, prefix + raw)
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.lists(st.integers(0, 2**63 - 1), min_size=5, max_size=5), max_size=12))
+def test_a_state_from_the_coordinators_encoding_is_the_same_state(runs):
+    """The coordinator hands the trainer best fit's buffer already encoded (`encode_buffer`:
+    text and crc, through the slot); a state made from it is the one made from the runs,
+    digest included."""
+    lo = loader()
+    base = base_state(lo, start(lo))
+    encoded = encode_buffer(runs)
+    assert encoded.text == encode_runs(runs)
+    from_runs = make_state(base, 1, 0, 0, 0, 0, 7, runs)
+    assert make_state(base, 1, 0, 0, 0, 0, 7, encoded) == from_runs
+    spelled = encoded.text[:2].encode() + bytes.fromhex(encoded.text[3:]) if runs else b""
+    assert encoded.crc == (zlib.crc32(spelled) if runs else 0)
+    assert from_runs["digest"] == digest(from_runs, spelled)
