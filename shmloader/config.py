@@ -33,6 +33,7 @@ class LoaderConfig:
     log_every: int = 0
     other_rank: str = "exact"
     engine: str = "auto"
+    idle_release_s: float = 30.0
 
     def __post_init__(self):
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
@@ -52,6 +53,9 @@ class LoaderConfig:
                              f"hold the trainer's pipes open), got {self.start_method!r}")
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise ValueError(f"timeout must be positive seconds, got {self.timeout!r}")
+        if not (isinstance(self.idle_release_s, (int, float)) and not isinstance(self.idle_release_s, bool)
+                and self.idle_release_s >= 0):
+            raise ValueError(f"idle_release_s must be seconds >= 0 (0: never), got {self.idle_release_s!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 

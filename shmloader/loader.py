@@ -37,7 +37,7 @@ from .data.order import Cursor
 from .ipc import ring as ringmod
 from .ipc.protocol import RunArgs
 from .ipc.ring import RingLayout, WorkerCol
-from .procs.children import locate_position, start_children
+from .procs.children import ChildrenReleased, locate_position, start_children
 from .procs.start import forget_forkserver, prestart
 
 _live = weakref.WeakSet()
@@ -137,7 +137,7 @@ class ShmLoader:
         self._shape = (B, T, self.config.spec.targets_at(B, T))  # a batch's (B, T, targets' offset)
         self._buffered, self._log_every = self.config.spec.buffered, self.config.log_every
         # documents delivered: by runs that ended (load_state_dict), and by the current run
-        self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0}
+        self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0, "idle_releases": 0}
         self._begin(statemod.start(self._identity))
         if resume_state is not None:
             self.load_state_dict(resume_state)
@@ -174,7 +174,11 @@ class ShmLoader:
         if self._procs is None:
             self._start()
         procs = self._procs
-        k, slot, pos, docs, waited = procs.next_batch(self._delivery, self.config.timeout)
+        try:
+            k, slot, pos, docs, waited = procs.next_batch(self._delivery, self.config.timeout)
+        except ChildrenReleased as released:
+            self._restart_after_release(released.args[0])
+            return self._next()
         if procs.opened:  # files the coordinator has read (first, or again after a change)
             self._learn(procs.opened)
         # best fit: the buffer after this batch, as the state's text (copied before the slot is freed)
@@ -189,6 +193,17 @@ class ShmLoader:
             self._log()
         self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
         return batch
+
+    def _restart_after_release(self, idle_s: float):
+        """The children exited after `idle_s` s without a batch taken (`idle_release_s`): new
+        ones start from the state after the last batch returned, as a resume would (the
+        batches left in the ring are made again; lent ones stay valid)."""
+        self._stats["idle_releases"] += 1
+        state = self.state_dict()
+        logging.getLogger("shmloader").info(
+            "rank %d: the loader's processes exited after %.1f s without a batch taken (idle_release_s=%g); "
+            "starting them again at batch %d", self.rank, idle_s, self.config.idle_release_s, state["batch"])
+        self._load(state)
 
     def state_dict(self) -> dict:
         """The state that resumes after the last batch yielded (JSON-serialisable; docs/contract.md §3).
@@ -231,7 +246,7 @@ class ShmLoader:
         s = self._stats
         out = {"batches": s["batches"], "wait_s": s["wait_s"], "num_workers": self.config.num_workers,
                "epoch": self._epoch(), "tokens_delivered": s["batches"] * self.config.B * self.config.T,
-               "docs_delivered": s["docs"] + s["run_docs"]}
+               "docs_delivered": s["docs"] + s["run_docs"], "idle_releases": s["idle_releases"]}
         p = self._procs
         if p is not None:
             values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))

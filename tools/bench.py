@@ -502,6 +502,15 @@ def tree_memory(root: int | None = None) -> dict:
             "pss_mib": mib(pss) if None not in pss else None, "trainer_rss_mib": (rss[0] or 0) / 1024}
 
 
+def _has_option(name: str) -> bool:
+    """Whether the shmloader this child imports has loader option `name` (a --compare checkout may not)."""
+    import dataclasses
+
+    from shmloader.config import LoaderConfig
+
+    return name in {f.name for f in dataclasses.fields(LoaderConfig)}
+
+
 def first_batch_child(cfg: dict) -> dict:
     import torch  # noqa: F401  (imported before any timing, as in a training script)
 
@@ -523,6 +532,8 @@ def first_batch_child(cfg: dict) -> dict:
         from shmloader import nanochat
 
         opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"], engine=cfg.get("engine", "auto"))
+        if cfg.get("fb_idle_release_s") is not None and _has_option("idle_release_s"):  # not in older checkouts
+            opts["idle_release_s"] = cfg["fb_idle_release_s"]
         if bestfit:
             make = lambda: nanochat.tokenizing_distributed_data_loader_bos_bestfit(  # noqa: E731
                 enc, B, T, split, buffer_size=1000, tokenizer_batch_size=128, **opts)
@@ -684,7 +695,8 @@ def first_batch_runs(cfg: dict, args) -> dict:
             configs.append(dict(kind="fb_shmloader", packing=packing, workers=w,
                                 label="this checkout" if args.first_batch_compare is not None else None))
     base = dict(cfg, fb_split=args.first_batch_split, fb_loaders=args.first_batch_loaders,
-                fb_take=args.first_batch_take, fb_keep=not args.first_batch_close, fb_gap_ms=args.first_batch_gap_ms)
+                fb_take=args.first_batch_take, fb_keep=not args.first_batch_close, fb_gap_ms=args.first_batch_gap_ms,
+                fb_idle_release_s=args.first_batch_idle_release)
     rounds = []
     for i in range(args.repeat):
         runs = []
@@ -722,7 +734,7 @@ def first_batch_runs(cfg: dict, args) -> dict:
                                                                     base_of[r["packing"]]["per_evaluation_ms"])]
     return {"split": args.first_batch_split, "loaders": args.first_batch_loaders, "take": args.first_batch_take,
             "rounds": args.repeat, "keep": not args.first_batch_close, "gap_ms": args.first_batch_gap_ms,
-            "corpus": cfg.get(CORPUS), "rows": rows}
+            "idle_release_s": args.first_batch_idle_release, "corpus": cfg.get(CORPUS), "rows": rows}
 
 
 def first_batch_report(fb: dict, c: dict) -> list[str]:
@@ -731,6 +743,8 @@ def first_batch_report(fb: dict, c: dict) -> list[str]:
         f"; each loader stays referenced until the next is built over it (as base_train), "
         f"{fb.get('gap_ms', 0):g} ms between evaluations" if keep else
         f"; each loader closed at once, {fb.get('gap_ms', 0):g} ms between evaluations")
+    if fb.get("idle_release_s") is not None:
+        pattern += f"; shmloader's idle_release_s={fb['idle_release_s']:g}"
     out = ["", f"first batch, as nanochat's val loader (rebuilt at every evaluation)"
                f"{f' on the {fb[CORPUS]} corpus' if fb.get(CORPUS) else ''}: split {fb['split']}, "
                f"B={c['B']}, T={c['T']}; {fb['loaders']} loaders one after the other in one fresh process "
@@ -1295,6 +1309,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="split of the first-batch loaders (default val, as nanochat's evaluation)")
     p.add_argument("--first-batch-gap-ms", type=float, default=500.0,
                    help="time between evaluations, after which the resident memory is read (ms; default 500)")
+    p.add_argument("--first-batch-idle-release", type=float, default=None, metavar="S",
+                   help="the loaders' idle_release_s (s; default: the loader's own, 30): with a gap longer than "
+                        "it, memory between evaluations is read after the idle loader has let its processes go")
     p.add_argument("--first-batch-close", action="store_true",
                    help="close each first-batch loader at once (default: keep it referenced until the next "
                         "one is built over it, as nanochat's base_train does)")

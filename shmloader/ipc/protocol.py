@@ -58,6 +58,14 @@ message is one record below, sent through a pipe and dispatched on its type:
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
    the workers through the coordinator, to the trainer.
+7. Idle release (`idle_release_s`): when every slot has held a batch and the trainer has freed
+   none for `idle_release_s` s (and for 10 times the longest gap between its frees so far,
+   counted from its first one, once it has freed 2: a trainer whose steps are slow is never
+   released, nor one that returned fewer batches), the coordinator sends `Released(idle_s)`
+   and exits; the workers exit on its pipe's EOF. The trainer reads it at its next `next()`
+   (messages come before batches; or as the account of the exits it sees), drops the ring's
+   batches, stops what is left and starts new children from the state after the last batch
+   it returned: the stream goes on exactly, and only the ring stays resident meanwhile.
 
 The coordinator's loop never blocks in a send: every message to a worker or to the trainer
 goes through an outbox thread per peer, so the loop keeps reading all of them (a worker
@@ -154,6 +162,13 @@ class Opened(NamedTuple):
     file: int
     size: int | None
     footer: str
+
+
+class Released(NamedTuple):
+    """The coordinator and the workers exit: the trainer took no batch for `idle_s` s with
+    every slot full (`idle_release_s`). The trainer restarts them from its state at its next
+    `next()` (loader.py); the batches left in the ring are made again."""
+    idle_s: float
 
 
 class Progress(NamedTuple):

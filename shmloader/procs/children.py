@@ -21,9 +21,14 @@ from .. import errors
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import Doorbell, TrainerEnd
-from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Warn
+from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Released, Warn
 from ..ipc.ring import WorkerCol
 from .start import spawn
+
+class ChildrenReleased(Exception):
+    """The coordinator and workers exited after an idle release (`Released`): the loader
+    starts new ones from its state (NOTE [ring protocol] 7)."""
+
 
 SHUTDOWN_S = 2.0
 ERROR_GRACE_S = 1.0
@@ -118,6 +123,8 @@ class Children:
         if isinstance(msg, Opened):
             self.opened.append(msg)  # the loader takes them into its states (ShmLoader._learn)
             return None
+        if isinstance(msg, Released):
+            raise ChildrenReleased(msg.idle_s)
         _raise_reported(msg)
 
     def ready_batches(self) -> int:
@@ -155,6 +162,8 @@ class Children:
         # a process that raised reports its error and then exits; one killed by a signal cannot
         killed = gone and all(p.exitcode is not None and p.exitcode < 0 for p in gone)
         msg = self._pending_error(0.05 if killed else ERROR_GRACE_S)
+        if isinstance(msg, Released):  # not a death: an idle release
+            raise ChildrenReleased(msg.idle_s)
         if msg is not None:
             _raise_reported(msg)
         for p in gone:
@@ -172,7 +181,7 @@ class Children:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 return None
-            if isinstance(msg, Error):
+            if isinstance(msg, (Error, Released)):
                 return msg
 
     def _describe(self, p) -> str:

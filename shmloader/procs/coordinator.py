@@ -6,11 +6,13 @@ sequencing mode (its spec's `mode`, or `packing.count.CountMode` for a count-onl
 same for any number of workers and any timing. New pieces go to the least-loaded worker that
 the mode lets take one, so memory stays bounded whatever the trainer's pace.
 Follows NOTE [ring protocol] (ipc/protocol.py); every wait has a timeout, and the alive pipe ends
-the loop when the trainer closes the loader or dies. Never imports torch or a tokenizer.
+the loop when the trainer closes the loader or dies; an idle release (`_check_idle`) ends it
+when the trainer has been away long enough. Never imports torch or a tokenizer.
 """
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -20,7 +22,7 @@ from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
-from ..ipc.protocol import Counted, Error, Listener, Opened, RunArgs, Skipped, Stop, Task, Warn, Written
+from ..ipc.protocol import Counted, Error, Listener, Opened, Released, RunArgs, Skipped, Stop, Task, Warn, Written
 from ..ipc.ring import Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
@@ -29,6 +31,11 @@ from ..packing.runs import encode_buffer
 
 ERROR_FLUSH_S = 2.0
 WAIT_S = 1.0
+IDLE_GAPS = 10  # an idle release waits at least this many times the longest gap between frees
+
+
+class _Release(Exception):
+    """The trainer has been away long enough: the coordinator exits (NOTE [ring protocol] 7)."""
 
 
 class _Outbox:
@@ -101,6 +108,8 @@ class _Coordinator:
         self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
+        self.idle_release_s = 0.0 if args.locate else float(cfg.idle_release_s)
+        self._frees, self._last_free, self._longest_gap = 0, None, 0.0  # the trainer's pace
         self._handlers = {Counted: self._counted, Written: self._written,
                           Skipped: self._row_group_skipped, Error: self.tell, Warn: self.tell}
 
@@ -109,9 +118,11 @@ class _Coordinator:
         while True:
             if self.schema is not None and self.schema.found() is not None:
                 raise self.schema.found()
-            for k in self.handover.freed():  # in any order
+            freed = self.handover.freed()
+            for k in freed:  # in any order
                 self.slots.release(k)
                 self.mode.freed(k)
+            self._check_idle(len(freed))
             self._dispatch()   # plans first, so that _assign sees whether a plan starves
             self._announce()
             for msg in self.mode.messages():
@@ -128,6 +139,22 @@ class _Coordinator:
                     self.handover.kicked_now()
                 else:
                     self._receive(conn)
+
+    def _check_idle(self, freed: int):
+        """Release the processes (`_Release`) when the trainer has freed no slot for
+        `idle_release_s` s, and for `IDLE_GAPS` times the longest gap between its frees so far,
+        while every slot holds a batch: it is not reading this loader (an evaluation's loader
+        between evaluations), and the children's memory is better given back. Not before the
+        trainer has freed 2 batches (the gaps count from its first free): its first step may be
+        long (a compile), and a restarted run knows nothing of the one before."""
+        now = time.monotonic()
+        if freed:
+            if self._last_free is not None:
+                self._longest_gap = max(self._longest_gap, now - self._last_free)
+            self._frees, self._last_free = self._frees + freed, now
+        elif (self.idle_release_s and self._frees >= 2 and self.slots.full
+              and now - self._last_free > max(self.idle_release_s, IDLE_GAPS * self._longest_gap)):
+            raise _Release(now - self._last_free)
 
     def tell(self, msg):
         """A message for the trainer's pipe (counted in the header first, so that the trainer
@@ -232,6 +259,9 @@ def coordinator_main(cfg, args: RunArgs, trainer, workers, alive, bells):
         coordinator.run()
     except Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)
         segmod.unlink_orphan(args.ring_name)
+    except _Release as idle:  # the workers exit on this pipe's EOF; the trainer keeps the ring
+        coordinator.tell(Released(float(idle.args[0])))
+        coordinator.to_trainer.flush(timeout=ERROR_FLUSH_S)
     except BaseException as exc:
         report = Error.of(f"coordinator (pid {os.getpid()})", exc)
         if coordinator is None:

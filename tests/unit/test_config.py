@@ -8,7 +8,7 @@ from shmloader.config import LoaderConfig
     ("B", 0), ("T", -1), ("B", 2.0), ("T", True), ("num_workers", 0), ("n_slots", 1),
     ("tokenizer_batch_size", 0), ("buffer_size", 0), ("max_piece_docs", 0), ("split", "test"),
     ("packing", "pad"), ("start_method", "fork"), ("timeout", 0), ("on_bad_row_group", "ignore"),
-    ("log_every", -1),
+    ("log_every", -1), ("idle_release_s", -1), ("idle_release_s", "30"), ("idle_release_s", True),
 ])
 def test_bad_argument_is_named(field, value):
     args = dict(B=2, T=8)
