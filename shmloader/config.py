@@ -34,6 +34,8 @@ class LoaderConfig:
     other_rank: str = "exact"
     engine: str = "auto"
     idle_release_s: float = 30.0
+    max_restarts: int = 3
+    stall_s: float = 60.0
 
     def __post_init__(self):
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
@@ -56,6 +58,11 @@ class LoaderConfig:
         if not (isinstance(self.idle_release_s, (int, float)) and not isinstance(self.idle_release_s, bool)
                 and self.idle_release_s >= 0):
             raise ValueError(f"idle_release_s must be seconds >= 0 (0: never), got {self.idle_release_s!r}")
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be a count >= 0 (0: the first death is an error), "
+                             f"got {self.max_restarts!r}")
+        if not (isinstance(self.stall_s, (int, float)) and not isinstance(self.stall_s, bool) and self.stall_s >= 0):
+            raise ValueError(f"stall_s must be seconds >= 0 (0: a stall waits for timeout), got {self.stall_s!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 

@@ -12,8 +12,10 @@ A ready batch is taken from the ring's header and its slot given back there, wit
 system call (NOTE [slot handover], ipc/handover.py); it never sees token lists. Waiting for a
 batch is a poll on the coordinator's doorbell and pipe that costs no CPU, times out, and
 checks every child process's sentinel (while batches flow, liveness is checked twice a
-second). `config` is the frozen `LoaderConfig`; `debug()` exposes the running parts to tests
-and tools.
+second). A child that dies, or stalls while `next()` waits, is healed (`_heal`): every child
+starts again from the state after the last batch returned, within the `max_restarts` budget;
+an idle release (`idle_release_s`) restarts the same way. `config` is the frozen
+`LoaderConfig`; `debug()` exposes the running parts to tests and tools.
 See NOTE [ring protocol] in docs/design.md.
 """
 import atexit
@@ -37,8 +39,10 @@ from .data.order import Cursor
 from .ipc import ring as ringmod
 from .ipc.protocol import RunArgs
 from .ipc.ring import RingLayout, WorkerCol
-from .procs.children import ChildrenReleased, locate_position, start_children
+from .procs.children import ChildLost, ChildrenReleased, locate_position, start_children
 from .procs.start import forget_forkserver, prestart
+
+HEAL_WINDOW_S = 3600.0  # max_restarts counts the heals within this window
 
 _live = weakref.WeakSet()
 _registered = False
@@ -137,7 +141,10 @@ class ShmLoader:
         self._shape = (B, T, self.config.spec.targets_at(B, T))  # a batch's (B, T, targets' offset)
         self._buffered, self._log_every = self.config.spec.buffered, self.config.log_every
         # documents delivered: by runs that ended (load_state_dict), and by the current run
-        self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0, "idle_releases": 0}
+        self._stats = {"batches": 0, "wait_s": 0.0, "docs": 0, "run_docs": 0, "idle_releases": 0, "heals": 0}
+        self._heals = []          # monotonic times of the heals (the budget counts those within HEAL_WINDOW_S)
+        self._lost_on = {}        # (path, row group) -> the last piece of it a worker held at a death or stall
+        self._poisoned = set()    # of those, the ones in flight at two deaths, skipped (on_bad_row_group="skip")
         self._begin(statemod.start(self._identity))
         if resume_state is not None:
             self.load_state_dict(resume_state)
@@ -176,8 +183,16 @@ class ShmLoader:
         procs = self._procs
         try:
             k, slot, pos, docs, waited = procs.next_batch(self._delivery, self.config.timeout)
-        except ChildrenReleased as released:
-            self._restart_after_release(released.args[0])
+        except (ChildrenReleased, ChildLost) as exc:
+            gone = exc.with_traceback(None)  # its frames (and its context's) hold the old ring's views:
+            gone.__context__ = gone.__cause__ = None  # kept, they would keep the ring mapped
+        else:
+            gone = None
+        if gone is not None:  # the children are gone: start new ones from the state (as a resume)
+            if isinstance(gone, ChildLost):
+                self._heal(gone)
+            else:
+                self._restart_after_release(gone.args[0])
             return self._next()
         if procs.opened:  # files the coordinator has read (first, or again after a change)
             self._learn(procs.opened)
@@ -193,6 +208,50 @@ class ShmLoader:
             self._log()
         self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
         return batch
+
+    def _heal(self, lost: ChildLost):
+        """A child died or stalled (`lost`): unless the budget (`max_restarts` within
+        `HEAL_WINDOW_S`) is spent or the row group it held was in flight at an earlier death
+        too (then an error, or skipped with on_bad_row_group="skip"), every child starts again
+        from the state after the last batch returned, as a resume: the stream goes on exactly."""
+        c, now = self.config, time.monotonic()
+        self._heals = [t for t in self._heals if now - t < HEAL_WINDOW_S]
+        if len(self._heals) >= c.max_restarts:
+            if not c.max_restarts:
+                raise lost
+            raise errors.WorkerError(f"{lost} (the loader healed {len(self._heals)} deaths or stalls in the last "
+                                     f"{HEAL_WINDOW_S / 60:.0f} minutes: max_restarts={c.max_restarts} is spent)") from None
+        what, held = "", lost.held
+        if held is not None:
+            path, rg = held.path, held.rg
+            what = f"; it was tokenizing {path}, row group {rg}, documents {held.doc}-{held.end - 1}"
+            if self._not_passed(self._lost_on.get((path, rg))):
+                if c.on_bad_row_group != "skip":
+                    raise errors.WorkerError(
+                        f"{lost}: {path}, row group {rg} was being tokenized at two deaths or stalls of a worker "
+                        f"(a document in it kills or hangs the worker or its tokenizer): fix or remove it, or "
+                        f"pass on_bad_row_group='skip' to skip it") from None
+                self._poisoned.add((path, rg))
+                errors.warn(f"shmloader: skipping {path}, row group {rg}: it was being tokenized at two deaths or "
+                            f"stalls of a worker (on_bad_row_group='skip')")
+            self._lost_on[(path, rg)] = held
+        self._heals.append(now)
+        self._stats["heals"] += 1
+        state = self.state_dict()
+        logging.getLogger("shmloader").warning(
+            "rank %d: %s%s; heal %d of max_restarts=%d in %.0f minutes: every loader process starts again at "
+            "batch %d", self.rank, str(lost), what, len(self._heals), c.max_restarts, HEAL_WINDOW_S / 60, state["batch"])
+        self._load(state)
+
+    def _not_passed(self, held) -> bool:
+        """Whether the stream has not yet gone past the piece `held` (a `Held` from an earlier
+        death, or None): the next batch starts before its end (best fit: the buffer has not
+        taken all of it), so the piece has never been read whole since. A second death in the
+        same row group is then not chance but a document that kills: a poison pill."""
+        if held is None:
+            return False
+        epoch, file, rg, doc = self._position[0][:4]
+        return (epoch, file, rg, doc) < (held.epoch, held.file, held.rg, held.end)
 
     def _restart_after_release(self, idle_s: float):
         """The children exited after `idle_s` s without a batch taken (`idle_release_s`): new
@@ -246,7 +305,7 @@ class ShmLoader:
         s = self._stats
         out = {"batches": s["batches"], "wait_s": s["wait_s"], "num_workers": self.config.num_workers,
                "epoch": self._epoch(), "tokens_delivered": s["batches"] * self.config.B * self.config.T,
-               "docs_delivered": s["docs"] + s["run_docs"], "idle_releases": s["idle_releases"]}
+               "docs_delivered": s["docs"] + s["run_docs"], "idle_releases": s["idle_releases"], "heals": s["heals"]}
         p = self._procs
         if p is not None:
             values = dict(zip(ringmod.STATS_FIELDS, (int(v) for v in p.ring.stats)))
@@ -393,10 +452,13 @@ class ShmLoader:
         self._base_state = statemod.base_state(self._identity, resume)
         c = resume.cursor
         runs = statemod.encode_buffer(resume.runs) if self._identity.buffered else None
-        self._state = self._make_state((c.epoch, c.file, c.rg, c.doc, resume.skip), resume.batch, runs)
+        pos = (c.epoch, c.file, c.rg, c.doc, resume.skip)
+        self._state = self._make_state(pos, resume.batch, runs)
+        self._position = (pos, runs, -1)  # where the run starts (its state is built already)
 
     def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None):
-        return RunArgs(files=files, rank=self.rank, world=self.world_size, layout=layout,
+        poisoned = tuple((files.index(p), rg) for p, rg in sorted(self._poisoned) if p in files)
+        return RunArgs(files=files, rank=self.rank, world=self.world_size, layout=layout, poisoned=poisoned,
                        start=resume.cursor, skip=resume.skip,
                        buffer_runs=tuple(tuple(r) for r in resume.runs),
                        filesystem=source.FilesystemRef(self.filesystem) if self.filesystem else None,

@@ -53,6 +53,16 @@ class IntTokenizer:
         return " ".join(str(i) for i in ids)
 
 
+class KillerTokenizer(IntTokenizer):
+    """`IntTokenizer` whose process dies (SIGKILL, as the OOM killer or a crashing tokenizer
+    library would kill it) when it is given a text holding the word "kill"."""
+
+    def encode(self, text, prepend=None, num_threads=None):
+        if isinstance(text, str) and "kill" in text.split():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().encode(text, prepend, num_threads)
+
+
 def position_documents(lengths, start: int = 1) -> list[str]:
     """Documents whose tokens, after each document's BOS, are consecutive stream positions.
 

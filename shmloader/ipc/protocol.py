@@ -103,6 +103,7 @@ class RunArgs:
     locate: tuple | None = None    # (shapes, batch): a count-only run that finds a position
     later: tuple | None = None     # the files' order after the start's epoch (data.order.iter_pieces)
     worker: int = -1               # this worker's index (workers)
+    poisoned: tuple = ()           # (file, rg) row groups in flight at two deaths, skipped (loader.py)
 
 
 # coordinator -> worker

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 5  # 5: a slot's buffer is its state text, not int64 runs
+LAYOUT_VERSION = 6  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT
 ALIGN = 4096
 
 
@@ -57,6 +57,10 @@ class WorkerCol(enum.IntEnum):
     TOKENS = 5        # tokens produced so far
     BUSY_US = 6       # microseconds spent reading and tokenizing
     TOKENIZED = 7     # of TOKENS, those tokenized here (not served by the token cache)
+    BEAT = 8          # bumped while it works (every piece, and between runs of documents): a
+    #                   worker holding a piece whose beat stands still is stalled (children.py)
+    EPOCH = 9         # the piece's epoch and
+    END = 10          # its end (a document), with FILE, RG and DOC: what a death or stall held
 
 
 WORKER_FIELDS = tuple(c.name.lower() for c in WorkerCol)

@@ -15,6 +15,7 @@ import multiprocessing.process
 import signal
 import time
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 from multiprocessing.connection import wait
 
 from .. import errors
@@ -24,6 +25,26 @@ from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Released, Warn
 from ..ipc.ring import WorkerCol
 from .start import spawn
+
+class Held(NamedTuple):
+    """The piece a worker held when it died or stalled: documents `[doc, end)` of row group
+    `rg` of file `file` (`path`) in `epoch`, the file numbered as the run numbers it."""
+    path: str
+    rg: int
+    doc: int
+    end: int
+    epoch: int
+    file: int
+
+
+class ChildLost(errors.WorkerError):
+    """A child died, or made no progress for `stall_s` s while the trainer waited and was
+    killed here (`stalled_s`); `held`: `Held` of the piece the worker was tokenizing, or None. The loader may heal it (loader.py), else it is raised."""
+
+    def __init__(self, text: str, pid: int, held=None, stalled_s: float | None = None):
+        super().__init__(text)
+        self.pid, self.held, self.stalled_s = pid, held, stalled_s
+
 
 class ChildrenReleased(Exception):
     """The coordinator and workers exited after an idle release (`Released`): the loader
@@ -47,6 +68,7 @@ class Children:
     started_at: float = field(default_factory=time.monotonic)
     files: list = field(default_factory=list)
     next_check: float = 0.0
+    stall_s: float = 0.0        # a child making no progress this long while next() waits is killed (0: never)
     ready: Doorbell = None      # the slot handover's doorbells (ipc/handover.py)
     kick: Doorbell = None
     handover: TrainerEnd = None
@@ -80,13 +102,18 @@ class Children:
         started = time.monotonic()
         deadline = started + timeout
         delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
+        watch = _Progress(self.ring, started)
         while True:
             delivery.reclaim()  # batches let go of in another thread meanwhile
             self.handover.before_blocking()
             got = self._take()
             if got is not None:
                 return (*got, time.monotonic() - started)
-            self._wait(min(1.0, max(deadline - time.monotonic(), 0)))
+            self._wait(min(1.0, max(deadline - time.monotonic(), 0), self.stall_s or 1.0))
+            if self.stall_s:
+                stalled = watch.stalled(time.monotonic(), self.stall_s)
+                if stalled is not None:
+                    self._kill_stalled(*stalled)
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(
                     f"no batch within {timeout:.0f} s although every loader process is alive; "
@@ -170,7 +197,32 @@ class Children:
             p.join(timeout=ERROR_GRACE_S)
         if gone:
             worst = min(gone, key=lambda p: (p.exitcode == 0, p is self.coordinator, p.exitcode is None))
-            raise errors.WorkerError(f"{self._describe(worst)} died: {_exit_text(worst.exitcode)}")
+            raise ChildLost(f"{self._describe(worst)} died: {_exit_text(worst.exitcode)}", worst.pid,
+                            self._held(worst))
+
+    def _kill_stalled(self, workers: list, stalled_s: float):
+        """Kill the stalled children (`workers`: their indices, or [] for the coordinator) and
+        raise `ChildLost` naming the first, what it held and how long it stood still."""
+        procs = [self.workers[i] for i in workers] if workers else [self.coordinator]
+        text = (f"{self._describe(procs[0])} made no progress for {stalled_s:.1f} s while the trainer waited "
+                f"for a batch (stall_s={self.stall_s:g}); killed")
+        held = self._held(procs[0])
+        for p in procs:
+            try:
+                p.kill()
+            except (OSError, ValueError):
+                pass
+        raise ChildLost(text, procs[0].pid, held, stalled_s)
+
+    def _held(self, p) -> "Held | None":
+        """The piece worker `p` is on, or None."""
+        if p is self.coordinator or p not in self.workers:
+            return None
+        row = self.ring.workers[self.workers.index(p)]
+        piece, f, rg, doc = (int(v) for v in row[WorkerCol.PIECE:WorkerCol.DOC + 1])
+        if piece < 0:
+            return None
+        return Held(self.files[f], rg, doc, int(row[WorkerCol.END]), int(row[WorkerCol.EPOCH]), f)
 
     def _pending_error(self, grace: float):
         deadline = time.monotonic() + grace
@@ -250,6 +302,43 @@ class Children:
             pass  # the caller still holds lent batches: unmapped when the last one is freed
 
 
+class _Progress:
+    """Who has stood still since when, while the trainer waits for a batch: each worker's beat
+    (ring.WorkerCol.BEAT) while it holds a piece, and the coordinator's announcements and
+    counted pieces while no worker holds one (then it owes the work)."""
+
+    def __init__(self, ring: ringmod.Ring, now: float):
+        self.ring = ring
+        self.beats = [(int(b), now) for b in ring.workers[:, WorkerCol.BEAT]]
+        self.coordinator = (self._coordinator_mark(), now)
+
+    def _coordinator_mark(self) -> tuple:
+        return (int(self.ring.counters[ringmod.Counter.ANNOUNCED]), int(self.ring.stats[ringmod.Stat.PIECES]),
+                int(self.ring.counters[ringmod.Counter.MESSAGES]))
+
+    def stalled(self, now: float, limit: float):
+        """`(worker indices, seconds)` of the workers stalled `limit` s or more, `([], seconds)`
+        for the coordinator, or None."""
+        rows, stuck, longest = self.ring.workers, [], 0.0
+        busy = False
+        for i, (beat, since) in enumerate(self.beats):
+            now_beat, holds = int(rows[i, WorkerCol.BEAT]), rows[i, WorkerCol.PIECE] >= 0
+            if now_beat != beat or not holds:
+                self.beats[i] = (now_beat, now)
+            elif now - since >= limit:
+                stuck.append(i)
+                longest = max(longest, now - since)
+            busy = busy or holds
+        if stuck:
+            return stuck, longest
+        mark, since = self.coordinator
+        if busy or self._coordinator_mark() != mark:
+            self.coordinator = (self._coordinator_mark(), now)
+        elif now - since >= limit:
+            return [], now - since
+        return None
+
+
 def _stopped_text(pid: int) -> str:
     """" (stopped)" when the process is stopped (its state in /proc is T or t), else ""."""
     try:
@@ -281,6 +370,7 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     segment, ring = segmod.create(layout)
     kids = Children(segment, ring)
     kids.files = cargs.files
+    kids.stall_s = float(config.stall_s) if config.max_restarts else 0.0  # 0 heals: a stall is a timeout
     try:
         spawn(kids, config, replace(cargs, ring_name=segment.name))
     except BaseException:

@@ -112,6 +112,8 @@ def _loop(ctx: _Ctx):
         if ctx.tasks:
             piece, keep, _ = ctx.tasks[0]
             row[WorkerCol.PIECE:WorkerCol.DOC + 1] = (piece.index, piece.file, piece.rg, piece.doc_start)
+            row[WorkerCol.EPOCH], row[WorkerCol.END] = piece.epoch, piece.doc_end
+            row[WorkerCol.BEAT] += 1
             began = time.perf_counter()
             tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
             busy = time.perf_counter() - began
@@ -186,15 +188,22 @@ def _tokenized(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
 def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     """(tokens, lengths, bad) of a piece (`encode_texts`), answering write orders between chunks."""
     spec = ctx.args.tokenizer
+    if (piece.file, piece.rg) in ctx.args.poisoned:  # it killed a worker twice: skipped as a bad one
+        ctx.conn.send(Skipped(piece, f"{ctx.args.files[piece.file]}: row group {piece.rg} was being "
+                                     f"tokenized at two deaths of a worker (on_bad_row_group='skip')"))
+        return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
                          ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
                          "row group")
     if texts is None:
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     due = time.perf_counter() + SERVICE_EVERY_S
+    row = ctx.ring.workers[ctx.args.worker]
 
-    def between():
+    def between(beat: bool = True):
         nonlocal due
+        if beat:  # a run of documents is done (not while one long document is on its thread)
+            row[WorkerCol.BEAT] += 1
         if time.perf_counter() >= due:  # write orders wait at most about this long (or one chunk)
             _service(ctx)
             due = time.perf_counter() + SERVICE_EVERY_S
@@ -212,7 +221,8 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
     in runs of about `CHUNK_CHARS` characters, one `encode_batch(texts, where) -> (ids,
     offsets)` call each (`engine.Engines.encode_batch`), `where(i)` naming text i; `between()`
     after each run. A document of `LONG_CHARS` or more (a run of its own) is encoded on a
-    thread, with `between()` every `SERVICE_EVERY_S` meanwhile: the engines release the GIL,
+    thread, with `between(False)` every `SERVICE_EVERY_S` meanwhile (False: no progress
+    shown, so an engine stuck on one document is a stall): the engines release the GIL,
     so write orders for the tokens this worker already holds are carried out while it
     tokenizes (one long document used to hold a loader's first batch until it was done)."""
     lengths = np.zeros(len(texts), dtype=np.int64)
@@ -252,7 +262,7 @@ def _beside(work, between):
     while thread.is_alive():
         thread.join(SERVICE_EVERY_S)
         if thread.is_alive():
-            between()
+            between(False)
     if "error" in out:
         raise out["error"]
     return out["value"]

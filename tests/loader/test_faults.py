@@ -1,4 +1,5 @@
-"""Faults at random moments (docs/contract.md §4): a worker raising, a worker or the
+"""Faults at random moments (docs/contract.md §4), with `max_restarts=0` where a heal would
+replace the process (tests/loader/test_heal.py): a worker raising, a worker or the
 coordinator killed by SIGKILL or SIGSEGV or frozen by SIGSTOP, the trainer killed (alone or
 with its process group), /dev/shm too small, hundreds of create/close cycles, repeated
 SIGKILL restarts (4 seeds by default, 20 with -m slow).
@@ -141,7 +142,7 @@ def test_child_killed_at_random_moment(synth, who, sig, seed, handover):
     delay = rng.uniform(0, 0.05)
     info = (f"(seed {seed}: {who} {victim if who == 'worker' else ''} after batch {at_batch} + {delay:.3f} s, "
             f"{handover} handover)")
-    with synth.loader(2, 32, "val", num_workers=n_workers, timeout=30) as loader:
+    with synth.loader(2, 32, "val", num_workers=n_workers, timeout=30, max_restarts=0) as loader:
         for _ in range(at_batch):
             next(loader)
         proc = loader.debug().workers[victim] if who == "worker" else loader.debug().coordinator
@@ -166,7 +167,7 @@ def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover):
     """A child that is alive but makes no progress (SIGSTOP): next() raises LoaderTimeout
     after `timeout=` seconds, naming every process and the stopped one as stopped; close()
     still stops everything."""
-    with synth.loader(2, 32, "val", num_workers=2, timeout=2.0) as loader:
+    with synth.loader(2, 32, "val", num_workers=2, timeout=2.0, max_restarts=0) as loader:
         for _ in range(3):
             next(loader)
         proc = loader.debug().workers[0] if who == "worker" else loader.debug().coordinator

@@ -94,3 +94,71 @@ def test_soak(posdata, capsys):
               f"fds/threads {base['counts']}; children RSS drift (MB, coordinator then workers): {kid_drift}")
     with capsys.disabled():
         print("\n" + report)
+
+
+def test_heal_soak(posdata, capsys):
+    """Self-healing under fire: for SHMLOADER_HEAL_SOAK_S seconds (default 600) a random child is
+    killed every 1-4 s (SIGKILL; one in five is SIGSTOPped instead, a stall the loader kills
+    after `stall_s`), while the trainer reads as fast as it can. Every batch is checked by
+    arithmetic (no token lost or repeated); after each heal the trainer's RSS, its open file
+    descriptors and threads, /dev/shm and the set of children are what they were after the
+    first one. Prints the heals, the longest next() around a heal and the tokens checked.
+
+    `SHMLOADER_HEAL_SOAK_S=600 python -m pytest -m slow tests/loader/test_soak.py -k heal -s`"""
+    import random
+    import signal
+
+    duration = float(os.environ.get("SHMLOADER_HEAL_SOAK_S", "600"))
+    rng = random.Random(21)
+    train = [r for r in posdata.layout if r[0] < len(posdata.paths) - 1]
+    P = train[-1][3] + train[-1][4] + 1
+    is_bos = np.zeros(P, dtype=bool)
+    is_bos[[r[3] for r in train]] = True
+    offsets = np.arange(W)
+    batches, started, faults, stops = 0, time.monotonic(), 0, 0
+    next_fault = started + rng.uniform(1, 4)
+    heals_seen, base, stalls, longest = 0, None, [], 0.0
+    with posdata.loader(B, T, "train", num_workers=WORKERS, timeout=30, max_restarts=1_000_000,
+                        stall_s=1.0) as loader:
+        while time.monotonic() - started < duration:
+            call = time.monotonic()
+            x, y = next(loader)
+            took = time.monotonic() - call
+            window = np.concatenate([x.reshape(-1)[:1].numpy(), y.reshape(-1).numpy()])
+            expect = (batches * W + offsets) % P
+            tokens = window != 0
+            if not (np.array_equal(window[tokens], expect[tokens]) and is_bos[expect[~tokens]].all()):
+                pytest.fail(f"batch {batches} is not the stream after {faults} faults: {window[:12]} ... "
+                            f"expected {expect[:12]} ...")
+            batches += 1
+            longest = max(longest, took)
+            heals = loader.stats()["heals"]
+            if heals > heals_seen:  # a heal happened inside this next()
+                heals_seen = heals
+                stalls.append(took)
+                procs = loader.debug()
+                kids = [procs.coordinator, *procs.workers]
+                assert sorted(loader_children()) == sorted(p.pid for p in kids), "stray child processes"
+                assert shm_segments() == [procs.segment], f"segments of this process: {shm_segments()}"
+                if base is None:
+                    base = {"rss": rss_mb(), "counts": counts()}
+                else:
+                    assert counts() == base["counts"], f"fds/threads {counts()} != {base['counts']} after {heals} heals"
+                    assert abs(rss_mb() - base["rss"]) <= RSS_SLACK_MB, f"RSS {rss_mb():.1f} MB, {base['rss']:.1f} first"
+            if time.monotonic() >= next_fault and faults == heals_seen and batches > 50:
+                d = loader.debug()
+                victim = rng.choice([d.coordinator, *d.workers])
+                stop = rng.random() < 0.2
+                os.kill(victim.pid, signal.SIGSTOP if stop else signal.SIGKILL)
+                faults, stops = faults + 1, stops + stop
+                next_fault = time.monotonic() + rng.uniform(1, 4)
+        stats = loader.stats()
+    took = time.monotonic() - started
+    assert base is not None and heals_seen >= 2, "the soak was too short to heal twice"
+    stalls.sort()
+    report = (f"heal soak: {took:.0f} s, {faults} faults ({stops} SIGSTOP, the rest SIGKILL), {stats['heals']} heals; "
+              f"{batches} batches checked ({batches * W / 1e6:.1f}M tokens), none lost or repeated; next() around a "
+              f"heal: median {stalls[len(stalls) // 2] * 1e3:.0f} ms, longest {stalls[-1] * 1e3:.0f} ms (SIGSTOP: "
+              f"after stall_s=1 s); trainer RSS {base['rss']:.1f} -> {rss_mb():.1f} MB; fds/threads {base['counts']}")
+    with capsys.disabled():
+        print("\n" + report)

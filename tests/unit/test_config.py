@@ -9,6 +9,7 @@ from shmloader.config import LoaderConfig
     ("tokenizer_batch_size", 0), ("buffer_size", 0), ("max_piece_docs", 0), ("split", "test"),
     ("packing", "pad"), ("start_method", "fork"), ("timeout", 0), ("on_bad_row_group", "ignore"),
     ("log_every", -1), ("idle_release_s", -1), ("idle_release_s", "30"), ("idle_release_s", True),
+    ("max_restarts", -1), ("max_restarts", 1.5), ("max_restarts", True), ("stall_s", -0.5), ("stall_s", "60"),
 ])
 def test_bad_argument_is_named(field, value):
     args = dict(B=2, T=8)

@@ -254,11 +254,11 @@ def test_a_long_document_is_encoded_while_write_orders_are_served():
         return ids, offsets
 
     texts = ["short"] * 3 + ["x" * worker.LONG_CHARS] + ["tail"]
-    tokens, lengths = worker.encode_texts(texts, slow_engine, 7, np.uint32, str, between=served.release)
+    tokens, lengths = worker.encode_texts(texts, slow_engine, 7, np.uint32, str, between=lambda beat=True: served.release())
     assert lengths.tolist() == [6, 6, 6, worker.LONG_CHARS + 1, 5]
     assert len(tokens) == int(lengths.sum()) and tokens[18] == 7  # the long one's BOS
     with pytest.raises(ZeroDivisionError):  # an engine's error reaches the worker's thread
-        worker.encode_texts(["y" * worker.LONG_CHARS], lambda t, w: 1 / 0, 7, np.uint32, str, between=lambda: None)
+        worker.encode_texts(["y" * worker.LONG_CHARS], lambda t, w: 1 / 0, 7, np.uint32, str, between=lambda beat=True: None)
 
 
 def test_the_check_does_not_encode_a_huge_document_twice():
