@@ -13,6 +13,10 @@ BAD_ROW_GROUP = ("raise", "skip")
 OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's place, or nanochat's
 ENGINES = ("auto", "tiktoken", "fastokens")  # data/engine.py: who tokenizes; the stream is the same
 
+IDLE_RELEASE_VAL_S = 30.0  # idle_release_s's default for the val split
+PIECE_BYTES = 8 << 20         # max_piece_bytes's default for concat
+PIECE_BYTES_BUFFERED = 1 << 20  # and for best fit
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -25,7 +29,7 @@ class LoaderConfig:
     tokenizer_batch_size: int = 128
     buffer_size: int = 1000
     max_piece_docs: int = 1024
-    max_piece_bytes: int = 8 << 20  # a nanochat row group (~4.8 MB) stays one piece: docs/benchmarks.md
+    max_piece_bytes: int | None = None  # None: 8 MiB for concat, 1 MiB for best fit (piece_bytes)
     start_method: str = "forkserver"
     timeout: float = 300.0
     on_bad_row_group: str = "raise"
@@ -33,7 +37,7 @@ class LoaderConfig:
     log_every: int = 0
     other_rank: str = "exact"
     engine: str = "auto"
-    idle_release_s: float = 30.0
+    idle_release_s: float | None = None  # None: 30 s for split 'val', never for 'train' (idle_seconds)
     max_restarts: int = 3
     stall_s: float = 60.0
 
@@ -41,6 +45,8 @@ class LoaderConfig:
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
                      "max_piece_docs", "max_piece_bytes"):
             value = getattr(self, name)
+            if value is None and name == "max_piece_bytes":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.n_slots < 2:
@@ -55,9 +61,11 @@ class LoaderConfig:
                              f"hold the trainer's pipes open), got {self.start_method!r}")
         if not (isinstance(self.timeout, (int, float)) and self.timeout > 0):
             raise ValueError(f"timeout must be positive seconds, got {self.timeout!r}")
-        if not (isinstance(self.idle_release_s, (int, float)) and not isinstance(self.idle_release_s, bool)
-                and self.idle_release_s >= 0):
-            raise ValueError(f"idle_release_s must be seconds >= 0 (0: never), got {self.idle_release_s!r}")
+        if self.idle_release_s is not None and not (isinstance(self.idle_release_s, (int, float))
+                                                    and not isinstance(self.idle_release_s, bool)
+                                                    and self.idle_release_s >= 0):
+            raise ValueError(f"idle_release_s must be seconds >= 0 (0: never) or None (30 s for val, never for "
+                             f"train), got {self.idle_release_s!r}")
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ValueError(f"max_restarts must be a count >= 0 (0: the first death is an error), "
                              f"got {self.max_restarts!r}")
@@ -65,6 +73,15 @@ class LoaderConfig:
             raise ValueError(f"stall_s must be seconds >= 0 (0: a stall waits for timeout), got {self.stall_s!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
+
+    @property
+    def idle_seconds(self) -> float:
+        """`idle_release_s`, or its default: 30 s for the val split (an evaluation's loader, idle
+        between evaluations), never for train (read all the time, and needed again right after a
+        pause: a release would cost a first batch, for best fit a buffer re-read)."""
+        if self.idle_release_s is not None:
+            return float(self.idle_release_s)
+        return IDLE_RELEASE_VAL_S if self.split == "val" else 0.0
 
     @property
     def spec(self):
@@ -94,8 +111,16 @@ class LoaderConfig:
 
     @property
     def piece_bytes(self) -> int | None:
-        """Text bytes a piece holds at most (data/order.py); None with a cache (whole row groups)."""
-        return self.max_piece_bytes if self.cache_dir is None else None
+        """Text bytes a piece holds at most (data/order.py); None with a cache (whole row groups).
+        By default 8 MiB for concat (a nanochat row group, ~4.8 MB, stays whole: each worker
+        given a piece of a row group decompresses all of it) and 1 MiB for best fit (its workers
+        stop at a cap on documents read ahead of its buffer, and a whole 1,024-document row
+        group left one of two workers idle a third of the time): docs/benchmarks.md."""
+        if self.cache_dir is not None:
+            return None
+        if self.max_piece_bytes is not None:
+            return self.max_piece_bytes
+        return PIECE_BYTES_BUFFERED if self.spec.buffered else PIECE_BYTES
 
     @property
     def piece_unit(self) -> int:

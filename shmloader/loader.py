@@ -105,8 +105,9 @@ class ShmLoader:
                  world_size=None, resume_state=None, filesystem=None, bos: int | None = None,
                  **options):
         """`options` are the fields of `LoaderConfig` (n_slots, tokenizer_batch_size,
-        buffer_size, max_piece_docs, start_method, timeout, on_bad_row_group, cache_dir,
-        log_every, other_rank, engine); see the README for each one's meaning and default."""
+        buffer_size, max_piece_docs, max_piece_bytes, start_method, timeout, on_bad_row_group,
+        cache_dir, log_every, other_rank, engine, idle_release_s, max_restarts, stall_s); see
+        the README for each one's meaning and default."""
         self.device = _device(device)  # first: without CUDA, say so before reading anything
         if options.get("cache_dir") is not None:
             options["cache_dir"] = os.fspath(options["cache_dir"])
@@ -227,21 +228,22 @@ class ShmLoader:
             what = f"; it was tokenizing {path}, row group {rg}, documents {held.doc}-{held.end - 1}"
             if self._not_passed(self._lost_on.get((path, rg))):
                 if c.on_bad_row_group != "skip":
+                    slow = (f"; if its documents are only slow to read or to tokenize, raise stall_s "
+                            f"(now {c.stall_s:g} s)" if lost.stalled_s is not None else "")
                     raise errors.WorkerError(
                         f"{lost}: {path}, row group {rg} was being tokenized at two deaths or stalls of a worker "
                         f"(a document in it kills or hangs the worker or its tokenizer): fix or remove it, or "
-                        f"pass on_bad_row_group='skip' to skip it") from None
+                        f"pass on_bad_row_group='skip' to skip it{slow}") from None
                 self._poisoned.add((path, rg))
                 errors.warn(f"shmloader: skipping {path}, row group {rg}: it was being tokenized at two deaths or "
                             f"stalls of a worker (on_bad_row_group='skip')")
             self._lost_on[(path, rg)] = held
         self._heals.append(now)
         self._stats["heals"] += 1
-        state = self.state_dict()
         logging.getLogger("shmloader").warning(
             "rank %d: %s%s; heal %d of max_restarts=%d in %.0f minutes: every loader process starts again at "
-            "batch %d", self.rank, str(lost), what, len(self._heals), c.max_restarts, HEAL_WINDOW_S / 60, state["batch"])
-        self._load(state)
+            "batch %d", self.rank, str(lost), what, len(self._heals), c.max_restarts, HEAL_WINDOW_S / 60,
+            self._restart())
 
     def _not_passed(self, held) -> bool:
         """Whether the stream has not yet gone past the piece `held` (a `Held` from an earlier
@@ -258,11 +260,22 @@ class ShmLoader:
         ones start from the state after the last batch returned, as a resume would (the
         batches left in the ring are made again; lent ones stay valid)."""
         self._stats["idle_releases"] += 1
-        state = self.state_dict()
         logging.getLogger("shmloader").info(
             "rank %d: the loader's processes exited after %.1f s without a batch taken (idle_release_s=%g); "
-            "starting them again at batch %d", self.rank, idle_s, self.config.idle_release_s, state["batch"])
-        self._load(state)
+            "starting them again at batch %d", self.rank, idle_s, self.config.idle_seconds, self._restart())
+
+    def _restart(self) -> int:
+        """Stop the children and start new ones where the last batch returned left off: the
+        position, batch count and best-fit buffer `state_dict()` would give, taken as they are
+        (in this run's numbering of the files; no check of the files again: nothing changed).
+        Returns the batch count it starts at."""
+        pos, runs, k = self._position
+        resume = dataclasses.replace(
+            self._resume, cursor=Cursor(*pos[:4]), skip=pos[4], batch=self._resume.batch + k + 1, locate=False,
+            runs=statemod.decode_runs(runs.text).tolist() if runs is not None else [])
+        self._begin(resume)  # first: a Ctrl-C in _stop leaves the new start in place, not the old run's
+        self._stop()
+        return resume.batch
 
     def state_dict(self) -> dict:
         """The state that resumes after the last batch yielded (JSON-serialisable; docs/contract.md §3).
@@ -293,9 +306,9 @@ class ShmLoader:
         if resume.locate:
             resume = self._locate(resume)
         self._identity = dataclasses.replace(self._identity, files=statemod.with_footers(state, self._identity.files))
+        self._begin(resume)  # first: a Ctrl-C in _stop leaves the new start in place, not the old run's
         if getattr(self, "_procs", None) is not None:
             self._stop()
-        self._begin(resume)
 
     def stats(self) -> dict:
         """Counters of this loader. `tokens_delivered` and `docs_delivered` are what the batches

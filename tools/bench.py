@@ -1310,7 +1310,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--first-batch-gap-ms", type=float, default=500.0,
                    help="time between evaluations, after which the resident memory is read (ms; default 500)")
     p.add_argument("--first-batch-idle-release", type=float, default=None, metavar="S",
-                   help="the loaders' idle_release_s (s; default: the loader's own, 30): with a gap longer than "
+                   help="the loaders' idle_release_s (s; default: the loader's own, 30 for val): with a gap longer than "
                         "it, memory between evaluations is read after the idle loader has let its processes go")
     p.add_argument("--first-batch-close", action="store_true",
                    help="close each first-batch loader at once (default: keep it referenced until the next "

@@ -58,8 +58,8 @@ message is one record below, sent through a pipe and dispatched on its type:
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
    the workers through the coordinator, to the trainer.
-7. Idle release (`idle_release_s`): when every slot has held a batch and the trainer has freed
-   none for `idle_release_s` s (and for 10 times the longest gap between its frees so far,
+7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer
+   (it waits for none) and the trainer has freed none for `idle_release_s` s (and for 10 times the longest gap between its frees so far,
    counted from its first one, once it has freed 2: a trainer whose steps are slow is never
    released, nor one that returned fewer batches), the coordinator sends `Released(idle_s)`
    and exits; the workers exit on its pipe's EOF. The trainer reads it at its next `next()`

@@ -31,6 +31,7 @@ class Stat(enum.IntEnum):
     PLACED = 7        # tokens planned into batches (best fit)
     CACHE_HITS = 8    # pieces served by the token cache
     CACHE_MISSES = 9  # pieces tokenized with a cache
+    BEAT = 10         # bumped at every turn of the coordinator's loop (at least once a second)
 
 
 class Counter(enum.IntEnum):
@@ -127,8 +128,10 @@ class Ring:
         self._buffer_heads = [row[:16].view(np.int64) for row in self.buffers]  # (length, crc)
 
     def initialise(self):
-        """The creator's first write: what `is_valid` checks (the rest is zero: an empty ring)."""
+        """The creator's first write: what `is_valid` checks, and no worker on a piece (the rest
+        is zero: an empty ring)."""
         lay = self.layout
+        self.workers[:, WorkerCol.PIECE] = -1  # no worker holds a piece before it says so
         self.header[:5] = (MAGIC, LAYOUT_VERSION, lay.n_slots, lay.window, lay.n_workers)
 
     def is_valid(self) -> bool:

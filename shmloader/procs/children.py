@@ -102,7 +102,7 @@ class Children:
         started = time.monotonic()
         deadline = started + timeout
         delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
-        watch = _Progress(self.ring, started)
+        watch = _Progress(self.ring, time.monotonic())
         while True:
             delivery.reclaim()  # batches let go of in another thread meanwhile
             self.handover.before_blocking()
@@ -304,36 +304,37 @@ class Children:
 
 class _Progress:
     """Who has stood still since when, while the trainer waits for a batch: each worker's beat
-    (ring.WorkerCol.BEAT) while it holds a piece, and the coordinator's announcements and
-    counted pieces while no worker holds one (then it owes the work)."""
+    (ring.WorkerCol.BEAT) while it holds a piece, and the coordinator's (ring.Stat.BEAT, every
+    turn of its loop). A gap of more than `PAUSE_S` between two looks is the trainer's own pause
+    (Ctrl-Z, a debugger, a suspended VM): every clock starts again, nobody is blamed for it."""
+
+    PAUSE_S = 3.0  # the trainer looks at least once a second while it waits
 
     def __init__(self, ring: ringmod.Ring, now: float):
-        self.ring = ring
+        self.ring, self.looked = ring, now
         self.beats = [(int(b), now) for b in ring.workers[:, WorkerCol.BEAT]]
-        self.coordinator = (self._coordinator_mark(), now)
-
-    def _coordinator_mark(self) -> tuple:
-        return (int(self.ring.counters[ringmod.Counter.ANNOUNCED]), int(self.ring.stats[ringmod.Stat.PIECES]),
-                int(self.ring.counters[ringmod.Counter.MESSAGES]))
+        self.coordinator = (int(ring.stats[ringmod.Stat.BEAT]), now)
 
     def stalled(self, now: float, limit: float):
         """`(worker indices, seconds)` of the workers stalled `limit` s or more, `([], seconds)`
         for the coordinator, or None."""
+        if now - self.looked > self.PAUSE_S:
+            self.__init__(self.ring, now)
+            return None
+        self.looked = now
         rows, stuck, longest = self.ring.workers, [], 0.0
-        busy = False
         for i, (beat, since) in enumerate(self.beats):
-            now_beat, holds = int(rows[i, WorkerCol.BEAT]), rows[i, WorkerCol.PIECE] >= 0
-            if now_beat != beat or not holds:
+            now_beat = int(rows[i, WorkerCol.BEAT])
+            if now_beat != beat or rows[i, WorkerCol.PIECE] < 0:
                 self.beats[i] = (now_beat, now)
             elif now - since >= limit:
                 stuck.append(i)
                 longest = max(longest, now - since)
-            busy = busy or holds
         if stuck:
             return stuck, longest
-        mark, since = self.coordinator
-        if busy or self._coordinator_mark() != mark:
-            self.coordinator = (self._coordinator_mark(), now)
+        beat, since = self.coordinator
+        if int(self.ring.stats[ringmod.Stat.BEAT]) != beat:
+            self.coordinator = (int(self.ring.stats[ringmod.Stat.BEAT]), now)
         elif now - since >= limit:
             return [], now - since
         return None

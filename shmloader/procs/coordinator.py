@@ -23,7 +23,7 @@ from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
 from ..ipc.protocol import Counted, Error, Listener, Opened, Released, RunArgs, Skipped, Stop, Task, Warn, Written
-from ..ipc.ring import Stat
+from ..ipc.ring import Counter, Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
@@ -108,7 +108,7 @@ class _Coordinator:
         self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
-        self.idle_release_s = 0.0 if args.locate else float(cfg.idle_release_s)
+        self.idle_release_s = 0.0 if args.locate else cfg.idle_seconds
         self._frees, self._last_free, self._longest_gap = 0, None, 0.0  # the trainer's pace
         self._handlers = {Counted: self._counted, Written: self._written,
                           Skipped: self._row_group_skipped, Error: self.tell, Warn: self.tell}
@@ -116,6 +116,7 @@ class _Coordinator:
     def run(self):
         self.ring.stats[Stat.EPOCH] = self.args.start.epoch
         while True:
+            self.ring.stats[Stat.BEAT] += 1  # alive and turning (children.py: a stall)
             if self.schema is not None and self.schema.found() is not None:
                 raise self.schema.found()
             freed = self.handover.freed()
@@ -143,7 +144,7 @@ class _Coordinator:
     def _check_idle(self, freed: int):
         """Release the processes (`_Release`) when the trainer has freed no slot for
         `idle_release_s` s, and for `IDLE_GAPS` times the longest gap between its frees so far,
-        while every slot holds a batch: it is not reading this loader (an evaluation's loader
+        while every slot holds a batch announced to it: it is not reading this loader (an evaluation's loader
         between evaluations), and the children's memory is better given back. Not before the
         trainer has freed 2 batches (the gaps count from its first free): its first step may be
         long (a compile), and a restarted run knows nothing of the one before."""
@@ -152,9 +153,13 @@ class _Coordinator:
             if self._last_free is not None:
                 self._longest_gap = max(self._longest_gap, now - self._last_free)
             self._frees, self._last_free = self._frees + freed, now
-        elif (self.idle_release_s and self._frees >= 2 and self.slots.full
+        elif (self.idle_release_s and self._frees >= 2 and self._all_ready()
               and now - self._last_free > max(self.idle_release_s, IDLE_GAPS * self._longest_gap)):
             raise _Release(now - self._last_free)
+
+    def _all_ready(self) -> bool:
+        """Every slot holds a batch announced and not given back: the trainer waits for none."""
+        return int(self.ring.counters[Counter.ANNOUNCED]) - self.handover.seen >= self.args.layout.n_slots
 
     def tell(self, msg):
         """A message for the trainer's pipe (counted in the header first, so that the trainer

@@ -64,7 +64,7 @@ def test_a_worker_behind_a_long_piece_keeps_working_up_to_its_budget():
 
 
 def test_pieces_in_flight_two_or_tiny_ones_up_to_a_piece_of_text():
-    cap = LoaderConfig(B, T).max_piece_bytes  # the default
+    cap = LoaderConfig(B, T).piece_bytes  # the default
     big = [Piece(i, 1, 0, i, 0, 10, text_bytes=cap * 7 // 10) for i in range(5)]
     mode = mode_over(big)
     mode.take(0, next(mode.pieces))

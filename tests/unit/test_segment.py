@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from shmloader.ipc import segment as segmod
-from shmloader.ipc.ring import LAYOUT_VERSION, MAGIC, WORKER_FIELDS, Counter, RingLayout
+from shmloader.ipc.ring import LAYOUT_VERSION, MAGIC, WORKER_FIELDS, Counter, RingLayout, WorkerCol
 from shmloader.ipc.segment import PREFIX, SHM_DIR, Attached, creator_pid, sweep_stale
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="needs /dev/shm (Linux)")
@@ -35,7 +35,8 @@ def test_create_attach_share_memory():
         assert os.path.getsize(os.path.join(SHM_DIR, segment.name)) >= lay.nbytes
         assert list(ring.header[:5]) == [MAGIC, LAYOUT_VERSION, 3, 17, 2]
         # a fresh ring: zeroed counters, logs and worker rows
-        assert not ring.stats.any() and not ring.counters.any() and not ring.workers.any()
+        assert not ring.stats.any() and not ring.counters.any()
+        assert (ring.workers[:, WorkerCol.PIECE] == -1).all() and not ring.workers[:, WorkerCol.PID].any()  # no worker yet
         assert not ring.records.any() and not ring.free_log.any()
         assert ring.slots.shape == (3, 17) and ring.slots.dtype == np.int64
         assert ring.workers.shape == (2, len(WORKER_FIELDS))
@@ -54,7 +55,7 @@ def test_create_attach_share_memory():
         other.workers[1] = row
         other.free_log[0] = 7
         assert ring.slots[2, -1] == -(2**62)
-        assert np.array_equal(ring.workers[1], row) and not ring.workers[0].any()
+        assert np.array_equal(ring.workers[1], row) and ring.workers[0].tolist() == [0, -1] + [0] * (len(row) - 2)
         assert ring.free_log[0] == 7
         # the regions do not overlap: slot 0 untouched by header writes
         assert not ring.slots[0].any()

@@ -1,17 +1,39 @@
 """Who is stalled while the trainer waits (procs/children.py `_Progress`), on a ring in memory:
 a worker holding a piece whose beat stands still for the limit; not one that beats, nor an
-idle one; the coordinator when no worker holds a piece and it announces and counts nothing;
-every stand-still counted from its last sign of progress."""
+idle one, nor one that has not started (a new ring says no worker holds a piece); the
+coordinator when its own beat stands still; every stand-still counted from its last sign of
+progress; and a pause of the trainer itself (a gap between two looks) blames nobody."""
 from shmloader.ipc import ring as ringmod
-from shmloader.ipc.ring import Counter, RingLayout, Stat, WorkerCol
+from shmloader.ipc.ring import RingLayout, Stat, WorkerCol
 from shmloader.procs.children import _Progress
 
 
 def ring(n_workers=3):
     lay = RingLayout(2, 4, n_workers)
     r = ringmod.Ring(bytearray(lay.nbytes), lay, "x")
-    r.workers[:, WorkerCol.PIECE] = -1
+    r.initialise()
     return r
+
+
+def look(watch, r, t0, t1, coordinator_beats=True):
+    """Look every half second from t0 to t1 (the coordinator beating meanwhile unless told not
+    to); the first non-None answer with its time, or None."""
+    t = t0
+    while t <= t1 + 1e-9:
+        if coordinator_beats:
+            r.stats[Stat.BEAT] += 1
+        got = watch.stalled(t, limit=5.0)
+        if got is not None:
+            return t, got
+        t += 0.5
+    return None
+
+
+def test_a_new_ring_has_no_worker_on_a_piece():
+    r = ring()
+    assert (r.workers[:, WorkerCol.PIECE] == -1).all()
+    watch = _Progress(r, now=0.0)
+    assert look(watch, r, 0.5, 20.0) is None
 
 
 def test_a_worker_holding_a_piece_without_a_beat_is_stalled_at_the_limit():
@@ -21,34 +43,28 @@ def test_a_worker_holding_a_piece_without_a_beat_is_stalled_at_the_limit():
     watch = _Progress(r, now=0.0)
     for t in (1.0, 2.0, 3.0):
         r.workers[2, WorkerCol.BEAT] += 1          # worker 2 makes progress
+        r.stats[Stat.BEAT] += 1
         assert watch.stalled(t, limit=5.0) is None
-    assert watch.stalled(4.9, limit=5.0) is None
-    assert watch.stalled(5.0, limit=5.0) == ([1], 5.0)
+    assert look(watch, r, 3.5, 4.5) is None
+    assert look(watch, r, 5.0, 5.0) == (5.0, ([1], 5.0))
     r.workers[1, WorkerCol.BEAT] += 1              # a beat resets a clock
     r.workers[2, WorkerCol.BEAT] += 1
-    assert watch.stalled(9.0, limit=5.0) is None
-    assert watch.stalled(13.9, limit=5.0) is None
-    assert watch.stalled(14.0, limit=5.0) == ([1, 2], 5.0)
+    assert look(watch, r, 5.5, 10.0) is None
+    assert look(watch, r, 10.5, 10.5) == (10.5, ([1, 2], 5.0))
 
-def test_an_idle_worker_is_not_stalled_but_a_silent_coordinator_is():
+
+def test_a_coordinator_whose_beat_stands_still_is_stalled():
     r = ring()
     watch = _Progress(r, now=0.0)
-    assert watch.stalled(3.0, limit=5.0) is None
-    r.counters[Counter.ANNOUNCED] += 1             # the coordinator announced a batch
-    assert watch.stalled(4.0, limit=5.0) is None
-    assert watch.stalled(8.9, limit=5.0) is None
-    assert watch.stalled(9.0, limit=5.0) == ([], 5.0)
-    r.stats[Stat.PIECES] += 1                      # it counted a piece
-    assert watch.stalled(10.0, limit=5.0) is None
+    assert look(watch, r, 0.5, 10.0) is None       # beating: fine, however long
+    assert look(watch, r, 10.5, 30.0, coordinator_beats=False) == (15.0, ([], 5.0))  # its last beat: t=10
 
 
-def test_the_coordinator_is_not_blamed_while_a_worker_holds_a_piece():
-    r = ring(1)
-    r.workers[0, WorkerCol.PIECE] = 3
+def test_a_pause_of_the_trainer_blames_nobody():
+    r = ring()
+    r.workers[0, WorkerCol.PIECE] = 1
     watch = _Progress(r, now=0.0)
-    for t in range(1, 20):
-        r.workers[0, WorkerCol.BEAT] += 1
-        assert watch.stalled(float(t), limit=5.0) is None
-    r.workers[0, WorkerCol.PIECE] = -1             # done: now the coordinator owes the batch
-    assert watch.stalled(23.0, limit=5.0) is None
-    assert watch.stalled(24.0, limit=5.0) == ([], 5.0)
+    assert watch.stalled(1.0, limit=5.0) is None
+    assert watch.stalled(60.0, limit=5.0) is None  # 59 s between two looks: the trainer was stopped
+    assert look(watch, r, 60.5, 64.5) is None      # clocks start again at the resume
+    assert look(watch, r, 65.0, 65.0) == (65.0, ([0], 5.0))
