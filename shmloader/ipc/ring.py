@@ -58,8 +58,8 @@ class WorkerCol(enum.IntEnum):
     TOKENS = 5        # tokens produced so far
     BUSY_US = 6       # microseconds spent reading and tokenizing
     TOKENIZED = 7     # of TOKENS, those tokenized here (not served by the token cache)
-    BEAT = 8          # bumped while it works (every piece, and between runs of documents): a
-    #                   worker holding a piece whose beat stands still is stalled (children.py)
+    BEAT = 8          # bumped while it works (every piece, between runs of documents) and once a
+    #                   second while idle: a started worker whose beat stands still is stalled (children.py)
     EPOCH = 9         # the piece's epoch and
     END = 10          # its end (a document), with FILE, RG and DOC: what a death or stall held
 

@@ -303,9 +303,10 @@ class Children:
 
 
 class _Progress:
-    """Who has stood still since when, while the trainer waits for a batch: each worker's beat
-    (ring.WorkerCol.BEAT) while it holds a piece, and the coordinator's (ring.Stat.BEAT, every
-    turn of its loop). A gap of more than `PAUSE_S` between two looks is the trainer's own pause
+    """Who has stood still since when, while the trainer waits for a batch: each started worker's
+    beat (ring.WorkerCol.BEAT: every piece, every run of documents, every second while idle; a
+    stopped idle worker may hold a task it has not begun), and the coordinator's
+    (ring.Stat.BEAT, every turn of its loop). A gap of more than `PAUSE_S` between two looks is the trainer's own pause
     (Ctrl-Z, a debugger, a suspended VM): every clock starts again, nobody is blamed for it."""
 
     PAUSE_S = 3.0  # the trainer looks at least once a second while it waits
@@ -325,7 +326,7 @@ class _Progress:
         rows, stuck, longest = self.ring.workers, [], 0.0
         for i, (beat, since) in enumerate(self.beats):
             now_beat = int(rows[i, WorkerCol.BEAT])
-            if now_beat != beat or rows[i, WorkerCol.PIECE] < 0:
+            if now_beat != beat or now_beat == 0:  # 0: not started yet (a timeout covers that)
                 self.beats[i] = (now_beat, now)
             elif now - since >= limit:
                 stuck.append(i)

@@ -128,6 +128,7 @@ def _loop(ctx: _Ctx):
             ctx.conn.send(Counted(piece.index, lengths, hit))
             row[WorkerCol.PIECE] = -1  # after the send: a death in it names the piece
             continue
+        row[WorkerCol.BEAT] += 1  # idle and alive: a stopped idle worker is a stall too (a task may wait for it)
         ready = ctx.listening.wait(IDLE_WAIT_S)
         if ctx.alive in ready:
             raise Stop

@@ -1,7 +1,7 @@
 """Who is stalled while the trainer waits (procs/children.py `_Progress`), on a ring in memory:
-a worker holding a piece whose beat stands still for the limit; not one that beats, nor an
-idle one, nor one that has not started (a new ring says no worker holds a piece); the
-coordinator when its own beat stands still; every stand-still counted from its last sign of
+a started worker whose beat stands still for the limit, holding a piece or idle (a stopped
+idle worker never begins the task sent to it); not one that beats, nor one that has not
+started (beat 0); the coordinator when its own beat stands still; every stand-still counted from its last sign of
 progress; and a pause of the trainer itself (a gap between two looks) blames nobody."""
 from shmloader.ipc import ring as ringmod
 from shmloader.ipc.ring import RingLayout, Stat, WorkerCol
@@ -36,10 +36,10 @@ def test_a_new_ring_has_no_worker_on_a_piece():
     assert look(watch, r, 0.5, 20.0) is None
 
 
-def test_a_worker_holding_a_piece_without_a_beat_is_stalled_at_the_limit():
+def test_a_started_worker_without_a_beat_is_stalled_at_the_limit():
     r = ring()
     r.workers[1, WorkerCol.PIECE] = 7
-    r.workers[2, WorkerCol.PIECE] = 8
+    r.workers[1:, WorkerCol.BEAT] = 1              # workers 1 and 2 have started; 0 has not
     watch = _Progress(r, now=0.0)
     for t in (1.0, 2.0, 3.0):
         r.workers[2, WorkerCol.BEAT] += 1          # worker 2 makes progress
@@ -62,7 +62,7 @@ def test_a_coordinator_whose_beat_stands_still_is_stalled():
 
 def test_a_pause_of_the_trainer_blames_nobody():
     r = ring()
-    r.workers[0, WorkerCol.PIECE] = 1
+    r.workers[0, WorkerCol.PIECE], r.workers[0, WorkerCol.BEAT] = 1, 1
     watch = _Progress(r, now=0.0)
     assert watch.stalled(1.0, limit=5.0) is None
     assert watch.stalled(60.0, limit=5.0) is None  # 59 s between two looks: the trainer was stopped
