@@ -6,7 +6,10 @@ functions over it are in nanochat.py):
 - the delivery (`delivery.py`): how a ring slot becomes the caller's batch (a lent CPU view,
   one pinned non-blocking CUDA copy, or a copy) and when its slot goes back;
 - the resume state (`state.py`): built from the position the coordinator sends with each
-  batch, when `state_dict()` asks.
+  batch, when `state_dict()` asks. A state carries the check of the batch it resumes at (the
+  coordinator's `batch_check` of it), so `state_dict()` looks at the next batch's
+  announcement, waiting for it if it is not made yet (`_take`; `next()` then returns that
+  batch); a resumed loader compares its first batch's check with the state's.
 
 A ready batch is taken from the ring's header and its slot given back there, without a
 system call (NOTE [slot handover], ipc/handover.py); it never sees token lists. Waiting for a
@@ -26,6 +29,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,7 +38,7 @@ from . import delivery, errors, state as statemod
 from .config import LoaderConfig
 from .data import cache as cachemod
 from .data import engine as enginemod
-from .data import source, tokenizer as tokmod
+from .data import elastic, source, tokenizer as tokmod
 from .data.order import Cursor
 from .ipc import ring as ringmod
 from .ipc.protocol import RunArgs
@@ -97,6 +101,17 @@ class Debug:
     delivery: object
 
 
+class _Taken(NamedTuple):
+    """A batch taken from the ring and not yet returned (`ShmLoader._take`)."""
+    k: int           # its number in the run
+    slot: int
+    pos: tuple       # the position after it (epoch, file, rg, doc, skip)
+    docs: int        # documents begun by its end, in this run
+    check: int       # its batch_check
+    runs: object     # best fit: the buffer after it (`state.Encoded`), else None
+    waited: float    # seconds next_batch blocked for it
+
+
 class ShmLoader:
     """Iterate `(inputs, targets)` int64 batches of shape (B, T); see docs/contract.md §1-§3."""
 
@@ -146,6 +161,9 @@ class ShmLoader:
         self._heals = []          # monotonic times of the heals (the budget counts those within HEAL_WINDOW_S)
         self._lost_on = {}        # (path, row group) -> the last piece of it a worker held at a death or stall
         self._poisoned = set()    # of those, the ones in flight at two deaths, skipped (on_bad_row_group="skip")
+        self._verify = None       # a resumed run's first batch must have this check (the state's)
+        self._failed = None       # the error state_dict() met looking ahead, for the next next() to raise
+        self._inside = None       # the thread inside next(), if any
         self._begin(statemod.start(self._identity))
         if resume_state is not None:
             self.load_state_dict(resume_state)
@@ -171,34 +189,17 @@ class ShmLoader:
         if not lock.acquire(False) and not lock.acquire(timeout=self.config.timeout):
             raise errors.LoaderTimeout(f"next() waited {self.config.timeout:.0f} s for another thread's "
                                        f"next() on this loader to return")
+        self._inside = threading.get_ident()
         try:
             return self._next()
         finally:
+            self._inside = None
             lock.release()
 
     def _next(self):
         if self._closed:
             raise errors.LoaderClosed(self._closed_text())
-        if self._procs is None:
-            self._start()
-        procs = self._procs
-        try:
-            k, slot, pos, docs, waited = procs.next_batch(self._delivery, self.config.timeout)
-        except (ChildrenReleased, ChildLost) as exc:
-            gone = exc.with_traceback(None)  # its frames (and its context's) hold the old ring's views:
-            gone.__context__ = gone.__cause__ = None  # kept, they would keep the ring mapped
-        else:
-            gone = None
-        if gone is not None:  # the children are gone: start new ones from the state (as a resume)
-            if isinstance(gone, ChildLost):
-                self._heal(gone)
-            else:
-                self._restart_after_release(gone.args[0])
-            return self._next()
-        if procs.opened:  # files the coordinator has read (first, or again after a change)
-            self._learn(procs.opened)
-        # best fit: the buffer after this batch, as the state's text (copied before the slot is freed)
-        runs = statemod.Encoded(*procs.ring.buffer_of(slot)) if self._buffered else None
+        k, slot, pos, docs, _, runs, waited = self._take()
         batch = self._delivery.batch(k, slot, self._shape)
         stats = self._stats
         stats["batches"] += 1
@@ -209,6 +210,60 @@ class ShmLoader:
             self._log()
         self._state, self._position = None, (pos, runs, k)  # built when state_dict() asks
         return batch
+
+    def _take(self) -> _Taken:
+        """The next batch, taken from the ring and not yet returned: the one `state_dict()`
+        looked ahead at, else the ring's next (starting the children first, and healing or
+        restarting them when they are gone). The first one of a resumed run is checked."""
+        got, self._ahead = self._ahead, None
+        if got is not None:
+            return got
+        if self._failed is not None:  # what state_dict() met looking ahead for this batch
+            failed, self._failed = self._failed, None
+            raise failed
+        while True:
+            if self._closed:  # closed by another thread while this one waited, or healed
+                raise errors.LoaderClosed(self._closed_text())
+            if self._procs is None:
+                self._start()
+            procs = self._procs
+            try:
+                k, slot, pos, docs, check, waited = procs.next_batch(self._delivery, self.config.timeout)
+                break
+            except (ChildrenReleased, ChildLost) as exc:
+                gone = exc.with_traceback(None)  # its frames (and its context's) hold the old ring's views:
+                gone.__context__ = gone.__cause__ = None  # kept, they would keep the ring mapped
+            # the children are gone: start new ones from the state (as a resume)
+            if isinstance(gone, ChildLost):
+                self._heal(gone)
+            else:
+                self._restart_after_release(gone.args[0])
+        if procs.opened:  # files the coordinator has read (first, or again after a change)
+            self._learn(procs.opened)
+        if self._verify is not None:
+            self._check_first(check)
+        # best fit: the buffer after this batch, as the state's text (copied before the slot is freed)
+        runs = statemod.Encoded(*procs.ring.buffer_of(slot)) if self._buffered else None
+        return _Taken(k, slot, pos, docs, check, runs, waited)
+
+    def _check_first(self, check: int):
+        """The first batch of a resumed run has `check`: it must be the state's (`_verify`)."""
+        expected, self._verify = self._verify, None
+        if check == expected:
+            return
+        epoch, file, rg, doc, skip = self._position[0]
+        at = (f"batch {self._resume.batch} (epoch {epoch}, {os.path.basename(self.files[file])}, row group {rg}, "
+              f"document {doc}" + (f", token {skip}" if skip else "") + ")")
+        skipping = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable "
+                    "now (or the other way round) changes it too" if self.config.on_bad_row_group == "skip" else "")
+        self.close()
+        raise ValueError(
+            f"resume check: the batch this loader resumed at, {at}, is not the one the state was saved before "
+            f"(its check is {check:08x}, the state's 'check' is {expected:08x}): the data at or after that position "
+            f"differs from the run's although the files' names and sizes (and footers, where the state has them) "
+            f"match, e.g. a file replaced by another of the same name and size, or a tokenizer that encodes "
+            f"differently under the same name{skipping}; resume with the data and tokenizer the run used, or start "
+            f"a new run. This loader is closed")
 
     def _heal(self, lost: ChildLost):
         """A child died or stalled (`lost`): unless the budget (`max_restarts` within
@@ -272,18 +327,49 @@ class ShmLoader:
         pos, runs, k = self._position
         resume = dataclasses.replace(
             self._resume, cursor=Cursor(*pos[:4]), skip=pos[4], batch=self._resume.batch + k + 1, locate=False,
-            runs=statemod.decode_runs(runs.text).tolist() if runs is not None else [])
+            runs=statemod.decode_runs(runs.text).tolist() if runs is not None else [], check=None)
         self._begin(resume)  # first: a Ctrl-C in _stop leaves the new start in place, not the old run's
+        self._state = None  # its check is the next batch's: state_dict() looks ahead for it
         self._stop()
         return resume.batch
 
     def state_dict(self) -> dict:
         """The state that resumes after the last batch yielded (JSON-serialisable; docs/contract.md §3).
-        nanochat's drop-in functions yield, with each batch, the state that resumes at it."""
-        if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
-            pos, runs, k = self._position
-            self._state = self._make_state(pos, self._resume.batch + k + 1, runs)
-        return dict(self._state)
+        nanochat's drop-in functions yield, with each batch, the state that resumes at it.
+
+        It carries the check of the batch it resumes at (the next one), so once a batch was
+        returned it waits for that batch to be made if it is not yet, as the next `next()`
+        would (which then returns it at once). Threads are served one at a time with `next()`.
+        Where the next batch cannot be had (the loader is closed, or making it fails: that error
+        is raised by the next `next()`), or when called inside `next()` (a signal handler), the
+        state has no check; it still resumes exactly."""
+        if self._state is not None:
+            return dict(self._state)
+        if self._inside == threading.get_ident():  # a signal handler, inside this thread's next()
+            return self._unchecked_state()
+        lock = self._next_lock
+        if not lock.acquire(False) and not lock.acquire(timeout=self.config.timeout):
+            raise errors.LoaderTimeout(f"state_dict() waited {self.config.timeout:.0f} s for another thread's "
+                                       f"next() on this loader to return")
+        try:
+            if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
+                if self._closed:
+                    return self._unchecked_state()
+                try:
+                    self._ahead = ahead = self._take()
+                except Exception as exc:  # noqa: BLE001 (it is the next next()'s to raise)
+                    self._failed = exc.with_traceback(None)
+                    return self._unchecked_state()
+                pos, runs, k = self._position
+                self._state = self._make_state(pos, self._resume.batch + k + 1, runs, ahead.check)
+            return dict(self._state)
+        finally:
+            lock.release()
+
+    def _unchecked_state(self) -> dict:
+        """The state after the last batch returned, without the next batch's check."""
+        pos, runs, k = self._position
+        return self._make_state(pos, self._resume.batch + k + 1, runs, None)
 
     def load_state_dict(self, state: dict):
         """Continue from `state`: the next batch is the one it resumes at (docs/contract.md §3). Another
@@ -303,10 +389,15 @@ class ShmLoader:
         if resume.origin is not None and "version" not in state:
             self._check_row_group(resume.origin)
         self._reorder(resume.order)
+        if resume.change is not None:
+            resume = self._elastic(resume)
+        elif resume.locate and resume.plan is not None:  # another rank's state of a run that began elastic
+            resume = self._plan_start(resume, resume.plan)
         if resume.locate:
             resume = self._locate(resume)
         self._identity = dataclasses.replace(self._identity, files=statemod.with_footers(state, self._identity.files))
         self._begin(resume)  # first: a Ctrl-C in _stop leaves the new start in place, not the old run's
+        self._verify = resume.check
         if getattr(self, "_procs", None) is not None:
             self._stop()
 
@@ -378,18 +469,19 @@ class ShmLoader:
                     f"are the parent's); make a new loader in the child, after the fork")
         return "this ShmLoader was closed; make a new one"
 
-    def _make_state(self, pos: tuple, batch: int, runs):
+    def _make_state(self, pos: tuple, batch: int, runs, check: int | None):
         """The state at `pos` (epoch, file, rg, doc, skip: the file as the run numbers it);
-        `runs`: a buffered packing's `state.Encoded` buffer (the coordinator's), or None."""
+        `runs`: a buffered packing's `state.Encoded` buffer (the coordinator's), or None;
+        `check`: the batch_check of the batch there, if known."""
         epoch, file, *rest = pos
         pq, files, renumber = self._described(epoch, file)
         if runs is None:
-            return statemod.make_state(self._base_state, epoch, pq, *rest, batch, files=files)
+            return statemod.make_state(self._base_state, epoch, pq, *rest, batch, files=files, check=check)
         if renumber is not None:  # the run's file numbers are not the state's: decoded and renumbered
             runs = statemod.decode_runs(runs.text)
             runs[:, 1] = renumber[runs[:, 1]]
         return statemod.make_state(self._base_state, epoch, pq, *rest, batch, runs,
-                                   files=files)  # a buffered packing's position has skip 0
+                                   files=files, check=check)  # a buffered packing's position has skip 0
 
     def _described(self, epoch: int, file: int) -> tuple:
         """`(pq_idx, files, renumber)` a state at (epoch, file) holds: the files in the order of
@@ -466,20 +558,27 @@ class ShmLoader:
         c = resume.cursor
         runs = statemod.encode_buffer(resume.runs) if self._identity.buffered else None
         pos = (c.epoch, c.file, c.rg, c.doc, resume.skip)
-        self._state = self._make_state(pos, resume.batch, runs)
+        self._state = self._make_state(pos, resume.batch, runs, resume.check)
         self._position = (pos, runs, -1)  # where the run starts (its state is built already)
+        self._ahead = self._failed = None  # a batch state_dict() took from the run before, or its error
 
-    def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None):
+    def _coordinator_args(self, layout: RingLayout, resume: statemod.Resume, files, locate=None,
+                          rank: int | None = None, world: int | None = None):
         poisoned = tuple((files.index(p), rg) for p, rg in sorted(self._poisoned) if p in files)
-        return RunArgs(files=files, rank=self.rank, world=self.world_size, layout=layout, poisoned=poisoned,
+        return RunArgs(files=files, rank=self.rank if rank is None else rank,
+                       world=self.world_size if world is None else world, layout=layout, poisoned=poisoned,
                        start=resume.cursor, skip=resume.skip,
                        buffer_runs=tuple(tuple(r) for r in resume.runs),
                        filesystem=source.FilesystemRef(self.filesystem) if self.filesystem else None,
-                       tokenizer=self.tokenizer, locate=locate, later=None if locate else self._later)
+                       tokenizer=self.tokenizer, locate=locate, later=None if locate else self._later,
+                       plan=resume.plan)
 
     def _start(self):
         c = self.config
-        layout = RingLayout(c.n_slots, c.window, c.num_workers, c.max_runs)
+        # a buffer can hold one run per document: the packing's most, or more, at first, after an elastic
+        # resume gave this rank several old ranks' buffers (the planner refills only below its size)
+        runs = sum(r[4] for r in self._resume.runs) + c.tokenizer_batch_size if c.max_runs else 0
+        layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs))
         self._procs = start_children(self.config, layout, self._coordinator_args(layout, self._resume, self.files))
         try:
             self._delivery = delivery.make(self.device, self._procs.ring.slots, self._procs.handover.free,
@@ -488,23 +587,76 @@ class ShmLoader:
             self._stop()
             raise
 
-    def _locate(self, resume: statemod.Resume) -> statemod.Resume:
-        """This rank's position at `resume.batch`, by replaying the run over its own document
-        lengths (the token cache's, or counted by the workers), from the files the state was
-        saved with."""
+    def _locate(self, resume: statemod.Resume, rank: int | None = None, world: int | None = None,
+                quiet: bool = False) -> statemod.Resume:
+        """The position at `resume.batch` of this rank (or of `rank` of `world`: an old rank at a
+        change of world size), by replaying the run over its document lengths (the token
+        cache's, or counted by the workers), from the files the state was saved with; a run
+        that began elastic replays from its plan's batch count."""
         log = logging.getLogger("shmloader")
-        log.info("rank %d: finding this rank's position at batch %d of another rank's state, "
-                 "counting document lengths with %d workers", self.rank, resume.batch, self.config.num_workers)
+        who = f"rank {self.rank}" if rank is None else f"rank {self.rank}: old rank {rank} of {world}"
+        log.info("%s: finding the position at batch %d of another rank's state, counting document lengths "
+                 "with %d workers", who, resume.batch, self.config.num_workers)
         began = time.monotonic()
         layout = RingLayout(2, 1, self.config.num_workers)
+        first = resume.plan.batch if resume.plan is not None else 0
         cargs = self._coordinator_args(layout, resume, self.files[:resume.n_files],
-                                       (resume.shapes, resume.batch))
+                                       (resume.shapes, resume.batch, first), rank, world)
         (epoch, file, rg, doc, skip), runs, cached, counted = locate_position(self.config, layout, cargs)
-        log.info("rank %d: batch %d is at epoch %d, file %d, row group %d, document %d, token %d "
-                 "(found in %.1f s; row groups from the token cache: %d, %d counted)", self.rank,
+        log.info("%s: batch %d is at epoch %d, file %d, row group %d, document %d, token %d "
+                 "(found in %.1f s; row groups from the token cache: %d, %d counted)", who,
                  resume.batch, epoch, file, rg, doc, skip, time.monotonic() - began, cached, counted)
         return dataclasses.replace(resume, cursor=Cursor(epoch, file, rg, doc), skip=skip, runs=runs,
                                    locate=False)
+
+    def _elastic(self, resume: statemod.Resume) -> statemod.Resume:
+        """A state saved at another world size W (`resume.change`): find where every old rank
+        stood at its batch count (the state's own rank from the state, the others by replaying
+        their streams), make the plan that shares out what they had not consumed
+        (data/elastic.py), and start this rank at its first unit, with its share of the old
+        ranks' best-fit buffers."""
+        change, log = resume.change, logging.getLogger("shmloader")
+        log.warning("rank %d of %d: resuming a state saved at world_size %d (batch %d): finding where each of "
+                    "the %d old ranks stood%s", self.rank, self.world_size, change.world, resume.batch,
+                    change.world, "" if self.config.cache_dir else
+                    " by tokenizing their streams up to that batch (tools/pretokenize.py and cache_dir make it "
+                    "fast)")
+        began = time.monotonic()
+        positions, buffers = [], []
+        for r in range(change.world):
+            if r == change.rank:
+                pos, runs = change.position, change.runs
+            else:
+                old = dataclasses.replace(resume, cursor=statemod.origin_cursor(resume.origin, r, change.world),
+                                          skip=0, runs=[], change=None, locate=True, plan=change.parent)
+                if change.parent is not None:  # the old run began at a change too: r's stream of its plan
+                    old = self._plan_start(old, change.parent, r, change.world)
+                found = self._locate(old, r, change.world)
+                pos, runs = (*dataclasses.astuple(found.cursor), found.skip), found.runs
+            positions.append(pos)
+            buffers.append(runs)
+        plan = elastic.Plan.of(change.world, resume.batch, positions, buffers if self._buffered else (), change.parent)
+        log.warning("rank %d of %d: the old ranks' positions found in %.1f s; the rest of epoch%s %s is shared "
+                    "out over the %d new ranks", self.rank, self.world_size, time.monotonic() - began,
+                    "s up to" if plan.epoch > min(p[0] for p in positions) else "", plan.epoch, self.world_size)
+        return self._plan_start(dataclasses.replace(resume, change=None, locate=False), plan)
+
+    def _plan_start(self, resume: statemod.Resume, plan, rank: int | None = None,
+                    world: int | None = None) -> statemod.Resume:
+        """`resume` from where this rank's (or `rank` of `world`'s) stream of `plan` begins: its
+        first unit and its share of the old buffers (at the plan's batch count)."""
+        rank, world = (self.rank, self.world_size) if rank is None else (rank, world)
+        files = self.files[:resume.n_files]
+        reader = source.ParquetSource(files, self.filesystem)
+
+        def row_counts(f: int) -> list:  # as the coordinator reads them (a bad file: none)
+            counts = source.read_or_skip(lambda: reader.row_counts(f), self.config.on_bad_row_group,
+                                         lambda text: None, "file")
+            return [] if counts is None else counts
+
+        cursor, skip = elastic.start(plan, rank, world, row_counts, len(files))
+        runs = elastic.buffer(plan, rank, world) if self._buffered else []
+        return dataclasses.replace(resume, cursor=cursor, skip=skip, runs=runs, plan=plan)
 
     def _stop(self):
         """Stop the children; the delivery first (copies in flight read the ring)."""

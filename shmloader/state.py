@@ -8,9 +8,13 @@ before the position), "shapes" ([first batch, B, T] of each batch shape the run 
 "config" (what must not change), "files" ([name, bytes, footer] of the split: footer is the
 digest of its parquet footer once the run had read it, else None), "digest"}`, plus
 best fit's `"buffer"`: its runs `[epoch, file, rg, row, count]` as one short text
-(`encode_runs`; `buffer_runs` reads them back). Its position is canonical (the same whatever
-the number of workers), so a loader given it yields the batch at that position and onward
-exactly.
+(`encode_runs`; `buffer_runs` reads them back), and `"check"`: the `ipc.ring.batch_check` of
+the batch it resumes at, as 8 hex digits (None in a state taken before the run's first batch
+and in one that resumes with another shape or at another rank: it cannot be known or does not
+apply there). Its position is canonical (the same whatever the number of workers), so a loader
+given it yields the batch at that position and onward exactly, and `check` makes it say so:
+its first batch is compared with it (loader.py) and a difference is a ValueError, the one
+change of the data that the files' names, sizes and footers cannot show.
 
 `check` turns a state into a `Resume` for this loader:
 - this rank's own state resumes at its position;
@@ -24,26 +28,29 @@ exactly.
   difference (split, packing, tokenizer, best-fit settings, world size, a file at or before
   the position: its name, its size, or, when the state knows it, its footer) is a ValueError
   naming each difference in words.
-Versions 2 (files as [name, bytes], no footers) and 3 (best fit's buffer as a list of runs)
-are read too.
+Versions 2 (files as [name, bytes], no footers), 3 (best fit's buffer as a list of runs) and
+4 (no check) are read too.
 
 Why the buffer is text: nanochat's loop takes a state with every batch, and best fit's buffer
 holds ~1000 documents in a few hundred runs. As lists of Python ints that is thousands of
 objects per batch (and garbage-collector work), several times the cost of the batch itself;
 as text it is a few C calls on one small array.
 """
+import json
 import os
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .data.elastic import Plan, in_units
 from .data.order import Cursor, nanochat_cursor, start_cursor
 from .errors import warn
 from .packing.runs import RUN_WIDTHS, Encoded, encode_buffer, narrow  # noqa: F401 (narrow: the state's API)
 
-VERSION = 4
-READS = (2, 3, 4)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`)
+VERSION = 5
+READS = (2, 3, 4, 5)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`);
+#                       4 -> 5: the check of the batch it resumes at
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
 NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
 
@@ -76,8 +83,50 @@ class Resume:
     origin: dict | None = None
     locate: bool = False
     n_files: int = 0      # files of the split when the state was saved (for `locate`)
+    check: int | None = None  # the batch_check the first batch must have (the state's own
+    #                           rank, shape and files), else None: nothing to compare
     order: list | None = None  # the loader's files (indices) in the order of the epoch in progress,
     #                            when it is not theirs: the state's, then files new to it
+    plan: Plan | None = None   # the run began at a change of world size (data/elastic.py)
+    change: "Change | None" = None  # the state is of another world size: the loader builds the plan
+
+
+@dataclass(frozen=True)
+class Change:
+    """A state saved at another world size (`world`), by its rank `rank` at batch count `batch`:
+    its position and (best fit) buffer; the loader finds the other old ranks' and makes the
+    `Plan` (data/elastic.py)."""
+    world: int
+    rank: int
+    position: tuple        # (epoch, file, rg, doc, skip)
+    runs: list             # best fit: its buffer runs
+    parent: Plan | None    # the plan the saved run began with, if it began at a change too
+
+
+def plan_state(plan: Plan | None) -> dict | None:
+    """A plan as a state holds it: `Plan.to_state` and a crc32 of it (`crc`), which the state's
+    digest covers (so that a batch's digest need not read the whole plan)."""
+    if plan is None:
+        return None
+    d = plan.to_state()
+    d["crc"] = f"{zlib.crc32(json.dumps(d, sort_keys=True).encode()):08x}"
+    return d
+
+
+def _plan_field(state: dict) -> Plan | None:
+    d = state.get("elastic") if state["version"] >= 5 else None
+    if d is None:
+        return None
+    try:
+        plan = Plan.from_state(d)
+        body = {k: v for k, v in d.items() if k != "crc"}
+        ok = (d.get("crc") == f"{zlib.crc32(json.dumps(body, sort_keys=True).encode()):08x}"
+              and len(plan.positions) == plan.world and all(len(p) == 5 for p in plan.positions))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise ValueError("resume state field 'elastic' is malformed or edited (its crc does not match it)")
+    return plan
 
 
 def file_list(paths: list[str], sizes: list) -> list[list]:
@@ -97,7 +146,8 @@ def base_state(loader: Loader, resume: Resume) -> dict:
     """The fields that stay the same for every batch of a run."""
     return {"version": VERSION, "rank": loader.rank, "world_size": loader.world,
             "config": dict(loader.fingerprint), "files": loader.files, "val": loader.val,
-            "shapes": [list(s) for s in resume.shapes], "origin": resume.origin}
+            "shapes": [list(s) for s in resume.shapes], "origin": resume.origin,
+            "elastic": plan_state(resume.plan)}
 
 
 def described_files(files: list, epoch: int, file: int) -> list:
@@ -111,12 +161,13 @@ def described_files(files: list, epoch: int, file: int) -> list:
 
 
 def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, batch: int,
-               buffer=None, files: list | None = None) -> dict:
+               buffer=None, files: list | None = None, check: int | None = None) -> dict:
     """A state; best fit adds its `buffer` runs (an (n, 5) int64 array, a list of runs, or
     their `encode_buffer`, which the coordinator writes into the batch's slot), written as
-    `encode_runs` text; `files`: `described_files` of the base's, if at hand. Called with
-    every batch in nanochat's loop: a dict copy and a crc32 of a short key (the buffer's text
-    and crc come made). Its digest is `digest`'s."""
+    `encode_runs` text; `files`: `described_files` of the base's, if at hand; `check`: the
+    batch_check of the batch it resumes at, if known. Called with every batch in nanochat's
+    loop: a dict copy and a crc32 of a short key (the buffer's text and crc come made). Its
+    digest is `digest`'s."""
     state = dict(base)
     state["files"] = files if files is not None else described_files(base["files"], epoch, file)
     state["epoch"], state["pq_idx"], state["rg_idx"], state["doc_idx"] = epoch, file, rg, doc
@@ -125,9 +176,11 @@ def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, 
     if buffer is not None:
         text, crc = buffer if isinstance(buffer, Encoded) else encode_buffer(buffer)
         state["buffer"] = text
+    state["check"] = checked = None if check is None else f"{check:08x}"
     # digest()'s key, formatted at once (an f-string field is str() of its value)
+    plan = base["elastic"]
     key = (f"{base['rank']}:{base['world_size']}:{epoch}:{file}:{rg}:{doc}:{skip}:{batch}:"
-           f"{base['shapes']}:{base['origin']}")
+           f"{base['shapes']}:{base['origin']}:{checked}:{plan['crc'] if plan else None}")
     crc = zlib.crc32(key.encode(), crc)
     state["digest"] = f"{crc:08x}"
     return state
@@ -170,8 +223,8 @@ def decode_runs(text: str) -> np.ndarray:
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:
-    """crc32 of the rank, the world size, the position, the batch count, the shapes, the origin
-    and the buffer. DCP keeps one value per key across ranks, so a state saved under one key by
+    """crc32 of the rank, the world size, the position, the batch count, the shapes, the origin,
+    the check (version 5) and the buffer. DCP keeps one value per key across ranks, so a state saved under one key by
     every rank comes back with fields of different ranks; the digest turns that (and hand
     edits) into an error, not a wrong resume.
 
@@ -179,9 +232,13 @@ def digest(state: dict, buffer_bytes: bytes = b"") -> str:
     spells), taken first and the fields after them (so that whoever writes the buffer can
     take its crc32 apart from the fields); versions 2 and 3, its runs' int64 bytes, after the
     fields. Without a buffer both are the fields' crc32."""
-    key = ":".join(str(state.get(k)) for k in ("rank", "world_size", *POSITION_FIELDS, "batch",
-                                                 "shapes", "origin")).encode()
     version = state.get("version")
+    fields = ("rank", "world_size", *POSITION_FIELDS, "batch", "shapes", "origin")
+    values = [state.get(k) for k in fields]
+    if type(version) is int and version >= 5:
+        plan = state.get("elastic")
+        values += [state.get("check"), plan.get("crc") if isinstance(plan, dict) else None]
+    key = ":".join(map(str, values)).encode()
     if type(version) is int and version >= 4:
         return f"{zlib.crc32(key, zlib.crc32(buffer_bytes)):08x}"
     return f"{zlib.crc32(buffer_bytes, zlib.crc32(key)):08x}"
@@ -217,15 +274,27 @@ def check(state, loader: Loader) -> Resume:
         _nanochat_keys(origin, "origin", len(loader.files))
     saved_files = _saved_files(state, pos)
     _check_digest(state)
+    plan = _plan_field(state)
     _check_config(state, loader)
     _check_val(state, loader)
-    order = _check_files(saved_files, loader, pos)
-    shapes = _reshaped(shapes, batch, loader)
-    common = dict(batch=batch, shapes=shapes, origin=origin, n_files=len(saved_files),
+    whole = plan is not None or state.get("world_size") != loader.world  # other ranks' positions count too
+    order, soft = _check_files(saved_files, loader, pos, whole)
+    if plan is not None and (order != list(range(len(loader.files))) or len(saved_files) != len(loader.files)):
+        raise ValueError(f"resume state is of a run that began at a change of world size, and the split's files "
+                         f"changed since (it had {len(saved_files)}, this loader has {len(loader.files)}): files "
+                         f"added to such a run are not supported yet; resume with the files it was saved with")
+    reshaped = _reshaped(shapes, batch, loader)
+    common = dict(batch=batch, shapes=reshaped, origin=origin, n_files=len(saved_files),
                   order=None if order == list(range(len(loader.files))) else order)
+    world = state.get("world_size")
+    if world != loader.world:
+        return _changed_world(state, loader, pos, rank, dict(common, plan=plan), saved_files)
     if rank != loader.rank:
-        return _other_rank(state, loader, pos, common)
-    if pos["rg_idx"] % loader.world != loader.rank:
+        return _other_rank(state, loader, pos, dict(common, plan=plan))
+    check = _check_field(state)
+    if reshaped != shapes or soft or common["order"] is not None or len(saved_files) != len(loader.files):
+        check = None  # another shape, or files changed after the position: the batch there may be another one
+    if pos["rg_idx"] % loader.world != loader.rank and not in_units(plan, pos["epoch"]):
         raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of "
                          f"rank {loader.rank} of {loader.world}")
     if loader.buffered and pos["skip"]:
@@ -233,7 +302,45 @@ def check(state, loader: Loader) -> Resume:
                          f"state has skip 0")
     runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
     cursor = Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"])
-    return Resume(cursor, pos["skip"], runs, **common)
+    return Resume(cursor, pos["skip"], runs, check=check, plan=plan, **common)
+
+
+def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: dict, saved_files: list) -> Resume:
+    """A state of another world size: the change the loader makes a plan of (data/elastic.py)."""
+    world = state["world_size"]
+    if type(world) is not int or not 0 <= rank < world:
+        raise ValueError(f"resume state fields 'rank' {rank!r} and 'world_size' {world!r} do not name a rank")
+    if common["order"] is not None or len(saved_files) != len(loader.files):
+        raise ValueError(f"resume state was saved at world_size {world} and this loader has {loader.world}: a "
+                         f"change of world size needs the files the state was saved with ({len(saved_files)}; "
+                         f"this loader has {len(loader.files)}); resume at world_size {world} first, or remove "
+                         f"the new files until the epoch in progress is over")
+    plan = common.pop("plan")
+    if loader.other_rank == "nanochat":  # approximately, as nanochat resumes any state
+        warn(f"resume state was saved at world_size {world}, this loader has {loader.world}: resuming as "
+             f"nanochat does (the state's file and row group, this rank's next stride), not exactly "
+             f"(other_rank='nanochat')")
+        origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
+        cursor = nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
+        return Resume(cursor, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
+    if pos["rg_idx"] % world != rank and not in_units(plan, pos["epoch"]):
+        raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of rank {rank} of {world}")
+    if loader.buffered and pos["skip"]:
+        raise ValueError(f"resume state field 'skip' is {pos['skip']}; a {loader.fingerprint.get('packing')} "
+                         f"state has skip 0")
+    runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
+    change = Change(world, rank, tuple(pos[k] for k in POSITION_FIELDS), runs, plan)
+    return Resume(origin_cursor(common["origin"], rank, world), change=change, **common)
+
+
+def _check_field(state: dict) -> int | None:
+    """The state's `check` as an int (version 5; None when it has none)."""
+    text = state.get("check") if state["version"] >= 5 else None
+    if text is None:
+        return None
+    if not isinstance(text, str) or len(text) != 8 or text.strip("0123456789abcdef"):
+        raise ValueError(f"resume state field 'check' must be None or 8 lowercase hex digits, got {text!r}")
+    return int(text, 16)
 
 
 def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
@@ -330,8 +437,6 @@ def _check_config(state: dict, loader: Loader):
     diffs = [_config_diff(key, saved.get(key), value)
              for key, value in loader.fingerprint.items() if saved.get(key) != value]
     diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in loader.fingerprint]
-    if state.get("world_size") != loader.world:
-        diffs.append(f"world_size: state has {state.get('world_size')!r}, loader has {loader.world}")
     if diffs:
         raise ValueError("resume state does not match this loader: " + "; ".join(diffs))
 
@@ -359,15 +464,16 @@ def _saved_files(state: dict, pos: dict) -> list:
     return [list(f) + [None] * (3 - len(f)) for f in saved]
 
 
-def _check_files(saved: list, loader: Loader, pos: dict) -> list[int]:
+def _check_files(saved: list, loader: Loader, pos: dict, whole: bool = False) -> tuple[list[int], bool]:
     """The saved files, by name, must be the loader's, unchanged, up to the position (in epoch 1)
-    or all of them (later epochs have read every file). Returns the order of the epoch in
-    progress, as indices into the loader's files: the state's files (those still there), then
-    the files new to it, by name; a file that arrived anywhere in the sort order (shards land out
-    of order while they download) is read after the state's, with a warning naming it, and in
-    its sorted place from the next epoch on."""
+    or all of them (later epochs have read every file; `whole`: other ranks' positions, which
+    may lie past this one's, matter too). Returns the order of the epoch in progress, as indices
+    into the loader's files: the state's files (those still there), then the files new to it, by
+    name; a file that arrived anywhere in the sort order (shards land out of order while they
+    download) is read after the state's, with a warning naming it, and in its sorted place from
+    the next epoch on. And whether a file after the position changed (read as it is now)."""
     now = {f[0]: i for i, f in enumerate(loader.files)}
-    must = len(saved) if pos["epoch"] > 1 else pos["pq_idx"] + 1
+    must = len(saved) if pos["epoch"] > 1 or whole else pos["pq_idx"] + 1
     hard = [d for i, f in enumerate(saved[:must]) if (d := _diff(i, f, loader.files, now))]
     hard = hard or _rewritten(saved[:must], loader, now)
     if hard:
@@ -386,7 +492,7 @@ def _check_files(saved: list, loader: Loader, pos: dict) -> list[int]:
         warn(f"{len(added)} file(s) added to the split since the state was saved: {shown}; they are "
              f"read after the state's files in the epoch in progress, and in their sorted place "
              f"from the next epoch on")
-    return [now[f[0]] for f in saved if f[0] in now] + added
+    return [now[f[0]] for f in saved if f[0] in now] + added, bool(soft)
 
 
 def _diff(i: int, old: list, files: list, index: dict) -> str | None:
@@ -416,7 +522,7 @@ def _check_val(state: dict, loader: Loader):
 def with_footers(state: dict, files: list) -> list:
     """`files` with the footers a (checked) state knows of the same files (by name): a resumed
     run's states go on describing the files it will not read again before its next epoch."""
-    saved = state.get("files") if isinstance(state, dict) and state.get("version") in (3, 4) else None
+    saved = state.get("files") if isinstance(state, dict) and state.get("version") in (3, 4, 5) else None
     known = {f[0]: f for f in saved or [] if isinstance(f, list) and len(f) == 3}
     out = [list(f) for f in files]
     for now in out:

@@ -63,6 +63,19 @@ class KillerTokenizer(IntTokenizer):
         return super().encode(text, prepend, num_threads)
 
 
+class SlowTokenizer(IntTokenizer):
+    """`IntTokenizer` that takes `seconds` per text: a worker slower than the trainer."""
+
+    def __init__(self, seconds: float = 0.002, bos: int = 0):
+        super().__init__(bos)
+        self.seconds = seconds
+
+    def encode(self, text, prepend=None, num_threads=None):
+        if isinstance(text, str):
+            time.sleep(self.seconds)
+        return super().encode(text, prepend, num_threads)
+
+
 def position_documents(lengths, start: int = 1) -> list[str]:
     """Documents whose tokens, after each document's BOS, are consecutive stream positions.
 

@@ -14,37 +14,42 @@ from shmloader.demo.baseline import documents
 from shmloader.packing.planner import BatchPlan
 
 
-def concat_windows(files, encode, bos, B, T, rank=0, world=1, cursor=None, skip=0):
+def concat_windows(files, encode, bos, B, T, rank=0, world=1, cursor=None, skip=0, docs=None):
     """Yield `(window, position)`: int64 windows of B*T+1 tokens and the position after each,
-    `(epoch, file, rg, doc, skip)`. `cursor` is `(epoch, file, rg, doc)`."""
+    `(epoch, file, rg, doc, skip)`. `cursor` is `(epoch, file, rg, doc)`. `docs`, if given,
+    replaces the canonical order from the cursor: `(meta, text, skip)` of each document, its
+    first `skip` tokens already read elsewhere (an elastic resume's units: tests/loader/test_elastic.py)."""
     epoch, file, rg, doc = cursor or (1, 0, rank, 0)
-    docs = documents(files, rank, world, epoch, file, rg, doc)
+    if docs is None:
+        docs = ((meta, text, 0) for meta, text in documents(files, rank, world, epoch, file, rg, doc))
     need = B * T + 1
-    buffer = []       # [(meta, tokens)] of documents not fully used
+    buffer = []       # [(meta, tokens, tokens dropped before them)] of documents not fully used
     used = skip       # tokens of buffer[0] already used
     while True:
-        while sum(len(t) for _, t in buffer) - used < need + 1:
-            meta, text = next(docs)
+        while sum(len(t) for _, t, _ in buffer) - used < need + 1:
+            meta, text, dropped = next(docs)
             if text is not None:
-                buffer.append((meta, [bos] + list(encode(text))))
+                buffer.append((meta, ([bos] + list(encode(text)))[dropped:], dropped))
         window = []
         while len(window) < need:
-            meta, tokens = buffer[0]
+            meta, tokens, _ = buffer[0]
             take = tokens[used:used + need - len(window)]
             window.extend(take)
             used += len(take)
             if used == len(tokens):
                 buffer.pop(0)
                 used = 0
-        (e, f, g, d), _ = buffer[0]
-        yield np.array(window, dtype=np.int64), (e, f, g, d, used)
+        (e, f, g, d), _, dropped = buffer[0]
+        yield np.array(window, dtype=np.int64), (e, f, g, d, used + dropped)
 
 
-def _chunks(files, rank, world, cursor, chunk_docs):
+def _chunks(files, rank, world, cursor, chunk_docs, docs=None):
     """Yield `((epoch, file, rg, row_end), [(row, text), ...])`: up to `chunk_docs`
-    consecutive rows of one row group (nanochat's tokenizer batches)."""
+    consecutive rows of one row group (nanochat's tokenizer batches); `docs` replaces the
+    canonical order (as `concat_windows`'s, without skips)."""
     key, rows = None, []
-    for (e, f, g, row), text in documents(files, rank, world, *cursor):
+    docs = documents(files, rank, world, *cursor) if docs is None else ((m, t) for m, t, _ in docs)
+    for (e, f, g, row), text in docs:
         if rows and ((e, f, g) != key or len(rows) == chunk_docs):
             yield key + (rows[-1][0] + 1,), rows
             rows = []
@@ -53,7 +58,7 @@ def _chunks(files, rank, world, cursor, chunk_docs):
 
 
 def bestfit_rows(files, encode, bos, B, T, buffer_size=1000, chunk_docs=128, rank=0, world=1,
-                 cursor=None, runs=()):
+                 cursor=None, runs=(), docs=None):
     """Yield `(rows, position)`: (B, T+1) int64 best-fit rows, planned by the scan oracle
     `plan_batch_scan`, and the position after them: `((epoch, file, rg, doc), runs)`,
     where doc is the end of the last chunk read and runs the buffer
@@ -66,7 +71,7 @@ def bestfit_rows(files, encode, bos, B, T, buffer_size=1000, chunk_docs=128, ran
             meta[next_id] = ((e, f, g, r), [bos] + list(encode(texts[r])))
             buffer.append([next_id, len(meta[next_id][1])])
             next_id += 1
-    chunks = _chunks(files, rank, world, cursor, chunk_docs)
+    chunks = _chunks(files, rank, world, cursor, chunk_docs, docs)
     last_end = cursor
 
     def next_chunk():

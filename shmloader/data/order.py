@@ -43,6 +43,8 @@ class Piece:
     doc_start: int
     doc_end: int
     text_bytes: int = 0  # its text's size, estimated from its row group's (0: unknown)
+    skip: int = 0        # tokens of its first document read before it (concat, elastic resume:
+    #                      a document an old rank had begun; the worker drops them)
 
     @property
     def n_docs(self) -> int:
@@ -96,10 +98,16 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
     indices) in the epochs after it (a resumed run reads files new to its state after the
     state's, then every file in its sorted place: state.py).
     """
+    return cut_pieces(row_steps(row_counts, n_files, rank, world, start, later), max_docs, ramp, first_index,
+                      row_bytes, max_bytes, unit)
+
+
+def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
+              start: Cursor, later: Sequence[int] | None = None) -> Iterator[tuple]:
+    """The row groups of the canonical order from `start`, forever, as steps
+    `(epoch, file, rg, first doc, skip, rows)` (skip 0: `cut_pieces` says what it is)."""
     if n_files < 1:
         raise DataError("no files to read")
-    sizes = iter(ramp)
-    index = first_index
     epoch, at, rg, doc = start.epoch, start.file, start.rg, start.doc
     barren = 0  # files passed in a row without yielding a piece
     while True:
@@ -117,17 +125,29 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
             at, rg, doc = at + 1, rank, 0
             continue
         barren = 0
-        per_doc = _bytes_per_doc(row_bytes, file, rg, counts[rg])
-        while doc < counts[rg]:
+        yield epoch, file, rg, doc, 0, counts[rg]
+        rg, doc = rg + world, 0
+
+
+def cut_pieces(steps: Iterator[tuple], max_docs: int = 1024, ramp: Sequence[int] = RAMP, first_index: int = 0,
+               row_bytes: Callable[[int], Sequence[int]] | None = None, max_bytes: int | None = None,
+               unit: int = 1) -> Iterator[Piece]:
+    """The pieces of row-group steps `(epoch, file, rg, first doc, skip, rows)`: each step's
+    documents from its first, cut as `iter_pieces` says; the first piece of a step with a skip
+    starts that many tokens into its first document. An empty row group is still a step of
+    the order: it gives one empty piece."""
+    sizes = iter(ramp)
+    index = first_index
+    for epoch, file, rg, doc, skip, rows in steps:
+        per_doc = _bytes_per_doc(row_bytes, file, rg, rows)
+        while doc < rows:
             size = min(next(sizes, max_docs), max_docs, _docs_within(max_bytes, per_doc, unit))
-            end = min(counts[rg], doc + size)
-            yield Piece(index, epoch, file, rg, doc, end, round(per_doc * (end - doc)))
-            index += 1
-            doc = end
-        if counts[rg] == 0:  # an empty row group is still a step of the order
+            end = min(rows, doc + size)
+            yield Piece(index, epoch, file, rg, doc, end, round(per_doc * (end - doc)), skip)
+            index, doc, skip = index + 1, end, 0
+        if rows == 0:
             yield Piece(index, epoch, file, rg, 0, 0)
             index += 1
-        rg, doc = rg + world, 0
 
 
 def _bytes_per_doc(row_bytes, file: int, rg: int, n_docs: int) -> float:

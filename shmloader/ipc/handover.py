@@ -4,7 +4,7 @@ coordinator through the ring's header, so that `next()` on a ready batch makes n
 Two single-writer logs in the header (`ring.Counter`, `ring.RECORD_FIELDS`):
 
 - **Announcements** (coordinator -> trainer). For batch k the coordinator writes the record
-  `records[k % n_slots] = (k, slot, epoch, file, rg, doc, skip, docs)` and then the counter
+  `records[k % n_slots] = (k, slot, epoch, file, rg, doc, skip, docs, check)` and then the counter
   `ANNOUNCED = k + 1`. The trainer takes batches in order: batch `taken` is ready when
   `ANNOUNCED > taken`. A record is never overwritten before the trainer has read it: batch
   k + n_slots can be written only once one of k..k+n_slots-1 was freed (at most n_slots
@@ -125,7 +125,7 @@ class TrainerEnd:
         self._width = len(RECORD_FIELDS)
 
     def take(self) -> tuple | None:
-        """`(batch, slot, position, docs)` of batch `taken` if it is announced, else None."""
+        """`(batch, slot, position, docs, check)` of batch `taken` if it is announced, else None."""
         if self.header_only:
             if self._counters[_ANNOUNCED] <= self.taken:
                 return None
@@ -134,12 +134,12 @@ class TrainerEnd:
             if self.rung <= self.taken:
                 return None
         at = self.taken % self.n * self._width
-        k, slot, *position, docs = self._records[at:at + self._width].tolist()
+        k, slot, *position, docs, check = self._records[at:at + self._width].tolist()
         if k != self.taken:
             raise RuntimeError(f"ring handover: record {self.taken % self.n} holds batch {k}, "
                                f"expected batch {self.taken}")
         self.taken += 1
-        return k, slot, tuple(position), docs
+        return k, slot, tuple(position), docs, check
 
     def announced(self) -> int:
         """Batches the coordinator has announced."""
@@ -217,9 +217,10 @@ class CoordinatorEnd:
         self.ring.counters[Counter.FREES_SEEN] = logged
         return out
 
-    def announce(self, k: int, slot: int, position: tuple, docs: int):
-        """`position`: (epoch, file, rg, doc, skip); best fit's (epoch, file, rg, doc) gets skip 0."""
-        self.ring.records[k % self.n] = (k, slot, *position, *(0,) * (5 - len(position)), docs)
+    def announce(self, k: int, slot: int, position: tuple, docs: int, check: int = 0):
+        """`position`: (epoch, file, rg, doc, skip); best fit's (epoch, file, rg, doc) gets skip 0;
+        `check`: `state.batch_check` of the slot's tokens."""
+        self.ring.records[k % self.n] = (k, slot, *position, *(0,) * (5 - len(position)), docs, check)
         self.ring.counters[Counter.ANNOUNCED] = k + 1
         self.ready.ring()
 

@@ -100,10 +100,11 @@ class RunArgs:
     buffer_runs: tuple = ()        # a buffered packing: the resumed buffer, as [epoch, file, rg, row, count]
     filesystem: object = None      # data.source.FilesystemRef, or None for local files
     tokenizer: object = None       # data.tokenizer.TokenizerSpec (workers)
-    locate: tuple | None = None    # (shapes, batch): a count-only run that finds a position
+    locate: tuple | None = None    # (shapes, batch, first batch): a count-only run that finds a position
     later: tuple | None = None     # the files' order after the start's epoch (data.order.iter_pieces)
     worker: int = -1               # this worker's index (workers)
     poisoned: tuple = ()           # (file, rg) row groups in flight at two deaths, skipped (loader.py)
+    plan: object = None            # data.elastic.Plan: the run began at a change of world size
 
 
 # coordinator -> worker

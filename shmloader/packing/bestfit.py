@@ -278,17 +278,25 @@ class BestFitMode(Mode):
 
 
 class BestFitLocator:
-    def __init__(self, shapes: list, batch: int, start, buffer_size: int, chunk_docs: int):
+    """Replays the planner over counted lengths from batch `first` (0: the run's start) to
+    `batch`; `prefix` pieces (`buffer_pieces` of `runs`, the buffer at `first`) come first and
+    rebuild the planner's buffer, as a resumed run does."""
+
+    def __init__(self, shapes: list, batch: int, start, buffer_size: int, chunk_docs: int,
+                 first: int = 0, runs=()):
         self.shapes, self.batch, self.total = shapes, batch, batch
         self.buffer_size = buffer_size
-        _, B, T = shapes[0]
-        self.planner = BestFitPlanner(B, T + 1, buffer_size)
-        self.done_batches = 0
-        self._shape = 0
+        self._shape = max(i for i, s in enumerate(shapes) if s[0] <= first)
+        _, B, T = shapes[self._shape]
+        self.prefix = buffer_pieces(runs, chunk_docs)
+        self.planner = None if self.prefix else BestFitPlanner(B, T + 1, buffer_size)
+        self._rebuilding = []             # (ids, lengths) of the prefix pieces counted so far
+        self.done_batches = first
         self._chunks = Chunks(chunk_docs, (start.epoch, start.file, start.rg, start.doc))
         self._table, self._next_base = PieceTable(), 0
         self.result = None
-        self._finish_if_done()
+        if batch == first:  # the start itself, with its buffer
+            self.result = ((start.epoch, start.file, start.rg, start.doc, 0), [list(r) for r in runs])
 
     def feed(self, piece, lengths: np.ndarray):
         if self.result is not None:
@@ -296,7 +304,19 @@ class BestFitLocator:
         base, self._next_base = self._next_base, self._next_base + len(lengths)
         if np.count_nonzero(lengths):
             self._table.add(base, piece)
-        self._chunks.add(piece, base, lengths)
+        if piece.index < len(self.prefix):
+            keep = np.flatnonzero(lengths)
+            self._rebuilding.append((base + keep, lengths[keep]))
+            if piece.index == len(self.prefix) - 1:
+                _, B, T = self.shapes[self._shape]
+                self.planner = BestFitPlanner.from_buffer(B, T + 1, self.buffer_size,
+                                                          np.concatenate([i for i, _ in self._rebuilding]),
+                                                          np.concatenate([n for _, n in self._rebuilding]))
+                self._rebuilding = []
+            else:
+                return
+        else:
+            self._chunks.add(piece, base, lengths)
         self._plan()
 
     def _plan(self):
@@ -323,9 +343,10 @@ class BestFitLocator:
 
 
 def _locator(cfg, run) -> tuple:
-    shapes, batch = run.locate
+    shapes, batch, first = run.locate
     cap = ramp_for(cfg.tokenizer_batch_size, cfg.piece_cap)[1]  # whole chunks
-    return BestFitLocator(shapes, batch, run.start, cfg.buffer_size, cfg.tokenizer_batch_size), cap
+    return BestFitLocator(shapes, batch, run.start, cfg.buffer_size, cfg.tokenizer_batch_size, first,
+                          run.buffer_runs), cap
 
 
 class _Docs(list):

@@ -190,6 +190,7 @@ class ConcatMode(Mode):
         out = []
         for k, (index, row, skip) in self.seq.ready():
             p = self.specs[index]
+            skip += p.skip if row == 0 else 0  # its first row lacks the tokens it skipped
             out.append((k, (p.epoch, p.file, p.rg, p.doc_start + row, skip), None,
                         self.seq.docs_at.pop(k)))
         if out:
@@ -204,15 +205,16 @@ def concat_tokens(shapes: list, batch: int) -> int:
     total = 0
     for i, (first, B, T) in enumerate(shapes):
         end = shapes[i + 1][0] if i + 1 < len(shapes) else batch
-        total += (min(end, batch) - first) * (B * T + 1)
+        total += max(min(end, batch) - first, 0) * (B * T + 1)
     return total
 
 
 class ConcatLocator:
-    def __init__(self, shapes: list, batch: int, start):
-        self.target, self.consumed = concat_tokens(shapes, batch), 0
-        self.total = batch
-        self.result = ((start.epoch, start.file, start.rg, start.doc, 0), []) if self.target == 0 else None
+    def __init__(self, shapes: list, batch: int, start, first: int = 0, skip: int = 0):
+        """Replays batches `first` to `batch` from `start`, `skip` tokens into its document."""
+        self.target, self.consumed = concat_tokens(shapes, batch) - concat_tokens(shapes, first), -skip
+        self.total = batch - first
+        self.result = ((start.epoch, start.file, start.rg, start.doc, skip), []) if self.target == 0 else None
 
     @property
     def done_batches(self) -> int:
@@ -228,13 +230,14 @@ class ConcatLocator:
         if len(cum) and rel < cum[-1]:
             row = int(np.searchsorted(cum, rel, side="right"))
             skip = rel - (int(cum[row - 1]) if row else 0)
+            skip += piece.skip if row == 0 else 0
             self.result = ((piece.epoch, piece.file, piece.rg, piece.doc_start + row, int(skip)), [])
         self.consumed += int(cum[-1]) if len(cum) else 0
 
 
 def _locator(cfg, run) -> tuple:
-    shapes, batch = run.locate
-    return ConcatLocator(shapes, batch, run.start), cfg.piece_cap
+    shapes, batch, first = run.locate
+    return ConcatLocator(shapes, batch, run.start, first, run.skip), cfg.piece_cap
 
 
 def _keep(tokens: np.ndarray, lengths: np.ndarray):

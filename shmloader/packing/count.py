@@ -13,6 +13,7 @@ runs)`.
 lengths and keep no tokens (`keep = False`); the trainer gets `Progress` once a second and
 then `Located`.
 """
+import itertools
 import time
 
 from ..ipc.protocol import Located, Progress
@@ -32,7 +33,8 @@ class CountMode(Mode):
     def __init__(self, cfg, run, n_workers: int, pieces):
         super().__init__(n_workers, cfg)
         self.locator, cap = cfg.spec.locator(cfg, run)
-        self.pieces = pieces((), cap, 0)  # no ramp: nothing waits for a first batch
+        prefix = getattr(self.locator, "prefix", [])  # best fit: the buffer it starts from, re-read first
+        self.pieces = itertools.chain(prefix, pieces((), cap, len(prefix)))  # no ramp: nothing waits
         self._counted = InOrder()
         self.from_cache = [0, 0]  # pieces tokenized, pieces read from the token cache
         self.docs = 0             # documents counted

@@ -85,7 +85,7 @@ class Children:
         return [p.sentinel for p in self.procs]
 
     def next_batch(self, delivery, timeout: float) -> tuple:
-        """`(k, slot, position, docs, waited)` of the next batch. A ready one is taken from the
+        """`(k, slot, position, docs, check, waited)` of the next batch. A ready one is taken from the
         ring's header without a system call (NOTE [slot handover]); otherwise, once the copies
         in flight are done, the trainer blocks on the coordinator's doorbell, its pipe and every
         child's sentinel, for at most `timeout` s (then `LoaderTimeout`). `delivery` gives back
@@ -120,7 +120,7 @@ class Children:
                     f"{self.describe_all()}; raise timeout= if row groups are huge")
 
     def _take(self):
-        """The next batch `(k, slot, position, docs)` if it is announced, else None; first
+        """The next batch `(k, slot, position, docs, check)` if it is announced, else None; first
         the messages the coordinator queued before it (a warning is warned, an error raised)."""
         while self.handover.pending_messages() > 0:
             if not self.conn.poll(MESSAGE_WAIT_S):  # queued a moment ago; or the sender died

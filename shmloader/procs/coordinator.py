@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from ..data.order import iter_pieces
+from ..data import elastic
+from ..data.order import cut_pieces, iter_pieces
 from ..data.source import ParquetSource, SchemaCheck, read_or_skip
 from ..errors import DataError
 from ..ipc import ring as ringmod
@@ -82,9 +83,12 @@ def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
         return counts
 
     def pieces(ramp, cap, first_index):
-        return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
-                           max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
-                           row_bytes=source.text_bytes, max_bytes=cfg.piece_bytes, unit=cfg.piece_unit)
+        if run.plan is None:
+            return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
+                               max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
+                               row_bytes=source.text_bytes, max_bytes=cfg.piece_bytes, unit=cfg.piece_unit)
+        steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later)
+        return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.piece_bytes, cfg.piece_unit)
     return pieces
 
 
@@ -247,7 +251,7 @@ class _Coordinator:
             if runs is not None:  # best fit: the buffer travels in the slot, as the state's text
                 self.ring.write_buffer(slot, *encode_buffer(runs))
             self.ring.stats[Stat.EPOCH] = pos[0]
-            self.handover.announce(k, slot, pos, docs)
+            self.handover.announce(k, slot, pos, docs, ringmod.batch_check(self.ring.slots[slot]))
         for stat, value in self.mode.stats():
             self.ring.stats[stat] = value
 

@@ -116,6 +116,8 @@ def _loop(ctx: _Ctx):
             row[WorkerCol.BEAT] += 1
             began = time.perf_counter()
             tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
+            if piece.skip:  # its first document was begun by another rank (elastic resume)
+                tokens, lengths = skipped(tokens, lengths, piece.skip)
             busy = time.perf_counter() - began
             row[WorkerCol.TOKENS] += len(tokens)
             row[WorkerCol.BUSY_US] += int(busy * 1e6)
@@ -134,6 +136,14 @@ def _loop(ctx: _Ctx):
             raise Stop
         if ctx.conn in ready:
             _handle(ctx, ctx.conn.recv())
+
+
+def skipped(tokens: np.ndarray, lengths: np.ndarray, skip: int) -> tuple:
+    """A piece's tokens and row lengths without the first `skip` tokens of its first row."""
+    cut = min(skip, int(lengths[0])) if len(lengths) else 0
+    lengths = lengths.copy()
+    lengths[0] -= cut
+    return tokens[cut:], lengths
 
 
 def _service(ctx: _Ctx):

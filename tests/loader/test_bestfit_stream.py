@@ -593,8 +593,7 @@ def test_other_ranks_state_with_other_rank_nanochat_resumes_like_nanochat(linger
     ("buffer_size", dict(buffer_size=6)),
     ("tokenizer_batch_size", dict(tokenizer_batch_size=4)),
     ("packing", dict(packing="concat")),
-    ("world_size", dict(rank=0, world_size=2)),
-])
+])  # another world_size resumes elastically (tests/loader/test_elastic.py)
 def test_state_of_other_config_is_refused(lingerrun, field, kwargs):
     args = dict(B=2, T=16, split="train", packing="bos_bestfit", buffer_size=5, tokenizer_batch_size=3)
     args.update(kwargs)

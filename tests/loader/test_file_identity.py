@@ -103,5 +103,7 @@ def test_a_version_2_state_without_footers_still_resumes(tmp_path):
         state = ld.state_dict()
         follow = [window_of(*next(ld)) for _ in range(4)]
     old = dict(state, version=2, files=[f[:2] for f in state["files"]])
+    del old["check"], old["elastic"]  # version 5's; a version 2 state's digest is over the fields it had
+    old["digest"] = shmloader.state.digest(old)
     with loader(tmp_path, resume_state=old) as again:
         assert all(np.array_equal(window_of(*next(again)), w) for w in follow)

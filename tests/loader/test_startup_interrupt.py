@@ -29,6 +29,7 @@ from tests.helpers import live_processes, pid_alive, shm_segments
 pytestmark = pytest.mark.usefixtures("watchdog")
 
 DELAYS_MS = [0, 25, 50, 75, 100, 150, 200, 275, 350, 450]
+QUICK_DELAYS_MS = DELAYS_MS[::2]  # the default suite's (its 10 minutes); all of them with -m slow
 INTERRUPTED = 42
 
 TRAINER = textwrap.dedent("""
@@ -96,9 +97,11 @@ def interrupt_at(data, delay_ms: int):
     return wrong
 
 
-def test_ctrl_c_during_startup_and_first_next(data):
+@pytest.mark.parametrize("delays", [QUICK_DELAYS_MS, pytest.param(DELAYS_MS, marks=pytest.mark.slow)],
+                         ids=["quick", "all"])
+def test_ctrl_c_during_startup_and_first_next(data, delays):
     failures = {}
-    for delay in DELAYS_MS:
+    for delay in delays:
         wrong = interrupt_at(data, delay)
         if wrong:
             failures[delay] = wrong

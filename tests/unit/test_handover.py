@@ -41,10 +41,10 @@ def test_doorbell_counts_rings_and_never_blocks():
 def test_announced_batches_are_taken_in_order_with_their_records():
     ring, ready, kick, trainer, coord = ends(3)
     assert trainer.take() is None
-    coord.announce(0, 2, (0, 1, 2, 3, 4), 7)
-    coord.announce(1, 0, (1, 0, 0, 5), 9)  # best fit's position: skip 0
-    assert trainer.take() == (0, 2, (0, 1, 2, 3, 4), 7)
-    assert trainer.take() == (1, 0, (1, 0, 0, 5, 0), 9)
+    coord.announce(0, 2, (0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
+    coord.announce(1, 0, (1, 0, 0, 5), 9)  # best fit's position: skip 0; no check given: 0
+    assert trainer.take() == (0, 2, (0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
+    assert trainer.take() == (1, 0, (1, 0, 0, 5, 0), 9, 0)
     assert trainer.take() is None
     assert ready.clear() == 2  # one ring per announcement
 
@@ -99,11 +99,11 @@ def test_before_blocking_clears_the_ready_bell_and_kicks_only_for_unseen_frees()
 
 def test_syscall_path_takes_only_what_the_doorbells_ordered():
     ring, ready, kick, trainer, coord = ends(4, header=False)
-    ring.records[0] = (0, 1, 0, 0, 0, 0, 0, 3)
+    ring.records[0] = (0, 1, 0, 0, 0, 0, 0, 3, 0)
     ring.counters[Counter.ANNOUNCED] = 1  # in the header, but not rung: not taken
     assert trainer.take() is None
     ready.ring()
-    assert trainer.take() == (0, 1, (0, 0, 0, 0, 0), 3)
+    assert trainer.take() == (0, 1, (0, 0, 0, 0, 0), 3, 0)
     trainer.free(0)  # every free rings
     ring.free_log[1], ring.counters[Counter.FREES] = 7, 2  # logged, not rung: not taken
     assert coord.freed() == []
@@ -150,11 +150,11 @@ def test_simulated_run_takes_every_batch_once_in_order(n_slots, seed, header):
             s = slots.take_slot(written)
             slot_of[written] = s
             ring.slots[s] = written
-            coord.announce(written, s, (written, 0, 0, 0, 0), written)
+            coord.announce(written, s, (written, 0, 0, 0, 0), written, 7 * written)
             written += 1
         if rng.random() < 0.5 and (got := trainer.take()) is not None:
-            k, s, pos, docs = got
-            assert (k, s, pos[0], docs) == (taken, slot_of[taken], taken, taken)
+            k, s, pos, docs, check = got
+            assert (k, s, pos[0], docs, check) == (taken, slot_of[taken], taken, taken, 7 * taken)
             assert np.all(ring.slots[s] == k)
             held.append(k)
             taken += 1

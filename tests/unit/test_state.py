@@ -1,6 +1,7 @@
 """state.py: round trip of the resume state, the refusals named in words, another rank's state,
 new batch shapes, appended files, nanochat-format states, and the digest."""
 
+import itertools
 import json
 import zlib
 import warnings
@@ -82,16 +83,29 @@ def test_tokenizer_mismatch_is_said_in_words():
         check(saved(), loader(config=dict(CONFIG, tokenizer="fedcba9876543210")))
 
 
-def test_world_size_mismatch_is_named():
-    with pytest.raises(ValueError, match="world_size: state has 2, loader has 4"):
-        check(saved(rank=1, world=2), loader(rank=1, world=4))
+def test_another_world_size_is_a_change_the_loader_makes_a_plan_of():
+    """A state of world size 2 at a loader of 4: the saved rank, its position and buffer, for
+    the loader to find the other old ranks' and share out the rest (data/elastic.py)."""
+    r = quiet_check(saved(rank=1, world=2), loader(rank=3, world=4))
+    assert r.change is not None and (r.change.world, r.change.rank, r.change.position) == (2, 1, (2, 1, 3, 5, 7))
+    assert (r.batch, r.check, r.plan, r.change.parent) == (40, None, None, None)
+    with pytest.raises(ValueError, match="not a row group of rank 1 of 2"):
+        check(saved(rank=1, world=2, rg=4), loader(rank=0, world=3))
+    with pytest.warns(UserWarning, match="resuming as nanochat does"):
+        r = check(saved(rank=1, world=2), loader(rank=2, world=3, other_rank="nanochat"))
+    assert (r.change, r.cursor, r.origin) == (None, nanochat_cursor(1, 3, 2, 2, 3), {"pq_idx": 1, "rg_idx": 3, "epoch": 2})
+    more = FILES + file_list(["/data/shard_00003.parquet"], [10])
+    with pytest.raises(ValueError, match="a change of world size needs the files the state was saved with"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check(saved(rank=1, world=2), loader(rank=0, world=3, files=more))
 
 
 def test_several_mismatches_are_all_named():
     with pytest.raises(ValueError) as ei:
         check(saved(), loader(world=3, config=dict(CONFIG, split="val", tokenizer="ffff")))
     msg = str(ei.value)
-    for name in ("split:", "tokenizer:", "world_size:"):
+    for name in ("split:", "tokenizer:"):
         assert name in msg, name
     assert "packing:" not in msg
 
@@ -172,7 +186,7 @@ def test_moved_files_resume():
 
 # ------------------------------------------------------------------ version, type, fields
 
-@pytest.mark.parametrize("version", [0, 1, 5, "3", "4", None])
+@pytest.mark.parametrize("version", [0, 1, 6, "3", "5", None])
 def test_version_mismatch_is_refused(version):
     with pytest.raises(ValueError, match="version"):
         check(dict(saved(), version=version), loader())
@@ -382,14 +396,85 @@ def test_the_digest_covers_the_buffer():
             check(dict(state, buffer=edit), lo)
 
 
+def test_the_check_travels_to_the_resume_and_the_digest_covers_it():
+    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), 2, 1, 3, 5, 7, 40,
+                                             check=0x0BADF00D)))
+    assert state["check"] == "0badf00d" and quiet_check(state, loader()).check == 0x0BADF00D
+    assert saved()["check"] is None and quiet_check(saved(), loader()).check is None
+    with pytest.raises(ValueError, match="digest"):
+        check(dict(state, check="0badf00e"), loader())
+
+
+@pytest.mark.parametrize("value", ["0BADF00D", "badf00d", 12, "0badf00dd", "0xbadf00"])
+def test_a_malformed_check_is_refused(value):
+    state = dict(saved(), check=value)
+    state["digest"] = digest(state)
+    with pytest.raises(ValueError, match="'check' must be None or 8 lowercase hex digits"):
+        check(state, loader())
+
+
+def test_another_shape_rank_or_file_list_resumes_without_the_check():
+    """The batch at the position is another one (another B or T, files new to the state), or
+    not this rank's: there is nothing to compare, so the resume carries no check."""
+    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), 2, 1, 3, 5, 7, 40, check=7)))
+    with pytest.warns(UserWarning, match="another batch shape"):
+        assert check(state, loader(T=8)).check is None
+    more = FILES + file_list(["/data/shard_00003.parquet"], [10])
+    with pytest.warns(UserWarning, match="added to the split"):
+        assert check(state, loader(files=more)).check is None
+    assert check(state, loader(rank=0)).check is None  # another rank's: located, not compared
+    first = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), 1, 1, 3, 5, 7, 40, check=7)))
+    later = [list(f) for f in FILES]
+    later[2][1] += 1  # a file after the position (file 1, epoch 1) changed: read as it is now, so not compared
+    with pytest.warns(UserWarning, match="after its position changed"):
+        assert check(first, loader(files=later)).check is None
+    assert quiet_check(first, loader()).check == 7
+
+
+def test_at_a_change_of_world_size_every_saved_file_must_be_unchanged():
+    """The other old ranks may have stood past this state's position, in files after its own."""
+    later = [list(f) for f in FILES]
+    later[2][1] += 1
+    with pytest.raises(ValueError, match="file 2: state has shard_00002.parquet"):
+        check(saved(rank=1, world=2), loader(rank=0, world=3, files=later))
+
+
+def test_a_run_that_began_elastic_refuses_added_files():
+    from shmloader.data.elastic import Plan
+    from shmloader.state import Resume
+
+    plan = Plan.of(2, 40, [(1, 0, 0, 3, 0), (1, 1, 1, 0, 0)])
+    lo = loader(rank=0, world=3)
+    state = json.loads(json.dumps(make_state(base_state(lo, Resume(Cursor(1, 0, 0, 0), plan=plan, shapes=[[0, 4, 16]])), 1, 1, 3, 5, 0,
+                                             41)))
+    assert quiet_check(state, lo).plan == plan
+    more = FILES + file_list(["/data/shard_00003.parquet"], [10])
+    with pytest.raises(ValueError, match="files added to such a run are not supported yet"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check(state, loader(rank=0, world=3, files=more))
+    with pytest.raises(ValueError, match="'elastic' is malformed or edited"):
+        check(dict(state, elastic=dict(state["elastic"], batch=39)), lo)
+
+
+def test_a_version_4_state_without_a_check_is_read():
+    state = saved()
+    del state["check"]
+    state["version"] = 4
+    state["digest"] = digest(state)
+    r = quiet_check(state, loader())
+    assert (r.cursor, r.check) == (Cursor(2, 1, 3, 5), None)
+
+
 def test_make_state_digest_is_the_checked_one():
     """make_state formats the digest's key itself (it runs with every batch): it must give what
     `digest`, which the check uses, gives, whatever the fields hold."""
     lo = loader()
     resume = start(lo)
     resume.shapes, resume.origin = [[0, 4, 16], [7, 2, 16]], {"pq_idx": 1, "rg_idx": 3, "epoch": 2}
-    for buffer in (None, [], [[1, 2, 3, 4, 5]], np.array([[3, 0, 70000, 1, 2]])):
-        state = make_state(base_state(lo, resume), 3, 2, 9, 11, 0, 12345, buffer)
+    for buffer, check_ in itertools.product((None, [], [[1, 2, 3, 4, 5]], np.array([[3, 0, 70000, 1, 2]])),
+                                            (None, 0, 0xFFFFFFFF)):
+        state = make_state(base_state(lo, resume), 3, 2, 9, 11, 0, 12345, buffer, check=check_)
         runs = state.get("buffer")
         prefix, raw = (runs[:2].encode(), bytes.fromhex(runs[3:])) if runs else (b"", b"")
         assert state["digest"] == digest(state, prefix + raw)
