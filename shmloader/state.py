@@ -317,12 +317,9 @@ def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: di
                          f"the new files until the epoch in progress is over")
     plan = common.pop("plan")
     if loader.other_rank == "nanochat":  # approximately, as nanochat resumes any state
-        warn(f"resume state was saved at world_size {world}, this loader has {loader.world}: resuming as "
-             f"nanochat does (the state's file and row group, this rank's next stride), not exactly "
-             f"(other_rank='nanochat')")
-        origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
-        cursor = nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
-        return Resume(cursor, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
+        return _as_nanochat(pos, loader, f"resume state was saved at world_size {world}, this loader has "
+                                         f"{loader.world}: resuming as nanochat does (the state's file and row "
+                                         f"group, this rank's next stride)")
     if pos["rg_idx"] % world != rank and not in_units(plan, pos["epoch"]):
         raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of rank {rank} of {world}")
     if loader.buffered and pos["skip"]:
@@ -345,13 +342,19 @@ def _check_field(state: dict) -> int | None:
 
 def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
     if loader.other_rank == "nanochat":
-        warn(f"resume state was saved by rank {state['rank']}, this is rank {loader.rank}: "
-             f"resuming as nanochat does (rank {state['rank']}'s file and row group, next "
-             f"stride for this rank), not exactly (other_rank='nanochat')")
-        origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
-        cursor = nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
-        return Resume(cursor, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
+        return _as_nanochat(pos, loader, f"resume state was saved by rank {state['rank']}, this is rank "
+                                         f"{loader.rank}: resuming as nanochat does (rank {state['rank']}'s file "
+                                         f"and row group, next stride for this rank)")
     return Resume(origin_cursor(common["origin"], loader.rank, loader.world), locate=True, **common)
+
+
+def _as_nanochat(pos: dict, loader: Loader, why: str) -> Resume:
+    """Resume approximately, as nanochat would from the state's nanochat keys (`other_rank="nanochat"`),
+    with a warning saying `why`; those keys become the run's origin."""
+    warn(f"{why}, not exactly (other_rank='nanochat')")
+    origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
+    cursor = nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
+    return Resume(cursor, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
 
 
 def origin_cursor(origin: dict | None, rank: int, world: int) -> Cursor:

@@ -50,28 +50,18 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def check_cost(B: int, T: int, n: int = 2000) -> float:
+def check_cost(slot_tokens: int, n: int = 2000) -> float:
     """Microseconds of `batch_check` on one slot's window (the coordinator's, per batch)."""
     import numpy as np
 
     from shmloader.ipc.ring import batch_check
 
-    window = np.random.default_rng(0).integers(0, 65536, B * T + 1, dtype=np.int64)
+    window = np.random.default_rng(0).integers(0, 65536, slot_tokens, dtype=np.int64)
     batch_check(window)
     t0 = time.perf_counter()
     for _ in range(n):
         batch_check(window)
     return (time.perf_counter() - t0) / n * 1e6
-
-
-def first_batch(make) -> float:
-    t0 = time.perf_counter()
-    loader = make()
-    try:
-        next(loader)
-        return time.perf_counter() - t0
-    finally:
-        loader.close()
 
 
 def main(argv=None) -> int:
@@ -119,16 +109,17 @@ def main(argv=None) -> int:
     rows = {"same world size (no replay)": [], f"{W} -> {W2}, no cache (tokenize)": [],
             f"{W} -> {W2}, token cache (tools/pretokenize.py)": []}
     for _ in range(args.repeat):
-        rows["same world size (no replay)"].append(first_batch(lambda: loader(0, W, resume_state=state)))
-        rows[f"{W} -> {W2}, no cache (tokenize)"].append(first_batch(lambda: loader(0, W2, resume_state=state)))
+        rows["same world size (no replay)"].append(bench.first_batch_s(lambda: loader(0, W, resume_state=state)))
+        rows[f"{W} -> {W2}, no cache (tokenize)"].append(bench.first_batch_s(lambda: loader(0, W2, resume_state=state)))
         rows[f"{W} -> {W2}, token cache (tools/pretokenize.py)"].append(
-            first_batch(lambda: loader(0, W2, resume_state=state, cache_dir=str(cache))))
-    us = check_cost(B, T)
+            bench.first_batch_s(lambda: loader(0, W2, resume_state=state, cache_dir=str(cache))))
+    slot = B * T + 1 if args.packing == "concat" else 2 * B * T  # the packing's slot: inputs and targets
+    us = check_cost(slot)
     print(f"\nseconds from building new rank 0 to its first batch ({args.packing}, {args.workers} workers, "
           f"B={B}, T={T}), median of {args.repeat} (all):")
     for name, xs in rows.items():
         print(f"  {name:50s} {statistics.median(xs):6.2f} s  ({', '.join(f'{x:.2f}' for x in xs)})")
-    print(f"\nresume check: batch_check of a {B * T + 1:,}-token window, {us:.1f} us (the coordinator's, per batch; "
+    print(f"\nresume check: batch_check of a {slot:,}-token slot, {us:.1f} us (the coordinator's, per batch; "
           f"{us * epoch_tokens / window / 1e3:.0f} ms of one core for this {epoch_tokens / 1e6:.0f} M-token epoch)")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "epoch_tokens": epoch_tokens,
