@@ -313,8 +313,8 @@ def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: di
     if common["order"] is not None or len(saved_files) != len(loader.files):
         raise ValueError(f"resume state was saved at world_size {world} and this loader has {loader.world}: a "
                          f"change of world size needs the files the state was saved with ({len(saved_files)}; "
-                         f"this loader has {len(loader.files)}); resume at world_size {world} first, or remove "
-                         f"the new files until the epoch in progress is over")
+                         f"this loader has {len(loader.files)}): files added at a change are not supported yet; "
+                         f"resume at world_size {world} to read them, or without them to change the world size")
     plan = common.pop("plan")
     if loader.other_rank == "nanochat":  # approximately, as nanochat resumes any state
         return _as_nanochat(pos, loader, f"resume state was saved at world_size {world}, this loader has "

@@ -290,3 +290,42 @@ def test_saved_at_a_file_boundary_or_near_the_end_of_the_epoch(data, packing, W,
                                        for _, s in old)
         want = expected(files, packing, plan, j, W2, len(got))
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"new rank {j}: not the plan's stream"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(16))
+def test_random_changes_at_random_points(data, seed):
+    """Trying to break it: a random packing, old and new world sizes (1-5), save point, worker
+    counts and given state; each new rank's batches are its plan's, the plan holds every old
+    rank's own position, and (concat) each token once. `-m slow`: about 3 s a seed."""
+    import random
+
+    rng = random.Random(seed)
+    root, files, _ = data
+    packing = rng.choice(["concat", "bos_bestfit"])
+    W = rng.randint(1, 5)
+    W2 = rng.choice([w for w in range(1, 6) if w != W])
+    n = rng.randint(1, 60)
+    old = old_run(root, packing, W, n)
+    given = old[rng.randrange(W)][1]
+    new = []
+    for j in range(W2):
+        with loader(root, packing, j, W2, num_workers=rng.randint(1, 3), resume_state=given) as ld:
+            plan = elastic.Plan.from_state(ld.state_dict()["elastic"])
+            new.append((plan, *batches(ld, 800, past=plan.epoch)))
+    plan = new[0][0]
+    assert all(p == plan for p, *_ in new)
+    assert plan.positions == tuple(tuple(s[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")) for _, s in old)
+    for j, (_, got, _) in enumerate(new):
+        want = expected(files, packing, plan, j, W2, len(got))
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"{packing} {W}->{W2} at {n}: new rank {j}"
+    if packing == "concat" and plan.epoch == 1:
+        lens, seen = layout(files), Counter()
+        for got, _ in old:
+            seen.update(np.concatenate(got).tolist())
+        for j, (_, got, _) in enumerate(new):
+            share = unit_tokens(files, plan, j, W2, lens)
+            seen.update(np.concatenate(got)[:share].tolist())
+        seen.pop(0)
+        every = {t for (f, g, row), n_tok in lens.items() if n_tok for t in _tokens_of(files, f, g, row)}
+        assert set(seen) == every and max(seen.values()) == 1
