@@ -171,7 +171,10 @@ def test_worker_exception_is_reported_while_batches_are_queued(tmp_path):
 # ---------------------------------------------------------------- Ctrl-C
 
 TRAINER = textwrap.dedent("""
-    import json, os, sys
+    import json, os, signal, sys
+    # Ctrl-C as in a terminal's foreground: a test run from a background job inherits SIGINT
+    # ignored, and Python then raises no KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import shmloader
 
     def descendants(root):

@@ -33,7 +33,10 @@ QUICK_DELAYS_MS = DELAYS_MS[::2]  # the default suite's (its 10 minutes); all of
 INTERRUPTED = 42
 
 TRAINER = textwrap.dedent("""
-    import sys
+    import signal, sys
+    # Ctrl-C as in a terminal's foreground: a test run from a background job inherits SIGINT
+    # ignored, and Python then raises no KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from shmloader import ShmLoader
     from tests import helpers
 
