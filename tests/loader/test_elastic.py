@@ -228,7 +228,8 @@ def test_a_second_change_inside_the_elastic_epoch_holds_the_guarantee(data, pack
         assert bos == sum(1 for v in lens.values() if v is not None)
 
 
-@pytest.mark.parametrize("packing", ["concat", pytest.param("bos_bestfit", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 10-20 s a packing; torchrun's environment itself is tests/loader/test_distributed.py's
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_the_same_under_torchrun_with_rank_0s_state(data, packing, tmp_path):
     """2 -> 3 under `torchrun --nproc_per_node=3` (gloo, CPU): every rank given old rank 0's
     state from a file, the rank and world size from torchrun's environment only. Each rank's

@@ -341,7 +341,7 @@ def _cycles(synth, n: int):
 
 
 def test_create_close_cycles(synth):
-    _cycles(synth, 200)
+    _cycles(synth, 100)  # 1000 with -m slow
 
 
 @pytest.mark.slow
