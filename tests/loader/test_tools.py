@@ -211,6 +211,7 @@ def test_bench_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path):
     assert re.search(rf" {sorted(effs)[1]:.0%} ", row), row
 
 
+@pytest.mark.slow  # ~22 s: two checkouts side by side (the default suite's 10 minutes)
 def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path):
     """--compare DIR: each shmloader throughput row also with DIR's package, interleaved; the
     workers' CPU over the window gives the CPU efficiency; the engine's batch rate is measured."""
