@@ -346,7 +346,7 @@ class ShmLoader:
         if self._state is not None:
             return dict(self._state)
         if self._inside == threading.get_ident():  # a signal handler, inside this thread's next()
-            return self._unchecked_state()
+            return self._state_after_last()
         lock = self._next_lock
         if not lock.acquire(False) and not lock.acquire(timeout=self.config.timeout):
             raise errors.LoaderTimeout(f"state_dict() waited {self.config.timeout:.0f} s for another thread's "
@@ -354,22 +354,21 @@ class ShmLoader:
         try:
             if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
                 if self._closed:
-                    return self._unchecked_state()
+                    return self._state_after_last()
                 try:
-                    self._ahead = ahead = self._take()
+                    self._ahead = self._take()
                 except Exception as exc:  # noqa: BLE001 (it is the next next()'s to raise)
                     self._failed = exc.with_traceback(None)
-                    return self._unchecked_state()
-                pos, runs, k = self._position
-                self._state = self._make_state(pos, self._resume.batch + k + 1, runs, ahead.check)
+                    return self._state_after_last()
+                self._state = self._state_after_last(self._ahead.check)
             return dict(self._state)
         finally:
             lock.release()
 
-    def _unchecked_state(self) -> dict:
-        """The state after the last batch returned, without the next batch's check."""
+    def _state_after_last(self, check: int | None = None) -> dict:
+        """The state after the last batch returned, with the next batch's `check` if known."""
         pos, runs, k = self._position
-        return self._make_state(pos, self._resume.batch + k + 1, runs, None)
+        return self._make_state(pos, self._resume.batch + k + 1, runs, check)
 
     def load_state_dict(self, state: dict):
         """Continue from `state`: the next batch is the one it resumes at (docs/contract.md §3). Another
@@ -587,8 +586,7 @@ class ShmLoader:
             self._stop()
             raise
 
-    def _locate(self, resume: statemod.Resume, rank: int | None = None, world: int | None = None,
-                quiet: bool = False) -> statemod.Resume:
+    def _locate(self, resume: statemod.Resume, rank: int | None = None, world: int | None = None) -> statemod.Resume:
         """The position at `resume.batch` of this rank (or of `rank` of `world`: an old rank at a
         change of world size), by replaying the run over its document lengths (the token
         cache's, or counted by the workers), from the files the state was saved with; a run

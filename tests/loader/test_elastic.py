@@ -330,3 +330,64 @@ def test_random_changes_at_random_points(data, seed):
         seen.pop(0)
         every = {t for (f, g, row), n_tok in lens.items() if n_tok for t in _tokens_of(files, f, g, row)}
         assert set(seen) == every and max(seen.values()) == 1
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_nanochats_loop_on_uneven_row_groups_with_a_bpe_tokenizer(synth, packing):
+    """As nanochat calls it: the drop-in (`x, y, state = next(loader)`) on 2 ranks, the state
+    yielded with batch 6 of rank 0 (it resumes *at* that batch) saved through JSON and given to
+    each of 3 new ranks' drop-ins. The `synth` files: row groups of 50, 1, 7 and 120 documents,
+    a trained BPE tokenizer. Each new rank's batches are its plan's (the oracle's)."""
+    from shmloader import nanochat
+
+    opts = dict(data=str(synth.root), device="cpu", num_workers=2, tokenizer_batch_size=4, timeout=60)
+    make = ((lambda **kw: nanochat.tokenizing_distributed_data_loader_with_state(2, 32, "train",
+                                                                                 tokenizer=synth.tokenizer, **kw))
+            if packing == "concat" else
+            (lambda **kw: nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(
+                synth.tokenizer, 2, 32, "train", buffer_size=12, **kw)))
+    gen = make(rank=0, world_size=2, **opts)
+    saved = [s for _, _, s in itertools.islice(gen, 7)][6]
+    gen.close()
+    files = synth.files("train")
+    first_buffers = []
+    for j in range(3):
+        gen = make(rank=j, world_size=3, resume_state_dict=json.loads(json.dumps(saved)), **opts)
+        got, states = [], []
+        for x, y, s in itertools.islice(gen, 40):
+            x, y = x.numpy(), y.numpy()
+            got.append(np.concatenate([x.reshape(-1)[:1], y.reshape(-1)]) if packing == "concat"
+                       else np.concatenate([x, y[:, -1:]], axis=1))
+            states.append(s)
+        gen.close()
+        plan = elastic.Plan.from_state(states[0]["elastic"])
+        assert (plan.world, plan.batch, states[0]["batch"]) == (2, 6, 6)
+        if packing == "bos_bestfit":  # the state at the plan's start: this rank's first buffer
+            first_buffers += shmloader.state.buffer_runs(states[0], len(files))
+        docs = plan_docs(files, plan, j, 3)
+        if packing == "concat":
+            want = [w for w, _ in itertools.islice(
+                oracle.concat_windows(files, synth.encode, synth.bos, 2, 32, docs=docs), len(got))]
+        else:
+            want = [r for r, _ in itertools.islice(oracle.bestfit_rows(
+                files, synth.encode, synth.bos, 2, 32, 12, 4, runs=elastic.buffer(plan, j, 3), docs=docs), len(got))]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"new rank {j}: not the plan's stream"
+    if packing == "bos_bestfit":  # the old ranks' buffers, each run in one new rank's first buffer
+        assert plan.buffers[0] == tuple(map(tuple, shmloader.state.buffer_runs(saved, len(files))))
+        assert sorted(map(tuple, first_buffers)) == sorted(run for old in plan.buffers for run in old)
+        assert first_buffers, "no buffer to deal out: the check means nothing"
+
+
+def test_a_worker_killed_inside_the_elastic_epoch_is_healed_on_the_plans_stream(data):
+    """2 -> 3, new rank 1 reads, a worker is SIGKILLed after 5 batches (the default max_restarts
+    heals it): the batches go on as the plan's oracle says, none lost or repeated."""
+    root, files, _ = data
+    old = old_run(root, "concat", 2, 8)
+    with loader(root, "concat", 1, 3, resume_state=old[0][1]) as ld:
+        plan = elastic.Plan.from_state(ld.state_dict()["elastic"])
+        got, _ = batches(ld, 5)
+        os.kill(ld.debug().workers[0].pid, signal.SIGKILL)
+        more, _ = batches(ld, 25)
+        assert ld.stats()["heals"] == 1
+    want = expected(files, "concat", plan, 1, 3, 30)
+    assert all(np.array_equal(a, b) for a, b in zip(got + more, want)) and len(got + more) == 30

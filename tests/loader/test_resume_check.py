@@ -161,10 +161,10 @@ def test_a_state_taken_before_the_next_batch_is_made_waits_for_it(tmp_path, posi
     assert max(waits) > 0.005, f"state_dict() never waited for a batch: {waits}"
 
 
-def test_another_shape_or_rank_resumes_without_a_check(tmp_path, position_docs):
-    """With another T the batch at the position is another one, and another rank's state
-    names rank 0's batch: neither is compared, and their states hold no check until a batch
-    of their own was made."""
+def test_another_shape_resumes_without_a_check(tmp_path, position_docs):
+    """With another T the batch at the position is another one: it is not compared, and the
+    state holds no check until a batch of the new shape was made (another rank's state, which
+    names rank 0's batch, is tests/unit/test_state.py's)."""
     plain_shards(tmp_path, position_docs)
     with int_loader(tmp_path, "concat") as ld:
         take(ld, 5)
