@@ -44,6 +44,7 @@ from .ipc import ring as ringmod
 from .ipc.protocol import RunArgs
 from .ipc.ring import RingLayout, WorkerCol
 from .procs.children import ChildLost, ChildrenReleased, locate_position, start_children
+from .procs import precedence
 from .procs.start import forget_forkserver, prestart
 
 HEAL_WINDOW_S = 3600.0  # max_restarts counts the heals within this window
@@ -62,6 +63,7 @@ def _forget_all():
     for loader in list(_live):
         loader._forked()
     forget_forkserver()
+    precedence.forget()
 
 
 def _device(device) -> torch.device:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 7  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check
+LAYOUT_VERSION = 8  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
+#                    8: YIELD_UNTIL
 ALIGN = 4096
 
 
@@ -36,12 +37,15 @@ class Stat(enum.IntEnum):
 
 
 class Counter(enum.IntEnum):
-    """The slot handover's counters (`Ring.counters`; handover.py), after the stats."""
+    """The slot handover's counters (`Ring.counters`; handover.py), after the stats, and the
+    trainer's word to the workers (YIELD_UNTIL)."""
 
     ANNOUNCED = 0     # batches announced (coordinator)
     MESSAGES = 1      # messages queued for the trainer's pipe (coordinator)
     FREES = 2         # frees logged (trainer)
     FREES_SEEN = 3    # frees the coordinator has taken from the log (coordinator)
+    YIELD_UNTIL = 4   # not the handover's: until when (CLOCK_MONOTONIC us) the workers give way to
+    #                   another loader of the trainer that is starting, 0: they don't (procs/precedence.py)
 
 
 # One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k); "check"

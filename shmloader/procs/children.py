@@ -24,6 +24,7 @@ from ..ipc import segment as segmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Released, Warn
 from ..ipc.ring import WorkerCol
+from . import precedence
 from .start import spawn
 
 class Held(NamedTuple):
@@ -57,7 +58,7 @@ MESSAGE_WAIT_S = 1.0
 LIVENESS_CHECK_S = 0.5
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity (procs/precedence.py keeps weak sets of runs)
 class Children:
     segment: segmod.Segment
     ring: ringmod.Ring
@@ -89,7 +90,18 @@ class Children:
         ring's header without a system call (NOTE [slot handover]); otherwise, once the copies
         in flight are done, the trainer blocks on the coordinator's doorbell, its pipe and every
         child's sentinel, for at most `timeout` s (then `LoaderTimeout`). `delivery` gives back
-        the slots the caller let go of first; `waited` is the seconds spent blocked."""
+        the slots the caller let go of first; `waited` is the seconds spent blocked. The run's
+        first batch, or an error before it, ends the other loaders' giving way (precedence.py)."""
+        try:
+            got = self._next_batch(delivery, timeout)
+        except BaseException:
+            precedence.PRECEDENCE.stopped(self)  # no batch from this run now: nobody waits for it
+            raise
+        if got[0] == 0:
+            precedence.PRECEDENCE.started(self)
+        return got
+
+    def _next_batch(self, delivery, timeout: float) -> tuple:
         delivery.reclaim()
         now = time.monotonic()
         if now >= self.next_check:  # a poll per batch is measurable; twice a second is enough
@@ -256,6 +268,7 @@ class Children:
         """Unlink the segment's name first (a coordinator that finds it gone knows the loader
         was closed, and one that finds it there that the trainer died: `ring.unlink_orphan`),
         then let the children go, join them (kill what is left) and unmap the ring."""
+        precedence.PRECEDENCE.stopped(self)
         self.segment.unlink()
         if self.alive_w is not None:
             self.alive_w.close()
@@ -375,6 +388,8 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     kids.stall_s = float(config.stall_s) if config.max_restarts else 0.0  # 0 heals: a stall is a timeout
     try:
         spawn(kids, config, replace(cargs, ring_name=segment.name))
+        if cargs.locate is None:  # the trainer's other loaders give way until its first batch
+            precedence.PRECEDENCE.starting(kids)
     except BaseException:
         kids.shutdown()
         raise

@@ -6,7 +6,9 @@ documents of about `CHUNK_CHARS` characters, one engine call each (`data.engine.
 answering the coordinator's messages every 2 ms (once the run in progress is done), so that a
 long row group never delays a write order; send `Counted(piece, lengths, cache_hit)`; keep
 the tokens as the run's packing keeps them (its spec's `keep`) until its write orders (the
-spec's `order`, carried out by its `write`) have copied all of them into ring slots.
+spec's `order`, carried out by its `write`) have copied all of them into ring slots. While
+another loader of the same training process is starting, it gives way (`_give_way`, before a
+piece and after each run: procs/precedence.py).
 
 Never imports torch. Ignores SIGINT (the trainer handles Ctrl-C and closes the loader). Exits
 when the alive pipe reports EOF (trainer gone or loader closed) or the coordinator's pipe
@@ -31,12 +33,14 @@ from ..data.source import ParquetSource, read_or_skip
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Task, Warn, Written
-from ..ipc.ring import WorkerCol
+from ..ipc.ring import Counter, WorkerCol
 from ..ipc.signals import ignore_sigint
+from .precedence import now_us
 
 IDLE_WAIT_S = 1.0
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
 SERVICE_EVERY_S = 0.002
+GIVE_WAY_POLL_S = 0.02  # a worker giving way looks at its pipes and the trainer's word this often
 CHUNK_CHARS = 32768  # characters of text per engine call (docs/benchmarks.md: its cost)
 LONG_CHARS = 4 * CHUNK_CHARS  # a document this long is encoded beside the worker's loop
 
@@ -54,6 +58,7 @@ class _Ctx:
     source: ParquetSource = None
     ordered: bool = False  # a write order came: the first batch is planned
     listening: Listener = None  # conn and alive
+    gave_way_s: float = 0.0     # seconds spent giving way to another loader (`_give_way`)
 
 
 def worker_main(cfg, args: RunArgs, conn, alive):
@@ -114,11 +119,12 @@ def _loop(ctx: _Ctx):
             row[WorkerCol.PIECE:WorkerCol.DOC + 1] = (piece.index, piece.file, piece.rg, piece.doc_start)
             row[WorkerCol.EPOCH], row[WorkerCol.END] = piece.epoch, piece.doc_end
             row[WorkerCol.BEAT] += 1
-            began = time.perf_counter()
+            _give_way(ctx)
+            began, gave_way = time.perf_counter(), ctx.gave_way_s
             tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
             if piece.skip:  # its first document was begun by another rank (elastic resume)
                 tokens, lengths = skipped(tokens, lengths, piece.skip)
-            busy = time.perf_counter() - began
+            busy = time.perf_counter() - began - (ctx.gave_way_s - gave_way)
             row[WorkerCol.TOKENS] += len(tokens)
             row[WorkerCol.BUSY_US] += int(busy * 1e6)
             if not hit and (ctx.ordered or keep is None):  # after the first batch, or counting only
@@ -155,6 +161,32 @@ def _service(ctx: _Ctx):
         raise Stop
     while ctx.conn.poll():
         _handle(ctx, ctx.conn.recv())
+
+
+def _give_way(ctx: _Ctx):
+    """While the trainer asks (the ring's YIELD_UNTIL: another loader of the training process
+    is starting, procs/precedence.py), tokenize nothing: wait on the pipes, answer the
+    coordinator's messages (write orders included) and beat, until the word is cleared or its
+    deadline passes. Called before each piece and after each run of documents."""
+    counters = ctx.ring.counters
+    until = int(counters[Counter.YIELD_UNTIL])
+    if not until:
+        return
+    began = time.perf_counter()
+    row = ctx.ring.workers[ctx.args.worker]
+    while until:
+        left = until - now_us()
+        if left <= 0:
+            break
+        row[WorkerCol.BEAT] += 1  # giving way is not a stall
+        ready = ctx.listening.wait(min(GIVE_WAY_POLL_S, left / 1e6))
+        if ctx.alive in ready:
+            raise Stop
+        if ctx.conn in ready:
+            while ctx.conn.poll():
+                _handle(ctx, ctx.conn.recv())
+        until = int(counters[Counter.YIELD_UNTIL])
+    ctx.gave_way_s += time.perf_counter() - began
 
 
 def _handle(ctx: _Ctx, msg):
@@ -218,6 +250,8 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
         if time.perf_counter() >= due:  # write orders wait at most about this long (or one chunk)
             _service(ctx)
             due = time.perf_counter() + SERVICE_EVERY_S
+        if beat:
+            _give_way(ctx)
 
     path = ctx.args.files[piece.file]
     tokens, lengths = encode_texts(texts, encode.encode_batch, spec.bos, spec.dtype,

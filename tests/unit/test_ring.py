@@ -40,7 +40,7 @@ def test_layout_examples():
     for pages in (1, 2, 5):
         words = pages * 512
         found = [(s, (words - short - FIXED_WORDS - s * PER_SLOT) // per_worker)
-                 for short in (0, 1) for s in range(1, 9)
+                 for short in (0, 1) for s in range(1, 12)
                  if (words - short - FIXED_WORDS - s * PER_SLOT) % per_worker == 0]
         assert found
         for n_slots, n_workers in found:

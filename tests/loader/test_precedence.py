@@ -1,0 +1,115 @@
+"""A loader that starts while another of the same training process runs has the cores until its
+first batch (procs/precedence.py): nanochat's pattern, a val loader built at every evaluation
+while the train loader runs. As the client sees it: the running loader's workers tokenize
+nothing while the new one starts, go on once its first batch is taken (or it failed), are
+never taken for stalled meanwhile, and both streams are the ones each loader yields alone."""
+import itertools
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shmloader import errors
+from shmloader.ipc.ring import Counter, WorkerCol
+from shmloader.procs import precedence
+from tests import helpers
+from tests.helpers import SlowTokenizer
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+B, T = 2, 16
+
+
+def word(loader) -> int:
+    return int(loader.debug().ring.counters[Counter.YIELD_UNTIL])
+
+
+def tokens_made(loader) -> int:
+    return int(loader.debug().ring.workers[:, WorkerCol.TOKENS].sum())
+
+
+def windows(loader, n) -> list:
+    """`n` batches, inputs then targets, copied (best fit's rows do not overlap as concat's do)."""
+    return [np.concatenate([x.numpy().ravel(), y.numpy().ravel()]) for x, y in itertools.islice(loader, n)]
+
+
+def loader(ds, tokenizer, split="train", **kw):
+    import shmloader
+
+    return shmloader.ShmLoader(str(ds.root), tokenizer, B, T, split, device="cpu", num_workers=2, **kw)
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_starting_loader_pauses_the_running_one_until_its_first_batch(posdata, packing):
+    opts = {"concat": {}, "bos_bestfit": {"buffer_size": 8, "tokenizer_batch_size": 4}}[packing]
+    with posdata.loader(B, T, packing=packing, **opts) as alone:
+        want_train = windows(alone, 30)
+    with posdata.loader(B, T, "val", packing=packing, **opts) as alone:
+        want_val = windows(alone, 3)
+    slow = SlowTokenizer(0.004)  # the val loader's first batch takes a while: ~50 documents of 4 ms
+    with posdata.loader(B, T, packing=packing, **opts) as train, \
+            loader(posdata, slow, "val", packing=packing, **opts) as val:
+        got_train = windows(train, 1)
+        assert word(train) == 0, "a loader alone gives way to nobody"
+        seen, done = [], threading.Event()
+
+        def watch():  # what the train loader's ring says while the val loader starts
+            ring = train.debug().ring
+            while not done.is_set():
+                seen.append((int(ring.counters[Counter.YIELD_UNTIL]), precedence.now_us(),
+                             int(ring.workers[:, WorkerCol.TOKENS].sum())))
+                time.sleep(0.001)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            got_val = windows(val, 1)
+        finally:
+            done.set()
+            watcher.join()
+        paused = [(w, now, made) for w, now, made in seen if w]
+        assert paused, "the train loader's workers were never asked to give way"
+        assert all(now < w <= now + precedence.YIELD_S * 1e6 for w, now, _ in paused)
+        assert paused[-1][2] - paused[0][2] <= 4 * T * B, "the train loader's workers kept tokenizing"
+        assert word(train) == 0, "the pause outlived the val loader's first batch"
+        got_val += windows(val, 2)
+        got_train += windows(train, 29)
+    for got, want, name in ((got_train, want_train, "train"), (got_val, want_val, "val")):
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert np.array_equal(g, w), f"{name} batch {i} differs from the loader's alone"
+
+
+def test_giving_way_is_not_a_stall_and_ends_at_its_deadline(posdata):
+    """A trainer that waits on a paused loader (another thread started one) gets its batch once
+    the pause ends, without a heal, even with a stall limit shorter than the pause."""
+    slow = SlowTokenizer(0.002)
+    with loader(posdata, slow, stall_s=0.3, n_slots=4) as paused:
+        next(paused)
+        ring = paused.debug().ring
+        ring.counters[Counter.YIELD_UNTIL] = precedence.now_us() + 1_000_000  # as a start would
+        time.sleep(0.05)  # a run in progress ends, then they give way
+        made = tokens_made(paused)
+        time.sleep(0.4)
+        assert tokens_made(paused) == made, "workers tokenized while asked to give way"
+        began = time.monotonic()
+        while tokens_made(paused) == made:  # past what the ring and the workers held: waits for the pause's end
+            next(paused)
+            assert time.monotonic() - began < 5.0, "workers still gave way 4 s after the deadline"
+        assert time.monotonic() - began > 0.3, "workers went on before the deadline"
+        assert paused.stats()["heals"] == 0, "a worker giving way was taken for stalled"
+
+
+def test_a_starting_loader_that_fails_lets_the_running_one_go_on(posdata, tmp_path):
+    paths = helpers.position_shards(tmp_path / "bad", [5] * 60, num_files=3, rg=10)
+    helpers.corrupt_row_group(paths[0], 0)
+    import shmloader
+
+    with posdata.loader(B, T) as train:
+        windows(train, 1)
+        with shmloader.ShmLoader(str(tmp_path / "bad"), posdata.tokenizer, B, T, device="cpu",
+                                 num_workers=2) as bad:
+            with pytest.raises(errors.DataError, match="row group 0 cannot be read"):
+                next(bad)
+            assert word(train) == 0, "a first batch that failed left the running loader paused"
+        assert len(windows(train, 20)) == 20
