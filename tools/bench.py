@@ -91,20 +91,26 @@ other, never together. Figures (docs/contract.md §5):
 - nanochat drop-ins (`--no-dropin-runs` to skip): `tokenizing_distributed_data_loader_with_state`
   and `..._with_state_bos_bestfit` iterated as nanochat's loop does, `x, y, state = next(loader)`,
   at the most `--workers` the cores hold, each in a fresh process: the training process's CPU per
-  batch consuming as fast as it goes for `--seconds` (target: best fit <= 1.3x concat), next()
-  after busy work, and the time and size of the last state as JSON.
-- first batch (`--first-batch`) as base_train pays it: each loader stays referenced until the
-  next is built and assigned over it (so dropping it is part of the next evaluation's time;
-  `--first-batch-close` closes each at once instead), `--first-batch-gap-ms` between evaluations,
-  after which the resident memory of the trainer and all its descendants is read (RSS summed
-  and PSS, `tree_memory`); every evaluation's time is compared with nanochat's own loader's
-  (the nanochat-style in-process loaders) at the same evaluation, per corpus.
+  batch consuming as fast as it goes for `--seconds`, next() after busy work, next() at a
+  trainer's pace (after `--dropin-step-ms` of busy work, the batch ready: target best fit <=
+  1.3x concat), and the time and size of the last state as JSON.
+- first batch (`--first-batch`) as base_train pays it: a train loader of the same kind is built
+  and its first batch taken before the first evaluation (`--first-batch-no-train`: none), each
+  val loader stays referenced until the next is built and assigned over it (so dropping it is
+  part of the next evaluation's time; `--first-batch-close` closes each at once instead),
+  `--first-batch-gap-ms` of training steps between evaluations (`--first-batch-step-ms` of busy
+  work and a train batch each; the garbage collector frozen and disabled after the first, as
+  base_train does), after which the resident memory of the trainer and all its descendants is
+  read (RSS summed and PSS, `tree_memory`); every evaluation's time is compared with nanochat's
+  own loader's (the nanochat-style in-process loaders, its train loader too) at the same
+  evaluation, per corpus.
 
 Default data: the stdlib demo corpus of `python -m shmloader.demo`, built into `--cache-dir`.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -429,17 +435,28 @@ def child_main(cfg: dict) -> dict:
     return out
 
 
-def first_batch_series(make, n_loaders: int, take: int, keep: bool = True, gap_s: float = 0.0) -> dict:
+def first_batch_series(make, n_loaders: int, take: int, keep: bool = True, gap_s: float = 0.0,
+                       train=None, step_s: float = 0.05) -> dict:
     """Build `n_loaders` loaders one after the other (evaluations), each timed from the call to
     its first batch, then `take` batches in all from it. With `keep` (nanochat's base_train:
     `val_loader = build_val_loader()` at every evaluation), the last loader stays referenced
     until the next one is built and assigned over it, so dropping it is inside the next
     evaluation's time; else each is closed at once. After each evaluation, `gap_s` (the
     training steps until the next one), then the resident memory of this process and all its
-    descendants (`tree_memory`: the loader's processes, forkserver included)."""
-    times, memory, gen = [], [], None
+    descendants (`tree_memory`: the loader's processes, forkserver included).
+
+    With `train` (base_train's pattern): a train loader (`train()`: an iterator) is built and
+    its first batch taken before the first evaluation (step 0), and the gap is training
+    steps, `step_s` of busy work then a train batch each; after the first step the garbage
+    collector is collected, frozen and disabled, as base_train does after its first step."""
+    times, memory, gen, trainer, buf = [], [], None, None, None
     try:
-        for _ in range(n_loaders):
+        if train is not None:
+            import numpy as np
+
+            trainer, buf = train(), np.zeros(1 << 17)
+            next(trainer)
+        for i in range(n_loaders):
             started = time.perf_counter()
             gen = make()  # the previous loader, still referenced, is dropped here (keep)
             next(gen)
@@ -449,13 +466,27 @@ def first_batch_series(make, n_loaders: int, take: int, keep: bool = True, gap_s
             if not keep:
                 gen.close()
                 gen = None
-            time.sleep(gap_s)
+            if trainer is None:
+                time.sleep(gap_s)
+            else:
+                end = time.perf_counter() + gap_s
+                while True:
+                    busy_work(step_s, buf)
+                    next(trainer)
+                    if i == 0 and gc.isenabled():  # base_train, after its first step
+                        gc.collect()
+                        gc.freeze()
+                        gc.disable()
+                    if time.perf_counter() >= end:
+                        break
             memory.append(tree_memory())
     finally:
-        if gen is not None:
-            gen.close()
+        for it in (gen, trainer):
+            if it is not None:
+                it.close()
     later = times[1:]
-    return {"loaders": n_loaders, "take": take, "keep": keep, "gap_s": gap_s, "first_ms": times[0] * 1e3,
+    return {"loaders": n_loaders, "take": take, "keep": keep, "gap_s": gap_s, "train": train is not None,
+            "step_s": step_s, "first_ms": times[0] * 1e3,
             "later_ms_median": statistics.median(later) * 1e3 if later else None,
             "later_ms_max": max(later) * 1e3 if later else None, "all_ms": [t * 1e3 for t in times],
             "memory_between": memory}
@@ -521,12 +552,13 @@ def first_batch_child(cfg: dict) -> dict:
         from shmloader.data import source
         from shmloader.demo.baseline import nanochat_style_batches, nanochat_style_bestfit_batches
 
-        files, bos = source.split_files(source.list_files(cfg["data"]), split), _bos(enc)
-        if bestfit:
-            make = lambda: nanochat_style_bestfit_batches(files, enc, B, T, bos, buffer_size=1000,  # noqa: E731
-                                                          tokenizer_batch_size=128)
-        else:
-            make = lambda: nanochat_style_batches(files, enc, B, T, bos)  # noqa: E731
+        every, bos = source.list_files(cfg["data"]), _bos(enc)
+
+        def loader(split):
+            files = source.split_files(every, split)
+            if bestfit:
+                return nanochat_style_bestfit_batches(files, enc, B, T, bos, buffer_size=1000, tokenizer_batch_size=128)
+            return nanochat_style_batches(files, enc, B, T, bos)
     else:
         import shmloader
         from shmloader import nanochat
@@ -534,18 +566,26 @@ def first_batch_child(cfg: dict) -> dict:
         opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"], engine=cfg.get("engine", "auto"))
         if cfg.get("fb_idle_release_s") is not None and _has_option("idle_release_s"):  # not in older checkouts
             opts["idle_release_s"] = cfg["fb_idle_release_s"]
-        if bestfit:
-            make = lambda: nanochat.tokenizing_distributed_data_loader_bos_bestfit(  # noqa: E731
-                enc, B, T, split, buffer_size=1000, tokenizer_batch_size=128, **opts)
-        else:
-            make = lambda: nanochat.tokenizing_distributed_data_loader(B, T, split, tokenizer=enc,  # noqa: E731
-                                                                        **opts)
+        def loader(split):
+            if split == "train":  # as base_train: its train loader never idles out, yields states
+                train_opts = {k: v for k, v in opts.items() if k != "idle_release_s"}
+                if bestfit:
+                    return nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(
+                        enc, B, T, split, buffer_size=1000, tokenizer_batch_size=128, **train_opts)
+                return nanochat.tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer=enc,
+                                                                              **train_opts)
+            if bestfit:
+                return nanochat.tokenizing_distributed_data_loader_bos_bestfit(
+                    enc, B, T, split, buffer_size=1000, tokenizer_batch_size=128, **opts)
+            return nanochat.tokenizing_distributed_data_loader(B, T, split, tokenizer=enc, **opts)
     out = {"kind": cfg["kind"], "packing": cfg["packing"], "workers": cfg.get("workers"),
            "label": cfg.get("label")}
     if cfg["kind"] != "fb_baseline":
         out["shmloader"] = os.path.dirname(os.path.dirname(os.path.abspath(shmloader.__file__)))
-    out.update(first_batch_series(make, cfg["fb_loaders"], cfg["fb_take"], keep=cfg.get("fb_keep", True),
-                                  gap_s=cfg.get("fb_gap_ms", 0.0) / 1e3))
+    out.update(first_batch_series(lambda: loader(split), cfg["fb_loaders"], cfg["fb_take"],
+                                  keep=cfg.get("fb_keep", True), gap_s=cfg.get("fb_gap_ms", 0.0) / 1e3,
+                                  train=(lambda: loader("train")) if cfg.get("fb_train", True) else None,
+                                  step_s=cfg.get("fb_step_ms", 50.0) / 1e3))
     return out
 
 
@@ -555,7 +595,10 @@ def dropin_child(cfg: dict) -> dict:
     loop does, `x, y, state = next(loader)`: the training process's CPU per batch (getrusage,
     all threads) consuming as fast as it goes for `seconds` (after a quarter of that to fill the
     read-ahead and best fit's buffer); then the CPU of each `next()` after `cost_busy_ms` of busy
-    work, as a training step; and what turning the last state into JSON costs (a checkpoint)."""
+    work, as a training step; then at a trainer's pace: the CPU of each `next()` after
+    `dropin_step_ms` of busy work, a step longer than the loader takes per batch, so that the
+    batch and its state are ready (the calls that still waited are counted); and what turning
+    the last state into JSON costs (a checkpoint)."""
     import resource
 
     import numpy as np
@@ -590,12 +633,25 @@ def dropin_child(cfg: dict) -> dict:
             c0 = _cpu()
             x, y, state = next(loader)
             after_busy.append(_cpu() - c0)
+        # at a trainer's pace: a step long enough that the batch is ready, so that what is timed
+        # is what a batch and its state cost, not waiting for the loader
+        inner = loader.gi_frame.f_locals.get("loader") if loader.gi_frame is not None else None
+        paced, not_ready = [], 0
+        for _ in range(cfg["cost_batches"]):
+            busy_work(cfg.get("dropin_step_ms", 30.0) / 1e3, buf)
+            waited = inner.stats()["wait_s"] if inner is not None else 0.0
+            c0 = _cpu()
+            x, y, state = next(loader)
+            paced.append(_cpu() - c0)
+            not_ready += inner is not None and inner.stats()["wait_s"] > waited
         c0 = time.perf_counter()
         saved = json.dumps(state)
         json_s = time.perf_counter() - c0
     finally:
         loader.close()
     return {"kind": "dropin", "function": name, "packing": cfg["packing"], "workers": cfg["workers"],
+            "step_ms": cfg.get("dropin_step_ms", 30.0), "paced_us_median": statistics.median(paced) * 1e6,
+            "paced_us_mean": statistics.fmean(paced) * 1e6, "paced_not_ready": not_ready if inner is not None else None,
             "batches": n, "wall_s": wall, "delivered_tokens_per_s": n * B * T / wall,
             "trainer_cpu_us_per_batch": cpu / n * 1e6, "cost_batches": cfg["cost_batches"],
             "cost_busy_ms": cfg.get("cost_busy_ms", 10.0),
@@ -696,7 +752,8 @@ def first_batch_runs(cfg: dict, args) -> dict:
                                 label="this checkout" if args.first_batch_compare is not None else None))
     base = dict(cfg, fb_split=args.first_batch_split, fb_loaders=args.first_batch_loaders,
                 fb_take=args.first_batch_take, fb_keep=not args.first_batch_close, fb_gap_ms=args.first_batch_gap_ms,
-                fb_idle_release_s=args.first_batch_idle_release)
+                fb_idle_release_s=args.first_batch_idle_release, fb_train=not args.first_batch_no_train,
+                fb_step_ms=args.first_batch_step_ms)
     rounds = []
     for i in range(args.repeat):
         runs = []
@@ -734,7 +791,8 @@ def first_batch_runs(cfg: dict, args) -> dict:
                                                                     base_of[r["packing"]]["per_evaluation_ms"])]
     return {"split": args.first_batch_split, "loaders": args.first_batch_loaders, "take": args.first_batch_take,
             "rounds": args.repeat, "keep": not args.first_batch_close, "gap_ms": args.first_batch_gap_ms,
-            "idle_release_s": args.first_batch_idle_release, "corpus": cfg.get(CORPUS), "rows": rows}
+            "idle_release_s": args.first_batch_idle_release, "train": not args.first_batch_no_train,
+            "step_ms": args.first_batch_step_ms, "corpus": cfg.get(CORPUS), "rows": rows}
 
 
 def first_batch_report(fb: dict, c: dict) -> list[str]:
@@ -743,6 +801,10 @@ def first_batch_report(fb: dict, c: dict) -> list[str]:
         f"; each loader stays referenced until the next is built over it (as base_train), "
         f"{fb.get('gap_ms', 0):g} ms between evaluations" if keep else
         f"; each loader closed at once, {fb.get('gap_ms', 0):g} ms between evaluations")
+    if fb.get("train"):
+        pattern += (f"; base_train's pattern: a train loader of the same kind built and its first batch taken before "
+                    f"the first evaluation, the time between evaluations training steps of {fb['step_ms']:g} ms of busy "
+                    f"work and a train batch, the garbage collector frozen and disabled after the first step")
     if fb.get("idle_release_s") is not None:
         pattern += f"; shmloader's idle_release_s={fb['idle_release_s']:g}"
     out = ["", f"first batch, as nanochat's val loader (rebuilt at every evaluation)"
@@ -1097,11 +1159,16 @@ def corpora_report(result: dict) -> list[str]:
         out += ["", f"nanochat's loop through the drop-ins (x, y, state = next(loader), the tokenizer an object, "
                     f"device cpu, {r0['workers']} worker{'s' * (r0['workers'] > 1)}): the training process's CPU per "
                     f"batch consuming as fast as it goes | next() after {r0['cost_busy_ms']:g} ms of busy work "
-                    f"(median of {r0['cost_batches']}) | the last state as JSON"]
-        head = ("corpus", "drop-in", "trainer CPU us/batch", "next() after busy us", "state JSON us", "state JSON bytes")
+                    f"(median of {r0['cost_batches']}) | at a trainer's pace: next() after "
+                    f"{r0.get('step_ms', 30):g} ms of busy work, the batch ready (median; calls that waited) "
+                    f"| the last state as JSON"]
+        head = ("corpus", "drop-in", "trainer CPU us/batch", "next() after busy us", "trainer's pace us (waited)",
+                "state JSON us", "state JSON bytes")
         out.append(_table(head, [(_corpus_name(e), ("best fit" if r["packing"] == "bos_bestfit" else "concat")
                                   + (f" ({r['label']})" if r.get("label") else ""),
                                   f"{r['trainer_cpu_us_per_batch']:,.0f}", f"{r['next_after_busy_us_median']:,.1f}",
+                                  "-" if r.get("paced_us_median") is None else
+                                  f"{r['paced_us_median']:,.1f} ({_fmt(r.get('paced_not_ready'))})",
                                   f"{r['state_json_us']:,.0f}", f"{r['state_json_bytes']:,}") for e, r in dropins]))
     return out
 
@@ -1142,10 +1209,22 @@ def corpora_targets(result: dict) -> list[str]:
         got = {r["packing"]: r for r in e.get("dropin") or [] if r.get("label") != "before"}
         if {"concat", "bos_bestfit"} <= set(got):
             pairs.append((e, got["bos_bestfit"], got["concat"]))
+    paced = [(e, f, c) for e, f, c in pairs if f.get("paced_us_median") and c.get("paced_us_median")]
+    if paced:
+        ratios = [f["paced_us_median"] / c["paced_us_median"] for _, f, c in paced]
+        waited = sum((f.get("paced_not_ready") or 0) + (c.get("paced_not_ready") or 0) for _, f, c in paced)
+        calls = sum(f["cost_batches"] + c["cost_batches"] for _, f, c in paced)
+        lines.append(f"  best-fit drop-in trainer CPU per batch <= {TARGET_DROPIN_RATIO:g}x the concat drop-in's, "
+                     f"at a trainer's pace (nanochat's loop, {paced[0][2]['workers']} workers, "
+                     f"{paced[0][2].get('step_ms', 30):g} ms steps, medians in us; {waited} of {calls} calls waited): "
+                     + ", ".join(f"{_corpus_name(e)} {f['paced_us_median']:,.0f}/{c['paced_us_median']:,.0f} = {x:.2f}x"
+                                 for (e, f, c), x in zip(paced, ratios))
+                     + f"; worst {max(ratios):.2f}x, {met(max(ratios) <= TARGET_DROPIN_RATIO)}")
     if pairs:
         ratios = [f["trainer_cpu_us_per_batch"] / c["trainer_cpu_us_per_batch"] for _, f, c in pairs]
-        lines.append(f"  best-fit drop-in trainer CPU per batch <= {TARGET_DROPIN_RATIO:g}x the concat drop-in's "
-                     f"(nanochat's loop, {pairs[0][2]['workers']} workers; us): "
+        lines.append(f"  best-fit drop-in trainer CPU per batch <= {TARGET_DROPIN_RATIO:g}x the concat drop-in's, "
+                     f"consuming as fast as it goes (nanochat's loop, {pairs[0][2]['workers']} workers; us; best fit "
+                     f"delivers fewer tokens per token read, so it waits more often): "
                      + ", ".join(f"{_corpus_name(e)} {f['trainer_cpu_us_per_batch']:,.0f}/"
                                  f"{c['trainer_cpu_us_per_batch']:,.0f} = {x:.2f}x"
                                  for (e, f, c), x in zip(pairs, ratios))
@@ -1261,6 +1340,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cost-busy-ms", type=float, default=10.0,
                    help="busy CPU work (a numpy and Python spin, no sleep) before each next() and each bare "
                         "view in the after-busy-work measurement, and before each drop-in next() (ms; default 10)")
+    p.add_argument("--dropin-step-ms", type=float, default=30.0,
+                   help="busy work per training step for the drop-ins' at-a-trainer's-pace figure: longer than the "
+                        "loader takes per batch, so that the batch is ready (ms; default 30)")
     p.add_argument("--no-dropin-runs", dest="dropin_runs", action="store_false",
                    help="skip the nanochat drop-in rows (x, y, state = next(loader) with each packing)")
     p.add_argument("--syscall-batches", type=int, default=200,
@@ -1312,6 +1394,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--first-batch-idle-release", type=float, default=None, metavar="S",
                    help="the loaders' idle_release_s (s; default: the loader's own, 30 for val): with a gap longer than "
                         "it, memory between evaluations is read after the idle loader has let its processes go")
+    p.add_argument("--first-batch-no-train", action="store_true",
+                   help="evaluations without a train loader (the default is base_train's: a train loader built and "
+                        "its first batch taken before the first evaluation, training steps between evaluations)")
+    p.add_argument("--first-batch-step-ms", type=float, default=50.0,
+                   help="busy work per training step between evaluations, with a train loader (ms; default 50)")
     p.add_argument("--first-batch-close", action="store_true",
                    help="close each first-batch loader at once (default: keep it referenced until the next "
                         "one is built over it, as nanochat's base_train does)")
@@ -1459,7 +1546,7 @@ def main(argv=None) -> int:
 
     common = {"B": args.batch_size, "T": args.seq_len, "split": args.split, "seconds": args.seconds,
               "first_runs": args.first_runs, "cost_batches": args.cost_batches, "cost_sleep_ms": args.cost_sleep_ms,
-              "cost_busy_ms": args.cost_busy_ms, "engine": args.engine}
+              "cost_busy_ms": args.cost_busy_ms, "dropin_step_ms": args.dropin_step_ms, "engine": args.engine}
     cfgs = [dict(common, data=data, tokenizer=tok, files=source.split_files(source.list_files(data), args.split),
                  **{CORPUS: name}) for name, data, tok in resolve_corpora(args)]
     cfg, data, tok = cfgs[0], cfgs[0]["data"], cfgs[0]["tokenizer"]  # the first corpus: every other row too
