@@ -76,6 +76,29 @@ class SlowTokenizer(IntTokenizer):
         return super().encode(text, prepend, num_threads)
 
 
+class SpinTokenizer(IntTokenizer):
+    """`IntTokenizer` that spends `seconds` of CPU per text (a busy loop, not a sleep): a worker
+    whose CPU time shows whether it is tokenizing."""
+
+    def __init__(self, seconds: float = 0.003, bos: int = 0):
+        super().__init__(bos)
+        self.seconds = seconds
+
+    def encode(self, text, prepend=None, num_threads=None):
+        if isinstance(text, str):
+            end = time.perf_counter() + self.seconds
+            while time.perf_counter() < end:
+                pass
+        return super().encode(text, prepend, num_threads)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` (/proc, clock ticks of 10 ms here)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def position_documents(lengths, start: int = 1) -> list[str]:
     """Documents whose tokens, after each document's BOS, are consecutive stream positions.
 

@@ -92,13 +92,14 @@ class Children:
         child's sentinel, for at most `timeout` s (then `LoaderTimeout`). `delivery` gives back
         the slots the caller let go of first; `waited` is the seconds spent blocked. The run's
         first batch, or an error before it, ends the other loaders' giving way (precedence.py)."""
+        got = None
         try:
             got = self._next_batch(delivery, timeout)
-        except BaseException:
-            precedence.PRECEDENCE.stopped(self)  # no batch from this run now: nobody waits for it
-            raise
-        if got[0] == 0:
-            precedence.PRECEDENCE.started(self)
+        finally:  # a Ctrl-C between the take and this still ends the start
+            if got is None:
+                precedence.PRECEDENCE.failed(self)  # a first batch that did not come: nobody waits for it
+            elif got[0] == 0:
+                precedence.PRECEDENCE.started(self)
         return got
 
     def _next_batch(self, delivery, timeout: float) -> tuple:

@@ -18,9 +18,11 @@ The rule, in the training process (`Precedence`, one per process: `PRECEDENCE`):
   `_give_way`): they keep answering the coordinator's messages and beating, so the stream,
   the write orders and the stall watch are untouched;
 - starting runs never pause each other (two loaders started together share the cores);
-- the word is cleared when the last starting run takes its first batch or stops, and
-  `YIELD_S` bounds a pause whatever happens to the trainer (a first batch that takes longer
-  lets the others go on).
+- the word is cleared when the last starting run takes its first batch, fails or stops (and
+  at any of these once no starting run is left, e.g. one the garbage collector took), and
+  `YIELD_S` from the start that began a pause bounds it whatever happens to the trainer (a
+  first batch that takes longer lets the others go on; a start during a pause does not
+  extend it).
 A run that only finds a position (`locate_position`) does not pause anything. Other training
 processes (other ranks) are never paused: the registry is per process.
 """
@@ -44,7 +46,9 @@ class Precedence:
     once unmapped)."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        # re-entrant: a loader freed by the garbage collector (it runs at any allocation, in any
+        # thread, also inside these methods) closes here, and `stopped` takes the lock again
+        self._lock = threading.RLock()
         self._starting = weakref.WeakSet()
         self._running = weakref.WeakSet()
         self._until = 0  # the deadline the running runs carry (0: none)
@@ -53,26 +57,35 @@ class Precedence:
         """`run`'s children are started: the running ones give way until its first batch."""
         with self._lock:
             self._starting.add(run)
-            self._write(now_us() + int(YIELD_S * 1e6))  # a new deadline: YIELD_S from the latest start
+            now = now_us()
+            # a pause in force keeps its deadline: at most YIELD_S from the start that began it
+            self._write(self._until if self._until > now else now + int(YIELD_S * 1e6))
 
     def started(self, run):
         """`run`'s first batch was taken: it runs, and gives way to the next one that starts."""
         with self._lock:
-            if run in self._starting:
-                self._starting.discard(run)
-                self._running.add(run)
-                if self._starting:  # another one is still starting: this one gives way too
-                    _set(run, self._until)
-                else:
-                    self._write(0)
+            was_starting = run in self._starting
+            self._starting.discard(run)
+            self._running.add(run)  # also a run whose first wait failed (a timeout) and was retried
+            if self._starting:  # another one is still starting: this one gives way too
+                _set(run, self._until)
+            elif was_starting or self._until:
+                self._write(0)
+
+    def failed(self, run):
+        """Waiting for a batch of `run` raised (an error, a timeout, Ctrl-C): if it was starting,
+        nobody waits for its first batch now; a running run stays running."""
+        with self._lock:
+            self._starting.discard(run)
+            if not self._starting and self._until:
+                self._write(0)
 
     def stopped(self, run):
         """`run` stops (before its ring is unmapped)."""
         with self._lock:
-            was_starting = run in self._starting
             self._starting.discard(run)
             self._running.discard(run)
-            if was_starting and not self._starting:
+            if not self._starting and self._until:
                 self._write(0)
 
     def is_starting(self, run) -> bool:
@@ -88,11 +101,6 @@ def _set(run, until: int):
     counters = run.ring.counters
     if counters is not None:
         counters[Counter.YIELD_UNTIL] = until
-
-
-def yield_until(counters) -> int:
-    """The deadline a worker reads (0: no loader of its trainer is starting)."""
-    return int(counters[Counter.YIELD_UNTIL])
 
 
 PRECEDENCE = Precedence()

@@ -1,5 +1,6 @@
 """procs/precedence.py: which runs of a training process give way to one that is starting, and
 when they stop, as the words their rings carry."""
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -82,3 +83,38 @@ def test_a_run_garbage_collected_without_stopping_is_dropped():
     p.starting(val := Run())
     p.started(val)
     assert train.word == 0
+
+
+def test_a_failed_wait_ends_a_start_and_a_retried_one_runs():
+    p = precedence.Precedence()
+    train = started(p, Run())
+    val = Run()
+    p.starting(val)
+    p.failed(train)  # a running run's wait that raised: it still runs, the pause stands
+    assert train.word > 0
+    p.failed(val)  # its first batch raised: the others go on
+    assert train.word == 0
+    p.started(val)  # retried, and its first batch came: it runs, and gives way to the next start
+    p.starting(third := Run())
+    assert val.word > 0 and train.word > 0
+    p.started(third)
+    assert val.word == 0 and train.word == 0
+
+
+def test_a_start_during_a_pause_keeps_its_deadline_and_one_after_it_begins_a_new_one(monkeypatch):
+    p = precedence.Precedence()
+    train = started(p, Run())
+    p.starting(a := Run())
+    first = train.word
+    time.sleep(0.01)
+    p.starting(b := Run())
+    assert train.word == first, "a second start extended the pause past YIELD_S from the first"
+    monkeypatch.setattr(precedence, "YIELD_S", 0.001)
+    p2 = precedence.Precedence()
+    train2 = started(p2, Run())
+    p2.starting(c := Run())
+    expired = train2.word
+    time.sleep(0.01)
+    p2.starting(d := Run())
+    assert train2.word > expired, "a start after the deadline passed did not pause the others"
+    del a, b, c, d
