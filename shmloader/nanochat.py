@@ -8,14 +8,31 @@ a one-file train split and a missing or broken tokenizer raise there, in the cal
 process; what is inside the files (columns, row groups, corruption) is read, and any error
 in it raised, from the first `next()` on.
 """
+import os
+
 from .loader import ShmLoader
+
+
+def _workers(tokenizer_threads: int, num_workers) -> int:
+    """nanochat's `tokenizer_threads` as worker processes, at most the cores this process may run
+    on (a worker is a process per core: more of them only contend, and each one more is a
+    process to start at every evaluation); `num_workers` given: that. A count that is not one
+    goes to the loader as it is, which names it."""
+    if num_workers is not None:
+        return num_workers
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or tokenizer_threads
+    valid = isinstance(tokenizer_threads, int) and not isinstance(tokenizer_threads, bool) and tokenizer_threads >= 1
+    return min(tokenizer_threads, cores) if valid else tokenizer_threads  # else LoaderConfig names it
 
 
 def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads=4, tokenizer_batch_size=128,
                                                   device="cuda", resume_state_dict=None, *, data=None,
                                                   tokenizer=None, num_workers=None, **options):
     """nanochat's `tokenizing_distributed_data_loader_with_state`: yields (inputs, targets, state)."""
-    loader = ShmLoader(data, tokenizer, B, T, split, num_workers=tokenizer_threads if num_workers is None else num_workers,
+    loader = ShmLoader(data, tokenizer, B, T, split, num_workers=_workers(tokenizer_threads, num_workers),
                        device=device, resume_state=resume_state_dict,
                        tokenizer_batch_size=tokenizer_batch_size, **options)
     return _with_state(loader)
@@ -36,7 +53,7 @@ def tokenizing_distributed_data_loader_with_state_bos_bestfit(
         resume_state_dict=None, buffer_size=1000, *, data=None, num_workers=None, **options):
     """nanochat's BOS-aligned best-fit loader: yields (inputs, targets, state)."""
     loader = ShmLoader(data, tokenizer, B, T, split, packing="bos_bestfit",
-                       num_workers=tokenizer_threads if num_workers is None else num_workers, device=device,
+                       num_workers=_workers(tokenizer_threads, num_workers), device=device,
                        resume_state=resume_state_dict, tokenizer_batch_size=tokenizer_batch_size,
                        buffer_size=buffer_size, **options)
     return _with_state(loader)

@@ -27,7 +27,8 @@ STEPS = 110  # crosses the train epoch of posdata on either rank of 2, for both 
 
 
 def make_loader(ds, packing, rank, workers, state, **options):
-    common = dict(data=str(ds.root), rank=rank, world_size=2, **options)
+    # num_workers: exactly `workers` (tokenizer_threads alone is capped at the machine's cores)
+    common = dict(data=str(ds.root), rank=rank, world_size=2, num_workers=workers, **options)
     if packing == "concat":
         return shmloader.tokenizing_distributed_data_loader_with_state(
             B, T, "train", workers, 128, "cpu", state, tokenizer=ds.tokenizer, **common)
