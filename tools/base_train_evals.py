@@ -52,6 +52,9 @@ ARGS = ["--device-type=cpu", "--depth=2", "--aspect-ratio=32", "--head-dim=32", 
 
 
 def patched(nanochat: Path, into: Path, loader: str) -> Path:
+    if not (nanochat / "scripts" / "base_train.py").is_file():
+        raise SystemExit(f"{nanochat}: no scripts/base_train.py: give a nanochat work tree (a bare git directory: "
+                         f"`git -C DIR archive HEAD | tar -x -C OUT` makes one)")
     shutil.copytree(nanochat, into, ignore=shutil.ignore_patterns(".git"))
     script = into / "scripts" / "base_train.py"
     text = script.read_text()
