@@ -101,20 +101,21 @@ def test_a_failed_wait_ends_a_start_and_a_retried_one_runs():
     assert val.word == 0 and train.word == 0
 
 
-def test_a_start_during_a_pause_keeps_its_deadline_and_one_after_it_begins_a_new_one(monkeypatch):
+def two_starts(gap_s: float) -> tuple:
+    """The running run's word after one start, and after a second one `gap_s` later."""
     p = precedence.Precedence()
     train = started(p, Run())
-    p.starting(a := Run())
+    runs = [Run(), Run()]  # referenced: the weak sets keep them
+    p.starting(runs[0])
     first = train.word
-    time.sleep(0.01)
-    p.starting(b := Run())
-    assert train.word == first, "a second start extended the pause past YIELD_S from the first"
+    time.sleep(gap_s)
+    p.starting(runs[1])
+    return first, train.word
+
+
+def test_a_start_during_a_pause_keeps_its_deadline_and_one_after_it_begins_a_new_one(monkeypatch):
+    first, second = two_starts(0.01)
+    assert second == first, "a second start extended the pause past YIELD_S from the first"
     monkeypatch.setattr(precedence, "YIELD_S", 0.001)
-    p2 = precedence.Precedence()
-    train2 = started(p2, Run())
-    p2.starting(c := Run())
-    expired = train2.word
-    time.sleep(0.01)
-    p2.starting(d := Run())
-    assert train2.word > expired, "a start after the deadline passed did not pause the others"
-    del a, b, c, d
+    expired, renewed = two_starts(0.01)
+    assert renewed > expired, "a start after the deadline passed did not pause the others"
