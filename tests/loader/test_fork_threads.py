@@ -3,8 +3,8 @@
 Fork: a trainer script builds a loader, takes batches, forks; the child exits the usual way
 (`sys.exit`, so multiprocessing's and shmloader's exit handlers run in it), or calls `next()` on
 the inherited loader (a `LoaderClosed` naming the fork), or builds a loader of its own. The
-parent's loader must go on untouched: the same processes, the same segment, and the batches
-of an uninterrupted run (token = position data, so each window is checked by arithmetic).
+parent's loader must go on untouched: the same processes, the same segment, never asked to
+give way to the child's loader, and the batches of an uninterrupted run (token = position data, so each window is checked by arithmetic).
 Threads: two threads calling `next()` on one loader get every batch of the stream exactly once,
 each thread its batches in stream order.
 """
@@ -46,12 +46,26 @@ if child == 0:
             first = window_of(*next(own)).tolist()
         sys.exit(0 if first == windows[0] else 5)
     sys.exit(0)  # exit handlers run here: multiprocessing's, atexit's
+# the parent's ring while the child runs: a child's own loader must not make this one give way
+# (the child forgets the trainer's runs: procs/precedence.py)
+import threading
+from shmloader.ipc.ring import Counter
+words, done = [], threading.Event()
+def watch():
+    while not done.is_set():
+        words.append(int(info.ring.counters[Counter.YIELD_UNTIL]))
+        done.wait(0.002)
+watcher = threading.Thread(target=watch)
+watcher.start()
 _, status = os.waitpid(child, 0)
+done.set()
+watcher.join()
 alive = all(os.path.exists(f"/proc/{{pid}}") for pid in before["pids"])
 segment_there = os.path.exists("/dev/shm/" + before["segment"])
 windows += [window_of(*next(loader)).tolist() for _ in range(40)]
 loader.close()
-print(json.dumps({{"child_status": status, "alive": alive, "segment": segment_there, "windows": windows}}))
+print(json.dumps({{"child_status": status, "alive": alive, "segment": segment_there, "windows": windows,
+                  "paused": max(words), "looks": len(words)}}))
 """.format(B=B, T=T)
 
 
@@ -65,6 +79,7 @@ def test_a_forked_child_never_touches_the_parents_loader(posdata, tmp_path, case
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["child_status"] == 0, f"the child's check failed (wait status {out['child_status']}): {proc.stderr}"
     assert out["alive"] and out["segment"], "the child's exit touched the parent's processes or segment"
+    assert out["looks"] > 0 and out["paused"] == 0, "the child's loader made the parent's loader give way"
     want, _ = posdata.expected(len(out["windows"]), B, T)
     assert [np.array(w).tolist() for w in want] == out["windows"]
     assert "Traceback" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr

@@ -1,9 +1,11 @@
 """The demo's data preparation, tools/profile_worker.py's sorting of samples and tools/bench.py's
 parts, in this process: the demo never overwrites data it did not write, a py-spy profile's
 samples are sorted by the worker code they are in, the bench's corpora are built once and its
-targets take the worst corpus. (The demo and the tools run as a user runs them:
+targets take the worst corpus; tools/base_train_evals.py patches only nanochat's loader import
+and times the val loader without changing its batches. (The demo and the tools run as a user runs them:
 tests/loader/test_tools.py.)
 """
+import re
 import sys
 
 import pyarrow.parquet as pq
@@ -57,14 +59,20 @@ def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
 
 # ---------------------------------------------------------------- tools/bench.py, in this process
 
-@pytest.fixture(scope="module")
-def bench():
+def _tool(name: str):
+    """A module of tools/, imported as the tools import each other (tools/ on sys.path)."""
+    import importlib
+
     sys.path.insert(0, str(REPO_ROOT / "tools"))
     try:
-        import bench
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return bench
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _tool("bench")
 
 
 def test_bench_corpus_options_parse(bench, tmp_path):
@@ -212,3 +220,35 @@ def test_bench_first_batch_targets_compare_every_evaluation(bench):
     assert "500 MiB RSS summed over 6 processes (300 PSS) against 280 MiB" in line
     fb["rows"][1]["vs_nanochat_per_evaluation"] = [0.9, 0.96, 0.96]
     assert "worst 0.96x, met" in bench.first_batch_targets(fb)[0]
+
+
+# ---------------------------------------------------------------- tools/base_train_evals.py
+
+@pytest.fixture(scope="module")
+def evals():
+    return _tool("base_train_evals")
+
+
+def test_base_train_evals_patches_only_the_loader_import_and_times_the_val_loader(evals, tmp_path, capsys):
+    checkout = tmp_path / "nanochat"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "scripts" / "base_train.py").write_text(f"import time\n{evals.IMPORT}\nx = 1\n{evals.BUILD}\ny = 2\n")
+    (checkout / ".git").mkdir()
+    own = (evals.patched(checkout, tmp_path / "own", "nanochat") / "scripts" / "base_train.py").read_text()
+    shm = (evals.patched(checkout, tmp_path / "shm", "shmloader") / "scripts" / "base_train.py").read_text()
+    assert evals.IMPORT in own and evals.IMPORT not in shm
+    assert evals.IMPORT.replace("nanochat.dataloader", "shmloader.nanochat") in shm
+    assert own.replace(evals.IMPORT, "") == shm.replace(evals.IMPORT.replace("nanochat.dataloader", "shmloader.nanochat"), "")
+    assert not (tmp_path / "own" / ".git").exists()
+    # the wrapper yields the loader's batches unchanged and prints the time to the first one
+    scope = {"time": __import__("time"), "build_val_loader": lambda: iter([10, 11, 12])}
+    exec(evals.TIMER, scope)
+    gen = scope["build_val_loader"]()
+    assert capsys.readouterr().out == ""  # nothing read before the first next(), as in the script
+    assert list(gen) == [10, 11, 12]
+    assert re.fullmatch(r"FIRSTVAL [\d.]+ ms\n", capsys.readouterr().out)
+    (checkout / "scripts" / "base_train.py").write_text("import time\n")
+    with pytest.raises(SystemExit, match="patch it by hand"):
+        evals.patched(checkout, tmp_path / "other", "shmloader")
+    with pytest.raises(SystemExit, match="no scripts/base_train.py"):
+        evals.patched(tmp_path / "bare", tmp_path / "again", "shmloader")
