@@ -2,7 +2,7 @@
 
 A drop-in for nanochat's loaders (see README.md). Importing the package does nothing but
 define names: torch, pyarrow and tiktoken are imported when a loader is made, and worker
-processes, which import `shmloader.worker`, never import torch.
+processes, which import `shmloader.procs.worker`, never import torch.
 """
 __version__ = "0.1.0"
 

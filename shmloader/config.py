@@ -1,10 +1,17 @@
-"""The loader's settings: one frozen object, checked when it is made.
+"""The loader's settings: one frozen object, checked and resolved when it is made.
 
 Every argument error is a ValueError naming the argument, what it was and what is allowed.
+Options whose default depends on others are resolved here, in place, under their own names:
+`max_piece_docs` (1024; uncapped with `cache_dir`), `max_piece_bytes` (8 MiB for concat,
+1 MiB for best fit; none with `cache_dir`), `idle_release_s` (30 s for the val split, 0:
+never, for train), `stall_s` (60 s; 0, off, with `max_restarts=0`). An option that cannot act
+with the others given is refused, naming why (`stall_s` with `max_restarts=0`, a piece cap
+with `cache_dir`).
 `fingerprint` is the part of the config that a resume state must match (docs/contract.md §3):
 what changes the stream. `spec` is the packing's spec (packing/base.py: `Packing`), which sizes
 the ring's slots. Pure: no torch, no files, no processes.
 """
+import os
 from dataclasses import dataclass
 
 from .packing import PACKINGS
@@ -14,8 +21,11 @@ OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's pla
 ENGINES = ("auto", "tiktoken", "fastokens")  # data/engine.py: who tokenizes; the stream is the same
 
 IDLE_RELEASE_VAL_S = 30.0  # idle_release_s's default for the val split
+PIECE_DOCS = 1024             # max_piece_docs's default
 PIECE_BYTES = 8 << 20         # max_piece_bytes's default for concat
 PIECE_BYTES_BUFFERED = 1 << 20  # and for best fit
+UNCAPPED = 1 << 40            # max_piece_docs with a token cache: pieces are whole row groups
+STALL_S = 60.0                # stall_s's default
 
 
 @dataclass(frozen=True)
@@ -28,8 +38,8 @@ class LoaderConfig:
     n_slots: int = 8
     tokenizer_batch_size: int = 128
     buffer_size: int = 1000
-    max_piece_docs: int = 1024
-    max_piece_bytes: int | None = None  # None: 8 MiB for concat, 1 MiB for best fit (piece_bytes)
+    max_piece_docs: int | None = None   # None: PIECE_DOCS, or UNCAPPED with cache_dir
+    max_piece_bytes: int | None = None  # None: 8 MiB for concat, 1 MiB for best fit; stays None with cache_dir
     start_method: str = "forkserver"
     timeout: float = 300.0
     on_bad_row_group: str = "raise"
@@ -37,15 +47,19 @@ class LoaderConfig:
     log_every: int = 0
     other_rank: str = "exact"
     engine: str = "auto"
-    idle_release_s: float | None = None  # None: 30 s for split 'val', never for 'train' (idle_seconds)
+    idle_release_s: float | None = None  # None: 30 s for split 'val', 0 (never) for 'train'
     max_restarts: int = 3
-    stall_s: float = 60.0
+    stall_s: float | None = None         # None: STALL_S, or 0 (off) with max_restarts=0
 
     def __post_init__(self):
+        self._check()
+        self._resolve()
+
+    def _check(self):
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
                      "max_piece_docs", "max_piece_bytes"):
             value = getattr(self, name)
-            if value is None and name == "max_piece_bytes":
+            if value is None and name in ("max_piece_docs", "max_piece_bytes"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -69,19 +83,40 @@ class LoaderConfig:
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ValueError(f"max_restarts must be a count >= 0 (0: the first death is an error), "
                              f"got {self.max_restarts!r}")
-        if not (isinstance(self.stall_s, (int, float)) and not isinstance(self.stall_s, bool) and self.stall_s >= 0):
-            raise ValueError(f"stall_s must be seconds >= 0 (0: a stall waits for timeout), got {self.stall_s!r}")
+        if self.stall_s is not None and not (isinstance(self.stall_s, (int, float)) and not isinstance(self.stall_s, bool)
+                                             and self.stall_s >= 0):
+            raise ValueError(f"stall_s must be seconds >= 0 (0: a stall waits for timeout) or None (60 s), "
+                             f"got {self.stall_s!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 
-    @property
-    def idle_seconds(self) -> float:
-        """`idle_release_s`, or its default: 30 s for the val split (an evaluation's loader, idle
-        between evaluations), never for train (read all the time, and needed again right after a
-        pause: a release would cost a first batch, for best fit a buffer re-read)."""
-        if self.idle_release_s is not None:
-            return float(self.idle_release_s)
-        return IDLE_RELEASE_VAL_S if self.split == "val" else 0.0
+        if self.stall_s and self.max_restarts == 0:
+            raise ValueError(f"stall_s={self.stall_s:g} acts only with max_restarts > 0 (a stalled process is "
+                             f"killed and healed); with max_restarts=0 a stall is a LoaderTimeout after timeout= "
+                             f"(now {self.timeout:g} s): set timeout instead")
+        for name in ("max_piece_docs", "max_piece_bytes"):
+            if self.cache_dir is not None and getattr(self, name) is not None:
+                raise ValueError(f"{name}={getattr(self, name)} acts only without cache_dir: with a token cache "
+                                 f"pieces are whole row groups, so that each row group is cached whole")
+
+    def _resolve(self):
+        """Each option's default, where it depends on the others (see the module docstring):
+        idle_release_s is 30 s for the val split (an evaluation's loader, idle between
+        evaluations) and never for train (read all the time, and needed again right after a
+        pause: a release would cost a first batch, for best fit a buffer re-read). Pieces:
+        docs/design.md, "Canonical order and pieces"."""
+        cached = self.cache_dir is not None
+        resolved = {
+            "max_piece_docs": UNCAPPED if cached else PIECE_DOCS,
+            "max_piece_bytes": None if cached else PIECE_BYTES_BUFFERED if self.spec.buffered else PIECE_BYTES,
+            "idle_release_s": IDLE_RELEASE_VAL_S if self.split == "val" else 0.0,
+            "stall_s": STALL_S if self.max_restarts else 0.0,
+        }
+        for name, default in resolved.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+        object.__setattr__(self, "idle_release_s", float(self.idle_release_s))
+        object.__setattr__(self, "stall_s", float(self.stall_s))
 
     @property
     def spec(self):
@@ -105,24 +140,6 @@ class LoaderConfig:
         return max(1, self.n_slots // 2)
 
     @property
-    def piece_cap(self) -> int:
-        """With a cache, pieces after the ramp are whole row groups so that they get cached."""
-        return self.max_piece_docs if self.cache_dir is None else 1 << 40
-
-    @property
-    def piece_bytes(self) -> int | None:
-        """Text bytes a piece holds at most (data/order.py); None with a cache (whole row groups).
-        By default 8 MiB for concat (a nanochat row group, ~4.8 MB, stays whole: each worker
-        given a piece of a row group decompresses all of it) and 1 MiB for best fit (its workers
-        stop at a cap on documents read ahead of its buffer, and a whole 1,024-document row
-        group left one of two workers idle a third of the time): docs/benchmarks.md."""
-        if self.cache_dir is not None:
-            return None
-        if self.max_piece_bytes is not None:
-            return self.max_piece_bytes
-        return PIECE_BYTES_BUFFERED if self.spec.buffered else PIECE_BYTES
-
-    @property
     def piece_unit(self) -> int:
         """Pieces hold whole units of documents: best fit's chunks, so that none is split."""
         return self.tokenizer_batch_size if self.spec.buffered else 1
@@ -136,6 +153,26 @@ class LoaderConfig:
         if self.on_bad_row_group == "skip":
             out["on_bad_row_group"] = "skip"  # skipping changes the stream
         return out
+
+
+def place(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """`(rank, world_size)`: those given, else torchrun's `RANK` and `WORLD_SIZE`, else 0 of 1."""
+    rank = _env_int("RANK", 0) if rank is None else rank
+    world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+    return rank, world_size
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer (torchrun sets "
+                         f"RANK and WORLD_SIZE; or pass rank= and world_size=)") from None
 
 
 def _choice(name: str, value, allowed: tuple):

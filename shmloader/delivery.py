@@ -31,6 +31,8 @@ from collections import deque
 import numpy as np
 import torch
 
+from .errors import DeviceError
+
 CUDA_HOST_REGISTER_PORTABLE = 1
 
 
@@ -188,6 +190,21 @@ def pin(slots: np.ndarray, device: torch.device):
                                                   CUDA_HOST_REGISTER_PORTABLE)
     if int(rc) != 0:
         raise RuntimeError(f"cudaHostRegister of the {slots.nbytes} byte ring failed with CUDA error {rc}")
+
+
+def device_of(device) -> torch.device:
+    """`device` as a torch.device with its index; a CUDA device this torch cannot use is a
+    DeviceError that says to pass device="cpu" (torch's own is an AssertionError, raised later)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is a CPU build" if torch.version.cuda is None
+                   else "no CUDA device is visible (CUDA_VISIBLE_DEVICES, the driver?)")
+            raise DeviceError(f"device={str(device)!r}, but {why} (torch {torch.__version__}); "
+                              f"pass device=\"cpu\" to load on the CPU")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def make(device: torch.device, slots: np.ndarray, free, lend_cap: int):

@@ -1,7 +1,7 @@
 """The resume state: small, versioned, JSON-serialisable, checked against the loader.
 
 A state names a position in this rank's canonical stream, the first token of a batch:
-`{"version": 3, "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
+`{"version" (`VERSION`, the one place it is written), "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
 group), "skip" (tokens of that document before the position), "batch" (batches of the run
 before the position), "shapes" ([first batch, B, T] of each batch shape the run used),
 "origin" (None, or the nanochat keys the run started from), "rank", "world_size",
@@ -28,8 +28,8 @@ change of the data that the files' names, sizes and footers cannot show.
   difference (split, packing, tokenizer, best-fit settings, world size, a file at or before
   the position: its name, its size, or, when the state knows it, its footer) is a ValueError
   naming each difference in words.
-Versions 2 (files as [name, bytes], no footers), 3 (best fit's buffer as a list of runs) and
-4 (no check) are read too.
+Older versions are read too (`READS`): 2 (files as [name, bytes], no footers), 3 (best fit's
+buffer as a list of runs) and 4 (no check).
 
 Why the buffer is text: nanochat's loop takes a state with every batch, and best fit's buffer
 holds ~1000 documents in a few hundred runs. As lists of Python ints that is thousands of
@@ -43,10 +43,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .data.catalogue import described_files
 from .data.elastic import Plan, in_units
-from .data.order import Cursor, nanochat_cursor, start_cursor
+from .data.order import nanochat_position, start_position
 from .errors import warn
-from .packing.runs import RUN_WIDTHS, Encoded, encode_buffer, narrow  # noqa: F401 (narrow: the state's API)
+from .position import Position
+from .packing.runs import BufferText, decode, decode_runs, encode_buffer, encode_runs, narrow  # noqa: F401 (the state's API)
 
 VERSION = 5
 READS = (2, 3, 4, 5)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`);
@@ -75,9 +77,8 @@ class Loader:
 class Resume:
     """Where to start. `locate` is set when this rank must first find its position by
     replaying `origin`, `shapes` and `batch` over its own document lengths."""
-    cursor: Cursor
-    skip: int = 0
-    runs: list = field(default_factory=list)
+    position: Position
+    runs: list = field(default_factory=list)  # a buffered packing: the buffer there, as runs
     batch: int = 0
     shapes: list = field(default_factory=list)
     origin: dict | None = None
@@ -98,7 +99,7 @@ class Change:
     `Plan` (data/elastic.py)."""
     world: int
     rank: int
-    position: tuple        # (epoch, file, rg, doc, skip)
+    position: Position
     runs: list             # best fit: its buffer runs
     parent: Plan | None    # the plan the saved run began with, if it began at a change too
 
@@ -129,17 +130,9 @@ def _plan_field(state: dict) -> Plan | None:
     return plan
 
 
-def file_list(paths: list[str], sizes: list) -> list[list]:
-    """[[name, bytes, None], ...]: names, not directories (a moved data set still resumes); -1
-    for a size the filesystem does not know (a missing object, reported when it is read); the
-    footer digest is learnt when the run opens the file."""
-    return [[os.fspath(p).replace("\\", "/").rsplit("/", 1)[-1], -1 if s is None else int(s), None]
-            for p, s in zip(paths, sizes)]
-
-
 def start(loader: Loader) -> Resume:
     """A fresh run: epoch 1, file 0, this rank's first row group."""
-    return Resume(start_cursor(loader.rank), shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
+    return Resume(start_position(loader.rank), shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
 
 
 def base_state(loader: Loader, resume: Resume) -> dict:
@@ -150,31 +143,22 @@ def base_state(loader: Loader, resume: Resume) -> dict:
             "elastic": plan_state(resume.plan)}
 
 
-def described_files(files: list, epoch: int, file: int) -> list:
-    """The files as a state at (epoch, file) describes them: with their footers up to its
-    position (every file past epoch 1), which the run read before that batch whatever its
-    timing, and without them after it, where what the coordinator has read ahead depends on
-    timing: so that a state is the same in every run."""
-    if epoch > 1 or all(f[2] is None for f in files[file + 1:]):
-        return files
-    return files[:file + 1] + [[name, size, None] for name, size, _ in files[file + 1:]]
-
-
-def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, batch: int,
-               buffer=None, files: list | None = None, check: int | None = None) -> dict:
-    """A state; best fit adds its `buffer` runs (an (n, 5) int64 array, a list of runs, or
-    their `encode_buffer`, which the coordinator writes into the batch's slot), written as
-    `encode_runs` text; `files`: `described_files` of the base's, if at hand; `check`: the
-    batch_check of the batch it resumes at, if known. Called with every batch in nanochat's
-    loop: a dict copy and a crc32 of a short key (the buffer's text and crc come made). Its
-    digest is `digest`'s."""
+def make_state(base: dict, position: Position, batch: int, buffer=None, files: list | None = None,
+               check: int | None = None) -> dict:
+    """The state at `position` (its file numbered as the state's `files` are) after `batch`
+    batches; best fit adds its `buffer` runs (an (n, 5) int64 array, a list of runs, or their
+    `BufferText`, which the coordinator writes into the batch's slot), written as `encode_runs`
+    text; `files`: `described_files` of the base's, if at hand; `check`: the batch_check of the
+    batch it resumes at, if known. Called with every batch in nanochat's loop: a dict copy and
+    a crc32 of a short key (the buffer's text and crc come made). Its digest is `digest`'s."""
+    epoch, file, rg, doc, skip = position
     state = dict(base)
     state["files"] = files if files is not None else described_files(base["files"], epoch, file)
     state["epoch"], state["pq_idx"], state["rg_idx"], state["doc_idx"] = epoch, file, rg, doc
     state["skip"], state["batch"] = skip, batch
     crc = 0
     if buffer is not None:
-        text, crc = buffer if isinstance(buffer, Encoded) else encode_buffer(buffer)
+        text, crc = buffer if isinstance(buffer, BufferText) else encode_buffer(buffer)
         state["buffer"] = text
     state["check"] = checked = None if check is None else f"{check:08x}"
     # digest()'s key, formatted at once (an f-string field is str() of its value)
@@ -186,45 +170,30 @@ def make_state(base: dict, epoch: int, file: int, rg: int, doc: int, skip: int, 
     return state
 
 
-def encode_runs(runs) -> str:
-    """Best fit's buffer runs `[epoch, file, rg, row, count]` (non-negative integers; an (n, 5)
-    array or a list of runs) as a state's "buffer" text: "" for an empty buffer, else the
-    width `u1`, `u2`, `u4` or `u8`, a colon, and the hex of every run's five values in turn,
-    little-endian unsigned integers of that many bytes, the narrowest that holds them all."""
-    prefix, values = narrow(runs)
-    return f"{prefix}:{values.tobytes().hex()}" if values.size else ""
+class Writer:
+    """The states of a loader from one start or resume on: the fields that stay the same
+    (`base_state`), and one state per progress mark (`state`: the `procs.run.Mark` after a
+    batch, in the run's numbering of the files), numbered and described as its epoch orders
+    the files (`catalogue.described`)."""
 
+    def __init__(self, identity: Loader, resume: Resume, catalogue):
+        self._base = base_state(identity, resume)
+        self._catalogue = catalogue
 
-def _decode(text: str) -> tuple[str, bytes, np.ndarray]:
-    """`(prefix, raw bytes, (n, 5) int64 runs)` of a buffer text; a malformed one is a ValueError."""
-    if text == "":
-        return "", b"", np.zeros((0, 5), dtype=np.int64)
-    prefix, colon, body = text.partition(":")
-    dtype = next((d for _, d, p in RUN_WIDTHS if p == prefix), None) if colon else None
-    if dtype is None:
-        raise ValueError(f"resume state field 'buffer' must start with u1:, u2:, u4: or u8:, got {text[:12]!r}")
-    try:
-        raw = bytes.fromhex(body)
-    except ValueError:
-        raise ValueError("resume state field 'buffer' is not hex after its width") from None
-    width = np.dtype(dtype).itemsize
-    if not raw or len(raw) % (5 * width) or raw.hex() != body:
-        raise ValueError(f"resume state field 'buffer' holds {len(raw)} bytes of hex: not whole runs of "
-                         f"5 {prefix} values (lowercase hex, no spaces)")
-    values = np.frombuffer(raw, dtype=dtype)
-    if int(values.max()) > RUN_WIDTHS[-1][0]:
-        raise ValueError("resume state field 'buffer' has a value past 2**63 - 1")
-    return prefix, raw, values.astype(np.int64).reshape(-1, 5)
-
-
-def decode_runs(text: str) -> np.ndarray:
-    """The (n, 5) int64 runs of a buffer text (`encode_runs`); a malformed one is a ValueError."""
-    return _decode(text)[2]
+    def state(self, mark, check: int | None = None) -> dict:
+        """The state at `mark` (batch, position, buffer), with the check of the batch there if known."""
+        position, buffer = mark.position, mark.buffer
+        pq, files, renumber = self._catalogue.described(position.epoch, position.file)
+        if buffer is not None and renumber is not None:  # the run's file numbers are not the state's
+            runs = decode_runs(buffer.text)
+            runs[:, 1] = renumber[runs[:, 1]]
+            buffer = runs
+        return make_state(self._base, position._replace(file=pq), mark.batch, buffer, files=files, check=check)
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:
     """crc32 of the rank, the world size, the position, the batch count, the shapes, the origin,
-    the check (version 5) and the buffer. DCP keeps one value per key across ranks, so a state saved under one key by
+    the check (in the versions that have it) and the buffer. DCP keeps one value per key across ranks, so a state saved under one key by
     every rank comes back with fields of different ranks; the digest turns that (and hand
     edits) into an error, not a wrong resume.
 
@@ -301,8 +270,8 @@ def check(state, loader: Loader) -> Resume:
         raise ValueError(f"resume state field 'skip' is {pos['skip']}; a {loader.fingerprint.get('packing')} "
                          f"state has skip 0")
     runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
-    cursor = Cursor(pos["epoch"], pos["pq_idx"], pos["rg_idx"], pos["doc_idx"])
-    return Resume(cursor, pos["skip"], runs, check=check, plan=plan, **common)
+    position = Position(*(pos[k] for k in POSITION_FIELDS))
+    return Resume(position, runs, check=check, plan=plan, **common)
 
 
 def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: dict, saved_files: list) -> Resume:
@@ -326,12 +295,12 @@ def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: di
         raise ValueError(f"resume state field 'skip' is {pos['skip']}; a {loader.fingerprint.get('packing')} "
                          f"state has skip 0")
     runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
-    change = Change(world, rank, tuple(pos[k] for k in POSITION_FIELDS), runs, plan)
-    return Resume(origin_cursor(common["origin"], rank, world), change=change, **common)
+    change = Change(world, rank, Position(*(pos[k] for k in POSITION_FIELDS)), runs, plan)
+    return Resume(origin_position(common["origin"], rank, world), change=change, **common)
 
 
 def _check_field(state: dict) -> int | None:
-    """The state's `check` as an int (version 5; None when it has none)."""
+    """The state's `check` as an int (None when it has none, or its version predates it)."""
     text = state.get("check") if state["version"] >= 5 else None
     if text is None:
         return None
@@ -345,7 +314,7 @@ def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
         return _as_nanochat(pos, loader, f"resume state was saved by rank {state['rank']}, this is rank "
                                          f"{loader.rank}: resuming as nanochat does (rank {state['rank']}'s file "
                                          f"and row group, next stride for this rank)")
-    return Resume(origin_cursor(common["origin"], loader.rank, loader.world), locate=True, **common)
+    return Resume(origin_position(common["origin"], loader.rank, loader.world), locate=True, **common)
 
 
 def _as_nanochat(pos: dict, loader: Loader, why: str) -> Resume:
@@ -353,15 +322,15 @@ def _as_nanochat(pos: dict, loader: Loader, why: str) -> Resume:
     with a warning saying `why`; those keys become the run's origin."""
     warn(f"{why}, not exactly (other_rank='nanochat')")
     origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
-    cursor = nanochat_cursor(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
-    return Resume(cursor, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
+    position = nanochat_position(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
+    return Resume(position, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
 
 
-def origin_cursor(origin: dict | None, rank: int, world: int) -> Cursor:
+def origin_position(origin: dict | None, rank: int, world: int) -> Position:
     """Where this rank's stream began: the start, or where nanochat resumes `origin`."""
     if origin is None:
-        return start_cursor(rank)
-    return nanochat_cursor(origin["pq_idx"], origin["rg_idx"], origin.get("epoch", 1), rank, world)
+        return start_position(rank)
+    return nanochat_position(origin["pq_idx"], origin["rg_idx"], origin.get("epoch", 1), rank, world)
 
 
 def _shapes(state: dict, batch: int) -> list:
@@ -398,7 +367,7 @@ def _check_digest(state: dict):
         if runs is not None and not isinstance(runs, str):
             raise ValueError(f"resume state field 'buffer' must be text (version {state['version']}), got "
                              f"{type(runs).__name__}")
-        prefix, raw, _ = _decode(runs) if runs is not None else ("", b"", None)
+        prefix, raw, _ = decode(runs) if runs is not None else ("", b"", None)
         expected = digest(state, prefix.encode() + raw if raw else b"")
     else:
         try:
@@ -570,6 +539,6 @@ def _nanochat_keys(state: dict, what: str, n_files: int) -> tuple[int, int, int]
 def _nanochat(state: dict, loader: Loader) -> Resume:
     """A state of nanochat's own loader: resume where nanochat resumes; it is the run's origin."""
     pq_idx, rg_idx, epoch = _nanochat_keys(state, "state", len(loader.files))
-    return Resume(nanochat_cursor(pq_idx, rg_idx, epoch, loader.rank, loader.world),
+    return Resume(nanochat_position(pq_idx, rg_idx, epoch, loader.rank, loader.world),
                   shapes=[[0, loader.B, loader.T]], n_files=len(loader.files),
                   origin={"pq_idx": pq_idx, "rg_idx": rg_idx, "epoch": epoch})

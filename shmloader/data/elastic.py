@@ -28,7 +28,8 @@ new units are those past each rank's position in it, as for a plain run.
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from .order import Cursor, row_steps
+from ..position import Position
+from .order import row_steps
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,13 @@ def rank_units(plan: Plan, rank: int, world: int, row_counts, n_files: int) -> I
             yield unit
 
 
-def start(plan: Plan, rank: int, world: int, row_counts, n_files: int) -> tuple[Cursor, int]:
-    """`(cursor, skip)` where new rank `rank` of `world` begins: its first unit, or the first
+def start(plan: Plan, rank: int, world: int, row_counts, n_files: int) -> Position:
+    """Where new rank `rank` of `world` begins: its first unit (its `skip` too), or the first
     epoch after the plan's when it has none."""
     first = next(rank_units(plan, rank, world, row_counts, n_files), None)
     if first is None:
-        return Cursor(plan.epoch + 1, 0, rank, 0), 0
-    return Cursor(first.epoch, first.file, first.rg, first.doc), first.skip
+        return Position(plan.epoch + 1, 0, rank, 0)
+    return Position(first.epoch, first.file, first.rg, first.doc, first.skip)
 
 
 def buffer(plan: Plan, rank: int, world: int) -> list[list[int]]:
@@ -129,8 +130,8 @@ def buffer(plan: Plan, rank: int, world: int) -> list[list[int]]:
     return runs[rank::world]
 
 
-def steps(plan: Plan, rank: int, world: int, row_counts, n_files: int, at: Cursor,
-          later: Sequence[int] | None = None) -> Iterator[tuple]:
+def steps(plan: Plan, rank: int, world: int, row_counts, n_files: int, at: Position,
+          later=None) -> Iterator[tuple]:
     """The row-group steps (`order.cut_pieces`) of new rank `rank` of `world`'s stream from
     position `at`: the rest of its units, then plain epochs. The step holding `at` starts at
     its document with skip 0 (a run's own `skip` applies there); later units keep theirs."""
@@ -142,7 +143,7 @@ def steps(plan: Plan, rank: int, world: int, row_counts, n_files: int, at: Curso
                 yield u.epoch, u.file, u.rg, at.doc, 0, u.rows
             elif key > here:
                 yield u.epoch, u.file, u.rg, u.doc, u.skip, u.rows
-        at = Cursor(plan.epoch + 1, 0, rank, 0)
+        at = Position(plan.epoch + 1, 0, rank, 0)
     yield from row_steps(row_counts, n_files, rank, world, at, later)
 
 

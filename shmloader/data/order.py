@@ -17,21 +17,20 @@ is split.
 this rank, instead of looping forever (the original loader's end-of-data hang).
 """
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from ..errors import DataError
+from ..position import Position
 
 RAMP = (16, 32, 64, 128, 256, 512)
 
 
-@dataclass(frozen=True)
-class Cursor:
-    """Where a run starts: document `doc` of row group `rg` of file `file`, in `epoch`."""
-
-    epoch: int
-    file: int
-    rg: int
-    doc: int = 0
+class Later(NamedTuple):
+    """The files' order in the epochs after `after`: `order`, indices into the run's files (a
+    resumed run reads the files new to its state after the state's in the epoch it resumed in,
+    and every file in its sorted place from the next epoch on: data/catalogue.py)."""
+    after: int
+    order: tuple
 
 
 @dataclass(frozen=True)
@@ -73,20 +72,20 @@ def buffer_pieces(runs, max_docs: int) -> list[Piece]:
     return pieces
 
 
-def start_cursor(rank: int) -> Cursor:
+def start_position(rank: int) -> Position:
     """Where a fresh run of `rank` starts: epoch 1, file 0, its first row group."""
-    return Cursor(epoch=1, file=0, rg=rank, doc=0)
+    return Position(epoch=1, file=0, rg=rank, doc=0)
 
 
-def nanochat_cursor(pq_idx: int, rg_idx: int, epoch: int, rank: int, world: int) -> Cursor:
+def nanochat_position(pq_idx: int, rg_idx: int, epoch: int, rank: int, world: int) -> Position:
     """Resume point of a state holding only nanochat's keys, as nanochat computes it:
     the next stride after `rg_idx`, on this rank, in file `pq_idx`."""
-    return Cursor(epoch=epoch, file=pq_idx, rg=(rg_idx // world + 1) * world + rank, doc=0)
+    return Position(epoch=epoch, file=pq_idx, rg=(rg_idx // world + 1) * world + rank, doc=0)
 
 
 def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
-                start: Cursor, max_docs: int = 1024, ramp: Sequence[int] = RAMP,
-                first_index: int = 0, later: Sequence[int] | None = None,
+                start: Position, max_docs: int = 1024, ramp: Sequence[int] = RAMP,
+                first_index: int = 0, later: Later | None = None,
                 row_bytes: Callable[[int], Sequence[int]] | None = None, max_bytes: int | None = None,
                 unit: int = 1) -> Iterator[Piece]:
     """Yield the pieces of the canonical order from `start`, forever.
@@ -94,27 +93,28 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
     `row_counts(f)` returns the number of rows of each row group of file `f`, `row_bytes(f)`
     (called after it) their text's size in bytes; with both `row_bytes` and `max_bytes` a
     piece holds about `max_bytes` of text at most, in whole `unit`s of documents. The files are
-    read in index order in the start's epoch and, when `later` is given, in its order (file
-    indices) in the epochs after it (a resumed run reads files new to its state after the
-    state's, then every file in its sorted place: state.py).
+    read in index order, and in the epochs after `later.after` in `later.order`, when given.
     """
     return cut_pieces(row_steps(row_counts, n_files, rank, world, start, later), max_docs, ramp, first_index,
                       row_bytes, max_bytes, unit)
 
 
 def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
-              start: Cursor, later: Sequence[int] | None = None) -> Iterator[tuple]:
+              start: Position, later: Later | None = None) -> Iterator[tuple]:
     """The row groups of the canonical order from `start`, forever, as steps
     `(epoch, file, rg, first doc, skip, rows)` (skip 0: `cut_pieces` says what it is)."""
     if n_files < 1:
         raise DataError("no files to read")
     epoch, at, rg, doc = start.epoch, start.file, start.rg, start.doc
+    reordered = (lambda e: e > later.after) if later is not None else (lambda e: False)
+    if reordered(epoch) and start.file in later.order:  # a restart in a reordered epoch: `at` counts in its order
+        at = later.order.index(start.file)
     barren = 0  # files passed in a row without yielding a piece
     while True:
         if at >= n_files:
             epoch, at, rg, doc = epoch + 1, 0, rank, 0
             continue
-        file = later[at] if later is not None and epoch > start.epoch else at
+        file = later.order[at] if reordered(epoch) else at
         counts = row_counts(file)
         if rg >= len(counts):
             barren += 1

@@ -45,7 +45,9 @@ the kick doorbell. That costs what the pipes cost before, and is correct.
 import os
 import platform
 from multiprocessing import reduction
+from typing import NamedTuple
 
+from ..position import Position
 from .ring import RECORD_FIELDS, Counter, Ring
 
 FREE_POLL_S = 0.01
@@ -64,6 +66,19 @@ def header_only() -> bool:
     if forced:
         return forced == "header"
     return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class Announcement(NamedTuple):
+    """Batch `batch` (counted from the run's first, 0) is ready in `slot`: what the trainer takes
+    from the header (`TrainerEnd.take`) and passes on, one record, to the loader. The run fills
+    in the last two fields (procs/run.py)."""
+    batch: int
+    slot: int
+    position: Position      # the canonical position after it (where the next batch starts)
+    docs: int               # documents begun (concat) or placed (best fit) by its end, in this run
+    check: int              # `ring.batch_check` of its slot: a state resuming at it carries it
+    buffer: object = None   # a buffered packing: the buffer after it, as the state's text (`packing.runs.BufferText`)
+    waited: float = 0.0     # seconds `next()` blocked for it
 
 
 class Doorbell:
@@ -124,8 +139,8 @@ class TrainerEnd:
                                                                              ring.free_log))
         self._width = len(RECORD_FIELDS)
 
-    def take(self) -> tuple | None:
-        """`(batch, slot, position, docs, check)` of batch `taken` if it is announced, else None."""
+    def take(self) -> Announcement | None:
+        """Batch `taken`'s announcement if it is announced, else None."""
         if self.header_only:
             if self._counters[_ANNOUNCED] <= self.taken:
                 return None
@@ -134,12 +149,12 @@ class TrainerEnd:
             if self.rung <= self.taken:
                 return None
         at = self.taken % self.n * self._width
-        k, slot, *position, docs, check = self._records[at:at + self._width].tolist()
+        k, slot, epoch, file, rg, doc, skip, docs, check = self._records[at:at + self._width].tolist()
         if k != self.taken:
             raise RuntimeError(f"ring handover: record {self.taken % self.n} holds batch {k}, "
                                f"expected batch {self.taken}")
         self.taken += 1
-        return k, slot, tuple(position), docs, check
+        return Announcement(k, slot, Position(epoch, file, rg, doc, skip), docs, check)
 
     def announced(self) -> int:
         """Batches the coordinator has announced."""
@@ -217,10 +232,9 @@ class CoordinatorEnd:
         self.ring.counters[Counter.FREES_SEEN] = logged
         return out
 
-    def announce(self, k: int, slot: int, position: tuple, docs: int, check: int = 0):
-        """`position`: (epoch, file, rg, doc, skip); best fit's (epoch, file, rg, doc) gets skip 0;
-        `check`: `state.batch_check` of the slot's tokens."""
-        self.ring.records[k % self.n] = (k, slot, *position, *(0,) * (5 - len(position)), docs, check)
+    def announce(self, k: int, slot: int, position: Position, docs: int, check: int = 0):
+        """`position`: the one after batch k; `check`: `ring.batch_check` of the slot's tokens."""
+        self.ring.records[k % self.n] = (k, slot, *position, docs, check)
         self.ring.counters[Counter.ANNOUNCED] = k + 1
         self.ready.ring()
 

@@ -30,29 +30,31 @@ message is one record below, sent through a pipe and dispatched on its type:
    right after the copy for a copied batch), on CUDA when the event recorded after the copy
    has completed. Batches come back in any order; batches below `freed + n_slots` (`freed` =
    how many came back) may be written, so at most `n_slots` hold a slot at once.
-2. Coordinator -> worker: `Task(piece, keep)`; a worker holds at most a few pieces (concat: 3
-   not yet fully placed; best fit: 2 not yet counted, and a global cap on documents waiting to
-   enter the buffer), so memory is bounded whatever the trainer's pace. `keep` says whether
-   the worker keeps the tokens until they are written (as the packing's spec keeps them: one
-   array, one per document) or only counts them.
+2. Coordinator -> worker: `Task(piece, keep, footer)`; how much a worker may hold is the
+   mode's rule (packing/base.py, "What a worker may hold": a few pieces not yet counted, and
+   tokens counted but not yet written below a budget; best fit also caps the documents
+   waiting to enter its buffer), so memory is bounded whatever the trainer's pace. `keep`
+   says whether the worker keeps the tokens until they are written (as the packing's spec
+   keeps them: one array, one per document) or only counts them; `footer` is the digest of
+   the piece's file as the coordinator read it (a worker refuses a file that changed since).
 3. Worker -> coordinator: `Counted(piece, lengths, cache_hit)` after tokenizing a piece
    (`lengths[i]` = tokens of row i including BOS, 0 for a null); `Skipped(piece, text)` first
    when its row group is bad and `on_bad_row_group="skip"`.
 4. Coordinator -> worker, write orders, each packing's own record (its spec's `order`, in its
    module; the worker carries it out with the spec's `write`). Concat: pieces are sequenced in
-   order; piece i starts
-   where piece i-1 ends. For every sequenced piece its worker gets `Place(piece, segments,
-   done)`, one segment `(batch, slot, batch_offset, piece_offset, n)` per writable batch the
+   order; piece i starts where piece i-1 ends. For every sequenced piece its worker gets
+   `Place(piece, segments, done)`, one segment `(batch, slot, batch_offset, piece_offset, n)` per writable batch the
    piece overlaps. Best fit: when batch k may be written and the chunks its plan needs are
    counted, the planner plans batch k (a plan that runs out of chunks is rolled back and
    retried later) and each worker holding a placed document gets `Rows(k, slot,
    [(piece, row, batch_row, offset, n)])`.
 5. Worker -> coordinator: copies what it was told, replies `Written([(batch, tokens), ...])`;
    drops tokens it no longer needs.
-6. Coordinator -> trainer (announcement record): when every token of batch k is written, and
-   batches < k were announced, `(k, slot, position, docs)`: the canonical position of the
-   first token after batch k (best fit: the buffer goes into the slot's buffer area first) and the
-   documents begun by then. Through the pipe: `Opened(file, size, footer)` when the
+6. Coordinator -> trainer (the header's announcement record, `handover.Announcement`): when
+   every token of batch k is written, and batches < k were announced, `(k, slot, position,
+   docs, check)`: the canonical position of the first token after batch k (best fit: the
+   buffer goes into the slot's buffer area first), the documents begun by then, and the
+   batch's `ring.batch_check`. Through the pipe: `Opened(file, size, footer)` when the
    coordinator reads a file's footer (first, or again after it changed: the trainer's states
    describe files by it); a count-only run (packing/count.py) sends
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
@@ -95,13 +97,13 @@ class RunArgs:
     world: int
     layout: object                 # ring.RingLayout
     ring_name: str | None = None   # set by procs.children.start_children, which creates the ring
-    start: object = None           # data.order.Cursor: the first document of the run
-    skip: int = 0                  # tokens of the stream from `start` that the run drops
+    start: object = None           # position.Position: where the run starts (its `skip`: tokens of the
+    #                                stream from its document that the run drops)
     buffer_runs: tuple = ()        # a buffered packing: the resumed buffer, as [epoch, file, rg, row, count]
     filesystem: object = None      # data.source.FilesystemRef, or None for local files
     tokenizer: object = None       # data.tokenizer.TokenizerSpec (workers)
     locate: tuple | None = None    # (shapes, batch, first batch): a count-only run that finds a position
-    later: tuple | None = None     # the files' order after the start's epoch (data.order.iter_pieces)
+    later: tuple | None = None     # data.order.Later: the files' order after an epoch, if not theirs
     worker: int = -1               # this worker's index (workers)
     poisoned: tuple = ()           # (file, rg) row groups in flight at two deaths, skipped (loader.py)
     plan: object = None            # data.elastic.Plan: the run began at a change of world size

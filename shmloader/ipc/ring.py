@@ -1,7 +1,7 @@
 """The ring's layout: one shared-memory segment (segment.py) holding a header and `n_slots`
 slots of `window` int64 tokens, seen as numpy views (`Ring`); a buffered packing adds one
 *buffer area* per slot: the buffer after the slot's batch as the state will hold it (its
-text and crc, `state.encode_buffer`), so that the trainer copies a short text per batch and
+text and crc, `packing.runs.encode_buffer`), so that the trainer copies a short text per batch and
 computes nothing.
 
 Used by every process; it imports neither side. The protocol that moves slots between them is
@@ -49,7 +49,7 @@ class Counter(enum.IntEnum):
 
 
 # One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k); "check"
-# is `state.batch_check` of the slot's tokens, which a state resuming at batch k carries.
+# is `ring.batch_check` of the slot's tokens, which a state resuming at batch k carries.
 RECORD_FIELDS = ("batch", "slot", "epoch", "file", "rg", "doc", "skip", "docs", "check")
 
 
@@ -161,7 +161,7 @@ class Ring:
         return list(self.header[:5]) == [MAGIC, LAYOUT_VERSION, lay.n_slots, lay.window, lay.n_workers]
 
     def write_buffer(self, slot: int, text: str, crc: int):
-        """The buffer after the batch in `slot`, as its state text and crc (`state.Encoded`;
+        """The buffer after the batch in `slot`, as its state text and crc (`packing.runs.BufferText`;
         written by the coordinator before it announces the batch)."""
         data = text.encode("ascii")
         row, head = self.buffers[slot], self._buffer_heads[slot]

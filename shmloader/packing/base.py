@@ -29,7 +29,9 @@ takes, and otherwise holds no more than a ring.
 """
 import heapq
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
+
+from ..position import Position
 
 MAX_IN_FLIGHT = 8      # pieces given to a worker and not yet counted, at most
 MAX_HELD_PIECES = 256  # pieces a worker holds (given or counted, not yet written), at most
@@ -56,6 +58,21 @@ class Packing:
     def buffered(self) -> bool:
         """Its state holds a buffer of documents (as runs) and its position has skip 0."""
         return self.buffer_docs is not None
+
+
+class Complete(NamedTuple):
+    """A batch whose every token is written (`Mode.ready`): what the coordinator announces."""
+    batch: int
+    position: Position     # the position after it
+    runs: object           # a buffered packing: the buffer after it, as runs (an (n, 5) array); else None
+    docs: int              # documents begun (concat) or placed (best fit) by its end
+
+
+class Found(NamedTuple):
+    """A count-only run's answer (a locator's `result`): the position at the batch count asked
+    for and, for a buffered packing, the buffer there as runs `[epoch, file, rg, row, count]`."""
+    position: Position
+    runs: list
 
 
 class InOrder:
@@ -118,15 +135,14 @@ class BatchBook:
 class Mode:
     """The coordinator's view of a sequencer. Pieces come from `pieces`; `take` gives one to a
     worker, which answers with `counted`; `orders(take_slot)` yields `(worker, write order)`; `written` takes the workers' acknowledgements, `freed` the trainer's;
-    `ready` yields `(batch, position, runs or None, documents begun by the end of the batch)`
-    of complete batches in order; `messages` are extra messages for the trainer and `stats`
+    `ready` yields a `Complete` for each complete batch, in order; `messages` are extra messages for the trainer and `stats`
     the header counters `(ring.Stat, value)` the mode keeps. `keep` tells workers whether to
     keep a counted piece's tokens (as the packing's `keep` says) or only to count them."""
 
     keep = True
 
     def __init__(self, n_workers: int, cfg, window: int = 0, n_slots: int = 0):
-        self.flight_bytes = cfg.piece_bytes   # None: no bound by text (a token cache's whole row groups)
+        self.flight_bytes = cfg.max_piece_bytes   # None: no bound by text (a token cache's whole row groups)
         self.ring_tokens = window * n_slots
         self._in_flight = {}                  # piece index -> (worker, text bytes): given, not counted
         self._held = [{} for _ in range(n_workers)]  # per worker: piece index -> tokens, counted, not written

@@ -28,7 +28,8 @@ import numpy as np
 
 from ..data.order import buffer_pieces, ramp_for
 from ..ipc.ring import Stat
-from .base import BatchBook, InOrder, Mode, Packing
+from ..position import Position
+from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
 from .planner import BestFitPlanner
 
 
@@ -147,7 +148,7 @@ class BestFitSequencer:
         self.backlog_docs = 0                 # rows counted but waiting for an earlier piece
         self._next_base = 0
         self._prefix = []                     # (ids, lengths) of the buffer being rebuilt
-        self._positions = {}                  # batch -> (position after it, buffer runs)
+        self._positions = {}                  # batch -> its `Complete`, once planned
         self.tokens_cropped = 0
         self.docs_placed = 0                  # documents placed in rows (whole or cropped)
         self.starved = False                  # the last plan() stopped for want of counted chunks
@@ -193,7 +194,8 @@ class BestFitSequencer:
                 break
             self.tokens_cropped += plan.n_cropped
             self.docs_placed += len(plan.doc_id)
-            self._positions[self.planned] = (self.chunks.last_end, self.buffer_runs(), self.docs_placed)
+            self._positions[self.planned] = Complete(self.planned, Position(*self.chunks.last_end),
+                                                     self.buffer_runs(), self.docs_placed)
             self.book.expect(self.planned, int(plan.n_tokens.sum()))
             out.append((self.planned, self._orders(plan)))
             self.planned += 1
@@ -219,9 +221,9 @@ class BestFitSequencer:
     def written(self, counts):
         self.book.written(counts)
 
-    def ready(self) -> list[tuple[int, tuple]]:
-        """`(batch, (position, runs, documents placed so far))` of the batches now complete, in order."""
-        return self.book.ready(self._positions.pop)
+    def ready(self) -> list[Complete]:
+        """The batches now complete, in order."""
+        return [done for _, done in self.book.ready(self._positions.pop)]
 
 
 class BestFitMode(Mode):
@@ -230,13 +232,13 @@ class BestFitMode(Mode):
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         super().__init__(n_workers, cfg)
-        prefix = buffer_pieces(run.buffer_runs, cfg.piece_cap)
-        ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.piece_cap, cfg.buffer_size)
+        prefix = buffer_pieces(run.buffer_runs, cfg.max_piece_docs)
+        ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         self.pieces = itertools.chain(prefix, pieces(ramp, cap, len(prefix)))
         s = run.start
         self.seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size,
                                     cfg.tokenizer_batch_size, len(prefix), (s.epoch, s.file, s.rg, s.doc))
-        self.cap = cfg.buffer_size + 2 * cfg.piece_cap
+        self.cap = cfg.buffer_size + 2 * cfg.max_piece_docs
         self.assigned_docs = 0           # documents assigned, not counted
 
     def take(self, worker: int, piece):
@@ -269,8 +271,8 @@ class BestFitMode(Mode):
     def written(self, counts):
         self.seq.written(counts)
 
-    def ready(self):
-        return [(k, pos, runs, docs) for k, (pos, runs, docs) in self.seq.ready()]
+    def ready(self) -> list[Complete]:
+        return self.seq.ready()
 
     def stats(self):
         row_tokens = self.seq.B * self.seq.row_len
@@ -296,7 +298,7 @@ class BestFitLocator:
         self._table, self._next_base = PieceTable(), 0
         self.result = None
         if batch == first:  # the start itself, with its buffer
-            self.result = ((start.epoch, start.file, start.rg, start.doc, 0), [list(r) for r in runs])
+            self.result = Found(Position(start.epoch, start.file, start.rg, start.doc), [list(r) for r in runs])
 
     def feed(self, piece, lengths: np.ndarray):
         if self.result is not None:
@@ -339,12 +341,12 @@ class BestFitLocator:
     def _finish_if_done(self):
         if self.done_batches == self.batch:
             runs = self._table.runs(self.planner.buffered_ids())
-            self.result = ((*self._chunks.last_end, 0), runs.tolist())
+            self.result = Found(Position(*self._chunks.last_end), runs.tolist())
 
 
 def _locator(cfg, run) -> tuple:
     shapes, batch, first = run.locate
-    cap = ramp_for(cfg.tokenizer_batch_size, cfg.piece_cap)[1]  # whole chunks
+    cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1]  # whole chunks
     return BestFitLocator(shapes, batch, run.start, cfg.buffer_size, cfg.tokenizer_batch_size, first,
                           run.buffer_runs), cap
 

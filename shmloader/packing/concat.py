@@ -24,7 +24,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..data.order import RAMP
-from .base import BatchBook, InOrder, Mode, Packing
+from ..position import Position
+from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
 
 
 class Place(NamedTuple):
@@ -162,8 +163,8 @@ class ConcatMode(Mode):
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         super().__init__(n_workers, cfg, run.layout.window, run.layout.n_slots)
-        self.seq = ConcatSequencer(run.layout.window, run.layout.n_slots, run.skip)
-        self.pieces = pieces(RAMP, cfg.piece_cap, 0)
+        self.seq = ConcatSequencer(run.layout.window, run.layout.n_slots, run.start.skip)
+        self.pieces = pieces(RAMP, cfg.max_piece_docs, 0)
 
     def counted(self, msg):
         self.seq.counted(msg.piece, msg.lengths)
@@ -191,8 +192,8 @@ class ConcatMode(Mode):
         for k, (index, row, skip) in self.seq.ready():
             p = self.specs[index]
             skip += p.skip if row == 0 else 0  # its first row lacks the tokens it skipped
-            out.append((k, (p.epoch, p.file, p.rg, p.doc_start + row, skip), None,
-                        self.seq.docs_at.pop(k)))
+            out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip), None,
+                                self.seq.docs_at.pop(k)))
         if out:
             keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
             for index in [i for i in self.specs if i < keep]:
@@ -214,7 +215,7 @@ class ConcatLocator:
         """Replays batches `first` to `batch` from `start`, `skip` tokens into its document."""
         self.target, self.consumed = concat_tokens(shapes, batch) - concat_tokens(shapes, first), -skip
         self.total = batch - first
-        self.result = ((start.epoch, start.file, start.rg, start.doc, skip), []) if self.target == 0 else None
+        self.result = Found(Position(start.epoch, start.file, start.rg, start.doc, skip), []) if self.target == 0 else None
 
     @property
     def done_batches(self) -> int:
@@ -231,13 +232,13 @@ class ConcatLocator:
             row = int(np.searchsorted(cum, rel, side="right"))
             skip = rel - (int(cum[row - 1]) if row else 0)
             skip += piece.skip if row == 0 else 0
-            self.result = ((piece.epoch, piece.file, piece.rg, piece.doc_start + row, int(skip)), [])
+            self.result = Found(Position(piece.epoch, piece.file, piece.rg, piece.doc_start + row, int(skip)), [])
         self.consumed += int(cum[-1]) if len(cum) else 0
 
 
 def _locator(cfg, run) -> tuple:
     shapes, batch, first = run.locate
-    return ConcatLocator(shapes, batch, run.start, first, run.skip), cfg.piece_cap
+    return ConcatLocator(shapes, batch, run.start, first, run.start.skip), cfg.max_piece_docs
 
 
 def _keep(tokens: np.ndarray, lengths: np.ndarray):

@@ -6,8 +6,8 @@ where the run began (`origin`), which are the same on every rank. Replaying them
 rank's own document lengths, in canonical order from its origin, gives the position this
 rank's own state would hold at that batch count, exactly: each packing's locator
 (`concat.ConcatLocator`, `bestfit.BestFitLocator`, named by its spec) is fed `(piece,
-lengths)` in piece order (`feed`) until its `result` is set: `((epoch, file, rg, doc, skip),
-runs)`.
+lengths)` in piece order (`feed`) until its `result` is set (`base.Found`: the position and,
+best fit, the buffer's runs there).
 
 `CountMode` is the coordinator's mode for such a run (`base.Mode`): workers send document
 lengths and keep no tokens (`keep = False`); the trainer gets `Progress` once a second and
@@ -55,7 +55,8 @@ class CountMode(Mode):
     def messages(self):
         if self.locator.result is not None and not self._reported:
             self._reported = True
-            yield Located(*self.locator.result, *self.from_cache)
+            found = self.locator.result
+            yield Located(found.position, found.runs, *self.from_cache)
         elif not self._reported and time.monotonic() >= self._next_progress:
             self._next_progress = time.monotonic() + PROGRESS_S
             yield Progress(self.locator.done_batches, self.locator.total, self.docs)

@@ -34,17 +34,53 @@ def narrow(runs) -> Narrowed:
     raise ValueError(f"best-fit buffer run value {top} is past 2**63 - 1")
 
 
-class Encoded(NamedTuple):
+class BufferText(NamedTuple):
     """Best fit's buffer as a state holds it: its `encode_runs` text and the crc32 its digest
     starts from (`digest`'s `buffer_bytes`: the width name, then the bytes the hex spells)."""
     text: str
     crc: int
 
 
-def encode_buffer(runs) -> Encoded:
-    """`Encoded` of the runs (as `narrow` takes them); the coordinator's, once per batch."""
+def encode_buffer(runs) -> BufferText:
+    """`BufferText` of the runs (as `narrow` takes them); the coordinator's, once per batch."""
     prefix, values = narrow(runs)
     if not values.size:
-        return Encoded("", 0)
+        return BufferText("", 0)
     raw = values.tobytes()
-    return Encoded(f"{prefix}:{raw.hex()}", zlib.crc32(raw, zlib.crc32(prefix.encode())))
+    return BufferText(f"{prefix}:{raw.hex()}", zlib.crc32(raw, zlib.crc32(prefix.encode())))
+
+
+def encode_runs(runs) -> str:
+    """Best fit's buffer runs `[epoch, file, rg, row, count]` (non-negative integers; an (n, 5)
+    array or a list of runs) as a state's "buffer" text: "" for an empty buffer, else the
+    width `u1`, `u2`, `u4` or `u8`, a colon, and the hex of every run's five values in turn,
+    little-endian unsigned integers of that many bytes, the narrowest that holds them all."""
+    prefix, values = narrow(runs)
+    return f"{prefix}:{values.tobytes().hex()}" if values.size else ""
+
+
+def decode(text: str) -> tuple[str, bytes, np.ndarray]:
+    """`(prefix, raw bytes, (n, 5) int64 runs)` of a buffer text; a malformed one is a ValueError."""
+    if text == "":
+        return "", b"", np.zeros((0, 5), dtype=np.int64)
+    prefix, colon, body = text.partition(":")
+    dtype = next((d for _, d, p in RUN_WIDTHS if p == prefix), None) if colon else None
+    if dtype is None:
+        raise ValueError(f"resume state field 'buffer' must start with u1:, u2:, u4: or u8:, got {text[:12]!r}")
+    try:
+        raw = bytes.fromhex(body)
+    except ValueError:
+        raise ValueError("resume state field 'buffer' is not hex after its width") from None
+    width = np.dtype(dtype).itemsize
+    if not raw or len(raw) % (5 * width) or raw.hex() != body:
+        raise ValueError(f"resume state field 'buffer' holds {len(raw)} bytes of hex: not whole runs of "
+                         f"5 {prefix} values (lowercase hex, no spaces)")
+    values = np.frombuffer(raw, dtype=dtype)
+    if int(values.max()) > RUN_WIDTHS[-1][0]:
+        raise ValueError("resume state field 'buffer' has a value past 2**63 - 1")
+    return prefix, raw, values.astype(np.int64).reshape(-1, 5)
+
+
+def decode_runs(text: str) -> np.ndarray:
+    """The (n, 5) int64 runs of a buffer text (`encode_runs`); a malformed one is a ValueError."""
+    return decode(text)[2]

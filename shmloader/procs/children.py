@@ -15,28 +15,18 @@ import multiprocessing.process
 import signal
 import time
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 from multiprocessing.connection import wait
 
 from .. import errors
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
-from ..ipc.handover import Doorbell, TrainerEnd
+from ..ipc.handover import Announcement, Doorbell, TrainerEnd
 from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Released, Warn
 from ..ipc.ring import WorkerCol
 from . import precedence
+from .heal import Held
+from .stall import Stall, Watch
 from .start import spawn
-
-class Held(NamedTuple):
-    """The piece a worker held when it died or stalled: documents `[doc, end)` of row group
-    `rg` of file `file` (`path`) in `epoch`, the file numbered as the run numbers it."""
-    path: str
-    rg: int
-    doc: int
-    end: int
-    epoch: int
-    file: int
-
 
 class ChildLost(errors.WorkerError):
     """A child died, or made no progress for `stall_s` s while the trainer waited and was
@@ -85,24 +75,24 @@ class Children:
     def sentinels(self) -> list:
         return [p.sentinel for p in self.procs]
 
-    def next_batch(self, delivery, timeout: float) -> tuple:
-        """`(k, slot, position, docs, check, waited)` of the next batch. A ready one is taken from the
-        ring's header without a system call (NOTE [slot handover]); otherwise, once the copies
-        in flight are done, the trainer blocks on the coordinator's doorbell, its pipe and every
-        child's sentinel, for at most `timeout` s (then `LoaderTimeout`). `delivery` gives back
-        the slots the caller let go of first; `waited` is the seconds spent blocked. The run's
-        first batch, or an error before it, ends the other loaders' giving way (precedence.py)."""
+    def next_batch(self, delivery, timeout: float) -> Announcement:
+        """The next batch's announcement. A ready one is taken from the ring's header without a
+        system call (NOTE [slot handover]); otherwise, once the copies in flight are done, the
+        trainer blocks on the coordinator's doorbell, its pipe and every child's sentinel, for
+        at most `timeout` s (then `LoaderTimeout`), and its `waited` says for how long.
+        `delivery` gives back the slots the caller let go of first. The run's first batch, or
+        an error before it, ends the other loaders' giving way (precedence.py)."""
         got = None
         try:
             got = self._next_batch(delivery, timeout)
         finally:  # a Ctrl-C between the take and this still ends the start
             if got is None:
                 precedence.PRECEDENCE.failed(self)  # a first batch that did not come: nobody waits for it
-            elif got[0] == 0:
+            elif got.batch == 0:
                 precedence.PRECEDENCE.started(self)
         return got
 
-    def _next_batch(self, delivery, timeout: float) -> tuple:
+    def _next_batch(self, delivery, timeout: float) -> Announcement:
         delivery.reclaim()
         now = time.monotonic()
         if now >= self.next_check:  # a poll per batch is measurable; twice a second is enough
@@ -111,30 +101,30 @@ class Children:
         handover = self.handover
         got = handover.take() if handover.pending_messages() <= 0 else self._take()
         if got is not None:
-            return (*got, 0.0)
+            return got
         started = time.monotonic()
         deadline = started + timeout
         delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
-        watch = _Progress(self.ring, time.monotonic())
+        watch = Watch(self.ring, time.monotonic())
         while True:
             delivery.reclaim()  # batches let go of in another thread meanwhile
             self.handover.before_blocking()
             got = self._take()
             if got is not None:
-                return (*got, time.monotonic() - started)
+                return got._replace(waited=time.monotonic() - started)
             self._wait(min(1.0, max(deadline - time.monotonic(), 0), self.stall_s or 1.0))
             if self.stall_s:
-                stalled = watch.stalled(time.monotonic(), self.stall_s)
-                if stalled is not None:
-                    self._kill_stalled(*stalled)
+                stall = watch.stalled(time.monotonic(), self.stall_s)
+                if stall is not None:
+                    self._kill_stalled(stall)
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(
                     f"no batch within {timeout:.0f} s although every loader process is alive; "
                     f"{self.describe_all()}; raise timeout= if row groups are huge")
 
-    def _take(self):
-        """The next batch `(k, slot, position, docs, check)` if it is announced, else None; first
-        the messages the coordinator queued before it (a warning is warned, an error raised)."""
+    def _take(self) -> "Announcement | None":
+        """The next batch's announcement if it is made, else None; first the messages the
+        coordinator queued before it (a warning is warned, an error raised)."""
         while self.handover.pending_messages() > 0:
             if not self.conn.poll(MESSAGE_WAIT_S):  # queued a moment ago; or the sender died
                 self.check_alive()
@@ -213,10 +203,11 @@ class Children:
             raise ChildLost(f"{self._describe(worst)} died: {_exit_text(worst.exitcode)}", worst.pid,
                             self._held(worst))
 
-    def _kill_stalled(self, workers: list, stalled_s: float):
-        """Kill the stalled children (`workers`: their indices, or [] for the coordinator) and
-        raise `ChildLost` naming the first, what it held and how long it stood still."""
-        procs = [self.workers[i] for i in workers] if workers else [self.coordinator]
+    def _kill_stalled(self, stall: Stall):
+        """Kill the stalled children and raise `ChildLost` naming the first, what it held and
+        how long it stood still."""
+        procs = [self.workers[i] for i in stall.workers] if stall.workers else [self.coordinator]
+        stalled_s = stall.seconds
         text = (f"{self._describe(procs[0])} made no progress for {stalled_s:.1f} s while the trainer waited "
                 f"for a batch (stall_s={self.stall_s:g}); killed")
         held = self._held(procs[0])
@@ -316,45 +307,6 @@ class Children:
             pass  # the caller still holds lent batches: unmapped when the last one is freed
 
 
-class _Progress:
-    """Who has stood still since when, while the trainer waits for a batch: each started worker's
-    beat (ring.WorkerCol.BEAT: every piece, every run of documents, every second while idle; a
-    stopped idle worker may hold a task it has not begun), and the coordinator's
-    (ring.Stat.BEAT, every turn of its loop). A gap of more than `PAUSE_S` between two looks is the trainer's own pause
-    (Ctrl-Z, a debugger, a suspended VM): every clock starts again, nobody is blamed for it."""
-
-    PAUSE_S = 3.0  # the trainer looks at least once a second while it waits
-
-    def __init__(self, ring: ringmod.Ring, now: float):
-        self.ring, self.looked = ring, now
-        self.beats = [(int(b), now) for b in ring.workers[:, WorkerCol.BEAT]]
-        self.coordinator = (int(ring.stats[ringmod.Stat.BEAT]), now)
-
-    def stalled(self, now: float, limit: float):
-        """`(worker indices, seconds)` of the workers stalled `limit` s or more, `([], seconds)`
-        for the coordinator, or None."""
-        if now - self.looked > self.PAUSE_S:
-            self.__init__(self.ring, now)
-            return None
-        self.looked = now
-        rows, stuck, longest = self.ring.workers, [], 0.0
-        for i, (beat, since) in enumerate(self.beats):
-            now_beat = int(rows[i, WorkerCol.BEAT])
-            if now_beat != beat or now_beat == 0:  # 0: not started yet (a timeout covers that)
-                self.beats[i] = (now_beat, now)
-            elif now - since >= limit:
-                stuck.append(i)
-                longest = max(longest, now - since)
-        if stuck:
-            return stuck, longest
-        beat, since = self.coordinator
-        if int(self.ring.stats[ringmod.Stat.BEAT]) != beat:
-            self.coordinator = (int(self.ring.stats[ringmod.Stat.BEAT]), now)
-        elif now - since >= limit:
-            return [], now - since
-        return None
-
-
 def _stopped_text(pid: int) -> str:
     """" (stopped)" when the process is stopped (its state in /proc is T or t), else ""."""
     try:
@@ -397,11 +349,11 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     return kids
 
 
-def locate_position(config, layout: ringmod.RingLayout, cargs) -> tuple:
-    """Run a count-only coordinator and workers until the coordinator reports the position
-    `((epoch, file, rg, doc, skip), runs)` at `cargs.locate`; returns it with the pieces read
-    from the token cache and the pieces tokenized to count them. Logs its progress. Raises as
-    `next()` does: a reported error, a dead process, or no word for `config.timeout` s."""
+def locate_position(config, layout: ringmod.RingLayout, cargs) -> Located:
+    """Run a count-only coordinator and workers until the coordinator reports (`Located`) the
+    position at `cargs.locate` and, best fit, the buffer there, with the pieces tokenized and
+    read from the token cache to count them. Logs its progress. Raises as `next()` does: a
+    reported error, a dead process, or no word for `config.timeout` s."""
     log = logging.getLogger("shmloader")
     kids = start_children(config, layout, cargs)
     try:
@@ -411,7 +363,7 @@ def locate_position(config, layout: ringmod.RingLayout, cargs) -> tuple:
             if kids.conn in ready:
                 msg = kids.read((Located, Progress))
                 if isinstance(msg, Located):
-                    return msg.position, msg.runs, msg.cached, msg.tokenized
+                    return msg
                 if msg is not None:
                     log.info("rank %d: %d documents counted so far; %d of %d batches replayed over them",
                              cargs.rank, msg.docs, msg.done, msg.total)

@@ -86,9 +86,9 @@ def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
-                               row_bytes=source.text_bytes, max_bytes=cfg.piece_bytes, unit=cfg.piece_unit)
+                               row_bytes=source.text_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit)
         steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later)
-        return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.piece_bytes, cfg.piece_unit)
+        return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
     return pieces
 
 
@@ -112,7 +112,7 @@ class _Coordinator:
         self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
-        self.idle_release_s = 0.0 if args.locate else cfg.idle_seconds
+        self.idle_release_s = 0.0 if args.locate else cfg.idle_release_s
         self._frees, self._last_free, self._longest_gap = 0, None, 0.0  # the trainer's pace
         self._handlers = {Counted: self._counted, Written: self._written,
                           Skipped: self._row_group_skipped, Error: self.tell, Warn: self.tell}
@@ -246,12 +246,13 @@ class _Coordinator:
             self.outboxes[w].send(msg)
 
     def _announce(self):
-        for k, pos, runs, docs in self.mode.ready():
-            slot = self.slots.slot_of(k)  # batch k has been written, so it holds a slot
-            if runs is not None:  # best fit: the buffer travels in the slot, as the state's text
-                self.ring.write_buffer(slot, *encode_buffer(runs))
-            self.ring.stats[Stat.EPOCH] = pos[0]
-            self.handover.announce(k, slot, pos, docs, ringmod.batch_check(self.ring.slots[slot]))
+        for done in self.mode.ready():
+            slot = self.slots.slot_of(done.batch)  # it has been written, so it holds a slot
+            if done.runs is not None:  # best fit: the buffer travels in the slot, as the state's text
+                self.ring.write_buffer(slot, *encode_buffer(done.runs))
+            self.ring.stats[Stat.EPOCH] = done.position.epoch
+            self.handover.announce(done.batch, slot, done.position, done.docs,
+                                   ringmod.batch_check(self.ring.slots[slot]))
         for stat, value in self.mode.stats():
             self.ring.stats[stat] = value
 

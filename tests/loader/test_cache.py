@@ -21,8 +21,8 @@ group tokenized here with `enc.encode_ordinary` and stored with `TokenCache.stor
   count 0), in both packings: slices of row groups are kept as partial entries and merged
   into the whole entry once they cover it.
 
-Regression tests: a row group longer than max_piece_docs is cached (with a cache, pieces after
-the ramp are whole row groups), and an id that does not fit the cache's dtype (a negative id of
+Regression tests: a piece cap is refused with a cache (pieces after the ramp are whole row
+groups, so that they get cached), and an id that does not fit the cache's dtype (a negative id of
 an object tokenizer) is never cached, so it is never served changed.
 
 (The cache's file format on its own, in this process: tests/unit/test_cache.py.)
@@ -534,14 +534,19 @@ def test_another_bos_gets_its_own_entries(data, pristine, tmp_path):
     assert st["cache_hits"] > 0 and st["cache_misses"] == 0
 
 
-def test_row_groups_longer_than_a_piece_are_cached(data, pristine, tmp_path):
+def test_a_piece_cap_with_a_cache_is_refused_and_whole_row_groups_are_cached(data, pristine, tmp_path):
+    """A row group cut into pieces would never be cached whole (the regression this guards): with
+    a cache, pieces past the ramp are whole row groups, and a piece cap is refused."""
     cache = tmp_path / "cache"
+    for cap in ({"max_piece_docs": 8}, {"max_piece_bytes": 1000}):
+        with pytest.raises(ValueError, match=f"{next(iter(cap))}=.* acts only without cache_dir"):
+            make_loader(data.root, data.enc, "concat", cache, **cap)
     n = first_batch("concat", data, past_epoch1) + 2
     want, _ = expected(n, "concat", data)
-    got, _, _ = run(data, "concat", cache, n, max_piece_docs=8)
-    assert_stream(got, want, "max_piece_docs=8")
-    got, _, st = run(data, "concat", cache, n, max_piece_docs=8)
-    assert_stream(got, want, "max_piece_docs=8, second run")
+    got, _, _ = run(data, "concat", cache, n)
+    assert_stream(got, want, "first run")
+    got, _, st = run(data, "concat", cache, n)
+    assert_stream(got, want, "second run")
     assert st["cache_hits"] > 0 and st["cache_misses"] == 0, st
     assert_entries_pristine(data, cache, pristine)
 

@@ -117,10 +117,10 @@ def test_two_threads_get_every_batch_once_in_order(posdata, watchdog):
 def test_a_thread_waiting_behind_another_times_out_with_a_clear_error(posdata):
     with posdata.loader(B, T, timeout=1) as loader:
         next(loader)
-        assert loader._next_lock.acquire()  # another thread is inside next() (and stays)
+        assert loader._lock.acquire()  # another thread is inside next() (and stays)
         try:
             with pytest.raises(shmloader.LoaderTimeout, match="another thread"):
                 next(loader)
         finally:
-            loader._next_lock.release()
+            loader._lock.release()
         next(loader)

@@ -188,7 +188,7 @@ def test_state_dict_waits_for_another_threads_next(tmp_path, position_docs):
     with int_loader(tmp_path, "concat") as ld:
         take(ld, 3)
         got = {}
-        with ld._next_lock:  # the first thread is inside next()
+        with ld._lock:  # the first thread is inside next()
             t = threading.Thread(target=lambda: got.setdefault("state", ld.state_dict()))
             t.start()
             t.join(0.3)
@@ -249,7 +249,7 @@ def test_state_dict_inside_next_gives_the_last_state_at_once(tmp_path, position_
         take(ld, 4)
         want = {k: v for k, v in ld.state_dict().items() if k not in ("check", "digest")}
         ld._state = None  # as inside the next next(), before it returns
-        with ld._next_lock:
+        with ld._lock:
             ld._inside = threading.get_ident()
             t0 = time.perf_counter()
             got = ld.state_dict()

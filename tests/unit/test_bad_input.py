@@ -14,11 +14,12 @@ def test_empty_epoch_check_follows_stream_order_not_arrival_order():
     from types import SimpleNamespace
 
     from shmloader.procs.coordinator import _Coordinator
-    from shmloader.data.order import Cursor, Piece
+    from shmloader.data.order import Piece
+    from shmloader.position import Position
     from shmloader.packing.base import InOrder
 
     fake = SimpleNamespace(docs_seen=0, _unchecked=InOrder(),
-                           args=SimpleNamespace(start=Cursor(1, 0, 0), rank=0, files=["a", "b"]))
+                           args=SimpleNamespace(start=Position(1, 0, 0), rank=0, files=["a", "b"]))
     check = lambda index, epoch, live: _Coordinator._check_not_empty(  # noqa: E731
         fake, Piece(index, epoch, 0, 0, 0, 1), live)
     check(5, 3, 0)  # epoch 3, empty, counted first
@@ -29,7 +30,7 @@ def test_empty_epoch_check_follows_stream_order_not_arrival_order():
     check(4, 3, 0)
     assert fake.docs_seen == 1 and fake._unchecked.next == 6
     fake2 = SimpleNamespace(docs_seen=0, _unchecked=InOrder(),
-                            args=SimpleNamespace(start=Cursor(1, 0, 0), rank=0, files=["a"]))
+                            args=SimpleNamespace(start=Position(1, 0, 0), rank=0, files=["a"]))
     for index, epoch in enumerate([1, 1, 2, 2]):
         _Coordinator._check_not_empty(fake2, Piece(index, epoch, 0, 0, 0, 1), 0)
     with pytest.raises(shmloader.DataError, match="whole epoch"):

@@ -23,8 +23,8 @@ def test_derived_sizes():
     assert (concat.window, concat.max_runs, concat.spec.buffered) == (16 * 2048 + 1, 0, False)
     fit = LoaderConfig(16, 2048, packing="bos_bestfit", buffer_size=1000, tokenizer_batch_size=128)
     assert (fit.window, fit.max_runs, fit.spec.buffered) == (2 * 16 * 2048, 1128, True)
-    assert LoaderConfig(2, 8).piece_cap == 1024
-    assert LoaderConfig(2, 8, cache_dir="/c").piece_cap > 10 ** 9
+    assert LoaderConfig(2, 8).max_piece_docs == 1024
+    assert LoaderConfig(2, 8, cache_dir="/c").max_piece_docs > 10 ** 9
 
 
 def test_fingerprint_holds_what_a_resume_may_not_change():

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from shmloader.data import elastic
-from shmloader.data.order import Cursor, row_steps, start_cursor
+from shmloader.position import Position
+from shmloader.data.order import row_steps, start_position
 
 CHANGES = [(2, 3), (4, 2), (1, 4), (3, 1), (2, 2), (3, 5)]
 
@@ -22,7 +23,7 @@ def random_files(rng, n_files=5):
 def old_stream(counts, rank, world, epochs):
     """Old rank `rank`'s documents `(epoch, file, rg, doc)` in stream order, up to `epochs`."""
     out = []
-    for epoch, file, rg, doc, _, rows in row_steps(lambda f: counts[f], len(counts), rank, world, start_cursor(rank)):
+    for epoch, file, rg, doc, _, rows in row_steps(lambda f: counts[f], len(counts), rank, world, start_position(rank)):
         if epoch > epochs:
             return out
         out.extend((epoch, file, rg, d) for d in range(doc, rows))
@@ -79,19 +80,19 @@ def test_a_new_ranks_steps_are_its_units_then_plain_epochs_from_its_start_or_ins
         return  # a new rank with no row group at all: its plain epochs are an error (order.py)
     for j in range(W2):
         mine = list(elastic.rank_units(plan, j, W2, rc, n))
-        cursor, skip = elastic.start(plan, j, W2, rc, n)
-        plain = row_steps(rc, n, j, W2, Cursor(plan.epoch + 1, 0, j, 0))
+        cursor = elastic.start(plan, j, W2, rc, n)
+        plain = row_steps(rc, n, j, W2, Position(plan.epoch + 1, 0, j, 0))
         expected = [(u.epoch, u.file, u.rg, u.doc, u.skip, u.rows) for u in mine]
         if mine:
-            assert (cursor, skip) == (Cursor(mine[0].epoch, mine[0].file, mine[0].rg, mine[0].doc), mine[0].skip)
+            assert cursor == Position(mine[0].epoch, mine[0].file, mine[0].rg, mine[0].doc, mine[0].skip)
             expected[0] = expected[0][:4] + (0,) + expected[0][5:]  # the run's own skip applies there
         else:
-            assert (cursor, skip) == (Cursor(plan.epoch + 1, 0, j, 0), 0)
+            assert cursor == Position(plan.epoch + 1, 0, j, 0, 0)
         tail = list(itertools.islice(plain, 6))
         got = list(itertools.islice(elastic.steps(plan, j, W2, rc, n, cursor), len(expected) + 6))
         assert got == expected + tail
         for m, u in enumerate(mine):  # from inside unit m: the rest of it, then the units after
-            at = Cursor(u.epoch, u.file, u.rg, min(u.doc + 1, u.rows))
+            at = Position(u.epoch, u.file, u.rg, min(u.doc + 1, u.rows))
             got = list(itertools.islice(elastic.steps(plan, j, W2, rc, n, at), len(mine) - m + 6))
             assert got[0] == (u.epoch, u.file, u.rg, at.doc, 0, u.rows)
             assert got[1:] == [(v.epoch, v.file, v.rg, v.doc, v.skip, v.rows) for v in mine[m + 1:]] + tail
@@ -101,7 +102,8 @@ def new_stream(plan, rank, world, counts, epochs):
     """New rank `rank`'s documents `(epoch, file, rg, doc, skip)` in stream order, up to `epochs`
     (skip: tokens of it an earlier run read)."""
     rc, out = counts.__getitem__, []
-    cursor, skip = elastic.start(plan, rank, world, rc, len(counts))
+    cursor = elastic.start(plan, rank, world, rc, len(counts))
+    skip = cursor.skip
     for n, (epoch, file, rg, doc, step_skip, rows) in enumerate(elastic.steps(plan, rank, world, rc,
                                                                             len(counts), cursor)):
         if epoch > epochs:

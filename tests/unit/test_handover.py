@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader.delivery import Lending
-from shmloader.ipc.handover import FREE_POLL_S, CoordinatorEnd, Doorbell, TrainerEnd, header_only
+from shmloader.ipc.handover import FREE_POLL_S, Announcement, CoordinatorEnd, Doorbell, TrainerEnd, header_only
 from shmloader.ipc.ring import Counter, Ring, RingLayout
 from shmloader.packing.base import SlotMap
+from shmloader.position import Position
 
 
 def ends(n_slots: int, header: bool = True):
@@ -41,17 +42,19 @@ def test_doorbell_counts_rings_and_never_blocks():
 def test_announced_batches_are_taken_in_order_with_their_records():
     ring, ready, kick, trainer, coord = ends(3)
     assert trainer.take() is None
-    coord.announce(0, 2, (0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
-    coord.announce(1, 0, (1, 0, 0, 5), 9)  # best fit's position: skip 0; no check given: 0
-    assert trainer.take() == (0, 2, (0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
-    assert trainer.take() == (1, 0, (1, 0, 0, 5, 0), 9, 0)
+    coord.announce(0, 2, Position(0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
+    coord.announce(1, 0, Position(1, 0, 0, 5), 9)  # best fit's position: skip 0; no check given: 0
+    first = trainer.take()
+    assert first == Announcement(0, 2, Position(0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
+    assert (first.buffer, first.waited) == (None, 0.0)  # the run fills them in (procs/run.py)
+    assert trainer.take() == Announcement(1, 0, Position(1, 0, 0, 5, 0), 9, 0)
     assert trainer.take() is None
     assert ready.clear() == 2  # one ring per announcement
 
 
 def test_a_record_of_another_batch_is_an_error():
     ring, ready, kick, trainer, coord = ends(2)
-    coord.announce(0, 0, (0, 0, 0, 0, 0), 1)
+    coord.announce(0, 0, Position(0, 0, 0, 0, 0), 1)
     ring.records[0, 0] = 5
     with pytest.raises(RuntimeError, match="holds batch 5, expected batch 0"):
         trainer.take()
@@ -103,7 +106,7 @@ def test_syscall_path_takes_only_what_the_doorbells_ordered():
     ring.counters[Counter.ANNOUNCED] = 1  # in the header, but not rung: not taken
     assert trainer.take() is None
     ready.ring()
-    assert trainer.take() == (0, 1, (0, 0, 0, 0, 0), 3, 0)
+    assert trainer.take() == Announcement(0, 1, Position(0, 0, 0, 0, 0), 3, 0)
     trainer.free(0)  # every free rings
     ring.free_log[1], ring.counters[Counter.FREES] = 7, 2  # logged, not rung: not taken
     assert coord.freed() == []
@@ -150,13 +153,13 @@ def test_simulated_run_takes_every_batch_once_in_order(n_slots, seed, header):
             s = slots.take_slot(written)
             slot_of[written] = s
             ring.slots[s] = written
-            coord.announce(written, s, (written, 0, 0, 0, 0), written, 7 * written)
+            coord.announce(written, s, Position(written, 0, 0, 0, 0), written, 7 * written)
             written += 1
         if rng.random() < 0.5 and (got := trainer.take()) is not None:
-            k, s, pos, docs, check = got
-            assert (k, s, pos[0], docs, check) == (taken, slot_of[taken], taken, taken, 7 * taken)
-            assert np.all(ring.slots[s] == k)
-            held.append(k)
+            assert (got.batch, got.slot, got.position.epoch, got.docs, got.check) == (
+                taken, slot_of[taken], taken, taken, 7 * taken)
+            assert np.all(ring.slots[got.slot] == got.batch)
+            held.append(got.batch)
             taken += 1
         if held and (len(held) >= n_slots - 1 or rng.random() < 0.4):
             trainer.free(held.pop(rng.randrange(len(held))))

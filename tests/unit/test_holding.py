@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from shmloader.position import Position
 from shmloader.config import LoaderConfig
 from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted
@@ -18,7 +19,7 @@ B, T, N_SLOTS = 2, 16, 4
 
 def mode_over(pieces, **options):
     cfg = LoaderConfig(B, T, n_slots=N_SLOTS, **options)
-    run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS), skip=0)
+    run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS), start=Position(1, 0, 0))
     return ConcatMode(cfg, run, 2, lambda ramp, cap, first: iter(pieces))
 
 
@@ -64,7 +65,7 @@ def test_a_worker_behind_a_long_piece_keeps_working_up_to_its_budget():
 
 
 def test_pieces_in_flight_two_or_tiny_ones_up_to_a_piece_of_text():
-    cap = LoaderConfig(B, T).piece_bytes  # the default
+    cap = LoaderConfig(B, T).max_piece_bytes  # the default, resolved
     big = [Piece(i, 1, 0, i, 0, 10, text_bytes=cap * 7 // 10) for i in range(5)]
     mode = mode_over(big)
     mode.take(0, next(mode.pieces))

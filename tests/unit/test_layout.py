@@ -26,8 +26,8 @@ PACKAGE = REPO_ROOT / "shmloader"
 RUNTIME_MODULES = sorted(m.name for m in pkgutil.walk_packages(shmloader.__path__, "shmloader."))
 
 LAYERS = {
-    "errors": 0, "ipc": 1, "data": 2, "packing": 3, "procs": 4,
-    "config": 5, "state": 5, "delivery": 5, "loader": 5,
+    "errors": 0, "position": 0, "ipc": 1, "data": 2, "packing": 3, "procs": 4,
+    "config": 5, "state": 5, "resume": 5, "delivery": 5, "loader": 5,
     "nanochat": 6, "demo": 6, "__init__": 6,
 }
 CARD_TOP_LEVEL = {"setup.cfg", "shmloader", "tests", "tools"}

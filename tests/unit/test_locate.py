@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from shmloader.packing.planner import BestFitPlanner
 from shmloader.packing.bestfit import BestFitLocator
 from shmloader.packing.concat import ConcatLocator, concat_tokens
-from shmloader.data.order import Cursor, Piece
+from shmloader.position import Position
+from shmloader.data.order import Piece
 
-START = Cursor(1, 0, 0, 0)
+START = Position(1, 0, 0, 0)
 
 
 def pieces_of(lengths, cuts):

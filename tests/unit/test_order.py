@@ -1,5 +1,5 @@
 """plan.iter_pieces: the canonical document order, cut into pieces, checked against an
-independent brute-force enumeration; ramp sizes; resume cursors; nanochat_cursor; DataError
+independent brute-force enumeration; ramp sizes; resume cursors; nanochat_position; DataError
 for a rank with no row group anywhere."""
 
 import itertools
@@ -9,8 +9,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from shmloader.errors import DataError
-from shmloader.data.order import (RAMP, Cursor, buffer_pieces, iter_pieces, nanochat_cursor, ramp_for,
-                           start_cursor)
+from shmloader.position import Position
+from shmloader.data.order import (RAMP, buffer_pieces, iter_pieces, nanochat_position, ramp_for,
+                           start_position)
 
 EMPTY = "empty"  # marker unit: a row group with no rows (one 0-doc piece)
 
@@ -78,7 +79,7 @@ def has_rg(counts, rank):
 
 def test_order_files_then_strided_row_groups_then_epochs():
     counts = [[2, 3, 1, 4], [1, 2], [5]]
-    pieces = list(itertools.islice(iter_pieces(counts_fn(counts), 3, 1, 2, start_cursor(1)), 4))
+    pieces = list(itertools.islice(iter_pieces(counts_fn(counts), 3, 1, 2, start_position(1)), 4))
     # rank 1 of 2: file 0 rg 1, 3; file 1 rg 1; file 2 has no rg 1; then epoch 2
     assert [(p.epoch, p.file, p.rg, p.doc_start, p.doc_end) for p in pieces] == [
         (1, 0, 1, 0, 3), (1, 0, 3, 0, 4), (1, 1, 1, 0, 2), (2, 0, 1, 0, 3)]
@@ -87,7 +88,7 @@ def test_order_files_then_strided_row_groups_then_epochs():
 
 def test_ramp_then_capped_at_max_docs():
     n = 16 + 32 + 64 + 128 + 256 + 512 + 3 * 1000 + 7
-    pieces = list(itertools.islice(iter_pieces(counts_fn([[n]]), 1, 0, 1, start_cursor(0),
+    pieces = list(itertools.islice(iter_pieces(counts_fn([[n]]), 1, 0, 1, start_position(0),
                                                max_docs=1000), 11))
     assert [p.n_docs for p in pieces[:10]] == [16, 32, 64, 128, 256, 512, 1000, 1000, 1000, 7]
     assert pieces[9].doc_end == n and pieces[9].epoch == 1
@@ -96,7 +97,7 @@ def test_ramp_then_capped_at_max_docs():
 
 def test_ramp_capped_by_small_max_docs_and_by_row_group_end():
     counts = [[10, 100, 40]]
-    pieces = list(itertools.islice(iter_pieces(counts_fn(counts), 1, 0, 1, start_cursor(0),
+    pieces = list(itertools.islice(iter_pieces(counts_fn(counts), 1, 0, 1, start_position(0),
                                                max_docs=24), 9))
     got = [(p.rg, p.doc_start, p.doc_end) for p in pieces]
     # ramp 16 (cut at the rg end: 10), 24 (32 capped), 24, 24, 24, 4 (rg end), 24, 16, then epoch 2
@@ -107,7 +108,7 @@ def test_ramp_capped_by_small_max_docs_and_by_row_group_end():
 
 def test_empty_row_group_yields_one_zero_doc_piece():
     counts = [[3, 0, 2], [0]]
-    pieces = list(itertools.islice(iter_pieces(counts_fn(counts), 2, 0, 1, start_cursor(0)), 5))
+    pieces = list(itertools.islice(iter_pieces(counts_fn(counts), 2, 0, 1, start_position(0)), 5))
     assert [(p.epoch, p.file, p.rg, p.doc_start, p.doc_end) for p in pieces] == [
         (1, 0, 0, 0, 3), (1, 0, 1, 0, 0), (1, 0, 2, 0, 2), (1, 1, 0, 0, 0), (2, 0, 0, 0, 3)]
     # an empty row group does not use up a ramp size
@@ -116,7 +117,7 @@ def test_empty_row_group_yields_one_zero_doc_piece():
 
 def test_start_mid_row_group_and_mid_file():
     counts = [[50, 50, 50, 50], [50, 50, 50]]
-    it = iter_pieces(counts_fn(counts), 2, 1, 2, Cursor(epoch=4, file=0, rg=3, doc=37))
+    it = iter_pieces(counts_fn(counts), 2, 1, 2, Position(epoch=4, file=0, rg=3, doc=37))
     pieces = list(itertools.islice(it, 6))
     got = [(p.epoch, p.file, p.rg, p.doc_start, p.doc_end) for p in pieces]
     assert got == [(4, 0, 3, 37, 50), (4, 1, 1, 0, 32), (4, 1, 1, 32, 50),
@@ -127,27 +128,27 @@ def test_start_mid_row_group_and_mid_file():
 def test_start_cursor_past_last_row_group_moves_to_next_file():
     # nanochat's resume: the next stride may not exist in this file; then the next file, rg=rank
     counts = [[5, 5, 5], [6, 6, 6, 6]]
-    cur = nanochat_cursor(pq_idx=0, rg_idx=1, epoch=1, rank=1, world=2)
-    assert cur == Cursor(1, 0, 3, 0)
+    cur = nanochat_position(pq_idx=0, rg_idx=1, epoch=1, rank=1, world=2)
+    assert cur == Position(1, 0, 3, 0)
     first = next(iter_pieces(counts_fn(counts), 2, 1, 2, cur))
     assert (first.epoch, first.file, first.rg, first.doc_start) == (1, 1, 1, 0)
 
 
 def test_last_file_wraps_to_next_epoch_at_rank():
     counts = [[4, 4, 4], [4, 4, 4]]
-    it = iter_pieces(counts_fn(counts), 2, 2, 3, Cursor(epoch=1, file=1, rg=2, doc=0))
+    it = iter_pieces(counts_fn(counts), 2, 2, 3, Position(epoch=1, file=1, rg=2, doc=0))
     a, b = next(it), next(it)
     assert (a.epoch, a.file, a.rg) == (1, 1, 2)
     assert (b.epoch, b.file, b.rg, b.doc_start) == (2, 0, 2, 0)
 
 
-# ------------------------------------------------------------------ nanochat_cursor
+# ------------------------------------------------------------------ nanochat_position
 
 def test_nanochat_cursor_examples():
-    assert nanochat_cursor(2, 5, 3, rank=1, world=4) == Cursor(3, 2, 9, 0)
-    assert nanochat_cursor(0, 0, 1, rank=0, world=1) == Cursor(1, 0, 1, 0)
-    assert nanochat_cursor(1, 7, 2, rank=0, world=8) == Cursor(2, 1, 8, 0)
-    assert nanochat_cursor(1, 8, 2, rank=7, world=8) == Cursor(2, 1, 23, 0)
+    assert nanochat_position(2, 5, 3, rank=1, world=4) == Position(3, 2, 9, 0)
+    assert nanochat_position(0, 0, 1, rank=0, world=1) == Position(1, 0, 1, 0)
+    assert nanochat_position(1, 7, 2, rank=0, world=8) == Position(2, 1, 8, 0)
+    assert nanochat_position(1, 8, 2, rank=7, world=8) == Position(2, 1, 23, 0)
 
 
 @settings(deadline=None)
@@ -155,7 +156,7 @@ def test_nanochat_cursor_examples():
        data=st.data(), world=st.integers(1, 16))
 def test_nanochat_cursor_is_this_ranks_row_group_in_the_next_stride(pq_idx, rg_idx, epoch, data, world):
     rank = data.draw(st.integers(0, world - 1))
-    c = nanochat_cursor(pq_idx, rg_idx, epoch, rank, world)
+    c = nanochat_position(pq_idx, rg_idx, epoch, rank, world)
     assert (c.epoch, c.file, c.doc) == (epoch, pq_idx, 0)
     # this rank's row group in the stride after the one holding rg_idx
     stride_start = rg_idx - rg_idx % world
@@ -170,26 +171,26 @@ def test_nanochat_cursor_is_this_ranks_row_group_in_the_next_stride(pq_idx, rg_i
 def test_rank_with_no_row_group_anywhere_raises():
     counts = [[5, 5], [5], [5, 5]]
     with pytest.raises(DataError) as ei:
-        next(iter_pieces(counts_fn(counts), 3, 2, 3, start_cursor(2)))
+        next(iter_pieces(counts_fn(counts), 3, 2, 3, start_position(2)))
     msg = str(ei.value)
     assert "rank 2 of 3" in msg and "3 files" in msg
 
 
 def test_no_files_raises():
     with pytest.raises(DataError):
-        next(iter_pieces(counts_fn([]), 0, 0, 1, start_cursor(0)))
+        next(iter_pieces(counts_fn([]), 0, 0, 1, start_position(0)))
 
 
 def test_rank_with_row_groups_in_only_some_files_is_fine():
     counts = [[5], [5, 5, 5], [5], [5]]
-    it = iter_pieces(counts_fn(counts), 4, 2, 3, start_cursor(2))
+    it = iter_pieces(counts_fn(counts), 4, 2, 3, start_position(2))
     pieces = list(itertools.islice(it, 5))
     assert [(p.epoch, p.file, p.rg) for p in pieces] == [(e, 1, 2) for e in range(1, 6)]
 
 
 def test_rank_with_row_group_only_in_first_file_started_in_a_barren_file():
     counts = [[5, 5], [5], [5], [5]]
-    it = iter_pieces(counts_fn(counts), 4, 1, 2, Cursor(epoch=1, file=2, rg=1))
+    it = iter_pieces(counts_fn(counts), 4, 1, 2, Position(epoch=1, file=2, rg=1))
     pieces = list(itertools.islice(it, 3))
     assert [(p.epoch, p.file, p.rg) for p in pieces] == [(2, 0, 1), (3, 0, 1), (4, 0, 1)]
 
@@ -198,7 +199,7 @@ def test_rank_with_row_group_only_in_first_file_started_past_it():
     # start in file 0 past this rank's last row group: every file of the pass is barren
     # until the wrap brings the order back to file 0, rg 1 -- that is not "no row group"
     counts = [[5, 5], [5], [5]]
-    it = iter_pieces(counts_fn(counts), 3, 1, 2, Cursor(epoch=1, file=0, rg=3))
+    it = iter_pieces(counts_fn(counts), 3, 1, 2, Position(epoch=1, file=0, rg=3))
     pieces = list(itertools.islice(it, 2))
     assert [(p.epoch, p.file, p.rg) for p in pieces] == [(2, 0, 1), (3, 0, 1)]
 
@@ -214,7 +215,7 @@ counts_st = st.lists(st.lists(st.integers(0, 40), max_size=6), min_size=1, max_s
 def test_matches_brute_force_from_start(counts, world, data, max_docs, epochs):
     rank = data.draw(st.integers(0, world - 1), label="rank")
     ramp = data.draw(st.sampled_from([RAMP, (1, 2, 3), ()]), label="ramp")
-    it = iter_pieces(counts_fn(counts), len(counts), rank, world, start_cursor(rank),
+    it = iter_pieces(counts_fn(counts), len(counts), rank, world, start_position(rank),
                      max_docs=max_docs, ramp=ramp)
     if not has_rg(counts, rank):
         with pytest.raises(DataError):
@@ -224,7 +225,7 @@ def test_matches_brute_force_from_start(counts, world, data, max_docs, epochs):
     one_epoch = sum(max(1, rgs[rg]) for rgs in counts for rg in range(rank, len(rgs), world))
     assert one_epoch > 0
     n = one_epoch * epochs
-    expected = brute_units(counts, rank, world, start_cursor(rank), n)
+    expected = brute_units(counts, rank, world, start_position(rank), n)
     got, pieces = piece_units(it, n)
     assert got == expected
     assert [p.index for p in pieces] == list(range(len(pieces)))
@@ -259,7 +260,7 @@ def test_matches_brute_force_from_a_cursor(counts, world, data, max_docs):
     n_rows = counts[f][rg] if rg < len(counts[f]) else 0
     doc = data.draw(st.integers(0, max(0, n_rows - 1)), label="doc")
     epoch = data.draw(st.integers(1, 5), label="epoch")
-    start = Cursor(epoch, f, rg, doc)
+    start = Position(epoch, f, rg, doc)
     one_epoch = sum(max(1, rgs[r]) for rgs in counts for r in range(rank, len(rgs), world))
     n = 2 * one_epoch + 1
     expected = brute_units(counts, rank, world, start, n)
@@ -274,14 +275,14 @@ def test_matches_brute_force_from_a_cursor(counts, world, data, max_docs):
 def test_brute_force_oracle_sanity():
     # the oracle itself, by hand: rank 0 of 2, from file 0 rg 2 doc 1
     counts = [[1, 9, 2], [0, 9]]
-    assert brute_units(counts, 0, 2, Cursor(3, 0, 2, 1), 5) == [
+    assert brute_units(counts, 0, 2, Position(3, 0, 2, 1), 5) == [
         (3, 0, 2, 1), (3, 1, 0, EMPTY), (4, 0, 0, 0), (4, 0, 2, 0), (4, 0, 2, 1)]
 
 
 # ------------------------------------------------------------------ first_index, ramp_for, buffer_pieces
 
 def test_first_index_offsets_piece_indices():
-    it = iter_pieces(counts_fn([[40, 3]]), 1, 0, 1, start_cursor(0), first_index=17)
+    it = iter_pieces(counts_fn([[40, 3]]), 1, 0, 1, start_position(0), first_index=17)
     assert [p.index for p in itertools.islice(it, 5)] == [17, 18, 19, 20, 21]
 
 
@@ -314,7 +315,7 @@ def test_ramp_for_rounds_up_to_whole_chunks(chunk, max_docs):
        chunk=st.integers(1, 50), max_docs=st.integers(1, 200))
 def test_pieces_never_split_a_chunk_with_ramp_for(counts, chunk, max_docs):
     ramp, cap = ramp_for(chunk, max_docs)
-    it = iter_pieces(counts_fn(counts), len(counts), 0, 1, start_cursor(0), max_docs=cap, ramp=ramp)
+    it = iter_pieces(counts_fn(counts), len(counts), 0, 1, start_position(0), max_docs=cap, ramp=ramp)
     one_epoch = sum(max(1, c) for rgs in counts for c in rgs)
     _, pieces = piece_units(it, one_epoch)
     for p in pieces:
@@ -347,7 +348,7 @@ def test_buffer_pieces_rereads_exactly_the_runs_in_order(runs, max_docs):
 def test_pieces_are_cut_by_text_bytes_examples():
     # row group 0: 100 docs of 10 bytes, 1: 4 docs of 1000 bytes, 2: one doc of 5000 bytes
     counts, sizes = [[100, 4, 1]], [[1000, 4000, 5000]]
-    it = iter_pieces(counts_fn(counts), 1, 0, 1, start_cursor(0), ramp=(), row_bytes=lambda f: sizes[f],
+    it = iter_pieces(counts_fn(counts), 1, 0, 1, start_position(0), ramp=(), row_bytes=lambda f: sizes[f],
                      max_bytes=250)
     got = [(p.rg, p.doc_start, p.doc_end, p.text_bytes) for p in itertools.islice(it, 9)]
     assert got == [(0, 0, 25, 250), (0, 25, 50, 250), (0, 50, 75, 250), (0, 75, 100, 250),
@@ -356,10 +357,10 @@ def test_pieces_are_cut_by_text_bytes_examples():
 
 
 def test_bytes_bound_keeps_whole_units():
-    it = iter_pieces(counts_fn([[100]]), 1, 0, 1, start_cursor(0), ramp=(), row_bytes=lambda f: [1000],
+    it = iter_pieces(counts_fn([[100]]), 1, 0, 1, start_position(0), ramp=(), row_bytes=lambda f: [1000],
                      max_bytes=250, unit=7)
     assert [p.n_docs for p in itertools.islice(it, 5)] == [21, 21, 21, 21, 16]
-    it = iter_pieces(counts_fn([[100]]), 1, 0, 1, start_cursor(0), ramp=(), row_bytes=lambda f: [1000],
+    it = iter_pieces(counts_fn([[100]]), 1, 0, 1, start_position(0), ramp=(), row_bytes=lambda f: [1000],
                      max_bytes=30, unit=7)
     assert next(it).n_docs == 7  # one unit even when it is larger than max_bytes
 
@@ -377,8 +378,8 @@ def test_bytes_bound_changes_only_the_cuts(counts, per_doc, max_bytes, unit, max
     sizes = [[c * per_doc[(f * 4 + g) % 12] for g, c in enumerate(rgs)] for f, rgs in enumerate(counts)]
     ramp, cap = ramp_for(unit, max_docs)
     one_epoch = sum(max(1, c) for rgs in counts for g, c in enumerate(rgs) if g % world == rank)
-    plain = iter_pieces(counts_fn(counts), len(counts), rank, world, start_cursor(rank), max_docs=cap, ramp=ramp)
-    cut = iter_pieces(counts_fn(counts), len(counts), rank, world, start_cursor(rank), max_docs=cap, ramp=ramp,
+    plain = iter_pieces(counts_fn(counts), len(counts), rank, world, start_position(rank), max_docs=cap, ramp=ramp)
+    cut = iter_pieces(counts_fn(counts), len(counts), rank, world, start_position(rank), max_docs=cap, ramp=ramp,
                       row_bytes=lambda f: sizes[f], max_bytes=max_bytes, unit=unit)
     want, _ = piece_units(plain, 2 * one_epoch)
     got, pieces = piece_units(cut, 2 * one_epoch)

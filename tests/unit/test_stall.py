@@ -1,11 +1,11 @@
-"""Who is stalled while the trainer waits (procs/children.py `_Progress`), on a ring in memory:
+"""Who is stalled while the trainer waits (procs/stall.py `Watch`), on a ring in memory:
 a started worker whose beat stands still for the limit, holding a piece or idle (a stopped
 idle worker never begins the task sent to it); not one that beats, nor one that has not
 started (beat 0); the coordinator when its own beat stands still; every stand-still counted from its last sign of
 progress; and a pause of the trainer itself (a gap between two looks) blames nobody."""
 from shmloader.ipc import ring as ringmod
 from shmloader.ipc.ring import RingLayout, Stat, WorkerCol
-from shmloader.procs.children import _Progress
+from shmloader.procs.stall import Watch
 
 
 def ring(n_workers=3):
@@ -32,7 +32,7 @@ def look(watch, r, t0, t1, coordinator_beats=True):
 def test_a_new_ring_has_no_worker_on_a_piece():
     r = ring()
     assert (r.workers[:, WorkerCol.PIECE] == -1).all()
-    watch = _Progress(r, now=0.0)
+    watch = Watch(r, now=0.0)
     assert look(watch, r, 0.5, 20.0) is None
 
 
@@ -40,7 +40,7 @@ def test_a_started_worker_without_a_beat_is_stalled_at_the_limit():
     r = ring()
     r.workers[1, WorkerCol.PIECE] = 7
     r.workers[1:, WorkerCol.BEAT] = 1              # workers 1 and 2 have started; 0 has not
-    watch = _Progress(r, now=0.0)
+    watch = Watch(r, now=0.0)
     for t in (1.0, 2.0, 3.0):
         r.workers[2, WorkerCol.BEAT] += 1          # worker 2 makes progress
         r.stats[Stat.BEAT] += 1
@@ -55,7 +55,7 @@ def test_a_started_worker_without_a_beat_is_stalled_at_the_limit():
 
 def test_a_coordinator_whose_beat_stands_still_is_stalled():
     r = ring()
-    watch = _Progress(r, now=0.0)
+    watch = Watch(r, now=0.0)
     assert look(watch, r, 0.5, 10.0) is None       # beating: fine, however long
     assert look(watch, r, 10.5, 30.0, coordinator_beats=False) == (15.0, ([], 5.0))  # its last beat: t=10
 
@@ -63,7 +63,7 @@ def test_a_coordinator_whose_beat_stands_still_is_stalled():
 def test_a_pause_of_the_trainer_blames_nobody():
     r = ring()
     r.workers[0, WorkerCol.PIECE], r.workers[0, WorkerCol.BEAT] = 1, 1
-    watch = _Progress(r, now=0.0)
+    watch = Watch(r, now=0.0)
     assert watch.stalled(1.0, limit=5.0) is None
     assert watch.stalled(60.0, limit=5.0) is None  # 59 s between two looks: the trainer was stopped
     assert look(watch, r, 60.5, 64.5) is None      # clocks start again at the resume

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.data.order import Cursor, nanochat_cursor
+from shmloader.data.order import nanochat_position
+from shmloader.position import Position
 from shmloader.state import (VERSION, Loader, base_state, buffer_runs, check, decode_runs, digest, encode_buffer, encode_runs,
-                             file_list, make_state, start)
+                             make_state, start)
+from shmloader.data.catalogue import file_list
 
 FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
 CONFIG = {"split": "train", "packing": "concat", "tokenizer": "0123456789abcdef"}
@@ -26,7 +28,7 @@ def loader(rank=1, world=2, B=4, T=16, files=FILES, config=CONFIG, **kw) -> Load
 def saved(rank=1, world=2, epoch=2, file=1, rg=3, doc=5, skip=7, batch=40, buffer=None, **kw) -> dict:
     """A state as the loader saves it, through JSON as nanochat stores it."""
     lo = loader(rank, world, **kw)
-    state = make_state(base_state(lo, start(lo)), epoch, file, rg, doc, skip, batch, buffer)
+    state = make_state(base_state(lo, start(lo)), Position(epoch, file, rg, doc, skip), batch, buffer)
     return json.loads(json.dumps(state))
 
 
@@ -43,7 +45,7 @@ def test_round_trip():
     assert state["version"] == VERSION and state["batch"] == 40
     assert (state["pq_idx"], state["rg_idx"], state["epoch"]) == (1, 3, 2)  # nanochat's keys
     r = quiet_check(state, loader())
-    assert (r.cursor, r.skip, r.batch, r.shapes, r.origin, r.locate) == (Cursor(2, 1, 3, 5), 7, 40,
+    assert (r.position, r.batch, r.shapes, r.origin, r.locate) == (Position(2, 1, 3, 5, 7), 40,
                                                                           [[0, 4, 16]], None, False)
 
 
@@ -56,14 +58,14 @@ def test_round_trip_property(world, data, epoch, stride, doc, skip, batch):
     file = data.draw(st.integers(0, len(FILES) - 1))
     rg = stride * world + rank
     r = quiet_check(saved(rank, world, epoch, file, rg, doc, skip, batch), loader(rank, world))
-    assert (r.cursor, r.skip, r.batch) == (Cursor(epoch, file, rg, doc), skip, batch)
+    assert (r.position, r.batch) == (Position(epoch, file, rg, doc, skip), batch)
 
 
 def test_make_state_does_not_mutate_base():
     lo = loader()
     base = base_state(lo, start(lo))
     before = json.dumps(base, sort_keys=True)
-    make_state(base, 1, 0, 0, 0, 0, 0)
+    make_state(base, Position(1, 0, 0, 0, 0), 0)
     assert json.dumps(base, sort_keys=True) == before
 
 
@@ -93,7 +95,7 @@ def test_another_world_size_is_a_change_the_loader_makes_a_plan_of():
         check(saved(rank=1, world=2, rg=4), loader(rank=0, world=3))
     with pytest.warns(UserWarning, match="resuming as nanochat does"):
         r = check(saved(rank=1, world=2), loader(rank=2, world=3, other_rank="nanochat"))
-    assert (r.change, r.cursor, r.origin) == (None, nanochat_cursor(1, 3, 2, 2, 3), {"pq_idx": 1, "rg_idx": 3, "epoch": 2})
+    assert (r.change, r.position, r.origin) == (None, nanochat_position(1, 3, 2, 2, 3), {"pq_idx": 1, "rg_idx": 3, "epoch": 2})
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
     with pytest.raises(ValueError, match="a change of world size needs the files the state was saved with"):
         with warnings.catch_warnings():
@@ -127,7 +129,7 @@ def test_config_key_missing_from_loader_or_state_is_named():
 def test_new_batch_shape_continues_from_the_same_place_with_a_warning(B, T, words):
     with pytest.warns(UserWarning, match=words):
         r = check(saved(), loader(B=B, T=T))
-    assert (r.cursor, r.skip, r.batch) == (Cursor(2, 1, 3, 5), 7, 40)
+    assert (r.position, r.batch) == (Position(2, 1, 3, 5, 7), 40)
     assert r.shapes == [[0, 4, 16], [40, B, T]]
 
 
@@ -135,7 +137,7 @@ def test_a_second_new_shape_at_the_same_batch_replaces_the_first():
     lo = loader(B=2)
     with pytest.warns(UserWarning):
         r = check(saved(), lo)
-    state = json.loads(json.dumps(make_state(base_state(lo, r), 2, 1, 3, 5, 7, 40)))
+    state = json.loads(json.dumps(make_state(base_state(lo, r), Position(2, 1, 3, 5, 7), 40)))
     with pytest.warns(UserWarning, match="B: state has 2, loader has 3"):
         assert check(state, loader(B=3)).shapes == [[0, 4, 16], [40, 3, 16]]
 
@@ -153,7 +155,7 @@ def test_appended_files_are_accepted_with_a_warning_naming_them():
     more = FILES + file_list(["/data/shard_00003.parquet", "/data/shard_00004.parquet"], [10, 20])
     with pytest.warns(UserWarning, match=r"2 file\(s\) added .*shard_00003\.parquet, shard_00004\.parquet"):
         r = check(saved(), loader(files=more))
-    assert r.cursor == Cursor(2, 1, 3, 5) and r.n_files == 3
+    assert r.position == Position(2, 1, 3, 5, 7) and r.n_files == 3
 
 
 @pytest.mark.parametrize("epoch,file,index,refused", [
@@ -181,7 +183,7 @@ def test_a_missing_file_is_named():
 
 def test_moved_files_resume():
     moved = file_list([f"/elsewhere/x/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
-    assert quiet_check(saved(), loader(files=moved)).cursor == Cursor(2, 1, 3, 5)
+    assert quiet_check(saved(), loader(files=moved)).position == Position(2, 1, 3, 5, 7)
 
 
 # ------------------------------------------------------------------ version, type, fields
@@ -243,7 +245,7 @@ def test_bad_origin_is_refused(origin):
 def test_another_ranks_state_is_located_from_this_ranks_origin():
     r = quiet_check(saved(rank=0, world=4, epoch=3, file=2, rg=8, doc=11, skip=99, batch=7),
                     loader(rank=3, world=4))
-    assert r.locate and (r.cursor, r.skip, r.batch, r.shapes) == (Cursor(1, 0, 3, 0), 0, 7, [[0, 4, 16]])
+    assert r.locate and (r.position, r.batch, r.shapes) == (Position(1, 0, 3, 0), 7, [[0, 4, 16]])
 
 
 def test_another_ranks_state_from_a_nanochat_origin_locates_from_its_own_nanochat_cursor():
@@ -252,29 +254,29 @@ def test_another_ranks_state_from_a_nanochat_origin_locates_from_its_own_nanocha
     from shmloader.state import digest
     state["digest"] = digest(state)
     r = quiet_check(state, loader(rank=3, world=4))
-    assert r.locate and r.cursor == nanochat_cursor(1, 5, 2, rank=3, world=4) == Cursor(2, 1, 11, 0)
+    assert r.locate and r.position == nanochat_position(1, 5, 2, rank=3, world=4) == Position(2, 1, 11, 0)
 
 
 def test_another_ranks_state_with_other_rank_nanochat_warns_and_resumes_as_nanochat():
     state = saved(rank=0, world=4, epoch=3, file=2, rg=8, doc=11, skip=99)
     with pytest.warns(UserWarning, match="rank 0"):
         r = check(state, loader(rank=3, world=4, other_rank="nanochat"))
-    assert not r.locate and (r.skip, r.batch) == (0, 0)
-    assert r.cursor == nanochat_cursor(2, 8, 3, rank=3, world=4) == Cursor(3, 2, 15, 0)
+    assert not r.locate and (r.position.skip, r.batch) == (0, 0)
+    assert r.position == nanochat_position(2, 8, 3, rank=3, world=4) == Position(3, 2, 15, 0)
     assert r.origin == {"pq_idx": 2, "rg_idx": 8, "epoch": 3}
 
 
 # ------------------------------------------------------------------ nanochat states
 
 @pytest.mark.parametrize("state,rank,world,expected", [
-    ({"pq_idx": 1, "rg_idx": 5}, 1, 2, Cursor(1, 1, 7, 0)),
-    ({"pq_idx": 0, "rg_idx": 0}, 0, 1, Cursor(1, 0, 1, 0)),
-    ({"pq_idx": 2, "rg_idx": 3, "epoch": 4}, 0, 4, Cursor(4, 2, 4, 0)),
-    ({"pq_idx": 2, "rg_idx": 3, "epoch": 4}, 3, 4, Cursor(4, 2, 7, 0)),
+    ({"pq_idx": 1, "rg_idx": 5}, 1, 2, Position(1, 1, 7, 0)),
+    ({"pq_idx": 0, "rg_idx": 0}, 0, 1, Position(1, 0, 1, 0)),
+    ({"pq_idx": 2, "rg_idx": 3, "epoch": 4}, 0, 4, Position(4, 2, 4, 0)),
+    ({"pq_idx": 2, "rg_idx": 3, "epoch": 4}, 3, 4, Position(4, 2, 7, 0)),
 ])
 def test_nanochat_state_resumes_as_nanochat_and_is_the_origin(state, rank, world, expected):
     r = quiet_check(json.loads(json.dumps(state)), loader(rank, world))
-    assert (r.cursor, r.skip, r.batch, r.locate) == (expected, 0, 0, False)
+    assert (r.position, r.batch, r.locate) == (expected, 0, False)
     assert r.origin == {"epoch": 1, **state}
 
 
@@ -397,7 +399,7 @@ def test_the_digest_covers_the_buffer():
 
 
 def test_the_check_travels_to_the_resume_and_the_digest_covers_it():
-    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), 2, 1, 3, 5, 7, 40,
+    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), Position(2, 1, 3, 5, 7), 40,
                                              check=0x0BADF00D)))
     assert state["check"] == "0badf00d" and quiet_check(state, loader()).check == 0x0BADF00D
     assert saved()["check"] is None and quiet_check(saved(), loader()).check is None
@@ -416,14 +418,14 @@ def test_a_malformed_check_is_refused(value):
 def test_another_shape_rank_or_file_list_resumes_without_the_check():
     """The batch at the position is another one (another B or T, files new to the state), or
     not this rank's: there is nothing to compare, so the resume carries no check."""
-    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), 2, 1, 3, 5, 7, 40, check=7)))
+    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), Position(2, 1, 3, 5, 7), 40, check=7)))
     with pytest.warns(UserWarning, match="another batch shape"):
         assert check(state, loader(T=8)).check is None
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
     with pytest.warns(UserWarning, match="added to the split"):
         assert check(state, loader(files=more)).check is None
     assert check(state, loader(rank=0)).check is None  # another rank's: located, not compared
-    first = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), 1, 1, 3, 5, 7, 40, check=7)))
+    first = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), Position(1, 1, 3, 5, 7), 40, check=7)))
     later = [list(f) for f in FILES]
     later[2][1] += 1  # a file after the position (file 1, epoch 1) changed: read as it is now, so not compared
     with pytest.warns(UserWarning, match="after its position changed"):
@@ -445,7 +447,7 @@ def test_a_run_that_began_elastic_refuses_added_files():
 
     plan = Plan.of(2, 40, [(1, 0, 0, 3, 0), (1, 1, 1, 0, 0)])
     lo = loader(rank=0, world=3)
-    state = json.loads(json.dumps(make_state(base_state(lo, Resume(Cursor(1, 0, 0, 0), plan=plan, shapes=[[0, 4, 16]])), 1, 1, 3, 5, 0,
+    state = json.loads(json.dumps(make_state(base_state(lo, Resume(Position(1, 0, 0, 0), plan=plan, shapes=[[0, 4, 16]])), Position(1, 1, 3, 5, 0),
                                              41)))
     assert quiet_check(state, lo).plan == plan
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
@@ -463,7 +465,7 @@ def test_a_version_4_state_without_a_check_is_read():
     state["version"] = 4
     state["digest"] = digest(state)
     r = quiet_check(state, loader())
-    assert (r.cursor, r.check) == (Cursor(2, 1, 3, 5), None)
+    assert (r.position, r.check) == (Position(2, 1, 3, 5, 7), None)
 
 
 def test_make_state_digest_is_the_checked_one():
@@ -474,7 +476,7 @@ def test_make_state_digest_is_the_checked_one():
     resume.shapes, resume.origin = [[0, 4, 16], [7, 2, 16]], {"pq_idx": 1, "rg_idx": 3, "epoch": 2}
     for buffer, check_ in itertools.product((None, [], [[1, 2, 3, 4, 5]], np.array([[3, 0, 70000, 1, 2]])),
                                             (None, 0, 0xFFFFFFFF)):
-        state = make_state(base_state(lo, resume), 3, 2, 9, 11, 0, 12345, buffer, check=check_)
+        state = make_state(base_state(lo, resume), Position(3, 2, 9, 11, 0), 12345, buffer, check=check_)
         runs = state.get("buffer")
         prefix, raw = (runs[:2].encode(), bytes.fromhex(runs[3:])) if runs else (b"", b"")
         assert state["digest"] == digest(state, prefix + raw)
@@ -490,8 +492,8 @@ def test_a_state_from_the_coordinators_encoding_is_the_same_state(runs):
     base = base_state(lo, start(lo))
     encoded = encode_buffer(runs)
     assert encoded.text == encode_runs(runs)
-    from_runs = make_state(base, 1, 0, 0, 0, 0, 7, runs)
-    assert make_state(base, 1, 0, 0, 0, 0, 7, encoded) == from_runs
+    from_runs = make_state(base, Position(1, 0, 0, 0, 0), 7, runs)
+    assert make_state(base, Position(1, 0, 0, 0, 0), 7, encoded) == from_runs
     spelled = encoded.text[:2].encode() + bytes.fromhex(encoded.text[3:]) if runs else b""
     assert encoded.crc == (zlib.crc32(spelled) if runs else 0)
     assert from_runs["digest"] == digest(from_runs, spelled)

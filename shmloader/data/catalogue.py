@@ -1,0 +1,128 @@
+"""The split's files as a loader knows them: paths, identities, and the order of each epoch.
+
+A `Catalogue` is made once per loader from `data` (a directory, a glob, a list, a URI) and the
+split: the files sorted by name (`train`: all but the last, `val`: the last), each with its
+*identity* `[name, bytes, footer]` (the footer digest, `source.footer_digest`, is learnt when a
+run first reads the file: `learn`). The run numbers the files by their place in `paths`.
+
+The order of an epoch is `paths` in order, except after a resume from a state that does not
+list every file now there (shards that arrived since the save, wherever they sort): `reorder`
+puts the state's files first and the new ones after them, for the epoch in progress, and from
+the epoch after it every file is read in its sorted place again (`later`, a `data.order.Later`:
+indices into `paths`, from the epoch after the one the run resumed in, `begin`). A state always numbers the files in
+the order of its own epoch (`described`: `pq_idx`, the files as that state lists them, and the
+renumbering of the run's file indices into that order).
+
+A state lists the footers of its files up to its position only: those were read before that
+batch in every run, while what lies after it depends on how far the coordinator has read
+ahead (`described_files`). So states do not depend on timing.
+"""
+import os
+
+import numpy as np
+
+from . import source
+from .order import Later
+
+
+def file_list(paths: list, sizes: list) -> list[list]:
+    """`[[name, bytes, None], ...]`: names, not directories (a moved data set still resumes); -1
+    for a size the filesystem does not know (a missing object, reported when it is read); the
+    footer digest is learnt when the run opens the file."""
+    return [[_name(p), -1 if s is None else int(s), None] for p, s in zip(paths, sizes)]
+
+
+def described_files(files: list, epoch: int, file: int) -> list:
+    """`files` (identities) as a state at (epoch, file) describes them: with their footers up to
+    its position (every file past epoch 1), without them after it."""
+    if epoch > 1 or all(f[2] is None for f in files[file + 1:]):
+        return files
+    return files[:file + 1] + [[name, size, None] for name, size, _ in files[file + 1:]]
+
+
+class Catalogue:
+    def __init__(self, data, split: str, filesystem=None):
+        """Lists `data` (None: nanochat's directory) and takes `split`'s files; raises
+        `DataError` for no files or a train split of one file."""
+        self.filesystem = source.filesystem_for(data, filesystem)
+        listing = source.list_files(data, self.filesystem)
+        self.paths = source.split_files(listing, split)  # in the run's numbering
+        self.files = file_list(self.paths, source.file_sizes(self.paths, self.filesystem))  # identities
+        self.val = _name(listing[-1])  # the data set's val file (a state remembers it)
+        self._sorted = list(self.paths)
+        self.later = None                       # `Later`: the order of the epochs after the resumed one
+        self._later_order = self._later_at = None  # that order when it is not `paths`', and its inverse
+        self._described = (None, None)          # (key, files) of the last `described`
+
+    def footers(self, indices: list) -> list:
+        """The footer digests files `indices` have now (None: unreadable)."""
+        return source.footer_digests([self.paths[i] for i in indices], self.filesystem)
+
+    def reorder(self, order: list | None):
+        """A resume reads the files of its epoch in `order` (indices into `paths`: the state's
+        files, then files new to it), and those of the epochs after it in their sorted place."""
+        if order is not None:
+            self.paths = [self.paths[i] for i in order]
+            self.files = [self.files[i] for i in order]
+        place = {path: i for i, path in enumerate(self._sorted)}
+        later = sorted(range(len(self.paths)), key=lambda t: place[self.paths[t]])
+        self._later_order = None if later == list(range(len(later))) else tuple(later)
+        self._later_at = np.argsort(later) if self._later_order is not None else None
+
+    def begin(self, epoch: int):
+        """The loader starts (or resumes) in `epoch`: a reordered epoch is this one only."""
+        self.later = Later(epoch, self._later_order) if self._later_order is not None else None
+        self._described = (None, None)
+
+    def learn(self, opened: list, warn):
+        """The identities the coordinator read (`Opened` messages), for the states from here
+        on; a file whose size or footer changed since the loader knew it is warned of. The
+        list is replaced, never changed in place: states already handed out keep theirs."""
+        files = list(self.files)
+        for msg in opened:
+            name, size, footer = files[msg.file]
+            if size != msg.size or footer not in (None, msg.footer):
+                warn(f"shmloader: {self.paths[msg.file]} changed since this loader first knew it "
+                     f"({size} bytes, footer {footer}; now {msg.size} bytes, footer {msg.footer}): "
+                     f"batches from here on read it as it is now, and states say so")
+            files[msg.file] = [name, msg.size, msg.footer]
+        self.files = files
+        self._described = (None, None)
+
+    def with_footers(self, known: list):
+        """Take the footers `known` (a checked state's files) gives for files of the same name
+        and size: a resumed run's states go on describing files it will not read again before
+        its next epoch."""
+        by_name = {f[0]: f for f in known if isinstance(f, list) and len(f) == 3}
+        files = [list(f) for f in self.files]
+        for now in files:
+            old = by_name.get(now[0])
+            if now[2] is None and old is not None and old[2] is not None and now[1] == old[1]:
+                now[2] = old[2]
+        self.files = files
+        self._described = (None, None)
+
+    def described(self, epoch: int, file: int):
+        """`(pq_idx, files, renumber)` a state at (epoch, file: the run's numbering) holds: the
+        files in the order of its epoch, `described_files` of them, and the array that renumbers
+        the run's file indices into that order (None: the same). Kept while it does not change:
+        nanochat's loop asks for a state with every batch, and a split may hold thousands of
+        files."""
+        later = self.later is not None and epoch > self.later.after
+        pq = int(self._later_at[file]) if later else file
+        key = (later, epoch > 1, pq if epoch == 1 else -1)
+        if self._described[0] != key:
+            files = [self.files[t] for t in self.later.order] if later else self.files
+            self._described = (key, described_files(files, epoch, pq))
+        return pq, self._described[1], self._later_at if later else None
+
+    def row_counts(self, file: int, on_bad: str = "raise") -> list:
+        """Rows per row group of `file`, from its footer, as the coordinator reads them (with
+        `on_bad="skip"`, an unreadable file has none)."""
+        reader = source.ParquetSource(self.paths, self.filesystem)
+        counts = source.read_or_skip(lambda: reader.row_counts(file), on_bad, lambda text: None, "file")
+        return [] if counts is None else counts
+
+
+def _name(path) -> str:
+    return os.fspath(path).replace("\\", "/").rsplit("/", 1)[-1]

@@ -1,0 +1,59 @@
+"""The loaders of the training process: closed at its exit, let go of in a forked child, and
+served to one thread at a time.
+
+- **Exit.** Every loader is registered (`register`, a weak set): at interpreter exit each one
+  still open is closed, so its children exit and its segment is unlinked.
+- **Fork.** In a child made by `os.fork()` from a process that holds loaders, none of them is
+  used: each one forgets its processes and ring without touching them (`loader._forked()`:
+  they are the parent's) and refuses to be used (`LoaderClosed`); the forkserver and the
+  precedence registry are the parent's too (start.py, precedence.py).
+- **Threads.** `Within` takes a loader's lock for one call, waiting at most `timeout`
+  seconds, then raises `LoaderTimeout` naming the call.
+"""
+import atexit
+import os
+import weakref
+
+from ..errors import LoaderTimeout
+from . import precedence
+from .start import forget_forkserver
+
+_live = weakref.WeakSet()
+_registered = False
+
+
+def register(loader):
+    """Close `loader` at exit (if still open) and let go of it in a forked child."""
+    global _registered
+    _live.add(loader)
+    if not _registered:
+        atexit.register(_close_all)
+        os.register_at_fork(after_in_child=_forget_all)
+        _registered = True
+
+
+def _close_all():
+    for loader in list(_live):
+        loader.close()
+
+
+def _forget_all():
+    for loader in list(_live):
+        loader._forked()
+    forget_forkserver()
+    precedence.forget()
+
+
+class Within:
+    """A lock taken for one call, waited for at most `timeout` s (then `LoaderTimeout` naming it)."""
+
+    def __init__(self, lock, timeout: float, what: str):
+        self.lock, self.timeout, self.what = lock, timeout, what
+
+    def __enter__(self):
+        if not self.lock.acquire(False) and not self.lock.acquire(timeout=self.timeout):
+            raise LoaderTimeout(f"{self.what} waited {self.timeout:.0f} s for another thread's "
+                                f"next() on this loader to return")
+
+    def __exit__(self, *exc):
+        self.lock.release()

@@ -1,0 +1,201 @@
+"""The training process's runs of its children: one start, its delivery, and the next one.
+
+A *run* (`Run`) is one start of the coordinator and the workers over a new ring
+(children.py), with the delivery that turns the ring's slots into the caller's batches (the
+loader's `deliver`: delivery.py). `Runs` keeps one going for a loader:
+
+- a run starts when a batch is first asked for (a loader never read starts nothing), from
+  the `RunArgs` the loader began it with (`begin`: a fresh start, or where a resume plan
+  says);
+- `take(mark, timeout)` returns the next batch's `Announcement`, best fit's buffer text copied
+  out of its slot; `deliver(ann, shape)` makes it the caller's tensors; `mark_after(ann)` is
+  the progress after it (`Mark`), which the loader keeps for the batch it returns;
+- when the children are gone, the next run starts from `mark`, the progress after the last
+  batch returned, exactly as a resume would (in this run's numbering of the files, nothing
+  checked again), so the stream and its states go on byte for byte: after an idle release
+  (`ChildrenReleased`, NOTE [ring protocol] 7) and after a death or stall (`ChildLost`) that
+  heal.py allows (the budget, the poison rule); one it does not allow is raised.
+
+Each restart is logged and counted (`heals`, `idle_releases`). Lent batches keep the old
+ring's mapping; on CUDA the delivery's `close()` waits for copies in flight before the ring
+goes. A restart asks that /dev/shm hold a second ring while the caller holds a batch of the
+first.
+"""
+import dataclasses
+import logging
+import time
+from typing import NamedTuple
+
+from ..errors import LoaderClosed, WorkerError, warn
+from ..ipc.handover import Announcement
+from ..ipc.ring import STATS_FIELDS, RingLayout, WorkerCol
+from ..packing.runs import BufferText, decode_runs
+from ..position import Position
+from . import heal
+from .children import ChildLost, ChildrenReleased, Children, start_children
+
+
+class Mark(NamedTuple):
+    """The progress after the last batch returned: where the next batch starts."""
+    batch: int                    # batches of the whole run before it (a state's "batch")
+    position: Position
+    buffer: BufferText | None     # a buffered packing's buffer there
+    docs: int = 0                 # documents delivered before it, by this loader
+
+
+@dataclasses.dataclass
+class Run:
+    """One start of the children, with its delivery."""
+    children: Children
+    delivery: object
+    first: int                    # the state's batch count at the run's batch 0
+    docs_before: int              # documents the loader delivered before it
+
+    def stats(self, config) -> dict:
+        """What this run's processes have read, from the ring's header: counters, each worker's."""
+        ring, kids = self.children.ring, self.children
+        values = dict(zip(STATS_FIELDS, (int(v) for v in ring.stats)))
+        out = {"tokens_read": values["tokens"], "docs_read": values["docs"], "nulls": values["nulls"],
+               "pieces": values["pieces"], "bad_row_groups_skipped": values["skipped_rg"],
+               "cache_hits": values["cache_hits"], "cache_misses": values["cache_misses"],
+               "tokens_per_s": values["tokens"] / max(time.monotonic() - kids.started_at, 1e-9),
+               "ring_ready": kids.ready_batches(), "ring_slots": config.n_slots, "epoch": values["epoch"],
+               "workers": [_worker_stats(r) for r in ring.workers]}
+        out.update(config.spec.stats(values))
+        return out
+
+
+def _worker_stats(row) -> dict:
+    busy = row[WorkerCol.BUSY_US]
+    return {"pid": int(row[WorkerCol.PID]), "tokens": int(row[WorkerCol.TOKENS]),
+            "tokenized": int(row[WorkerCol.TOKENIZED]),
+            "tokens_per_s": float(row[WorkerCol.TOKENS] / (busy / 1e6)) if busy else 0.0}
+
+
+class Runs:
+    def __init__(self, config, deliver, on_opened, rank: int):
+        """`deliver(slots, free)`: the delivery for a new ring; `on_opened(msgs)`: the files
+        the coordinator read (`Opened`), for the loader's catalogue."""
+        self.config, self._deliver, self._on_opened, self.rank = config, deliver, on_opened, rank
+        self.run = None
+        self.closed = None  # why the loader was closed (`close`), else None
+        self._args, self._first, self._docs = None, 0, 0
+        self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory()
+        self.heals = self.idle_releases = 0
+
+    def begin(self, args, first: int, docs: int = 0):
+        """The next run starts from `args` (`RunArgs`: its start, buffer, files), its batch 0
+        being the state's batch `first`; the running one, if any, stops."""
+        self._args, self._first, self._docs = args, first, docs
+        self.stop()
+
+    def take(self, mark: Mark, timeout: float) -> Announcement:
+        """The next batch's announcement, starting the children first when none run and
+        starting them again from `mark` when they are gone (a heal or an idle release)."""
+        while True:
+            if self.closed is not None:  # closed by another thread while this one waited
+                raise LoaderClosed(self.closed)
+            if self.run is None:
+                self._start()
+            run = self.run
+            try:
+                ann = run.children.next_batch(run.delivery, timeout)
+                break
+            except (ChildrenReleased, ChildLost) as exc:
+                gone = exc.with_traceback(None)  # its frames (and its context's) hold the old ring's views:
+                gone.__context__ = gone.__cause__ = None  # kept, they would keep the ring mapped
+            if isinstance(gone, ChildLost):
+                self._heal(gone, mark)
+            else:
+                self._released(gone.args[0], mark)
+        if run.children.opened:  # files the coordinator has read (first, or again after a change)
+            opened, run.children.opened = run.children.opened, []
+            self._on_opened(opened)
+        if self.config.spec.buffered:  # copied out before the slot can be freed
+            ann = ann._replace(buffer=BufferText(*run.children.ring.buffer_of(ann.slot)))
+        return ann
+
+    def mark_after(self, ann: Announcement) -> Mark:
+        run = self.run
+        return Mark(run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs)
+
+    def deliver(self, ann: Announcement, shape: tuple) -> tuple:
+        return self.run.delivery.batch(ann.batch, ann.slot, shape)
+
+    def restart(self, mark: Mark) -> int:
+        """Stop the children; the next run starts at `mark`. Returns its batch count."""
+        runs = decode_runs(mark.buffer.text).tolist() if mark.buffer is not None else []
+        self.begin(dataclasses.replace(self._args, start=mark.position, buffer_runs=tuple(map(tuple, runs))),
+                   mark.batch, mark.docs)
+        return mark.batch
+
+    def stop(self):
+        """Stop the running children, if any; the delivery first (copies in flight read the ring)."""
+        run, self.run = self.run, None
+        if run is None:
+            return
+        try:
+            run.delivery.close()
+        finally:
+            run.children.shutdown()
+
+    def close(self, why: str):
+        """No run starts again (`take` raises `LoaderClosed(why)`); the running one stops."""
+        self.closed = why
+        self.stop()
+
+    def forget(self):
+        """In a process forked from the trainer: let go of the trainer's run without touching it."""
+        run, self.run = self.run, None
+        if run is not None:
+            run.children.forget()
+
+    def _start(self):
+        c, args = self.config, self._args
+        # a buffer can hold one run per document: the packing's most, or more at first, after an elastic
+        # resume gave this rank several old ranks' buffers (the planner refills only below its size)
+        runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
+        layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs))
+        args = dataclasses.replace(args, layout=layout, poisoned=self.poison.in_files(args.files))
+        children = start_children(c, layout, args)
+        try:
+            delivery = self._deliver(children.ring.slots, children.handover.free)
+        except BaseException:
+            children.shutdown()
+            raise
+        self.run = Run(children, delivery, self._first, self._docs)
+
+    def _heal(self, lost: ChildLost, mark: Mark):
+        """Heal `lost` (a death or a stall) from `mark`, unless heal.py says no: then raise."""
+        c, now = self.config, time.monotonic()
+        if self.budget.spent(now):
+            if not c.max_restarts:
+                raise lost
+            raise WorkerError(f"{lost} (the loader healed {self.budget.used} deaths or stalls in the last "
+                              f"{heal.WINDOW_S / 60:.0f} minutes: max_restarts={c.max_restarts} is spent)") from None
+        what, held = "", lost.held
+        if held is not None:
+            what = f"; it was tokenizing {held.path}, row group {held.rg}, documents {held.doc}-{held.end - 1}"
+            if self.poison.lost(held, mark.position):
+                if c.on_bad_row_group != "skip":
+                    slow = (f"; if its documents are only slow to read or to tokenize, raise stall_s "
+                            f"(now {c.stall_s:g} s)" if lost.stalled_s is not None else "")
+                    raise WorkerError(
+                        f"{lost}: {held.path}, row group {held.rg} was being tokenized at two deaths or stalls of a "
+                        f"worker (a document in it kills or hangs the worker or its tokenizer): fix or remove it, or "
+                        f"pass on_bad_row_group='skip' to skip it{slow}") from None
+                self.poison.skip(held)
+                warn(f"shmloader: skipping {held.path}, row group {held.rg}: it was being tokenized at two deaths or "
+                     f"stalls of a worker (on_bad_row_group='skip')")
+        used = self.budget.spend(now)
+        self.heals += 1
+        logging.getLogger("shmloader").warning(
+            "rank %d: %s%s; heal %d of max_restarts=%d in %.0f minutes: every loader process starts again at "
+            "batch %d", self.rank, str(lost), what, used, c.max_restarts, heal.WINDOW_S / 60, self.restart(mark))
+
+    def _released(self, idle_s: float, mark: Mark):
+        """The children exited after `idle_s` s without a batch taken (`idle_release_s`)."""
+        self.idle_releases += 1
+        logging.getLogger("shmloader").info(
+            "rank %d: the loader's processes exited after %.1f s without a batch taken (idle_release_s=%g); "
+            "starting them again at batch %d", self.rank, idle_s, self.config.idle_release_s, self.restart(mark))

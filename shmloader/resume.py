@@ -1,0 +1,152 @@
+"""Where a loader starts from a state: one call, `plan`, from (the state, the loader's
+catalogue and settings) to a `state.Resume` whose position the next run starts at.
+
+1. `state.check` validates the state against this loader, naming each difference in words,
+   and says what kind it is: this rank's own (its position), another rank's of the same world
+   size (`locate`), one of another world size (`change`), or nanochat's own (where nanochat
+   resumes; it becomes the run's `origin`).
+2. The catalogue takes the order of the epoch in progress (files added since the save are read
+   after the saved ones, and in their sorted place from the next epoch on) and the footers the
+   state knows.
+3. Another world size: every old rank's position (the state's own rank's from the state, every
+   other one by a count-only replay of its stream up to the batch count) makes the elastic
+   plan (data/elastic.py); this rank starts at its first unit with its share of the old
+   best-fit buffers (`_plan_start`).
+4. Another rank's state: this rank's own position at the state's batch count, by a count-only
+   run (packing/count.py) over the files the state was saved with; a run that began elastic
+   replays from its plan's start. So every rank resumes exactly from rank 0's state.
+
+A count-only run is started and stopped like a loader's run (procs/children.py
+`locate_position`), logs its progress, and raises if no word comes for `timeout`.
+
+`check_first` is the other half of the resume check: a resumed loader's first batch must have
+the check the state carries.
+"""
+import dataclasses
+import logging
+import os
+import time
+
+from . import state as statemod
+from .data import elastic
+from .position import Position
+from .procs.children import locate_position
+from .ipc.ring import RingLayout
+
+log = logging.getLogger("shmloader")
+
+
+def plan(state, identity: statemod.Loader, catalogue, config, args) -> statemod.Resume:
+    """The `Resume` of `state` for this loader (`identity`: what the state is checked against;
+    `args`: the loader's `RunArgs`, for count-only runs). Raises `ValueError` naming what does
+    not match."""
+    resume = statemod.check(state, identity)
+    if resume.origin is not None and "version" not in state:
+        _check_row_group(resume.origin, catalogue)
+    catalogue.reorder(resume.order)
+    args = dataclasses.replace(args, files=catalogue.paths)
+    if resume.change is not None:
+        resume = _elastic(resume, catalogue, config, args)
+    elif resume.locate and resume.plan is not None:  # another rank's state of a run that began elastic
+        resume = _plan_start(resume, resume.plan, catalogue, config, args.rank, args.world)
+    if resume.locate:
+        resume = _locate(resume, config, args)
+    if state.get("version", 2) > 2:  # version 2 has no footers; nanochat's states no files
+        catalogue.with_footers(state["files"])
+    return resume
+
+
+def check_first(check: int, expected: int, mark, path: str, skipping: bool):
+    """The first batch of a resumed run, at `mark` (in file `path`), has `check`; the state said
+    `expected`: a difference is a ValueError naming the batch and its position."""
+    if check == expected:
+        return
+    p = mark.position
+    at = (f"batch {mark.batch} (epoch {p.epoch}, {os.path.basename(path)}, row group {p.rg}, document {p.doc}"
+          + (f", token {p.skip}" if p.skip else "") + ")")
+    also = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable now (or the "
+            "other way round) changes it too" if skipping else "")
+    raise ValueError(
+        f"resume check: the batch this loader resumed at, {at}, is not the one the state was saved before "
+        f"(its check is {check:08x}, the state's 'check' is {expected:08x}): the data at or after that position "
+        f"differs from the run's although the files' names and sizes (and footers, where the state has them) "
+        f"match, e.g. a file replaced by another of the same name and size, or a tokenizer that encodes "
+        f"differently under the same name{also}; resume with the data and tokenizer the run used, or start "
+        f"a new run. This loader is closed")
+
+
+def _check_row_group(origin: dict, catalogue):
+    """A nanochat state's row group must be one of its file's (the file's footer says)."""
+    f, rg = origin["pq_idx"], origin["rg_idx"]
+    n = len(catalogue.row_counts(f))
+    if rg >= n:
+        raise ValueError(f"resume state field 'rg_idx' is {rg}, but {catalogue.paths[f]} (its 'pq_idx' "
+                         f"{f}) has {n} row groups: the state is not of these files")
+
+
+def _locate(resume: statemod.Resume, config, args, rank: int | None = None,
+            world: int | None = None) -> statemod.Resume:
+    """The position at `resume.batch` of this rank (or of `rank` of `world`: an old rank at a
+    change of world size), by replaying the run over its document lengths (the token cache's,
+    or counted by the workers), from the files the state was saved with; a run that began
+    elastic replays from its plan's batch count."""
+    rank, world, own = (args.rank, args.world, True) if rank is None else (rank, world, False)
+    who = f"rank {args.rank}" if own else f"rank {args.rank}: old rank {rank} of {world}"
+    log.info("%s: finding the position at batch %d of another rank's state, counting document lengths "
+             "with %d workers", who, resume.batch, config.num_workers)
+    began = time.monotonic()
+    layout = RingLayout(2, 1, config.num_workers)
+    first = resume.plan.batch if resume.plan is not None else 0
+    count = dataclasses.replace(args, files=args.files[:resume.n_files], rank=rank, world=world, layout=layout,
+                                start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
+                                locate=(resume.shapes, resume.batch, first), later=None, plan=resume.plan)
+    found = locate_position(config, layout, count)
+    log.info("%s: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)", who,
+             resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
+    return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
+
+
+def _elastic(resume: statemod.Resume, catalogue, config, args) -> statemod.Resume:
+    """A state saved at another world size W (`resume.change`): find where every old rank
+    stood at its batch count, make the plan that shares out what they had not consumed, and
+    start this rank at its first unit, with its share of the old ranks' best-fit buffers."""
+    change = resume.change
+    log.warning("rank %d of %d: resuming a state saved at world_size %d (batch %d): finding where each of "
+                "the %d old ranks stood%s", args.rank, args.world, change.world, resume.batch, change.world,
+                "" if config.cache_dir else " by tokenizing their streams up to that batch (tools/pretokenize.py "
+                "and cache_dir make it fast)")
+    began = time.monotonic()
+    positions, buffers = [], []
+    for r in range(change.world):
+        if r == change.rank:
+            position, runs = change.position, change.runs
+        else:
+            old = dataclasses.replace(resume, position=statemod.origin_position(resume.origin, r, change.world),
+                                      runs=[], change=None, locate=True, plan=change.parent)
+            if change.parent is not None:  # the old run began at a change too: r's stream of its plan
+                old = _plan_start(old, change.parent, catalogue, config, r, change.world)
+            found = _locate(old, config, args, r, change.world)
+            position, runs = found.position, found.runs
+        positions.append(tuple(position))
+        buffers.append(runs)
+    buffered = config.spec.buffered
+    plan = elastic.Plan.of(change.world, resume.batch, positions, buffers if buffered else (), change.parent)
+    log.warning("rank %d of %d: the old ranks' positions found in %.1f s; the rest of epoch%s %s is shared "
+                "out over the %d new ranks", args.rank, args.world, time.monotonic() - began,
+                "s up to" if plan.epoch > min(p[0] for p in positions) else "", plan.epoch, args.world)
+    resume = dataclasses.replace(resume, change=None, locate=False)
+    return _plan_start(resume, plan, catalogue, config, args.rank, args.world)
+
+
+def _plan_start(resume: statemod.Resume, plan, catalogue, config, rank: int, world: int) -> statemod.Resume:
+    """`resume` from where `rank` of `world`'s stream of `plan` begins: its first unit and its
+    share of the old buffers (at the plan's batch count)."""
+    n_files = resume.n_files
+
+    def row_counts(f: int) -> list:  # as the coordinator reads them (a bad file: none)
+        return catalogue.row_counts(f, config.on_bad_row_group)
+
+    position = elastic.start(plan, rank, world, row_counts, n_files)
+    runs = elastic.buffer(plan, rank, world) if config.spec.buffered else []
+    return dataclasses.replace(resume, position=position, runs=runs, plan=plan)
+

@@ -1,0 +1,128 @@
+"""The docs follow the code: every protocol message is named in NOTE [ring protocol] and in
+docs/design.md; the state's version is written in one place (`state.VERSION`); and no
+docstring, comment or page names a module, file or name of shmloader that does not exist
+(`shmloader.x.y`, `procs/x.py`, `tests/.../x.py`, a backticked `module.Name`). Read from the
+sources, in this process.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import typing
+
+import pytest
+
+import shmloader
+from shmloader import packing, state
+from shmloader.ipc import protocol
+from tests.helpers import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "shmloader"
+PAGES = sorted((REPO_ROOT / "docs").glob("*.md")) + [REPO_ROOT / "README.md"]
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+TOP = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir() and
+                                                 (p / "__init__.py").exists()}
+TOP.discard("__init__")
+TOP.discard("__main__")
+
+
+def _messages() -> set[str]:
+    """The records that travel between the processes: protocol.py's NamedTuples and each
+    packing's write order."""
+    names = {name for name, obj in vars(protocol).items()
+             if isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")
+             and obj.__module__ == protocol.__name__}
+    return names | {spec.order.__name__ for spec in packing.PACKINGS.values()}
+
+
+def test_every_message_is_named_in_the_note_and_the_design_page():
+    messages = _messages()
+    assert {"Task", "Counted", "Written", "Released", "Place", "Rows"} <= messages
+    note, design = protocol.__doc__, (REPO_ROOT / "docs" / "design.md").read_text()
+    assert [m for m in sorted(messages) if not re.search(rf"`{m}\b", note)] == [], "not in NOTE [ring protocol]"
+    assert [m for m in sorted(messages) if not re.search(rf"`{m}\b", design)] == [], "not in docs/design.md"
+
+
+def test_the_state_version_is_written_in_one_place():
+    """Pages and docstrings say `state.VERSION`, never its number (older versions are named)."""
+    current = re.compile(rf'(\bversion\s+{state.VERSION}\b|"version":\s*{state.VERSION}\b)', re.I)
+    said = [f"{path.relative_to(REPO_ROOT)}: {m.group(0)}" for path in PAGES + SOURCES
+            for m in current.finditer(path.read_text())]
+    assert said == []
+
+
+def _exists(dotted: str) -> bool:
+    """Whether `shmloader.a.b.Name` (or `a.b.Name`, relative to the package) names a module or
+    an attribute of one (the first attribute past the module is checked)."""
+    parts = dotted.split(".")
+    if parts[0] == "shmloader":
+        parts = parts[1:]
+    if not parts:
+        return True
+    for cut in range(len(parts), 0, -1):
+        try:
+            module = importlib.import_module("shmloader." + ".".join(parts[:cut]))
+        except ImportError:
+            continue
+        rest = parts[cut:]
+        return not rest or hasattr(module, rest[0]) or rest[0] in getattr(module, "__annotations__", {})
+    return hasattr(shmloader, parts[0])
+
+
+PATH = re.compile(r"(?<![\w/.])((?:shmloader/)?(?:ipc|data|packing|procs|demo)/\w+\.py"
+                  r"|(?:tools|tests|docs)/[\w/]+\.(?:py|md|json|png))")
+DOTTED = re.compile(r"(?<![\w.])(shmloader(?:\.\w+)+)")
+TICKED = re.compile(r"`((?:" + "|".join(sorted(TOP)) + r")(?:\.\w+)+)(?:\(|`)")
+INSTANCES = {"loader", "config", "resume", "state", "run", "catalogue"}  # also the names of instances
+
+
+def _checked(dotted: str) -> bool:
+    """Backticked `module.name` is checked unless it may be an instance's attribute: a
+    lowercase name after a module whose name is also an instance's (`loader.debug()`)."""
+    parts = dotted.split(".")
+    return parts[-1] != "py" and (len(parts) > 2 or parts[1][0].isupper() or parts[0] not in INSTANCES)
+
+
+def _references(text: str):
+    for m in PATH.finditer(text):
+        path = m.group(1)
+        yield path, (REPO_ROOT / path).exists() or (PACKAGE / path).exists()
+    for m in DOTTED.finditer(text):
+        yield m.group(1), _exists(m.group(1).rstrip("."))
+    for m in TICKED.finditer(text):
+        if _checked(m.group(1)):
+            yield m.group(1), _exists(m.group(1))
+
+
+def test_no_page_or_docstring_names_what_does_not_exist():
+    missing = [f"{path.relative_to(REPO_ROOT)}: {name}" for path in PAGES + SOURCES
+               for name, ok in _references(path.read_text()) if not ok]
+    assert missing == []
+
+
+@pytest.mark.parametrize("text,ok", [
+    ("see procs/worker.py", True), ("see procs/nothing.py", False), ("`state.Writer`", True),
+    ("`state.Nothing`", False), ("shmloader.procs.run.Mark", True), ("shmloader.engine", False),
+    ("tests/unit/test_docs.py", True), ("tools/no_such_tool.py", False),
+])
+def test_the_reference_check_can_fail(text, ok):
+    assert all(found for _, found in _references(text)) is ok and list(_references(text))
+
+
+def test_every_option_of_the_loader_is_in_help_with_its_default():
+    """`help(shmloader.ShmLoader)` shows every option: an explicit parameter with its default,
+    named in the constructor's docstring."""
+    import dataclasses
+    import inspect
+
+    from shmloader.config import LoaderConfig
+
+    params = inspect.signature(shmloader.ShmLoader.__init__).parameters
+    doc = shmloader.ShmLoader.__init__.__doc__
+    for field in dataclasses.fields(LoaderConfig):
+        assert field.name in params, f"{field.name} is not a parameter of ShmLoader"
+        assert re.search(rf"\b{field.name}\b", doc), f"{field.name} is not in ShmLoader's docstring"
+        if field.default is not dataclasses.MISSING:
+            assert params[field.name].default == field.default, field.name
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), "no option may hide in **kwargs"
+    assert typing.get_type_hints(shmloader.ShmLoader.__init__)  # typed
