@@ -1,4 +1,6 @@
-"""LoaderConfig: each bad argument is a ValueError naming it; derived sizes are right."""
+"""LoaderConfig: each bad argument is a ValueError naming it; defaults that depend on other
+options are resolved under their own names; an option that cannot act with the others is
+refused; derived sizes are right."""
 import pytest
 
 from shmloader.config import LoaderConfig
@@ -43,3 +45,26 @@ def test_frozen():
     cfg = LoaderConfig(2, 8)
     with pytest.raises(Exception):
         cfg.B = 3
+
+
+def test_defaults_that_depend_on_other_options_are_resolved_under_their_own_names():
+    train, val = LoaderConfig(2, 8), LoaderConfig(2, 8, split="val")
+    assert (train.idle_release_s, val.idle_release_s) == (0.0, 30.0)
+    assert (train.max_piece_docs, train.max_piece_bytes) == (1024, 8 << 20)
+    assert LoaderConfig(2, 8, packing="bos_bestfit").max_piece_bytes == 1 << 20
+    cached = LoaderConfig(2, 8, cache_dir="/c")
+    assert cached.max_piece_bytes is None and cached.max_piece_docs >= 1 << 40  # whole row groups
+    assert (train.stall_s, LoaderConfig(2, 8, max_restarts=0).stall_s) == (60.0, 0.0)
+    given = LoaderConfig(2, 8, idle_release_s=5, max_piece_docs=7, max_piece_bytes=100, stall_s=3)
+    assert (given.idle_release_s, given.max_piece_docs, given.max_piece_bytes, given.stall_s) == (5.0, 7, 100, 3.0)
+
+
+@pytest.mark.parametrize("options,named", [
+    ({"max_restarts": 0, "stall_s": 10}, "stall_s=10 acts only with max_restarts > 0"),
+    ({"cache_dir": "/c", "max_piece_docs": 64}, "max_piece_docs=64 acts only without cache_dir"),
+    ({"cache_dir": "/c", "max_piece_bytes": 1000}, "max_piece_bytes=1000 acts only without cache_dir"),
+])
+def test_an_option_that_cannot_act_with_the_others_is_refused(options, named):
+    with pytest.raises(ValueError, match=named):
+        LoaderConfig(2, 8, **options)
+    assert LoaderConfig(2, 8, max_restarts=0, stall_s=0).stall_s == 0.0  # off, as with max_restarts=0
