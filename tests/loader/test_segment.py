@@ -83,6 +83,15 @@ if __name__ == "__main__":
     for p in kids:
         p.join()
     assert all(p.exitcode == 0 for p in kids), [p.exitcode for p in kids]
+    if os.fork() == 0:
+        # a holder of the creator's lock (and of nothing else: the tracker must see the trainer
+        # die), so that a loader of a test run side by side does not sweep the segment before
+        # the test has looked; it exits when the test closes its stdin
+        os.closerange(3, segment.lock_fd)
+        os.closerange(segment.lock_fd + 1, 1 << 16)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        os.read(0, 1)
+        os._exit(0)
     print(segment.name, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -96,15 +105,22 @@ def test_resource_tracker_never_holds_the_segment(tmp_path, method):
     not expect)."""
     script = tmp_path / "trainer.py"
     script.write_text(TRACKER_SCRIPT)
-    # the tracker keeps stderr open until it exits: run() returns after its report, if any
-    proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=60)
-    name = proc.stdout.strip()
-    assert proc.returncode == -9 and name.startswith(PREFIX), (proc.returncode, proc.stdout, proc.stderr)
+    proc = subprocess.Popen([sys.executable, str(script), method], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    name = ""
     try:
-        assert name in os.listdir(SHM_DIR), "the resource tracker unlinked the killed trainer's segment"
-        assert proc.stderr == "", proc.stderr
+        name = proc.stdout.readline().strip()
+        assert proc.wait(timeout=60) == -9 and name.startswith(PREFIX), (proc.returncode, name)
+        time.sleep(1.0)  # the tracker sees the trainer's end (its pipe's EOF) and would act now
+        present = name in os.listdir(SHM_DIR)
     finally:
-        segmod.Segment(name).unlink()
+        proc.stdin.close()  # the holder exits
+        # the tracker keeps stderr open until it exits: this returns after its report, if any
+        stderr = proc.stderr.read()
+        if name:
+            segmod.Segment(name).unlink()
+    assert present, "the resource tracker unlinked the killed trainer's segment"
+    assert stderr == "", stderr
 
 
 def test_sweep_judges_a_locked_layout_by_its_lock_not_its_pid():
