@@ -109,7 +109,7 @@ def test_bench_help_of_every_topic(tmp_path):
 
 def test_bench_throughput(demo, tmp_path, capsys, watchdog):
     text, got = bench("throughput", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
-                      "--seconds", 0.3, "--chart", tmp_path / "t.png")
+                      "--seconds", 0.3)
     [entry] = got["corpora"]
     base, shm = entry["rows"]
     assert entry["corpus"] == "demo" and (base["kind"], shm["kind"], shm["workers"]) == ("baseline", "shmloader", 1)
@@ -126,7 +126,6 @@ def test_bench_throughput(demo, tmp_path, capsys, watchdog):
     assert f" {shm['tokens_per_s'] / 1e6:.2f} M " in row and f" {shm['of_bare_rounds'][0]:.0%} " in row, text
     assert re.search(r"where the \d+ cores went, shmloader, 1 worker: workers \d+%, coordinator \d+%, training "
                      r"process \d+%, the rest \(idle, kernel, other processes\) -?\d+%", text), text
-    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_trainer(demo, tmp_path, capsys, watchdog):
@@ -242,10 +241,10 @@ def test_bench_throughput_on_two_built_corpora(demo, tmp_path, capsys):
         assert all(len(r["worker_busy_share"]) == r["workers"] and r["tokens_per_s"] > 0 for r in e["rows"][1:])
 
 
-@pytest.mark.slow  # 3 rounds of 3 fresh processes
+@pytest.mark.slow  # 3 rounds of 3 fresh processes, and the chart
 def test_bench_throughput_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path, capsys):
     text, got = bench("throughput", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
-                      "--seconds", 0.3, "--repeat", 3)
+                      "--seconds", 0.3, "--repeat", 3, "--chart", tmp_path / "t.png")
     [entry] = got["corpora"]
     base, shm = entry["rows"]
     assert len(shm["tokens_per_s_rounds"]) == 3 and shm["tokens_per_s"] == sorted(shm["tokens_per_s_rounds"])[1]
@@ -256,6 +255,7 @@ def test_bench_throughput_repeat_interleaves_rounds_and_reports_medians(demo, tm
     assert "shmloader, 1 worker: vs base per round " + ", ".join(f"{x:.2f}x" for x in ratios) in text
     bare = entry["bare"][0]["tokens_per_s_rounds"]
     assert shm["of_bare_rounds"] == pytest.approx([t / b for t, b in zip(shm["tokens_per_s_rounds"], bare)])
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow  # two checkouts side by side, in three topics
