@@ -2,7 +2,7 @@
 
 Documents come from the Python standard library (``--source stdlib``), a seeded synthetic
 generator (``--source synthetic``), your own text files (``--source files``), or one of the
-benchmark corpora of ``tools/bench.py --corpus`` (``--source nanochat``: nanochat's shard
+benchmark corpora of ``tools/bench/<topic>.py --corpus`` (``--source nanochat``: nanochat's shard
 geometry, 1024-document row groups of log-normal prose; ``--source skewed``: row groups of 1 to
 500 documents, documents from empty to 100K characters). They are split into ``--num-files``
 consecutive shards ``shard_00000.parquet ...`` with one string column ``text`` and row groups
@@ -28,7 +28,7 @@ from tqdm import tqdm
 from shmloader.demo import corpus
 
 DEFAULT_SYNTHETIC_DOCS = 10_000
-DEFAULT_CORPUS_DOCS = {"nanochat": 12_288, "skewed": 6_000}  # as tools/bench.py builds them
+DEFAULT_CORPUS_DOCS = {"nanochat": 12_288, "skewed": 6_000}  # as tools/bench/corpora.py builds them
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,7 +9,7 @@ which lie between two `getppid()` markers; every system call between the markers
 The child also reports how many of the `n` calls found no batch ready (they block, and may
 make system calls: NOTE [slot handover]).
 
-Used by tests/loader/test_handover.py and tools/bench.py; needs `strace` (`available()`).
+Used by tests/loader/test_handover.py and tools/bench/trainer.py; needs `strace` (`available()`).
 """
 from __future__ import annotations
 

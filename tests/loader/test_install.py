@@ -36,7 +36,7 @@ def test_a_wheel_without_the_dev_extra_runs_the_demo_and_the_tools(tmp_path):
     out = _run([py, "-m", "shmloader.demo", "--out-dir", tmp_path / "demo", "--batches", 20, "--batch-size", 2,
                 "--seq-len", 256, "--vocab-size", 512], cwd=tmp_path, env=env)
     assert "stream verified" in out and "resume verified" in out, out
-    for tool in ("pretokenize.py", "bench.py", "make_shards.py", "inspect_batch.py", "bench_locate.py"):
+    for tool in ("pretokenize.py", "bench/throughput.py", "make_shards.py", "inspect_batch.py", "bench/elastic.py"):
         assert "usage:" in _run([py, REPO_ROOT / "tools" / tool, "--help"], cwd=tmp_path, env=env)
 
 

@@ -4,7 +4,7 @@ pieces by text bytes (`max_piece_bytes`, data/order.py) and held by workers by t
 (packing/base.py). The stream equals the single-process oracle whatever the number of
 workers and the byte cap, for both packings, and a state resumes exactly with another
 number of workers and another cap (piece cuts are not part of the stream). How busy the
-workers are on such shards is measured by tools/bench.py (`--corpus skewed`), not here.
+workers are on such shards is measured by tools/bench/throughput.py (`--corpus skewed`), not here.
 """
 import itertools
 import json

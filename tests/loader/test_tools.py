@@ -2,15 +2,21 @@
 (What of them runs in this process: tests/unit/test_tools.py.)
 
 The demo runs once with tiny settings (B=2, T=256, a 512-token tokenizer) into a module tmp
-dir; bench and gpu_check (`--device cpu`) reuse that cached corpus. tools/inspect_batch.py reads
-position documents through `helpers.IntTokenizer`, so the rows it prints are checked by
-arithmetic, and resuming from the state it prints gives the next batch. About 30 s on 2 cores.
+dir; every benchmark topic (tools/bench/: one tiny run each, its report and its results file
+checked for content; its main in this process, its measurements in fresh processes; each
+topic's file run with --help), gpu_check (`--device cpu`) and profile_worker reuse that corpus.
+tools/inspect_batch.py reads position documents through `helpers.IntTokenizer`, so the rows it
+prints are checked by arithmetic, and resuming from the state it prints gives the next batch.
+The heavier bench runs (two built corpora, repeat rounds, two checkouts) are marked slow.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import pickle
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -67,169 +73,212 @@ def test_demo_data_is_cached(demo):
     assert data.tokenizer_path.is_file() and data.vocab_size <= VOCAB
 
 
-def test_bench_engine(demo):
+# ---------------------------------------------------------------- tools/bench/, one smoke run a topic
+
+TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
+          "long_document")
+TINY = ("--batch-size", 2, "--seq-len", 128)
+
+
+def bench(topic: str, tmp_path, capsys, *args) -> tuple[str, dict]:
+    """`python tools/bench/<topic>.py ARGS --json F`, its main in this process (its measurements
+    in fresh processes, as ever): its report, and the one run of its results file."""
+    out = tmp_path / f"{topic}.json"
+    argv = [*map(str, args), "--json", str(out)]
+    assert importlib.import_module(f"tools.bench.{topic}").main(argv) == 0
+    text = capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert saved["topic"] == topic and len(saved["runs"]) == 1
+    [figures] = saved["runs"]
+    assert figures["command"] == shlex.join(["python", f"tools/bench/{topic}.py", *argv])
+    assert figures["date"] and figures["machine"]["cores"] >= 1
+    return text, figures
+
+
+def on_demo(demo) -> tuple:
     out, _ = demo
-    pytest.importorskip("fastokens")
-    text = run("tools/bench_engine.py", "--out-dir", out, "--vocab-size", VOCAB, "--rounds", 1,
-               "--loader-s", 0.5)
-    for line in ("tiktoken encode_to_numpy", "fastokens + sampled check", "sampled check cost",
-                 "start check", "engine='fastokens'"):
-        assert line in text, text
+    return ("--cache-dir", out, "--vocab-size", VOCAB)
 
 
-def test_bench_help():
-    text = run("tools/bench.py", "--help")
-    assert "--workers" in text and "--quick" in text and "--json" in text
+def test_bench_help_of_every_topic(tmp_path):
+    for topic in TOPICS:  # from another directory: a topic finds its checkout on its own
+        text = run(REPO_ROOT / "tools" / "bench" / f"{topic}.py", "--help", cwd=tmp_path)
+        assert f"usage: python tools/bench/{topic}.py" in text and "--json PATH" in text, text
+        assert f"docs/bench/{topic}.json" in " ".join(text.split())
 
 
-def test_bench_locate_tiny_run(demo):
-    out, _ = demo
-    text = run("tools/bench_locate.py", "--cache-dir", out, "--vocab-size", VOCAB, "--batches", 30,
-               "-B", 2, "-T", 64, "--raw-seconds", 0.3)
-    assert "rank 1 locating batch 30 of rank 0's state" in text
-    assert re.search(r"no cache \(tokenizing\) +\d+\.\d+ s +\d+ batches/s +\d+\.\d+ M tokens counted/s", text), text
-    assert re.search(r"warm token cache +\d+\.\d+ s", text), text
+def test_bench_throughput(demo, tmp_path, capsys, watchdog):
+    text, got = bench("throughput", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
+                      "--seconds", 0.3)
+    [entry] = got["corpora"]
+    base, shm = entry["rows"]
+    assert entry["corpus"] == "demo" and (base["kind"], shm["kind"], shm["workers"]) == ("baseline", "shmloader", 1)
+    assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 and r["trainer_cpu_us_per_batch"] > 0 for r in (base, shm))
+    # the ceiling of 1 worker: 1 bare engine process, in the same round, for as long
+    [bare] = entry["bare"]
+    assert bare["processes"] == 1 and bare["seconds"] == 0.3 and bare["tokens_per_s"] > 0
+    assert shm["of_bare_rounds"] == [shm["tokens_per_s"] / bare["tokens_per_s"]]
+    assert shm["vs_base_rounds"] == [shm["tokens_per_s"] / base["tokens_per_s"]]
+    [share] = shm["worker_busy_share"]
+    assert 0 < share <= 1.5 and shm["worker_cpu_s"] > 0 and shm["coordinator_cpu_s"] >= 0
+    assert shm["shmloader"] == str(REPO_ROOT)
+    row = next(ln for ln in text.splitlines() if ln.startswith("shmloader, 1 worker "))
+    assert f" {shm['tokens_per_s'] / 1e6:.2f} M " in row and f" {shm['of_bare_rounds'][0]:.0%} " in row, text
+    assert re.search(r"where the \d+ cores went, shmloader, 1 worker: workers \d+%, coordinator \d+%, training "
+                     r"process \d+%, the rest \(idle, kernel, other processes\) -?\d+%", text), text
 
 
-def test_bench_tiny_run(demo, tmp_path):
-    out, _ = demo
-    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1,
-               "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3, "--first-runs", 1,
-               "--cost-batches", 3, "--cost-sleep-ms", 5, "--cost-busy-ms", 2, "--syscall-batches", 20,
-               "--json", tmp_path / "b.json", "--chart", tmp_path / "b.png")
-    assert "nanochat-style baseline" in text and "shmloader, 1 worker" in text and "targets:" in text
-    assert "shmloader, 1 worker, best fit" in text and "best fit within 10% of concat" in text
-    result = json.loads((tmp_path / "b.json").read_text())
-    assert [(r["kind"], r["packing"], r["cache"]) for r in result["runs"]] == \
-        [("baseline", "concat", None), ("shmloader", "concat", None), ("shmloader", "bos_bestfit", None),
-         ("shmloader", "concat", "cold"), ("shmloader", "concat", "restart"), ("shmloader", "concat", "warm")]
-    assert all("worker_tokenized" in r for r in result["runs"][1:])  # (this run is too short to cover an epoch)
-    assert "warm token cache >= 20x cold" in text
-    assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 for r in result["runs"])
-    assert 0 <= result["runs"][2]["cropped_fraction"] < 1
-    assert result["raw"]["encode_to_numpy"]["tokens_per_s"] > 0
-    # the ceiling of 1 worker: 1 bare engine process, measured in the same round for as long
-    [bare] = result["bare"]
-    assert bare["processes"] == 1 and bare["seconds"] == 0.3 and bare["per_process"][0] > 0
-    assert result["runs"][1]["bare_tokens_per_s"] == bare["tokens_per_s"]
-    eff = result["runs"][1]["tokens_per_s"] / bare["tokens_per_s"]
-    assert re.search(rf"^shmloader, 1 worker +\S+ M +\S+x +{eff:.0%} ", text, re.M), text
-    assert "1 single-thread process (no loader" in text
-    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # per corpus (the demo alone by default): each worker's busy share, next() after busy work
-    # against a bare view after the same, the drop-ins in nanochat's loop
-    [demo_corpus] = result["corpora"]
-    assert demo_corpus["corpus"] == "demo" and demo_corpus["runs"] == result["runs"][:3]
-    for r in result["runs"][1:3]:
-        [share] = r["worker_busy_share"]
-        assert 0 < share <= 1.5 and r["cost_busy_ms"] == 2
-        assert r["next_after_busy_us_median"] > 0 and r["after_busy_floor_us_median"] > 0
-    assert [(r["kind"], r["packing"], r["workers"]) for r in demo_corpus["dropin"]] == \
-        [("dropin", "concat", 1), ("dropin", "bos_bestfit", 1)]
-    assert [r["function"] for r in demo_corpus["dropin"]] == \
-        ["tokenizing_distributed_data_loader_with_state", "tokenizing_distributed_data_loader_with_state_bos_bestfit"]
-    assert all(r["trainer_cpu_us_per_batch"] > 0 and r["state_json_bytes"] > 0 for r in demo_corpus["dropin"])
-    assert [b["processes"] for b in demo_corpus["bare"]] == [1]
-    for line in ("each worker busy >= 90% on every corpus (demo), 1 worker, concat: demo ",
-                 "loader >= 85% of 1 bare engine process in the same round on every corpus, concat: demo ",
-                 "best-fit drop-in trainer CPU per batch <= 1.3x the concat drop-in's",
-                 "next() after 2 ms of busy work <= 2x a bare torch.from_numpy(...).view(B, T)"):
-        assert line in text, text
-    assert re.search(r"^demo +shmloader, 1 worker +\S+ M +\S+x +\d+% +\d+% ", text, re.M), text
-    again = run("tools/bench.py", "--from-json", tmp_path / "b.json", "--chart", tmp_path / "c.png")
-    assert "targets:" in again and (tmp_path / "c.png").stat().st_size > 0
-    assert "best-fit drop-in trainer CPU per batch" in again
+def test_bench_trainer(demo, tmp_path, capsys, watchdog):
+    text, got = bench("trainer", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
+                      "--seconds", 0.3, "--batches", 3, "--sleep-ms", 2, "--busy-ms", 2, "--step-ms", 5,
+                      "--syscall-steps", 0)
+    [entry] = got["corpora"]
+    [cost], [dropin] = entry["costs"], entry["dropins"]
+    assert cost["batches"] == 3 and cost["busy_ms"] == 2 and cost["after_busy_not_ready"] <= 3
+    for key in ("back_to_back_us", "after_sleep_us", "after_sleep_floor_us", "after_busy_us", "after_busy_floor_us"):
+        assert cost[key]["median"] > 0, key
+    assert cost["after_busy_ratio"] == cost["after_busy_us"]["median"] / cost["after_busy_floor_us"]["median"]
+    assert dropin["function"] == "tokenizing_distributed_data_loader_with_state" and dropin["fast_batches"] > 0
+    assert dropin["trainer_cpu_us_per_batch"] > 0 and dropin["state_json_bytes"] > 0 and dropin["paced_not_ready"] <= 3
+    assert got["syscalls"] == [] and re.search(r"^demo +concat +[\d.]+ / [\d.]+ ", text, re.M), text
 
 
-def test_bench_first_batch_on_a_skewed_corpus_as_base_train(demo, tmp_path):
-    """--first-batch-only on the skewed corpus (built into the cache dir): every evaluation next to
-    nanochat's own loader, the memory left resident between evaluations with the last loader kept."""
-    out, _ = demo
-    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--corpus", "skewed", "--skewed-docs", 200,
-               "--corpus-files", 2, "--first-batch-only", "--workers", 1, "--packings", "concat",
-               "--batch-size", 2, "--seq-len", 128, "--first-batch-loaders", 2, "--first-batch-take", 2,
-               "--first-batch-gap-ms", 50, "--json", tmp_path / "f.json")
-    result = json.loads((tmp_path / "f.json").read_text())
-    assert len(list((out / "skewed_corpus" / "base_data").glob("*.parquet"))) == 2
-    [entry] = result["corpora"]
-    fb = entry["first_batch"]
-    assert entry["corpus"] == "skewed" and fb == result["first_batch"] and fb["keep"] and fb["gap_ms"] == 50
-    base, ours = fb["rows"]
-    assert (base["kind"], ours["kind"]) == ("fb_baseline", "fb_shmloader")
-    assert len(ours["per_evaluation_ms"]) == 2 and len(ours["vs_nanochat_per_evaluation"]) == 2
+@pytest.mark.slow  # both packings, and strace
+def test_bench_trainer_counts_system_calls_per_next(demo, tmp_path, capsys):
+    if not shutil.which("strace"):
+        pytest.skip("needs strace")
+    text, got = bench("trainer", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--seconds", 0.3,
+                      "--batches", 3, "--sleep-ms", 2, "--busy-ms", 2, "--step-ms", 5, "--syscall-steps", 20)
+    [entry] = got["corpora"]
+    assert [r["packing"] for r in entry["dropins"]] == ["concat", "bos_bestfit"]
+    assert entry["dropins"][1]["function"] == "tokenizing_distributed_data_loader_with_state_bos_bestfit"
+    assert [(r["packing"], r["n"]) for r in got["syscalls"]] == [("concat", 20), ("bos_bestfit", 20)]
+    for r in got["syscalls"]:
+        assert r["per_next"] == sum(r["by_name"].values()) / 20 and 0 <= r["not_ready"] <= 20
+    assert "system calls per next(), bos_bestfit, 1 worker, 20 steps" in text and "best fit / concat" in text
+
+
+def test_bench_evaluations(demo, tmp_path, capsys, watchdog):
+    text, got = bench("evaluations", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
+                      "--loaders", 2, "--take", 2, "--gap-ms", 50, "--step-ms", 5)
+    [entry] = got["corpora"]
+    base, ours = entry["rows"]
+    assert (base["kind"], ours["kind"], ours["workers"]) == ("baseline", "shmloader", 1)
+    assert len(ours["per_evaluation_ms"]) == 2 and all(t > 0 for t in ours["per_evaluation_ms"])
+    assert ours["vs_nanochat_per_evaluation"] == [a / b for a, b in zip(ours["per_evaluation_ms"],
+                                                                        base["per_evaluation_ms"])]
     [memory] = ours["memory_between_rounds"]
-    assert len(memory) == 2 and all(m["processes"] >= 4 for m in memory)  # trainer, forkserver, coordinator, worker
+    # between evaluations: the trainer, forkserver, and each loader's coordinator and worker
+    assert len(memory) == 2 and all(m["processes"] >= 4 for m in memory)
     assert base["processes_between"] == 1 and ours["rss_between_mib_median"] > base["rss_between_mib_median"] > 0
-    assert "on the skewed corpus" in text and "MiB between evals" in text
-    assert "concat (skewed), 1 worker: first val batch <= nanochat's own loader's at every evaluation" in text
+    assert "shmloader, 1 worker" in text and "MiB between" in text
 
 
-@pytest.mark.slow  # ~40 s: two corpora built and measured, 10 fresh processes
-def test_bench_two_built_corpora_side_by_side(demo, tmp_path):
-    out, _ = demo
-    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--corpus", "nanochat", "skewed",
-               "--nanochat-docs", 1100, "--skewed-docs", 200, "--corpus-files", 2, "--workers", 1,
-               "--packings", "concat", "--no-cache-runs", "--syscall-batches", 0, "--no-dropin-runs",
-               "--first-batch", "--first-batch-loaders", 2, "--first-batch-take", 1, "--first-batch-gap-ms", 0,
-               "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3, "--first-runs", 1, "--cost-batches", 3,
-               "--cost-sleep-ms", 5, "--cost-busy-ms", 2, "--json", tmp_path / "n.json")
-    result = json.loads((tmp_path / "n.json").read_text())
-    assert [e["corpus"] for e in result["corpora"]] == ["nanochat", "skewed"]
-    assert result["config"]["data"] == result["corpora"][0]["data"] and result["runs"] == result["corpora"][0]["runs"]
-    for e in result["corpora"]:
-        assert [(r["kind"], r["corpus"]) for r in e["runs"]] == [("baseline", e["corpus"]), ("shmloader", e["corpus"])]
-        assert e["runs"][1]["bare_tokens_per_s"] == e["bare"][0]["tokens_per_s"] > 0
-        assert len(e["runs"][1]["worker_busy_share"]) == 1 and e["first_batch"]["corpus"] == e["corpus"]
-        assert e["dropin"] == []
-    assert re.search(r"each worker busy >= 90% on every corpus \(nanochat, skewed\), 1 worker, concat: nanochat \d+%; "
-                     r"skewed \d+%; worst \d+%", text), text
-    assert "on the nanochat corpus" in text and "on the skewed corpus" in text
+def test_bench_cache(demo, tmp_path, capsys, watchdog):
+    text, got = bench("cache", tmp_path, capsys, *on_demo(demo), *TINY, "--seconds", 0.3, "--first-runs", 1)
+    assert [(r["kind"], r["cache"]) for r in got["rows"]] == \
+        [("baseline", None), ("shmloader", "cold"), ("shmloader", "restart"), ("shmloader", "warm")]
+    base, cold, restart, warm = got["rows"]
+    assert all(r["tokens_per_s"] > 0 for r in got["rows"]) and warm["vs_base"] == warm["tokens_per_s"] / base["tokens_per_s"]
+    assert cold["worker_tokenized"] > 0 and warm["worker_tokenized"] == 0  # the warm cache tokenizes nothing
+    assert cold["first_batch_ms"] == [] and len(warm["first_batch_ms"]) == 1
+    assert "shmloader, 1 worker, warm cache" in text
 
 
-@pytest.mark.slow  # ~50 s: 14 fresh processes; test_bench_tiny_run runs the bench end to end by default
-def test_bench_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path):
-    out, _ = demo
-    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1, "--repeat", 3,
-               "--packings", "concat", "--batch-size", 2, "--seq-len", 128,
-               "--seconds", 0.3, "--first-runs", 1, "--cost-batches", 3, "--cost-sleep-ms", 5,
-               "--json", tmp_path / "r.json")
-    result = json.loads((tmp_path / "r.json").read_text())
-    assert result["rounds"] == 3 and [(r["kind"], r["cache"]) for r in result["runs"]] == \
-        [("baseline", None), ("shmloader", None), ("shmloader", "cold"), ("shmloader", "restart"),
-         ("shmloader", "warm")]
-    base, shm = result["runs"][:2]
+def test_bench_heal(demo, tmp_path, capsys, watchdog):
+    text, got = bench("heal", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--faults", 1, "--settle", 0.1,
+                      "--after", 0.3, "--stall-s", 0.3)
+    assert [k["kind"] for k in got["kinds"]] == ["worker-SIGKILL", "coordinator-SIGKILL", "worker-SIGSTOP"]
+    assert all(f["heals"] == 1 and f["same_stream"] and f["batches"] > 1 for f in got["faults"])
+    stop = got["kinds"][2]
+    assert stop["after_ms_max"] >= 300 * 0.9  # a stopped worker is healed after stall_s
+    assert "worker-SIGSTOP" in text
+
+
+def test_bench_elastic(demo, tmp_path, capsys, watchdog):
+    text, got = bench("elastic", tmp_path, capsys, *on_demo(demo), "--corpus", "demo", "--workers", 1, *TINY, "--batches", 30,
+                      "--repeat", 1)
+    assert [r["resume"] for r in got["rows"]] == ["same rank, same world size (no replay)", "rank 1 of 2, no cache",
+                                                  "rank 1 of 2, token cache", "rank 0 of 3, no cache",
+                                                  "rank 0 of 3, token cache"]
+    assert all(0 < r["built_s"][0] <= r["first_batch_s"][0] for r in got["rows"]) and got["old_batch"] == 30
+    assert got["check_us"] > 0 and re.search(r"rank 1 of 2, no cache +[\d.]+ / +[\d.]+ s .* M tokens counted/s", text)
+
+
+def test_bench_engines(demo, tmp_path, capsys, watchdog):
+    pytest.importorskip("fastokens")
+    text, got = bench("engines", tmp_path, capsys, *on_demo(demo), "--rounds", 1, "--docs", 300, "--loader-seconds", 0.3, *TINY)
+    assert got["docs"] == 300 and [r["method"] for r in got["rates"]] == \
+        ["tiktoken encode_to_numpy", "fastokens", "fastokens + sampled check (1 in 256)"]
+    assert all(r["tokens_per_s"] > 0 for r in got["rates"] + got["loaders"])
+    assert [r["engine"] for r in got["loaders"]] == ["tiktoken", "fastokens"]
+    for line in ("sampled check cost", "start check", "engine='fastokens'"):
+        assert line in text, text
+
+
+def test_bench_packing(tmp_path, capsys, watchdog):
+    text, got = bench("packing", tmp_path, capsys, "--batches", 20)
+    assert got["plans_identical"] and got["planner_ms_per_batch"] > 0 and got["scan_ms_per_batch"] > 0
+    assert 0 < got["cropped_fraction"] < 1 and "plans identical: yes (20 batches)" in text
+
+
+def test_bench_long_document(demo, tmp_path, capsys, watchdog):
+    text, got = bench("long_document", tmp_path, capsys, *on_demo(demo), "--mb", 1, "--workers", 1)
+    [row] = got["rows"]
+    assert row["workers"] == 1 and row["first_batch_s"] > 0 and row["worker_peak_rss_mib"][0] > 0
+    assert "a 1 MiB document at row 60" in text and "1 worker: first batch" in text
+
+
+@pytest.mark.slow  # two corpora built and measured
+def test_bench_throughput_on_two_built_corpora(demo, tmp_path, capsys):
+    _, got = bench("throughput", tmp_path, capsys, *on_demo(demo), "--corpus", "nanochat", "skewed", "--nanochat-docs", 1100,
+                   "--skewed-docs", 200, "--corpus-files", 2, "--workers", 1, 2, "--packings", "concat", *TINY,
+                   "--seconds", 0.3)
+    assert [e["corpus"] for e in got["corpora"]] == ["nanochat", "skewed"]
+    for e in got["corpora"]:
+        assert [(r["kind"], r["workers"]) for r in e["rows"]] == [("baseline", None), ("shmloader", 1), ("shmloader", 2)]
+        assert [b["processes"] for b in e["bare"]] == [1, 2]  # every worker count, its own ceiling
+        assert all(len(r["worker_busy_share"]) == r["workers"] and r["tokens_per_s"] > 0 for r in e["rows"][1:])
+
+
+@pytest.mark.slow  # 3 rounds of 3 fresh processes, and the chart
+def test_bench_throughput_repeat_interleaves_rounds_and_reports_medians(demo, tmp_path, capsys):
+    text, got = bench("throughput", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
+                      "--seconds", 0.3, "--repeat", 3, "--chart", tmp_path / "t.png")
+    [entry] = got["corpora"]
+    base, shm = entry["rows"]
     assert len(shm["tokens_per_s_rounds"]) == 3 and shm["tokens_per_s"] == sorted(shm["tokens_per_s_rounds"])[1]
     ratios = shm["vs_base_rounds"]
+    assert len(ratios) == 3 and len(base["tokens_per_s_rounds"]) == 3
     row = next(ln for ln in text.splitlines() if ln.startswith("shmloader, 1 worker "))
-    assert len(ratios) == 3 and f" {sorted(ratios)[1]:.2f}x " in row
-    assert "3 rounds" in text and "shmloader, 1 worker: " + ", ".join(f"{x:.2f}x" for x in ratios) in text
-    # efficiency: each round's loader over that round's bare process, the median of those ratios
-    bare = [rnd[0]["tokens_per_s"] for rnd in result["bare_rounds"]]
-    assert len(bare) == 3 and all(len(rnd) == 1 and rnd[0]["processes"] == 1 for rnd in result["bare_rounds"])
-    effs = [t / b for t, b in zip(shm["tokens_per_s_rounds"], bare)]
-    assert shm["efficiency_rounds"] == pytest.approx(effs)
-    assert re.search(rf" {sorted(effs)[1]:.0%} ", row), row
+    assert f" {sorted(ratios)[1]:.2f}x " in row, text
+    assert "shmloader, 1 worker: vs base per round " + ", ".join(f"{x:.2f}x" for x in ratios) in text
+    bare = entry["bare"][0]["tokens_per_s_rounds"]
+    assert shm["of_bare_rounds"] == pytest.approx([t / b for t, b in zip(shm["tokens_per_s_rounds"], bare)])
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow  # ~22 s: two checkouts side by side (the default suite's 10 minutes)
-def test_bench_compare_runs_both_checkouts_and_counts_worker_cpu(demo, tmp_path):
-    """--compare DIR: each shmloader throughput row also with DIR's package, interleaved; the
-    workers' CPU over the window gives the CPU efficiency; the engine's batch rate is measured."""
-    out, _ = demo
-    text = run("tools/bench.py", "--cache-dir", out, "--vocab-size", VOCAB, "--workers", 1, "--packings", "concat",
-               "--no-cache-runs", "--no-dropin-runs", "--syscall-batches", 0, "--compare", REPO_ROOT, "--batch-size", 2, "--seq-len", 128, "--seconds", 0.3,
-               "--first-runs", 1, "--cost-batches", 3, "--cost-sleep-ms", 5, "--json", tmp_path / "c.json")
-    result = json.loads((tmp_path / "c.json").read_text())
-    assert [(r["kind"], r["label"]) for r in result["runs"]] == \
-        [("baseline", None), ("shmloader", "before"), ("shmloader", "this checkout")]
-    assert all(r["worker_cpu_s"] > 0 for r in result["runs"][1:]) and result["runs"][0]["worker_cpu_s"] is None
-    assert "shmloader, 1 worker (before)" in text and "CPU eff/worker" in text
-    assert all(r["coordinator_cpu_s"] >= 0 for r in result["runs"][1:]) and result["runs"][0]["coordinator_cpu_s"] is None
-    assert re.search(r"where the \d+ cores went with 1 worker: workers \d+%, coordinator \d+%, training process "
-                     r"\d+%, the rest \(idle, kernel, other processes\) -?\d+%", text), text
-    assert "per worker CPU second" in text
-    if result["engine"] == "fastokens":
-        assert result["raw"]["fastokens batch"]["tokens_per_s"] > 0 and "as a worker calls it (batch)" in text
+@pytest.mark.slow  # two checkouts side by side, in three topics
+def test_bench_compare_runs_the_other_checkouts_loader(demo, tmp_path, capsys):
+    """--compare DIR: each shmloader row also with DIR's package (here a copy of this one),
+    interleaved, and that row's process (and its workers') imported DIR's shmloader."""
+    before = tmp_path / "before"
+    shutil.copytree(REPO_ROOT / "shmloader", before / "shmloader", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO_ROOT / "tools", before / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    _, got = bench("throughput", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
+                   "--seconds", 0.3, "--compare", before)
+    rows = got["corpora"][0]["rows"]
+    assert [(r["kind"], r["label"], r["shmloader"]) for r in rows] == \
+        [("baseline", None, str(REPO_ROOT)), ("shmloader", "before", str(before)),
+         ("shmloader", "this checkout", str(REPO_ROOT))]
+    _, got = bench("evaluations", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
+                   "--loaders", 2, "--take", 1, "--gap-ms", 0, "--compare", before)
+    assert [(r["label"], r["shmloader"]) for r in got["corpora"][0]["rows"]] == \
+        [(None, str(REPO_ROOT)), ("before", str(before)), ("this checkout", str(REPO_ROOT))]
+    _, got = bench("cache", tmp_path, capsys, *on_demo(demo), *TINY, "--seconds", 0.3, "--first-runs", 0, "--compare", before)
+    assert [(r["cache"], r["label"]) for r in got["rows"][1:]] == \
+        [(k, who) for who in ("before", "this checkout") for k in ("cold", "restart", "warm")]
+    assert all(r["shmloader"] == str(before) for r in got["rows"] if r["label"] == "before")
 
 
 def test_profile_worker_samples_a_running_worker(demo):

@@ -1,18 +1,26 @@
-"""The demo's data preparation, tools/profile_worker.py's sorting of samples and tools/bench.py's
-parts, in this process: the demo never overwrites data it did not write, a py-spy profile's
-samples are sorted by the worker code they are in, the bench's corpora are built once and its
-targets take the worst corpus; tools/base_train_evals.py patches only nanochat's loader import
-and times the val loader without changing its batches. (The demo and the tools run as a user runs them:
+"""The demo's data preparation, tools/profile_worker.py's sorting of samples and the parts of
+tools/bench/, in this process: the demo never overwrites data it did not write, a py-spy
+profile's samples are sorted by the worker code they are in, the bench's corpora are built once,
+busy work never sleeps, memory is counted over a process tree, base_train's evaluations keep the
+last val loader until the next is built, rounds become medians and per-round ratios by
+arithmetic, a results file says what, where, when and how, another checkout is put first on a
+child's path, and tools/bench/base_train.py patches only nanochat's loader import and times the
+val loader without changing its batches. (The tools run as a user runs them:
 tests/loader/test_tools.py.)
 """
+import json
+import os
 import re
+import subprocess
 import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
 
 from shmloader.demo import corpus, prepare_data
 from tests.helpers import REPO_ROOT, read_texts, row_group_sizes
+from tools.bench import children, corpora, evaluations, measure, results, throughput, trainer
 
 VOCAB = 512
 
@@ -27,11 +35,8 @@ def test_demo_never_overwrites_data_it_did_not_write(tmp_path):
 
 
 def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
-    sys.path.insert(0, str(REPO_ROOT / "tools"))
-    try:
-        import profile_worker
-    finally:
-        sys.path.pop(0)
+    from tools import profile_worker
+
     top = "worker_main (shmloader/procs/worker.py:67);_loop (shmloader/procs/worker.py:114)"
     tok = top + ";_tokenize (shmloader/procs/worker.py:250);encode_texts (shmloader/procs/worker.py:280)"
     raw = "\n".join([
@@ -57,70 +62,53 @@ def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
     assert "engine encode" in profile_worker.report(parts, total) and "19.4%" in profile_worker.report(parts, total)
 
 
-# ---------------------------------------------------------------- tools/bench.py, in this process
+# ---------------------------------------------------------------- tools/bench: corpora, measurements
 
-def _tool(name: str):
-    """A module of tools/, imported as the tools import each other (tools/ on sys.path)."""
-    import importlib
-
-    sys.path.insert(0, str(REPO_ROOT / "tools"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
-
-
-@pytest.fixture(scope="module")
-def bench():
-    return _tool("bench")
-
-
-def test_bench_corpus_options_parse(bench, tmp_path):
-    args = bench.parse_args([])
-    assert args.corpus == ["demo"] and args.cost_busy_ms == 10 and args.dropin_runs
-    assert args.first_batch_gap_ms == 500 and not args.first_batch_close
-    args = bench.parse_args(["--corpus", "skewed", "demo", "skewed", "nanochat", "--cost-busy-ms", "5",
-                             "--no-dropin-runs", "--first-batch-close", "--first-batch-gap-ms", "0",
-                             "--nanochat-docs", "1100", "--skewed-docs", "200", "--corpus-files", "2"])
-    assert args.corpus == ["skewed", "demo", "nanochat"]  # each once, in the order given
-    assert (args.cost_busy_ms, args.dropin_runs, args.first_batch_close, args.first_batch_gap_ms) == (5, False, True, 0)
+def test_bench_corpus_options_parse(tmp_path):
+    args = throughput.parse_args([])
+    assert args.corpus == ["demo"] and args.workers == [1, 2] and args.seconds == 10 and args.compare is None
+    assert args.json == REPO_ROOT / "docs" / "bench" / "throughput.json"  # the topic's results file
+    args = throughput.parse_args(["--corpus", "skewed", "demo", "skewed", "nanochat", "--quick", "--nanochat-docs",
+                                  "1100", "--skewed-docs", "200", "--corpus-files", "2"])
+    assert args.corpus == ["skewed", "demo", "nanochat"] and args.seconds == 3  # each once, in the order given
     assert (args.nanochat_docs, args.skewed_docs, args.corpus_files) == (1100, 200, 2)
-    assert bench.parse_args(["--data", str(tmp_path)]).corpus == []
-    for bad in (["--data", str(tmp_path), "--corpus", "demo"], ["--corpus", "web"], ["--corpus-files", "1"],
-                ["--cost-busy-ms", "-1"]):
+    assert throughput.parse_args(["--data", str(tmp_path), "--tokenizer", "t.pkl"]).corpus == []
+    assert trainer.parse_args(["--corpus", "nanochat"]).corpus == ["nanochat"]
+    for bad in (["--data", str(tmp_path), "--corpus", "demo"], ["--data", str(tmp_path)], ["--corpus", "web"],
+                ["--corpus-files", "1"], ["--workers", "0"], ["--compare", str(tmp_path)]):
         with pytest.raises(SystemExit):
-            bench.parse_args(bad)
+            throughput.parse_args(bad)
 
 
-def test_bench_prepare_corpus_builds_once_and_refuses_foreign_shards(bench, tmp_path):
+def test_bench_prepare_corpus_builds_once_and_refuses_foreign_shards(tmp_path):
     logged = []
-    data = bench.prepare_corpus("skewed", tmp_path, 200, 2, log=logged.append)
+    data = corpora.prepare_corpus("skewed", tmp_path, 200, 2, log=logged.append)
     assert data == tmp_path / "skewed_corpus" / "base_data" and len(list(data.glob("*.parquet"))) == 2
     docs, sizes = corpus.skewed_corpus(200)
     assert read_texts(sorted(data.glob("*.parquet"))) == docs
     assert sum(len(row_group_sizes(p)) for p in data.glob("*.parquet")) == len(sizes)
     assert any("writing the skewed corpus" in m for m in logged)
+    assert corpora.split_files(str(data), "val") == [str(sorted(data.glob("*.parquet"))[-1])]
     logged.clear()
-    assert bench.prepare_corpus("skewed", tmp_path, 200, 2, log=logged.append) == data and logged == []
-    bench.prepare_corpus("skewed", tmp_path, 201, 2, log=logged.append)  # another size: rebuilt
+    assert corpora.prepare_corpus("skewed", tmp_path, 200, 2, log=logged.append) == data and logged == []
+    corpora.prepare_corpus("skewed", tmp_path, 201, 2, log=logged.append)  # another size: rebuilt
     assert logged and sum(pq.ParquetFile(p).metadata.num_rows for p in data.glob("*.parquet")) == 201
     theirs = tmp_path / "other" / "nanochat_corpus" / "base_data" / "shard_00000.parquet"
     theirs.parent.mkdir(parents=True)
     theirs.write_bytes(b"not ours")
     with pytest.raises(ValueError, match="did not write"):
-        bench.prepare_corpus("nanochat", tmp_path / "other", 1100, 2, log=logged.append)
+        corpora.prepare_corpus("nanochat", tmp_path / "other", 1100, 2, log=logged.append)
     assert theirs.read_bytes() == b"not ours"
 
 
-def test_bench_busy_work_spins_without_sleeping(bench):
+def test_bench_busy_work_spins_without_sleeping():
     import resource
-    import time
 
     import numpy as np
 
     buf = np.ones(1 << 17)
     r0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
-    bench.busy_work(0.05, buf)
+    measure.busy_work(0.05, buf)
     r1, wall = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter() - t0
     assert wall >= 0.05 and buf[0] > 2  # numpy passes over the buffer
     # never off the CPU of its own accord (a sleep or a blocking call is a voluntary switch;
@@ -128,108 +116,126 @@ def test_bench_busy_work_spins_without_sleeping(bench):
     assert r1.ru_nvcsw == r0.ru_nvcsw and r1.ru_utime > r0.ru_utime
 
 
-def test_bench_tree_memory_counts_this_process_and_its_children(bench):
-    import subprocess
-
-    alone = bench.tree_memory()
+def test_bench_tree_memory_counts_this_process_and_its_children():
+    alone = measure.tree_memory()
     assert alone["processes"] >= 1 and alone["rss_mib"] >= alone["trainer_rss_mib"] > 0
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         for _ in range(50):  # until the child has its interpreter
-            with_child = bench.tree_memory()
+            with_child = measure.tree_memory()
             if with_child["rss_mib"] > alone["rss_mib"] + 1:
                 break
-            __import__("time").sleep(0.05)
+            time.sleep(0.05)
         assert with_child["processes"] == alone["processes"] + 1 and with_child["rss_mib"] > alone["rss_mib"]
     finally:
         child.kill()
         child.wait()
 
 
-def test_bench_first_batch_series_keeps_the_last_loader_until_the_next_is_built(bench):
+def test_bench_evaluations_keep_the_last_val_loader_until_the_next_is_built():
     events = []
 
-    def make():
-        k = sum(e[0] == "built" for e in events)
-        events.append(("built", k))
+    def make(name):
+        def build():
+            k = sum(e[:2] == ("built", name) for e in events)
+            events.append(("built", name, k))
 
-        def gen():
-            try:
-                while True:
-                    yield k
-            finally:
-                events.append(("closed", k))
-        return gen()
+            def gen():
+                try:
+                    while True:
+                        yield k
+                finally:
+                    events.append(("closed", name, k))
+            return gen()
+        return build
 
-    out = bench.first_batch_series(make, 3, 2, keep=True, gap_s=0)
-    # base_train: loader k is dropped when loader k+1 is assigned over it, the last one at the end
-    assert events == [("built", 0), ("built", 1), ("closed", 0), ("built", 2), ("closed", 1), ("closed", 2)]
-    assert len(out["all_ms"]) == 3 and len(out["memory_between"]) == 3 and out["keep"]
+    out = evaluations.evaluations(make("train"), make("val"), 3, 2, gap_s=0, step_s=0)
+    # base_train: the train loader first; val loader k is dropped when k+1 is assigned over it
+    assert events == [("built", "train", 0), ("built", "val", 0), ("built", "val", 1), ("closed", "val", 0),
+                      ("built", "val", 2), ("closed", "val", 1), ("closed", "val", 2), ("closed", "train", 0)]
+    assert len(out["per_evaluation_ms"]) == 3 and len(out["memory_between"]) == 3
     assert all(m["processes"] >= 1 and m["rss_mib"] > 0 for m in out["memory_between"])
-    events.clear()
-    bench.first_batch_series(make, 2, 1, keep=False)
-    assert events == [("built", 0), ("closed", 0), ("built", 1), ("closed", 1)]
 
 
-def _run(kind, workers, packing, tps, **kw):
-    return dict(kind=kind, workers=workers, packing=packing, cache=None, label=None, tokens_per_s=tps, **kw)
+# ---------------------------------------------------------------- tools/bench: rounds into rows
+
+def _row(kind, workers, tps, **kw):
+    return dict(kind=kind, workers=workers, packing="concat", label=None, tokens_per_s=tps, **kw)
 
 
-def test_bench_corpora_targets_take_the_worst_corpus(bench):
-    def entry(name, busy, eff, fit_us, concat_us, after_busy):
-        base = _run("baseline", None, "concat", 1e6)
-        shm = _run("shmloader", 2, "concat", eff * 10e6, bare_tokens_per_s=10e6, worker_busy_share=busy,
-                   next_after_busy_us_median=after_busy * 50, after_busy_floor_us_median=50.0, cost_busy_ms=10.0)
-        common = dict(kind="dropin", workers=2, cost_busy_ms=10.0, cost_batches=100, next_after_busy_us_median=90.0,
-                      state_json_us=20.0, state_json_bytes=400)
-        dropin = [dict(common, packing="concat", trainer_cpu_us_per_batch=concat_us),
-                  dict(common, packing="bos_bestfit", trainer_cpu_us_per_batch=fit_us)]
-        return {"corpus": name, "runs": [base, shm], "dropin": dropin}
+def test_bench_throughput_rounds_become_the_median_round_and_per_round_ratios():
+    def one(base, bare1, shm):  # a round: the baseline, 1 bare process, 1 worker
+        return [_row("baseline", None, base), _row("bare", 1, bare1, processes=1, engine="fastokens"),
+                _row("shmloader", 1, shm, wall_s=2.0, worker_cpu_s=1.0, worker_busy_share=[0.5])]
 
-    result = {"cores": 2, "config": {"cost_busy_ms": 10.0},
-              "corpora": [entry("demo", [0.95, 0.93], 0.90, 240, 200, 1.5),
-                          entry("skewed", [0.46, 0.93], 0.40, 536, 205, 2.5)]}
-    lines = bench.corpora_targets(result)
-    busy = next(ln for ln in lines if "each worker busy >= 90%" in ln)
-    assert "demo 95% 93%; skewed 46% 93%; worst 46%, NOT met" in busy
-    vs_bare = next(ln for ln in lines if "of 2 bare engine processes" in ln)
-    assert "demo 90%, skewed 40%; worst (the headline) 40%, NOT met" in vs_bare
-    dropin = next(ln for ln in lines if "best-fit drop-in" in ln)
-    assert "demo 240/200 = 1.20x, skewed 536/205 = 2.61x; worst 2.61x, NOT met" in dropin
-    after = next(ln for ln in lines if "after 10 ms of busy work" in ln)
-    assert "demo 2w concat 1.50x, skewed 2w concat 2.50x; worst 2.50x, NOT met" in after
-    result["corpora"] = result["corpora"][:1]
-    assert all(ln.endswith(", met") for ln in bench.corpora_targets(result))
-    table = "\n".join(bench.corpora_report(result))
-    assert "busy per worker" in table and "95% 93%" in table and "75.0 / 50.0 (1.50x)" in table
-    assert bench.corpora_targets({"cores": 2, "config": {}}) == []  # a JSON from before corpora
+    got = throughput.summarise([one(1.0, 10.0, 4.0), one(2.0, 10.0, 9.0), one(1.0, 20.0, 6.0)])
+    base, shm = got["rows"]
+    assert [b["tokens_per_s"] for b in got["bare"]] == [10.0] and got["bare"][0]["tokens_per_s_rounds"] == [10, 10, 20]
+    assert shm["tokens_per_s"] == 6.0 and shm["tokens_per_s_rounds"] == [4.0, 9.0, 6.0]  # the median round
+    assert shm["vs_base_rounds"] == [4.0, 4.5, 6.0] and throughput.ratio(shm, "vs_base") == 4.5
+    assert shm["of_bare_rounds"] == [0.4, 0.9, 0.3] and throughput.ratio(shm, "of_bare") == 0.4
+    # tokens per worker CPU second (tokens/s x 2 s / 1 CPU s) over one bare process's tokens/s
+    assert shm["cpu_of_bare_rounds"] == [0.8, 1.8, 0.6]
+    assert base["vs_base_rounds"] == [1.0, 1.0, 1.0] and "of_bare_rounds" not in base
 
 
-def test_bench_first_batch_targets_compare_every_evaluation(bench):
-    mem = [{"processes": 6, "rss_mib": 500.0, "pss_mib": 300.0, "trainer_rss_mib": 250.0}]
-    fb = {"corpus": "nanochat", "rows": [
-        dict(kind="fb_baseline", packing="bos_bestfit", per_evaluation_ms=[300.0, 260.0, 250.0],
-             rss_between_mib_median=280.0),
-        dict(kind="fb_shmloader", packing="bos_bestfit", workers=2, label=None,
-             per_evaluation_ms=[700.0, 250.0, 240.0], vs_nanochat_per_evaluation=[7 / 3, 250 / 260, 240 / 250],
-             rss_between_mib_median=500.0, pss_between_mib_median=300.0, processes_between=6,
-             memory_between_rounds=[mem])]}
-    [line] = bench.first_batch_targets(fb)
-    assert "bos_bestfit (nanochat), 2 workers: first val batch <= nanochat's own loader's at every evaluation" in line
-    assert "700/300, 250/260, 240/250" in line and "worst 2.33x, NOT met" in line
-    assert "500 MiB RSS summed over 6 processes (300 PSS) against 280 MiB" in line
-    fb["rows"][1]["vs_nanochat_per_evaluation"] = [0.9, 0.96, 0.96]
-    assert "worst 0.96x, met" in bench.first_batch_targets(fb)[0]
+def test_bench_evaluations_compare_every_evaluation_with_nanochats_own_loader():
+    mem = lambda rss: {"processes": 2, "rss_mib": rss, "pss_mib": rss / 2, "trainer_rss_mib": 100.0}  # noqa: E731
+    rnd = lambda base, ours: [  # noqa: E731
+        dict(kind="baseline", packing="bos_bestfit", workers=None, label=None, per_evaluation_ms=base,
+             memory_between=[mem(300.0)] * len(base)),
+        dict(kind="shmloader", packing="bos_bestfit", workers=2, label=None, per_evaluation_ms=ours,
+             memory_between=[mem(600.0), mem(700.0)])]
+    base, ours = evaluations.summarise([rnd([300.0, 260.0], [700.0, 250.0]), rnd([500.0, 240.0], [100.0, 250.0])])
+    assert ours["per_evaluation_ms"] == [400.0, 250.0] and base["per_evaluation_ms"] == [400.0, 250.0]
+    assert ours["vs_nanochat_per_evaluation"] == [1.0, 1.0] and ours["per_evaluation_ms_rounds"][1] == [100.0, 250.0]
+    assert ours["rss_between_mib_median"] == 650.0 and ours["pss_between_mib_median"] == 325.0
+    assert base["rss_between_mib_median"] == 300.0 and ours["processes_between"] == 2
 
 
-# ---------------------------------------------------------------- tools/base_train_evals.py
+def test_bench_trainer_row_is_the_round_with_the_median_ratio_after_busy_work():
+    us = lambda m: {"median": m, "mean": m}  # noqa: E731
+    cost = lambda after, floor: dict(kind="cost", packing="concat", after_busy_us=us(after),  # noqa: E731
+                                     after_busy_floor_us=us(floor))
+    dropin = lambda cpu: dict(kind="dropin", packing="concat", trainer_cpu_us_per_batch=cpu)  # noqa: E731
+    got = trainer.summarise([[cost(300, 100), dropin(90)], [cost(100, 100), dropin(70)], [cost(300, 200), dropin(80)]])
+    [c], [d] = got["costs"], got["dropins"]
+    assert c["after_busy_ratio_rounds"] == [3.0, 1.0, 1.5] and c["after_busy_ratio"] == 1.5
+    assert d["trainer_cpu_us_per_batch"] == 80 and d["trainer_cpu_us_per_batch_rounds"] == [90, 70, 80]
 
-@pytest.fixture(scope="module")
-def evals():
-    return _tool("base_train_evals")
+
+# ---------------------------------------------------------------- tools/bench: results, checkouts
+
+def test_bench_results_file_says_what_where_when_and_how(tmp_path):
+    run = results.write(tmp_path / "t.json", "throughput", results.begin(), {"rows": [1]}, ["--quick"])
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert saved == {"topic": "throughput", "runs": [run]} and run["rows"] == [1]
+    assert run["command"].startswith("python ") and run["command"].endswith(" --quick")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", run["date"])
+    assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?", run["commit"] or "")
+    assert run["machine"]["cores"] >= 1 and run["machine"]["python"] and run["machine"]["load_average"]
+    assert results.table(("a", "bb"), [("x", 1), ("yyy", 22)]).splitlines() == ["a    bb", "-------", "x     1",
+                                                                                "yyy  22"]
 
 
-def test_base_train_evals_patches_only_the_loader_import_and_times_the_val_loader(evals, tmp_path, capsys):
+def test_bench_compare_puts_the_other_checkouts_shmloader_first(tmp_path):
+    (tmp_path / "shmloader").mkdir()
+    with children.checkouts(tmp_path) as (before, ours):
+        assert (before.label, ours.label) == ("before", "this checkout") and ours.path == str(REPO_ROOT)
+        assert os.listdir(before.path) == ["shmloader"]  # its tools/ stays out of the way of this checkout's
+        assert os.path.realpath(os.path.join(before.path, "shmloader")) == str(tmp_path / "shmloader")
+        path = children.env(before)["PYTHONPATH"].split(os.pathsep)
+        assert path[:2] == [before.path, str(REPO_ROOT)] and children.env(before)["PYTHONSAFEPATH"] == "1"
+        assert "shmloader" not in os.listdir(before.cwd)
+    with children.checkouts(None) as [alone]:
+        assert alone.label is None and alone.path == alone.root == str(REPO_ROOT)
+
+
+# ---------------------------------------------------------------- tools/bench/base_train.py
+
+def test_base_train_patches_only_the_loader_import_and_times_the_val_loader(tmp_path, capsys):
+    from tools.bench import base_train as evals
+
     checkout = tmp_path / "nanochat"
     (checkout / "scripts").mkdir(parents=True)
     (checkout / "scripts" / "base_train.py").write_text(f"import time\n{evals.IMPORT}\nx = 1\n{evals.BUILD}\ny = 2\n")
@@ -241,7 +247,7 @@ def test_base_train_evals_patches_only_the_loader_import_and_times_the_val_loade
     assert own.replace(evals.IMPORT, "") == shm.replace(evals.IMPORT.replace("nanochat.dataloader", "shmloader.nanochat"), "")
     assert not (tmp_path / "own" / ".git").exists()
     # the wrapper yields the loader's batches unchanged and prints the time to the first one
-    scope = {"time": __import__("time"), "build_val_loader": lambda: iter([10, 11, 12])}
+    scope = {"time": time, "build_val_loader": lambda: iter([10, 11, 12])}
     exec(evals.TIMER, scope)
     gen = scope["build_val_loader"]()
     assert capsys.readouterr().out == ""  # nothing read before the first next(), as in the script

@@ -1,7 +1,7 @@
 """nanochat's real `scripts/base_train.py` on the CPU, with its own loader and with shmloader's
 drop-in (its one import line changed), each evaluation's first val batch timed.
 
-    python tools/base_train_evals.py --nanochat ~/src/nanochat --data /tmp/bq/nanochat_corpus/base_data \
+    python tools/bench/base_train.py --nanochat ~/src/nanochat --data /tmp/bq/nanochat_corpus/base_data \
         --tokenizer /tmp/bq/tokenizer/tokenizer.pkl --rounds 2
 
 Needs a nanochat checkout (not a dependency of shmloader: `git clone` it, or the bench's
@@ -14,12 +14,11 @@ assignment, as in the script), and run with a tiny model (`--depth=2`, B=16, T=2
 `--eval-every=4`, 12 steps: 4 evaluations). `NANOCHAT_BASE_DIR` is a scratch directory
 holding `--data` (as `base_data_climbmix`), `--tokenizer` and the `token_bytes.pt` that
 nanochat's tok_train would write. Prints every evaluation's ms, the val bpb (equal for both
-loaders: the same stream) and the run's wall time; `--json` writes them.
+loaders: the same stream) and the run's wall time, and writes them to the results file (`--json`).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import re
@@ -30,14 +29,19 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+if not __package__:  # run as a file: this checkout first on the path (tools.bench, its shmloader)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench import results  # noqa: E402
+
+REPO = results.REPO
 IMPORT = ("from nanochat.dataloader import tokenizing_distributed_data_loader_bos_bestfit, "
           "tokenizing_distributed_data_loader_with_state_bos_bestfit")
 BUILD = ('build_val_loader = lambda: tokenizing_distributed_data_loader_bos_bestfit(tokenizer, '
          'args.device_batch_size, args.max_seq_len, split="val", device=device)')
 TIMER = '''
 _build_val_loader = build_val_loader
-def build_val_loader():  # tools/base_train_evals.py: the call to the first val batch
+def build_val_loader():  # tools/bench/base_train.py: the call to the first val batch
     _t0 = time.perf_counter()
     _g = _build_val_loader()
     def _timed():
@@ -96,34 +100,41 @@ def run(repo: Path, base: Path, stubs: Path, timeout: float) -> dict:
             "val_bpb": [float(x) for x in re.findall(r"Validation bpb: ([\d.]+)", out.stdout)], "wall_s": wall}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nanochat", required=True, help="a nanochat checkout")
+def parse_args(argv=None) -> argparse.Namespace:
+    p = results.parser("base_train", __doc__)
+    p.add_argument("--nanochat", required=True, type=Path, help="a nanochat work tree (directory)")
     p.add_argument("--data", required=True, help="a directory of parquet shards (the last one is val)")
-    p.add_argument("--tokenizer", required=True, help="a pickled tiktoken.Encoding with <|bos|>")
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per base_train run")
-    p.add_argument("--json", default=None)
+    p.add_argument("--tokenizer", required=True, help="a pickled tiktoken.Encoding with <|bos|> (file)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of base_train with each loader, in turn (runs; default 1)")
+    p.add_argument("--timeout", type=float, default=900.0, help="limit of one base_train run (seconds; default 900)")
+    results.add_json_arg(p, "base_train")
     args = p.parse_args(argv)
-    results = {"nanochat": [], "shmloader": []}
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args, began = parse_args(argv), results.begin()
+    loaders = {"nanochat": [], "shmloader": []}
     with tempfile.TemporaryDirectory(prefix="shmloader-base-train-") as tmp:
         root = Path(tmp)
         stubs = root / "stubs" / "wandb"
         stubs.mkdir(parents=True)
         (stubs / "__init__.py").write_text("")  # imported at the top; --run=dummy never uses it
         base = base_dir(root, args.data, args.tokenizer)
-        repos = {"nanochat": patched(Path(args.nanochat), root / "own", "nanochat"),
-                 "shmloader": patched(Path(args.nanochat), root / "shm", "shmloader")}
+        repos = {"nanochat": patched(args.nanochat, root / "own", "nanochat"),
+                 "shmloader": patched(args.nanochat, root / "shm", "shmloader")}
         for i in range(args.rounds):
             for name, repo in repos.items():
                 print(f"round {i + 1}/{args.rounds}: base_train with {name}'s loader ...", file=sys.stderr)
                 got = run(repo, base, root / "stubs", args.timeout)
-                results[name].append(got)
+                loaders[name].append(got)
                 print(f"{name:>9}: first val batch ms {' '.join(f'{t:.0f}' for t in got['first_val_ms'])}; "
                       f"val bpb {' '.join(f'{b:.6f}' for b in got['val_bpb'])}; run {got['wall_s']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    figures = {"config": {"nanochat": str(args.nanochat), "nanochat_commit": results.commit(args.nanochat),
+                          "data": os.path.abspath(args.data), "args": ARGS, "rounds": args.rounds}, "loaders": loaders}
+    results.write(args.json, "base_train", began, figures, argv)
     return 0
 
 
