@@ -24,7 +24,7 @@
    with another worker count, whose batches must equal the uninterrupted run's (exit 1 if not).
 
 B=16, T=2048 by default, as the README's figures. `prepare_data` is reused by the tools
-(tools/bench.py, tools/gpu_check.py, ...).
+(tools/bench/, tools/gpu_check.py, ...).
 """
 from __future__ import annotations
 

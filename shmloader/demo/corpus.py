@@ -35,7 +35,7 @@ Shards
     row group in order, summing to ``len(docs)``) the row groups are exactly those, and the
     files are consecutive runs of them whose counts of row groups differ by at most 1.
 
-Benchmark corpora (``tools/bench.py --corpus``), each ``(docs, row_group_sizes)`` for
+Benchmark corpora (``tools/bench/corpora.py``, the topics' ``--corpus``), each ``(docs, row_group_sizes)`` for
 ``write_shards(docs, ..., row_group_sizes=sizes)``, deterministic from ``seed`` for a given
 Python install (their words and code come from its standard library):
     ``nanochat_corpus`` has nanochat's shard geometry: row groups of 1024 documents whose

@@ -19,7 +19,7 @@ arrival has the largest key. Rule 1 is one `bisect_right(keys, space * 2**40) - 
 `keys[0]` (the shortest length) and one more bisect for the earliest of that length. A choice
 is O(log n) compares plus one `list.pop` memmove; a chunk enters with one `list.sort`, which
 keeps the sorted buffer as one run and merges the chunk in one pass (no per-document `insort`
-memmove). Its cost against nanochat's linear scan: `python tools/bench_packing.py`
+memmove). Its cost against nanochat's linear scan: `python tools/bench/packing.py`
 (docs/benchmarks.md). A dict keyed by
 the same keys, in insertion order, maps each key to its doc id and gives the buffer in
 arrival order for checkpoints. Arrivals are at most 2**40 per planner (renumbered from 0 on

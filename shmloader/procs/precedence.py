@@ -5,7 +5,7 @@ nanochat builds a new val loader at every evaluation while its train loader is r
 machine whose cores the workers fill, the train loader's workers (still filling their ring and
 their read-ahead after the step-0 batch) took half the cores from the val loader's first batch,
 and the first evaluation came later than with nanochat's own loader (docs/benchmarks.md,
-"Three corpora, a fourth time"). Meanwhile the trainer is blocked in that first
+"First batch: nanochat's evaluations"). Meanwhile the trainer is blocked in that first
 batch (`next()` starts a loader's children and waits for it), so pausing the others costs it
 nothing.
 
