@@ -283,9 +283,21 @@ def loader_children(root: int | None = None) -> list[int]:
         for pid in table.get(parent, []):
             stack.append(pid)
             # a forked child keeps the forkserver's command line: only a direct child is a helper
-            if parent != root or not any(m in cmdline(pid) for m in HELPER_MARKERS):
+            if parent != root or not any(m in _exec_cmdline(pid) for m in HELPER_MARKERS):
                 out.append(pid)
     return out
+
+
+def _exec_cmdline(pid: int, wait_s: float = 1.0) -> str:
+    """The command line of this process's child `pid` once it has exec'd: a helper being started
+    (the forkserver, the resource tracker) shows this process's own command line between its
+    fork and its exec, longer on a loaded machine."""
+    own, deadline = cmdline(os.getpid()), time.monotonic() + wait_s
+    line = cmdline(pid)
+    while line == own and time.monotonic() < deadline:
+        time.sleep(0.02)
+        line = cmdline(pid)
+    return line
 
 
 def shm_segments(pid: int | None = None) -> list[str]:

@@ -167,7 +167,7 @@ def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover):
     """A child that is alive but makes no progress (SIGSTOP): next() raises LoaderTimeout
     after `timeout=` seconds, naming every process and the stopped one as stopped; close()
     still stops everything."""
-    with synth.loader(2, 32, "val", num_workers=2, timeout=2.0, max_restarts=0) as loader:
+    with synth.loader(2, 32, "val", num_workers=2, timeout=1.0, max_restarts=0) as loader:
         for _ in range(3):
             next(loader)
         proc = loader.debug().workers[0] if who == "worker" else loader.debug().coordinator
@@ -177,7 +177,7 @@ def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover):
         waited = time.monotonic() - stopped
         assert isinstance(err, shmloader.LoaderTimeout), f"{type(err).__name__}: {err}"
         msg = str(err)
-        assert "2 s" in msg and all(f"pid {p.pid}" in msg for p in loader.debug().workers), msg
+        assert "1 s" in msg and all(f"pid {p.pid}" in msg for p in loader.debug().workers), msg
         assert f"pid {loader.debug().coordinator.pid}" in msg, msg
         assert f"pid {proc.pid}) (stopped" in msg and msg.count("(stopped") == 1, msg
         closing = time.monotonic()
@@ -260,8 +260,9 @@ def test_trainer_killed(synth, synth_tokenizer_pkl, group, sig):
         assert not segs, f"the killed trainer's segment is still there after {DETECT_S} s: {segs}"
         print(f"trainer-only: children gone {gone_s:.3f} s, segment gone {seg_s:.3f} s after {sig.name}")
         return
-    # the whole group died, the resource tracker with it: the segment stays until swept
-    assert shm_segments(pid) == [info["segment"]], "expected the dead group's segment to remain"
+    # the whole group died, the resource tracker with it: the segment stays until swept (by the
+    # next loader here, or by a loader of another process started meanwhile)
+    assert shm_segments(pid) in ([info["segment"]], []), "the dead group's segment is not its own"
     with synth.loader(2, 32, "val", num_workers=1) as loader:
         next(loader)  # starting a loader sweeps the segments of dead creators
         assert shm_segments(pid) == [], "a new loader did not sweep the dead trainer's segment"
@@ -341,7 +342,7 @@ def _cycles(synth, n: int):
 
 
 def test_create_close_cycles(synth):
-    _cycles(synth, 100)  # 1000 with -m slow
+    _cycles(synth, 40)  # 1000 with -m slow
 
 
 @pytest.mark.slow
