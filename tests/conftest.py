@@ -68,13 +68,17 @@ class Deadline(Exception):
 
 
 @pytest.fixture
-def watchdog():
-    """Fail a test that runs longer than 60 s instead of hanging the run."""
+def watchdog(request):
+    """Fail a test that runs longer than 60 s (or its `@pytest.mark.deadline(seconds)`) instead
+    of hanging the run."""
+    marker = request.node.get_closest_marker("deadline")
+    limit = float(marker.args[0]) if marker else 60.0
+
     def on_alarm(signum, frame):
-        raise Deadline("test exceeded its 60 s deadline (hang?)")
+        raise Deadline(f"test exceeded its {limit:g} s deadline (hang?)")
 
     old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, 60.0)
+    signal.setitimer(signal.ITIMER_REAL, limit)
     try:
         yield
     finally:

@@ -346,6 +346,7 @@ def test_create_close_cycles(synth):
 
 
 @pytest.mark.slow
+@pytest.mark.deadline(600)  # 1000 loaders, about 0.1 s each, longer on a loaded machine
 def test_create_close_cycles_1000(synth):
     _cycles(synth, 1000)
 

@@ -22,17 +22,21 @@ def _run(cmd, cwd, timeout=900, env=None):
 
 
 def test_a_wheel_without_the_dev_extra_runs_the_demo_and_the_tools(tmp_path):
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", REPO_ROOT], cwd=tmp_path)
+    # without the suite's PYTHONPATH (the checkout): pip would take the checkout's editable
+    # install's metadata for an installed shmloader and not install the wheel
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", REPO_ROOT], cwd=tmp_path,
+         env=env)
     (wheel,) = (tmp_path / "dist").glob("shmloader-*.whl")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    _run([py, "-m", "pip", "install", "-q", f"torch=={_torch_version()}"], cwd=tmp_path)
-    _run([py, "-m", "pip", "install", "-q", wheel], cwd=tmp_path)
-    listed = _run([py, "-m", "pip", "list", "--format=freeze"], cwd=tmp_path).lower()
+    _run([py, "-m", "pip", "install", "-q", f"torch=={_torch_version()}"], cwd=tmp_path, env=env)
+    _run([py, "-m", "pip", "install", "-q", wheel], cwd=tmp_path, env=env)
+    listed = _run([py, "-m", "pip", "list", "--format=freeze"], cwd=tmp_path, env=env).lower()
+    assert "shmloader==" in listed, listed
     for dev_only in ("pytest", "hypothesis", "moto", "matplotlib"):
         assert f"{dev_only}==" not in listed, f"{dev_only} came with a plain install"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = _run([py, "-m", "shmloader.demo", "--out-dir", tmp_path / "demo", "--batches", 20, "--batch-size", 2,
                 "--seq-len", 256, "--vocab-size", 512], cwd=tmp_path, env=env)
     assert "stream verified" in out and "resume verified" in out, out
