@@ -175,7 +175,8 @@ class ShmLoader:
         with self._locked("load_state_dict()"):
             if self._closed:
                 raise errors.LoaderClosed(self._closed_text())
-            self._begin(resumemod.plan(state, self._identity(), self._catalogue, self.config, self._args()))
+            self._begin(resumemod.plan(state, self._identity(), self._catalogue, self.config, self._args(),
+                                       self._runs.heal_count))
 
     def stats(self) -> dict:
         """Counters of this loader. `tokens_delivered` and `docs_delivered` are what the batches
@@ -185,7 +186,7 @@ class ShmLoader:
         out = {"batches": self._batches, "wait_s": self._wait_s, "num_workers": self.config.num_workers,
                "epoch": self._mark.position.epoch, "tokens_delivered": self._batches * self.config.B * self.config.T,
                "docs_delivered": self._mark.docs, "idle_releases": self._runs.idle_releases,
-               "heals": self._runs.heals}
+               "heals": self._runs.heals, "poison_rows_skipped": self._runs.poison.rows_skipped}
         if self._runs.run is not None:
             read = self._runs.run.stats(self.config)
             out.update(read, epoch=max(out["epoch"], read["epoch"]))

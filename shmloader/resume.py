@@ -36,21 +36,22 @@ from .ipc.ring import RingLayout
 log = logging.getLogger("shmloader")
 
 
-def plan(state, identity: statemod.Loader, catalogue, config, args) -> statemod.Resume:
+def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -> statemod.Resume:
     """The `Resume` of `state` for this loader (`identity`: what the state is checked against;
-    `args`: the loader's `RunArgs`, for count-only runs). Raises `ValueError` naming what does
-    not match."""
+    `args`: the loader's `RunArgs`, for count-only runs; `heal(lost, paths)`: a count-only run's
+    lost child, healed within the loader's budget: procs/run.py). Raises `ValueError` naming
+    what does not match."""
     resume = statemod.check(state, identity)
     if resume.origin is not None and "version" not in state:
         _check_row_group(resume.origin, catalogue)
     catalogue.reorder(resume.order)
     args = dataclasses.replace(args, files=catalogue.paths)
     if resume.change is not None:
-        resume = _elastic(resume, catalogue, config, args)
+        resume = _elastic(resume, catalogue, config, args, heal)
     elif resume.locate and resume.plan is not None:  # another rank's state of a run that began elastic
         resume = _plan_start(resume, resume.plan, catalogue, config, args.rank, args.world)
     if resume.locate:
-        resume = _locate(resume, config, args)
+        resume = _locate(resume, config, args, heal)
     if state.get("version", 2) > 2:  # version 2 has no footers; nanochat's states no files
         catalogue.with_footers(state["files"])
     return resume
@@ -84,7 +85,7 @@ def _check_row_group(origin: dict, catalogue):
                          f"{f}) has {n} row groups: the state is not of these files")
 
 
-def _locate(resume: statemod.Resume, config, args, rank: int | None = None,
+def _locate(resume: statemod.Resume, config, args, heal, rank: int | None = None,
             world: int | None = None) -> statemod.Resume:
     """The position at `resume.batch` of this rank (or of `rank` of `world`: an old rank at a
     change of world size), by replaying the run over its document lengths (the token cache's,
@@ -100,13 +101,13 @@ def _locate(resume: statemod.Resume, config, args, rank: int | None = None,
     count = dataclasses.replace(args, files=args.files[:resume.n_files], rank=rank, world=world, layout=layout,
                                 start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
                                 locate=(resume.shapes, resume.batch, first), later=None, plan=resume.plan)
-    found = locate_position(config, layout, count)
+    found = locate_position(config, layout, count, heal)
     log.info("%s: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)", who,
              resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
     return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
 
 
-def _elastic(resume: statemod.Resume, catalogue, config, args) -> statemod.Resume:
+def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:
     """A state saved at another world size W (`resume.change`): find where every old rank
     stood at its batch count, make the plan that shares out what they had not consumed, and
     start this rank at its first unit, with its share of the old ranks' best-fit buffers."""
@@ -125,7 +126,7 @@ def _elastic(resume: statemod.Resume, catalogue, config, args) -> statemod.Resum
                                       runs=[], change=None, locate=True, plan=change.parent)
             if change.parent is not None:  # the old run began at a change too: r's stream of its plan
                 old = _plan_start(old, change.parent, catalogue, config, r, change.world)
-            found = _locate(old, config, args, r, change.world)
+            found = _locate(old, config, args, heal, r, change.world)
             position, runs = found.position, found.runs
         positions.append(tuple(position))
         buffers.append(runs)

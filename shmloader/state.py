@@ -478,10 +478,17 @@ def _diff(i: int, old: list, files: list, index: dict) -> str | None:
 
 
 def _check_val(state: dict, loader: Loader):
-    """A state remembers the val file; a train split whose val file changed says what it means."""
+    """A state remembers the val file; a train split whose val file changed says what it means.
+    The val file a state names must be one of the data set's: a shard added after it makes it
+    a train file; one that is nowhere is not this data set (or an edited state)."""
     old, new = state.get("val"), loader.val
     if old is None or new is None or old == new:
         return
+    if not isinstance(old, str) or (loader.fingerprint.get("split") == "train"
+                                    and old not in {f[0] for f in loader.files}):
+        raise ValueError(f"resume state field 'val' is {old!r}, a file this data set does not have (its val "
+                         f"file is {new}, its train files {', '.join(f[0] for f in loader.files[:5])}"
+                         f"{', ...' if len(loader.files) > 5 else ''}): the state is not of these files")
     if loader.fingerprint.get("split") == "train":
         warn(f"the val file was {old} when the state was saved and is {new} now (a shard that sorts "
              f"after it was added): {old} is read as training data from here on, and the val split "

@@ -31,6 +31,9 @@ could otherwise last:
 - `MESSAGES` counts the messages the coordinator has queued for the trainer's pipe (warnings,
   errors, a count-only run's progress): before taking a batch the trainer reads the ones
   queued before its announcement, so a warning still comes before the batches after it.
+- `TAKEN` (the batches the trainer has taken, one store per batch) and `WAITING` (1 while it
+  is blocked in `next()`) tell the coordinator that the trainer is here: an idle release
+  (NOTE [ring protocol] 7) waits for both to say it is away.
 
 Memory order. On x86-64 (total store order) a store is seen by other cores in program order,
 and loads are not reordered with each other or with later stores, which is all this needs:
@@ -51,11 +54,11 @@ from ..position import Position
 from .ring import RECORD_FIELDS, Counter, Ring
 
 FREE_POLL_S = 0.01
-FREE_POLL_MAX_S = 1.0  # the longest the poll backs off to: the coordinator loop's usual wait (WAIT_S)
+FREE_POLL_MAX_S = 1.0  # the longest the poll backs off to: the coordinator loop's usual wait (procs/stall.py)
 HANDOVER_ENV = "SHMLOADER_HANDOVER"
 # the counters' indices as plain ints, for the trainer's hot path
-_ANNOUNCED, _MESSAGES, _FREES, _FREES_SEEN = (int(c) for c in (Counter.ANNOUNCED, Counter.MESSAGES,
-                                                                Counter.FREES, Counter.FREES_SEEN))
+_ANNOUNCED, _MESSAGES, _FREES, _FREES_SEEN, _TAKEN, _WAITING = (int(c) for c in (
+    Counter.ANNOUNCED, Counter.MESSAGES, Counter.FREES, Counter.FREES_SEEN, Counter.TAKEN, Counter.WAITING))
 
 
 def header_only() -> bool:
@@ -154,6 +157,7 @@ class TrainerEnd:
             raise RuntimeError(f"ring handover: record {self.taken % self.n} holds batch {k}, "
                                f"expected batch {self.taken}")
         self.taken += 1
+        self._counters[_TAKEN] = self.taken
         return Announcement(k, slot, Position(epoch, file, rg, doc, skip), docs, check)
 
     def announced(self) -> int:
@@ -171,6 +175,11 @@ class TrainerEnd:
         self._counters[_FREES] = self.frees
         if not self.header_only or self.frees - self._counters[_FREES_SEEN] >= self.kick_at:
             self.kick.ring()
+
+    def waiting(self, blocked: bool):
+        """The trainer is (no longer) blocked in `next()` waiting for a batch."""
+        if self._counters is not None:
+            self._counters[_WAITING] = int(blocked)
 
     def before_blocking(self):
         """No batch is ready: clear the ready doorbell (then look at the header again before

@@ -30,13 +30,16 @@ message is one record below, sent through a pipe and dispatched on its type:
    right after the copy for a copied batch), on CUDA when the event recorded after the copy
    has completed. Batches come back in any order; batches below `freed + n_slots` (`freed` =
    how many came back) may be written, so at most `n_slots` hold a slot at once.
-2. Coordinator -> worker: `Task(piece, keep, footer)`; how much a worker may hold is the
-   mode's rule (packing/base.py, "What a worker may hold": a few pieces not yet counted, and
-   tokens counted but not yet written below a budget; best fit also caps the documents
-   waiting to enter its buffer), so memory is bounded whatever the trainer's pace. `keep`
-   says whether the worker keeps the tokens until they are written (as the packing's spec
-   keeps them: one array, one per document) or only counts them; `footer` is the digest of
-   the piece's file as the coordinator read it (a worker refuses a file that changed since).
+2. Coordinator -> worker: `Task(piece, keep, footer, rows, skip, alone)`; how much a worker
+   may hold is the mode's rule (packing/base.py, "What a worker may hold": a few pieces not yet
+   counted, and tokens counted but not yet written below a budget; best fit also caps the
+   documents waiting to enter its buffer), so memory is bounded whatever the trainer's pace.
+   `keep` says whether the worker keeps the tokens until they are written (as the packing's
+   spec keeps them: one array, one per document) or only counts them; `footer` is the digest
+   of the piece's file as the coordinator read it (a worker refuses a file that changed
+   since); `skip` are rows read as nulls (poison) and `alone` rows tokenized one per engine
+   call (suspects), both `Span`s of the trainer's word (procs/heal.py); `rows` are the rows a
+   worker that replaces a dead one keeps of a piece counted before (8).
 3. Worker -> coordinator: `Counted(piece, lengths, cache_hit)` after tokenizing a piece
    (`lengths[i]` = tokens of row i including BOS, 0 for a null); `Skipped(piece, text)` first
    when its row group is bad and `on_bad_row_group="skip"`.
@@ -48,8 +51,8 @@ message is one record below, sent through a pipe and dispatched on its type:
    counted, the planner plans batch k (a plan that runs out of chunks is rolled back and
    retried later) and each worker holding a placed document gets `Rows(k, slot,
    [(piece, row, batch_row, offset, n)])`.
-5. Worker -> coordinator: copies what it was told, replies `Written([(batch, tokens), ...])`;
-   drops tokens it no longer needs.
+5. Worker -> coordinator: copies what it was told, replies `Written([(batch, tokens), ...])`,
+   one for every order, in order (empty ones too), and drops tokens it no longer needs.
 6. Coordinator -> trainer (the header's announcement record, `handover.Announcement`): when
    every token of batch k is written, and batches < k were announced, `(k, slot, position,
    docs, check)`: the canonical position of the first token after batch k (best fit: the
@@ -60,14 +63,23 @@ message is one record below, sent through a pipe and dispatched on its type:
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
    the workers through the coordinator, to the trainer.
-7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer
-   (it waits for none) and the trainer has freed none for `idle_release_s` s (and for 10 times the longest gap between its frees so far,
-   counted from its first one, once it has freed 2: a trainer whose steps are slow is never
-   released, nor one that returned fewer batches), the coordinator sends `Released(idle_s)`
-   and exits; the workers exit on its pipe's EOF. The trainer reads it at its next `next()`
-   (messages come before batches; or as the account of the exits it sees), drops the ring's
-   batches, stops what is left and starts new children from the state after the last batch
-   it returned: the stream goes on exactly, and only the ring stays resident meanwhile.
+7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer,
+   the trainer is not waiting in `next()` (`Counter.WAITING`) and has neither taken a batch
+   (`Counter.TAKEN`) nor freed one for `idle_release_s` s (and for 10 times the longest gap
+   between its frees so far, counted from its first one, once it has freed 2: a trainer whose
+   steps are slow is never released, nor one that returned fewer batches), the coordinator
+   sends `Released(idle_s)` and exits; the workers exit on its pipe's EOF. The trainer reads
+   it at its next `next()` (messages come before batches; or as the account of the exits it
+   sees), drops the ring's batches, stops what is left and starts new children from the state
+   after the last batch it returned: the stream goes on exactly, and only the ring stays
+   resident meanwhile.
+8. A worker replaced (procs/run.py): the trainer starts a new worker at the dead one's index
+   and sends the coordinator `Replace(worker, poisoned, suspects)` and then the new pipe's end
+   as a file descriptor. The coordinator gives the new worker again every piece the old one
+   held (`Mode.holding`), counted ones with the `rows` still to write (their `Counted` is not
+   counted again), and sends again the orders the old one had not acknowledged (5), each once
+   the pieces it reads are counted again; an order half carried out is carried out again,
+   writing the same tokens to the same places. Nothing else stops.
 
 The coordinator's loop never blocks in a send: every message to a worker or to the trainer
 goes through an outbox thread per peer, so the loop keeps reading all of them (a worker
@@ -105,8 +117,17 @@ class RunArgs:
     locate: tuple | None = None    # (shapes, batch, first batch): a count-only run that finds a position
     later: tuple | None = None     # data.order.Later: the files' order after an epoch, if not theirs
     worker: int = -1               # this worker's index (workers)
-    poisoned: tuple = ()           # (file, rg) row groups in flight at two deaths, skipped (loader.py)
+    poisoned: tuple = ()           # `Span`s of documents that killed a worker twice, skipped (procs/heal.py)
+    suspects: tuple = ()           # `Span`s in the engine at a worker's death: tokenized a document at a time
     plan: object = None            # data.elastic.Plan: the run began at a change of world size
+
+
+class Span(NamedTuple):
+    """Documents (rows) `[lo, hi)` of row group `rg` of file `file` (the run's numbering)."""
+    file: int
+    rg: int
+    lo: int
+    hi: int
 
 
 # coordinator -> worker
@@ -114,6 +135,9 @@ class Task(NamedTuple):
     piece: object                  # data.order.Piece
     keep: bool                     # keep the tokens for write orders (False: count only)
     footer: str | None = None      # the footer digest of the piece's file, as the coordinator read it
+    rows: tuple | None = None      # a piece tokenized again for a replaced worker: the rows it keeps (None: all)
+    skip: tuple = ()               # (lo, hi) rows of the piece's row group skipped as poison (as nulls)
+    alone: tuple = ()              # (lo, hi) rows tokenized one document per engine call (suspects)
 
 
 # coordinator -> worker, write orders: each packing's own (packing/concat.py `Place`,
@@ -168,6 +192,16 @@ class Opened(NamedTuple):
     footer: str
 
 
+# trainer -> coordinator
+class Replace(NamedTuple):
+    """Worker `worker` died and a new one takes its place: its pipe's end follows as a passed
+    file descriptor (`multiprocessing.reduction.send_handle`). The poisoned and suspect spans
+    as they are now (procs/heal.py), for the tasks from here on."""
+    worker: int
+    poisoned: tuple
+    suspects: tuple
+
+
 class Released(NamedTuple):
     """The coordinator and the workers exit: the trainer took no batch for `idle_s` s with
     every slot full (`idle_release_s`). The trainer restarts them from its state at its next
@@ -196,6 +230,10 @@ class Listener:
 
     def wait(self, timeout: float) -> list:
         return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout * 1000)]
+
+    def add(self, conn):
+        self._by_fd[conn.fileno()] = conn
+        self._poll.register(conn.fileno(), select.POLLIN)
 
     def remove(self, conn):
         self._poll.unregister(conn.fileno())

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 8  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
-#                    8: YIELD_UNTIL
+LAYOUT_VERSION = 9  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
+#                    8: YIELD_UNTIL; 9: the trainer's TAKEN and WAITING, a worker's RUN and RUN_END
 ALIGN = 4096
 
 
@@ -46,6 +46,8 @@ class Counter(enum.IntEnum):
     FREES_SEEN = 3    # frees the coordinator has taken from the log (coordinator)
     YIELD_UNTIL = 4   # not the handover's: until when (CLOCK_MONOTONIC us) the workers give way to
     #                   another loader of the trainer that is starting, 0: they don't (procs/precedence.py)
+    TAKEN = 5         # batches the trainer has taken (trainer): an idle release waits for it to stand still
+    WAITING = 6       # 1 while the trainer is blocked in next() for a batch (trainer): never a release then
 
 
 # One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k); "check"
@@ -68,6 +70,8 @@ class WorkerCol(enum.IntEnum):
     #                   second while idle: a started worker whose beat stands still is stalled (children.py)
     EPOCH = 9         # the piece's epoch and
     END = 10          # its end (a document), with FILE, RG and DOC: what a death or stall held
+    RUN = 11          # the documents [RUN, RUN_END) of the piece inside the engine now (the whole piece while
+    RUN_END = 12      # it is read): where a death or stall happened (procs/heal.py)
 
 
 CHECK_STRIDE = 16  # batch_check reads every 16th token of a slot

@@ -50,6 +50,8 @@ class Packing:
     window: Callable           # (B, T) -> int64 tokens per ring slot
     targets_at: Callable       # (B, T) -> where targets start in the window (inputs start at 0)
     stats: Callable            # the ring's counters (dict) -> what it adds to `stats()`
+    keep_rows: Callable = lambda held, rows: held  # worker: what it keeps of a piece done again, only `rows`
+    order_pieces: Callable = lambda order: ()      # the pieces a write order reads
     settings: tuple = ()       # LoaderConfig fields that change its stream (the state's fingerprint)
     buffer_docs: Callable | None = None  # cfg -> the documents its state's buffer may hold;
     #                                      None: it has no buffer, and its position has a skip
@@ -90,6 +92,10 @@ class InOrder:
             out.append((self.next, self._waiting.pop(self.next)))
             self.next += 1
         return out
+
+    def waiting(self) -> dict:
+        """`{index: item}` of the items that wait for an earlier one."""
+        return self._waiting
 
 
 class BatchBook:
@@ -197,6 +203,16 @@ class Mode:
     def _written_out(self, worker: int, index: int):
         """Every token of piece `index` of `worker` was written into the ring."""
         self._held_tokens[worker] -= self._held[worker].pop(index, 0)
+
+    def uncounted(self, index: int) -> bool:
+        """Piece `index` was given to a worker and its count has not come."""
+        return index in self._in_flight
+
+    def holding(self, worker: int, orders) -> dict:
+        """What `worker` holds or works on, for a worker that replaces it (procs/coordinator.py):
+        `{piece index: rows it must keep, or None for all}`, given the write orders it was sent
+        and has not acknowledged (`orders`). Here: the pieces given and not counted."""
+        return {i: None for i, (w, _) in self._in_flight.items() if w == worker}
 
     def counted(self, msg):
         raise NotImplementedError

@@ -143,7 +143,7 @@ class BestFitSequencer:
         self.chunks = Chunks(chunk_docs, start_doc_end)
         self.table = PieceTable()
         self.planned = 0                      # batches planned
-        self._pieces = {}                     # index -> [owner, base, documents not yet placed]
+        self._pieces = {}                     # index -> [owner, base, its rows not yet placed]
         self._counted = InOrder()             # counted pieces, turned into chunks in index order
         self.backlog_docs = 0                 # rows counted but waiting for an earlier piece
         self._next_base = 0
@@ -160,9 +160,9 @@ class BestFitSequencer:
             self.backlog_docs -= len(lengths)
             base = self._next_base
             self._next_base += len(lengths)
-            live = int(np.count_nonzero(lengths))
-            if live:
-                self._pieces[piece.index] = [owner, base, live]
+            live = np.flatnonzero(lengths)
+            if len(live):
+                self._pieces[piece.index] = [owner, base, set(live.tolist())]  # its rows not yet placed
                 self.table.add(base, piece)
             if piece.index < self.n_prefix:
                 self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
@@ -181,6 +181,14 @@ class BestFitSequencer:
 
     def freed(self, batch: int):
         self.book.freed()  # in any order: at most n_slots batches are planned and not freed
+
+    def unplaced(self, worker: int) -> dict:
+        """`{piece index: its rows not yet placed}` of the counted pieces `worker` holds, also
+        those waiting for an earlier piece's count."""
+        out = {index: set(rows) for index, (owner, _, rows) in self._pieces.items() if owner == worker}
+        out.update((index, set(np.flatnonzero(lengths).tolist()))
+                   for index, (_, owner, lengths) in self._counted.waiting().items() if owner == worker)
+        return out
 
     def plan(self) -> list[tuple[int, dict]]:
         """Plan every batch whose slot is free and whose chunks are counted.
@@ -208,8 +216,8 @@ class BestFitSequencer:
                                          plan.doc_id.tolist(), plan.n_tokens.tolist(), pieces):
             entry = self._pieces[index]
             orders.setdefault(entry[0], []).append((index, doc - entry[1], r, off, n))
-            entry[2] -= 1
-            if entry[2] == 0:
+            entry[2].discard(doc - entry[1])
+            if not entry[2]:
                 del self._pieces[index]
                 self.table.remove(index)
         return orders
@@ -270,6 +278,16 @@ class BestFitMode(Mode):
 
     def written(self, counts):
         self.seq.written(counts)
+
+    def holding(self, worker: int, orders) -> dict:
+        """The pieces `worker` was given and not counted (whole), and of the counted ones it owns
+        the rows not yet placed and those of the orders it has not acknowledged."""
+        out = super().holding(worker, orders)
+        out.update(self.seq.unplaced(worker))
+        for order in orders:
+            for index, row, *_ in order.placements:
+                out.setdefault(index, set()).add(row)
+        return out
 
     def ready(self) -> list[Complete]:
         return self.seq.ready()
@@ -392,6 +410,15 @@ def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int) -> list:
     return [(order.batch, total)]
 
 
+def _keep_rows(held: "_Docs", rows) -> "_Docs | None":
+    """Of a piece done again for a replaced worker, only `rows`: the others were written."""
+    for i, doc in enumerate(held):
+        if doc is not None and i not in rows:
+            held[i] = None
+            held.live -= 1
+    return held if held.live else None
+
+
 def _stats(counters: dict) -> dict:
     planned = counters["placed"] + counters["cropped"]
     return {"tokens_cropped": counters["cropped"],
@@ -400,6 +427,7 @@ def _stats(counters: dict) -> dict:
 
 PACKING = Packing(
     name="bos_bestfit", mode=BestFitMode, locator=_locator, order=Rows, keep=_keep, write=write,
+    keep_rows=_keep_rows, order_pieces=lambda order: {p[0] for p in order.placements},
     window=lambda B, T: 2 * B * T,     # inputs, then targets
     targets_at=lambda B, T: B * T,
     stats=_stats, settings=("buffer_size", "tokenizer_batch_size"),

@@ -187,6 +187,13 @@ class ConcatMode(Mode):
     def written(self, counts):
         self.seq.written(counts)
 
+    def holding(self, worker: int, orders) -> dict:
+        """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
+        out = super().holding(worker, orders)
+        out.update((i, None) for i, w in self.owner.items() if w == worker)
+        out.update((order.piece, None) for order in orders)
+        return out
+
     def ready(self):
         out = []
         for k, (index, row, skip) in self.seq.ready():
@@ -259,6 +266,7 @@ def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int) -> list:
 
 PACKING = Packing(
     name="concat", mode=ConcatMode, locator=_locator, order=Place, keep=_keep, write=write,
+    order_pieces=lambda order: (order.piece,),
     window=lambda B, T: B * T + 1,     # the window's inputs and targets overlap by all but a token
     targets_at=lambda B, T: 1,
     stats=lambda counters: {})

@@ -12,29 +12,34 @@ run to its answer.
 """
 import logging
 import multiprocessing.process
+import os
 import signal
 import time
 from dataclasses import dataclass, field, replace
+from multiprocessing import reduction
 from multiprocessing.connection import wait
 
 from .. import errors
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import Announcement, Doorbell, TrainerEnd
-from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Released, Warn
+from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Released, Replace, Warn
 from ..ipc.ring import WorkerCol
+from ..ipc.signals import pid_alive
 from . import precedence
 from .heal import Held
 from .stall import Stall, Watch
-from .start import spawn
+from .start import respawn_worker, spawn
 
 class ChildLost(errors.WorkerError):
     """A child died, or made no progress for `stall_s` s while the trainer waited and was
-    killed here (`stalled_s`); `held`: `Held` of the piece the worker was tokenizing, or None. The loader may heal it (loader.py), else it is raised."""
+    killed here (`stalled_s`); `held`: `Held` of what the worker was on, or None; `worker`: its
+    index when it was a worker and the coordinator lives (it can be replaced alone), else None.
+    The loader heals it (procs/run.py) or raises it as a `WorkerError`."""
 
-    def __init__(self, text: str, pid: int, held=None, stalled_s: float | None = None):
+    def __init__(self, text: str, pid: int, held=None, stalled_s: float | None = None, worker: int | None = None):
         super().__init__(text)
-        self.pid, self.held, self.stalled_s = pid, held, stalled_s
+        self.pid, self.held, self.stalled_s, self.worker = pid, held, stalled_s, worker
 
 
 class ChildrenReleased(Exception):
@@ -54,6 +59,9 @@ class Children:
     ring: ringmod.Ring
     conn: object = None
     alive_w: object = None
+    alive_r: object = None      # kept for a worker that replaces a dead one
+    config: object = None       # the run's LoaderConfig and RunArgs (a replaced worker gets them)
+    args: object = None
     coordinator: object = None
     workers: list = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
@@ -102,21 +110,29 @@ class Children:
         got = handover.take() if handover.pending_messages() <= 0 else self._take()
         if got is not None:
             return got
+        handover.waiting(True)  # the coordinator never releases the children while the trainer waits
+        try:
+            return self._wait_for_batch(delivery, timeout)
+        finally:
+            handover.waiting(False)
+
+    def _wait_for_batch(self, delivery, timeout: float) -> Announcement:
         started = time.monotonic()
         deadline = started + timeout
         delivery.reclaim(wait=True)  # before blocking: copies in flight hold slots
-        watch = Watch(self.ring, time.monotonic())
+        look_s = min(1.0, self.stall_s or 1.0)
+        watch = Watch(self.ring, time.monotonic(), look_s)
         while True:
             delivery.reclaim()  # batches let go of in another thread meanwhile
             self.handover.before_blocking()
             got = self._take()
             if got is not None:
                 return got._replace(waited=time.monotonic() - started)
-            self._wait(min(1.0, max(deadline - time.monotonic(), 0), self.stall_s or 1.0))
+            self._wait(min(look_s, max(deadline - time.monotonic(), 0)))
             if self.stall_s:
                 stall = watch.stalled(time.monotonic(), self.stall_s)
                 if stall is not None:
-                    self._kill_stalled(stall)
+                    self.kill_stalled(stall)
             if time.monotonic() >= deadline:
                 raise errors.LoaderTimeout(
                     f"no batch within {timeout:.0f} s although every loader process is alive; "
@@ -189,6 +205,7 @@ class Children:
         gone = [p for p in self.procs if p.sentinel in dead or p.exitcode is not None]
         for p in gone:
             p.join(timeout=0.05)
+        self._raise_if_forkserver_died(gone)
         # a process that raised reports its error and then exits; one killed by a signal cannot
         killed = gone and all(p.exitcode is not None and p.exitcode < 0 for p in gone)
         msg = self._pending_error(0.05 if killed else ERROR_GRACE_S)
@@ -200,10 +217,28 @@ class Children:
             p.join(timeout=ERROR_GRACE_S)
         if gone:
             worst = min(gone, key=lambda p: (p.exitcode == 0, p is self.coordinator, p.exitcode is None))
+            alone = worst in self.workers and self.coordinator not in gone and self.coordinator.exitcode is None
             raise ChildLost(f"{self._describe(worst)} died: {_exit_text(worst.exitcode)}", worst.pid,
-                            self._held(worst))
+                            self._held(worst), worker=self.workers.index(worst) if alone else None)
 
-    def _kill_stalled(self, stall: Stall):
+    def _raise_if_forkserver_died(self, gone: list):
+        """A child started by the forkserver whose sentinel closed while it lives: the server died
+        (its children are watched through it). They are killed, and the loss named as the
+        server's (a restart starts a new server)."""
+        orphans = [p for p in gone if p.exitcode == 255 and pid_alive(p.pid)]
+        if not orphans:
+            return
+        for p in self.procs:
+            if pid_alive(p.pid):
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        raise ChildLost(f"the forkserver that started this loader's processes died (they were alive, "
+                        f"pids {', '.join(str(p.pid) for p in orphans)}, but could no longer be watched, and "
+                        f"were stopped)", orphans[0].pid)
+
+    def kill_stalled(self, stall: Stall):
         """Kill the stalled children and raise `ChildLost` naming the first, what it held and
         how long it stood still."""
         procs = [self.workers[i] for i in stall.workers] if stall.workers else [self.coordinator]
@@ -216,7 +251,27 @@ class Children:
                 p.kill()
             except (OSError, ValueError):
                 pass
-        raise ChildLost(text, procs[0].pid, held, stalled_s)
+        raise ChildLost(text, procs[0].pid, held, stalled_s, worker=stall.workers[0] if stall.workers else None)
+
+    def replace_worker(self, i: int, poisoned: tuple, suspects: tuple):
+        """Worker `i` died: start a new one at its index and pass its pipe's end to the
+        coordinator (`Replace`), which gives it again what the old one held (coordinator.py);
+        the other processes and the ring go on. `poisoned`, `suspects`: procs/heal.py's spans."""
+        old = self.workers[i]
+        old.join(timeout=ERROR_GRACE_S)
+        if old.exitcode is None:
+            old.kill()
+            old.join(timeout=ERROR_GRACE_S)
+        if old.exitcode is not None:
+            old.close()
+        self.args = replace(self.args, poisoned=poisoned, suspects=suspects)
+        end = respawn_worker(self, self.config, self.args, i)
+        self._watch = self._blocked = None  # the sentinels changed
+        try:
+            self.conn.send(Replace(i, poisoned, suspects))
+            reduction.send_handle(self.conn, end.fileno(), self.coordinator.pid)
+        finally:
+            end.close()
 
     def _held(self, p) -> "Held | None":
         """The piece worker `p` is on, or None."""
@@ -226,7 +281,8 @@ class Children:
         piece, f, rg, doc = (int(v) for v in row[WorkerCol.PIECE:WorkerCol.DOC + 1])
         if piece < 0:
             return None
-        return Held(self.files[f], rg, doc, int(row[WorkerCol.END]), int(row[WorkerCol.EPOCH]), f)
+        return Held(self.files[f], rg, doc, int(row[WorkerCol.END]), int(row[WorkerCol.EPOCH]), f,
+                    int(row[WorkerCol.RUN]), int(row[WorkerCol.RUN_END]))
 
     def _pending_error(self, grace: float):
         deadline = time.monotonic() + grace
@@ -276,7 +332,7 @@ class Children:
             if p.exitcode is not None:
                 p.close()
         self.coordinator, self.workers = None, []
-        for c in (self.conn, self.ready, self.kick):
+        for c in (self.conn, self.ready, self.kick, self.alive_r):
             if c is not None:
                 c.close()
         self._release_memory()
@@ -289,10 +345,10 @@ class Children:
         the trainer die; the mapping stays for the lent batches this copy of the caller holds."""
         for p in self.procs:
             multiprocessing.process._children.discard(p)  # noqa: SLF001 (the set its exit handler reads)
-        for c in (self.alive_w, self.conn, self.ready, self.kick):
+        for c in (self.alive_w, self.alive_r, self.conn, self.ready, self.kick):
             if c is not None:
                 c.close()
-        self.alive_w = self.conn = self.ready = self.kick = None
+        self.alive_w = self.alive_r = self.conn = self.ready = self.kick = None
         self.segment.forget()
         self.coordinator, self.workers = None, []
 
@@ -337,10 +393,10 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     segmod.sweep_stale()
     segment, ring = segmod.create(layout)
     kids = Children(segment, ring)
-    kids.files = cargs.files
+    kids.files, kids.config, kids.args = cargs.files, config, replace(cargs, ring_name=segment.name)
     kids.stall_s = float(config.stall_s) if config.max_restarts else 0.0  # 0 heals: a stall is a timeout
     try:
-        spawn(kids, config, replace(cargs, ring_name=segment.name))
+        spawn(kids, config, kids.args)
         if cargs.locate is None:  # the trainer's other loaders give way until its first batch
             precedence.PRECEDENCE.starting(kids)
     except BaseException:
@@ -349,33 +405,55 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     return kids
 
 
-def locate_position(config, layout: ringmod.RingLayout, cargs) -> Located:
+def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None) -> Located:
     """Run a count-only coordinator and workers until the coordinator reports (`Located`) the
     position at `cargs.locate` and, best fit, the buffer there, with the pieces tokenized and
-    read from the token cache to count them. Logs its progress. Raises as `next()` does: a
-    reported error, a dead process, or no word for `config.timeout` s."""
-    log = logging.getLogger("shmloader")
+    read from the token cache to count them. Logs its progress. It is watched as a loader's run
+    is: a child that dies, or stalls for `stall_s`, is a `ChildLost` given to `heal(lost)`
+    (procs/run.py: it raises when the budget or the poison rule says no, else a worker is
+    replaced and the count goes on where it stood; a lost coordinator counts again from the
+    start); with no `heal`, or no word of progress (documents counted) for `config.timeout`
+    s, it raises as `next()` does."""
     kids = start_children(config, layout, cargs)
     try:
-        deadline = time.monotonic() + config.timeout
         while True:
-            ready = wait([kids.conn, *kids.sentinels], timeout=min(1.0, max(deadline - time.monotonic(), 0)))
-            if kids.conn in ready:
-                msg = kids.read((Located, Progress))
-                if isinstance(msg, Located):
-                    return msg
-                if msg is not None:
-                    log.info("rank %d: %d documents counted so far; %d of %d batches replayed over them",
-                             cargs.rank, msg.docs, msg.done, msg.total)
-                deadline = time.monotonic() + config.timeout
-                continue
-            if ready:
-                kids.check_alive()
-            if time.monotonic() >= deadline:
-                raise errors.LoaderTimeout(f"finding this rank's position: no word from the loader's "
-                                           f"processes within {config.timeout:.0f} s; workers: "
-                                           f"{kids.describe_all()}")
+            try:
+                return _count(kids, config, cargs)
+            except ChildLost as lost:
+                if heal is None:
+                    raise errors.WorkerError(str(lost)) from None
+                spans = heal(lost, kids.files)
+                if lost.worker is not None:
+                    kids.replace_worker(lost.worker, *spans)
+                    continue
+                cargs = replace(cargs, poisoned=spans[0], suspects=spans[1])
+            kids.shutdown()
+            kids = start_children(config, layout, cargs)
     finally:
         kids.shutdown()
 
 
+def _count(kids: Children, config, cargs) -> Located:
+    """Wait for a count-only run's answer; raise `ChildLost` for a death or a stall."""
+    log = logging.getLogger("shmloader")
+    deadline, counted = time.monotonic() + config.timeout, -1
+    look_s = min(1.0, kids.stall_s or 1.0)
+    watch = Watch(kids.ring, time.monotonic(), look_s)
+    while True:
+        ready = wait([kids.conn, *kids.sentinels], timeout=min(look_s, max(deadline - time.monotonic(), 0)))
+        if kids.conn in ready:
+            msg = kids.read((Located, Progress))
+            if isinstance(msg, Located):
+                return msg
+            if msg is not None and msg.docs > counted:  # progress: documents counted, not a message
+                counted, deadline = msg.docs, time.monotonic() + config.timeout
+                log.info("rank %d: %d documents counted so far; %d of %d batches replayed over them",
+                         cargs.rank, msg.docs, msg.done, msg.total)
+            continue
+        if ready:
+            kids.check_alive()
+        if kids.stall_s and (stall := watch.stalled(time.monotonic(), kids.stall_s)) is not None:
+            kids.kill_stalled(stall)
+        if time.monotonic() >= deadline:
+            raise errors.LoaderTimeout(f"finding this rank's position: no document counted for {config.timeout:.0f} "
+                                       f"s; {kids.describe_all()}")

@@ -8,11 +8,23 @@ the mode lets take one, so memory stays bounded whatever the trainer's pace.
 Follows NOTE [ring protocol] (ipc/protocol.py); every wait has a timeout, and the alive pipe ends
 the loop when the trainer closes the loader or dies; an idle release (`_check_idle`) ends it
 when the trainer has been away long enough. Never imports torch or a tokenizer.
+
+A worker that dies is replaced (the trainer starts a new one at its index and passes its pipe
+here, `Replace`), and nothing else stops: meanwhile its orders wait (`_queued`) and it gets no
+new piece; the new worker is given again every piece the mode says the old one held
+(`Mode.holding`: given and not counted, or counted with rows still to write), the counted
+ones (`_redoing`) to keep just those rows; their counts are not counted twice; and each
+order the old one had not acknowledged goes out again once the pieces it reads are there
+(an order half carried out writes the same tokens to the same places again). Workers
+acknowledge every order in order (`Written`), so the orders not acknowledged are known.
 """
 import os
 import queue
 import threading
 import time
+from collections import deque
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
 
 import numpy as np
 
@@ -23,15 +35,17 @@ from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
-from ..ipc.protocol import Counted, Error, Listener, Opened, Released, RunArgs, Skipped, Stop, Task, Warn, Written
+from ..ipc.protocol import (Counted, Error, Listener, Opened, Released, Replace, RunArgs, Skipped, Stop, Task, Warn,
+                            Written)
 from ..ipc.ring import Counter, Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
 from ..packing.runs import encode_buffer
+from .stall import beat_every
 
 ERROR_FLUSH_S = 2.0
-WAIT_S = 1.0
+GIVEN_PRUNE = 4096  # pieces remembered for a replacement before those no worker holds are dropped
 IDLE_GAPS = 10  # an idle release waits at least this many times the longest gap between frees
 
 
@@ -108,14 +122,25 @@ class _Coordinator:
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [_Outbox(conn) for conn in workers]
         self.listening = Listener([trainer, alive, self.kick, *workers])
+        self.spec = cfg.spec
+        self.wait_s = beat_every(cfg)  # the loop turns (and beats) at least this often
+        self.poisoned, self.suspects = args.poisoned, args.suspects  # procs/heal.py: the trainer's word
+        self.dead = set()                             # workers whose pipe closed, not yet replaced
+        self._unacked = [deque() for _ in workers]    # orders sent to each worker, not acknowledged
+        self._queued = [deque() for _ in workers]     # orders held back while it is replaced
+        self._redoing = [set() for _ in workers]      # pieces its replacement tokenizes again
+        self._given = {}                              # piece index -> the Piece, while a worker may hold it
         self.docs_seen = 0
         self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
         self.idle_release_s = 0.0 if args.locate else cfg.idle_release_s
         self._frees, self._last_free, self._longest_gap = 0, None, 0.0  # the trainer's pace
-        self._handlers = {Counted: self._counted, Written: self._written,
-                          Skipped: self._row_group_skipped, Error: self.tell, Warn: self.tell}
+        self._taken, self._last_here = 0, time.monotonic()  # the trainer's TAKEN, and when it was last here
+        self._from_worker = {Counted: self._counted, Written: self._written,
+                             Skipped: lambda msg, w: self._row_group_skipped(msg),
+                             Error: lambda msg, w: self.tell(msg), Warn: lambda msg, w: self.tell(msg)}
+        self._from_trainer = {Replace: self._replaced}
 
     def run(self):
         self.ring.stats[Stat.EPOCH] = self.args.start.epoch
@@ -134,7 +159,7 @@ class _Coordinator:
                 self.tell(msg)
             self._assign()
             # holding no free slot, look at the free log often (NOTE [slot handover])
-            ready = self.listening.wait(self.handover.wait_s(self.slots.full, WAIT_S))
+            ready = self.listening.wait(self.handover.wait_s(self.slots.full, self.wait_s))
             if not ready:
                 self.handover.timed_out()
             for conn in ready:
@@ -146,20 +171,26 @@ class _Coordinator:
                     self._receive(conn)
 
     def _check_idle(self, freed: int):
-        """Release the processes (`_Release`) when the trainer has freed no slot for
-        `idle_release_s` s, and for `IDLE_GAPS` times the longest gap between its frees so far,
-        while every slot holds a batch announced to it: it is not reading this loader (an evaluation's loader
-        between evaluations), and the children's memory is better given back. Not before the
+        """Release the processes (`_Release`) when the trainer has neither taken a batch nor
+        freed a slot for `idle_release_s` s, and for `IDLE_GAPS` times the longest gap between
+        its frees so far, is not waiting in `next()` (`Counter.WAITING`), and every slot holds a
+        batch announced to it: it is not reading this loader (an evaluation's loader between
+        evaluations), and the children's memory is better given back. A trainer that waited
+        for a slow piece and then gets a burst of batches is here all along. Not before the
         trainer has freed 2 batches (the gaps count from its first free): its first step may be
         long (a compile), and a restarted run knows nothing of the one before."""
-        now = time.monotonic()
+        now, counters = time.monotonic(), self.ring.counters
+        taken = int(counters[Counter.TAKEN])
+        if taken != self._taken or counters[Counter.WAITING]:
+            self._taken, self._last_here = taken, now
         if freed:
             if self._last_free is not None:
                 self._longest_gap = max(self._longest_gap, now - self._last_free)
             self._frees, self._last_free = self._frees + freed, now
-        elif (self.idle_release_s and self._frees >= 2 and self._all_ready()
-              and now - self._last_free > max(self.idle_release_s, IDLE_GAPS * self._longest_gap)):
-            raise _Release(now - self._last_free)
+        elif self.idle_release_s and self._frees >= 2 and self._all_ready():
+            away = now - max(self._last_free, self._last_here)
+            if away > max(self.idle_release_s, IDLE_GAPS * self._longest_gap):
+                raise _Release(away)
 
     def _all_ready(self) -> bool:
         """Every slot holds a batch announced and not given back: the trainer waits for none."""
@@ -172,24 +203,84 @@ class _Coordinator:
         self.to_trainer.send(msg)
 
     def _receive(self, conn):
+        w = next((i for i, c in enumerate(self.workers) if c is conn), None)
         try:
             msg = conn.recv()
         except (EOFError, ConnectionResetError):  # reset: it exited with our messages unread
             if conn is self.trainer:
                 raise Stop from None
-            self.listening.remove(conn)  # the trainer sees its sentinel and reports the death
+            self._lost(w)  # the trainer sees its sentinel, and replaces it or stops everything
             return
-        handler = self._handlers.get(type(msg))
+        handler = (self._from_trainer if w is None else self._from_worker).get(type(msg))
         if handler is None:
             raise RuntimeError(f"coordinator: unknown message {msg!r}")
-        handler(msg)
+        handler(msg) if w is None else handler(msg, w)
 
-    def _counted(self, msg: Counted):
+    def _counted(self, msg: Counted, w: int):
+        if msg.piece in self._redoing[w]:  # a replacement holds again what was counted
+            self._redoing[w].discard(msg.piece)
+            self._flush(w)
+            return
         live = self._count_stats(msg, self.skipped_rows.pop(msg.piece, 0))
         self._check_not_empty(self.mode.counted(msg), live)
 
-    def _written(self, msg: Written):
+    def _written(self, msg: Written, w: int):
+        self._unacked[w].popleft()
         self.mode.written(msg.counts)
+
+    def _order(self, w: int, order):
+        """Send a write order, or hold it back while `w` is replaced (in order, behind the others)."""
+        if w in self.dead or self._queued[w] or self._redoing[w].intersection(self.spec.order_pieces(order)):
+            self._queued[w].append(order)
+        else:
+            self._unacked[w].append(order)
+            self.outboxes[w].send(order)
+
+    def _flush(self, w: int):
+        """Send the orders held back for `w` whose pieces it holds again, in order."""
+        queued = self._queued[w]
+        while queued and w not in self.dead and not self._redoing[w].intersection(self.spec.order_pieces(queued[0])):
+            order = queued.popleft()
+            self._unacked[w].append(order)
+            self.outboxes[w].send(order)
+
+    def _lost(self, w: int):
+        """Worker `w`'s pipe closed: it died. Its orders not acknowledged wait for its replacement."""
+        if w in self.dead:
+            return
+        self.dead.add(w)
+        self.listening.remove(self.workers[w])
+        self._queued[w] = self._unacked[w] + self._queued[w]
+        self._unacked[w] = deque()
+        self._redoing[w] = set()
+
+    def _replaced(self, msg: Replace):
+        """A new worker takes `msg.worker`'s place (its pipe's end comes next on the trainer's pipe):
+        it is given again what the old one held, and the orders held back follow."""
+        conn = Connection(reduction.recv_handle(self.trainer))
+        w = msg.worker
+        self._lost(w)  # if its pipe's end has not been seen yet
+        self.poisoned, self.suspects = msg.poisoned, msg.suspects
+        self.workers[w], self.outboxes[w] = conn, _Outbox(conn)
+        self.listening.add(conn)
+        self.dead.discard(w)
+        holding = self.mode.holding(w, list(self._queued[w]))
+        for index in sorted(holding):
+            piece, rows = self._given[index], holding[index]
+            if self.mode.uncounted(index):
+                self.outboxes[w].send(self._task(piece))
+            else:  # counted: the same lengths again, its rows still to write kept (no skip: counted as they were)
+                self._redoing[w].add(index)
+                self.outboxes[w].send(self._task(piece, rows=None if rows is None else tuple(sorted(rows)),
+                                                 fresh=False))
+        self._flush(w)
+
+    def _task(self, piece, rows=None, fresh: bool = True) -> Task:
+        """The task of `piece`, with the rows of its row group skipped as poison and those
+        tokenized a document at a time (suspects: procs/heal.py)."""
+        here = lambda spans: tuple((s.lo, s.hi) for s in spans if (s.file, s.rg) == (piece.file, piece.rg))  # noqa: E731
+        return Task(piece, self.mode.keep, self.told.get(piece.file, (None, None))[1], rows,
+                    here(self.poisoned) if fresh else (), here(self.suspects))
 
     def _check_not_empty(self, piece, live: int):
         """A whole epoch without a document would loop forever: an error, judged in stream
@@ -234,16 +325,27 @@ class _Coordinator:
     def _assign(self):
         mode = self.mode
         while True:
-            i = min(range(len(self.workers)), key=lambda w: (not mode.can_take(w), mode.load(w), w))
-            if not mode.can_take(i):
+            able = lambda w: w not in self.dead and mode.can_take(w)  # noqa: E731
+            i = min(range(len(self.workers)), key=lambda w: (not able(w), mode.load(w), w))
+            if not able(i):
                 return
             piece = next(mode.pieces)
             mode.take(i, piece)
-            self.outboxes[i].send(Task(piece, mode.keep, self.told.get(piece.file, (None, None))[1]))
+            self._given[piece.index] = piece
+            if len(self._given) > GIVEN_PRUNE:
+                self._prune_given()
+            self.outboxes[i].send(self._task(piece))
+
+    def _prune_given(self):
+        """Keep the pieces some worker may still have to be given again."""
+        keep = set()
+        for w in range(len(self.workers)):
+            keep.update(self.mode.holding(w, list(self._unacked[w]) + list(self._queued[w])))
+        self._given = {i: p for i, p in self._given.items() if i in keep}
 
     def _dispatch(self):
         for w, msg in self.mode.orders(self.slots.take_slot):
-            self.outboxes[w].send(msg)
+            self._order(w, msg)
 
     def _announce(self):
         for done in self.mode.ready():

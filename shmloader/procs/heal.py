@@ -1,33 +1,41 @@
 """Whether a lost child is healed: the restart budget and the poison rule. Pure.
 
-A child that dies, or stalls while `next()` waits, is healed (procs/run.py): every child starts
-again from the progress after the last batch returned, and the stream goes on exactly. Not
-when:
+A child that dies, or stalls while `next()` waits, is healed (procs/run.py): a worker is
+replaced and its work done again, the coordinator and the other workers going on; a lost
+coordinator restarts every process from the progress after the last batch returned. Either
+way the stream goes on exactly. Not when:
 - **the budget is spent** (`Budget`): `max_restarts` heals within `WINDOW_S` (an hour) are
   allowed; the next loss is an error naming the budget. `max_restarts=0`: the first loss is
-  the error (it names the process, pid, signal, file and row group);
-- **it is a poison pill** (`PoisonMemory`): the loader remembers the last piece lost in each
-  row group. A loss in a row group whose remembered piece the stream has not passed since (the
-  next batch starts before the piece's end: it was never read whole since) is not chance but
-  a document that kills or hangs its worker: an error naming the file and row group, or with
-  `on_bad_row_group="skip"` the row group is skipped by every later run (`poisoned`). Random
-  deaths far apart never look like one: the piece in flight at a death is at most a ring or a
-  piece ahead of delivery.
+  the error (it names the process, pid, signal, file, row group and documents);
+- **it is a poison pill** (`PoisonMemory`). A loss is located to the run of documents inside
+  the engine at that moment (`Held.run`..`run_end`, from the worker's status row; the whole
+  piece while it is being read). The run becomes a *suspect*, which every worker from then on
+  tokenizes one document per engine call (`suspects`). A later loss inside a suspect the
+  stream has not passed since is no chance: a single document there (or, when the run could
+  not be cut finer, the same run again) kills or hangs its worker: an error naming the file,
+  row group and rows, or with `on_bad_row_group="skip"` just those rows are skipped by every
+  worker from then on (`poisoned`: read as nulls), the rest of the row group is read.
+  Losses anywhere else, however close in time or place, are chance: healed within the budget.
 """
 from typing import NamedTuple
+
+from ..ipc.protocol import Span
 
 WINDOW_S = 3600.0  # max_restarts counts the heals within this window
 
 
 class Held(NamedTuple):
-    """The piece a worker held when it died or stalled: documents `[doc, end)` of row group
-    `rg` of file `file` (`path`) in `epoch`, the file numbered as the run numbers it."""
+    """What a worker held when it died or stalled: the piece, documents `[doc, end)` of row
+    group `rg` of file `file` (`path`) in `epoch`, the file numbered as the run numbers it;
+    and the documents `[run, run_end)` inside the engine (or being read) then."""
     path: str
     rg: int
     doc: int
     end: int
     epoch: int
     file: int
+    run: int
+    run_end: int
 
 
 class Budget:
@@ -52,31 +60,56 @@ class Budget:
         return len(self._times)
 
 
+class Poison(NamedTuple):
+    """Rows `[lo, hi)` of row group `rg` of `path` kill or hang a worker every time."""
+    path: str
+    rg: int
+    lo: int
+    hi: int
+
+    def __str__(self) -> str:
+        rows = f"row {self.lo}" if self.hi - self.lo == 1 else f"rows {self.lo}-{self.hi - 1}"
+        return f"{self.path}, row group {self.rg}, {rows}"
+
+
 class PoisonMemory:
-    """The last piece lost in each row group, and the row groups found to be poison."""
+    """The runs of documents lost and not passed since (suspects), and the poisoned ones."""
 
     def __init__(self):
-        self._lost = {}         # (path, rg) -> the last `Held` lost in it
-        self.poisoned = set()   # (path, rg) skipped by every later run (on_bad_row_group="skip")
+        self._suspects = {}     # (path, rg) -> [Held, ...]
+        self.poisoned = set()   # `Poison`s skipped by every worker from then on (on_bad_row_group="skip")
 
-    def lost(self, held: Held, at) -> bool:
-        """A worker was lost holding `held` while the stream stood at `at` (the position after the
-        last batch returned: epoch, file, rg, doc, ...); True when it is a poison pill."""
+    def lost(self, held: Held, at) -> "Poison | None":
+        """A worker was lost holding `held` while the stream stood at `at` (the position after
+        the last batch returned: epoch, file, rg, doc, ...): the `Poison` it shows, or None
+        (chance: `held`'s run is a suspect from now on)."""
         key = (held.path, held.rg)
-        before = self._lost.get(key)
-        self._lost[key] = held
-        return before is not None and not passed(before, at)
+        earlier = [h for h in self._suspects.get(key, []) if not passed(h, at)]
+        inside = [h for h in earlier if h.run <= held.run and held.run_end <= h.run_end]
+        if inside and (held.run_end - held.run == 1 or any((h.run, h.run_end) == (held.run, held.run_end)
+                                                           for h in inside)):
+            self._suspects[key] = [h for h in earlier if h not in inside]
+            return Poison(held.path, held.rg, held.run, held.run_end)
+        self._suspects[key] = earlier + [held]
+        return None
 
-    def skip(self, held: Held):
-        self.poisoned.add((held.path, held.rg))
+    def skip(self, poison: Poison):
+        self.poisoned.add(poison)
 
-    def in_files(self, paths: list) -> tuple:
-        """The poisoned row groups as `(file index in paths, rg)`, for a run's `RunArgs.poisoned`."""
+    @property
+    def rows_skipped(self) -> int:
+        return sum(p.hi - p.lo for p in self.poisoned)
+
+    def spans(self, paths: list) -> tuple:
+        """`(poisoned, suspects)` as `Span`s in a run's numbering of the files (`paths`)."""
         index = {p: i for i, p in enumerate(paths)}
-        return tuple((index[p], rg) for p, rg in sorted(self.poisoned) if p in index)
+        poisoned = tuple(Span(index[p.path], p.rg, p.lo, p.hi) for p in sorted(self.poisoned) if p.path in index)
+        suspects = tuple(Span(index[h.path], h.rg, h.run, h.run_end) for (path, _), held in sorted(self._suspects.items())
+                         if path in index for h in held)
+        return poisoned, suspects
 
 
 def passed(held: Held, at) -> bool:
-    """Whether the stream at `at` has gone past the end of piece `held` (best fit: its buffer has
-    taken all of it), so the piece has been read whole since it was lost."""
-    return (at[0], at[1], at[2], at[3]) >= (held.epoch, held.file, held.rg, held.end)
+    """Whether the stream at `at` has gone past the end of `held`'s run (best fit: its buffer
+    has taken all of it), so those documents have been read whole since it was lost."""
+    return (at[0], at[1], at[2], at[3]) >= (held.epoch, held.file, held.rg, held.run_end)

@@ -23,6 +23,7 @@ first.
 """
 import dataclasses
 import logging
+import threading
 import time
 from typing import NamedTuple
 
@@ -79,6 +80,9 @@ class Runs:
         self.config, self._deliver, self._on_opened, self.rank = config, deliver, on_opened, rank
         self.run = None
         self.closed = None  # why the loader was closed (`close`), else None
+        # the lifecycle lock: a run starts, restarts, has a worker replaced or stops under it, and
+        # `close()` from another thread takes it too, so a close never races with a start
+        self._lock = threading.RLock()
         self._args, self._first, self._docs = None, 0, 0
         self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory()
         self.heals = self.idle_releases = 0
@@ -86,41 +90,64 @@ class Runs:
     def begin(self, args, first: int, docs: int = 0):
         """The next run starts from `args` (`RunArgs`: its start, buffer, files), its batch 0
         being the state's batch `first`; the running one, if any, stops."""
-        self._args, self._first, self._docs = args, first, docs
-        self.stop()
+        with self._lock:
+            self._args, self._first, self._docs = args, first, docs
+            self.stop()
 
     def take(self, mark: Mark, timeout: float) -> Announcement:
-        """The next batch's announcement, starting the children first when none run and
-        starting them again from `mark` when they are gone (a heal or an idle release)."""
+        """The next batch's announcement, starting the children first when none run; a lost
+        worker is replaced, a lost coordinator (or an idle release) starts every child again
+        from `mark`. A close from another thread meanwhile: `LoaderClosed`."""
+        waited = 0.0
         while True:
-            if self.closed is not None:  # closed by another thread while this one waited
-                raise LoaderClosed(self.closed)
-            if self.run is None:
-                self._start()
-            run = self.run
+            run = self._running()
+            began = time.monotonic()
             try:
                 ann = run.children.next_batch(run.delivery, timeout)
-                break
-            except (ChildrenReleased, ChildLost) as exc:
+            except BaseException as exc:
+                if self.closed is not None:  # closed by another thread while this one waited
+                    raise LoaderClosed(self.closed) from None
+                if not isinstance(exc, (ChildrenReleased, ChildLost)):
+                    raise
                 gone = exc.with_traceback(None)  # its frames (and its context's) hold the old ring's views:
                 gone.__context__ = gone.__cause__ = None  # kept, they would keep the ring mapped
+            else:
+                return self._taken(run, ann, waited)
+            waited += time.monotonic() - began
+            del run  # nothing here may keep the old ring mapped through a restart
             if isinstance(gone, ChildLost):
                 self._heal(gone, mark)
             else:
                 self._released(gone.args[0], mark)
-        if run.children.opened:  # files the coordinator has read (first, or again after a change)
-            opened, run.children.opened = run.children.opened, []
-            self._on_opened(opened)
-        if self.config.spec.buffered:  # copied out before the slot can be freed
-            ann = ann._replace(buffer=BufferText(*run.children.ring.buffer_of(ann.slot)))
-        return ann
+
+    def _running(self) -> Run:
+        with self._lock:
+            if self.closed is not None:
+                raise LoaderClosed(self.closed)
+            if self.run is None:
+                self._start()
+            return self.run
+
+    def _taken(self, run: Run, ann: Announcement, waited: float) -> Announcement:
+        with self._lock:
+            if self.closed is not None or run is not self.run:
+                raise LoaderClosed(self.closed or "this ShmLoader was closed")
+            if run.children.opened:  # files the coordinator has read (first, or again after a change)
+                opened, run.children.opened = run.children.opened, []
+                self._on_opened(opened)
+            if self.config.spec.buffered:  # copied out before the slot can be freed
+                ann = ann._replace(buffer=BufferText(*run.children.ring.buffer_of(ann.slot)))
+            return ann._replace(waited=ann.waited + waited) if waited else ann
 
     def mark_after(self, ann: Announcement) -> Mark:
         run = self.run
         return Mark(run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs)
 
     def deliver(self, ann: Announcement, shape: tuple) -> tuple:
-        return self.run.delivery.batch(ann.batch, ann.slot, shape)
+        with self._lock:
+            if self.closed is not None or self.run is None:
+                raise LoaderClosed(self.closed or "this ShmLoader was closed")
+            return self.run.delivery.batch(ann.batch, ann.slot, shape)
 
     def restart(self, mark: Mark) -> int:
         """Stop the children; the next run starts at `mark`. Returns its batch count."""
@@ -131,21 +158,25 @@ class Runs:
 
     def stop(self):
         """Stop the running children, if any; the delivery first (copies in flight read the ring)."""
-        run, self.run = self.run, None
-        if run is None:
-            return
-        try:
-            run.delivery.close()
-        finally:
-            run.children.shutdown()
+        with self._lock:
+            run, self.run = self.run, None
+            if run is None:
+                return
+            try:
+                run.delivery.close()
+            finally:
+                run.children.shutdown()
 
     def close(self, why: str):
-        """No run starts again (`take` raises `LoaderClosed(why)`); the running one stops."""
-        self.closed = why
-        self.stop()
+        """No run starts again (`take` raises `LoaderClosed(why)`, also in a thread waiting in it
+        now); the running one stops."""
+        with self._lock:
+            self.closed = why
+            self.stop()
 
     def forget(self):
         """In a process forked from the trainer: let go of the trainer's run without touching it."""
+        self._lock = threading.RLock()  # another thread of the parent may have held it
         run, self.run = self.run, None
         if run is not None:
             run.children.forget()
@@ -156,7 +187,8 @@ class Runs:
         # resume gave this rank several old ranks' buffers (the planner refills only below its size)
         runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs))
-        args = dataclasses.replace(args, layout=layout, poisoned=self.poison.in_files(args.files))
+        poisoned, suspects = self.poison.spans(args.files)
+        args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
         children = start_children(c, layout, args)
         try:
             delivery = self._deliver(children.ring.slots, children.handover.free)
@@ -166,36 +198,69 @@ class Runs:
         self.run = Run(children, delivery, self._first, self._docs)
 
     def _heal(self, lost: ChildLost, mark: Mark):
-        """Heal `lost` (a death or a stall) from `mark`, unless heal.py says no: then raise."""
-        c, now = self.config, time.monotonic()
-        if self.budget.spent(now):
-            if not c.max_restarts:
-                raise lost
-            raise WorkerError(f"{lost} (the loader healed {self.budget.used} deaths or stalls in the last "
-                              f"{heal.WINDOW_S / 60:.0f} minutes: max_restarts={c.max_restarts} is spent)") from None
-        what, held = "", lost.held
-        if held is not None:
-            what = f"; it was tokenizing {held.path}, row group {held.rg}, documents {held.doc}-{held.end - 1}"
-            if self.poison.lost(held, mark.position):
-                if c.on_bad_row_group != "skip":
-                    slow = (f"; if its documents are only slow to read or to tokenize, raise stall_s "
-                            f"(now {c.stall_s:g} s)" if lost.stalled_s is not None else "")
-                    raise WorkerError(
-                        f"{lost}: {held.path}, row group {held.rg} was being tokenized at two deaths or stalls of a "
-                        f"worker (a document in it kills or hangs the worker or its tokenizer): fix or remove it, or "
-                        f"pass on_bad_row_group='skip' to skip it{slow}") from None
-                self.poison.skip(held)
-                warn(f"shmloader: skipping {held.path}, row group {held.rg}: it was being tokenized at two deaths or "
-                     f"stalls of a worker (on_bad_row_group='skip')")
-        used = self.budget.spend(now)
-        self.heals += 1
+        """Heal `lost` (a death or a stall) unless heal.py says no (then a `WorkerError`): a
+        worker is replaced, anything else starts every process again from `mark`."""
+        with self._lock:
+            if self.closed is not None:
+                raise LoaderClosed(self.closed)
+            used = self.allow(lost, mark.position)
+            run = self.run
+            if lost.worker is not None and run is not None:
+                run.children.replace_worker(lost.worker, *self.poison.spans(run.children.files))
+                how = f"worker {lost.worker} is replaced, the other processes go on"
+            else:
+                how = f"every loader process starts again at batch {self.restart(mark)}"
+            self._log_heal(lost, used, how)
+
+    def heal_count(self, lost: ChildLost, paths: list) -> tuple:
+        """A count-only run (resume.py's replay, over `paths`) lost a child: allowed as a heal is,
+        or raised. Returns the poisoned and suspect spans for its new worker."""
+        used = self.allow(lost, Position(0, 0, 0, 0))  # a replay passes nothing: a second loss in a suspect is poison
+        self._log_heal(lost, used, "the count goes on" if lost.worker is not None else "the count starts again")
+        return self.poison.spans(paths)
+
+    def _log_heal(self, lost: ChildLost, used: int, how: str):
         logging.getLogger("shmloader").warning(
-            "rank %d: %s%s; heal %d of max_restarts=%d in %.0f minutes: every loader process starts again at "
-            "batch %d", self.rank, str(lost), what, used, c.max_restarts, heal.WINDOW_S / 60, self.restart(mark))
+            "rank %d: %s%s; heal %d of max_restarts=%d in %.0f minutes: %s", self.rank, str(lost),
+            _held_text(lost.held), used, self.config.max_restarts, heal.WINDOW_S / 60, how)
+
+    def allow(self, lost: ChildLost, at) -> int:
+        """Count a heal of `lost` (the stream standing at `at`), or raise the `WorkerError` heal.py
+        says (the budget spent, a poison pill not skipped); returns the heals in the window."""
+        with self._lock:
+            c, now, held = self.config, time.monotonic(), lost.held
+            if self.budget.spent(now):
+                spent = "" if not c.max_restarts else (
+                    f" (the loader healed {self.budget.used} deaths or stalls in the last "
+                    f"{heal.WINDOW_S / 60:.0f} minutes: max_restarts={c.max_restarts} is spent)")
+                raise WorkerError(f"{lost}{_held_text(held)}{spent}") from None
+            if held is not None and (poison := self.poison.lost(held, at)) is not None:
+                if c.on_bad_row_group != "skip":
+                    slow = (f"; if it is only slow to read or to tokenize, raise stall_s (now {c.stall_s:g} s)"
+                            if lost.stalled_s is not None else "")
+                    raise WorkerError(
+                        f"{lost}: {poison} was being tokenized at two deaths or stalls of a worker (it kills or "
+                        f"hangs the worker or its tokenizer): fix or remove it, or pass on_bad_row_group='skip' to "
+                        f"skip it{slow}") from None
+                self.poison.skip(poison)
+                warn(f"shmloader: skipping {poison}: it was being tokenized at two deaths or stalls of a worker "
+                     f"(on_bad_row_group='skip'); the rest of its row group is read")
+            self.heals += 1
+            return self.budget.spend(now)
 
     def _released(self, idle_s: float, mark: Mark):
         """The children exited after `idle_s` s without a batch taken (`idle_release_s`)."""
-        self.idle_releases += 1
-        logging.getLogger("shmloader").info(
-            "rank %d: the loader's processes exited after %.1f s without a batch taken (idle_release_s=%g); "
-            "starting them again at batch %d", self.rank, idle_s, self.config.idle_release_s, self.restart(mark))
+        with self._lock:
+            if self.closed is not None:
+                raise LoaderClosed(self.closed)
+            self.idle_releases += 1
+            logging.getLogger("shmloader").info(
+                "rank %d: the loader's processes exited after %.1f s without a batch taken (idle_release_s=%g); "
+                "starting them again at batch %d", self.rank, idle_s, self.config.idle_release_s, self.restart(mark))
+
+
+def _held_text(held) -> str:
+    if held is None:
+        return ""
+    return (f"; it was on {held.path}, row group {held.rg}, documents {held.doc}-{held.end - 1} "
+            f"(in the engine: {held.run}-{held.run_end - 1})")

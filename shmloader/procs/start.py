@@ -6,12 +6,25 @@ neither torch, CUDA state nor the trainer's pipe ends) or spawn; never fork. The
 targets live in shmloader modules, so they get an empty `__main__` (`_main_hidden`) and a
 training script is never re-run in them. They are created with SIGINT blocked (`_start`), so
 that a Ctrl-C during start-up reaches only the trainer.
+
+multiprocessing keeps the forkserver's socket in a temporary directory it removes at exit,
+named `pymp-*`, which says nothing of its owner: a trainer killed with SIGKILL leaves it in
+/tmp. So before the forkserver starts, the training process's temporary directory is made
+here (`_tempdir`), named `shmloader-<pid>-*` and holding a lock file the process keeps locked
+for its life; each loader sweeps the directories whose lock nobody holds (their process is
+gone, in whatever pid namespace it ran).
 """
 import contextlib
+import fcntl
+import glob
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
+import shutil
 import sys
+import tempfile
+import time
 import types
 from dataclasses import replace
 from multiprocessing import resource_tracker
@@ -50,11 +63,64 @@ def forget_forkserver():
     if server._forkserver_alive_fd is not None:  # noqa: SLF001 (the parent keeps its own copy)
         os.close(server._forkserver_alive_fd)  # noqa: SLF001
     server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None  # noqa: SLF001
+    config = multiprocessing.current_process()._config  # noqa: SLF001
+    if os.path.basename(config.get("tempdir") or "").startswith(TEMP_PREFIX):  # the parent's: it removes it
+        config["tempdir"] = None
+
+
+TEMP_PREFIX = "shmloader-"
+TEMP_LOCK = ".owner"
+UNBORN_S = 60.0  # a temporary directory without its lock file yet is being made, for this long
+
+
+def _tempdir():
+    """multiprocessing's temporary directory for this process, made by shmloader when nobody
+    has made one yet (see the module docstring); and the sweep of those left by dead ones."""
+    _sweep_tempdirs()
+    config = multiprocessing.current_process()._config  # noqa: SLF001 (get_temp_dir reads it first)
+    if config.get("tempdir") is not None:
+        return
+    path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+    fd = os.open(os.path.join(path, TEMP_LOCK), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held for the process's life: the kernel drops it at its death
+    config["tempdir"] = path
+    multiprocessing.util.Finalize(None, _remove_tempdir, args=(shutil.rmtree, path, fd), exitpriority=-100)
+
+
+def _remove_tempdir(rmtree, path: str, fd: int):
+    rmtree(path, ignore_errors=True)
+    os.close(fd)
+
+
+def _sweep_tempdirs():
+    """Remove shmloader's temporary directories whose owner is gone (their lock is free)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), TEMP_PREFIX + "*")):
+        try:
+            fd = os.open(os.path.join(path, TEMP_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            try:
+                if time.time() - os.stat(path).st_mtime > UNBORN_S:
+                    shutil.rmtree(path, ignore_errors=True)
+            except OSError:
+                pass
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            young = time.time() - os.stat(path).st_mtime < UNBORN_S  # its maker may not have locked it yet
+        except OSError:
+            continue  # its process holds it
+        finally:
+            os.close(fd)
+        if not young:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _ensure_forkserver():
     """The forkserver, started with SIGINT blocked (see `_start`); the resource tracker first,
-    because starting it unblocks SIGINT."""
+    because starting it unblocks SIGINT. Its socket goes in `_tempdir()`."""
+    _tempdir()
     resource_tracker.ensure_running()
     with sigint_blocked():
         multiprocessing.forkserver.ensure_running()
@@ -66,7 +132,8 @@ def spawn(kids, config, cargs):
     ctx = multiprocessing.get_context(config.start_method)
     if config.start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
-    alive_r, kids.alive_w = ctx.Pipe(duplex=False)
+    kids.alive_r, kids.alive_w = ctx.Pipe(duplex=False)  # the read end kept: a replaced worker gets it too
+    alive_r = kids.alive_r
     kids.conn, coord_end = ctx.Pipe()
     kids.ready, kids.kick = Doorbell(), Doorbell()
     kids.handover = TrainerEnd(kids.ring, kids.ready, kids.kick)
@@ -81,8 +148,27 @@ def spawn(kids, config, cargs):
         with _main_hidden():
             _start(kids.procs, config.start_method)
     finally:
-        for c in (alive_r, coord_end, *(c for pair in pipes for c in pair)):
+        for c in (coord_end, *(c for pair in pipes for c in pair)):
             c.close()
+
+
+def respawn_worker(kids, config, cargs, i: int):
+    """Start a new worker `i` for `kids` (its predecessor died), as `spawn` starts them;
+    `kids.workers[i]` is it. Returns the other end of its pipe, for the coordinator."""
+    ctx = multiprocessing.get_context(config.start_method)
+    theirs, its = ctx.Pipe()
+    p = ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
+                    args=(config, replace(cargs, worker=i), its, kids.alive_r))
+    try:
+        with _main_hidden():
+            _start([p], config.start_method)
+    except BaseException:
+        theirs.close()
+        raise
+    finally:
+        its.close()
+    kids.workers[i] = p
+    return theirs
 
 
 def _start(procs, start_method: str):

@@ -36,8 +36,8 @@ from ..ipc.protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Tas
 from ..ipc.ring import Counter, WorkerCol
 from ..ipc.signals import ignore_sigint
 from .precedence import now_us
+from .stall import beat_every
 
-IDLE_WAIT_S = 1.0
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
 SERVICE_EVERY_S = 0.002
 GIVE_WAY_POLL_S = 0.02  # a worker giving way looks at its pipes and the trainer's word this often
@@ -113,15 +113,18 @@ def _loop(ctx: _Ctx):
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
              if ctx.cfg.cache_dir else None)
     row = ctx.ring.workers[ctx.args.worker]
+    idle_s = beat_every(ctx.cfg)
     while True:
         if ctx.tasks:
-            piece, keep, _ = ctx.tasks[0]
+            task = ctx.tasks[0]
+            piece, keep = task.piece, task.keep
             row[WorkerCol.PIECE:WorkerCol.DOC + 1] = (piece.index, piece.file, piece.rg, piece.doc_start)
             row[WorkerCol.EPOCH], row[WorkerCol.END] = piece.epoch, piece.doc_end
+            row[WorkerCol.RUN], row[WorkerCol.RUN_END] = piece.doc_start, piece.doc_end  # while it is read
             row[WorkerCol.BEAT] += 1
             _give_way(ctx)
             began, gave_way = time.perf_counter(), ctx.gave_way_s
-            tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, piece)
+            tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, task)
             if piece.skip:  # its first document was begun by another rank (elastic resume)
                 tokens, lengths = skipped(tokens, lengths, piece.skip)
             busy = time.perf_counter() - began - (ctx.gave_way_s - gave_way)
@@ -131,13 +134,15 @@ def _loop(ctx: _Ctx):
                 encode.worked(busy)
             ctx.tasks.popleft()
             held = ctx.packing.keep(tokens, lengths) if keep else None
+            if held is not None and task.rows is not None:  # done again for a replaced worker: what it still needs
+                held = ctx.packing.keep_rows(held, task.rows)
             if held is not None:
                 ctx.held[piece.index] = held
             ctx.conn.send(Counted(piece.index, lengths, hit))
             row[WorkerCol.PIECE] = -1  # after the send: a death in it names the piece
             continue
         row[WorkerCol.BEAT] += 1  # idle and alive: a stopped idle worker is a stall too (a task may wait for it)
-        ready = ctx.listening.wait(IDLE_WAIT_S)
+        ready = ctx.listening.wait(idle_s)
         if ctx.alive in ready:
             raise Stop
         if ctx.conn in ready:
@@ -198,20 +203,21 @@ def _handle(ctx: _Ctx, msg):
         raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
     ctx.ordered = True
     counts = ctx.packing.write(ctx.ring.slots, ctx.held, msg, ctx.cfg.B, ctx.cfg.T)
-    if counts:
-        ctx.conn.send(Written(counts))
+    ctx.conn.send(Written(counts))  # one per order, also an empty one: the coordinator pairs them in order
 
 
-def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece: Piece):
+def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, task: Task):
     """(tokens, lengths, hit): hit is None without a cache, else whether it served the piece.
-    A piece the cache does not hold is tokenized and kept, whole row group or not (data/cache.py)."""
+    A piece the cache does not hold is tokenized and kept, whole row group or not (data/cache.py).
+    Rows the task skips as poison are nulls either way (and such a piece is not cached)."""
+    piece = task.piece
     if cache is None:
-        return (*_tokenized(ctx, source, encode, piece)[:2], None)
+        return (*_tokenized(ctx, source, encode, task)[:2], None)
     path = ctx.args.files[piece.file]
     got = cache.load_rows(path, piece.rg, piece.doc_start, piece.doc_end)
     if got is not None:
-        return got[1], got[0], True
-    tokens, lengths, bad = _tokenized(ctx, source, encode, piece)
+        return (*without(got[1], got[0], _relative(task.skip, piece)), True)
+    tokens, lengths, bad = _tokenized(ctx, source, encode, task)
     if not bad and cache.fits(tokens):
         try:
             cache.store_rows(path, piece.rg, piece.doc_start, piece.doc_end,
@@ -221,27 +227,32 @@ def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, piece:
     return tokens, lengths, False
 
 
-def _tokenized(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
+def _tokenized(ctx: _Ctx, source: ParquetSource, encode, task: Task):
     """`_tokenize`, counted in the worker's `TOKENIZED` column (tokens not from the cache)."""
-    out = _tokenize(ctx, source, encode, piece)
+    out = _tokenize(ctx, source, encode, task)
     ctx.ring.workers[ctx.args.worker, WorkerCol.TOKENIZED] += len(out[0])
     return out
 
 
-def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
-    """(tokens, lengths, bad) of a piece (`encode_texts`), answering write orders between chunks."""
-    spec = ctx.args.tokenizer
-    if (piece.file, piece.rg) in ctx.args.poisoned:  # it killed a worker twice: skipped as a bad one
-        ctx.conn.send(Skipped(piece, f"{ctx.args.files[piece.file]}: row group {piece.rg} was being "
-                                     f"tokenized at two deaths of a worker (on_bad_row_group='skip')"))
+def _tokenize(ctx: _Ctx, source: ParquetSource, encode, task: Task):
+    """(tokens, lengths, bad) of a piece (`encode_texts`), answering write orders between chunks;
+    bad: a piece not to cache (a bad row group skipped, or rows skipped as poison)."""
+    spec, piece = ctx.args.tokenizer, task.piece
+    skip = _relative(task.skip, piece)
+    if skip == [(0, piece.n_docs)]:  # it killed a worker while it was read: not read again
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
                          ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
                          "row group")
     if texts is None:
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
+    for lo, hi in skip:  # poison: read as nulls
+        texts[lo:hi] = [None] * (hi - lo)
     due = time.perf_counter() + SERVICE_EVERY_S
     row = ctx.ring.workers[ctx.args.worker]
+
+    def running(lo: int, hi: int):  # documents [lo, hi) of the piece go into the engine now
+        row[WorkerCol.RUN], row[WorkerCol.RUN_END] = piece.doc_start + lo, piece.doc_start + hi
 
     def between(beat: bool = True):
         nonlocal due
@@ -256,23 +267,51 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, piece: Piece):
     path = ctx.args.files[piece.file]
     tokens, lengths = encode_texts(texts, encode.encode_batch, spec.bos, spec.dtype,
                                    lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}",
-                                   between)
-    return tokens, lengths, False
+                                   between, running, _relative(task.alone, piece))
+    return tokens, lengths, bool(skip)
 
 
-def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None) -> tuple:
+def _relative(spans: tuple, piece: Piece) -> list:
+    """Row ranges `(lo, hi)` of the piece's row group as ranges of the piece's own rows, those
+    that meet it."""
+    out = []
+    for lo, hi in spans:
+        lo, hi = max(lo, piece.doc_start) - piece.doc_start, min(hi, piece.doc_end) - piece.doc_start
+        if lo < hi:
+            out.append((lo, hi))
+    return out
+
+
+def without(tokens: np.ndarray, lengths: np.ndarray, spans: list) -> tuple:
+    """A piece's tokens and row lengths with rows `[lo, hi)` of each span dropped (as nulls)."""
+    if not spans:
+        return tokens, lengths
+    ends = np.cumsum(lengths)
+    keep = np.ones(len(tokens), dtype=bool)
+    lengths = lengths.copy()
+    for lo, hi in spans:
+        keep[(ends[lo - 1] if lo else 0):ends[hi - 1]] = False
+        lengths[lo:hi] = 0
+    return tokens[keep], lengths
+
+
+def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None, running=None,
+                 alone=()) -> tuple:
     """(tokens, lengths): `[BOS] + ids` of each non-null text, end to end, and each text's
     length with its BOS (0 for a null), as the stream and the token cache hold them. Encoded
     in runs of about `CHUNK_CHARS` characters, one `encode_batch(texts, where) -> (ids,
-    offsets)` call each (`engine.Engines.encode_batch`), `where(i)` naming text i; `between()`
-    after each run. A document of `LONG_CHARS` or more (a run of its own) is encoded on a
+    offsets)` call each (`engine.Engines.encode_batch`), `where(i)` naming text i; the texts
+    of the `(lo, hi)` ranges in `alone` one per call (a suspect: procs/heal.py); `running(lo,
+    hi)` before each call, `between()` after each run. A document of `LONG_CHARS` or more (a run of its own) is encoded on a
     thread, with `between(False)` every `SERVICE_EVERY_S` meanwhile (False: no progress
     shown, so an engine stuck on one document is a stall): the engines release the GIL,
     so write orders for the tokens this worker already holds are carried out while it
     tokenizes (one long document used to hold a loader's first batch until it was done)."""
     lengths = np.zeros(len(texts), dtype=np.int64)
     parts = []  # each run's [BOS] + ids, ...
-    for start, end in _chunks(texts, CHUNK_CHARS):
+    for start, end in _apart(_chunks(texts, CHUNK_CHARS), alone):
+        if running is not None:
+            running(start, end)
         docs, rows, at = texts[start:end], range(start, end), slice(start, end)  # at: their lengths
         if None in docs:
             at = rows = [i for i in rows if texts[i] is not None]
@@ -340,6 +379,19 @@ def _chunks(texts: list, chars: int):
             end -= 1  # the long one starts a run of its own
         yield start, end
         start = end
+
+
+def _apart(chunks, alone):
+    """The runs of `chunks` with every text of the `alone` ranges in a run of its own."""
+    for start, end in chunks:
+        cuts = sorted({i for lo, hi in alone for i in range(max(lo, start), min(hi, end))})
+        for i in cuts:
+            if start < i:
+                yield start, i
+            yield i, i + 1
+            start = i + 1
+        if start < end:
+            yield start, end
 
 
 def _report(ctx: _Ctx, exc: BaseException):

@@ -1,9 +1,11 @@
 """Whether a lost child is healed (procs/heal.py), pure: the budget counts the heals of the
-last window; a second loss in a row group is a poison pill only while the stream has not passed
-the piece of the first (unrelated deaths far apart are not); the poisoned row groups as a run's
-file indices."""
+last window; a loss makes its run of documents a suspect, and only a later loss inside a
+suspect the stream has not passed (one document, or the same run again) is a poison pill;
+losses anywhere else in the row group (the trial's two OOM kills in one large row group) are
+chance; the poisoned and suspect spans in a run's numbering of the files."""
+from shmloader.ipc.protocol import Span
 from shmloader.position import Position
-from shmloader.procs.heal import Budget, Held, PoisonMemory, passed
+from shmloader.procs.heal import Budget, Held, Poison, PoisonMemory, passed
 
 
 def test_the_budget_counts_the_heals_within_its_window():
@@ -19,39 +21,57 @@ def test_no_budget_means_the_first_loss_is_the_error():
     assert Budget(0).spent(0.0)
 
 
-def held(rg=3, doc=128, end=384, file=0, epoch=1, path="a.parquet"):
-    return Held(path, rg, doc, end, epoch, file)
+def held(run, run_end, rg=3, doc=128, end=384, file=0, epoch=1, path="a.parquet"):
+    return Held(path, rg, doc, end, epoch, file, run, run_end)
 
 
-def test_a_second_loss_before_the_stream_passed_the_first_piece_is_poison():
+def test_two_losses_at_different_places_of_one_row_group_are_chance():
+    """A worker SIGKILLed tokenizing documents 128-383 and the other, later, on documents from
+    64 of the same row group: no document was at both deaths."""
     memory = PoisonMemory()
-    assert not memory.lost(held(), Position(1, 0, 3, 10))           # the first loss: chance
-    assert memory.lost(held(doc=200), Position(1, 0, 3, 100))       # the stream is still inside it
+    assert memory.lost(held(200, 210), Position(1, 0, 3, 10)) is None
+    assert memory.lost(held(70, 80, doc=64, end=128), Position(1, 0, 3, 10)) is None
+    assert memory.lost(held(300, 340), Position(1, 0, 3, 10)) is None
 
 
-def test_a_second_loss_after_the_stream_passed_the_first_piece_is_chance():
+def test_a_document_lost_again_inside_a_suspect_is_poison():
     memory = PoisonMemory()
-    assert not memory.lost(held(), Position(1, 0, 3, 10))
-    assert not memory.lost(held(doc=400, end=600), Position(1, 0, 3, 384))  # read whole since
-    assert memory.lost(held(doc=500, end=600), Position(1, 0, 3, 450))      # but this one was not
+    assert memory.lost(held(200, 210), Position(1, 0, 3, 10)) is None  # the run becomes a suspect
+    poison = memory.lost(held(205, 206), Position(1, 0, 3, 100))       # its documents one at a time: 205
+    assert poison == Poison("a.parquet", 3, 205, 206) and str(poison) == "a.parquet, row group 3, row 205"
+
+
+def test_the_same_run_lost_again_is_poison_when_it_cannot_be_cut_finer():
+    """Lost while the piece was read (the whole piece is the run): read again, lost again."""
+    memory = PoisonMemory()
+    assert memory.lost(held(128, 384), Position(1, 0, 3, 10)) is None
+    assert memory.lost(held(128, 384), Position(1, 0, 3, 10)) == Poison("a.parquet", 3, 128, 384)
+
+
+def test_a_loss_after_the_stream_passed_the_suspect_is_chance():
+    memory = PoisonMemory()
+    assert memory.lost(held(200, 210), Position(1, 0, 3, 10)) is None
+    assert memory.lost(held(205, 206), Position(1, 0, 3, 210)) is None  # read whole since: chance again
 
 
 def test_losses_in_other_row_groups_or_files_never_meet():
     memory = PoisonMemory()
-    assert not memory.lost(held(rg=3), Position(1, 0, 3, 0))
-    assert not memory.lost(held(rg=5), Position(1, 0, 3, 0))
-    assert not memory.lost(held(rg=3, path="b.parquet", file=1), Position(1, 0, 3, 0))
+    assert memory.lost(held(5, 6), Position(1, 0, 0, 0)) is None
+    assert memory.lost(held(5, 6, rg=5), Position(1, 0, 0, 0)) is None
+    assert memory.lost(held(5, 6, path="b.parquet", file=1), Position(1, 0, 0, 0)) is None
 
 
-def test_passed_compares_the_stream_with_the_pieces_end():
-    h = held(doc=10, end=20, epoch=2, file=1, rg=4)
+def test_passed_compares_the_stream_with_the_runs_end():
+    h = held(10, 20, epoch=2, file=1, rg=4)
     assert not passed(h, Position(2, 1, 4, 19)) and passed(h, Position(2, 1, 4, 20))
     assert passed(h, Position(2, 2, 0, 0)) and passed(h, Position(3, 0, 0, 0))
     assert not passed(h, Position(1, 5, 9, 99))
 
 
-def test_poisoned_row_groups_are_named_by_the_runs_file_indices():
+def test_spans_name_the_files_as_the_run_numbers_them():
     memory = PoisonMemory()
-    memory.skip(held(rg=3, path="/d/b.parquet"))
-    memory.skip(held(rg=1, path="/d/gone.parquet"))
-    assert memory.in_files(["/d/a.parquet", "/d/b.parquet"]) == ((1, 3),)
+    memory.skip(Poison("/d/b.parquet", 3, 7, 8))
+    memory.skip(Poison("/d/gone.parquet", 1, 0, 1))
+    memory.lost(held(20, 30, rg=2, path="/d/a.parquet"), Position(1, 0, 0, 0))
+    poisoned, suspects = memory.spans(["/d/a.parquet", "/d/b.parquet"])
+    assert poisoned == (Span(1, 3, 7, 8),) and suspects == (Span(0, 2, 20, 30),)
