@@ -472,3 +472,33 @@ def position_dataset(root: Path) -> PosData:
     tok = IntTokenizer()
     return PosData(root, paths, tok, lambda t: tok.encode(t), tok.get_bos_token_id(), docs,
                    lengths=lengths, layout=layout)
+
+
+class SlowWordTokenizer(IntTokenizer):
+    """`IntTokenizer` that takes `seconds` on a text holding the word "slow": one slow document
+    in a data set of quick ones."""
+
+    def __init__(self, seconds: float = 2.5, bos: int = 0):
+        super().__init__(bos)
+        self.seconds = seconds
+
+    def encode(self, text, prepend=None, num_threads=None):
+        if isinstance(text, str) and "slow" in text.split():
+            time.sleep(self.seconds)
+            text = " ".join(w for w in text.split() if w != "slow")
+        return super().encode(text, prepend, num_threads)
+
+
+class GatedSlowTokenizer(IntTokenizer):
+    """`IntTokenizer` that takes `seconds` per text while the file `gate` exists: the same
+    tokenizer (and fingerprint) whether slow or not, for a state saved quickly and a replay of
+    it that is slow."""
+
+    def __init__(self, gate: str, seconds: float = 0.01, bos: int = 0):
+        super().__init__(bos)
+        self.gate, self.seconds = gate, seconds
+
+    def encode(self, text, prepend=None, num_threads=None):
+        if isinstance(text, str) and os.path.exists(self.gate):
+            time.sleep(self.seconds)
+        return super().encode(text, prepend, num_threads)

@@ -20,6 +20,7 @@ from ..ipc.protocol import Located, Progress
 from .base import InOrder, Mode
 
 PROGRESS_S = 1.0
+MAX_WAITING = 64  # pieces counted and waiting for an earlier one's count, at most (a stopped worker's)
 
 
 class CountMode(Mode):
@@ -41,7 +42,10 @@ class CountMode(Mode):
         self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
 
     def can_take(self, worker: int) -> bool:
-        return self.locator.result is None and super().can_take(worker)
+        """Until the position is found, and while the counts waiting for an earlier piece's
+        stay few (a worker stopped on its piece would have the others read on for ever)."""
+        return (self.locator.result is None and len(self._counted.waiting()) < MAX_WAITING
+                and super().can_take(worker))
 
     def counted(self, msg):
         self._counted_by(self.owner.pop(msg.piece), self.specs[msg.piece], 0)

@@ -436,7 +436,7 @@ def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None) -> Loc
 def _count(kids: Children, config, cargs) -> Located:
     """Wait for a count-only run's answer; raise `ChildLost` for a death or a stall."""
     log = logging.getLogger("shmloader")
-    deadline, counted = time.monotonic() + config.timeout, -1
+    deadline, replayed = time.monotonic() + config.timeout, -1
     look_s = min(1.0, kids.stall_s or 1.0)
     watch = Watch(kids.ring, time.monotonic(), look_s)
     while True:
@@ -445,8 +445,8 @@ def _count(kids: Children, config, cargs) -> Located:
             msg = kids.read((Located, Progress))
             if isinstance(msg, Located):
                 return msg
-            if msg is not None and msg.docs > counted:  # progress: documents counted, not a message
-                counted, deadline = msg.docs, time.monotonic() + config.timeout
+            if msg is not None and msg.done > replayed:  # progress: batches replayed, not a message
+                replayed, deadline = msg.done, time.monotonic() + config.timeout
                 log.info("rank %d: %d documents counted so far; %d of %d batches replayed over them",
                          cargs.rank, msg.docs, msg.done, msg.total)
             continue
@@ -455,5 +455,5 @@ def _count(kids: Children, config, cargs) -> Located:
         if kids.stall_s and (stall := watch.stalled(time.monotonic(), kids.stall_s)) is not None:
             kids.kill_stalled(stall)
         if time.monotonic() >= deadline:
-            raise errors.LoaderTimeout(f"finding this rank's position: no document counted for {config.timeout:.0f} "
+            raise errors.LoaderTimeout(f"finding this rank's position: no batch replayed for {config.timeout:.0f} "
                                        f"s; {kids.describe_all()}")

@@ -71,6 +71,7 @@ def forget_forkserver():
 TEMP_PREFIX = "shmloader-"
 TEMP_LOCK = ".owner"
 UNBORN_S = 60.0  # a temporary directory without its lock file yet is being made, for this long
+#                  (the lock file is locked before it gets its name, so one with it is judged by it)
 
 
 def _tempdir():
@@ -81,8 +82,9 @@ def _tempdir():
     if config.get("tempdir") is not None:
         return
     path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
-    fd = os.open(os.path.join(path, TEMP_LOCK), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fd = os.open(os.path.join(path, TEMP_LOCK + ".new"), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)  # held for the process's life: the kernel drops it at its death
+    os.rename(os.path.join(path, TEMP_LOCK + ".new"), os.path.join(path, TEMP_LOCK))  # seen locked
     config["tempdir"] = path
     multiprocessing.util.Finalize(None, _remove_tempdir, args=(shutil.rmtree, path, fd), exitpriority=-100)
 
@@ -108,13 +110,11 @@ def _sweep_tempdirs():
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            young = time.time() - os.stat(path).st_mtime < UNBORN_S  # its maker may not have locked it yet
         except OSError:
             continue  # its process holds it
         finally:
             os.close(fd)
-        if not young:
-            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _ensure_forkserver():

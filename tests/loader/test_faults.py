@@ -271,6 +271,25 @@ def test_trainer_killed(synth, synth_tokenizer_pkl, group, sig):
     print(f"process-group: children gone {gone_s:.3f} s after {sig.name}; segment swept by the next loader")
 
 
+def test_a_killed_trainer_leaves_no_temporary_directory(synth, synth_tokenizer_pkl):
+    """multiprocessing's `pymp-*` directory (the forkserver's socket) outlived every trainer
+    killed with SIGKILL; the trainer's temporary directory is shmloader's now, and the next
+    loader (of any process) sweeps it once its owner is gone."""
+    import glob
+    import tempfile
+    tmp = tempfile.gettempdir()
+    before = set(glob.glob(os.path.join(tmp, "pymp-*")))
+    proc, info = _start_victim(synth, synth_tokenizer_pkl)
+    pid = info["pid"]
+    assert len(glob.glob(os.path.join(tmp, f"shmloader-{pid}-*"))) == 1
+    _signal_mid_stream(proc, lambda: os.killpg(pid, signal.SIGKILL))
+    assert wait_gone([info["coordinator"], *info["workers"]]) == []
+    assert set(glob.glob(os.path.join(tmp, "pymp-*"))) - before == set(), "multiprocessing made its own"
+    with synth.loader(2, 32, "val", num_workers=1) as loader:
+        next(loader)
+    assert glob.glob(os.path.join(tmp, f"shmloader-{pid}-*")) == [], "the dead trainer's directory was not swept"
+
+
 def test_sigterm_handled_by_the_users_handler_cleans_up(synth, synth_tokenizer_pkl):
     """A training script that handles SIGTERM itself (sys.exit in the handler) closes its loaders
     on the way out: children gone, segment unlinked, nothing printed about leaks."""

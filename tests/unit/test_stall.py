@@ -68,3 +68,21 @@ def test_a_pause_of_the_trainer_blames_nobody():
     assert watch.stalled(60.0, limit=5.0) is None  # 59 s between two looks: the trainer was stopped
     assert look(watch, r, 60.5, 64.5) is None      # clocks start again at the resume
     assert look(watch, r, 65.0, 65.0) == (65.0, ([0], 5.0))
+
+
+def test_a_pause_of_the_whole_process_group_is_not_a_stall():
+    """stall_s = 1, looks every second: a Ctrl-Z of the whole group for 2 s (shorter than the
+    old fixed 3 s rule) stops the children and the trainer alike; the late look restarts every
+    clock, and no child is blamed."""
+    r = ring()
+    watch = Watch(r, now=0.0, look_s=1.0)
+    r.workers[:, WorkerCol.BEAT] = 1
+    r.stats[Stat.BEAT] += 1
+    assert watch.stalled(1.0, limit=1.0) is None      # the first look sees every beat
+    r.stats[Stat.BEAT] += 1
+    assert watch.stalled(3.0, limit=1.0) is None      # 2 s late (the group was stopped): nobody
+    r.stats[Stat.BEAT] += 1
+    r.workers[:, WorkerCol.BEAT] += 1
+    assert watch.stalled(4.0, limit=1.0) is None      # they beat again once resumed
+    r.stats[Stat.BEAT] += 1
+    assert watch.stalled(5.0, limit=1.0) == ([0, 1, 2], 1.0)  # a real stand-still still is one

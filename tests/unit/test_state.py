@@ -497,3 +497,15 @@ def test_a_state_from_the_coordinators_encoding_is_the_same_state(runs):
     spelled = encoded.text[:2].encode() + bytes.fromhex(encoded.text[3:]) if runs else b""
     assert encoded.crc == (zlib.crc32(spelled) if runs else 0)
     assert from_runs["digest"] == digest(from_runs, spelled)
+
+
+def test_a_val_file_the_data_set_does_not_have_is_refused():
+    """`val` names the data set's last file; one that is neither the val file nor a train file
+    (an edited state, another data set) is refused, not warned of as a shard added."""
+    state = saved(val="shard_00003.parquet")
+    state["val"] = "shard_99999.parquet"
+    with pytest.raises(ValueError, match=r"'val' is 'shard_99999.parquet', a file this data set does not have"):
+        check(state, loader(val="shard_00003.parquet"))
+    state["val"] = FILES[1][0]  # a train file now: a shard was added after it (a warning, tested above)
+    with pytest.warns(UserWarning, match="is read as training data from here on"):
+        check(state, loader(val="shard_00003.parquet"))
