@@ -117,6 +117,7 @@ class RunArgs:
     locate: tuple | None = None    # (shapes, batch, first batch): a count-only run that finds a position
     later: tuple | None = None     # data.order.Later: the files' order after an epoch, if not theirs
     worker: int = -1               # this worker's index (workers)
+    replacement: bool = False      # it replaces a dead worker of a running loader (procs/run.py)
     poisoned: tuple = ()           # `Span`s of documents that killed a worker twice, skipped (procs/heal.py)
     suspects: tuple = ()           # `Span`s in the engine at a worker's death: tokenized a document at a time
     plan: object = None            # data.elastic.Plan: the run began at a change of world size

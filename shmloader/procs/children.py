@@ -49,6 +49,7 @@ class ChildrenReleased(Exception):
 
 SHUTDOWN_S = 2.0
 ERROR_GRACE_S = 1.0
+DEATHS_S = 0.01  # what a death waits for others at the same moment (and, killed, an error it caused)
 MESSAGE_WAIT_S = 1.0
 LIVENESS_CHECK_S = 0.5
 
@@ -201,14 +202,14 @@ class Children:
         """Raise the best account of a death: an error a process reported before exiting
         (it may wait behind queued batches), else the process killed by a signal or failing,
         workers before the coordinator (which exits cleanly when a worker's pipe breaks)."""
-        time.sleep(0.05)  # let deaths that happen together all show
+        time.sleep(DEATHS_S)  # let deaths that happen together all show
         gone = [p for p in self.procs if p.sentinel in dead or p.exitcode is not None]
         for p in gone:
             p.join(timeout=0.05)
         self._raise_if_forkserver_died(gone)
         # a process that raised reports its error and then exits; one killed by a signal cannot
         killed = gone and all(p.exitcode is not None and p.exitcode < 0 for p in gone)
-        msg = self._pending_error(0.05 if killed else ERROR_GRACE_S)
+        msg = self._pending_error(DEATHS_S if killed else ERROR_GRACE_S)
         if isinstance(msg, Released):  # not a death: an idle release
             raise ChildrenReleased(msg.idle_s)
         if msg is not None:

@@ -158,7 +158,7 @@ def respawn_worker(kids, config, cargs, i: int):
     ctx = multiprocessing.get_context(config.start_method)
     theirs, its = ctx.Pipe()
     p = ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
-                    args=(config, replace(cargs, worker=i), its, kids.alive_r))
+                    args=(config, replace(cargs, worker=i, replacement=True), its, kids.alive_r))
     try:
         with _main_hidden():
             _start([p], config.start_method)

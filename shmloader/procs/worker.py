@@ -108,6 +108,9 @@ def _loop(ctx: _Ctx):
     # the definition encodes until the fast engine, built once it pays, takes over
     encode = enginemod.Engines(spec, ctx.cfg.engine,
                                lambda text: ctx.conn.send(Warn(f"worker {ctx.args.worker}: {text}")))
+    if ctx.args.replacement:  # a running loader's batches wait for it: the fast engine pays at once
+        encode.start()
+        ctx.ordered = True
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
     source = ctx.source = ParquetSource(ctx.args.files, fs)
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
@@ -248,6 +251,9 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, task: Task):
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     for lo, hi in skip:  # poison: read as nulls
         texts[lo:hi] = [None] * (hi - lo)
+    if task.rows is not None:  # done again for a replaced worker: only the rows it still needs
+        keep = set(task.rows)
+        texts = [text if i in keep else None for i, text in enumerate(texts)]
     due = time.perf_counter() + SERVICE_EVERY_S
     row = ctx.ring.workers[ctx.args.worker]
 
@@ -268,7 +274,7 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, task: Task):
     tokens, lengths = encode_texts(texts, encode.encode_batch, spec.bos, spec.dtype,
                                    lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}",
                                    between, running, _relative(task.alone, piece))
-    return tokens, lengths, bool(skip)
+    return tokens, lengths, bool(skip) or task.rows is not None  # then not the piece's whole tokens: not cached
 
 
 def _relative(spans: tuple, piece: Piece) -> list:

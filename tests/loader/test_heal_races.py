@@ -195,3 +195,19 @@ def test_a_heal_that_cannot_make_its_ring_lets_the_old_one_go(synth, monkeypatch
         assert old not in mapped, "the old ring is still mapped while the heal's error lives"
         assert shm_segments() == []
         monkeypatch.setattr(segmod, "create", real)
+
+
+def test_a_two_second_stop_of_a_worker_is_no_heal(synth):
+    """A worker stopped for 2 s (a debugger, a preempted VM) at the default stall_s (60 s): the
+    trainer waits, nothing is killed or counted, the stream is unchanged."""
+    with synth.loader(B, T, num_workers=2) as ref:
+        want = [tokens(*b) for b in itertools.islice(ref, 30)]
+    with synth.loader(B, T, num_workers=2) as ld:
+        it = iter(ld)
+        got = [tokens(*next(it)) for _ in range(5)]
+        pid = ld.debug().workers[0].pid
+        os.kill(pid, signal.SIGSTOP)
+        threading.Timer(2.0, os.kill, (pid, signal.SIGCONT)).start()
+        got += [tokens(*next(it)) for _ in range(25)]
+        assert ld.stats()["heals"] == 0
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
