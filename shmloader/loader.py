@@ -136,12 +136,16 @@ class ShmLoader:
         """The next batch. Threads that call it at once are served one at a time, in turn (each
         batch goes to one of them); one that waits longer than `timeout` for another's call
         raises `LoaderTimeout`."""
-        with self._locked("next()"):
-            self._inside = threading.get_ident()
-            try:
-                return self._next()
-            finally:
-                self._inside = None
+        lock = self._lock  # taken here, not through `_locked`: this is every batch's path
+        if not lock.acquire(False) and not lock.acquire(timeout=self.config.timeout):
+            raise errors.LoaderTimeout(f"next() waited {self.config.timeout:.0f} s for another thread's "
+                                       f"next() on this loader to return")
+        self._inside = threading.get_ident()
+        try:
+            return self._next()
+        finally:
+            self._inside = None
+            lock.release()
 
     def state_dict(self) -> dict:
         """The state that resumes after the last batch yielded (JSON-serialisable; docs/contract.md §3).
@@ -223,9 +227,12 @@ class ShmLoader:
         """`next()` under the lock."""
         if self._closed:
             raise errors.LoaderClosed(self._closed_text())
-        ann = self._take()
-        batch = self._runs.deliver(ann, self._shape)
-        self._mark, self._state = self._runs.mark_after(ann), None  # the state is built when asked
+        if self._ahead is None and self._failed is None and self._verify is None:
+            ann = self._runs.take(self._mark, self.config.timeout)
+        else:
+            ann = self._take()
+        batch, self._mark = self._runs.deliver(ann, self._shape)
+        self._state = None  # built when asked
         self._batches += 1
         self._wait_s += ann.waited
         if self.config.log_every and self._batches % self.config.log_every == 0:

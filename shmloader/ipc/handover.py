@@ -71,6 +71,9 @@ def header_only() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
+_new = tuple.__new__
+
+
 class Announcement(NamedTuple):
     """Batch `batch` (counted from the run's first, 0) is ready in `slot`: what the trainer takes
     from the header (`TrainerEnd.take`) and passes on, one record, to the loader. The run fills
@@ -158,7 +161,8 @@ class TrainerEnd:
                                f"expected batch {self.taken}")
         self.taken += 1
         self._counters[_TAKEN] = self.taken
-        return Announcement(k, slot, Position(epoch, file, rg, doc, skip), docs, check)
+        # the records made without their Python constructors (a frame each): this is every batch's path
+        return _new(Announcement, (k, slot, _new(Position, (epoch, file, rg, doc, skip)), docs, check, None, 0.0))
 
     def announced(self) -> int:
         """Batches the coordinator has announced."""

@@ -8,8 +8,8 @@ loader's `deliver`: delivery.py). `Runs` keeps one going for a loader:
   the `RunArgs` the loader began it with (`begin`: a fresh start, or where a resume plan
   says);
 - `take(mark, timeout)` returns the next batch's `Announcement`, best fit's buffer text copied
-  out of its slot; `deliver(ann, shape)` makes it the caller's tensors; `mark_after(ann)` is
-  the progress after it (`Mark`), which the loader keeps for the batch it returns;
+  out of its slot; `deliver(ann, shape)` makes it the caller's tensors and gives the progress
+  after it (`Mark`), which the loader keeps for the batch it returns;
 - when the children are gone, the next run starts from `mark`, the progress after the last
   batch returned, exactly as a resume would (in this run's numbering of the files, nothing
   checked again), so the stream and its states go on byte for byte: after an idle release
@@ -34,6 +34,9 @@ from ..packing.runs import BufferText, decode_runs
 from ..position import Position
 from . import heal
 from .children import ChildLost, ChildrenReleased, Children, start_children
+
+
+_new = tuple.__new__  # a NamedTuple made from a tuple: no Python frame (hot path)
 
 
 class Mark(NamedTuple):
@@ -86,6 +89,7 @@ class Runs:
         self._args, self._first, self._docs = None, 0, 0
         self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory()
         self.heals = self.idle_releases = 0
+        self._buffered = config.spec.buffered
 
     def begin(self, args, first: int, docs: int = 0):
         """The next run starts from `args` (`RunArgs`: its start, buffer, files), its batch 0
@@ -100,7 +104,9 @@ class Runs:
         from `mark`. A close from another thread meanwhile: `LoaderClosed`."""
         waited = 0.0
         while True:
-            run = self._running()
+            run = self.run
+            if run is None or self.closed is not None:
+                run = self._running()
             began = time.monotonic()
             try:
                 ann = run.children.next_batch(run.delivery, timeout)
@@ -135,19 +141,20 @@ class Runs:
             if run.children.opened:  # files the coordinator has read (first, or again after a change)
                 opened, run.children.opened = run.children.opened, []
                 self._on_opened(opened)
-            if self.config.spec.buffered:  # copied out before the slot can be freed
+            if self._buffered:  # copied out before the slot can be freed
                 ann = ann._replace(buffer=BufferText(*run.children.ring.buffer_of(ann.slot)))
             return ann._replace(waited=ann.waited + waited) if waited else ann
 
-    def mark_after(self, ann: Announcement) -> Mark:
-        run = self.run
-        return Mark(run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs)
-
     def deliver(self, ann: Announcement, shape: tuple) -> tuple:
+        """`(batch, mark)`: announcement `ann` as the caller's tensors, and the progress after it.
+        One call per batch on the trainer's hot path: its tuples are made without a Python
+        constructor (`_new`)."""
         with self._lock:
-            if self.closed is not None or self.run is None:
+            run = self.run
+            if self.closed is not None or run is None:
                 raise LoaderClosed(self.closed or "this ShmLoader was closed")
-            return self.run.delivery.batch(ann.batch, ann.slot, shape)
+            batch = run.delivery.batch(ann.batch, ann.slot, shape)
+            return batch, _new(Mark, (run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs))
 
     def restart(self, mark: Mark) -> int:
         """Stop the children; the next run starts at `mark`. Returns its batch count."""
