@@ -10,9 +10,9 @@ that a Ctrl-C during start-up reaches only the trainer.
 multiprocessing keeps the forkserver's socket in a temporary directory it removes at exit,
 named `pymp-*`, which says nothing of its owner: a trainer killed with SIGKILL leaves it in
 /tmp. So before the forkserver starts, the training process's temporary directory is made
-here (`_tempdir`), named `shmloader-<pid>-*` and holding a lock file the process keeps locked
-for its life; each loader sweeps the directories whose lock nobody holds (their process is
-gone, in whatever pid namespace it ran).
+here (`_tempdir`), named `shml_tmp_<pid>_<random>` and holding a lock file the process keeps
+locked for its life; each loader sweeps the directories of that exact name whose lock nobody
+holds (their process is gone, in whatever pid namespace it ran).
 """
 import contextlib
 import fcntl
@@ -21,6 +21,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.util
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -68,7 +69,8 @@ def forget_forkserver():
         config["tempdir"] = None
 
 
-TEMP_PREFIX = "shmloader-"
+TEMP_PREFIX = "shml_tmp_"
+TEMP_NAME = re.compile(r"shml_tmp_\d+_[a-z0-9_]{8}")  # tempfile.mkdtemp's 8 random characters
 TEMP_LOCK = ".owner"
 UNBORN_S = 60.0  # a temporary directory without its lock file yet is being made, for this long
 #                  (the lock file is locked before it gets its name, so one with it is judged by it)
@@ -81,7 +83,7 @@ def _tempdir():
     config = multiprocessing.current_process()._config  # noqa: SLF001 (get_temp_dir reads it first)
     if config.get("tempdir") is not None:
         return
-    path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+    path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}_")
     fd = os.open(os.path.join(path, TEMP_LOCK + ".new"), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)  # held for the process's life: the kernel drops it at its death
     os.rename(os.path.join(path, TEMP_LOCK + ".new"), os.path.join(path, TEMP_LOCK))  # seen locked
@@ -97,6 +99,8 @@ def _remove_tempdir(rmtree, path: str, fd: int):
 def _sweep_tempdirs():
     """Remove shmloader's temporary directories whose owner is gone (their lock is free)."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), TEMP_PREFIX + "*")):
+        if not TEMP_NAME.fullmatch(os.path.basename(path)):
+            continue  # not one of ours
         try:
             fd = os.open(os.path.join(path, TEMP_LOCK), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:

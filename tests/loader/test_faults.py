@@ -281,13 +281,13 @@ def test_a_killed_trainer_leaves_no_temporary_directory(synth, synth_tokenizer_p
     before = set(glob.glob(os.path.join(tmp, "pymp-*")))
     proc, info = _start_victim(synth, synth_tokenizer_pkl)
     pid = info["pid"]
-    assert len(glob.glob(os.path.join(tmp, f"shmloader-{pid}-*"))) == 1
+    assert len(glob.glob(os.path.join(tmp, f"shml_tmp_{pid}_*"))) == 1
     _signal_mid_stream(proc, lambda: os.killpg(pid, signal.SIGKILL))
     assert wait_gone([info["coordinator"], *info["workers"]]) == []
     assert set(glob.glob(os.path.join(tmp, "pymp-*"))) - before == set(), "multiprocessing made its own"
     with synth.loader(2, 32, "val", num_workers=1) as loader:
         next(loader)
-    assert glob.glob(os.path.join(tmp, f"shmloader-{pid}-*")) == [], "the dead trainer's directory was not swept"
+    assert glob.glob(os.path.join(tmp, f"shml_tmp_{pid}_*")) == [], "the dead trainer's directory was not swept"
 
 
 def test_sigterm_handled_by_the_users_handler_cleans_up(synth, synth_tokenizer_pkl):
