@@ -137,9 +137,8 @@ class ShmLoader:
         batch goes to one of them); one that waits longer than `timeout` for another's call
         raises `LoaderTimeout`."""
         lock = self._lock  # taken here, not through `_locked`: this is every batch's path
-        if not lock.acquire(False) and not lock.acquire(timeout=self.config.timeout):
-            raise errors.LoaderTimeout(f"next() waited {self.config.timeout:.0f} s for another thread's "
-                                       f"next() on this loader to return")
+        if not lock.acquire(False):
+            self._wait_for(lock, "next()")
         self._inside = threading.get_ident()
         try:
             return self._next()
@@ -161,7 +160,10 @@ class ShmLoader:
             return dict(self._state)
         if self._inside == threading.get_ident():  # a signal handler, inside this thread's next()
             return self._writer.state(self._mark)
-        with self._locked("state_dict()"):
+        lock = self._lock  # taken here, not through `_locked`: nanochat's loop asks with every batch
+        if not lock.acquire(False):
+            self._wait_for(lock, "state_dict()")
+        try:
             if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
                 if self._closed:
                     return self._writer.state(self._mark)
@@ -172,6 +174,8 @@ class ShmLoader:
                     return self._writer.state(self._mark)
                 self._state = self._writer.state(self._mark, self._ahead.check)
             return dict(self._state)
+        finally:
+            lock.release()
 
     def load_state_dict(self, state: dict):
         """Continue from `state`: the next batch is the one it resumes at (docs/contract.md §3). Another
@@ -288,6 +292,12 @@ class ShmLoader:
     def _locked(self, what: str):
         """The lock (`what` names the call), waited for at most `timeout` s: `LoaderTimeout`."""
         return lifecycle.Within(self._lock, self.config.timeout, what)
+
+    def _wait_for(self, lock, what: str):
+        """Another thread holds the lock: wait for it at most `timeout` s."""
+        if not lock.acquire(timeout=self.config.timeout):
+            raise errors.LoaderTimeout(f"{what} waited {self.config.timeout:.0f} s for another thread's "
+                                       f"next() on this loader to return")
 
     def _closed_text(self) -> str:
         if self._forked_from is not None:

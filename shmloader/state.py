@@ -188,7 +188,8 @@ class Writer:
             runs = decode_runs(buffer.text)
             runs[:, 1] = renumber[runs[:, 1]]
             buffer = runs
-        return make_state(self._base, position._replace(file=pq), mark.batch, buffer, files=files, check=check)
+        at = tuple.__new__(Position, (position.epoch, pq, position.rg, position.doc, position.skip))  # per batch: no frame
+        return make_state(self._base, at, mark.batch, buffer, files=files, check=check)
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:
