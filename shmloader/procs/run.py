@@ -141,8 +141,9 @@ class Runs:
             if run.children.opened:  # files the coordinator has read (first, or again after a change)
                 opened, run.children.opened = run.children.opened, []
                 self._on_opened(opened)
-            if self._buffered:  # copied out before the slot can be freed
-                ann = ann._replace(buffer=BufferText(*run.children.ring.buffer_of(ann.slot)))
+            if self._buffered:  # copied out before the slot can be freed (made without a Python frame: hot path)
+                buffer = _new(BufferText, run.children.ring.buffer_of(ann.slot))
+                ann = _new(Announcement, (*ann[:5], buffer, ann.waited))
             return ann._replace(waited=ann.waited + waited) if waited else ann
 
     def deliver(self, ann: Announcement, shape: tuple) -> tuple:
