@@ -70,8 +70,8 @@ class WorkerCol(enum.IntEnum):
     #                   second while idle: a started worker whose beat stands still is stalled (children.py)
     EPOCH = 9         # the piece's epoch and
     END = 10          # its end (a document), with FILE, RG and DOC: what a death or stall held
-    RUN = 11          # the documents [RUN, RUN_END) of the piece inside the engine now (the whole piece while
-    RUN_END = 12      # it is read): where a death or stall happened (procs/heal.py)
+    RUN = 11          # the documents [RUN, RUN_END) of the piece inside the engine now (-1 while the piece
+    RUN_END = 12      # is read): where a death or stall happened (procs/heal.py)
 
 
 CHECK_STRIDE = 16  # batch_check reads every 16th token of a slot

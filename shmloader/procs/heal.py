@@ -8,14 +8,16 @@ way the stream goes on exactly. Not when:
   allowed; the next loss is an error naming the budget. `max_restarts=0`: the first loss is
   the error (it names the process, pid, signal, file, row group and documents);
 - **it is a poison pill** (`PoisonMemory`). A loss is located to the run of documents inside
-  the engine at that moment (`Held.run`..`run_end`, from the worker's status row; the whole
-  piece while it is being read). The run becomes a *suspect*, which every worker from then on
-  tokenizes one document per engine call (`suspects`). A later loss inside a suspect the
-  stream has not passed since is no chance: a single document there (or, when the run could
-  not be cut finer, the same run again) kills or hangs its worker: an error naming the file,
-  row group and rows, or with `on_bad_row_group="skip"` just those rows are skipped by every
-  worker from then on (`poisoned`: read as nulls), the rest of the row group is read.
-  Losses anywhere else, however close in time or place, are chance: healed within the budget.
+  the engine at that moment (`Held.run`..`run_end`, from the worker's status row), or to its
+  piece while the piece was being read (`Held.reading`). That becomes a *suspect*, whose
+  documents every worker told of it tokenizes one per engine call (`suspects`). A later loss
+  in the engine on a single document inside a suspect the stream has not passed since is no
+  chance: that document kills or hangs its worker; so is a second loss while reading the same
+  piece (its row group kills the reader). Then an error naming the file, row group and rows,
+  or with `on_bad_row_group="skip"` just those rows are skipped by every worker from then on
+  (`poisoned`: read as nulls), and the rest of the row group is read. Losses anywhere else are
+  chance, healed within the budget: unrelated kills far apart never meet in a suspect, whose
+  documents are tokenized one at a time only just after its loss.
 """
 from typing import NamedTuple
 
@@ -27,7 +29,7 @@ WINDOW_S = 3600.0  # max_restarts counts the heals within this window
 class Held(NamedTuple):
     """What a worker held when it died or stalled: the piece, documents `[doc, end)` of row
     group `rg` of file `file` (`path`) in `epoch`, the file numbered as the run numbers it;
-    and the documents `[run, run_end)` inside the engine (or being read) then."""
+    and the documents `[run, run_end)` inside the engine then (-1: the piece was being read)."""
     path: str
     rg: int
     doc: int
@@ -36,6 +38,15 @@ class Held(NamedTuple):
     file: int
     run: int
     run_end: int
+
+    @property
+    def reading(self) -> bool:
+        return self.run < 0
+
+    @property
+    def span(self) -> tuple:
+        """The documents it was on: the run in the engine, or the piece being read."""
+        return (self.doc, self.end) if self.reading else (self.run, self.run_end)
 
 
 class Budget:
@@ -83,13 +94,15 @@ class PoisonMemory:
         """A worker was lost holding `held` while the stream stood at `at` (the position after
         the last batch returned: epoch, file, rg, doc, ...): the `Poison` it shows, or None
         (chance: `held`'s run is a suspect from now on)."""
-        key = (held.path, held.rg)
+        key, (lo, hi) = (held.path, held.rg), held.span
         earlier = [h for h in self._suspects.get(key, []) if not passed(h, at)]
-        inside = [h for h in earlier if h.run <= held.run and held.run_end <= h.run_end]
-        if inside and (held.run_end - held.run == 1 or any((h.run, h.run_end) == (held.run, held.run_end)
-                                                           for h in inside)):
+        if held.reading:
+            inside = [h for h in earlier if h.reading and h.span == (lo, hi)]
+        else:
+            inside = [h for h in earlier if h.span[0] <= lo and hi <= h.span[1]] if hi - lo == 1 else []
+        if inside:
             self._suspects[key] = [h for h in earlier if h not in inside]
-            return Poison(held.path, held.rg, held.run, held.run_end)
+            return Poison(held.path, held.rg, lo, hi)
         self._suspects[key] = earlier + [held]
         return None
 
@@ -104,12 +117,12 @@ class PoisonMemory:
         """`(poisoned, suspects)` as `Span`s in a run's numbering of the files (`paths`)."""
         index = {p: i for i, p in enumerate(paths)}
         poisoned = tuple(Span(index[p.path], p.rg, p.lo, p.hi) for p in sorted(self.poisoned) if p.path in index)
-        suspects = tuple(Span(index[h.path], h.rg, h.run, h.run_end) for (path, _), held in sorted(self._suspects.items())
+        suspects = tuple(Span(index[h.path], h.rg, *h.span) for (path, _), held in sorted(self._suspects.items())
                          if path in index for h in held)
         return poisoned, suspects
 
 
 def passed(held: Held, at) -> bool:
-    """Whether the stream at `at` has gone past the end of `held`'s run (best fit: its buffer
-    has taken all of it), so those documents have been read whole since it was lost."""
-    return (at[0], at[1], at[2], at[3]) >= (held.epoch, held.file, held.rg, held.run_end)
+    """Whether the stream at `at` has gone past the end of what `held` was on (best fit: its
+    buffer has taken all of it), so those documents have been read whole since it was lost."""
+    return (at[0], at[1], at[2], at[3]) >= (held.epoch, held.file, held.rg, held.span[1])

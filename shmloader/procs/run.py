@@ -270,5 +270,5 @@ class Runs:
 def _held_text(held) -> str:
     if held is None:
         return ""
-    return (f"; it was on {held.path}, row group {held.rg}, documents {held.doc}-{held.end - 1} "
-            f"(in the engine: {held.run}-{held.run_end - 1})")
+    where = "reading them" if held.reading else f"in the engine: {held.run}-{held.run_end - 1}"
+    return f"; it was on {held.path}, row group {held.rg}, documents {held.doc}-{held.end - 1} ({where})"

@@ -123,7 +123,7 @@ def _loop(ctx: _Ctx):
             piece, keep = task.piece, task.keep
             row[WorkerCol.PIECE:WorkerCol.DOC + 1] = (piece.index, piece.file, piece.rg, piece.doc_start)
             row[WorkerCol.EPOCH], row[WorkerCol.END] = piece.epoch, piece.doc_end
-            row[WorkerCol.RUN], row[WorkerCol.RUN_END] = piece.doc_start, piece.doc_end  # while it is read
+            row[WorkerCol.RUN], row[WorkerCol.RUN_END] = -1, -1  # while it is read (procs/heal.py)
             row[WorkerCol.BEAT] += 1
             _give_way(ctx)
             began, gave_way = time.perf_counter(), ctx.gave_way_s

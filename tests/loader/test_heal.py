@@ -142,7 +142,7 @@ def test_a_stalled_child_is_killed_and_replaced(synth, who, packing):
 def poison_data(tmp_path):
     """Position documents (IntTokenizer: tokens are numbers) in 2 files of row groups of 20; the
     document of file 0, row group 3, row 5 holds "kill" (KillerTokenizer's process dies on it)."""
-    lengths = [6] * 400
+    lengths = [6] * 8000  # an epoch longer than what best fit reads ahead: no worker reaches the next one's
     docs = helpers.position_documents(lengths)
     poison = 3 * 20 + 5
     docs[poison] = docs[poison] + " kill"
@@ -258,6 +258,8 @@ def test_a_spent_budget_is_todays_error(synth):
         for heal in range(1, 3):
             os.kill(loader.debug().workers[0].pid, signal.SIGKILL)
             read_until_healed(loader, it, heal)
+            for _ in range(40):  # past what the dead worker held (a death while its replacement is on it
+                next(it)         # one document at a time would name that document)
         pid = loader.debug().workers[0].pid
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(shmloader.WorkerError) as info:

@@ -41,11 +41,20 @@ def test_a_document_lost_again_inside_a_suspect_is_poison():
     assert poison == Poison("a.parquet", 3, 205, 206) and str(poison) == "a.parquet, row group 3, row 205"
 
 
-def test_the_same_run_lost_again_is_poison_when_it_cannot_be_cut_finer():
-    """Lost while the piece was read (the whole piece is the run): read again, lost again."""
+def test_a_piece_lost_twice_while_it_was_read_is_poison():
+    """Lost while the piece was read (no document in the engine): read again, lost again."""
     memory = PoisonMemory()
-    assert memory.lost(held(128, 384), Position(1, 0, 3, 10)) is None
-    assert memory.lost(held(128, 384), Position(1, 0, 3, 10)) == Poison("a.parquet", 3, 128, 384)
+    assert memory.lost(held(-1, -1), Position(1, 0, 3, 10)) is None
+    assert memory.lost(held(-1, -1), Position(1, 0, 3, 10)) == Poison("a.parquet", 3, 128, 384)
+
+
+def test_the_same_many_document_run_lost_again_is_not_yet_poison():
+    """A worker given the piece before the suspect was known dies on the same run: the run is
+    a suspect again, and only a single document inside it names the poison."""
+    memory = PoisonMemory()
+    assert memory.lost(held(0, 20), Position(1, 0, 3, 0)) is None
+    assert memory.lost(held(0, 20), Position(1, 0, 3, 0)) is None
+    assert memory.lost(held(5, 6), Position(1, 0, 3, 0)) == Poison("a.parquet", 3, 5, 6)
 
 
 def test_a_loss_after_the_stream_passed_the_suspect_is_chance():
@@ -73,5 +82,6 @@ def test_spans_name_the_files_as_the_run_numbers_them():
     memory.skip(Poison("/d/b.parquet", 3, 7, 8))
     memory.skip(Poison("/d/gone.parquet", 1, 0, 1))
     memory.lost(held(20, 30, rg=2, path="/d/a.parquet"), Position(1, 0, 0, 0))
+    memory.lost(held(-1, -1, rg=4, doc=0, end=64, path="/d/a.parquet"), Position(1, 0, 0, 0))  # lost reading
     poisoned, suspects = memory.spans(["/d/a.parquet", "/d/b.parquet"])
-    assert poisoned == (Span(1, 3, 7, 8),) and suspects == (Span(0, 2, 20, 30),)
+    assert poisoned == (Span(1, 3, 7, 8),) and suspects == (Span(0, 2, 20, 30), Span(0, 4, 0, 64))
