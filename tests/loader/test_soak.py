@@ -140,6 +140,7 @@ def test_heal_soak(posdata, capsys):
                 kids = [procs.coordinator, *procs.workers]
                 assert sorted(loader_children()) == sorted(p.pid for p in kids), "stray child processes"
                 assert shm_segments() == [procs.segment], f"segments of this process: {shm_segments()}"
+                del procs, kids  # a Debug keeps its ring (and its fd) alive: after a restart, the old one
                 if base is None:
                     base = {"rss": rss_mb(), "counts": counts()}
                 else:
@@ -150,6 +151,7 @@ def test_heal_soak(posdata, capsys):
                 victim = rng.choice([d.coordinator, *d.workers])
                 stop = rng.random() < 0.2
                 os.kill(victim.pid, signal.SIGSTOP if stop else signal.SIGKILL)
+                del d, victim  # (see above: the ring of a run about to be replaced)
                 faults, stops = faults + 1, stops + stop
                 next_fault = time.monotonic() + rng.uniform(1, 4)
         stats = loader.stats()
