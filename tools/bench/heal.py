@@ -11,6 +11,9 @@ signal (the heal: the death seen, every child started again from the state, the 
 the new run) against the longest `next()` of the same loader in the `--settle` s before it (its
 start-up left out), medians and maxima over the faults; and whether every batch is the one an
 uninterrupted loader yields (the stream is checked, not assumed: the run exits 1 if not).
+Beside them, the first batch of a fresh loader of the same shape, in this process (its
+forkserver already running: the first loader of a process also pays its start), median of
+`--faults`: what a heal is measured against.
 """
 from __future__ import annotations
 
@@ -93,6 +96,12 @@ def main(argv=None) -> int:
     make = lambda: shmloader.ShmLoader(corpus.data, corpus.tokenizer, args.batch_size, args.seq_len, "train",  # noqa: E731
                                        packing=args.packing, num_workers=args.workers, device="cpu",
                                        max_restarts=1000, stall_s=args.stall_s, idle_release_s=0)
+    firsts = []
+    for _ in range(args.faults):
+        t = time.perf_counter()
+        with make() as fresh:
+            next(fresh)
+            firsts.append((time.perf_counter() - t) * 1e3)
     faults = []
     for kind in KINDS:
         for i in range(args.faults):
@@ -104,7 +113,8 @@ def main(argv=None) -> int:
     figures = {"config": {"corpus": corpus.name, "data": corpus.data, "packing": args.packing, "workers": args.workers,
                           "B": args.batch_size, "T": args.seq_len, "faults": args.faults, "settle_s": args.settle,
                           "after_s": args.after, "stall_s": args.stall_s},
-               "kinds": [summary(kind, [r for r in faults if r["kind"] == kind]) for kind in KINDS], "faults": faults}
+               "kinds": [summary(kind, [r for r in faults if r["kind"] == kind]) for kind in KINDS], "faults": faults,
+               "fresh_first_batch_ms": {"median": statistics.median(firsts), "max": max(firsts), "each": firsts}}
     results.publish(args.json, "heal", began, figures, argv, report)
     return 0 if all(r["same_stream"] and r["heals"] == 1 for r in faults) else 1
 
@@ -121,11 +131,16 @@ def report(run: dict) -> str:
     out = [f"heal cost, {c['corpus'] or c['data']} corpus, {c['packing']}, {plural(c['workers'], 'worker')}, B={c['B']}, "
            f"T={c['T']}, {plural(c['faults'], 'fault')} of each kind (stall_s={c['stall_s']:g} for SIGSTOP): the longest next() after the fault "
            f"and before it (ms, median / max over the faults); load average at the start {run['machine']['load_average']}"]
-    head = ("fault", "after", "before", "heals", "stream the same")
+    first = run.get("fresh_first_batch_ms")
+    head = ("fault", "after", "before", "after / fresh first batch", "heals", "stream the same")
     out.append(results.table(head, [(k["kind"], f"{k['after_ms_median']:,.0f} / {k['after_ms_max']:,.0f}",
                                      f"{k['before_ms_median']:,.0f} / {k['before_ms_max']:,.0f}",
+                                     f"{k['after_ms_median'] / first['median']:.2f}x" if first else "-",
                                      f"{k['heals']}/{k['faults']}", f"{k['same_stream']}/{k['faults']}")
                                     for k in run["kinds"]]))
+    if first:
+        out.append(f"a fresh loader's first batch (its forkserver running): {first['median']:,.0f} ms median, "
+                   f"{first['max']:,.0f} ms at most")
     return "\n".join(out)
 
 
