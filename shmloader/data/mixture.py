@@ -1,0 +1,270 @@
+"""Mixtures: several sources read by token weight, on a schedule; the mixing rule, pure.
+
+A `Mixture` names its sources (each anything `data=` takes: a directory, a glob, a list of
+files) and their weights: one `{name: weight}` for the whole run, or a schedule
+`[(first_batch, {name: weight}), ...]` whose stages start at batch indices of the run, the
+first at 0. Weights need not sum to one; a weight of 0 pauses a source, and so does leaving
+it out of a stage. `max_epochs={name: n}` ends a source after its n-th epoch (its weight is
+then shared by the rest); a source without it starts its next epoch alone when it runs out.
+
+**The rule** (`Mixer`). Documents are taken one at a time. Within a *counting stage* (a
+schedule's stage; or, after a resume with other weights, the part of a stage from the resume
+on), let N be the tokens taken so far, t_s those taken from source s and L_s the length of
+source s's next document. The next document comes from the source that would stand furthest
+below its share after taking it: the largest `w_s * (N + L_s) - (t_s + L_s)`, over the sources
+with a weight that have not ended, their weights normalised to sum to one; ties go to the
+first name in sorted order, so the order the user wrote the sources in changes nothing. A
+document counts all its tokens, its BOS included. Looking at L_s holds a long document back
+until its source is that far behind: on documents of up to 8K tokens, 120 batches of B=8,
+T=256 end 1.5x nearer their weights than with the deficit alone (`w_s * N - t_s`, Megatron's
+rule for samples). A document is not split, so a share can stray by about one long document
+over N: each source stays within k * L_max tokens of `w_s * N` after every document (k
+sources); tests/unit/test_mixture.py checks both on three shapes of document lengths.
+
+The rule sees token counts only, so the mixed stream depends on (sources, weights, rank,
+world size) and on nothing else: not on the number of workers, not on timing. A packing
+then packs the mixed stream as it packs one source's.
+
+**State** (`Mixer.state`, plain JSON): the counting stage (the schedule's stage index and the
+batch it began at), the tokens taken per source in it, every source's totals (tokens,
+documents, epoch) by name, the sources that ended, and the digest of the mixture it ran
+under. `Mixer.resume` with the same mixture continues exactly. With another (new weights or
+schedule, sources added or removed), a new counting stage starts at the resume's batch
+under the new mixture's weights there, every source keeps its totals, a removed source's
+totals stay in the state (a later resume that brings it back continues them), and each
+change is said once in words (`Resumed.notes`).
+
+This module is the policy only (docs/design.md "Mixtures" says how a run is to use it).
+"""
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from typing import Callable, Mapping, NamedTuple, Sequence
+
+from ..errors import DataError
+
+
+class Stage(NamedTuple):
+    """A stage of the schedule: from batch `first_batch` on, `weights` by source name."""
+    first_batch: int
+    weights: Mapping[str, float]
+
+
+class Totals(NamedTuple):
+    """What a run took from one source: tokens (BOS included), documents, the epoch it is in."""
+    tokens: int
+    documents: int
+    epoch: int
+
+
+class Choice(NamedTuple):
+    """The source of the next document; `started`, the schedule's stage that begins with it
+    (None inside a stage), for a log line."""
+    source: str
+    started: Stage | None
+
+
+class Resumed(NamedTuple):
+    """A mixer made from a state, with what changed since that state, in words."""
+    mixer: "Mixer"
+    notes: tuple
+
+
+class Mixture:
+    """Sources by name, weighed by tokens, on a schedule (the module docstring says the rule).
+
+    `sources`: `{name: data}`, `data` as `ShmLoader` takes it. `weights`: `{name: weight}`,
+    or `[(first_batch, {name: weight}), ...]` with the first stage at batch 0 and stages in
+    increasing order. `max_epochs`: `{name: epochs}` for the sources that end."""
+
+    def __init__(self, sources: Mapping[str, object], weights, max_epochs: Mapping[str, int] | None = None):
+        if not isinstance(sources, Mapping) or not sources:
+            raise ValueError(f"Mixture: sources must be a non-empty mapping of name -> data, got {sources!r}")
+        for name in sources:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"Mixture: a source's name must be a non-empty string, got {name!r}")
+        self.sources = dict(sources)
+        self.names = tuple(sorted(self.sources))
+        self.stages = _stages(weights, self.names)
+        self.max_epochs = _max_epochs(max_epochs or {}, self.names)
+        self.digest = _digest(self.names, self.stages, self.max_epochs)
+
+    def stage_at(self, batch: int) -> int:
+        """The index of the stage that batch `batch` is in."""
+        i = 0
+        while i + 1 < len(self.stages) and self.stages[i + 1].first_batch <= batch:
+            i += 1
+        return i
+
+    def __repr__(self) -> str:
+        stages = [(s.first_batch, dict(s.weights)) for s in self.stages]
+        return f"Mixture({list(self.names)}, stages={stages}, max_epochs={self.max_epochs})"
+
+
+def _weight(source: str, stage: int, w) -> float:
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+        raise ValueError(f"Mixture: source {source!r} has weight {w!r} in stage {stage}; a weight is a finite "
+                         "number >= 0 (0 pauses the source)")
+    return float(w)
+
+
+def _stages(weights, names: tuple) -> tuple:
+    if isinstance(weights, Mapping):
+        weights = [(0, weights)]
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
+        raise ValueError("Mixture: weights must be {name: weight} or a schedule [(first_batch, {name: weight}), ...], "
+                         f"got {weights!r}")
+    stages = []
+    for i, stage in enumerate(weights):
+        if not (isinstance(stage, Sequence) and len(stage) == 2 and isinstance(stage[1], Mapping)):
+            raise ValueError(f"Mixture: stage {i} of the schedule must be (first_batch, {{name: weight}}), got {stage!r}")
+        first, given = stage
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"Mixture: stage {i} starts at batch {first!r}; a stage starts at a batch index (an int >= 0)")
+        if i == 0 and first != 0:
+            raise ValueError(f"Mixture: the schedule's first stage starts at batch {first}; it must start at 0")
+        if stages and first <= stages[-1].first_batch:
+            raise ValueError(f"Mixture: stage {i} starts at batch {first}, not after stage {i - 1} "
+                             f"(batch {stages[-1].first_batch}); stages go in increasing order")
+        unknown = sorted(map(str, set(given) - set(names)))
+        if unknown:
+            raise ValueError(f"Mixture: stage {i} weighs {', '.join(map(repr, unknown))}, not among the sources "
+                             f"({', '.join(map(repr, names))})")
+        w = {name: _weight(name, i, given.get(name, 0)) for name in names}
+        if not any(w.values()):
+            raise ValueError(f"Mixture: every weight of stage {i} (from batch {first}) is 0; at least one source "
+                             "needs a weight > 0")
+        stages.append(Stage(first, w))
+    return tuple(stages)
+
+
+def _max_epochs(given: Mapping, names: tuple) -> dict:
+    unknown = sorted(map(str, set(given) - set(names)))
+    if unknown:
+        raise ValueError(f"Mixture: max_epochs names {', '.join(map(repr, unknown))}, not among the sources "
+                         f"({', '.join(map(repr, names))})")
+    for name, n in given.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"Mixture: max_epochs of source {name!r} is {n!r}; it must be an int >= 1")
+    return {name: given[name] for name in names if name in given}
+
+
+def _digest(names, stages, max_epochs) -> str:
+    text = json.dumps([list(names), [[s.first_batch, [s.weights[n] for n in names]] for s in stages], max_epochs],
+                      sort_keys=True)
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+class Mixer:
+    """The mixing rule over one run's documents: `choose` the next document's source, then
+    `took` its tokens (the module docstring says the rule and its bound)."""
+
+    def __init__(self, mixture: Mixture, batch: int = 0):
+        self.mixture = mixture
+        self.stage = mixture.stage_at(batch)
+        self.stage_batch = batch                               # the batch this counting stage began at
+        self.counted = {name: 0 for name in mixture.names}     # tokens per source in this counting stage
+        self.totals = {name: Totals(0, 0, 1) for name in mixture.names}
+        self.ended: set = set()
+        self.kept: dict = {}                                   # totals of sources this mixture leaves out
+        self._shares = self._normalised()
+
+    def _normalised(self) -> dict:
+        weights = self.mixture.stages[self.stage].weights
+        live = {name: w for name, w in weights.items() if w > 0 and name not in self.ended}
+        if not live:
+            with_weight = [name for name, w in weights.items() if w > 0]
+            raise DataError(f"mixture: every source with a weight in stage {self.stage} (from batch "
+                            f"{self.mixture.stages[self.stage].first_batch}) has ended ({', '.join(with_weight)}: "
+                            "max_epochs); nothing is left to read")
+        total = sum(live.values())
+        return {name: w / total for name, w in live.items()}
+
+    def shares(self) -> dict:
+        """The weights in force, normalised over the sources that take part now."""
+        return dict(self._shares)
+
+    def choose(self, batch: int, next_length: Callable[[str], int]) -> Choice:
+        """The source of the next document, whose first token lands in batch `batch`;
+        `next_length(name)`: the length of that source's next document, asked of the sources
+        taking part only."""
+        started = None
+        stage = self.mixture.stage_at(batch)
+        if stage != self.stage:
+            self.stage, self.stage_batch = stage, batch
+            self.counted = dict.fromkeys(self.counted, 0)
+            self._shares = self._normalised()
+            started = self.mixture.stages[stage]
+        n = sum(self.counted.values())
+        best, behind = None, -math.inf
+        for name, w in self._shares.items():   # in sorted order: ties go to the first name
+            length = next_length(name)
+            b = w * (n + length) - self.counted[name] - length
+            if b > behind:
+                best, behind = name, b
+        return Choice(best, started)
+
+    def took(self, source: str, tokens: int, epoch: int | None = None) -> None:
+        """A document of `tokens` tokens (BOS included) from `source`, of its epoch `epoch`."""
+        self.counted[source] += tokens
+        t = self.totals[source]
+        self.totals[source] = Totals(t.tokens + tokens, t.documents + 1, t.epoch if epoch is None else epoch)
+
+    def end(self, source: str) -> str | None:
+        """`source` has read its `max_epochs`: its weight goes to the rest. The words to say
+        once (None if it had ended already)."""
+        if source in self.ended:
+            return None
+        before = self._shares.get(source, 0.0)
+        self.ended.add(source)
+        self._shares = self._normalised()
+        return (f"mixture: source {source!r} has read its {self.mixture.max_epochs.get(source, '?')} epoch(s) "
+                f"(max_epochs); its share of {before:.3g} goes to the others: "
+                + ", ".join(f"{n} {w:.3g}" for n, w in self._shares.items()))
+
+    def state(self) -> dict:
+        """Plain JSON: the counting stage, its counts, every source's totals, those that ended."""
+        totals = {name: list(t) for name, t in {**self.kept, **self.totals}.items()}
+        return {"mixture": self.mixture.digest, "stage": self.stage, "stage_batch": self.stage_batch,
+                "counted": dict(self.counted), "totals": dict(sorted(totals.items())), "ended": sorted(self.ended)}
+
+    @classmethod
+    def resume(cls, mixture: Mixture, state: Mapping, batch: int) -> Resumed:
+        """The mixer after `state`, at batch `batch`, under `mixture` (the state's or another)."""
+        try:
+            digest, stage, stage_batch = state["mixture"], int(state["stage"]), int(state["stage_batch"])
+            counted, saved = dict(state["counted"]), {n: Totals(*map(int, t)) for n, t in state["totals"].items()}
+            ended = set(state["ended"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"mixture state is malformed ({type(e).__name__}: {e}): {state!r}") from None
+        mixer = cls(mixture, batch)
+        notes = []
+        mixer.totals.update({n: t for n, t in saved.items() if n in mixer.totals})
+        mixer.kept = {n: t for n, t in saved.items() if n not in mixer.totals}
+        for name in sorted(ended & set(mixture.names)):
+            if saved[name].epoch >= mixture.max_epochs.get(name, math.inf):
+                mixer.ended.add(name)
+            else:
+                notes.append(f"mixture: source {name!r} had ended; this mixture's max_epochs lets it go on "
+                             f"(epoch {saved[name].epoch + 1} on)")
+        for name in mixer.kept:
+            notes.append(f"mixture: source {name!r} of the state is not in this mixture; it is not read, and its "
+                         f"place is kept in the state ({mixer.kept[name].tokens} tokens taken) for a resume that "
+                         "brings it back")
+        for name in mixture.names:
+            if name not in saved:
+                notes.append(f"mixture: source {name!r} is new to the state; it is read from its start")
+        if digest == mixture.digest:
+            if stage_batch > batch or set(counted) != set(mixture.names):
+                raise ValueError(f"mixture state is inconsistent: its counting stage began at batch {stage_batch}, "
+                                 f"after batch {batch}, or counts {sorted(counted)} for sources {list(mixture.names)}")
+            mixer.stage, mixer.stage_batch = stage, stage_batch
+            mixer.counted = {n: int(counted[n]) for n in mixture.names}
+        else:
+            notes.append(f"mixture: the weights differ from the state's; from batch {batch} the mix follows "
+                         f"{ {n: round(w, 4) for n, w in mixture.stages[mixer.stage].weights.items()} } "
+                         f"(stage {mixer.stage}), every source going on from where it stood")
+        mixer._shares = mixer._normalised()
+        return Resumed(mixer, tuple(notes))
