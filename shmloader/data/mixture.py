@@ -186,17 +186,22 @@ class Mixer:
         """The weights in force, normalised over the sources that take part now."""
         return dict(self._shares)
 
+    def enter(self, batch: int) -> Stage | None:
+        """The next document lands in batch `batch`: the schedule's stage there begins now if
+        it has not yet (returned, for a log line; None if it had)."""
+        stage = self.mixture.stage_at(batch)
+        if stage == self.stage:
+            return None
+        self.stage, self.stage_batch = stage, batch
+        self.counted = dict.fromkeys(self.counted, 0)
+        self._shares = self._normalised()
+        return self.mixture.stages[stage]
+
     def choose(self, batch: int, next_length: Callable[[str], int]) -> Choice:
         """The source of the next document, whose first token lands in batch `batch`;
         `next_length(name)`: the length of that source's next document, asked of the sources
         taking part only."""
-        started = None
-        stage = self.mixture.stage_at(batch)
-        if stage != self.stage:
-            self.stage, self.stage_batch = stage, batch
-            self.counted = dict.fromkeys(self.counted, 0)
-            self._shares = self._normalised()
-            started = self.mixture.stages[stage]
+        started = self.enter(batch)
         n = sum(self.counted.values())
         best, behind = None, -math.inf
         for name, w in self._shares.items():   # in sorted order: ties go to the first name

@@ -44,10 +44,22 @@ class _Seq:
     live_cum: np.ndarray  # documents (non-null rows) among the piece's rows up to each one
     placed: int = field(default=0)  # stream position up to which segments were issued
     done_sent: bool = field(default=False)
+    base: int = 0         # a run of a piece (a mixture, packing/mix.py): its first token's offset in the piece
+    last: bool = True     # ... and whether the piece's tokens can go once it is placed
+    tag: object = None    # ... and the run itself
 
     @property
     def end(self) -> int:
         return self.start + (int(self.cum_ends[-1]) if len(self.cum_ends) else 0)
+
+
+class Where(NamedTuple):
+    """Where a batch ends: the next token is token `skip` of row `row` of piece `piece`; `run`,
+    the mixture's run that row is in (its row counts from the run's first), else None."""
+    piece: int
+    row: int
+    skip: int
+    run: object = None
 
 
 class ConcatSequencer:
@@ -71,12 +83,19 @@ class ConcatSequencer:
 
     def counted(self, index: int, lengths: np.ndarray):
         """Piece `index` was tokenized: `lengths[i]` tokens for its i-th row (0 for a null)."""
-        for i, cum in self._counted.add(index, np.cumsum(lengths, dtype=np.int64)):
-            live_cum = np.cumsum(np.diff(cum, prepend=0) > 0)
-            s = _Seq(i, self.next_start, cum, self._docs, live_cum, placed=self.next_start)
-            self._docs += int(live_cum[-1]) if len(live_cum) else 0
-            self._seq.append(s)
-            self.next_start = s.end
+        for i, lengths in self._counted.add(index, lengths):
+            self.append(i, lengths)
+
+    def append(self, index: int, lengths: np.ndarray, base: int = 0, last: bool = True, tag=None):
+        """Sequence rows of piece `index` next, `lengths[i]` tokens each: the whole piece, or
+        (a mixture's `Run`, `tag`) those of its tokens from `base`, `last` if no more follow."""
+        cum = np.cumsum(lengths, dtype=np.int64)
+        live_cum = np.cumsum(np.asarray(lengths) > 0)
+        s = _Seq(index, self.next_start, cum, self._docs, live_cum, placed=self.next_start, base=base, last=last,
+                 tag=tag)
+        self._docs += int(live_cum[-1]) if len(live_cum) else 0
+        self._seq.append(s)
+        self.next_start = s.end
 
     def freed(self, batch: int):
         """The trainer gave back batch `batch` (batches come back in any order)."""
@@ -84,8 +103,8 @@ class ConcatSequencer:
 
     def placements(self) -> list[tuple[int, list[tuple[int, int, int, int]], bool]]:
         """New write orders `(piece, [(batch, batch_offset, piece_offset, n), ...], done)`;
-        `done` means the piece has no further tokens to place. Batches below `book.limit` may
-        be written."""
+        `done` means the piece has no further tokens to place (a run's piece: its last run).
+        Batches below `book.limit` may be written."""
         limit = self.book.limit * self.window
         orders = []
         for s in self._seq:
@@ -95,10 +114,10 @@ class ConcatSequencer:
             lo, hi = max(s.placed, 0), min(end, limit)
             if hi <= lo < end:
                 break  # the slots this piece needs next are still in use
-            segs = self._segments(s.start, lo, hi) if hi > lo else []
+            segs = self._segments(s.start - s.base, lo, hi) if hi > lo else []
             s.placed = max(s.placed, hi)
             s.done_sent = s.placed >= end
-            orders.append((s.index, segs, s.done_sent))
+            orders.append((s.index, segs, s.done_sent and s.last))
             if not s.done_sent:
                 break
         return orders
@@ -120,9 +139,9 @@ class ConcatSequencer:
         """A worker finished writing `n` tokens of batch `k` for each `(k, n)`."""
         self.book.written(batches)
 
-    def ready(self) -> list[tuple[int, tuple[int, int, int]]]:
+    def ready(self) -> list[tuple[int, Where]]:
         """Batches now complete, in order, each with the position of the next token:
-        `(batch, (piece, row, skip))`. A batch waits until the piece holding the token after it
+        `(batch, Where)`. A batch waits until the piece holding the token after it
         is sequenced, so that its position is the same in every run."""
         out = self.book.ready(self._position_after)
         self._prune()
@@ -136,7 +155,7 @@ class ConcatSequencer:
             return None
         s, row, skip = found
         self.docs_at[k] = s.docs_before + (int(s.live_cum[row - 1]) if row else 0) + (1 if skip else 0)
-        return s.index, row, skip
+        return Where(s.index, row, skip, s.tag)
 
     def _find(self, pos: int):
         for s in self._seq:
@@ -196,9 +215,9 @@ class ConcatMode(Mode):
 
     def ready(self):
         out = []
-        for k, (index, row, skip) in self.seq.ready():
-            p = self.specs[index]
-            skip += p.skip if row == 0 else 0  # its first row lacks the tokens it skipped
+        for k, where in self.seq.ready():
+            p, row = self.specs[where.piece], where.row
+            skip = where.skip + (p.skip if row == 0 else 0)  # its first row lacks the tokens it skipped
             out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip), None,
                                 self.seq.docs_at.pop(k)))
         if out:

@@ -8,13 +8,14 @@ unique value (its index), so each slot, each stream position and each resume pos
 checkable by arithmetic."""
 
 import random
+from collections import deque
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.packing.concat import ConcatSequencer
+from shmloader.packing.concat import ConcatSequencer, Where
 from shmloader.packing.base import SlotMap
 
 
@@ -98,7 +99,7 @@ class Sim:
         assert np.array_equal(self.slots[self.slot_map.take_slot(k)], np.arange(first, first + self.W)), k
 
     def check_position(self, k, where):
-        piece, row, skip = where
+        piece, row, skip = where.piece, where.row, where.skip
         g = self.skip + (k + 1) * self.W  # global index of the token after batch k
         lengths = self.pieces[piece]
         row_start = self.piece_start[piece] + int(lengths[:row].sum())
@@ -213,13 +214,13 @@ def test_hand_example_segments_and_positions():
     seq.counted(2, np.array([], dtype=np.int64))
     seq.written([(0, 3), (0, 1), (1, 4)])
     # batch 0 is complete and token 4 (piece 1, row 0, token 1) is sequenced
-    assert seq.ready() == [(0, (1, 0, 1)), (1, (1, 0, 5))]
+    assert seq.ready() == [(0, Where(1, 0, 1)), (1, Where(1, 0, 5))]
     assert seq.ready() == []
     seq.freed(0)
     assert seq.placements() == [(1, [(2, 0, 5, 1)], True), (2, [], True), (3, [(2, 1, 0, 3)], False)]
     seq.written([(2, 1), (2, 3)])
     # token 12 is token 1 of row 2 of piece 3 (row 1 is a null)
-    assert seq.ready() == [(2, (3, 2, 1))]
+    assert seq.ready() == [(2, Where(3, 2, 1))]
     seq.freed(1)
     assert seq.placements() == [(3, [(3, 0, 3, 2)], True)]
     seq.written([(3, 2)])
@@ -233,7 +234,7 @@ def test_skip_drops_the_first_tokens():
         seq.counted(i, np.array(lengths))
     assert seq.placements() == [(0, [], True), (1, [(0, 0, 2, 2)], True), (2, [(0, 2, 0, 1), (1, 0, 1, 1)], True)]
     seq.written([(0, 2), (0, 1)])
-    assert seq.ready() == [(0, (2, 0, 1))]
+    assert seq.ready() == [(0, Where(2, 0, 1))]
 
 
 def test_batch_waits_for_the_piece_holding_its_next_token():
@@ -245,7 +246,7 @@ def test_batch_waits_for_the_piece_holding_its_next_token():
     seq.counted(1, np.array([0, 0]))  # two nulls: still no token 4
     assert seq.ready() == []
     seq.counted(2, np.array([0, 2]))
-    assert seq.ready() == [(0, (2, 1, 0))]
+    assert seq.ready() == [(0, Where(2, 1, 0))]
 
 
 def test_nothing_placed_beyond_free_slots_until_freed():
@@ -254,7 +255,7 @@ def test_nothing_placed_beyond_free_slots_until_freed():
     assert seq.placements() == [(0, [(0, 0, 0, 2)], False)]
     assert seq.placements() == []
     seq.written([(0, 2)])
-    assert seq.ready() == [(0, (0, 0, 2))]
+    assert seq.ready() == [(0, Where(0, 0, 2))]
     assert seq.placements() == []     # announced but not freed: slot 0 still in use
     seq.freed(0)
     assert seq.placements() == [(0, [(1, 0, 2, 2)], False)]
@@ -291,3 +292,62 @@ def test_slot_map_reuses_freed_slots_in_any_order():
     slots.release(2)
     slots.release(0)
     assert [slots.take_slot(k) for k in (4, 5)] == [0, 2]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_runs_of_pieces_interleaved(seed):
+    """A mixture's runs (packing/mix.py): each piece's rows cut into runs, two sources' runs
+    interleaved. The stream is the runs' tokens in order, each written from its piece's own
+    tokens (at the run's base), a piece is done once, after its last run, and every batch's
+    end names the run, row and token that follow it."""
+    rng = random.Random(seed)
+    W, n_slots = 37, 3
+    values = iter(range(10**9))
+    pieces = [[rng.choice([0, rng.randint(1, 30)]) for _ in range(rng.randint(0, 6))] for _ in range(60)]
+    tokens = [np.array([next(values) for _ in range(sum(p))]) for p in pieces]
+    queues = [deque(range(0, 60, 2)), deque(range(1, 60, 2))]  # two sources' pieces, each in order
+    runs, left = [], {}
+    while queues[0] or queues[1]:
+        q = queues[rng.randrange(2)] if queues[0] and queues[1] else (queues[0] or queues[1])
+        i = q[0]
+        lo = left.get(i, 0)
+        hi = min(len(pieces[i]), lo + rng.randint(1, 3)) if pieces[i] else 0
+        base = sum(pieces[i][:lo])
+        runs.append((i, lo, hi, base, hi == len(pieces[i])))
+        left[i] = hi
+        if hi == len(pieces[i]):
+            q.popleft()
+    seq = ConcatSequencer(W, n_slots)
+    slots = SlotMap(n_slots)
+    stream, done, expected = {}, [], []
+    for i, lo, hi, base, last in runs:
+        seq.append(i, np.array(pieces[i][lo:hi], dtype=np.int64), base, last, tag=(i, lo))
+        expected.extend(tokens[i][base:base + sum(pieces[i][lo:hi])])
+    announced = 0
+    for _ in range(10_000):
+        for i, segs, is_done in seq.placements():
+            for k, off, poff, n in segs:
+                slots.take_slot(k)
+                for j in range(n):
+                    stream[k * W + off + j] = tokens[i][poff + j]
+                seq.written([(k, n)])
+            if is_done:
+                done.append(i)
+        ready = seq.ready()
+        for k, where in ready:
+            assert k == announced
+            announced += 1
+            i, lo = where.run
+            row = lo + where.row
+            assert where.piece == i
+            at = sum(pieces[i][:row]) + where.skip  # the token after batch k, within its piece
+            assert tokens[i][at] == expected[(k + 1) * W]
+            slots.release(k)
+            seq.freed(k)
+        if not ready and announced * W + W >= len(expected):
+            break
+    assert announced == len(expected) // W - 1 or announced == (len(expected) - 1) // W
+    assert [stream[p] for p in range(announced * W)] == expected[:announced * W]
+    assert sorted(done) == sorted(set(done))
+    last_placed = {i for i, lo, hi, base, last in runs if last}
+    assert set(done) <= last_placed and len(done) > 10
