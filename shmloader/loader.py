@@ -26,13 +26,15 @@ import os
 import threading
 from dataclasses import dataclass
 
-from . import delivery, errors, resume as resumemod, state as statemod
+from . import delivery, errors, mixstate, resume as resumemod, state as statemod
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
 from .data import source, tokenizer as tokmod
 from .data.catalogue import Catalogue
-from .ipc.protocol import RunArgs
+from .data.mixture import Mixture
+from .data.sources import Sources
+from .ipc.protocol import MixArgs, RunArgs
 from .packing.runs import encode_buffer
 from .procs import lifecycle
 from .procs.run import Mark, Runs
@@ -103,7 +105,11 @@ class ShmLoader:
         self.rank, self.world_size = place(rank, world_size)
         if data is None:  # nanochat's directory; rank 0 of the train split tells of a fallback
             data = source.default_data_dir(notice=self.rank == 0 and split == "train")
-        self._catalogue = Catalogue(data, split, filesystem)
+        if isinstance(data, Mixture):  # several sources by weight (data/mixture.py)
+            mixstate.refuse(self.config)
+            self._catalogue, self._sources_seen = Sources(data, split, filesystem), None
+        else:
+            self._catalogue = Catalogue(data, split, filesystem)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine)
         if self.config.cache_dir is not None and (problem := cachemod.prepare(self.config.cache_dir)):
@@ -198,6 +204,8 @@ class ShmLoader:
         if self._runs.run is not None:
             read = self._runs.run.stats(self.config)
             out.update(read, epoch=max(out["epoch"], read["epoch"]))
+        if isinstance(self._catalogue, Sources):  # since the last call: "share_recent"
+            out["sources"] = self._sources_seen = mixstate.source_stats(self._mark, self._sources_seen)
         return out
 
     def debug(self) -> "Debug | None":
@@ -267,12 +275,17 @@ class ShmLoader:
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
-        self._writer = statemod.Writer(self._identity(), resume, self._catalogue)
-        buffer = encode_buffer(resume.runs) if self.config.spec.buffered else None
+        args = dataclasses.replace(self._args(), start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
+                                   plan=resume.plan)
+        if args.mixture is None:
+            self._writer = statemod.Writer(self._identity(), resume, self._catalogue)
+            buffer = encode_buffer(resume.runs) if self.config.spec.buffered else None
+        else:  # a mixture's place travels as best fit's buffer does
+            self._writer = mixstate.Writer(self._identity(), resume, self._catalogue)
+            buffer = mixstate.point_text(resume.mix)
+            args = dataclasses.replace(args, mixture=args.mixture._replace(point=resume.mix, first_batch=resume.batch))
         self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0)
-        self._runs.begin(dataclasses.replace(self._args(), start=resume.position,
-                                             buffer_runs=tuple(map(tuple, resume.runs)), plan=resume.plan),
-                         resume.batch, self._mark.docs)
+        self._runs.begin(args, resume.batch, self._mark.docs)
         self._state = self._writer.state(self._mark, resume.check)
         self._verify, self._ahead, self._failed = resume.check, None, None
 
@@ -285,9 +298,11 @@ class ShmLoader:
     def _args(self) -> RunArgs:
         """What every run of this loader is given (a run's start is added by `Runs`)."""
         fs = self._catalogue.filesystem
-        return RunArgs(files=self._catalogue.paths, rank=self.rank, world=self.world_size, layout=None,
+        cat = self._catalogue
+        mix = MixArgs(cat.mixture, tuple(cat.ranges.values()), None, 0) if isinstance(cat, Sources) else None
+        return RunArgs(files=cat.paths, rank=self.rank, world=self.world_size, layout=None,
                        filesystem=source.FilesystemRef(fs) if fs else None, tokenizer=self.tokenizer,
-                       later=self._catalogue.later)
+                       later=cat.later, mixture=mix)
 
     def _locked(self, what: str):
         """The lock (`what` names the call), waited for at most `timeout` s: `LoaderTimeout`."""

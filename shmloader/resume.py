@@ -27,7 +27,7 @@ import logging
 import os
 import time
 
-from . import state as statemod
+from . import mixstate, state as statemod
 from .data import elastic
 from .position import Position
 from .procs.children import locate_position
@@ -41,6 +41,10 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
     `args`: the loader's `RunArgs`, for count-only runs; `heal(lost, paths)`: a count-only run's
     lost child, healed within the loader's budget: procs/run.py). Raises `ValueError` naming
     what does not match."""
+    if hasattr(catalogue, "mixture"):  # a mixture's loader: a mixture's state (mixstate.py)
+        return mixstate.check(state, identity, catalogue)
+    if isinstance(state, dict) and "mixture" in state:
+        raise ValueError("resume state is of a Mixture and this loader reads one source: give it the Mixture")
     resume = statemod.check(state, identity)
     if resume.origin is not None and "version" not in state:
         _check_row_group(resume.origin, catalogue)

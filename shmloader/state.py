@@ -90,6 +90,7 @@ class Resume:
     #                            when it is not theirs: the state's, then files new to it
     plan: Plan | None = None   # the run began at a change of world size (data/elastic.py)
     change: "Change | None" = None  # the state is of another world size: the loader builds the plan
+    mix: dict | None = None    # a mixture's: the `packing.mix.MixPoint` there, as JSON (mixstate.py)
 
 
 @dataclass(frozen=True)

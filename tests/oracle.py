@@ -137,3 +137,47 @@ def plan_batch_scan(buffer: list, next_chunk, B: int, row_len: int,
 def _as_plan(rows, offs, ids, ntok, cropped) -> BatchPlan:
     as64 = lambda xs: np.array(xs, dtype=np.int64)  # noqa: E731
     return BatchPlan(as64(rows), as64(offs), as64(ids), as64(ntok), int(cropped))
+
+
+def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, world=1, point=None, batch=0,
+                    log=None):
+    """Yield `((epoch, file, rg, row), text, 0)`: the documents of a mixture (docs/design.md
+    "Mixtures"), from each source's `documents` and the mixing rule, for `concat_windows(docs=...)`.
+    `sources`: name -> its split's files. `point`: a state's `mixture.point` (parsed) to resume
+    from at batch `batch`: every source from its document, the mixer from its counts, the cut
+    document first (concat_windows' `skip` drops its tokens before the point). `log`, a list:
+    `(source, tokens, (epoch, file, rg, row))` of each document is appended to it."""
+    from shmloader.data.mixture import Mixer
+
+    starts = {name: (1, 0, rank, 0) for name in sources}
+    skip, first = 0, None
+    if point is None:
+        mixer = Mixer(mixture, batch)
+    else:
+        mixer = Mixer.resume(mixture, point["mixer"], batch).mixer
+        starts.update({name: tuple(p) for name, p in point["sources"].items() if name in sources})
+        if point["skip"] and point["source"] in sources:
+            skip, first = point["skip"], point["source"]
+    streams = {name: documents(files, rank, world, *starts[name]) for name, files in sources.items()}
+    ahead = {}
+
+    def peek(name):
+        while name not in ahead:
+            meta, text = next(streams[name])
+            if text is not None:
+                ahead[name] = (meta, text, 1 + len(encode(text)))
+        return ahead[name]
+
+    tokens = 0
+    while True:
+        if first is not None:
+            name, first = first, None
+        else:
+            name = mixer.choose(batch + (tokens - skip) // window, lambda n: peek(n)[2]).source
+        meta, text, n = peek(name)
+        del ahead[name]
+        mixer.took(name, n, meta[0])
+        tokens += n
+        if log is not None:
+            log.append((name, n, meta))
+        yield meta, text, 0

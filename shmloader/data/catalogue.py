@@ -40,6 +40,20 @@ def described_files(files: list, epoch: int, file: int) -> list:
     return files[:file + 1] + [[name, size, None] for name, size, _ in files[file + 1:]]
 
 
+def learned(files: list, paths: list, opened: list, warn) -> list:
+    """`files` (identities) with what `opened` (`Opened` messages) says of them, a new list;
+    a file whose size or footer changed since it was known is warned of."""
+    files = list(files)
+    for msg in opened:
+        name, size, footer = files[msg.file]
+        if size != msg.size or footer not in (None, msg.footer):
+            warn(f"shmloader: {paths[msg.file]} changed since this loader first knew it "
+                 f"({size} bytes, footer {footer}; now {msg.size} bytes, footer {msg.footer}): "
+                 f"batches from here on read it as it is now, and states say so")
+        files[msg.file] = [name, msg.size, msg.footer]
+    return files
+
+
 class Catalogue:
     def __init__(self, data, split: str, filesystem=None):
         """Lists `data` (None: nanochat's directory) and takes `split`'s files; raises
@@ -78,15 +92,7 @@ class Catalogue:
         """The identities the coordinator read (`Opened` messages), for the states from here
         on; a file whose size or footer changed since the loader knew it is warned of. The
         list is replaced, never changed in place: states already handed out keep theirs."""
-        files = list(self.files)
-        for msg in opened:
-            name, size, footer = files[msg.file]
-            if size != msg.size or footer not in (None, msg.footer):
-                warn(f"shmloader: {self.paths[msg.file]} changed since this loader first knew it "
-                     f"({size} bytes, footer {footer}; now {msg.size} bytes, footer {msg.footer}): "
-                     f"batches from here on read it as it is now, and states say so")
-            files[msg.file] = [name, msg.size, msg.footer]
-        self.files = files
+        self.files = learned(self.files, self.paths, opened, warn)
         self._described = (None, None)
 
     def with_footers(self, known: list):

@@ -166,8 +166,8 @@ class Mixer:
         self.stage = mixture.stage_at(batch)
         self.stage_batch = batch                               # the batch this counting stage began at
         self.counted = {name: 0 for name in mixture.names}     # tokens per source in this counting stage
-        self.totals = {name: Totals(0, 0, 1) for name in mixture.names}
-        self.ended: set = set()
+        self.totals = {name: (0, 0, 1) for name in mixture.names}  # Totals, as plain tuples
+        self.ended = frozenset()  # replaced, never changed in place (snapshots share it)
         self.kept: dict = {}                                   # totals of sources this mixture leaves out
         self._shares = self._normalised()
 
@@ -214,8 +214,12 @@ class Mixer:
     def took(self, source: str, tokens: int, epoch: int | None = None) -> None:
         """A document of `tokens` tokens (BOS included) from `source`, of its epoch `epoch`."""
         self.counted[source] += tokens
-        t = self.totals[source]
-        self.totals[source] = Totals(t.tokens + tokens, t.documents + 1, t.epoch if epoch is None else epoch)
+        t = self.totals[source]  # (tokens, documents, epoch): a plain tuple, once per document
+        self.totals[source] = (t[0] + tokens, t[1] + 1, t[2] if epoch is None else epoch)
+
+    def snapshot(self) -> tuple:
+        """The mixer's counts now, cheaply (a few dict copies; `state_of` makes the state)."""
+        return self.stage, self.stage_batch, self.counted.copy(), self.totals.copy(), self.ended, self
 
     def end(self, source: str) -> str | None:
         """`source` has read its `max_epochs`: its weight goes to the rest. The words to say
@@ -223,7 +227,7 @@ class Mixer:
         if source in self.ended:
             return None
         before = self._shares.get(source, 0.0)
-        self.ended.add(source)
+        self.ended = self.ended | {source}
         self._shares = self._normalised()
         return (f"mixture: source {source!r} has read its {self.mixture.max_epochs.get(source, '?')} epoch(s) "
                 f"(max_epochs); its share of {before:.3g} goes to the others: "
@@ -231,9 +235,15 @@ class Mixer:
 
     def state(self) -> dict:
         """Plain JSON: the counting stage, its counts, every source's totals, those that ended."""
-        totals = {name: list(t) for name, t in {**self.kept, **self.totals}.items()}
-        return {"mixture": self.mixture.digest, "stage": self.stage, "stage_batch": self.stage_batch,
-                "counted": dict(self.counted), "totals": dict(sorted(totals.items())), "ended": sorted(self.ended)}
+        return self.state_of_snapshot(self.snapshot())
+
+    @staticmethod
+    def state_of_snapshot(snapshot: tuple) -> dict:
+        """The state (`state`) of a `snapshot` (of the mixer it names)."""
+        stage, stage_batch, counted, totals, ended, self = snapshot
+        totals = {name: list(t) for name, t in {**self.kept, **totals}.items()}
+        return {"mixture": self.mixture.digest, "stage": stage, "stage_batch": stage_batch,
+                "counted": dict(counted), "totals": dict(sorted(totals.items())), "ended": sorted(ended)}
 
     @classmethod
     def resume(cls, mixture: Mixture, state: Mapping, batch: int) -> Resumed:
@@ -250,7 +260,7 @@ class Mixer:
         mixer.kept = {n: t for n, t in saved.items() if n not in mixer.totals}
         for name in sorted(ended & set(mixture.names)):
             if saved[name].epoch >= mixture.max_epochs.get(name, math.inf):
-                mixer.ended.add(name)
+                mixer.ended = mixer.ended | {name}
             else:
                 notes.append(f"mixture: source {name!r} had ended; this mixture's max_epochs lets it go on "
                              f"(epoch {saved[name].epoch + 1} on)")

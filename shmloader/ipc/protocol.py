@@ -9,7 +9,9 @@ slot travels in the write orders and in the announcement. A buffered packing (be
 one *buffer area* per slot: the buffer after batch k, as the state's text of its
 `[epoch, file, rg, row, count]` runs and that text's crc (packing/runs.py), written by the
 coordinator before it announces k and copied by the trainer before it frees k (the buffer is
-too big to send with every batch, and the trainer takes a state with every batch).
+too big to send with every batch, and the trainer takes a state with every batch). A mixture's
+run (its `RunArgs` carry a `MixArgs`, packing/mixmode.py) has one too: the mix's place after
+batch k (`packing.mix.MixPoint`) as JSON text, the same way.
 
 Header words (int64, ring.py): magic, layout version, n_slots, window, n_workers; the counters
 `ring.Stat`, written only by the coordinator; the slot handover's counters `ring.Counter`; one
@@ -61,8 +63,9 @@ message is one record below, sent through a pipe and dispatched on its type:
    coordinator reads a file's footer (first, or again after it changed: the trainer's states
    describe files by it); a count-only run (packing/count.py) sends
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
-   cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text)`, from
-   the workers through the coordinator, to the trainer.
+   cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text, info)`
+   (`info`: a line for the log, e.g. a mixture's stage that begins), from the workers through
+   the coordinator, to the trainer.
 7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer,
    the trainer is not waiting in `next()` (`Counter.WAITING`) and has neither taken a batch
    (`Counter.TAKEN`) nor freed one for `idle_release_s` s (and for 10 times the longest gap
@@ -121,6 +124,18 @@ class RunArgs:
     poisoned: tuple = ()           # `Span`s of documents that killed a worker twice, skipped (procs/heal.py)
     suspects: tuple = ()           # `Span`s in the engine at a worker's death: tokenized a document at a time
     plan: object = None            # data.elastic.Plan: the run began at a change of world size
+    mixture: "MixArgs | None" = None  # the run reads a mixture of sources (packing/mixmode.py)
+
+
+class MixArgs(NamedTuple):
+    """A mixture's run: its `Mixture` (data/mixture.py), each source's files as a `Range` of the
+    run's (data/sources.py), where it starts (`packing.mix.MixPoint` as JSON, in the run's
+    numbering of the files; None: every source from its start) and the state's batch that is
+    the run's batch 0 (the schedule counts batches of the run)."""
+    mixture: object
+    ranges: tuple
+    point: dict | None
+    first_batch: int
 
 
 class Span(NamedTuple):
@@ -164,6 +179,7 @@ class Skipped(NamedTuple):
 # either child -> trainer (a worker's through the coordinator)
 class Warn(NamedTuple):
     text: str
+    info: bool = False             # said in the log at INFO, not warned
 
 
 class Error(NamedTuple):

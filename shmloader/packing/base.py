@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from ..position import Position
+from .runs import encode_buffer
 
 MAX_IN_FLIGHT = 8      # pieces given to a worker and not yet counted, at most
 MAX_HELD_PIECES = 256  # pieces a worker holds (given or counted, not yet written), at most
@@ -52,6 +53,7 @@ class Packing:
     stats: Callable            # the ring's counters (dict) -> what it adds to `stats()`
     keep_rows: Callable = lambda held, rows: held  # worker: what it keeps of a piece done again, only `rows`
     order_pieces: Callable = lambda order: ()      # the pieces a write order reads
+    orders: tuple = ()         # other write orders `write` carries out (concat: `Places`, a mixture's)
     settings: tuple = ()       # LoaderConfig fields that change its stream (the state's fingerprint)
     buffer_docs: Callable | None = None  # cfg -> the documents its state's buffer may hold;
     #                                      None: it has no buffer, and its position has a skip
@@ -66,7 +68,8 @@ class Complete(NamedTuple):
     """A batch whose every token is written (`Mode.ready`): what the coordinator announces."""
     batch: int
     position: Position     # the position after it
-    runs: object           # a buffered packing: the buffer after it, as runs (an (n, 5) array); else None
+    runs: object           # a buffered packing: the buffer after it, as runs (an (n, 5) array); a
+    #                        mixture: the `mix.MixPoint` after it; else None
     docs: int              # documents begun (concat) or placed (best fit) by its end
 
 
@@ -231,6 +234,10 @@ class Mode:
 
     def messages(self):
         return ()
+
+    def buffer_of(self, done: Complete):
+        """What travels in the batch's slot for the state: `(text, crc)`, or None."""
+        return encode_buffer(done.runs) if done.runs is not None else None
 
     def stats(self):
         return ()

@@ -19,6 +19,7 @@ protocol] in ipc/protocol.py.
 """
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -35,22 +36,28 @@ class Place(NamedTuple):
     done: bool                     # the piece has no further tokens to place
 
 
+class Places(NamedTuple):
+    """Coordinator -> worker: several `Place` orders in one message (a mixture's runs:
+    packing/mixmode.py), acknowledged by one `Written`."""
+    orders: tuple
+
+
 @dataclass
 class _Seq:
     index: int
     start: int
-    cum_ends: np.ndarray  # end offset (relative to start) of each document row of the piece
+    cum_ends: np.ndarray  # end offset (relative to start) of each document row of the piece (a run's: a list)
     docs_before: int      # documents (non-null rows) of the pieces sequenced before this one
-    live_cum: np.ndarray  # documents (non-null rows) among the piece's rows up to each one
+    end: int              # the stream position after its last token
     placed: int = field(default=0)  # stream position up to which segments were issued
     done_sent: bool = field(default=False)
     base: int = 0         # a run of a piece (a mixture, packing/mix.py): its first token's offset in the piece
     last: bool = True     # ... and whether the piece's tokens can go once it is placed
     tag: object = None    # ... and the run itself
 
-    @property
-    def end(self) -> int:
-        return self.start + (int(self.cum_ends[-1]) if len(self.cum_ends) else 0)
+    def docs_to(self, row: int) -> int:
+        """Documents (non-null rows) among its rows before `row`."""
+        return int(np.count_nonzero(np.diff(np.asarray(self.cum_ends[:row]), prepend=0))) if row else 0
 
 
 class Where(NamedTuple):
@@ -89,11 +96,15 @@ class ConcatSequencer:
     def append(self, index: int, lengths: np.ndarray, base: int = 0, last: bool = True, tag=None):
         """Sequence rows of piece `index` next, `lengths[i]` tokens each: the whole piece, or
         (a mixture's `Run`, `tag`) those of its tokens from `base`, `last` if no more follow."""
-        cum = np.cumsum(lengths, dtype=np.int64)
-        live_cum = np.cumsum(np.asarray(lengths) > 0)
-        s = _Seq(index, self.next_start, cum, self._docs, live_cum, placed=self.next_start, base=base, last=last,
-                 tag=tag)
-        self._docs += int(live_cum[-1]) if len(live_cum) else 0
+        if type(lengths) is list:  # a mixture's run: a few documents, cheaper as Python ints
+            cum = list(accumulate(lengths))
+            docs = len(lengths) - lengths.count(0)
+        else:
+            cum = np.cumsum(lengths, dtype=np.int64)
+            docs = int(np.count_nonzero(lengths))
+        end = self.next_start + (int(cum[-1]) if len(cum) else 0)
+        s = _Seq(index, self.next_start, cum, self._docs, end, placed=self.next_start, base=base, last=last, tag=tag)
+        self._docs += docs
         self._seq.append(s)
         self.next_start = s.end
 
@@ -154,7 +165,7 @@ class ConcatSequencer:
         if found is None:
             return None
         s, row, skip = found
-        self.docs_at[k] = s.docs_before + (int(s.live_cum[row - 1]) if row else 0) + (1 if skip else 0)
+        self.docs_at[k] = s.docs_before + s.docs_to(row) + (1 if skip else 0)
         return Where(s.index, row, skip, s.tag)
 
     def _find(self, pos: int):
@@ -273,7 +284,10 @@ def _keep(tokens: np.ndarray, lengths: np.ndarray):
 
 
 def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int) -> list:
-    """A worker copies the segments of one piece's token stream; drops it when `done`."""
+    """A worker copies the segments of one piece's token stream; drops it when `done` (`Places`:
+    of each of its orders in turn)."""
+    if type(order) is Places:
+        return [count for one in order.orders for count in write(slots, held, one, B, T)]
     tokens, counts = held.get(order.piece), []
     for k, slot, off, src, n in order.segments:
         slots[slot, off:off + n] = tokens[src:src + n]
@@ -285,7 +299,8 @@ def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int) -> list:
 
 PACKING = Packing(
     name="concat", mode=ConcatMode, locator=_locator, order=Place, keep=_keep, write=write,
-    order_pieces=lambda order: (order.piece,),
+    order_pieces=lambda order: tuple(o.piece for o in order.orders) if type(order) is Places else (order.piece,),
+    orders=(Places,),
     window=lambda B, T: B * T + 1,     # the window's inputs and targets overlap by all but a token
     targets_at=lambda B, T: 1,
     stats=lambda counters: {})

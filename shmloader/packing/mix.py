@@ -20,6 +20,7 @@ next token is in comes first (with a new mixture too: it is not skipped).
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Mapping, NamedTuple
 
@@ -60,19 +61,20 @@ class MixPoint(NamedTuple):
 class Run(NamedTuple):
     """Rows `[row_lo, row_hi)` of piece `piece` of source `source`, picked in a row: tokens
     `[base, base + lengths.sum())` of the piece's; `last`: no document of the piece comes
-    after it; `point`: where the mix stood before its first row."""
+    after it; `at`: where the mix stood before its first row (`point_at` makes a `MixPoint`)."""
     source: str
     piece: object        # data.order.Piece
     row_lo: int
     row_hi: int
     base: int
-    lengths: np.ndarray  # tokens of each of its rows (0: a null)
+    lengths: list        # tokens of each of its rows (0: a null)
     last: bool
-    point: MixPoint
+    at: tuple            # `(sources, snapshot)`: every source's next document as a `Position` or
+    #                      as `(piece, row)` of its head, and the mixer's `snapshot` (`point_at`)
 
     @property
     def tokens(self) -> int:
-        return int(self.lengths.sum())
+        return sum(self.lengths)
 
 
 class _Counted:
@@ -80,18 +82,17 @@ class _Counted:
 
     def __init__(self, piece, lengths: np.ndarray):
         self.piece, self.lengths = piece, lengths
+        self.sizes = lengths.tolist()     # the same as Python ints (read once a document)
         self.row = 0                      # the next row that may hold a document
         self.covered = 0                  # the first row not in a run (nulls before `row`)
         self.base = 0                     # the token offset of `covered`
         self.ran = False                  # a run of it was made
 
     def skip_nulls(self):
-        while self.row < len(self.lengths) and self.lengths[self.row] == 0:
-            self.row += 1
-
-    def position(self) -> Position:
-        p = self.piece
-        return Position(p.epoch, p.file, p.rg, p.doc_start + self.row)
+        sizes, row = self.sizes, self.row
+        while row < len(sizes) and not sizes[row]:
+            row += 1
+        self.row = row
 
 
 class MixStream:
@@ -107,8 +108,9 @@ class MixStream:
         self.names = tuple(mixer.mixture.names)
         self._arrived = {name: InOrder() for name in self.names}
         self._queue = {name: deque() for name in self.names}
-        self._next = dict(starts)        # every source's next document, as known
+        self._next = dict(starts)        # every source's next document, when its queue is empty
         self._out = []                   # runs made, not yet handed out
+        self._open = None                # the run being made: (source, head, point)
         self._exhausted = set()          # sources whose order has no piece left (max_epochs)
         self.first = first               # the source whose document must come first (a resumed cut one)
         self.tokens = 0                  # tokens of the runs made
@@ -132,8 +134,11 @@ class MixStream:
         """The sources the next pick is among (its batch's stage begun first)."""
         if self.first is not None:
             return [self.first]
+        if len(self.mixer.mixture.stages) == 1:
+            return list(self.mixer.shares())
         started = self.mixer.enter(self.batch_of(self.tokens))
         if started is not None:
+            self._close()
             self.notes.append(f"mixture: stage from batch {started.first_batch}: "
                               + ", ".join(f"{n} {w:g}" for n, w in started.weights.items()))
         return list(self.mixer.shares())
@@ -149,100 +154,119 @@ class MixStream:
         while queue:
             head = queue[0]
             head.skip_nulls()
-            if head.row < len(head.lengths):
-                self._next[source] = head.position()
+            if head.row < len(head.sizes):
                 return head
             queue.popleft()
-            if not head.ran:
-                self._out.append(self._run(source, head, len(head.lengths), self._point(source)))
+            if self._open is not None and self._open[1] is head:
+                self._close()
+            elif not head.ran:
+                self._out.append(self._run(source, head, len(head.sizes), self._at()))
+            p = head.piece
+            self._next[source] = Position(p.epoch, p.file, p.rg, p.doc_end)
         return None
 
-    def _point(self, source: str, skip: int = 0) -> MixPoint:
-        return MixPoint(source, skip, dict(self._next), self.mixer.state())
+    def _at(self) -> tuple:
+        """Where the mix stands now."""
+        sources = dict(self._next)
+        for name, queue in self._queue.items():
+            if queue:
+                sources[name] = (queue[0].piece, queue[0].row)
+        return sources, self.mixer.snapshot()
 
-    def _run(self, source: str, head: _Counted, row_hi: int, point: MixPoint) -> Run:
+    def _run(self, source: str, head: _Counted, row_hi: int, at: tuple) -> Run:
         """The rows of `head` not in a run yet, to `row_hi` (the nulls after a run's documents are
-        in it), as a run; `head` moves past them, and so does where `source` reads next."""
+        in it), as a run; `head` moves past them."""
         lo = head.covered
-        lengths = head.lengths[lo:row_hi]
-        run = Run(source, head.piece, lo, row_hi, head.base, lengths, row_hi == len(head.lengths), point)
+        lengths = head.sizes[lo:row_hi]
+        run = Run(source, head.piece, lo, row_hi, head.base, lengths, row_hi == len(head.sizes), at)
         head.row = head.covered = row_hi
-        head.base, head.ran = head.base + int(lengths.sum()), True
-        p = head.piece
-        self._next[source] = Position(p.epoch, p.file, p.rg, p.doc_start + row_hi)
+        head.base, head.ran = head.base + sum(lengths), True
         return run
+
+    def _close(self):
+        """The run being made is done: its rows up to its head's next document."""
+        if self._open is not None:
+            source, head, at = self._open
+            self._open = None
+            self._out.append(self._run(source, head, head.row, at))
 
     def runs(self) -> list:
         """The runs that can be made now, in stream order."""
+        mixer = self.mixer
         while True:
-            heads = {name: self._head(name) for name in self._taking_part()}
+            names = self._taking_part()
+            heads = {name: self._head(name) for name in names}
             ended = [name for name, head in heads.items() if head is None and self._ended(name)]
             if ended:
                 for name in ended:
-                    note = self.mixer.end(name)  # raises DataError when nothing is left
+                    note = mixer.end(name)  # raises DataError when nothing is left
                     if note:
                         self.notes.append(note)
                 if self.first in ended:
                     self.first = None
                 continue
-            if any(h is None for h in heads.values()):
+            if None in heads.values():
+                self._close()
                 out, self._out = self._out, []
                 return out
-            if self.first is not None:
-                source = self.first
-                self.first = None
-            else:
-                source = self.mixer.choose(self.batch_of(self.tokens),
-                                           lambda name: int(heads[name].lengths[heads[name].row])).source
-            head = heads[source]
-            point = self._point(source)
-            row = head.row
-            while True:  # this document, then the same source's next ones in the piece while it is picked again
-                length = int(head.lengths[row])
-                self.mixer.took(source, length, head.piece.epoch)
-                self.tokens += length
-                row += 1
-                while row < len(head.lengths) and head.lengths[row] == 0:
-                    row += 1
-                if row >= len(head.lengths) or not self._again(source, int(head.lengths[row])):
-                    break
-            self._out.append(self._run(source, head, row, point))
+            if self.first is not None:  # a resumed run's cut document, without a pick
+                source, self.first = self.first, None
+                self._take(source, heads[source])
+                continue
+            self._pick_while_known(heads)
 
-    def _again(self, source: str, length: int) -> bool:
-        """The mixer picks `source` again for its next document (of `length` tokens), in the
-        same counting stage, knowing every other source's next document."""
-        if self.mixer.mixture.stage_at(self.batch_of(self.tokens)) != self.mixer.stage:
-            return False
-        lengths = {source: length}
-        for name in self.mixer.shares():
-            if name != source:
-                head = self._head_peek(name)
-                if head is None:
-                    return False
-                lengths[name] = int(head.lengths[head.row])
-        return self.mixer.choose(self.batch_of(self.tokens), lengths.__getitem__).source == source
+    def _pick_while_known(self, heads: dict):
+        """The rule (`Mixer.choose`, inlined: this runs once a document) while every source's
+        head stays where it is and the stage does not change."""
+        mixer = self.mixer
+        counted, live = mixer.counted, [(name, w, heads[name]) for name, w in mixer.shares().items()]
+        staged = len(mixer.mixture.stages) > 1
+        n = sum(counted.values())
+        while True:
+            if staged and mixer.mixture.stage_at(self.batch_of(self.tokens)) != mixer.stage:
+                return
+            best, behind = None, -math.inf
+            for name, w, head in live:  # in sorted order: ties go to the first name
+                length = head.sizes[head.row]
+                b = w * (n + length) - counted[name] - length
+                if b > behind:
+                    best, behind, picked = name, b, head
+            n += picked.sizes[picked.row]
+            if self._take(best, picked):
+                return
 
-    def _head_peek(self, source: str):
-        """`_head` without passing pieces: the next document's piece if it is at the queue's head."""
-        queue = self._queue[source]
-        if not queue:
-            return None
-        head = queue[0]
+    def _take(self, source: str, head: _Counted) -> bool:
+        """The mix takes `source`'s next document (`head`'s); whether the head is used up."""
+        if self._open is None or self._open[1] is not head:
+            self._close()
+            self._open = (source, head, self._at())
+        length = head.sizes[head.row]
+        self.mixer.took(source, length, head.piece.epoch)
+        self.tokens += length
+        head.row += 1
         head.skip_nulls()
-        return head if head.row < len(head.lengths) else None
+        if head.row >= len(head.sizes):  # the piece's last document: its run ends with it
+            self._close()
+            return True
+        return False
 
 
 def point_at(run: Run, row: int, skip: int) -> MixPoint:
     """Where the mix stands at token `skip` of row `row` of `run` (row_lo <= row < row_hi): the
     run's source reads that document, the mixer before it has taken the run's earlier rows."""
     before = run.lengths[:row - run.row_lo]
-    mixer = dict(run.point.mixer)
-    counted, totals = dict(mixer["counted"]), dict(mixer["totals"])
-    tokens, docs, epoch = totals[run.source]
-    counted[run.source] += int(before.sum())
-    totals[run.source] = [tokens + int(before.sum()), docs + int(np.count_nonzero(before)), run.piece.epoch]
-    mixer.update(counted=counted, totals=totals)
+    at_sources, snapshot = run.at
+    mixer = Mixer.state_of_snapshot(snapshot)
+    counted, totals = mixer["counted"], mixer["totals"]
+    tokens, docs, _ = totals[run.source]
+    counted[run.source] += sum(before)
+    totals[run.source] = [tokens + sum(before), docs + len(before) - before.count(0), run.piece.epoch]
+    sources = {}
+    for name, where in at_sources.items():
+        if type(where) is tuple:  # (piece, row) of its head then
+            p, r = where
+            where = Position(p.epoch, p.file, p.rg, p.doc_start + r)
+        sources[name] = where
     p = run.piece
-    sources = dict(run.point.sources)
     sources[run.source] = Position(p.epoch, p.file, p.rg, p.doc_start + row)
     return MixPoint(run.source, skip, sources, mixer)

@@ -165,7 +165,10 @@ class Children:
         if isinstance(msg, kinds):
             return msg
         if isinstance(msg, Warn):
-            errors.warn(f"shmloader: {msg.text}")
+            if msg.info:
+                logging.getLogger("shmloader").info("%s", msg.text)
+            else:
+                errors.warn(f"shmloader: {msg.text}")
             return None
         if isinstance(msg, Opened):
             self.opened.append(msg)  # the loader takes them into its states (ShmLoader._learn)

@@ -18,6 +18,7 @@ order the old one had not acknowledged goes out again once the pieces it reads a
 (an order half carried out writes the same tokens to the same places again). Workers
 acknowledge every order in order (`Written`), so the orders not acknowledged are known.
 """
+import dataclasses
 import os
 import queue
 import threading
@@ -41,7 +42,7 @@ from ..ipc.ring import Counter, Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
-from ..packing.runs import encode_buffer
+from ..packing.mixmode import MixConcatMode
 from .stall import beat_every
 
 ERROR_FLUSH_S = 2.0
@@ -96,7 +97,15 @@ def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
         opened(f)
         return counts
 
-    def pieces(ramp, cap, first_index):
+    def pieces(ramp, cap, first_index, files=None, start=None):
+        """The order's pieces; `files=(lo, n)`, `start`: of files `[lo, lo + n)` alone (a
+        mixture's source), from `start` (numbered within them), in the run's numbering."""
+        if files is not None:
+            lo, n = files
+            steps = iter_pieces(lambda f: row_counts(lo + f), n, run.rank, run.world, start, max_docs=cap,
+                                ramp=ramp, first_index=first_index, row_bytes=lambda f: source.text_bytes(lo + f),
+                                max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit)
+            return (dataclasses.replace(p, file=p.file + lo) for p in steps)
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
@@ -112,7 +121,7 @@ class _Coordinator:
         self.to_trainer = _Outbox(trainer)
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
-        kind = CountMode if args.locate else cfg.spec.mode
+        kind = CountMode if args.locate else MixConcatMode if args.mixture is not None else cfg.spec.mode
         fs = args.filesystem.open() if args.filesystem is not None else None
         self.source, self.told = ParquetSource(args.files, fs), {}  # told: file -> identity sent
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))
@@ -350,8 +359,9 @@ class _Coordinator:
     def _announce(self):
         for done in self.mode.ready():
             slot = self.slots.slot_of(done.batch)  # it has been written, so it holds a slot
-            if done.runs is not None:  # best fit: the buffer travels in the slot, as the state's text
-                self.ring.write_buffer(slot, *encode_buffer(done.runs))
+            buffer = self.mode.buffer_of(done)  # best fit's buffer, a mixture's place: in the slot, as the state's text
+            if buffer is not None:
+                self.ring.write_buffer(slot, *buffer)
             self.ring.stats[Stat.EPOCH] = done.position.epoch
             self.handover.announce(done.batch, slot, done.position, done.docs,
                                    ringmod.batch_check(self.ring.slots[slot]))

@@ -22,6 +22,7 @@ goes. A restart asks that /dev/shm hold a second ring while the caller holds a b
 first.
 """
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -76,6 +77,13 @@ def _worker_stats(row) -> dict:
             "tokens_per_s": float(row[WorkerCol.TOKENS] / (busy / 1e6)) if busy else 0.0}
 
 
+
+def mix_text_bytes(mix) -> int:
+    """The most bytes a mixture's place can take as JSON: per source its name, a position and the
+    mixer's counts (numbers up to 20 digits), with room to spare."""
+    names = {r.name for r in mix.ranges} | set((mix.point or {}).get("sources", {}))
+    return 1024 + sum(400 + 4 * len(name.encode("unicode_escape")) for name in names)
+
 class Runs:
     def __init__(self, config, deliver, on_opened, rank: int):
         """`deliver(slots, free)`: the delivery for a new ring; `on_opened(msgs)`: the files
@@ -96,6 +104,7 @@ class Runs:
         being the state's batch `first`; the running one, if any, stops."""
         with self._lock:
             self._args, self._first, self._docs = args, first, docs
+            self._buffered = self.config.spec.buffered or args.mixture is not None  # a mixture's place travels too
             self.stop()
 
     def take(self, mark: Mark, timeout: float) -> Announcement:
@@ -159,9 +168,15 @@ class Runs:
 
     def restart(self, mark: Mark) -> int:
         """Stop the children; the next run starts at `mark`. Returns its batch count."""
-        runs = decode_runs(mark.buffer.text).tolist() if mark.buffer is not None else []
-        self.begin(dataclasses.replace(self._args, start=mark.position, buffer_runs=tuple(map(tuple, runs))),
-                   mark.batch, mark.docs)
+        mix = self._args.mixture
+        if mix is not None:  # a mixture: every source from its place, the mixer from its counts
+            point = json.loads(mark.buffer.text) if mark.buffer is not None else None
+            args = dataclasses.replace(self._args, start=mark.position,
+                                       mixture=mix._replace(point=point, first_batch=mark.batch))
+        else:
+            runs = decode_runs(mark.buffer.text).tolist() if mark.buffer is not None else []
+            args = dataclasses.replace(self._args, start=mark.position, buffer_runs=tuple(map(tuple, runs)))
+        self.begin(args, mark.batch, mark.docs)
         return mark.batch
 
     def stop(self):
@@ -194,6 +209,8 @@ class Runs:
         # a buffer can hold one run per document: the packing's most, or more at first, after an elastic
         # resume gave this rank several old ranks' buffers (the planner refills only below its size)
         runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
+        if args.mixture is not None:  # room for a mixture's place (JSON) in 80-byte runs' worth
+            runs = max(runs, mix_text_bytes(args.mixture) // 80 + 1)
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs))
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)

@@ -202,7 +202,7 @@ def _handle(ctx: _Ctx, msg):
         ctx.tasks.append(msg)
         ctx.source.expect(msg.piece.file, msg.footer)
         return
-    if type(msg) is not ctx.packing.order:
+    if type(msg) is not ctx.packing.order and type(msg) not in ctx.packing.orders:
         raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
     ctx.ordered = True
     counts = ctx.packing.write(ctx.ring.slots, ctx.held, msg, ctx.cfg.B, ctx.cfg.T)

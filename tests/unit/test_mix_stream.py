@@ -229,5 +229,6 @@ def test_a_source_paused_before_its_next_piece_is_counted_is_placed_past_what_it
         stream.counted("web", seq, Piece(seq, 1, 0, seq, 0, 1), np.array([5]))
     runs = stream.runs()
     assert [r.source for r in runs][:3] == ["code", "web", "code"] and runs[2].last and not runs[0].last
-    later = [r for r in runs if r.point.mixer["stage"] == 1]
-    assert later and all(r.point.sources["code"] == Position(1, 0, 0, 2) for r in later)
+    later = [point_at(r, r.row_lo, 0) for r in runs]
+    later = [p for p in later if p.mixer["stage"] == 1]
+    assert later and all(p.sources["code"] == Position(1, 0, 0, 2) for p in later)

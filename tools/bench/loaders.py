@@ -46,10 +46,12 @@ def row(cfg: dict) -> dict:
         enc = baseline.load_tiktoken(cfg["tokenizer"])
         make = lambda: baseline.loader(cfg["files"], enc, B, T, cfg.get("packing", "concat"))  # noqa: E731
     else:
-        from shmloader import ShmLoader
+        from shmloader import Mixture, ShmLoader
 
         opts = {"cache_dir": cfg["cache_dir"]} if cfg.get("cache_dir") else {}
-        make = lambda: ShmLoader(cfg["data"], cfg["tokenizer"], B, T, "train", num_workers=cfg["workers"],  # noqa: E731
+        mix = cfg.get("mixture")  # {"sources": {name: dir}, "weights": {name: weight}} (tools/bench/mixture.py)
+        data = Mixture(mix["sources"], mix["weights"]) if mix else cfg["data"]
+        make = lambda: ShmLoader(data, cfg["tokenizer"], B, T, "train", num_workers=cfg["workers"],  # noqa: E731
                                  device="cpu", engine=cfg.get("engine", "auto"), packing=cfg.get("packing", "concat"),
                                  **opts)
     firsts = [measure.first_batch_s(make) * 1e3 for _ in range(cfg.get("first_runs", 0))]

@@ -1,0 +1,84 @@
+"""A mixture's files: every source's split, numbered in one list, as a loader knows them.
+
+Each source is listed and split as `data=` alone would be (`Catalogue`: its files sorted by
+name, `train` all but the last, `val` the last), and the sources' files are numbered one after
+another in the mixture's sorted order of names: source s holds files `[lo, hi)` of `paths`
+(`ranges`). A run reads every file by that number (the workers, the footers it learns);
+each source's order is its own range, from its own position. A state numbers a source's
+files within the source (`local`, `to_run`).
+
+The rest of a loader reads it as it reads a `Catalogue`: `paths`, `files` (identities),
+`filesystem`, `learn`, `begin`, `later` (None: files arriving during a mixture's run are not
+read in a new order yet: a state whose source lists other files is refused, mixstate.py).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..position import Position
+from . import source
+from .catalogue import Catalogue, learned
+from .mixture import Mixture
+
+
+class Range(NamedTuple):
+    """Source `name`'s files are `paths[lo:hi]`."""
+    name: str
+    lo: int
+    hi: int
+
+
+class Sources:
+    def __init__(self, mixture: Mixture, split: str, filesystem=None):
+        """Lists and splits every source of `mixture` (`DataError` naming an empty one)."""
+        self.mixture = mixture
+        self.catalogues, self.ranges, self.paths, self.files = {}, {}, [], []
+        for name in mixture.names:
+            try:
+                cat = Catalogue(mixture.sources[name], split, filesystem)
+            except Exception as e:  # noqa: BLE001 (its own error, said of its source)
+                raise type(e)(f"mixture source {name!r}: {e}") from None
+            if self.catalogues and type(cat.filesystem) is not type(self.filesystem):
+                raise ValueError(f"mixture source {name!r} is on {type(cat.filesystem).__name__}, another "
+                                 f"filesystem than {self.names[0]!r} ({type(self.filesystem).__name__}): a "
+                                 "mixture over several filesystems is not built yet")
+            self.catalogues[name] = cat
+            self.ranges[name] = Range(name, len(self.paths), len(self.paths) + len(cat.paths))
+            self.paths += cat.paths
+            self.files += cat.files
+        self.val = {name: cat.val for name, cat in self.catalogues.items()}
+        self.later = None
+
+    names = property(lambda self: list(self.catalogues))
+    filesystem = property(lambda self: next(iter(self.catalogues.values())).filesystem)
+
+    def source_of(self, file: int) -> Range:
+        """The source that file `file` (the run's numbering) is of."""
+        for r in self.ranges.values():
+            if r.lo <= file < r.hi:
+                return r
+        raise IndexError(f"file {file} is in no source ({list(self.ranges.values())})")
+
+    def local(self, position: Position) -> Position:
+        """`position` (the run's numbering) with its file numbered within its source."""
+        return position._replace(file=position.file - self.source_of(position.file).lo)
+
+    def to_run(self, name: str, position: Position) -> Position:
+        """Source `name`'s `position` (numbered within it) in the run's numbering."""
+        return position._replace(file=position.file + self.ranges[name].lo)
+
+    def source_files(self, name: str) -> list:
+        """Source `name`'s identities `[name, bytes, footer]`, as known now."""
+        r = self.ranges[name]
+        return self.files[r.lo:r.hi]
+
+    def footers(self, indices: list) -> list:
+        """The footer digests files `indices` have now (None: unreadable)."""
+        return source.footer_digests([self.paths[i] for i in indices], self.filesystem)
+
+    def begin(self, epoch: int):
+        pass
+
+    def learn(self, opened: list, warn):
+        """The identities the coordinator read, as `Catalogue.learn` (the run's numbering)."""
+        self.files = learned(self.files, self.paths, opened, warn)

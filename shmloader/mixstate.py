@@ -1,0 +1,174 @@
+"""A mixture's resume state: where every source stands and the mixer's counts, checked against
+the loader; and what `stats()["sources"]` says.
+
+A mixture's state is a state (state.py) whose position fields (`epoch`, `pq_idx`, `rg_idx`,
+`doc_idx`, `skip`: nanochat's keys among them) are those of the document the next token is in,
+numbered within its source, and whose `"mixture"` holds:
+- `"point"`: the `packing.mix.MixPoint` there as JSON text (every source's next document,
+  numbered within the source; the source and skip of the next token; the mixer's state before
+  that document was picked), made by the coordinator with each batch (the batch's slot carries
+  it, as best fit's buffer) and not parsed per batch;
+- `"sources"`: each source's files `[name, bytes, footer]` (footers up to the source's position
+  only, so that states do not depend on timing) and its val file.
+Its `digest` covers the rank, the world size, the batch, the shapes, the check and the point.
+
+Resuming (`check`): the same rank and world size (another rank's state or another world size of
+a mixture is not built yet, and says so); the config as state.py checks it; another B or T as
+there; every source the state and the loader share must list the same files (name, size,
+footer where both know it); a source added (read from its start) or left out (its place kept
+in the states that follow, for a resume that brings it back) and other weights are said once
+(`Mixer.resume`'s words). The run then starts every source at its document and the mixer from
+its state (packing/mixmode.py).
+"""
+from __future__ import annotations
+
+import json
+import zlib
+
+from . import state as statemod
+from .data.catalogue import described_files
+from .data.mixture import Mixer
+from .errors import warn
+from .packing.mix import MixPoint
+from .packing.runs import BufferText
+from .position import Position
+
+KIND = "mixture"
+
+
+def refuse(config):
+    """What a mixture does not do yet, as a ValueError naming it."""
+    if config.packing != "concat":
+        raise ValueError(f"a Mixture reads with packing='concat' only for now (not built yet: "
+                         f"{config.packing!r} over a mixture); got packing={config.packing!r}")
+    if config.cache_dir is not None:
+        raise ValueError("a Mixture with cache_dir is not built yet: give one or the other")
+
+
+def point_text(point: dict | None) -> BufferText | None:
+    """A `MixPoint`'s JSON as the text and crc32 the coordinator writes with each batch."""
+    if point is None:
+        return None
+    text = json.dumps(point, separators=(",", ":"), sort_keys=True)
+    return BufferText(text, zlib.crc32(text.encode()))
+
+
+class Writer:
+    """The states of a mixture's loader from one start or resume on (as `state.Writer`)."""
+
+    def __init__(self, identity: statemod.Loader, resume: statemod.Resume, sources):
+        self._base = statemod.base_state(identity, resume)
+        self._base.update(files=[], val=None)
+        self._sources = sources
+        self._described = (None, None)
+
+    def state(self, mark, check: int | None = None) -> dict:
+        point = mark.buffer
+        position = self._sources.local(mark.position) if point is not None else mark.position
+        state = dict(self._base)
+        state["epoch"], state["pq_idx"], state["rg_idx"], state["doc_idx"], state["skip"] = position
+        state["batch"] = mark.batch
+        state["check"] = checked = None if check is None else f"{check:08x}"
+        state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point)}
+        state["digest"] = digest(state, point.crc if point is not None else 0, checked)
+        return state
+
+    def _files(self, point) -> dict:
+        """Every source's files, footers up to its position (kept while the point's places do not
+        move to another file)."""
+        places = _places(point.text) if point is not None else {}
+        key = (tuple(sorted(places.items())), id(self._sources.files))
+        if self._described[0] != key:
+            out = {}
+            for name in self._sources.names:
+                epoch, file = places.get(name, (1, -1))
+                out[name] = {"files": described_files(self._sources.source_files(name), epoch, file),
+                             "val": self._sources.val[name]}
+            self._described = (key, out)
+        return self._described[1]
+
+
+def _places(text: str) -> dict:
+    """`{source: (epoch, file)}` of a point's JSON text."""
+    return {name: (p[0], p[1]) for name, p in json.loads(text)["sources"].items()}
+
+
+def digest(state: dict, point_crc: int, checked) -> str:
+    key = (f"{state['rank']}:{state['world_size']}:{state['batch']}:{state['shapes']}:{checked}:"
+           f"{state['epoch']}:{state['pq_idx']}:{state['rg_idx']}:{state['doc_idx']}:{state['skip']}")
+    return f"{zlib.crc32(key.encode(), point_crc):08x}"
+
+
+def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
+    """The `Resume` of a mixture's `state` for this loader of `sources` (see the docstring)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
+    mixed = state.get("mixture")
+    if mixed is None:
+        raise ValueError("resume state is of one source (data= a directory or files) and this loader reads a "
+                         "Mixture: resuming a single source's run as a mixture is not built yet")
+    if state.get("version") != statemod.VERSION or not isinstance(mixed, dict):
+        raise ValueError(f"resume state of a mixture must be version {statemod.VERSION} with a 'mixture' dict")
+    for name in ("rank", "world_size", "batch"):
+        statemod._int_field(state, name)
+    batch = state["batch"]
+    text = mixed.get("point")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"resume state field 'mixture.point' must be text, got {type(text).__name__}")
+    crc = zlib.crc32(text.encode()) if text is not None else 0
+    if state.get("digest") != digest(state, crc, state.get("check")):
+        raise ValueError("resume state field 'digest' does not match its fields: the state was edited, or mixes "
+                         "the states of several ranks (save each rank's loader under a key of its own)")
+    if (state["rank"], state["world_size"]) != (identity.rank, identity.world):
+        raise ValueError(f"resume state is rank {state['rank']} of {state['world_size']}, this loader rank "
+                         f"{identity.rank} of {identity.world}: another rank's or another world size's state of a "
+                         "mixture is not built yet; give each rank its own state")
+    statemod._check_config(state, identity)
+    shapes = statemod._shapes(state, batch)
+    reshaped = statemod._reshaped(shapes, batch, identity)
+    point = MixPoint.from_json(json.loads(text)) if text is not None else None
+    _check_sources(mixed.get("sources"), sources)
+    notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
+    for note in notes:
+        warn(f"shmloader: {note}")
+    here = point.sources.get(point.source) if point is not None else None
+    position = (Position(*here[:4], point.skip) if here is not None and point.source in sources.ranges
+                else statemod.start_position(identity.rank))
+    if point is not None and point.source in sources.ranges:
+        position = sources.to_run(point.source, position)
+    # the batch it resumes at is the saved run's only with the same shape and the same mix
+    checked = statemod._check_field(state) if reshaped == shapes and not notes else None
+    return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
+                           mix=json.loads(text) if text is not None else None)
+
+
+def _check_sources(saved, sources):
+    if not isinstance(saved, dict):
+        raise ValueError(f"resume state field 'mixture.sources' must be a dict, got {saved!r}")
+    for name in sources.names:
+        if name not in saved:
+            continue
+        old = saved[name].get("files") if isinstance(saved[name], dict) else None
+        now = sources.source_files(name)
+        if not isinstance(old, list) or [f[0] for f in old] != [f[0] for f in now]:
+            raise ValueError(f"mixture source {name!r} lists other files than the state's "
+                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
+                             "files added to or removed from a source of a mixture are not built yet")
+        for (fname, size, footer), (_, size_now, footer_now) in zip(old, now):
+            if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
+                raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
+                                 f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
+
+
+def source_stats(mark, previous: dict | None) -> dict:
+    """`stats()["sources"]`: per source, the tokens and documents the mix took up to the batch
+    last returned (the documents before the one its next token is in), their share of tokens
+    so far and since `previous` (the last call's figures), and its epoch."""
+    if mark.buffer is None:
+        return {}
+    totals = json.loads(mark.buffer.text)["mixer"]["totals"]
+    all_tokens = sum(t[0] for t in totals.values()) or 1
+    recent = {name: t[0] - (previous or {}).get(name, {}).get("tokens", 0) for name, t in totals.items()}
+    recent_all = sum(recent.values()) or 1
+    return {name: {"tokens": t[0], "documents": t[1], "epoch": t[2], "share": t[0] / all_tokens,
+                   "share_recent": recent[name] / recent_all} for name, t in sorted(totals.items())}

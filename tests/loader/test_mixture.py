@@ -1,0 +1,261 @@
+"""A Mixture as `data`, read as a client reads it: three sources of different sizes (each runs
+out and starts its next epoch alone), concat, B=8, T=256, against the single-process oracle
+(tests/oracle.py `mixed_documents`: each source's canonical documents and the mixing rule);
+shares by token weight; the same batches with 1, 2 and 3 workers; states that resume exactly,
+with other weights, with a source left out and brought back; a schedule; a worker killed; the
+drop-in; and what is refused."""
+import itertools
+import json
+import os
+import signal
+import time
+import warnings
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader.demo import corpus
+from tests import oracle
+from tests.helpers import window_of
+
+B, T = 8, 256
+W = B * T + 1
+WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
+# name -> (documents, row group sizes, mean words): row groups of 1 to 40 documents, nulls among them
+SHAPES = {"web": (420, [40, 3, 17], 30), "code": (160, [9, 1, 25], 55), "math": (90, [12], 15)}
+
+
+@pytest.fixture(scope="module")
+def mixdata(tmp_path_factory, synth_tokenizer):
+    root = tmp_path_factory.mktemp("mix")
+    files = {}
+    for i, (name, (n, groups, words)) in enumerate(SHAPES.items()):
+        docs = list(corpus.synthetic_texts(n, seed=20 + i, mean_words=words))
+        for j in range(3, n, 37):
+            docs[j] = None
+        docs[5] = ""
+        paths = corpus.write_shards(docs, root / name, num_files=3, row_group_size=groups)
+        files[name] = [str(p) for p in paths[:-1]]
+    return root, files, synth_tokenizer
+
+
+def mixture(root, weights=WEIGHTS, names=None, **kw):
+    names = names or list(SHAPES)
+    return shmloader.Mixture({name: str(root / name) for name in names}, weights, **kw)
+
+
+def expected(files, tok, mix, n, point=None, batch=0, names=None):
+    """The oracle's first `n` windows (from `point` at `batch`), and the documents it read."""
+    bos = tok.encode_single_token("<|bos|>")
+    read = []
+
+    docs = oracle.mixed_documents({k: files[k] for k in (names or files)}, tok.encode_ordinary, bos, mix, W,
+                                  point=point, batch=batch, log=read)
+
+    skip = point["skip"] if point is not None and point["source"] in (names or files) else 0
+    windows = [w for w, _ in itertools.islice(oracle.concat_windows([], tok.encode_ordinary, bos, B, T, skip=skip,
+                                                                     docs=docs), n)]
+    return windows, read
+
+
+def take(loader, n):
+    return [window_of(x, y) for x, y in itertools.islice(loader, n)]
+
+
+def shares(read, upto_tokens):
+    """Each source's share of the stream's first `upto_tokens` tokens (documents read in order)."""
+    got, total = {}, 0
+    for name, n, _ in read:
+        if total >= upto_tokens:
+            break
+        got[name] = got.get(name, 0) + n
+        total += n
+    return {name: v / total for name, v in got.items()}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_the_mixed_stream_is_the_oracle_whatever_the_workers(mixdata, workers):
+    root, files, tok = mixdata
+    want, read = expected(files, tok, mixture(root), 120)
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=workers, device="cpu") as loader:
+        got = take(loader, 120)
+        stats = loader.stats()["sources"]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)), workers
+    share = shares(read, 120 * W)
+    for name, w in WEIGHTS.items():
+        assert abs(share[name] - w) < 0.02, (name, share)
+        assert abs(stats[name]["share"] - w) < 0.02, (name, stats)
+    assert {name: stats[name]["epoch"] for name in SHAPES}["math"] >= 2  # the small source ran out, alone
+
+
+def test_a_state_resumes_exactly_with_any_workers(mixdata):
+    root, files, tok = mixdata
+    want, _ = expected(files, tok, mixture(root), 110)
+    states = {}
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, device="cpu") as loader:
+        for k in range(1, 91):
+            next(loader)
+            if k in (17, 63, 90):
+                states[k] = loader.state_dict()
+    assert any(s["skip"] for s in states.values())  # a document cut at a batch's end among them
+    for k, state in states.items():
+        with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=1 + k % 3, device="cpu",
+                                 resume_state=state) as loader:
+            got = take(loader, 20)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want[k:k + 20])), k
+
+
+def test_new_weights_at_a_resume_go_on_with_every_source(mixdata):
+    root, files, tok = mixdata
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, device="cpu") as loader:
+        take(loader, 40)
+        state = loader.state_dict()
+    other = {"web": 0.1, "code": 0.2, "math": 0.7}
+    point = json.loads(state["mixture"]["point"])
+    want, read = expected(files, tok, mixture(root, other), 120, point=point, batch=40)
+    with pytest.warns(UserWarning, match="weights differ"):
+        loader = shmloader.ShmLoader(mixture(root, other), tok, B, T, num_workers=2, device="cpu",
+                                     resume_state=state)
+    with loader:
+        got = take(loader, 120)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    share = shares(read, 120 * W)
+    for name, w in other.items():
+        assert abs(share[name] - w) < 0.03, (name, share)
+    # every source goes on from its own place: its documents before the state and after it are its
+    # canonical order without a gap or a repeat (the document cut at the state's batch, in both, once)
+    _, before = expected(files, tok, mixture(root), 40)
+    start = 0
+    for i, (name, n, meta) in enumerate(before):
+        if start + n > 40 * W:
+            before = before[:i + 1]
+            break
+        start += n
+    for name in SHAPES:
+        seen = [meta for n_, _, meta in before if n_ == name]
+        after = [meta for n_, _, meta in read if n_ == name]
+        if point["skip"] and point["source"] == name:
+            assert after[0] == seen[-1]
+            after = after[1:]
+        seen += after
+        own = [meta for meta, text in itertools.islice(oracle.documents(files[name]), 10 * len(seen) + 100)
+               if text is not None]
+        assert len(seen) > 20 and seen == own[:len(seen)], name
+
+
+def test_a_schedule_follows_its_stages(mixdata, caplog):
+    root, files, tok = mixdata
+    schedule = [(0, {"web": 0.7, "code": 0.3}), (50, {"web": 0.2, "math": 0.8})]
+    mix = mixture(root, schedule)
+    want, read = expected(files, tok, mix, 110)
+    with caplog.at_level("INFO", logger="shmloader"):
+        with shmloader.ShmLoader(mix, tok, B, T, num_workers=2, device="cpu") as loader:
+            got = take(loader, 110)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert [r.message for r in caplog.records if "stage from batch 50" in r.message]
+    at, stage0, stage1 = 0, {}, {}
+    for name, n, _ in read:
+        (stage0 if at // W < 50 else stage1)[name] = (stage0 if at // W < 50 else stage1).get(name, 0) + n
+        at += n
+    for got_, weights in ((stage0, schedule[0][1]), (stage1, schedule[1][1])):
+        total = sum(got_.values())
+        for name in SHAPES:
+            assert abs(got_.get(name, 0) / total - weights.get(name, 0)) < 0.03, (name, got_)
+
+
+def test_a_killed_worker_changes_no_batch(mixdata):
+    root, files, tok = mixdata
+    want, _ = expected(files, tok, mixture(root), 80)
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, device="cpu") as loader:
+        got = take(loader, 30)
+        os.kill(loader.debug().workers[0].pid, signal.SIGKILL)
+        got += take(loader, 25)
+        os.kill(loader.debug().coordinator.pid, signal.SIGKILL)
+        got += take(loader, 25)
+        assert loader.stats()["heals"] == 2
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_source_left_out_is_kept_and_goes_on_when_it_comes_back(mixdata):
+    root, files, tok = mixdata
+    two = mixture(root, {"web": 0.6, "code": 0.4}, names=["web", "code"])
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, device="cpu") as loader:
+        take(loader, 30)
+        state = loader.state_dict()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        loader = shmloader.ShmLoader(two, tok, B, T, num_workers=2, device="cpu", resume_state=state)
+    said = [str(w.message) for w in said]
+    assert any("'math' of the state is not in this mixture" in w for w in said), said
+    assert any("weights differ" in w for w in said), said
+    with loader:
+        take(loader, 20)
+        later = loader.state_dict()
+    assert "math" in json.loads(later["mixture"]["point"])["sources"]
+    point = json.loads(later["mixture"]["point"])
+    want, _ = expected(files, tok, mixture(root), 20, point=point, batch=50)
+    with pytest.warns(UserWarning, match="weights differ"):
+        loader = shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, device="cpu", resume_state=later)
+    with loader:
+        got = take(loader, 20)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert point["sources"]["math"] == json.loads(state["mixture"]["point"])["sources"]["math"]
+
+
+def test_the_dropin_takes_a_mixture(mixdata):
+    root, files, tok = mixdata
+    want, _ = expected(files, tok, mixture(root), 12)
+    gen = shmloader.tokenizing_distributed_data_loader_with_state(B, T, "train", device="cpu", data=mixture(root),
+                                                                   tokenizer=tok, num_workers=2)
+    got = [window_of(x, y) for x, y, _ in itertools.islice(gen, 12)]
+    gen.close()
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_what_a_mixture_refuses(mixdata, tmp_path):
+    root, files, tok = mixdata
+    with pytest.raises(ValueError, match="packing='concat' only"):
+        shmloader.ShmLoader(mixture(root), tok, B, T, packing="bos_bestfit", device="cpu")
+    with pytest.raises(ValueError, match="cache_dir is not built yet"):
+        shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", cache_dir=tmp_path / "c")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(shmloader.DataError, match="mixture source 'none'"):
+        shmloader.ShmLoader(shmloader.Mixture({"web": str(root / "web"), "none": str(tmp_path / "empty")},
+                                              {"web": 1, "none": 1}), tok, B, T, device="cpu")
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=1, device="cpu", rank=0, world_size=2) as loader:
+        next(loader)
+        state = loader.state_dict()
+    with pytest.raises(ValueError, match="another rank's or another world size's state of a mixture is not built"):
+        shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", rank=1, world_size=2, resume_state=state)
+    with pytest.raises(ValueError, match="state is of a Mixture and this loader reads one source"):
+        shmloader.ShmLoader(str(root / "web"), tok, B, T, device="cpu", rank=0, world_size=2, resume_state=state)
+    with shmloader.ShmLoader(str(root / "web"), tok, B, T, num_workers=1, device="cpu") as loader:
+        next(loader)
+        single = loader.state_dict()
+    with pytest.raises(ValueError, match="resume state is of one source"):
+        shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", resume_state=single)
+
+
+def test_a_source_without_documents_is_named(mixdata, tmp_path):
+    root, files, tok = mixdata
+    corpus.write_shards([None] * 12, tmp_path / "nulls", num_files=3, row_group_size=2)
+    mix = shmloader.Mixture({"web": str(root / "web"), "nulls": str(tmp_path / "nulls")}, {"web": 1, "nulls": 1})
+    with shmloader.ShmLoader(mix, tok, B, T, num_workers=2, device="cpu", timeout=30) as loader:
+        with pytest.raises(shmloader.DataError, match="mixture source 'nulls': a whole epoch held no document"):
+            next(loader)
+
+
+def test_a_trainer_that_pauses_never_leaves_the_mix_waiting(mixdata):
+    """With a ring of 2 slots and a trainer that stops now and then, the workers fill their hold
+    budget with the heavy source's pieces; the light source's next piece must still go out
+    (the mix waits for it, and only the mix can free that budget): no LoaderTimeout."""
+    root, files, tok = mixdata
+    mix = mixture(root, {"web": 0.9, "math": 0.1}, names=["web", "math"])
+    want, _ = expected(files, tok, mix, 60, names=["web", "math"])
+    got = []
+    with shmloader.ShmLoader(mix, tok, B, T, num_workers=2, n_slots=2, device="cpu", timeout=20) as loader:
+        for k in range(60):
+            if k % 10 == 0:
+                time.sleep(0.5)
+            got.append(window_of(*next(loader)))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
