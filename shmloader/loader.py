@@ -34,7 +34,7 @@ from .data import source, tokenizer as tokmod
 from .data.catalogue import Catalogue
 from .data.mixture import Mixture
 from .data.sources import Sources
-from .ipc.protocol import MixArgs, RunArgs
+from .ipc.protocol import RunArgs
 from .packing.runs import encode_buffer
 from .procs import lifecycle
 from .procs.run import Mark, Runs
@@ -105,11 +105,10 @@ class ShmLoader:
         self.rank, self.world_size = place(rank, world_size)
         if data is None:  # nanochat's directory; rank 0 of the train split tells of a fallback
             data = source.default_data_dir(notice=self.rank == 0 and split == "train")
-        if isinstance(data, Mixture):  # several sources by weight (data/mixture.py)
+        mixed = isinstance(data, Mixture)  # several sources by weight (data/mixture.py, mixstate.py)
+        if mixed:
             mixstate.refuse(self.config)
-            self._catalogue, self._sources_seen = Sources(data, split, filesystem), None
-        else:
-            self._catalogue = Catalogue(data, split, filesystem)
+        self._catalogue = (Sources if mixed else Catalogue)(data, split, filesystem)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine)
         if self.config.cache_dir is not None and (problem := cachemod.prepare(self.config.cache_dir)):
@@ -117,7 +116,7 @@ class ShmLoader:
         self._lock = threading.Lock()  # next() from several threads: one at a time
         self._closed, self._pid, self._forked_from, self._inside = False, os.getpid(), None, None
         self._shape = (B, T, self.config.spec.targets_at(B, T))  # a batch's (B, T, targets' offset)
-        self._batches, self._wait_s, self._mark = 0, 0.0, None
+        self._batches, self._wait_s, self._mark, self._sources_seen = 0, 0.0, None, None
         # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
         # which nanochat's base_train disables: its children would outlive it)
         self._runs = Runs(self.config, functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap),
@@ -204,7 +203,7 @@ class ShmLoader:
         if self._runs.run is not None:
             read = self._runs.run.stats(self.config)
             out.update(read, epoch=max(out["epoch"], read["epoch"]))
-        if isinstance(self._catalogue, Sources):  # since the last call: "share_recent"
+        if isinstance(self._catalogue, Sources):  # "share_recent": since the last call
             out["sources"] = self._sources_seen = mixstate.source_stats(self._mark, self._sources_seen)
         return out
 
@@ -275,15 +274,11 @@ class ShmLoader:
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
+        mix = mixstate.run_args(self._catalogue, resume)  # a mixture's place travels as best fit's buffer does
         args = dataclasses.replace(self._args(), start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
-                                   plan=resume.plan)
-        if args.mixture is None:
-            self._writer = statemod.Writer(self._identity(), resume, self._catalogue)
-            buffer = encode_buffer(resume.runs) if self.config.spec.buffered else None
-        else:  # a mixture's place travels as best fit's buffer does
-            self._writer = mixstate.Writer(self._identity(), resume, self._catalogue)
-            buffer = mixstate.point_text(resume.mix)
-            args = dataclasses.replace(args, mixture=args.mixture._replace(point=resume.mix, first_batch=resume.batch))
+                                   plan=resume.plan, mixture=mix)
+        self._writer = (statemod.Writer if mix is None else mixstate.Writer)(self._identity(), resume, self._catalogue)
+        buffer = mixstate.point_text(resume.mix) if mix else encode_buffer(resume.runs) if self.config.spec.buffered else None
         self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0)
         self._runs.begin(args, resume.batch, self._mark.docs)
         self._state = self._writer.state(self._mark, resume.check)
@@ -298,11 +293,9 @@ class ShmLoader:
     def _args(self) -> RunArgs:
         """What every run of this loader is given (a run's start is added by `Runs`)."""
         fs = self._catalogue.filesystem
-        cat = self._catalogue
-        mix = MixArgs(cat.mixture, tuple(cat.ranges.values()), None, 0) if isinstance(cat, Sources) else None
-        return RunArgs(files=cat.paths, rank=self.rank, world=self.world_size, layout=None,
+        return RunArgs(files=self._catalogue.paths, rank=self.rank, world=self.world_size, layout=None,
                        filesystem=source.FilesystemRef(fs) if fs else None, tokenizer=self.tokenizer,
-                       later=cat.later, mixture=mix)
+                       later=self._catalogue.later)
 
     def _locked(self, what: str):
         """The lock (`what` names the call), waited for at most `timeout` s: `LoaderTimeout`."""

@@ -28,6 +28,8 @@ import zlib
 from . import state as statemod
 from .data.catalogue import described_files
 from .data.mixture import Mixer
+from .data.sources import Sources
+from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing.mix import MixPoint
 from .packing.runs import BufferText
@@ -43,6 +45,14 @@ def refuse(config):
                          f"{config.packing!r} over a mixture); got packing={config.packing!r}")
     if config.cache_dir is not None:
         raise ValueError("a Mixture with cache_dir is not built yet: give one or the other")
+
+
+def run_args(catalogue, resume: statemod.Resume) -> MixArgs | None:
+    """What a run of a mixture's loader (`catalogue` a `Sources`) starting at `resume` is given,
+    else None."""
+    if not isinstance(catalogue, Sources):
+        return None
+    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch)
 
 
 def point_text(point: dict | None) -> BufferText | None:

@@ -1,0 +1,72 @@
+"""A mixture's files (data/sources.py) and its state's checks (mixstate.py), without processes."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from shmloader import mixstate
+from shmloader.data.mixture import Mixture
+from shmloader.data.sources import Sources
+from shmloader.demo import corpus
+from shmloader.errors import DataError
+from shmloader.position import Position
+
+
+@pytest.fixture
+def three(tmp_path):
+    for name, files in (("web", 3), ("code", 4), ("math", 2)):
+        corpus.write_shards([f"{name} {i}" for i in range(12)], tmp_path / name, num_files=files, row_group_size=2)
+    return tmp_path
+
+
+def test_every_source_is_split_alone_and_numbered_in_one_list(three):
+    sources = Sources(Mixture({n: str(three / n) for n in ("web", "code", "math")}, {"web": 1}), "train")
+    assert [(r.name, r.lo, r.hi) for r in sources.ranges.values()] == [("code", 0, 3), ("math", 3, 4), ("web", 4, 6)]
+    assert [p.split("/")[-2] for p in sources.paths] == ["code"] * 3 + ["math"] + ["web"] * 2
+    assert sources.val == {"code": "shard_00003.parquet", "math": "shard_00001.parquet", "web": "shard_00002.parquet"}
+    assert sources.source_of(4).name == "web" and sources.local(Position(2, 5, 1, 3)) == Position(2, 1, 1, 3)
+    assert sources.to_run("math", Position(1, 0, 0)) == Position(1, 3, 0)
+    val = Sources(Mixture({n: str(three / n) for n in ("web", "code")}, {"web": 1}), "val")
+    assert [p.split("/")[-2:] for p in val.paths] == [["code", "shard_00003.parquet"], ["web", "shard_00002.parquet"]]
+
+
+def test_a_source_without_files_is_named(three, tmp_path):
+    (tmp_path / "none").mkdir()
+    with pytest.raises(DataError, match="mixture source 'none'"):
+        Sources(Mixture({"web": str(three / "web"), "none": str(tmp_path / "none")}, {"web": 1}), "train")
+
+
+def test_what_a_mixture_refuses():
+    with pytest.raises(ValueError, match="packing='concat' only"):
+        mixstate.refuse(SimpleNamespace(packing="bos_bestfit", cache_dir=None))
+    with pytest.raises(ValueError, match="cache_dir is not built yet"):
+        mixstate.refuse(SimpleNamespace(packing="concat", cache_dir="/tmp/x"))
+
+
+def test_a_state_is_checked_before_anything_is_read(three):
+    from shmloader import state as statemod
+
+    mix = Mixture({n: str(three / n) for n in ("web", "code")}, {"web": 1, "code": 1})
+    sources = Sources(mix, "train")
+    identity = statemod.Loader({"split": "train", "packing": "concat"}, sources.files, 0, 1, 8, 16)
+    resume = statemod.start(identity)
+    point = {"source": "web", "skip": 3, "sources": {"web": [1, 0, 0, 1], "code": [1, 0, 1, 0]},
+             "mixer": {"mixture": mix.digest, "stage": 0, "stage_batch": 0, "counted": {"web": 9, "code": 8},
+                       "totals": {"web": [9, 2, 1], "code": [8, 2, 1]}, "ended": []}}
+    mark = SimpleNamespace(buffer=mixstate.point_text(point), batch=7, position=Position(1, 3, 0, 1, 3))
+    state = mixstate.Writer(identity, resume, sources).state(mark, 0xABC)
+    assert (state["pq_idx"], state["doc_idx"], state["skip"]) == (0, 1, 3)
+    back = mixstate.check(json.loads(json.dumps(state)), identity, sources)
+    assert back.position == Position(1, 3, 0, 1, 3) and back.batch == 7 and back.check == 0xABC and back.mix == point
+    edited = dict(state, batch=8)
+    with pytest.raises(ValueError, match="'digest' does not match"):
+        mixstate.check(edited, identity, sources)
+    other = statemod.Loader(identity.fingerprint, sources.files, 1, 2, 8, 16)
+    with pytest.raises(ValueError, match="another rank's or another world size's state of a mixture"):
+        mixstate.check(state, other, sources)
+    moved = json.loads(json.dumps(state))
+    moved["mixture"]["sources"]["web"]["files"][0][1] += 1
+    with pytest.raises(ValueError, match="mixture source 'web': file shard_00000.parquet changed"):
+        mixstate.check(moved, identity, sources)
+    with pytest.raises(ValueError, match="resume state is of one source"):
+        mixstate.check({k: v for k, v in state.items() if k != "mixture"}, identity, sources)
