@@ -203,8 +203,10 @@ class ShmLoader:
         if self._runs.run is not None:
             read = self._runs.run.stats(self.config)
             out.update(read, epoch=max(out["epoch"], read["epoch"]))
-        if isinstance(self._catalogue, Sources):  # "share_recent": since the last call
-            out["sources"] = self._sources_seen = mixstate.source_stats(self._mark, self._sources_seen)
+        if isinstance(self._catalogue, Sources):  # "share_recent": since the caller's last call; epoch: the furthest
+            out["sources"] = mixstate.source_stats(self._mark, self._sources_seen)
+            out["epoch"] = max((s["epoch"] for s in out["sources"].values()), default=out["epoch"])
+            self._sources_seen = out["sources"]
         return out
 
     def debug(self) -> "Debug | None":
@@ -324,7 +326,8 @@ class ShmLoader:
         self._runs.forget()
 
     def _log(self):
-        s = self.stats()
+        seen, s = self._sources_seen, self.stats()
+        self._sources_seen = seen  # the log's call is not the caller's: its share_recent window stays
         extra = f", cropped {s['cropped_fraction']:.1%}" if "cropped_fraction" in s else ""
         logging.getLogger("shmloader").info(
             "batch %d: %.2fM tokens/s read, waited %.1f s in next(), ring %d/%d ready, epoch %d%s",

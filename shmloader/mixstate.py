@@ -173,12 +173,14 @@ def _check_sources(saved, sources):
 def source_stats(mark, previous: dict | None) -> dict:
     """`stats()["sources"]`: per source, the tokens and documents the mix took up to the batch
     last returned (the documents before the one its next token is in), their share of tokens
-    so far and since `previous` (the last call's figures), and its epoch."""
+    so far and since `previous` (the last call's figures; None while no document began since:
+    one long document), and its epoch."""
     if mark.buffer is None:
         return {}
     totals = json.loads(mark.buffer.text)["mixer"]["totals"]
     all_tokens = sum(t[0] for t in totals.values()) or 1
     recent = {name: t[0] - (previous or {}).get(name, {}).get("tokens", 0) for name, t in totals.items()}
-    recent_all = sum(recent.values()) or 1
+    recent_all = sum(recent.values())
     return {name: {"tokens": t[0], "documents": t[1], "epoch": t[2], "share": t[0] / all_tokens,
-                   "share_recent": recent[name] / recent_all} for name, t in sorted(totals.items())}
+                   "share_recent": recent[name] / recent_all if recent_all else None}
+            for name, t in sorted(totals.items())}

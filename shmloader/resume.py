@@ -42,7 +42,9 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
     lost child, healed within the loader's budget: procs/run.py). Raises `ValueError` naming
     what does not match."""
     if hasattr(catalogue, "mixture"):  # a mixture's loader: a mixture's state (mixstate.py)
-        return mixstate.check(state, identity, catalogue)
+        resume = mixstate.check(state, identity, catalogue)
+        catalogue.with_footers(state["mixture"]["sources"])
+        return resume
     if isinstance(state, dict) and "mixture" in state:
         raise ValueError("resume state is of a Mixture and this loader reads one source: give it the Mixture")
     resume = statemod.check(state, identity)

@@ -25,11 +25,18 @@ def concat_windows(files, encode, bos, B, T, rank=0, world=1, cursor=None, skip=
     need = B * T + 1
     buffer = []       # [(meta, tokens, tokens dropped before them)] of documents not fully used
     used = skip       # tokens of buffer[0] already used
+    ended = False     # `docs` ran out (a mixture whose sources all ended): the complete windows left, then stop
     while True:
-        while sum(len(t) for _, t, _ in buffer) - used < need + 1:
-            meta, text, dropped = next(docs)
+        while not ended and sum(len(t) for _, t, _ in buffer) - used < need + 1:
+            try:
+                meta, text, dropped = next(docs)
+            except StopIteration:
+                ended = True
+                break
             if text is not None:
                 buffer.append((meta, ([bos] + list(encode(text)))[dropped:], dropped))
+        if ended and sum(len(t) for _, t, _ in buffer) - used < need:
+            return
         window = []
         while len(window) < need:
             meta, tokens, _ = buffer[0]
@@ -39,6 +46,9 @@ def concat_windows(files, encode, bos, B, T, rank=0, world=1, cursor=None, skip=
             if used == len(tokens):
                 buffer.pop(0)
                 used = 0
+        if not buffer:  # the stream's last token ended this window
+            yield np.array(window, dtype=np.int64), None
+            return
         (e, f, g, d), _, dropped = buffer[0]
         yield np.array(window, dtype=np.int64), (e, f, g, d, used + dropped)
 
@@ -148,6 +158,7 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
     document first (concat_windows' `skip` drops its tokens before the point). `log`, a list:
     `(source, tokens, (epoch, file, rg, row))` of each document is appended to it."""
     from shmloader.data.mixture import Mixer
+    from shmloader.errors import DataError
 
     starts = {name: (1, 0, rank, 0) for name in sources}
     skip, first = 0, None
@@ -158,7 +169,8 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
         starts.update({name: tuple(p) for name, p in point["sources"].items() if name in sources})
         if point["skip"] and point["source"] in sources:
             skip, first = point["skip"], point["source"]
-    streams = {name: documents(files, rank, world, *starts[name]) for name, files in sources.items()}
+    streams = {name: documents(files, rank, world, *starts[name], epochs=mixture.max_epochs.get(name))
+               for name, files in sources.items()}
     ahead = {}
 
     def peek(name):
@@ -168,8 +180,22 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
                 ahead[name] = (meta, text, 1 + len(encode(text)))
         return ahead[name]
 
+    def live(name) -> bool:
+        try:
+            peek(name)
+            return True
+        except StopIteration:  # its max_epochs are read: it ends (DataError: nothing is left at all)
+            mixer.end(name)
+            return False
+
     tokens = 0
     while True:
+        try:
+            mixer.enter(batch + (tokens - skip) // window)
+            while not all(live(n) for n in ([first] if first is not None else list(mixer.shares()))):
+                pass
+        except DataError:
+            return
         if first is not None:
             name, first = first, None
         else:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import zlib
 from typing import Callable, Mapping, NamedTuple, Sequence
 
@@ -104,7 +105,7 @@ class Mixture:
 
 
 def _weight(source: str, stage: int, w) -> float:
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+    if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w < 0:
         raise ValueError(f"Mixture: source {source!r} has weight {w!r} in stage {stage}; a weight is a finite "
                          "number >= 0 (0 pauses the source)")
     return float(w)
@@ -121,7 +122,7 @@ def _stages(weights, names: tuple) -> tuple:
         if not (isinstance(stage, Sequence) and len(stage) == 2 and isinstance(stage[1], Mapping)):
             raise ValueError(f"Mixture: stage {i} of the schedule must be (first_batch, {{name: weight}}), got {stage!r}")
         first, given = stage
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        if isinstance(first, bool) or not isinstance(first, numbers.Integral) or first < 0:
             raise ValueError(f"Mixture: stage {i} starts at batch {first!r}; a stage starts at a batch index (an int >= 0)")
         if i == 0 and first != 0:
             raise ValueError(f"Mixture: the schedule's first stage starts at batch {first}; it must start at 0")
@@ -136,7 +137,10 @@ def _stages(weights, names: tuple) -> tuple:
         if not any(w.values()):
             raise ValueError(f"Mixture: every weight of stage {i} (from batch {first}) is 0; at least one source "
                              "needs a weight > 0")
-        stages.append(Stage(first, w))
+        if not math.isfinite(sum(w.values())):
+            raise ValueError(f"Mixture: the weights of stage {i} sum to more than a float holds; only their ratios "
+                             "matter: give smaller ones")
+        stages.append(Stage(int(first), w))
     return tuple(stages)
 
 
@@ -146,9 +150,9 @@ def _max_epochs(given: Mapping, names: tuple) -> dict:
         raise ValueError(f"Mixture: max_epochs names {', '.join(map(repr, unknown))}, not among the sources "
                          f"({', '.join(map(repr, names))})")
     for name, n in given.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"Mixture: max_epochs of source {name!r} is {n!r}; it must be an int >= 1")
-    return {name: given[name] for name in names if name in given}
+    return {name: int(given[name]) for name in names if name in given}
 
 
 def _digest(names, stages, max_epochs) -> str:

@@ -79,6 +79,18 @@ class Sources:
     def begin(self, epoch: int):
         pass
 
+    def with_footers(self, saved: dict):
+        """Take the footers a checked state's `mixture.sources` gives for files of the same name
+        and size (as `Catalogue.with_footers`: a resumed run's states go on describing them)."""
+        files = [list(f) for f in self.files]
+        for name, r in self.ranges.items():
+            known = {f[0]: f for f in (saved.get(name) or {}).get("files", []) if isinstance(f, list) and len(f) == 3}
+            for now in files[r.lo:r.hi]:
+                old = known.get(now[0])
+                if now[2] is None and old is not None and old[2] is not None and now[1] == old[1]:
+                    now[2] = old[2]
+        self.files = files
+
     def learn(self, opened: list, warn):
         """The identities the coordinator read, as `Catalogue.learn` (the run's numbering)."""
         self.files = learned(self.files, self.paths, opened, warn)

@@ -65,7 +65,9 @@ message is one record below, sent through a pipe and dispatched on its type:
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text, info)`
    (`info`: a line for the log, e.g. a mixture's stage that begins), from the workers through
-   the coordinator, to the trainer.
+   the coordinator, to the trainer. A stream that ends (a mixture whose sources have all
+   ended) sends `Ended(text)` once every complete batch is announced; the trainer raises it as
+   a `DataError` when no batch is left to take.
 7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer,
    the trainer is not waiting in `next()` (`Counter.WAITING`) and has neither taken a batch
    (`Counter.TAKEN`) nor freed one for `idle_release_s` s (and for 10 times the longest gap
@@ -180,6 +182,13 @@ class Skipped(NamedTuple):
 class Warn(NamedTuple):
     text: str
     info: bool = False             # said in the log at INFO, not warned
+
+
+class Ended(NamedTuple):
+    """Coordinator -> trainer: the stream has ended (a mixture whose sources have all ended),
+    after every complete batch was announced; `text` says why (raised as `DataError` once no
+    batch is left to take)."""
+    text: str
 
 
 class Error(NamedTuple):

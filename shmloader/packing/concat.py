@@ -62,7 +62,8 @@ class _Seq:
 
 class Where(NamedTuple):
     """Where a batch ends: the next token is token `skip` of row `row` of piece `piece`; `run`,
-    the mixture's run that row is in (its row counts from the run's first), else None."""
+    the mixture's run that row is in (its row counts from the run's first), else None. Piece
+    -1: the end of a stream that ended (`ConcatSequencer.finished`)."""
     piece: int
     row: int
     skip: int
@@ -81,6 +82,7 @@ class ConcatSequencer:
         self._docs = -1 if skip else 0  # documents sequenced; one begun before the start is not
         #                                 the run's (its BOS is at a negative position)
         self._seq = deque()       # sequenced pieces still needed for placement or positions
+        self.finished = False     # no piece or run comes after those sequenced (a mixture that ended)
         self._opened = 0          # batches < _opened have had a segment issued
 
     @property
@@ -161,8 +163,12 @@ class ConcatSequencer:
     def _position_after(self, k: int):
         """Where batch k ends, noting how many documents of the run began by then (`docs_at`,
         before the pieces it needs can be pruned)."""
-        found = self._find((k + 1) * self.window)
+        pos = (k + 1) * self.window
+        found = self._find(pos)
         if found is None:
+            if self.finished and pos == self.next_start:  # the last batch of a stream that ended
+                self.docs_at[k] = self._docs
+                return Where(-1, 0, 0)
             return None
         s, row, skip = found
         self.docs_at[k] = s.docs_before + s.docs_to(row) + (1 if skip else 0)

@@ -27,6 +27,7 @@ from typing import Callable, Mapping, NamedTuple
 import numpy as np
 
 from ..data.mixture import Mixer
+from ..errors import DataError
 from ..position import Position
 from .base import InOrder
 
@@ -115,6 +116,7 @@ class MixStream:
         self.first = first               # the source whose document must come first (a resumed cut one)
         self.tokens = 0                  # tokens of the runs made
         self.notes: list = []            # what the loader says: stages begun, sources ended
+        self.finished = None             # why the mix has ended (nothing left to read), once it has
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of `source`'s order was counted: `lengths[i]` tokens for its row i."""
@@ -128,7 +130,15 @@ class MixStream:
 
     def waiting_for(self) -> list:
         """The sources taking part whose next document is not counted yet: the mix waits for them."""
+        if self.finished is not None:
+            return []
         return [name for name in self._taking_part() if self._head(name) is None and not self._ended(name)]
+
+    def finish(self, why: str):
+        """The mix ends here (`why`): no document is taken after the ones taken so far."""
+        if self.finished is None:
+            self.finished = why
+            self._close()
 
     def _taking_part(self) -> list:
         """The sources the next pick is among (its batch's stage begun first)."""
@@ -136,7 +146,11 @@ class MixStream:
             return [self.first]
         if len(self.mixer.mixture.stages) == 1:
             return list(self.mixer.shares())
-        started = self.mixer.enter(self.batch_of(self.tokens))
+        try:
+            started = self.mixer.enter(self.batch_of(self.tokens))
+        except DataError as e:  # a stage begins whose every source has ended: the mix ends here
+            self.finish(str(e))
+            return []
         if started is not None:
             self._close()
             self.notes.append(f"mixture: stage from batch {started.first_batch}: "
@@ -193,13 +207,19 @@ class MixStream:
     def runs(self) -> list:
         """The runs that can be made now, in stream order."""
         mixer = self.mixer
-        while True:
+        while self.finished is None:
             names = self._taking_part()
+            if self.finished is not None:
+                break
             heads = {name: self._head(name) for name in names}
             ended = [name for name, head in heads.items() if head is None and self._ended(name)]
             if ended:
                 for name in ended:
-                    note = mixer.end(name)  # raises DataError when nothing is left
+                    try:
+                        note = mixer.end(name)
+                    except DataError as e:  # nothing is left: the stream ends after what was taken
+                        self.finish(str(e))
+                        break
                     if note:
                         self.notes.append(note)
                 if self.first in ended:
@@ -214,6 +234,15 @@ class MixStream:
                 self._take(source, heads[source])
                 continue
             self._pick_while_known(heads)
+        out, self._out = self._out, []
+        return out
+
+    def end_point(self) -> MixPoint:
+        """Where an ended mix stands: after its last document."""
+        at_sources, snapshot = self._at()
+        sources = {name: Position(w[0].epoch, w[0].file, w[0].rg, w[0].doc_start + w[1]) if type(w) is tuple else w
+                   for name, w in at_sources.items()}
+        return MixPoint(self.names[0], 0, sources, Mixer.state_of_snapshot(snapshot))
 
     def _pick_while_known(self, heads: dict):
         """The rule (`Mixer.choose`, inlined: this runs once a document) while every source's

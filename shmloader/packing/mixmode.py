@@ -13,8 +13,11 @@ in the batch's slot (its buffer area) as JSON: the state's `mixture.point`, and 
 or an idle release starts again.
 
 What is said once: a schedule's stage that begins (logged), a source that ends (warned).
-A source that reads a whole epoch and then most of another without a document is a
-`DataError` naming it (it would keep the mix waiting forever).
+A mix that ends (every source with a weight has read its `max_epochs`, or the mix waits for a
+source that read a whole epoch and most of another without a document) stops taking documents
+there: every complete batch before is placed and announced, then `Ended` tells the trainer
+why, which it raises as a `DataError` once it has taken them (the partial last batch is not
+made). So the batches before the end are the same whatever the workers and the timing.
 """
 from __future__ import annotations
 
@@ -23,8 +26,7 @@ import zlib
 
 from ..data.mixture import Mixer
 from ..data.order import RAMP
-from ..errors import DataError
-from ..ipc.protocol import Warn
+from ..ipc.protocol import Ended, Warn
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from .concat import ConcatMode, ConcatSequencer, Places
@@ -71,6 +73,7 @@ class MixConcatMode(ConcatMode):
                 self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
         self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
         self._said = 0                                        # notes of the stream told
+        self._peeked, self._barren, self._ended = {}, {}, False  # per source: its next piece; why it has no document
         self._index = 0
         self.pieces = self._feed()
 
@@ -81,14 +84,30 @@ class MixConcatMode(ConcatMode):
     # ---- handing out pieces
 
     def _pick(self):
-        """The source whose next piece goes out next, or None."""
-        waiting = [n for n in self.stream.waiting_for() if n in self._orders]
-        for name in waiting:
-            if not any(self._src[i][0] == name for i in self._in_flight):
+        """The source whose next piece goes out next (that piece peeked), or None."""
+        while self.stream.finished is None:
+            waiting = [n for n in self.stream.waiting_for() if n in self._orders]
+            name = next((n for n in waiting if not any(self._src[i][0] == n for i in self._in_flight)), None)
+            if name is None:
+                shares = self.stream.mixer.shares()
+                live = [n for n in shares if n in self._orders]
+                name = min(live, key=lambda n: (self._ahead[n] / shares[n], n)) if live else None
+            if name is None or self._peek(name) is not None:
                 return name
-        shares = self.stream.mixer.shares()
-        live = [n for n in shares if n in self._orders]
-        return min(live, key=lambda n: (self._ahead[n] / shares[n], n)) if live else None
+            self._flow()  # its order has ended: the mix may go on, or end
+        return None
+
+    def _peek(self, name: str):
+        """Source `name`'s next piece, or None once its order has ended (`max_epochs`)."""
+        piece = self._peeked.get(name)
+        if piece is None:
+            piece = next(self._orders[name])
+            if name in self._max_epochs and piece.epoch > self._max_epochs[name]:
+                self.stream.exhausted(name, self._seqs[name])
+                del self._orders[name]
+                return None
+            self._peeked[name] = piece
+        return piece
 
     def can_take(self, worker: int) -> bool:
         name = self._pick()
@@ -101,13 +120,9 @@ class MixConcatMode(ConcatMode):
     def _feed(self):
         while True:
             name = self._pick()
-            if name is None:
-                raise DataError("every source of the mixture that has a weight has read its max_epochs")
-            piece = next(self._orders[name])
-            if name in self._max_epochs and piece.epoch > self._max_epochs[name]:
-                self.stream.exhausted(name, self._seqs[name])
-                del self._orders[name]
-                continue
+            if name is None:  # `can_take` said there was one
+                raise RuntimeError("mixture: a piece was asked for while none may go out")
+            piece = self._peeked.pop(name)
             piece = piece.__class__(self._index, piece.epoch, piece.file, piece.rg, piece.doc_start, piece.doc_end,
                                     piece.text_bytes, piece.skip)
             self._src[self._index] = (name, self._seqs[name])
@@ -124,23 +139,39 @@ class MixConcatMode(ConcatMode):
         self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
         self._check_docs(name, piece, msg.lengths)
         self.stream.counted(name, seq, piece, msg.lengths)
+        self._flow()
+        return piece
+
+    def _flow(self):
+        """The runs the mix can make now, into the sequencer; a mix that waits for a source
+        without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
+        if self.stream.finished is None:
+            barren = [n for n in self.stream.waiting_for() if n in self._barren]
+            if barren:
+                self.stream.finish(self._barren[barren[0]])
         for run in self.stream.runs():
             self.seq.append(run.piece.index, run.lengths, run.base, run.last, tag=run)
             if run.last:
                 del self._src[run.piece.index]
                 if run.source in self._ahead:
                     self._ahead[run.source] -= run.piece.text_bytes + 1
-        return piece
+        if self.stream.finished is not None:
+            self.seq.finished = True
 
     def _check_docs(self, name: str, piece, lengths):
         self._docs[name] += int((lengths > 0).sum())
         if self._docs[name] == 0 and piece.epoch >= self._epoch0[name] + 2:
-            raise DataError(f"mixture source {name!r}: a whole epoch held no document with text (all null or "
-                            f"no rows); the mix cannot go on without it (give it weight 0, or leave it out)")
+            self._barren.setdefault(name, f"mixture source {name!r}: a whole epoch held no document with text (all "
+                                          "null or no rows); the mix cannot go on without it (give it weight 0, or "
+                                          "leave it out)")
 
     def ready(self):
         out = []
         for k, where in self.seq.ready():
+            if where.piece < 0:  # the end of a mix that ended
+                point = self.stream.end_point()
+                out.append(Complete(k, point.sources[self.stream.names[0]], point, self.seq.docs_at.pop(k)))
+                continue
             run = where.run
             row = run.row_lo + where.row
             p = run.piece
@@ -176,3 +207,7 @@ class MixConcatMode(ConcatMode):
         for text in notes[self._said:]:
             yield Warn(text, info=text.startswith("mixture: stage"))
         self._said = len(notes)
+        seq = self.seq
+        if seq.finished and not self._ended and seq.book.announced >= max(seq.next_start, 0) // seq.window:
+            self._ended = True  # every complete batch is out: the trainer raises this once it took them
+            yield Ended(self.stream.finished)

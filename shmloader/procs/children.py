@@ -23,7 +23,7 @@ from .. import errors
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import Announcement, Doorbell, TrainerEnd
-from ..ipc.protocol import Error, Listener, Located, Opened, Progress, Released, Replace, Warn
+from ..ipc.protocol import Ended, Error, Listener, Located, Opened, Progress, Released, Replace, Warn
 from ..ipc.ring import WorkerCol
 from ..ipc.signals import pid_alive
 from . import precedence
@@ -73,6 +73,7 @@ class Children:
     kick: Doorbell = None
     handover: TrainerEnd = None
     opened: list = field(default_factory=list)  # `Opened` messages not yet taken by the loader
+    ended: str | None = None    # the stream has ended (`Ended`): why, raised once no batch is left
     _watch: Listener = None     # every child's sentinel
     _blocked: Listener = None   # what a trainer waiting for a batch waits on
 
@@ -147,7 +148,10 @@ class Children:
                 self.check_alive()
                 break
             self.read_message()
-        return self.handover.take()
+        got = self.handover.take()
+        if got is None and self.ended is not None:  # every batch of an ended stream was taken
+            raise errors.DataError(self.ended)
+        return got
 
     def read_message(self):
         """Read one message from the coordinator's pipe: warn a warning, raise an error."""
@@ -175,6 +179,9 @@ class Children:
             return None
         if isinstance(msg, Released):
             raise ChildrenReleased(msg.idle_s)
+        if isinstance(msg, Ended):
+            self.ended = msg.text
+            return None
         _raise_reported(msg)
 
     def ready_batches(self) -> int:

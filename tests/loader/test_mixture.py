@@ -236,15 +236,6 @@ def test_what_a_mixture_refuses(mixdata, tmp_path):
         shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", resume_state=single)
 
 
-def test_a_source_without_documents_is_named(mixdata, tmp_path):
-    root, files, tok = mixdata
-    corpus.write_shards([None] * 12, tmp_path / "nulls", num_files=3, row_group_size=2)
-    mix = shmloader.Mixture({"web": str(root / "web"), "nulls": str(tmp_path / "nulls")}, {"web": 1, "nulls": 1})
-    with shmloader.ShmLoader(mix, tok, B, T, num_workers=2, device="cpu", timeout=30) as loader:
-        with pytest.raises(shmloader.DataError, match="mixture source 'nulls': a whole epoch held no document"):
-            next(loader)
-
-
 def test_a_trainer_that_pauses_never_leaves_the_mix_waiting(mixdata):
     """With a ring of 2 slots and a trainer that stops now and then, the workers fill their hold
     budget with the heavy source's pieces; the light source's next piece must still go out
@@ -259,3 +250,52 @@ def test_a_trainer_that_pauses_never_leaves_the_mix_waiting(mixdata):
                 time.sleep(0.5)
             got.append(window_of(*next(loader)))
     assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def _until_error(loader, match, ended=()):
+    """Every batch until the DataError `match`; the sources `ended` are said to end once each."""
+    got = []
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(shmloader.DataError, match=match):
+            for x, y in loader:
+                got.append(window_of(x, y))
+        with pytest.raises(shmloader.DataError, match=match):  # and again
+            next(loader)
+    said = [str(w.message) for w in said]
+    assert sorted(n for n in SHAPES for w in said if f"source {n!r} has read its" in w) == sorted(ended), said
+    return got
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_mixture_whose_sources_all_end_gives_every_batch_then_says_so(mixdata, workers):
+    root, files, tok = mixdata
+    mix = mixture(root, {"code": 1, "math": 1}, names=["code", "math"], max_epochs={"code": 1, "math": 2})
+    want, _ = expected(files, tok, mix, 10**6, names=["code", "math"])
+    with shmloader.ShmLoader(mix, tok, B, T, num_workers=workers, device="cpu", timeout=60) as loader:
+        got = _until_error(loader, "has ended .*nothing is left to read", ended=["math"])
+    assert len(got) == len(want) > 5
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stage_whose_sources_have_ended_ends_the_mix_where_it_begins(mixdata, workers):
+    root, files, tok = mixdata
+    mix = mixture(root, [(0, {"web": 1, "math": 1}), (30, {"math": 1})], names=["web", "math"], max_epochs={"math": 1})
+    want, _ = expected(files, tok, mix, 10**6, names=["web", "math"])
+    with shmloader.ShmLoader(mix, tok, B, T, num_workers=workers, device="cpu", timeout=60) as loader:
+        got = _until_error(loader, "stage 1 .* has ended", ended=["math"])
+    assert len(got) == len(want) >= 30
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_source_without_documents_paused_at_first_ends_the_mix_only_when_it_is_needed(mixdata, tmp_path):
+    root, files, tok = mixdata
+    corpus.write_shards([None] * 12, tmp_path / "nulls", num_files=3, row_group_size=2)
+    mix = shmloader.Mixture({"web": str(root / "web"), "nulls": str(tmp_path / "nulls")},
+                            [(0, {"web": 1}), (20, {"web": 1, "nulls": 1})])
+    counts = []
+    for workers in (1, 2):
+        with shmloader.ShmLoader(mix, tok, B, T, num_workers=workers, device="cpu", timeout=60) as loader:
+            counts.append(len(_until_error(loader, "mixture source 'nulls': a whole epoch held no document")))
+    assert counts[0] == counts[1] >= 20

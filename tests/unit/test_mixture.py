@@ -236,3 +236,13 @@ def test_ties_go_to_the_first_name():
         got.append(mixer.choose(0, lambda name: 10).source)
         mixer.took(got[-1], 10)
     assert got == ["alpha", "zeta", "alpha", "zeta"]
+
+
+def test_numpy_numbers_are_numbers_and_weights_too_big_to_sum_are_refused():
+    import numpy as np
+
+    mixture = Mixture(SOURCES, [(np.int64(0), {"web": np.float32(0.5), "code": np.int64(2)})],
+                      max_epochs={"math": np.int64(2)})
+    assert mixture.stages[0].weights == {"code": 2.0, "math": 0.0, "web": 0.5} and mixture.max_epochs == {"math": 2}
+    with pytest.raises(ValueError, match="sum to more than a float holds"):
+        Mixture(SOURCES, {"web": 1e308, "code": 1e308})
