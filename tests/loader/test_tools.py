@@ -76,7 +76,7 @@ def test_demo_data_is_cached(demo):
 # ---------------------------------------------------------------- tools/bench/, one smoke run a topic
 
 TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
-          "long_document")
+          "long_document", "mixture")
 TINY = ("--batch-size", 2, "--seq-len", 128)
 
 
@@ -193,6 +193,15 @@ def test_bench_heal(demo, tmp_path, capsys, watchdog):
     stop = got["kinds"][2]
     assert stop["after_ms_max"] >= 300 * 0.9  # a stopped worker is healed after stall_s
     assert "worker-SIGSTOP" in text
+
+
+def test_bench_mixture(demo, tmp_path, capsys, watchdog):
+    text, got = bench("mixture", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--seconds", 0.5,
+                      "--repeat", 2)
+    assert [len(got["rows"][k]) for k in ("single", "mixture")] == [2, 2]
+    assert all(r["batches"] > 0 for rows in got["rows"].values() for r in rows)
+    assert len(got["tokens_per_s_ratio"]) == 2 and all(x > 0 for x in got["tokens_per_s_ratio"])
+    assert "median ratio" in text
 
 
 def test_bench_elastic(demo, tmp_path, capsys, watchdog):
