@@ -43,8 +43,6 @@ def refuse(config):
     if config.packing != "concat":
         raise ValueError(f"a Mixture reads with packing='concat' only for now (not built yet: "
                          f"{config.packing!r} over a mixture); got packing={config.packing!r}")
-    if config.cache_dir is not None:
-        raise ValueError("a Mixture with cache_dir is not built yet: give one or the other")
 
 
 def run_args(catalogue, resume: statemod.Resume) -> MixArgs | None:

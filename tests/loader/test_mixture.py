@@ -216,8 +216,6 @@ def test_what_a_mixture_refuses(mixdata, tmp_path):
     root, files, tok = mixdata
     with pytest.raises(ValueError, match="packing='concat' only"):
         shmloader.ShmLoader(mixture(root), tok, B, T, packing="bos_bestfit", device="cpu")
-    with pytest.raises(ValueError, match="cache_dir is not built yet"):
-        shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", cache_dir=tmp_path / "c")
     (tmp_path / "empty").mkdir()
     with pytest.raises(shmloader.DataError, match="mixture source 'none'"):
         shmloader.ShmLoader(shmloader.Mixture({"web": str(root / "web"), "none": str(tmp_path / "empty")},
@@ -299,3 +297,15 @@ def test_a_source_without_documents_paused_at_first_ends_the_mix_only_when_it_is
         with shmloader.ShmLoader(mix, tok, B, T, num_workers=workers, device="cpu", timeout=60) as loader:
             counts.append(len(_until_error(loader, "mixture source 'nulls': a whole epoch held no document")))
     assert counts[0] == counts[1] >= 20
+
+
+def test_a_token_cache_serves_a_mixture(mixdata, tmp_path):
+    root, files, tok = mixdata
+    want, _ = expected(files, tok, mixture(root), 40)
+    misses = []
+    for _ in range(2):  # an empty cache (a small source's second epoch already hits it), then what it kept
+        with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, device="cpu", cache_dir=tmp_path) as loader:
+            got = take(loader, 40)
+            misses.append(loader.stats()["cache_misses"])
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert misses[0] > 10 and misses[1] < misses[0] / 4, misses
