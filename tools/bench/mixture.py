@@ -9,7 +9,10 @@ read as `Mixture({a, b, c}, {a: 1, b: 1, c: 1})`; the single source is the corpu
 row is a loader in a fresh process read as fast as it goes for `--seconds` (tools/bench/loaders.py
 says what a row measures: tokens/s from the first batch, the training process's CPU per
 batch), concat, `--workers` workers; the two rows alternate, `--repeat` rounds, and the report
-gives each round's ratio mixture / single and their median.
+gives each round's ratio mixture / single and their median. Then, at a trainer's pace, each
+row again (`--step-ms` of busy work between batches, so that a batch is always ready): the
+training thread's CPU in each `next()` (its median over `--paced-batches` batches after 20),
+which is what a mixture costs the training step.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--seconds", type=float, default=None, help="wall time of each row (seconds; default 10, 4 with --quick)")
     p.add_argument("--repeat", type=int, default=3, help="rounds of both rows (default 3)")
     p.add_argument("--quick", action="store_true", help="4 s a row")
+    p.add_argument("--step-ms", type=float, default=30.0, help="busy work between batches at a trainer's pace (ms; default 30)")
+    p.add_argument("--paced-batches", type=int, default=200, help="batches timed at a trainer's pace (default 200)")
     corpora.add_args(p, many=False)
     results.add_json_arg(p, "mixture")
     args = p.parse_args(argv)
@@ -61,6 +66,34 @@ def sources(corpus, cache_dir: Path) -> dict:
     return {name: str(d) for name, d in dirs.items()}
 
 
+def paced(cfg: dict) -> dict:
+    """A loader read at a trainer's pace in this fresh process (`children.run`): `step_ms` of busy
+    work before each `next()`; the calling thread's CPU in `next()`, per batch."""
+    import time
+
+    import numpy as np
+    import torch  # noqa: F401  (imported before any timing, as in a training script)
+
+    from shmloader import Mixture, ShmLoader
+    from tools.bench import measure
+
+    mix = cfg.get("mixture")
+    data = Mixture(mix["sources"], mix["weights"]) if mix else cfg["data"]
+    buf = np.zeros(1 << 17)
+    with ShmLoader(data, cfg["tokenizer"], cfg["B"], cfg["T"], "train", num_workers=cfg["workers"], device="cpu") as it:
+        for _ in range(20):
+            next(it)
+        waited0, cpu = it.stats()["wait_s"], []
+        for _ in range(cfg["batches"]):
+            measure.busy_work(cfg["step_ms"] / 1e3, buf)
+            t = time.thread_time()
+            next(it)
+            cpu.append(time.thread_time() - t)
+        waited = it.stats()["wait_s"] - waited0
+    return {"next_cpu_us_median": statistics.median(cpu) * 1e6, "next_cpu_us_mean": statistics.fmean(cpu) * 1e6,
+            "waited_s": waited, "batches": len(cpu)}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     began = results.begin()
@@ -68,7 +101,7 @@ def main(argv=None) -> int:
     mixed = sources(corpus, args.cache_dir)
     base = {"kind": "shmloader", "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
             "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": corpus.data}
-    rows = {"single": [], "mixture": []}
+    rows = {"single": [], "mixture": [], "single_paced": [], "mixture_paced": []}
     with children.checkouts(None) as (ours,):
         for i in range(args.repeat):
             order = ("single", "mixture") if i % 2 == 0 else ("mixture", "single")
@@ -77,11 +110,19 @@ def main(argv=None) -> int:
                            else None)
                 print(f"round {i + 1}/{args.repeat}: {kind}", file=sys.stderr)
                 rows[kind].append(children.run("loaders:loader_child", cfg, ours))
-    ratio = lambda key: [m[key] / s[key] for m, s in zip(rows["mixture"], rows["single"])]  # noqa: E731
+        for i in range(args.repeat):
+            for kind in ("single", "mixture") if i % 2 == 0 else ("mixture", "single"):
+                cfg = dict(base, step_ms=args.step_ms, batches=args.paced_batches,
+                           mixture={"sources": mixed, "weights": dict.fromkeys(mixed, 1)} if kind == "mixture" else None)
+                print(f"round {i + 1}/{args.repeat}: {kind} at a trainer's pace", file=sys.stderr)
+                rows[f"{kind}_paced"].append(children.run("mixture:paced", cfg, ours))
+    ratio = lambda key, a="mixture", b="single": [m[key] / s[key] for m, s in zip(rows[a], rows[b])]  # noqa: E731
     figures = {"config": {"corpus": corpus.name, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
-                          "seconds": args.seconds, "repeat": args.repeat, "sources": list(ROW_GROUPS)},
+                          "seconds": args.seconds, "repeat": args.repeat, "sources": list(ROW_GROUPS),
+                          "step_ms": args.step_ms, "paced_batches": args.paced_batches},
                "rows": rows, "tokens_per_s_ratio": ratio("tokens_per_s"),
-               "trainer_cpu_ratio": ratio("trainer_cpu_us_per_batch")}
+               "trainer_cpu_ratio": ratio("trainer_cpu_us_per_batch"),
+               "paced_next_cpu_ratio": ratio("next_cpu_us_median", "mixture_paced", "single_paced")}
     results.publish(args.json, "mixture", began, figures, argv, report)
     return 0
 
@@ -93,12 +134,21 @@ def report(run: dict) -> str:
            f"load average at the start {run['machine']['load_average']}"]
     head = ("row", "tokens/s (each round)", "trainer CPU per batch, us (each round)")
     body = [(kind, ", ".join(fmt(r["tokens_per_s"]) for r in rs), ", ".join(fmt(r["trainer_cpu_us_per_batch"]) for r in rs))
-            for kind, rs in run["rows"].items()]
+            for kind, rs in run["rows"].items() if not kind.endswith("_paced")]
     body.append(("mixture / single", ", ".join(f"{x:.3f}" for x in run["tokens_per_s_ratio"]),
                  ", ".join(f"{x:.3f}" for x in run["trainer_cpu_ratio"])))
     body.append(("median ratio", f"{statistics.median(run['tokens_per_s_ratio']):.3f}",
                  f"{statistics.median(run['trainer_cpu_ratio']):.3f}"))
     out.append(results.table(head, body))
+    paced = run["rows"].get("single_paced")
+    if paced:
+        out.append(f"at a trainer's pace ({c.get('step_ms', 30):g} ms of busy work a batch): the training thread's CPU "
+                   "in next(), us, median over the batches (each round)")
+        out.append(results.table(("row", "next() CPU, us", "waited, s"), [
+            (kind, ", ".join(f"{r['next_cpu_us_median']:.1f}" for r in run["rows"][kind]),
+             ", ".join(f"{r['waited_s']:.2f}" for r in run["rows"][kind])) for kind in ("single_paced", "mixture_paced")]
+            + [("mixture / single", ", ".join(f"{x:.3f}" for x in run["paced_next_cpu_ratio"]),
+                f"median {statistics.median(run['paced_next_cpu_ratio']):.3f}")]))
     return "\n".join(out)
 
 
