@@ -197,11 +197,11 @@ def test_bench_heal(demo, tmp_path, capsys, watchdog):
 
 def test_bench_mixture(demo, tmp_path, capsys, watchdog):
     text, got = bench("mixture", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--seconds", 0.5,
-                      "--repeat", 2, "--paced-batches", 5, "--step-ms", 1)
-    assert [len(got["rows"][k]) for k in ("single", "mixture", "single_paced", "mixture_paced")] == [2, 2, 2, 2]
+                      "--repeat", 1, "--paced-batches", 5, "--step-ms", 1)
+    assert [len(got["rows"][k]) for k in ("single", "mixture", "single_paced", "mixture_paced")] == [1, 1, 1, 1]
     assert all(r["batches"] == 5 and r["next_cpu_us_median"] > 0 for r in got["rows"]["mixture_paced"])
     assert all(r["batches"] > 0 for rows in got["rows"].values() for r in rows)
-    assert len(got["tokens_per_s_ratio"]) == 2 and all(x > 0 for x in got["tokens_per_s_ratio"])
+    assert len(got["tokens_per_s_ratio"]) == 1 and all(x > 0 for x in got["tokens_per_s_ratio"])
     assert "median ratio" in text
 
 
