@@ -21,6 +21,7 @@ made). So the batches before the end are the same whatever the workers and the t
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 
@@ -123,8 +124,7 @@ class MixConcatMode(ConcatMode):
             if name is None:  # `can_take` said there was one
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
             piece = self._peeked.pop(name)
-            piece = piece.__class__(self._index, piece.epoch, piece.file, piece.rg, piece.doc_start, piece.doc_end,
-                                    piece.text_bytes, piece.skip)
+            piece = dataclasses.replace(piece, index=self._index)  # numbered in the order pieces go out
             self._src[self._index] = (name, self._seqs[name])
             self._seqs[name] += 1
             self._ahead[name] += piece.text_bytes + 1
