@@ -54,6 +54,18 @@ def learned(files: list, paths: list, opened: list, warn) -> list:
     return files
 
 
+def with_known_footers(files: list, known: list) -> list:
+    """`files` (identities), a new list, with the footers `known` (a checked state's files)
+    gives for files of the same name and size that have none yet."""
+    by_name = {f[0]: f for f in known if isinstance(f, list) and len(f) == 3}
+    files = [list(f) for f in files]
+    for now in files:
+        old = by_name.get(now[0])
+        if now[2] is None and old is not None and old[2] is not None and now[1] == old[1]:
+            now[2] = old[2]
+    return files
+
+
 class Catalogue:
     def __init__(self, data, split: str, filesystem=None):
         """Lists `data` (None: nanochat's directory) and takes `split`'s files; raises
@@ -99,13 +111,7 @@ class Catalogue:
         """Take the footers `known` (a checked state's files) gives for files of the same name
         and size: a resumed run's states go on describing files it will not read again before
         its next epoch."""
-        by_name = {f[0]: f for f in known if isinstance(f, list) and len(f) == 3}
-        files = [list(f) for f in self.files]
-        for now in files:
-            old = by_name.get(now[0])
-            if now[2] is None and old is not None and old[2] is not None and now[1] == old[1]:
-                now[2] = old[2]
-        self.files = files
+        self.files = with_known_footers(self.files, known)
         self._described = (None, None)
 
     def described(self, epoch: int, file: int):

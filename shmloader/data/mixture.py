@@ -206,14 +206,18 @@ class Mixer:
         `next_length(name)`: the length of that source's next document, asked of the sources
         taking part only."""
         started = self.enter(batch)
-        n = sum(self.counted.values())
-        best, behind = None, -math.inf
+        return Choice(self.pick(sum(self.counted.values()), next_length), started)
+
+    def pick(self, n: int, next_length: Callable[[str], int]) -> str:
+        """The rule in the stage in force, `n` the tokens counted in it (`choose` without the
+        stage: packing/mix.py calls it once a document)."""
+        counted, best, behind = self.counted, None, -math.inf
         for name, w in self._shares.items():   # in sorted order: ties go to the first name
             length = next_length(name)
-            b = w * (n + length) - self.counted[name] - length
+            b = w * (n + length) - counted[name] - length
             if b > behind:
                 best, behind = name, b
-        return Choice(best, started)
+        return best
 
     def took(self, source: str, tokens: int, epoch: int | None = None) -> None:
         """A document of `tokens` tokens (BOS included) from `source`, of its epoch `epoch`."""

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..errors import DataError
 from ..position import Position
 from . import source
-from .catalogue import Catalogue, learned
+from .catalogue import Catalogue, learned, with_known_footers
 from .mixture import Mixture
 
 
@@ -36,7 +37,7 @@ class Sources:
         for name in mixture.names:
             try:
                 cat = Catalogue(mixture.sources[name], split, filesystem)
-            except Exception as e:  # noqa: BLE001 (its own error, said of its source)
+            except (DataError, ValueError, FileNotFoundError) as e:  # its own error, said of its source
                 raise type(e)(f"mixture source {name!r}: {e}") from None
             if self.catalogues and type(cat.filesystem) is not type(self.filesystem):
                 raise ValueError(f"mixture source {name!r} is on {type(cat.filesystem).__name__}, another "
@@ -82,13 +83,9 @@ class Sources:
     def with_footers(self, saved: dict):
         """Take the footers a checked state's `mixture.sources` gives for files of the same name
         and size (as `Catalogue.with_footers`: a resumed run's states go on describing them)."""
-        files = [list(f) for f in self.files]
+        files = []
         for name, r in self.ranges.items():
-            known = {f[0]: f for f in (saved.get(name) or {}).get("files", []) if isinstance(f, list) and len(f) == 3}
-            for now in files[r.lo:r.hi]:
-                old = known.get(now[0])
-                if now[2] is None and old is not None and old[2] is not None and now[1] == old[1]:
-                    now[2] = old[2]
+            files += with_known_footers(self.files[r.lo:r.hi], (saved.get(name) or {}).get("files", []))
         self.files = files
 
     def learn(self, opened: list, warn):

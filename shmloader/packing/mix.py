@@ -20,7 +20,6 @@ next token is in comes first (with a new mixture too: it is not skipped).
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Callable, Mapping, NamedTuple
 
@@ -245,21 +244,17 @@ class MixStream:
         return MixPoint(self.names[0], 0, sources, Mixer.state_of_snapshot(snapshot))
 
     def _pick_while_known(self, heads: dict):
-        """The rule (`Mixer.choose`, inlined: this runs once a document) while every source's
-        head stays where it is and the stage does not change."""
+        """The rule (`Mixer.pick`, once a document) while every source's head stays where it is
+        and the stage does not change."""
         mixer = self.mixer
-        counted, live = mixer.counted, [(name, w, heads[name]) for name, w in mixer.shares().items()]
         staged = len(mixer.mixture.stages) > 1
-        n = sum(counted.values())
+        n = sum(mixer.counted.values())
+        length_of = lambda name: heads[name].sizes[heads[name].row]  # noqa: E731
         while True:
             if staged and mixer.mixture.stage_at(self.batch_of(self.tokens)) != mixer.stage:
                 return
-            best, behind = None, -math.inf
-            for name, w, head in live:  # in sorted order: ties go to the first name
-                length = head.sizes[head.row]
-                b = w * (n + length) - counted[name] - length
-                if b > behind:
-                    best, behind, picked = name, b, head
+            best = mixer.pick(n, length_of)
+            picked = heads[best]
             n += picked.sizes[picked.row]
             if self._take(best, picked):
                 return

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
+from typing import NamedTuple
 
 from ..data.mixture import Mixer
 from ..data.order import RAMP
@@ -43,6 +44,13 @@ def start_points(mix, rank: int) -> tuple:
         p = starts.get(r.name, Position(1, 0, rank, 0))
         starts[r.name] = p._replace(file=p.file + r.lo)
     return point, starts
+
+
+class _Next(NamedTuple):
+    """The source whose piece goes out next; `needed`: the mix waits for its next document and
+    none of its pieces is being read."""
+    source: str
+    needed: bool
 
 
 class MixConcatMode(ConcatMode):
@@ -84,17 +92,20 @@ class MixConcatMode(ConcatMode):
 
     # ---- handing out pieces
 
-    def _pick(self):
+    def _pick(self) -> "_Next | None":
         """The source whose next piece goes out next (that piece peeked), or None."""
         while self.stream.finished is None:
             waiting = [n for n in self.stream.waiting_for() if n in self._orders]
             name = next((n for n in waiting if not any(self._src[i][0] == n for i in self._in_flight)), None)
+            needed = name is not None
             if name is None:
                 shares = self.stream.mixer.shares()
                 live = [n for n in shares if n in self._orders]
                 name = min(live, key=lambda n: (self._ahead[n] / shares[n], n)) if live else None
-            if name is None or self._peek(name) is not None:
-                return name
+            if name is None:
+                return None
+            if self._peek(name) is not None:
+                return _Next(name, needed)
             self._flow()  # its order has ended: the mix may go on, or end
         return None
 
@@ -111,18 +122,19 @@ class MixConcatMode(ConcatMode):
         return piece
 
     def can_take(self, worker: int) -> bool:
-        name = self._pick()
-        if name is None:
+        pick = self._pick()
+        if pick is None:
             return False
-        if name in self.stream.waiting_for():
+        if pick.needed:  # past the hold budget: only the mix can free it, and the mix waits for this
             return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
         return super().can_take(worker)
 
     def _feed(self):
         while True:
-            name = self._pick()
-            if name is None:  # `can_take` said there was one
+            pick = self._pick()
+            if pick is None:  # `can_take` said there was one
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
+            name = pick.source
             piece = self._peeked.pop(name)
             piece = dataclasses.replace(piece, index=self._index)  # numbered in the order pieces go out
             self._src[self._index] = (name, self._seqs[name])
