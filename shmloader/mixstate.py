@@ -31,7 +31,9 @@ from .data.mixture import Mixer
 from .data.sources import Sources
 from .ipc.protocol import MixArgs
 from .errors import warn
+from .packing import MIX_MODES
 from .packing.mix import MixPoint
+from .packing.mixbestfit import buffer_runs
 from .packing.runs import BufferText
 from .position import Position
 
@@ -40,8 +42,8 @@ KIND = "mixture"
 
 def refuse(config):
     """What a mixture does not do yet, as a ValueError naming it."""
-    if config.packing != "concat":
-        raise ValueError(f"a Mixture reads with packing='concat' only for now (not built yet: "
+    if config.packing not in MIX_MODES:
+        raise ValueError(f"a Mixture reads with packing {sorted(MIX_MODES)} only for now (not built yet: "
                          f"{config.packing!r} over a mixture); got packing={config.packing!r}")
 
 
@@ -136,6 +138,8 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     reshaped = statemod._reshaped(shapes, batch, identity)
     point = MixPoint.from_json(json.loads(text)) if text is not None else None
     _check_sources(mixed.get("sources"), sources)
+    if identity.buffered:  # best fit's buffer: its documents' sources are read now
+        buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
     notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
     for note in notes:
         warn(f"shmloader: {note}")

@@ -7,6 +7,8 @@ the next token and how many of its tokens were already used). `bestfit_rows` pla
 rows with `plan_batch_scan`, nanochat's linear scans. Slow on purpose: no shared memory, no
 processes, nothing clever.
 """
+import itertools
+
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -150,13 +152,15 @@ def _as_plan(rows, offs, ids, ntok, cropped) -> BatchPlan:
 
 
 def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, world=1, point=None, batch=0,
-                    log=None):
+                    log=None, stage_batch=None):
     """Yield `((epoch, file, rg, row), text, 0)`: the documents of a mixture (docs/design.md
     "Mixtures"), from each source's `documents` and the mixing rule, for `concat_windows(docs=...)`.
     `sources`: name -> its split's files. `point`: a state's `mixture.point` (parsed) to resume
     from at batch `batch`: every source from its document, the mixer from its counts, the cut
     document first (concat_windows' `skip` drops its tokens before the point). `log`, a list:
-    `(source, tokens, (epoch, file, rg, row))` of each document is appended to it."""
+    `(source, tokens, (epoch, file, rg, row))` of each document is appended to it.
+    `stage_batch()`: the batch whose stage the next pick is in (best fit's: the batch being
+    planned), instead of the batch its first token lands in."""
     from shmloader.data.mixture import Mixer
     from shmloader.errors import DataError
 
@@ -189,9 +193,10 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
             return False
 
     tokens = 0
+    at = stage_batch or (lambda: batch + (tokens - skip) // window)
     while True:
         try:
-            mixer.enter(batch + (tokens - skip) // window)
+            mixer.enter(at())
             while not all(live(n) for n in ([first] if first is not None else list(mixer.shares()))):
                 pass
         except DataError:
@@ -199,7 +204,7 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
         if first is not None:
             name, first = first, None
         else:
-            name = mixer.choose(batch + (tokens - skip) // window, lambda n: peek(n)[2]).source
+            name = mixer.choose(at(), lambda n: peek(n)[2]).source
         meta, text, n = peek(name)
         del ahead[name]
         mixer.took(name, n, meta[0])
@@ -207,3 +212,55 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
         if log is not None:
             log.append((name, n, meta))
         yield meta, text, 0
+
+
+def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=1000, chunk_docs=128, point=None,
+                       batch=0, log=None):
+    """Yield `(rows, buffer)`: (B, T+1) best-fit rows over a mixture (docs/design.md "Mixtures"),
+    planned by `plan_batch_scan` over chunks of `chunk_docs` documents of `mixed_documents`,
+    each picked when a plan asks for it (a schedule's stage is the batch being planned); and
+    the buffer after them, `[[source, epoch, file, rg, row, count], ...]` in arrival order.
+    `point`: a state's `mixture.point` (parsed), with its `"buffer"`, to resume from at `batch`."""
+    planning = [batch]
+    read = [] if log is None else log
+    docs = mixed_documents(sources, encode, bos, mixture, 1, point=point, batch=batch, log=read,
+                           stage_batch=lambda: planning[0])
+    meta, buffer = {}, []
+    for name, e, f, g, row, count in (point or {}).get("buffer", ()):
+        texts = pq.ParquetFile(sources[name][f]).read_row_group(g, columns=["text"]).column("text").to_pylist()
+        for r in range(row, row + count):
+            meta[len(meta)] = ((name, e, f, g, r), [bos] + list(encode(texts[r])))
+            buffer.append([len(meta) - 1, len(meta[len(meta) - 1][1])])
+    next_id = len(meta)
+
+    class _Out(Exception):
+        pass
+
+    def next_chunk():
+        nonlocal next_id
+        ids, lengths = [], []
+        for (e, f, g, row), text, _ in itertools.islice(docs, chunk_docs):
+            meta[next_id] = ((read[-1][0], e, f, g, row), [bos] + list(encode(text)))
+            ids.append(next_id)
+            lengths.append(len(meta[next_id][1]))
+            next_id += 1
+        if not ids:
+            raise _Out
+        return np.array(ids, dtype=np.int64), np.array(lengths, dtype=np.int64)
+
+    while True:
+        try:
+            plan = plan_batch_scan(buffer, next_chunk, B, T + 1, buffer_size)
+        except _Out:
+            return
+        rows = np.zeros((B, T + 1), dtype=np.int64)
+        for r, off, doc, n in zip(plan.row, plan.row_offset, plan.doc_id, plan.n_tokens):
+            rows[r, off:off + n] = meta.pop(int(doc))[1][:n]
+        planning[0] += 1
+        runs = []
+        for name, e, f, g, row in (meta[d][0] for d, _ in buffer):
+            if runs and runs[-1][:4] == [name, e, f, g] and runs[-1][4] + runs[-1][5] == row:
+                runs[-1][5] += 1
+            else:
+                runs.append([name, e, f, g, row, 1])
+        yield rows, runs

@@ -158,16 +158,22 @@ class BestFitSequencer:
         lengths = np.asarray(lengths, dtype=np.int64)
         for _, (piece, owner, lengths) in self._counted.add(piece.index, (piece, owner, lengths)):
             self.backlog_docs -= len(lengths)
-            base = self._next_base
-            self._next_base += len(lengths)
-            live = np.flatnonzero(lengths)
-            if len(live):
-                self._pieces[piece.index] = [owner, base, set(live.tolist())]  # its rows not yet placed
-                self.table.add(base, piece)
+            base = self._number(piece, owner, lengths)
             if piece.index < self.n_prefix:
                 self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
             else:
                 self.chunks.add(piece, base, lengths)
+
+    def _number(self, piece, owner: int, lengths: np.ndarray) -> int:
+        """Documents get ids `base + row` (pieces numbered in the order they are counted); a piece
+        with documents is `owner`'s until every one is placed. Returns `base`."""
+        base = self._next_base
+        self._next_base += len(lengths)
+        live = np.flatnonzero(lengths)
+        if len(live):
+            self._pieces[piece.index] = [owner, base, set(live.tolist())]  # its rows not yet placed
+            self.table.add(base, piece)
+        return base
 
     def _add_prefix(self, base, lengths, last: bool):
         """A piece of the resumed buffer; with the `last` one, the planner is rebuilt from it."""
@@ -202,12 +208,15 @@ class BestFitSequencer:
                 break
             self.tokens_cropped += plan.n_cropped
             self.docs_placed += len(plan.doc_id)
-            self._positions[self.planned] = Complete(self.planned, Position(*self.chunks.last_end),
-                                                     self.buffer_runs(), self.docs_placed)
+            self._positions[self.planned] = self._complete()
             self.book.expect(self.planned, int(plan.n_tokens.sum()))
             out.append((self.planned, self._orders(plan)))
             self.planned += 1
         return out
+
+    def _complete(self) -> Complete:
+        """What batch `planned`, just planned, announces once written: the position after it."""
+        return Complete(self.planned, Position(*self.chunks.last_end), self.buffer_runs(), self.docs_placed)
 
     def _orders(self, plan) -> dict:
         orders = {}

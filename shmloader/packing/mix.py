@@ -116,6 +116,7 @@ class MixStream:
         self.tokens = 0                  # tokens of the runs made
         self.notes: list = []            # what the loader says: stages begun, sources ended
         self.finished = None             # why the mix has ended (nothing left to read), once it has
+        self._room = None                # documents `runs` may still take (None: no limit)
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of `source`'s order was counted: `lengths[i]` tokens for its row i."""
@@ -203,10 +204,12 @@ class MixStream:
             self._open = None
             self._out.append(self._run(source, head, head.row, at))
 
-    def runs(self) -> list:
-        """The runs that can be made now, in stream order."""
+    def runs(self, limit: int | None = None) -> list:
+        """The runs that can be made now, in stream order; with `limit`, of at most that many
+        documents (best fit takes the mix a chunk at a time: packing/mixbestfit.py)."""
         mixer = self.mixer
-        while self.finished is None:
+        self._room = limit
+        while self.finished is None and self._room != 0:
             names = self._taking_part()
             if self.finished is not None:
                 break
@@ -233,6 +236,8 @@ class MixStream:
                 self._take(source, heads[source])
                 continue
             self._pick_while_known(heads)
+        if self._room == 0:  # the limit is reached: the run being made ends here
+            self._close()
         out, self._out = self._out, []
         return out
 
@@ -256,7 +261,7 @@ class MixStream:
             best = mixer.pick(n, length_of)
             picked = heads[best]
             n += picked.sizes[picked.row]
-            if self._take(best, picked):
+            if self._take(best, picked) or self._room == 0:
                 return
 
     def _take(self, source: str, head: _Counted) -> bool:
@@ -267,6 +272,8 @@ class MixStream:
         length = head.sizes[head.row]
         self.mixer.took(source, length, head.piece.epoch)
         self.tokens += length
+        if self._room is not None:
+            self._room -= 1
         head.row += 1
         head.skip_nulls()
         if head.row >= len(head.sizes):  # the piece's last document: its run ends with it

@@ -78,11 +78,15 @@ def _worker_stats(row) -> dict:
 
 
 
-def mix_text_bytes(mix) -> int:
+def mix_text_bytes(mix, buffer_docs: int = 0) -> int:
     """The most bytes a mixture's place can take as JSON: per source its name, a position and the
-    mixer's counts (numbers up to 20 digits), with room to spare."""
+    mixer's counts (numbers up to 20 digits), with room to spare; and a best-fit buffer of
+    `buffer_docs` documents (more at first if the place's own holds more), a run each at most."""
     names = {r.name for r in mix.ranges} | set((mix.point or {}).get("sources", {}))
-    return 1024 + sum(400 + 4 * len(name.encode("unicode_escape")) for name in names)
+    width = max(len(json.dumps(name)) for name in names)
+    if buffer_docs:
+        buffer_docs += sum(int(r[-1]) for r in (mix.point or {}).get("buffer", ()))
+    return 1024 + sum(400 + len(json.dumps(name)) for name in names) + buffer_docs * (width + 110)
 
 class Runs:
     def __init__(self, config, deliver, on_opened, rank: int):
@@ -210,7 +214,7 @@ class Runs:
         # resume gave this rank several old ranks' buffers (the planner refills only below its size)
         runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
         if args.mixture is not None:  # room for a mixture's place (JSON) in 80-byte runs' worth
-            runs = max(runs, mix_text_bytes(args.mixture) // 80 + 1)
+            runs = max(runs, mix_text_bytes(args.mixture, c.max_runs) // 80 + 1)
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs))
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)

@@ -37,9 +37,10 @@ def test_a_source_without_files_is_named(three, tmp_path):
 
 
 def test_what_a_mixture_refuses():
-    with pytest.raises(ValueError, match="packing='concat' only"):
-        mixstate.refuse(SimpleNamespace(packing="bos_bestfit", cache_dir=None))
-    mixstate.refuse(SimpleNamespace(packing="concat", cache_dir="/tmp/x"))  # a token cache serves a mixture
+    with pytest.raises(ValueError, match="only for now .*'packed' over a mixture"):
+        mixstate.refuse(SimpleNamespace(packing="packed", cache_dir=None))  # a packing with no mixture mode
+    for packing in ("concat", "bos_bestfit"):
+        mixstate.refuse(SimpleNamespace(packing=packing, cache_dir="/tmp/x"))  # a token cache serves a mixture
 
 
 def test_a_state_is_checked_before_anything_is_read(three):

@@ -1,0 +1,265 @@
+"""Best fit over a mixture: the coordinator's mode when a best-fit run reads several sources.
+
+The mixed stream (packing/mix.py: documents of every source interleaved by the mixing rule)
+enters best fit's planner (packing/planner.py) a *chunk* at a time, as one source's does: a
+chunk is the next `tokenizer_batch_size` documents the mix picks (nulls are no documents), in
+any sources. The mix picks a chunk's documents when the planner asks for it (a top-up before a
+placement, `MixChunks`), not before: so a schedule's stage applies to the documents that enter
+the buffer from its first batch's plan on (a stage changes what enters; the buffer's ~1000
+documents of the old weights are placed over the next batches). Chunks depend on the document
+lengths only, so the plans are the same for any number of workers and any timing; a plan that
+runs out of counted documents is undone and retried with the same chunks (the mix never
+takes a document back), as for one source.
+
+Pieces go out as packing/mixfeed.py says, within best fit's read-ahead cap on documents not yet
+in the buffer (and past it for the source the mix waits for). A document's id is its piece's
+base (pieces numbered in the order they are counted) plus its row; the worker holding a piece
+keeps its documents until each is placed (packing/bestfit.py `write`).
+
+Where a mixed best fit stands after batch k (`MixBuffer`): the `MixPoint` after the last chunk
+its plans took (every source's next document, the mixer's state there; skip 0) and the buffer,
+its documents by source, file (numbered within the source), row group and row, in arrival order.
+Both travel in the batch's slot as one JSON text, the state's `mixture.point` (`"buffer"`
+beside the point's keys). A resume, a heal or an idle release reads the buffer's documents
+first (pieces `0..n-1`, `order.buffer_pieces`), rebuilds the planner from them, then goes on
+mixing from the point. A source left out at a resume whose documents are in the buffer is
+refused (`buffer_runs`: its files are not listed any more).
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from bisect import bisect_right
+from collections import deque
+from typing import NamedTuple
+
+import numpy as np
+
+from ..data.mixture import Mixer
+from ..data.order import buffer_pieces, ramp_for
+from ..ipc.protocol import Ended, Warn
+from ..position import Position
+from .base import MAX_IN_FLIGHT, Complete, Mode
+from .bestfit import BestFitMode, BestFitSequencer, _NeedMore
+from .mix import MixPoint, MixStream, point_at
+from .mixfeed import MixFeed, start_points
+
+
+class MixBuffer(NamedTuple):
+    """Where a mixed best fit stands after a batch: the mix's point after the last chunk planned,
+    and the buffer as runs `[epoch, file, rg, row, count]` in the run's numbering of the files."""
+    point: MixPoint
+    runs: np.ndarray
+
+
+def buffer_runs(point: dict | None, lo_of: dict) -> list:
+    """The buffer of a mixed best fit's point (its JSON, `"buffer"`: `[source, epoch, file, rg,
+    row, count]` runs, files numbered within the source) in the run's numbering (`lo_of`: each
+    source's first file there). A malformed buffer, or one holding documents of a source not
+    read now, is a ValueError naming it."""
+    out = []
+    for run in (point or {}).get("buffer", ()):
+        try:
+            name, epoch, file, rg, row, count = run
+            values = [int(v) for v in (epoch, file, rg, row, count)]
+        except (TypeError, ValueError):
+            raise ValueError(f"the mixture's buffer in the state is malformed: run {run!r} is not "
+                             "[source, epoch, file, rg, row, count]") from None
+        if name not in lo_of:
+            raise ValueError(f"the state's best-fit buffer holds documents of mixture source {name!r}, which this "
+                             "loader's mixture does not read: leaving out a source whose documents are in the "
+                             "buffer is not built yet (keep it, with weight 0)")
+        if min(values) < 0 or values[4] < 1:
+            raise ValueError(f"the mixture's buffer in the state has a negative or empty run: {run!r}")
+        values[1] += lo_of[name]
+        out.append(values)
+    return out
+
+
+class MixChunks:
+    """The mixed stream as best fit's chunks (the interface of `bestfit.Chunks`): the next
+    `chunk_docs` documents the mix picks, each chunk with where the mix stands after it
+    (`last_end`: `(run, row)` for `point_at`, after the last chunk a plan took)."""
+
+    def __init__(self, stream: MixStream, chunk_docs: int, ids_of, start):
+        """`ids_of(run)`: `(ids, lengths)` of the run's documents; `start`: the `MixPoint`
+        the run starts from, or None."""
+        self.stream, self.chunk_docs, self._ids_of = stream, chunk_docs, ids_of
+        self.last_end = start
+        self.docs = 0                 # documents in formed chunks, queued
+        self.rows = 0                 # rows (documents and nulls) the mix took into chunks
+        self._queue = deque()         # formed chunks: (ids, lengths, end)
+        self._pending = []            # (ids, lengths) of the chunk being formed
+        self._pending_docs = 0
+        self._end = None              # where the chunk being formed ends so far
+        self.dry = False              # the mix ended and its every document is in a chunk a plan took
+
+    def _form(self) -> bool:
+        """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
+        while self._pending_docs < self.chunk_docs:
+            runs = self.stream.runs(self.chunk_docs - self._pending_docs)
+            for run in runs:
+                ids, lengths = self._ids_of(run)
+                self.rows += run.row_hi - run.row_lo
+                if len(ids):
+                    self._pending.append((ids, lengths))
+                    self._pending_docs += len(ids)
+                    self._end = (run, run.row_hi)
+            if not runs:
+                if self.stream.finished is None or not self._pending_docs:
+                    return False
+                break  # the mix ended: its last documents are a shorter chunk
+        ids = np.concatenate([i for i, _ in self._pending])
+        lengths = np.concatenate([n for _, n in self._pending])
+        self._queue.append((ids, lengths, self._end))
+        self.docs += len(ids)
+        self._pending, self._pending_docs = [], 0
+        return True
+
+    def plan(self, planner, safe: bool = False):
+        """Plan one batch (as `bestfit.Chunks.plan`); None after undoing it when the mix waits."""
+        snapshot, taken = planner.snapshot(), []
+
+        def next_chunk():
+            if not self._queue and not self._form():
+                raise _NeedMore
+            chunk = self._queue.popleft()
+            taken.append(chunk)
+            return chunk[0], chunk[1]
+
+        try:
+            plan = planner.plan_batch(next_chunk)
+        except _NeedMore:
+            planner.restore(snapshot)
+            self._queue.extendleft(reversed(taken))
+            self.dry = self.stream.finished is not None and not self._queue and not self._pending_docs
+            return None
+        for ids, _, end in taken:
+            self.docs -= len(ids)
+            self.last_end = end
+        return plan
+
+
+class MixBestFitSequencer(BestFitSequencer):
+    """`BestFitSequencer` whose chunks come from a mixture's stream (`MixChunks`)."""
+
+    def __init__(self, cfg, n_slots: int, n_prefix: int, stream: MixStream, start: MixPoint | None, used):
+        """`used(run)`: each run of the mix as it goes into a chunk."""
+        super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
+        self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
+        self._used = used
+        self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
+        self.counted_rows = 0         # rows of the mix's pieces counted
+
+    def counted(self, piece, owner: int, lengths: np.ndarray):
+        if piece.index < self.n_prefix:  # the resumed buffer: in order, as one source's
+            super().counted(piece, owner, lengths)
+            return
+        self._bases[piece.index] = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
+        self.counted_rows += len(lengths)
+
+    def _ids_of(self, run) -> tuple:
+        lengths = np.asarray(run.lengths, dtype=np.int64)
+        live = np.flatnonzero(lengths)
+        base = self._bases[run.piece.index] + run.row_lo
+        if run.last:
+            del self._bases[run.piece.index]
+        self._used(run)
+        return base + live, lengths[live]
+
+    def _complete(self) -> Complete:
+        end = self.chunks.last_end
+        point = point_at(*end, 0) if type(end) is tuple else end
+        return Complete(self.planned, point.sources[point.source]._replace(skip=0),
+                        MixBuffer(point, self.buffer_runs()), self.docs_placed)
+
+
+class MixBestFitMode(BestFitMode):
+    """Best fit over a mixture (the module docstring says how)."""
+
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        Mode.__init__(self, n_workers, cfg)
+        mix = run.mixture
+        point, starts = start_points(mix, run.rank)
+        self._lo = {r.name: r.lo for r in mix.ranges}
+        self._files = sorted((r.lo, r.name) for r in mix.ranges)
+        if point is not None:
+            mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
+            point = point._replace(sources=starts)  # in the run's numbering, as the points made here
+        else:
+            mixer = Mixer(mix.mixture, mix.first_batch)
+        # the mix picks a chunk when the planner asks for it: its stage is the batch being planned
+        self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned)
+        prefix = buffer_pieces(buffer_runs(mix.point, self._lo), cfg.max_piece_docs)
+        self.seq = MixBestFitSequencer(cfg, run.layout.n_slots, len(prefix), self.stream, point,
+                                       lambda run: self.feed.used(run))
+        ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
+        self.feed = MixFeed(mix, self.stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
+        self.pieces = _chain(prefix, self.feed.feed())
+        self.n_prefix = len(prefix)
+        self.cap = cfg.buffer_size + 2 * cfg.max_piece_docs
+        self.assigned_docs = 0
+        self._said, self._ended = 0, False
+
+    def can_take(self, worker: int) -> bool:
+        """Best fit's read-ahead cap over the documents not yet in the buffer (also those the mix
+        has not taken), past it for the source the mix waits for."""
+        if self.pieces.handed >= self.n_prefix:  # the resumed buffer's pieces are out: the mix's
+            pick = self.feed.pick()
+            if pick is None:
+                return False
+            if pick.needed:
+                return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
+        seq = self.seq
+        waiting = seq.chunks.docs + seq.backlog_docs + seq.counted_rows - seq.chunks.rows + self.assigned_docs
+        return Mode.can_take(self, worker) and (waiting < self.cap or (seq.starved and not self.assigned_docs))
+
+    def counted(self, msg):
+        piece = BestFitMode.counted(self, msg)
+        if piece.index >= self.n_prefix:
+            self.feed.counted(piece.index, piece, msg.lengths)
+            self.feed.flow()
+        return piece
+
+    def ready(self) -> list:
+        return self.seq.ready()
+
+    def buffer_of(self, done: Complete):
+        """The point and the buffer after the batch, as the state's JSON text (files numbered
+        within each source) and its crc32."""
+        point, runs = done.runs
+        local = {n: p._replace(file=p.file - self._lo[n]) if n in self._lo else p for n, p in point.sources.items()}
+        value = point._replace(sources=local).to_json()
+        value["buffer"] = [self._local_run(r) for r in runs.tolist()]
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True)
+        return text, zlib.crc32(text.encode())
+
+    def _local_run(self, run: list) -> list:
+        lo, name = self._files[bisect_right(self._files, (run[1], "\U0010ffff")) - 1]
+        return [name, run[0], run[1] - lo, *run[2:]]
+
+    def messages(self):
+        notes = self.stream.notes
+        for text in notes[self._said:]:
+            yield Warn(text, info=text.startswith("mixture: stage"))
+        self._said = len(notes)
+        seq = self.seq
+        if seq.chunks.dry and not self._ended and seq.book.announced >= seq.planned:
+            self._ended = True  # every planned batch is out: the trainer raises this once it took them
+            yield Ended(self.stream.finished)
+
+
+class _chain:
+    """The resumed buffer's pieces, then the mix's; `handed`: how many went out."""
+
+    def __init__(self, first: list, then):
+        self._first, self._then, self.handed = first, then, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.handed += 1
+        if self.handed <= len(self._first):
+            return self._first[self.handed - 1]
+        return next(self._then)

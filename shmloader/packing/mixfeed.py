@@ -1,0 +1,137 @@
+"""Which source of a mixture a coordinator reads next: a mixture's pieces in hand-out order; pure.
+
+Every source has its own canonical order of pieces (its range of the run's files, its row
+groups by rank, its epochs, from its own position: `RunArgs.mixture`). A piece goes out from the
+source the mix waits for first (`MixStream.waiting_for`: its next document is not counted and
+none of its pieces is being read; the mode lets such a piece go even to a worker at its hold
+budget, so the mix never waits on a budget that only the mix can free), else from the source
+furthest behind in read-ahead (text bytes of its pieces not yet used up by the mix, over its
+weight); never from a source that does not take part now (weight 0) or has read its
+`max_epochs` (its order ends there: `MixStream.exhausted`). Pieces are numbered in the order
+they go out, after `first_index` pieces the mode hands out before (best fit's resumed buffer).
+
+A source whose whole epoch and most of the next held no document with text ends the mix
+(`flow`): the mix would wait for it forever. Both mixture modes (packing/mixmode.py for concat,
+packing/mixbestfit.py for best fit) hand pieces out through one `MixFeed`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+from ..position import Position
+from .mix import MixPoint, MixStream
+
+
+def start_points(mix, rank: int) -> tuple:
+    """`(point or None, every source's start)` of a mixture's run: the sources it reads in the
+    run's numbering of the files, those it does not (a state's, left out) as the state has them."""
+    point = MixPoint.from_json(mix.point) if mix.point is not None else None
+    starts = dict(point.sources) if point is not None else {}
+    for r in mix.ranges:
+        p = starts.get(r.name, Position(1, 0, rank, 0))
+        starts[r.name] = p._replace(file=p.file + r.lo)
+    return point, starts
+
+
+class Next(NamedTuple):
+    """The source whose piece goes out next; `needed`: the mix waits for its next document and
+    none of its pieces is being read."""
+    source: str
+    needed: bool
+
+
+class Owned(NamedTuple):
+    """A piece that went out: its source and its place in that source's order."""
+    source: str
+    seq: int
+
+
+class MixFeed:
+    """A mixture's pieces, in the order they go out (the module docstring says which)."""
+
+    def __init__(self, mix, stream: MixStream, starts: dict, pieces: Callable, ramp, cap: int,
+                 reading: Callable[[], set], first_index: int = 0):
+        """`pieces(ramp, cap, first_index, files=, start=)`: a source's canonical order (the
+        coordinator's); `reading()`: the piece indices given to workers and not counted."""
+        self.stream, self._reading = stream, reading
+        self._orders, self._seqs, self.owned = {}, {}, {}      # per source: its pieces; piece index -> Owned
+        self._ahead = {}                                      # per source: text bytes (+1 a piece) not used up
+        self._max_epochs = mix.mixture.max_epochs
+        self._docs, self._epoch0 = {}, {}                     # per source: documents counted, first epoch
+        for r in mix.ranges:
+            if r.name in mix.mixture.names:  # a source the state has and this mixture does not: not read
+                local = starts[r.name]._replace(file=starts[r.name].file - r.lo)
+                self._orders[r.name] = pieces(ramp, cap, 0, files=(r.lo, r.hi - r.lo), start=local)
+                self._seqs[r.name], self._ahead[r.name] = 0, 0
+                self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
+        self._peeked, self._barren = {}, {}                   # per source: its next piece; why it has no document
+        self._index = first_index
+
+    def pick(self) -> "Next | None":
+        """The source whose next piece goes out next (that piece peeked), or None."""
+        while self.stream.finished is None:
+            waiting = [n for n in self.stream.waiting_for() if n in self._orders]
+            reading = {self.owned[i].source for i in self._reading() if i in self.owned}
+            name = next((n for n in waiting if n not in reading), None)
+            needed = name is not None
+            if name is None:
+                shares = self.stream.mixer.shares()
+                live = [n for n in shares if n in self._orders]
+                name = min(live, key=lambda n: (self._ahead[n] / shares[n], n)) if live else None
+            if name is None:
+                return None
+            if self._peek(name) is not None:
+                return Next(name, needed)
+            self.flow()  # its order has ended: the mix may go on, or end
+        return None
+
+    def _peek(self, name: str):
+        """Source `name`'s next piece, or None once its order has ended (`max_epochs`)."""
+        piece = self._peeked.get(name)
+        if piece is None:
+            piece = next(self._orders[name])
+            if name in self._max_epochs and piece.epoch > self._max_epochs[name]:
+                self.stream.exhausted(name, self._seqs[name])
+                del self._orders[name]
+                return None
+            self._peeked[name] = piece
+        return piece
+
+    def feed(self):
+        """The pieces, forever (the mode asks only when `pick` gave a source)."""
+        while True:
+            pick = self.pick()
+            if pick is None:  # the mode's `can_take` said there was one
+                raise RuntimeError("mixture: a piece was asked for while none may go out")
+            name = pick.source
+            piece = dataclasses.replace(self._peeked.pop(name), index=self._index)  # numbered as they go out
+            self.owned[self._index] = Owned(name, self._seqs[name])
+            self._seqs[name] += 1
+            self._ahead[name] += piece.text_bytes + 1
+            self._index += 1
+            yield piece
+
+    def counted(self, index: int, piece, lengths):
+        """Piece `index` (one of the mix's) was counted: to the stream."""
+        name, seq = self.owned[index]
+        self._docs[name] += int((lengths > 0).sum())
+        if self._docs[name] == 0 and piece.epoch >= self._epoch0[name] + 2:
+            self._barren.setdefault(name, f"mixture source {name!r}: a whole epoch held no document with text (all "
+                                          "null or no rows); the mix cannot go on without it (give it weight 0, or "
+                                          "leave it out)")
+        self.stream.counted(name, seq, piece, lengths)
+
+    def used(self, run):
+        """A run the packing took: with a piece's last, the piece leaves the read-ahead."""
+        if run.last:
+            del self.owned[run.piece.index]
+            if run.source in self._ahead:
+                self._ahead[run.source] -= run.piece.text_bytes + 1
+
+    def flow(self):
+        """A mix that waits for a source without documents ends."""
+        if self.stream.finished is None:
+            barren = [n for n in self.stream.waiting_for() if n in self._barren]
+            if barren:
+                self.stream.finish(self._barren[barren[0]])

@@ -1,0 +1,196 @@
+"""Best fit over a Mixture, read as a client reads it: the three sources of test_mixture.py
+(each runs out and starts its next epoch alone), B=8, T=256, a buffer of 64 documents taken in
+chunks of 16, against the single-process oracle (tests/oracle.py `mixed_bestfit_rows`: the mixing
+rule's documents in chunks, planned by nanochat's scans); shares by token weight; the same
+batches with 1, 2 and 3 workers; states that resume exactly, with other weights; a schedule;
+a worker and the coordinator killed; the drop-in; an end; what is refused."""
+import itertools
+import json
+import os
+import signal
+import warnings
+
+import numpy as np
+import pytest
+
+import shmloader
+from tests import oracle
+from tests.loader.test_bestfit_stream import rows_of
+from tests.loader.test_mixture import SHAPES, WEIGHTS, mixdata, mixture  # noqa: F401 (a fixture)
+
+B, T = 8, 256
+BUFFER, CHUNK = 64, 16
+FIT = dict(packing="bos_bestfit", buffer_size=BUFFER, tokenizer_batch_size=CHUNK, device="cpu")
+
+
+def expected(files, tok, mix, n, point=None, batch=0, names=None):
+    """The oracle's first `n` (rows, buffer) (from `point` at `batch`), and the documents it read."""
+    read = []
+    rows = oracle.mixed_bestfit_rows({k: files[k] for k in (names or files)}, tok.encode_ordinary,
+                                     tok.encode_single_token("<|bos|>"), mix, B, T, BUFFER, CHUNK,
+                                     point=point, batch=batch, log=read)
+    return list(itertools.islice(rows, n)), read
+
+
+def take(loader, n):
+    """n batches: their rows, and the state after each."""
+    rows, states = [], []
+    for x, y in itertools.islice(loader, n):
+        rows.append(rows_of(x, y, B, T))
+        states.append(loader.state_dict())
+    assert len(rows) == n > 0
+    return rows, states
+
+
+def same(got, want):
+    return len(got) == len(want) > 0 and all(np.array_equal(a, b) for a, (b, _) in zip(got, want))
+
+
+def buffer_of(state):
+    return json.loads(state["mixture"]["point"])["buffer"]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_mixed_best_fit_is_the_oracle_whatever_the_workers(mixdata, workers):
+    root, files, tok = mixdata
+    want, read = expected(files, tok, mixture(root), 120)
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=workers, **FIT) as loader:
+        got, states = take(loader, 120)
+        stats = loader.stats()
+    assert same(got, want), workers
+    assert [buffer_of(s) for s in states[::17]] == [b for _, b in want[::17]]
+    assert stats["tokens_cropped"] > 0 and stats["sources"]
+    taken = sum(n for _, n, _ in read[:sum(t["documents"] for t in stats["sources"].values())])
+    shares = {}
+    for name, n, _ in read:
+        shares[name] = shares.get(name, 0) + n
+        if sum(shares.values()) >= taken:
+            break
+    for name, w in WEIGHTS.items():  # the mix, as the documents enter the buffer
+        assert abs(shares[name] / taken - w) < 0.02, (name, shares)
+        assert abs(stats["sources"][name]["share"] - w) < 0.02, (name, stats["sources"])
+    assert stats["sources"]["math"]["epoch"] >= 2  # the small source ran out, alone
+
+
+def test_a_state_resumes_exactly_with_any_workers(mixdata):
+    root, files, tok = mixdata
+    want, _ = expected(files, tok, mixture(root), 110)
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, **FIT) as loader:
+        _, states = take(loader, 90)
+    for k in (1, 17, 63, 90):
+        state = json.loads(json.dumps(states[k - 1]))  # a checkpoint holds it as JSON
+        assert buffer_of(state)
+        with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=1 + k % 3, resume_state=state, **FIT) as loader:
+            got, _ = take(loader, 20)
+        assert same(got, want[k:k + 20]), k
+
+
+def test_new_weights_at_a_resume_keep_the_buffer_and_go_on_with_every_source(mixdata):
+    root, files, tok = mixdata
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, **FIT) as loader:
+        _, states = take(loader, 40)
+    state = states[-1]
+    other = {"web": 0.1, "code": 0.2, "math": 0.7}
+    point = json.loads(state["mixture"]["point"])
+    want, read = expected(files, tok, mixture(root, other), 100, point=point, batch=40)
+    with pytest.warns(UserWarning, match="weights differ"):
+        loader = shmloader.ShmLoader(mixture(root, other), tok, B, T, num_workers=2, resume_state=state, **FIT)
+    with loader:
+        got, _ = take(loader, 100)
+    assert same(got, want)
+    total = sum(n for _, n, _ in read)
+    for name, w in other.items():  # what enters the buffer follows the new weights
+        assert abs(sum(n for s, n, _ in read if s == name) / total - w) < 0.03, name
+    for name in SHAPES:  # every source goes on from the document where it stood, in its own order
+        at = tuple(point["sources"][name])
+        own = [m for m, text in itertools.islice(oracle.documents(files[name]), 3000) if text is not None]
+        after = [m for s, _, m in read if s == name][:300]
+        i = next(i for i, m in enumerate(own) if m >= at)
+        assert len(after) > 5 and after == own[i:i + len(after)], name
+
+
+def test_a_schedule_changes_what_enters_the_buffer_from_its_first_batch(mixdata, caplog):
+    root, files, tok = mixdata
+    schedule = [(0, {"web": 0.7, "code": 0.3}), (50, {"web": 0.2, "math": 0.8})]
+    mix = mixture(root, schedule)
+    want, _ = expected(files, tok, mix, 110)
+    with caplog.at_level("INFO", logger="shmloader"):
+        with shmloader.ShmLoader(mix, tok, B, T, num_workers=2, **FIT) as loader:
+            got, states = take(loader, 110)
+    assert same(got, want)
+    assert [r.message for r in caplog.records if "stage from batch 50" in r.message]
+    totals = [json.loads(s["mixture"]["point"])["mixer"]["totals"] for s in states]
+
+    def share(lo, hi):  # of the tokens the mix took while batches lo..hi-1 were planned
+        took = {n: totals[hi - 1][n][0] - (totals[lo - 1][n][0] if lo else 0) for n in SHAPES}
+        return {n: v / sum(took.values()) for n, v in took.items()}
+    for (lo, hi), weights in (((0, 50), schedule[0][1]), ((50, 110), schedule[1][1])):
+        got_share = share(lo, hi)
+        for name in SHAPES:
+            assert abs(got_share[name] - weights.get(name, 0)) < 0.03, (name, lo, got_share)
+
+
+def test_a_killed_worker_and_coordinator_change_no_batch(mixdata):
+    root, files, tok = mixdata
+    want, _ = expected(files, tok, mixture(root), 80)
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, **FIT) as loader:
+        got, _ = take(loader, 30)
+        os.kill(loader.debug().workers[0].pid, signal.SIGKILL)
+        got += take(loader, 25)[0]
+        os.kill(loader.debug().coordinator.pid, signal.SIGKILL)
+        got += take(loader, 25)[0]
+        assert loader.stats()["heals"] == 2
+    assert same(got, want)
+
+
+def test_the_bestfit_dropin_takes_a_mixture_in_nanochats_loop(mixdata):
+    root, files, tok = mixdata
+    want, _ = expected(files, tok, mixture(root), 30)
+    fit = shmloader.tokenizing_distributed_data_loader_with_state_bos_bestfit
+    gen = fit(tok, B, T, "train", tokenizer_batch_size=CHUNK, device="cpu", buffer_size=BUFFER, data=mixture(root),
+              num_workers=2)
+    got, saved = [], None
+    for step, (x, y, state) in enumerate(itertools.islice(gen, 20)):
+        got.append(rows_of(x, y, B, T))
+        if step == 13:
+            saved = json.loads(json.dumps(state))
+    gen.close()
+    assert same(got, want[:20])
+    again = fit(tok, B, T, "train", tokenizer_batch_size=CHUNK, device="cpu", buffer_size=BUFFER, data=mixture(root),
+                num_workers=1, resume_state_dict=saved)
+    resumed = [rows_of(x, y, B, T) for x, y, _ in itertools.islice(again, 16)]
+    again.close()
+    assert same(resumed, want[13:29])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_mixture_whose_sources_all_end_gives_every_batch_then_says_so(mixdata, workers):
+    root, files, tok = mixdata
+    mix = mixture(root, {"code": 1, "math": 1}, names=["code", "math"], max_epochs={"code": 2, "math": 5})
+    want, _ = expected(files, tok, mix, 10**6, names=["code", "math"])
+    got = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the sources' ends (test_mixture.py checks the words)
+        with shmloader.ShmLoader(mix, tok, B, T, num_workers=workers, timeout=60, **FIT) as loader:
+            with pytest.raises(shmloader.DataError, match="has ended .*nothing is left to read"):
+                for x, y in loader:
+                    got.append(rows_of(x, y, B, T))
+            with pytest.raises(shmloader.DataError, match="nothing is left to read"):
+                next(loader)
+    assert len(got) == len(want) > 5
+    assert same(got, want)
+
+
+def test_what_a_mixed_best_fit_refuses(mixdata):
+    root, files, tok = mixdata
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=1, **FIT) as loader:
+        _, states = take(loader, 3)
+    state = states[-1]
+    assert any(r[0] == "math" for r in buffer_of(state))
+    two = mixture(root, {"web": 0.6, "code": 0.4}, names=["web", "code"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="buffer holds documents of mixture source 'math'.*keep it, with weight 0"):
+            shmloader.ShmLoader(two, tok, B, T, resume_state=state, **FIT)
+    with pytest.raises(ValueError, match="fingerprint|packing"):  # a concat mixture's state
+        shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", resume_state=state)

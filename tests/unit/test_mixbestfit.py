@@ -1,0 +1,113 @@
+"""packing/mixbestfit.py without processes: the plans of best fit over a mixture depend on the
+document lengths only (not on how many workers count the pieces, nor in which order), the
+source the mix waits for goes out past the read-ahead cap, and a state's buffer is read back
+(or refused) by source."""
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from shmloader.data.mixture import Mixture
+from shmloader.data.order import Piece
+from shmloader.data.sources import Range
+from shmloader.ipc.protocol import Counted, MixArgs
+from shmloader.packing.base import SlotMap
+from shmloader.packing.mixbestfit import MixBestFitMode, buffer_runs
+
+RANGES = (Range("long", 0, 2), Range("short", 2, 4))
+
+
+def pieces(ramp, cap, first_index, files=None, start=None):
+    """A source's order, one piece a row group: long's hold 4 rows, short's 6."""
+    lo, _ = files
+    rows = 4 if lo == 0 else 6
+    return (Piece(i, 1, lo, i, 0, rows) for i in range(10**6))
+
+
+def lengths(piece) -> np.ndarray:
+    """Row r of row group g: long documents of 5-60 tokens, short ones of 1-9, some nulls."""
+    rng = np.random.default_rng(piece.file * 1000 + piece.rg)
+    if piece.file < 2:
+        out = rng.integers(5, 61, piece.n_docs)
+    else:
+        out = rng.integers(1, 10, piece.n_docs)
+    out[rng.random(piece.n_docs) < 0.15] = 0
+    return out.astype(np.int64)
+
+
+def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None):
+    """Plans of `batches` batches with `workers` workers whose counts arrive in an order shuffled
+    by `seed`; each placement as `(batch, row, offset, n, file, rg, row of the document)`."""
+    mix = Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4})
+    run = SimpleNamespace(mixture=MixArgs(mix, RANGES, None, 0), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
+    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024,
+                          max_piece_bytes=None)
+    mode = MixBestFitMode(cfg, run, workers, pieces)
+    mode.cap = mode.cap if cap is None else cap
+    slots, rng, out, ready = SlotMap(3), random.Random(seed), [], []
+    given, handed = [], {}
+    for _ in range(10**4):
+        for w in range(workers):
+            while mode.can_take(w):
+                piece = next(mode.pieces)
+                mode.take(w, piece)
+                given.append(piece)
+                handed[piece.index] = piece
+        rng.shuffle(given)
+        for piece in given[:rng.randint(1, max(1, len(given)))]:  # some of them, in any order
+            given.remove(piece)
+            mode.counted(Counted(piece.index, lengths(piece), None))
+        for _, order in mode.orders(slots.take_slot):
+            for index, row, r, off, n in order.placements:
+                p = handed[index]
+                out.append((order.batch, r, off, n, p.file, p.rg, p.doc_start + row))
+            mode.written([(order.batch, sum(p[4] for p in order.placements))])
+        for done in mode.ready():
+            ready.append(done)
+            mode.freed(done.batch)
+            slots.release(done.batch)
+        if len(ready) >= batches:
+            return sorted(out)[:sum(1 for o in out if o[0] < batches)], ready[:batches], mode
+    raise AssertionError("the plans stopped: the mix waits for a piece no worker may take")
+
+
+def test_plans_are_the_same_whatever_the_workers_and_the_order_of_counts():
+    want, ready, _ = drive(1, 0)
+    assert len(want) > 100 and {o[4] < 2 for o in want} == {True, False}  # both sources placed
+    for workers, seed in ((2, 1), (3, 2), (3, 7)):
+        got, done, _ = drive(workers, seed)
+        assert got == want, (workers, seed)
+        assert [d.runs.point for d in done] == [d.runs.point for d in ready]
+        assert all(np.array_equal(a.runs.runs, b.runs.runs) for a, b in zip(done, ready))
+
+
+def test_every_row_is_full_and_no_document_is_placed_twice():
+    placed, _, _ = drive(2, 3)
+    by_row = {}
+    for batch, r, off, n, *doc in placed:
+        by_row.setdefault((batch, r), []).append((off, n))
+    for spans in by_row.values():
+        assert sorted(spans)[0][0] == 0 and sum(n for _, n in spans) == 32
+    docs = [tuple(p[4:]) for p in placed]
+    assert len(docs) == len(set(docs))
+
+
+def test_without_read_ahead_the_mix_is_still_fed():
+    """A read-ahead cap of 0 documents: a piece goes out only for the source the mix waits for,
+    or while the planner waits with nothing being read; the plans go on, and are the same."""
+    want, _, _ = drive(1, 0, batches=10)
+    for workers in (1, 3):
+        got, _, _ = drive(workers, 4, batches=10, cap=0)
+        assert got == want
+
+
+def test_a_buffer_is_read_back_by_source_and_a_left_out_one_refused():
+    point = {"buffer": [["short", 2, 1, 4, 0, 3], ["long", 1, 0, 7, 2, 1]]}
+    assert buffer_runs(point, {"long": 0, "short": 2}) == [[2, 3, 4, 0, 3], [1, 0, 7, 2, 1]]
+    assert buffer_runs(None, {"long": 0}) == []
+    with pytest.raises(ValueError, match="source 'short'.*not built yet"):
+        buffer_runs(point, {"long": 0})
+    for bad in (["long", 1, 0, 7, 2], ["long", 1, 0, 7, 2, 0], ["long", 1, -1, 7, 2, 1], ["long", "x", 0, 0, 0, 1]):
+        with pytest.raises(ValueError, match="buffer in the state"):
+            buffer_runs({"buffer": [bad]}, {"long": 0})
