@@ -6,15 +6,17 @@ A mixture's state is a state (state.py) whose position fields (`epoch`, `pq_idx`
 numbered within its source, and whose `"mixture"` holds:
 - `"point"`: the `packing.mix.MixPoint` there as JSON text (every source's next document,
   numbered within the source; the source and skip of the next token; the mixer's state before
-  that document was picked), made by the coordinator with each batch (the batch's slot carries
-  it, as best fit's buffer) and not parsed per batch;
+  that document was picked; best fit: after the last chunk planned, and `"buffer"`, the
+  buffer's documents by source: packing/mixbestfit.py), made by the coordinator with each
+  batch (the batch's slot carries it, as best fit's buffer) and not parsed per batch;
 - `"sources"`: each source's files `[name, bytes, footer]` (footers up to the source's position
   only, so that states do not depend on timing) and its val file.
 Its `digest` covers the rank, the world size, the batch, the shapes, the check and the point.
 
-Resuming (`check`): the same rank and world size (another rank's state or another world size of
-a mixture is not built yet, and says so); the config as state.py checks it; another B or T as
-there; every source the state and the loader share must list the same files (name, size,
+Resuming (`check`): the same world size (another one is not built yet, and says so); another
+rank's state of a run that used this mixture from batch 0 with one batch shape (this rank's
+place is then replayed: resume.py `_locate_mix`; other runs are refused, `_check_replayable`);
+the config as state.py checks it; another B or T as there; every source the state and the loader share must list the same files (name, size,
 footer where both know it); a source added (read from its start) or left out (its place kept
 in the states that follow, for a resume that brings it back) and other weights are said once
 (`Mixer.resume`'s words). The run then starts every source at its document and the mixer from
@@ -129,15 +131,19 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     if state.get("digest") != digest(state, crc, state.get("check")):
         raise ValueError("resume state field 'digest' does not match its fields: the state was edited, or mixes "
                          "the states of several ranks (save each rank's loader under a key of its own)")
-    if (state["rank"], state["world_size"]) != (identity.rank, identity.world):
+    if state["world_size"] != identity.world:
         raise ValueError(f"resume state is rank {state['rank']} of {state['world_size']}, this loader rank "
-                         f"{identity.rank} of {identity.world}: another rank's or another world size's state of a "
-                         "mixture is not built yet; give each rank its own state")
+                         f"{identity.rank} of {identity.world}: another world size's state of a mixture is not "
+                         "built yet; resume at the world size it was saved at")
     statemod._check_config(state, identity)
     shapes = statemod._shapes(state, batch)
     reshaped = statemod._reshaped(shapes, batch, identity)
     point = MixPoint.from_json(json.loads(text)) if text is not None else None
     _check_sources(mixed.get("sources"), sources)
+    if state["rank"] != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
+        _check_replayable(point, shapes, sources.mixture, state["rank"])
+        return statemod.Resume(statemod.start_position(identity.rank), batch=batch, shapes=reshaped,
+                               n_files=len(identity.files), locate=point is not None)
     if identity.buffered:  # best fit's buffer: its documents' sources are read now
         buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
     notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
@@ -152,6 +158,24 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     checked = statemod._check_field(state) if reshaped == shapes and not notes else None
     return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
                            mix=json.loads(text) if text is not None else None)
+
+
+def _check_replayable(point, shapes: list, mixture, rank: int):
+    """Another rank's state: this rank's run can be replayed from its start (packing/mixcount.py)
+    only if this mixture applied since batch 0 with one batch shape; else a ValueError."""
+    if point is None:
+        return
+    since = point.mixer.get("since")
+    if point.mixer.get("mixture") != mixture.digest or since != 0:
+        when = f"at batch {since}" if since else "at a resume"
+        raise ValueError(f"resume state is rank {rank}'s, of a run whose mixture changed {when} (other weights, "
+                         "sources or max_epochs), or is not this loader's: this rank's place cannot be replayed "
+                         "(another rank's state of a mixture resumes only a run that used this mixture from batch "
+                         "0); give each rank its own state, or resume with the mixture of the state")
+    if len(shapes) > 1:
+        raise ValueError(f"resume state is rank {rank}'s, of a run whose batch shape changed (shapes {shapes}): "
+                         "another rank's state of a mixture with another B or T in its history is not built yet; "
+                         "give each rank its own state")
 
 
 def _check_sources(saved, sources):

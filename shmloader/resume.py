@@ -23,12 +23,14 @@ A count-only run is started and stopped like a loader's run (procs/children.py
 the check the state carries.
 """
 import dataclasses
+import json
 import logging
 import os
 import time
 
 from . import mixstate, state as statemod
 from .data import elastic
+from .errors import DataError
 from .position import Position
 from .procs.children import locate_position
 from .ipc.ring import RingLayout
@@ -44,6 +46,8 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
     if hasattr(catalogue, "mixture"):  # a mixture's loader: a mixture's state (mixstate.py)
         resume = mixstate.check(state, identity, catalogue)
         catalogue.with_footers(state["mixture"]["sources"])
+        if resume.locate:  # another rank's: this rank's place at its batch count, replayed
+            resume = _locate_mix(resume, catalogue, config, args, heal)
         return resume
     if isinstance(state, dict) and "mixture" in state:
         raise ValueError("resume state is of a Mixture and this loader reads one source: give it the Mixture")
@@ -111,6 +115,24 @@ def _locate(resume: statemod.Resume, config, args, heal, rank: int | None = None
     log.info("%s: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)", who,
              resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
     return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
+
+
+def _locate_mix(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:
+    """This rank's place in a mixture at `resume.batch`, by replaying its mixed stream from the
+    run's start over its own document lengths (packing/mixcount.py)."""
+    log.info("rank %d: finding its place at batch %d of another rank's state of a mixture, counting document "
+             "lengths with %d workers", args.rank, resume.batch, config.num_workers)
+    began = time.monotonic()
+    layout = RingLayout(2, 1, config.num_workers)
+    mix = mixstate.run_args(catalogue, statemod.Resume(resume.position))
+    count = dataclasses.replace(args, files=catalogue.paths, layout=layout, start=resume.position, mixture=mix,
+                                locate=(resume.shapes[:1], resume.batch, 0))
+    found = locate_position(config, layout, count, heal)
+    if found.position is None:
+        raise DataError(f"rank {args.rank}: the mixture ended before batch {resume.batch} of the state: {found.runs}")
+    log.info("rank %d: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)",
+             args.rank, resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
+    return dataclasses.replace(resume, position=Position(*found.position), mix=json.loads(found.runs), locate=False)
 
 
 def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:

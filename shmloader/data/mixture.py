@@ -169,6 +169,7 @@ class Mixer:
         self.mixture = mixture
         self.stage = mixture.stage_at(batch)
         self.stage_batch = batch                               # the batch this counting stage began at
+        self.since = batch      # the batch from which this mixture has applied (None: a state that did not say)
         self.counted = {name: 0 for name in mixture.names}     # tokens per source in this counting stage
         self.totals = {name: (0, 0, 1) for name in mixture.names}  # Totals, as plain tuples
         self.ended = frozenset()  # replaced, never changed in place (snapshots share it)
@@ -196,7 +197,9 @@ class Mixer:
         stage = self.mixture.stage_at(batch)
         if stage == self.stage:
             return None
-        self.stage, self.stage_batch = stage, batch
+        # the stage's own first batch, not `batch`: the same whenever the stage is entered (best fit
+        # enters it when asked who the mix waits for, at any time before its first pick)
+        self.stage, self.stage_batch = stage, self.mixture.stages[stage].first_batch
         self.counted = dict.fromkeys(self.counted, 0)
         self._shares = self._normalised()
         return self.mixture.stages[stage]
@@ -250,7 +253,7 @@ class Mixer:
         """The state (`state`) of a `snapshot` (of the mixer it names)."""
         stage, stage_batch, counted, totals, ended, self = snapshot
         totals = {name: list(t) for name, t in {**self.kept, **totals}.items()}
-        return {"mixture": self.mixture.digest, "stage": stage, "stage_batch": stage_batch,
+        return {"mixture": self.mixture.digest, "stage": stage, "stage_batch": stage_batch, "since": self.since,
                 "counted": dict(counted), "totals": dict(sorted(totals.items())), "ended": sorted(ended)}
 
     @classmethod
@@ -285,6 +288,8 @@ class Mixer:
                                  f"after batch {batch}, or counts {sorted(counted)} for sources {list(mixture.names)}")
             mixer.stage, mixer.stage_batch = stage, stage_batch
             mixer.counted = {n: int(counted[n]) for n in mixture.names}
+            since = state.get("since")
+            mixer.since = int(since) if since is not None else None
         else:
             notes.append(f"mixture: the weights differ from the state's; from batch {batch} the mix follows "
                          f"{ {n: round(w, 4) for n, w in mixture.stages[mixer.stage].weights.items()} } "

@@ -27,7 +27,6 @@ refused (`buffer_runs`: its files are not listed any more).
 """
 from __future__ import annotations
 
-import json
 import zlib
 from bisect import bisect_right
 from collections import deque
@@ -38,11 +37,11 @@ import numpy as np
 from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from ..ipc.protocol import Ended, Warn
-from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from .bestfit import BestFitMode, BestFitSequencer, _NeedMore
 from .mix import MixPoint, MixStream, point_at
 from .mixfeed import MixFeed, start_points
+from .mixmode import point_text
 
 
 class MixBuffer(NamedTuple):
@@ -74,6 +73,17 @@ def buffer_runs(point: dict | None, lo_of: dict) -> list:
         values[1] += lo_of[name]
         out.append(values)
     return out
+
+
+def buffer_text(where: MixBuffer, lo: dict) -> str:
+    """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixmode.point_text`)
+    and `"buffer"`, its runs by source (`lo`: each source's first file in the run's numbering)."""
+    files = sorted((first, name) for name, first in lo.items())
+
+    def local(run: list) -> list:
+        first, name = files[bisect_right(files, (run[1], "\U0010ffff")) - 1]
+        return [name, run[0], run[1] - first, *run[2:]]
+    return point_text(where.point, lo, buffer=[local(r) for r in where.runs.tolist()])
 
 
 class MixChunks:
@@ -182,7 +192,6 @@ class MixBestFitMode(BestFitMode):
         mix = run.mixture
         point, starts = start_points(mix, run.rank)
         self._lo = {r.name: r.lo for r in mix.ranges}
-        self._files = sorted((r.lo, r.name) for r in mix.ranges)
         if point is not None:
             mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
             point = point._replace(sources=starts)  # in the run's numbering, as the points made here
@@ -225,18 +234,9 @@ class MixBestFitMode(BestFitMode):
         return self.seq.ready()
 
     def buffer_of(self, done: Complete):
-        """The point and the buffer after the batch, as the state's JSON text (files numbered
-        within each source) and its crc32."""
-        point, runs = done.runs
-        local = {n: p._replace(file=p.file - self._lo[n]) if n in self._lo else p for n, p in point.sources.items()}
-        value = point._replace(sources=local).to_json()
-        value["buffer"] = [self._local_run(r) for r in runs.tolist()]
-        text = json.dumps(value, separators=(",", ":"), sort_keys=True)
+        """The point and the buffer after the batch, as the state's JSON text and its crc32."""
+        text = buffer_text(done.runs, self._lo)
         return text, zlib.crc32(text.encode())
-
-    def _local_run(self, run: list) -> list:
-        lo, name = self._files[bisect_right(self._files, (run[1], "\U0010ffff")) - 1]
-        return [name, run[0], run[1] - lo, *run[2:]]
 
     def messages(self):
         notes = self.stream.notes

@@ -111,11 +111,8 @@ class MixConcatMode(ConcatMode):
         return out
 
     def buffer_of(self, done: Complete):
-        """The `MixPoint` after the batch, as the state's JSON text (files numbered within each
-        source) and its crc32."""
-        point = done.runs
-        local = {n: p._replace(file=p.file - self._lo[n]) if n in self._lo else p for n, p in point.sources.items()}
-        text = json.dumps(point._replace(sources=local).to_json(), separators=(",", ":"), sort_keys=True)
+        """The `MixPoint` after the batch, as the state's JSON text and its crc32."""
+        text = point_text(done.runs, self._lo)
         return text, zlib.crc32(text.encode())
 
     def messages(self):
@@ -127,6 +124,18 @@ class MixConcatMode(ConcatMode):
         if seq.finished and not self._ended and seq.book.announced >= max(seq.next_start, 0) // seq.window:
             self._ended = True  # every complete batch is out: the trainer raises this once it took them
             yield Ended(self.stream.finished)
+
+
+def point_json(point, lo: dict) -> dict:
+    """A `MixPoint` (in the run's numbering of the files) as the state's JSON, files numbered
+    within each source (`lo`: each source's first file in the run's numbering)."""
+    local = {n: p._replace(file=p.file - lo[n]) if n in lo else p for n, p in point.sources.items()}
+    return point._replace(sources=local).to_json()
+
+
+def point_text(point, lo: dict, **more) -> str:
+    """`point_json` and the keys `more`, as compact JSON text."""
+    return json.dumps({**point_json(point, lo), **more}, separators=(",", ":"), sort_keys=True)
 
 
 def _read(mix) -> set:

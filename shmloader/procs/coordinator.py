@@ -43,6 +43,7 @@ from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
 from ..packing import MIX_MODES
+from ..packing.mixcount import MixCountMode
 from .stall import beat_every
 
 ERROR_FLUSH_S = 2.0
@@ -121,7 +122,10 @@ class _Coordinator:
         self.to_trainer = _Outbox(trainer)
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
-        kind = CountMode if args.locate else MIX_MODES[cfg.packing] if args.mixture is not None else cfg.spec.mode
+        if args.mixture is not None:  # several sources by weight: counted (another rank's state) or packed
+            kind = MixCountMode if args.locate else MIX_MODES[cfg.packing]
+        else:
+            kind = CountMode if args.locate else cfg.spec.mode
         fs = args.filesystem.open() if args.filesystem is not None else None
         self.source, self.told = ParquetSource(args.files, fs), {}  # told: file -> identity sent
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))

@@ -249,8 +249,8 @@ def test_what_a_mixture_refuses(mixdata, tmp_path):
     with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=1, device="cpu", rank=0, world_size=2) as loader:
         next(loader)
         state = loader.state_dict()
-    with pytest.raises(ValueError, match="another rank's or another world size's state of a mixture is not built"):
-        shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", rank=1, world_size=2, resume_state=state)
+    with pytest.raises(ValueError, match="another world size's state of a mixture is not built"):
+        shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", rank=1, world_size=3, resume_state=state)
     with pytest.raises(ValueError, match="state is of a Mixture and this loader reads one source"):
         shmloader.ShmLoader(str(root / "web"), tok, B, T, device="cpu", rank=0, world_size=2, resume_state=state)
     with shmloader.ShmLoader(str(root / "web"), tok, B, T, num_workers=1, device="cpu") as loader:
@@ -335,3 +335,56 @@ def test_a_token_cache_serves_a_mixture(mixdata, tmp_path):
             misses.append(loader.stats()["cache_misses"])
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
     assert misses[0] > 10 and misses[1] < misses[0] / 4, misses
+
+
+def raw(loader, n):
+    """n batches as one array each (inputs, then targets): for either packing."""
+    return [np.concatenate([x.numpy().ravel(), y.numpy().ravel()]) for x, y in itertools.islice(loader, n)]
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_another_ranks_state_resumes_this_rank_exactly(mixdata, packing):
+    """nanochat saves rank 0's state and hands it to every rank: rank 1 replays its own mixed
+    stream to the state's batch count, and goes on as its own state would have it."""
+    root, files, tok = mixdata
+    opts = dict(packing=packing, buffer_size=64, tokenizer_batch_size=16, device="cpu", world_size=2)
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=1, rank=0, **opts) as loader:
+        raw(loader, 37)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, rank=1, **opts) as loader:
+        own = raw(loader, 37)
+        own_state = loader.state_dict()
+        want = raw(loader, 15)
+    assert own and json.loads(own_state["mixture"]["point"]) != json.loads(state["mixture"]["point"])
+    with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=2, rank=1, resume_state=state, **opts) as loader:
+        located = loader.state_dict()
+        got = raw(loader, 15)
+    assert json.loads(located["mixture"]["point"]) == json.loads(own_state["mixture"]["point"])
+    assert {k: located[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip", "batch")} == \
+        {k: own_state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip", "batch")}
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)) and len(got) == 15
+
+
+def test_another_ranks_state_of_a_changed_mixture_is_refused(mixdata):
+    root, files, tok = mixdata
+    opts = dict(device="cpu", world_size=2, num_workers=1)
+    with shmloader.ShmLoader(mixture(root), tok, B, T, rank=0, **opts) as loader:
+        take(loader, 5)
+        state = loader.state_dict()
+    other = mixture(root, {"web": 0.2, "code": 0.4, "math": 0.4})
+    with pytest.warns(UserWarning, match="weights differ"):
+        loader = shmloader.ShmLoader(other, tok, B, T, rank=0, resume_state=state, **opts)
+    with loader:
+        take(loader, 5)
+        later = loader.state_dict()
+    with pytest.raises(ValueError, match="rank 0's, of a run whose mixture changed at batch 5"):
+        shmloader.ShmLoader(other, tok, B, T, rank=1, resume_state=later, **opts)
+    with pytest.raises(ValueError, match="mixture changed at a resume .*or is not this loader's"):
+        shmloader.ShmLoader(other, tok, B, T, rank=1, resume_state=state, **opts)
+    with pytest.warns(UserWarning, match="another batch shape"):
+        loader = shmloader.ShmLoader(mixture(root), tok, B, 128, rank=0, resume_state=state, **opts)
+    with loader:
+        raw(loader, 2)
+        reshaped = loader.state_dict()
+    with pytest.raises(ValueError, match="batch shape changed"):
+        shmloader.ShmLoader(mixture(root), tok, B, 128, rank=1, resume_state=reshaped, **opts)

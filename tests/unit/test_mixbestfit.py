@@ -36,12 +36,13 @@ def lengths(piece) -> np.ndarray:
     return out.astype(np.int64)
 
 
-def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None):
+def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None, mixture=None, B: int = 2, T: int = 31):
     """Plans of `batches` batches with `workers` workers whose counts arrive in an order shuffled
-    by `seed`; each placement as `(batch, row, offset, n, file, rg, row of the document)`."""
-    mix = Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4})
+    by `seed`; each placement as `(batch, row, offset, n, file, rg, row of the document)`; the
+    batches' `Complete`s; the mode."""
+    mix = mixture or Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4})
     run = SimpleNamespace(mixture=MixArgs(mix, RANGES, None, 0), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
-    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024,
+    cfg = SimpleNamespace(B=B, T=T, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024,
                           max_piece_bytes=None)
     mode = MixBestFitMode(cfg, run, workers, pieces)
     mode.cap = mode.cap if cap is None else cap
@@ -72,11 +73,16 @@ def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None):
     raise AssertionError("the plans stopped: the mix waits for a piece no worker may take")
 
 
+SCHEDULE = Mixture({"long": "l", "short": "s"}, [(0, {"long": 0.6, "short": 0.4}), (13, {"long": 0.1, "short": 0.9})])
+
+
 def test_plans_are_the_same_whatever_the_workers_and_the_order_of_counts():
-    want, ready, _ = drive(1, 0)
+    """And so are the points after them (the mixer's state with them, a stage begun on the way)."""
+    want, ready, _ = drive(1, 0, mixture=SCHEDULE)
     assert len(want) > 100 and {o[4] < 2 for o in want} == {True, False}  # both sources placed
+    assert ready[-1].runs.point.mixer["stage"] == 1
     for workers, seed in ((2, 1), (3, 2), (3, 7)):
-        got, done, _ = drive(workers, seed)
+        got, done, _ = drive(workers, seed, mixture=SCHEDULE)
         assert got == want, (workers, seed)
         assert [d.runs.point for d in done] == [d.runs.point for d in ready]
         assert all(np.array_equal(a.runs.runs, b.runs.runs) for a, b in zip(done, ready))

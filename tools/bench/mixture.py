@@ -2,13 +2,14 @@
 
     python tools/bench/mixture.py                  # demo corpus, 2 workers, 3 rounds
     python tools/bench/mixture.py --corpus nanochat --quick
+    python tools/bench/mixture.py --packing bos_bestfit
 
 The corpus's documents are dealt into three sources (document i to source i % 3), each written
 as 3 files (the last its val file) with its own row-group size (256, 64 and 512 documents), and
 read as `Mixture({a, b, c}, {a: 1, b: 1, c: 1})`; the single source is the corpus itself. Each
 row is a loader in a fresh process read as fast as it goes for `--seconds` (tools/bench/loaders.py
 says what a row measures: tokens/s from the first batch, the training process's CPU per
-batch), concat, `--workers` workers; the two rows alternate, `--repeat` rounds, and the report
+batch), `--packing` (concat by default), `--workers` workers; the two rows alternate, `--repeat` rounds, and the report
 gives each round's ratio mixture / single and their median. Then, at a trainer's pace, each
 row again (`--step-ms` of busy work between batches, so that a batch is always ready): the
 training thread's CPU in each `next()` (its median over `--paced-batches` batches after 20),
@@ -33,6 +34,7 @@ ROW_GROUPS = {"a": 256, "b": 64, "c": 512}
 def parse_args(argv=None):
     p = results.parser("mixture", __doc__)
     p.add_argument("--workers", type=int, default=2, help="loader workers (processes; default 2)")
+    p.add_argument("--packing", choices=("concat", "bos_bestfit"), default="concat", help="the packing of both rows")
     loaders.add_shape_args(p)
     p.add_argument("--seconds", type=float, default=None, help="wall time of each row (seconds; default 10, 4 with --quick)")
     p.add_argument("--repeat", type=int, default=3, help="rounds of both rows (default 3)")
@@ -80,7 +82,8 @@ def paced(cfg: dict) -> dict:
     mix = cfg.get("mixture")
     data = Mixture(mix["sources"], mix["weights"]) if mix else cfg["data"]
     buf = np.zeros(1 << 17)
-    with ShmLoader(data, cfg["tokenizer"], cfg["B"], cfg["T"], "train", num_workers=cfg["workers"], device="cpu") as it:
+    with ShmLoader(data, cfg["tokenizer"], cfg["B"], cfg["T"], "train", num_workers=cfg["workers"], device="cpu",
+                   packing=cfg["packing"]) as it:
         for _ in range(20):
             next(it)
         waited0, cpu = it.stats()["wait_s"], []
@@ -100,7 +103,7 @@ def main(argv=None) -> int:
     corpus = corpora.resolve(args)[0]
     mixed = sources(corpus, args.cache_dir)
     base = {"kind": "shmloader", "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
-            "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": corpus.data}
+            "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": corpus.data, "packing": args.packing}
     rows = {"single": [], "mixture": [], "single_paced": [], "mixture_paced": []}
     with children.checkouts(None) as (ours,):
         for i in range(args.repeat):
@@ -117,7 +120,7 @@ def main(argv=None) -> int:
                 print(f"round {i + 1}/{args.repeat}: {kind} at a trainer's pace", file=sys.stderr)
                 rows[f"{kind}_paced"].append(children.run("mixture:paced", cfg, ours))
     ratio = lambda key, a="mixture", b="single": [m[key] / s[key] for m, s in zip(rows[a], rows[b])]  # noqa: E731
-    figures = {"config": {"corpus": corpus.name, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
+    figures = {"config": {"corpus": corpus.name, "packing": args.packing, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
                           "seconds": args.seconds, "repeat": args.repeat, "sources": list(ROW_GROUPS),
                           "step_ms": args.step_ms, "paced_batches": args.paced_batches},
                "rows": rows, "tokens_per_s_ratio": ratio("tokens_per_s"),
@@ -129,7 +132,8 @@ def main(argv=None) -> int:
 
 def report(run: dict) -> str:
     c = run["config"]
-    out = [f"a mixture of 3 sources against one source of the same documents, {c['corpus']} corpus, concat, "
+    out = [f"a mixture of 3 sources against one source of the same documents, {c['corpus']} corpus, "
+           f"{c.get('packing', 'concat')}, "
            f"{c['workers']} workers, B={c['B']}, T={c['T']}, {c['repeat']} rounds of {c['seconds']:g} s a row; "
            f"load average at the start {run['machine']['load_average']}"]
     head = ("row", "tokens/s (each round)", "trainer CPU per batch, us (each round)")
