@@ -54,7 +54,7 @@ def run_args(catalogue, resume: statemod.Resume) -> MixArgs | None:
     else None."""
     if not isinstance(catalogue, Sources):
         return None
-    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch)
+    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch, resume.mix_plans)
 
 
 def point_text(point: dict | None) -> BufferText | None:
@@ -71,6 +71,8 @@ class Writer:
     def __init__(self, identity: statemod.Loader, resume: statemod.Resume, sources):
         self._base = statemod.base_state(identity, resume)
         self._base.update(files=[], val=None)
+        self._plans = ({name: statemod.plan_state(plan) for name, plan in sorted(resume.mix_plans.items())}
+                       if resume.mix_plans else None)
         self._sources = sources
         self._described = (None, None)
 
@@ -82,6 +84,8 @@ class Writer:
         state["batch"] = mark.batch
         state["check"] = checked = None if check is None else f"{check:08x}"
         state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point)}
+        if self._plans is not None:
+            state["mixture"]["plans"] = self._plans
         state["digest"] = digest(state, point.crc if point is not None else 0, checked)
         return state
 
@@ -108,6 +112,9 @@ def _places(text: str) -> dict:
 def digest(state: dict, point_crc: int, checked) -> str:
     key = (f"{state['rank']}:{state['world_size']}:{state['batch']}:{state['shapes']}:{checked}:"
            f"{state['epoch']}:{state['pq_idx']}:{state['rg_idx']}:{state['doc_idx']}:{state['skip']}")
+    plans = state["mixture"].get("plans")
+    if isinstance(plans, dict) and plans:  # a run that began at a change of world size: its plans' crcs
+        key += ":" + ",".join(f"{name}={d.get('crc') if isinstance(d, dict) else d!r}" for name, d in sorted(plans.items()))
     return f"{zlib.crc32(key.encode(), point_crc):08x}"
 
 
@@ -131,19 +138,30 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     if state.get("digest") != digest(state, crc, state.get("check")):
         raise ValueError("resume state field 'digest' does not match its fields: the state was edited, or mixes "
                          "the states of several ranks (save each rank's loader under a key of its own)")
-    if state["world_size"] != identity.world:
-        raise ValueError(f"resume state is rank {state['rank']} of {state['world_size']}, this loader rank "
-                         f"{identity.rank} of {identity.world}: another world size's state of a mixture is not "
-                         "built yet; resume at the world size it was saved at")
     statemod._check_config(state, identity)
     shapes = statemod._shapes(state, batch)
     reshaped = statemod._reshaped(shapes, batch, identity)
     point = MixPoint.from_json(json.loads(text)) if text is not None else None
     _check_sources(mixed.get("sources"), sources)
+    plans = mixed.get("plans")
+    if plans is not None and not isinstance(plans, dict):
+        raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
+    plans = {name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()} if plans else None
+    other = statemod.start_position(identity.rank)
+    if state["world_size"] != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
+        if identity.buffered:
+            raise ValueError(f"resume state is rank {state['rank']} of {state['world_size']}, this loader rank "
+                             f"{identity.rank} of {identity.world}: another world size's state of a mixture with "
+                             "packing='bos_bestfit' is not built yet (concat's is); resume at the world size it "
+                             "was saved at")
+        _check_replayable(point, shapes, sources.mixture, state["rank"])
+        change = statemod.Change(state["world_size"], state["rank"], other, [], None)
+        return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
+                               mix=json.loads(text) if text is not None else None)
     if state["rank"] != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
         _check_replayable(point, shapes, sources.mixture, state["rank"])
-        return statemod.Resume(statemod.start_position(identity.rank), batch=batch, shapes=reshaped,
-                               n_files=len(identity.files), locate=point is not None)
+        return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
+                               locate=point is not None)
     if identity.buffered:  # best fit's buffer: its documents' sources are read now
         buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
     notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
@@ -157,7 +175,7 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     # the batch it resumes at is the saved run's only with the same shape and the same mix
     checked = statemod._check_field(state) if reshaped == shapes and not notes else None
     return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                           mix=json.loads(text) if text is not None else None)
+                           mix=json.loads(text) if text is not None else None, mix_plans=plans)
 
 
 def _check_replayable(point, shapes: list, mixture, rank: int):
@@ -169,9 +187,10 @@ def _check_replayable(point, shapes: list, mixture, rank: int):
     if point.mixer.get("mixture") != mixture.digest or since != 0:
         when = f"at batch {since}" if since else "at a resume"
         raise ValueError(f"resume state is rank {rank}'s, of a run whose mixture changed {when} (other weights, "
-                         "sources or max_epochs), or is not this loader's: this rank's place cannot be replayed "
-                         "(another rank's state of a mixture resumes only a run that used this mixture from batch "
-                         "0); give each rank its own state, or resume with the mixture of the state")
+                         "sources or max_epochs, or another world size), or is not this loader's: the other ranks' "
+                         "places cannot be replayed (another rank's or another world size's state of a mixture "
+                         "resumes only a run that used this mixture at one world size from batch 0); give each "
+                         "rank its own state, or resume with the mixture of the state")
     if len(shapes) > 1:
         raise ValueError(f"resume state is rank {rank}'s, of a run whose batch shape changed (shapes {shapes}): "
                          "another rank's state of a mixture with another B or T in its history is not built yet; "

@@ -29,7 +29,7 @@ import os
 import time
 
 from . import mixstate, state as statemod
-from .data import elastic
+from .data import elastic, mixelastic
 from .errors import DataError
 from .position import Position
 from .procs.children import locate_position
@@ -46,8 +46,11 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
     if hasattr(catalogue, "mixture"):  # a mixture's loader: a mixture's state (mixstate.py)
         resume = mixstate.check(state, identity, catalogue)
         catalogue.with_footers(state["mixture"]["sources"])
-        if resume.locate:  # another rank's: this rank's place at its batch count, replayed
-            resume = _locate_mix(resume, catalogue, config, args, heal)
+        if resume.change is not None:  # another world size's: every old rank's place, each source's plan
+            resume = _elastic_mix(resume, catalogue, config, args, heal)
+        elif resume.locate:  # another rank's: this rank's place at its batch count, replayed
+            position, point = _locate_mix(resume, catalogue, config, args, heal, args.rank, args.world)
+            resume = dataclasses.replace(resume, position=position, mix=point, locate=False)
         return resume
     if isinstance(state, dict) and "mixture" in state:
         raise ValueError("resume state is of a Mixture and this loader reads one source: give it the Mixture")
@@ -117,22 +120,48 @@ def _locate(resume: statemod.Resume, config, args, heal, rank: int | None = None
     return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
 
 
-def _locate_mix(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:
-    """This rank's place in a mixture at `resume.batch`, by replaying its mixed stream from the
-    run's start over its own document lengths (packing/mixcount.py)."""
-    log.info("rank %d: finding its place at batch %d of another rank's state of a mixture, counting document "
-             "lengths with %d workers", args.rank, resume.batch, config.num_workers)
+def _locate_mix(resume: statemod.Resume, catalogue, config, args, heal, rank: int, world: int) -> tuple:
+    """`(position, point)`: where rank `rank` of `world`'s mix stands at `resume.batch` (its
+    `MixPoint` as the state's JSON), by replaying its mixed stream from the run's start over its
+    own document lengths (packing/mixcount.py)."""
+    who = f"rank {args.rank}" if (rank, world) == (args.rank, args.world) else f"rank {args.rank}: old rank {rank} of {world}"
+    log.info("%s: finding its place at batch %d of a mixture, counting document lengths with %d workers", who,
+             resume.batch, config.num_workers)
     began = time.monotonic()
     layout = RingLayout(2, 1, config.num_workers)
-    mix = mixstate.run_args(catalogue, statemod.Resume(resume.position))
-    count = dataclasses.replace(args, files=catalogue.paths, layout=layout, start=resume.position, mixture=mix,
-                                locate=(resume.shapes[:1], resume.batch, 0))
+    start = statemod.start_position(rank)
+    mix = mixstate.run_args(catalogue, statemod.Resume(start))._replace(plans=None)
+    count = dataclasses.replace(args, files=catalogue.paths, layout=layout, start=start, mixture=mix, rank=rank,
+                                world=world, locate=(resume.shapes[:1], resume.batch, 0))
     found = locate_position(config, layout, count, heal)
     if found.position is None:
-        raise DataError(f"rank {args.rank}: the mixture ended before batch {resume.batch} of the state: {found.runs}")
-    log.info("rank %d: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)",
-             args.rank, resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
-    return dataclasses.replace(resume, position=Position(*found.position), mix=json.loads(found.runs), locate=False)
+        raise DataError(f"{who}: the mixture ended before batch {resume.batch} of the state: {found.runs}")
+    log.info("%s: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)", who,
+             resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
+    return Position(*found.position), json.loads(found.runs)
+
+
+def _elastic_mix(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:
+    """A mixture's state saved at another world size W: every old rank's point (the state's
+    own, the others replayed), then for each source the elastic plan of its files from the old
+    ranks' places in it (data/elastic.py: what they had not consumed, shared out over the new
+    ranks); this rank starts every source at its first unit (a cut document's tokens before its
+    place dropped, `"skips"`), with a mixer whose counting stage begins at the change and whose
+    totals are the old ranks' together."""
+    change, batch = resume.change, resume.batch
+    log.warning("rank %d of %d: resuming a mixture's state saved at world_size %d (batch %d): finding where each "
+                "of the %d old ranks stood in every source", args.rank, args.world, change.world, batch, change.world)
+    points = [resume.mix if r == change.rank else _locate_mix(resume, catalogue, config, args, heal, r, change.world)[1]
+              for r in range(change.world)]
+    start = mixelastic.plan(points, catalogue.mixture, batch, args.rank, args.world,
+                            lambda name: lambda f: catalogue.catalogues[name].row_counts(f, config.on_bad_row_group),
+                            lambda name: len(catalogue.catalogues[name].paths))
+    log.warning("rank %d of %d: every source's rest of its epoch in progress is shared out over the %d new ranks",
+                args.rank, args.world, args.world)
+    first = start.point["source"]
+    position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
+    return dataclasses.replace(resume, position=catalogue.to_run(first, position), mix=start.point,
+                               mix_plans=start.plans, change=None, locate=False, check=None)
 
 
 def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:

@@ -91,6 +91,7 @@ class Resume:
     plan: Plan | None = None   # the run began at a change of world size (data/elastic.py)
     change: "Change | None" = None  # the state is of another world size: the loader builds the plan
     mix: dict | None = None    # a mixture's: the `packing.mix.MixPoint` there, as JSON (mixstate.py)
+    mix_plans: dict | None = None  # a mixture's run that began at a change of world size: each source's `Plan`
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,12 @@ def plan_state(plan: Plan | None) -> dict | None:
 
 def _plan_field(state: dict) -> Plan | None:
     d = state.get("elastic") if state["version"] >= 5 else None
-    if d is None:
-        return None
+    return None if d is None else plan_of_state(d, "elastic")
+
+
+def plan_of_state(d, field: str) -> Plan:
+    """The `Plan` a state holds (`plan_state`), checked against its crc; else a ValueError
+    naming the state's `field`."""
     try:
         plan = Plan.from_state(d)
         body = {k: v for k, v in d.items() if k != "crc"}
@@ -127,7 +132,7 @@ def _plan_field(state: dict) -> Plan | None:
     except (KeyError, TypeError, ValueError, AttributeError):
         ok = False
     if not ok:
-        raise ValueError("resume state field 'elastic' is malformed or edited (its crc does not match it)")
+        raise ValueError(f"resume state field {field!r} is malformed or edited (its crc does not match it)")
     return plan
 
 

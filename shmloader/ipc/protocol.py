@@ -138,6 +138,7 @@ class MixArgs(NamedTuple):
     ranges: tuple
     point: dict | None
     first_batch: int
+    plans: dict | None = None      # a run that began at a change of world size: each source's `elastic.Plan`
 
 
 class Span(NamedTuple):

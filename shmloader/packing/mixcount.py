@@ -53,7 +53,8 @@ class ConcatPlace:
             rel = self.target - start
             row = int(np.searchsorted(cum, rel, side="right"))
             skip = rel - (int(cum[row - 1]) if row else 0)
-            self.result = point_at(run, run.row_lo + row, skip)
+            row += run.row_lo
+            self.result = point_at(run, row, skip + (run.piece.skip if row == 0 else 0))
 
 
 class BestFitPlace:

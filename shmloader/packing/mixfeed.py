@@ -28,9 +28,10 @@ def start_points(mix, rank: int) -> tuple:
     run's numbering of the files, those it does not (a state's, left out) as the state has them."""
     point = MixPoint.from_json(mix.point) if mix.point is not None else None
     starts = dict(point.sources) if point is not None else {}
+    skips = (mix.point or {}).get("skips", {})  # a change of world size's start: each source's cut document
     for r in mix.ranges:
         p = starts.get(r.name, Position(1, 0, rank, 0))
-        starts[r.name] = p._replace(file=p.file + r.lo)
+        starts[r.name] = p._replace(file=p.file + r.lo, skip=int(skips.get(r.name, 0)))
     return point, starts
 
 
@@ -62,7 +63,8 @@ class MixFeed:
         for r in mix.ranges:
             if r.name in mix.mixture.names:  # a source the state has and this mixture does not: not read
                 local = starts[r.name]._replace(file=starts[r.name].file - r.lo)
-                self._orders[r.name] = pieces(ramp, cap, 0, files=(r.lo, r.hi - r.lo), start=local)
+                plan = (mix.plans or {}).get(r.name)  # a run that began at a change of world size
+                self._orders[r.name] = pieces(ramp, cap, 0, files=(r.lo, r.hi - r.lo), start=local, plan=plan)
                 self._seqs[r.name], self._ahead[r.name] = 0, 0
                 self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
         self._peeked, self._barren = {}, {}                   # per source: its next piece; why it has no document

@@ -91,8 +91,9 @@ class MixConcatMode(ConcatMode):
             run = where.run
             row = run.row_lo + where.row
             p = run.piece
-            out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, where.skip),
-                                point_at(run, row, where.skip), self.seq.docs_at.pop(k)))
+            skip = where.skip + (p.skip if row == 0 else 0)  # a piece's first row lacks the tokens it skipped
+            out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip),
+                                point_at(run, row, skip), self.seq.docs_at.pop(k)))
         return out
 
     def orders(self, take_slot):

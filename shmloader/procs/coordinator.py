@@ -19,6 +19,7 @@ order the old one had not acknowledged goes out again once the pieces it reads a
 acknowledge every order in order (`Written`), so the orders not acknowledged are known.
 """
 import dataclasses
+import itertools
 import os
 import queue
 import threading
@@ -98,14 +99,24 @@ def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
         opened(f)
         return counts
 
-    def pieces(ramp, cap, first_index, files=None, start=None):
+    def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
         """The order's pieces; `files=(lo, n)`, `start`: of files `[lo, lo + n)` alone (a
-        mixture's source), from `start` (numbered within them), in the run's numbering."""
+        mixture's source), from `start` (numbered within them), in the run's numbering; `plan`:
+        the source's elastic plan, whose first step keeps `start.skip` (a source's document cut
+        at a change of world size, each source's own)."""
         if files is not None:
             lo, n = files
-            steps = iter_pieces(lambda f: row_counts(lo + f), n, run.rank, run.world, start, max_docs=cap,
-                                ramp=ramp, first_index=first_index, row_bytes=lambda f: source.text_bytes(lo + f),
-                                max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit)
+            counts, text = (lambda f: row_counts(lo + f)), (lambda f: source.text_bytes(lo + f))
+            if plan is None:
+                steps = iter_pieces(counts, n, run.rank, run.world, start, max_docs=cap, ramp=ramp,
+                                    first_index=first_index, row_bytes=text, max_bytes=cfg.max_piece_bytes,
+                                    unit=cfg.piece_unit)
+            else:
+                order = elastic.steps(plan, run.rank, run.world, counts, n, start)
+                if start.skip:  # the unit `start` is in begins at its document, the tokens before it dropped
+                    first = next(order)
+                    order = itertools.chain([first[:4] + (start.skip,) + first[5:]], order)
+                steps = cut_pieces(order, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit)
             return (dataclasses.replace(p, file=p.file + lo) for p in steps)
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,

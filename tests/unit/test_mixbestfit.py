@@ -18,7 +18,7 @@ from shmloader.packing.mixbestfit import MixBestFitMode, buffer_runs
 RANGES = (Range("long", 0, 2), Range("short", 2, 4))
 
 
-def pieces(ramp, cap, first_index, files=None, start=None):
+def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
     """A source's order, one piece a row group: long's hold 4 rows, short's 6."""
     lo, _ = files
     rows = 4 if lo == 0 else 6

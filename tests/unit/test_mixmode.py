@@ -12,7 +12,7 @@ from shmloader.packing.base import SlotMap
 from shmloader.packing.mixmode import MixConcatMode
 
 
-def pieces(ramp, cap, first_index, files=None, start=None):
+def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
     """A source's order: heavy's pieces (files 0-1) hold 3 rows, light's (files 2-3) one."""
     lo, _ = files
     return (Piece(i, 1, lo, i, 0, 3 if lo == 0 else 1) for i in range(10**6))

@@ -1,0 +1,48 @@
+"""A mixture at a change of world size: each source's elastic plan and where a new rank starts;
+pure (no processes: resume.py finds the old ranks' points and calls `plan`).
+
+Every old rank r of W stood, at the same batch count, at a point of its mix (`MixPoint` JSON,
+files numbered within each source): every source's next document, the source and skip of the
+next token, the mixer's state. Each source then changes world size on its own, as one source
+does (data/elastic.py): its plan's positions are the old ranks' places in it (the skip of the
+document an old rank had cut, for the source that document is of), its units what they had not
+consumed, dealt out over the new ranks. A new rank starts every source at its first unit (the
+tokens before a cut document's place dropped: `"skips"`), with a mixer whose counting stage
+begins at the change (weights as the mixture has them there) and whose totals are the old ranks'
+together (tokens and documents summed, the furthest epoch): the same for every new rank, from
+any old rank's state. So every token of every source that no old rank had consumed is read
+once, by one new rank, and each source goes on mixing by its weight.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from . import elastic
+from .mixture import Mixer
+
+
+class MixStart(NamedTuple):
+    """A new rank's start after a change: each source's plan, and the point it starts from (JSON,
+    as a state's `mixture.point`, with `"skips"`: each source's cut document's tokens to drop)."""
+    plans: dict
+    point: dict
+
+
+def plan(points: list, mixture, batch: int, rank: int, world: int,
+         row_counts: Callable[[str], Callable[[int], list]], n_files: Callable[[str], int]) -> MixStart:
+    """New rank `rank` of `world`'s start, from every old rank's point at `batch` (old rank r's
+    is `points[r]`); `row_counts(name)(f)`: rows per row group of source `name`'s file `f`."""
+    plans, sources, skips = {}, {}, {}
+    for name in mixture.names:
+        places = [tuple(p["sources"][name]) + (p["skip"] if p["source"] == name else 0,) for p in points]
+        plans[name] = elastic.Plan.of(len(points), batch, places)
+        start = elastic.start(plans[name], rank, world, row_counts(name), n_files(name))
+        sources[name], skips[name] = list(start[:4]), start.skip
+    mixer = Mixer(mixture, batch)
+    for name in mixer.totals:
+        old = [p["mixer"]["totals"][name] for p in points if name in p["mixer"]["totals"]]
+        if old:
+            mixer.totals[name] = (sum(t[0] for t in old), sum(t[1] for t in old), max(t[2] for t in old))
+    point = {"source": mixture.names[0], "skip": 0, "sources": sources, "mixer": mixer.state(),
+             "skips": {name: k for name, k in skips.items() if k}}
+    return MixStart(plans, point)

@@ -1,0 +1,44 @@
+"""data/mixelastic.py: a mixture's plans at a change of world size, from the old ranks' points."""
+from shmloader.data import elastic, mixelastic
+from shmloader.data.mixture import Mixer, Mixture
+
+MIX = Mixture({"a": "a", "b": "b"}, {"a": 2, "b": 1})
+ROWS = {"a": [[5, 5, 5, 5], [5, 5, 5, 5]], "b": [[3, 3, 3], [3, 3, 3]]}  # per source: files' row groups
+
+
+def point(source, skip, a, b, totals):
+    mixer = Mixer(MIX, 0).state()
+    mixer["totals"] = totals
+    return {"source": source, "skip": skip, "sources": {"a": a, "b": b}, "mixer": mixer}
+
+
+POINTS = [point("a", 4, [1, 0, 2, 3], [1, 1, 0, 0], {"a": [40, 9, 1], "b": [20, 6, 1]}),   # old rank 0: a's doc cut
+          point("b", 0, [1, 0, 3, 1], [2, 0, 1, 2], {"a": [38, 8, 1], "b": [22, 7, 2]})]   # old rank 1
+
+
+def plan(rank, world):
+    return mixelastic.plan(POINTS, MIX, 50, rank, world, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]))
+
+
+def test_each_source_plans_from_the_old_ranks_places_in_it():
+    start = plan(0, 3)
+    assert start.plans["a"].positions == ((1, 0, 2, 3, 4), (1, 0, 3, 1, 0))  # the cut document's skip with a
+    assert start.plans["b"].positions == ((1, 1, 0, 0, 0), (2, 0, 1, 2, 0))
+    assert start.plans["b"].epoch == 2 and start.plans["a"].epoch == 1
+
+
+def test_a_new_rank_starts_every_source_at_its_first_unit_with_the_cut_tokens_dropped():
+    for rank in range(3):
+        start = plan(rank, 3)
+        for name in ("a", "b"):
+            first = elastic.start(start.plans[name], rank, 3, lambda f, n=name: ROWS[n][f], 2)
+            assert start.point["sources"][name] == list(first[:4])
+            assert start.point["skips"].get(name, 0) == first.skip
+    assert plan(0, 3).point["skips"] == {"a": 4}  # rank 0's first unit of a is the cut row group
+
+
+def test_the_mixer_begins_a_counting_stage_at_the_change_with_the_old_ranks_totals():
+    mixer = plan(1, 2).point["mixer"]
+    assert mixer["stage_batch"] == 50 and mixer["since"] == 50 and set(mixer["counted"].values()) == {0}
+    assert mixer["totals"] == {"a": [78, 17, 1], "b": [42, 13, 2]}
+    assert plan(0, 2).point["mixer"] == mixer  # the same for every new rank
