@@ -152,7 +152,7 @@ def _as_plan(rows, offs, ids, ntok, cropped) -> BatchPlan:
 
 
 def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, world=1, point=None, batch=0,
-                    log=None, stage_batch=None):
+                    log=None, stage_batch=None, cap=None, mixers=None):
     """Yield `((epoch, file, rg, row), text, 0)`: the documents of a mixture (docs/design.md
     "Mixtures"), from each source's `documents` and the mixing rule, for `concat_windows(docs=...)`.
     `sources`: name -> its split's files. `point`: a state's `mixture.point` (parsed) to resume
@@ -160,7 +160,8 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
     document first (concat_windows' `skip` drops its tokens before the point). `log`, a list:
     `(source, tokens, (epoch, file, rg, row))` of each document is appended to it.
     `stage_batch()`: the batch whose stage the next pick is in (best fit's: the batch being
-    planned), instead of the batch its first token lands in."""
+    planned), instead of the batch its first token lands in. `cap`: the mixer counts a document's
+    tokens up to it (best fit's: a row). `mixers`, a list: the mixer is appended to it."""
     from shmloader.data.mixture import Mixer
     from shmloader.errors import DataError
 
@@ -173,6 +174,8 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
         starts.update({name: tuple(p) for name, p in point["sources"].items() if name in sources})
         if point["skip"] and point["source"] in sources:
             skip, first = point["skip"], point["source"]
+    if mixers is not None:
+        mixers.append(mixer)
     streams = {name: documents(files, rank, world, *starts[name], epochs=mixture.max_epochs.get(name))
                for name, files in sources.items()}
     ahead = {}
@@ -204,10 +207,10 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
         if first is not None:
             name, first = first, None
         else:
-            name = mixer.choose(at(), lambda n: peek(n)[2]).source
+            name = mixer.choose(at(), lambda n: min(peek(n)[2], cap or peek(n)[2])).source
         meta, text, n = peek(name)
         del ahead[name]
-        mixer.took(name, n, meta[0])
+        mixer.took(name, min(n, cap or n), meta[0])
         tokens += n
         if log is not None:
             log.append((name, n, meta))
@@ -215,16 +218,18 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
 
 
 def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=1000, chunk_docs=128, point=None,
-                       batch=0, log=None):
+                       batch=0, log=None, placed=None):
     """Yield `(rows, buffer)`: (B, T+1) best-fit rows over a mixture (docs/design.md "Mixtures"),
     planned by `plan_batch_scan` over chunks of `chunk_docs` documents of `mixed_documents`,
     each picked when a plan asks for it (a schedule's stage is the batch being planned); and
     the buffer after them, `[[source, epoch, file, rg, row, count], ...]` in arrival order.
-    `point`: a state's `mixture.point` (parsed), with its `"buffer"`, to resume from at `batch`."""
+    `point`: a state's `mixture.point` (parsed), with its `"buffer"`, to resume from at `batch`.
+    `placed`, a dict: the tokens placed in the rows of each source are added to it."""
     planning = [batch]
     read = [] if log is None else log
+    mixers = []
     docs = mixed_documents(sources, encode, bos, mixture, 1, point=point, batch=batch, log=read,
-                           stage_batch=lambda: planning[0])
+                           stage_batch=lambda: planning[0], cap=T + 1, mixers=mixers)
     meta, buffer = {}, []
     for name, e, f, g, row, count in (point or {}).get("buffer", ()):
         texts = pq.ParquetFile(sources[name][f]).read_row_group(g, columns=["text"]).column("text").to_pylist()
@@ -254,8 +259,16 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
         except _Out:
             return
         rows = np.zeros((B, T + 1), dtype=np.int64)
+        this = {}
         for r, off, doc, n in zip(plan.row, plan.row_offset, plan.doc_id, plan.n_tokens):
-            rows[r, off:off + n] = meta.pop(int(doc))[1][:n]
+            (name, *_), tokens = meta.pop(int(doc))
+            rows[r, off:off + n] = tokens[:n]
+            this[name] = this.get(name, 0) + int(n)
+        for name, n in this.items():
+            if placed is not None:
+                placed[name] = placed.get(name, 0) + n
+        if mixers:  # the mixer counts what was delivered (the generator made it at its first pick)
+            mixers[0].settle(this)
         planning[0] += 1
         runs = []
         for name, e, f, g, row in (meta[d][0] for d, _ in buffer):

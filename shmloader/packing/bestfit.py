@@ -115,6 +115,11 @@ class PieceTable:
         bases, indices, _ = self._tables()
         return indices[np.searchsorted(bases, ids, side="right") - 1]
 
+    def file_of(self, ids: np.ndarray) -> np.ndarray:
+        """The file (the run's numbering) each of documents `ids` is in."""
+        bases, _, table = self._tables()
+        return table[np.searchsorted(bases, ids, side="right") - 1, 1]
+
     def runs(self, ids: np.ndarray) -> np.ndarray:
         """Documents `ids` (in arrival order) as runs of consecutive rows, an (n, 5) array."""
         if not len(ids):
@@ -208,14 +213,14 @@ class BestFitSequencer:
                 break
             self.tokens_cropped += plan.n_cropped
             self.docs_placed += len(plan.doc_id)
-            self._positions[self.planned] = self._complete()
+            self._positions[self.planned] = self._complete(plan)
             self.book.expect(self.planned, int(plan.n_tokens.sum()))
             out.append((self.planned, self._orders(plan)))
             self.planned += 1
         return out
 
-    def _complete(self) -> Complete:
-        """What batch `planned`, just planned, announces once written: the position after it."""
+    def _complete(self, plan) -> Complete:
+        """What batch `planned`, just planned (`plan`), announces once written: the position after it."""
         return Complete(self.planned, Position(*self.chunks.last_end), self.buffer_runs(), self.docs_placed)
 
     def _orders(self, plan) -> dict:

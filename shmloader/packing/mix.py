@@ -103,8 +103,10 @@ class MixStream:
     `tokens` (from the run's start) lands in, for the schedule."""
 
     def __init__(self, mixer: Mixer, starts: Mapping[str, Position], batch_of: Callable[[int], int],
-                 first: str | None = None):
+                 first: str | None = None, cap: int | None = None):
+        """`cap`: the mixer counts a document's tokens up to it (best fit: a row)."""
         self.mixer, self.batch_of = mixer, batch_of
+        self.cap = cap
         self.names = tuple(mixer.mixture.names)
         self._arrived = {name: InOrder() for name in self.names}
         self._queue = {name: deque() for name in self.names}
@@ -146,16 +148,21 @@ class MixStream:
             return [self.first]
         if len(self.mixer.mixture.stages) == 1:
             return list(self.mixer.shares())
+        self.enter(self.batch_of(self.tokens))
+        return list(self.mixer.shares()) if self.finished is None else []
+
+    def enter(self, batch: int):
+        """The schedule's stage at `batch` begins, if it has not (said once); a stage whose every
+        source has ended ends the mix here."""
         try:
-            started = self.mixer.enter(self.batch_of(self.tokens))
-        except DataError as e:  # a stage begins whose every source has ended: the mix ends here
+            started = self.mixer.enter(batch)
+        except DataError as e:
             self.finish(str(e))
-            return []
+            return
         if started is not None:
             self._close()
             self.notes.append(f"mixture: stage from batch {started.first_batch}: "
                               + ", ".join(f"{n} {w:g}" for n, w in started.weights.items()))
-        return list(self.mixer.shares())
 
     def _ended(self, source: str) -> bool:
         return any(name == source and self._arrived[name].next >= n and not self._queue[name]
@@ -254,13 +261,17 @@ class MixStream:
         mixer = self.mixer
         staged = len(mixer.mixture.stages) > 1
         n = sum(mixer.counted.values())
-        length_of = lambda name: heads[name].sizes[heads[name].row]  # noqa: E731
+        cap = self.cap
+        if cap is None:
+            length_of = lambda name: heads[name].sizes[heads[name].row]  # noqa: E731
+        else:
+            length_of = lambda name: min(heads[name].sizes[heads[name].row], cap)  # noqa: E731
         while True:
             if staged and mixer.mixture.stage_at(self.batch_of(self.tokens)) != mixer.stage:
                 return
             best = mixer.pick(n, length_of)
+            n += length_of(best)
             picked = heads[best]
-            n += picked.sizes[picked.row]
             if self._take(best, picked) or self._room == 0:
                 return
 
@@ -270,7 +281,7 @@ class MixStream:
             self._close()
             self._open = (source, head, self._at())
         length = head.sizes[head.row]
-        self.mixer.took(source, length, head.piece.epoch)
+        self.mixer.took(source, length if self.cap is None else min(length, self.cap), head.piece.epoch)
         self.tokens += length
         if self._room is not None:
             self._room -= 1

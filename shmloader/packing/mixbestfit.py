@@ -142,7 +142,8 @@ class MixChunks:
         except _NeedMore:
             planner.restore(snapshot)
             self._queue.extendleft(reversed(taken))
-            self.dry = self.stream.finished is not None and not self._queue and not self._pending_docs
+            # a plan runs out only once every formed chunk is in it: after the mix ended, for good
+            self.dry = self.stream.finished is not None
             return None
         for ids, _, end in taken:
             self.docs -= len(ids)
@@ -153,11 +154,14 @@ class MixChunks:
 class MixBestFitSequencer(BestFitSequencer):
     """`BestFitSequencer` whose chunks come from a mixture's stream (`MixChunks`)."""
 
-    def __init__(self, cfg, n_slots: int, n_prefix: int, stream: MixStream, start: MixPoint | None, used):
-        """`used(run)`: each run of the mix as it goes into a chunk."""
+    def __init__(self, cfg, n_slots: int, n_prefix: int, stream: MixStream, start: MixPoint | None, used,
+                 lo: dict):
+        """`used(run)`: each run of the mix as it goes into a chunk; `lo`: each source's first file
+        in the run's numbering."""
         super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
         self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self._used = used
+        self._sources = sorted((first, name) for name, first in lo.items())
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
         self.counted_rows = 0         # rows of the mix's pieces counted
 
@@ -177,11 +181,27 @@ class MixBestFitSequencer(BestFitSequencer):
         self._used(run)
         return base + live, lengths[live]
 
-    def _complete(self) -> Complete:
+    def _complete(self, plan) -> Complete:
+        """The batch's tokens of each source settle the mixer's counts (`Mixer.settle`) and the
+        next batch's stage begins (whenever the mix would enter it, before its first pick: so the
+        point is the same for any timing); the point after the last chunk planned, its mixer's
+        state now, and the buffer."""
+        stream = self.chunks.stream
+        stream.mixer.settle(self._placed(plan))
+        stream.enter(stream.batch_of(0) + 1)
         end = self.chunks.last_end
         point = point_at(*end, 0) if type(end) is tuple else end
+        point = point._replace(mixer=stream.mixer.state())
         return Complete(self.planned, point.sources[point.source]._replace(skip=0),
                         MixBuffer(point, self.buffer_runs()), self.docs_placed)
+
+    def _placed(self, plan) -> dict:
+        """`{source: tokens}` the plan places in rows."""
+        files = self.table.file_of(plan.doc_id)
+        names = [name for _, name in self._sources]
+        which = np.searchsorted([lo for lo, _ in self._sources], files, side="right") - 1
+        sums = np.bincount(which, weights=plan.n_tokens, minlength=len(names))
+        return {name: int(n) for name, n in zip(names, sums.tolist())}
 
 
 class MixBestFitMode(BestFitMode):
@@ -198,10 +218,10 @@ class MixBestFitMode(BestFitMode):
         else:
             mixer = Mixer(mix.mixture, mix.first_batch)
         # the mix picks a chunk when the planner asks for it: its stage is the batch being planned
-        self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned)
+        self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1)
         prefix = buffer_pieces(buffer_runs(mix.point, self._lo), cfg.max_piece_docs)
         self.seq = MixBestFitSequencer(cfg, run.layout.n_slots, len(prefix), self.stream, point,
-                                       lambda run: self.feed.used(run))
+                                       lambda run: self.feed.used(run), self._lo)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         self.feed = MixFeed(mix, self.stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
         self.pieces = _chain(prefix, self.feed.feed())

@@ -61,9 +61,9 @@ class BestFitPlace:
     """The point and buffer after best fit's batch `batch - 1`, planned as a live run plans;
     `used(run)`: each run of the mix as it goes into a chunk."""
 
-    def __init__(self, cfg, stream: MixStream, batch: int, used):
+    def __init__(self, cfg, stream: MixStream, batch: int, used, lo: dict):
         self.batch = batch
-        self.seq = MixBestFitSequencer(cfg, 1, 0, stream, None, used)
+        self.seq = MixBestFitSequencer(cfg, 1, 0, stream, None, used, lo)
         self.result = None                    # the `Complete` of batch `batch - 1`, once planned
 
     def counted(self, piece, lengths):
@@ -95,8 +95,9 @@ class MixCountMode(Mode):
         self.bestfit = cfg.packing == "bos_bestfit"
         place = SimpleNamespace(B=B, T=T, buffer_size=cfg.buffer_size, tokenizer_batch_size=cfg.tokenizer_batch_size)
         if self.bestfit:
-            self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda _: self.place.seq.planned)
-            self.place = BestFitPlace(place, self.stream, self.batch, lambda run: self.feed.used(run))
+            self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda _: self.place.seq.planned, cap=T + 1)
+            self.place = BestFitPlace(place, self.stream, self.batch, lambda run: self.feed.used(run),
+                                      {r.name: r.lo for r in mix.ranges})
         else:
             window = B * T + 1
             self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda tokens: tokens // window)

@@ -117,3 +117,36 @@ def test_a_buffer_is_read_back_by_source_and_a_left_out_one_refused():
     for bad in (["long", 1, 0, 7, 2], ["long", 1, 0, 7, 2, 0], ["long", 1, -1, 7, 2, 1], ["long", "x", 0, 0, 0, 1]):
         with pytest.raises(ValueError, match="buffer in the state"):
             buffer_runs({"buffer": [bad]}, {"long": 0})
+
+
+def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
+    """Sources that read their max_epochs: the last chunk is short, the plan that needs more is
+    undone for good (its chunks back in the queue), and `Ended` follows the last batch."""
+    from shmloader.ipc.protocol import Ended
+
+    def epochs(ramp, cap, first_index, files=None, start=None, plan=None):
+        lo, _ = files
+        return (Piece(i, 1 + i // 5, lo, i % 5, 0, 4 if lo == 0 else 6) for i in range(10**6))
+
+    mix = Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4}, max_epochs={"long": 2, "short": 3})
+    run = SimpleNamespace(mixture=MixArgs(mix, RANGES, None, 0), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
+    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None)
+    mode, slots, ready = MixBestFitMode(cfg, run, 1, epochs), SlotMap(3), []
+    for _ in range(2000):
+        given = []
+        while mode.can_take(0):
+            piece = next(mode.pieces)
+            mode.take(0, piece)
+            given.append(piece)
+        for piece in given:
+            mode.counted(Counted(piece.index, lengths(piece), None))
+        for _, order in mode.orders(slots.take_slot):
+            mode.written([(order.batch, sum(p[4] for p in order.placements))])
+        for done in mode.ready():
+            ready.append(done)
+            mode.freed(done.batch)
+            slots.release(done.batch)
+        said = [m for m in mode.messages() if isinstance(m, Ended)]
+        if said:
+            break
+    assert said and "nothing is left to read" in said[0].text and len(ready) == mode.seq.planned > 5
