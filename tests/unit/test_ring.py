@@ -34,7 +34,7 @@ def test_positions_follow_each_slots_window_in_its_row():
         ring.positions[s] = -(100 * s + np.arange(8))
     assert ring.rows[1].tolist() == list(range(100, 109)) + [-p for p in range(100, 108)]
     ring.write_buffer(2, "u8:1", 7)
-    assert ring.rows[2, -1] == -107 and ring.buffer_of(2) == ("u8:1", 7)
+    assert ring.rows[2, -1] == -207 and ring.buffer_of(2) == ("u8:1", 7)
     plain = ringmod.Ring(bytearray(RingLayout(3, 9, 2).nbytes), RingLayout(3, 9, 2), "y")
     assert plain.positions is None and plain.slots is plain.rows and plain.slots.shape == (3, 9)
 
