@@ -1,4 +1,4 @@
-"""Attention within documents, from a batch's positions (`positions=True`, docs/contract.md §7).
+"""Attention within documents, from a batch's positions (`positions=True`, docs/contract.md §6).
 
 `cu_seqlens(positions)` gives flash-attn's varlen kernels (`flash_attn_varlen_func`) and
 torch's `varlen_attn` their sequences over the flattened (B*T) batch: a sequence starts at

@@ -53,7 +53,7 @@ class Debug:
 
 class ShmLoader:
     """Iterate `(inputs, targets)` int64 batches of shape (B, T), with `positions=True`
-    `(inputs, targets, positions)`; see docs/contract.md §1-§3 and §7."""
+    `(inputs, targets, positions)`; see docs/contract.md §1-§3 and §6."""
 
     def __init__(self, data=None, tokenizer=None, B: int = 32, T: int = 2048, split: str = "train",
                  packing: str = "concat", num_workers: int = 4, device="cuda", *,
@@ -100,7 +100,7 @@ class ShmLoader:
         positions: yield `(inputs, targets, positions)`: `positions[b, t]` is the index of
             `inputs[b, t]` in its document (0 at its BOS; concat counts on across rows and
             batches), int64 on `device`, written by the workers beside the tokens;
-            `shmloader.cu_seqlens(positions)` for varlen attention (docs/contract.md §7)."""
+            `shmloader.cu_seqlens(positions)` for varlen attention (docs/contract.md §6)."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:

@@ -1,7 +1,7 @@
 """Document positions: the index of each input token within its document, written beside the tokens.
 
 With `positions=True`, `positions[b, t]` is the index of `inputs[b, t]` in its document: 0 at
-its BOS, then 1, 2, ... (docs/contract.md §7). The worker that copies a run of tokens into a
+its BOS, then 1, 2, ... (docs/contract.md §6). The worker that copies a run of tokens into a
 ring slot writes their positions into the slot's positions area (B*T int64 after the window,
 ipc/ring.py) with the same order, so the trainer scans nothing and copies nothing more.
 

@@ -1,4 +1,4 @@
-"""Document positions (`positions=True`, docs/contract.md §7), read as a client reads them: each
+"""Document positions (`positions=True`, docs/contract.md §6), read as a client reads them: each
 batch's `positions[b, t]` is the index of `inputs[b, t]` in its document, against two
 independent counts:
 

@@ -3,8 +3,9 @@
     python tools/bench/positions.py                      # demo corpus, 2 workers, both packings, 3 rounds
     python tools/bench/positions.py --corpus nanochat --quick
 
-Per packing, the two rows (`positions=False`, `positions=True`) alternate in every round, each
-in a fresh process (`row`), so that a slow stretch of a shared machine hits both. A row
+Per packing and round, one fresh process (`pair`) holds both loaders (`positions=False`,
+`positions=True`) and alternates their calls, one to each in turn (the round's first call to
+either, by turns), so that a slow stretch of a shared machine hits both alike. Each loader
 measures, on the training process's side only (the workers write the positions):
 - **ready batches**: a `ShmLoader` whose ring holds `--batches` + 1 slots, all ready before the
   clock starts; the calling thread's CPU in each of `--batches` `next()` calls back to back;
@@ -13,7 +14,8 @@ measures, on the training process's side only (the workers write the positions):
   calling thread's CPU in `next()`, over `--batches` calls after 20 (calls that waited counted);
 - with positions, `shmloader.cu_seqlens(positions)` on each paced batch (the caller's own
   cost, on the CPU: what varlen attention would ask for).
-Medians per row; the report gives each round's ratio with / without and their median. The
+Medians per loader and round; the report gives each round's ratio with / without and their
+median. The
 target (issue 33): at most 1.3x.
 """
 from __future__ import annotations
@@ -52,50 +54,61 @@ def parse_args(argv=None):
     return args
 
 
-def row(cfg: dict) -> dict:
-    """One row in this fresh process (`children.run`): see the module docstring."""
+def pair(cfg: dict) -> dict:
+    """Both rows of a packing in this fresh process (`children.run`), their calls alternating
+    (see the module docstring): `{"without": {...}, "with": {...}}`."""
     import numpy as np
     import torch  # noqa: F401  (imported before any timing, as in a training script)
 
     import shmloader
     from tools.bench import measure
 
-    n, with_p = cfg["batches"], cfg["positions"]
-    it = shmloader.ShmLoader(cfg["data"], cfg["tokenizer"], cfg["B"], cfg["T"], "train", num_workers=cfg["workers"],
-                             device="cpu", packing=cfg["packing"], n_slots=n + 1, positions=with_p)
+    n, first = cfg["batches"], cfg["first"]
+    flags = (first, not first)
+    its = {flag: shmloader.ShmLoader(cfg["data"], cfg["tokenizer"], cfg["B"], cfg["T"], "train",
+                                     num_workers=cfg["workers"], device="cpu", packing=cfg["packing"],
+                                     n_slots=n + 1, positions=flag) for flag in flags}
+    ready = {flag: [] for flag in flags}
+    paced = {flag: [] for flag in flags}
+    not_ready = dict.fromkeys(flags, 0)
+    seqlens, buf = [], np.zeros(1 << 17)
     try:
-        next(it)
-        deadline = time.monotonic() + 60  # every slot ready
-        while it.stats().get("ring_ready", 0) < n and time.monotonic() < deadline:
+        for it in its.values():
+            next(it)
+        deadline = time.monotonic() + 120  # every slot of both rings ready
+        while min(it.stats().get("ring_ready", 0) for it in its.values()) < n and time.monotonic() < deadline:
             time.sleep(0.05)
-        ready = []
         for _ in range(n):
-            t = time.thread_time()
-            batch = next(it)
-            ready.append(time.thread_time() - t)
-        for _ in range(20):
-            batch = next(it)
-        buf, paced, seqlens = np.zeros(1 << 17), [], []
-        waited = it.stats()["wait_s"]
-        not_ready = 0
-        for _ in range(n):
-            measure.busy_work(cfg["step_ms"] / 1e3, buf)
-            w = it.stats()["wait_s"]
-            t = time.thread_time()
-            batch = next(it)
-            paced.append(time.thread_time() - t)
-            not_ready += it.stats()["wait_s"] > w
-            if with_p:
+            for flag in flags:
                 t = time.thread_time()
-                shmloader.cu_seqlens(batch[2])
-                seqlens.append(time.thread_time() - t)
-        del batch
-        waited = it.stats()["wait_s"] - waited
+                batch = next(its[flag])
+                ready[flag].append(time.thread_time() - t)
+                del batch
+        for _ in range(20):
+            for it in its.values():
+                next(it)
+        held = {}
+        for _ in range(n):
+            for flag in flags:
+                measure.busy_work(cfg["step_ms"] / 1e3, buf)
+                it, waited = its[flag], its[flag].stats()["wait_s"]
+                t = time.thread_time()
+                held[flag] = next(it)  # held through the next step, as a trainer holds its batch
+                paced[flag].append(time.thread_time() - t)
+                not_ready[flag] += it.stats()["wait_s"] > waited
+                if flag:
+                    t = time.thread_time()
+                    shmloader.cu_seqlens(held[flag][2])
+                    seqlens.append(time.thread_time() - t)
+        held.clear()
     finally:
-        it.close()
-    us = lambda xs: statistics.median(xs) * 1e6 if xs else None  # noqa: E731
-    return {"packing": cfg["packing"], "positions": with_p, "ready_us": us(ready), "paced_us": us(paced),
-            "paced_not_ready": not_ready, "paced_waited_s": waited, "cu_seqlens_us": us(seqlens), "batches": n}
+        for it in its.values():
+            it.close()
+    us = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
+    out = {("with" if flag else "without"): {"ready_us": us(ready[flag]), "paced_us": us(paced[flag]),
+                                             "paced_not_ready": not_ready[flag]} for flag in flags}
+    out["with"]["cu_seqlens_us"] = us(seqlens)
+    return dict(out, packing=cfg["packing"], first="with" if first else "without", batches=n)
 
 
 def main(argv=None) -> int:
@@ -103,19 +116,18 @@ def main(argv=None) -> int:
     corpus = corpora.resolve(args)[0]
     base = {"data": corpus.data, "tokenizer": corpus.tokenizer, "B": args.batch_size, "T": args.seq_len,
             "workers": args.workers, "batches": args.batches, "step_ms": args.step_ms}
-    rows = {(p, flag): [] for p in args.packings for flag in (False, True)}
+    rounds = {p: [] for p in args.packings}
     with children.checkouts(None) as (ours,):
         for i in range(args.repeat):
             for packing in args.packings:
-                for flag in (False, True) if i % 2 == 0 else (True, False):
-                    print(f"round {i + 1}/{args.repeat}: {packing}, positions={flag}", file=sys.stderr)
-                    rows[packing, flag].append(children.run("positions:row", dict(base, packing=packing,
-                                                                                  positions=flag), ours))
+                print(f"round {i + 1}/{args.repeat}: {packing}, with and without positions", file=sys.stderr)
+                rounds[packing].append(children.run("positions:pair", dict(base, packing=packing, first=i % 2 == 1),
+                                                    ours))
     figures = {"config": {"corpus": corpus.name, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
                           "batches": args.batches, "step_ms": args.step_ms, "repeat": args.repeat},
-               "packings": [{"packing": p, "without": rows[p, False], "with": rows[p, True],
-                             "ratios": {k: [w[k] / o[k] for w, o in zip(rows[p, True], rows[p, False])] for k in KEYS}}
-                            for p in args.packings]}
+               "packings": [{"packing": p, "without": [r["without"] for r in rs], "with": [r["with"] for r in rs],
+                             "ratios": {k: [r["with"][k] / r["without"][k] for r in rs] for k in KEYS}}
+                            for p, rs in rounds.items()]}
     results.publish(args.json, "positions", began, figures, argv, report)
     return 0
 
@@ -132,7 +144,7 @@ def report(run: dict) -> str:
         for key, rs in (("without", e["without"]), ("with", e["with"])):
             body.append((e["packing"], key, ", ".join(f"{r['ready_us']:.1f}" for r in rs),
                          ", ".join(f"{r['paced_us']:.1f}" for r in rs), ", ".join(str(r["paced_not_ready"]) for r in rs),
-                         results.fmt(results.median([r["cu_seqlens_us"] for r in rs]), ",.1f")))
+                         results.fmt(results.median([r.get("cu_seqlens_us") for r in rs]), ",.1f")))
         body.append((e["packing"], "with / without", ", ".join(f"{x:.2f}" for x in e["ratios"]["ready_us"]),
                      ", ".join(f"{x:.2f}" for x in e["ratios"]["paced_us"]), "", ""))
         body.append((e["packing"], "median ratio", f"{statistics.median(e['ratios']['ready_us']):.2f}x",
