@@ -13,11 +13,14 @@ independent counts:
 And: the batches equal those of `positions=False` (same loader, same data), for 1-3 workers,
 both packings, both tokenizers (a BPE over `synth`, `IntTokenizer` over `posdata`); a resumed
 run's batches and positions are the uninterrupted run's (a state saved without positions too);
-a mixture (concat) over three sources; the nanochat drop-ins yield them before the state;
+a mixture (concat) over three sources; heals (a worker killed, the coordinator killed) change
+nothing; the nanochat drop-ins yield them before the state;
 `cu_seqlens` of real batches equals a count by hand; a lent positions tensor keeps its slot;
 `positions=False` leaves the slot's row the window, byte for byte.
 """
 import itertools
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -173,6 +176,23 @@ def test_another_ranks_and_elastic_positions_count_on(posdata):
     assert p[0] > 0 and entered.sum() >= 1 and (p[1:][entered] > 0).all()
 
 
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_positions_go_on_exactly_through_heals(posdata, plain, packing):
+    """A worker killed twice and the coordinator once while the trainer reads: a replaced worker
+    writes again what the dead one held, positions too; a restart starts from the last state."""
+    got, killed = [], {10: "worker", 60: "worker", 100: "coordinator"}
+    with posdata.loader(B, T, num_workers=2, max_restarts=5, **options(packing, positions=True)) as loader:
+        for k in range(N):
+            if k in killed:
+                d = loader.debug()
+                os.kill((d.coordinator if killed[k] == "coordinator" else d.workers[k % 2]).pid, signal.SIGKILL)
+            got.append(tuple(t.numpy().copy() for t in next(loader)))
+        heals = loader.stats()["heals"]
+    assert heals >= 2
+    assert_batches_equal(got, plain["posdata", packing], "through heals")
+    assert_positions(got, [arithmetic(posdata, x) for x, _, _ in got], "through heals")
+
+
 # ---------------------------------------------------------------- a mixture (concat)
 
 MIX = {"web": (160, [40, 3, 17], 30), "code": (80, [9, 1, 25], 55), "math": (60, [12], 15)}
@@ -275,8 +295,15 @@ def test_a_lent_positions_tensor_keeps_its_slot(posdata):
             next(loader)
         assert torch.equal(p, kept)
         del p
-        for _ in range(8):
+        kept = [next(loader) for _ in range(6)]  # past n_slots // 2 held: copies, positions with them
+        ring = loader.debug().ring
+        assert sum(any(b[2].data_ptr() == r.ctypes.data + ring.layout.window * 8 for r in ring.rows)
+                   for b in kept) == 2
+        clones = [b[2].clone() for b in kept]
+        for _ in range(20):
             next(loader)
+        for (x, _, p), q in zip(kept, clones):
+            assert torch.equal(p, q) and np.array_equal(p.numpy(), arithmetic(posdata, x.numpy()))
 
 
 def test_without_positions_the_slot_is_the_window(posdata):
