@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from shmloader import cu_seqlens
+from shmloader import attention, cu_seqlens
 from shmloader.packing import bestfit, concat
 from shmloader.packing.positions import fill_prefix, fill_segment
 
@@ -120,15 +120,20 @@ def row_lengths(p: torch.Tensor) -> list:
     return out
 
 
+@pytest.mark.parametrize("how", [cu_seqlens, attention._on_device], ids=["numpy on the cpu", "torch on a device"])
 @pytest.mark.parametrize("seed", range(10))
-def test_cu_seqlens_counts_sequences_by_row_and_document(seed):
+def test_cu_seqlens_counts_sequences_by_row_and_document(seed, how):
+    """Both ways (`cu_seqlens` takes numpy's on the CPU, torch's elsewhere: here on the CPU)."""
     rng = random.Random(seed)
     B, T = rng.randint(1, 5), rng.randint(1, 70)
     p = random_positions(rng, B, T)
-    cu, longest = cu_seqlens(p)
+    before = p.clone()
+    cu, longest = how(p)
     lengths = row_lengths(p)
-    assert cu.dtype == torch.int32 and cu.tolist() == [0] + list(itertools.accumulate(lengths))
-    assert longest == max(lengths) and cu[-1] == B * T
+    assert cu.dtype == torch.int32 and cu.device == p.device
+    assert cu.tolist() == [0] + list(itertools.accumulate(lengths))
+    assert longest == max(lengths) and cu[-1] == B * T and isinstance(longest, int)
+    assert torch.equal(p, before)  # the batch is left as it was
 
 
 def test_cu_seqlens_refuses_a_flattened_batch():
