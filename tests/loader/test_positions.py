@@ -312,3 +312,44 @@ def test_without_positions_the_slot_is_the_window(posdata):
         ring = loader.debug().ring
         assert len(batch) == 2 and ring.positions is None and ring.rows is ring.slots
         assert ring.layout.row_words == B * T + 1 and ring.layout.positions == 0
+
+
+# ---------------------------------------------------------------- randomized (slow)
+
+@pytest.mark.slow
+@pytest.mark.deadline(600)
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_resumes_and_worker_counts(tmp_path, seed):
+    """Random token = position data (long documents, nulls, empty ones, row groups of 1-9
+    documents), a random shape, packing and worker count; positions against the arithmetic,
+    through an epoch, and a resume at a random batch with another worker count and positions
+    off in the first run (a state saved without positions)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(150, 400))
+    lengths = [None if rng.random() < 0.05 else int(rng.choice([0, 1, 3, rng.integers(1, 300)])) for _ in range(n)]
+    helpers.position_shards(tmp_path, lengths, num_files=3, rg=int(rng.integers(1, 10)))
+    bos_at, at = [], 0
+    for length in lengths:
+        if length is not None:
+            bos_at.append(at)
+            at += length + 1
+    bos_at = np.array(bos_at)
+
+    def expected(x):
+        return np.where(x == 0, 0, x - bos_at[np.searchsorted(bos_at, x, side="right") - 1])
+
+    packing = ["concat", "bos_bestfit"][seed % 2]
+    b, t = int(rng.integers(1, 4)), int(rng.integers(4, 64))
+    kw = dict(packing=packing, device="cpu", timeout=60, **(BESTFIT if packing == "bos_bestfit" else {}))
+    make = lambda **more: shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), b, t, **kw, **more)  # noqa: E731
+    total = min(at // (b * t) + 5, 3000)  # past the first epoch (the train split: 2 of the 3 files)
+    with make(num_workers=int(rng.integers(1, 4)), positions=True) as loader:
+        got, _ = run(loader, total)
+    assert_positions(got, [expected(x) for x, _, _ in got], f"seed {seed}")
+    k = int(rng.integers(1, total - 1))
+    with make(num_workers=int(rng.integers(1, 4))) as loader:
+        _, states = run(loader, k + 1)
+    with make(num_workers=int(rng.integers(1, 4)), positions=True, resume_state=states[k]) as loader:
+        again, _ = run(loader, total - k)
+    assert_batches_equal(again, got[k:], f"seed {seed}, resumed at {k}")
+    assert_positions(again, [p for _, _, p in got[k:]], f"seed {seed}, resumed at {k}")
