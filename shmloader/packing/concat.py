@@ -12,7 +12,7 @@ are written and not yet freed, `base.BatchBook`), and maps a stream position bac
 run skips: they are never placed. Work per piece is O(batches it spans); per batch O(1).
 
 `ConcatMode` is the coordinator's view of it (`base.Mode`); a worker keeps a counted piece's
-tokens as one array (`Held`, with its rows' ends) and copies the segments a `Place` order names
+tokens as one array (`Held`, with its rows' lengths) and copies the segments a `Place` order names
 (`write`), and with positions writes theirs beside them (packing/positions.py);
 `ConcatLocator` finds the position at a batch count from document lengths (a rank given
 another rank's state); `PACKING` is the spec the rest of the loader reads. See NOTE [ring
@@ -20,6 +20,7 @@ protocol] in ipc/protocol.py.
 """
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -286,18 +287,25 @@ def _locator(cfg, run) -> tuple:
     return ConcatLocator(shapes, batch, run.start, first, run.start.skip), cfg.max_piece_docs
 
 
-class Held(NamedTuple):
+@dataclass(frozen=True)
+class Held:
     """What a worker keeps of a counted piece until `Place` has copied it: its tokens end to
-    end, its rows' ends (cumulative) and how many tokens into its document its first row
-    starts (an elastic resume's piece), so that it can say each token's position."""
+    end, its rows' lengths and how many tokens into its document its first row starts (an
+    elastic resume's piece), so that it can say each token's position (`ends`: made on the
+    first call, by a run with positions only)."""
     tokens: np.ndarray
-    ends: np.ndarray
+    lengths: np.ndarray
     first: int
+
+    @cached_property
+    def ends(self) -> np.ndarray:
+        """Each row's end in `tokens` (cumulative lengths)."""
+        return np.cumsum(self.lengths)
 
 
 def _keep(tokens: np.ndarray, lengths: np.ndarray, first: int = 0):
     """A worker keeps a counted piece's tokens as one array, until `Place` has copied them."""
-    return Held(tokens, np.cumsum(lengths), first) if len(tokens) else None
+    return Held(tokens, lengths, first) if len(tokens) else None
 
 
 def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int, positions: np.ndarray | None = None) -> list:

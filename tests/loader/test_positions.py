@@ -318,7 +318,7 @@ def test_without_positions_the_slot_is_the_window(posdata):
 
 @pytest.mark.slow
 @pytest.mark.deadline(600)
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_random_shapes_resumes_and_worker_counts(tmp_path, seed):
     """Random token = position data (long documents, nulls, empty ones, row groups of 1-9
     documents), a random shape, packing and worker count; positions against the arithmetic,
