@@ -62,7 +62,7 @@ class Lending:
         self.slots, self.free, self.lend_cap = slots, free, lend_cap
         self.lent = {}                         # slot -> batch, lent to the caller
         self.outputs = OutputPool(slots.shape[1])
-        self._views = None                     # slot -> (inputs, targets) numpy views, made once
+        self._views = None                     # slot -> (inputs, targets[, positions]) numpy views, made once
         self._own = 0                          # the reference count of a view nobody else holds
 
     def batch(self, k: int, slot: int, shape: Shape) -> tuple:

@@ -121,7 +121,7 @@ class ShmLoader:
         self._lock = threading.Lock()  # next() from several threads: one at a time
         self._closed, self._pid, self._forked_from, self._inside = False, os.getpid(), None, None
         self._shape = delivery.Shape(B, T, self.config.spec.targets_at(B, T),  # where a batch lies in its slot
-                                     self.config.window if positions else None)
+                                     self.config.window if self.config.positions else None)
         self._batches, self._wait_s, self._mark, self._sources_seen = 0, 0.0, None, None
         # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
         # which nanochat's base_train disables: its children would outlive it)

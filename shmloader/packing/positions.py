@@ -20,6 +20,11 @@ ipc/ring.py) with the same order, so the trainer scans nothing and copies nothin
   (cropped documents lose their end), so its inputs' columns `[off, min(off + n, T))` hold
   0, 1, ...: `fill_prefix`. Targets need no positions (a target is the next input's token).
 
+Cost, in the worker that writes the tokens (a probe on the 2-vCPU machine of
+docs/benchmarks.md, B=16, T=2048): `fill_segment` about 33 µs for a whole window of 32K
+tokens holding 53 documents (copying its tokens: 6 µs), `fill_prefix` about 1.4 µs a
+placement. The training process does none of it.
+
 Pure numpy over a worker's arrays: no processes, no shared memory, no torch.
 """
 import numpy as np
@@ -49,6 +54,4 @@ def fill_segment(out: np.ndarray, ends: np.ndarray, first: int, src: int):
 
 def fill_prefix(out: np.ndarray):
     """Write 0, 1, ... into `out`: a best-fit placement's inputs, a document's first tokens."""
-    out.fill(1)
-    out[0] = 0
-    np.cumsum(out, out=out)
+    out[:] = np.arange(len(out))
