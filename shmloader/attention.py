@@ -5,8 +5,8 @@ torch's `varlen_attn` their sequences over the flattened (B*T) batch: a sequence
 every document start (position 0) and at every row start (a concat row may begin inside a
 document, and attention never crosses rows), so the sequences tile the batch and their
 lengths sum to B*T. `cu_seqlens` is int32 on the positions' device, `max_seqlen` a Python
-int (what those kernels take); on CUDA that costs one synchronisation (`nonzero`'s size); on
-the CPU numpy computes it.
+int (what those kernels take); on CUDA that costs two waits for the device (`nonzero`'s size,
+then `max_seqlen`); on the CPU numpy computes it.
 
 A FlexAttention document mask needs no sequence list: two tokens of a row are in the same
 document when the key is at most the query's position before it, so
