@@ -325,7 +325,8 @@ def test_gpu_check_harness_on_cpu(demo):
     out, _ = demo
     text = run("tools/gpu_check.py", "--device", "cpu", "--out-dir", out, "--vocab-size", VOCAB,
                "--workers", 1, "--batches", 16, "--buffer-size", 32, "--seconds", 0.3, "--cost-batches", 3)
-    for check in ("PASS  device 'cpu': 16/16", "PASS  bos_bestfit: 16/16", "PASS  close", "all checks passed"):
+    for check in ("PASS  device 'cpu': 16/16", "PASS  bos_bestfit: 16/16", "PASS  positions: 32/32", "PASS  close",
+                  "all checks passed"):
         assert check in text, text
 
 
