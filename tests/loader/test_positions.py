@@ -13,7 +13,7 @@ independent counts:
 And: the batches equal those of `positions=False` (same loader, same data), for 1-3 workers,
 both packings, both tokenizers (a BPE over `synth`, `IntTokenizer` over `posdata`); a resumed
 run's batches and positions are the uninterrupted run's (a state saved without positions too);
-a mixture (concat) over three sources; heals (a worker killed, the coordinator killed) change
+a mixture (concat) over three sources; a token cache, cold and warm; heals (a worker killed, the coordinator killed) change
 nothing; the nanochat drop-ins yield them before the state;
 `cu_seqlens` of real batches equals a count by hand; a lent positions tensor keeps its slot;
 `positions=False` leaves the slot's row the window, byte for byte.
@@ -174,6 +174,19 @@ def test_another_ranks_and_elastic_positions_count_on(posdata):
     p = np.concatenate([p.reshape(-1) for _, _, p in got])
     entered = (x[1:] != posdata.bos) & (x[:-1] != posdata.bos) & (x[1:] != x[:-1] + 1)
     assert p[0] > 0 and entered.sum() >= 1 and (p[1:][entered] > 0).all()
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_token_cache_serves_the_same_positions(posdata, plain, tmp_path, packing):
+    """Cold (the workers tokenize and store; the second epoch, read ahead, is served) and warm
+    (the cache serves every piece)."""
+    for temperature in ("cold", "warm"):
+        with posdata.loader(B, T, num_workers=2, cache_dir=str(tmp_path), **options(packing, positions=True)) as loader:
+            got, _ = run(loader, N)
+            stats = loader.stats()
+        assert_batches_equal(got, plain["posdata", packing], f"{temperature} cache")
+        assert_positions(got, [arithmetic(posdata, x) for x, _, _ in got], f"{temperature} cache")
+        assert stats["cache_hits"] > 0 and (stats["cache_misses"] > 0) == (temperature == "cold")
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
