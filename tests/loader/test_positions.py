@@ -176,6 +176,25 @@ def test_another_ranks_and_elastic_positions_count_on(posdata):
     assert p[0] > 0 and entered.sum() >= 1 and (p[1:][entered] > 0).all()
 
 
+def test_best_fits_elastic_resume_has_each_rows_positions(posdata):
+    """Best fit from a world of 2 to 3 ranks (the old buffers dealt out): every row from a BOS,
+    positions by arithmetic, and the new ranks' batches equal with positions off."""
+    kw = options("bos_bestfit")
+    olds = []
+    for rank in (0, 1):
+        with posdata.loader(B, T, rank=rank, world_size=2, **kw) as loader:
+            run(loader, 17)
+            olds.append(loader.state_dict())
+    for rank in range(3):
+        with posdata.loader(B, T, rank=rank, world_size=3, resume_state=olds[rank % 2], positions=True, **kw) as loader:
+            got, _ = run(loader, 40)
+        with posdata.loader(B, T, rank=rank, world_size=3, resume_state=olds[rank % 2], **kw) as loader:
+            plain, _ = run(loader, 40)
+        assert_batches_equal(got, plain, f"elastic 2 -> 3, rank {rank}")
+        assert_positions(got, [arithmetic(posdata, x) for x, _, _ in got], f"elastic 2 -> 3, rank {rank}")
+        assert all((p[:, 0] == 0).all() for _, _, p in got)
+
+
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_a_token_cache_serves_the_same_positions(posdata, plain, tmp_path, packing):
     """Cold (the workers tokenize and store; the second epoch, read ahead, is served) and warm
