@@ -211,7 +211,7 @@ class Runs:
         runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
         if args.mixture is not None:  # room for a mixture's place (JSON) in 80-byte runs' worth
             runs = max(runs, mix_text_bytes(args.mixture) // 80 + 1)
-        layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), c.positions_words)
+        layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
         children = start_children(c, layout, args)
