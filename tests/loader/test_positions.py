@@ -13,8 +13,8 @@ independent counts:
 And: the batches equal those of `positions=False` (same loader, same data), for 1-3 workers,
 both packings, both tokenizers (a BPE over `synth`, `IntTokenizer` over `posdata`); a resumed
 run's batches and positions are the uninterrupted run's (a state saved without positions too);
-a mixture (concat) over three sources; a token cache, cold and warm; heals (a worker killed, the coordinator killed) change
-nothing; the nanochat drop-ins yield them before the state;
+a mixture (concat) over three sources; a token cache, cold and warm; heals (a worker killed,
+the coordinator killed) change nothing; the nanochat drop-ins yield them before the state;
 `cu_seqlens` of real batches equals a count by hand; a lent positions tensor keeps its slot;
 `positions=False` leaves the slot's row the window, byte for byte.
 """

@@ -41,7 +41,8 @@ def parse_args(argv=None):
     loaders.add_shape_args(p)
     p.add_argument("--batches", type=int, default=None,
                    help="next() calls timed per measurement (calls; default 100, 40 with --quick)")
-    p.add_argument("--step-ms", type=float, default=30.0, help="busy work per step at a trainer's pace (ms; default 30)")
+    p.add_argument("--step-ms", type=float, default=30.0,
+                   help="busy work per step at a trainer's pace (ms; default 30)")
     p.add_argument("--repeat", type=int, default=3, help="rounds, both rows of each packing per round (default 3)")
     p.add_argument("--quick", action="store_true", help="40 timed calls a measurement")
     corpora.add_args(p, many=False)
@@ -143,7 +144,8 @@ def report(run: dict) -> str:
     for e in run["packings"]:
         for key, rs in (("without", e["without"]), ("with", e["with"])):
             body.append((e["packing"], key, ", ".join(f"{r['ready_us']:.1f}" for r in rs),
-                         ", ".join(f"{r['paced_us']:.1f}" for r in rs), ", ".join(str(r["paced_not_ready"]) for r in rs),
+                         ", ".join(f"{r['paced_us']:.1f}" for r in rs),
+                         ", ".join(str(r["paced_not_ready"]) for r in rs),
                          results.fmt(results.median([r.get("cu_seqlens_us") for r in rs]), ",.1f")))
         body.append((e["packing"], "with / without", ", ".join(f"{x:.2f}" for x in e["ratios"]["ready_us"]),
                      ", ".join(f"{x:.2f}" for x in e["ratios"]["paced_us"]), "", ""))
