@@ -15,7 +15,7 @@ _LOADER_NAMES = (
 )
 _ERROR_NAMES = ("DataError", "DeviceError", "WorkerError", "LoaderTimeout", "LoaderClosed", "ShmLoaderError")
 
-__all__ = list(_LOADER_NAMES + _ERROR_NAMES) + ["Mixture"]
+__all__ = list(_LOADER_NAMES + _ERROR_NAMES) + ["Mixture", "cu_seqlens"]
 
 
 def __getattr__(name):
@@ -25,6 +25,9 @@ def __getattr__(name):
     if name in _LOADER_NAMES:
         from . import nanochat
         return getattr(nanochat, name)
+    if name == "cu_seqlens":
+        from .attention import cu_seqlens
+        return cu_seqlens
     if name == "Mixture":
         from .data.mixture import Mixture
         return Mixture

@@ -9,7 +9,9 @@ with the others given is refused, naming why (`stall_s` with `max_restarts=0`, a
 with `cache_dir`).
 `fingerprint` is the part of the config that a resume state must match (docs/contract.md §3):
 what changes the stream. `spec` is the packing's spec (packing/base.py: `Packing`), which sizes
-the ring's slots. Pure: no torch, no files, no processes.
+the ring's slots (and `positions_words`, the positions after each slot's window). `positions` is
+not in the fingerprint: it adds to each batch and changes nothing of the stream. Pure: no
+torch, no files, no processes.
 """
 import os
 from dataclasses import dataclass
@@ -50,6 +52,7 @@ class LoaderConfig:
     idle_release_s: float | None = None  # None: 30 s for split 'val', 0 (never) for 'train'
     max_restarts: int = 3
     stall_s: float | None = None         # None: STALL_S, or 0 (off) with max_restarts=0
+    positions: bool = False              # each batch with its tokens' positions in their documents
 
     def __post_init__(self):
         self._check()
@@ -87,6 +90,9 @@ class LoaderConfig:
                                              and self.stall_s >= 0):
             raise ValueError(f"stall_s must be seconds >= 0 (0: a stall waits for timeout) or None (60 s), "
                              f"got {self.stall_s!r}")
+        if not isinstance(self.positions, bool):
+            raise ValueError(f"positions must be True (batches come with each token's position in its "
+                             f"document) or False, got {self.positions!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 
@@ -127,6 +133,11 @@ class LoaderConfig:
     def window(self) -> int:
         """Tokens per ring slot (concat B*T+1; best fit inputs then targets, 2*B*T)."""
         return self.spec.window(self.B, self.T)
+
+    @property
+    def positions_words(self) -> int:
+        """int64 positions per ring slot, after its window: B*T with positions, else 0."""
+        return self.B * self.T if self.positions else 0
 
     @property
     def max_runs(self) -> int:

@@ -1,16 +1,19 @@
 """How a ring slot becomes the caller's batch (training process): one interface, three ways.
 
 Every delivery's `batch(k, slot, shape)` gets batch k in `slot` and returns `(inputs, targets)`,
-int64 tensors of `shape` = (B, T, offset of the targets in the window), which the caller may
-keep, and gives the slot back to the workers (`free(k)`, the free log of NOTE [slot handover])
-only once nothing reads it any more:
+int64 tensors where `shape` (a `Shape`: B, T, where targets start in the slot's row) says, and
+`(inputs, targets, positions)` when the row holds positions too (`Shape.positions_at`: after
+the window, ipc/ring.py), which the caller may keep, and gives the slot back to the workers
+(`free(k)`, the free log of NOTE [slot handover]) only once nothing reads it any more. A slot
+is one row (`slots` here is the ring's `rows`: tokens, then positions), so positions cost a
+third view on the CPU and nothing more on CUDA (the same one copy, B*T words longer):
 
 - `Lending` (CPU): the batch IS the slot, lent without a copy. Each slot has two numpy views
-  made once, inputs and targets; a batch is `torch.from_numpy` of each (two calls: after a
+  made once, inputs and targets (and positions); a batch is `torch.from_numpy` of each (after a
   busy training step, when code and data are cold, torch's view operations cost several
   times a `from_numpy`). Each tensor's storage holds one reference to its view for as long
   as any tensor viewing it lives, so the slot is back at the first `reclaim()` that finds
-  both views' reference counts down to the delivery's own: nothing runs when the caller
+  every view's reference count down to the delivery's own: nothing runs when the caller
   drops a batch (no callback that a Ctrl-C could land in), from any thread. A batch stays
   valid for as long as the caller holds it. While `lend_cap` lent batches are held, further
   batches are copied out (`OutputPool`) and their slots freed at once, so a caller keeping
@@ -27,6 +30,7 @@ loader blocks for a batch); `close()` waits for copies in flight and unpins.
 import sys
 import weakref
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -36,10 +40,21 @@ from .errors import DeviceError
 CUDA_HOST_REGISTER_PORTABLE = 1
 
 
-def split(window: torch.Tensor, shape: tuple) -> tuple:
-    """`(inputs, targets)` of a 1-D window: one strided view each (`shape`: B, T, targets' offset)."""
-    B, T, y_at = shape
-    return window.as_strided((B, T), (T, 1), 0), window.as_strided((B, T), (T, 1), y_at)
+class Shape(NamedTuple):
+    """Where a batch lies in its slot's row: B rows of T tokens, inputs from 0, targets from
+    `targets_at`, positions from `positions_at` (None: the batch has none)."""
+    B: int
+    T: int
+    targets_at: int
+    positions_at: int | None = None
+
+
+def split(row: torch.Tensor, shape: Shape) -> tuple:
+    """`(inputs, targets)`, or `(inputs, targets, positions)`, of a slot's 1-D row: one
+    strided view each."""
+    B, T, y_at, p_at = shape
+    x, y = row.as_strided((B, T), (T, 1), 0), row.as_strided((B, T), (T, 1), y_at)
+    return (x, y) if p_at is None else (x, y, row.as_strided((B, T), (T, 1), p_at))
 
 
 class Lending:
@@ -47,23 +62,27 @@ class Lending:
         self.slots, self.free, self.lend_cap = slots, free, lend_cap
         self.lent = {}                         # slot -> batch, lent to the caller
         self.outputs = OutputPool(slots.shape[1])
-        self._views = None                     # slot -> (inputs, targets) numpy views, made once
+        self._views = None                     # slot -> (inputs, targets[, positions]) numpy views, made once
         self._own = 0                          # the reference count of a view nobody else holds
 
-    def batch(self, k: int, slot: int, shape: tuple) -> tuple:
+    def batch(self, k: int, slot: int, shape: Shape) -> tuple:
         if len(self.lent) >= self.lend_cap:
             window = self.outputs.copy_out(self.slots[slot])
             self.free(k)
             return split(window, shape)
         if self._views is None:
             self._make_views(shape)
-        x, y = self._views[slot]
+        views = self._views[slot]
         self.lent[slot] = k
-        return torch.from_numpy(x), torch.from_numpy(y)
+        if len(views) == 2:
+            return torch.from_numpy(views[0]), torch.from_numpy(views[1])
+        return torch.from_numpy(views[0]), torch.from_numpy(views[1]), torch.from_numpy(views[2])
 
-    def _make_views(self, shape: tuple):
-        B, T, y_at = shape
-        self._views = [(row[:B * T].reshape(B, T), row[y_at:y_at + B * T].reshape(B, T)) for row in self.slots]
+    def _make_views(self, shape: Shape):
+        B, T, y_at, p_at = shape
+        n = B * T
+        self._views = [(row[:n].reshape(B, T), row[y_at:y_at + n].reshape(B, T))
+                       + (() if p_at is None else (row[p_at:p_at + n].reshape(B, T),)) for row in self.slots]
         # a view's reference count while no tensor holds it, measured with the same expression
         # as `reclaim` (the list's tuple and getrefcount's argument)
         self._own = sys.getrefcount(self._views[0][0])
@@ -71,7 +90,12 @@ class Lending:
     def reclaim(self, wait: bool = False):
         if self.lent:
             own, views, refs = self._own, self._views, sys.getrefcount
-            for slot in [s for s in self.lent if refs(views[s][0]) <= own and refs(views[s][1]) <= own]:
+            if len(views[0]) == 2:
+                back = [s for s in self.lent if refs(views[s][0]) <= own and refs(views[s][1]) <= own]
+            else:
+                back = [s for s in self.lent
+                        if refs(views[s][0]) <= own and refs(views[s][1]) <= own and refs(views[s][2]) <= own]
+            for slot in back:
                 self.free(self.lent.pop(slot))
 
     def close(self):
@@ -85,7 +109,7 @@ class CopyOut:
         self.slots, self.free, self.device = slots, free, device
         self.outputs = OutputPool(slots.shape[1])
 
-    def batch(self, k: int, slot: int, shape: tuple) -> tuple:
+    def batch(self, k: int, slot: int, shape: Shape) -> tuple:
         window = self.outputs.copy_out(self.slots[slot])
         self.free(k)
         return split(window.to(self.device), shape)
@@ -106,7 +130,7 @@ class PinnedCopy:
         self.pinned = True
         self.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]
 
-    def batch(self, k: int, slot: int, shape: tuple) -> tuple:
+    def batch(self, k: int, slot: int, shape: Shape) -> tuple:
         window = self.device_bufs[k & 1]
         window.copy_(self.slot_tensors[slot], non_blocking=True)
         event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning

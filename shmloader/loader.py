@@ -52,7 +52,8 @@ class Debug:
 
 
 class ShmLoader:
-    """Iterate `(inputs, targets)` int64 batches of shape (B, T); see docs/contract.md §1-§3."""
+    """Iterate `(inputs, targets)` int64 batches of shape (B, T), with `positions=True`
+    `(inputs, targets, positions)`; see docs/contract.md §1-§3 and §6."""
 
     def __init__(self, data=None, tokenizer=None, B: int = 32, T: int = 2048, split: str = "train",
                  packing: str = "concat", num_workers: int = 4, device="cuda", *,
@@ -62,7 +63,7 @@ class ShmLoader:
                  start_method: str = "forkserver", timeout: float = 300.0, on_bad_row_group: str = "raise",
                  cache_dir: str | os.PathLike | None = None, log_every: int = 0, other_rank: str = "exact",
                  engine: str = "auto", idle_release_s: float | None = None, max_restarts: int = 3,
-                 stall_s: float | None = None):
+                 stall_s: float | None = None, positions: bool = False):
         """A loader of `data` (a directory of parquet files, a glob, a list of paths, a URI; None:
         nanochat's directory) tokenized by `tokenizer` (a tiktoken pickle or Encoding, a Hugging
         Face tokenizer.json, nanochat's tokenizer; None: nanochat's), `B` rows of `T` tokens per
@@ -95,7 +96,11 @@ class ShmLoader:
         max_restarts: a process that dies or stalls is replaced, and the stream goes on exactly,
             this many times an hour; 0: the first death is an error.
         stall_s: seconds without progress while `next()` waits before a process counts as
-            stalled (None: 60 s; it acts only with max_restarts > 0)."""
+            stalled (None: 60 s; it acts only with max_restarts > 0).
+        positions: yield `(inputs, targets, positions)`: `positions[b, t]` is the index of
+            `inputs[b, t]` in its document (0 at its BOS; concat counts on across rows and
+            batches), int64 on `device`, written by the workers beside the tokens;
+            `shmloader.cu_seqlens(positions)` for varlen attention (docs/contract.md §6)."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:
@@ -115,7 +120,8 @@ class ShmLoader:
             errors.warn(f"shmloader: {problem}")
         self._lock = threading.Lock()  # next() from several threads: one at a time
         self._closed, self._pid, self._forked_from, self._inside = False, os.getpid(), None, None
-        self._shape = (B, T, self.config.spec.targets_at(B, T))  # a batch's (B, T, targets' offset)
+        self._shape = delivery.Shape(B, T, self.config.spec.targets_at(B, T),  # where a batch lies in its slot
+                                     self.config.window if self.config.positions else None)
         self._batches, self._wait_s, self._mark, self._sources_seen = 0, 0.0, None, None
         # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
         # which nanochat's base_train disables: its children would outlive it)

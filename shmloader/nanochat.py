@@ -6,7 +6,8 @@ Each is a generator over one `ShmLoader`, closed when the generator is closed or
 The loader is built when the function is called, so bad arguments, a missing data directory,
 a one-file train split and a missing or broken tokenizer raise there, in the caller's
 process; what is inside the files (columns, row groups, corruption) is read, and any error
-in it raised, from the first `next()` on.
+in it raised, from the first `next()` on. Every `ShmLoader` option passes through
+(`positions=True`: each batch with its positions, before the state).
 """
 import os
 
@@ -31,7 +32,8 @@ def _workers(tokenizer_threads: int, num_workers) -> int:
 def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads=4, tokenizer_batch_size=128,
                                                   device="cuda", resume_state_dict=None, *, data=None,
                                                   tokenizer=None, num_workers=None, **options):
-    """nanochat's `tokenizing_distributed_data_loader_with_state`: yields (inputs, targets, state)."""
+    """nanochat's `tokenizing_distributed_data_loader_with_state`: yields (inputs, targets, state)
+    (with `positions=True`: (inputs, targets, positions, state))."""
     loader = ShmLoader(data, tokenizer, B, T, split, num_workers=_workers(tokenizer_threads, num_workers),
                        device=device, resume_state=resume_state_dict,
                        tokenizer_batch_size=tokenizer_batch_size, **options)
@@ -40,18 +42,20 @@ def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads
 
 def _with_state(loader: ShmLoader):
     """Yields each batch with the state that resumes AT it (docs/contract.md §3): nanochat's loop saves the
-    state of the batch it prefetched and has not trained on yet, and resumes with a prefetch."""
+    state of the batch it prefetched and has not trained on yet, and resumes with a prefetch.
+    A batch is `(inputs, targets)`, or `(inputs, targets, positions)` with `positions=True`."""
     with loader:
         state = loader.state_dict()
-        for inputs, targets in loader:
-            yield inputs, targets, state
+        for batch in loader:
+            yield (*batch, state)
             state = loader.state_dict()
 
 
 def tokenizing_distributed_data_loader_with_state_bos_bestfit(
         tokenizer, B, T, split, tokenizer_threads=4, tokenizer_batch_size=128, device="cuda",
         resume_state_dict=None, buffer_size=1000, *, data=None, num_workers=None, **options):
-    """nanochat's BOS-aligned best-fit loader: yields (inputs, targets, state)."""
+    """nanochat's BOS-aligned best-fit loader: yields (inputs, targets, state) (with
+    `positions=True`: (inputs, targets, positions, state))."""
     loader = ShmLoader(data, tokenizer, B, T, split, packing="bos_bestfit",
                        num_workers=_workers(tokenizer_threads, num_workers), device=device,
                        resume_state=resume_state_dict, tokenizer_batch_size=tokenizer_batch_size,
@@ -60,18 +64,20 @@ def tokenizing_distributed_data_loader_with_state_bos_bestfit(
 
 
 def tokenizing_distributed_data_loader_bos_bestfit(*args, **kwargs):
-    """nanochat's BOS-aligned best-fit loader without the state: yields (inputs, targets)."""
+    """nanochat's BOS-aligned best-fit loader without the state: yields (inputs, targets)
+    (with `positions=True`: (inputs, targets, positions))."""
     return _without_state(tokenizing_distributed_data_loader_with_state_bos_bestfit(*args, **kwargs))
 
 
 def tokenizing_distributed_data_loader(*args, **kwargs):
-    """nanochat's `tokenizing_distributed_data_loader`: yields (inputs, targets)."""
+    """nanochat's `tokenizing_distributed_data_loader`: yields (inputs, targets) (with
+    `positions=True`: (inputs, targets, positions))."""
     return _without_state(tokenizing_distributed_data_loader_with_state(*args, **kwargs))
 
 
 def _without_state(gen):
     try:
-        for inputs, targets, _ in gen:
-            yield inputs, targets
+        for *batch, _ in gen:
+            yield tuple(batch)
     finally:
         gen.close()

@@ -17,6 +17,9 @@ batches checked against `oracle.concat_windows`), then checks, as tests/loader/t
 4. best fit: `packing="bos_bestfit"` batches (a 2*B*T window) on the device equal the CPU ones;
 5. side stream: batches taken under `torch.cuda.stream(s)` equal the CPU stream;
 6. close: the loader's /dev/shm segment is gone and no segment of this process remains;
+7. positions: with `positions=True`, both packings, inputs, targets and positions on the device
+   equal the CPU loader's, and `shmloader.cu_seqlens` of the device's positions (int32 there)
+   equals the CPU one's;
 
 and measures, at B=16, T=2048 with `--workers` workers: tokens/s into the device (tokens read,
 B*T+1 per batch, consuming as fast as possible for `--seconds`, synchronised at the end), the
@@ -149,6 +152,32 @@ def check_bestfit(ctx: Ctx, n: int, buffer_size: int):
                     torch.equal(x.cpu(), ref_x) and torch.equal(y.cpu(), ref_y)):
                 bad.append(k)
     return not bad, f"{n - len(bad)}/{n} batches (buffer {buffer_size} documents) equal the CPU loader's"
+
+
+def check_positions(ctx: Ctx, n: int, buffer_size: int):
+    import torch
+
+    import shmloader
+
+    bad, starts = [], 0
+    for packing in ("concat", "bos_bestfit"):
+        kw = {"packing": packing, "positions": True, "buffer_size": buffer_size}
+        with _loader(ctx, "cpu", **kw) as loader:
+            ref = [tuple(t.clone() for t in next(loader)) for _ in range(n)]
+        with _loader(ctx, ctx.device, **kw) as loader:
+            for k, want in enumerate(ref):
+                got = next(loader)
+                cu, longest = shmloader.cu_seqlens(got[2])
+                cu_want, longest_want = shmloader.cu_seqlens(want[2])
+                starts += int((want[2] == 0).sum())
+                if (any(t.device.type != torch.device(ctx.device).type for t in got)
+                        or not all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+                        or cu.dtype != torch.int32 or cu.device != got[2].device
+                        or not torch.equal(cu.cpu(), cu_want) or longest != longest_want):
+                    bad.append((packing, k))
+    ok = not bad and starts > 2 * n  # documents start inside the batches: not only at the first token
+    return ok, (f"{2 * n - len(bad)}/{2 * n} batches with positions (concat, best fit) and their cu_seqlens "
+                f"equal the CPU loader's ({starts} document starts)" + (f"; differ: {bad[:10]}" if bad else ""))
 
 
 def _sleep_run(ctx: Ctx, free_early: bool):
@@ -324,6 +353,7 @@ def run(args, out_dir: str) -> int:
     checks += [("bos_bestfit", lambda: check_bestfit(ctx, min(64, args.batches), args.buffer_size)),
                ("event-gated slot reuse", lambda: check_event_gating(ctx)),
                ("side stream", lambda: check_side_stream(ctx)),
+               ("positions", lambda: check_positions(ctx, min(32, args.batches), args.buffer_size)),
                ("close", lambda: check_close(ctx))]
     failed = 0
     for name, fn in checks:

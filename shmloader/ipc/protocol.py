@@ -3,7 +3,9 @@
 One shared-memory segment (segment.py: a `multiprocessing.shared_memory.SharedMemory`),
 created by the trainer, holds a header and `n_slots` slots of `window` int64 tokens each (the
 packing's spec says how many: concat `B*T + 1`; best fit `2*B*T`, the inputs then the
-targets, so that both come out contiguous). The coordinator's `SlotMap` gives batch `k` the
+targets, so that both come out contiguous); with `positions=True` each slot's window is
+followed, in the same row, by the B*T int64 positions of its inputs (packing/positions.py),
+written by the same workers with the same write orders (5). The coordinator's `SlotMap` gives batch `k` the
 lowest free slot when k's first write order goes out, and takes it back when k is freed; the
 slot travels in the write orders and in the announcement. A buffered packing (best fit) adds
 one *buffer area* per slot: the buffer after batch k, as the state's text of its
@@ -53,7 +55,8 @@ message is one record below, sent through a pipe and dispatched on its type:
    counted, the planner plans batch k (a plan that runs out of chunks is rolled back and
    retried later) and each worker holding a placed document gets `Rows(k, slot,
    [(piece, row, batch_row, offset, n)])`.
-5. Worker -> coordinator: copies what it was told, replies `Written([(batch, tokens), ...])`,
+5. Worker -> coordinator: copies what it was told (with positions: the inputs' positions too,
+   before it replies), replies `Written([(batch, tokens), ...])`,
    one for every order, in order (empty ones too), and drops tokens it no longer needs.
 6. Coordinator -> trainer (the header's announcement record, `handover.Announcement`): when
    every token of batch k is written, and batches < k were announced, `(k, slot, position,

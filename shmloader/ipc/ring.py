@@ -1,5 +1,9 @@
 """The ring's layout: one shared-memory segment (segment.py) holding a header and `n_slots`
-slots of `window` int64 tokens, seen as numpy views (`Ring`); a buffered packing adds one
+slots of `window` int64 tokens, seen as numpy views (`Ring`); with positions (`positions=True`,
+packing/positions.py) each slot's window is followed by its batch's B*T int64 positions, in
+the same row (`Ring.rows`: tokens then positions, one contiguous block a slot, which the
+trainer maps or copies whole; `Ring.slots` and `Ring.positions` are its two parts, and the
+batch's check reads the tokens only); a buffered packing adds one
 *buffer area* per slot: the buffer after the slot's batch as the state will hold it (its
 text and crc, `packing.runs.encode_buffer`), so that the trainer copies a short text per batch and
 computes nothing.
@@ -100,6 +104,12 @@ class RingLayout:
     window: int
     n_workers: int
     max_runs: int = 0  # a buffered packing: room per slot for the buffer's runs after its batch
+    positions: int = 0  # int64 positions per slot after its window (B*T with positions=True, else 0)
+
+    @property
+    def row_words(self) -> int:
+        """int64 words of one slot: its window of tokens, then its positions."""
+        return self.window + self.positions
 
     @property
     def header_words(self) -> int:
@@ -113,7 +123,7 @@ class RingLayout:
 
     @property
     def buffer_offset(self) -> int:
-        return self.slots_offset + self.n_slots * self.window * 8
+        return self.slots_offset + self.n_slots * self.row_words * 8
 
     @property
     def buffer_bytes(self) -> int:
@@ -131,7 +141,8 @@ class RingLayout:
 class Ring:
     """Numpy views of one segment: `header`, `stats` (written by the coordinator only), the
     handover's `counters`, `records` and `free_log` (handover.py), `workers` (row i written by
-    worker i only), `slots`, and each slot's buffer area (`buffers`, a buffered packing's)."""
+    worker i only), `rows` (a slot's whole block), its `slots` (the tokens' window) and
+    `positions` (None without), and each slot's buffer area (`buffers`, a buffered packing's)."""
 
     def __init__(self, buf, layout: RingLayout, name: str):
         self.name, self.buf = name, buf
@@ -145,9 +156,11 @@ class Ring:
         records_end = workers_end + n * len(RECORD_FIELDS)
         self.records = self.header[workers_end:records_end].reshape(n, len(RECORD_FIELDS))
         self.free_log = self.header[records_end:records_end + n]
-        n_tokens = layout.n_slots * layout.window
-        self.slots = np.frombuffer(buf, dtype=np.int64, count=n_tokens,
-                                   offset=layout.slots_offset).reshape(layout.n_slots, layout.window)
+        n_words = layout.n_slots * layout.row_words
+        self.rows = np.frombuffer(buf, dtype=np.int64, count=n_words,
+                                  offset=layout.slots_offset).reshape(layout.n_slots, layout.row_words)
+        self.slots = self.rows[:, :layout.window] if layout.positions else self.rows
+        self.positions = self.rows[:, layout.window:] if layout.positions else None
         self.buffers = np.frombuffer(buf, dtype=np.uint8, count=layout.n_slots * layout.buffer_bytes,
                                      offset=layout.buffer_offset).reshape(layout.n_slots, layout.buffer_bytes)
         self._buffer_heads = [row[:16].view(np.int64) for row in self.buffers]  # (length, crc)
@@ -185,5 +198,6 @@ class Ring:
         """Drop every numpy view so that the underlying buffer can be closed."""
         self.header = self.stats = self.counters = self.workers = None
         self.records = self.free_log = self.slots = self.buffers = None
+        self.rows = self.positions = None
         self._buffer_heads = []
         self.buf = None

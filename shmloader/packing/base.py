@@ -46,8 +46,10 @@ class Packing:
     mode: type                 # the coordinator's `Mode`: mode(cfg, run, n_workers, pieces)
     locator: Callable          # (cfg, run) -> (locator, piece cap): a count-only run's replay
     order: type                # its write order (a NamedTuple), carried out by `write`
-    keep: Callable             # worker: (tokens, lengths) -> what it holds of a counted piece, or None
-    write: Callable            # worker: (slots, held, order, B, T) -> [(batch, tokens written)]
+    keep: Callable             # worker: (tokens, lengths, first) -> what it holds of a counted piece, or None
+    #                            (first: tokens of its first document read before it, an elastic resume's)
+    write: Callable            # worker: (slots, held, order, B, T, positions) -> [(batch, tokens written)];
+    #                            positions: the ring's positions areas, or None (packing/positions.py)
     window: Callable           # (B, T) -> int64 tokens per ring slot
     targets_at: Callable       # (B, T) -> where targets start in the window (inputs start at 0)
     stats: Callable            # the ring's counters (dict) -> what it adds to `stats()`

@@ -31,6 +31,7 @@ from ..ipc.ring import Stat
 from ..position import Position
 from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
 from .planner import BestFitPlanner
+from .positions import fill_prefix
 
 
 class Rows(NamedTuple):
@@ -388,7 +389,7 @@ class _Docs(list):
     live = 0
 
 
-def _keep(tokens: np.ndarray, lengths: np.ndarray) -> "_Docs | None":
+def _keep(tokens: np.ndarray, lengths: np.ndarray, first: int = 0) -> "_Docs | None":
     """A worker keeps each document on its own (a copy), so that a document that lingers in
     the buffer does not pin its whole piece in memory."""
     live = np.flatnonzero(lengths).tolist()
@@ -402,10 +403,12 @@ def _keep(tokens: np.ndarray, lengths: np.ndarray) -> "_Docs | None":
     return docs
 
 
-def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int) -> list:
+def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int, positions: np.ndarray | None = None) -> list:
     """A worker writes one batch's placements: tokens [0, n) of a document at column `off` of
     row `r` of the (B, T+1) rows go to inputs[r, off:] and targets[r, off-1:] of the slot
-    (inputs (B, T), then targets (B, T)). A document leaves memory once placed."""
+    (inputs (B, T), then targets (B, T)); with `positions` (the ring's positions areas) the
+    inputs' positions 0, 1, ... beside them (packing/positions.py). A document leaves memory
+    once placed."""
     slot, total = slots[order.slot], 0
     for index, row, r, off, n in order.placements:
         docs = held[index]
@@ -413,6 +416,8 @@ def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int) -> list:
         end = min(off + n, T)
         if off < end:
             slot[r * T + off:r * T + end] = doc[:end - off]
+            if positions is not None:
+                fill_prefix(positions[order.slot, r * T + off:r * T + end])
         lo = max(off, 1)
         base = B * T + r * T - 1
         slot[base + lo:base + off + n] = doc[lo - off:n]

@@ -12,13 +12,15 @@ are written and not yet freed, `base.BatchBook`), and maps a stream position bac
 run skips: they are never placed. Work per piece is O(batches it spans); per batch O(1).
 
 `ConcatMode` is the coordinator's view of it (`base.Mode`); a worker keeps a counted piece's
-tokens as one array and copies the segments a `Place` order names (`write`);
+tokens as one array (`Held`, with its rows' lengths) and copies the segments a `Place` order names
+(`write`), and with positions writes theirs beside them (packing/positions.py);
 `ConcatLocator` finds the position at a batch count from document lengths (a rank given
 another rank's state); `PACKING` is the spec the rest of the loader reads. See NOTE [ring
 protocol] in ipc/protocol.py.
 """
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -27,6 +29,7 @@ import numpy as np
 from ..data.order import RAMP
 from ..position import Position
 from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
+from .positions import fill_segment
 
 
 class Place(NamedTuple):
@@ -284,19 +287,38 @@ def _locator(cfg, run) -> tuple:
     return ConcatLocator(shapes, batch, run.start, first, run.start.skip), cfg.max_piece_docs
 
 
-def _keep(tokens: np.ndarray, lengths: np.ndarray):
+@dataclass(frozen=True)
+class Held:
+    """What a worker keeps of a counted piece until `Place` has copied it: its tokens end to
+    end, its rows' lengths and how many tokens into its document its first row starts (an
+    elastic resume's piece), so that it can say each token's position (`ends`: made on the
+    first call, by a run with positions only)."""
+    tokens: np.ndarray
+    lengths: np.ndarray
+    first: int
+
+    @cached_property
+    def ends(self) -> np.ndarray:
+        """Each row's end in `tokens` (cumulative lengths)."""
+        return np.cumsum(self.lengths)
+
+
+def _keep(tokens: np.ndarray, lengths: np.ndarray, first: int = 0):
     """A worker keeps a counted piece's tokens as one array, until `Place` has copied them."""
-    return tokens if len(tokens) else None
+    return Held(tokens, lengths, first) if len(tokens) else None
 
 
-def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int) -> list:
-    """A worker copies the segments of one piece's token stream; drops it when `done` (`Places`:
-    of each of its orders in turn)."""
+def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int, positions: np.ndarray | None = None) -> list:
+    """A worker copies the segments of one piece's token stream, and with `positions` (the
+    ring's positions areas) those of its inputs' tokens (packing/positions.py); drops the
+    piece when `done` (`Places`: of each of its orders in turn)."""
     if type(order) is Places:
-        return [count for one in order.orders for count in write(slots, held, one, B, T)]
-    tokens, counts = held.get(order.piece), []
+        return [count for one in order.orders for count in write(slots, held, one, B, T, positions)]
+    kept, counts, inputs = held.get(order.piece), [], B * T
     for k, slot, off, src, n in order.segments:
-        slots[slot, off:off + n] = tokens[src:src + n]
+        slots[slot, off:off + n] = kept.tokens[src:src + n]
+        if positions is not None and off < inputs:  # the window's last token is a target only
+            fill_segment(positions[slot, off:min(off + n, inputs)], kept.ends, kept.first, src)
         counts.append((k, n))
     if order.done:
         held.pop(order.piece, None)  # a piece without tokens was never held

@@ -90,7 +90,7 @@ def mix_text_bytes(mix, buffer_docs: int = 0) -> int:
 
 class Runs:
     def __init__(self, config, deliver, on_opened, rank: int):
-        """`deliver(slots, free)`: the delivery for a new ring; `on_opened(msgs)`: the files
+        """`deliver(rows, free)`: the delivery for a new ring's slots (`Ring.rows`); `on_opened(msgs)`: the files
         the coordinator read (`Opened`), for the loader's catalogue."""
         self.config, self._deliver, self._on_opened, self.rank = config, deliver, on_opened, rank
         self.run = None
@@ -215,12 +215,12 @@ class Runs:
         runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
         if args.mixture is not None:  # room for a mixture's place (JSON) in 80-byte runs' worth
             runs = max(runs, mix_text_bytes(args.mixture, c.max_runs) // 80 + 1)
-        layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs))
+        layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
         children = start_children(c, layout, args)
         try:
-            delivery = self._deliver(children.ring.slots, children.handover.free)
+            delivery = self._deliver(children.ring.rows, children.handover.free)  # tokens, then positions
         except BaseException:
             children.shutdown()
             raise

@@ -6,7 +6,8 @@ documents of about `CHUNK_CHARS` characters, one engine call each (`data.engine.
 answering the coordinator's messages every 2 ms (once the run in progress is done), so that a
 long row group never delays a write order; send `Counted(piece, lengths, cache_hit)`; keep
 the tokens as the run's packing keeps them (its spec's `keep`) until its write orders (the
-spec's `order`, carried out by its `write`) have copied all of them into ring slots. While
+spec's `order`, carried out by its `write`) have copied all of them into ring slots, and with
+positions written their positions beside them (packing/positions.py). While
 another loader of the same training process is starting, it gives way (`_give_way`, before a
 piece and after each run: procs/precedence.py).
 
@@ -136,7 +137,7 @@ def _loop(ctx: _Ctx):
             if not hit and (ctx.ordered or keep is None):  # after the first batch, or counting only
                 encode.worked(busy)
             ctx.tasks.popleft()
-            held = ctx.packing.keep(tokens, lengths) if keep else None
+            held = ctx.packing.keep(tokens, lengths, piece.skip) if keep else None
             if held is not None and task.rows is not None:  # done again for a replaced worker: what it still needs
                 held = ctx.packing.keep_rows(held, task.rows)
             if held is not None:
@@ -205,7 +206,7 @@ def _handle(ctx: _Ctx, msg):
     if type(msg) is not ctx.packing.order and type(msg) not in ctx.packing.orders:
         raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
     ctx.ordered = True
-    counts = ctx.packing.write(ctx.ring.slots, ctx.held, msg, ctx.cfg.B, ctx.cfg.T)
+    counts = ctx.packing.write(ctx.ring.slots, ctx.held, msg, ctx.cfg.B, ctx.cfg.T, ctx.ring.positions)
     ctx.conn.send(Written(counts))  # one per order, also an empty one: the coordinator pairs them in order
 
 

@@ -14,6 +14,9 @@ has completed. Checked here:
   and every batch, cloned on the stream right after its copy, still equals the CPU stream: a
   slot freed before its copy ran would have been overwritten by a later batch first;
 - best-fit batches (a 2*B*T window: inputs, then targets) on the GPU equal the CPU ones;
+- with `positions=True`, both packings: inputs, targets and positions on the GPU equal the CPU
+  stream's, through the one copy of the slot's pinned row (window, then positions), and
+  `cu_seqlens` of the GPU positions is int32 on the GPU and equals the CPU one's;
 - batches taken under a side stream (`torch.cuda.stream(s)`) equal the CPU stream;
 - after close no /dev/shm segment of the loader remains.
 
@@ -101,6 +104,27 @@ def test_bestfit_batches_equal_cpu_stream(data):
             x, y = next(loader)
             assert x.is_cuda and x.shape == (B, T), f"batch {k} is {tuple(x.shape)} on {x.device}"
             assert torch.equal(x.cpu(), ref_x) and torch.equal(y.cpu(), ref_y), f"batch {k} differs"
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_positions_on_the_gpu_equal_the_cpu_stream(data, packing):
+    import shmloader
+
+    with make(data, "cpu", packing=packing, positions=True) as loader:
+        ref = [tuple(t.clone() for t in next(loader)) for _ in range(48)]
+    assert sum(int((p == 0).sum()) for _, _, p in ref) > 48  # documents start inside the batches
+    expected_device = torch.device("cuda", torch.cuda.current_device())
+    with make(data, "cuda", packing=packing, positions=True) as loader:
+        for k, (ref_x, ref_y, ref_p) in enumerate(ref):
+            x, y, p = next(loader)
+            assert p.device == expected_device and p.dtype == torch.int64 and p.shape == (B, T)
+            assert torch.equal(x.cpu(), ref_x) and torch.equal(y.cpu(), ref_y), f"batch {k}'s tokens differ"
+            assert torch.equal(p.cpu(), ref_p), f"batch {k}'s positions differ from the CPU stream"
+            cu, longest = shmloader.cu_seqlens(p)
+            want, most = shmloader.cu_seqlens(ref_p)
+            assert cu.is_cuda and cu.dtype == torch.int32 and torch.equal(cu.cpu(), want) and longest == most
+        ring = loader.debug().ring
+        assert loader.debug().delivery.slot_tensors.shape[1] == ring.layout.window + B * T  # one pinned row
 
 
 def _pending(loader) -> bool:

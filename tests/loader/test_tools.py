@@ -76,7 +76,7 @@ def test_demo_data_is_cached(demo):
 # ---------------------------------------------------------------- tools/bench/, one smoke run a topic
 
 TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
-          "long_document", "mixture")
+          "long_document", "mixture", "positions")
 TINY = ("--batch-size", 2, "--seq-len", 128)
 
 
@@ -141,6 +141,19 @@ def test_bench_trainer(demo, tmp_path, capsys, watchdog):
     assert dropin["function"] == "tokenizing_distributed_data_loader_with_state" and dropin["fast_batches"] > 0
     assert dropin["trainer_cpu_us_per_batch"] > 0 and dropin["state_json_bytes"] > 0 and dropin["paced_not_ready"] <= 3
     assert got["syscalls"] == [] and re.search(r"^demo +concat +[\d.]+ / [\d.]+ ", text, re.M), text
+
+
+def test_bench_positions(demo, tmp_path, capsys, watchdog):
+    text, got = bench("positions", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "bos_bestfit",
+                      *TINY, "--batches", 3, "--step-ms", 2, "--repeat", 1)
+    [entry] = got["packings"]
+    for key in ("ready_us", "paced_us"):
+        assert entry["ratios"][key] == [w[key] / o[key] for w, o in zip(entry["with"], entry["without"])]
+        assert all(r[key] > 0 for r in entry["without"] + entry["with"])
+    assert all(r["cu_seqlens_us"] > 0 for r in entry["with"])
+    assert all("cu_seqlens_us" not in r for r in entry["without"])
+    assert len(entry["with"]) == len(entry["without"]) == 1
+    assert re.search(r"^bos_bestfit +median ratio +[\d.]+x +[\d.]+x", text, re.M), text
 
 
 @pytest.mark.slow  # both packings, and strace
@@ -313,7 +326,8 @@ def test_gpu_check_harness_on_cpu(demo):
     out, _ = demo
     text = run("tools/gpu_check.py", "--device", "cpu", "--out-dir", out, "--vocab-size", VOCAB,
                "--workers", 1, "--batches", 16, "--buffer-size", 32, "--seconds", 0.3, "--cost-batches", 3)
-    for check in ("PASS  device 'cpu': 16/16", "PASS  bos_bestfit: 16/16", "PASS  close", "all checks passed"):
+    for check in ("PASS  device 'cpu': 16/16", "PASS  bos_bestfit: 16/16", "PASS  positions: 32/32", "PASS  close",
+                  "all checks passed"):
         assert check in text, text
 
 

@@ -12,6 +12,7 @@ from shmloader.config import LoaderConfig
     ("packing", "pad"), ("start_method", "fork"), ("timeout", 0), ("on_bad_row_group", "ignore"),
     ("log_every", -1), ("idle_release_s", -1), ("idle_release_s", "30"), ("idle_release_s", True),
     ("max_restarts", -1), ("max_restarts", 1.5), ("max_restarts", True), ("stall_s", -0.5), ("stall_s", "60"),
+    ("positions", 1), ("positions", "yes"),
 ])
 def test_bad_argument_is_named(field, value):
     args = dict(B=2, T=8)
@@ -27,13 +28,15 @@ def test_derived_sizes():
     assert (fit.window, fit.max_runs, fit.spec.buffered) == (2 * 16 * 2048, 1128, True)
     assert LoaderConfig(2, 8).max_piece_docs == 1024
     assert LoaderConfig(2, 8, cache_dir="/c").max_piece_docs > 10 ** 9
+    assert (concat.positions_words, LoaderConfig(16, 2048, positions=True).positions_words) == (0, 16 * 2048)
 
 
 def test_fingerprint_holds_what_a_resume_may_not_change():
     """B, T and the files are checked on their own (a new shape or appended files continue)."""
     base = LoaderConfig(2, 8).fingerprint("t")
     assert base == {"split": "train", "packing": "concat", "tokenizer": "t"}
-    assert LoaderConfig(4, 16, num_workers=3, n_slots=5, timeout=9, other_rank="nanochat").fingerprint("t") == base
+    assert LoaderConfig(4, 16, num_workers=3, n_slots=5, timeout=9, other_rank="nanochat",
+                        positions=True).fingerprint("t") == base
     fit = LoaderConfig(2, 8, packing="bos_bestfit", buffer_size=7, tokenizer_batch_size=3).fingerprint("t")
     assert (fit["buffer_size"], fit["tokenizer_batch_size"]) == (7, 3)
     assert LoaderConfig(2, 8, on_bad_row_group="skip").fingerprint("t")["on_bad_row_group"] == "skip"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.delivery import Lending
+from shmloader.delivery import Lending, Shape
 from shmloader.ipc.handover import FREE_POLL_S, Announcement, CoordinatorEnd, Doorbell, TrainerEnd, header_only
 from shmloader.ipc.ring import Counter, Ring, RingLayout
 from shmloader.packing.base import SlotMap
@@ -172,7 +172,7 @@ def lending(n_slots=4, B=2, T=3, lend_cap=2):
     """A Lending over n_slots concat windows of B*T+1 tokens (slot s holds s*100 + position)."""
     slots = np.arange(n_slots)[:, None] * 100 + np.arange(B * T + 1)[None, :]
     freed = []
-    return Lending(slots, freed.append, lend_cap), freed, (B, T, 1)
+    return Lending(slots, freed.append, lend_cap), freed, Shape(B, T, 1)
 
 
 @pytest.mark.parametrize("keep", ["nothing", "inputs", "targets", "a view", "a numpy array", "the storage",

@@ -1,5 +1,6 @@
 """ipc/ring.py: the layout's arithmetic, views that tile the header, and a zeroed segment that
 is a valid, empty ring (in memory: no shared memory here; tests/unit/test_segment.py has that)."""
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,22 @@ def test_layout_sizes_and_alignment(n_slots, window, n_workers):
     assert lay.slots_offset % ALIGN == 0 and ALIGN == 4096
     assert lay.header_words * 8 <= lay.slots_offset < lay.header_words * 8 + ALIGN
     assert lay.nbytes == lay.slots_offset + n_slots * window * 8
+
+
+def test_positions_follow_each_slots_window_in_its_row():
+    """With positions, a slot's row is its window then B*T positions; the buffer areas follow
+    the rows; without, the row is the window."""
+    lay = RingLayout(3, 9, 2, max_runs=1, positions=8)
+    assert lay.row_words == 17 and lay.buffer_offset == lay.slots_offset + 3 * 17 * 8
+    ring = ringmod.Ring(bytearray(lay.nbytes), lay, "x")
+    for s in range(3):
+        ring.slots[s] = 100 * s + np.arange(9)
+        ring.positions[s] = -(100 * s + np.arange(8))
+    assert ring.rows[1].tolist() == list(range(100, 109)) + [-p for p in range(100, 108)]
+    ring.write_buffer(2, "u8:1", 7)
+    assert ring.rows[2, -1] == -207 and ring.buffer_of(2) == ("u8:1", 7)
+    plain = ringmod.Ring(bytearray(RingLayout(3, 9, 2).nbytes), RingLayout(3, 9, 2), "y")
+    assert plain.positions is None and plain.slots is plain.rows and plain.slots.shape == (3, 9)
 
 
 def test_views_tile_the_header():
