@@ -64,6 +64,13 @@ class Chunks:
             self._queue.append((base + lo + keep, part[keep], end))
             self.docs += len(keep)
 
+    def _more(self) -> bool:
+        """One more chunk into the queue, if one can be made now (here: never, they are added)."""
+        return False
+
+    def _ran_out(self):
+        """A plan ran out of chunks and was undone."""
+
     def plan(self, planner: BestFitPlanner, safe: bool = False):
         """Plan one batch from the queued chunks; None after undoing everything when they run
         out (timing never changes a plan). `safe`: the caller knows they cannot run out, so no
@@ -71,7 +78,7 @@ class Chunks:
         snapshot, taken = (None if safe else planner.snapshot()), []
 
         def next_chunk():
-            if not self._queue:
+            if not self._queue and not self._more():
                 raise _NeedMore
             chunk = self._queue.popleft()
             taken.append(chunk)
@@ -83,6 +90,7 @@ class Chunks:
             assert snapshot is not None, "a plan called safe ran out of chunks"
             planner.restore(snapshot)
             self._queue.extendleft(reversed(taken))
+            self._ran_out()
             return None
         for ids, _, end in taken:
             self.docs -= len(ids)

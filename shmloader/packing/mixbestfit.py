@@ -29,18 +29,16 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_right
-from collections import deque
 from typing import NamedTuple
 
 import numpy as np
 
 from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
-from ..ipc.protocol import Ended, Warn
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .bestfit import BestFitMode, BestFitSequencer, _NeedMore
+from .bestfit import BestFitMode, BestFitSequencer, Chunks
 from .mix import MixPoint, MixStream, point_at
-from .mixfeed import MixFeed, start_points
+from .mixfeed import MixFeed, Said, start_points
 from .mixmode import point_text
 
 
@@ -86,25 +84,23 @@ def buffer_text(where: MixBuffer, lo: dict) -> str:
     return point_text(where.point, lo, buffer=[local(r) for r in where.runs.tolist()])
 
 
-class MixChunks:
-    """The mixed stream as best fit's chunks (the interface of `bestfit.Chunks`): the next
-    `chunk_docs` documents the mix picks, each chunk with where the mix stands after it
+class MixChunks(Chunks):
+    """The mixed stream as best fit's chunks: the next `chunk_docs` documents the mix picks, made
+    when a plan asks for one (`_more`); each chunk's end is where the mix stands after it
     (`last_end`: `(run, row)` for `point_at`, after the last chunk a plan took)."""
 
     def __init__(self, stream: MixStream, chunk_docs: int, ids_of, start):
         """`ids_of(run)`: `(ids, lengths)` of the run's documents; `start`: the `MixPoint`
         the run starts from, or None."""
-        self.stream, self.chunk_docs, self._ids_of = stream, chunk_docs, ids_of
-        self.last_end = start
-        self.docs = 0                 # documents in formed chunks, queued
+        super().__init__(chunk_docs, start)
+        self.stream, self._ids_of = stream, ids_of
         self.rows = 0                 # rows (documents and nulls) the mix took into chunks
-        self._queue = deque()         # formed chunks: (ids, lengths, end)
         self._pending = []            # (ids, lengths) of the chunk being formed
         self._pending_docs = 0
         self._end = None              # where the chunk being formed ends so far
         self.dry = False              # the mix ended and its every document is in a chunk a plan took
 
-    def _form(self) -> bool:
+    def _more(self) -> bool:
         """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
         while self._pending_docs < self.chunk_docs:
             runs = self.stream.runs(self.chunk_docs - self._pending_docs)
@@ -126,29 +122,9 @@ class MixChunks:
         self._pending, self._pending_docs = [], 0
         return True
 
-    def plan(self, planner, safe: bool = False):
-        """Plan one batch (as `bestfit.Chunks.plan`); None after undoing it when the mix waits."""
-        snapshot, taken = planner.snapshot(), []
-
-        def next_chunk():
-            if not self._queue and not self._form():
-                raise _NeedMore
-            chunk = self._queue.popleft()
-            taken.append(chunk)
-            return chunk[0], chunk[1]
-
-        try:
-            plan = planner.plan_batch(next_chunk)
-        except _NeedMore:
-            planner.restore(snapshot)
-            self._queue.extendleft(reversed(taken))
-            # a plan runs out only once every formed chunk is in it: after the mix ended, for good
-            self.dry = self.stream.finished is not None
-            return None
-        for ids, _, end in taken:
-            self.docs -= len(ids)
-            self.last_end = end
-        return plan
+    def _ran_out(self):
+        # a plan runs out only once every chunk that can be made is in it: after the mix ended, for good
+        self.dry = self.stream.finished is not None
 
 
 class MixBestFitSequencer(BestFitSequencer):
@@ -228,7 +204,7 @@ class MixBestFitMode(BestFitMode):
         self.n_prefix = len(prefix)
         self.cap = cfg.buffer_size + 2 * cfg.max_piece_docs
         self.assigned_docs = 0
-        self._said, self._ended = 0, False
+        self.said = Said(self.stream)
 
     def can_take(self, worker: int) -> bool:
         """Best fit's read-ahead cap over the documents not yet in the buffer (also those the mix
@@ -259,14 +235,8 @@ class MixBestFitMode(BestFitMode):
         return text, zlib.crc32(text.encode())
 
     def messages(self):
-        notes = self.stream.notes
-        for text in notes[self._said:]:
-            yield Warn(text, info=text.startswith("mixture: stage"))
-        self._said = len(notes)
         seq = self.seq
-        if seq.chunks.dry and not self._ended and seq.book.announced >= seq.planned:
-            self._ended = True  # every planned batch is out: the trainer raises this once it took them
-            yield Ended(self.stream.finished)
+        return self.said.messages(seq.chunks.dry and seq.book.announced >= seq.planned)
 
 
 class _chain:

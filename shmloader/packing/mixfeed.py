@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, NamedTuple
 
+from ..ipc.protocol import Ended, Warn
 from ..position import Position
 from .mix import MixPoint, MixStream
 
@@ -137,3 +138,22 @@ class MixFeed:
             barren = [n for n in self.stream.waiting_for() if n in self._barren]
             if barren:
                 self.stream.finish(self._barren[barren[0]])
+
+
+class Said:
+    """What a mixture's mode tells the trainer: each note of the stream once (a stage begun is
+    logged, a source ended warned of), and `Ended` once, when the mix has ended and every batch
+    before its end is announced (the trainer raises it once it took them)."""
+
+    def __init__(self, stream: MixStream):
+        self.stream, self._said, self._ended = stream, 0, False
+
+    def messages(self, all_out: bool):
+        """`all_out`: the mix ended and every batch it made is announced."""
+        notes = self.stream.notes
+        for text in notes[self._said:]:
+            yield Warn(text, info=text.startswith("mixture: stage"))
+        self._said = len(notes)
+        if all_out and not self._ended:
+            self._ended = True
+            yield Ended(self.stream.finished)

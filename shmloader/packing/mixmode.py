@@ -23,12 +23,11 @@ import zlib
 
 from ..data.mixture import Mixer
 from ..data.order import RAMP
-from ..ipc.protocol import Ended, Warn
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from .concat import ConcatMode, ConcatSequencer, Places
 from .mix import MixStream, point_at
-from .mixfeed import MixFeed, start_points
+from .mixfeed import MixFeed, Said, start_points
 
 
 class MixConcatMode(ConcatMode):
@@ -50,8 +49,7 @@ class MixConcatMode(ConcatMode):
         self.stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
         self.feed = MixFeed(mix, self.stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys)
         self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
-        self._said = 0                                        # notes of the stream told
-        self._ended = False
+        self.said = Said(self.stream)
         self.pieces = self.feed.feed()
 
     def can_take(self, worker: int) -> bool:
@@ -117,14 +115,8 @@ class MixConcatMode(ConcatMode):
         return text, zlib.crc32(text.encode())
 
     def messages(self):
-        notes = self.stream.notes
-        for text in notes[self._said:]:
-            yield Warn(text, info=text.startswith("mixture: stage"))
-        self._said = len(notes)
         seq = self.seq
-        if seq.finished and not self._ended and seq.book.announced >= max(seq.next_start, 0) // seq.window:
-            self._ended = True  # every complete batch is out: the trainer raises this once it took them
-            yield Ended(self.stream.finished)
+        return self.said.messages(seq.finished and seq.book.announced >= max(seq.next_start, 0) // seq.window)
 
 
 def point_json(point, lo: dict) -> dict:
