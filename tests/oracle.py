@@ -231,7 +231,9 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
     docs = mixed_documents(sources, encode, bos, mixture, 1, point=point, batch=batch, log=read,
                            stage_batch=lambda: planning[0], cap=T + 1, mixers=mixers)
     meta, buffer = {}, []
-    for name, e, f, g, row, count in (point or {}).get("buffer", ()):
+    from shmloader.packing.mixbestfit import buffer_entries
+
+    for name, e, f, g, row, count in buffer_entries(point):
         texts = pq.ParquetFile(sources[name][f]).read_row_group(g, columns=["text"]).column("text").to_pylist()
         for r in range(row, row + count):
             meta[len(meta)] = ((name, e, f, g, r), [bos] + list(encode(texts[r])))

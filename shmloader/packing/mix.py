@@ -41,13 +41,20 @@ class MixPoint(NamedTuple):
     mixer: dict
 
     def to_json(self) -> dict:
-        return {"source": self.source, "skip": self.skip, "mixer": self.mixer,
-                "sources": {name: list(p[:4]) for name, p in sorted(self.sources.items())}}
+        """Plain JSON; `"skips"`: the sources whose next document is one an old rank had cut at a
+        change of world size, with the tokens of it read before (only while there are some)."""
+        out = {"source": self.source, "skip": self.skip, "mixer": self.mixer,
+               "sources": {name: list(p[:4]) for name, p in sorted(self.sources.items())}}
+        skips = {name: p.skip for name, p in sorted(self.sources.items()) if p.skip}
+        if skips:
+            out["skips"] = skips
+        return out
 
     @classmethod
     def from_json(cls, value: Mapping) -> "MixPoint":
         try:
-            sources = {str(n): Position(*map(int, p)) for n, p in value["sources"].items()}
+            skips = value.get("skips", {})
+            sources = {str(n): Position(*map(int, p), int(skips.get(n, 0))) for n, p in value["sources"].items()}
             point = cls(str(value["source"]), int(value["skip"]), sources, dict(value["mixer"]))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"the mixture's place in the state is malformed ({type(e).__name__}: {e}): "
@@ -251,8 +258,7 @@ class MixStream:
     def end_point(self) -> MixPoint:
         """Where an ended mix stands: after its last document."""
         at_sources, snapshot = self._at()
-        sources = {name: Position(w[0].epoch, w[0].file, w[0].rg, w[0].doc_start + w[1]) if type(w) is tuple else w
-                   for name, w in at_sources.items()}
+        sources = {name: _place(*w) if type(w) is tuple else w for name, w in at_sources.items()}
         return MixPoint(self.names[0], 0, sources, Mixer.state_of_snapshot(snapshot))
 
     def _pick_while_known(self, heads: dict):
@@ -303,12 +309,13 @@ def point_at(run: Run, row: int, skip: int) -> MixPoint:
     tokens, docs, _ = totals[run.source]
     counted[run.source] += sum(before)
     totals[run.source] = [tokens + sum(before), docs + len(before) - before.count(0), run.piece.epoch]
-    sources = {}
-    for name, where in at_sources.items():
-        if type(where) is tuple:  # (piece, row) of its head then
-            p, r = where
-            where = Position(p.epoch, p.file, p.rg, p.doc_start + r)
-        sources[name] = where
+    sources = {name: _place(*where) if type(where) is tuple else where for name, where in at_sources.items()}
     p = run.piece
     sources[run.source] = Position(p.epoch, p.file, p.rg, p.doc_start + row)
     return MixPoint(run.source, skip, sources, mixer)
+
+
+def _place(piece, row: int) -> Position:
+    """Row `row` of `piece` as a source's next document; its first row keeps the piece's skip (a
+    document an old rank had cut at a change of world size, not begun here yet)."""
+    return Position(piece.epoch, piece.file, piece.rg, piece.doc_start + row, piece.skip if row == 0 else 0)

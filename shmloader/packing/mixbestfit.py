@@ -20,7 +20,8 @@ Where a mixed best fit stands after batch k (`MixBuffer`): the `MixPoint` after 
 its plans took (every source's next document, the mixer's state there; skip 0) and the buffer,
 its documents by source, file (numbered within the source), row group and row, in arrival order.
 Both travel in the batch's slot as one JSON text, the state's `mixture.point` (`"buffer"`
-beside the point's keys). A resume, a heal or an idle release reads the buffer's documents
+beside the point's keys, its runs as best fit's buffer text of six values a run: `buffer_text`,
+`buffer_entries`). A resume, a heal or an idle release reads the buffer's documents
 first (pieces `0..n-1`, `order.buffer_pieces`), rebuilds the planner from them, then goes on
 mixing from the point. A source left out at a resume whose documents are in the buffer is
 refused (`buffer_runs`: its files are not listed any more).
@@ -28,7 +29,6 @@ refused (`buffer_runs`: its files are not listed any more).
 from __future__ import annotations
 
 import zlib
-from bisect import bisect_right
 from typing import NamedTuple
 
 import numpy as np
@@ -40,6 +40,7 @@ from .bestfit import BestFitMode, BestFitSequencer, Chunks
 from .mix import MixPoint, MixStream, point_at
 from .mixfeed import MixFeed, Said, start_points
 from .mixmode import point_text
+from .runs import decode, narrow
 
 
 class MixBuffer(NamedTuple):
@@ -49,39 +50,55 @@ class MixBuffer(NamedTuple):
     runs: np.ndarray
 
 
+def buffer_entries(point: dict | None) -> list:
+    """The buffer of a mixed best fit's point (its JSON's `"buffer"`: `{"sources": [names],
+    "runs": text}`, the text as best fit's buffer text (packing/runs.py) of six values a run:
+    the source's index in `sources`, epoch, file numbered within the source, row group, row,
+    count) as `[source, epoch, file, rg, row, count]` runs; a malformed one is a ValueError."""
+    value = (point or {}).get("buffer")
+    if value is None:
+        return []
+    try:
+        names, text = list(value["sources"]), value["runs"]
+        runs = decode(text, per_run=6, field="mixture.point.buffer")[2].tolist()
+        out = [[names[r[0]], *r[1:]] for r in runs]
+    except (KeyError, TypeError, IndexError, AttributeError):
+        raise ValueError(f"the mixture's buffer in the state is malformed: {str(value)[:80]!r} is not "
+                         "{'sources': [names], 'runs': text of [source, epoch, file, rg, row, count] runs}") from None
+    if any(r[5] < 1 for r in out):
+        raise ValueError("the mixture's buffer in the state has an empty run")
+    return out
+
+
 def buffer_runs(point: dict | None, lo_of: dict) -> list:
-    """The buffer of a mixed best fit's point (its JSON, `"buffer"`: `[source, epoch, file, rg,
-    row, count]` runs, files numbered within the source) in the run's numbering (`lo_of`: each
-    source's first file there). A malformed buffer, or one holding documents of a source not
-    read now, is a ValueError naming it."""
+    """The buffer of a mixed best fit's point (`buffer_entries`) as `[epoch, file, rg, row, count]`
+    runs in the run's numbering (`lo_of`: each source's first file there). A malformed buffer,
+    or one holding documents of a source not read now, is a ValueError naming it."""
     out = []
-    for run in (point or {}).get("buffer", ()):
-        try:
-            name, epoch, file, rg, row, count = run
-            values = [int(v) for v in (epoch, file, rg, row, count)]
-        except (TypeError, ValueError):
-            raise ValueError(f"the mixture's buffer in the state is malformed: run {run!r} is not "
-                             "[source, epoch, file, rg, row, count]") from None
+    for name, epoch, file, rg, row, count in buffer_entries(point):
         if name not in lo_of:
             raise ValueError(f"the state's best-fit buffer holds documents of mixture source {name!r}, which this "
                              "loader's mixture does not read: leaving out a source whose documents are in the "
                              "buffer is not built yet (keep it, with weight 0)")
-        if min(values) < 0 or values[4] < 1:
-            raise ValueError(f"the mixture's buffer in the state has a negative or empty run: {run!r}")
-        values[1] += lo_of[name]
-        out.append(values)
+        out.append([epoch, file + lo_of[name], rg, row, count])
     return out
 
 
 def buffer_text(where: MixBuffer, lo: dict) -> str:
     """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixmode.point_text`)
-    and `"buffer"`, its runs by source (`lo`: each source's first file in the run's numbering)."""
-    files = sorted((first, name) for name, first in lo.items())
-
-    def local(run: list) -> list:
-        first, name = files[bisect_right(files, (run[1], "\U0010ffff")) - 1]
-        return [name, run[0], run[1] - first, *run[2:]]
-    return point_text(where.point, lo, buffer=[local(r) for r in where.runs.tolist()])
+    and `"buffer"` (`buffer_entries` reads it), made with numpy: a batch's ~1000 buffered
+    documents, a run each when the sources alternate, would cost a millisecond as JSON lists."""
+    firsts = sorted((first, name) for name, first in lo.items())
+    runs = where.runs
+    if len(runs):
+        which = np.searchsorted(np.array([f for f, _ in firsts]), runs[:, 1], side="right") - 1
+        local = runs.copy()
+        local[:, 1] -= np.array([f for f, _ in firsts])[which]
+        prefix, values = narrow(np.column_stack((which, local)))
+        text = f"{prefix}:{values.tobytes().hex()}"
+    else:
+        text = ""
+    return point_text(where.point, lo, buffer={"sources": [name for _, name in firsts], "runs": text})
 
 
 class MixChunks(Chunks):

@@ -59,26 +59,27 @@ def encode_runs(runs) -> str:
     return f"{prefix}:{values.tobytes().hex()}" if values.size else ""
 
 
-def decode(text: str) -> tuple[str, bytes, np.ndarray]:
-    """`(prefix, raw bytes, (n, 5) int64 runs)` of a buffer text; a malformed one is a ValueError."""
+def decode(text: str, per_run: int = 5, field: str = "buffer") -> tuple[str, bytes, np.ndarray]:
+    """`(prefix, raw bytes, (n, per_run) int64 runs)` of a buffer text (a state's `field`); a
+    malformed one is a ValueError."""
     if text == "":
-        return "", b"", np.zeros((0, 5), dtype=np.int64)
+        return "", b"", np.zeros((0, per_run), dtype=np.int64)
     prefix, colon, body = text.partition(":")
     dtype = next((d for _, d, p in RUN_WIDTHS if p == prefix), None) if colon else None
     if dtype is None:
-        raise ValueError(f"resume state field 'buffer' must start with u1:, u2:, u4: or u8:, got {text[:12]!r}")
+        raise ValueError(f"resume state field {field!r} must start with u1:, u2:, u4: or u8:, got {text[:12]!r}")
     try:
         raw = bytes.fromhex(body)
     except ValueError:
-        raise ValueError("resume state field 'buffer' is not hex after its width") from None
+        raise ValueError(f"resume state field {field!r} is not hex after its width") from None
     width = np.dtype(dtype).itemsize
-    if not raw or len(raw) % (5 * width) or raw.hex() != body:
-        raise ValueError(f"resume state field 'buffer' holds {len(raw)} bytes of hex: not whole runs of "
-                         f"5 {prefix} values (lowercase hex, no spaces)")
+    if not raw or len(raw) % (per_run * width) or raw.hex() != body:
+        raise ValueError(f"resume state field {field!r} holds {len(raw)} bytes of hex: not whole runs of "
+                         f"{per_run} {prefix} values (lowercase hex, no spaces)")
     values = np.frombuffer(raw, dtype=dtype)
     if int(values.max()) > RUN_WIDTHS[-1][0]:
-        raise ValueError("resume state field 'buffer' has a value past 2**63 - 1")
-    return prefix, raw, values.astype(np.int64).reshape(-1, 5)
+        raise ValueError(f"resume state field {field!r} has a value past 2**63 - 1")
+    return prefix, raw, values.astype(np.int64).reshape(-1, per_run)
 
 
 def decode_runs(text: str) -> np.ndarray:

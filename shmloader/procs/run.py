@@ -31,6 +31,7 @@ from typing import NamedTuple
 from ..errors import LoaderClosed, WorkerError, warn
 from ..ipc.handover import Announcement
 from ..ipc.ring import STATS_FIELDS, RingLayout, WorkerCol
+from ..packing.mixbestfit import buffer_entries
 from ..packing.runs import BufferText, decode_runs
 from ..position import Position
 from . import heal
@@ -85,7 +86,7 @@ def mix_text_bytes(mix, buffer_docs: int = 0) -> int:
     names = {r.name for r in mix.ranges} | set((mix.point or {}).get("sources", {}))
     width = max(len(json.dumps(name)) for name in names)
     if buffer_docs:
-        buffer_docs += sum(int(r[-1]) for r in (mix.point or {}).get("buffer", ()))
+        buffer_docs += sum(r[5] for r in buffer_entries(mix.point))
     return 1024 + sum(400 + len(json.dumps(name)) for name in names) + buffer_docs * (width + 110)
 
 class Runs:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import shmloader
+from shmloader.packing.mixbestfit import buffer_entries
 from tests import oracle
 from tests.loader.test_bestfit_stream import rows_of
 from tests.loader.test_mixture import SHAPES, WEIGHTS, mixdata, mixture  # noqa: F401 (a fixture)
@@ -48,7 +49,7 @@ def same(got, want):
 
 
 def buffer_of(state):
-    return json.loads(state["mixture"]["point"])["buffer"]
+    return buffer_entries(json.loads(state["mixture"]["point"]))
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])

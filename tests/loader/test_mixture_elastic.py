@@ -106,3 +106,45 @@ def test_a_state_of_the_new_run_resumes_exactly_on_its_own_rank(posmix):
         loader(root, 0, 2, resume_state=inside)
     with pytest.raises(ValueError, match="mixture changed at batch 30"):
         loader(root, 0, 3, resume_state=inside)
+
+
+@pytest.fixture(scope="module")
+def longmix(tmp_path_factory):
+    """Sources whose documents are longer than a batch (`long`) beside short ones: a change of
+    world size cuts a long document, whose unit a new rank reaches only batches later."""
+    root = tmp_path_factory.mktemp("longmix")
+    rng = np.random.default_rng(5)
+    shapes = {"web": (1, [int(n) for n in rng.integers(0, 40, 240)], 6),
+              "long": (1_000_000, [int(n) for n in rng.integers(300, 900, 40)], 2)}
+    for name, (first, lengths, rg) in shapes.items():
+        corpus.write_shards(helpers.position_documents(lengths, start=first), root / name, num_files=3,
+                            row_group_size=rg)
+    return root
+
+
+def test_a_new_ranks_state_before_it_reaches_a_cut_document_resumes_exactly(longmix):
+    """New rank 0's first unit of `long` holds the document old rank 0 had cut: a state it saves
+    before reaching it must carry that cut (`"skips"`), or its resume re-reads the document's
+    first tokens."""
+    mix = lambda: shmloader.Mixture({n: str(longmix / n) for n in ("web", "long")}, {"web": 0.7, "long": 0.3})  # noqa: E731
+    opts = dict(device="cpu", timeout=60, num_workers=1)
+    B4, T64 = 4, 64
+    cut = 0
+    for save in (12, 37):
+        with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B4, T64, rank=0, world_size=2, **opts) as ld:
+            list(itertools.islice(ld, save))
+            state = ld.state_dict()
+        with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B4, T64, rank=0, world_size=3, resume_state=state,
+                                 **opts) as ld:
+            ref, states = [], []
+            for x, y in itertools.islice(ld, 8):
+                ref.append(helpers.window_of(x, y))
+                states.append(ld.state_dict())
+        for k in (1, 2, 3):
+            point = states[k - 1]["mixture"]["point"]
+            cut += '"skips"' in point
+            with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B4, T64, rank=0, world_size=3,
+                                     resume_state=states[k - 1], **opts) as ld:
+                got = [helpers.window_of(x, y) for x, y in itertools.islice(ld, 4)]
+            assert all(np.array_equal(a, b) for a, b in zip(got, ref[k:k + 4])), (save, k)
+    assert cut  # some state carried a cut document not reached yet

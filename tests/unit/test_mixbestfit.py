@@ -2,6 +2,7 @@
 document lengths only (not on how many workers count the pieces, nor in which order), the
 source the mix waits for goes out past the read-ahead cap, and a state's buffer is read back
 (or refused) by source."""
+import json
 import random
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from shmloader.data.order import Piece
 from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, MixArgs
 from shmloader.packing.base import SlotMap
-from shmloader.packing.mixbestfit import MixBestFitMode, buffer_runs
+from shmloader.packing.mixbestfit import MixBestFitMode, buffer_entries, buffer_runs
 
 RANGES = (Range("long", 0, 2), Range("short", 2, 4))
 
@@ -108,15 +109,24 @@ def test_without_read_ahead_the_mix_is_still_fed():
         assert got == want
 
 
-def test_a_buffer_is_read_back_by_source_and_a_left_out_one_refused():
-    point = {"buffer": [["short", 2, 1, 4, 0, 3], ["long", 1, 0, 7, 2, 1]]}
-    assert buffer_runs(point, {"long": 0, "short": 2}) == [[2, 3, 4, 0, 3], [1, 0, 7, 2, 1]]
-    assert buffer_runs(None, {"long": 0}) == []
+def test_a_buffer_is_written_and_read_back_by_source_and_a_left_out_one_refused():
+    from shmloader.packing.mix import MixPoint
+    from shmloader.packing.mixbestfit import MixBuffer, buffer_text
+    from shmloader.position import Position
+
+    lo = {"long": 0, "short": 2}
+    runs = np.array([[2, 3, 4, 0, 3], [1, 0, 7, 2, 1], [1, 3, 300, 9, 2]], dtype=np.int64)  # the run's numbering
+    start = MixPoint("long", 0, {"long": Position(1, 0, 0, 0), "short": Position(1, 2, 0, 0)}, {})
+    point = json.loads(buffer_text(MixBuffer(start, runs), lo))
+    assert buffer_entries(point) == [["short", 2, 1, 4, 0, 3], ["long", 1, 0, 7, 2, 1], ["short", 1, 1, 300, 9, 2]]
+    assert buffer_runs(point, lo) == runs.tolist()
+    assert buffer_runs(None, lo) == [] and buffer_runs(json.loads(buffer_text(MixBuffer(start, runs[:0]), lo)), lo) == []
     with pytest.raises(ValueError, match="source 'short'.*not built yet"):
         buffer_runs(point, {"long": 0})
-    for bad in (["long", 1, 0, 7, 2], ["long", 1, 0, 7, 2, 0], ["long", 1, -1, 7, 2, 1], ["long", "x", 0, 0, 0, 1]):
-        with pytest.raises(ValueError, match="buffer in the state"):
-            buffer_runs({"buffer": [bad]}, {"long": 0})
+    for bad in ({"sources": ["long"], "runs": "u1:0102"}, {"sources": ["long"], "runs": "u1:010000000000"},
+                {"sources": [], "runs": "u1:000100000001"}, {"runs": ""}, ["long", 1, 0, 7, 2, 1]):
+        with pytest.raises(ValueError, match="buffer"):
+            buffer_runs({"buffer": bad}, {"long": 0})
 
 
 def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
