@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from shmloader.demo.baseline import documents
-from shmloader.packing.planner import BatchPlan
+from shmloader.packing.planner import BatchPlan, Drained
 
 
 def concat_windows(files, encode, bos, B, T, rank=0, world=1, cursor=None, skip=0, docs=None):
@@ -119,15 +119,25 @@ def _runs(coords) -> list[list[int]]:
 def plan_batch_scan(buffer: list, next_chunk, B: int, row_len: int,
                     buffer_size: int) -> BatchPlan:
     """The reference: nanochat's linear scans over `buffer`, a list of [doc_id, length] in
-    arrival order that this call mutates and the next call continues from."""
+    arrival order that this call mutates and the next call continues from. A `next_chunk` that
+    raises `Drained` has no document left: the buffer is topped up no more, and a row it cannot
+    fill raises `Drained` (the batch is not made)."""
     rows, offs, ids, ntok, cropped = [], [], [], [], 0
+    drained = False
     for r in range(B):
         pos = 0
         while pos < row_len:
-            while len(buffer) < buffer_size:
-                chunk_ids, chunk_lengths = (np.asarray(a, dtype=np.int64).ravel() for a in next_chunk())
+            while len(buffer) < buffer_size and not drained:
+                try:
+                    chunk = next_chunk()
+                except Drained:
+                    drained = True
+                    break
+                chunk_ids, chunk_lengths = (np.asarray(a, dtype=np.int64).ravel() for a in chunk)
                 for doc_id, length in zip(chunk_ids.tolist(), chunk_lengths.tolist()):
                     buffer.append([doc_id, length])
+            if not buffer:
+                raise Drained
             space = row_len - pos
             best, best_len = -1, 0
             for i, (_, length) in enumerate(buffer):  # ">" keeps the earliest on ties
@@ -240,9 +250,6 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
             buffer.append([len(meta) - 1, len(meta[len(meta) - 1][1])])
     next_id = len(meta)
 
-    class _Out(Exception):
-        pass
-
     def next_chunk():
         nonlocal next_id
         ids, lengths = [], []
@@ -251,14 +258,14 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
             ids.append(next_id)
             lengths.append(len(meta[next_id][1]))
             next_id += 1
-        if not ids:
-            raise _Out
+        if not ids:  # the mix ended: the buffer is placed while it fills the rows
+            raise Drained
         return np.array(ids, dtype=np.int64), np.array(lengths, dtype=np.int64)
 
     while True:
         try:
             plan = plan_batch_scan(buffer, next_chunk, B, T + 1, buffer_size)
-        except _Out:
+        except Drained:
             return
         rows = np.zeros((B, T + 1), dtype=np.int64)
         this = {}

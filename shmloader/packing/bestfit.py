@@ -30,7 +30,7 @@ from ..data.order import buffer_pieces, ramp_for
 from ..ipc.ring import Stat
 from ..position import Position
 from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
-from .planner import BestFitPlanner
+from .planner import BestFitPlanner, Drained
 from .positions import fill_prefix
 
 
@@ -68,6 +68,10 @@ class Chunks:
         """One more chunk into the queue, if one can be made now (here: never, they are added)."""
         return False
 
+    def _drained(self) -> bool:
+        """No chunk will ever come again (here: never; a mixture that ended)."""
+        return False
+
     def _ran_out(self):
         """A plan ran out of chunks and was undone."""
 
@@ -79,14 +83,14 @@ class Chunks:
 
         def next_chunk():
             if not self._queue and not self._more():
-                raise _NeedMore
+                raise Drained if self._drained() else _NeedMore
             chunk = self._queue.popleft()
             taken.append(chunk)
             return chunk[0], chunk[1]
 
         try:
             plan = planner.plan_batch(next_chunk)
-        except _NeedMore:
+        except (_NeedMore, Drained):
             assert snapshot is not None, "a plan called safe ran out of chunks"
             planner.restore(snapshot)
             self._queue.extendleft(reversed(taken))

@@ -139,8 +139,11 @@ class MixChunks(Chunks):
         self._pending, self._pending_docs = [], 0
         return True
 
+    def _drained(self) -> bool:
+        return self.stream.finished is not None
+
     def _ran_out(self):
-        # a plan runs out only once every chunk that can be made is in it: after the mix ended, for good
+        # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
         self.dry = self.stream.finished is not None
 
 

@@ -52,6 +52,12 @@ _SHIFT = 40
 _M = 1 << _SHIFT  # arrival numbers live below 2**40
 
 
+class Drained(Exception):
+    """Raised by a chunk source that has no document left, ever (a mixture that ended): the
+    planner tops up no more and plans from what it holds; raised by `plan_batch` when a row
+    cannot be filled from what is left (the batch is not made)."""
+
+
 class BatchPlan(NamedTuple):
     """One batch's placements, in row order then offset order; all arrays int64."""
     row: np.ndarray         # row index in [0, B)
@@ -90,6 +96,7 @@ class BestFitPlanner:
         self._arrivals = 0
         self.tokens_placed = 0
         self.tokens_cropped = 0
+        self.drained = False                # the chunk source has no document left (`Drained`)
 
     @classmethod
     def from_buffer(cls, B: int, row_len: int, buffer_size: int, doc_ids, lengths,
@@ -144,8 +151,13 @@ class BestFitPlanner:
         for r in range(self.B):
             space = row_len
             while space:
-                while len(keys) < want:
-                    self._add(*_check_chunk(*next_chunk()))
+                while len(keys) < want and not self.drained:
+                    try:
+                        self._add(*_check_chunk(*next_chunk()))
+                    except Drained:
+                        self.drained = True
+                if not keys:
+                    raise Drained(f"no document left for row {r} of the batch")
                 i = bisect_right(keys, space << _SHIFT) - 1  # longest fitting, earliest
                 if i < 0:  # nothing fits whole: the shortest, earliest on ties
                     i = bisect_right(keys, -(-keys[0] >> _SHIFT) << _SHIFT) - 1

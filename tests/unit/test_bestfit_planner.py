@@ -260,3 +260,40 @@ def test_bad_input_raises():
         BestFitPlanner(1, 8, 0)
     with pytest.raises(ValueError, match="lengths must be >= 1"):
         BestFitPlanner.from_buffer(1, 8, 2, [0], [0])
+
+
+def test_a_drained_source_is_planned_to_its_end_as_the_scan_plans_it():
+    """A chunk source that runs out for good (a mixture that ended) raises `Drained`: the buffer
+    is topped up no more and planned while it fills the rows, even below `buffer_size`, and a
+    row it cannot fill raises `Drained`. The scan oracle plans the same batches."""
+    from shmloader.packing.planner import Drained
+
+    lengths = np.random.default_rng(7).integers(1, 40, 300)
+
+    def source():
+        chunks = iter(range(0, 300, 20))
+
+        def next_chunk():
+            lo = next(chunks, None)
+            if lo is None:
+                raise Drained
+            return np.arange(lo, lo + 20), lengths[lo:lo + 20]
+        return next_chunk
+
+    for buffer_size in (50, 1000):  # below the documents there are, and above all of them
+        planner, fast, slow, buffer, got, want = BestFitPlanner(3, 33, buffer_size), source(), source(), [], [], []
+        while True:
+            try:
+                want.append(plan_batch_scan(buffer, slow, 3, 33, buffer_size))
+            except Drained:
+                break
+        while True:
+            try:
+                got.append(planner.plan_batch(fast))
+            except Drained:
+                break
+        assert len(got) == len(want) > 30, buffer_size
+        for p, q in zip(got, want):
+            assert p.doc_id.tolist() == q.doc_id.tolist() and p.n_tokens.tolist() == q.n_tokens.tolist()
+        used = sum(int(p.n_tokens.sum()) + p.n_cropped for p in got)
+        assert int(lengths.sum()) - used < 3 * 33 + 3 * int(lengths.max())  # what is left cannot fill a batch
