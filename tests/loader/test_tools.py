@@ -218,6 +218,15 @@ def test_bench_mixture(demo, tmp_path, capsys, watchdog):
     assert "median ratio" in text
 
 
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_profile_mixture(capsys, packing):
+    from tools import profile_mixture
+
+    assert profile_mixture.main(["--packing", packing, "--batches", "3", "--batch-size", "2", "--seq-len", "64"]) == 0
+    out = capsys.readouterr().out
+    assert f"{packing} over 3 sources" in out and " ms a batch" in out and "3 batches" in out
+
+
 def test_bench_elastic(demo, tmp_path, capsys, watchdog):
     text, got = bench("elastic", tmp_path, capsys, *on_demo(demo), "--corpus", "demo", "--workers", 1, *TINY, "--batches", 30,
                       "--repeat", 1)

@@ -1,0 +1,107 @@
+"""What a mixture costs the coordinator: its mode's logic replayed in this process, no workers.
+
+    python tools/profile_mixture.py                        # best fit, 3 sources, 200 batches
+    python tools/profile_mixture.py --packing concat --profile
+
+A mixture's mode (packing/mixmode.py, packing/mixbestfit.py) is driven as the coordinator
+drives it: pieces handed out to 2 pretend workers, counted at once with lognormal document
+lengths (256 documents a piece, a median of about 400 tokens), their write orders acknowledged,
+every batch's slot text made (`buffer_of`) and its slot freed. Prints the mode's time per batch
+and per document (the coordinator's Python a mixture adds, which on 2 cores the workers lose);
+`--profile` adds cProfile's top functions. Timings from one process on a shared machine:
+compare runs made side by side.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shmloader.data.mixture import Mixture  # noqa: E402
+from shmloader.data.order import Piece  # noqa: E402
+from shmloader.data.sources import Range  # noqa: E402
+from shmloader.ipc.protocol import Counted, MixArgs  # noqa: E402
+from shmloader.packing import MIX_MODES  # noqa: E402
+from shmloader.packing.base import SlotMap  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--packing", choices=sorted(MIX_MODES), default="bos_bestfit", help="the mode replayed")
+    p.add_argument("--batches", type=int, default=200, help="batches timed (after 20 to warm up)")
+    p.add_argument("--batch-size", type=int, default=16, help="B (rows)")
+    p.add_argument("--seq-len", type=int, default=2048, help="T (tokens a row)")
+    p.add_argument("--profile", action="store_true", help="also print cProfile's top 15 functions")
+    return p.parse_args(argv)
+
+
+def mode_of(args):
+    names = ("a", "b", "c")
+    mix = Mixture({n: n for n in names}, dict.fromkeys(names, 1))
+    ranges = tuple(Range(n, 2 * i, 2 * i + 2) for i, n in enumerate(names))
+    B, T = args.batch_size, args.seq_len
+    window = B * T + 1 if args.packing == "concat" else 2 * B * T
+    run = SimpleNamespace(mixture=MixArgs(mix, ranges, None, 0), rank=0,
+                          layout=SimpleNamespace(window=window, n_slots=8))
+    cfg = SimpleNamespace(B=B, T=T, buffer_size=1000, tokenizer_batch_size=128, max_piece_docs=1024,
+                          max_piece_bytes=None)
+
+    def pieces(ramp, cap, first, files=None, start=None, plan=None):
+        return (Piece(i, 1, files[0], i, 0, 256) for i in range(10**7))
+    return MIX_MODES[args.packing](cfg, run, 2, pieces)
+
+
+def drive(mode, slots, rng, n_batches: int) -> int:
+    """`n_batches` batches through the mode; the documents counted."""
+    batches = docs = 0
+    while batches < n_batches:
+        given = []
+        for w in (0, 1):
+            while mode.can_take(w):
+                piece = next(mode.pieces)
+                mode.take(w, piece)
+                given.append(piece)
+        for piece in given:
+            mode.counted(Counted(piece.index, rng.lognormal(6, 1, piece.n_docs).astype(np.int64) + 1, None))
+            docs += piece.n_docs
+        for _, order in mode.orders(slots.take_slot):
+            if hasattr(order, "placements"):
+                mode.written([(order.batch, sum(p[4] for p in order.placements))])
+            else:
+                mode.written([(k, n) for o in order.orders for k, _, _, _, n in o.segments])
+        for done in mode.ready():
+            mode.buffer_of(done)
+            slots.release(done.batch)
+            mode.freed(done.batch)
+            batches += 1
+    return docs
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    mode, slots, rng = mode_of(args), SlotMap(8), np.random.default_rng(0)
+    drive(mode, slots, rng, 20)
+    began = time.perf_counter()
+    docs = drive(mode, slots, rng, args.batches)
+    took = time.perf_counter() - began
+    per_doc = f"{took / docs * 1e6:.1f} us a document counted" if docs else "no document counted (the buffer held them)"
+    print(f"{args.packing} over 3 sources, B={args.batch_size}, T={args.seq_len}: {took / args.batches * 1e3:.2f} ms "
+          f"a batch, {per_doc} ({docs} documents, {args.batches} batches)")
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(drive, mode, slots, rng, args.batches)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
