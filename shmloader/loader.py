@@ -24,9 +24,10 @@ import functools
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
-from . import delivery, errors, mixstate, resume as resumemod, state as statemod
+from . import delivery, errors, mixstate, observe, profiling, resume as resumemod, state as statemod
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
@@ -123,6 +124,9 @@ class ShmLoader:
         self._shape = delivery.Shape(B, T, self.config.spec.targets_at(B, T),  # where a batch lies in its slot
                                      self.config.window if self.config.positions else None)
         self._batches, self._wait_s, self._mark, self._sources_seen = 0, 0.0, None, None
+        self._last_wait = 0.0  # the last next()'s wait; the caller's and the log's intervals (observe.py):
+        start = observe.Reading(time.monotonic(), 0.0, 0)
+        self._seen, self._logged = observe.Interval(start), observe.Interval(start)
         # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
         # which nanochat's base_train disables: its children would outlive it)
         self._runs = Runs(self.config, functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap),
@@ -152,6 +156,9 @@ class ShmLoader:
             self._wait_for(lock, "next()")
         self._inside = threading.get_ident()
         try:
+            if profiling.active():  # a range in torch.profiler traces, only while one records
+                with profiling.named(profiling.NEXT):
+                    return self._next()
             return self._next()
         finally:
             self._inside = None
@@ -198,22 +205,18 @@ class ShmLoader:
                                        self._runs.heal_count))
 
     def stats(self) -> dict:
-        """Counters of this loader. `tokens_delivered` and `docs_delivered` are what the batches
-        `next()` returned hold (documents begun in them; best fit: placed in them);
-        `tokens_read` and `docs_read` are what the workers tokenized (or read from the cache)
-        so far, which runs ahead of delivery by up to the ring and the workers' pieces."""
-        out = {"batches": self._batches, "wait_s": self._wait_s, "num_workers": self.config.num_workers,
-               "epoch": self._mark.position.epoch, "tokens_delivered": self._batches * self.config.B * self.config.T,
-               "docs_delivered": self._mark.docs, "idle_releases": self._runs.idle_releases,
-               "heals": self._runs.heals, "poison_rows_skipped": self._runs.poison.rows_skipped}
-        if self._runs.run is not None:
-            read = self._runs.run.stats(self.config)
-            out.update(read, epoch=max(out["epoch"], read["epoch"]))
-        if isinstance(self._catalogue, Sources):  # "share_recent": since the caller's last call; epoch: the furthest
-            out["sources"] = mixstate.source_stats(self._mark, self._sources_seen)
-            out["epoch"] = max((s["epoch"] for s in out["sources"].values()), default=out["epoch"])
-            self._sources_seen = out["sources"]
-        return out
+        """Counters of this loader (README "Seeing the pipeline"; docs/contract.md §7).
+        Cumulative: `tokens_delivered` and `docs_delivered` are what the batches `next()`
+        returned hold (documents begun in them; best fit: placed in them); `tokens_read` and
+        `docs_read` are what the workers tokenized (or read from the cache) so far, which runs
+        ahead of delivery by up to the ring and the workers' pieces; `tokens_per_s` is
+        `tokens_read` per second since this run's processes started; `wait_s` is the seconds
+        `next()` blocked for a batch. Since the previous `stats()` call (the first: since the
+        loader was made), over `interval_s` seconds (observe.py): `wait_share` (the share of
+        it `next()` blocked for a batch), `delivered_tokens_per_s`, and each worker's
+        `busy_share`. Now: `last_wait_s` (the last `next()`'s wait), `ready` of `ring_slots`
+        (batches ready in the ring). No system call."""
+        return self._stats(self._seen)
 
     def debug(self) -> "Debug | None":
         """What the loader runs now, for tests and tools (not a stable API); None before the
@@ -254,9 +257,34 @@ class ShmLoader:
         self._state = None  # built when asked
         self._batches += 1
         self._wait_s += ann.waited
+        self._last_wait = ann.waited
         if self.config.log_every and self._batches % self.config.log_every == 0:
             self._log()
         return batch
+
+    def _stats(self, interval: observe.Interval) -> dict:
+        """`stats()`, its interval figures since `interval`'s last reading (the caller's, or the log's)."""
+        c = self.config
+        out = {"batches": self._batches, "wait_s": self._wait_s, "num_workers": c.num_workers,
+               "epoch": self._mark.position.epoch, "tokens_delivered": self._batches * c.B * c.T,
+               "docs_delivered": self._mark.docs, "idle_releases": self._runs.idle_releases,
+               "heals": self._runs.heals, "poison_rows_skipped": self._runs.poison.rows_skipped,
+               "ring_ready": 0, "ring_slots": c.n_slots, "workers": []}
+        if self._runs.run is not None:
+            read = self._runs.run.stats(c)
+            out.update(read, epoch=max(out["epoch"], read["epoch"]))
+        if isinstance(self._catalogue, Sources):  # "share_recent": since the caller's last call; epoch: the furthest
+            out["sources"] = mixstate.source_stats(self._mark, self._sources_seen)
+            out["epoch"] = max((s["epoch"] for s in out["sources"].values()), default=out["epoch"])
+            self._sources_seen = out["sources"]
+        workers = out["workers"]
+        lately = interval.step(observe.Reading(time.monotonic(), self._wait_s, out["tokens_delivered"],
+                                               tuple(w["pid"] for w in workers), tuple(w["busy_s"] for w in workers)))
+        for w, share in zip(workers, lately.worker_busy):
+            w["busy_share"] = share
+        out.update(interval_s=lately.interval_s, wait_share=lately.wait_share, last_wait_s=self._last_wait,
+                   delivered_tokens_per_s=lately.tokens_per_s, ready=out["ring_ready"])
+        return out
 
     def _take(self):
         """The next batch's announcement, taken and not yet returned: the one `state_dict()`
@@ -332,10 +360,16 @@ class ShmLoader:
         self._runs.forget()
 
     def _log(self):
-        seen, s = self._sources_seen, self.stats()
+        """One line per `log_every` batches, over the batches since the last line (its own interval,
+        not the caller's `stats()`'s): grep "shmloader interval"."""
+        seen, s = self._sources_seen, self._stats(self._logged)
         self._sources_seen = seen  # the log's call is not the caller's: its share_recent window stays
+        busiest, idlest = observe.busiest_idlest(tuple(w["busy_share"] for w in s["workers"]))
+        workers = (f", busiest worker {busiest[0]} {busiest[1]:.0%} busy, idlest worker {idlest[0]} "
+                   f"{idlest[1]:.0%}" if busiest is not None else "")
         extra = f", cropped {s['cropped_fraction']:.1%}" if "cropped_fraction" in s else ""
         logging.getLogger("shmloader").info(
-            "batch %d: %.2fM tokens/s read, waited %.1f s in next(), ring %d/%d ready, epoch %d%s",
-            s["batches"], s.get("tokens_per_s", 0) / 1e6, s["wait_s"], s.get("ring_ready", 0),
-            self.config.n_slots, s["epoch"], extra)
+            "batch %d: shmloader interval %.1f s: %.0f tokens/s delivered, wait share %.1f%% "
+            "(last wait %.3f s), ring %d/%d ready%s; epoch %d, %.1f s waited in all%s",
+            s["batches"], s["interval_s"], s["delivered_tokens_per_s"], 100 * s["wait_share"],
+            s["last_wait_s"], s["ready"], s["ring_slots"], workers, s["epoch"], s["wait_s"], extra)

@@ -2,7 +2,9 @@
 
     from shmloader.nanochat import tokenizing_distributed_data_loader_with_state_bos_bestfit
 
-Each is a generator over one `ShmLoader`, closed when the generator is closed or collected.
+Each returns nanochat's generator over one `ShmLoader` (a `Batches`: iterate it, `next()` it,
+`close()` it as nanochat does), which also answers `stats()` and holds its `.loader`; the loader
+is closed when the generator is closed or collected.
 The loader is built when the function is called, so bad arguments, a missing data directory,
 a one-file train split and a missing or broken tokenizer raise there, in the caller's
 process; what is inside the files (columns, row groups, corruption) is read, and any error
@@ -10,8 +12,33 @@ in it raised, from the first `next()` on. Every `ShmLoader` option passes throug
 (`positions=True`: each batch with its positions, before the state).
 """
 import os
+from collections.abc import Generator
 
 from .loader import ShmLoader
+
+
+class Batches(Generator):
+    """A drop-in's generator: the batches of `gen` (a Python generator over `loader`), and the
+    loader's `stats()`. Iteration, `next()`, `send()`, `throw()` and `close()` are `gen`'s."""
+
+    def __init__(self, gen, loader: ShmLoader):
+        self._gen, self.loader = gen, loader
+
+    def __next__(self):
+        return next(self._gen)
+
+    def send(self, value):
+        return self._gen.send(value)
+
+    def throw(self, *exc):
+        return self._gen.throw(*exc)
+
+    def close(self):
+        self._gen.close()
+
+    def stats(self) -> dict:
+        """The loader's `stats()` (`ShmLoader.stats`)."""
+        return self.loader.stats()
 
 
 def _workers(tokenizer_threads: int, num_workers) -> int:
@@ -37,7 +64,7 @@ def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads
     loader = ShmLoader(data, tokenizer, B, T, split, num_workers=_workers(tokenizer_threads, num_workers),
                        device=device, resume_state=resume_state_dict,
                        tokenizer_batch_size=tokenizer_batch_size, **options)
-    return _with_state(loader)
+    return Batches(_with_state(loader), loader)
 
 
 def _with_state(loader: ShmLoader):
@@ -60,7 +87,7 @@ def tokenizing_distributed_data_loader_with_state_bos_bestfit(
                        num_workers=_workers(tokenizer_threads, num_workers), device=device,
                        resume_state=resume_state_dict, tokenizer_batch_size=tokenizer_batch_size,
                        buffer_size=buffer_size, **options)
-    return _with_state(loader)
+    return Batches(_with_state(loader), loader)
 
 
 def tokenizing_distributed_data_loader_bos_bestfit(*args, **kwargs):
@@ -75,7 +102,11 @@ def tokenizing_distributed_data_loader(*args, **kwargs):
     return _without_state(tokenizing_distributed_data_loader_with_state(*args, **kwargs))
 
 
-def _without_state(gen):
+def _without_state(gen: Batches) -> Batches:
+    return Batches(_batches_only(gen), gen.loader)
+
+
+def _batches_only(gen):
     try:
         for *batch, _ in gen:
             yield tuple(batch)

@@ -3,7 +3,8 @@
 `trace_next(...)` starts a trainer process (this module's `child`), which builds a CPU
 `ShmLoader`, takes one batch, waits until the ring holds ready batches, and then runs `n`
 steps of a training loop: `spin_ms` of busy work (a step's compute, no system call: the
-clock it spins on is read through the vDSO), then `x, y = next(loader)`. strace is attached
+clock it spins on is read through the vDSO), then `x, y = next(loader)` and `loader.stats()`
+(counted with it: stats() makes none). strace is attached
 to the trainer's main thread only (torch's threads are not the loader's) for those steps,
 which lie between two `getppid()` markers; every system call between the markers is counted.
 The child also reports how many of the `n` calls found no batch ready (they block, and may

@@ -113,8 +113,10 @@ class Children:
         if got is not None:
             return got
         handover.waiting(True)  # the coordinator never releases the children while the trainer waits
+        from .. import profiling  # the trainer's (torch): here, never in a worker's imports; a blocked path
         try:
-            return self._wait_for_batch(delivery, timeout)
+            with profiling.named(profiling.WAIT):  # a range of its own in a torch.profiler trace
+                return self._wait_for_batch(delivery, timeout)
         finally:
             handover.waiting(False)
 

@@ -74,7 +74,7 @@ class Run:
 def _worker_stats(row) -> dict:
     busy = row[WorkerCol.BUSY_US]
     return {"pid": int(row[WorkerCol.PID]), "tokens": int(row[WorkerCol.TOKENS]),
-            "tokenized": int(row[WorkerCol.TOKENIZED]),
+            "tokenized": int(row[WorkerCol.TOKENIZED]), "busy_s": int(busy) / 1e6,
             "tokens_per_s": float(row[WorkerCol.TOKENS] / (busy / 1e6)) if busy else 0.0}
 
 

@@ -66,8 +66,8 @@ needs_strace = pytest.mark.skipif(not syscalls.available(), reason="needs strace
 @needs_strace
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, packing):
-    """150 steps of 10 ms busy work (a training step), then next(): the workers keep ahead,
-    and next() makes at most 0.1 system calls per call (the liveness poll, twice a second;
+    """150 steps of 10 ms busy work (a training step), then next() and stats(): the workers keep
+    ahead, and next() with stats() makes at most 0.1 system calls per call (stats() none) (the liveness poll, twice a second;
     a kick when half the ring waits for the coordinator to notice its frees)."""
     r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=150, spin_ms=10,
                             num_workers=2, packing=packing, env={"SHMLOADER_HANDOVER": "header"})

@@ -11,6 +11,7 @@ batches planned so far, and `cropped_fraction` is cropped / (placed + cropped).
 """
 import itertools
 import logging
+import re
 import time
 import warnings
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import shmloader
+from shmloader import profiling
 from tests.oracle import plan_batch_scan
 from shmloader.demo import corpus
 from tests import helpers, oracle
@@ -265,3 +267,90 @@ def test_log_every_zero_logs_nothing(data, caplog):
         for _ in itertools.islice(loader, 5):
             pass
     assert [r for r in caplog.records if r.name.startswith("shmloader")] == []
+
+
+# ---- what the trainer saw lately (observe.py): the wait share, the ring's fill, the profiler ----
+
+def test_a_consumer_faster_than_its_worker_waits_most_of_the_time(data):
+    """One slow worker (5 ms a document), no step between batches: next() blocks for most of the wall time."""
+    root, _ = data
+    with shmloader.ShmLoader(str(root), helpers.SlowTokenizer(0.005), B, T, "train", device="cpu",
+                             num_workers=1, n_slots=2, timeout=60) as loader:
+        next(loader)
+        loader.stats()  # the interval starts after start-up
+        for _ in itertools.islice(loader, 20):
+            pass
+        s = loader.stats()
+    assert s["batches"] == 21 and s["interval_s"] > 0
+    assert s["wait_share"] >= 0.5, s
+    assert s["delivered_tokens_per_s"] == pytest.approx(20 * B * T / s["interval_s"])
+    assert 0 <= s["last_wait_s"] <= s["wait_s"]
+    assert len(s["workers"]) == 1 and 0 <= s["workers"][0]["busy_share"] <= 1
+
+
+def test_a_slow_consumer_waits_little_and_finds_the_ring_full(data):
+    """30 ms steps after the ring filled: next() finds every batch ready."""
+    with _loader(data, n_slots=4) as loader:
+        next(loader)
+        deadline = time.monotonic() + 10
+        while loader.stats()["ready"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        loader.stats()  # the interval starts with the ring full
+        ready = []
+        for _ in range(15):
+            next(loader)
+            time.sleep(0.03)
+            ready.append(loader.stats()["ready"])
+        s = loader.stats()
+    assert s["ring_slots"] == 4 and s["wait_share"] <= 0.02, s
+    assert min(ready) >= s["ring_slots"] - 2 and max(ready) == s["ring_slots"] - 1, ready  # the caller holds one
+    assert s["last_wait_s"] == 0.0
+
+
+def test_log_every_line_names_the_interval_figures(data, caplog):
+    caplog.set_level(logging.INFO, logger="shmloader")
+    with _loader(data, log_every=4) as loader:
+        for _ in itertools.islice(loader, 8):
+            pass
+        caller = loader.stats()
+    lines = [r.getMessage() for r in caplog.records if r.name == "shmloader"]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert "shmloader interval" in line and "tokens/s delivered" in line, line
+        assert re.search(r"wait share \d+\.\d%", line) and re.search(r"ring \d/8 ready", line), line
+        assert re.search(r"busiest worker \d \d+% busy, idlest worker \d \d+%", line), line
+    # the log keeps its own interval: the caller's first stats() still runs from the loader's start
+    assert caller["interval_s"] > float(re.search(r"interval ([\d.]+) s", lines[1]).group(1)) - 0.05
+
+
+def test_next_is_a_range_in_a_torch_profiler_trace(data):
+    torch = pytest.importorskip("torch")
+    with _loader(data) as loader:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in itertools.islice(loader, 5):  # the first waits for the start
+                pass
+        names = [e.name for e in prof.events()]
+    assert names.count("shmloader.next") == 5 and "shmloader.wait" in names, sorted(set(names))
+    nexts = [e for e in prof.events() if e.name == "shmloader.next"]
+    waits = [e for e in prof.events() if e.name == "shmloader.wait"]
+    assert all(any(n.time_range.start <= w.time_range.start and w.time_range.end <= n.time_range.end
+                   for n in nexts) for w in waits), "a wait lies inside a next()"
+    assert not profiling.active()  # no profiler now: next() enters no range
+
+
+@pytest.mark.parametrize("with_state", [True, False])
+def test_a_nanochat_dropin_generator_answers_stats(data, with_state):
+    root, _ = data
+    make = (shmloader.tokenizing_distributed_data_loader_with_state if with_state
+            else shmloader.tokenizing_distributed_data_loader)
+    gen = make(B, T, "train", 2, device="cpu", data=str(root), tokenizer=helpers.IntTokenizer(), timeout=60)
+    assert isinstance(gen.loader, shmloader.ShmLoader)
+    for item in itertools.islice(gen, 6):
+        assert len(item) == (3 if with_state else 2)
+    assert len(next(gen)) == (3 if with_state else 2)
+    s = gen.stats()
+    assert s["batches"] == 7 and s["wait_share"] > 0 and s["ring_slots"] == 8
+    gen.close()
+    assert gen.loader._closed
+    with pytest.raises(StopIteration):
+        next(gen)

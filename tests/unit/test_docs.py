@@ -13,7 +13,7 @@ import typing
 import pytest
 
 import shmloader
-from shmloader import packing, state
+from shmloader import packing, profiling, state
 from shmloader.ipc import protocol
 from tests.helpers import REPO_ROOT
 
@@ -74,6 +74,7 @@ PATH = re.compile(r"(?<![\w/.])((?:shmloader/)?(?:ipc|data|packing|procs|demo)/\
 DOTTED = re.compile(r"(?<![\w.])(shmloader(?:\.\w+)+)")
 TICKED = re.compile(r"`((?:" + "|".join(sorted(TOP)) + r")(?:\.\w+)+)(?:\(|`)")
 INSTANCES = {"loader", "config", "resume", "state", "run", "catalogue"}  # also the names of instances
+RANGES = {profiling.NEXT, profiling.WAIT}  # torch profiler ranges' names, not modules
 
 
 def _checked(dotted: str) -> bool:
@@ -88,7 +89,8 @@ def _references(text: str):
         path = m.group(1)
         yield path, (REPO_ROOT / path).exists() or (PACKAGE / path).exists()
     for m in DOTTED.finditer(text):
-        yield m.group(1), _exists(m.group(1).rstrip("."))
+        if m.group(1).rstrip(".") not in RANGES:
+            yield m.group(1), _exists(m.group(1).rstrip("."))
     for m in TICKED.finditer(text):
         if _checked(m.group(1)):
             yield m.group(1), _exists(m.group(1))

@@ -133,8 +133,7 @@ def dropin(cfg: dict) -> dict:
 def _after_steps(loader, step_ms: float, buf, n: int) -> tuple[list, int | None]:
     """CPU of `n` calls `x, y, state = next(loader)`, each after `step_ms` of busy work, and how
     many of them waited for a batch (None if the drop-in's inner loader cannot be seen)."""
-    inner = loader.gi_frame.f_locals.get("loader") if loader.gi_frame is not None else None
-    inner = inner if hasattr(inner, "stats") else None
+    inner = getattr(loader, "loader", None)  # the drop-in's generator holds its loader
     times, not_ready = [], 0
     for _ in range(n):
         measure.busy_work(step_ms / 1e3, buf)
