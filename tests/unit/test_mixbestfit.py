@@ -15,6 +15,7 @@ from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import MixBestFitMode, buffer_entries, buffer_runs
+from tests.unit.modes import hand_out
 
 RANGES = (Range("long", 0, 2), Range("short", 2, 4))
 
@@ -50,12 +51,9 @@ def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None, mi
     slots, rng, out, ready = SlotMap(3), random.Random(seed), [], []
     given, handed = [], {}
     for _ in range(10**4):
-        for w in range(workers):
-            while mode.can_take(w):
-                piece = next(mode.pieces)
-                mode.take(w, piece)
-                given.append(piece)
-                handed[piece.index] = piece
+        for piece in hand_out(mode, workers):
+            given.append(piece)
+            handed[piece.index] = piece
         rng.shuffle(given)
         for piece in given[:rng.randint(1, max(1, len(given)))]:  # some of them, in any order
             given.remove(piece)
@@ -143,12 +141,7 @@ def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
     cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None)
     mode, slots, ready = MixBestFitMode(cfg, run, 1, epochs), SlotMap(3), []
     for _ in range(2000):
-        given = []
-        while mode.can_take(0):
-            piece = next(mode.pieces)
-            mode.take(0, piece)
-            given.append(piece)
-        for piece in given:
+        for piece in hand_out(mode):
             mode.counted(Counted(piece.index, lengths(piece), None))
         for _, order in mode.orders(slots.take_slot):
             mode.written([(order.batch, sum(p[4] for p in order.placements))])

@@ -12,6 +12,7 @@ from shmloader.ipc.protocol import Counted, Located, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixcount import MixCountMode
 from shmloader.packing.mixmode import MixConcatMode
+from tests.unit.modes import hand_out
 from tests.unit.test_mixbestfit import RANGES, drive, lengths, pieces
 
 B, T = 2, 5                   # concat windows of 11 tokens: documents of 1-9 tokens end on them often
@@ -29,12 +30,7 @@ def live_concat(n: int) -> list:
                                                                                                 n_slots=3))
     mode, slots, points = MixConcatMode(cfg("concat"), run, 1, pieces), SlotMap(3), []
     while len(points) < n:
-        given = []
-        while mode.can_take(0):
-            piece = next(mode.pieces)
-            mode.take(0, piece)
-            given.append(piece)
-        for piece in given:
+        for piece in hand_out(mode):
             mode.counted(Counted(piece.index, lengths(piece), None))
         for _, order in mode.orders(slots.take_slot):
             counts = {}
@@ -54,13 +50,7 @@ def located(packing: str, batch: int, workers: int = 2) -> Located:
     run = SimpleNamespace(mixture=MixArgs(MIX, RANGES, None, 0), rank=0, locate=([[0, B, T]], batch, 0))
     mode = MixCountMode(cfg(packing), run, workers, pieces)
     for _ in range(10**4):
-        given = []
-        for w in range(workers):
-            while mode.can_take(w):
-                piece = next(mode.pieces)
-                mode.take(w, piece)
-                given.append(piece)
-        for piece in reversed(given):
+        for piece in reversed(hand_out(mode, workers)):
             mode.counted(Counted(piece.index, lengths(piece), None))
         said = [m for m in mode.messages() if isinstance(m, Located)]
         if said:

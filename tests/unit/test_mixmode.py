@@ -10,6 +10,7 @@ from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixmode import MixConcatMode
+from tests.unit.modes import hand_out
 
 
 def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
@@ -29,11 +30,7 @@ def test_the_source_the_mix_waits_for_goes_out_past_the_budget():
     slots = SlotMap(2)
     waited = 0
     for _ in range(200):  # the trainer never frees a batch: the ring fills, then the budget
-        given = []
-        while mode.can_take(0):
-            piece = next(mode.pieces)
-            mode.take(0, piece)
-            given.append(piece)
+        given = hand_out(mode)
         for piece in given:
             name = "heavy" if piece.file < 2 else "light"
             mode.counted(Counted(piece.index, np.array(rows[name], dtype=np.int64), None))
