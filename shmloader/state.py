@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data.catalogue import described_files
+from .data.catalogue import described_files, with_known_footers
 from .data.elastic import Plan, in_units
 from .data.order import nanochat_position, start_position
 from .errors import warn
@@ -509,13 +509,7 @@ def with_footers(state: dict, files: list) -> list:
     """`files` with the footers a (checked) state knows of the same files (by name): a resumed
     run's states go on describing the files it will not read again before its next epoch."""
     saved = state.get("files") if isinstance(state, dict) and state.get("version") in (3, 4, 5) else None
-    known = {f[0]: f for f in saved or [] if isinstance(f, list) and len(f) == 3}
-    out = [list(f) for f in files]
-    for now in out:
-        old = known.get(now[0])
-        if now[2] is None and old is not None and old[2] is not None and now[1] == old[1]:
-            now[2] = old[2]
-    return out
+    return with_known_footers(files, saved or [])
 
 
 def _rewritten(saved: list, loader: Loader, index: dict) -> list[str]:

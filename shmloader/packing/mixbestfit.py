@@ -246,9 +246,6 @@ class MixBestFitMode(BestFitMode):
             self.feed.flow()
         return piece
 
-    def ready(self) -> list:
-        return self.seq.ready()
-
     def buffer_of(self, done: Complete):
         """The point and the buffer after the batch, as the state's JSON text and its crc32."""
         text = buffer_text(done.runs, self._lo)
