@@ -17,7 +17,10 @@ catalogue and settings) to a `state.Resume` whose position the next run starts a
    replays from its plan's start. So every rank resumes exactly from rank 0's state.
 
 A count-only run is started and stopped like a loader's run (procs/children.py
-`locate_position`), logs its progress, and raises if no word comes for `timeout`.
+`locate_position`) and raises if no word comes for `timeout`. Its progress (done of total
+batches, the rate, the time left: progress.py) is labelled with whose stream it replays ("rank
+2 of 3 (new): replaying old rank 1 of 2's stream to batch 40") and shows at the default log
+level from one rank, the lowest that replays (`_shows`), at INFO from the others.
 
 `check_first` is the other half of the resume check: a resumed loader's first batch must have
 the check the state carries.
@@ -28,7 +31,7 @@ import logging
 import os
 import time
 
-from . import mixstate, state as statemod
+from . import mixstate, progress, state as statemod
 from .data import elastic, mixelastic
 from .errors import DataError
 from .position import Position
@@ -49,7 +52,8 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
         if resume.change is not None:  # another world size's: every old rank's place, each source's plan
             resume = _elastic_mix(resume, catalogue, config, args, heal)
         elif resume.locate:  # another rank's: this rank's place at its batch count, replayed
-            position, point = _locate_mix(resume, catalogue, config, args, heal, args.rank, args.world)
+            position, point = _locate_mix(resume, catalogue, config, args, heal, args.rank, args.world,
+                                          _shows(state, args))
             resume = dataclasses.replace(resume, position=position, mix=point, locate=False)
         return resume
     if isinstance(state, dict) and "mixture" in state:
@@ -64,7 +68,7 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
     elif resume.locate and resume.plan is not None:  # another rank's state of a run that began elastic
         resume = _plan_start(resume, resume.plan, catalogue, config, args.rank, args.world)
     if resume.locate:
-        resume = _locate(resume, config, args, heal)
+        resume = _locate(resume, config, args, heal, shows=_shows(state, args))
     if state.get("version", 2) > 2:  # version 2 has no footers; nanochat's states no files
         catalogue.with_footers(state["files"])
     return resume
@@ -98,46 +102,71 @@ def _check_row_group(origin: dict, catalogue):
                          f"{f}) has {n} row groups: the state is not of these files")
 
 
-def _locate(resume: statemod.Resume, config, args, heal, rank: int | None = None,
-            world: int | None = None) -> statemod.Resume:
+def _locate(resume: statemod.Resume, config, args, heal, rank: int | None = None, world: int | None = None,
+            shows: bool = False) -> statemod.Resume:
     """The position at `resume.batch` of this rank (or of `rank` of `world`: an old rank at a
     change of world size), by replaying the run over its document lengths (the token cache's,
     or counted by the workers), from the files the state was saved with; a run that began
     elastic replays from its plan's batch count."""
-    rank, world, own = (args.rank, args.world, True) if rank is None else (rank, world, False)
-    who = f"rank {args.rank}" if own else f"rank {args.rank}: old rank {rank} of {world}"
-    log.info("%s: finding the position at batch %d of another rank's state, counting document lengths "
-             "with %d workers", who, resume.batch, config.num_workers)
-    began = time.monotonic()
+    rank, world = (args.rank, args.world) if rank is None else (rank, world)
     layout = RingLayout(2, 1, config.num_workers)
     first = resume.plan.batch if resume.plan is not None else 0
     count = dataclasses.replace(args, files=args.files[:resume.n_files], rank=rank, world=world, layout=layout,
                                 start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
                                 locate=(resume.shapes, resume.batch, first), later=None, plan=resume.plan)
-    found = locate_position(config, layout, count, heal)
-    log.info("%s: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)", who,
-             resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
+    found = _counted(config, layout, count, heal, args, resume.batch - first, resume.batch, shows)
     return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
 
 
-def _locate_mix(resume: statemod.Resume, catalogue, config, args, heal, rank: int, world: int) -> tuple:
+def _counted(config, layout, count, heal, args, total: int, batch: int, shows: bool):
+    """A count-only run (`count`: its args) to `batch`, `total` batches of replay, its progress
+    shown (progress.py) under a label that says whose stream it replays; at the default log level
+    when `shows`, else at INFO."""
+    if (count.rank, count.world) == (args.rank, args.world):
+        label = f"rank {args.rank} of {args.world}: finding its place at batch {batch} of another rank's state"
+    else:
+        label = (f"rank {args.rank} of {args.world} (new): replaying old rank {count.rank} of {count.world}'s "
+                 f"stream to batch {batch}")
+    report = progress.Report(label, total, "batches", time.monotonic(), progress.log_emitter(log, shows), bar=shows)
+    try:
+        found = locate_position(config, layout, count, heal, report.update)
+    except BaseException:
+        report.close()
+        raise
+    where = "the mixture ended first" if found.position is None else "at " + _where(Position(*found.position))
+    report.finish(time.monotonic(), f"{where} (row groups from the token cache: {found.cached}, "
+                                    f"counted: {found.tokenized}, with {config.num_workers} "
+                                    f"worker{'s' if config.num_workers != 1 else ''})")
+    return found
+
+
+def _shows(state: dict, args) -> bool:
+    """Whether this rank's replay of its own place shows its progress at the default log level:
+    the lowest rank that replays does (rank 1 when the state is rank 0's, nanochat's way, since
+    the state's own rank replays nothing); the others, at INFO. At a change of world size every
+    new rank replays the old ranks, and new rank 0 shows."""
+    return args.rank == (1 if state.get("rank", 0) == 0 else 0)
+
+
+def _where(p: Position) -> str:
+    return (f"epoch {p.epoch}, file {p.file}, row group {p.rg}, document {p.doc}"
+            + (f", token {p.skip}" if p.skip else ""))
+
+
+def _locate_mix(resume: statemod.Resume, catalogue, config, args, heal, rank: int, world: int,
+                shows: bool) -> tuple:
     """`(position, point)`: where rank `rank` of `world`'s mix stands at `resume.batch` (its
     `MixPoint` as the state's JSON), by replaying its mixed stream from the run's start over its
     own document lengths (packing/mixcount.py)."""
-    who = f"rank {args.rank}" if (rank, world) == (args.rank, args.world) else f"rank {args.rank}: old rank {rank} of {world}"
-    log.info("%s: finding its place at batch %d of a mixture, counting document lengths with %d workers", who,
-             resume.batch, config.num_workers)
-    began = time.monotonic()
     layout = RingLayout(2, 1, config.num_workers)
     start = statemod.start_position(rank)
     mix = mixstate.run_args(catalogue, statemod.Resume(start))._replace(plans=None)
     count = dataclasses.replace(args, files=catalogue.paths, layout=layout, start=start, mixture=mix, rank=rank,
                                 world=world, locate=(resume.shapes[:1], resume.batch, 0))
-    found = locate_position(config, layout, count, heal)
+    found = _counted(config, layout, count, heal, args, resume.batch, resume.batch, shows)
     if found.position is None:
-        raise DataError(f"{who}: the mixture ended before batch {resume.batch} of the state: {found.runs}")
-    log.info("%s: batch %d is at %s (found in %.1f s; row groups from the token cache: %d, %d counted)", who,
-             resume.batch, found.position, time.monotonic() - began, found.cached, found.tokenized)
+        raise DataError(f"rank {rank} of {world}: the mixture ended before batch {resume.batch} of the state: "
+                        f"{found.runs}")
     return Position(*found.position), json.loads(found.runs)
 
 
@@ -149,15 +178,17 @@ def _elastic_mix(resume: statemod.Resume, catalogue, config, args, heal) -> stat
     place dropped, `"skips"`), with a mixer whose counting stage begins at the change and whose
     totals are the old ranks' together."""
     change, batch = resume.change, resume.batch
-    log.warning("rank %d of %d: resuming a mixture's state saved at world_size %d (batch %d): finding where each "
-                "of the %d old ranks stood in every source", args.rank, args.world, change.world, batch, change.world)
-    points = [resume.mix if r == change.rank else _locate_mix(resume, catalogue, config, args, heal, r, change.world)[1]
+    log.warning("rank %d of %d: resuming a mixture's state saved at world_size %d (batch %d): finding where %s "
+                "stood in every source, replaying %s", args.rank, args.world, change.world, batch,
+                _old_ranks(change.world), _replays(change.world))
+    points = [resume.mix if r == change.rank else
+              _locate_mix(resume, catalogue, config, args, heal, r, change.world, args.rank == 0)[1]
               for r in range(change.world)]
     start = mixelastic.plan(points, catalogue.mixture, batch, args.rank, args.world,
                             lambda name: lambda f: catalogue.catalogues[name].row_counts(f, config.on_bad_row_group),
                             lambda name: len(catalogue.catalogues[name].paths))
-    log.warning("rank %d of %d: every source's rest of its epoch in progress is shared out over the %d new ranks",
-                args.rank, args.world, args.world)
+    log.warning("rank %d of %d: every source's rest of its epoch in progress is shared out over %s",
+                args.rank, args.world, _new_ranks(args.world))
     first = start.point["source"]
     position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
     return dataclasses.replace(resume, position=catalogue.to_run(first, position), mix=start.point,
@@ -169,9 +200,9 @@ def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod
     stood at its batch count, make the plan that shares out what they had not consumed, and
     start this rank at its first unit, with its share of the old ranks' best-fit buffers."""
     change = resume.change
-    log.warning("rank %d of %d: resuming a state saved at world_size %d (batch %d): finding where each of "
-                "the %d old ranks stood%s", args.rank, args.world, change.world, resume.batch, change.world,
-                "" if config.cache_dir else " by tokenizing their streams up to that batch (tools/pretokenize.py "
+    log.warning("rank %d of %d: resuming a state saved at world_size %d (batch %d): finding where %s stood, "
+                "replaying %s%s", args.rank, args.world, change.world, resume.batch, _old_ranks(change.world),
+                _replays(change.world), "" if config.cache_dir else " (tokenized afresh: tools/pretokenize.py "
                 "and cache_dir make it fast)")
     began = time.monotonic()
     positions, buffers = [], []
@@ -183,17 +214,31 @@ def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod
                                       runs=[], change=None, locate=True, plan=change.parent)
             if change.parent is not None:  # the old run began at a change too: r's stream of its plan
                 old = _plan_start(old, change.parent, catalogue, config, r, change.world)
-            found = _locate(old, config, args, heal, r, change.world)
+            found = _locate(old, config, args, heal, r, change.world, shows=args.rank == 0)
             position, runs = found.position, found.runs
         positions.append(tuple(position))
         buffers.append(runs)
     buffered = config.spec.buffered
     plan = elastic.Plan.of(change.world, resume.batch, positions, buffers if buffered else (), change.parent)
     log.warning("rank %d of %d: the old ranks' positions found in %.1f s; the rest of epoch%s %s is shared "
-                "out over the %d new ranks", args.rank, args.world, time.monotonic() - began,
-                "s up to" if plan.epoch > min(p[0] for p in positions) else "", plan.epoch, args.world)
+                "out over %s", args.rank, args.world, time.monotonic() - began,
+                "s up to" if plan.epoch > min(p[0] for p in positions) else "", plan.epoch, _new_ranks(args.world))
     resume = dataclasses.replace(resume, change=None, locate=False)
     return _plan_start(resume, plan, catalogue, config, args.rank, args.world)
+
+
+def _old_ranks(world: int) -> str:
+    return "the old rank" if world == 1 else f"each of the {world} old ranks"
+
+
+def _new_ranks(world: int) -> str:
+    return "the 1 new rank" if world == 1 else f"the {world} new ranks"
+
+
+def _replays(world: int) -> str:
+    """What a change of world size replays: every old rank's stream but the state's own."""
+    return ("no stream (the state is the only old rank's)" if world == 1 else
+            "1 old rank's stream" if world == 2 else f"{world - 1} old ranks' streams")
 
 
 def _plan_start(resume: statemod.Resume, plan, catalogue, config, rank: int, world: int) -> statemod.Resume:

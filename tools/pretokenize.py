@@ -5,7 +5,9 @@
 Each row group of the split (all ranks: the cache is shared) is tokenized once, with the
 loader's engine and its checks against tiktoken (`--engine`), and written as the loader's
 workers would write it; entries already present and valid are skipped, so a
-second run does nothing. Prints what it did and the disk the cache takes.
+second run does nothing. Shows its progress (row groups done of all, the rate, the time left:
+a bar on a terminal, else a line on stderr after a second and every ten: shmloader/progress.py),
+then prints what it did and the disk the cache takes.
 """
 import argparse
 import multiprocessing
@@ -13,8 +15,7 @@ import os
 import sys
 import time
 
-from tqdm import tqdm
-
+from shmloader import progress
 from shmloader.data import cache as cachemod
 from shmloader.data import engine as enginemod
 from shmloader.data import source
@@ -66,10 +67,14 @@ def main(argv=None):
     t0 = time.monotonic()
     done = tokens = 0
     ctx = multiprocessing.get_context("forkserver")
+    report = progress.Report("pretokenize", len(jobs), "row groups", t0,
+                             lambda level, text: print(text, file=sys.stderr, flush=True), bar=True)
     with ctx.Pool(args.workers, initializer=_init, initargs=(spec, args.cache_dir, args.engine)) as pool:
-        for n, wrote in tqdm(pool.imap_unordered(_one, jobs), total=len(jobs), unit="rg"):
+        for i, (n, wrote) in enumerate(pool.imap_unordered(_one, jobs), 1):
             done += wrote
             tokens += n
+            report.update(time.monotonic(), i, extra=f"{tokens / 1e6:.1f}M tokens")
+    report.finish(time.monotonic())
     dt = time.monotonic() - t0
     root = os.path.join(args.cache_dir, spec.fingerprint)
     size = sum(e.stat().st_size for e in os.scandir(root)) if os.path.isdir(root) else 0

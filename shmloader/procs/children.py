@@ -418,10 +418,11 @@ def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
     return kids
 
 
-def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None) -> Located:
+def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None, progress=None) -> Located:
     """Run a count-only coordinator and workers until the coordinator reports (`Located`) the
     position at `cargs.locate` and, best fit, the buffer there, with the pieces tokenized and
-    read from the token cache to count them. Logs its progress. It is watched as a loader's run
+    read from the token cache to count them. Its progress (the coordinator's `Progress`, once a
+    second) goes to `progress(now, done, total, extra)` (progress.py `Report.update`). It is watched as a loader's run
     is: a child that dies, or stalls for `stall_s`, is a `ChildLost` given to `heal(lost)`
     (procs/run.py: it raises when the budget or the poison rule says no, else a worker is
     replaced and the count goes on where it stood; a lost coordinator counts again from the
@@ -431,7 +432,7 @@ def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None) -> Loc
     try:
         while True:
             try:
-                return _count(kids, config, cargs)
+                return _count(kids, config, progress)
             except ChildLost as lost:
                 if heal is None:
                     raise errors.WorkerError(str(lost)) from None
@@ -446,9 +447,8 @@ def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None) -> Loc
         kids.shutdown()
 
 
-def _count(kids: Children, config, cargs) -> Located:
+def _count(kids: Children, config, progress) -> Located:
     """Wait for a count-only run's answer; raise `ChildLost` for a death or a stall."""
-    log = logging.getLogger("shmloader")
     deadline, replayed = time.monotonic() + config.timeout, -1
     look_s = min(1.0, kids.stall_s or 1.0)
     watch = Watch(kids.ring, time.monotonic(), look_s)
@@ -458,10 +458,12 @@ def _count(kids: Children, config, cargs) -> Located:
             msg = kids.read((Located, Progress))
             if isinstance(msg, Located):
                 return msg
-            if msg is not None and msg.done > replayed:  # progress: batches replayed, not a message
+            if msg is None:  # a message, not progress
+                continue
+            if msg.done > replayed:
                 replayed, deadline = msg.done, time.monotonic() + config.timeout
-                log.info("rank %d: %d documents counted so far; %d of %d batches replayed over them",
-                         cargs.rank, msg.docs, msg.done, msg.total)
+            if progress is not None:
+                progress(time.monotonic(), msg.done, msg.total, f"{msg.docs:,} documents counted")
             continue
         if ready:
             kids.check_alive()

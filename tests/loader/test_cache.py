@@ -629,6 +629,7 @@ def pretokenize(data_dir, tokenizer_pkl, cache_dir) -> tuple[int, int]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = re.search(r"(\d+) row groups: (\d+) tokenized", proc.stdout)
     assert m, f"unexpected output: {proc.stdout!r}"
+    assert f"pretokenize: done, {m.group(1)} row groups in " in proc.stderr, proc.stderr  # not a terminal: lines
     return int(m.group(1)), int(m.group(2))
 
 

@@ -2,7 +2,8 @@
 top level, and a runtime that imports no test or tool code.
 
 Layers (a module may import its own layer or lower ones, never a higher one):
-0 `errors`, `position`, `profiling` (torch profiler ranges, for `procs/` and the loader); 1 `ipc/` (the shared memory and the messages); 2 `data/` (files, order,
+0 `errors`, `position`, `profiling` (torch profiler ranges, for `procs/` and the loader), `progress` (long
+work's progress, for `resume` and tools); 1 `ipc/` (the shared memory and the messages); 2 `data/` (files, order,
 tokenizers, the token cache); 3 `packing/` (pure sequencing over token counts); 4 `procs/`
 (the child processes and their starting); 5 the training process's front (`config`, `state`,
 `delivery`, `attention`, `observe`, `loader`); 6 the entry points (`nanochat`, `demo/`, `__init__`). Imports are read
@@ -26,7 +27,7 @@ PACKAGE = REPO_ROOT / "shmloader"
 RUNTIME_MODULES = sorted(m.name for m in pkgutil.walk_packages(shmloader.__path__, "shmloader."))
 
 LAYERS = {
-    "errors": 0, "position": 0, "profiling": 0, "ipc": 1, "data": 2, "packing": 3, "procs": 4,
+    "errors": 0, "position": 0, "profiling": 0, "progress": 0, "ipc": 1, "data": 2, "packing": 3, "procs": 4,
     "config": 5, "state": 5, "mixstate": 5, "resume": 5, "delivery": 5, "attention": 5, "observe": 5, "loader": 5,
     "nanochat": 6, "demo": 6, "__init__": 6,
 }
