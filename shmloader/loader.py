@@ -126,7 +126,7 @@ class ShmLoader:
         self._batches, self._wait_s, self._mark, self._sources_seen = 0, 0.0, None, None
         self._last_wait = 0.0  # the last next()'s wait; the caller's and the log's intervals (observe.py):
         start = observe.Reading(time.monotonic(), 0.0, 0)
-        self._seen, self._logged = observe.Interval(start), observe.Interval(start)
+        self._seen, self._logged, self._made = observe.Interval(start), observe.Interval(start), start.at
         # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
         # which nanochat's base_train disables: its children would outlive it)
         self._runs = Runs(self.config, functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap),
@@ -258,7 +258,9 @@ class ShmLoader:
         self._batches += 1
         self._wait_s += ann.waited
         self._last_wait = ann.waited
-        if self.config.log_every and self._batches % self.config.log_every == 0:
+        if self.config.log_every and self._batches == 1:
+            self._log_start()
+        elif self.config.log_every and self._batches % self.config.log_every == 0:
             self._log()
         return batch
 
@@ -358,6 +360,16 @@ class ShmLoader:
         self._closed, self._forked_from = True, self._pid
         self._lock = threading.Lock()  # the parent's other thread may have held it
         self._runs.forget()
+
+    def _log_start(self):
+        """The start-up, once and apart (grep "shmloader start-up"): the log's intervals begin at
+        the first batch, so that a slow start hides in none of them."""
+        seen, s = self._sources_seen, self._stats(self._logged)  # the log's interval begins here
+        self._sources_seen = seen
+        logging.getLogger("shmloader").info(
+            "batch 1: shmloader start-up: the first batch came %.2f s after the loader was made (%.2f s of it "
+            "waited in next()), %d worker%s; the interval lines count from here", time.monotonic() - self._made,
+            s["wait_s"], s["num_workers"], "s" if s["num_workers"] != 1 else "")
 
     def _log(self):
         """One line per `log_every` batches, over the batches since the last line (its own interval,

@@ -254,8 +254,9 @@ def test_log_every_logs_one_line_per_n_batches(data, caplog, packing):
         for _ in itertools.islice(loader, 7):
             pass
     records = [r for r in caplog.records if r.name == "shmloader"]
-    assert [r.levelno for r in records] == [logging.INFO, logging.INFO]
-    messages = [r.getMessage() for r in records]
+    assert [r.levelno for r in records] == [logging.INFO] * 3
+    start, *messages = [r.getMessage() for r in records]
+    assert start.startswith("batch 1: shmloader start-up: the first batch came "), start
     assert messages[0].startswith("batch 3:") and messages[1].startswith("batch 6:"), messages
     assert all("tokens/s" in m for m in messages)
     assert all(("cropped" in m) == (packing == "bos_bestfit") for m in messages)
@@ -313,7 +314,7 @@ def test_log_every_line_names_the_interval_figures(data, caplog):
         for _ in itertools.islice(loader, 8):
             pass
         caller = loader.stats()
-    lines = [r.getMessage() for r in caplog.records if r.name == "shmloader"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "shmloader" and "shmloader interval" in r.getMessage()]
     assert len(lines) == 2, lines
     for line in lines:
         assert "shmloader interval" in line and "tokens/s delivered" in line, line
@@ -321,6 +322,26 @@ def test_log_every_line_names_the_interval_figures(data, caplog):
         assert re.search(r"busiest worker \d \d+% busy, idlest worker \d \d+%", line), line
     # the log keeps its own interval: the caller's first stats() still runs from the loader's start
     assert caller["interval_s"] > float(re.search(r"interval ([\d.]+) s", lines[1]).group(1)) - 0.05
+
+
+def test_the_start_up_is_reported_once_and_apart_from_the_intervals(data, caplog):
+    """The first interval line covers batches 2 to 4, not the processes' start: its interval is
+    at most the wall time since the loader was made less the start-up the first line reports."""
+    caplog.set_level(logging.INFO, logger="shmloader")
+    made = time.monotonic()
+    with _loader(data, log_every=4) as loader:
+        for _ in itertools.islice(loader, 4):
+            pass
+        wall = time.monotonic() - made
+    lines = [r.getMessage() for r in caplog.records if r.name == "shmloader"]
+    assert len(lines) == 2 and "shmloader interval" in lines[1], lines
+    m = re.fullmatch(r"batch 1: shmloader start-up: the first batch came ([\d.]+) s after the loader was made "
+                     r"\(([\d.]+) s of it waited in next\(\)\), 2 workers; the interval lines count from here", lines[0])
+    assert m, lines[0]
+    start_up, waited = float(m[1]), float(m[2])
+    assert 0 < waited <= start_up + 0.01 and start_up <= wall + 0.005  # printed to 0.01 s
+    interval = float(re.search(r"interval ([\d.]+) s", lines[1]).group(1))
+    assert interval <= wall - start_up + 0.05, (interval, wall, start_up)
 
 
 def test_next_is_a_range_in_a_torch_profiler_trace(data):
