@@ -313,6 +313,42 @@ def test_bench_compare_runs_the_other_checkouts_loader(demo, tmp_path, capsys):
     assert all(r["shmloader"] == str(before) for r in got["rows"] if r["label"] == "before")
 
 
+def test_plot_pipeline_measures_and_draws_the_interval_lines(demo, tmp_path):
+    """tools/plot_pipeline.py --measure: a loader's own log lines, parsed into a table whose
+    clock runs from the start-up through contiguous intervals, and a PNG."""
+    out, _ = demo
+    png = tmp_path / "pipeline.png"
+    text = run("tools/plot_pipeline.py", "--measure", 2, "--step-ms", 5, "--log-every", 5, "--cache-dir", out,
+               "--vocab-size", VOCAB, *TINY, "--out", png)
+    start_up = float(re.search(r"start-up: the first batch after ([\d.]+) s", text)[1])
+    rows = [line.split() for line in text.splitlines() if re.match(r" +\d+ +[\d.]+ +[\d,]+ +[\d.]+% +\d+/", line)]
+    assert len(rows) >= 3, text
+    batches, times = [int(r[0]) for r in rows], [float(r[1]) for r in rows]
+    assert batches == list(range(5, 5 * len(rows) + 1, 5))
+    assert start_up < times[0] and times == sorted(times) and times[-1] < start_up + 2 + 1, text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in text
+
+
+def test_plot_pipeline_reads_a_log_and_keeps_one_loaders_lines(tmp_path):
+    from tools import plot_pipeline
+    log = tmp_path / "train.log"
+    log.write_text("step 1 loss 9.1\n"
+                   "batch 1: shmloader start-up: the first batch came 2.50 s after the loader was made (2.40 s of it "
+                   "waited in next()), 2 workers; the interval lines count from here\n"
+                   "batch 4: shmloader interval 1.5 s: 20000 tokens/s delivered, wait share 60.0% (last wait 0.300 s),"
+                   " ring 0/8 ready, busiest worker 0 99% busy, idlest worker 1 97%; epoch 0, 3.3 s waited in all\n"
+                   "batch 3: shmloader interval 0.4 s: 100 tokens/s delivered, wait share 1.0% (last wait 0.000 s),"
+                   " ring 1/4 ready; epoch 0, 0.1 s waited in all\n"
+                   "batch 8: shmloader interval 2.0 s: 30000 tokens/s delivered, wait share 1.5% (last wait 0.001 s),"
+                   " ring 7/8 ready; epoch 0, 3.3 s waited in all\n")
+    start_up, points = plot_pipeline.parse(log.read_text().splitlines(), every=4)
+    assert start_up == 2.5
+    assert points == [plot_pipeline.Point(4, 4.0, 1.5, 20000.0, 0.6, 0, 8),
+                      plot_pipeline.Point(8, 6.0, 2.0, 30000.0, 0.015, 7, 8)]
+    assert plot_pipeline.main(["--log", str(log), "--every", "4", "--out", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
 def test_profile_worker_samples_a_running_worker(demo):
     out, _ = demo
     if subprocess.run([sys.executable, "-c", "import shutil, sys, os; sys.exit(shutil.which('py-spy', path="
