@@ -35,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from . import profiling
 from .errors import DeviceError
 
 CUDA_HOST_REGISTER_PORTABLE = 1
@@ -132,9 +133,10 @@ class PinnedCopy:
 
     def batch(self, k: int, slot: int, shape: Shape) -> tuple:
         window = self.device_bufs[k & 1]
-        window.copy_(self.slot_tensors[slot], non_blocking=True)
-        event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
-        event.record(torch.cuda.current_stream(self.device))
+        with profiling.named(profiling.COPY):  # the copy's issue, inside shmloader.next, in a trace
+            window.copy_(self.slot_tensors[slot], non_blocking=True)
+            event = torch.cuda.Event(blocking=True)  # synchronize() sleeps instead of spinning
+            event.record(torch.cuda.current_stream(self.device))
         self.inflight.append((k, event))
         return split(window, shape)
 

@@ -1,6 +1,8 @@
 """torch profiler ranges: while a profiler records, `next()` is the range `shmloader.next` and
 its block for a batch not yet made the range `shmloader.wait` inside it, so data waits show
-in `torch.profiler` traces and the views read from them (TensorBoard, Perfetto).
+in `torch.profiler` traces and the views read from them (TensorBoard, Perfetto). On CUDA the
+batch's non-blocking copy is issued inside `shmloader.copy` (within `shmloader.next`); with
+CUDA activities recorded, the copy itself is the trace's host-to-device memcpy it launches.
 
 The rule: no profiler, no cost but one check per `next()` (`active()`: a C call that reads
 a flag, ~0.1 us, no system call); `record_function` is entered only while one records.
@@ -9,7 +11,7 @@ import contextlib
 
 import torch
 
-NEXT, WAIT = "shmloader.next", "shmloader.wait"
+NEXT, WAIT, COPY = "shmloader.next", "shmloader.wait", "shmloader.copy"
 
 try:
     from torch._C._autograd import _profiler_enabled as active  # whether a profiler records now

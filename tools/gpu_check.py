@@ -248,6 +248,27 @@ def check_side_stream(ctx: Ctx):
     return not bad, f"{n - len(bad)}/{n} batches equal under torch.cuda.stream(s)"
 
 
+def check_profiler(ctx: Ctx):
+    """A torch.profiler trace holds each next()'s shmloader.next and shmloader.copy ranges
+    (and, on CUDA, the host-to-device memcpy the copy issues)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = ctx.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with _loader(ctx, ctx.device) as loader:
+        next(loader)
+        with profile(activities=activities) as prof:
+            for _ in range(3):
+                next(loader)
+            _sync(ctx.device)
+    names = [e.name for e in prof.events()]
+    counts = {n: names.count(n) for n in ("shmloader.next", "shmloader.copy")}
+    memcpy = sum("memcpy" in n.lower() for n in names)
+    ok = counts["shmloader.next"] == 3 and (not cuda or (counts["shmloader.copy"] == 3 and memcpy > 0))
+    return ok, f"ranges in the trace of 3 next(): {counts}, memcpy events: {memcpy}" + ("" if cuda else " (CPU: no copy)")
+
+
 def check_close(ctx: Ctx):
     loader = _loader(ctx, ctx.device)
     next(loader)
@@ -354,6 +375,7 @@ def run(args, out_dir: str) -> int:
                ("event-gated slot reuse", lambda: check_event_gating(ctx)),
                ("side stream", lambda: check_side_stream(ctx)),
                ("positions", lambda: check_positions(ctx, min(32, args.batches), args.buffer_size)),
+               ("profiler", lambda: check_profiler(ctx)),
                ("close", lambda: check_close(ctx))]
     failed = 0
     for name, fn in checks:

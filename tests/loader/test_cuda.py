@@ -18,6 +18,8 @@ has completed. Checked here:
   stream's, through the one copy of the slot's pinned row (window, then positions), and
   `cu_seqlens` of the GPU positions is int32 on the GPU and equals the CPU one's;
 - batches taken under a side stream (`torch.cuda.stream(s)`) equal the CPU stream;
+- a `torch.profiler` trace with CUDA activities holds each `next()`'s `shmloader.copy` range
+  and the host-to-device memcpy it issues;
 - after close no /dev/shm segment of the loader remains.
 
 Data: 800 synthetic documents (every 31st null; ~123 batches per train epoch) in 4 files, a
@@ -166,6 +168,21 @@ def test_nanochat_style_device_object(data, cpu_stream):
             assert x.is_cuda and torch.equal(x.cpu(), ref_x) and torch.equal(y.cpu(), ref_y), f"batch {k}"
     finally:
         gen.close()
+
+
+def test_the_copy_is_on_a_profiler_trace_inside_next(data):
+    """With CUDA activities recorded, each `next()` holds a `shmloader.copy` range that issues a
+    host-to-device memcpy of the slot's row."""
+    from torch.profiler import ProfilerActivity, profile
+    with make(data, "cuda") as loader:
+        next(loader)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                next(loader)
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert names.count("shmloader.next") == 3 and names.count("shmloader.copy") == 3, sorted(set(names))
+    assert any("Memcpy HtoD" in n or "memcpy" in n.lower() for n in names), sorted(set(names))
 
 
 def test_close_leaves_no_segment(data):
