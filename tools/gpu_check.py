@@ -251,7 +251,6 @@ def check_side_stream(ctx: Ctx):
 def check_profiler(ctx: Ctx):
     """A torch.profiler trace holds each next()'s shmloader.next and shmloader.copy ranges
     (and, on CUDA, the host-to-device memcpy the copy issues)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     cuda = ctx.device.startswith("cuda")
