@@ -114,16 +114,20 @@ def test_bench_throughput(demo, tmp_path, capsys, watchdog):
     base, shm = entry["rows"]
     assert entry["corpus"] == "demo" and (base["kind"], shm["kind"], shm["workers"]) == ("baseline", "shmloader", 1)
     assert all(r["batches"] > 0 and r["tokens_per_s"] > 0 and r["trainer_cpu_us_per_batch"] > 0 for r in (base, shm))
-    # the ceiling of 1 worker: 1 bare engine process, in the same round, for as long
-    [bare] = entry["bare"]
-    assert bare["processes"] == 1 and bare["seconds"] == 0.3 and bare["tokens_per_s"] > 0
+    # the ceilings of 1 worker: 1 bare engine process, and 1 that reads its row groups too, in the same
+    # round, for as long
+    bare, read = entry["bare"]
+    assert (bare["kind"], read["kind"]) == ("bare", "bare_read")
+    assert all(b["processes"] == 1 and b["seconds"] == 0.3 and b["tokens_per_s"] > 0 for b in (bare, read))
     assert shm["of_bare_rounds"] == [shm["tokens_per_s"] / bare["tokens_per_s"]]
+    assert shm["of_bare_read_rounds"] == [shm["tokens_per_s"] / read["tokens_per_s"]]
     assert shm["vs_base_rounds"] == [shm["tokens_per_s"] / base["tokens_per_s"]]
     [share] = shm["worker_busy_share"]
     assert 0 < share <= 1.5 and shm["worker_cpu_s"] > 0 and shm["coordinator_cpu_s"] >= 0
     assert shm["shmloader"] == str(REPO_ROOT)
     row = next(ln for ln in text.splitlines() if ln.startswith("shmloader, 1 worker "))
     assert f" {shm['tokens_per_s'] / 1e6:.2f} M " in row and f" {shm['of_bare_rounds'][0]:.0%} " in row, text
+    assert f" {shm['of_bare_read_rounds'][0]:.0%} " in row and "bare processes that read too" in text, text
     assert re.search(r"where the \d+ cores went, shmloader, 1 worker: workers \d+%, coordinator \d+%, training "
                      r"process \d+%, the rest \(idle, kernel, other processes\) -?\d+%", text), text
 
@@ -269,7 +273,9 @@ def test_bench_throughput_on_two_built_corpora(demo, tmp_path, capsys):
     assert [e["corpus"] for e in got["corpora"]] == ["nanochat", "skewed"]
     for e in got["corpora"]:
         assert [(r["kind"], r["workers"]) for r in e["rows"]] == [("baseline", None), ("shmloader", 1), ("shmloader", 2)]
-        assert [b["processes"] for b in e["bare"]] == [1, 2]  # every worker count, its own ceiling
+        assert [(b["kind"], b["processes"]) for b in e["bare"]] == [  # every worker count, its own ceilings
+            ("bare", 1), ("bare_read", 1), ("bare", 2), ("bare_read", 2)]
+        assert all("of_bare_read_rounds" in r for r in e["rows"][1:])
         assert all(len(r["worker_busy_share"]) == r["workers"] and r["tokens_per_s"] > 0 for r in e["rows"][1:])
 
 

@@ -9,6 +9,13 @@ workers is measured against ("of bare").
 
 The engine is built as a worker builds it (`shmloader.data.engine.build`), and the chunk size
 is the worker's (`shmloader.procs.worker.CHUNK_CHARS`): both are the package's internals.
+
+`side_by_side(..., read=True)`: bare processes that also read. Process i of n owns row groups
+i, i+n, ... of the split (files in order, their row groups in order), and for `seconds` reads
+each of its row groups from parquet (`ParquetSource.read_texts`, as a worker reads: the text
+column, decompressed, one thread), then tokenizes its documents as above, round after round:
+the work a worker cannot avoid, with no ring, coordinator or trainer. Its total is the ceiling
+that counts reading ("of bare read").
 """
 from __future__ import annotations
 
@@ -64,12 +71,7 @@ def bare_child(cfg: dict) -> dict:
     encoder = engine_encoder(cfg["tokenizer"], cfg["engine"])
     encode, texts = in_chunks(encoder), split_texts(cfg["files"])
     encode(texts[:1])  # the engine's first call, before the clock
-    open(os.path.join(cfg["barrier"], str(os.getpid())), "w").close()
-    deadline = time.monotonic() + 120
-    while len(os.listdir(cfg["barrier"])) < cfg["n"]:
-        if time.monotonic() > deadline:
-            raise SystemExit("bench: the other bare processes never got ready")
-        time.sleep(0.001)
+    _ready(cfg)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < cfg["seconds"]:
         n += encode(texts[:100])
@@ -77,13 +79,56 @@ def bare_child(cfg: dict) -> dict:
     return {"tokens_per_s": n / (time.perf_counter() - t0), "docs": len(texts), "engine": encoder.name}
 
 
-def side_by_side(files, tokenizer: str, n: int, seconds: float, engine: str, checkout) -> dict:
-    """`n` bare processes side by side for `seconds`: their tokens/s in total and each."""
+def _ready(cfg: dict) -> None:
+    """Wait until all `cfg["n"]` bare processes are ready (a barrier of files)."""
+    open(os.path.join(cfg["barrier"], str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(cfg["barrier"])) < cfg["n"]:
+        if time.monotonic() > deadline:
+            raise SystemExit("bench: the other bare processes never got ready")
+        time.sleep(0.001)
+
+
+def row_groups(files, i: int, n: int) -> list[tuple[int, int]]:
+    """`(file, row group)` of process i of n: every n-th row group of the split, from the i-th
+    (a split of fewer row groups than processes: all of them, from the (i % count)-th)."""
+    import pyarrow.parquet as pq
+
+    every = [(f, g) for f, path in enumerate(files) for g in range(pq.ParquetFile(path).metadata.num_row_groups)]
+    return every[i::n] or every[i % len(every):] + every[:i % len(every)]
+
+
+def bare_read_child(cfg: dict) -> dict:
+    """One bare process that reads too (a child): its row groups read from parquet and
+    tokenized, round after round, for `cfg["seconds"]` once all `cfg["n"]` are ready."""
+    from shmloader.data.source import ParquetSource
+
+    encoder = engine_encoder(cfg["tokenizer"], cfg["engine"])
+    encode, source = in_chunks(encoder), ParquetSource(cfg["files"])
+    mine = row_groups(cfg["files"], cfg["i"], cfg["n"])
+    counts = {f: source.row_counts(f) for f in {f for f, _ in mine}}
+    encode(["warm up"])  # the engine's first call, before the clock
+    _ready(cfg)
+    n = rgs = docs = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < cfg["seconds"]:
+        f, g = mine[rgs % len(mine)]
+        texts = [t for t in source.read_texts(f, g, 0, counts[f][g]) if t is not None]
+        source._last = None  # noqa: SLF001 (read again next round, as a worker would read a new row group)
+        n += encode(texts) if texts else 0
+        rgs, docs = rgs + 1, docs + len(texts)
+    return {"tokens_per_s": n / (time.perf_counter() - t0), "row_groups": rgs, "docs": docs, "engine": encoder.name}
+
+
+def side_by_side(files, tokenizer: str, n: int, seconds: float, engine: str, checkout, read: bool = False) -> dict:
+    """`n` bare processes side by side for `seconds` (`read`: reading their row groups too):
+    their tokens/s in total and each."""
     with tempfile.TemporaryDirectory(prefix="shmloader-bare-") as barrier:
         cfg = {"files": files, "tokenizer": tokenizer, "engine": engine, "seconds": seconds, "n": n,
                "barrier": barrier}
+        target = "bare:bare_read_child" if read else "bare:bare_child"
         got = [children.result(p, "bare engine process")
-               for p in [children.start("bare:bare_child", cfg, checkout) for _ in range(n)]]
+               for p in [children.start(target, dict(cfg, i=i), checkout) for i in range(n)]]
     rates = [g["tokens_per_s"] for g in got]
-    return {"kind": "bare", "workers": n, "processes": n, "seconds": seconds, "tokens_per_s": sum(rates),
-            "per_process": rates, "docs": got[0]["docs"], "engine": got[0]["engine"]}
+    return {"kind": "bare_read" if read else "bare", "workers": n, "processes": n, "seconds": seconds,
+            "tokens_per_s": sum(rates), "per_process": rates, "docs": got[0]["docs"], "engine": got[0]["engine"]}

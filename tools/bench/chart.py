@@ -29,9 +29,12 @@ def draw(run: dict, path: Path) -> None:
             x = results.median(r.get("vs_base_rounds") or [t / base])
             ax.annotate(f"{x:.2f}x", (w, t), textcoords="offset points", xytext=(4, -12), fontsize=8)
     ax.axhline(base, color="gray", linestyle="--", label="nanochat-style loader (in-process, 4 threads)")
-    if entry["bare"]:
-        ax.plot([b["processes"] for b in entry["bare"]], [b["tokens_per_s"] / 1e6 for b in entry["bare"]], "^:",
-                color="green", label=f"bare {entry['bare'][0]['engine']} processes side by side (no loader)")
+    for kind, style, what in (("bare", "^:", "processes side by side (no loader)"),
+                              ("bare_read", "v:", "processes that read too (no loader)")):
+        got = [b for b in entry["bare"] if b.get("kind", "bare") == kind]
+        if got:
+            ax.plot([b["processes"] for b in got], [b["tokens_per_s"] / 1e6 for b in got], style,
+                    color="green" if kind == "bare" else "olive", label=f"bare {got[0]['engine']} {what}")
     ax.set_xlabel("worker processes")
     ax.set_ylabel("M tokens/s read")
     ax.set_xticks(sorted({r["workers"] for r in rows[1:]}))

@@ -8,15 +8,17 @@ bare engine processes, on each corpus.
 
 Every row runs in a fresh process of its own, one after the other (tools/bench/loaders.py says
 what a row measures). A round measures, per corpus: the baseline, then for each worker count N:
-N bare engine processes side by side (N <= cores; tools/bench/bare.py), then shmloader with N
+N bare engine processes side by side (N <= cores; tools/bench/bare.py), N bare processes that read
+their row groups from parquet and tokenize them, then shmloader with N
 workers in each packing (and each checkout with `--compare`). With `--repeat`, every round
 runs every row once, in turn, so that a slow stretch of a shared machine hits all of them; a
 row is the round with the median tokens/s and its ratios are the medians of the per-round ratios.
 
 Per row: tokens/s; "vs base", the ratio to the baseline of the same corpus and round; "of
-bare", tokens/s / what as many bare processes read in the same round; "CPU of bare", the
-workers' tokens per CPU second of their own / a bare process's tokens/s (what a worker reads per
-second of a core of its own); each worker's busy share; where the cores went (workers,
+bare", tokens/s / what as many bare processes read in the same round; "of read", the same
+against bare processes that read and decompress their row groups too (the ceiling that counts
+reading); "CPU of bare", the workers' tokens per CPU second of their own / a bare process's
+tokens/s (what a worker reads per second of a core of its own); each worker's busy share; where the cores went (workers,
 coordinator, training process, the rest); trainer CPU per batch; peak RSS.
 """
 from __future__ import annotations
@@ -79,6 +81,9 @@ def one_round(args, corpus, checkouts, step: str) -> list[dict]:
         if w <= cores:
             say(f"{plural(w, 'bare engine process', 'bare engine processes')} side by side")
             rows.append(bare.side_by_side(files, corpus.tokenizer, w, args.seconds, args.engine, checkouts[-1]))
+            say(f"{plural(w, 'bare process', 'bare processes')} reading and tokenizing, side by side")
+            rows.append(bare.side_by_side(files, corpus.tokenizer, w, args.seconds, args.engine, checkouts[-1],
+                                          read=True))
         for packing in args.packings:
             for ck in checkouts:
                 say(f"shmloader, {plural(w, 'worker')}, {packing}{f' ({ck.label})' if ck.label else ''}")
@@ -93,15 +98,19 @@ def summarise(rounds: list[list[dict]]) -> dict:
     for i in range(len(rounds[0])):
         runs = [rnd[i] for rnd in rounds]
         row = results.median_of(runs, "tokens_per_s")
-        if row["kind"] == "bare":
+        if row["kind"] in ("bare", "bare_read"):
             bares.append(row)
             continue
         row["vs_base_rounds"] = [r["tokens_per_s"] / rnd[0]["tokens_per_s"] for r, rnd in zip(runs, rounds)]
         bare_of = [{b["workers"]: b for b in rnd if b["kind"] == "bare"}.get(r["workers"]) for r, rnd in zip(runs, rounds)]
+        read_of = [{b["workers"]: b for b in rnd if b["kind"] == "bare_read"}.get(r["workers"])
+                   for r, rnd in zip(runs, rounds)]
         if row["kind"] == "shmloader" and None not in bare_of:
             row["of_bare_rounds"] = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(runs, bare_of)]
             row["cpu_of_bare_rounds"] = [r["tokens_per_s"] * r["wall_s"] / r["worker_cpu_s"] / (b["tokens_per_s"] / b["workers"])
                                          for r, b in zip(runs, bare_of)]
+        if row["kind"] == "shmloader" and None not in read_of:  # the ceiling that counts reading
+            row["of_bare_read_rounds"] = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(runs, read_of)]
         row["worker_busy_share_rounds"] = [r.get("worker_busy_share") for r in runs]
         rows.append(row)
     return {"rows": rows, "bare": bares}
@@ -143,28 +152,30 @@ def report(run: dict) -> str:
            f"{plural(c['rounds'], 'round')}; {m['cores']} cores usable, load average at the start {m['load_average']}"]
     for entry in run["corpora"]:
         out += ["", f"corpus: {entry['corpus'] or entry['data']}", corpus_table(entry)]
-        out += [f"  bare engine processes ({entry['bare'][0]['engine']}, no loader): "
-                + "; ".join(f"{b['processes']}: {b['tokens_per_s'] / 1e6:.2f} M tokens/s" for b in entry["bare"])] \
-            if entry["bare"] else []
+        for kind, what in (("bare", "bare engine processes"), ("bare_read", "bare processes that read too")):
+            got = [b for b in entry["bare"] if b.get("kind", "bare") == kind]
+            out += [f"  {what} ({got[0]['engine']}, no loader): "
+                    + "; ".join(f"{b['processes']}: {b['tokens_per_s'] / 1e6:.2f} M tokens/s" for b in got)] if got else []
         if c["rounds"] > 1:
             out += [f"  {name(r)}: vs base per round " + ", ".join(f"{x:.2f}x" for x in r["vs_base_rounds"])
                     for r in entry["rows"][1:]]
         out += cores_lines(entry, m["cores"])
     out.append("(vs base: / the baseline in the same round; of bare: / as many bare engine processes side by side in "
-               "the same round; CPU of bare: tokens per worker CPU second / a bare process's tokens/s; busy: each "
+               "the same round, tokenizing documents in memory; of read: / as many bare processes that read their row "
+               "groups from parquet and tokenize them, the ceiling that counts reading; CPU of bare: tokens per worker CPU second / a bare process's tokens/s; busy: each "
                "worker's CPU time / the window's wall time; busy rate: a worker's tokens per second of its own "
                "reading + tokenizing)")
     return "\n".join(out)
 
 
 def corpus_table(entry: dict) -> str:
-    head = ("loader", "tokens/s", "vs base", "of bare", "CPU of bare", "busy per worker", "busy rate/worker",
+    head = ("loader", "tokens/s", "vs base", "of bare", "of read", "CPU of bare", "busy per worker", "busy rate/worker",
             "trainer CPU us/batch", "trainer RSS MiB", "worker RSS MiB")
     rows = []
     for r in entry["rows"]:
         pct = lambda x: "-" if x is None else f"{x:.0%}"  # noqa: E731
         rows.append((name(r), f"{r['tokens_per_s'] / 1e6:.2f} M", f"{ratio(r, 'vs_base'):.2f}x",
-                     pct(ratio(r, "of_bare")), pct(ratio(r, "cpu_of_bare")),
+                     pct(ratio(r, "of_bare")), pct(ratio(r, "of_bare_read")), pct(ratio(r, "cpu_of_bare")),
                      " ".join(f"{x:.0%}" for x in r.get("worker_busy_share") or []) or "-",
                      "-" if r.get("worker_busy_tokens_per_s") is None else f"{r['worker_busy_tokens_per_s'] / 1e6:.2f} M",
                      fmt(r["trainer_cpu_us_per_batch"]), fmt(r.get("trainer_peak_rss_mib")),
