@@ -20,7 +20,7 @@ from .packing import PACKINGS
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
 OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's place, or nanochat's
-ENGINES = ("auto", "tiktoken", "fastokens")  # data/engine.py: who tokenizes; the stream is the same
+ENGINES = ("auto", "tiktoken", "fastokens", "gigatoken")  # data/engine.py: who tokenizes; the stream is the same
 
 IDLE_RELEASE_VAL_S = 30.0  # idle_release_s's default for the val split
 PIECE_DOCS = 1024             # max_piece_docs's default

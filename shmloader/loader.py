@@ -116,7 +116,7 @@ class ShmLoader:
             mixstate.refuse(self.config)
         self._catalogue = (Sources if mixed else Catalogue)(data, split, filesystem)
         self.tokenizer = tokmod.resolve(tokenizer, bos)
-        enginemod.available(self.config.engine)
+        enginemod.available(self.config.engine, self.tokenizer)
         if self.config.cache_dir is not None and (problem := cachemod.prepare(self.config.cache_dir)):
             errors.warn(f"shmloader: {problem}")
         self._lock = threading.Lock()  # next() from several threads: one at a time

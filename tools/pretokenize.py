@@ -55,9 +55,9 @@ def main(argv=None):
     ap.add_argument("--split", choices=["train", "val", "all"], default="all",
                     help="which files to tokenize (default: all)")
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
-    ap.add_argument("--engine", choices=["auto", "tiktoken", "fastokens"], default="auto",
-                    help="tokenizer engine, as the loader's engine= (default auto: fastokens when "
-                         "installed, checked against tiktoken)")
+    ap.add_argument("--engine", choices=["auto", "tiktoken", "fastokens", "gigatoken"], default="auto",
+                    help="tokenizer engine, as the loader's engine= (default auto: gigatoken where it is "
+                         "proven equal, else fastokens when installed, checked against tiktoken)")
     args = ap.parse_args(argv)
     files = source.list_files(args.data)
     if args.split != "all":

@@ -3,8 +3,9 @@
 tiktoken's `encode_ordinary` (a Hugging Face `tokenizer.json`: the `tokenizers` package, with
 special-token text encoded as ordinary text) stays the definition of the stream (`tokenizer.build`).
 A faster engine built from the same definition does the work when it is installed:
-`LoaderConfig.engine` is `"auto"` (fastokens when importable, else the definition), `"tiktoken"`
-(always the definition) or `"fastokens"` (required). fastokens is built from the `Encoding`'s
+`LoaderConfig.engine` is `"auto"` (gigatoken where it is proven equal, data/giga.py, else
+fastokens when importable, else the definition), `"tiktoken"` (always the definition),
+`"fastokens"` or `"gigatoken"` (required). fastokens is built from the `Encoding`'s
 ranks, pattern and special tokens (`Tokenizer.from_tiktoken`) or from the tokenizer.json text
 (`Tokenizer.from_json_str`), encodes with `split_special_tokens=True` (special-token text is
 ordinary text) and is pinned to one thread of its own (`FASTOKENS_BPE_THREADS=1`,
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tokenizer as tokmod
+from . import giga, tokenizer as tokmod
 
 START_DOCS = 64       # every engine id array is compared on a worker's first documents
 CHECK_MAX_CHARS = 1 << 20  # a longer document is not re-encoded by the check (it would be tokenized twice)
@@ -61,13 +62,13 @@ class EngineMismatch(RuntimeError):
 class Encoder:
     """What a worker encodes with: `encode(text) -> ids`; `reference` is the definition when
     `encode` is another engine (None when `encode` is the definition itself)."""
-    name: str                     # "tiktoken", "tokenizers", "object", "fastokens" or "hook"
+    name: str                     # "tiktoken", "tokenizers", "object", "fastokens", "gigatoken" or "hook"
     encode: object
     reference: object = None
     definition: str = ""          # what `reference` is: "tiktoken" or "tokenizers"
     threads: int | None = None    # threads the engine started (fastokens), counted in /proc
     note: str | None = None       # why "auto" fell back to the definition, for a warning
-    batch: object = None          # texts -> (ids, offsets) in one call (fastokens), else None
+    batch: object = None          # texts -> (ids, offsets) in one call (fastokens, gigatoken), else None
 
     def encode_batch(self, texts: list) -> tuple:
         """(ids, offsets) of non-null `texts`: their ids end to end, text j's at
@@ -81,11 +82,17 @@ class Encoder:
         return np.concatenate(parts), offsets
 
 
-def available(engine: str) -> None:
-    """In the trainer: `engine="fastokens"` without the package is a quick ImportError."""
-    if engine == "fastokens" and importlib.util.find_spec("fastokens") is None:
-        raise ImportError('engine="fastokens" needs the fastokens package: pip install fastokens '
-                          '(or engine="auto", which uses it when installed)')
+def available(engine: str, spec=None) -> None:
+    """In the trainer: `engine="fastokens"` or `"gigatoken"` without the package is a quick
+    ImportError; `"gigatoken"` for a tokenizer (`spec`) whose split pattern it does not
+    implement, a quick ValueError (the probe and the checks run in the workers)."""
+    if engine in ("fastokens", "gigatoken") and importlib.util.find_spec(engine) is None:
+        raise ImportError(f'engine="{engine}" needs the {engine} package: pip install {engine} '
+                          f'(or engine="auto", which uses it when installed)')
+    if engine == "gigatoken" and spec is not None and spec.kind != "object" and giga.scheme(spec) is None:
+        raise ValueError('engine="gigatoken" cannot encode this tokenizer exactly: it implements the split '
+                         'patterns of GPT-2, cl100k and o200k as tiktoken writes them, and this tokenizer\'s is '
+                         'another (nanochat\'s differs from cl100k\'s in \\p{N}{1,2}); use engine="auto"')
 
 
 def build(spec, engine: str = "auto") -> Encoder:
@@ -105,8 +112,8 @@ def _definition(spec) -> Encoder:
 def _wants_fast(spec, engine: str) -> bool:
     """Whether `engine` asks for another engine than the definition (a ValueError when it
     asks for one that cannot encode `spec`)."""
-    if spec.kind == "object" and engine == "fastokens":
-        raise ValueError(f'engine="fastokens" cannot encode a {type(spec).__name__} of kind '
+    if spec.kind == "object" and engine in ("fastokens", "gigatoken"):
+        raise ValueError(f'engine="{engine}" cannot encode a {type(spec).__name__} of kind '
                          f'{spec.kind!r} (an object with encode()): use engine="auto"')
     return spec.kind != "object" and engine != "tiktoken"
 
@@ -125,6 +132,14 @@ def _fast(spec, engine: str, definition: Encoder) -> Encoder:
     if hook:
         module, _, func = hook.partition(":")
         return Encoder("hook", getattr(importlib.import_module(module), func)(spec), definition.encode, base)
+    if engine in ("auto", "gigatoken"):
+        before = _threads()
+        got = giga.build(spec, definition.encode)
+        if isinstance(got, giga.Built):
+            return Encoder("gigatoken", got.encode, definition.encode, base, threads=_threads() - before,
+                           batch=got.batch)
+        if engine == "gigatoken":
+            raise (ImportError if "not installed" in got.why else ValueError)(f'engine="gigatoken": {got.why}')
     try:
         import fastokens
     except ImportError as exc:

@@ -166,9 +166,10 @@ def _punctuate(rng: random.Random, words: list[str]) -> str:
     return "".join(parts[:-1])
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *,
-                    name: str = "shmloader-bpe") -> "tiktoken.Encoding":
-    """Train a byte-level BPE on ``texts``; return a tiktoken Encoding with nanochat specials."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, name: str = "shmloader-bpe",
+                    pattern: str = SPLIT_PATTERN) -> "tiktoken.Encoding":
+    """Train a byte-level BPE on ``texts``; return a tiktoken Encoding with nanochat specials
+    (``pattern``: the split pattern, nanochat's by default)."""
     import rustbpe
     import tiktoken
 
@@ -177,7 +178,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *,
         raise ValueError(f"vocab_size must be >= {256 + n_special} (256 bytes + {n_special} "
                          f"special tokens), got {vocab_size}; pass a larger vocab_size")
     tok = rustbpe.Tokenizer()
-    tok.train_from_iterator(iter(texts), vocab_size - n_special, pattern=SPLIT_PATTERN)
+    tok.train_from_iterator(iter(texts), vocab_size - n_special, pattern=pattern)
     ranks = {bytes(k): v for k, v in tok.get_mergeable_ranks()}
     special = {s: len(ranks) + i for i, s in enumerate(SPECIAL_TOKENS)}
     return tiktoken.Encoding(name, pat_str=tok.get_pattern(), mergeable_ranks=ranks,

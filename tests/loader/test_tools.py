@@ -76,7 +76,7 @@ def test_demo_data_is_cached(demo):
 # ---------------------------------------------------------------- tools/bench/, one smoke run a topic
 
 TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
-          "long_document", "mixture", "positions")
+          "long_document", "mixture", "positions", "giga")
 TINY = ("--batch-size", 2, "--seq-len", 128)
 
 
@@ -250,6 +250,20 @@ def test_bench_engines(demo, tmp_path, capsys, watchdog):
     assert [r["engine"] for r in got["loaders"]] == ["tiktoken", "fastokens"]
     for line in ("sampled check cost", "start check", "engine='fastokens'"):
         assert line in text, text
+
+
+def test_bench_giga(demo, tmp_path, capsys, watchdog):
+    """The third engine's topic: tokenizers of both patterns trained on the corpus, every document's
+    ids equal to tiktoken's for both fast engines, and a rate for each of the three."""
+    text, got = bench("giga", tmp_path, capsys, *on_demo(demo), "--docs", 200, "--rounds", 1,
+                      "--vocab-size-trained", 512, "--train-chars", 2e5)
+    assert [(e["corpus"], e["pattern"]) for e in got["corpora"]] == [("demo", "gpt2"), ("demo", "cl100k")]
+    for e in got["corpora"]:
+        assert e["docs"] == 200 and e["differ"] == {"fastokens": 0, "gigatoken": 0}
+        assert e["engines"] == {"fastokens": "fastokens", "gigatoken": "gigatoken"}
+        assert [r["engine"] for r in e["rates"]] == ["tiktoken", "fastokens", "gigatoken"]
+        assert all(r["tokens_per_s"] > 0 for r in e["rates"])
+    assert re.search(r"demo +gpt2 +200 .* 0, 0 of 200", text), text
 
 
 def test_bench_packing(tmp_path, capsys, watchdog):

@@ -74,7 +74,7 @@ PATH = re.compile(r"(?<![\w/.])((?:shmloader/)?(?:ipc|data|packing|procs|demo)/\
 DOTTED = re.compile(r"(?<![\w.])(shmloader(?:\.\w+)+)")
 TICKED = re.compile(r"`((?:" + "|".join(sorted(TOP)) + r")(?:\.\w+)+)(?:\(|`)")
 INSTANCES = {"loader", "config", "resume", "state", "run", "catalogue"}  # also the names of instances
-RANGES = {profiling.NEXT, profiling.WAIT}  # torch profiler ranges' names, not modules
+RANGES = {profiling.NEXT, profiling.WAIT, profiling.COPY}  # torch profiler ranges' names, not modules
 
 
 def _checked(dotted: str) -> bool:
