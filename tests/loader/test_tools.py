@@ -76,7 +76,7 @@ def test_demo_data_is_cached(demo):
 # ---------------------------------------------------------------- tools/bench/, one smoke run a topic
 
 TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
-          "long_document", "mixture", "positions", "giga")
+          "long_document", "mixture", "positions", "giga", "step_loop")
 TINY = ("--batch-size", 2, "--seq-len", 128)
 
 
@@ -145,6 +145,22 @@ def test_bench_trainer(demo, tmp_path, capsys, watchdog):
     assert dropin["function"] == "tokenizing_distributed_data_loader_with_state" and dropin["fast_batches"] > 0
     assert dropin["trainer_cpu_us_per_batch"] > 0 and dropin["state_json_bytes"] > 0 and dropin["paced_not_ready"] <= 3
     assert got["syscalls"] == [] and re.search(r"^demo +concat +[\d.]+ / [\d.]+ ", text, re.M), text
+
+
+def test_bench_step_loop(demo, tmp_path, capsys, watchdog):
+    text, got = bench("step_loop", tmp_path, capsys, *on_demo(demo), *TINY, "--step-ms", 2, "--block", 3,
+                      "--pairs", 2, "--warmup", 3, "--repeat", 1, "--gc", "frozen", "on")
+    [entry] = got["corpora"]
+    rows = {(r["kind"], r["gc"]): r for r in entry["rows"]}
+    assert set(rows) == {(k, g) for k in ("shmloader", "nanochat", "thread") for g in ("frozen", "on")}
+    for r in rows.values():
+        assert len(r["pair_ratios"]) == 2 and r["vs_ideal"] > 0 and r["vs_ideal_rounds"] == [r["vs_ideal"]]
+        for side in ("loader", "ideal"):  # 2 pairs of 3-step blocks a side
+            assert r[side]["steps"] == 6 and r[side]["step_ms"] > 0 and r[side]["next_cpu_us"]["median"] > 0
+    assert rows["shmloader", "frozen"]["loader"]["loader_cpu_share"] >= 0  # /proc counts 10 ms ticks: maybe 0
+    assert rows["nanochat", "frozen"]["loader"]["loader_cpu_share"] is None
+    assert rows["shmloader", "frozen"]["loader"]["collections"] == [0, 0, 0]  # frozen and disabled
+    assert got["config"]["units"] > 0 and re.search(r"^demo +frozen +shmloader, 1 worker +[\d.]+x ", text, re.M), text
 
 
 def test_bench_positions(demo, tmp_path, capsys, watchdog):

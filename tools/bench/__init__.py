@@ -8,6 +8,7 @@ Each topic runs as a file, from any directory, and prints its options with `--he
 |---|---|---|
 | tokens/s read, 1..N workers, against the nanochat-style baseline and bare engine processes, per corpus | throughput.py | docs/bench/throughput.json, throughput.png |
 | the training process's side: CPU per `next()`, after sleeps and busy work, system calls, the drop-ins | trainer.py | docs/bench/trainer.json |
+| the training step: a loop of 20 ms of Python holding the GIL and a best-fit batch with its state, shmloader, nanochat's loader and its thread-prefetch version against batches in memory | step_loop.py | docs/bench/step_loop.json |
 | first batch as nanochat's evaluations pay it (a new val loader per evaluation, the train loader running) | evaluations.py | docs/bench/evaluations.json |
 | the same in nanochat's real `scripts/base_train.py` (a checkout you give it) | base_train.py | docs/bench/base_train.json |
 | the token cache: an empty cache, a restart on it, a warm one | cache.py | docs/bench/cache.json |
@@ -24,7 +25,8 @@ loaders in fresh processes take `--compare DIR` (another checkout, run side by s
 interleaved, for before/after figures).
 
 Shared parts: `corpora` (the demo, nanochat and skewed corpora, built offline and reused),
-`baseline` (the nanochat-style in-process loaders), `measure` (CPU time, busy work, memory),
+`baseline` (the nanochat-style in-process loaders, and in a thread), `measure` (CPU time, busy
+work, Python that holds the GIL, memory), `loop` (the training-step loop against the ideal),
 `bare` (bare engine processes), `children` and `child` (a measurement in a fresh process, with
 this checkout's shmloader or another's), `loaders` (a loader read as fast as it goes),
 `results` (the results file, tables).

@@ -1,9 +1,17 @@
 """The nanochat-style baseline: the algorithms of nanochat's own loaders, in the training
 process (`shmloader.demo.baseline`: tiktoken batch encoding on 4 threads, 128 documents a
-chunk; best fit with a 1000-document buffer), read with the same tokenizer as shmloader."""
+chunk; best fit with a 1000-document buffer), read with the same tokenizer as shmloader.
+
+`prefetched(gen, depth)`: the same loader moved to a background thread that keeps a queue of
+`depth` batches (the approach of nanochat PR #832, what nanochat users are offered instead of
+processes): the thread runs the generator, the caller's `next()` takes from the queue. A
+stand-in written for the bench, not nanochat's code.
+"""
 from __future__ import annotations
 
 import pickle
+import queue
+import threading
 
 BOS_NAMES = ("<|bos|>", "<|endoftext|>")  # the BOS token shmloader takes by default (README)
 
@@ -34,3 +42,35 @@ def loader(files, enc, B: int, T: int, packing: str = "concat"):
     if packing == "bos_bestfit":
         return nanochat_style_bestfit_batches(files, enc, B, T, bos_id(enc), buffer_size=1000, tokenizer_batch_size=128)
     return nanochat_style_batches(files, enc, B, T, bos_id(enc))
+
+
+def prefetched(gen, depth: int = 2):
+    """`gen`'s items from a daemon thread through a queue of `depth`; an exception in the thread
+    is raised at the caller's `next()`. The thread stops when the generator returned is closed."""
+    items, stop = queue.Queue(maxsize=depth), threading.Event()
+
+    def fill():
+        try:
+            for item in gen:
+                while not stop.is_set():
+                    try:
+                        items.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+            items.put((None, exc))
+
+    thread = threading.Thread(target=fill, name="prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exc = items.get()
+            if exc is not None:
+                raise exc
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

@@ -1,10 +1,14 @@
 """Timing, CPU and memory measurements the topics share.
 
 - CPU time: `cpu_s()` is this process's user + system time (getrusage RUSAGE_SELF, all
-  threads); `cpu_of(pids)` other processes' from /proc/<pid>/stat (utime + stime).
+  threads); `cpu_of(pids)` other processes' from /proc/<pid>/stat (utime + stime);
+  `machine_busy_s()` every core's non-idle time from /proc/stat (the kernel's too).
 - `busy_work(s, buf)`: a training step's compute without a system call (numpy passes over a
   1 MiB buffer and Python bytecode, never a sleep), so that what follows it meets cold caches
   as a step leaves them.
+- `gil_work(units)`: pure Python that holds the GIL (no numpy, no system call), a fixed
+  amount of it: what kernel launches and optimizer bookkeeping cost a trainer's CPU, so that
+  whatever takes the core or the GIL from it makes it longer; `gil_units(seconds)` sizes it.
 - `first_batch_s(make)`: wall seconds from building a loader to its first batch.
 - Memory: a loader's workers' and coordinator's peak RSS (VmHWM), and `tree_memory()`, the
   resident memory of this process and all its descendants (RSS summed and PSS).
@@ -34,6 +38,13 @@ def cpu_of(pids) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent on anything but idling and waiting for I/O (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def busy_work(seconds: float, buf) -> None:
     """Keep this thread on the CPU for `seconds` without a system call: numpy passes over `buf`
     (1 MiB: the caches get refilled) and Python bytecode, never a sleep."""
@@ -41,6 +52,29 @@ def busy_work(seconds: float, buf) -> None:
     while time.perf_counter() < end:
         buf += 1.0
         sum(range(200))
+
+
+GIL_UNIT = range(200)
+
+
+def gil_work(units: int) -> None:
+    """`units` units of pure Python bytecode: the GIL held throughout (another thread gets it only
+    at the interpreter's switch interval), no system call, no allocation the collector tracks."""
+    for _ in range(units):
+        sum(GIL_UNIT)
+
+
+def gil_units(seconds: float, trials: int = 7) -> int:
+    """How many `gil_work` units take `seconds` on this core: the fastest of `trials` timings."""
+    n = 2000
+    best = min(_timed(gil_work, n) for _ in range(trials))
+    return max(1, round(seconds / best * n))
+
+
+def _timed(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
 
 
 def first_batch_s(make) -> float:
