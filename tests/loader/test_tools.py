@@ -76,7 +76,7 @@ def test_demo_data_is_cached(demo):
 # ---------------------------------------------------------------- tools/bench/, one smoke run a topic
 
 TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
-          "long_document", "mixture", "positions")
+          "long_document", "mixture", "positions", "hf_engine")
 TINY = ("--batch-size", 2, "--seq-len", 128)
 
 
@@ -246,6 +246,17 @@ def test_bench_engines(demo, tmp_path, capsys, watchdog):
     assert [r["engine"] for r in got["loaders"]] == ["tiktoken", "fastokens"]
     for line in ("sampled check cost", "start check", "engine='fastokens'"):
         assert line in text, text
+
+
+def test_bench_hf_engine(tmp_path, capsys, watchdog):
+    pytest.importorskip("fastokens")
+    pytest.importorskip("tokenizers")
+    text, got = bench("hf_engine", tmp_path, capsys, "--rounds", 1, "--seconds", 1.5, "--files", 60,
+                      "--vocab-size", 300, "--workers", 1, "--data-dir", tmp_path / "data")
+    assert [r["packing"] for r in got["rows"]] == ["concat", "bos_bestfit"]
+    for r in got["rows"]:
+        assert r["first_batch_s"] > 0 and r["engines"] == ["fastokens"], r
+    assert "bos_bestfit" in text and "fastokens" in text, text
 
 
 def test_bench_packing(tmp_path, capsys, watchdog):
