@@ -380,6 +380,8 @@ class ShmLoader:
         workers = (f", busiest worker {busiest[0]} {busiest[1]:.0%} busy, idlest worker {idlest[0]} "
                    f"{idlest[1]:.0%}" if busiest is not None else "")
         extra = f", cropped {s['cropped_fraction']:.1%}" if "cropped_fraction" in s else ""
+        if s["workers"]:  # each worker's engine now, e.g. "engines fastokens | tokenizers, fast engine building"
+            extra += f", engines {' | '.join(w.get('engine') or '-' for w in s['workers'])}"
         logging.getLogger("shmloader").info(
             "batch %d: shmloader interval %.1f s: %.0f tokens/s delivered, wait share %.1f%% "
             "(last wait %.3f s), ring %d/%d ready%s; epoch %d, %.1f s waited in all%s",

@@ -16,11 +16,15 @@ building the fast engine costs, then builds it on a thread of its own and lets i
 between documents (so that a loader's first batch never waits for the build).
 
 `Check`: the engine's ids must equal the definition's on the first `START_DOCS` non-null
-documents it tokenizes in a worker (the run's own data), then on one document in `SAMPLE_EVERY`;
+documents it tokenizes in a worker (the run's own data; those of them that fit in `START_CHARS`
+characters in all), then on one document in `SAMPLE_EVERY`;
 a difference raises `EngineMismatch` naming the file, row group and row, and `engine="tiktoken"`.
 A document longer than `CHECK_MAX_CHARS` that falls due is not compared (`too_long`): the
 check would tokenize it a second time, with tiktoken's memory on top. Objects with only
 `encode()` are encoded as they always were, unchecked.
+
+`name(code)`: the engine a worker's published code names ("tokenizers, fast engine building"
+while the definition encodes and the build runs), for `stats()` and the log.
 
 Test hooks: `SHMLOADER_ENGINE_HOOK="module:function"` in a worker's environment replaces the
 fast engine by `function(spec) -> (text -> ids)` (a deliberately wrong engine),
@@ -35,13 +39,16 @@ import os
 import pickle
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import giga, tokenizer as tokmod
 
-START_DOCS = 64       # every engine id array is compared on a worker's first documents
+START_DOCS = 64       # every engine id array is compared on a worker's first documents,
+START_CHARS = 1 << 18  # as many of them as fit in this many characters (a slow definition, tokenizers'
+#                        1.9 MB/s, made 64 source files of 12K characters a 0.4 s start check per worker)
 CHECK_MAX_CHARS = 1 << 20  # a longer document is not re-encoded by the check (it would be tokenized twice)
 SAMPLE_EVERY = 256    # then one document in this many
 HOOK_ENV = "SHMLOADER_ENGINE_HOOK"
@@ -52,6 +59,14 @@ FORCE = 'engine="tiktoken"'
 # the fast engine's build, estimated: seconds, plus seconds per vocabulary entry (fitted to the
 # build times in docs/benchmarks.md)
 BUILD_S = (0.025, 5.5e-6)
+# definitions the fast engine outruns by tens of times (the `tokenizers` package: 1.9 MB/s where
+# fastokens reads 200 MB/s, docs/benchmarks.md): the build pays for itself inside the first
+# batch, so their rent counts from the worker's first engine call, not from the first batch on
+EARLY = ("tokenizers",)
+# what a worker publishes of its engine (`Engines.state`, the ring's WorkerCol.ENGINE): the code is
+# the index here; "building" adds BUILDING (the definition encodes while the fast engine is built)
+NAMES = ("", "tiktoken", "tokenizers", "object", "fastokens", "hook", "gigatoken")
+BUILDING = 16
 
 
 class EngineMismatch(RuntimeError):
@@ -181,6 +196,12 @@ def _fastokens(fastokens, spec):
     return encode, batch
 
 
+def name(code: int) -> str | None:
+    """The engine a worker's `Engines.state` code names; None before the worker has one."""
+    base = NAMES[code % BUILDING] if 0 < code % BUILDING < len(NAMES) else None
+    return f"{base}, fast engine building" if base and code >= BUILDING else base
+
+
 def _threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -198,6 +219,7 @@ class Check:
             start, every = (int(x) for x in spec.split(","))
         self.encoder, self.start, self.every = encoder, start, every
         self.seen, self.checked, self.too_long = 0, 0, 0
+        self.start_chars = START_CHARS  # characters the start check may still compare
 
     def __call__(self, text: str, ids, where) -> None:
         """One document; `where()` names it (called only on a mismatch)."""
@@ -224,6 +246,10 @@ class Check:
         if len(text) > CHECK_MAX_CHARS:
             self.too_long += 1
             return
+        if n < self.start:  # the start check: documents while they fit in its characters
+            if len(text) > self.start_chars:
+                return
+            self.start_chars -= len(text)
         self.checked += 1
         ref = np.asarray(self.encoder.reference(text))
         ids = np.asarray(ids)
@@ -247,7 +273,11 @@ class Engines:
     thread of its own, only once it has spent about as long tokenizing as the build costs
     (`worked`, which the worker calls for pieces tokenized after the first batch is planned:
     rent until the rent adds up to the price, then buy, never more than twice the better
-    choice's cost): a short loader never pays for a build, a long run pays once, early. Not at
+    choice's cost): a short loader never pays for a build, a long run pays once, early. A
+    definition in `EARLY` (`tokenizers`, tens of times slower than the fast engine) pays rent
+    from its first call on (`encode_batch` times each one), and its worker waits for the build
+    (about its price): best fit's first batch tokenizes a whole buffer of documents, which
+    with it took seconds to tens of seconds. Not at
     once on a thread: the build holds the GIL (so does tiktoken's encode), so beside the first
     batch's tokenizing it only shares one core with it (docs/engines.md: what each choice cost
     a first batch).
@@ -272,6 +302,7 @@ class Engines:
         self._rent = 0.0         # seconds tokenized with the definition while no build started
         self.price = BUILD_S[0] + BUILD_S[1] * (spec.n_vocab or 32768)  # the build's, estimated (s)
         self._thread = None      # the build, until the engine takes over
+        self._early = self._todo is not None and self.encoder.name in EARLY  # rent from the first call
         self._built = None       # (Encoder, None) or (None, exception), set by the build thread
         if at is None and os.environ.get(AT_ENV):
             at = int(os.environ[AT_ENV])
@@ -281,6 +312,12 @@ class Engines:
             if self._thread is not None:  # GCS starts threads of pyarrow's own)
                 self._thread.join()
 
+    @property
+    def state(self) -> int:
+        """The engine in use as a code (`NAMES`' index, plus `BUILDING` while a build runs): what
+        the worker publishes for `stats()` (`name`)."""
+        return NAMES.index(self.encoder.name) + (BUILDING if self._thread is not None else 0)
+
     def worked(self, seconds: float) -> None:
         """The worker tokenized a piece in `seconds`: the build starts once these add up to its
         estimated cost."""
@@ -288,6 +325,9 @@ class Engines:
             self._rent += seconds
             if self._rent >= self.price:
                 self.start()
+                if self._early:  # a slow definition's calls hold the GIL for long: the build
+                    self._thread.join()  # would take many of them to finish beside them
+                    self.poll()
 
     def start(self) -> None:
         """Start building the fast engine (once; nothing when there is none to build)."""
@@ -341,10 +381,13 @@ class Engines:
                 return _joined(self.encode_batch(texts[:cut], where),
                                self.encode_batch(texts[cut:], lambda j: where(cut + j)))
             self.poll()
+        began = time.perf_counter() if self._early and self._todo is not None else None
         ids, offsets = self.encoder.encode_batch(texts)
         if self.check is not None:
             self.check.batch(texts, ids, offsets, where)
         self.docs += len(texts)
+        if began is not None:  # an early definition's rent: it may build and take over here
+            self.worked(time.perf_counter() - began)
         return ids, offsets
 
 

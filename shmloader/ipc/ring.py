@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 9  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
-#                    8: YIELD_UNTIL; 9: the trainer's TAKEN and WAITING, a worker's RUN and RUN_END
+LAYOUT_VERSION = 10  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
+#                     8: YIELD_UNTIL; 9: the trainer's TAKEN and WAITING, a worker's RUN and RUN_END; 10: its ENGINE
 ALIGN = 4096
 
 
@@ -76,6 +76,7 @@ class WorkerCol(enum.IntEnum):
     END = 10          # its end (a document), with FILE, RG and DOC: what a death or stall held
     RUN = 11          # the documents [RUN, RUN_END) of the piece inside the engine now (-1 while the piece
     RUN_END = 12      # is read): where a death or stall happened (procs/heal.py)
+    ENGINE = 13       # the engine it tokenizes with now, a code (data/engine.py `Engines.state`; 0: none yet)
 
 
 CHECK_STRIDE = 16  # batch_check reads every 16th token of a slot

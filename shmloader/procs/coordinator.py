@@ -191,8 +191,8 @@ class _Coordinator:
                     raise Stop
                 if conn is self.kick:
                     self.handover.kicked_now()
-                else:
-                    self._receive(conn)
+                elif conn is self.trainer or conn in self.workers:  # not a dead worker's pipe that
+                    self._receive(conn)  # a Replace just before it in `ready` took out (what it sent is redone)
 
     def _check_idle(self, freed: int):
         """Release the processes (`_Release`) when the trainer has neither taken a batch nor

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import NamedTuple
 
+from ..data.engine import name as engine_name
 from ..errors import LoaderClosed, WorkerError, warn
 from ..ipc.handover import Announcement
 from ..ipc.ring import STATS_FIELDS, RingLayout, WorkerCol
@@ -75,7 +76,8 @@ def _worker_stats(row) -> dict:
     busy = row[WorkerCol.BUSY_US]
     return {"pid": int(row[WorkerCol.PID]), "tokens": int(row[WorkerCol.TOKENS]),
             "tokenized": int(row[WorkerCol.TOKENIZED]), "busy_s": int(busy) / 1e6,
-            "tokens_per_s": float(row[WorkerCol.TOKENS] / (busy / 1e6)) if busy else 0.0}
+            "tokens_per_s": float(row[WorkerCol.TOKENS] / (busy / 1e6)) if busy else 0.0,
+            "engine": engine_name(int(row[WorkerCol.ENGINE]))}
 
 
 

@@ -117,6 +117,7 @@ def _loop(ctx: _Ctx):
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
              if ctx.cfg.cache_dir else None)
     row = ctx.ring.workers[ctx.args.worker]
+    row[WorkerCol.ENGINE] = encode.state  # and after each run of documents (`_tokenize`): for stats()
     idle_s = beat_every(ctx.cfg)
     while True:
         if ctx.tasks:
@@ -134,8 +135,9 @@ def _loop(ctx: _Ctx):
             busy = time.perf_counter() - began - (ctx.gave_way_s - gave_way)
             row[WorkerCol.TOKENS] += len(tokens)
             row[WorkerCol.BUSY_US] += int(busy * 1e6)
-            if not hit and (ctx.ordered or keep is None):  # after the first batch, or counting only
+            if not hit and (ctx.ordered or not keep):  # after the first batch, or counting only
                 encode.worked(busy)
+            row[WorkerCol.ENGINE] = encode.state
             ctx.tasks.popleft()
             held = ctx.packing.keep(tokens, lengths, piece.skip) if keep else None
             if held is not None and task.rows is not None:  # done again for a replaced worker: what it still needs
@@ -265,6 +267,7 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, task: Task):
         nonlocal due
         if beat:  # a run of documents is done (not while one long document is on its thread)
             row[WorkerCol.BEAT] += 1
+            row[WorkerCol.ENGINE] = encode.state
         if time.perf_counter() >= due:  # write orders wait at most about this long (or one chunk)
             _service(ctx)
             due = time.perf_counter() + SERVICE_EVERY_S

@@ -37,7 +37,8 @@ def stream(root, enc, packing, **kw):
     extra = dict(buffer_size=12, tokenizer_batch_size=4) if packing == "bos_bestfit" else {}
     with shmloader.ShmLoader(str(root), enc, B, T, "train", packing=packing, device="cpu", num_workers=2,
                              timeout=60, **extra, **kw) as loader:
-        return [np.concatenate([x.numpy().reshape(-1), y.numpy().reshape(-1)]) for x, y in itertools.islice(loader, N)]
+        got = [np.concatenate([x.numpy().reshape(-1), y.numpy().reshape(-1)]) for x, y in itertools.islice(loader, N)]
+        return got, [w["engine"] for w in loader.stats()["workers"]]
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
@@ -45,8 +46,10 @@ def test_the_stream_with_gigatoken_is_tiktokens(data, packing, monkeypatch):
     root, paths, enc = data
     monkeypatch.setenv(enginemod.AT_ENV, "0")
     assert enginemod.build(shmloader.data.tokenizer.resolve(enc), "auto").name == "gigatoken"
-    fast = stream(root, enc, packing, engine="auto", start_method="spawn")
-    ref = stream(root, enc, packing, engine="tiktoken")
+    fast, engines = stream(root, enc, packing, engine="auto", start_method="spawn")
+    assert engines == ["gigatoken", "gigatoken"], engines  # each worker's engine, as stats() names it
+    ref, engines = stream(root, enc, packing, engine="tiktoken")
+    assert engines == ["tiktoken", "tiktoken"], engines
     assert len(fast) == len(ref) == N
     for k, (a, b) in enumerate(zip(fast, ref)):
         assert a.tobytes() == b.tobytes(), f"batch {k}"

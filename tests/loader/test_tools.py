@@ -76,7 +76,7 @@ def test_demo_data_is_cached(demo):
 # ---------------------------------------------------------------- tools/bench/, one smoke run a topic
 
 TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
-          "long_document", "mixture", "positions", "giga", "step_loop")
+          "long_document", "mixture", "positions", "giga", "step_loop", "hf_engine")
 TINY = ("--batch-size", 2, "--seq-len", 128)
 
 
@@ -280,6 +280,17 @@ def test_bench_giga(demo, tmp_path, capsys, watchdog):
         assert [r["engine"] for r in e["rates"]] == ["tiktoken", "fastokens", "gigatoken"]
         assert all(r["tokens_per_s"] > 0 for r in e["rates"])
     assert re.search(r"demo +gpt2 +200 .* 0, 0 of 200", text), text
+
+
+def test_bench_hf_engine(tmp_path, capsys, watchdog):
+    pytest.importorskip("fastokens")
+    pytest.importorskip("tokenizers")
+    text, got = bench("hf_engine", tmp_path, capsys, "--rounds", 1, "--seconds", 1.5, "--files", 60,
+                      "--vocab-size", 300, "--workers", 1, "--data-dir", tmp_path / "data")
+    assert [r["packing"] for r in got["rows"]] == ["concat", "bos_bestfit"]
+    for r in got["rows"]:
+        assert r["first_batch_s"] > 0 and r["engines"] == ["fastokens"], r
+    assert "bos_bestfit" in text and "fastokens" in text, text
 
 
 def test_bench_packing(tmp_path, capsys, watchdog):

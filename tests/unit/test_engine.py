@@ -268,3 +268,43 @@ def test_the_check_does_not_encode_a_huge_document_twice():
     huge = "z" * (enginemod.CHECK_MAX_CHARS + 1)
     check.batch(["a", huge, "b"], np.array([1, 1], dtype=np.uint32), np.array([0, 1, 1, 2]), lambda j: "?")
     assert calls == [1, 1] and check.too_long == 1 and check.checked == 2
+
+
+def test_a_tokenizer_json_builds_the_engine_in_the_first_calls_and_names_it(monkeypatch):
+    """The `tokenizers` definition (EARLY) pays rent from its first call, first batch included,
+    and builds at once when it adds up; `state` names the engine in use at every step."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    monkeypatch.delenv(enginemod.AT_ENV, raising=False)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(corpus.synthetic_texts(60, seed=3), trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    spec = tokmod.resolve(tok)
+    engines = enginemod.Engines(spec, "auto", warn=pytest.fail)
+    assert enginemod.name(engines.state) == "tokenizers" and enginemod.name(0) is None
+    engines.price = 1e9  # not yet: the definition encodes
+    text = " ".join(corpus.synthetic_texts(40, seed=5))
+    engines.encode_batch([text], lambda j: "?")
+    assert enginemod.name(engines.state) == "tokenizers" and engines._rent > 0
+    engines.price = engines._rent  # the next call's rent reaches it: built and taken over at once
+    engines.encode_batch([text], lambda j: "?")
+    assert enginemod.name(engines.state) == "fastokens" and engines.check.seen == 0
+    ids, offsets = engines.encode_batch([text, "a <|endoftext|> b"], lambda j: "?")
+    reference = tokmod.build(spec)
+    assert ids[offsets[0]:offsets[1]].tolist() == reference(text).tolist() and engines.check.checked == 2
+    assert enginemod.name(enginemod.NAMES.index("tokenizers") + enginemod.BUILDING) == \
+        "tokenizers, fast engine building"
+
+
+def test_the_start_check_compares_what_fits_in_its_characters(synth_tokenizer):
+    """Of the first START_DOCS documents, those that fit in START_CHARS characters in all are
+    compared (a slow definition's start check stays short); the sampled check is unchanged."""
+    encoder = enginemod.build(tokmod.resolve(synth_tokenizer), "fastokens")
+    check = enginemod.Check(encoder)
+    big = "word " * (enginemod.START_CHARS // 5 - 10)  # nearly all of them
+    for text in [big, "small one", big, "another small one"]:
+        check(text, encoder.encode(text), lambda: "?")
+    assert check.checked == 3 and check.start_chars == enginemod.START_CHARS - len(big) - 26
