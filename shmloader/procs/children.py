@@ -170,21 +170,28 @@ class Children:
             raise errors.WorkerError("the coordinator closed its pipe without an error") from None
         if isinstance(msg, kinds):
             return msg
+        if self._kept(msg):
+            return None
+        if isinstance(msg, Released):
+            raise ChildrenReleased(msg.idle_s)
+        _raise_reported(msg)
+
+    def _kept(self, msg) -> bool:
+        """Take in a message that is neither an error nor a release: a warning is warned, a
+        file's identity and the stream's end kept. False for any other."""
         if isinstance(msg, Warn):
             if msg.info:
                 logging.getLogger("shmloader").info("%s", msg.text)
             else:
                 errors.warn(f"shmloader: {msg.text}")
-            return None
+            return True
         if isinstance(msg, Opened):
             self.opened.append(msg)  # the loader takes them into its states (ShmLoader._learn)
-            return None
-        if isinstance(msg, Released):
-            raise ChildrenReleased(msg.idle_s)
+            return True
         if isinstance(msg, Ended):
             self.ended = msg.text
-            return None
-        _raise_reported(msg)
+            return True
+        return False
 
     def ready_batches(self) -> int:
         """Batches announced and not yet taken by `next()`."""
@@ -306,8 +313,10 @@ class Children:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 return None
+            self.handover.messages_read += 1  # counted as read: a worker's replacement goes on with this pipe
             if isinstance(msg, (Error, Released)):
                 return msg
+            self._kept(msg)  # not dropped: an `Opened` read here still reaches the loader's states
 
     def _describe(self, p) -> str:
         if p is self.coordinator:
