@@ -45,8 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--packings", nargs="+", choices=PACKINGS, default=list(PACKINGS),
                    help="packings to measure shmloader with (default both)")
     loaders.add_shape_args(p)
-    p.add_argument("--engine", choices=("auto", "tiktoken", "fastokens"), default="auto",
-                   help="the loaders' and the bare processes' engine (default auto: fastokens when installed)")
+    p.add_argument("--engine", choices=("auto", "tiktoken", "fastokens", "gigatoken"), default="auto",
+                   help="the loaders' and the bare processes' engine (default auto: gigatoken where proven "
+                        "equal, else fastokens when installed)")
     p.add_argument("--seconds", type=float, default=None,
                    help="wall time of each row and of each set of bare processes (seconds; default 10, 3 with --quick)")
     p.add_argument("--repeat", type=int, default=1, help="rounds, every row once per round (rounds; default 1)")
