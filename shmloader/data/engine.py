@@ -32,12 +32,10 @@ fast engine by `function(spec) -> (text -> ids)` (a deliberately wrong engine),
 the engine take over at exactly the worker's k-th document (`Engines`); tests start their
 workers with `start_method="spawn"` so that the environment reaches them.
 """
-import base64
 import importlib
 import importlib.util
 import os
 import pickle
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -178,12 +176,8 @@ def _fastokens(fastokens, spec):
         tok = fastokens.Tokenizer.from_json_str(spec.payload.decode())
     else:
         enc = pickle.loads(spec.payload)
-        with tempfile.NamedTemporaryFile("wb", suffix=".tiktoken") as f:
-            ranks = enc._mergeable_ranks
-            f.write(b"".join(base64.b64encode(piece) + b" %d\n" % rank
-                             for piece, rank in sorted(ranks.items(), key=lambda kv: kv[1])))
-            f.flush()
-            tok = fastokens.Tokenizer.from_tiktoken(f.name, pattern=enc._pat_str,
+        with tokmod.ranks_file(enc) as path:
+            tok = fastokens.Tokenizer.from_tiktoken(path, pattern=enc._pat_str,
                                                     special_tokens=dict(enc._special_tokens))
     flat = tok.encode_batch_flat
 

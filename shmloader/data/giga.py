@@ -21,12 +21,12 @@ it does not take a pattern as a regex. So it is used only where it is proven equ
 `build(spec) -> Built | Refused`: `Built.encode(text) -> ids` and `Built.batch(texts) -> (ids,
 offsets)` on the calling thread (`parallel=False`: a worker is one process per core).
 """
-import base64
 import pickle
-import tempfile
 from typing import Callable, NamedTuple
 
 import numpy as np
+
+from . import tokenizer as tokmod
 
 # split pattern -> gigatoken's pretokenizer for it (tiktoken_ext/openai_public.py's patterns)
 _R50K = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
@@ -83,11 +83,8 @@ def build(spec, reference: Callable) -> Built | Refused:
         import gigatoken
     except ImportError:
         return Refused("gigatoken is not installed (pip install gigatoken)")
-    with tempfile.NamedTemporaryFile("wb", suffix=".tiktoken") as f:
-        f.write(b"".join(base64.b64encode(piece) + b" %d\n" % rank
-                         for piece, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1])))
-        f.flush()
-        tok = gigatoken.Tokenizer.from_tiktoken(f.name, pretokenizer=name)  # no special tokens: ordinary text
+    with tokmod.ranks_file(enc) as path:
+        tok = gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=name)  # no special tokens: ordinary text
 
     def batch(texts: list) -> tuple:
         return _flat(tok.encode_batch(texts, parallel=False))

@@ -10,9 +10,12 @@ else `<|bos|>`, else `<|endoftext|>` (Hugging Face: also `<s>`, `[BOS]`, `<|begi
 Documents are encoded as ordinary text: special-token strings inside a document are not
 special. Workers rebuild the tokenizer once from the spec's bytes.
 """
+import base64
+import contextlib
 import hashlib
 import os
 import pickle
+import tempfile
 import weakref
 from dataclasses import dataclass
 
@@ -177,3 +180,14 @@ def build(spec: TokenizerSpec):
         encode = obj.encode_to_numpy
         return lambda text: encode(text, disallowed_special=())
     return lambda text: np.asarray(obj.encode(text), dtype=np.int64)
+
+
+@contextlib.contextmanager
+def ranks_file(enc):
+    """A `.tiktoken` file of `enc`'s mergeable ranks (base64 piece, rank: one a line), for the
+    engines that load one (fastokens, gigatoken); its path, while the context lasts."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".tiktoken") as f:
+        f.write(b"".join(base64.b64encode(piece) + b" %d\n" % rank
+                         for piece, rank in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1])))
+        f.flush()
+        yield f.name
