@@ -189,8 +189,9 @@ def _start(procs, start_method: str):
     connection, the child's file descriptors and then its pickled process object, and a
     KeyboardInterrupt between those steps leaves the server a connection that ends early (it
     dies with an EOFError traceback) or the child a truncated object (a traceback of its own).
-    So SIGINT stays blocked in the trainer while it starts the children, and a Ctrl-C that
-    came meanwhile is raised once they are all started (the caller then stops them). Waiting
+    So SIGINT stays blocked in the trainer while it starts the children, its Python handler
+    deferred too (the trainer's other threads would take the Ctrl-C otherwise), and a Ctrl-C
+    that came meanwhile is raised once they are all started (the caller then stops them). Waiting
     for the server's preloads (~0.1-0.4 s after a process's first loader is built, on a
     2-core machine) is part of that, as waiting for a spawned child's interpreter is."""
     resource_tracker.ensure_running()  # before the block: starting it unblocks SIGINT
