@@ -43,8 +43,8 @@ def sigint_blocked():
 
 class _Deferred:
     """The main thread's SIGINT handler, replaced by one that only notes a Ctrl-C; `release`
-    puts the user's handler back and, if one came, raises SIGINT again in this thread, to
-    that handler (default_int_handler: a KeyboardInterrupt; SIG_IGN: nothing)."""
+    puts the user's handler back and, if one came, hands it to that handler once
+    (default_int_handler: a KeyboardInterrupt; SIG_IGN: nothing; SIG_DFL: death by SIGINT)."""
 
     def __init__(self, handler):
         self.handler = handler
@@ -68,7 +68,11 @@ class _Deferred:
 
     def release(self):
         signal.signal(signal.SIGINT, self.handler)
-        if self.came:
+        if not self.came:
+            return
+        if callable(self.handler):  # called, not raised again: a wakeup fd (asyncio's) heard it once
+            self.handler(signal.SIGINT, None)
+        else:  # SIG_IGN: nothing; SIG_DFL: the death it would have been
             signal.raise_signal(signal.SIGINT)
 
 

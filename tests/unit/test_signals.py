@@ -3,6 +3,7 @@ process, and the kernel hands it to a thread that does not block it (torch's and
 pools exist before a first loader). It must still not interrupt the body, but come once on
 leaving it, to the handler the user had. Each case runs in a fresh interpreter, whose
 handlers and threads are its own."""
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ SCRIPT = textwrap.dedent("""
 
     handler = sys.argv[1]
     calls = []
-    chosen = {"interrupt": signal.default_int_handler, "ignore": signal.SIG_IGN,
+    chosen = {"interrupt": signal.default_int_handler, "ignore": signal.SIG_IGN, "default": signal.SIG_DFL,
               "custom": lambda signum, frame: calls.append(list(seen))}[handler]
     signal.signal(signal.SIGINT, chosen)
     ready, stop = threading.Event(), threading.Event()
@@ -33,6 +34,8 @@ SCRIPT = textwrap.dedent("""
             while time.monotonic() < deadline:  # bytecodes, where a KeyboardInterrupt would come
                 pass
             seen.append("body done")
+            if handler == "default":
+                print("body done", flush=True)  # the process dies on leaving the block
         time.sleep(0.05)
 
     go, finished = threading.Event(), threading.Event()
@@ -66,10 +69,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run(handler: str, where: str) -> str:
+def run(handler: str, where: str, returncode: int = 0) -> str:
     done = subprocess.run([sys.executable, "-c", SCRIPT, handler, where], capture_output=True,
                           text=True, timeout=60, cwd=helpers.REPO_ROOT)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == returncode, done.stderr
     return done.stdout.strip()
 
 
@@ -80,6 +83,10 @@ def run(handler: str, where: str) -> str:
 ])
 def test_a_ctrl_c_to_another_thread_waits_for_the_end_of_the_block(handler, expected):
     assert run(handler, "main") == expected
+
+
+def test_with_the_default_action_the_process_dies_of_it_after_the_block():
+    assert run("default", "main", returncode=-signal.SIGINT) == "body done"
 
 
 def test_off_the_main_thread_the_handler_is_left_alone():
