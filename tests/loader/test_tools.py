@@ -200,11 +200,12 @@ def test_bench_evaluations(demo, tmp_path, capsys, watchdog):
     assert len(ours["per_evaluation_ms"]) == 2 and all(t > 0 for t in ours["per_evaluation_ms"])
     assert ours["vs_nanochat_per_evaluation"] == [a / b for a, b in zip(ours["per_evaluation_ms"],
                                                                         base["per_evaluation_ms"])]
+    assert ours["train_first_ms"] > 0 and ours["vs_nanochat_train_first"] == ours["train_first_ms"] / base["train_first_ms"]
     [memory] = ours["memory_between_rounds"]
     # between evaluations: the trainer, forkserver, and each loader's coordinator and worker
     assert len(memory) == 2 and all(m["processes"] >= 4 for m in memory)
     assert base["processes_between"] == 1 and ours["rss_between_mib_median"] > base["rss_between_mib_median"] > 0
-    assert "shmloader, 1 worker" in text and "MiB between" in text
+    assert "shmloader, 1 worker" in text and "MiB between" in text and "train loader's first" in text
 
 
 def test_bench_cache(demo, tmp_path, capsys, watchdog):

@@ -6,7 +6,8 @@ and a new val loader built at every evaluation, next to nanochat's own loader.
     python tools/bench/evaluations.py --compare ../before
 
 In one fresh process per row (torch imported first), as base_train does: a train loader of
-the row's kind is built and its first batch taken (step 0); then `--loaders` evaluations, each
+the row's kind is built and its first batch taken (step 0: the process's first loader, timed
+from the call too); then `--loaders` evaluations, each
 building a new val loader and assigning it over the last one (so dropping the last one is part
 of the evaluation's time), timed from the call to its first batch, `--take` batches taken;
 between evaluations `--gap-ms` of training steps (`--step-ms` of busy work and a train batch
@@ -70,12 +71,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 def evaluations(train, val, n: int, take: int, gap_s: float, step_s: float) -> dict:
     """base_train's pattern: `train()` built and its first batch taken, then `n` evaluations of
     `val()` (each assigned over the last), `gap_s` of training steps after each; ms per
-    evaluation from the call to its first batch, and the memory after each gap."""
+    evaluation from the call to its first batch (and the train loader's, the process's first
+    loader), and the memory after each gap."""
     import numpy as np
 
-    times, memory, gen, trainer, buf = [], [], None, train(), np.zeros(1 << 17)
+    times, memory, gen, buf = [], [], None, np.zeros(1 << 17)
+    started = time.perf_counter()
+    trainer = train()
     try:
         next(trainer)
+        first_train_ms = (time.perf_counter() - started) * 1e3  # the process's first loader
         for i in range(n):
             started = time.perf_counter()
             gen = val()  # the previous val loader, still referenced, is dropped here
@@ -98,7 +103,7 @@ def evaluations(train, val, n: int, take: int, gap_s: float, step_s: float) -> d
         for it in (gen, trainer):
             if it is not None:
                 it.close()
-    return {"per_evaluation_ms": times, "memory_between": memory}
+    return {"train_first_ms": first_train_ms, "per_evaluation_ms": times, "memory_between": memory}
 
 
 def evaluations_child(cfg: dict) -> dict:
@@ -151,7 +156,10 @@ def summarise(rounds: list[list[dict]]) -> list[dict]:
         runs = [rnd[i] for rnd in rounds]
         memory = [m for r in runs for m in r["memory_between"]]
         pss = [m["pss_mib"] for m in memory]
-        rows.append(dict({k: v for k, v in runs[0].items() if k not in ("per_evaluation_ms", "memory_between")},
+        rows.append(dict({k: v for k, v in runs[0].items()
+                          if k not in ("train_first_ms", "per_evaluation_ms", "memory_between")},
+                         train_first_ms=results.median(r["train_first_ms"] for r in runs),
+                         train_first_ms_rounds=[r["train_first_ms"] for r in runs],
                          per_evaluation_ms=[results.median(ts) for ts in zip(*(r["per_evaluation_ms"] for r in runs))],
                          per_evaluation_ms_rounds=[r["per_evaluation_ms"] for r in runs],
                          memory_between_rounds=[r["memory_between"] for r in runs],
@@ -162,6 +170,7 @@ def summarise(rounds: list[list[dict]]) -> list[dict]:
     for r in rows:
         base = base_of[r["packing"]]["per_evaluation_ms"]
         r["vs_nanochat_per_evaluation"] = [a / b for a, b in zip(r["per_evaluation_ms"], base)]
+        r["vs_nanochat_train_first"] = r["train_first_ms"] / base_of[r["packing"]]["train_first_ms"]
     return rows
 
 
@@ -184,16 +193,19 @@ def report(run: dict) -> str:
     out = [f"nanochat's evaluations, base_train's pattern: a train loader running, {c['loaders']} evaluations each "
            f"building a new val loader over the last, {c['take']} batches each, {c['gap_ms']:g} ms of training steps "
            f"({c['step_ms']:g} ms of busy work and a train batch) between them; B={c['B']}, T={c['T']}; ms from the "
-           f"call to the first val batch" + (f", the median of {c['rounds']} rounds" if c["rounds"] > 1 else "")
+           f"call to the first val batch (and to the train loader's first, the process's first loader)" + (f", the median of {c['rounds']} rounds" if c["rounds"] > 1 else "")
            + f"; load average at the start {run['machine']['load_average']}"]
-    head = ("corpus", "loader", "packing", "per evaluation (ms)", "/ nanochat's own, worst", "MiB between (RSS sum / PSS)")
+    head = ("corpus", "loader", "packing", "train loader's first (ms)", "per evaluation (ms)",
+            "/ nanochat's own: train's first, evaluations' worst", "MiB between (RSS sum / PSS)")
     rows = []
     for e in run["corpora"]:
         for r in e["rows"]:
             who = "nanochat's own loader" if r["kind"] == "baseline" else \
                 f"shmloader, {plural(r['workers'], 'worker')}" + (f" ({r['label']})" if r.get("label") else "")
-            rows.append((e["corpus"] or "data", who, r["packing"], " ".join(f"{t:.0f}" for t in r["per_evaluation_ms"]),
-                         "-" if r["kind"] == "baseline" else f"{max(r['vs_nanochat_per_evaluation']):.2f}x",
+            rows.append((e["corpus"] or "data", who, r["packing"], f"{r['train_first_ms']:.0f}",
+                         " ".join(f"{t:.0f}" for t in r["per_evaluation_ms"]),
+                         "-" if r["kind"] == "baseline" else
+                         f"{r['vs_nanochat_train_first']:.2f}x, {max(r['vs_nanochat_per_evaluation']):.2f}x",
                          f"{fmt(r['rss_between_mib_median'])} / {fmt(r['pss_between_mib_median'])} "
                          f"({plural(r['processes_between'], 'process', 'processes')})"))
     out.append(results.table(head, rows))
