@@ -92,6 +92,23 @@ class SpinTokenizer(IntTokenizer):
         return super().encode(text, prepend, num_threads)
 
 
+class LateTokenizer(IntTokenizer):
+    """`IntTokenizer` whose unpickling takes `seconds` in every process but the first to
+    unpickle it (the first one creates the file `marker`): one worker slow to start, as a
+    worker starved of the cores or unpickling a large vocabulary is."""
+
+    def __init__(self, marker: str, seconds: float, bos: int = 0):
+        super().__init__(bos)
+        self.marker, self.seconds = marker, seconds
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            time.sleep(self.seconds)
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of `pid` (/proc, clock ticks of 10 ms here)."""
     with open(f"/proc/{pid}/stat") as f:

@@ -35,7 +35,6 @@ workers with `start_method="spawn"` so that the environment reaches them.
 import importlib
 import importlib.util
 import os
-import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -175,7 +174,7 @@ def _fastokens(fastokens, spec):
     if spec.kind == "hf":
         tok = fastokens.Tokenizer.from_json_str(spec.payload.decode())
     else:
-        enc = pickle.loads(spec.payload)
+        enc = tokmod.encoding(spec)
         with tokmod.ranks_file(enc) as path:
             tok = fastokens.Tokenizer.from_tiktoken(path, pattern=enc._pat_str,
                                                     special_tokens=dict(enc._special_tokens))

@@ -21,7 +21,6 @@ it does not take a pattern as a regex. So it is used only where it is proven equ
 `build(spec) -> Built | Refused`: `Built.encode(text) -> ids` and `Built.batch(texts) -> (ids,
 offsets)` on the calling thread (`parallel=False`: a worker is one process per core).
 """
-import pickle
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -66,7 +65,7 @@ def scheme(spec) -> str | None:
     """gigatoken's pretokenizer for `spec`'s split pattern, or None (not one it implements)."""
     if spec.kind != "tiktoken":
         return None
-    return SCHEMES.get(pickle.loads(spec.payload)._pat_str)
+    return SCHEMES.get(tokmod.encoding(spec)._pat_str)
 
 
 def build(spec, reference: Callable) -> Built | Refused:
@@ -74,7 +73,7 @@ def build(spec, reference: Callable) -> Built | Refused:
     definition's `text -> ids`), or why not."""
     if spec.kind != "tiktoken":
         return Refused(f"gigatoken is used for tiktoken tokenizers only (this one is of kind {spec.kind!r})")
-    enc = pickle.loads(spec.payload)
+    enc = tokmod.encoding(spec)
     name = SCHEMES.get(enc._pat_str)
     if name is None:  # before the import: most tokenizers stop here at no cost
         return Refused("gigatoken does not implement this tokenizer's split pattern (it implements GPT-2's, "

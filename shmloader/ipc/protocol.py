@@ -34,7 +34,12 @@ message is one record below, sent through a pipe and dispatched on its type:
    right after the copy for a copied batch), on CUDA when the event recorded after the copy
    has completed. Batches come back in any order; batches below `freed + n_slots` (`freed` =
    how many came back) may be written, so at most `n_slots` hold a slot at once.
-2. Coordinator -> worker: `Task(piece, keep, footer, rows, skip, alone)`; how much a worker
+2. Worker -> coordinator: `Ready(engine)` once its tokenizer is built and its source open;
+   only then is it given new pieces (a worker slow to start, starved of the cores while
+   another loader's workers run or unpickling a 200k-token vocabulary, holds no piece that a
+   worker already started could read: the first batch waits for the first worker ready, not
+   the last). A replacement (8) says it too.
+   Coordinator -> worker: `Task(piece, keep, footer, rows, skip, alone)`; how much a worker
    may hold is the mode's rule (packing/base.py, "What a worker may hold": a few pieces not yet
    counted, and tokens counted but not yet written below a budget; best fit also caps the
    documents waiting to enter its buffer), so memory is bounded whatever the trainer's pace.
@@ -167,6 +172,11 @@ class Task(NamedTuple):
 
 
 # worker -> coordinator
+class Ready(NamedTuple):
+    """The worker has built its tokenizer and opened its source: it may be given pieces."""
+    engine: int                    # its engine's code (data/engine.py `NAMES`)
+
+
 class Counted(NamedTuple):
     piece: int
     lengths: object                # np.ndarray of int64, one per row

@@ -37,8 +37,8 @@ from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
-from ..ipc.protocol import (Counted, Error, Listener, Opened, Released, Replace, RunArgs, Skipped, Stop, Task, Warn,
-                            Written)
+from ..ipc.protocol import (Counted, Error, Listener, Opened, Ready, Released, Replace, RunArgs, Skipped, Stop, Task,
+                            Warn, Written)
 from ..ipc.ring import Counter, Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
@@ -150,6 +150,7 @@ class _Coordinator:
         self.wait_s = beat_every(cfg)  # the loop turns (and beats) at least this often
         self.poisoned, self.suspects = args.poisoned, args.suspects  # procs/heal.py: the trainer's word
         self.dead = set()                             # workers whose pipe closed, not yet replaced
+        self.starting = set(range(len(workers)))      # workers not Ready yet: given no piece
         self._unacked = [deque() for _ in workers]    # orders sent to each worker, not acknowledged
         self._queued = [deque() for _ in workers]     # orders held back while it is replaced
         self._redoing = [set() for _ in workers]      # pieces its replacement tokenizes again
@@ -161,7 +162,8 @@ class _Coordinator:
         self.idle_release_s = 0.0 if args.locate else cfg.idle_release_s
         self._frees, self._last_free, self._longest_gap = 0, None, 0.0  # the trainer's pace
         self._taken, self._last_here = 0, time.monotonic()  # the trainer's TAKEN, and when it was last here
-        self._from_worker = {Counted: self._counted, Written: self._written,
+        self._from_worker = {Ready: lambda msg, w: self.starting.discard(w), Counted: self._counted,
+                             Written: self._written,
                              Skipped: lambda msg, w: self._row_group_skipped(msg),
                              Error: lambda msg, w: self.tell(msg), Warn: lambda msg, w: self.tell(msg)}
         self._from_trainer = {Replace: self._replaced}
@@ -288,6 +290,7 @@ class _Coordinator:
         self.workers[w], self.outboxes[w] = conn, _Outbox(conn)
         self.listening.add(conn)
         self.dead.discard(w)
+        self.starting.add(w)  # what the old one held goes out below; new pieces once it is Ready
         holding = self.mode.holding(w, list(self._queued[w]))
         for index in sorted(holding):
             piece, rows = self._given[index], holding[index]
@@ -349,7 +352,7 @@ class _Coordinator:
     def _assign(self):
         mode = self.mode
         while True:
-            able = lambda w: w not in self.dead and mode.can_take(w)  # noqa: E731
+            able = lambda w: w not in self.dead and w not in self.starting and mode.can_take(w)  # noqa: E731
             i = min(range(len(self.workers)), key=lambda w: (not able(w), mode.load(w), w))
             if not able(i):
                 return

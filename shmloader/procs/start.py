@@ -30,6 +30,7 @@ import types
 from dataclasses import replace
 from multiprocessing import resource_tracker
 
+from ..data import tokenizer as tokmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.signals import sigint_blocked
 from .coordinator import coordinator_main
@@ -142,12 +143,13 @@ def spawn(kids, config, cargs):
     kids.ready, kids.kick = Doorbell(), Doorbell()
     kids.handover = TrainerEnd(kids.ring, kids.ready, kids.kick)
     pipes = [ctx.Pipe() for _ in range(config.num_workers)]
+    theirs, its = _spilled(cargs), replace(cargs, tokenizer=None)  # the coordinator never tokenizes
     kids.coordinator = ctx.Process(target=coordinator_main, name="shmloader-coordinator", daemon=True,
-                                   args=(config, cargs, coord_end, [a for a, _ in pipes], alive_r,
+                                   args=(config, its, coord_end, [a for a, _ in pipes], alive_r,
                                          (kids.ready, kids.kick, kids.handover.header_only)))
     for i, (_, end) in enumerate(pipes):
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
-                                        args=(config, replace(cargs, worker=i), end, alive_r)))
+                                        args=(config, replace(theirs, worker=i), end, alive_r)))
     try:
         with _main_hidden():
             _start(kids.procs, config.start_method)
@@ -156,13 +158,20 @@ def spawn(kids, config, cargs):
             c.close()
 
 
+def _spilled(cargs):
+    """The workers' run arguments, a large tokenizer payload in a file of the training process's
+    temporary directory (`tokenizer.spilled`) rather than in every start's pickle."""
+    _tempdir()
+    return replace(cargs, tokenizer=tokmod.spilled(cargs.tokenizer, multiprocessing.util.get_temp_dir()))
+
+
 def respawn_worker(kids, config, cargs, i: int):
     """Start a new worker `i` for `kids` (its predecessor died), as `spawn` starts them;
     `kids.workers[i]` is it. Returns the other end of its pipe, for the coordinator."""
     ctx = multiprocessing.get_context(config.start_method)
     theirs, its = ctx.Pipe()
     p = ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
-                    args=(config, replace(cargs, worker=i, replacement=True), its, kids.alive_r))
+                    args=(config, replace(_spilled(cargs), worker=i, replacement=True), its, kids.alive_r))
     try:
         with _main_hidden():
             _start([p], config.start_method)

@@ -23,17 +23,18 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..data import engine as enginemod
+from ..data import tokenizer as tokmod
 from ..data.cache import TokenCache
 from ..data.order import Piece
 from ..data.source import ParquetSource, read_or_skip
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
-from ..ipc.protocol import Counted, Error, Listener, RunArgs, Skipped, Stop, Task, Warn, Written
+from ..ipc.protocol import Counted, Error, Listener, Ready, RunArgs, Skipped, Stop, Task, Warn, Written
 from ..ipc.ring import Counter, WorkerCol
 from ..ipc.signals import ignore_sigint
 from .precedence import now_us
@@ -105,6 +106,7 @@ def _keep_freed_memory():
 
 def _loop(ctx: _Ctx):
     _keep_freed_memory()
+    ctx.args = replace(ctx.args, tokenizer=tokmod.loaded(ctx.args.tokenizer))  # a large payload: from its file
     spec = ctx.args.tokenizer
     # the definition encodes until the fast engine, built once it pays, takes over
     encode = enginemod.Engines(spec, ctx.cfg.engine,
@@ -118,6 +120,7 @@ def _loop(ctx: _Ctx):
              if ctx.cfg.cache_dir else None)
     row = ctx.ring.workers[ctx.args.worker]
     row[WorkerCol.ENGINE] = encode.state  # and after each run of documents (`_tokenize`): for stats()
+    ctx.conn.send(Ready(encode.state))  # pieces come from now on (NOTE [ring protocol] 2)
     idle_s = beat_every(ctx.cfg)
     while True:
         if ctx.tasks:

@@ -267,3 +267,38 @@ def test_fingerprint_is_the_same_across_forms(shards, enc, pkl):
     other = corpus.train_tokenizer(corpus.synthetic_texts(80, seed=9, mean_words=20), vocab_size=300)
     _, config = _loader_windows(shards, other, n=1)
     assert config["tokenizer"] != prints["object"], "a different tokenizer must change the fingerprint"
+
+
+@pytest.mark.parametrize("form", ["tiktoken", "object", "hf"])
+def test_a_large_tokenizer_reaches_the_workers_as_a_file(shards, enc, hf_json, form, monkeypatch):
+    """A payload above `SPILL_BYTES` (a 65k-token vocabulary pickles to 870 KB) goes to the
+    workers in a file of the training process's temporary directory, not in every start's
+    pickle: here every payload does. The stream is the oracle's, also after a worker is
+    killed and replaced (the replacement reads the file too)."""
+    import multiprocessing.util
+    import os
+    import signal
+
+    from shmloader.data import tokenizer as tokmod
+    from tokenizers import Tokenizer
+
+    monkeypatch.setattr(tokmod, "SPILL_BYTES", 0)
+    bos = enc.encode_single_token("<|bos|>")
+    tokenizer, encode = {"tiktoken": (enc, enc.encode_ordinary),
+                         "object": (OrdinaryObject(enc, bos), enc.encode_ordinary),
+                         "hf": (str(hf_json), _hf_encode(hf_json))}[form]
+    if form == "hf":
+        bos = Tokenizer.from_file(str(hf_json)).token_to_id("<|endoftext|>")
+    root, paths = shards
+    expected = [w for w, _ in itertools.islice(oracle.concat_windows(paths[:-1], encode, bos, B, T), N)]
+    got = []
+    with shmloader.ShmLoader(str(root), tokenizer, B, T, "train", num_workers=2, device="cpu", timeout=60,
+                             n_slots=2) as loader:
+        for k, (x, y) in enumerate(itertools.islice(loader, N)):
+            got.append(np.concatenate([x.reshape(-1).numpy()[:1], y.reshape(-1).numpy()]))
+            if k == 2:
+                files = [f for f in os.listdir(multiprocessing.util.get_temp_dir()) if f.startswith("tokenizer_")]
+                assert f"tokenizer_{loader.tokenizer.kind}_{loader.tokenizer.fingerprint}.bin" in files, files
+                os.kill(loader.debug().workers[0].pid, signal.SIGKILL)
+        assert loader.stats()["heals"] >= 1
+    assert all(np.array_equal(g, o) for g, o in zip(got, expected)) and len(got) == N

@@ -293,3 +293,64 @@ def test_spec_of_an_encoding_is_computed_once_per_object_and_bos(enc):
     other = tokmod.resolve(enc, bos=first.bos + 1)
     assert other is not first and other.bos == first.bos + 1 and other.fingerprint != first.fingerprint
     assert tokmod.resolve(enc, bos=first.bos + 1) is other
+
+
+def test_a_tokenizer_file_is_loaded_once_while_it_is_unchanged(enc, tmp_path):
+    # ShmLoader(tokenizer=path) at every evaluation: the file's Encoding, and so its spec, once
+    from shmloader.data import tokenizer as tokmod
+
+    path = tmp_path / "tokenizer.pkl"
+    path.write_bytes(pickle.dumps(enc))
+    first = resolve(str(path))
+    assert resolve(str(path)) is first and resolve(str(tmp_path)) is first  # its directory too
+    other = corpus.train_tokenizer(corpus.synthetic_texts(300, seed=6), vocab_size=300)
+    path.write_bytes(pickle.dumps(other))  # replaced: another size, another mtime
+    os.utime(path, ns=(1, 1))
+    changed = resolve(str(path))
+    assert changed is not first and changed.fingerprint == resolve(other).fingerprint
+    for i in range(tokmod.LOADED_KEPT + 2):  # a few files kept, not every one ever loaded
+        (tmp_path / f"t{i}.pkl").write_bytes(pickle.dumps(enc))
+        resolve(str(tmp_path / f"t{i}.pkl"))
+    assert len(tokmod._LOADED) <= tokmod.LOADED_KEPT
+
+
+def test_a_workers_encoding_is_unpickled_once_for_every_use(enc, monkeypatch):
+    """The definition, gigatoken's pattern check and a fast engine's build each need the
+    Encoding: a 65k-token one takes ~40 ms to unpickle, once per worker."""
+    from shmloader.data import giga, tokenizer as tokmod
+
+    spec = resolve(with_specials(enc, ["<|bos|>", "<|fresh|>"], name="unpickled-once"))
+    loads = []
+    real = pickle.loads
+    monkeypatch.setattr(tokmod.pickle, "loads", lambda data: loads.append(len(data)) or real(data))
+    assert build(spec)("a b").tolist() == enc.encode_ordinary("a b")
+    giga.scheme(spec)
+    giga.build(spec, build(spec))
+    try:
+        import fastokens
+    except ImportError:
+        fastokens = None
+    if fastokens is not None:
+        from shmloader.data import engine as enginemod
+
+        enginemod._fastokens(fastokens, spec)
+    assert tokmod.encoding(spec) is tokmod.encoding(spec) and len(loads) == 1
+
+
+def test_a_large_payload_is_spilled_once_to_a_file_and_read_back_whole(enc, tmp_path, monkeypatch):
+    from shmloader.data import tokenizer as tokmod
+
+    spec = resolve(enc)
+    assert tokmod.spilled(spec, str(tmp_path)) is spec  # small: sent as it is
+    monkeypatch.setattr(tokmod, "SPILL_BYTES", 16)
+    ref = tokmod.spilled(spec, str(tmp_path))
+    assert isinstance(ref, tokmod.SpecFile) and tokmod.spilled(spec, str(tmp_path)) is ref  # written once
+    assert len(pickle.dumps(ref)) < 500 < len(spec.payload)
+    assert tokmod.loaded(pickle.loads(pickle.dumps(ref))) == spec and tokmod.loaded(spec) is spec
+    with open(ref.path, "r+b") as f:
+        f.truncate(ref.size - 1)
+    with pytest.raises(RuntimeError, match="cut short"):
+        ref.load()
+    os.remove(ref.path)  # gone (another temporary directory's sweep): written again
+    again = tokmod.spilled(spec, str(tmp_path))
+    assert tokmod.loaded(again) == spec
