@@ -35,10 +35,12 @@ message is one record below, sent through a pipe and dispatched on its type:
    has completed. Batches come back in any order; batches below `freed + n_slots` (`freed` =
    how many came back) may be written, so at most `n_slots` hold a slot at once.
 2. Worker -> coordinator: `Ready(engine)` once its tokenizer is built and its source open;
-   only then is it given new pieces (a worker slow to start, starved of the cores while
-   another loader's workers run or unpickling a 200k-token vocabulary, holds no piece that a
-   worker already started could read: the first batch waits for the first worker ready, not
-   the last). A replacement (8) says it too.
+   only then, or 2 s after its start (`coordinator.READY_WAIT_S`: one stuck starting up then
+   holds a piece, and its stall or the timeout is seen as before), is it given new pieces: a
+   worker slow to start, starved of the cores while another loader's workers run or
+   unpickling a 200k-token vocabulary, holds no piece that a worker already started could
+   read, and the first batch waits for the first worker ready, not the last. A replacement
+   (8) says it too.
    Coordinator -> worker: `Task(piece, keep, footer, rows, skip, alone)`; how much a worker
    may hold is the mode's rule (packing/base.py, "What a worker may hold": a few pieces not yet
    counted, and tokens counted but not yet written below a budget; best fit also caps the

@@ -50,6 +50,7 @@ from .stall import beat_every
 ERROR_FLUSH_S = 2.0
 GIVEN_PRUNE = 4096  # pieces remembered for a replacement before those no worker holds are dropped
 IDLE_GAPS = 10  # an idle release waits at least this many times the longest gap between frees
+READY_WAIT_S = 2.0  # a worker not Ready this long after its start is given pieces anyway
 
 
 class _Release(Exception):
@@ -150,7 +151,8 @@ class _Coordinator:
         self.wait_s = beat_every(cfg)  # the loop turns (and beats) at least this often
         self.poisoned, self.suspects = args.poisoned, args.suspects  # procs/heal.py: the trainer's word
         self.dead = set()                             # workers whose pipe closed, not yet replaced
-        self.starting = set(range(len(workers)))      # workers not Ready yet: given no piece
+        now = time.monotonic()
+        self.starting = dict.fromkeys(range(len(workers)), now)  # workers not Ready yet, since when
         self._unacked = [deque() for _ in workers]    # orders sent to each worker, not acknowledged
         self._queued = [deque() for _ in workers]     # orders held back while it is replaced
         self._redoing = [set() for _ in workers]      # pieces its replacement tokenizes again
@@ -162,7 +164,7 @@ class _Coordinator:
         self.idle_release_s = 0.0 if args.locate else cfg.idle_release_s
         self._frees, self._last_free, self._longest_gap = 0, None, 0.0  # the trainer's pace
         self._taken, self._last_here = 0, time.monotonic()  # the trainer's TAKEN, and when it was last here
-        self._from_worker = {Ready: lambda msg, w: self.starting.discard(w), Counted: self._counted,
+        self._from_worker = {Ready: lambda msg, w: self.starting.pop(w, None), Counted: self._counted,
                              Written: self._written,
                              Skipped: lambda msg, w: self._row_group_skipped(msg),
                              Error: lambda msg, w: self.tell(msg), Warn: lambda msg, w: self.tell(msg)}
@@ -290,7 +292,7 @@ class _Coordinator:
         self.workers[w], self.outboxes[w] = conn, _Outbox(conn)
         self.listening.add(conn)
         self.dead.discard(w)
-        self.starting.add(w)  # what the old one held goes out below; new pieces once it is Ready
+        self.starting[w] = time.monotonic()  # what the old one held goes out below; new pieces once Ready
         holding = self.mode.holding(w, list(self._queued[w]))
         for index in sorted(holding):
             piece, rows = self._given[index], holding[index]
@@ -350,9 +352,13 @@ class _Coordinator:
             self.tell(Warn(text))
 
     def _assign(self):
-        mode = self.mode
+        """Hand out pieces to the least-loaded workers that may take one: Ready ones (NOTE [ring
+        protocol] 2), or any after `READY_WAIT_S` (one stuck starting up then holds a piece, and
+        its stall or the timeout is seen as before)."""
+        mode, now = self.mode, time.monotonic()
+        unready = {w for w, since in self.starting.items() if now - since < READY_WAIT_S}
         while True:
-            able = lambda w: w not in self.dead and w not in self.starting and mode.can_take(w)  # noqa: E731
+            able = lambda w: w not in self.dead and w not in unready and mode.can_take(w)  # noqa: E731
             i = min(range(len(self.workers)), key=lambda w: (not able(w), mode.load(w), w))
             if not able(i):
                 return

@@ -119,8 +119,9 @@ def _loop(ctx: _Ctx):
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
              if ctx.cfg.cache_dir else None)
     row = ctx.ring.workers[ctx.args.worker]
-    row[WorkerCol.ENGINE] = encode.state  # and after each run of documents (`_tokenize`): for stats()
-    ctx.conn.send(Ready(encode.state))  # pieces come from now on (NOTE [ring protocol] 2)
+    ctx.conn.send(Ready(encode.state))  # pieces come from now on (NOTE [ring protocol] 2); first, so
+    row[WorkerCol.ENGINE] = encode.state  # that an engine in stats() means Ready is sent; updated after
+    #                                       each run of documents (`_tokenize`)
     idle_s = beat_every(ctx.cfg)
     while True:
         if ctx.tasks:

@@ -38,7 +38,8 @@ def stream(root, enc, packing, **kw):
     with shmloader.ShmLoader(str(root), enc, B, T, "train", packing=packing, device="cpu", num_workers=2,
                              timeout=60, **extra, **kw) as loader:
         got = [np.concatenate([x.numpy().reshape(-1), y.numpy().reshape(-1)]) for x, y in itertools.islice(loader, N)]
-        return got, [w["engine"] for w in loader.stats()["workers"]]
+        # the engine of each worker that tokenized (one slow to start may have had no piece: Ready)
+        return got, [w["engine"] for w in loader.stats()["workers"] if w["tokens"]]
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
@@ -47,9 +48,9 @@ def test_the_stream_with_gigatoken_is_tiktokens(data, packing, monkeypatch):
     monkeypatch.setenv(enginemod.AT_ENV, "0")
     assert enginemod.build(shmloader.data.tokenizer.resolve(enc), "auto").name == "gigatoken"
     fast, engines = stream(root, enc, packing, engine="auto", start_method="spawn")
-    assert engines == ["gigatoken", "gigatoken"], engines  # each worker's engine, as stats() names it
+    assert engines and set(engines) == {"gigatoken"}, engines  # each worker's engine, as stats() names it
     ref, engines = stream(root, enc, packing, engine="tiktoken")
-    assert engines == ["tiktoken", "tiktoken"], engines
+    assert engines and set(engines) == {"tiktoken"}, engines
     assert len(fast) == len(ref) == N
     for k, (a, b) in enumerate(zip(fast, ref)):
         assert a.tobytes() == b.tobytes(), f"batch {k}"

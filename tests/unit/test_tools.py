@@ -183,10 +183,12 @@ def test_bench_evaluations_compare_every_evaluation_with_nanochats_own_loader():
     mem = lambda rss: {"processes": 2, "rss_mib": rss, "pss_mib": rss / 2, "trainer_rss_mib": 100.0}  # noqa: E731
     rnd = lambda base, ours: [  # noqa: E731
         dict(kind="baseline", packing="bos_bestfit", workers=None, label=None, per_evaluation_ms=base,
-             memory_between=[mem(300.0)] * len(base)),
+             train_first_ms=base[0] / 5, memory_between=[mem(300.0)] * len(base)),
         dict(kind="shmloader", packing="bos_bestfit", workers=2, label=None, per_evaluation_ms=ours,
-             memory_between=[mem(600.0), mem(700.0)])]
+             train_first_ms=ours[0], memory_between=[mem(600.0), mem(700.0)])]
     base, ours = evaluations.summarise([rnd([300.0, 260.0], [700.0, 250.0]), rnd([500.0, 240.0], [100.0, 250.0])])
+    assert base["train_first_ms"] == 80.0 and ours["train_first_ms"] == 400.0 and ours["vs_nanochat_train_first"] == 5.0
+    assert ours["train_first_ms_rounds"] == [700.0, 100.0]
     assert ours["per_evaluation_ms"] == [400.0, 250.0] and base["per_evaluation_ms"] == [400.0, 250.0]
     assert ours["vs_nanochat_per_evaluation"] == [1.0, 1.0] and ours["per_evaluation_ms_rounds"][1] == [100.0, 250.0]
     assert ours["rss_between_mib_median"] == 650.0 and ours["pss_between_mib_median"] == 325.0
