@@ -311,12 +311,13 @@ class Engines:
         the worker publishes for `stats()` (`name`)."""
         return NAMES.index(self.encoder.name) + (BUILDING if self._thread is not None else 0)
 
-    def worked(self, seconds: float) -> None:
+    def worked(self, seconds: float, may_start: bool = True) -> None:
         """The worker tokenized a piece in `seconds`: the build starts once these add up to its
-        estimated cost."""
+        estimated cost, at the first call that says it `may_start` (not while another loader
+        of the process starts: a 65k-token vocabulary's build takes ~0.4 s of a core)."""
         if self._todo is not None:
             self._rent += seconds
-            if self._rent >= self.price:
+            if self._rent >= self.price and may_start:
                 self.start()
                 if self._early:  # a slow definition's calls hold the GIL for long: the build
                     self._thread.join()  # would take many of them to finish beside them

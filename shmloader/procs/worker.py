@@ -139,8 +139,8 @@ def _loop(ctx: _Ctx):
             busy = time.perf_counter() - began - (ctx.gave_way_s - gave_way)
             row[WorkerCol.TOKENS] += len(tokens)
             row[WorkerCol.BUSY_US] += int(busy * 1e6)
-            if not hit and (ctx.ordered or not keep):  # after the first batch, or counting only
-                encode.worked(busy)
+            if not hit and (ctx.ordered or not keep):  # after the first batch, or counting only; the
+                encode.worked(busy, may_start=not _asked_to_yield(ctx))  # build waits while a loader starts
             row[WorkerCol.ENGINE] = encode.state
             ctx.tasks.popleft()
             held = ctx.packing.keep(tokens, lengths, piece.skip) if keep else None
@@ -176,6 +176,13 @@ def _service(ctx: _Ctx):
         raise Stop
     while ctx.conn.poll():
         _handle(ctx, ctx.conn.recv())
+
+
+def _asked_to_yield(ctx: _Ctx) -> bool:
+    """Another loader of the training process is starting (procs/precedence.py): its first
+    batch has the cores, so nothing that can wait (a fast engine's build) begins now."""
+    until = int(ctx.ring.counters[Counter.YIELD_UNTIL])
+    return bool(until) and until > now_us()
 
 
 def _give_way(ctx: _Ctx):

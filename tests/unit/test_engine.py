@@ -168,7 +168,9 @@ def test_engines_build_once_the_definition_has_cost_as_much(synth_tokenizer, mon
     assert engines.encoder.name == "tiktoken" and engines.check is None and engines._todo is not None
     engines.worked(0.6 * engines.price)
     assert engines._todo is not None  # not started
-    engines.worked(0.6 * engines.price)
+    engines.worked(0.6 * engines.price, may_start=False)  # another loader starts: the build waits
+    assert engines._todo is not None
+    engines.worked(0.0)
     assert engines._todo is None  # started
     _take_over(engines)
     assert engines.encoder.name == "fastokens" and engines.check.seen == 0  # the start check begins here
