@@ -16,6 +16,7 @@ its spec made (`_SPECS`).
 """
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -209,12 +210,9 @@ class SpecFile:
     """A spec whose payload waits in a file (`spilled`): what a worker is started with, so that
     starting one does not push the payload (870 KB for a 65k-token vocabulary) through the
     forkserver's socket again; the worker `load`s it."""
-    kind: str
+    spec: TokenizerSpec  # without its payload
     path: str
     size: int
-    bos: int
-    fingerprint: str
-    n_vocab: int = 0
 
     def load(self) -> TokenizerSpec:
         with open(self.path, "rb") as f:
@@ -222,7 +220,7 @@ class SpecFile:
         if len(payload) != self.size:
             raise RuntimeError(f"{self.path}: the tokenizer's payload file holds {len(payload)} bytes, not "
                                f"{self.size}: it was replaced or cut short")
-        return TokenizerSpec(self.kind, payload, self.bos, self.fingerprint, self.n_vocab)
+        return dataclasses.replace(self.spec, payload=payload)
 
 
 _SPILLED: dict[tuple, SpecFile] = {}  # (directory, fingerprint, kind) -> its file, written once
@@ -241,7 +239,7 @@ def spilled(spec: TokenizerSpec | None, directory: str):
         with open(path + ".new", "wb") as f:
             f.write(spec.payload)
         os.replace(path + ".new", path)
-        ref = _SPILLED[key] = SpecFile(spec.kind, path, len(spec.payload), spec.bos, spec.fingerprint, spec.n_vocab)
+        ref = _SPILLED[key] = SpecFile(dataclasses.replace(spec, payload=b""), path, len(spec.payload))
     return ref
 
 

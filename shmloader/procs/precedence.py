@@ -14,9 +14,10 @@ The rule, in the training process (`Precedence`, one per process: `PRECEDENCE`):
   batch, or it stops (closed, failed, released); then it is *running*, or gone;
 - while any run of this process is starting, every running run's ring carries a deadline
   (`ring.Counter.YIELD_UNTIL`: CLOCK_MONOTONIC microseconds, system-wide, so the children
-  read the trainer's clock) until which its workers tokenize nothing (procs/worker.py,
-  `_give_way`): they keep answering the coordinator's messages and beating, so the stream,
-  the write orders and the stall watch are untouched;
+  read the trainer's clock) until which its workers tokenize nothing (`pause_left_us`, read by
+  procs/worker.py's `_give_way`) and begin no fast engine's build: they keep answering the
+  coordinator's messages and beating, so the stream, the write orders and the stall watch are
+  untouched;
 - starting runs never pause each other (two loaders started together share the cores);
 - the word is cleared when the last starting run takes its first batch, fails or stops (and
   at any of these once no starting run is left, e.g. one the garbage collector took), and
@@ -38,6 +39,14 @@ YIELD_S = 5.0  # the longest pause a starting run asks of the others
 def now_us() -> int:
     """CLOCK_MONOTONIC in microseconds, the clock of `YIELD_UNTIL` (the same in every process)."""
     return time.monotonic_ns() // 1000
+
+
+def pause_left_us(counters) -> int:
+    """The worker's side: microseconds its run still gives way, read from its ring's `counters`
+    (0: no pause, or one whose deadline passed). While it is not 0 a worker tokenizes nothing
+    and begins nothing that can wait (a fast engine's build)."""
+    until = int(counters[Counter.YIELD_UNTIL])
+    return max(until - now_us(), 0) if until else 0
 
 
 class Precedence:

@@ -35,9 +35,9 @@ from ..data.source import ParquetSource, read_or_skip
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.protocol import Counted, Error, Listener, Ready, RunArgs, Skipped, Stop, Task, Warn, Written
-from ..ipc.ring import Counter, WorkerCol
+from ..ipc.ring import WorkerCol
 from ..ipc.signals import ignore_sigint
-from .precedence import now_us
+from .precedence import pause_left_us
 from .stall import beat_every
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
@@ -140,7 +140,7 @@ def _loop(ctx: _Ctx):
             row[WorkerCol.TOKENS] += len(tokens)
             row[WorkerCol.BUSY_US] += int(busy * 1e6)
             if not hit and (ctx.ordered or not keep):  # after the first batch, or counting only; the
-                encode.worked(busy, may_start=not _asked_to_yield(ctx))  # build waits while a loader starts
+                encode.worked(busy, may_start=not pause_left_us(ctx.ring.counters))  # build waits while a loader starts
             row[WorkerCol.ENGINE] = encode.state
             ctx.tasks.popleft()
             held = ctx.packing.keep(tokens, lengths, piece.skip) if keep else None
@@ -178,28 +178,17 @@ def _service(ctx: _Ctx):
         _handle(ctx, ctx.conn.recv())
 
 
-def _asked_to_yield(ctx: _Ctx) -> bool:
-    """Another loader of the training process is starting (procs/precedence.py): its first
-    batch has the cores, so nothing that can wait (a fast engine's build) begins now."""
-    until = int(ctx.ring.counters[Counter.YIELD_UNTIL])
-    return bool(until) and until > now_us()
-
-
 def _give_way(ctx: _Ctx):
     """While the trainer asks (the ring's YIELD_UNTIL: another loader of the training process
     is starting, procs/precedence.py), tokenize nothing: wait on the pipes, answer the
     coordinator's messages (write orders included) and beat, until the word is cleared or its
     deadline passes. Called before each piece and after each run of documents."""
-    counters = ctx.ring.counters
-    until = int(counters[Counter.YIELD_UNTIL])
-    if not until:
+    left = pause_left_us(ctx.ring.counters)
+    if not left:
         return
     began = time.perf_counter()
     row = ctx.ring.workers[ctx.args.worker]
-    while until:
-        left = until - now_us()
-        if left <= 0:
-            break
+    while left:
         row[WorkerCol.BEAT] += 1  # giving way is not a stall
         ready = ctx.listening.wait(min(GIVE_WAY_POLL_S, left / 1e6))
         if ctx.alive in ready:
@@ -207,7 +196,7 @@ def _give_way(ctx: _Ctx):
         if ctx.conn in ready:
             while ctx.conn.poll():
                 _handle(ctx, ctx.conn.recv())
-        until = int(counters[Counter.YIELD_UNTIL])
+        left = pause_left_us(ctx.ring.counters)
     ctx.gave_way_s += time.perf_counter() - began
 
 

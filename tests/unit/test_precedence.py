@@ -119,3 +119,14 @@ def test_a_start_during_a_pause_keeps_its_deadline_and_one_after_it_begins_a_new
     monkeypatch.setattr(precedence, "YIELD_S", 0.001)
     expired, renewed = two_starts(0.01)
     assert renewed > expired, "a start after the deadline passed did not pause the others"
+
+
+def test_a_worker_reads_the_pause_left_from_its_ring():
+    """The worker's side (`pause_left_us`): none without a word, the time left before the
+    deadline, none once the deadline has passed."""
+    counters = np.zeros(len(Counter), dtype=np.int64)
+    assert precedence.pause_left_us(counters) == 0
+    counters[Counter.YIELD_UNTIL] = precedence.now_us() + 2_000_000
+    assert 1_000_000 < precedence.pause_left_us(counters) <= 2_000_000
+    counters[Counter.YIELD_UNTIL] = precedence.now_us() - 1
+    assert precedence.pause_left_us(counters) == 0
