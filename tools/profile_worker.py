@@ -2,6 +2,7 @@
 
     python tools/profile_worker.py                         # the demo corpus, 1 worker, 15 s
     python tools/profile_worker.py --workers 2 --seconds 30 --raw worker.txt
+    python tools/profile_worker.py --packing bos_bestfit --workers 2 --process coordinator
 
 Builds a CPU `ShmLoader` (B=16, T=2048 by default), takes batches for `--warmup` seconds,
 then runs `py-spy record --native` on worker 0 for `--seconds` while this process keeps taking
@@ -9,7 +10,8 @@ batches as fast as it can (a consumer that never waits: the workers are the bott
 Prints the share of the worker's samples in each part of its work, judged by the innermost
 frame of the worker's own code in each sample (and, for reading, zstd's native frames), and
 the loader's tokens/s while it was sampled (the sampler slows the worker; compare shares, not
-rates). Needs `py-spy` (`pip install py-spy`) and permission to trace a process of your own.
+rates). `--process coordinator` samples the coordinator instead and prints the shares of the
+innermost functions of shmloader's own code in its samples. Needs `py-spy` (`pip install py-spy`) and permission to trace a process of your own.
 """
 from __future__ import annotations
 
@@ -65,6 +67,30 @@ def report(parts: Counter, total: int) -> str:
     return "\n".join(rows)
 
 
+def functions(raw: str) -> tuple[Counter, int]:
+    """(samples per innermost function of shmloader's own code, all samples) of py-spy's raw
+    format; a sample with none of shmloader's frames counts as "(outside shmloader)"."""
+    parts, total = Counter(), 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        total += n
+        own = [f for f in stack.split(";") if "shmloader/" in f]
+        parts[own[-1].split(" (", 1)[0] + " " + own[-1].rsplit("/", 1)[-1].rstrip(")") if own
+              else "(outside shmloader)"] += n
+    return parts, total
+
+
+def report_functions(parts: Counter, total: int, top: int) -> str:
+    rows = [f"{'innermost function of shmloader':<70} {'samples':>8} {'share':>7}", "-" * 87]
+    for name, n in parts.most_common(top):
+        rows.append(f"{name[:70]:<70} {n:>8,} {n / max(total, 1):>7.1%}")
+    rows.append(f"{'all':<70} {total:>8,}")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", help="directory (or glob) of parquet shards (default: the demo corpus)")
@@ -72,6 +98,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default="demo_data", help="where the demo corpus is built (default ./demo_data)")
     ap.add_argument("--vocab-size", type=int, default=4096, help="demo tokenizer size when it is built (default 4096)")
     ap.add_argument("--workers", type=int, default=1, help="loader workers; worker 0 is sampled (default 1)")
+    ap.add_argument("--packing", default="concat", help="the loader's packing (concat or bos_bestfit; default concat)")
+    ap.add_argument("--process", choices=("worker", "coordinator"), default="worker",
+                    help="the process sampled: worker 0 or the coordinator (default worker)")
+    ap.add_argument("--top", type=int, default=25, help="functions listed for the coordinator (default 25)")
     ap.add_argument("-B", type=int, default=16, help="rows per batch (default 16)")
     ap.add_argument("-T", type=int, default=2048, help="tokens per row (default 2048)")
     ap.add_argument("--seconds", type=int, default=15, help="sampling time (whole seconds; default 15)")
@@ -95,12 +125,14 @@ def main(argv=None) -> int:
     from shmloader import ShmLoader
 
     with tempfile.TemporaryDirectory(prefix="shmloader-profile-") as tmp, \
-            ShmLoader(data, tok, args.B, args.T, num_workers=args.workers, device="cpu") as loader:
+            ShmLoader(data, tok, args.B, args.T, packing=args.packing, num_workers=args.workers,
+                      device="cpu") as loader:
         end = time.monotonic() + args.warmup
         while time.monotonic() < end:
             next(loader)
         out = args.raw or os.path.join(tmp, "raw.txt")
-        pid = loader.debug().workers[0].pid
+        debug = loader.debug()
+        pid = (debug.coordinator if args.process == "coordinator" else debug.workers[0]).pid
         proc = subprocess.Popen([spy, "record", "--native", "-r", str(args.rate), "-d", str(args.seconds),
                                  "-f", "raw", "-o", out, "-p", str(pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -115,10 +147,12 @@ def main(argv=None) -> int:
         if proc.returncode != 0 or not os.path.exists(out):
             raise SystemExit(f"profile_worker: py-spy failed (exit code {proc.returncode}): {err.strip()}")
         with open(out) as f:
-            parts, total = classify(f.read())
-    print(f"worker 0 of {args.workers} (pid {pid}), {args.seconds} s at {args.rate}/s: {total:,} samples; "
-          f"the loader read {n * (args.B * args.T + 1) / wall / 1e6:.2f} M tokens/s meanwhile (slowed by the sampler)")
-    print(report(parts, total))
+            raw = f.read()
+    who = "the coordinator" if args.process == "coordinator" else f"worker 0 of {args.workers}"
+    tokens = n * args.B * args.T
+    print(f"{who} (pid {pid}), {args.packing}, {args.seconds} s at {args.rate}/s; the loader read "
+          f"{tokens / wall / 1e6:.2f} M tokens/s meanwhile (slowed by the sampler)")
+    print(report(*classify(raw)) if args.process == "worker" else report_functions(*functions(raw), args.top))
     return 0
 
 
