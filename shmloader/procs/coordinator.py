@@ -21,8 +21,6 @@ acknowledge every order in order (`Written`), so the orders not acknowledged are
 import dataclasses
 import itertools
 import os
-import queue
-import threading
 import time
 from collections import deque
 from multiprocessing import reduction
@@ -37,6 +35,7 @@ from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
+from ..ipc.outbox import Outbox
 from ..ipc.protocol import (Counted, Error, Listener, Opened, Ready, Released, Replace, RunArgs, Skipped, Stop, Task,
                             Warn, Written)
 from ..ipc.ring import Counter, Stat
@@ -55,37 +54,6 @@ READY_WAIT_S = 2.0  # a worker not Ready this long after its start is given piec
 
 class _Release(Exception):
     """The trainer has been away long enough: the coordinator exits (NOTE [ring protocol] 7)."""
-
-
-class _Outbox:
-    """Messages to one peer (a worker or the trainer), sent by a thread of their own.
-
-    The loop never blocks in a send: a worker blocked sending a long piece's lengths reads
-    nothing, and if the loop then blocked sending it a large write order both would wait
-    forever; a trainer away from next() stops reading announcements, and the loop would stop
-    serving the workers. So the loop only queues and keeps reading every peer; this thread
-    does the blocking send. A peer that is gone ends the thread (its death is reported by
-    the trainer, or is the trainer's own)."""
-
-    def __init__(self, conn):
-        self.conn, self._queue = conn, queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="shmloader-outbox", daemon=True)
-        self._thread.start()
-
-    def send(self, msg):
-        self._queue.put(msg)
-
-    def flush(self, timeout: float):
-        """Send what is queued (at most `timeout` seconds), then stop the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _run(self):
-        while (msg := self._queue.get()) is not None:
-            try:
-                self.conn.send(msg)
-            except OSError:
-                return
 
 
 def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
@@ -131,7 +99,7 @@ def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
 class _Coordinator:
     def __init__(self, cfg, args: RunArgs, trainer, workers, alive, ring: ringmod.Ring, bells):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
-        self.to_trainer = _Outbox(trainer)
+        self.to_trainer = Outbox(trainer)
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
         if args.mixture is not None:  # several sources by weight: counted (another rank's state) or packed
@@ -145,7 +113,7 @@ class _Coordinator:
         self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file)
                        if cfg.on_bad_row_group == "raise" else None)
         self.slots = SlotMap(args.layout.n_slots)
-        self.outboxes = [_Outbox(conn) for conn in workers]
+        self.outboxes = [Outbox(conn) for conn in workers]
         self.listening = Listener([trainer, alive, self.kick, *workers])
         self.spec = cfg.spec
         self.wait_s = beat_every(cfg)  # the loop turns (and beats) at least this often
@@ -289,7 +257,8 @@ class _Coordinator:
         w = msg.worker
         self._lost(w)  # if its pipe's end has not been seen yet
         self.poisoned, self.suspects = msg.poisoned, msg.suspects
-        self.workers[w], self.outboxes[w] = conn, _Outbox(conn)
+        self.outboxes[w].close()  # the old pipe's: its thread ends
+        self.workers[w], self.outboxes[w] = conn, Outbox(conn)
         self.listening.add(conn)
         self.dead.discard(w)
         self.starting[w] = time.monotonic()  # what the old one held goes out below; new pieces once Ready
