@@ -53,6 +53,7 @@ class Chunks:
     def __init__(self, chunk_docs: int, last_end: tuple):
         self.chunk_docs, self.last_end = chunk_docs, last_end
         self.docs = 0                 # documents queued
+        self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
 
     def add(self, piece, base: int, lengths: np.ndarray):
@@ -63,6 +64,12 @@ class Chunks:
             end = (piece.epoch, piece.file, piece.rg, piece.doc_start + lo + len(part))
             self._queue.append((base + lo + keep, part[keep], end))
             self.docs += len(keep)
+            self.added += 1
+
+    def news(self):
+        """What a plan that ran out waits for, as a value that changes when it may come: here
+        the chunks added (a mixture's chunks are made as a plan asks: there, None, always new)."""
+        return self.added
 
     def _more(self) -> bool:
         """One more chunk into the queue, if one can be made now (here: never, they are added)."""
@@ -134,18 +141,29 @@ class PieceTable:
         return table[np.searchsorted(bases, ids, side="right") - 1, 1]
 
     def runs(self, ids: np.ndarray) -> np.ndarray:
-        """Documents `ids` (in arrival order) as runs of consecutive rows, an (n, 5) array."""
-        if not len(ids):
+        """Documents `ids` (in arrival order) as runs of consecutive rows, an (n, 5) array. A run
+        goes on while the next document is the next row of the same row group; the row groups
+        are compared only where the piece changes (once per batch's buffer this is the
+        coordinator's largest cost: every step works on whole arrays, the few piece changes
+        aside)."""
+        n = len(ids)
+        if not n:
             return np.zeros((0, 5), dtype=np.int64)
         bases, _, table = self._tables()
-        meta = table[np.searchsorted(bases, ids, side="right") - 1]
-        rows = meta[:, 3] + ids
-        same = np.ones(len(ids), dtype=bool)
-        same[1:] = (meta[1:, :3] == meta[:-1, :3]).all(axis=1) & (rows[1:] == rows[:-1] + 1)
-        same[0] = False
-        starts = np.flatnonzero(~same)
-        counts = np.diff(np.append(starts, len(ids)))
-        return np.column_stack((meta[starts, :3], rows[starts], counts))
+        at = np.searchsorted(bases, ids, side="right") - 1  # each document's piece, as a table row
+        rows = table[:, 3][at] + ids
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(rows[1:], rows[:-1] + 1, out=new[1:])
+        seam = np.flatnonzero(~new[1:] & (at[1:] != at[:-1])) + 1  # the next row, in another piece
+        if len(seam):
+            new[seam] = (table[at[seam], :3] != table[at[seam - 1], :3]).any(axis=1)
+        starts = np.flatnonzero(new)
+        out = np.empty((len(starts), 5), dtype=np.int64)
+        out[:, :3] = table[at[starts], :3]
+        out[:, 3] = rows[starts]
+        out[:, 4] = np.diff(starts, append=n)
+        return out
 
 
 class BestFitSequencer:
@@ -170,6 +188,7 @@ class BestFitSequencer:
         self.tokens_cropped = 0
         self.docs_placed = 0                  # documents placed in rows (whole or cropped)
         self.starved = False                  # the last plan() stopped for want of counted chunks
+        self._starved_news = None             # chunks.news() when it did
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
         self.backlog_docs += len(lengths)
@@ -217,12 +236,14 @@ class BestFitSequencer:
     def plan(self) -> list[tuple[int, dict]]:
         """Plan every batch whose slot is free and whose chunks are counted.
         Returns `(batch, {worker: [(piece, row, batch_row, row_offset, n), ...]})`."""
+        if self.starved and self._starved_news is not None and self.chunks.news() == self._starved_news:
+            return []  # no chunk came since a plan ran out: it would run out again at the same place
         out = []
         self.starved = False  # set again below if a free slot waits for documents
         while self.planner is not None and self.planned < self.book.limit:
             plan = self.chunks.plan(self.planner)
             if plan is None:
-                self.starved = True
+                self.starved, self._starved_news = True, self.chunks.news()
                 break
             self.tokens_cropped += plan.n_cropped
             self.docs_placed += len(plan.doc_id)

@@ -142,6 +142,9 @@ class MixChunks(Chunks):
     def _drained(self) -> bool:
         return self.stream.finished is not None
 
+    def news(self):
+        return None  # the mix's counts come through its feed: a plan that ran out always tries again
+
     def _ran_out(self):
         # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
         self.dry = self.stream.finished is not None

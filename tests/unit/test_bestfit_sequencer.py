@@ -224,3 +224,60 @@ def test_a_run_resumed_from_any_batch_continues_the_scan(seed):
     sim = Sim(data, prefix + rest, len(prefix), end, buffer_size, chunk_docs, n_slots, rng).run()
     assert len(sim.announced) == len(expected) - k - 1
     check_against(sim.announced, expected, first=k + 1)
+
+
+def test_a_plan_that_ran_out_is_not_tried_again_until_a_chunk_comes():
+    """The coordinator calls plan() on every message (two workers' acknowledgements per batch);
+    a plan that ran out of counted chunks would run out again at the same place, so it is not
+    tried (nor its snapshot taken) until another chunk is counted."""
+    seq = BestFitSequencer(B, T, n_slots=4, buffer_size=4, chunk_docs=2, n_prefix=0, start_doc_end=(0, 0, 0, 0))
+    tries = []
+    plan_batch = seq.planner.plan_batch
+    seq.planner.plan_batch = lambda source: tries.append(1) or plan_batch(source)
+    seq.counted(Piece(0, 0, 0, 0, 0, 2), 0, np.array([3, 3]))  # 6 tokens: no batch of 2 x 17
+    assert seq.plan() == [] and seq.starved and len(tries) == 1
+    for _ in range(5):  # acknowledgements, frees: nothing new to plan from
+        assert seq.plan() == [] and seq.starved
+    assert len(tries) == 1, "a starved plan was tried again with no new chunk"
+    seq.counted(Piece(1, 0, 0, 0, 2, 8), 1, np.array([ROW_LEN] * 6))
+    out = seq.plan()
+    assert len(tries) >= 2 and [k for k, _ in out] == [0, 1]
+
+
+def _runs_by_hand(pieces, ids) -> list:
+    """Documents `ids` as runs `[epoch, file, rg, row, count]`, one document at a time."""
+    out = []
+    for i in ids:
+        base, p = max((b, p) for b, p in pieces if b <= i)
+        key, row = (p.epoch, p.file, p.rg), p.doc_start + i - base
+        if out and tuple(out[-1][:3]) == key and out[-1][3] + out[-1][4] == row:
+            out[-1][4] += 1
+        else:
+            out.append([*key, row, 1])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_buffer_runs_join_rows_across_pieces_of_one_row_group(seed):
+    """`PieceTable.runs`: a run goes on into the next piece of the same row group, also when a
+    piece of another row group lies between their ids (a mixture's arrival order), and never
+    across row groups, files or epochs."""
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        table, pieces, base, index, ids = bestfit.PieceTable(), [], 0, 0, []
+        for _ in range(int(rng.integers(1, 7))):
+            epoch, f, g = (int(x) for x in rng.integers(0, 2, size=3))
+            n, row = int(rng.integers(1, 40)), 0
+            while row < n:
+                k = int(rng.integers(1, n - row + 1))
+                piece = Piece(index, epoch, f, g, row, row + k)
+                table.add(base, piece)
+                pieces.append((base, piece))
+                ids.extend(range(base, base + k))
+                base, index, row = base + k + int(rng.integers(0, 2)), index + 1, row + k
+        chosen = np.sort(rng.choice(ids, size=int(rng.integers(0, len(ids) + 1)), replace=False))
+        cut = int(rng.integers(0, len(chosen) + 1))
+        for order in (chosen, np.concatenate([chosen[cut:], chosen[:cut]])):
+            got = table.runs(order.astype(np.int64))
+            assert got.dtype == np.int64 and got.shape == (len(got), 5)
+            assert got.tolist() == _runs_by_hand(pieces, order.tolist())
