@@ -26,6 +26,7 @@ from collections import deque
 from multiprocessing.reduction import ForkingPickler
 
 _SHORT = 0x7FFFFFFF  # the longest payload with a 4-byte header
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # a peer gone is an error, never a SIGPIPE
 
 
 def frame(msg) -> bytes:
@@ -57,7 +58,7 @@ class Outbox:
                 return
             if not self._queue and self._sock is not None:
                 try:
-                    sent = self._sock.send(data, socket.MSG_DONTWAIT)
+                    sent = self._sock.send(data, socket.MSG_DONTWAIT | _NOSIGNAL)
                 except BlockingIOError:
                     sent = 0
                 except OSError:
@@ -99,7 +100,7 @@ class Outbox:
                 return
             try:
                 if self._sock is not None:
-                    self._sock.sendall(data)
+                    self._sock.sendall(data, _NOSIGNAL)
                 else:
                     _write_all(self.conn.fileno(), data)
             except OSError:

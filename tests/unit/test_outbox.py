@@ -112,3 +112,19 @@ def test_the_frame_is_what_connection_send_writes(pipe):
     os.write(mine.fileno(), frame(msg))
     got = theirs.recv()
     assert got["b"] == "text" and np.array_equal(got["a"], np.arange(5))
+
+
+def test_a_peer_gone_is_no_sigpipe_even_where_sigpipe_kills():
+    """A process with SIGPIPE at its default (Python ignores it; an embedding may not) is not
+    killed by sending to a peer that is gone."""
+    import subprocess
+    import sys
+
+    code = ("import signal, multiprocessing as mp\n"
+            "from shmloader.ipc.outbox import Outbox\n"
+            "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+            "a, b = mp.Pipe(); box = Outbox(a); b.close()\n"
+            "for i in range(10): box.send(b'z' * 100000)\n"
+            "box.flush(5); print('alive')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "alive", (done.returncode, done.stderr[-500:])
