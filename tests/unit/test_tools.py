@@ -20,7 +20,7 @@ import pytest
 
 from shmloader.demo import corpus, prepare_data
 from tests.helpers import REPO_ROOT, read_texts, row_group_sizes
-from tools.bench import children, corpora, evaluations, measure, results, throughput, trainer
+from tools.bench import children, corpora, evaluations, measure, results, step_loop, throughput, trainer
 
 VOCAB = 512
 
@@ -204,6 +204,29 @@ def test_bench_trainer_row_is_the_round_with_the_median_ratio_after_busy_work():
     [c], [d] = got["costs"], got["dropins"]
     assert c["after_busy_ratio_rounds"] == [3.0, 1.0, 1.5] and c["after_busy_ratio"] == 1.5
     assert d["trainer_cpu_us_per_batch"] == 80 and d["trainer_cpu_us_per_batch_rounds"] == [90, 70, 80]
+
+
+def test_bench_step_loop_pools_every_rounds_pairs_and_says_what_it_resolves():
+    rnd = lambda ratios: [dict(kind="shmloader", vs_ideal=sorted(ratios)[len(ratios) // 2], pair_ratios=ratios)]  # noqa: E731
+    rounds = [rnd([1.0, 1.2, 0.9]), rnd([1.1, 1.3, 1.05]), rnd([0.8, 1.02, 0.95])]
+    [row] = step_loop.summarise(rounds)
+    assert row["vs_ideal"] == 1.0 and row["vs_ideal_rounds"] == [1.0, 1.1, 0.95]  # the median round
+    assert sorted(row["pair_ratios_all"]) == sorted([1.0, 1.2, 0.9, 1.1, 1.3, 1.05, 0.8, 1.02, 0.95])
+    assert row["vs_ideal_pooled"] == 1.02
+    lo, hi = row["vs_ideal_interval"]
+    assert lo <= 1.02 <= hi and lo < hi
+
+
+def test_bench_median_interval_narrows_with_samples_and_is_made_again_from_them():
+    import random
+
+    rng = random.Random(1)
+    few, many = ([rng.gauss(1.0, 0.15) for _ in range(n)] for n in (32, 2048))
+    width = lambda xs: (lambda lo, hi: hi - lo)(*results.median_interval(xs))  # noqa: E731
+    assert width(many) < width(few) / 4, "the interval shrinks as 1/sqrt(n)"
+    assert results.median_interval(few) == results.median_interval(few), "seeded: the same samples, the same interval"
+    lo, hi = results.median_interval(many)
+    assert lo < 1.0 < hi and hi - lo < 0.03
 
 
 # ---------------------------------------------------------------- tools/bench: results, checkouts

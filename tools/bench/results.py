@@ -123,6 +123,17 @@ def median_of(runs: list, key: str) -> dict:
     return dict(pick, **{f"{key}_rounds": [r[key] for r in runs]})
 
 
+def median_interval(xs: list, level: float = 0.95, draws: int = 2000, seed: int = 0) -> tuple:
+    """`(low, high)`: the `level` bootstrap interval of the median of `xs` (resampled `draws`
+    times with a fixed seed, so a results file's figure can be made again from its samples)."""
+    import random
+
+    rng, n = random.Random(seed), len(xs)
+    meds = sorted(statistics.median(rng.choices(xs, k=n)) for _ in range(draws))
+    cut = int(draws * (1 - level) / 2)
+    return meds[cut], meds[draws - 1 - cut]
+
+
 def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 from pathlib import Path
 
@@ -95,8 +96,16 @@ def one_round(args, units: int, corpus, checkouts, step: str) -> list[dict]:
 
 
 def summarise(rounds: list[list[dict]]) -> list[dict]:
-    """Each row's median round by its ratio to the ideal (the median of its pairs')."""
-    return [results.median_of([rnd[i] for rnd in rounds], "vs_ideal") for i in range(len(rounds[0]))]
+    """Each row's median round by its ratio to the ideal (the median of its pairs'), with every
+    round's pairs pooled (`pair_ratios_all`), their median and its 95% bootstrap interval: what
+    the run can resolve (a pair of blocks moves by 10-15% on this VM)."""
+    out = []
+    for i in range(len(rounds[0])):
+        row = results.median_of([rnd[i] for rnd in rounds], "vs_ideal")
+        pooled = [x for rnd in rounds for x in rnd[i]["pair_ratios"]]
+        out.append(dict(row, pair_ratios_all=pooled, vs_ideal_pooled=statistics.median(pooled),
+                        vs_ideal_interval=list(results.median_interval(pooled))))
+    return out
 
 
 def main(argv=None) -> int:
@@ -125,6 +134,13 @@ def _us(x: dict) -> str:
     return f"{x['median']:,.0f} / {x['mean']:,.0f}"
 
 
+def _pooled(row: dict) -> str:
+    if "vs_ideal_interval" not in row:  # a results file from before the pooled figure
+        return "-"
+    lo, hi = row["vs_ideal_interval"]
+    return f"{row['vs_ideal_pooled']:.3f}x ({lo:.3f}-{hi:.3f})"
+
+
 def report(run: dict) -> str:
     c = run["config"]
     out = [f"the training step: {c['step_ms']:g} ms of Python holding the GIL, then x, y, state = next(loader), "
@@ -132,7 +148,7 @@ def report(run: dict) -> str:
            f"{c['block']}-step blocks, the loader's and the in-memory ideal's, alternating; "
            f"{plural(c['rounds'], 'round')} (a row: its median round; every round's ratio in brackets); load average "
            f"at the start {run['machine']['load_average']}"]
-    head = ("corpus", "collector", "loader", "/ ideal", "rounds", "step ms", "p99 / max ms", "core kept", "preempted",
+    head = ("corpus", "collector", "loader", "/ ideal", "rounds", "all pairs (95%)", "step ms", "p99 / max ms", "core kept", "preempted",
             "next() us", "next() CPU us", "collections (ms)", "loader CPU", "others")
     rows = []
     for e in run["corpora"]:
@@ -140,14 +156,16 @@ def report(run: dict) -> str:
             lo, hi = r["loader"], r["ideal"]
             both = lambda key, f: f"{f(lo[key])} | {f(hi[key])}"  # noqa: E731
             rows.append((e["corpus"] or "data", r["gc"], name(r), f"{r['vs_ideal']:.3f}x",
-                         ", ".join(f"{x:.3f}" for x in r["vs_ideal_rounds"]), both("step_ms", "{:.2f}".format),
+                         ", ".join(f"{x:.3f}" for x in r["vs_ideal_rounds"]), _pooled(r), both("step_ms", "{:.2f}".format),
                          f"{lo['step_p99_ms']:.1f} / {lo['step_max_ms']:.1f}", both("core_kept", "{:.1%}".format),
                          both("preempted_per_step", "{:.2f}".format),
                          both("next_us", _us), both("next_cpu_us", _us),
                          both("collections", lambda g: "/".join(map(str, g))) + f" ({lo['collection_ms']:.0f})",
                          fmt(lo["loader_cpu_share"], ".0%"), both("others_cores", "{:.2f}".format)))
     out.append(results.table(head, rows))
-    out.append("/ ideal: the median over pairs of the loader's block time / the ideal's; a | b: the loader's blocks | "
+    out.append("/ ideal: the median over pairs of the loader's block time / the ideal's; all pairs: the median of "
+               "every round's pairs together, and its 95% bootstrap interval (what the run resolves); "
+               "a | b: the loader's blocks | "
                "the ideal's; step ms: wall time / steps; core kept: the step's Python, thread CPU / wall; preempted: the training thread's involuntary "
                "context switches per step; next(): "
                "median / mean over the steps; collections: by generation 0/1/2 (the loader's ms); loader CPU: its "
