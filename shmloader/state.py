@@ -37,7 +37,6 @@ objects per batch (and garbage-collector work), several times the cost of the ba
 as text it is a few C calls on one small array.
 """
 import json
-import os
 import zlib
 from dataclasses import dataclass, field
 
