@@ -11,7 +11,8 @@ Prints the share of the worker's samples in each part of its work, judged by the
 frame of the worker's own code in each sample (and, for reading, zstd's native frames), and
 the loader's tokens/s while it was sampled (the sampler slows the worker; compare shares, not
 rates). `--process coordinator` samples the coordinator instead and prints the shares of the
-innermost functions of shmloader's own code in its samples. Needs `py-spy` (`pip install py-spy`) and permission to trace a process of your own.
+innermost functions of shmloader's own code in its samples. Needs `py-spy` (`pip install
+py-spy`) and permission to trace a process of your own.
 """
 from __future__ import annotations
 
@@ -45,18 +46,23 @@ def _inner(frames: list[str], names: tuple[str, ...]) -> bool:
     return False
 
 
-def classify(raw: str) -> tuple[Counter, int]:
-    """(samples per part, all samples) of py-spy's raw format: one `frame;frame;... count` per
-    line, outermost frame first."""
+def tally(raw: str, key) -> tuple[Counter, int]:
+    """(samples per `key(frames)`, all samples) of py-spy's raw format: one
+    `frame;frame;... count` per line, outermost frame first."""
     parts, total = Counter(), 0
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack:
             continue
-        frames, n = stack.split(";"), int(count)
+        n = int(count)
         total += n
-        parts[next((name for name, match in PARTS if match(frames)), "other")] += n
+        parts[key(stack.split(";"))] += n
     return parts, total
+
+
+def classify(raw: str) -> tuple[Counter, int]:
+    """(samples per part of the worker's work, all samples)."""
+    return tally(raw, lambda frames: next((name for name, match in PARTS if match(frames)), "other"))
 
 
 def report(parts: Counter, total: int) -> str:
@@ -68,19 +74,14 @@ def report(parts: Counter, total: int) -> str:
 
 
 def functions(raw: str) -> tuple[Counter, int]:
-    """(samples per innermost function of shmloader's own code, all samples) of py-spy's raw
-    format; a sample with none of shmloader's frames counts as "(outside shmloader)"."""
-    parts, total = Counter(), 0
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
-        n = int(count)
-        total += n
-        own = [f for f in stack.split(";") if "shmloader/" in f]
-        parts[own[-1].split(" (", 1)[0] + " " + own[-1].rsplit("/", 1)[-1].rstrip(")") if own
-              else "(outside shmloader)"] += n
-    return parts, total
+    """(samples per innermost function of shmloader's own code, as "name file:line", all
+    samples); a sample with none of shmloader's frames counts as "(outside shmloader)"."""
+    def innermost(frames: list[str]) -> str:
+        own = [f for f in frames if "shmloader/" in f]
+        if not own:
+            return "(outside shmloader)"
+        return own[-1].split(" (", 1)[0] + " " + own[-1].rsplit("/", 1)[-1].rstrip(")")
+    return tally(raw, innermost)
 
 
 def report_functions(parts: Counter, total: int, top: int) -> str:

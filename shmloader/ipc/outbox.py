@@ -8,7 +8,7 @@ waiting (`MSG_DONTWAIT` on the pipe's socket): the usual case, a pipe with room,
 system call. What does not fit (the pipe is full, or earlier messages still wait) goes to a
 thread of its own, which sends it, blocking, in order. Handing every message to that thread
 instead cost a thread wake-up and a hand-over of the GIL per message: best fit's two write
-orders per batch (docs/benchmarks.md, "The best-fit coordinator").
+orders per batch (docs/benchmarks.md, "Three corpora, and the ceiling that counts reading").
 
 A message is framed as `multiprocessing.connection.Connection.send` frames it (a 4-byte
 big-endian length, or -1 and an 8-byte length above 2**31 - 1, then the pickle), so the peer
@@ -93,8 +93,8 @@ class Outbox:
     def _run(self):
         while True:
             with self._lock:
-                while not self._queue:
-                    self._lock.wait()
+                while not self._queue:  # idle until a frame, `flush` or `close`: a daemon thread,
+                    self._lock.wait()   # nobody waits on it (flush joins it with a timeout)
                 data = self._queue[0]  # stays first while it is sent: `send` then queues behind it
             if data is None:
                 return

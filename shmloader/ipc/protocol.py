@@ -97,8 +97,9 @@ message is one record below, sent through a pipe and dispatched on its type:
    writing the same tokens to the same places. Nothing else stops.
 
 The coordinator's loop never blocks in a send: every message to a worker or to the trainer
-goes through an outbox thread per peer, so the loop keeps reading all of them (a worker
-blocked sending a long piece's lengths can never stall it or deadlock with it). Every wait has
+goes through an outbox per peer (ipc/outbox.py: sent at once when the pipe has room, else by
+the outbox's thread, in order), so the loop keeps reading all of them (a worker blocked
+sending a long piece's lengths can never stall it or deadlock with it). Every wait has
 a timeout; all children also wait on the read end of an *alive pipe* whose write end only
 the trainer holds: EOF means the trainer closed the loader or died, and they exit at once
 (`Stop`). Records are NamedTuples: a NamedTuple pickles as little more than its tuple.

@@ -128,3 +128,33 @@ def test_a_peer_gone_is_no_sigpipe_even_where_sigpipe_kills():
             "box.flush(5); print('alive')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "alive", (done.returncode, done.stderr[-500:])
+
+
+def test_a_send_never_overtakes_what_the_thread_still_holds(pipe):
+    """While a reader drains the pipe, room comes and goes: a message sent at once must still
+    wait behind the frames (or the rest of a frame) the thread has not sent yet."""
+    import threading
+
+    mine, theirs = pipe
+    box = Outbox(mine)
+    big = np.arange(30_000, dtype=np.int64)
+    sent = [("big", i, big) if i % 4 == 3 else ("small", i) for i in range(400)]
+    got = []
+
+    def read():
+        for _ in sent:
+            got.append(theirs.recv())
+            if len(got) % 7 == 0:
+                time.sleep(0.001)  # slower than the sender now and then: the pipe fills and drains
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    for i, msg in enumerate(sent):
+        box.send(msg)
+        if i % 16 == 15:
+            time.sleep(0.002)  # now and then the thread catches up: later messages go at once again
+    box.flush(timeout=30)
+    reader.join(30)
+    assert not reader.is_alive(), f"the reader got {len(got)} of {len(sent)} messages"
+    assert [m[1] for m in got] == list(range(len(sent)))
+    assert box.direct > 0 and box.queued > 0, (box.direct, box.queued)

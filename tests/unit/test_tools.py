@@ -62,6 +62,26 @@ def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
     assert "engine encode" in profile_worker.report(parts, total) and "19.4%" in profile_worker.report(parts, total)
 
 
+def test_profile_worker_counts_the_coordinators_samples_by_its_innermost_function():
+    from tools import profile_worker
+
+    top = "coordinator_main (shmloader/procs/coordinator.py:374);_Coordinator.run (shmloader/procs/coordinator.py:152)"
+    raw = "\n".join([
+        f"{top};_Coordinator._dispatch (shmloader/procs/coordinator.py:349);BestFitMode.orders "
+        f"(shmloader/packing/bestfit.py:320);PieceTable.runs (shmloader/packing/bestfit.py:155);searchsorted (numpy) 5",
+        f"{top};_Coordinator._dispatch (shmloader/procs/coordinator.py:349);BestFitMode.orders "
+        f"(shmloader/packing/bestfit.py:320);PieceTable.runs (shmloader/packing/bestfit.py:155) 2",
+        f"{top};Listener.wait (shmloader/ipc/protocol.py:274);poll (libc.so.6) 3",
+        "_bootstrap (threading.py:1002);_run (threading.py:975) 4",
+    ])
+    parts, total = profile_worker.functions(raw)
+    assert total == 14 and parts == {"PieceTable.runs bestfit.py:155": 7, "Listener.wait protocol.py:274": 3,
+                                     "(outside shmloader)": 4}
+    text = profile_worker.report_functions(parts, total, top=2)
+    assert "PieceTable.runs bestfit.py:155" in text and "50.0%" in text and "(outside shmloader)" in text
+    assert "Listener.wait" not in text, "only the `top` functions are listed"
+
+
 # ---------------------------------------------------------------- tools/bench: corpora, measurements
 
 def test_bench_corpus_options_parse(tmp_path):

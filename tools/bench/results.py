@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -126,8 +127,6 @@ def median_of(runs: list, key: str) -> dict:
 def median_interval(xs: list, level: float = 0.95, draws: int = 2000, seed: int = 0) -> tuple:
     """`(low, high)`: the `level` bootstrap interval of the median of `xs` (resampled `draws`
     times with a fixed seed, so a results file's figure can be made again from its samples)."""
-    import random
-
     rng, n = random.Random(seed), len(xs)
     meds = sorted(statistics.median(rng.choices(xs, k=n)) for _ in range(draws))
     cut = int(draws * (1 - level) / 2)
