@@ -10,7 +10,9 @@ else `<|bos|>`, else `<|endoftext|>` (Hugging Face: also `<s>`, `[BOS]`, `<|begi
 Documents are encoded as ordinary text: special-token strings inside a document are not
 special. Workers rebuild the tokenizer once from the spec's bytes: a tiktoken Encoding is
 unpickled once per process (`encoding`), for the definition and the fast engines' builds alike
-(a 65k-token vocabulary takes ~40 ms to unpickle, a 200k one ~170 ms). The trainer loads a
+(a 65k-token vocabulary takes ~40 ms to unpickle, a 200k one ~170 ms); the process that made a
+spec (the trainer, whose head start tokenizes: procs/headstart.py) uses the Encoding it was
+made from. The trainer loads a
 tokenizer file once while it is unchanged (`_load`), so a new loader of the same file finds
 its spec made (`_SPECS`).
 """
@@ -153,6 +155,10 @@ def _hf_spec(tokenizer, bos: int | None) -> TokenizerSpec:
                          tok.get_vocab_size())
 
 
+# fingerprint -> the tiktoken Encoding of a spec in this process: the one a spec was made from
+# (the trainer's), else unpickled from it once (a worker's)
+_ENCODINGS: dict[str, object] = {}
+
 # Encoding -> {bos: spec}: nanochat builds a new val loader, with the same tokenizer object, at
 # every evaluation; pickling and fingerprinting a 65k-token vocabulary each time would delay each one
 _SPECS = weakref.WeakKeyDictionary()
@@ -184,7 +190,9 @@ def _make_tiktoken_spec(enc, bos: int | None) -> TokenizerSpec:
     for piece in sorted(ranks, key=ranks.__getitem__):  # no (piece, rank) tuple per entry
         h.update(piece)
         h.update(ranks[piece].to_bytes(4, "little"))
-    return TokenizerSpec("tiktoken", pickle.dumps(enc), int(bos), _fingerprint(h, int(bos)), enc.n_vocab)
+    spec = TokenizerSpec("tiktoken", pickle.dumps(enc), int(bos), _fingerprint(h, int(bos)), enc.n_vocab)
+    _ENCODINGS.setdefault(spec.fingerprint, enc)  # this process has it: never unpickled here again
+    return spec
 
 
 def build(spec: TokenizerSpec):
@@ -248,8 +256,6 @@ def loaded(spec):
     return spec.load() if isinstance(spec, SpecFile) else spec
 
 
-# fingerprint -> the tiktoken Encoding unpickled from a spec, in this process
-_ENCODINGS: dict[str, object] = {}
 
 
 def encoding(spec: TokenizerSpec):

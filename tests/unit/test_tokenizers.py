@@ -320,6 +320,7 @@ def test_a_workers_encoding_is_unpickled_once_for_every_use(enc, monkeypatch):
     from shmloader.data import giga, tokenizer as tokmod
 
     spec = resolve(with_specials(enc, ["<|bos|>", "<|fresh|>"], name="unpickled-once"))
+    tokmod._ENCODINGS.pop(spec.fingerprint)  # a worker's process: it has only the spec
     loads = []
     real = pickle.loads
     monkeypatch.setattr(tokmod.pickle, "loads", lambda data: loads.append(len(data)) or real(data))
@@ -335,6 +336,20 @@ def test_a_workers_encoding_is_unpickled_once_for_every_use(enc, monkeypatch):
 
         enginemod._fastokens(fastokens, spec)
     assert tokmod.encoding(spec) is tokmod.encoding(spec) and len(loads) == 1
+
+
+def test_the_process_that_made_a_spec_encodes_with_its_own_encoding(enc, monkeypatch):
+    """The trainer's head start tokenizes with the Encoding it was given (procs/headstart.py):
+    never a 65k-token vocabulary unpickled again in the training process."""
+    from shmloader.data import tokenizer as tokmod
+
+    mine = with_specials(enc, ["<|bos|>", "<|own|>"], name="made-here")
+    loads = []
+    real = pickle.loads
+    monkeypatch.setattr(tokmod.pickle, "loads", lambda data: loads.append(len(data)) or real(data))
+    spec = resolve(mine)
+    assert tokmod.encoding(spec) is mine and loads == []
+    assert build(spec)("a b").tolist() == mine.encode_ordinary("a b") and loads == []
 
 
 def test_a_large_payload_is_spilled_once_to_a_file_and_read_back_whole(enc, tmp_path, monkeypatch):
