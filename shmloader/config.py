@@ -10,7 +10,8 @@ with `cache_dir`).
 `fingerprint` is the part of the config that a resume state must match (docs/contract.md §3):
 what changes the stream. `spec` is the packing's spec (packing/base.py: `Packing`), which sizes
 the ring's slots (and `positions_words`, the positions after each slot's window). `positions` is
-not in the fingerprint: it adds to each batch and changes nothing of the stream. Pure: no
+not in the fingerprint: it adds to each batch and changes nothing of the stream; nor is
+`head_start`, which changes only who makes a run's first batches. Pure: no
 torch, no files, no processes.
 """
 import os
@@ -53,6 +54,7 @@ class LoaderConfig:
     max_restarts: int = 3
     stall_s: float | None = None         # None: STALL_S, or 0 (off) with max_restarts=0
     positions: bool = False              # each batch with its tokens' positions in their documents
+    head_start: bool = True              # concat: a run's first batches made by the trainer while its children start
 
     def __post_init__(self):
         self._check()
@@ -93,6 +95,9 @@ class LoaderConfig:
         if not isinstance(self.positions, bool):
             raise ValueError(f"positions must be True (batches come with each token's position in its "
                              f"document) or False, got {self.positions!r}")
+        if not isinstance(self.head_start, bool):
+            raise ValueError(f"head_start must be True (a concat run's first batches are made in the training "
+                             f"process while its workers start) or False, got {self.head_start!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 

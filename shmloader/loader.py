@@ -64,7 +64,7 @@ class ShmLoader:
                  start_method: str = "forkserver", timeout: float = 300.0, on_bad_row_group: str = "raise",
                  cache_dir: str | os.PathLike | None = None, log_every: int = 0, other_rank: str = "exact",
                  engine: str = "auto", idle_release_s: float | None = None, max_restarts: int = 3,
-                 stall_s: float | None = None, positions: bool = False):
+                 stall_s: float | None = None, positions: bool = False, head_start: bool = True):
         """A loader of `data` (a directory of parquet files, a glob, a list of paths, a URI; None:
         nanochat's directory) tokenized by `tokenizer` (a tiktoken pickle or Encoding, a Hugging
         Face tokenizer.json, nanochat's tokenizer; None: nanochat's), `B` rows of `T` tokens per
@@ -101,7 +101,11 @@ class ShmLoader:
         positions: yield `(inputs, targets, positions)`: `positions[b, t]` is the index of
             `inputs[b, t]` in its document (0 at its BOS; concat counts on across rows and
             batches), int64 on `device`, written by the workers beside the tokens;
-            `shmloader.cu_seqlens(positions)` for varlen attention (docs/contract.md §6)."""
+            `shmloader.cu_seqlens(positions)` for varlen attention (docs/contract.md §6).
+        head_start: concat: while a run's processes start, the training process makes the
+            batches asked for itself (at most 4, the same bytes and states), so that the first
+            batch costs what an in-process loader's does (procs/headstart.py); False: every
+            batch comes from the workers."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:
@@ -211,7 +215,8 @@ class ShmLoader:
         `docs_read` are what the workers tokenized (or read from the cache) so far, which runs
         ahead of delivery by up to the ring and the workers' pieces; `tokens_per_s` is
         `tokens_read` per second since this run's processes started; `wait_s` is the seconds
-        `next()` blocked for a batch. Since the previous `stats()` call (the first: since the
+        `next()` blocked for a batch (or made one: `head_batches`, the batches the training
+        process made itself while a run's processes started, procs/headstart.py). Since the previous `stats()` call (the first: since the
         loader was made), over `interval_s` seconds (observe.py): `wait_share` (the share of
         it `next()` blocked for a batch), `delivered_tokens_per_s`, and each worker's
         `busy_share`. Now: `last_wait_s` (the last `next()`'s wait), `ready` of `ring_slots`
@@ -270,7 +275,7 @@ class ShmLoader:
         out = {"batches": self._batches, "wait_s": self._wait_s, "num_workers": c.num_workers,
                "epoch": self._mark.position.epoch, "tokens_delivered": self._batches * c.B * c.T,
                "docs_delivered": self._mark.docs, "idle_releases": self._runs.idle_releases,
-               "heals": self._runs.heals, "poison_rows_skipped": self._runs.poison.rows_skipped,
+               "heals": self._runs.heals, "head_batches": self._runs.head_batches, "poison_rows_skipped": self._runs.poison.rows_skipped,
                "ring_ready": 0, "ring_slots": c.n_slots, "workers": []}
         if self._runs.run is not None:
             read = self._runs.run.stats(c)

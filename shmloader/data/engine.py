@@ -110,14 +110,15 @@ def available(engine: str, spec=None) -> None:
 def build(spec, engine: str = "auto") -> Encoder:
     """The encoder for `spec` (a `tokenizer.TokenizerSpec`), built at once (tools, tests; a
     worker builds the fast engine in the background instead: `Engines`)."""
-    definition = _definition(spec)
+    defined = definition(spec)
     if not _wants_fast(spec, engine):
-        return definition
+        return defined
     _pin_threads()
-    return _fast(spec, engine, definition)
+    return _fast(spec, engine, defined)
 
 
-def _definition(spec) -> Encoder:
+def definition(spec) -> Encoder:
+    """The definition's encoder for `spec`: the stream every engine is checked against."""
     return Encoder({"tiktoken": "tiktoken", "hf": "tokenizers"}.get(spec.kind, "object"), tokmod.build(spec))
 
 
@@ -288,7 +289,7 @@ class Engines:
     """
 
     def __init__(self, spec, engine: str = "auto", warn=print, at: int | None = None):
-        self.encoder, self.check = _definition(spec), None
+        self.encoder, self.check = definition(spec), None
         self.docs = 0            # non-null documents encoded, by either engine
         self._warn = warn
         self._todo = (spec, engine) if _wants_fast(spec, engine) else None  # a build not started

@@ -236,15 +236,19 @@ class ConcatMode(Mode):
     def ready(self):
         out = []
         for k, where in self.seq.ready():
-            p, row = self.specs[where.piece], where.row
-            skip = where.skip + (p.skip if row == 0 else 0)  # its first row lacks the tokens it skipped
-            out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip), None,
-                                self.seq.docs_at.pop(k)))
+            out.append(Complete(k, position_at(self.specs[where.piece], where), None, self.seq.docs_at.pop(k)))
         if out:
             keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
             for index in [i for i in self.specs if i < keep]:
                 del self.specs[index]
         return out
+
+
+def position_at(piece, where: Where) -> Position:
+    """The canonical position `where` (a batch's end, `ConcatSequencer.ready`) names in `piece`."""
+    row = where.row
+    skip = where.skip + (piece.skip if row == 0 else 0)  # its first row lacks the tokens it skipped
+    return Position(piece.epoch, piece.file, piece.rg, piece.doc_start + row, skip)
 
 
 def concat_tokens(shapes: list, batch: int) -> int:

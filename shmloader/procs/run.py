@@ -35,10 +35,12 @@ from ..ipc.ring import STATS_FIELDS, RingLayout, WorkerCol
 from ..packing.mixbestfit import buffer_entries
 from ..packing.runs import BufferText, decode_runs
 from ..position import Position
-from . import heal
+from . import heal, precedence
+from .headstart import HeadStart, refusal
 from .children import ChildLost, ChildrenReleased, Children, start_children
 
 
+HEAD_SLOT = -1  # the slot of a batch the trainer made itself (`HeadStart`)
 _new = tuple.__new__  # a NamedTuple made from a tuple: no Python frame (hot path)
 
 
@@ -57,6 +59,7 @@ class Run:
     delivery: object
     first: int                    # the state's batch count at the run's batch 0
     docs_before: int              # documents the loader delivered before it
+    head: HeadStart | None = None  # its first batches made by the trainer while the children start
 
     def stats(self, config) -> dict:
         """What this run's processes have read, from the ring's header: counters, each worker's."""
@@ -66,10 +69,19 @@ class Run:
                "pieces": values["pieces"], "bad_row_groups_skipped": values["skipped_rg"],
                "cache_hits": values["cache_hits"], "cache_misses": values["cache_misses"],
                "tokens_per_s": values["tokens"] / max(time.monotonic() - kids.started_at, 1e-9),
-               "ring_ready": kids.ready_batches(), "ring_slots": config.n_slots, "epoch": values["epoch"],
+               "ring_ready": self.ready(), "ring_slots": config.n_slots, "epoch": values["epoch"],
                "workers": [_worker_stats(r) for r in ring.workers]}
         out.update(config.spec.stats(values))
         return out
+
+
+    def ready(self) -> int:
+        """Batches the ring holds ready that `next()` has not returned (those below what the head
+        start handed out are not counted: they are taken and dropped)."""
+        handover = self.children.handover
+        if self.head is None or not self.head.given:
+            return self.children.ready_batches()
+        return max(handover.announced() - max(handover.taken, self.head.given), 0)
 
 
 def _worker_stats(row) -> dict:
@@ -104,6 +116,7 @@ class Runs:
         self._args, self._first, self._docs = None, 0, 0
         self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory()
         self.heals = self.idle_releases = 0
+        self.head_batches = 0  # batches the trainer made itself (procs/headstart.py), over every run
         self._buffered = config.spec.buffered
 
     def begin(self, args, first: int, docs: int = 0):
@@ -124,8 +137,14 @@ class Runs:
             if run is None or self.closed is not None:
                 run = self._running()
             began = time.monotonic()
+            if run.head is not None and (ann := self._head_start(run)) is not None:
+                return ann
             try:
                 ann = run.children.next_batch(run.delivery, timeout)
+                while run.head is not None and ann.batch < run.head.given:  # made here already: the same
+                    run.head.compare(ann)
+                    run.children.handover.free(ann.batch)
+                    ann = run.children.next_batch(run.delivery, timeout)
             except BaseException as exc:
                 if self.closed is not None:  # closed by another thread while this one waited
                     raise LoaderClosed(self.closed) from None
@@ -141,6 +160,20 @@ class Runs:
                 self._heal(gone, mark)
             else:
                 self._released(gone.args[0], mark)
+
+    def _head_start(self, run: Run) -> "Announcement | None":
+        """The run's next batch made by the trainer (procs/headstart.py), while its rule says so."""
+        head, handover, began = run.head, run.children.handover, time.monotonic()
+        made = head.make() if head.wanted(handover.announced(), handover.pending_messages()) else None
+        if head.opened:
+            self._on_opened(head.take_opened())
+        if made is None:
+            return None
+        self.head_batches += 1
+        if made.batch == 0:  # the trainer has its first batch: the other loaders go on (precedence.py)
+            precedence.PRECEDENCE.started(run.children)
+        return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,
+                            waited=time.monotonic() - began)
 
     def _running(self) -> Run:
         with self._lock:
@@ -170,7 +203,10 @@ class Runs:
             run = self.run
             if self.closed is not None or run is None:
                 raise LoaderClosed(self.closed or "this ShmLoader was closed")
-            batch = run.delivery.batch(ann.batch, ann.slot, shape)
+            if ann.slot == HEAD_SLOT:
+                batch = run.delivery.made(run.head.row(ann.batch), shape)
+            else:
+                batch = run.delivery.batch(ann.batch, ann.slot, shape)
             return batch, _new(Mark, (run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs))
 
     def restart(self, mark: Mark) -> int:
@@ -227,7 +263,8 @@ class Runs:
         except BaseException:
             children.shutdown()
             raise
-        self.run = Run(children, delivery, self._first, self._docs)
+        head = HeadStart(c, args) if refusal(c, args) is None else None
+        self.run = Run(children, delivery, self._first, self._docs, head)
 
     def _heal(self, lost: ChildLost, mark: Mark):
         """Heal `lost` (a death or a stall) unless heal.py says no (then a `WorkerError`): a

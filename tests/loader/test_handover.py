@@ -106,7 +106,7 @@ def test_next_on_a_lent_batch_calls_no_torch_operation(synth, packing):
             return func(*args, **(kwargs or {}))
 
     B, T = 2, 32
-    with synth.loader(B, T, "train", packing=packing, num_workers=1, n_slots=6) as loader:
+    with synth.loader(B, T, "train", packing=packing, num_workers=1, n_slots=6, head_start=False) as loader:
         x, y = next(loader)  # started
         slots = loader.debug().ring.slots
         for _ in range(5):

@@ -74,7 +74,7 @@ def test_slots_are_freed_only_after_their_copy_completed(synth, fake_cuda, monke
         real_free(end, k)
 
     monkeypatch.setattr(TrainerEnd, "free", checked_free)
-    with synth.loader(B, T, "train", n_slots=2, num_workers=2, timeout=20) as loader:
+    with synth.loader(B, T, "train", n_slots=2, num_workers=2, timeout=20, head_start=False) as loader:
         got, buffers = [], set()
         for k in range(n):
             inputs, targets = next(loader)
@@ -90,3 +90,38 @@ def test_slots_are_freed_only_after_their_copy_completed(synth, fake_cuda, monke
     assert freed == sorted(freed) and len(freed) >= n - 2
     assert all(e.done for e in FakeEvent.made), "close() did not wait for the copies in flight"
     assert fake_cuda.unregistered == [fake_cuda.ring_ptr], "close() did not unpin the ring"
+
+
+def test_the_head_starts_batches_are_copied_and_the_rings_copies_of_them_freed_without_one(synth, fake_cuda,
+                                                                                           monkeypatch):
+    """With the head start, the first batches come from the trainer's own rows (copied to the
+    device, never a ring slot), and the ring's batches of the same numbers are freed without a
+    copy; every later slot still only after its copy completed."""
+    B, T, n = 2, 32, 30
+    want_w, _ = synth.expected(n, B, T, "train")
+    copied, freed = {}, []
+    real_batch, real_free = delivery.PinnedCopy.batch, TrainerEnd.free
+
+    def batch(self, k, slot, shape):
+        out = real_batch(self, k, slot, shape)
+        copied[k] = FakeEvent.made[-1]
+        return out
+
+    def checked_free(end, k):
+        assert k not in copied or copied[k].done, f"batch {k}: its slot freed before its copy completed"
+        freed.append(k)
+        real_free(end, k)
+
+    monkeypatch.setattr(delivery.PinnedCopy, "batch", batch)
+    monkeypatch.setattr(TrainerEnd, "free", checked_free)
+    with synth.loader(B, T, "train", n_slots=3, num_workers=2, timeout=20) as loader:
+        got = []
+        for k in range(n):
+            inputs, targets = next(loader)
+            got.append(window_of(inputs, targets))
+            if k % 2 == 0 and k in copied:
+                copied[k].done = True
+        head = loader.stats()["head_batches"]
+    assert head >= 1 and all(k not in copied for k in range(head)), "a head start's batch went through a slot"
+    assert all(np.array_equal(g, w) for g, w in zip(got, want_w))
+    assert freed[:head] == list(range(head)), "the ring's copies of the head start's batches were not freed first"

@@ -188,7 +188,7 @@ def test_cpu_batches_are_lent_from_the_ring_and_kept_ones_survive_close(synth):
     B, T = 2, 32
     want_w, _ = synth.expected(60, B, T, "train")
     kept, lent = {}, []
-    with synth.loader(B, T, "train", n_slots=6, num_workers=2) as loader:
+    with synth.loader(B, T, "train", n_slots=6, num_workers=2, head_start=False) as loader:
         for k, (inputs, targets) in enumerate(itertools.islice(loader, 60)):
             assert np.array_equal(window_of(inputs, targets), want_w[k])
             lent.append(_in_ring(loader, inputs))
@@ -239,7 +239,7 @@ def test_a_dropped_batch_is_refilled_from_the_next_call_on(synth):
     After `for` three times and `del`, batches 1 and 2 are dropped but not yet freed (batch 0
     was freed by the third call): the trainer away, the ring fills the other 2 of 4 slots and
     stops. One more next() (whose batch the caller keeps) frees both, and the ring fills 3."""
-    with synth.loader(2, 32, "train", n_slots=4, num_workers=2) as loader:
+    with synth.loader(2, 32, "train", n_slots=4, num_workers=2, head_start=False) as loader:
 
         def settle(want):
             deadline = time.monotonic() + 20
@@ -275,7 +275,7 @@ def test_ctrl_c_cannot_land_inside_the_release_of_a_lent_batch(synth):
             raise KeyboardInterrupt
         return None
 
-    with synth.loader(B, T, "train", n_slots=2, num_workers=1) as loader:
+    with synth.loader(B, T, "train", n_slots=2, num_workers=1, head_start=False) as loader:
         for _ in range(6):
             inputs, targets = next(loader)
             got.append(window_of(inputs, targets))

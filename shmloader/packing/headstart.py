@@ -1,0 +1,73 @@
+"""Concat's first batches made in one process: the stream the trainer's head start hands out
+(procs/headstart.py) while a run's children start. Pure: pieces and their tokens come from
+the caller.
+
+`Stream` runs the very parts a concat run runs in its coordinator and its workers: the
+`ConcatSequencer` over each piece's row lengths, the worker's keep and `write` of the
+segments it is ordered to copy (with positions, packing/positions.py), `position_at` for the
+position after each batch and `ring.batch_check` of its window. Only the ring is its own: one
+row per batch (tokens, then positions, as a ring slot's row), never reused, so a batch handed
+to the caller keeps its row for as long as the caller holds it. Batch k made here is batch k
+of a run from the same start, byte for byte, with the record the coordinator announces for it
+(`Made`: the position after it, the documents begun by its end, the check), which the trainer
+compares with the ring's own announcement when that comes.
+"""
+from collections import deque
+from typing import NamedTuple
+
+import numpy as np
+
+from ..ipc.ring import batch_check
+from ..position import Position
+from .concat import ConcatSequencer, Place, _keep, position_at, write
+
+
+class Made(NamedTuple):
+    """Batch `batch` of the run, made in-process: its slot's row and what its announcement says."""
+    batch: int
+    row: np.ndarray     # the window's tokens, then (with positions) the inputs' positions
+    position: Position  # the canonical position after it
+    docs: int           # documents begun by its end, in the run
+    check: int          # `batch_check` of its window
+
+
+class Stream:
+    """Concat batches `0, 1, ..., most - 1` of a run that starts `skip` tokens into its first
+    document: `add` each piece in order, take what is `ready`."""
+
+    def __init__(self, B: int, T: int, skip: int, most: int, positions: bool = False):
+        self.B, self.T, self.most = B, T, most
+        self.window = B * T + 1
+        self.rows = np.empty((most, self.window + (B * T if positions else 0)), dtype=np.int64)
+        self.slots = self.rows[:, :self.window]  # batch k is in row k: its "slot"
+        self.positions = self.rows[:, self.window:] if positions else None
+        self.seq = ConcatSequencer(self.window, most, skip)  # never freed: batches < most may be written
+        self._pieces, self._held = {}, {}
+        self._ready = deque()
+        self.added = 0  # pieces added
+
+    def add(self, piece, tokens: np.ndarray, lengths: np.ndarray):
+        """The next piece of the order (`data.order.Piece`, indexed from 0, none skipped) with
+        its tokens (`[BOS] + ids` per non-null row, end to end) and each row's length."""
+        if piece.index != self.added or piece.skip:
+            raise ValueError(f"piece {piece.index} (skip {piece.skip}) added as piece {self.added}: "
+                             f"pieces come in order, from 0, whole")
+        self.added += 1
+        self._pieces[piece.index] = piece
+        held = _keep(tokens, lengths, 0)
+        if held is not None:
+            self._held[piece.index] = held
+        self.seq.counted(piece.index, lengths)
+        for index, segments, done in self.seq.placements():
+            order = Place(index, [(k, k, off, src, n) for k, off, src, n in segments], done)
+            self.seq.written(write(self.slots, self._held, order, self.B, self.T, self.positions))
+        for k, where in self.seq.ready():
+            self._ready.append(Made(k, self.rows[k], position_at(self._pieces[where.piece], where),
+                                    self.seq.docs_at.pop(k), batch_check(self.slots[k])))
+        live = self.seq.oldest_live()
+        for index in [i for i in self._pieces if i < live]:
+            del self._pieces[index]
+
+    def ready(self) -> "Made | None":
+        """The next batch made, in order, or None until more pieces are added."""
+        return self._ready.popleft() if self._ready else None

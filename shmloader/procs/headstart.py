@@ -1,0 +1,150 @@
+"""The head start: a concat run's first batches made in the training process while its
+children start, so that the first batch of a loader costs what an in-process loader's does.
+
+Starting a run's processes costs the trainer nothing it waits on, but the first batch waits
+for them: a worker is started through the forkserver, unpickles its tokenizer and only then
+reads; on 2 cores that was 80-110 ms for a batch that nanochat's in-process loader makes in
+45-55 ms. So while the children start, the trainer makes the batches the caller asks for
+itself, the way a run makes them (packing/headstart.py: the same sequencer, write and
+check), reading and tokenizing only what each batch needs (pieces of 1, 2, 4, ... documents:
+piece boundaries never change the stream) with the tokenizer's definition (the engine every
+worker's is checked against, data/engine.py).
+
+The rule (`HeadStart.wanted`): a batch is made here only while the ring has announced none
+(and the coordinator has said nothing: an error or a warning is the ring's to deliver), and
+at most `MOST` of them. From the ring's first announcement on, the ring delivers: its batches
+below the ones handed out here are taken and freed at once (the run starts from the same
+position, so it makes them again), each compared with the record made here (position,
+documents, check: `compare`), and a difference is an error, never a changed byte. Any failure
+while making one here (a file that cannot be read, a bad row group) ends the head start
+quietly: the ring reads the same data and says what is wrong, as it always did.
+
+Only a run the trainer could make the same way gets one (`refusal` says why not): concat
+from a position, one source, no elastic plan, nothing poisoned, no token cache (a cached
+run's workers read tokens, not text), a tiktoken tokenizer (its definition is fast; the
+trainer's own `Encoding` is used, not unpickled again: data/tokenizer.py).
+"""
+import functools
+
+from ..data import engine as enginemod
+from ..data.order import iter_pieces
+from ..data.source import ParquetSource
+from ..errors import ShmLoaderError
+from ..ipc.protocol import Opened
+from ..packing.headstart import Made, Stream
+from .worker import encode_texts
+
+MOST = 4                                      # batches made here at most
+RAMP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # documents per piece: read and tokenize what a batch needs
+
+
+def refusal(config, args) -> str | None:
+    """Why a run (`RunArgs`) of a loader (`LoaderConfig`) gets no head start; None: it does."""
+    if not config.head_start:
+        return "head_start=False"
+    if config.packing != "concat":
+        return f"packing {config.packing!r}"
+    if args.mixture is not None or args.plan is not None or args.locate is not None:
+        return "a mixture, an elastic plan or a count-only run"
+    if args.poisoned or args.suspects:
+        return "rows poisoned or suspect"
+    if config.cache_dir is not None:
+        return "a token cache"
+    if getattr(args.tokenizer, "kind", None) != "tiktoken":
+        return "a tokenizer other than tiktoken's"
+    return None
+
+
+class HeadStart:
+    """One run's head start (`refusal(config, args)` is None): `make()` the run's next batch here
+    while `wanted(...)`; `compare(ann)` each ring batch below `given`."""
+
+    def __init__(self, config, args):
+        self.config, self.args = config, args
+        self.stream = Stream(config.B, config.T, args.start.skip, MOST, config.positions_words > 0)
+        self.given = 0        # batches handed out from here
+        self.over = False     # no more are made here
+        self.opened = []      # `Opened` of the files read here, for the loader's catalogue (as the coordinator's)
+        self._records = {}    # batch -> (position, docs, check) handed out, until the ring's is compared
+        self._rows = {}       # batch -> its row, handed out and not yet delivered
+        self._source = self._pieces = self._encoder = None
+
+    def wanted(self, announced: int, pending: int) -> bool:
+        """Whether the next batch is made here: the ring has announced `announced` batches and
+        its coordinator has `pending` messages queued."""
+        if not self.over and (announced or pending > 0 or self.given >= MOST):
+            self._finish()
+        return not self.over
+
+    def make(self) -> "Made | None":
+        """Batch `given` of the run, made here; None (and the head start is over) when it cannot be."""
+        done = False
+        try:
+            made = self.stream.ready()
+            while made is None:
+                self._add_next()
+                made = self.stream.ready()
+            done = True
+        except Exception:  # noqa: BLE001 (the ring reads the same data and reports it)
+            return None
+        finally:
+            if not done:
+                self._finish()
+        self.given += 1
+        self._records[made.batch] = (made.position, made.docs, made.check)
+        self._rows[made.batch] = made.row
+        return made
+
+    def row(self, batch: int):
+        """Batch `batch`'s row (tokens, then positions), handed out once: the caller's from now on."""
+        return self._rows.pop(batch)
+
+    def compare(self, ann):
+        """The ring's announcement of a batch handed out here: it must say what this one said."""
+        position, docs, check = self._records.pop(ann.batch)
+        if (ann.position, ann.docs, ann.check) != (position, docs, check):
+            raise ShmLoaderError(
+                f"batch {ann.batch} as the workers made it differs from the one the training process made "
+                f"while they started: they say it ends at {ann.position} after {ann.docs} documents with check "
+                f"{ann.check:08x}, the training process said {position}, {docs}, {check:08x}. This is a bug in "
+                f"shmloader; please report it with the data and tokenizer")
+
+    def take_opened(self) -> list:
+        """The `Opened` of files read here since the last call."""
+        out = list(self.opened)
+        self.opened.clear()
+        return out
+
+    def _finish(self):
+        """No more batches are made here: the files, the tokenizer and the rows not handed out go
+        (what was handed out stays until the ring's copy is compared, or the caller has it)."""
+        self.over = True
+        self.stream = self._source = self._pieces = self._encoder = None
+
+    def _add_next(self):
+        if self._pieces is None:
+            a = self.args
+            source = self._source = ParquetSource(a.files, a.filesystem.open() if a.filesystem is not None else None)
+            self._encoder = enginemod.definition(a.tokenizer)
+            self._pieces = iter_pieces(functools.partial(_row_counts, source, {}, self.opened), len(a.files),
+                                       a.rank, a.world, a.start, max_docs=self.config.max_piece_docs, ramp=RAMP,
+                                       later=a.later)
+        piece = next(self._pieces)
+        spec, path = self.args.tokenizer, self.args.files[piece.file]
+        texts = self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
+        encode = self._encoder.encode_batch
+        tokens, lengths = encode_texts(texts, lambda docs, where: encode(docs), spec.bos, spec.dtype,
+                                       lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}")
+        self.stream.add(piece, tokens, lengths)
+
+
+
+def _row_counts(source: ParquetSource, told: dict, opened: list, f: int) -> list:
+    """File f's row counts, its identity put in `opened` (as an `Opened`) the first time it is
+    read and whenever it changed, as the coordinator tells the trainer."""
+    counts = source.row_counts(f)
+    identity = source.identity(f)
+    if told.get(f) != identity:
+        told[f] = identity
+        opened.append(Opened(f, *identity))
+    return counts

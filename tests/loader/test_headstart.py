@@ -1,0 +1,134 @@
+"""The head start (procs/headstart.py), as the client sees it: a concat loader's first batches
+are made in the training process while its workers start, and nothing the caller gets differs
+from what the workers make: the same batches, positions and states (every key), from a fresh
+start, a resume in the middle of a document, another rank, a tokenizer file; a run it cannot
+make gets none; a difference from the workers' batch is an error; bad data is the workers' to
+report, as without it."""
+import itertools
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import shmloader
+from shmloader.ipc.ring import Counter
+from tests import helpers
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+
+def take(loader, n):
+    """`n` batches (every tensor copied) and the state after each."""
+    out = []
+    for _ in range(n):
+        batch = next(loader)
+        out.append((tuple(t.clone() for t in batch), loader.state_dict()))
+    return out
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for k, ((x, sx), (y, sy)) in enumerate(zip(a, b)):
+        assert all(np.array_equal(p.numpy(), q.numpy()) for p, q in zip(x, y)), f"batch {k} differs"
+        assert sx == sy, f"the state after batch {k} differs: {sx} != {sy}"
+
+
+@pytest.mark.parametrize("B, T, split, positions", [(2, 16, "train", False), (1, 300, "train", True),
+                                                    (4, 7, "val", True), (3, 64, "train", False)])
+def test_the_first_batches_are_made_here_and_equal_the_workers(synth, B, T, split, positions):
+    with synth.loader(B, T, split, positions=positions, head_start=False) as alone:
+        want = take(alone, 12)
+        assert alone.stats()["head_batches"] == 0
+    with synth.loader(B, T, split, positions=positions) as loader:
+        got = take(loader, 12)
+        stats = loader.stats()
+    same(got, want)
+    assert stats["head_batches"] >= 1, "the first batch came from the workers"
+    windows, _ = synth.expected(12, B, T, split)
+    assert all(np.array_equal(np.concatenate([x.numpy().ravel(), y.numpy().ravel()[-1:]]), w)
+               for ((x, y, *_), _), w in zip(got, windows))
+
+
+def test_another_rank_and_a_resume_inside_a_document(synth):
+    B, T = 2, 50
+    with synth.loader(B, T, rank=1, world_size=2, head_start=False) as alone:
+        want = take(alone, 10)
+    with synth.loader(B, T, rank=1, world_size=2) as loader:
+        same(take(loader, 10), want)
+        assert loader.stats()["head_batches"] >= 1
+    state = want[3][1]  # after batch 3: inside a document
+    assert state["skip"] > 0, "the resume does not start inside a document"
+    with synth.loader(B, T, rank=1, world_size=2, resume_state=state) as resumed:
+        same(take(resumed, 6), want[4:10])
+        assert resumed.stats()["head_batches"] >= 1
+
+
+def test_a_tokenizer_file_gets_one_and_a_tokenizer_object_none(synth, synth_tokenizer_pkl, posdata):
+    with shmloader.ShmLoader(str(synth.root), str(synth_tokenizer_pkl), 2, 16, device="cpu", num_workers=2) as a:
+        next(a)
+        assert a.stats()["head_batches"] == 1
+    with posdata.loader(2, 16) as b:  # an object with encode(): its definition may be slow
+        next(b)
+        assert b.stats()["head_batches"] == 0
+    with synth.loader(2, 16, packing="bos_bestfit", buffer_size=8, tokenizer_batch_size=4) as c:
+        next(c)
+        assert c.stats()["head_batches"] == 0
+
+
+def test_a_batch_that_differs_from_the_workers_is_an_error(synth, monkeypatch):
+    from shmloader.packing import headstart
+
+    monkeypatch.setattr(headstart, "batch_check", lambda window: 12345)
+    with synth.loader(2, 16, num_workers=1) as loader:
+        with pytest.raises(shmloader.ShmLoaderError, match="differs from the one the training process made"):
+            for _ in range(20):
+                next(loader)
+        assert loader.stats()["head_batches"] >= 1
+
+
+def test_a_bad_row_group_is_the_workers_to_report(synth, tmp_path):
+    root = tmp_path / "bad"
+    shutil.copytree(synth.root, root)
+    first = sorted(root.iterdir())[0]
+    helpers.corrupt_row_group(first, 0)
+    for head_start in (True, False):
+        with shmloader.ShmLoader(str(root), synth.tokenizer, 2, 16, device="cpu", num_workers=2,
+                                 head_start=head_start) as loader:
+            with pytest.raises(shmloader.DataError, match="row group 0 cannot be read") as info:
+                next(loader)
+            assert first.name in str(info.value)
+    runs = {}
+    for head_start in (True, False):
+        with shmloader.ShmLoader(str(root), synth.tokenizer, 2, 16, device="cpu", num_workers=2,
+                                 on_bad_row_group="skip", head_start=head_start) as loader:
+            with pytest.warns(UserWarning, match="row group 0"):
+                runs[head_start] = take(loader, 6)
+    same(runs[True], runs[False])
+
+
+def test_the_running_loader_goes_on_once_the_new_ones_first_batch_is_made(synth):
+    """nanochat's evaluations: a val loader built while the train loader runs pauses it only
+    until its first batch, here the one the training process made."""
+    with synth.loader(2, 16) as train:
+        next(train)
+        for _ in range(3):
+            with synth.loader(2, 16, "val") as val:
+                next(val)
+                assert val.stats()["head_batches"] == 1
+                assert int(train.debug().ring.counters[Counter.YIELD_UNTIL]) == 0, "the train loader still waits"
+                next(train)
+                for _ in range(5):
+                    next(val)
+
+
+def test_many_loaders_leave_nothing_behind(synth):
+    fds = None
+    for i in range(6):
+        with synth.loader(2, 16, "val") as val:
+            for _ in itertools.islice(val, 2):
+                pass
+            assert val.stats()["head_batches"] >= 1
+        now = len(os.listdir("/proc/self/fd"))
+        fds = now if fds is None else fds
+        assert now <= fds, f"loader {i}: {now} descriptors open, {fds} after the first"

@@ -1,0 +1,179 @@
+"""packing.headstart.Stream (the trainer's head start, pure) and procs.headstart's rule.
+
+Every token of the concatenation has a unique value (its index in it), so each batch's window,
+each position after a batch, the documents begun and each token's position in its document are
+checked by arithmetic against the concatenation itself: nothing here reuses the sequencer's
+bookkeeping to say what is right."""
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from shmloader.data.order import Piece
+from shmloader.ipc.ring import batch_check
+from shmloader.packing.headstart import Stream
+from shmloader.position import Position
+from shmloader.procs import headstart as procs_headstart
+
+
+def corpus(rng: random.Random):
+    """Row groups (file, rg, lengths): lengths 0 (a null), 1 (an empty text: its BOS) or more."""
+    groups = []
+    for f in range(rng.randint(1, 3)):
+        for g in range(rng.randint(1, 3)):
+            n = rng.choice([1, 1, 2, 5, 17, 60])
+            groups.append((f, g, [rng.choice([0, 1, rng.randint(2, 9), rng.randint(10, 200)]) for _ in range(n)]))
+    return groups
+
+
+def cut(groups, rng: random.Random, whole: bool = False):
+    """Pieces of the row groups in order (random slices, or whole row groups), each with its rows' lengths."""
+    out = []
+    for f, g, lengths in groups:
+        doc = 0
+        while doc < len(lengths):
+            end = len(lengths) if whole else min(len(lengths), doc + rng.randint(1, 8))
+            out.append((Piece(len(out), 1, f, g, doc, end), lengths[doc:end]))
+            doc = end
+    return out
+
+
+def reference(groups, B, T, skip):
+    """Per batch from the concatenation: (window, position after, documents begun, positions)."""
+    W = B * T + 1
+    starts, places, total = [], [], 0  # each non-null document's first token, and its (file, rg, row)
+    for f, g, lengths in groups:
+        for row, n in enumerate(lengths):
+            if n:
+                starts.append(total)
+                places.append((f, g, row))
+                total += n
+    starts = np.asarray(starts, dtype=np.int64)
+    owner = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, total)))  # token -> its document
+    out, k = [], 0
+    while skip + (k + 1) * W < total:  # the token after the batch exists: its position is known
+        lo, end = skip + k * W, skip + (k + 1) * W
+        doc = owner[end]
+        f, g, row = places[doc]
+        begun = int(np.count_nonzero(starts < end)) - (1 if skip else 0)
+        positions = np.arange(lo, lo + B * T) - starts[owner[lo:lo + B * T]]
+        out.append((np.arange(lo, end), Position(1, f, g, row, int(end - starts[doc])), begun, positions))
+        k += 1
+    return out
+
+
+def made(groups, pieces, B, T, skip, most, positions=True):
+    stream = Stream(B, T, skip, most, positions)
+    base, out = 0, []
+    offsets = {}
+    for f, g, lengths in groups:
+        offsets[(f, g)] = []
+        for n in lengths:
+            offsets[(f, g)].append(base)
+            base += n
+    for piece, lengths in pieces:
+        lo = offsets[(piece.file, piece.rg)][piece.doc_start]
+        n = int(sum(lengths))
+        stream.add(piece, np.arange(lo, lo + n, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
+        while (m := stream.ready()) is not None:
+            out.append(m)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_batch_is_the_concatenations_window_with_its_position_and_documents(seed):
+    rng = random.Random(seed)
+    groups = corpus(rng)
+    B, T = rng.randint(1, 3), rng.choice([1, 3, 8, 20])
+    total = sum(sum(lengths) for _, _, lengths in groups)
+    skip = rng.choice([0, 0, rng.randint(0, max(total // 3, 0))])
+    most = rng.randint(1, 5)
+    want = reference(groups, B, T, skip)[:most]
+    got = made(groups, cut(groups, rng), B, T, skip, most)
+    assert len(got) == len(want)
+    for k, (m, (window, after, begun, positions)) in enumerate(zip(got, want)):
+        W = B * T + 1
+        assert m.batch == k
+        assert np.array_equal(m.row[:W], window), f"batch {k}'s window"
+        assert np.array_equal(m.row[W:], positions), f"batch {k}'s positions"
+        assert m.position == after and m.docs == begun, (k, m.position, after, m.docs, begun)
+        assert m.check == batch_check(window)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_piece_boundaries_change_nothing(seed):
+    rng = random.Random(100 + seed)
+    groups = corpus(rng)
+    B, T, most = 2, 5, 4
+    sliced = made(groups, cut(groups, rng), B, T, 3, most)
+    whole = made(groups, cut(groups, rng, whole=True), B, T, 3, most)
+    assert [(m.batch, m.position, m.docs, m.check) for m in sliced] == [(m.batch, m.position, m.docs, m.check)
+                                                                       for m in whole]
+    assert all(np.array_equal(a.row, b.row) for a, b in zip(sliced, whole))
+
+
+def test_a_batch_handed_out_keeps_its_row_and_no_more_than_most_are_made():
+    groups = [(0, 0, [30] * 40)]
+    stream = Stream(2, 4, 0, 2)
+    pieces = cut(groups, random.Random(1))
+    first = None
+    for piece, lengths in pieces:
+        lo = piece.doc_start * 30
+        stream.add(piece, np.arange(lo, lo + 30 * len(lengths)), np.asarray(lengths))
+        if first is None:
+            first = stream.ready()
+    kept = first.row.copy()
+    rest = []
+    while (m := stream.ready()) is not None:
+        rest.append(m)
+    assert [m.batch for m in rest] == [1] and np.array_equal(first.row, kept)
+    assert first.row.base is not rest[0].row.base or first.row.ctypes.data != rest[0].row.ctypes.data
+
+
+def test_pieces_come_in_order_and_whole():
+    stream = Stream(1, 4, 0, 2)
+    with pytest.raises(ValueError, match="in order"):
+        stream.add(Piece(1, 1, 0, 0, 0, 2), np.arange(4), np.asarray([2, 2]))
+    with pytest.raises(ValueError, match="whole"):
+        stream.add(Piece(0, 1, 0, 0, 0, 2, skip=1), np.arange(4), np.asarray([2, 2]))
+
+
+def config(**kw):
+    base = dict(head_start=True, packing="concat", cache_dir=None)
+    return SimpleNamespace(**dict(base, **kw))
+
+
+def args(**kw):
+    base = dict(mixture=None, plan=None, locate=None, poisoned=(), suspects=(),
+                tokenizer=SimpleNamespace(kind="tiktoken"))
+    return SimpleNamespace(**dict(base, **kw))
+
+
+@pytest.mark.parametrize("what, cfg, run", [
+    ("head_start=False", config(head_start=False), args()),
+    ("packing 'bos_bestfit'", config(packing="bos_bestfit"), args()),
+    ("a mixture", config(), args(mixture=object())),
+    ("an elastic plan", config(), args(plan=object())),
+    ("a count-only run", config(), args(locate=(1,))),
+    ("poisoned", config(), args(poisoned=(1,))),
+    ("a token cache", config(cache_dir="/tmp/x"), args()),
+    ("other than tiktoken", config(), args(tokenizer=SimpleNamespace(kind="hf"))),
+    ("other than tiktoken", config(), args(tokenizer=SimpleNamespace(kind="object"))),
+])
+def test_runs_the_trainer_cannot_make_get_no_head_start(what, cfg, run):
+    assert what in procs_headstart.refusal(cfg, run)
+    assert procs_headstart.refusal(config(), args()) is None
+
+
+def test_the_rule_makes_batches_only_before_the_rings_first_and_at_most_most():
+    head = procs_headstart.HeadStart.__new__(procs_headstart.HeadStart)
+    head.over, head.given, head.stream = False, 0, None
+    head._source = head._pieces = head._encoder = None
+    assert head.wanted(announced=0, pending=0)
+    head.given = procs_headstart.MOST
+    assert not head.wanted(0, 0) and head.over
+    for announced, pending in ((1, 0), (0, 1)):
+        head.over, head.given = False, 0
+        assert not head.wanted(announced, pending)
+        assert not head.wanted(0, 0), "the head start came back after it ended"
