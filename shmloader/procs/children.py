@@ -409,18 +409,21 @@ def _raise_reported(msg: Error):
     raise errors.WorkerError(f"{msg.head}\n--- traceback in that process ---\n{msg.trace}")
 
 
-def start_children(config, layout: ringmod.RingLayout, cargs) -> Children:
+def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
-    position, `cargs.locate` is set: see `locate_position`)."""
+    position, `cargs.locate` is set: see `locate_position`); `first()`, if given, runs once the
+    other loaders give way and before the children start (the head start's first batch)."""
     segmod.sweep_stale()
     segment, ring = segmod.create(layout)
     kids = Children(segment, ring)
     kids.files, kids.config, kids.args = cargs.files, config, replace(cargs, ring_name=segment.name)
     kids.stall_s = float(config.stall_s) if config.max_restarts else 0.0  # 0 heals: a stall is a timeout
     try:
-        spawn(kids, config, kids.args)
         if cargs.locate is None:  # the trainer's other loaders give way until its first batch
             precedence.PRECEDENCE.starting(kids)
+        if first is not None:
+            first()
+        spawn(kids, config, kids.args)
     except BaseException:
         kids.shutdown()
         raise

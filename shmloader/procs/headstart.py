@@ -10,7 +10,9 @@ check), reading and tokenizing only what each batch needs (pieces of 1, 2, 4, ..
 piece boundaries never change the stream) with the tokenizer's definition (the engine every
 worker's is checked against, data/engine.py).
 
-The rule (`HeadStart.wanted`): a batch is made here only while the ring has announced none
+The first batch is made before the children are spawned (`prepare`, while the process's other
+loaders already give way: procs/precedence.py), so that their start does not take the cores
+from it. The rule (`HeadStart.wanted`): a batch is made here only while the ring has announced none
 (and the coordinator has said nothing: an error or a warning is the ring's to deliver), and
 at most `MOST` of them. From the ring's first announcement on, the ring delivers: its batches
 below the ones handed out here are taken and freed at once (the run starts from the same
@@ -68,6 +70,7 @@ class HeadStart:
         self._records = {}    # batch -> (position, docs, check) handed out, until the ring's is compared
         self._rows = {}       # batch -> its row, handed out and not yet delivered
         self._source = self._pieces = self._encoder = None
+        self._first = None    # the first batch, made before the children started (`prepare`)
 
     def wanted(self, announced: int, pending: int) -> bool:
         """Whether the next batch is made here: the ring has announced `announced` batches and
@@ -76,8 +79,27 @@ class HeadStart:
             self._finish()
         return not self.over
 
+    def prepare(self):
+        """Make the run's first batch now, before its children start (so that they do not
+        compete with it for the cores); `make` hands it out."""
+        if self._first is None and not self.over:
+            self._first = self._made()
+
     def make(self) -> "Made | None":
         """Batch `given` of the run, made here; None (and the head start is over) when it cannot be."""
+        made, self._first = self._first, None
+        if made is None:
+            made = self._made()
+        if made is None:
+            return None
+        self.given += 1
+        self._records[made.batch] = (made.position, made.docs, made.check)
+        self._rows[made.batch] = made.row
+        return made
+
+    def _made(self) -> "Made | None":
+        """The stream's next batch, reading and tokenizing what it needs; None (and the head
+        start is over) when it cannot be made."""
         done = False
         try:
             made = self.stream.ready()
@@ -90,9 +112,6 @@ class HeadStart:
         finally:
             if not done:
                 self._finish()
-        self.given += 1
-        self._records[made.batch] = (made.position, made.docs, made.check)
-        self._rows[made.batch] = made.row
         return made
 
     def row(self, batch: int):

@@ -257,13 +257,13 @@ class Runs:
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
-        children = start_children(c, layout, args)
+        head = HeadStart(c, args) if refusal(c, args) is None else None
+        children = start_children(c, layout, args, head.prepare if head is not None else None)
         try:
             delivery = self._deliver(children.ring.rows, children.handover.free)  # tokens, then positions
         except BaseException:
             children.shutdown()
             raise
-        head = HeadStart(c, args) if refusal(c, args) is None else None
         self.run = Run(children, delivery, self._first, self._docs, head)
 
     def _heal(self, lost: ChildLost, mark: Mark):
