@@ -137,7 +137,7 @@ class Runs:
             if run is None or self.closed is not None:
                 run = self._running()
             began = time.monotonic()
-            if run.head is not None and (ann := self._head_start(run)) is not None:
+            if run.head is not None and not run.head.over and (ann := self._head_start(run)) is not None:
                 return ann
             try:
                 ann = run.children.next_batch(run.delivery, timeout)
