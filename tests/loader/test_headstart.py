@@ -132,3 +132,90 @@ def test_many_loaders_leave_nothing_behind(synth):
         now = len(os.listdir("/proc/self/fd"))
         fds = now if fds is None else fds
         assert now <= fds, f"loader {i}: {now} descriptors open, {fds} after the first"
+
+
+def booting_for(calls: int):
+    """A stand-in for `start.booting`: the forkserver boots for its first `calls` questions."""
+    asked = []
+
+    def booting(start_method):
+        asked.append(start_method)
+        return len(asked) <= calls
+    return booting
+
+
+@pytest.mark.parametrize("calls", [1, 3, 7, 10_000])
+def test_while_the_forkserver_boots_the_batches_are_made_here_and_the_run_starts_where_they_end(
+        synth, monkeypatch, calls):
+    """The first loader of a process: its children would wait for the forkserver to boot, so
+    the trainer makes the batches asked for meanwhile, a new head start every 4, and the run
+    starts where they end once the server is up (never: every batch is made here)."""
+    from shmloader.procs import run as runmod
+
+    B, T, n = 2, 40, 14
+    with synth.loader(B, T, head_start=False) as alone:
+        want = take(alone, n)
+    monkeypatch.setattr(runmod, "booting", booting_for(calls))
+    with synth.loader(B, T) as loader:
+        got = take(loader, 1)
+        assert loader.debug() is None or calls <= 2, "the children started while the forkserver booted"
+        got += take(loader, n - 1)
+        head = loader.stats()["head_batches"]
+    same(got, want)
+    if calls == 10_000:
+        assert head >= n, f"{head} of {n} batches (and the state's look-ahead) made here while the forkserver never booted"
+    else:
+        assert 1 <= head < n
+
+
+def test_a_file_of_nulls_is_the_workers_to_report(tmp_path, synth_tokenizer):
+    """A head start that finds no batch in a whole pass over the files ends (it never reads
+    on for ever); the coordinator says what is wrong, as without it."""
+    from shmloader.demo import corpus
+
+    corpus.write_shards([None] * 40, tmp_path, num_files=2, row_group_size=10)
+    for head_start in (True, False):
+        with shmloader.ShmLoader(str(tmp_path), synth_tokenizer, 2, 16, device="cpu", num_workers=2,
+                                 head_start=head_start, timeout=30) as loader:
+            with pytest.raises(shmloader.DataError) as info:
+                next(loader)
+            assert loader.stats()["head_batches"] == 0
+        assert "held no document with text" in str(info.value), str(info.value)
+
+
+FIRST_LOADER = """
+import json, sys, hashlib, time
+import torch, shmloader
+root, tok, head_start = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+with shmloader.ShmLoader(root, tok, 2, 40, device="cpu", num_workers=2, head_start=head_start) as loader:
+    out, started = [], []
+    for k in range(10):
+        x, y = next(loader)
+        out.append([hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).hexdigest(), loader.state_dict()])
+        started.append(loader.debug() is not None)
+        if k == 0:
+            time.sleep(1.5)  # the forkserver boots meanwhile
+    print(json.dumps({"batches": out, "head": loader.stats()["head_batches"], "started": started}))
+"""
+
+
+def test_the_first_loader_of_a_fresh_process_gives_the_same_batches_and_states(synth, synth_tokenizer_pkl):
+    """The real boot, in a fresh interpreter: the forkserver says it has booted through a file
+    (procs/booted.py), and whatever the trainer made meanwhile, the batches and states are the
+    workers' own."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(helpers.REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    runs = {}
+    for head_start in ("1", "0"):
+        done = subprocess.run([sys.executable, "-c", FIRST_LOADER, str(synth.root), str(synth_tokenizer_pkl), head_start],
+                              capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr
+        runs[head_start] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["1"]["batches"] == runs["0"]["batches"]
+    assert runs["1"]["head"] >= 1 and runs["0"]["head"] == 0
+    assert not runs["1"]["started"][0], "the first batch waited for the children's start (the forkserver's boot)"
+    assert runs["1"]["started"][-1] and runs["1"]["head"] < 11, "the children never started once the forkserver booted"
+    assert "SHMLOADER_FORKSERVER_BOOTED" not in os.environ
