@@ -79,6 +79,10 @@ class Lending:
             return torch.from_numpy(views[0]), torch.from_numpy(views[1])
         return torch.from_numpy(views[0]), torch.from_numpy(views[1]), torch.from_numpy(views[2])
 
+    def made(self, row: np.ndarray, shape: Shape) -> tuple:
+        """A batch the trainer made itself (procs/headstart.py) in `row`, which the caller keeps."""
+        return split(torch.from_numpy(row), shape)
+
     def _make_views(self, shape: Shape):
         B, T, y_at, p_at = shape
         n = B * T
@@ -115,6 +119,9 @@ class CopyOut:
         self.free(k)
         return split(window.to(self.device), shape)
 
+    def made(self, row: np.ndarray, shape: Shape) -> tuple:
+        return split(torch.from_numpy(row).to(self.device), shape)
+
     def reclaim(self, wait: bool = False):
         pass
 
@@ -139,6 +146,10 @@ class PinnedCopy:
             event.record(torch.cuda.current_stream(self.device))
         self.inflight.append((k, event))
         return split(window, shape)
+
+    def made(self, row: np.ndarray, shape: Shape) -> tuple:
+        """A batch the trainer made itself, copied from its own (pageable) row: a few batches a run."""
+        return split(torch.from_numpy(row).to(self.device), shape)
 
     def reclaim(self, wait: bool = False):
         while self.inflight and (wait or self.inflight[0][1].query()):
@@ -231,13 +242,6 @@ def device_of(device) -> torch.device:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def made(device: torch.device, row: np.ndarray, shape: Shape) -> tuple:
-    """A batch the trainer made itself (procs/headstart.py) in `row` (tokens, then positions),
-    which the caller keeps: its views on the CPU, else one copy to `device` (a few batches a run)."""
-    tensor = torch.from_numpy(row)
-    return split(tensor if device.type == "cpu" else tensor.to(device), shape)
 
 
 def make(device: torch.device, slots: np.ndarray, free, lend_cap: int):

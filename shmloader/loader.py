@@ -134,8 +134,7 @@ class ShmLoader:
         # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
         # which nanochat's base_train disables: its children would outlive it)
         self._runs = Runs(self.config, functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap),
-                          functools.partial(self._catalogue.learn, warn=errors.warn), self.rank,
-                          functools.partial(delivery.made, self.device))
+                          functools.partial(self._catalogue.learn, warn=errors.warn), self.rank)
         self._begin(statemod.start(self._identity()))
         if resume_state is not None:
             self.load_state_dict(resume_state)

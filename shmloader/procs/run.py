@@ -36,8 +36,7 @@ from ..packing.mixbestfit import buffer_entries
 from ..packing.runs import BufferText, decode_runs
 from ..position import Position
 from . import heal, precedence
-from .headstart import MOST, HeadStart, refusal
-from .start import booting
+from .headstart import HeadStart, refusal
 from .children import ChildLost, ChildrenReleased, Children, start_children
 
 
@@ -105,14 +104,10 @@ def mix_text_bytes(mix, buffer_docs: int = 0) -> int:
     return 1024 + sum(400 + len(json.dumps(name)) for name in names) + buffer_docs * (width + 110)
 
 class Runs:
-    def __init__(self, config, deliver, on_opened, rank: int, made=None):
+    def __init__(self, config, deliver, on_opened, rank: int):
         """`deliver(rows, free)`: the delivery for a new ring's slots (`Ring.rows`); `on_opened(msgs)`: the files
-        the coordinator read (`Opened`), for the loader's catalogue; `made(row, shape)`: a batch the
-        trainer made itself (`delivery.made` on the loader's device)."""
+        the coordinator read (`Opened`), for the loader's catalogue."""
         self.config, self._deliver, self._on_opened, self.rank = config, deliver, on_opened, rank
-        self._made = made
-        self._early = None  # a head start begun before its run, while the forkserver boots (`_early_batch`)
-        self._maker = None  # the head start that made the last batch it handed out
         self.run = None
         self.closed = None  # why the loader was closed (`close`), else None
         # the lifecycle lock: a run starts, restarts, has a worker replaced or stops under it, and
@@ -137,8 +132,6 @@ class Runs:
         worker is replaced, a lost coordinator (or an idle release) starts every child again
         from `mark`. A close from another thread meanwhile: `LoaderClosed`."""
         waited = 0.0
-        if self.run is None and self.closed is None and (ann := self._early_batch(mark)) is not None:
-            return ann
         while True:
             run = self.run
             if run is None or self.closed is not None:
@@ -170,47 +163,15 @@ class Runs:
 
     def _head_start(self, run: Run) -> "Announcement | None":
         """The run's next batch made by the trainer (procs/headstart.py), while its rule says so."""
-        handover = run.children.handover
-        ann = self._head_made(run.head, handover.announced(), handover.pending_messages())
-        if ann is not None and ann.batch == 0:  # the trainer has its first batch: the others go on (precedence.py)
-            precedence.PRECEDENCE.started(run.children)
-        return ann
-
-    def _early_batch(self, mark: Mark) -> "Announcement | None":
-        """While the forkserver this process launched still boots (the first loader of a process:
-        a child started now would wait ~0.35 s for it), the trainer makes the batches asked for,
-        with a head start begun before its run's children start (a new one from `mark` when one
-        has made all it may). Once the server has booted (or a batch cannot be made here), the
-        next run starts from `mark`, the progress after the last batch returned, as a restart
-        does: nothing is made twice. None: the children start now."""
-        head = self._early
-        if head is not None and head.given and (head.over or head.given >= MOST or not booting(self.config.start_method)):
-            self.restart(mark)  # the next run starts where these batches end
-            head = None
-        if not booting(self.config.start_method):
-            self._early = None
-            return None
-        if head is None:
-            args = self._run_args()
-            if refusal(self.config, args) is not None:
-                return None
-            head = self._early = HeadStart(self.config, args)
-        ann = self._head_made(head, 0, 0)
-        if ann is None and head.given:
-            self.restart(mark)
-        return ann
-
-    def _head_made(self, head: HeadStart, announced: int, pending: int) -> "Announcement | None":
-        """`head`'s next batch as an announcement (its slot `HEAD_SLOT`), if its rule says so
-        (the ring has announced `announced` batches, its coordinator has `pending` messages)."""
-        began = time.monotonic()
-        made = head.make() if head.wanted(announced, pending) else None
+        head, handover, began = run.head, run.children.handover, time.monotonic()
+        made = head.make() if head.wanted(handover.announced(), handover.pending_messages()) else None
         if head.opened:
             self._on_opened(head.take_opened())
         if made is None:
             return None
         self.head_batches += 1
-        self._maker = head
+        if made.batch == 0:  # the trainer has its first batch: the other loaders go on (precedence.py)
+            precedence.PRECEDENCE.started(run.children)
         return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,
                             waited=time.monotonic() - began)
 
@@ -240,13 +201,12 @@ class Runs:
         constructor (`_new`)."""
         with self._lock:
             run = self.run
-            if self.closed is not None or run is None and ann.slot != HEAD_SLOT:
+            if self.closed is not None or run is None:
                 raise LoaderClosed(self.closed or "this ShmLoader was closed")
-            if ann.slot == HEAD_SLOT:  # made by the trainer, maybe before its run started
-                batch = self._made(self._maker.row(ann.batch), shape)
-                first, before = (run.first, run.docs_before) if run is not None else (self._first, self._docs)
-                return batch, Mark(first + ann.batch + 1, ann.position, ann.buffer, before + ann.docs)
-            batch = run.delivery.batch(ann.batch, ann.slot, shape)
+            if ann.slot == HEAD_SLOT:
+                batch = run.delivery.made(run.head.row(ann.batch), shape)
+            else:
+                batch = run.delivery.batch(ann.batch, ann.slot, shape)
             return batch, _new(Mark, (run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs))
 
     def restart(self, mark: Mark) -> int:
@@ -266,7 +226,6 @@ class Runs:
         """Stop the running children, if any; the delivery first (copies in flight read the ring)."""
         with self._lock:
             run, self.run = self.run, None
-            self._early = None
             if run is None:
                 return
             try:
@@ -296,10 +255,9 @@ class Runs:
         if args.mixture is not None:  # room for a mixture's place (JSON) in 80-byte runs' worth
             runs = max(runs, mix_text_bytes(args.mixture, c.max_runs) // 80 + 1)
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
-        args = dataclasses.replace(self._run_args(), layout=layout)
-        head, self._early = self._early, None  # begun while the forkserver booted, else a new one
-        if head is None and refusal(c, args) is None:
-            head = HeadStart(c, args)
+        poisoned, suspects = self.poison.spans(args.files)
+        args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
+        head = HeadStart(c, args) if refusal(c, args) is None else None
         children = start_children(c, layout, args, head.prepare if head is not None else None)
         try:
             delivery = self._deliver(children.ring.rows, children.handover.free)  # tokens, then positions
@@ -307,11 +265,6 @@ class Runs:
             children.shutdown()
             raise
         self.run = Run(children, delivery, self._first, self._docs, head)
-
-    def _run_args(self):
-        """The next run's arguments but its ring: with the spans heal.py skips or watches."""
-        poisoned, suspects = self.poison.spans(self._args.files)
-        return dataclasses.replace(self._args, poisoned=poisoned, suspects=suspects)
 
     def _heal(self, lost: ChildLost, mark: Mark):
         """Heal `lost` (a death or a stall) unless heal.py says no (then a `WorkerError`): a

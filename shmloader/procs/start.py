@@ -33,28 +33,11 @@ from multiprocessing import resource_tracker
 from ..data import tokenizer as tokmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.signals import sigint_blocked
-from .booted import BOOTED_ENV
 from .coordinator import coordinator_main
 from .worker import worker_main
 
-# tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server);
-# booted last: it tells the trainer that the server is ready (`booting`)
-PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken", "shmloader.procs.booted"]
-_BOOTED = None  # the file the forkserver this process launched creates once booted, until seen
-
-
-def booting(start_method: str) -> bool:
-    """Whether a child started now would wait for the forkserver to finish booting (its
-    preloads: ~0.35 s for the first loader of a process): True only while the server this
-    process launched (`prestart`) has not said it booted (procs/booted.py). A loader's head start
-    makes its batches meanwhile instead of waiting in the children's start (procs/run.py)."""
-    global _BOOTED
-    if start_method != "forkserver" or _BOOTED is None:
-        return False
-    if os.path.exists(_BOOTED):
-        _BOOTED = None
-        return False
-    return True
+# tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server)
+PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken"]
 
 
 def prestart(start_method: str):
@@ -67,43 +50,15 @@ def prestart(start_method: str):
     blocked, as `_start` explains."""
     if start_method != "forkserver":
         return
-    global _BOOTED
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    server = multiprocessing.forkserver._forkserver  # noqa: SLF001 (multiprocessing keeps no public handle)
-    launched = server._forkserver_pid is None  # noqa: SLF001 (else it runs: a waitpid below)
-    with _main_hidden(), _booted_env(launched) as path:
+    with _main_hidden():
         _ensure_forkserver()
-    if launched and server._forkserver_pid is not None:  # noqa: SLF001
-        _BOOTED = path
-
-
-@contextlib.contextmanager
-def _booted_env(launching: bool):
-    """While a new forkserver is launched, its environment names the file it creates once booted
-    (procs/booted.py), in this process's temporary directory; this process's own environment is
-    as it was afterwards."""
-    if not launching:
-        yield None
-        return
-    _tempdir()
-    path = os.path.join(multiprocessing.util.get_temp_dir(), f"forkserver_booted_{time.monotonic_ns()}")
-    before = os.environ.get(BOOTED_ENV)
-    os.environ[BOOTED_ENV] = path
-    try:
-        yield path
-    finally:
-        if before is None:
-            os.environ.pop(BOOTED_ENV, None)
-        else:
-            os.environ[BOOTED_ENV] = before
 
 
 def forget_forkserver():
     """In a child forked (`os.fork()`) from a process that started the forkserver: the server
     is the parent's, not this process's child (multiprocessing would wait for it and fail), so
     this process forgets it, and starts a server of its own if it makes a loader."""
-    global _BOOTED
-    _BOOTED = None
     server = multiprocessing.forkserver._forkserver  # noqa: SLF001 (multiprocessing keeps no public handle)
     if server._forkserver_pid is None:  # noqa: SLF001
         return
