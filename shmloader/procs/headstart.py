@@ -100,6 +100,9 @@ class HeadStart:
     def _made(self) -> "Made | None":
         """The stream's next batch, reading and tokenizing what it needs; None (and the head
         start is over) when it cannot be made."""
+        if self.given >= MOST:  # the stream makes no more (and a next one would read on for ever)
+            self._finish()
+            return None
         done = False
         try:
             made = self.stream.ready()
@@ -149,6 +152,8 @@ class HeadStart:
                                        a.rank, a.world, a.start, max_docs=self.config.max_piece_docs, ramp=RAMP,
                                        later=a.later)
         piece = next(self._pieces)
+        if piece.epoch > self.args.start.epoch + 1:  # a whole pass without a batch (an epoch of nulls): the ring's to say
+            raise EOFError("no batch in a whole pass over the files")
         spec, path = self.args.tokenizer, self.args.files[piece.file]
         texts = self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
         encode = self._encoder.encode_batch

@@ -132,3 +132,19 @@ def test_many_loaders_leave_nothing_behind(synth):
         now = len(os.listdir("/proc/self/fd"))
         fds = now if fds is None else fds
         assert now <= fds, f"loader {i}: {now} descriptors open, {fds} after the first"
+
+
+def test_a_file_of_nulls_is_the_workers_to_report(tmp_path, synth_tokenizer):
+    """A head start that finds no batch in a whole pass over the files ends (it never reads
+    on for ever, before the children even start); the coordinator says what is wrong, as
+    without it."""
+    from shmloader.demo import corpus
+
+    corpus.write_shards([None] * 40, tmp_path, num_files=2, row_group_size=10)
+    for head_start in (True, False):
+        with shmloader.ShmLoader(str(tmp_path), synth_tokenizer, 2, 16, device="cpu", num_workers=2,
+                                 head_start=head_start, timeout=30) as loader:
+            with pytest.raises(shmloader.DataError) as info:
+                next(loader)
+            assert loader.stats()["head_batches"] == 0
+        assert "held no document with text" in str(info.value), str(info.value)
