@@ -103,9 +103,9 @@ class ShmLoader:
             batches), int64 on `device`, written by the workers beside the tokens;
             `shmloader.cu_seqlens(positions)` for varlen attention (docs/contract.md §6).
         head_start: concat: while a run's processes start, the training process makes the
-            batches asked for itself (at most 4, the same bytes and states), so that the first
-            batch costs what an in-process loader's does (procs/headstart.py); False: every
-            batch comes from the workers."""
+            batches asked for itself (at most 4, the same bytes and states), so that a new
+            loader's first batch does not wait for them to start (procs/headstart.py); False:
+            every batch comes from the workers."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:

@@ -1,5 +1,5 @@
 """The head start: a concat run's first batches made in the training process while its
-children start, so that the first batch of a loader costs what an in-process loader's does.
+children start, so that a new loader's first batch does not wait for its processes to start.
 
 Starting a run's processes costs the trainer nothing it waits on, but the first batch waits
 for them: a worker is started through the forkserver, unpickles its tokenizer and only then
@@ -18,8 +18,13 @@ at most `MOST` of them. From the ring's first announcement on, the ring delivers
 below the ones handed out here are taken and freed at once (the run starts from the same
 position, so it makes them again), each compared with the record made here (position,
 documents, check: `compare`), and a difference is an error, never a changed byte. Any failure
-while making one here (a file that cannot be read, a bad row group) ends the head start
-quietly: the ring reads the same data and says what is wrong, as it always did.
+while making one here (a file that cannot be read, a bad row group, a whole pass over the
+files without a batch: an epoch of nulls) ends the head start quietly: the ring reads the same
+data and says what is wrong, as it always did.
+
+It does not help the first loader of a process: spawning its children waits for the
+forkserver to finish booting (its preloads, ~0.35 s here), and the first batch is made before
+that wait, not instead of it (docs/design.md, "The head start").
 
 Only a run the trainer could make the same way gets one (`refusal` says why not): concat
 from a position, one source, no elastic plan, nothing poisoned, no token cache (a cached
