@@ -9,7 +9,10 @@ loader's `deliver`: delivery.py). `Runs` keeps one going for a loader:
   says);
 - `take(mark, timeout)` returns the next batch's `Announcement`, best fit's buffer text copied
   out of its slot; `deliver(ann, shape)` makes it the caller's tensors and gives the progress
-  after it (`Mark`), which the loader keeps for the batch it returns;
+  after it (`Mark`), which the loader keeps for the batch it returns; a concat run's first
+  batches are made by the trainer while its children start (its `HeadStart`,
+  procs/headstart.py: slot `HEAD_SLOT`, delivered from its own row), and the ring's copies of
+  them are compared and freed when they come;
 - when the children are gone, the next run starts from `mark`, the progress after the last
   batch returned, exactly as a resume would (in this run's numbering of the files, nothing
   checked again), so the stream and its states go on byte for byte: after an idle release
@@ -73,7 +76,6 @@ class Run:
                "workers": [_worker_stats(r) for r in ring.workers]}
         out.update(config.spec.stats(values))
         return out
-
 
     def ready(self) -> int:
         """Batches the ring holds ready that `next()` has not returned (those below what the head
