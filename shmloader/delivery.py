@@ -147,9 +147,7 @@ class PinnedCopy:
         self.inflight.append((k, event))
         return split(window, shape)
 
-    def made(self, row: np.ndarray, shape: Shape) -> tuple:
-        """A batch the trainer made itself, copied from its own (pageable) row: a few batches a run."""
-        return split(torch.from_numpy(row).to(self.device), shape)
+    made = CopyOut.made  # a batch the trainer made itself: from its own (pageable) row, a few batches a run
 
     def reclaim(self, wait: bool = False):
         while self.inflight and (wait or self.inflight[0][1].query()):

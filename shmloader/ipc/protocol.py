@@ -234,6 +234,15 @@ class Opened(NamedTuple):
     size: int | None
     footer: str
 
+    @classmethod
+    def if_new(cls, told: dict, file: int, identity: tuple) -> "Opened | None":
+        """The `Opened` to send for `file`, whose `(size, footer)` is `identity`: the first time
+        it is read and whenever it changed since (`told`: file -> the identity last sent)."""
+        if told.get(file) == identity:
+            return None
+        told[file] = identity
+        return cls(file, *identity)
+
 
 # trainer -> coordinator
 class Replace(NamedTuple):

@@ -68,6 +68,11 @@ class Stream:
         for index in [i for i in self._pieces if i < live]:
             del self._pieces[index]
 
+    @property
+    def exhausted(self) -> bool:
+        """It has made every batch it may (`most`) and they were all taken: nothing more comes."""
+        return self.seq.book.announced >= self.most and not self._ready
+
     def ready(self) -> "Made | None":
         """The next batch made, in order, or None until more pieces are added."""
         return self._ready.popleft() if self._ready else None

@@ -308,10 +308,8 @@ class _Coordinator:
     def _opened(self, f: int):
         """File f's footer was read: the trainer learns its identity (before the batches that
         come from it), again whenever it has changed since."""
-        size, digest = self.source.identity(f)
-        if self.told.get(f) != (size, digest):
-            self.told[f] = (size, digest)
-            self.tell(Opened(f, size, digest))
+        if (msg := Opened.if_new(self.told, f, self.source.identity(f))) is not None:
+            self.tell(msg)
 
     def _report_bad(self, key: tuple, text: str):
         """Count a bad row group (or a whole bad file, `(file, None)`) and warn, once each."""

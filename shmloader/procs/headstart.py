@@ -36,7 +36,7 @@ import functools
 from ..data import engine as enginemod
 from ..data.order import iter_pieces
 from ..data.source import ParquetSource
-from ..errors import ShmLoaderError
+from ..errors import DataError, ShmLoaderError
 from ..ipc.protocol import Opened
 from ..packing.headstart import Made, Stream
 from .worker import encode_texts
@@ -68,12 +68,11 @@ class HeadStart:
 
     def __init__(self, config, args):
         self.config, self.args = config, args
-        self.stream = Stream(config.B, config.T, args.start.skip, MOST, config.positions_words > 0)
+        self.stream = Stream(config.B, config.T, args.start.skip, MOST, config.positions)
         self.given = 0        # batches handed out from here
         self.over = False     # no more are made here
         self.opened = []      # `Opened` of the files read here, for the loader's catalogue (as the coordinator's)
-        self._records = {}    # batch -> (position, docs, check) handed out, until the ring's is compared
-        self._rows = {}       # batch -> its row, handed out and not yet delivered
+        self._given = {}      # batch -> its `Made`, handed out, until the ring's copy is compared
         self._source = self._pieces = self._encoder = None
         self._first = None    # the first batch, made before the children started (`prepare`)
 
@@ -98,37 +97,34 @@ class HeadStart:
         if made is None:
             return None
         self.given += 1
-        self._records[made.batch] = (made.position, made.docs, made.check)
-        self._rows[made.batch] = made.row
+        self._given[made.batch] = made
         return made
 
     def _made(self) -> "Made | None":
         """The stream's next batch, reading and tokenizing what it needs; None (and the head
         start is over) when it cannot be made."""
-        if self.given >= MOST:  # the stream makes no more (and a next one would read on for ever)
-            self._finish()
+        if self.over:
             return None
-        done = False
         try:
-            made = self.stream.ready()
-            while made is None:
+            while (made := self.stream.ready()) is None:
+                if self.stream.exhausted:  # it makes no more: reading on would never end
+                    raise DataError("the head start made every batch it may")
                 self._add_next()
-                made = self.stream.ready()
-            done = True
-        except Exception:  # noqa: BLE001 (the ring reads the same data and reports it)
-            return None
-        finally:
-            if not done:
-                self._finish()
-        return made
+            return made
+        except BaseException as exc:  # half a piece added (a Ctrl-C too): the stream is not to be used again
+            self._finish()
+            if isinstance(exc, Exception):  # the ring reads the same data and reports what is wrong
+                return None
+            raise
 
     def row(self, batch: int):
-        """Batch `batch`'s row (tokens, then positions), handed out once: the caller's from now on."""
-        return self._rows.pop(batch)
+        """Batch `batch`'s row (tokens, then positions), handed out: the caller keeps it."""
+        return self._given[batch].row
 
     def compare(self, ann):
         """The ring's announcement of a batch handed out here: it must say what this one said."""
-        position, docs, check = self._records.pop(ann.batch)
+        made = self._given.pop(ann.batch)
+        position, docs, check = made.position, made.docs, made.check
         if (ann.position, ann.docs, ann.check) != (position, docs, check):
             raise ShmLoaderError(
                 f"batch {ann.batch} as the workers made it differs from the one the training process made "
@@ -157,8 +153,8 @@ class HeadStart:
                                        a.rank, a.world, a.start, max_docs=self.config.max_piece_docs, ramp=RAMP,
                                        later=a.later)
         piece = next(self._pieces)
-        if piece.epoch > self.args.start.epoch + 1:  # a whole pass without a batch (an epoch of nulls): the ring's to say
-            raise EOFError("no batch in a whole pass over the files")
+        if piece.epoch > self.args.start.epoch + 1:  # an epoch of nulls: the coordinator says so
+            raise DataError("no batch in a whole pass over the files")
         spec, path = self.args.tokenizer, self.args.files[piece.file]
         texts = self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
         encode = self._encoder.encode_batch
@@ -167,13 +163,10 @@ class HeadStart:
         self.stream.add(piece, tokens, lengths)
 
 
-
 def _row_counts(source: ParquetSource, told: dict, opened: list, f: int) -> list:
     """File f's row counts, its identity put in `opened` (as an `Opened`) the first time it is
     read and whenever it changed, as the coordinator tells the trainer."""
     counts = source.row_counts(f)
-    identity = source.identity(f)
-    if told.get(f) != identity:
-        told[f] = identity
-        opened.append(Opened(f, *identity))
+    if (msg := Opened.if_new(told, f, source.identity(f))) is not None:
+        opened.append(msg)
     return counts

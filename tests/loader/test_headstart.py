@@ -27,6 +27,10 @@ def take(loader, n):
     return out
 
 
+def torch_equal(a, b) -> bool:
+    return np.array_equal(a.numpy(), b.numpy())
+
+
 def same(a, b):
     assert len(a) == len(b)
     for k, ((x, sx), (y, sy)) in enumerate(zip(a, b)):
@@ -123,15 +127,51 @@ def test_the_running_loader_goes_on_once_the_new_ones_first_batch_is_made(synth)
 
 
 def test_many_loaders_leave_nothing_behind(synth):
+    """With the garbage collector off, as base_train runs: a head start holds no cycle that
+    would keep its files open after its loader."""
+    import gc
+
     fds = None
-    for i in range(6):
-        with synth.loader(2, 16, "val") as val:
-            for _ in itertools.islice(val, 2):
-                pass
-            assert val.stats()["head_batches"] >= 1
-        now = len(os.listdir("/proc/self/fd"))
-        fds = now if fds is None else fds
-        assert now <= fds, f"loader {i}: {now} descriptors open, {fds} after the first"
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(6):
+            with synth.loader(2, 16, "val") as val:
+                for _ in itertools.islice(val, 2):
+                    pass
+                assert val.stats()["head_batches"] >= 1
+            now = len(os.listdir("/proc/self/fd"))
+            fds = now if fds is None else fds
+            assert now <= fds, f"loader {i}: {now} descriptors open, {fds} after the first"
+    finally:
+        gc.enable()
+
+
+def test_nanochats_loop_on_another_rank_after_a_shard_was_added(synth, tmp_path):
+    """As nanochat calls it: the drop-in's prefetch-and-save loop; rank 0's saved state given to
+    rank 1 of 2 (its own position found exactly), after a shard was added to the data set. The
+    batches and the states it yields are the workers' own, head start or not."""
+    from shmloader import nanochat
+
+    root = tmp_path / "data"
+    shutil.copytree(synth.root, root)
+    opts = dict(data=str(root), tokenizer=synth.tokenizer, device="cpu", num_workers=2)
+    gen = nanochat.tokenizing_distributed_data_loader_with_state(2, 24, "train", **opts, rank=0, world_size=2)
+    saved = [next(gen)[2] for _ in range(7)][-1]
+    gen.close()
+    shutil.copy(sorted(root.iterdir())[-1], root / "shard_00099.parquet")  # a new last file
+    runs, heads = {}, {}
+    for head_start in (True, False):
+        with pytest.warns(UserWarning, match="added"):
+            gen = nanochat.tokenizing_distributed_data_loader_with_state(
+                2, 24, "train", **opts, rank=1, world_size=2, resume_state_dict=saved, head_start=head_start)
+        runs[head_start] = [(x.clone(), y.clone(), state) for x, y, state in itertools.islice(gen, 10)]
+        heads[head_start] = gen.stats()["head_batches"]
+        gen.close()
+    for k, (a, b) in enumerate(zip(runs[True], runs[False])):
+        assert torch_equal(a[0], b[0]) and torch_equal(a[1], b[1]), f"batch {k} differs"
+        assert a[2] == b[2], f"the state yielded with batch {k} differs"
+    assert heads[True] >= 1 and heads[False] == 0
 
 
 def test_a_file_of_nulls_is_the_workers_to_report(tmp_path, synth_tokenizer):
