@@ -55,8 +55,8 @@ def hf_json(tmp_path_factory):
 
 
 def _read(root, tokenizer, engine, n=None, deadline_s=60.0):
-    """(batches, engines at the first batch, engines at the end): `n` batches, or (n None)
-    batches until every worker names fastokens."""
+    """(batches, engines at the first batch of the workers that had read by then, engines at the
+    end): `n` batches, or (n None) batches until every worker names fastokens."""
     out = []
     method = "forkserver" if engine == "tiktoken" else "spawn"  # the definition alone needs no knob unset
     with shmloader.ShmLoader(str(root), tokenizer, B, T, "train", num_workers=2, device="cpu", timeout=60,
@@ -64,9 +64,10 @@ def _read(root, tokenizer, engine, n=None, deadline_s=60.0):
         end = time.monotonic() + deadline_s
         for x, y in loader:
             out.append(np.concatenate([x.numpy().ravel(), y.numpy().ravel()]))
-            names = [w["engine"] for w in loader.stats()["workers"]]
-            if len(out) == 1:
-                first = names
+            workers = loader.stats()["workers"]
+            names = [w["engine"] for w in workers]
+            if len(out) == 1:  # a worker that has read nothing yet may not have started (None)
+                first = [w["engine"] for w in workers if w["tokens"]]
             if len(out) == n or (n is None and names == ["fastokens"] * 2):
                 return out, first, names
             assert time.monotonic() < end, f"after {len(out)} batches in {deadline_s} s the workers name {names}"
@@ -80,8 +81,10 @@ def test_bestfit_reads_with_the_fast_engine_and_the_definitions_batches(kind, do
     tokenizer = hf_json if kind == "hf" else synth_tokenizer
     fast, first, last = _read(docs_root, tokenizer, "auto")
     assert last == ["fastokens", "fastokens"]
-    if kind == "hf":  # the fast engine does the first batch's work too
-        assert first == ["fastokens", "fastokens"], f"at the first batch the workers named {first}"
+    assert first, "no worker had read anything at the first batch"
+    if kind == "hf":  # the fast engine does the first batch's work too (on a busy machine one
+        #               worker may make it all while the other still starts)
+        assert set(first) == {"fastokens"}, f"at the first batch the workers that read named {first}"
     else:  # the first batch is the definition's, then the engine takes over
         assert set(first) <= {"tiktoken", "tiktoken, fast engine building", "fastokens"}, first
     reference, _, named = _read(docs_root, tokenizer, "tiktoken", n=max(len(fast), 3))
