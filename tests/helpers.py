@@ -376,6 +376,25 @@ def second_pid(out: Path, first: int) -> int:
     return pid
 
 
+def wait_workers_idle(loader, timeout: float = 15.0, quiet_s: float = 0.1):
+    """Poll until every worker of `loader` has been idle (no piece: its ring row's PIECE is -1)
+    for `quiet_s`, i.e. the ring is full and a replaced worker has done again all it was given.
+    A test that kills a worker again waits for this first: a second death while the replacement
+    still reads the first one's piece is a poison pill by the rule (procs/heal.py), however
+    unrelated the kills."""
+    from shmloader.ipc.ring import WorkerCol
+
+    deadline, quiet_since = time.monotonic() + timeout, None
+    while True:
+        idle = all(int(row[WorkerCol.PIECE]) == -1 for row in loader.debug().ring.workers)
+        now = time.monotonic()
+        quiet_since = (quiet_since or now) if idle else None
+        if quiet_since is not None and now - quiet_since >= quiet_s:
+            return
+        assert now < deadline, f"the workers were not idle for {quiet_s} s within {timeout} s"
+        time.sleep(0.002)
+
+
 def wait_clean(timeout: float = 2.0, pid: int | None = None) -> tuple[list[int], list[str]]:
     """Poll until no loader child and no segment of `pid` remain; return what is left."""
     deadline = time.monotonic() + timeout

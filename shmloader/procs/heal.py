@@ -11,9 +11,10 @@ way the stream goes on exactly. Not when:
   the engine at that moment (`Held.run`..`run_end`, from the worker's status row), or to its
   piece while the piece was being read (`Held.reading`). That becomes a *suspect*, whose
   documents every worker told of it tokenizes one per engine call (`suspects`). A later loss
-  in the engine on a single document inside a suspect the stream has not passed since is no
-  chance: that document kills or hangs its worker; so is a second loss while reading the same
-  piece (its row group kills the reader). Then an error naming the file, row group and rows,
+  in the engine on a single document inside a suspect of the same epoch (the replacement's
+  read of the lost piece) that the stream has not passed since is no chance: that document
+  kills or hangs its worker; so is a second loss while reading the same piece in the same
+  epoch (its row group kills the reader). Then an error naming the file, row group and rows,
   or with `on_bad_row_group="skip"` just those rows are skipped by every worker from then on
   (`poisoned`: read as nulls), and the rest of the row group is read. Losses anywhere else are
   chance, healed within the budget: unrelated kills far apart never meet in a suspect, whose
@@ -96,10 +97,13 @@ class PoisonMemory:
         (chance: `held`'s run is a suspect from now on)."""
         key, (lo, hi) = (held.path, held.rg), held.span
         earlier = [h for h in self._suspects.get(key, []) if not passed(h, at)]
+        # the replacement reads the lost piece again in its epoch; the same rows in another epoch
+        # are another read (best fit counts epochs ahead of the stream on a small corpus)
+        again = [h for h in earlier if h.epoch == held.epoch]
         if held.reading:
-            inside = [h for h in earlier if h.reading and h.span == (lo, hi)]
+            inside = [h for h in again if h.reading and h.span == (lo, hi)]
         else:
-            inside = [h for h in earlier if h.span[0] <= lo and hi <= h.span[1]] if hi - lo == 1 else []
+            inside = [h for h in again if h.span[0] <= lo and hi <= h.span[1]] if hi - lo == 1 else []
         if inside:
             self._suspects[key] = [h for h in earlier if h not in inside]
             return Poison(held.path, held.rg, lo, hi)

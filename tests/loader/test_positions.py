@@ -210,14 +210,16 @@ def test_a_token_cache_serves_the_same_positions(posdata, plain, tmp_path, packi
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_positions_go_on_exactly_through_heals(posdata, plain, packing):
-    """A worker killed twice and the coordinator once while the trainer reads: a replaced worker
+    """Each worker killed once and the coordinator once while the trainer reads: a replaced worker
     writes again what the dead one held, positions too; a restart starts from the last state."""
-    got, killed = [], {10: "worker", 60: "worker", 100: "coordinator"}
+    # another worker each time: 50 batches after its death worker 0's replacement may still be
+    # reading the piece it lost (the ring held them ready), and a death there is a poison pill
+    got, killed = [], {10: 0, 60: 1, 100: "coordinator"}  # worker 0, worker 1, the coordinator
     with posdata.loader(B, T, num_workers=2, max_restarts=5, **options(packing, positions=True)) as loader:
         for k in range(N):
             if k in killed:
                 d = loader.debug()
-                os.kill((d.coordinator if killed[k] == "coordinator" else d.workers[k % 2]).pid, signal.SIGKILL)
+                os.kill((d.coordinator if killed[k] == "coordinator" else d.workers[killed[k]]).pid, signal.SIGKILL)
             got.append(tuple(t.numpy().copy() for t in next(loader)))
         heals = loader.stats()["heals"]
     assert heals >= 2

@@ -1,6 +1,7 @@
 """Whether a lost child is healed (procs/heal.py), pure: the budget counts the heals of the
 last window; a loss makes its run of documents a suspect, and only a later loss inside a
-suspect the stream has not passed (one document, or the same run again) is a poison pill;
+suspect of the same epoch the stream has not passed (one document, or the same run again) is a
+poison pill;
 losses anywhere else in the row group (the trial's two OOM kills in one large row group) are
 chance; the poisoned and suspect spans in a run's numbering of the files."""
 from shmloader.ipc.protocol import Span
@@ -61,6 +62,21 @@ def test_a_loss_after_the_stream_passed_the_suspect_is_chance():
     memory = PoisonMemory()
     assert memory.lost(held(200, 210), Position(1, 0, 3, 10)) is None
     assert memory.lost(held(205, 206), Position(1, 0, 3, 210)) is None  # read whole since: chance again
+
+
+def test_the_same_rows_lost_in_another_epoch_are_chance():
+    """Best fit counts epochs ahead of the stream on a small corpus (the flaky heal test: a worker
+    killed at batch 10 in epoch 5's read of a row group and again at batch 60 in epoch 6's, the
+    stream still in epoch 1): another epoch's read of the rows is not the replacement's read of
+    the lost piece. A second loss in the lost piece's own epoch still names the poison."""
+    memory = PoisonMemory()
+    at = Position(1, 0, 3, 48)
+    assert memory.lost(held(0, 30, epoch=5), at) is None
+    assert memory.lost(held(29, 30, epoch=6), at) is None            # epoch 6's read: chance, a suspect too
+    assert memory.lost(held(-1, -1, epoch=5), at) is None            # reading it in epoch 5 (first time)
+    assert memory.lost(held(-1, -1, epoch=7), at) is None            # and in epoch 7
+    assert memory.lost(held(29, 30, epoch=5), at) == Poison("a.parquet", 3, 29, 30)
+    assert memory.lost(held(-1, -1, epoch=7), at) == Poison("a.parquet", 3, 128, 384)
 
 
 def test_losses_in_other_row_groups_or_files_never_meet():
