@@ -10,7 +10,6 @@ byte, those of `engine="tiktoken"` (the definition alone), whose workers name th
 No test knob here: the takeover is the loader's own (the suite's SHMLOADER_ENGINE_AT is unset,
 and the fast loaders' workers start with `spawn` to see that).
 """
-import itertools
 import time
 
 import numpy as np
