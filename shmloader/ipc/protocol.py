@@ -80,7 +80,8 @@ message is one record below, sent through a pipe and dispatched on its type:
    a `DataError` when no batch is left to take.
 7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer,
    the trainer is not waiting in `next()` (`Counter.WAITING`) and has neither taken a batch
-   (`Counter.TAKEN`) nor freed one for `idle_release_s` s (and for 10 times the longest gap
+   (`Counter.TAKEN`, or `Counter.HEAD`: one it made itself, the head start) nor freed one for
+   `idle_release_s` s (and for 10 times the longest gap
    between its frees so far, counted from its first one, once it has freed 2: a trainer whose
    steps are slow is never released, nor one that returned fewer batches), the coordinator
    sends `Released(idle_s)` and exits; the workers exit on its pipe's EOF. The trainer reads

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 10  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
-#                     8: YIELD_UNTIL; 9: the trainer's TAKEN and WAITING, a worker's RUN and RUN_END; 10: its ENGINE
+LAYOUT_VERSION = 11  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
+#                     8: YIELD_UNTIL; 9: the trainer's TAKEN and WAITING, a worker's RUN and RUN_END; 10: its ENGINE;
+#                     11: the trainer's HEAD
 ALIGN = 4096
 
 
@@ -52,6 +53,7 @@ class Counter(enum.IntEnum):
     #                   another loader of the trainer that is starting, 0: they don't (procs/precedence.py)
     TAKEN = 5         # batches the trainer has taken (trainer): an idle release waits for it to stand still
     WAITING = 6       # 1 while the trainer is blocked in next() for a batch (trainer): never a release then
+    HEAD = 7          # batches the trainer made itself and returned (trainer; procs/headstart.py): taken too
 
 
 # One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k); "check"

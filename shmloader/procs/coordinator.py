@@ -174,17 +174,20 @@ class _Coordinator:
         evaluations), and the children's memory is better given back. A trainer that waited
         for a slow piece and then gets a burst of batches is here all along. Not before the
         trainer has freed 2 batches (the gaps count from its first free): its first step may be
-        long (a compile), and a restarted run knows nothing of the one before."""
+        long (a compile), and a restarted run knows nothing of the one before. The batches the
+        trainer made itself (`Counter.HEAD`, the head start) count as taken, and each but the
+        last as freed: their slots' copies are freed only when `next()` comes to the ring."""
         now, counters = time.monotonic(), self.ring.counters
-        taken = int(counters[Counter.TAKEN])
+        head = int(counters[Counter.HEAD])
+        taken = int(counters[Counter.TAKEN]) + head
         if taken != self._taken or counters[Counter.WAITING]:
             self._taken, self._last_here = taken, now
         if freed:
             if self._last_free is not None:
                 self._longest_gap = max(self._longest_gap, now - self._last_free)
             self._frees, self._last_free = self._frees + freed, now
-        elif self.idle_release_s and self._frees >= 2 and self._all_ready():
-            away = now - max(self._last_free, self._last_here)
+        elif self.idle_release_s and self._frees + max(head - 1, 0) >= 2 and self._all_ready():
+            away = now - max(self._last_free or 0.0, self._last_here)
             if away > max(self.idle_release_s, IDLE_GAPS * self._longest_gap):
                 raise _Release(away)
 

@@ -34,7 +34,7 @@ from typing import NamedTuple
 from ..data.engine import name as engine_name
 from ..errors import LoaderClosed, WorkerError, warn
 from ..ipc.handover import Announcement
-from ..ipc.ring import STATS_FIELDS, RingLayout, WorkerCol
+from ..ipc.ring import STATS_FIELDS, Counter, RingLayout, WorkerCol
 from ..packing.mixbestfit import buffer_entries
 from ..packing.runs import BufferText, decode_runs
 from ..position import Position
@@ -172,6 +172,7 @@ class Runs:
         if made is None:
             return None
         self.head_batches += 1
+        run.children.ring.counters[Counter.HEAD] = head.given  # taken, for an idle release (coordinator)
         if made.batch == 0:  # the trainer has its first batch: the other loaders go on (precedence.py)
             precedence.PRECEDENCE.started(run.children)
         return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,

@@ -126,6 +126,28 @@ def test_the_running_loader_goes_on_once_the_new_ones_first_batch_is_made(synth)
                     next(val)
 
 
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_a_loader_left_within_its_head_start_batches_is_released(synth, n):
+    """An evaluation's loader read for `n` <= 4 batches (all made here) and then left: its
+    processes exit after `idle_release_s` as a workers-only loader's do (they never did: the
+    ring's copies of those batches are freed only when next() comes to the ring, and the
+    coordinator counted only frees), and the stream goes on exactly after it."""
+    with synth.loader(2, 16, head_start=False) as alone:
+        want = take(alone, n + 6)
+    with synth.loader(2, 16, idle_release_s=0.2) as loader:
+        got = take(loader, n)
+        assert loader.stats()["head_batches"] >= n  # (state_dict() looks one batch ahead)
+        d = loader.debug()
+        pids = [d.coordinator.pid, *(p.pid for p in d.workers)]
+        del d
+        gone = helpers.wait_gone(pids, 10.0) if n >= 3 else None
+        got += take(loader, 6)
+        releases = loader.stats()["idle_releases"]
+    same(got, want)
+    if n >= 3:  # 3 batches taken, 2 of them done with: as a workers-only loader's 2 frees
+        assert gone == [] and releases == 1, f"{n} batches taken: children alive after 10 s idle: {gone}"
+
+
 def test_many_loaders_leave_nothing_behind(synth):
     """With the garbage collector off, as base_train runs: a head start holds no cycle that
     would keep its files open after its loader."""
