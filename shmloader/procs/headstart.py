@@ -100,6 +100,14 @@ class HeadStart:
         self._given[made.batch] = made
         return made
 
+    def give_back(self, batch: int):
+        """Batch `batch`, the last one `make` handed out, did not reach the caller (a Ctrl-C while
+        it was delivered): it is handed out again, from here while the head start lasts, else by
+        the ring (whose copy is then no longer one to compare and drop)."""
+        if batch == self.given - 1:
+            self.given -= 1
+            self._first = self._given.pop(batch)
+
     def _made(self) -> "Made | None":
         """The stream's next batch, reading and tokenizing what it needs; None (and the head
         start is over) when it cannot be made."""

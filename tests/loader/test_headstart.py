@@ -148,6 +148,36 @@ def test_a_loader_left_within_its_head_start_batches_is_released(synth, n):
         assert gone == [] and releases == 1, f"{n} batches taken: children alive after 10 s idle: {gone}"
 
 
+@pytest.mark.parametrize("where, at", [("delivery", 0), ("delivery", 2), ("precedence", 0)])
+def test_a_ctrl_c_while_a_head_start_batch_is_handed_out_loses_nothing(synth, monkeypatch, where, at):
+    """A KeyboardInterrupt inside next() after the head start made batch `at` (while it becomes
+    the caller's tensors; or, batch 0, while the other loaders are told the first batch is
+    made): the next next() returns that batch, and the stream and states are those of an
+    uninterrupted run (an adversarial trial's Ctrl-C lost a batch in 7 of 180 first calls)."""
+    from shmloader import delivery
+    from shmloader.procs import precedence
+
+    with synth.loader(2, 16, head_start=False) as alone:
+        want = take(alone, 8)
+    owner, name = (delivery.Lending, "made") if where == "delivery" else (type(precedence.PRECEDENCE), "started")
+    calls, real = [], getattr(owner, name)
+
+    def interrupted(self, *a):
+        calls.append(a)
+        if len(calls) == at + 1:
+            raise KeyboardInterrupt
+        return real(self, *a)
+
+    monkeypatch.setattr(owner, name, interrupted)
+    with synth.loader(2, 16) as loader:
+        got = take(loader, at)
+        with pytest.raises(KeyboardInterrupt):
+            next(loader)
+        got += take(loader, 8 - at)
+    assert len(calls) >= at + 2, "the interrupt was not where the test puts it"
+    same(got, want)
+
+
 def test_many_loaders_leave_nothing_behind(synth):
     """With the garbage collector off, as base_train runs: a head start holds no cycle that
     would keep its files open after its loader."""
