@@ -228,9 +228,9 @@ def test_only_the_killing_document_is_skipped_on_request(tmp_path, packing):
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_two_unrelated_deaths_in_one_large_row_group_are_healed(tmp_path, packing):
-    """The trial's case: a worker SIGKILLed while on one part of a large row group, and the other
-    worker, 20 batches later, on another part of it (no document at both deaths): healed both
-    times (they were taken for a poison pill), the stream unchanged."""
+    """The trial's case: a worker SIGKILLed while on one part of a large row group, and a worker,
+    20 batches later, on another part of it (another piece: no document at both deaths): healed
+    both times (they were taken for a poison pill), the stream unchanged."""
     docs = helpers.position_documents([6] * 3000)
     corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=1500)  # file 0, train: one row group
     n, most = 60, 400
@@ -238,13 +238,14 @@ def test_two_unrelated_deaths_in_one_large_row_group_are_healed(tmp_path, packin
     with shmloader.ShmLoader(str(tmp_path), helpers.SlowTokenizer(0.0005), 1, 16, "train", num_workers=2,
                              device="cpu", max_restarts=3, packing=packing, **OPTS[packing]) as loader:
         it, got, killed = iter(loader), [], []
-        # from batch 10, then 20 batches after the first death, the other worker: each when it is
-        # busy on the row group (a worker may sit idle, its read-ahead full, until batches are taken)
+        # from batch 10, then 20 batches after the first death, a worker on another piece: each
+        # when it is busy on the row group (a worker may sit idle, its read-ahead full, until
+        # batches are taken; the other worker may get no new piece for long, so either may die)
         while len(got) < n or (len(killed) < 2 and len(got) < most):
             if len(killed) < 2 and len(got) >= (10 if not killed else killed[0][1] + 20):
-                i = _kill_a_busy_worker(loader, other_than=[w for w, _ in killed])
-                if i is not None:
-                    killed.append((i, len(got)))
+                piece = _kill_a_busy_worker(loader, not_on=[p for p, _ in killed])
+                if piece is not None:
+                    killed.append((piece, len(got)))
             got.append(tokens(*next(it)))
         assert len(killed) == 2, f"no worker busy on row group 0 for a second death in {len(got)} batches"
         assert loader.stats()["heals"] == 2, loader.stats()["heals"]
@@ -252,19 +253,19 @@ def test_two_unrelated_deaths_in_one_large_row_group_are_healed(tmp_path, packin
         assert np.array_equal(g, w), f"batch {k} differs from the uninterrupted run"
 
 
-def _kill_a_busy_worker(loader, other_than=(), limit_s: float = 0.5) -> "int | None":
-    """SIGKILL a worker that is on a piece of file 0, row group 0 (not at one of the indices
-    `other_than`) within `limit_s`; returns its index, or None."""
+def _kill_a_busy_worker(loader, not_on=(), limit_s: float = 0.5) -> "int | None":
+    """SIGKILL a worker that is on a piece of file 0, row group 0 (not one of the pieces
+    `not_on`) within `limit_s`; returns the piece's index, or None."""
     from shmloader.ipc.ring import WorkerCol
     until = time.monotonic() + limit_s
     while time.monotonic() < until:
         d = loader.debug()
         for i, p in enumerate(d.workers):
             row = d.ring.workers[i]
-            if (i not in other_than and row[WorkerCol.PIECE] >= 0 and row[WorkerCol.FILE] == 0
-                    and row[WorkerCol.RG] == 0):
+            piece = int(row[WorkerCol.PIECE])
+            if piece >= 0 and piece not in not_on and row[WorkerCol.FILE] == 0 and row[WorkerCol.RG] == 0:
                 os.kill(p.pid, signal.SIGKILL)
-                return i
+                return piece
         time.sleep(0.005)
     return None
 
