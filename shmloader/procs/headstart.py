@@ -64,17 +64,18 @@ def refusal(config, args) -> str | None:
 
 class HeadStart:
     """One run's head start (`refusal(config, args)` is None): `make()` the run's next batch here
-    while `wanted(...)`; `compare(ann)` each ring batch below `given`."""
+    while `wanted(...)`, `handed(batch)` once the caller has it; `compare(ann)` each ring batch
+    below `given`."""
 
     def __init__(self, config, args):
         self.config, self.args = config, args
         self.stream = Stream(config.B, config.T, args.start.skip, MOST, config.positions)
-        self.given = 0        # batches handed out from here
+        self.given = 0        # batches handed out from here (that reached the caller)
         self.over = False     # no more are made here
         self.opened = []      # `Opened` of the files read here, for the loader's catalogue (as the coordinator's)
         self._given = {}      # batch -> its `Made`, handed out, until the ring's copy is compared
         self._source = self._pieces = self._encoder = None
-        self._first = None    # the first batch, made before the children started (`prepare`)
+        self._next = None     # batch `given`, made and not handed out: `prepare`'s, or one a Ctrl-C kept from the caller
 
     def wanted(self, announced: int, pending: int) -> bool:
         """Whether the next batch is made here: the ring has announced `announced` batches and
@@ -86,27 +87,22 @@ class HeadStart:
     def prepare(self):
         """Make the run's first batch now, before its children start (so that they do not
         compete with it for the cores); `make` hands it out."""
-        if self._first is None and not self.over:
-            self._first = self._made()
+        if self._next is None and not self.over:
+            self._next = self._made()
 
     def make(self) -> "Made | None":
-        """Batch `given` of the run, made here; None (and the head start is over) when it cannot be."""
-        made, self._first = self._first, None
-        if made is None:
-            made = self._made()
-        if made is None:
-            return None
-        self.given += 1
-        self._given[made.batch] = made
-        return made
+        """Batch `given` of the run, made here (once: until `handed`, the same one); None (and the
+        head start is over) when it cannot be."""
+        if self._next is None:
+            self._next = self._made()
+        return self._next
 
-    def give_back(self, batch: int):
-        """Batch `batch`, the last one `make` handed out, did not reach the caller (a Ctrl-C while
-        it was delivered): it is handed out again, from here while the head start lasts, else by
-        the ring (whose copy is then no longer one to compare and drop)."""
-        if batch == self.given - 1:
-            self.given -= 1
-            self._first = self._given.pop(batch)
+    def handed(self, batch: int):
+        """Batch `batch` (`make`'s) is the caller's: the ring's copy of it is compared and dropped.
+        A batch that never got here (a Ctrl-C on its way) is made again by `make`, or by the ring."""
+        made, self._next = self._next, None
+        self.given += 1
+        self._given[batch] = made
 
     def _made(self) -> "Made | None":
         """The stream's next batch, reading and tokenizing what it needs; None (and the head
@@ -126,8 +122,8 @@ class HeadStart:
             raise
 
     def row(self, batch: int):
-        """Batch `batch`'s row (tokens, then positions), handed out: the caller keeps it."""
-        return self._given[batch].row
+        """Batch `batch`'s row (tokens, then positions), made and on its way: the caller keeps it."""
+        return self._next.row
 
     def compare(self, ann):
         """The ring's announcement of a batch handed out here: it must say what this one said."""

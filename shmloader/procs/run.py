@@ -171,17 +171,10 @@ class Runs:
             self._on_opened(head.take_opened())
         if made is None:
             return None
-        try:
-            if made.batch == 0:  # the trainer has its first batch: the other loaders go on (precedence.py)
-                precedence.PRECEDENCE.started(run.children)
-            ann = Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,
-                               waited=time.monotonic() - began)
-        except BaseException:  # a Ctrl-C: the batch is handed out again at the next next()
-            head.give_back(made.batch)
-            raise
-        self.head_batches += 1
-        run.children.ring.counters[Counter.HEAD] = head.given  # taken, for an idle release (coordinator)
-        return ann
+        if made.batch == 0:  # the trainer has its first batch: the other loaders go on (precedence.py)
+            precedence.PRECEDENCE.started(run.children)
+        return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,
+                            waited=time.monotonic() - began)
 
     def _running(self) -> Run:
         with self._lock:
@@ -212,12 +205,10 @@ class Runs:
             if self.closed is not None or run is None:
                 raise LoaderClosed(self.closed or "this ShmLoader was closed")
             if ann.slot == HEAD_SLOT:
-                try:
-                    batch = run.delivery.made(run.head.row(ann.batch), shape)
-                except BaseException:  # a Ctrl-C: it is handed out again at the next next()
-                    run.head.give_back(ann.batch)
-                    self.head_batches -= 1
-                    raise
+                batch = run.delivery.made(run.head.row(ann.batch), shape)
+                run.head.handed(ann.batch)  # only now (a Ctrl-C before: the next next() returns it)
+                self.head_batches += 1
+                run.children.ring.counters[Counter.HEAD] = run.head.given  # taken, for an idle release
             else:
                 batch = run.delivery.batch(ann.batch, ann.slot, shape)
             return batch, _new(Mark, (run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs))
