@@ -103,9 +103,10 @@ class ShmLoader:
             batches), int64 on `device`, written by the workers beside the tokens;
             `shmloader.cu_seqlens(positions)` for varlen attention (docs/contract.md §6).
         head_start: concat: while a run's processes start, the training process makes the
-            batches asked for itself (at most 4, the same bytes and states), so that a new
-            loader's first batch does not wait for them to start (procs/headstart.py); False:
-            every batch comes from the workers."""
+            batches asked for itself (the same bytes and states), so that a new loader's first
+            batch does not wait for them to start: at most 4 once they are started, up to 16
+            while the process's forkserver boots (its first loader), before they are started
+            (procs/headstart.py); False: every batch comes from the workers."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:
@@ -223,9 +224,13 @@ class ShmLoader:
         (batches ready in the ring). No system call."""
         return self._stats(self._seen)
 
-    def debug(self) -> "Debug | None":
+    def debug(self, start: bool = True) -> "Debug | None":
         """What the loader runs now, for tests and tools (not a stable API); None before the
-        first `next()` and after `close()`."""
+        first `next()` and after `close()`. Children left unstarted while the forkserver boots
+        (procs/headstart.py) are started first (waiting for it), unless `start` is False (their
+        `pid` is None until then)."""
+        if start:
+            self._runs.start_now(self._mark)
         run = self._runs.run
         if run is None:
             return None

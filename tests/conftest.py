@@ -45,6 +45,16 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, os.environ.g
 
 
 @pytest.fixture(autouse=True)
+def forkserver_booted():
+    """The forkserver booted before each test (a waitpid when it is): a process's first loader
+    leaves its children unstarted while the server boots (procs/headstart.py), and which test of
+    a worker process came first (or came after one that killed the server) would decide where a
+    test's children start. tests/loader/test_boot.py runs its first loaders in fresh processes."""
+    from shmloader.procs import start
+    assert start.wait_booted(), "the forkserver did not boot within 30 s"
+
+
+@pytest.fixture(autouse=True)
 def no_leaks():
     yield
     kids, segs = helpers.wait_clean(2.0)

@@ -14,6 +14,7 @@ import logging
 import multiprocessing.process
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from multiprocessing import reduction
@@ -29,7 +30,7 @@ from ..ipc.signals import pid_alive
 from . import precedence
 from .heal import Held
 from .stall import Stall, Watch
-from .start import respawn_worker, spawn
+from .start import booting, drop_unstarted, respawn_worker, spawn, start_unstarted
 
 class ChildLost(errors.WorkerError):
     """A child died, or made no progress for `stall_s` s while the trainer waited and was
@@ -52,6 +53,7 @@ ERROR_GRACE_S = 1.0
 DEATHS_S = 0.01  # what a death waits for others at the same moment (and, killed, an error it caused)
 MESSAGE_WAIT_S = 1.0
 LIVENESS_CHECK_S = 0.5
+BOOT_POLL_S = 0.01  # the starter's look at a booting forkserver
 
 
 @dataclass(eq=False)  # hashed by identity (procs/precedence.py keeps weak sets of runs)
@@ -74,8 +76,45 @@ class Children:
     handover: TrainerEnd = None
     opened: list = field(default_factory=list)  # `Opened` messages not yet taken by the loader
     ended: str | None = None    # the stream has ended (`Ended`): why, raised once no batch is left
+    unstarted: object = None    # the processes made and not started yet (start.py `Unstarted`): the forkserver boots
+    starter: object = None      # the thread that starts them once it has booted (`start_later`)
+    start_error: BaseException | None = None  # what that start raised, for `wait_started` to raise
+    stopping: bool = False      # shutdown began: the starter starts nothing
+    _start_lock: object = field(default_factory=threading.Lock)  # a start, or the shutdown's drop of `unstarted`
     _watch: Listener = None     # every child's sentinel
     _blocked: Listener = None   # what a trainer waiting for a batch waits on
+
+    def start_later(self):
+        """Start `unstarted` in a thread of the training process once the forkserver has booted
+        (start.py `booting`), so that the trainer waits for neither."""
+        self.starter = threading.Thread(target=self._start_when_booted, name="shmloader-start", daemon=True)
+        self.starter.start()
+
+    def _start_when_booted(self):
+        while booting(self.config.start_method) and not self.stopping:
+            time.sleep(BOOT_POLL_S)
+        with self._start_lock:
+            if self.unstarted is None or self.stopping:
+                return
+            try:
+                start_unstarted(self)
+            except BaseException as exc:  # raised in the trainer's thread, at `wait_started`
+                self.start_error = exc
+
+    def wait_started(self, timeout: float):
+        """Return once the children are started: wait for the starter (at most `timeout` s, then
+        `LoaderTimeout`) and raise what its start raised; start them here if it did not."""
+        if self.starter is not None:
+            self.starter.join(timeout)
+            if self.starter.is_alive():
+                raise errors.LoaderTimeout(f"the loader's processes did not start within {timeout:.0f} s: "
+                                           f"multiprocessing's forkserver did not answer")
+            self.starter = None
+        if self.start_error is not None:
+            error, self.start_error = self.start_error, None
+            raise error
+        with self._start_lock:
+            start_unstarted(self)
 
     @property
     def procs(self) -> list:
@@ -340,6 +379,14 @@ class Children:
         then let the children go, join them (kill what is left) and unmap the ring."""
         precedence.PRECEDENCE.stopped(self)
         self.segment.unlink()
+        self.stopping = True
+        locked = self._start_lock.acquire(timeout=SHUTDOWN_S)  # a start under way ends first
+        try:
+            later, self.unstarted = self.unstarted, None
+            drop_unstarted(later)
+        finally:
+            if locked:
+                self._start_lock.release()
         if self.alive_w is not None:
             self.alive_w.close()
         started = [p for p in self.procs if p.pid is not None]
@@ -371,6 +418,9 @@ class Children:
             if c is not None:
                 c.close()
         self.alive_w = self.alive_r = self.conn = self.ready = self.kick = None
+        self._start_lock, self.starter, self.stopping = threading.Lock(), None, True  # the starter is the parent's
+        later, self.unstarted = self.unstarted, None
+        drop_unstarted(later)
         self.segment.forget()
         self.coordinator, self.workers = None, []
 
@@ -412,7 +462,10 @@ def _raise_reported(msg: Error):
 def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
     position, `cargs.locate` is set: see `locate_position`); `first()`, if given, runs once the
-    other loaders give way and before the children start (the head start's first batch)."""
+    other loaders give way and before the children start (the head start's first batch). When
+    it made one and the process's forkserver is still booting, the children are made and
+    started by a thread once it has booted (`start_later`; `kids.unstarted` until then): the
+    caller waits for them with `wait_started` before it waits for a batch."""
     segmod.sweep_stale()
     segment, ring = segmod.create(layout)
     kids = Children(segment, ring)
@@ -421,9 +474,11 @@ def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Chi
     try:
         if cargs.locate is None:  # the trainer's other loaders give way until its first batch
             precedence.PRECEDENCE.starting(kids)
-        if first is not None:
-            first()
-        spawn(kids, config, kids.args)
+        made = first() if first is not None else False
+        later = made and booting(config.start_method)
+        spawn(kids, config, kids.args, now=not later)
+        if later:
+            kids.start_later()
     except BaseException:
         kids.shutdown()
         raise

@@ -14,7 +14,8 @@ The first batch is made before the children are spawned (`prepare`, while the pr
 loaders already give way: procs/precedence.py), so that their start does not take the cores
 from it. The rule (`HeadStart.wanted`): a batch is made here only while the ring has announced none
 (and the coordinator has said nothing: an error or a warning is the ring's to deliver), and
-at most `MOST` of them. From the ring's first announcement on, the ring delivers: its batches
+at most `MOST` more once the children are started (`started`). From the ring's first
+announcement on, the ring delivers: its batches
 below the ones handed out here are taken and freed at once (the run starts from the same
 position, so it makes them again), each compared with the record made here (position,
 documents, check: `compare`), and a difference is an error, never a changed byte. Any failure
@@ -22,9 +23,14 @@ while making one here (a file that cannot be read, a bad row group, a whole pass
 files without a batch: an epoch of nulls) ends the head start quietly: the ring reads the same
 data and says what is wrong, as it always did.
 
-It does not help the first loader of a process: spawning its children waits for the
-forkserver to finish booting (its preloads, ~0.35 s here), and the first batch is made before
-that wait, not instead of it (docs/design.md, "The head start").
+The first loader of a process would wait in its children's start for the forkserver to boot
+(its preloads, ~0.3-0.6 s on 2 cores). So while the server boots (procs/start.py `booting`:
+the server's last preload leaves a marker file, procs/forkready.py), the children are made and
+left unstarted (`start_children`) until a thread of the trainer starts them, once it has
+booted (children.py `start_later`); meanwhile the trainer makes the batches asked for, up to
+`BOOTING_MOST` in all (the stream's rows), then `next()` waits for that start (procs/run.py
+`_wait_started`). They start from the run's start as always, so they make again, and the
+trainer compares, every batch made here (docs/design.md, "The head start").
 
 Only a run the trainer could make the same way gets one (`refusal` says why not): concat
 from a position, one source, no elastic plan, nothing poisoned, no token cache (a cached
@@ -41,7 +47,8 @@ from ..ipc.protocol import Opened
 from ..packing.headstart import Made, Stream
 from .worker import encode_texts
 
-MOST = 4                                      # batches made here at most
+MOST = 4                                      # batches made here once the children are started, at most
+BOOTING_MOST = 16                             # batches made here in all, at most (while a forkserver boots)
 RAMP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # documents per piece: read and tokenize what a batch needs
 
 
@@ -69,8 +76,9 @@ class HeadStart:
 
     def __init__(self, config, args):
         self.config, self.args = config, args
-        self.stream = Stream(config.B, config.T, args.start.skip, MOST, config.positions)
+        self.stream = Stream(config.B, config.T, args.start.skip, BOOTING_MOST, config.positions)
         self.given = 0        # batches handed out from here (that reached the caller)
+        self.until = None     # made here while `given` is below it, once the children are started (`started`)
         self.over = False     # no more are made here
         self.opened = []      # `Opened` of the files read here, for the loader's catalogue (as the coordinator's)
         self._given = {}      # batch -> its `Made`, handed out, until the ring's copy is compared
@@ -80,15 +88,20 @@ class HeadStart:
     def wanted(self, announced: int, pending: int) -> bool:
         """Whether the next batch is made here: the ring has announced `announced` batches and
         its coordinator has `pending` messages queued."""
-        if not self.over and (announced or pending > 0 or self.given >= MOST):
+        if not self.over and (announced or pending > 0 or (self.until is not None and self.given >= self.until)):
             self._finish()
         return not self.over
 
-    def prepare(self):
+    def started(self):
+        """The run's children are started now: at most `MOST` more batches are made here."""
+        self.until = self.given + MOST
+
+    def prepare(self) -> bool:
         """Make the run's first batch now, before its children start (so that they do not
-        compete with it for the cores); `make` hands it out."""
+        compete with it for the cores); `make` hands it out. Returns whether it was made."""
         if self._next is None and not self.over:
             self._next = self._made()
+        return self._next is not None
 
     def make(self) -> "Made | None":
         """Batch `given` of the run, made here (once: until `handed`, the same one); None (and the

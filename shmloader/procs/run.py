@@ -139,8 +139,10 @@ class Runs:
             if run is None or self.closed is not None:
                 run = self._running()
             began = time.monotonic()
-            if run.head is not None and not run.head.over and (ann := self._head_start(run)) is not None:
+            if run.head is not None and not run.head.over and (ann := self._head_start(run, mark)) is not None:
                 return ann
+            if run.children.unstarted is not None or run.children.starter is not None:  # the head start is over
+                self._wait_started(run, mark, timeout)
             try:
                 ann = run.children.next_batch(run.delivery, timeout)
                 while run.head is not None and ann.batch < run.head.given:  # made here already: the same
@@ -163,9 +165,12 @@ class Runs:
             else:
                 self._released(gone.args[0], mark)
 
-    def _head_start(self, run: Run) -> "Announcement | None":
-        """The run's next batch made by the trainer (procs/headstart.py), while its rule says so."""
+    def _head_start(self, run: Run, mark: Mark) -> "Announcement | None":
+        """The run's next batch made by the trainer (procs/headstart.py), while its rule says so
+        (`MOST` more once its children, started late while the forkserver booted, are started)."""
         head, handover, began = run.head, run.children.handover, time.monotonic()
+        if head.until is None and run.children.unstarted is None:
+            head.started()
         made = head.make() if head.wanted(handover.announced(), handover.pending_messages()) else None
         if head.opened:
             self._on_opened(head.take_opened())
@@ -175,6 +180,31 @@ class Runs:
             precedence.PRECEDENCE.started(run.children)
         return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,
                             waited=time.monotonic() - began)
+
+    def start_now(self, mark: "Mark | None"):
+        """Wait until the running run's children are started, if they are started late (the
+        forkserver booting); `mark`: the progress after the last batch returned."""
+        with self._lock:
+            run = self.run
+            if run is not None and self.closed is None and (
+                    run.children.unstarted is not None or run.children.starter is not None):
+                self._wait_started(run, mark, self.config.timeout)
+
+    def _wait_started(self, run: Run, mark: "Mark | None", timeout: float):
+        """Wait for the run's children, started by a thread once the forkserver has booted
+        (children.py `start_later`), or start them here; the head start then makes `MOST` more
+        batches at most. A start that failed with any of them unstarted stops the run (the next
+        one starts from `mark`), and what it raised is raised."""
+        with self._lock:
+            if self.closed is not None or run is not self.run:
+                raise LoaderClosed(self.closed or "this ShmLoader was closed")
+            try:
+                run.children.wait_started(timeout)
+            finally:  # a Ctrl-C is raised once all are started (start.py `_start`): the run goes on
+                if run.children.unstarted is not None or any(p.pid is None for p in run.children.procs):
+                    self.restart(mark) if mark is not None else self.stop()
+                elif run.head is not None and run.head.until is None:
+                    run.head.started()
 
     def _running(self) -> Run:
         with self._lock:
@@ -263,6 +293,8 @@ class Runs:
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
         head = HeadStart(c, args) if refusal(c, args) is None else None
         children = start_children(c, layout, args, head.prepare if head is not None else None)
+        if head is not None and children.unstarted is None:
+            head.started()
         try:
             delivery = self._deliver(children.ring.rows, children.handover.free)  # tokens, then positions
         except BaseException:

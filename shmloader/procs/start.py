@@ -3,7 +3,7 @@
 Every child starts with an explicit start method: forkserver by default (children are forked
 from a clean server that preloaded the worker modules, never from the trainer, so they inherit
 neither torch, CUDA state nor the trainer's pipe ends) or spawn; never fork. The children's
-targets live in shmloader modules, so they get an empty `__main__` (`_main_hidden`) and a
+targets live in shmloader modules, so they get no `__main__` to import (`_main_hidden`) and a
 training script is never re-run in them. They are created with SIGINT blocked (`_start`), so
 that a Ctrl-C during start-up reaches only the trainer.
 
@@ -19,25 +19,39 @@ import fcntl
 import glob
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.spawn
 import multiprocessing.util
 import os
 import re
 import shutil
-import sys
 import tempfile
+import threading
 import time
-import types
 from dataclasses import replace
+from typing import NamedTuple
 from multiprocessing import resource_tracker
 
 from ..data import tokenizer as tokmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.signals import sigint_blocked
 from .coordinator import coordinator_main
+from .forkready import READY
 from .worker import worker_main
 
-# tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server)
-PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken"]
+# tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server);
+# forkready last: it says the server has booted (`booting`)
+PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken", "shmloader.procs.forkready"]
+BOOT_S = 30.0  # a server not booted after this long is waited for, as any start waits (`booting`)
+
+
+class Boot(NamedTuple):
+    """The forkserver this process launched, until it is seen booted."""
+    pid: int
+    marker: str      # the file its last preload leaves (procs/forkready.py)
+    launched: float  # time.monotonic() at its launch
+
+
+_BOOT: "Boot | None" = None
 
 
 def prestart(start_method: str):
@@ -124,16 +138,62 @@ def _sweep_tempdirs():
 
 def _ensure_forkserver():
     """The forkserver, started with SIGINT blocked (see `_start`); the resource tracker first,
-    because starting it unblocks SIGINT. Its socket goes in `_tempdir()`."""
+    because starting it unblocks SIGINT. Its socket goes in `_tempdir()`. A server launched
+    here is `booting` until its last preload says otherwise."""
+    global _BOOT
     _tempdir()
     resource_tracker.ensure_running()
+    server = multiprocessing.forkserver._forkserver  # noqa: SLF001 (its pid: no public handle)
+    before = server._forkserver_pid  # noqa: SLF001
     with sigint_blocked():
         multiprocessing.forkserver.ensure_running()
+    pid, tempdir = server._forkserver_pid, multiprocessing.util.get_temp_dir()  # noqa: SLF001
+    if pid != before and TEMP_NAME.fullmatch(os.path.basename(tempdir)) and "shmloader.procs.forkready" in PRELOAD:
+        _BOOT = Boot(pid, os.path.join(tempdir, READY.format(pid=pid)), time.monotonic())
 
 
-def spawn(kids, config, cargs):
-    """Create and start `kids`' coordinator and workers (a `children.Children`: its pipes,
-    doorbells and handover are set here) for the run `cargs`."""
+def booting(start_method: str) -> bool:
+    """Whether this process's forkserver, launched by a loader of this process, is still
+    importing its preloads: a child started now would wait for them. False once its marker
+    is there (procs/forkready.py), for a server launched by someone else (no marker comes:
+    the start waits, as it always did), for spawn, and after `BOOT_S`."""
+    global _BOOT
+    boot = _BOOT
+    if start_method != "forkserver" or boot is None:
+        return False
+    server = multiprocessing.forkserver._forkserver  # noqa: SLF001
+    if (server._forkserver_pid != boot.pid or os.path.exists(boot.marker)  # noqa: SLF001
+            or time.monotonic() - boot.launched > BOOT_S):
+        _BOOT = None
+        return False
+    return True
+
+
+def wait_booted(start_method: str = "forkserver", timeout: float = BOOT_S) -> bool:
+    """Launch the forkserver if it is not running and wait until it has booted (tests, tools,
+    and a trainer that wants its loader's children started at its first `next()`). Returns
+    whether it had booted within `timeout` s."""
+    prestart(start_method)
+    deadline = time.monotonic() + timeout
+    while booting(start_method):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+class Unstarted(NamedTuple):
+    """A run's children made and not started (`spawn(..., now=False)`), with the pipes' ends
+    that are theirs: closed here once they are started, or the run stops."""
+    procs: list
+    ends: tuple
+    start_method: str
+
+
+def spawn(kids, config, cargs, now: bool = True):
+    """Create `kids`' coordinator and workers (a `children.Children`: its pipes, doorbells and
+    handover are set here) for the run `cargs`, and start them (`now`), or leave them in
+    `kids.unstarted` for `start_unstarted`."""
     ctx = multiprocessing.get_context(config.start_method)
     if config.start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
@@ -150,12 +210,29 @@ def spawn(kids, config, cargs):
     for i, (_, end) in enumerate(pipes):
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(config, replace(theirs, worker=i), end, alive_r)))
+    kids.unstarted = Unstarted(kids.procs, (coord_end, *(c for pair in pipes for c in pair)), config.start_method)
+    if now:
+        start_unstarted(kids)
+
+
+def start_unstarted(kids):
+    """Start `kids.unstarted`'s processes (nothing if there are none), waiting for a booting
+    forkserver; their pipes' ends are closed here, whatever happens."""
+    later = kids.unstarted
+    if later is None:
+        return
     try:
         with _main_hidden():
-            _start(kids.procs, config.start_method)
+            _start(later.procs, later.start_method)
     finally:
-        for c in (coord_end, *(c for pair in pipes for c in pair)):
-            c.close()
+        kids.unstarted, kids.started_at = None, time.monotonic()
+        drop_unstarted(later)
+
+
+def drop_unstarted(later: "Unstarted | None"):
+    """Close the pipes' ends of children never started (a run stopped first)."""
+    for c in later.ends if later is not None else ():
+        c.close()
 
 
 def _spilled(cargs):
@@ -211,6 +288,25 @@ def _start(procs, start_method: str):
             p.start()
 
 
+_HIDDEN = threading.local()  # `on`: this thread starts children without the user's __main__
+_preparation_data = multiprocessing.spawn.get_preparation_data
+
+
+def _preparation_without_main(name):
+    """multiprocessing's preparation data for a child (or the forkserver), without the main
+    module while this thread is in `_main_hidden`; installed as `spawn.get_preparation_data`,
+    which multiprocessing looks up at every start: other threads and other users of
+    multiprocessing get the original's answer."""
+    data = _preparation_data(name)
+    if getattr(_HIDDEN, "on", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+multiprocessing.spawn.get_preparation_data = _preparation_without_main
+
+
 @contextlib.contextmanager
 def _main_hidden():
     """Start children without the user's __main__ module.
@@ -218,11 +314,14 @@ def _main_hidden():
     multiprocessing's spawn and forkserver re-import the parent's main script in every child
     (so that its functions can be unpickled). Training scripts such as nanochat's run their
     whole training at the top level, so the children would train too. The children's targets
-    live in shmloader modules, so they are given an empty __main__ instead.
+    live in shmloader modules, so their preparation data names no main module (as for an
+    interactive session), in this thread only: `sys.modules["__main__"]` is never touched, so a
+    start in the background (`start_when_booted`) cannot change what the trainer's main thread
+    sees.
     """
-    real = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
+    was = getattr(_HIDDEN, "on", False)
+    _HIDDEN.on = True
     try:
         yield
     finally:
-        sys.modules["__main__"] = real
+        _HIDDEN.on = was

@@ -202,8 +202,10 @@ def test_bench_evaluations(demo, tmp_path, capsys, watchdog):
                                                                         base["per_evaluation_ms"])]
     assert ours["train_first_ms"] > 0 and ours["vs_nanochat_train_first"] == ours["train_first_ms"] / base["train_first_ms"]
     [memory] = ours["memory_between_rounds"]
-    # between evaluations: the trainer, forkserver, and each loader's coordinator and worker
-    assert len(memory) == 2 and all(m["processes"] >= 4 for m in memory)
+    # between evaluations: the trainer, the forkserver and the resource tracker at least, with
+    # each loader's coordinator and worker once the server has booted (these 50 ms gaps may all
+    # come before: the train loader's first batches are the trainer's own then, procs/headstart.py)
+    assert len(memory) == 2 and all(m["processes"] >= 3 for m in memory)
     assert base["processes_between"] == 1 and ours["rss_between_mib_median"] > base["rss_between_mib_median"] > 0
     assert "shmloader, 1 worker" in text and "MiB between" in text and "train loader's first" in text
 

@@ -12,7 +12,8 @@ For each batch k it appends one JSON line `{"k", "pid", "head", "sha"}` to OUT/l
 atomically (tmp file + os.replace). On start it resumes from OUT/state.json when present at
 batch "k", first dropping the log lines of that batch and later ones.
 After its first batch it writes OUT/pids-<pid>.json: its live descendant processes (the
-loader's coordinator and workers, multiprocessing's helpers). Exits 0 after batch N-1.
+loader's coordinator and workers, multiprocessing's helpers), again whenever more are seen
+(a process's first loader starts its children once the forkserver has booted). Exits 0 after batch N-1.
 """
 import argparse
 import hashlib
@@ -99,8 +100,8 @@ def record(k: int, inputs, targets, state) -> dict:
 
 def train(gen, k: int, args, record_of):
     """Train on batches k.. up to args.total as nanochat does: log the batch in hand, prefetch
-    the next, checkpoint the prefetched batch's state; note the pids once."""
-    pids = os.path.join(args.out, f"pids-{os.getpid()}.json")
+    the next, checkpoint the prefetched batch's state; note the pids (again when more came)."""
+    pids, seen = os.path.join(args.out, f"pids-{os.getpid()}.json"), set()
     inputs, targets, state = next(gen)  # before the first step
     with open(os.path.join(args.out, "log.jsonl"), "a") as log:
         while k < args.total:
@@ -109,9 +110,11 @@ def train(gen, k: int, args, record_of):
             time.sleep(args.step_s)
             inputs, targets, state = next(gen)  # the prefetch
             save_checkpoint(args.out, k + 1, state)
-            if not os.path.exists(pids):
-                with open(pids, "w") as f:
-                    json.dump(descendants(os.getpid()), f)
+            if set(now := descendants(os.getpid())) - seen:  # a process's first loader starts its
+                seen.update(now)                             # children once the forkserver has booted
+                with open(pids + ".tmp", "w") as f:
+                    json.dump(sorted(seen), f)
+                os.replace(pids + ".tmp", pids)
             k += 1
     gen.close()
 

@@ -167,14 +167,32 @@ def test_runs_the_trainer_cannot_make_get_no_head_start(what, cfg, run):
     assert procs_headstart.refusal(config(), args()) is None
 
 
-def test_the_rule_makes_batches_only_before_the_rings_first_and_at_most_most():
+def _rule(given: int = 0):
     head = procs_headstart.HeadStart.__new__(procs_headstart.HeadStart)
-    head.over, head.given, head.stream = False, 0, None
+    head.over, head.given, head.stream, head.until = False, given, None, None
     head._source = head._pieces = head._encoder = None
+    return head
+
+
+def test_the_rule_makes_batches_only_before_the_rings_first_and_at_most_most():
+    head = _rule()
+    head.started()  # the children started with the first batch made (a process's later loader)
     assert head.wanted(announced=0, pending=0)
     head.given = procs_headstart.MOST
     assert not head.wanted(0, 0) and head.over
     for announced, pending in ((1, 0), (0, 1)):
-        head.over, head.given = False, 0
+        head = _rule()
+        head.started()
         assert not head.wanted(announced, pending)
         assert not head.wanted(0, 0), "the head start came back after it ended"
+
+
+def test_while_the_children_wait_for_the_forkserver_the_rule_has_no_count_but_the_streams():
+    head = _rule(given=procs_headstart.MOST + 3)  # not started: the forkserver boots
+    assert head.wanted(0, 0), "the trainer waited although its children had not even started"
+    head.started()  # now they are: MOST more at most
+    head.given += procs_headstart.MOST - 1
+    assert head.wanted(0, 0)
+    head.given += 1
+    assert not head.wanted(0, 0) and head.over
+    assert procs_headstart.BOOTING_MOST > procs_headstart.MOST

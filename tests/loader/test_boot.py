@@ -1,0 +1,147 @@
+"""A process's first loader while the forkserver boots (procs/headstart.py, start.py `booting`),
+as a training script meets it: its children are made and left unstarted while the server
+imports its preloads (stretched here by `tests.slow_preload`), the trainer makes the batches
+meanwhile, and the children start at the first `next()` after the server says it has booted.
+Each script runs in a fresh process (tests/scripts/first_loader.py), so that its loader is
+really its process's first; this suite's own processes have a booted server (conftest.py).
+
+What must hold: the first batch does not wait for the server; every batch, position and state
+equals a loader's whose children started at once (in this process), on two shapes of data,
+1 and 3 workers, a fast consumer that runs past the head start's most and a slow one; a state
+saved before the children started resumes exactly; a loader dropped before they started
+leaves nothing."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from shmloader.demo import corpus
+from shmloader.procs import headstart
+from tests import helpers
+from tests.helpers import SCRIPTS
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory, small_texts, enc):
+    """Row groups of 1 to 300 documents, documents of 0 to ~20K characters."""
+    from tests.loader.test_skewed_shards import SIZES, skewed_docs
+    root = tmp_path_factory.mktemp("skewed_boot")
+    docs = skewed_docs("\n".join(small_texts), 600)
+    paths = corpus.write_shards(docs, root, num_files=3, row_group_size=SIZES)
+    return helpers.Dataset(root, paths, enc, enc.encode_ordinary, enc.encode_single_token("<|bos|>"), docs)
+
+
+def first_loader(ds, tmp_path, B, T, n, boot_s, *extra):
+    pkl = corpus.save_tokenizer(ds.tokenizer, tmp_path / "tok")
+    env = dict(os.environ, SLOW_PRELOAD_S=str(boot_s))
+    run = subprocess.run([sys.executable, str(SCRIPTS / "first_loader.py"), str(ds.root), str(pkl), str(B), str(T),
+                          str(n), *map(str, extra)], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def reference(ds, B, T, n, state=None, **kw):
+    """`n` batches (windows, positions) and states of a loader whose children start at once."""
+    out = []
+    with ds.loader(B, T, **kw) as loader:
+        if state is not None:
+            loader.load_state_dict(state)
+        for _ in range(n):
+            x, y, *pos = next(loader)
+            out.append((np.concatenate([x.numpy().ravel(), y.numpy().ravel()[-1:]]).tolist(),
+                        pos[0].numpy().ravel().tolist() if pos else None, loader.state_dict()))
+        assert loader.stats()["head_batches"] <= headstart.MOST
+    return out
+
+
+def same(got, want):
+    for k, (rec, (window, positions, state)) in enumerate(zip(got["batches"], want)):
+        assert rec["window"] == window, f"batch {k} differs"
+        assert rec.get("positions") == positions, f"batch {k}'s positions differ"
+        assert rec["state"] == state, f"the state after batch {k} differs"
+    assert len(got["batches"]) == len(want)
+
+
+@pytest.mark.parametrize("data, B, T, workers", [("synth", 2, 16, 2), ("skewed", 4, 128, 1), ("skewed", 2, 64, 3)])
+def test_a_fast_consumer_gets_the_stream_whole_while_the_forkserver_boots(request, tmp_path, data, B, T, workers):
+    ds, n = request.getfixturevalue(data), headstart.BOOTING_MOST + 12
+    got = first_loader(ds, tmp_path, B, T, n, 1.5, "--workers", workers, "--positions")
+    same(got, reference(ds, B, T, n, num_workers=workers, positions=True))
+    assert not got["batches"][0]["started"], "the first batch waited for the forkserver"
+    made_here = sum(not r["started"] for r in got["batches"])
+    assert made_here == headstart.BOOTING_MOST, (
+        f"{made_here} batches came before the children started: the head start stops at BOOTING_MOST "
+        f"while the server boots (1.5 s here)")
+    assert got["first_s"] < 1.0, f"the first batch took {got['first_s']:.2f} s: it waited for the server"
+    assert all(got["pids"]) and got["head_batches"] >= headstart.BOOTING_MOST
+
+
+def test_a_trainer_at_its_pace_starts_the_children_once_the_server_has_booted(synth, tmp_path):
+    B, T, n = 2, 16, 20
+    got = first_loader(synth, tmp_path, B, T, n, 0.6, "--step-s", 0.25)
+    same(got, reference(synth, B, T, n))
+    started = [r["started"] for r in got["batches"]]
+    first = started.index(True)
+    assert 1 <= first < headstart.BOOTING_MOST and all(started[first:]), started
+    assert got["head_batches"] <= first + headstart.MOST, "the head start went on past MOST once they started"
+
+
+def test_the_children_start_and_fill_the_ring_during_a_long_first_step(synth, tmp_path):
+    """base_train takes its first batch, then compiles its model for its first step: the
+    workers start once the server has booted, with no `next()`, and fill the ring meanwhile."""
+    B, T, n = 2, 16, 12
+    got = first_loader(synth, tmp_path, B, T, n, 0.5, "--pause-s", 4.0)
+    same(got, reference(synth, B, T, n))
+    assert not got["started_at_first"]
+    assert got["after_pause"]["started"] and got["after_pause"]["ring_ready"] > 0, got["after_pause"]
+
+
+def test_a_state_saved_before_the_children_started_resumes_exactly(synth, tmp_path):
+    B, T = 2, 16
+    got = first_loader(synth, tmp_path, B, T, 5, 1.0)
+    assert not got["batches"][2]["started"]
+    state = got["batches"][2]["state"]
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    again = first_loader(synth, tmp_path, B, T, 20, 1.0, "--resume", tmp_path / "state.json", "--workers", 3)
+    same(again, reference(synth, B, T, 20, state=state))
+
+
+def test_a_loader_dropped_before_its_children_started_leaves_nothing(synth, tmp_path):
+    got = first_loader(synth, tmp_path, 2, 16, 10, 1.5, "--drop-at", 3)
+    assert got["unstarted_at_drop"] == 2 and not got["segment_left"]
+    assert helpers.wait_clean(2.0) == ([], [])
+
+
+def test_once_started_the_head_start_makes_at_most_most_more(synth, monkeypatch):
+    """In this process (its server booted), a server said to boot until the 3rd batch is taken:
+    the children start then, in the background, and a consumer as fast as it goes gets at most
+    MOST more batches made here once it sees them started, however soon the ring has one."""
+    import threading
+
+    from shmloader.procs import children
+    booted = threading.Event()
+    B, T, n = 2, 16, 40
+    want = reference(synth, B, T, n)
+    monkeypatch.setattr(children, "booting", lambda start_method: not booted.is_set())
+    got, started = [], []
+    with synth.loader(B, T) as loader:
+        for k in range(n):
+            x, y = next(loader)
+            got.append(np.concatenate([x.numpy().ravel(), y.numpy().ravel()[-1:]]).tolist())
+            started.append(all(p.pid is not None for p in loader.debug(start=False).workers))
+            if k == 2:  # "booted": the starter starts them within its next look; the consumer sees them
+                booted.set()
+                deadline = time.monotonic() + 10
+                while any(p.pid is None for p in loader.debug(start=False).workers) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+        head = loader.stats()["head_batches"]
+    assert got == [w for w, _, _ in want]
+    assert started == [False] * 3 + [True] * (n - 3), started
+    assert 3 <= head <= 3 + headstart.MOST, f"{head} batches made here: the head start went on past MOST"
