@@ -74,9 +74,11 @@ class HeadStart:
     while `wanted(...)`, `handed(batch)` once the caller has it; `compare(ann)` each ring batch
     below `given`."""
 
-    def __init__(self, config, args):
+    def __init__(self, config, args, booting: bool = False):
+        """`booting`: the forkserver boots, so the children may start late: room for
+        `BOOTING_MOST` batches (else `MOST`)."""
         self.config, self.args = config, args
-        self.stream = Stream(config.B, config.T, args.start.skip, BOOTING_MOST, config.positions)
+        self.stream = Stream(config.B, config.T, args.start.skip, BOOTING_MOST if booting else MOST, config.positions)
         self.given = 0        # batches handed out from here (that reached the caller)
         self.until = None     # made here while `given` is below it, once the children are started (`started`)
         self.over = False     # no more are made here

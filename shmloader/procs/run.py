@@ -41,6 +41,7 @@ from ..position import Position
 from . import heal, precedence
 from .headstart import HeadStart, refusal
 from .children import ChildLost, ChildrenReleased, Children, start_children
+from .start import booting
 
 
 HEAD_SLOT = -1  # the slot of a batch the trainer made itself (`HeadStart`)
@@ -291,7 +292,7 @@ class Runs:
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
-        head = HeadStart(c, args) if refusal(c, args) is None else None
+        head = HeadStart(c, args, booting(c.start_method)) if refusal(c, args) is None else None
         children = start_children(c, layout, args, head.prepare if head is not None else None)
         if head is not None and children.unstarted is None:
             head.started()

@@ -125,11 +125,12 @@ def test_once_started_the_head_start_makes_at_most_most_more(synth, monkeypatch)
     MOST more batches made here once it sees them started, however soon the ring has one."""
     import threading
 
-    from shmloader.procs import children
+    from shmloader.procs import children, run
     booted = threading.Event()
     B, T, n = 2, 16, 40
     want = reference(synth, B, T, n)
     monkeypatch.setattr(children, "booting", lambda start_method: not booted.is_set())
+    monkeypatch.setattr(run, "booting", lambda start_method: not booted.is_set())
     got, started = [], []
     with synth.loader(B, T) as loader:
         for k in range(n):
