@@ -69,7 +69,10 @@ def same(got, want):
     assert len(got["batches"]) == len(want)
 
 
-@pytest.mark.parametrize("data, B, T, workers", [("synth", 2, 16, 2), ("skewed", 4, 128, 1), ("skewed", 2, 64, 3)])
+@pytest.mark.parametrize("data, B, T, workers", [
+    ("synth", 2, 16, 2),
+    pytest.param("skewed", 4, 128, 1, marks=pytest.mark.slow),  # a fresh process each: ~7 s
+    pytest.param("skewed", 2, 64, 3, marks=pytest.mark.slow)])
 def test_a_fast_consumer_gets_the_stream_whole_while_the_forkserver_boots(request, tmp_path, data, B, T, workers):
     ds, n = request.getfixturevalue(data), headstart.BOOTING_MOST + 12
     got = first_loader(ds, tmp_path, B, T, n, 1.5, "--workers", workers, "--positions")

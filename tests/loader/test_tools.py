@@ -7,7 +7,9 @@ checked for content; its main in this process, its measurements in fresh process
 topic's file run with --help), gpu_check (`--device cpu`) and profile_worker reuse that corpus.
 tools/inspect_batch.py reads position documents through `helpers.IntTokenizer`, so the rows it
 prints are checked by arithmetic, and resuming from the state it prints gives the next batch.
-The heavier bench runs (two built corpora, repeat rounds, two checkouts) are marked slow.
+The heavier bench runs (two built corpora, repeat rounds, two checkouts, and the topics whose
+one tiny run takes 10-30 s: step_loop, cache, mixture, hf_engine, and gpu_check's harness)
+are marked slow, so that the default suite stays near 5 minutes; CI runs both.
 """
 from __future__ import annotations
 
@@ -147,6 +149,7 @@ def test_bench_trainer(demo, tmp_path, capsys, watchdog):
     assert got["syscalls"] == [] and re.search(r"^demo +concat +[\d.]+ / [\d.]+ ", text, re.M), text
 
 
+@pytest.mark.slow  # 6 fresh processes with torch (3 loaders, 2 collector modes): 30 s
 def test_bench_step_loop(demo, tmp_path, capsys, watchdog):
     text, got = bench("step_loop", tmp_path, capsys, *on_demo(demo), *TINY, "--step-ms", 2, "--block", 3,
                       "--pairs", 2, "--warmup", 3, "--repeat", 1, "--gc", "frozen", "on")
@@ -210,6 +213,7 @@ def test_bench_evaluations(demo, tmp_path, capsys, watchdog):
     assert "shmloader, 1 worker" in text and "MiB between" in text and "train loader's first" in text
 
 
+@pytest.mark.slow  # the cache built, then read, in fresh processes: 11 s
 def test_bench_cache(demo, tmp_path, capsys, watchdog):
     text, got = bench("cache", tmp_path, capsys, *on_demo(demo), *TINY, "--seconds", 0.3, "--first-runs", 1)
     assert [(r["kind"], r["cache"]) for r in got["rows"]] == \
@@ -231,6 +235,7 @@ def test_bench_heal(demo, tmp_path, capsys, watchdog):
     assert "worker-SIGSTOP" in text
 
 
+@pytest.mark.slow  # 4 rows of fresh processes: 20 s
 def test_bench_mixture(demo, tmp_path, capsys, watchdog):
     text, got = bench("mixture", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--seconds", 0.5,
                       "--repeat", 1, "--paced-batches", 5, "--step-ms", 1)
@@ -285,6 +290,7 @@ def test_bench_giga(demo, tmp_path, capsys, watchdog):
     assert re.search(r"demo +gpt2 +200 .* 0, 0 of 200", text), text
 
 
+@pytest.mark.slow  # a tokenizer.json trained, 2 packings in fresh processes: 15 s
 def test_bench_hf_engine(tmp_path, capsys, watchdog):
     pytest.importorskip("fastokens")
     pytest.importorskip("tokenizers")
@@ -418,6 +424,7 @@ def test_gpu_check_help():
     assert "--device" in text and "--workers" in text
 
 
+@pytest.mark.slow  # every check of the GPU script, on the CPU: 10 s
 def test_gpu_check_harness_on_cpu(demo):
     out, _ = demo
     text = run("tools/gpu_check.py", "--device", "cpu", "--out-dir", out, "--vocab-size", VOCAB,
