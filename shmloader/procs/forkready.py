@@ -3,22 +3,40 @@
 A process's first loader starts multiprocessing's forkserver, which imports numpy, pyarrow,
 tiktoken and the loader's modules before it answers a request (~0.35 s on 2 cores). The
 training process does not wait for it: while the server boots, the head start makes the
-batches (procs/headstart.py) and the run's children stay unstarted (`start.booting`). This
-module is imported by the server once every other preload is in, and only there (nothing
-else imports it): it leaves a file, `forkserver-<server pid>.ready`, in the training
-process's temporary directory (`shml_tmp_<pid>_*`, start.py `_tempdir`), which the trainer
-looks for with one `stat` per `next()` until it is there.
+batches (procs/headstart.py) and a thread starts the run's children once the server has
+booted (`start.booting`). The server imports this module once every other preload is in: it
+leaves a file, `forkserver-<server pid>.ready`, in the training process's temporary directory
+(`shml_tmp_<pid>_*`, start.py `_tempdir`), found through the lock file the trainer keeps open
+(its `/proc/<pid>/fd`), wherever the trainer's `tempfile` settings put it; failing that, in
+this process's temporary directory. Nothing else imports this module (start.py does not): a
+process that did would leave a marker for its parent, which only a booting server of that
+parent's is ever looked for by.
 """
 import glob
 import os
 import tempfile
 
-READY = "forkserver-{pid}.ready"
+from .start import READY, TEMP_LOCK, TEMP_PREFIX
+
+
+def _trainer_dirs(parent: int) -> set:
+    prefix, found = f"{TEMP_PREFIX}{parent}_", set()
+    try:
+        fds = os.listdir(f"/proc/{parent}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{parent}/fd/{fd}")
+        except OSError:
+            continue
+        if os.path.basename(target) == TEMP_LOCK and os.path.basename(os.path.dirname(target)).startswith(prefix):
+            found.add(os.path.dirname(target))
+    return found or set(glob.glob(os.path.join(tempfile.gettempdir(), prefix + "*")))
 
 
 def _mark():
-    parent = os.getppid()
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"shml_tmp_{parent}_*")):
+    for path in _trainer_dirs(os.getppid()):
         try:
             with open(os.path.join(path, READY.format(pid=os.getpid())), "x"):
                 pass

@@ -35,13 +35,13 @@ from ..data import tokenizer as tokmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.signals import sigint_blocked
 from .coordinator import coordinator_main
-from .forkready import READY
 from .worker import worker_main
 
 # tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server);
 # forkready last: it says the server has booted (`booting`)
 PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken", "shmloader.procs.forkready"]
 BOOT_S = 30.0  # a server not booted after this long is waited for, as any start waits (`booting`)
+READY = "forkserver-{pid}.ready"  # the file a booted server leaves in the trainer's temporary directory (forkready.py)
 
 
 class Boot(NamedTuple):
@@ -74,6 +74,10 @@ def forget_forkserver():
     is the parent's, not this process's child (multiprocessing would wait for it and fail), so
     this process forgets it, and starts a server of its own if it makes a loader."""
     server = multiprocessing.forkserver._forkserver  # noqa: SLF001 (multiprocessing keeps no public handle)
+    # a loader's starter thread (children.py `start_later`) may have held these at the fork: new ones
+    server._lock = type(server._lock)()  # noqa: SLF001
+    tracker = resource_tracker._resource_tracker  # noqa: SLF001
+    tracker._lock = type(tracker._lock)()  # noqa: SLF001
     if server._forkserver_pid is None:  # noqa: SLF001
         return
     if server._forkserver_alive_fd is not None:  # noqa: SLF001 (the parent keeps its own copy)
@@ -155,18 +159,29 @@ def _ensure_forkserver():
 def booting(start_method: str) -> bool:
     """Whether this process's forkserver, launched by a loader of this process, is still
     importing its preloads: a child started now would wait for them. False once its marker
-    is there (procs/forkready.py), for a server launched by someone else (no marker comes:
-    the start waits, as it always did), for spawn, and after `BOOT_S`."""
+    is there (procs/forkready.py), once it is dead (a start launches another), for a server
+    launched by someone else (no marker comes: the start waits, as it always did), for spawn,
+    and after `BOOT_S`."""
     global _BOOT
     boot = _BOOT
     if start_method != "forkserver" or boot is None:
         return False
     server = multiprocessing.forkserver._forkserver  # noqa: SLF001
     if (server._forkserver_pid != boot.pid or os.path.exists(boot.marker)  # noqa: SLF001
-            or time.monotonic() - boot.launched > BOOT_S):
+            or not _running(boot.pid) or time.monotonic() - boot.launched > BOOT_S):
         _BOOT = None
         return False
     return True
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` (a child of this one) runs: not gone, not a zombie. It is not
+    reaped here: multiprocessing reaps its server itself."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def wait_booted(start_method: str = "forkserver", timeout: float = BOOT_S) -> bool:

@@ -106,6 +106,34 @@ def test_the_children_start_and_fill_the_ring_during_a_long_first_step(synth, tm
     assert got["after_pause"]["started"] and got["after_pause"]["ring_ready"] > 0, got["after_pause"]
 
 
+def test_a_server_killed_while_it_boots_costs_a_new_boot_not_the_wait_for_its_word(synth, tmp_path):
+    """The server dies before it has booted (an OOM kill, a SIGTERM to the process group): the
+    starter sees it dead and starts the children through a new server, at once; it waited
+    for a marker that never came (start.BOOT_S, 30 s) before."""
+    B, T, n = 2, 16, 30
+    began = time.monotonic()
+    got = first_loader(synth, tmp_path, B, T, n, 1.5, "--kill-server")
+    took = time.monotonic() - began
+    same(got, reference(synth, B, T, n))
+    assert took < 20, f"{took:.0f} s: the starter waited for the dead server's word"
+
+
+def test_a_trainer_that_moved_its_temporary_directory_still_hears_the_server(synth, tmp_path):
+    """`tempfile.tempdir` set by the training script: the server, whose own is /tmp, finds the
+    trainer's directory through the lock file it holds open (forkready.py)."""
+    import shutil
+    import tempfile
+    B, T, n = 2, 16, 20
+    mine = tempfile.mkdtemp(prefix="shb", dir="/tmp")  # short: the server's socket goes in it (AF_UNIX paths are short)
+    try:
+        got = first_loader(synth, tmp_path, B, T, n, 0.6, "--step-s", 0.25, "--tempdir", mine)
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+    same(got, reference(synth, B, T, n))
+    started = [r["started"] for r in got["batches"]]
+    assert True in started[:headstart.BOOTING_MOST], f"the children started only after the head start's most: {started}"
+
+
 def test_a_state_saved_before_the_children_started_resumes_exactly(synth, tmp_path):
     B, T = 2, 16
     got = first_loader(synth, tmp_path, B, T, 5, 1.0)

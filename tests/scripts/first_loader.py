@@ -6,7 +6,8 @@ as one JSON line: per batch the window's tokens, whether its workers had started
     python first_loader.py DATA TOKENIZER B T N [--workers W] [--resume STATE.json]
         [--step-s S] [--drop-at K] [--positions]
 
-`--pause-s S`: a pause after the first batch (`after_pause`: whether the workers had started
+`--kill-server`: the forkserver killed after the first batch. `--tempdir D`: `tempfile.tempdir`
+set to D first. `--pause-s S`: a pause after the first batch (`after_pause`: whether the workers had started
 and the batches the ring held then, no `next()` between). `--drop-at K`: after K batches the loader is dropped (children maybe unstarted) and the
 script checks nothing of it is left, then exits."""
 import argparse
@@ -37,7 +38,12 @@ def main():
     ap.add_argument("--drop-at", type=int)
     ap.add_argument("--positions", action="store_true")
     ap.add_argument("--pause-s", type=float, default=0.0, help="after the first batch (a compile's first step)")
+    ap.add_argument("--kill-server", action="store_true", help="SIGKILL the booting forkserver after the first batch")
+    ap.add_argument("--tempdir", help="tempfile.tempdir, set before the loader is built")
     args = ap.parse_args()
+    if args.tempdir:
+        import tempfile
+        tempfile.tempdir = args.tempdir
     loader = shmloader.ShmLoader(args.data, args.tokenizer, args.B, args.T, num_workers=args.workers,
                                  device="cpu", positions=args.positions)
     if args.resume:
@@ -57,6 +63,10 @@ def main():
         if k == 0:
             out["first_s"] = time.monotonic() - began
             out["started_at_first"] = all(p.pid is not None for p in loader.debug(start=False).workers)
+            if args.kill_server:
+                import multiprocessing.forkserver
+                import signal
+                os.kill(multiprocessing.forkserver._forkserver._forkserver_pid, signal.SIGKILL)
             time.sleep(args.pause_s)
             out["after_pause"] = {"started": all(p.pid is not None for p in loader.debug(start=False).workers),
                                   "ring_ready": loader.stats()["ring_ready"]}
