@@ -69,15 +69,20 @@ def prestart(start_method: str):
         _ensure_forkserver()
 
 
+def _fresh(lock):
+    """A new lock of `lock`'s kind (a Lock or an RLock: multiprocessing's differ between versions)."""
+    return threading.RLock() if isinstance(lock, type(threading.RLock())) else threading.Lock()
+
+
 def forget_forkserver():
     """In a child forked (`os.fork()`) from a process that started the forkserver: the server
     is the parent's, not this process's child (multiprocessing would wait for it and fail), so
     this process forgets it, and starts a server of its own if it makes a loader."""
     server = multiprocessing.forkserver._forkserver  # noqa: SLF001 (multiprocessing keeps no public handle)
     # a loader's starter thread (children.py `start_later`) may have held these at the fork: new ones
-    server._lock = type(server._lock)()  # noqa: SLF001
+    server._lock = _fresh(server._lock)  # noqa: SLF001
     tracker = resource_tracker._resource_tracker  # noqa: SLF001
-    tracker._lock = type(tracker._lock)()  # noqa: SLF001
+    tracker._lock = _fresh(tracker._lock)  # noqa: SLF001
     if server._forkserver_pid is None:  # noqa: SLF001
         return
     if server._forkserver_alive_fd is not None:  # noqa: SLF001 (the parent keeps its own copy)
