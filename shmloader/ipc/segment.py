@@ -8,7 +8,8 @@ and the coordinator unlinks it only when the trainer died (`unlink_orphan`).
   objects" whenever the trainer is killed (SIGTERM, SIGKILL), and would unlink a segment when
   one attaching process exits, though no segment leaks: the trainer unlinks it on close, the
   coordinator when the trainer dies, and the next loader's start sweeps what a run killed
-  whole left (`sweep_stale`). Python >= 3.13 opens it with `track=False`; on 3.10-3.12 the
+  whole left (`sweep_stale`), as does the forkserver when it exits after the trainer
+  (procs/forkready.py: a trainer killed before its children started). Python >= 3.13 opens it with `track=False`; on 3.10-3.12 the
   trainer unregisters what it created at once, and children never register what they attach
   (`_untracked`: every process of a loader shares the trainer's tracker, whose registry is a
   set, so a child's register-then-unregister could meet another's and fail there).

@@ -11,7 +11,15 @@ leaves a file, `forkserver-<server pid>.ready`, in the training process's tempor
 this process's temporary directory. Nothing else imports this module (start.py does not): a
 process that did would leave a marker for its parent, which only a booting server of that
 parent's is ever looked for by.
+
+It also has the server sweep stale segments when it exits (`_sweep_at_exit`, at the
+interpreter's exit: the server exits once its parent and every child it started are gone). A
+trainer killed while its first run's children were still unstarted leaves its ring with
+nobody to unlink it (a run's coordinator does that when the trainer dies); the server, its
+child, outlives it by its boot at most, and `segment.sweep_stale` unlinks only segments whose
+creator is gone (ipc/segment.py).
 """
+import atexit
 import glob
 import os
 import tempfile
@@ -44,4 +52,13 @@ def _mark():
             pass
 
 
+def _sweep_at_exit():
+    from ..ipc import segment
+    try:
+        segment.sweep_stale()
+    except Exception:  # noqa: BLE001 (a sweep is a courtesy: the next loader's start sweeps too)
+        pass
+
+
 _mark()
+atexit.register(_sweep_at_exit)  # the server's own exit; a child it forks ends in os._exit

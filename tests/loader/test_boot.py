@@ -177,3 +177,24 @@ def test_once_started_the_head_start_makes_at_most_most_more(synth, monkeypatch)
     assert got == [w for w, _, _ in want]
     assert started == [False] * 3 + [True] * (n - 3), started
     assert 3 <= head <= 3 + headstart.MOST, f"{head} batches made here: the head start went on past MOST"
+
+
+def test_a_trainer_killed_before_its_children_started_leaves_no_segment(synth, tmp_path):
+    """SIGKILL during the boot, the children never started (no coordinator to unlink the ring
+    for a dead trainer): the server, once booted and alone, sweeps it as it exits."""
+    import signal
+    pkl = corpus.save_tokenizer(synth.tokenizer, tmp_path / "tok")
+    env = dict(os.environ, SLOW_PRELOAD_S="1.5")
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "first_loader.py"), str(synth.root), str(pkl), "2", "16",
+                             "5", "--pause-s", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not helpers.shm_segments(proc.pid) and time.monotonic() < deadline:  # its first run has its ring
+            time.sleep(0.01)
+        assert helpers.shm_segments(proc.pid), "the trainer made no ring"
+        time.sleep(0.3)  # its first batch made, the server still booting (1.5 s)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert helpers.wait_no_segment(proc.pid, 10.0) == [], "the killed trainer's ring was left in /dev/shm"
