@@ -194,7 +194,7 @@ class Runs:
     def _wait_started(self, run: Run, mark: "Mark | None", timeout: float):
         """Wait for the run's children, started by a thread once the forkserver has booted
         (children.py `start_later`), or start them here; the head start then makes `MOST` more
-        batches at most. A start that failed with any of them unstarted stops the run (the next
+        batches at most (`_head_start` sees them started). A start that failed with any of them unstarted stops the run (the next
         one starts from `mark`), and what it raised is raised."""
         with self._lock:
             if self.closed is not None or run is not self.run:
@@ -204,8 +204,6 @@ class Runs:
             finally:  # a Ctrl-C is raised once all are started (start.py `_start`): the run goes on
                 if run.children.unstarted is not None or any(p.pid is None for p in run.children.procs):
                     self.restart(mark) if mark is not None else self.stop()
-                elif run.head is not None and run.head.until is None:
-                    run.head.started()
 
     def _running(self) -> Run:
         with self._lock:
@@ -294,8 +292,6 @@ class Runs:
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
         head = HeadStart(c, args, booting(c.start_method)) if refusal(c, args) is None else None
         children = start_children(c, layout, args, head.prepare if head is not None else None)
-        if head is not None and children.unstarted is None:
-            head.started()
         try:
             delivery = self._deliver(children.ring.rows, children.handover.free)  # tokens, then positions
         except BaseException:
