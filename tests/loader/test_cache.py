@@ -58,6 +58,10 @@ from tests.oracle import bestfit_rows, concat_windows
 
 B, T = 2, 128
 BUFFER, CHUNK = 16, 8          # best fit: buffer_size, tokenizer_batch_size
+# batches a run with n_slots=2 may read past its last: 2 pieces in flight and a piece's tokens
+# held, per worker. What a run has in flight when it is closed is not kept in the cache, so a run
+# that fills the cache for a later one goes 2 * AHEAD batches further than the later one reads.
+AHEAD = 30
 RG_SIZES = (24, 16, 16)
 N_DOCS, N_FILES = 600, 3
 PACKINGS = ("concat", "bos_bestfit")
@@ -302,10 +306,8 @@ def test_a_restart_on_a_cache_filled_by_a_previous_run_tokenizes_nothing(data, t
     epoch = first_batch(packing, data, lambda p: p[0] >= 2)
     inside_first = first_batch(packing, data, lambda p: p[:3] == (1, 0, 0) and p[3] > 0)
     inside_later = resume_point(packing, data)
-    m, ahead = 6, 30  # a run reads ahead 2 pieces in flight and a piece's tokens held, per worker
-    # the filling run reads ahead by up to `ahead` too, and what it has in flight when closed is not
-    # kept: it goes twice as far as a restart reads (once, by one: a restart under a loaded machine)
-    n = max(inside_first, inside_later) + m + 2 * ahead
+    m = 6
+    n = max(inside_first, inside_later) + m + 2 * AHEAD
     assert n < epoch, "the filling run would reach epoch 2, which reads the first row group whole"
     want, _ = expected(n, packing, data)
     cache = tmp_path / "cache"
@@ -315,7 +317,7 @@ def test_a_restart_on_a_cache_filled_by_a_previous_run_tokenizes_nothing(data, t
     c = data.cache(cache)
     assert c.load(data.train[0], 0) is not None, "the ramped first row group was not kept"
 
-    got, _, st = run(data, packing, cache, m + ahead // 2, n_slots=2)
+    got, _, st = run(data, packing, cache, m + AHEAD // 2, n_slots=2)
     assert_stream(got, want[:len(got)], "fresh restart")
     assert st["cache_misses"] == 0 and st["cache_hits"] > 0 and tokenized(st) == 0, st
     for k in (inside_first, inside_later):
@@ -498,22 +500,27 @@ def test_another_tokenizer_gets_its_own_entries(data, tmp_path):
     bos2 = enc2.encode_single_token("<|bos|>")
     cache = tmp_path / "cache"
     n = first_batch("concat", data, lambda p: (p[0], p[1]) >= (1, 1))
-    want1, _ = expected(n, "concat", data)
-    want2, _ = expected(n, "concat", data, encode=enc2.encode_ordinary, bos=bos2)
+    fill = n + 2 * AHEAD   # the filling runs go further than the warm ones read (see AHEAD)
+    for enc in (data.enc, enc2):
+        epoch = first_batch("concat", data, lambda p: p[0] >= 2, encode=enc.encode_ordinary,
+                            bos=enc.encode_single_token("<|bos|>"))
+        assert fill < epoch, "a filling run would reach epoch 2 and hit what it stored itself"
+    want1, _ = expected(fill, "concat", data)
+    want2, _ = expected(fill, "concat", data, encode=enc2.encode_ordinary, bos=bos2)
     assert not np.array_equal(want1[0], want2[0])
 
-    got, _, _ = run(data, "concat", cache, n)
+    got, _, _ = run(data, "concat", cache, fill, n_slots=2)
     assert_stream(got, want1, "tokenizer 1")
-    got, _, st = run(data, "concat", cache, n, tokenizer=enc2)
+    got, _, st = run(data, "concat", cache, fill, tokenizer=enc2, n_slots=2)
     assert_stream(got, want2, "tokenizer 2, cold")
     assert st["cache_hits"] == 0 and st["cache_misses"] > 0, "tokenizer 2 was served tokenizer 1's entries"
-    got, _, st = run(data, "concat", cache, n, tokenizer=enc2)
-    assert_stream(got, want2, "tokenizer 2, warm")
+    got, _, st = run(data, "concat", cache, n, tokenizer=enc2, n_slots=2)
+    assert_stream(got, want2[:n], "tokenizer 2, warm")
     # misses: at most file 0's row group 0, read in epoch 1 only as two ramp pieces
     assert st["cache_hits"] > 0 and st["cache_misses"] <= 2, st
     assert sorted(p.name for p in cache.iterdir()) == sorted([data.spec.fingerprint, spec2.fingerprint])
-    got, _, st = run(data, "concat", cache, n)
-    assert_stream(got, want1, "tokenizer 1, warm again")
+    got, _, st = run(data, "concat", cache, n, n_slots=2)
+    assert_stream(got, want1[:n], "tokenizer 1, warm again")
     assert st["cache_hits"] > 0 and st["cache_misses"] <= 2, st
 
 
