@@ -237,12 +237,15 @@ class ShmLoader:
         kids = run.children
         return Debug(kids.coordinator, list(kids.workers), kids.segment.name, kids.ring, run.delivery)
 
-    def close(self):
-        """Stop every process and unlink the shared memory; safe to call twice."""
+    def close(self, wait: bool = True):
+        """Stop every process and unlink the shared memory; safe to call twice. The ring is
+        unlinked and the processes told to exit at once; `wait=False` leaves joining them (2 s
+        at most, then they are killed) to a thread of this process (procs/reaper.py), as a
+        dropped loader does, so that the caller does not wait for their exit."""
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._runs.close(self._closed_text())
+        self._runs.close(self._closed_text(), wait)
 
     def __enter__(self):
         return self
@@ -251,7 +254,7 @@ class ShmLoader:
         self.close()
 
     def __del__(self):
-        self.close()
+        self.close(wait=False)
 
     # ---- internals --------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 
 Each returns nanochat's generator over one `ShmLoader` (a `Batches`: iterate it, `next()` it,
 `close()` it as nanochat does), which also answers `stats()` and holds its `.loader`; the loader
-is closed when the generator is closed or collected.
+is closed when the generator is closed or collected, without waiting for its processes to exit
+(`ShmLoader.close(wait=False)`: a new val loader assigned over the last does not wait for it).
 The loader is built when the function is called, so bad arguments, a missing data directory,
 a one-file train split and a missing or broken tokenizer raise there, in the caller's
 process; what is inside the files (columns, row groups, corruption) is read, and any error
@@ -71,11 +72,13 @@ def _with_state(loader: ShmLoader):
     """Yields each batch with the state that resumes AT it (docs/contract.md §3): nanochat's loop saves the
     state of the batch it prefetched and has not trained on yet, and resumes with a prefetch.
     A batch is `(inputs, targets)`, or `(inputs, targets, positions)` with `positions=True`."""
-    with loader:
+    try:
         state = loader.state_dict()
         for batch in loader:
             yield (*batch, state)
             state = loader.state_dict()
+    finally:  # the generator closed or dropped (a new val loader over the last): no wait for the exits
+        loader.close(wait=False)
 
 
 def tokenizing_distributed_data_loader_with_state_bos_bestfit(

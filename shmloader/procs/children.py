@@ -6,10 +6,12 @@ what the trainer holds of them: `next_batch` takes the next announced batch from
 header (NOTE [slot handover]) or waits for it, with a timeout, on the coordinator's doorbell,
 its pipe and every child's sentinel; a death or a reported error is raised naming the
 process, its pid, its signal or traceback, and the piece it was on. `Children.shutdown`
-unlinks the ring's name, closes the alive pipe (every child exits on its EOF), joins with a
-2 s deadline, kills what is left, and unmaps the ring. `locate_position` runs a count-only
+unlinks the ring's name, closes the alive pipe (every child exits on its EOF), unmaps the
+ring, and joins with a 2 s deadline and kills what is left, there or (`wait=False`, a dropped
+loader) in the reaper's thread (reaper.py). `locate_position` runs a count-only
 run to its answer.
 """
+import functools
 import logging
 import multiprocessing.process
 import os
@@ -29,6 +31,7 @@ from ..ipc.ring import WorkerCol
 from ..ipc.signals import pid_alive
 from . import precedence
 from .heal import Held
+from .reaper import REAPER, Dropped, finish
 from .stall import Stall, Watch
 from .start import booting, drop_unstarted, respawn_worker, spawn, start_unstarted
 
@@ -373,10 +376,11 @@ class Children:
         """Every child, what it is doing, and whether it is stopped (SIGSTOP, a debugger)."""
         return "; ".join(self._describe(p) for p in self.procs)
 
-    def shutdown(self):
+    def shutdown(self, wait: bool = True):
         """Unlink the segment's name first (a coordinator that finds it gone knows the loader
         was closed, and one that finds it there that the trainer died: `ring.unlink_orphan`),
-        then let the children go, join them (kill what is left) and unmap the ring."""
+        then let the children go and unmap the ring; join them (kill what is left) and close
+        their pipes here, or, `wait=False`, in the reaper's thread (reaper.py)."""
         precedence.PRECEDENCE.stopped(self)
         self.segment.unlink()
         self.stopping = True
@@ -390,21 +394,17 @@ class Children:
         if self.alive_w is not None:
             self.alive_w.close()
         started = [p for p in self.procs if p.pid is not None]
-        deadline = time.monotonic() + SHUTDOWN_S
-        for p in started:
-            p.join(timeout=max(deadline - time.monotonic(), 0))
-        for p in started:
-            if p.exitcode is None:
-                p.kill()
-                p.join(timeout=1.0)
-        for p in started:
-            if p.exitcode is not None:
-                p.close()
+        pipes = [c for c in (self.conn, self.ready, self.kick, self.alive_r) if c is not None]
+        dropped = Dropped(started, time.monotonic() + SHUTDOWN_S, functools.partial(_close_all, pipes))
         self.coordinator, self.workers = None, []
-        for c in (self.conn, self.ready, self.kick, self.alive_r):
-            if c is not None:
-                c.close()
         self._release_memory()
+        if wait:
+            finish(dropped)
+            for p in started:
+                if p.exitcode is not None:
+                    p.close()
+        else:
+            REAPER.reap(dropped)
 
     def forget(self):
         """In a process forked from the trainer: let go of the trainer's children and ring
@@ -433,6 +433,11 @@ class Children:
             mapping.close()
         except BufferError:
             pass  # the caller still holds lent batches: unmapped when the last one is freed
+
+
+def _close_all(pipes: list):
+    for c in pipes:
+        c.close()
 
 
 def _stopped_text(pid: int) -> str:

@@ -255,8 +255,9 @@ class Runs:
         self.begin(args, mark.batch, mark.docs)
         return mark.batch
 
-    def stop(self):
-        """Stop the running children, if any; the delivery first (copies in flight read the ring)."""
+    def stop(self, wait: bool = True):
+        """Stop the running children, if any; the delivery first (copies in flight read the ring).
+        `wait=False`: their processes are joined in the reaper's thread (children.py `shutdown`)."""
         with self._lock:
             run, self.run = self.run, None
             if run is None:
@@ -264,14 +265,14 @@ class Runs:
             try:
                 run.delivery.close()
             finally:
-                run.children.shutdown()
+                run.children.shutdown(wait)
 
-    def close(self, why: str):
+    def close(self, why: str, wait: bool = True):
         """No run starts again (`take` raises `LoaderClosed(why)`, also in a thread waiting in it
         now); the running one stops."""
         with self._lock:
             self.closed = why
-            self.stop()
+            self.stop(wait)
 
     def forget(self):
         """In a process forked from the trainer: let go of the trainer's run without touching it."""

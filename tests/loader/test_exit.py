@@ -7,6 +7,7 @@ import gc
 import itertools
 import json
 import os
+import pickle
 import resource
 import signal
 import subprocess
@@ -111,6 +112,71 @@ def test_garbage_collection(synth, cycle):
     finally:
         if enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("end", ["drop", "generator close", "close(wait=False)", "close()"])
+def test_a_dropped_loader_does_not_wait_for_its_processes_to_exit(synth, end):
+    """Dropping a loader (base_train assigns a new val loader over the last at each evaluation)
+    unlinks its memory and tells its processes to go, but leaves joining them to a thread
+    (procs/reaper.py): with a worker that cannot exit (SIGSTOP), the drop returns at once, the
+    segment is gone when it does, and the worker is killed at the 2 s deadline. `close()`
+    itself waits for that."""
+    from shmloader.procs.children import SHUTDOWN_S
+    from shmloader.procs.reaper import REAPER
+
+    gen = generator(synth)
+    for i, _ in enumerate(gen):
+        if i == 3:
+            break
+    loader = gen.loader
+    kids = loader.debug()
+    pids = [kids.coordinator.pid] + [w.pid for w in kids.workers]
+    del kids
+    os.kill(pids[1], signal.SIGSTOP)
+    started = time.monotonic()
+    if end == "drop":
+        del gen, loader
+    elif end == "generator close":
+        gen.close()
+    else:
+        loader.close(**({"wait": False} if end == "close(wait=False)" else {}))
+    took = time.monotonic() - started
+    assert shm_segments() == [], "the segment outlived the call"
+    if end == "close()":
+        assert took >= SHUTDOWN_S - 0.1, f"close() returned {took:.2f} s after, before the deadline"
+        assert not any(pid_alive(p) for p in pids), "close() returned with its processes alive"
+    else:
+        assert took < 0.5 * SHUTDOWN_S, f"{end} waited {took:.2f} s for the processes"
+        assert pid_alive(pids[1]), "the stopped worker is gone already: the test proves nothing"
+        assert REAPER.drain(SHUTDOWN_S + 3.0), "the reaper did not finish"
+        assert not any(pid_alive(p) for p in pids)
+    assert_clean_within(1.0)
+
+
+def test_the_interpreter_exit_waits_for_a_dropped_loaders_processes(synth, tmp_path):
+    """A script that drops a loader and ends at once leaves no process behind (here a worker
+    stopped by SIGSTOP, killed at the 2 s deadline by the reaper, whose thread the exit waits
+    for, as multiprocessing's exit handler waits for its children), and prints nothing."""
+    script = tmp_path / "drop_and_exit.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, pickle, signal, sys
+        import shmloader
+        enc = pickle.loads({pickle.dumps(synth.tokenizer)!r})
+        gen = shmloader.tokenizing_distributed_data_loader(2, 32, "val", 2, device="cpu",
+                                                           data={str(synth.root)!r}, tokenizer=enc)
+        next(gen)
+        kids = gen.loader.debug()
+        pids = [kids.coordinator.pid] + [w.pid for w in kids.workers]
+        del kids
+        os.kill(pids[1], signal.SIGSTOP)
+        print(json.dumps(pids), flush=True)
+        del gen
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pids = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not [p for p in pids if pid_alive(p)], "a process outlived the script's exit"
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_two_loaders_at_once(synth):

@@ -1,0 +1,127 @@
+"""Stopped children joined off the caller's thread, so that dropping a loader costs its caller
+nothing it waits on.
+
+A loader that is dropped (collected, or its nanochat generator dropped: base_train assigns a
+new val loader over the last at every evaluation) has already unlinked its ring and closed the
+alive pipe by the time its processes are joined: every child exits on that pipe's EOF, and
+nothing is left to leak but the processes themselves. Joining them took 8-20 ms of the next
+evaluation's first batch on 2 cores (docs/benchmarks.md). `REAPER.reap(procs, deadline,
+after)` hands them to a thread ("shmloader-reap") that joins them by `deadline`, kills what is
+left (then joins it for at most `KILL_JOIN_S`), then calls `after()` (the caller's pipes,
+closed once the children no longer write to them). `finish` is the same work done in the
+caller's thread: `close()` waits for it (`close(wait=False)` does not).
+
+The thread is not a daemon, and it exits once nothing is left to join: the interpreter waits
+for it at exit (at most the deadline plus `KILL_JOIN_S`), as multiprocessing's exit handler
+waits for every child it started, so no child outlives the trainer's exit through it. Where no thread can start (the interpreter is finalizing) the work is
+done in the caller's thread. A process forked from the trainer forgets the processes held here
+(they are its parent's; multiprocessing's exit handler would otherwise join them).
+
+The reaper never calls `Process.close()`: that closes the process's sentinel, which another
+thread's `multiprocessing.process._cleanup` (every `Process.start`) may be polling from a
+snapshot of the children taken before the join; the sentinel is closed when the object is
+collected, which that snapshot holds off.
+"""
+import logging
+import multiprocessing.process
+import os
+import sys
+import threading
+import time
+from typing import Callable, NamedTuple
+
+KILL_JOIN_S = 1.0
+log = logging.getLogger("shmloader")
+
+
+class Dropped(NamedTuple):
+    """Processes told to stop: joined by `deadline` (time.monotonic), then killed; `after()` then."""
+    procs: list
+    deadline: float
+    after: Callable[[], None]
+
+
+def finish(dropped: Dropped):
+    """Join `dropped.procs` by its deadline, kill and join what is left, then call `after`."""
+    try:
+        for p in dropped.procs:
+            p.join(timeout=max(dropped.deadline - time.monotonic(), 0))
+        for p in dropped.procs:
+            if p.exitcode is None:
+                p.kill()
+                p.join(timeout=KILL_JOIN_S)
+    finally:
+        dropped.after()
+
+
+class Reaper:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._queue: list[Dropped] = []
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Condition(self._lock)
+
+    def reap(self, dropped: Dropped):
+        """Finish `dropped` in the reaper's thread (started if none runs), or here when no thread
+        can start."""
+        with self._lock:
+            self._queue.append(dropped)
+            if self._thread is not None:  # it takes this one before it exits
+                return
+            if not sys.is_finalizing():
+                thread = threading.Thread(target=self._run, name="shmloader-reap", daemon=False)
+                try:
+                    thread.start()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    pass
+                else:
+                    self._thread = thread
+                    return
+            self._queue.remove(dropped)
+        finish(dropped)
+
+    def pending(self) -> int:
+        """Dropped runs not finished yet."""
+        with self._lock:
+            return len(self._queue)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every dropped run handed over so far is finished (at most `timeout` s)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _run(self):
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._thread = None
+                    self._idle.notify_all()
+                    return
+                dropped = self._queue[0]
+            try:
+                finish(dropped)
+            except Exception:  # noqa: BLE001 (the thread goes on with the next; nobody else would)
+                log.warning("shmloader: joining a stopped loader's processes failed", exc_info=True)
+            finally:
+                with self._lock:
+                    self._queue.remove(dropped)
+                    self._idle.notify_all()
+
+    def _forget_in_child(self):
+        """In a process forked from the trainer: the held processes are the parent's."""
+        for dropped in self._queue:
+            for p in dropped.procs:
+                multiprocessing.process._children.discard(p)  # noqa: SLF001 (the set its exit handler reads)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queue, self._thread = [], None
+
+
+REAPER = Reaper()
+os.register_at_fork(after_in_child=REAPER._forget_in_child)

@@ -1,0 +1,133 @@
+"""procs/reaper.py: stopped children joined by their deadline, then killed, then `after()`;
+in a thread that ends once nothing is left, or in the caller's where no thread may start."""
+import multiprocessing.process
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from shmloader.procs import reaper as reapmod
+from shmloader.procs.reaper import Dropped, Reaper, finish
+
+
+class FakeProcess:
+    """Exits `exit_after` s after it is made (None: only when killed)."""
+
+    def __init__(self, exit_after, log):
+        self.exit_at = None if exit_after is None else time.monotonic() + exit_after
+        self.exitcode, self.log = None, log
+
+    def join(self, timeout=None):
+        self.log.append(("join", self, round(timeout or 0, 1)))
+        if self.exitcode is not None:
+            return
+        wait = float("inf") if self.exit_at is None else self.exit_at - time.monotonic()
+        if timeout is None or wait <= timeout:
+            time.sleep(max(wait, 0))
+            self.exitcode = 0
+        else:
+            time.sleep(timeout)
+
+    def kill(self):
+        self.log.append(("kill", self))
+        self.exitcode = -9
+
+
+def test_finish_joins_by_the_deadline_kills_the_rest_then_calls_after():
+    log = []
+    quick, stuck = FakeProcess(0.01, log), FakeProcess(None, log)
+    finish(Dropped([quick, stuck], time.monotonic() + 0.2, lambda: log.append(("after",))))
+    assert quick.exitcode == 0 and stuck.exitcode == -9
+    kinds = [e[0] for e in log]
+    assert kinds == ["join", "join", "kill", "join", "after"], log
+    assert log[1][2] <= 0.2 and log[3][2] == reapmod.KILL_JOIN_S
+
+
+def test_after_is_called_when_a_join_raises():
+    class Broken(FakeProcess):
+        def join(self, timeout=None):
+            raise OSError("gone")
+    called = []
+    with pytest.raises(OSError):
+        finish(Dropped([Broken(0, [])], time.monotonic() + 1, lambda: called.append(1)))
+    assert called == [1]
+
+
+def test_reap_returns_at_once_and_its_thread_finishes_then_ends():
+    r, log, done = Reaper(), [], threading.Event()
+    slow = FakeProcess(0.3, log)
+    t = time.monotonic()
+    r.reap(Dropped([slow], time.monotonic() + 2, done.set))
+    assert time.monotonic() - t < 0.1, "reap waited for the exit"
+    assert r.pending() == 1 and slow.exitcode is None
+    threads = [th for th in threading.enumerate() if th.name == "shmloader-reap"]
+    assert len(threads) == 1 and not threads[0].daemon
+    assert r.drain(5.0) and done.is_set() and slow.exitcode == 0
+    threads[0].join(1.0)
+    assert not threads[0].is_alive(), "the thread stays once nothing is left"
+    # a later drop starts a new thread; several queued are all finished, in order
+    first, second = FakeProcess(0.05, log), FakeProcess(0.05, log)
+    order = []
+    r.reap(Dropped([first], time.monotonic() + 2, lambda: order.append(1)))
+    r.reap(Dropped([second], time.monotonic() + 2, lambda: order.append(2)))
+    assert r.drain(5.0) and order == [1, 2] and r.pending() == 0
+
+
+def test_drain_times_out_while_a_process_holds_on():
+    r = Reaper()
+    stuck = FakeProcess(None, [])
+    r.reap(Dropped([stuck], time.monotonic() + 0.5, lambda: None))
+    assert not r.drain(0.1)
+    assert r.drain(5.0) and stuck.exitcode == -9
+
+
+def test_while_the_interpreter_finalizes_the_caller_finishes(monkeypatch):
+    monkeypatch.setattr(reapmod.sys, "is_finalizing", lambda: True)
+    r, done = Reaper(), []
+    p = FakeProcess(0.05, [])
+    r.reap(Dropped([p], time.monotonic() + 1, lambda: done.append(1)))
+    assert p.exitcode == 0 and done == [1] and r.pending() == 0
+
+
+def test_no_thread_can_start_the_caller_finishes(monkeypatch):
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+    monkeypatch.setattr(reapmod.threading.Thread, "start", refuse)
+    r, done = Reaper(), []
+    p = FakeProcess(0.05, [])
+    r.reap(Dropped([p], time.monotonic() + 1, lambda: done.append(1)))
+    assert p.exitcode == 0 and done == [1] and r.pending() == 0
+
+
+def test_a_join_that_raises_is_logged_and_the_next_is_finished(caplog):
+    class Broken(FakeProcess):
+        def join(self, timeout=None):
+            raise OSError("gone")
+    r, done = Reaper(), []
+    r.reap(Dropped([Broken(0, [])], time.monotonic() + 1, lambda: done.append(1)))
+    r.reap(Dropped([FakeProcess(0.05, [])], time.monotonic() + 1, lambda: done.append(2)))
+    assert r.drain(5.0) and done == [1, 2]
+    assert "joining a stopped loader's processes failed" in caplog.text
+
+
+def test_a_forked_child_forgets_the_parents_processes():
+    """The child of a fork has no reaper thread and must not join its parent's processes
+    (multiprocessing's exit handler would, from the set of children it inherited)."""
+    stuck = FakeProcess(None, [])
+    multiprocessing.process._children.add(stuck)
+    try:
+        reapmod.REAPER.reap(Dropped([stuck], time.monotonic() + 0.3, lambda: None))
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(5)  # a lock the parent's reaper held at the fork would hang this
+            ok = (reapmod.REAPER.pending() == 0 and reapmod.REAPER.drain(0.01)
+                  and stuck not in multiprocessing.process._children)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert reapmod.REAPER.pending() == 1, "the parent's reaper forgot its own"
+        assert reapmod.REAPER.drain(5.0) and stuck.exitcode == -9
+    finally:
+        multiprocessing.process._children.discard(stuck)
