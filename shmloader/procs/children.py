@@ -208,7 +208,8 @@ class Children:
         try:
             msg = self.conn.recv()
         except (EOFError, OSError):
-            self.raise_death(wait(self.sentinels, timeout=ERROR_GRACE_S))
+            sentinels = self.sentinels  # none once a close() in another thread has joined them
+            self.raise_death(wait(sentinels, timeout=ERROR_GRACE_S) if sentinels else [])
             raise errors.WorkerError("the coordinator closed its pipe without an error") from None
         if isinstance(msg, kinds):
             return msg
@@ -396,15 +397,16 @@ class Children:
         started = [p for p in self.procs if p.pid is not None]
         pipes = [c for c in (self.conn, self.ready, self.kick, self.alive_r) if c is not None]
         dropped = Dropped(started, time.monotonic() + SHUTDOWN_S, functools.partial(_close_all, pipes))
-        self.coordinator, self.workers = None, []
-        self._release_memory()
-        if wait:
+        if wait:  # as before the reaper: a next() in another thread sees the children exit, then the unmap
             finish(dropped)
             for p in started:
                 if p.exitcode is not None:
                     p.close()
+            self._release_memory()
         else:
+            self._release_memory()
             REAPER.reap(dropped)
+        self.coordinator, self.workers = None, []
 
     def forget(self):
         """In a process forked from the trainer: let go of the trainer's children and ring

@@ -43,15 +43,19 @@ def test_close_from_another_thread_always_ends_in_loader_closed(synth, runs):
         if heal:  # a death right before: the close lands in the heal, or in the next() after it
             d = loader.debug()
             os.kill(rng.choice([d.coordinator, *d.workers]).pid, signal.SIGKILL)
-        timer = threading.Timer(rng.uniform(0, 0.03), loader.close)
+        closed = []
+        timer = threading.Timer(rng.uniform(0, 0.03), lambda: (loader.close(), closed.append(time.monotonic())))
         timer.start()
         try:
             for _ in range(10_000):
                 next(it)
             pytest.fail(f"run {run}: next() went on after close()")
         except shmloader.LoaderClosed:
-            pass
+            raised = time.monotonic()
         timer.join()
+        # next() learns of the close at once: no wait for children the close already joined
+        # (it waited ERROR_GRACE_S, 1 s, on an empty list of sentinels once)
+        assert raised - closed[0] < 0.5, f"run {run}: LoaderClosed {raised - closed[0]:.2f} s after close() returned"
         assert loader.stats()["heals"] <= int(heal), f"run {run}: the close was counted as a heal"
         kids, segs = wait_clean(2.0)
         assert not kids and not segs, f"run {run} ({'heal' if heal else 'next'}): left {kids} {segs}"
