@@ -11,7 +11,12 @@ to the caller keeps its row for as long as the caller holds it. Batch k made her
 of a run from the same start, byte for byte, with the record the coordinator announces for it
 (`Made`: the position after it, the documents begun by its end, the check), which the trainer
 compares with the ring's own announcement when that comes.
+
+`PieceSizes` says how many documents the next piece takes: about what the batch being made
+still needs (`Stream.short`), so that the first batch reads and tokenizes little more than it
+uses. Piece boundaries never change the stream, only how much is read ahead of it.
 """
+import math
 from collections import deque
 from typing import NamedTuple
 
@@ -45,6 +50,7 @@ class Stream:
         self._pieces, self._held = {}, {}
         self._ready = deque()
         self.added = 0  # pieces added
+        self.docs_added = self.tokens_added = 0  # their rows (nulls too) and tokens (BOS too)
 
     def add(self, piece, tokens: np.ndarray, lengths: np.ndarray):
         """The next piece of the order (`data.order.Piece`, indexed from 0, none skipped) with
@@ -53,6 +59,8 @@ class Stream:
             raise ValueError(f"piece {piece.index} (skip {piece.skip}) added as piece {self.added}: "
                              f"pieces come in order, from 0, whole")
         self.added += 1
+        self.docs_added += len(lengths)
+        self.tokens_added += int(lengths.sum())
         self._pieces[piece.index] = piece
         held = _keep(tokens, lengths, 0)
         if held is not None:
@@ -69,6 +77,11 @@ class Stream:
             del self._pieces[index]
 
     @property
+    def short(self) -> int:
+        """Tokens still to be added before the next batch can be made (0: it is, or is about to be)."""
+        return max(0, (self.seq.book.announced + 1) * self.window - self.seq.next_start)
+
+    @property
     def exhausted(self) -> bool:
         """It has made every batch it may (`most`) and they were all taken: nothing more comes."""
         return self.seq.book.announced >= self.most and not self._ready
@@ -76,3 +89,28 @@ class Stream:
     def ready(self) -> "Made | None":
         """The next batch made, in order, or None until more pieces are added."""
         return self._ready.popleft() if self._ready else None
+
+
+MARGIN = 1.25   # documents asked for over the estimate of those needed
+GROWTH = 4      # a piece takes at most this many times the documents read before it
+
+
+class PieceSizes:
+    """Documents per piece for a `Stream`, as an iterator (data/order.py `cut_pieces` takes the
+    next size when it cuts the next piece, after the last one was added): 1 to begin with,
+    then the tokens the batch being made still needs (`short`) over the tokens per row read so
+    far, times `MARGIN`, at most `GROWTH` times the rows read so far (a first document far
+    longer than the rest must not make a piece of hundreds), and at least 1."""
+
+    def __init__(self, stream: Stream):
+        self.stream = stream
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        s = self.stream
+        if s.docs_added == 0 or s.tokens_added == 0:
+            return 1
+        per_doc = s.tokens_added / s.docs_added
+        return max(1, min(math.ceil(s.short * MARGIN / per_doc), GROWTH * s.docs_added))

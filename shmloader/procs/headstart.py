@@ -6,8 +6,9 @@ for them: a worker is started through the forkserver, unpickles its tokenizer an
 reads; on 2 cores that was 80-110 ms for a batch that nanochat's in-process loader makes in
 45-55 ms. So while the children start, the trainer makes the batches the caller asks for
 itself, the way a run makes them (packing/headstart.py: the same sequencer, write and
-check), reading and tokenizing only what each batch needs (pieces of 1, 2, 4, ... documents:
-piece boundaries never change the stream) with the tokenizer's definition (the engine every
+check), reading and tokenizing only what each batch needs (a piece of 1 document, then
+pieces sized by what the batch still needs: packing/headstart.py `PieceSizes`; piece
+boundaries never change the stream) with the tokenizer's definition (the engine every
 worker's is checked against, data/engine.py).
 
 The first batch is made before the children are spawned (`prepare`, while the process's other
@@ -44,12 +45,11 @@ from ..data.order import iter_pieces
 from ..data.source import ParquetSource
 from ..errors import DataError, ShmLoaderError
 from ..ipc.protocol import Opened
-from ..packing.headstart import Made, Stream
+from ..packing.headstart import Made, PieceSizes, Stream
 from .worker import encode_texts
 
 MOST = 4                                      # batches made here once the children are started, at most
 BOOTING_MOST = 16                             # batches made here in all, at most (while a forkserver boots)
-RAMP = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # documents per piece: read and tokenize what a batch needs
 
 
 def refusal(config, args) -> str | None:
@@ -169,7 +169,8 @@ class HeadStart:
             source = self._source = ParquetSource(a.files, a.filesystem.open() if a.filesystem is not None else None)
             self._encoder = enginemod.definition(a.tokenizer)
             self._pieces = iter_pieces(functools.partial(_row_counts, source, {}, self.opened), len(a.files),
-                                       a.rank, a.world, a.start, max_docs=self.config.max_piece_docs, ramp=RAMP,
+                                       a.rank, a.world, a.start, max_docs=self.config.max_piece_docs,
+                                       ramp=PieceSizes(self.stream),
                                        later=a.later)
         piece = next(self._pieces)
         if piece.epoch > self.args.start.epoch + 1:  # an epoch of nulls: the coordinator says so

@@ -12,6 +12,7 @@ import pytest
 
 from shmloader.data.order import Piece
 from shmloader.ipc.ring import batch_check
+from shmloader.packing import headstart as packing_headstart
 from shmloader.packing.headstart import Stream
 from shmloader.position import Position
 from shmloader.procs import headstart as procs_headstart
@@ -196,3 +197,65 @@ def test_while_the_children_wait_for_the_forkserver_the_rule_has_no_count_but_th
     head.given += 1
     assert not head.wanted(0, 0) and head.over
     assert procs_headstart.BOOTING_MOST > procs_headstart.MOST
+
+
+# ---------------------------------------------------------------- piece sizes
+
+def test_short_is_what_the_next_batch_still_needs():
+    B, T, skip = 2, 8, 3
+    W = B * T + 1
+    s = Stream(B, T, skip, most=4)
+    assert s.short == W + skip, "before any piece: a window and the skipped tokens"
+    s.add(Piece(0, 1, 0, 0, 0, 2), np.arange(10, dtype=np.int64), np.array([4, 6]))
+    assert s.short == W + skip - 10
+    s.add(Piece(1, 1, 0, 0, 2, 3), np.arange(30, dtype=np.int64), np.array([30]))
+    # 37 tokens past the skip: batches 0 and 1 are made, batch 2 needs 3 windows' worth
+    assert s.ready().batch == 0 and s.ready().batch == 1 and s.ready() is None
+    assert s.short == 3 * W + skip - 40
+    assert (s.docs_added, s.tokens_added) == (3, 40)
+
+
+def sizes_for(lengths, B, T, most=8):
+    """The pieces PieceSizes cuts from one row group of documents of `lengths` tokens, fed to a
+    stream until it has made its first batch: [(docs, tokens)]."""
+    s = Stream(B, T, 0, most=most)
+    sizes, doc, out = packing_headstart.PieceSizes(s), 0, []
+    while s.ready() is None:
+        n = next(sizes)
+        part = np.asarray(lengths[doc:doc + n], dtype=np.int64)
+        assert len(part), "the test's row group ran out"
+        s.add(Piece(len(out), 1, 0, 0, doc, doc + len(part)), np.arange(int(part.sum()), dtype=np.int64), part)
+        out.append((len(part), int(part.sum())))
+        doc += len(part)
+    return out
+
+
+def test_pieces_read_little_more_than_the_first_batch_needs():
+    """Documents of a steady length: the first batch is made in a few pieces, and what was
+    read past it is under MARGIN's share of a window plus a document."""
+    B, T = 16, 2048
+    W = B * T + 1
+    for length in (50, 750, 3000):
+        got = sizes_for([length] * 2000, B, T)
+        assert got[0][0] == 1
+        read = sum(t for _, t in got)
+        assert W <= read <= 1.3 * W + 2 * length, (length, got)
+        assert len(got) <= 6, (length, got)
+
+
+def test_a_short_first_document_does_not_make_a_huge_second_piece():
+    """A first document far shorter than the rest (skewed shards: documents of 0 to 100K
+    characters): the estimate from it alone would ask for hundreds; the next piece takes at
+    most GROWTH times the documents read, and the first batch reads a few windows at most."""
+    B, T = 4, 256
+    W = B * T + 1
+    got = sizes_for([3] + [900] * 5000, B, T)
+    docs = [n for n, _ in got]
+    for k in range(1, len(docs)):
+        assert docs[k] <= packing_headstart.GROWTH * sum(docs[:k]), docs
+    assert sum(t for _, t in got) <= 4 * W, got
+    # and a run of nulls (no tokens yet) keeps asking for one document at a time
+    s = Stream(2, 8, 0, most=2)
+    sizes = packing_headstart.PieceSizes(s)
+    s.add(Piece(0, 1, 0, 0, 0, 3), np.zeros(0, dtype=np.int64), np.zeros(3, dtype=np.int64))
+    assert next(sizes) == 1
