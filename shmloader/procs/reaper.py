@@ -57,39 +57,39 @@ def finish(dropped: Dropped):
 class Reaper:
     def __init__(self):
         self._lock = threading.Lock()
-        self._queue: list[Dropped] = []
+        self._queue: list[Dropped] = []   # handed over, not taken yet
+        self._taken: list[Dropped] = []   # taken by a thread, not finished yet
         self._thread: threading.Thread | None = None
         self._idle = threading.Condition(self._lock)
 
     def reap(self, dropped: Dropped):
         """Finish `dropped` in the reaper's thread (started if none runs), or here when no thread
-        can start."""
+        can start. A Ctrl-C while the thread starts leaves it started and known: each dropped run
+        is taken by one thread only, and a thread that died is replaced at the next drop."""
         with self._lock:
             self._queue.append(dropped)
-            if self._thread is not None:  # it takes this one before it exits
+            if self._thread is not None and self._thread.is_alive():  # it takes this one before it exits
                 return
             if not sys.is_finalizing():
-                thread = threading.Thread(target=self._run, name="shmloader-reap", daemon=False)
+                self._thread = threading.Thread(target=self._run, name="shmloader-reap", daemon=False)
                 try:
-                    thread.start()
-                except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                    pass
-                else:
-                    self._thread = thread
+                    self._thread.start()
                     return
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    self._thread = None
             self._queue.remove(dropped)
         finish(dropped)
 
     def pending(self) -> int:
         """Dropped runs not finished yet."""
         with self._lock:
-            return len(self._queue)
+            return len(self._queue) + len(self._taken)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every dropped run handed over so far is finished (at most `timeout` s)."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._queue:
+            while self._queue or self._taken:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -97,30 +97,34 @@ class Reaper:
         return True
 
     def _run(self):
+        me = threading.current_thread()
         while True:
             with self._lock:
                 if not self._queue:
-                    self._thread = None
+                    if self._thread is me:
+                        self._thread = None
                     self._idle.notify_all()
                     return
-                dropped = self._queue[0]
+                dropped = self._queue.pop(0)
+                self._taken.append(dropped)
             try:
                 finish(dropped)
             except Exception:  # noqa: BLE001 (the thread goes on with the next; nobody else would)
                 log.warning("shmloader: joining a stopped loader's processes failed", exc_info=True)
             finally:
                 with self._lock:
-                    self._queue.remove(dropped)
+                    self._taken.remove(dropped)
                     self._idle.notify_all()
 
     def _forget_in_child(self):
-        """In a process forked from the trainer: the held processes are the parent's."""
-        for dropped in self._queue:
+        """In a process forked from the trainer: the held processes are the parent's (the
+        ones a thread of the parent had taken are the parent's to finish too)."""
+        for dropped in self._queue + self._taken:
             for p in dropped.procs:
                 multiprocessing.process._children.discard(p)  # noqa: SLF001 (the set its exit handler reads)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._queue, self._thread = [], None
+        self._queue, self._taken, self._thread = [], [], None
 
 
 REAPER = Reaper()

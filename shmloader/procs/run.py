@@ -24,6 +24,7 @@ ring's mapping; on CUDA the delivery's `close()` waits for copies in flight befo
 goes. A restart asks that /dev/shm hold a second ring while the caller holds a batch of the
 first.
 """
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,6 +36,7 @@ from ..data.engine import name as engine_name
 from ..errors import LoaderClosed, WorkerError, warn
 from ..ipc.handover import Announcement
 from ..ipc.ring import STATS_FIELDS, Counter, RingLayout, WorkerCol
+from ..ipc.signals import sigint_blocked
 from ..packing.mixbestfit import buffer_entries
 from ..packing.runs import BufferText, decode_runs
 from ..position import Position
@@ -269,8 +271,9 @@ class Runs:
 
     def close(self, why: str, wait: bool = True):
         """No run starts again (`take` raises `LoaderClosed(why)`, also in a thread waiting in it
-        now); the running one stops."""
-        with self._lock:
+        now); the running one stops. Without `wait` (a drop: no join to interrupt), a Ctrl-C is
+        held until the stop is whole, so that no half-stopped run is left behind."""
+        with self._lock, (contextlib.nullcontext() if wait else sigint_blocked()):
             self.closed = why
             self.stop(wait)
 

@@ -153,6 +153,31 @@ def test_a_dropped_loader_does_not_wait_for_its_processes_to_exit(synth, end):
     assert_clean_within(1.0)
 
 
+def test_a_ctrl_c_during_a_drop_comes_after_the_drop_is_whole(synth, monkeypatch):
+    """A Ctrl-C that lands inside `close(wait=False)` (here: just before the run is handed to
+    the reaper) is held until the stop is whole, then raised: the run is handed over and its
+    processes are joined, never left half-stopped."""
+    from shmloader.procs import children as childmod
+
+    handed, real_reap = [], childmod.REAPER.reap
+
+    def interrupted_reap(dropped):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler would run here, were it not held
+        handed.append(dropped)
+        real_reap(dropped)
+
+    loader = synth.loader(2, 32, "val")
+    next(loader)
+    pids = [p.pid for p in (loader.debug().coordinator, *loader.debug().workers)]
+    monkeypatch.setattr(childmod.REAPER, "reap", interrupted_reap)
+    with pytest.raises(KeyboardInterrupt):
+        loader.close(wait=False)
+    assert len(handed) == 1, "the Ctrl-C cut the drop short"
+    assert childmod.REAPER.drain(5.0) and not any(pid_alive(p) for p in pids)
+    assert_clean_within(1.0)
+
+
 def test_the_interpreter_exit_waits_for_a_dropped_loaders_processes(synth, tmp_path):
     """A script that drops a loader and ends at once leaves no process behind (here a worker
     stopped by SIGSTOP, killed at the 2 s deadline by the reaper, whose thread the exit waits

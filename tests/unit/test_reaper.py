@@ -131,3 +131,34 @@ def test_a_forked_child_forgets_the_parents_processes():
         assert reapmod.REAPER.drain(5.0) and stuck.exitcode == -9
     finally:
         multiprocessing.process._children.discard(stuck)
+
+
+def test_a_ctrl_c_while_the_thread_starts_leaves_one_known_thread(monkeypatch):
+    """A KeyboardInterrupt in `Thread.start()` once the thread runs (a Ctrl-C during a drop, in
+    the wait for its start): the thread is the reaper's, later drops are finished by it or its
+    successor, each once, and no second thread takes the same one."""
+    real_start = threading.Thread.start
+
+    def start_then_interrupt(self):
+        real_start(self)
+        raise KeyboardInterrupt
+
+    r, done = Reaper(), []
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        r.reap(Dropped([FakeProcess(0.2, [])], time.monotonic() + 2, lambda: done.append(1)))
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    for k in (2, 3, 4):
+        r.reap(Dropped([FakeProcess(0.02, [])], time.monotonic() + 2, lambda k=k: done.append(k)))
+    assert r.drain(5.0) and sorted(done) == [1, 2, 3, 4], done
+    assert len([t for t in threading.enumerate() if t.name == "shmloader-reap"]) <= 1
+
+
+def test_a_dead_thread_is_replaced():
+    r, done = Reaper(), []
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    r._thread = dead  # as if it had died without clearing itself
+    r.reap(Dropped([FakeProcess(0.01, [])], time.monotonic() + 1, lambda: done.append(1)))
+    assert r.drain(5.0) and done == [1]
