@@ -23,11 +23,13 @@ could otherwise last:
   it clears before looking at `ANNOUNCED`, so an announcement made meanwhile is never missed.
 - `kick`: the trainer rings it when it is about to block with frees the coordinator has not
   seen, or when half the ring's slots wait in the log. Otherwise the coordinator notices frees
-  by itself: at every turn of its loop, and, while it holds no free slot, by polling every
-  `FREE_POLL_S` (then the ring is full and the trainer is the bottleneck, so the poll costs
-  what nobody waits for); each poll that finds nothing doubles the interval (up to the
-  loop's usual wait), so a trainer away for minutes (an evaluation) costs a few wake-ups a
-  second, and the half-ring kick still reaches the coordinator at once when it is back.
+  by itself: at every turn of its loop, and, while it holds no free slot (the ring is full and
+  the trainer is the bottleneck), by looking at the log after the time the trainer takes to
+  free a few slots at its recent pace (ipc/freepoll.py: so that a look finds several and their
+  write orders go out together, one wake-up of a worker for several batches); each look that
+  finds nothing doubles the wait (up to the loop's usual wait), so a trainer away for minutes
+  (an evaluation) costs a few wake-ups a second, and the half-ring kick still reaches the
+  coordinator at once when it is back.
 - `MESSAGES` counts the messages the coordinator has queued for the trainer's pipe (warnings,
   errors, a count-only run's progress): before taking a batch the trainer reads the ones
   queued before its announcement, so a warning still comes before the batches after it.
@@ -47,14 +49,14 @@ the kick doorbell. That costs what the pipes cost before, and is correct.
 """
 import os
 import platform
+import time
 from multiprocessing import reduction
 from typing import NamedTuple
 
 from ..position import Position
+from .freepoll import FreePoll
 from .ring import RECORD_FIELDS, Counter, Ring
 
-FREE_POLL_S = 0.01
-FREE_POLL_MAX_S = 1.0  # the longest the poll backs off to: the coordinator loop's usual wait (procs/stall.py)
 HANDOVER_ENV = "SHMLOADER_HANDOVER"
 # the counters' indices as plain ints, for the trainer's hot path
 _ANNOUNCED, _MESSAGES, _FREES, _FREES_SEEN, _TAKEN, _WAITING = (int(c) for c in (
@@ -72,6 +74,11 @@ def header_only() -> bool:
 
 
 _new = tuple.__new__
+
+
+def kick_at(n_slots: int) -> int:
+    """Unseen frees at which the trainer rings the coordinator: half the ring."""
+    return max(1, n_slots // 2)
 
 
 class Announcement(NamedTuple):
@@ -136,7 +143,7 @@ class TrainerEnd:
         self.ring, self.ready, self.kick = ring, ready, kick
         self.n = ring.layout.n_slots
         self.header_only = header_only() if header is None else header
-        self.kick_at = max(1, self.n // 2)
+        self.kick_at = kick_at(self.n)
         self.taken = 0           # batches taken, in order
         self.rung = 0            # announcements the ready doorbell was rung for (syscall path)
         self.messages_read = 0
@@ -218,16 +225,17 @@ class CoordinatorEnd:
         self.header_only = header
         self.seen = 0
         self.kicked = 0          # frees the trainer rang for (system-call path)
-        self.poll_s = FREE_POLL_S
+        self.poll = FreePoll(kick_at(self.n) - 1)  # a look finds the frees just short of a kick
+        self._after_wait = False  # the next look ends a wait that nothing woke
 
     def wait_s(self, slots_full: bool, idle_s: float) -> float:
         """How long the loop may wait for its pipes: `idle_s`, or while every slot is held,
-        the free-log poll interval."""
-        return min(self.poll_s, idle_s) if slots_full else idle_s
+        until the next look at the free log (ipc/freepoll.py)."""
+        return min(self.poll.wait_s, idle_s) if slots_full else idle_s
 
     def timed_out(self):
-        """A wait ended with nothing to read: poll the free log half as often."""
-        self.poll_s = min(2 * self.poll_s, FREE_POLL_MAX_S)
+        """A wait ended with nothing to read: if the next look finds no free, look half as often."""
+        self._after_wait = True
 
     def kicked_now(self):
         """The kick doorbell is readable: clear it (on the system-call path, count the frees
@@ -238,11 +246,15 @@ class CoordinatorEnd:
 
     def freed(self) -> list[int]:
         logged = int(self.ring.counters[Counter.FREES]) if self.header_only else self.kicked
+        after_wait, self._after_wait = self._after_wait, False
         if logged == self.seen:
+            if after_wait:
+                self.poll.none_found()
             return []
         out = [int(self.ring.free_log[i % self.n]) for i in range(self.seen, logged)]
-        self.seen, self.poll_s = logged, FREE_POLL_S
+        self.seen = logged
         self.ring.counters[Counter.FREES_SEEN] = logged
+        self.poll.found(len(out), time.monotonic())
         return out
 
     def announce(self, k: int, slot: int, position: Position, docs: int, check: int = 0):

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader.delivery import Lending, Shape
-from shmloader.ipc.handover import FREE_POLL_S, Announcement, CoordinatorEnd, Doorbell, TrainerEnd, header_only
+from shmloader.ipc.freepoll import EARLY, FREE_POLL_MAX_S, FREE_POLL_S
+from shmloader.ipc.handover import Announcement, CoordinatorEnd, Doorbell, TrainerEnd, header_only
 from shmloader.ipc.ring import Counter, Ring, RingLayout
 from shmloader.packing.base import SlotMap
 from shmloader.position import Position
@@ -77,14 +78,43 @@ def test_the_free_poll_backs_off_while_nothing_is_freed():
     ring, ready, kick, trainer, coord = ends(4)
     assert coord.wait_s(False, 1.0) == 1.0  # a free slot: no polling
     assert coord.wait_s(True, 1.0) == FREE_POLL_S
-    for _ in range(3):
+    for _ in range(3):  # waits that nothing woke, and looks that found no free
         coord.timed_out()
+        assert coord.freed() == []
     assert coord.wait_s(True, 1.0) == 8 * FREE_POLL_S
+    assert coord.freed() == [] and coord.wait_s(True, 1.0) == 8 * FREE_POLL_S  # a turn a message woke: no back-off
     for _ in range(10):
         coord.timed_out()
-    assert coord.wait_s(True, 1.0) == 1.0  # never longer than the loop's usual wait
+        coord.freed()
+    assert coord.wait_s(True, 1.0) == 1.0 == FREE_POLL_MAX_S  # never longer than the loop's usual wait
     trainer.free(0)
-    assert coord.freed() == [0] and coord.wait_s(True, 1.0) == FREE_POLL_S
+    coord.timed_out()
+    assert coord.freed() == [0] and coord.wait_s(True, 1.0) == FREE_POLL_S  # found: no pace known yet
+
+
+def test_the_free_poll_waits_for_the_frees_just_short_of_a_kick_at_the_trainers_pace(monkeypatch):
+    """A ring of 8: the trainer kicks at 4 unseen frees, so at its pace a look comes `EARLY`
+    frees' time before the third is due, and finds the ones before it together."""
+    clock = [100.0]
+    monkeypatch.setattr("shmloader.ipc.handover.time.monotonic", lambda: clock[0])
+    ring, ready, kick, trainer, coord = ends(8)
+    k = 0
+    for _ in range(6):  # a free every 20 ms, the coordinator looking when told
+        clock[0] += coord.wait_s(True, 1.0)
+        while k < round((clock[0] - 100.0) / 0.02):
+            trainer.free(k % 8)
+            k += 1
+        coord.timed_out()
+        coord.freed()
+    assert coord.wait_s(True, 1.0) == pytest.approx((3 - EARLY) * 0.02, rel=0.25)
+    clock[0] += coord.wait_s(True, 1.0)
+    unseen = k - coord.seen
+    for _ in range(3 - unseen):
+        trainer.free(k % 8)
+        k += 1
+    assert kick.clear() == 0  # never 4 unseen of 8: every look came before a kick was due
+    coord.timed_out()
+    assert len(coord.freed()) == 3
 
 
 def test_before_blocking_clears_the_ready_bell_and_kicks_only_for_unseen_frees():
