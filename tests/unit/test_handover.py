@@ -98,23 +98,18 @@ def test_the_free_poll_waits_for_the_frees_just_short_of_a_kick_at_the_trainers_
     clock = [100.0]
     monkeypatch.setattr("shmloader.ipc.handover.time.monotonic", lambda: clock[0])
     ring, ready, kick, trainer, coord = ends(8)
-    k = 0
-    for _ in range(6):  # a free every 20 ms, the coordinator looking when told
+    k, found = 0, []
+    for _ in range(30):  # a free every 20 ms, the coordinator looking when told
         clock[0] += coord.wait_s(True, 1.0)
-        while k < round((clock[0] - 100.0) / 0.02):
+        while k < round((clock[0] - 100.0) / 0.02, 9):
             trainer.free(k % 8)
             k += 1
         coord.timed_out()
-        coord.freed()
+        found.append(len(coord.freed()))
     assert coord.wait_s(True, 1.0) == pytest.approx((3 - EARLY) * 0.02, rel=0.25)
-    clock[0] += coord.wait_s(True, 1.0)
-    unseen = k - coord.seen
-    for _ in range(3 - unseen):
-        trainer.free(k % 8)
-        k += 1
     assert kick.clear() == 0  # never 4 unseen of 8: every look came before a kick was due
-    coord.timed_out()
-    assert len(coord.freed()) == 3
+    settled = found[10:]
+    assert max(settled) <= 3 and sum(settled) / len(settled) >= 3 - EARLY - 0.5  # several frees a look
 
 
 def test_before_blocking_clears_the_ready_bell_and_kicks_only_for_unseen_frees():
