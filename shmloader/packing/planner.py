@@ -20,10 +20,15 @@ arrival has the largest key. Rule 1 is one `bisect_right(keys, space * 2**40) - 
 is O(log n) compares plus one `list.pop` memmove; a chunk enters with one `list.sort`, which
 keeps the sorted buffer as one run and merges the chunk in one pass (no per-document `insort`
 memmove). Its cost against nanochat's linear scan: `python tools/bench/packing.py`
-(docs/benchmarks.md). A dict keyed by
-the same keys, in insertion order, maps each key to its doc id and gives the buffer in
-arrival order for checkpoints. Arrivals are at most 2**40 per planner (renumbered from 0 on
-`from_buffer`); lengths are Python ints, so any length >= 1 works.
+(docs/benchmarks.md). The arrival is an index into the documents that entered since the
+last renumbering: a list of their doc ids (a placement looks its id up there) and arrays of
+their ids, lengths and whether each is still buffered, which give the buffer in arrival order
+for a checkpoint, and for the state the coordinator writes with every batch, in a few numpy
+calls; the placements since the last look are marked gone in one call. When more than the
+buffer again (plus `RENUMBER_SLACK`) has left, the buffered ones are renumbered 0, 1, ... in
+order, which keeps the keys' order, so the arrays stay about twice the buffer, however long a
+long document lingers. A snapshot (to undo a plan that ran out of chunks) copies the key list
+and the flags, not a dict of the buffer. Lengths are Python ints, so any length >= 1 works.
 
 Guarantees, for every batch (tests check each against the scan oracle, tests/oracle.py):
 - every row is full: its placements tile [0, row_len) exactly, in order, no padding;
@@ -49,7 +54,7 @@ import numpy as np
 ChunkSource = Callable[[], "tuple[np.ndarray, np.ndarray]"]
 
 _SHIFT = 40
-_M = 1 << _SHIFT  # arrival numbers live below 2**40
+RENUMBER_SLACK = 1024  # documents gone from the buffer beyond its size before arrivals are renumbered
 
 
 class Drained(Exception):
@@ -92,8 +97,11 @@ class BestFitPlanner:
         _check_config(B, row_len, buffer_size)
         self.B, self.row_len, self.buffer_size = int(B), int(row_len), int(buffer_size)
         self._keys: list[int] = []          # sorted; key = length * 2**40 - arrival
-        self._ids: dict[int, int] = {}      # key -> doc id, in arrival order
-        self._arrivals = 0
+        self._id_of: list[int] = []         # doc id by arrival (since the last renumbering)
+        self._ids = np.zeros(0, np.int64)   # the same, an array
+        self._lengths = np.zeros(0, np.int64)
+        self._live = np.zeros(0, bool)      # still buffered, but for the arrivals in `_gone`
+        self._gone: list[int] = []          # arrivals placed since `_live` was brought up to date
         self.tokens_placed = 0
         self.tokens_cropped = 0
         self.drained = False                # the chunk source has no document left (`Drained`)
@@ -110,35 +118,60 @@ class BestFitPlanner:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def snapshot(self):
-        """Everything `restore` needs to undo a `plan_batch` (O(n) copies)."""
-        return list(self._keys), dict(self._ids), self._arrivals, self.tokens_placed, self.tokens_cropped
+    def snapshot(self) -> "Snapshot":
+        """Everything `restore` needs to undo a `plan_batch`: a copy of the key list and of the
+        flags (the lists and arrays of arrivals are only appended to or replaced)."""
+        self._settle()
+        return Snapshot(list(self._keys), self._id_of, len(self._id_of), self._ids, self._lengths,
+                        self._live.copy(), self.tokens_placed, self.tokens_cropped)
 
-    def restore(self, snapshot) -> None:
-        keys, ids, self._arrivals, self.tokens_placed, self.tokens_cropped = snapshot
-        self._keys, self._ids = list(keys), dict(ids)
+    def restore(self, snapshot: "Snapshot") -> None:
+        s = snapshot
+        del s.id_of[s.arrived:]  # what a plan appended (a renumbering made new ones)
+        self._keys, self._id_of, self._ids, self._lengths = list(s.keys), s.id_of, s.ids, s.lengths
+        self._live, self._gone = s.live.copy(), []
+        self.tokens_placed, self.tokens_cropped = s.tokens_placed, s.tokens_cropped
 
     def buffered_ids(self) -> np.ndarray:
         """The doc ids of the buffer in arrival order (what `buffered` gives, without lengths)."""
-        return np.fromiter(self._ids.values(), dtype=np.int64, count=len(self._ids))
+        self._settle()
+        return self._ids[self._live]
 
     def buffered(self) -> tuple[np.ndarray, np.ndarray]:
         """(doc_ids, lengths) of the buffer in arrival order: what a checkpoint records."""
-        lengths = [-(-key >> _SHIFT) for key in self._ids]  # ceil(key / 2**40)
-        return (np.array(list(self._ids.values()), dtype=np.int64),
-                np.array(lengths, dtype=np.int64))
+        self._settle()
+        return self._ids[self._live], self._lengths[self._live]
+
+    def _settle(self) -> None:
+        """Mark the documents placed since the last look as gone from the buffer."""
+        if self._gone:
+            self._live[self._gone] = False
+            self._gone = []
 
     def _add(self, doc_ids: np.ndarray, lengths: np.ndarray) -> None:
-        a0 = self._arrivals
-        if a0 + lengths.size >= _M:
-            raise ValueError("more than 2**40 documents through one planner; rebuild it "
-                             "with from_buffer(*buffered()) to renumber arrivals")
+        if len(self._id_of) - len(self._keys) > len(self._keys) + RENUMBER_SLACK:
+            self._renumber()
+        a0 = len(self._id_of)
         # Python ints, not int64: a length above 2**23 would overflow `length << 40`.
         keys = [(n << _SHIFT) - a for a, n in enumerate(lengths.tolist(), a0)]
-        self._arrivals = a0 + len(keys)
-        self._ids.update(zip(keys, doc_ids.tolist()))
+        self._id_of.extend(doc_ids.tolist())
+        self._ids = np.concatenate((self._ids, doc_ids))
+        self._lengths = np.concatenate((self._lengths, lengths))
+        self._live = np.concatenate((self._live, np.ones(len(keys), bool)))
         self._keys += keys
         self._keys.sort()  # timsort keeps the sorted prefix as one run and merges the chunk
+
+    def _renumber(self) -> None:
+        """Number the buffered documents' arrivals 0, 1, ... in order, their keys with them (the
+        keys' order is kept: the new numbers keep the old ones' order); new lists and arrays,
+        so that a snapshot keeps the old ones."""
+        self._settle()
+        live = self._live
+        new = (np.cumsum(live) - 1).tolist()  # new arrival of each buffered one
+        self._keys = [key + a - new[a] for key, a in zip(self._keys, _arrivals(self._keys))]
+        self._ids, self._lengths = self._ids[live], self._lengths[live]
+        self._id_of = self._ids.tolist()
+        self._live = np.ones(len(self._id_of), bool)
 
     def plan_batch(self, next_chunk: ChunkSource) -> BatchPlan:
         """Plan B rows, pulling chunks from `next_chunk()` as the top-up rule asks.
@@ -146,7 +179,7 @@ class BestFitPlanner:
         `next_chunk()` returns (doc_ids, lengths), int arrays of one size (0 is allowed);
         it must raise, not return empty chunks forever, when its documents run out."""
         rows, offs, ids, ntok = [], [], [], []
-        keys, id_of, row_len, want = self._keys, self._ids, self.row_len, self.buffer_size
+        keys, id_of, gone, row_len, want = self._keys, self._id_of, self._gone, self.row_len, self.buffer_size
         cropped = 0
         for r in range(self.B):
             space = row_len
@@ -154,6 +187,7 @@ class BestFitPlanner:
                 while len(keys) < want and not self.drained:
                     try:
                         self._add(*_check_chunk(*next_chunk()))
+                        keys, id_of, gone = self._keys, self._id_of, self._gone  # a renumbering made new ones
                     except Drained:
                         self.drained = True
                 if not keys:
@@ -163,16 +197,35 @@ class BestFitPlanner:
                     i = bisect_right(keys, -(-keys[0] >> _SHIFT) << _SHIFT) - 1
                 key = keys.pop(i)
                 length = -(-key >> _SHIFT)
+                a = (length << _SHIFT) - key
+                gone.append(a)
                 n = length if length < space else space
                 rows.append(r)
                 offs.append(row_len - space)
-                ids.append(id_of.pop(key))
+                ids.append(id_of[a])
                 ntok.append(n)
                 cropped += length - n
                 space -= n
         self.tokens_placed += self.B * row_len
         self.tokens_cropped += cropped
         return _plan(rows, offs, ids, ntok, cropped)
+
+
+class Snapshot(NamedTuple):
+    """A planner's state before a plan (`BestFitPlanner.snapshot`), for `restore`."""
+    keys: list
+    id_of: list             # the planner's list of doc ids by arrival, and its length then
+    arrived: int
+    ids: np.ndarray
+    lengths: np.ndarray
+    live: np.ndarray        # a copy
+    tokens_placed: int
+    tokens_cropped: int
+
+
+def _arrivals(keys):
+    """The arrival numbers of `keys`, in turn."""
+    return (((-(-key >> _SHIFT)) << _SHIFT) - key for key in keys)
 
 
 def _plan(rows, offs, ids, ntok, cropped) -> BatchPlan:

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shmloader.packing import planner as planner_mod
 from shmloader.packing.planner import BestFitPlanner
 from tests.oracle import plan_batch_scan
 
@@ -297,3 +298,66 @@ def test_a_drained_source_is_planned_to_its_end_as_the_scan_plans_it():
             assert p.doc_id.tolist() == q.doc_id.tolist() and p.n_tokens.tolist() == q.n_tokens.tolist()
         used = sum(int(p.n_tokens.sum()) + p.n_cropped for p in got)
         assert int(lengths.sum()) - used < 3 * 33 + 3 * int(lengths.max())  # what is left cannot fill a batch
+
+
+class OutOfChunks(Exception):
+    """A chunk source with nothing counted yet (the sequencer's `_NeedMore`)."""
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs, st.integers(2, 12), st.integers(0, 4), st.sampled_from([0, 3, 1024]))
+def test_renumbering_and_undone_plans_keep_the_plans_and_the_buffer(c, batches, limit, slack):
+    """Over longer runs, with arrivals renumbered as often as possible (`RENUMBER_SLACK` 0: each
+    time more documents have left than the buffer holds) or rarely, and every batch first tried
+    with at most `limit` new chunks and undone (`snapshot`, `restore`) when it runs out, which
+    undoes a renumbering made inside that plan: the plans and the buffer (in arrival order,
+    with lengths) are the scan oracle's, batch after batch."""
+    B, row_len, size = c["B"], c["row_len"], c["buffer_size"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(planner_mod, "RENUMBER_SLACK", slack)
+        src, ref_src = Source(c["kind"], row_len, c["chunk"], c["seed"]), Source(c["kind"], row_len, c["chunk"], c["seed"])
+        planner, ref_buffer, queue, undone = BestFitPlanner(B, row_len, size), [], [], 0
+        for _ in range(batches):
+            want = plan_batch_scan(ref_buffer, ref_src, B, row_len, size)
+            given_ = []
+
+            def limited():
+                if len(given_) == limit:
+                    raise OutOfChunks
+                given_.append(queue.pop(0) if queue else src())
+                return given_[-1]
+
+            snapshot = planner.snapshot()
+            try:
+                got = planner.plan_batch(limited)
+            except OutOfChunks:
+                undone += 1
+                planner.restore(snapshot)
+                queue[:0] = given_
+                got = planner.plan_batch(lambda: queue.pop(0) if queue else src())
+            assert same_plan(got, want)
+            ids, lengths = planner.buffered()
+            assert [[d, n] for d, n in zip(ids.tolist(), lengths.tolist())] == ref_buffer
+            assert np.array_equal(planner.buffered_ids(), ids) and len(planner) == len(ids)
+        assert undone or limit >= 1  # with no chunk allowed, every batch that pulls one is undone
+
+
+def test_a_lingering_document_does_not_grow_the_planner():
+    """A document longer than every row stays buffered while shorter ones come and go (rule 2
+    takes the shortest): the planner's record of arrivals is renumbered, so it stays within
+    about twice the buffer over 3,000 batches (it would hold every document ever read)."""
+    lengths = iter(np.concatenate(([10**6], np.random.default_rng(3).integers(1, 30, 10**6))).tolist())
+    next_id = iter(range(10**7))
+
+    def src():
+        n = [next(lengths) for _ in range(16)]
+        return np.array([next(next_id) for _ in n]), np.array(n)
+
+    planner = BestFitPlanner(2, 64, 20)
+    sizes = []
+    for _ in range(3000):
+        planner.plan_batch(src)
+        sizes.append(len(planner._id_of))  # noqa: SLF001 (the record under test)
+    assert planner.buffered()[0][0] == 0 and planner.buffered()[1][0] == 10**6  # still there
+    assert next(next_id) > 20_000  # many more documents went through than the record holds
+    assert max(sizes) <= 2 * 36 + planner_mod.RENUMBER_SLACK + 16
