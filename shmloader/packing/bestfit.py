@@ -114,21 +114,33 @@ class PieceTable:
     which piece holds a document, and documents as runs `[epoch, file, rg, row, count]`."""
 
     def __init__(self):
-        self._live = {}               # piece index -> (base, epoch, file, rg, doc_start - base)
-        self._arrays = None           # cache of arrays(): rebuilt when a piece comes or goes
+        self._rows = np.zeros((0, 6), dtype=np.int64)  # [base, epoch, file, rg, doc_start - base, index]
+        self._new = []                # rows added since the arrays were last made
+        self._gone = []               # piece indices removed since then
+        self._arrays = None           # (bases, indices, table): made again when a piece came or went
 
     def add(self, base: int, piece):
-        self._live[piece.index] = (base, piece.epoch, piece.file, piece.rg, piece.doc_start - base)
+        self._new.append((base, piece.epoch, piece.file, piece.rg, piece.doc_start - base, piece.index))
         self._arrays = None
 
     def remove(self, index: int):
-        del self._live[index]
+        self._gone.append(index)
         self._arrays = None
 
     def _tables(self):
+        """The live pieces' rows as arrays, the new ones appended and the gone ones dropped in a
+        few whole-array calls (hundreds of pieces stay live while their documents linger in a
+        best-fit buffer: a table made again from every piece took most of a batch's planning)."""
         if self._arrays is None:
-            rows = np.array(list(self._live.values()), dtype=np.int64).reshape(-1, 5)
-            self._arrays = rows[:, 0].copy(), np.array(list(self._live), dtype=np.int64), rows[:, 1:]
+            rows = self._rows
+            if self._new:
+                rows = np.concatenate((rows, np.array(self._new, dtype=np.int64)))
+                self._new = []
+            if self._gone:
+                rows = rows[~np.isin(rows[:, 5], self._gone)]
+                self._gone = []
+            self._rows = rows
+            self._arrays = rows[:, 0].copy(), rows[:, 5].copy(), rows[:, 1:5]
         return self._arrays
 
     def piece_of(self, ids: np.ndarray) -> np.ndarray:

@@ -281,3 +281,37 @@ def test_the_buffer_runs_join_rows_across_pieces_of_one_row_group(seed):
             got = table.runs(order.astype(np.int64))
             assert got.dtype == np.int64 and got.shape == (len(got), 5)
             assert got.tolist() == _runs_by_hand(pieces, order.tolist())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_piece_table_follows_pieces_that_come_and_go(seed):
+    """`PieceTable` as the sequencer uses it: pieces added in id order and removed in any order
+    (once their documents are placed), several of either between two looks, and looks
+    (`piece_of`, `file_of`, `runs`) at documents of the live pieces: each answers as the live
+    pieces, kept by hand, say."""
+    rng = np.random.default_rng(seed)
+    table, live, base, index, looks = bestfit.PieceTable(), {}, 0, 0, 0
+    for _ in range(400):
+        for _ in range(int(rng.integers(0, 3))):  # pieces counted
+            n = int(rng.integers(1, 20))
+            start = int(rng.integers(0, 50))
+            piece = Piece(index, int(rng.integers(0, 2)), int(rng.integers(0, 3)), int(rng.integers(0, 3)),
+                          start, start + n)
+            table.add(base, piece)
+            live[index] = (base, piece)
+            base, index = base + n + int(rng.integers(0, 2)), index + 1
+        for gone in rng.permutation(list(live))[:int(rng.integers(0, 3))].tolist():  # pieces placed
+            table.remove(gone)
+            del live[gone]
+        if not live or rng.random() < 0.3:
+            continue
+        pieces = sorted(live.values(), key=lambda bp: bp[0])
+        all_ids = [i for b, p in pieces for i in range(b, b + p.doc_end - p.doc_start)]
+        ids = np.sort(rng.choice(all_ids, size=int(rng.integers(1, len(all_ids) + 1)), replace=False))
+        owner = [max((b, p) for b, p in pieces if b <= i)[1] for i in ids.tolist()]
+        assert table.piece_of(ids).tolist() == [p.index for p in owner]
+        assert table.file_of(ids).tolist() == [p.file for p in owner]
+        assert table.runs(ids).tolist() == _runs_by_hand(pieces, ids.tolist())
+        assert table._tables()[1].tolist() == sorted(live)  # noqa: SLF001 (a gone piece is not kept)
+        looks += 1
+    assert looks > 150
