@@ -117,13 +117,18 @@ class PieceTable:
         self._rows = np.zeros((0, 6), dtype=np.int64)  # [base, epoch, file, rg, doc_start - base, index]
         self._new = []                # rows added since the arrays were last made
         self._gone = []               # piece indices removed since then
+        self._held = set()            # the live pieces' indices
         self._arrays = None           # (bases, indices, table): made again when a piece came or went
 
     def add(self, base: int, piece):
+        if piece.index in self._gone:  # back after it left: its old row goes first
+            self._tables()
+        self._held.add(piece.index)
         self._new.append((base, piece.epoch, piece.file, piece.rg, piece.doc_start - base, piece.index))
         self._arrays = None
 
     def remove(self, index: int):
+        self._held.remove(index)      # a KeyError for a piece not in the table
         self._gone.append(index)
         self._arrays = None
 

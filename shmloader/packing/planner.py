@@ -27,8 +27,8 @@ for a checkpoint, and for the state the coordinator writes with every batch, in 
 calls; the placements since the last look are marked gone in one call. When more than the
 buffer again (plus `RENUMBER_SLACK`) has left, the buffered ones are renumbered 0, 1, ... in
 order, which keeps the keys' order, so the arrays stay about twice the buffer, however long a
-long document lingers. A snapshot (to undo a plan that ran out of chunks) copies the key list
-and the flags, not a dict of the buffer. Lengths are Python ints, so any length >= 1 works.
+long document lingers. A snapshot (to undo a plan that ran out of chunks) copies the key list,
+the ids' list and the flags (a few microseconds), not a dict of the buffer. Lengths are Python ints, so any length >= 1 works.
 
 Guarantees, for every batch (tests check each against the scan oracle, tests/oracle.py):
 - every row is full: its placements tile [0, row_len) exactly, in order, no padding;
@@ -119,16 +119,16 @@ class BestFitPlanner:
         return len(self._keys)
 
     def snapshot(self) -> "Snapshot":
-        """Everything `restore` needs to undo a `plan_batch`: a copy of the key list and of the
-        flags (the lists and arrays of arrivals are only appended to or replaced)."""
+        """Everything `restore` needs to undo a `plan_batch`: copies of the key list, the ids'
+        list and the flags (the arrays are only ever replaced, never changed in place)."""
         self._settle()
-        return Snapshot(list(self._keys), self._id_of, len(self._id_of), self._ids, self._lengths,
-                        self._live.copy(), self.tokens_placed, self.tokens_cropped)
+        return Snapshot(list(self._keys), list(self._id_of), self._ids, self._lengths, self._live.copy(),
+                        self.tokens_placed, self.tokens_cropped)
 
     def restore(self, snapshot: "Snapshot") -> None:
+        """Back to `snapshot` (any snapshot of this planner, any number of times)."""
         s = snapshot
-        del s.id_of[s.arrived:]  # what a plan appended (a renumbering made new ones)
-        self._keys, self._id_of, self._ids, self._lengths = list(s.keys), s.id_of, s.ids, s.lengths
+        self._keys, self._id_of, self._ids, self._lengths = list(s.keys), list(s.id_of), s.ids, s.lengths
         self._live, self._gone = s.live.copy(), []
         self.tokens_placed, self.tokens_cropped = s.tokens_placed, s.tokens_cropped
 
@@ -214,8 +214,7 @@ class BestFitPlanner:
 class Snapshot(NamedTuple):
     """A planner's state before a plan (`BestFitPlanner.snapshot`), for `restore`."""
     keys: list
-    id_of: list             # the planner's list of doc ids by arrival, and its length then
-    arrived: int
+    id_of: list             # copies
     ids: np.ndarray
     lengths: np.ndarray
     live: np.ndarray        # a copy

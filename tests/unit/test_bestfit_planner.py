@@ -361,3 +361,31 @@ def test_a_lingering_document_does_not_grow_the_planner():
     assert planner.buffered()[0][0] == 0 and planner.buffered()[1][0] == 10**6  # still there
     assert next(next_id) > 20_000  # many more documents went through than the record holds
     assert max(sizes) <= 2 * 36 + planner_mod.RENUMBER_SLACK + 16
+
+
+def test_any_snapshot_can_be_restored_in_any_order():
+    """An older snapshot restored, then a newer one: each gives back its own planner (from an
+    adversarial review: the newer one's ids were cut off by the older one's restore)."""
+    def src(start):
+        nxt = [start]
+
+        def next_chunk():
+            ids = np.arange(nxt[0], nxt[0] + 2)
+            nxt[0] += 2
+            return ids, np.array([1, 1])
+        return next_chunk
+
+    planner = BestFitPlanner(1, 2, 2)
+    first = planner.snapshot()
+    planner.plan_batch(src(100))
+    planner.plan_batch(src(102))
+    second = planner.snapshot()
+    planner.restore(first)
+    other = src(900)
+    assert planner.plan_batch(other).doc_id.tolist() == [900, 901]
+    planner.plan_batch(other)
+    planner.restore(second)
+    assert planner.buffered()[0].tolist() == [102, 103]
+    assert planner.plan_batch(src(104)).doc_id.tolist() == [102, 103]
+    planner.restore(first)
+    assert planner.plan_batch(src(7)).doc_id.tolist() == [7, 8] and planner.buffered()[0].tolist() == [9, 10]

@@ -315,3 +315,20 @@ def test_the_piece_table_follows_pieces_that_come_and_go(seed):
         assert table._tables()[1].tolist() == sorted(live)  # noqa: SLF001 (a gone piece is not kept)
         looks += 1
     assert looks > 150
+
+
+def test_the_piece_table_refuses_a_piece_it_does_not_hold_and_takes_one_back():
+    """A piece removed that is not in the table is a KeyError (as when the table was a dict); a
+    piece removed and added again before the next look is the new one (from an adversarial
+    review: its index dropped both)."""
+    table = bestfit.PieceTable()
+    table.add(0, Piece(0, 0, 0, 0, 0, 5))
+    with pytest.raises(KeyError):
+        table.remove(7)
+    table.add(5, Piece(1, 0, 0, 1, 0, 5))
+    table.remove(1)
+    with pytest.raises(KeyError):
+        table.remove(1)
+    table.add(5, Piece(1, 0, 2, 3, 10, 15))
+    assert table.piece_of(np.array([2, 6])).tolist() == [0, 1]
+    assert table.runs(np.array([6, 7])).tolist() == [[0, 2, 3, 11, 2]]
