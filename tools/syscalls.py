@@ -1,7 +1,9 @@
 """Count the system calls a trainer makes in `next()`, with strace, in a training loop's rhythm.
 
 `trace_next(...)` starts a trainer process (this module's `child`), which builds a CPU
-`ShmLoader`, takes one batch, waits until the ring holds ready batches, and then runs `n`
+`ShmLoader`, takes one batch, then the batches a head start made and the first from the ring
+(the hand-over from the trainer's batches to the ring's is not the steady state), each time
+waiting until the ring holds ready batches, and then runs `n`
 steps of a training loop: `spin_ms` of busy work (a step's compute, no system call: the
 clock it spins on is read through the vDSO), then `x, y = next(loader)` and `loader.stats()`
 (counted with it: stats() makes none). strace is attached
@@ -84,6 +86,13 @@ def _between_markers(lines: list[str]) -> list[str]:
     return names[marks[0] + 1:marks[1]]
 
 
+def _fill(loader, timeout: float = 60.0):
+    """Wait until the ring holds all but 2 of its slots ready."""
+    deadline = time.monotonic() + timeout
+    while loader.stats()["ring_ready"] < loader.n_slots - 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _spin(seconds: float):
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -97,19 +106,22 @@ def child(config: dict):
                                  num_workers=config["num_workers"], device="cpu", **config["options"])
     try:
         x, y = next(loader)
-        deadline = time.monotonic() + 60
-        while loader.stats()["ring_ready"] < loader.n_slots - 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _fill(loader)
+        taken = 1
+        while taken <= loader.stats()["head_batches"]:  # past a head start's batches, and the first from the ring
+            x, y = next(loader)
+            taken += 1
+        _fill(loader)
         print("ready", threading.get_native_id(), flush=True)
         sys.stdin.readline()  # strace is attached
-        waits = []
+        waits = [loader.stats()["wait_s"]]
         os.getppid()
         for _ in range(config["n"]):
             _spin(config["spin_ms"] / 1e3)
             x, y = next(loader)
             waits.append(loader.stats()["wait_s"])
         os.getppid()
-        not_ready = sum(1 for a, b in zip([0.0, *waits], waits) if b > a)
+        not_ready = sum(1 for a, b in zip(waits, waits[1:]) if b > a)
         print(json.dumps({"not_ready": not_ready}), flush=True)
     finally:
         loader.close()

@@ -71,8 +71,9 @@ def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, 
     a kick when half the ring waits for the coordinator to notice its frees)."""
     r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=150, spin_ms=10,
                             num_workers=2, packing=packing, env={"SHMLOADER_HANDOVER": "header"})
-    assert r["not_ready"] <= 5, r
-    assert r["per_next"] <= 0.1, r
+    seen = {k: v for k, v in r.items() if k != "calls"}
+    assert r["not_ready"] <= 5, seen
+    assert r["per_next"] <= 0.1, seen
 
 
 @needs_strace
