@@ -22,11 +22,19 @@ third view on the CPU and nothing more on CUDA (the same one copy, B*T words lon
   loader's device); each batch is one non-blocking copy on the current stream into one of
   two device buffers (valid until the second `next()` after it), and the slot is freed once
   a CUDA event recorded after that copy has completed.
+- `StagedCopy` (CUDA, where `cudaHostRegister` of the ring is refused: some container
+  runtimes refuse to page-lock a shared mapping): each batch is copied on the CPU into one
+  of as many pinned staging buffers (torch's own page-locked allocations) as the ring has
+  slots, its slot freed at once, then copied to the device as above; a staging buffer is
+  written again only once the event of its last copy has completed. One CPU copy of the
+  batch more than `PinnedCopy`. `make` tries to pin each ring of a loader until one refusal
+  (`Pinning`), warns once, and stages from then on.
 - `CopyOut` (any other device): copied out of the slot, freed at once, then `.to(device)`.
 
 `reclaim(wait)` frees what came back (`wait`: also wait for copies in flight, before the
 loader blocks for a batch); `close()` waits for copies in flight and unpins.
 """
+import ctypes
 import sys
 import weakref
 from collections import deque
@@ -35,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import profiling
+from . import errors, profiling
 from .errors import DeviceError
 
 CUDA_HOST_REGISTER_PORTABLE = 1
@@ -166,6 +174,45 @@ class PinnedCopy:
         self.slot_tensors, self.device_bufs = None, []
 
 
+class StagedCopy:
+    """`PinnedCopy` for a ring that could not be pinned: through pinned staging buffers."""
+
+    pinned = False
+
+    def __init__(self, slots: np.ndarray, free, device: torch.device):
+        self.slots, self.free, self.device = slots, free, device
+        self.staging = [pinned_empty(slots.shape[1]) for _ in range(len(slots))]
+        self._staging_np = [buf.numpy() for buf in self.staging]
+        self.events = [None] * len(slots)      # each staging buffer's last copy
+        self.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]
+
+    def batch(self, k: int, slot: int, shape: Shape) -> tuple:
+        i = k % len(self.staging)
+        if self.events[i] is not None:
+            self.events[i].synchronize()       # its copy of batch k - len(staging) has run
+        np.copyto(self._staging_np[i], self.slots[slot])
+        self.free(k)
+        window = self.device_bufs[k & 1]
+        with profiling.named(profiling.COPY):
+            window.copy_(self.staging[i], non_blocking=True)
+            event = torch.cuda.Event(blocking=True)
+            event.record(torch.cuda.current_stream(self.device))
+        self.events[i] = event
+        return split(window, shape)
+
+    made = CopyOut.made
+
+    def reclaim(self, wait: bool = False):
+        pass
+
+    def close(self):
+        """Wait for the copies in flight: the staging buffers go with the delivery."""
+        for event in self.events:
+            if event is not None:
+                event.synchronize()
+        self.events, self.staging, self._staging_np, self.device_bufs = [], [], [], []
+
+
 class Returns:
     """Things handed out with a numpy view that only the caller's tensors hold, back once
     that view dies. The weak reference's callback is `deque.append`, a C function: it runs
@@ -218,13 +265,63 @@ class OutputPool:
         return torch.from_numpy(view)
 
 
+def pinned_empty(n: int) -> torch.Tensor:
+    """n int64 words of torch's page-locked host memory (a staging buffer)."""
+    return torch.empty(n, dtype=torch.int64, pin_memory=True)
+
+
+class PinRefused(RuntimeError):
+    """cudaHostRegister refused to page-lock the ring (the message says with which error)."""
+
+
 def pin(slots: np.ndarray, device: torch.device):
     """Page-lock the ring once, for every CUDA context (portable), on the loader's device."""
     with torch.cuda.device(device):
         rc = torch.cuda.cudart().cudaHostRegister(slots.ctypes.data, slots.nbytes,
                                                   CUDA_HOST_REGISTER_PORTABLE)
     if int(rc) != 0:
-        raise RuntimeError(f"cudaHostRegister of the {slots.nbytes} byte ring failed with CUDA error {rc}")
+        _clear_last_error()
+        raise PinRefused(f"cudaHostRegister of the {slots.nbytes:,} byte ring failed with CUDA error {int(rc)} "
+                         f"({_error_string(rc)})")
+
+
+def _error_string(rc) -> str:
+    try:
+        return torch.cuda.cudart().cudaGetErrorString(rc)
+    except Exception:  # noqa: BLE001 (a message only)
+        return "no description"
+
+
+def _clear_last_error():
+    """Reset the CUDA runtime's last error, which a refused cudaHostRegister leaves set: torch's
+    check after its next kernel launch would otherwise raise it, far from here. Through the
+    process's own libcudart (torch's bindings have no cudaGetLastError); nothing where none is
+    mapped (a static runtime)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart" in line and "/" in line}
+        for path in paths:
+            ctypes.CDLL(path).cudaGetLastError()
+    except OSError:
+        pass
+
+
+class Pinning:
+    """A loader's answer to "pin the ring?", kept across its runs: yes until one refusal
+    (`refused`, said once), then stage (`StagedCopy`) without asking again."""
+
+    def __init__(self):
+        self.refused = None
+
+    def delivery(self, slots: np.ndarray, free, device: torch.device):
+        if self.refused is None:
+            try:
+                return PinnedCopy(slots, free, device)
+            except PinRefused as exc:
+                self.refused = str(exc)
+                errors.warn(f"shmloader: {exc}; batches reach {device} through pinned staging buffers "
+                            f"instead (one CPU copy of each batch more)")
+        return StagedCopy(slots, free, device)
 
 
 def device_of(device) -> torch.device:
@@ -242,10 +339,10 @@ def device_of(device) -> torch.device:
     return device
 
 
-def make(device: torch.device, slots: np.ndarray, free, lend_cap: int):
-    """The delivery for `device`."""
+def make(device: torch.device, slots: np.ndarray, free, lend_cap: int, pinning: Pinning | None = None):
+    """The delivery for `device` (`pinning`: the loader's, kept across its rings)."""
     if device.type == "cpu":
         return Lending(slots, free, lend_cap)
     if device.type == "cuda":
-        return PinnedCopy(slots, free, device)
+        return (pinning or Pinning()).delivery(slots, free, device)
     return CopyOut(slots, free, device)

@@ -134,7 +134,9 @@ class ShmLoader:
         self._seen, self._logged, self._made = observe.Interval(start), observe.Interval(start), start.at
         # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
         # which nanochat's base_train disables: its children would outlive it)
-        self._runs = Runs(self.config, functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap),
+        deliver = functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap,
+                                    pinning=delivery.Pinning())  # one refusal to pin, said once
+        self._runs = Runs(self.config, deliver,
                           functools.partial(self._catalogue.learn, warn=errors.warn), self.rank)
         self._begin(statemod.start(self._identity()))
         if resume_state is not None:

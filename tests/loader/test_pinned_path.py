@@ -57,7 +57,7 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(delivery, "pin", fake_pin)
     # the pinned delivery on a CPU loader: its "device buffers" are CPU tensors
-    monkeypatch.setattr(delivery, "make", lambda device, slots, free, lend_cap:
+    monkeypatch.setattr(delivery, "make", lambda device, slots, free, lend_cap, pinning=None:
                         delivery.PinnedCopy(slots, free, torch.device("cpu")))
     return cudart
 
@@ -125,3 +125,85 @@ def test_the_head_starts_batches_are_copied_and_the_rings_copies_of_them_freed_w
     assert head >= 1 and all(k not in copied for k in range(head)), "a head start's batch went through a slot"
     assert all(np.array_equal(g, w) for g, w in zip(got, want_w))
     assert freed[:head] == list(range(head)), "the ring's copies of the head start's batches were not freed first"
+
+
+@pytest.fixture
+def refused_cuda(monkeypatch):
+    """The CUDA path where cudaHostRegister refuses the ring (some container runtimes do): the
+    staging buffers are plain CPU tensors, the events `FakeEvent`s, the "device" the CPU."""
+    FakeEvent.made = []
+    tries = []
+
+    def refuse(slots, device):
+        tries.append(slots.ctypes.data)
+        raise delivery.PinRefused("cudaHostRegister of the ring failed with CUDA error 801 (operation not supported)")
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(delivery, "pin", refuse)
+    monkeypatch.setattr(delivery, "pinned_empty", lambda n: torch.empty(n, dtype=torch.int64))
+    real_make = delivery.make
+    monkeypatch.setattr(delivery, "make", lambda device, slots, free, lend_cap, pinning=None:
+                        real_make(torch.device("cuda"), slots, free, lend_cap, pinning)
+                        if pinning is not None else pytest.fail("the loader passed no Pinning"))
+    monkeypatch.setattr(delivery.StagedCopy, "__init__", _staged_on_cpu(delivery.StagedCopy.__init__))
+    return tries
+
+
+def _staged_on_cpu(real_init):
+    def init(self, slots, free, device):
+        real_init(self, slots, free, torch.device("cpu"))
+    return init
+
+
+def test_a_refused_cudahostregister_stages_batches_with_one_warning_and_the_same_bytes(synth, refused_cuda,
+                                                                                      monkeypatch):
+    """cudaHostRegister refused: no crash; one warning for the loader, though a resume starts a
+    second ring (which is not offered to cudaHostRegister again); every batch equals the CPU
+    stream; each slot is freed as soon as its batch is copied out of it, and a staging buffer is
+    written again only after the event of its last copy has completed."""
+    B, T, n, n_slots = 2, 32, 40, 3
+    want_w, _ = synth.expected(n + 10, B, T, "train")
+    written = []          # (batch, the event of the staging buffer's last copy was done when it was written)
+    freed, last = [], {}
+    real_batch, real_free = delivery.StagedCopy.batch, TrainerEnd.free
+
+    def batch(self, k, slot, shape):
+        last["event"] = self.events[k % len(self.staging)]
+        out = real_batch(self, k, slot, shape)
+        assert freed and freed[-1] == k, f"batch {k}: its slot was not freed once copied out"
+        return out
+
+    def checked_free(end, k):  # the staging buffer is written, its new copy not yet issued
+        event = last.pop("event", None)
+        written.append((k, event is None or event.done))
+        freed.append(k)
+        real_free(end, k)
+
+    monkeypatch.setattr(delivery.StagedCopy, "batch", batch)
+    monkeypatch.setattr(TrainerEnd, "free", checked_free)
+    with pytest.warns(UserWarning) as caught:
+        with synth.loader(B, T, "train", n_slots=n_slots, num_workers=2, timeout=20, head_start=False) as loader:
+            got, buffers, saved = [], set(), None
+            for k in range(n):
+                inputs, targets = next(loader)
+                got.append(window_of(inputs, targets))
+                buffers.add(inputs.data_ptr())
+                assert type(loader.debug().delivery) is delivery.StagedCopy
+                assert not loader.debug().delivery.pinned
+                if k == 19:
+                    saved = loader.state_dict()
+            loader.load_state_dict(saved)  # a new run, a new ring
+            again = [window_of(*next(loader)) for _ in range(10)]
+            events = list(loader.debug().delivery.events)
+    ours = [w for w in caught if "cudaHostRegister" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert "staging" in str(ours[0].message) and "error 801" in str(ours[0].message)
+    assert len(refused_cuda) == 1, "the second ring was offered to cudaHostRegister again"
+    assert all(np.array_equal(g, w) for g, w in zip(got, want_w))
+    assert all(np.array_equal(g, w) for g, w in zip(again, want_w[20:30]))
+    assert len(buffers) == 2, "batches did not alternate between two device buffers"
+    late = [k for k, done in written if not done]
+    assert not late, f"staging buffers written before their last copy completed: batches {late}"
+    assert sum(1 for k, _ in written if k >= n_slots) > 0, "no staging buffer was reused: the gate is untested"
+    assert all(e is None or e.done for e in events), "close() did not wait for the copies in flight"
