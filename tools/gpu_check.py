@@ -20,6 +20,13 @@ batches checked against `oracle.concat_windows`), then checks, as tests/loader/t
 7. positions: with `positions=True`, both packings, inputs, targets and positions on the device
    equal the CPU loader's, and `shmloader.cu_seqlens` of the device's positions (int32 there)
    equals the CPU one's;
+8. mixture: a `shmloader.Mixture` of the demo corpus and a synthetic one, on a schedule of two
+   stages, gives device batches and states equal to the CPU loader's;
+9. staged: with cudaHostRegister refused for real (the ring registered once already, so the
+   loader's own call fails with cudaErrorHostMemoryAlreadyRegistered), the loader warns once,
+   stages its batches through pinned buffers, and every batch equals the CPU stream with 2
+   slots and the long kernel before each `next()`; CUDA work after the refusal still runs (the
+   runtime's last error was cleared);
 
 and measures, at B=16, T=2048 with `--workers` workers: tokens/s into the device (tokens read,
 B*T+1 per batch, consuming as fast as possible for `--seconds`, synchronised at the end), the
@@ -64,7 +71,7 @@ def _loader(ctx: Ctx, device, B=None, T=None, **kw):
     from shmloader import ShmLoader
 
     kw.setdefault("num_workers", ctx.workers)
-    return ShmLoader(ctx.data, ctx.tokenizer, B or ctx.B, T or ctx.T, "train", device=device,
+    return ShmLoader(kw.pop("data", ctx.data), ctx.tokenizer, B or ctx.B, T or ctx.T, "train", device=device,
                      timeout=TIMEOUT_S, **kw)
 
 
@@ -180,9 +187,11 @@ def check_positions(ctx: Ctx, n: int, buffer_size: int):
                 f"equal the CPU loader's ({starts} document starts)" + (f"; differ: {bad[:10]}" if bad else ""))
 
 
-def _sleep_run(ctx: Ctx, free_early: bool):
+def _sleep_run(ctx: Ctx, free_early: bool, expect=None):
     """Batches taken with a long kernel queued before each next(); returns (differing, pending)."""
     import torch
+
+    from shmloader import delivery
 
     saved, pending = [], 0
     with _loader(ctx, ctx.device, n_slots=2) as loader:
@@ -190,7 +199,13 @@ def _sleep_run(ctx: Ctx, free_early: bool):
             for _ in range(_sleep_steps(ctx)):
                 torch.cuda._sleep(SLEEP_CYCLES)
                 x, y = next(loader)
-                inflight = loader.debug().delivery.inflight
+                got = loader.debug().delivery
+                if type(got) is not (expect or delivery.PinnedCopy):
+                    raise AssertionError(f"the loader delivers with {type(got).__name__}")
+                if expect is not None:  # staged: no slot waits for a copy
+                    saved.append((x.clone(), y.clone()))
+                    continue
+                inflight = got.inflight
                 pending += bool(inflight) and not inflight[-1][-1].query()
                 if free_early and inflight:  # the bug this check exists for: free before the copy ran
                     inflight[-1] = (*inflight[-1][:-1], _DoneEvent())
@@ -261,11 +276,79 @@ def check_profiler(ctx: Ctx):
             for _ in range(3):
                 next(loader)
             _sync(ctx.device)
+    from torch.autograd import DeviceType
+
     names = [e.name for e in prof.events()]
-    counts = {n: names.count(n) for n in ("shmloader.next", "shmloader.copy")}
+    host = [e.name for e in prof.events() if e.device_type == DeviceType.CPU]  # not the GPU timeline's mirror
+    counts = {n: host.count(n) for n in ("shmloader.next", "shmloader.copy")}
     memcpy = sum("memcpy" in n.lower() for n in names)
     ok = counts["shmloader.next"] == 3 and (not cuda or (counts["shmloader.copy"] == 3 and memcpy > 0))
-    return ok, f"ranges in the trace of 3 next(): {counts}, memcpy events: {memcpy}" + ("" if cuda else " (CPU: no copy)")
+    mirrored = names.count("shmloader.copy") - counts["shmloader.copy"]
+    return ok, (f"host ranges in the trace of 3 next(): {counts} ({mirrored} copy ranges mirrored on the GPU's "
+                f"timeline), memcpy events: {memcpy}" + ("" if cuda else " (CPU: no copy)"))
+
+
+def check_mixture(ctx: Ctx, n: int, out_dir: str):
+    import torch
+
+    import shmloader
+    from shmloader.demo import corpus
+
+    synth = os.path.join(out_dir, "synth_source")
+    if not os.path.isdir(synth):
+        docs = corpus.synthetic_texts(1200, seed=5, mean_words=80)
+        corpus.write_shards(docs, synth, num_files=3, row_group_size=[64, 23])
+    mix = lambda: shmloader.Mixture({"demo": ctx.data, "synth": synth},  # noqa: E731
+                                    [(0, {"demo": 0.7, "synth": 0.3}), (n // 2, {"demo": 0.2, "synth": 0.8})])
+    with _loader(ctx, "cpu", data=mix()) as loader:
+        ref = [(*next(loader), loader.state_dict()) for _ in range(n)]
+    bad = []
+    with _loader(ctx, ctx.device, data=mix()) as loader:
+        for k, (ref_x, ref_y, ref_state) in enumerate(ref):
+            x, y = next(loader)
+            if x.device.type != torch.device(ctx.device).type or not (
+                    torch.equal(x.cpu(), ref_x) and torch.equal(y.cpu(), ref_y)) or loader.state_dict() != ref_state:
+                bad.append(k)
+        shares = loader.stats()["sources"]
+    return not bad, (f"{n - len(bad)}/{n} batches and states of a 2-source mixture (a stage change at batch "
+                     f"{n // 2}) equal the CPU loader's; sources: "
+                     + ", ".join(f"{name} {v.get('share_recent', v.get('share', 0)):.2f}" for name, v in shares.items()))
+
+
+def check_staged(ctx: Ctx):
+    """The loader with cudaHostRegister refused for real: see the module docstring (9)."""
+    import warnings
+
+    import torch
+
+    from shmloader import delivery
+
+    if not ctx.device.startswith("cuda"):
+        return None, "needs CUDA"
+    real_pin, cudart = delivery.pin, torch.cuda.cudart()
+
+    def registered_twice(slots, device):
+        ptr = slots.ctypes.data
+        rc = cudart.cudaHostRegister(ptr, slots.nbytes, delivery.CUDA_HOST_REGISTER_PORTABLE)
+        try:
+            real_pin(slots, device)  # the loader's own call, refused: already registered
+        finally:
+            if int(rc) == 0:
+                cudart.cudaHostUnregister(ptr)
+
+    delivery.pin = registered_twice
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            bad, pending = _sleep_run(ctx, free_early=False, expect=delivery.StagedCopy)
+            after = torch.ones(1024, device=ctx.device).cumsum(0)[-1].item()  # kernels run after the refusal
+    finally:
+        delivery.pin = real_pin
+    said = [str(w.message) for w in caught if "cudaHostRegister" in str(w.message)]
+    n = _sleep_steps(ctx)
+    ok = not bad and len(said) == 1 and after == 1024
+    return ok, (f"{n - len(bad)}/{n} batches equal through pinned staging with 2 slots and the long kernel; "
+                f"{len(said)} warning(s): {said[0] if said else '-'}; a kernel after the refusal gave {after:g}")
 
 
 def check_close(ctx: Ctx):
@@ -374,6 +457,8 @@ def run(args, out_dir: str) -> int:
                ("event-gated slot reuse", lambda: check_event_gating(ctx)),
                ("side stream", lambda: check_side_stream(ctx)),
                ("positions", lambda: check_positions(ctx, min(32, args.batches), args.buffer_size)),
+               ("mixture", lambda: check_mixture(ctx, min(48, args.batches), out_dir)),
+               ("staged (cudaHostRegister refused)", lambda: check_staged(ctx)),
                ("profiler", lambda: check_profiler(ctx)),
                ("close", lambda: check_close(ctx))]
     failed = 0

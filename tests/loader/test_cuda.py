@@ -20,7 +20,11 @@ has completed. Checked here:
 - batches taken under a side stream (`torch.cuda.stream(s)`) equal the CPU stream;
 - a `torch.profiler` trace with CUDA activities holds each `next()`'s `shmloader.copy` range
   and the host-to-device memcpy it issues;
-- after close no /dev/shm segment of the loader remains.
+- after close no /dev/shm segment of the loader remains;
+- a `Mixture` of two sources on a schedule gives GPU batches and states equal to the CPU ones;
+- cudaHostRegister refused for real (the ring registered once already, so the loader's own call
+  fails): one warning, batches staged through pinned buffers equal the CPU stream with 2 slots
+  and the long kernel before each `next()`, and CUDA work after the refusal runs.
 
 Data: 800 synthetic documents (every 31st null; ~123 batches per train epoch) in 4 files, a
 512-token BPE; built in < 1 s.
@@ -150,6 +154,51 @@ def test_event_gated_slot_reuse(data, cpu_stream):
             f"batch {k} was overwritten before its copy ran (slot freed too early)"
 
 
+def test_a_mixture_on_the_gpu_equals_the_cpu_stream(data, tmp_path):
+    import shmloader
+
+    other = tmp_path / "other"
+    corpus.write_shards(corpus.synthetic_texts(500, seed=12, mean_words=60), other, num_files=3, row_group_size=[40, 9])
+    mix = lambda: shmloader.Mixture({"a": data[0], "b": str(other)},  # noqa: E731
+                                    [(0, {"a": 0.6, "b": 0.4}), (20, {"a": 0.1, "b": 0.9})])
+    with make((mix(), data[1]), "cpu") as loader:
+        ref = [(*next(loader), loader.state_dict()) for _ in range(40)]
+    with make((mix(), data[1]), "cuda") as loader:
+        for k, (ref_x, ref_y, ref_state) in enumerate(ref):
+            x, y = next(loader)
+            assert x.is_cuda and torch.equal(x.cpu(), ref_x) and torch.equal(y.cpu(), ref_y), f"batch {k} differs"
+            assert loader.state_dict() == ref_state, f"state after batch {k} differs"
+
+
+def test_a_refused_cudahostregister_stages_the_same_batches(data, cpu_stream, monkeypatch):
+    from shmloader import delivery
+
+    real_pin, cudart = delivery.pin, torch.cuda.cudart()
+
+    def registered_twice(slots, device):  # the loader's own cudaHostRegister then fails for real
+        rc = cudart.cudaHostRegister(slots.ctypes.data, slots.nbytes, delivery.CUDA_HOST_REGISTER_PORTABLE)
+        assert int(rc) == 0
+        try:
+            real_pin(slots, device)
+        finally:
+            cudart.cudaHostUnregister(slots.ctypes.data)
+
+    monkeypatch.setattr(delivery, "pin", registered_twice)
+    saved = []
+    with pytest.warns(UserWarning, match="cudaHostRegister") as caught:
+        with make(data, "cuda", n_slots=2) as loader:
+            for _ in range(SLEEP_STEPS):
+                torch.cuda._sleep(SLEEP_CYCLES)
+                x, y = next(loader)
+                assert type(loader.debug().delivery) is delivery.StagedCopy
+                saved.append((x.clone(), y.clone()))
+            torch.cuda.synchronize()
+    assert sum("cudaHostRegister" in str(w.message) for w in caught) == 1
+    assert torch.ones(1024, device="cuda").cumsum(0)[-1].item() == 1024  # CUDA work runs after the refusal
+    for k, ((x, y), (ref_x, ref_y, _)) in enumerate(zip(saved, cpu_stream)):
+        assert torch.equal(x.cpu(), ref_x) and torch.equal(y.cpu(), ref_y), f"staged batch {k} differs"
+
+
 def test_side_stream(data, cpu_stream):
     stream = torch.cuda.Stream()
     with make(data, "cuda") as loader, torch.cuda.stream(stream):
@@ -180,8 +229,13 @@ def test_the_copy_is_on_a_profiler_trace_inside_next(data):
             for _ in range(3):
                 next(loader)
             torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    # the host's ranges: with CUDA activities torch also mirrors a range that issued GPU work onto
+    # the GPU's timeline (on an H200, torch 2.11: a second shmloader.copy, on DeviceType.CUDA)
+    host = [e.name for e in prof.events() if e.device_type == DeviceType.CPU]
     names = [e.name for e in prof.events()]
-    assert names.count("shmloader.next") == 3 and names.count("shmloader.copy") == 3, sorted(set(names))
+    assert host.count("shmloader.next") == 3 and host.count("shmloader.copy") == 3, sorted(set(host))
     assert any("Memcpy HtoD" in n or "memcpy" in n.lower() for n in names), sorted(set(names))
 
 

@@ -78,7 +78,8 @@ def test_demo_data_is_cached(demo):
 # ---------------------------------------------------------------- tools/bench/, one smoke run a topic
 
 TOPICS = ("throughput", "trainer", "evaluations", "base_train", "cache", "heal", "elastic", "engines", "packing",
-          "long_document", "mixture", "positions", "giga", "step_loop", "hf_engine")
+          "long_document", "mixture", "positions", "giga", "step_loop", "hf_engine", "gpu_train", "cuda_next",
+          "ring_slots")
 TINY = ("--batch-size", 2, "--seq-len", 128)
 
 
@@ -419,6 +420,34 @@ def test_profile_worker_samples_a_running_worker(demo):
     assert "M tokens/s meanwhile" in text
 
 
+@pytest.mark.slow  # 4 fresh processes with torch, each training a tiny model: 40 s
+def test_bench_gpu_train_harness_on_cpu(demo, tmp_path, capsys, watchdog):
+    text, got = bench("gpu_train", tmp_path, capsys, *on_demo(demo), "--corpus", "demo", "--device", "cpu",
+                      "--quick", "--models", "tiny", "--workers", 1, "--steps", 4, "--warmup", 1)
+    rows = {r["kind"]: r for r in got["rows"]}
+    assert set(rows) == {"ideal", "shmloader", "nanochat", "thread"}
+    for r in rows.values():
+        assert r["steps"] == 4 and r["step_ms"] > 0 and r["next_ms_median"] >= 0 and "gpu_wait_share" not in r
+    assert rows["shmloader"]["shmloader"] == str(REPO_ROOT)
+    assert re.search(r"^tiny \(\d+M\) +shmloader \(drop-in\) +[\d.,]+ +[\d.]+x +- ", text, re.M), text
+
+
+def test_bench_ring_slots(demo, tmp_path, capsys, watchdog):
+    text, got = bench("ring_slots", tmp_path, capsys, *on_demo(demo), "--corpus", "demo", "--workers", 1,
+                      "--slots", 2, 8, *TINY, "--seconds", 0.3)
+    first, more = got["rows"]
+    assert (first["n_slots"], more["n_slots"]) == (2, 8) and first["vs_first_rounds"] == [1.0]
+    assert more["vs_first_rounds"] == [more["tokens_per_s"] / first["tokens_per_s"]] and more["tokens_per_s"] > 0
+    assert re.search(r"^1 +8 +[\d.]+ M +[\d.]+x ", text, re.M), text
+
+
+def test_bench_cuda_next_without_a_gpu_times_the_loader_alone(demo, tmp_path, capsys, watchdog):
+    text, got = bench("cuda_next", tmp_path, capsys, *on_demo(demo), "--corpus", "demo", "--device", "cpu",
+                      "--workers", 1, "--n", 3, "--pauses", 0, 0.001)
+    assert list(got["rows"]) == ["next"] and set(got["rows"]["next"]) == {"0.0", "0.001"}
+    assert all(v["thread_us"] > 0 for v in got["rows"]["next"].values()) and text.count("\nnext ") == 1, text
+
+
 def test_gpu_check_help():
     text = run("tools/gpu_check.py", "--help")
     assert "--device" in text and "--workers" in text
@@ -430,7 +459,7 @@ def test_gpu_check_harness_on_cpu(demo):
     text = run("tools/gpu_check.py", "--device", "cpu", "--out-dir", out, "--vocab-size", VOCAB,
                "--workers", 1, "--batches", 16, "--buffer-size", 32, "--seconds", 0.3, "--cost-batches", 3)
     for check in ("PASS  device 'cpu': 16/16", "PASS  bos_bestfit: 16/16", "PASS  positions: 32/32", "PASS  close",
-                  "all checks passed"):
+                  "PASS  mixture: 16/16", "SKIP  staged", "all checks passed"):
         assert check in text, text
 
 

@@ -44,6 +44,20 @@ def loader(files, enc, B: int, T: int, packing: str = "concat"):
     return nanochat_style_batches(files, enc, B, T, bos_id(enc))
 
 
+def on_device(batches, device: str):
+    """`batches` moved to `device` as nanochat's loader moves its own: on CUDA each tensor is
+    page-locked first and copied without blocking (`pin_memory`, `non_blocking`); elsewhere as
+    they come."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        yield from batches
+        return
+    for batch in batches:
+        yield tuple(t.pin_memory().to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t
+                    for t in batch)
+
+
 def prefetched(gen, depth: int = 2):
     """`gen`'s items from a daemon thread through a queue of `depth`; an exception in the thread
     is raised at the caller's `next()`. The thread stops when the generator returned is closed."""

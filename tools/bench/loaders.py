@@ -38,21 +38,22 @@ def loader_child(cfg: dict) -> dict:
 
 def row(cfg: dict) -> dict:
     """A loader built by `cfg`: `kind` "baseline" (nanochat-style) or "shmloader" (`workers`,
-    `packing`, `engine`, optional `cache_dir`), timed to its first batch `first_runs` times and
+    `packing`, `engine`, optional `cache_dir` and `n_slots`), onto `device` (default "cpu"), timed to its first batch `first_runs` times and
     read as fast as it goes for `seconds` (`cache` "cold": its first epoch only)."""
     B, T = cfg["B"], cfg["T"]
     bestfit = cfg.get("packing") == "bos_bestfit"
     if cfg["kind"] == "baseline":
         enc = baseline.load_tiktoken(cfg["tokenizer"])
-        make = lambda: baseline.loader(cfg["files"], enc, B, T, cfg.get("packing", "concat"))  # noqa: E731
+        make = lambda: baseline.on_device(baseline.loader(cfg["files"], enc, B, T, cfg.get("packing", "concat")),  # noqa: E731
+                                          cfg.get("device", "cpu"))
     else:
         from shmloader import Mixture, ShmLoader
 
-        opts = {"cache_dir": cfg["cache_dir"]} if cfg.get("cache_dir") else {}
+        opts = {k: cfg[k] for k in ("cache_dir", "n_slots") if cfg.get(k)}
         mix = cfg.get("mixture")  # {"sources": {name: dir}, "weights": {name: weight}} (tools/bench/mixture.py)
         data = Mixture(mix["sources"], mix["weights"]) if mix else cfg["data"]
         make = lambda: ShmLoader(data, cfg["tokenizer"], B, T, "train", num_workers=cfg["workers"],  # noqa: E731
-                                 device="cpu", engine=cfg.get("engine", "auto"), packing=cfg.get("packing", "concat"),
+                                 device=cfg.get("device", "cpu"), engine=cfg.get("engine", "auto"), packing=cfg.get("packing", "concat"),
                                  **opts)
     firsts = [measure.first_batch_s(make) * 1e3 for _ in range(cfg.get("first_runs", 0))]
     out = {"kind": cfg["kind"], "workers": cfg.get("workers"), "packing": cfg.get("packing", "concat"),

@@ -48,6 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("auto", "tiktoken", "fastokens", "gigatoken"), default="auto",
                    help="the loaders' and the bare processes' engine (default auto: gigatoken where proven "
                         "equal, else fastokens when installed)")
+    p.add_argument("--device", default="cpu",
+                   help="where the loaders put their batches (default cpu; cuda: the pinned copy, and the "
+                        "baseline's batches pinned and copied without blocking, as nanochat's own)")
+    p.add_argument("--n-slots", type=int, default=None,
+                   help="shmloader's ring slots (slots; default the loader's own, 8)")
     p.add_argument("--seconds", type=float, default=None,
                    help="wall time of each row and of each set of bare processes (seconds; default 10, 3 with --quick)")
     p.add_argument("--repeat", type=int, default=1, help="rounds, every row once per round (rounds; default 1)")
@@ -60,8 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     results.add_json_arg(p, "throughput")
     args = p.parse_args(argv)
     args.seconds = args.seconds or (3.0 if args.quick else 10.0)
-    if min(args.workers) < 1 or min(args.batch_size, args.seq_len, args.repeat) < 1 or args.seconds <= 0:
-        p.error("--workers, --batch-size, --seq-len and --repeat must be >= 1, --seconds > 0")
+    if min(args.workers) < 1 or min(args.batch_size, args.seq_len, args.repeat) < 1 or args.seconds <= 0 \
+            or (args.n_slots is not None and args.n_slots < 2):
+        p.error("--workers, --batch-size, --seq-len and --repeat must be >= 1, --n-slots >= 2, --seconds > 0")
     corpora.check_args(p, args)
     children.check_compare(p, args)
     return args
@@ -73,7 +79,8 @@ def one_round(args, corpus, checkouts, step: str) -> list[dict]:
     cores = len(os.sched_getaffinity(0))
     files = corpora.split_files(corpus.data, "train")
     cfg = {"data": corpus.data, "tokenizer": corpus.tokenizer, "files": files, "B": args.batch_size,
-           "T": args.seq_len, "seconds": args.seconds, "engine": args.engine}
+           "T": args.seq_len, "seconds": args.seconds, "engine": args.engine, "device": args.device,
+           "n_slots": args.n_slots}
     where = f" ({corpus.name or corpus.data})"
     say = lambda what: print(f"{step}{what}{where} ...", file=sys.stderr)  # noqa: E731
     say("the nanochat-style baseline")
@@ -121,7 +128,9 @@ def main(argv=None) -> int:
     args, began = parse_args(argv), results.begin()
     found = corpora.resolve(args)
     per_corpus = children.in_rounds(args.repeat, found, args.compare, functools.partial(one_round, args))
-    figures = {"config": {"B": args.batch_size, "T": args.seq_len, "seconds": args.seconds, "engine": args.engine,
+    figures = {"config": {"B": args.batch_size, "T": args.seq_len, "device": args.device, "n_slots": args.n_slots,
+                          "seconds": args.seconds,
+                          "engine": args.engine,
                           "rounds": args.repeat, "workers": args.workers, "packings": args.packings,
                           "compare": str(args.compare) if args.compare else None},
                "corpora": [dict(summarise(rounds), corpus=c.name, data=c.data)
@@ -149,7 +158,7 @@ def name(row: dict) -> str:
 def report(run: dict) -> str:
     c = run["config"]
     m = run["machine"]
-    out = [f"tokens/s read, B={c['B']}, T={c['T']}, engine {c['engine']}, {c['seconds']:g} s a row, "
+    out = [f"tokens/s read into {c.get('device', 'cpu')}, B={c['B']}, T={c['T']}, engine {c['engine']}, {c['seconds']:g} s a row, "
            f"{plural(c['rounds'], 'round')}; {m['cores']} cores usable, load average at the start {m['load_average']}"]
     for entry in run["corpora"]:
         out += ["", f"corpus: {entry['corpus'] or entry['data']}", corpus_table(entry)]
