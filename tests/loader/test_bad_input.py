@@ -246,13 +246,28 @@ def test_bad_column_or_row_group(tmp_path, case):
     err = first_error(make_loader(tmp_path))
     assert type(err) is shmloader.DataError, f"{type(err).__name__}: {err}"
     msg = str(err)
-    # a wrong schema is found ahead, from the file's footer, by the coordinator; a bad row group
-    # when a worker reads it
-    who = r"coordinator \(pid \d+\)" if case in SCHEMA_CASES else r"worker \d \(pid \d+\)"
+    # a wrong schema is found ahead, from the file's footer, by the coordinator's check on a
+    # thread of its own, or by a worker that got to the file first (20 documents a file here: a
+    # loaded machine's worker can; test_a_bad_schema_far_ahead_is_found_before_a_worker_gets_there);
+    # a bad row group when a worker reads it
+    who = r"(coordinator|worker \d) \(pid \d+\)" if case in SCHEMA_CASES else r"worker \d \(pid \d+\)"
     assert re.search(who, msg), msg
     named = re.findall(r"row group (\d+)", msg)
     assert bad in msg and named and set(named) == {str(rg) if rg is not None else named[0]}, msg
     assert all(w in msg for w in words), msg
+
+
+@pytest.mark.parametrize("case", SCHEMA_CASES)
+def test_a_bad_schema_far_ahead_is_found_before_a_worker_gets_there(tmp_path, case):
+    """The last train file's footer is bad, 3,000 documents ahead of the first batch: the
+    coordinator's check ahead names it ("checked ahead") at once, long before the run reads it."""
+    paths = good_shards(tmp_path, n_docs=6000, num_files=3, rg=100)
+    bad = paths[1]  # the last train file (the last file is val)
+    words = COLUMN_CASES[case][0](bad)
+    err = first_error(make_loader(tmp_path, n_slots=2), limit_batches=50)
+    msg = str(err)
+    assert type(err) is shmloader.DataError and re.search(r"coordinator \(pid \d+\)", msg), msg
+    assert bad in msg and "row group 0 (checked ahead)" in msg and all(w in msg for w in words), msg
 
 
 def test_a_workers_error_is_not_lost_when_it_exits_with_orders_unread(tmp_path):

@@ -142,8 +142,11 @@ def test_a_dead_child_is_replaced_and_the_stream_goes_on_exactly(synth, tmp_path
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_a_stalled_child_is_killed_and_replaced(synth, who, packing):
     """SIGSTOP: no progress while next() waits; after stall_s the child is killed (its stall
-    logged and counted), every child starts again, and the stream is unchanged."""
-    want = reference(synth, packing, 400)
+    logged and counted), every child starts again, and the stream is unchanged. The batch that
+    first needs the stopped worker comes at 13 in 18 of 20 runs, at 48 and 206 in the others
+    (best fit, stopped while idle: the other worker's pieces cover the next ones); a run of a
+    full suite met none in 390, so up to 2,000 are taken."""
+    want = reference(synth, packing, 2000)
     rng = random.Random(8)
     with synth.loader(B, T, packing=packing, num_workers=2, stall_s=1.0, timeout=30, max_restarts=3,
                       **OPTS[packing]) as loader:
