@@ -35,6 +35,7 @@ third view on the CPU and nothing more on CUDA (the same one copy, B*T words lon
 loader blocks for a batch); `close()` waits for copies in flight and unpins.
 """
 import ctypes
+import os
 import sys
 import weakref
 from collections import deque
@@ -181,7 +182,9 @@ class StagedCopy:
 
     def __init__(self, slots: np.ndarray, free, device: torch.device):
         self.slots, self.free, self.device = slots, free, device
-        self.staging = [pinned_empty(slots.shape[1]) for _ in range(len(slots))]
+        n, row = slots.shape
+        block = pinned_empty(n * row)  # one allocation: torch rounds each up to a power of two
+        self.staging = [block[i * row:(i + 1) * row] for i in range(n)]
         self._staging_np = [buf.numpy() for buf in self.staging]
         self.events = [None] * len(slots)      # each staging buffer's last copy
         self.device_bufs = [torch.empty(slots.shape[1], dtype=torch.int64, device=device) for _ in range(2)]
@@ -274,44 +277,67 @@ class PinRefused(RuntimeError):
     """cudaHostRegister refused to page-lock the ring (the message says with which error)."""
 
 
+# cudaHostRegister's answers that mean "not this memory, not here": invalid value, out of memory,
+# already registered, not permitted, not supported. Any other error is the device's, not a refusal.
+REFUSALS = {1, 2, 712, 800, 801}
+
+
 def pin(slots: np.ndarray, device: torch.device):
     """Page-lock the ring once, for every CUDA context (portable), on the loader's device."""
     with torch.cuda.device(device):
-        rc = torch.cuda.cudart().cudaHostRegister(slots.ctypes.data, slots.nbytes,
-                                                  CUDA_HOST_REGISTER_PORTABLE)
-    if int(rc) != 0:
-        _clear_last_error()
-        raise PinRefused(f"cudaHostRegister of the {slots.nbytes:,} byte ring failed with CUDA error {int(rc)} "
-                         f"({_error_string(rc)})")
+        rc = int(torch.cuda.cudart().cudaHostRegister(slots.ctypes.data, slots.nbytes,
+                                                      CUDA_HOST_REGISTER_PORTABLE))
+    if rc == 0:
+        return
+    what = f"cudaHostRegister of the {slots.nbytes:,} byte ring failed with CUDA error {rc} ({_error_string(rc)})"
+    if rc not in REFUSALS:
+        raise DeviceError(f"{what} on {device}")
+    _clear_last_error(device)
+    raise PinRefused(what)
 
 
-def _error_string(rc) -> str:
+def _error_string(rc: int) -> str:
     try:
         return torch.cuda.cudart().cudaGetErrorString(rc)
     except Exception:  # noqa: BLE001 (a message only)
         return "no description"
 
 
-def _clear_last_error():
+def _clear_last_error(device: torch.device):
     """Reset the CUDA runtime's last error, which a refused cudaHostRegister leaves set: torch's
     check after its next kernel launch would otherwise raise it, far from here. Through the
-    process's own libcudart (torch's bindings have no cudaGetLastError); nothing where none is
-    mapped (a static runtime)."""
+    process's own libcudart where one is mapped (torch's bindings have no cudaGetLastError),
+    then, for a runtime linked in statically or one not found, by a throwaway launch whose
+    check reads the error (and clears it) here."""
+    for path in _mapped("libcudart"):
+        try:
+            ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL).cudaGetLastError()
+        except (OSError, AttributeError):
+            continue
+    try:
+        torch.zeros(1, device=device).add_(1)
+    except RuntimeError:
+        pass
+
+
+def _mapped(name: str) -> set:
+    """The files of this process's mappings whose path holds `name`."""
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libcudart" in line and "/" in line}
-        for path in paths:
-            ctypes.CDLL(path).cudaGetLastError()
+            return {parts[5].removesuffix(" (deleted)") for parts in (line.rstrip("\n").split(maxsplit=5) for line in f)
+                    if len(parts) == 6 and name in parts[5]}
     except OSError:
-        pass
+        return set()
 
 
 class Pinning:
     """A loader's answer to "pin the ring?", kept across its runs: yes until one refusal
-    (`refused`, said once), then stage (`StagedCopy`) without asking again."""
+    (`refused`), then stage (`StagedCopy`) without asking again; without pinned memory at all,
+    copy from pageable memory (`CopyOut`). The way it took is said once."""
 
     def __init__(self):
         self.refused = None
+        self.staged = True
 
     def delivery(self, slots: np.ndarray, free, device: torch.device):
         if self.refused is None:
@@ -319,9 +345,25 @@ class Pinning:
                 return PinnedCopy(slots, free, device)
             except PinRefused as exc:
                 self.refused = str(exc)
-                errors.warn(f"shmloader: {exc}; batches reach {device} through pinned staging buffers "
-                            f"instead (one CPU copy of each batch more)")
-        return StagedCopy(slots, free, device)
+                return self._fallback(slots, free, device, warn=True)
+        return self._fallback(slots, free, device, warn=False)
+
+    def _fallback(self, slots: np.ndarray, free, device: torch.device, warn: bool):
+        why = None
+        if self.staged:
+            try:
+                out = StagedCopy(slots, free, device)
+            except RuntimeError as exc:  # no page-locked memory either
+                self.staged, why = False, f"{type(exc).__name__}: {exc}"
+            else:
+                if warn:
+                    errors.warn(f"shmloader: {self.refused}; batches reach {device} through pinned staging "
+                                f"buffers instead (one CPU copy of each batch more)")
+                return out
+        if warn or why:
+            errors.warn(f"shmloader: {self.refused}, and pinned staging buffers could not be allocated ({why}); "
+                        f"batches are copied to {device} from pageable memory (each copy waits for the device)")
+        return CopyOut(slots, free, device)
 
 
 def device_of(device) -> torch.device:

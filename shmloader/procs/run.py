@@ -47,6 +47,7 @@ from .start import booting
 
 
 HEAD_SLOT = -1  # the slot of a batch the trainer made itself (`HeadStart`)
+FORKED_AWAY = []  # in a forked child: the parent's deliveries, kept (their CUDA memory must not be freed there)
 _new = tuple.__new__  # a NamedTuple made from a tuple: no Python frame (hot path)
 
 
@@ -283,6 +284,7 @@ class Runs:
         run, self.run = self.run, None
         if run is not None:
             run.children.forget()
+            FORKED_AWAY.append(run.delivery)  # never freed here: freeing its CUDA memory would call CUDA
 
     def _start(self):
         c, args = self.config, self._args

@@ -7,6 +7,8 @@ at close) everywhere. The stand-in: the "device buffers" are CPU tensors, the co
 copy, and each event completes only when the test (or the loader's own `synchronize()`)
 says so, so a slot freed before its copy "ran" is caught.
 """
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -150,6 +152,16 @@ def refused_cuda(monkeypatch):
     return tries
 
 
+class _NumpyWith:
+    """numpy, with some of its functions replaced (`copyto=...`), for one module's `np`."""
+
+    def __init__(self, **replaced):
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
 def _staged_on_cpu(real_init):
     def init(self, slots, free, device):
         real_init(self, slots, free, torch.device("cpu"))
@@ -165,21 +177,28 @@ def test_a_refused_cudahostregister_stages_batches_with_one_warning_and_the_same
     B, T, n, n_slots = 2, 32, 40, 3
     want_w, _ = synth.expected(n + 10, B, T, "train")
     written = []          # (batch, the event of the staging buffer's last copy was done when it was written)
-    freed, last = [], {}
+    freed, current = [], {}
     real_batch, real_free = delivery.StagedCopy.batch, TrainerEnd.free
 
     def batch(self, k, slot, shape):
-        last["event"] = self.events[k % len(self.staging)]
+        current.update(delivery=self, k=k)
         out = real_batch(self, k, slot, shape)
         assert freed and freed[-1] == k, f"batch {k}: its slot was not freed once copied out"
         return out
 
-    def checked_free(end, k):  # the staging buffer is written, its new copy not yet issued
-        event = last.pop("event", None)
-        written.append((k, event is None or event.done))
+    def copyto(dst, src, **kw):  # the delivery module's numpy: a write into a staging buffer is seen
+        staged = current.get("delivery")
+        if staged is not None and any(dst is buf for buf in staged._staging_np):
+            i = next(j for j, buf in enumerate(staged._staging_np) if dst is buf)
+            event = staged.events[i]
+            written.append((current["k"], event is None or event.done))
+        return np.copyto(dst, src, **kw)
+
+    def checked_free(end, k):
         freed.append(k)
         real_free(end, k)
 
+    monkeypatch.setattr(delivery, "np", _NumpyWith(copyto=copyto))
     monkeypatch.setattr(delivery.StagedCopy, "batch", batch)
     monkeypatch.setattr(TrainerEnd, "free", checked_free)
     with pytest.warns(UserWarning) as caught:
@@ -204,6 +223,54 @@ def test_a_refused_cudahostregister_stages_batches_with_one_warning_and_the_same
     assert all(np.array_equal(g, w) for g, w in zip(again, want_w[20:30]))
     assert len(buffers) == 2, "batches did not alternate between two device buffers"
     late = [k for k, done in written if not done]
-    assert not late, f"staging buffers written before their last copy completed: batches {late}"
+    assert len(written) == n + 10 and not late, f"staging buffers written before their last copy completed: {late}"
     assert sum(1 for k, _ in written if k >= n_slots) > 0, "no staging buffer was reused: the gate is untested"
     assert all(e is None or e.done for e in events), "close() did not wait for the copies in flight"
+
+
+def test_without_pinned_memory_either_batches_are_copied_from_pageable_memory_with_one_warning(
+        synth, refused_cuda, monkeypatch):
+    def no_pinned_memory(n):
+        raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
+
+    monkeypatch.setattr(delivery, "pinned_empty", no_pinned_memory)
+    monkeypatch.setattr(delivery.CopyOut, "__init__", _staged_on_cpu(delivery.CopyOut.__init__))
+    B, T, n = 2, 32, 20
+    want_w, _ = synth.expected(n + 5, B, T, "train")
+    with pytest.warns(UserWarning) as caught:
+        with synth.loader(B, T, "train", n_slots=3, num_workers=2, timeout=20, head_start=False) as loader:
+            got = [window_of(*next(loader)) for _ in range(n)]
+            assert type(loader.debug().delivery) is delivery.CopyOut
+            loader.load_state_dict(loader.state_dict())  # a second ring: no second try, no second word
+            got += [window_of(*next(loader)) for _ in range(5)]
+    said = [str(w.message) for w in caught if "cudaHostRegister" in str(w.message)]
+    assert len(said) == 1 and "pageable memory" in said[0] and "out of memory" in said[0], said
+    assert len(refused_cuda) == 1
+    assert all(np.array_equal(g, w) for g, w in zip(got, want_w))
+
+
+@pytest.mark.parametrize("rc, raised", [(801, delivery.PinRefused), (712, delivery.PinRefused),
+                                        (999, delivery.DeviceError)])
+def test_only_a_refusal_of_the_memory_is_a_refusal(monkeypatch, rc, raised):
+    """cudaHostRegister's refusals (not supported, already registered, ...) become PinRefused,
+    with the runtime's last error cleared; any other error (the device's) is a DeviceError."""
+    cleared = []
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            return rc
+
+        def cudaGetErrorString(self, code):
+            return f"error {code}"
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(delivery, "_clear_last_error", cleared.append)
+    with pytest.raises(raised, match=f"CUDA error {rc} \\(error {rc}\\)"):
+        delivery.pin(np.zeros((2, 8), dtype=np.int64), torch.device("cuda", 0))
+    assert len(cleared) == (raised is delivery.PinRefused)
+
+
+def test_the_mapped_libraries_are_read_whole_paths():
+    paths = delivery._mapped("libc")
+    assert paths and all(p.startswith("/") and not p.endswith("(deleted)") for p in paths), paths

@@ -15,7 +15,12 @@ every thread, the CUDA runtime's own too) of:
 - `event`: `torch.cuda.Event(blocking=True)` then `record()` (one per batch);
 - `copy`: issuing a non-blocking copy of a page-locked B*T+1 row into a device buffer;
 - `kernel`: a trivial kernel's launch (`torch.Tensor.add_` on one element): the price of any
-  CUDA call after the pause.
+  CUDA call after the pause;
+- `together`: query, event and copy one after the other after one pause, as a `next()` makes
+  them (each row above pays the pause's wake-up on its own).
+
+Before each `next()` the loader is polled every 2 ms until half its ring is ready, so its "0"
+row follows a short sleep or none; the CUDA rows' follow a `torch.cuda.synchronize()`.
 
 tools/gpu_check.py's "trainer cost" (process CPU of `next()` after a 20 ms sleep) is the
 loader's row at 0.02 s; this says which share of it is the loader's own work.
@@ -105,8 +110,13 @@ def main(argv=None) -> int:
         def event():
             torch.cuda.Event(blocking=True).record()
 
+        def together():
+            done.query()
+            dst.copy_(src, non_blocking=True)
+            event()
+
         calls = {"query": done.query, "event": event, "copy": lambda: dst.copy_(src, non_blocking=True),
-                 "kernel": lambda: one.add_(1)}
+                 "kernel": lambda: one.add_(1), "together": together}
         for name, fn in calls.items():
             rows[name] = {p: timed(fn, p, args.n, torch.cuda.synchronize) for p in args.pauses}
     figures = {"config": {"device": args.device, "B": B, "T": T, "workers": args.workers, "n": args.n,

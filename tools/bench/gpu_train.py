@@ -16,7 +16,9 @@ nanochat's best fit, `x, y, state = next(loader)`, B=32, T=2048 by default. A ro
 - the GPU's wait for data: per step, the time from the end of the last step's work on the GPU
   to the start of this step's forward (CUDA events recorded after the optimizer step and
   after `next()`): what the device spent idle because the host was still in `next()`; its
-  sum / the steps' wall time is the wait share. The ideal's is what the host's own gaps cost;
+  sum / the steps' wall time is the wait share. It misses idle time inside a step (a host
+  slowed by a loader thread's hold on the GIL launches late), which "GPU idle vs ideal",
+  1 - the ideal's step time / the row's, counts;
 - `next()`'s host wall time (median, 99th percentile) and the training process's CPU per step.
 
 The model is a plain pre-norm GPT (`MODELS`: "tiny", 2 layers of width 256, so fast a step
@@ -231,21 +233,23 @@ def report(run: dict) -> str:
     c = run["config"]
     out = [f"training loop on {c['device']}, B={c['B']}, T={c['T']}, {c['warmup']} warm-up + {c['steps']} timed steps "
            f"a row, shmloader {c['workers']} workers, the thread's queue {c['depth']}; corpus {run['corpus']}"]
-    head = ("model", "batches from", "step ms", "vs ideal", "GPU wait share", "GPU wait ms median/max",
-            "next() ms median/p99", "trainer CPU ms/step", "tokens/s")
+    head = ("model", "batches from", "step ms", "vs ideal", "GPU idle vs ideal", "GPU wait share",
+            "GPU wait ms median/max", "next() ms median/p99", "trainer CPU ms/step", "tokens/s")
     rows = []
     for r in run["rows"]:
         ideal = next(i for i in run["rows"] if i["model"] == r["model"] and i["kind"] == "ideal")
         wait = r.get("gpu_wait_share")
         rows.append((f"{r['model']} ({r['params_m']:.0f}M)", NAMES[r["kind"]], fmt(r["step_ms"], ",.2f"),
-                     f"{r['step_ms'] / ideal['step_ms']:.2f}x", "-" if wait is None else f"{wait:.1%}",
+                     f"{r['step_ms'] / ideal['step_ms']:.2f}x", f"{1 - ideal['step_ms'] / r['step_ms']:.1%}",
+                     "-" if wait is None else f"{wait:.1%}",
                      "-" if wait is None else f"{r['gpu_wait_ms_median']:.2f} / {r['gpu_wait_ms_max']:.1f}",
                      f"{r['next_ms_median']:.2f} / {r['next_ms_p99']:.1f}", fmt(r["cpu_ms_per_step"], ",.1f"),
                      f"{r['tokens_per_s'] / 1e6:.2f} M"))
     out.append(results.table(head, rows))
     out.append("(GPU wait: the time from the end of a step's work on the device to the start of the next step's "
-               "forward, when the host was still in next(); vs ideal: step time / the same loop's on batches "
-               "already on the device)")
+               "forward, when the host was still in next(); GPU idle vs ideal: 1 - the ideal's step time / this "
+               "one's, which also counts the device idle inside a step (launches the host made late); vs ideal: "
+               "step time / the same loop's on batches already on the device)")
     return "\n".join(out)
 
 

@@ -1,6 +1,6 @@
 """Tokens/s against the ring's size: shmloader read as fast as it goes with each `--slots` count
-and each `--workers` count, interleaved in rounds (so that a slow stretch of a shared machine
-hits every row alike).
+and each `--workers` count, interleaved in rounds, every other round in reverse order (so that
+a slow stretch of a shared machine hits every row alike).
 
     python tools/bench/ring_slots.py --corpus nanochat --workers 8 14 --slots 8 16 32 --repeat 2
     python tools/bench/ring_slots.py --quick                   # the harness
@@ -53,13 +53,13 @@ def main(argv=None) -> int:
     rounds = []
     with children.checkouts(None) as cks:
         for r in range(args.repeat):
-            rows = []
-            for w in args.workers:
-                for s in args.slots:
-                    print(f"round {r + 1}/{args.repeat}: {w} workers, {s} slots ...", file=sys.stderr)
-                    rows.append(dict(children.run("loaders:loader_child", dict(cfg, workers=w, n_slots=s), cks[-1]),
-                                     n_slots=s))
-            rounds.append(rows)
+            rows = {}
+            order = [(w, s) for w in args.workers for s in args.slots]
+            for w, s in (order if r % 2 == 0 else order[::-1]):  # every other round backwards: no row always first
+                print(f"round {r + 1}/{args.repeat}: {w} workers, {s} slots ...", file=sys.stderr)
+                rows[w, s] = dict(children.run("loaders:loader_child", dict(cfg, workers=w, n_slots=s), cks[-1]),
+                                  n_slots=s)
+            rounds.append([rows[key] for key in order])
     out = []
     for i in range(len(rounds[0])):
         runs = [rnd[i] for rnd in rounds]
