@@ -34,8 +34,6 @@ third view on the CPU and nothing more on CUDA (the same one copy, B*T words lon
 `reclaim(wait)` frees what came back (`wait`: also wait for copies in flight, before the
 loader blocks for a batch); `close()` waits for copies in flight and unpins.
 """
-import ctypes
-import os
 import sys
 import weakref
 from collections import deque
@@ -305,65 +303,48 @@ def _error_string(rc: int) -> str:
 
 def _clear_last_error(device: torch.device):
     """Reset the CUDA runtime's last error, which a refused cudaHostRegister leaves set: torch's
-    check after its next kernel launch would otherwise raise it, far from here. Through the
-    process's own libcudart where one is mapped (torch's bindings have no cudaGetLastError),
-    then, for a runtime linked in statically or one not found, by a throwaway launch whose
-    check reads the error (and clears it) here."""
-    for path in _mapped("libcudart"):
-        try:
-            ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL).cudaGetLastError()
-        except (OSError, AttributeError):
-            continue
+    check after its next kernel launch would otherwise raise it, far from here. A throwaway
+    launch here has torch's check read it (cudaGetLastError, which resets it), and it is dropped."""
     try:
         torch.zeros(1, device=device).add_(1)
     except RuntimeError:
         pass
 
 
-def _mapped(name: str) -> set:
-    """The files of this process's mappings whose path holds `name`."""
-    try:
-        with open("/proc/self/maps") as f:
-            return {parts[5].removesuffix(" (deleted)") for parts in (line.rstrip("\n").split(maxsplit=5) for line in f)
-                    if len(parts) == 6 and name in parts[5]}
-    except OSError:
-        return set()
-
-
 class Pinning:
-    """A loader's answer to "pin the ring?", kept across its runs: yes until one refusal
-    (`refused`), then stage (`StagedCopy`) without asking again; without pinned memory at all,
-    copy from pageable memory (`CopyOut`). The way it took is said once."""
+    """A loader's way of putting batches on its CUDA device, kept across its runs (rings): pin
+    the ring (`PinnedCopy`) until cudaHostRegister refuses, then pinned staging buffers
+    (`StagedCopy`), and without pinned memory at all pageable copies (`CopyOut`). Each step down
+    is taken once and said once; a later ring starts where the last one ended."""
 
     def __init__(self):
-        self.refused = None
-        self.staged = True
+        self.way = PinnedCopy
+        self.refused = None  # cudaHostRegister's answer, in words
 
     def delivery(self, slots: np.ndarray, free, device: torch.device):
-        if self.refused is None:
+        how = None  # the step down taken by this ring, to be said
+        if self.way is PinnedCopy:
             try:
                 return PinnedCopy(slots, free, device)
             except PinRefused as exc:
-                self.refused = str(exc)
-                return self._fallback(slots, free, device, warn=True)
-        return self._fallback(slots, free, device, warn=False)
-
-    def _fallback(self, slots: np.ndarray, free, device: torch.device, warn: bool):
-        why = None
-        if self.staged:
+                self.way, self.refused = StagedCopy, str(exc)
+                how = f"batches reach {device} through pinned staging buffers instead (one CPU copy of each batch more)"
+        if self.way is StagedCopy:
             try:
                 out = StagedCopy(slots, free, device)
             except RuntimeError as exc:  # no page-locked memory either
-                self.staged, why = False, f"{type(exc).__name__}: {exc}"
+                self.way = CopyOut
+                how = (f"pinned staging buffers could not be allocated either ({type(exc).__name__}: {exc}); "
+                       f"batches are copied to {device} from pageable memory (each copy waits for the device)")
             else:
-                if warn:
-                    errors.warn(f"shmloader: {self.refused}; batches reach {device} through pinned staging "
-                                f"buffers instead (one CPU copy of each batch more)")
+                self._say(how)
                 return out
-        if warn or why:
-            errors.warn(f"shmloader: {self.refused}, and pinned staging buffers could not be allocated ({why}); "
-                        f"batches are copied to {device} from pageable memory (each copy waits for the device)")
+        self._say(how)
         return CopyOut(slots, free, device)
+
+    def _say(self, how: str | None):
+        if how is not None:
+            errors.warn(f"shmloader: {self.refused}; {how}")
 
 
 def device_of(device) -> torch.device:

@@ -8,6 +8,7 @@ copy, and each event completes only when the test (or the loader's own `synchron
 says so, so a slot freed before its copy "ran" is caught.
 """
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -271,6 +272,19 @@ def test_only_a_refusal_of_the_memory_is_a_refusal(monkeypatch, rc, raised):
     assert len(cleared) == (raised is delivery.PinRefused)
 
 
-def test_the_mapped_libraries_are_read_whole_paths():
-    paths = delivery._mapped("libc")
-    assert paths and all(p.startswith("/") and not p.endswith("(deleted)") for p in paths), paths
+def test_a_forked_child_keeps_the_parents_staged_delivery(synth, refused_cuda):
+    """In a child forked from the trainer the parent's delivery is kept, never freed: freeing
+    its pinned staging memory would call CUDA there (torch's host allocator records events)."""
+    from shmloader.procs import run
+
+    with pytest.warns(UserWarning, match="cudaHostRegister"):
+        with synth.loader(2, 32, "train", n_slots=3, num_workers=2, timeout=20, head_start=False) as loader:
+            next(loader)
+            staged = loader.debug().delivery
+            assert type(staged) is delivery.StagedCopy
+            child = os.fork()
+            if child == 0:  # the fork handler has made the loader forget its run
+                os._exit(0 if any(d is staged for d in run.FORKED_AWAY) else 7)
+            _, status = os.waitpid(child, 0)
+            next(loader)  # the parent's loader goes on
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked child let go of the parent's delivery"

@@ -28,7 +28,6 @@ loader's row at 0.02 s; this says which share of it is the loader's own work.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 if not __package__:  # run as a file: this checkout first on the path (tools.bench, its shmloader)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.bench import corpora, results  # noqa: E402
+from tools.bench import corpora, measure, results  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,11 +55,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _process_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def timed(fn, pause: float, n: int, before=None) -> dict:
     """Median thread and process CPU (us) of `fn()` over `n` calls, each after `before()` and `pause`."""
     thread, process = [], []
@@ -69,10 +63,10 @@ def timed(fn, pause: float, n: int, before=None) -> dict:
             before()
         if pause:
             time.sleep(pause)
-        t0, p0 = time.thread_time(), _process_cpu()
+        t0, p0 = time.thread_time(), measure.cpu_s()
         fn()
         thread.append(time.thread_time() - t0)
-        process.append(_process_cpu() - p0)
+        process.append(measure.cpu_s() - p0)
     return {"thread_us": statistics.median(thread) * 1e6, "process_us": statistics.median(process) * 1e6}
 
 

@@ -38,14 +38,14 @@ def loader_child(cfg: dict) -> dict:
 
 def row(cfg: dict) -> dict:
     """A loader built by `cfg`: `kind` "baseline" (nanochat-style) or "shmloader" (`workers`,
-    `packing`, `engine`, optional `cache_dir` and `n_slots`), onto `device` (default "cpu"), timed to its first batch `first_runs` times and
-    read as fast as it goes for `seconds` (`cache` "cold": its first epoch only)."""
-    B, T = cfg["B"], cfg["T"]
-    bestfit = cfg.get("packing") == "bos_bestfit"
+    `packing`, `engine`, optional `cache_dir` and `n_slots`), onto `device` (default "cpu"),
+    timed to its first batch `first_runs` times and read as fast as it goes for `seconds`
+    (`cache` "cold": its first epoch only)."""
+    B, T, device, packing = cfg["B"], cfg["T"], cfg.get("device", "cpu"), cfg.get("packing", "concat")
+    bestfit = packing == "bos_bestfit"
     if cfg["kind"] == "baseline":
         enc = baseline.load_tiktoken(cfg["tokenizer"])
-        make = lambda: baseline.on_device(baseline.loader(cfg["files"], enc, B, T, cfg.get("packing", "concat")),  # noqa: E731
-                                          cfg.get("device", "cpu"))
+        make = lambda: baseline.on_device(baseline.loader(cfg["files"], enc, B, T, packing), device)  # noqa: E731
     else:
         from shmloader import Mixture, ShmLoader
 
@@ -53,10 +53,9 @@ def row(cfg: dict) -> dict:
         mix = cfg.get("mixture")  # {"sources": {name: dir}, "weights": {name: weight}} (tools/bench/mixture.py)
         data = Mixture(mix["sources"], mix["weights"]) if mix else cfg["data"]
         make = lambda: ShmLoader(data, cfg["tokenizer"], B, T, "train", num_workers=cfg["workers"],  # noqa: E731
-                                 device=cfg.get("device", "cpu"), engine=cfg.get("engine", "auto"), packing=cfg.get("packing", "concat"),
-                                 **opts)
+                                 device=device, engine=cfg.get("engine", "auto"), packing=packing, **opts)
     firsts = [measure.first_batch_s(make) * 1e3 for _ in range(cfg.get("first_runs", 0))]
-    out = {"kind": cfg["kind"], "workers": cfg.get("workers"), "packing": cfg.get("packing", "concat"),
+    out = {"kind": cfg["kind"], "workers": cfg.get("workers"), "packing": packing,
            "cache": cfg.get("cache"), "first_batch_ms": firsts}
     # an empty cache is read for its first epoch only: later epochs would hit what it wrote
     out.update(read_as_fast(make(), cfg["seconds"], B * (T + 1) if bestfit else B * T + 1, bestfit,

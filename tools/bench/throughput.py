@@ -129,9 +129,7 @@ def main(argv=None) -> int:
     found = corpora.resolve(args)
     per_corpus = children.in_rounds(args.repeat, found, args.compare, functools.partial(one_round, args))
     figures = {"config": {"B": args.batch_size, "T": args.seq_len, "device": args.device, "n_slots": args.n_slots,
-                          "seconds": args.seconds,
-                          "engine": args.engine,
-                          "rounds": args.repeat, "workers": args.workers, "packings": args.packings,
+                          "seconds": args.seconds, "engine": args.engine, "rounds": args.repeat, "workers": args.workers, "packings": args.packings,
                           "compare": str(args.compare) if args.compare else None},
                "corpora": [dict(summarise(rounds), corpus=c.name, data=c.data)
                            for c, rounds in zip(found, per_corpus)]}
@@ -158,8 +156,9 @@ def name(row: dict) -> str:
 def report(run: dict) -> str:
     c = run["config"]
     m = run["machine"]
-    out = [f"tokens/s read into {c.get('device', 'cpu')}, B={c['B']}, T={c['T']}, engine {c['engine']}, {c['seconds']:g} s a row, "
-           f"{plural(c['rounds'], 'round')}; {m['cores']} cores usable, load average at the start {m['load_average']}"]
+    out = [f"tokens/s read into {c.get('device', 'cpu')}, B={c['B']}, T={c['T']}, engine {c['engine']}, "
+           f"{c['seconds']:g} s a row, {plural(c['rounds'], 'round')}; {m['cores']} cores usable, load average at "
+           f"the start {m['load_average']}"]
     for entry in run["corpora"]:
         out += ["", f"corpus: {entry['corpus'] or entry['data']}", corpus_table(entry)]
         for kind, what in (("bare", "bare engine processes"), ("bare_read", "bare processes that read too")):
