@@ -19,6 +19,7 @@ from shmloader.ipc.handover import TrainerEnd
 from tests.helpers import window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
+CPU_MAKE = delivery.make  # before any test replaces it
 
 
 class FakeEvent:
@@ -288,3 +289,22 @@ def test_a_forked_child_keeps_the_parents_staged_delivery(synth, refused_cuda):
             _, status = os.waitpid(child, 0)
             next(loader)  # the parent's loader goes on
     assert os.waitstatus_to_exitcode(status) == 0, "the forked child let go of the parent's delivery"
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_staged_batches_with_positions_equal_the_cpu_loaders(synth, refused_cuda, monkeypatch, packing):
+    """Through the staging buffers a slot's whole row travels: tokens, then positions, in either
+    packing's window (best fit's is 2*B*T)."""
+    B, T, n = 2, 32, 30
+    kw = {"packing": packing, "positions": True, "num_workers": 2, "timeout": 20, "head_start": False}
+    with pytest.warns(UserWarning, match="cudaHostRegister"):
+        with synth.loader(B, T, "train", **kw) as loader:
+            got = [tuple(t.clone() for t in next(loader)) for _ in range(n)]
+            assert type(loader.debug().delivery) is delivery.StagedCopy
+    monkeypatch.setattr(delivery, "make", CPU_MAKE)  # the reference: the CPU loader's own delivery
+    with synth.loader(B, T, "train", **kw) as cpu:
+        want = [tuple(t.clone() for t in next(cpu)) for _ in range(n)]
+        assert type(cpu.debug().delivery) is delivery.Lending
+    assert sum(int((w[2] == 0).sum()) for w in want) >= 5  # documents start inside the batches
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert all(torch.equal(a, b) for a, b in zip(g, w)), f"batch {k} ({packing}) differs through staging"
