@@ -1,11 +1,12 @@
 """Finding the shards and reading their `text` column; used by the coordinator and workers.
 
 Files are sorted by name; `train` is all but the last file, `val` the last (nanochat's
-convention). `data` may be local (a directory, a glob, a list, `file://` URIs) or on any
-`pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`; credentials and endpoints
-from the usual environment or the URI's query, e.g. `?endpoint_override=host:port&scheme=http`,
-or an explicit `filesystem=`). Every failure is a `DataError` naming the file, the row group
-and what to do; `read_or_skip` applies the `on_bad_row_group` policy to one.
+convention). `data` may be local (a directory, a glob: a path by which nothing exists, a list,
+`file://` URIs) or on any `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`;
+credentials and endpoints from the usual environment or the URI's query, e.g.
+`?endpoint_override=host:port&scheme=http`, or an explicit `filesystem=`). Every failure is a
+`DataError` naming the file, the row group and what to do; `read_or_skip` applies the
+`on_bad_row_group` policy to one.
 """
 import glob
 import hashlib
@@ -99,7 +100,10 @@ def _fs_path(uri: str) -> str:
 def list_files(data, filesystem=None) -> list[str]:
     """All parquet files of `data`: a directory, a glob, or a list of paths; sorted by name.
     `None` is nanochat's directory (`default_data_dir`). In a directory only names ending in
-    `.parquet` count, so partial downloads (`*.parquet.tmp`) are skipped, as nanochat does."""
+    `.parquet` count, so partial downloads (`*.parquet.tmp`) are skipped, as nanochat does.
+    A path that exists is that file or directory, whatever `*?[` its name holds (`set[1]/` is
+    not `set1/`); a glob is a path that does not exist, its existing leading part literal. A
+    list's entries and a remote path are never globs."""
     if data is None:
         data = default_data_dir()
     fs = filesystem_for(data, filesystem)
@@ -109,12 +113,15 @@ def list_files(data, filesystem=None) -> list[str]:
         data = data[len("file://"):]
     if isinstance(data, (str, os.PathLike)):
         data = os.fspath(data)
-        if any(c in data for c in "*?["):
-            files = _shards(glob.glob(data), data)
-        elif os.path.isdir(data):
+        if os.path.isdir(data):
             files = _shards([os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet")], data)
         elif os.path.isfile(data):
             files = [data]
+        elif _is_glob(data) and not os.path.lexists(data):  # nothing by that name: a glob
+            files = _shards(glob.glob(_literal_head(data)), data)
+            if not files:
+                raise DataError(f"no *.parquet files match {data} (read as a glob: no file or directory "
+                                f"has that name): check the path, or write shards there")
         else:
             raise DataError(f"data directory {data} does not exist: pass data= (a directory of "
                             f"*.parquet shards, a glob or a list of files) or set NANOCHAT_BASE_DIR")
@@ -130,6 +137,19 @@ def list_files(data, filesystem=None) -> list[str]:
             raise DataError(f"data lists {len(not_files)} path(s) that are not files: {not_files[:3]}; "
                             f"list the parquet shards themselves")
     return sorted(files)
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _literal_head(pattern: str) -> str:
+    """`pattern` with its longest leading part that exists by its name escaped: an existing
+    `set[1]/` in `set[1]/*.parquet` is that directory, not a pattern that matches `set1/`."""
+    head = pattern
+    while head and not os.path.lexists(head):
+        head = os.path.dirname(head.rstrip(os.sep))
+    return glob.escape(head) + pattern[len(head):]
 
 
 def _shards(found: list[str], where: str) -> list[str]:

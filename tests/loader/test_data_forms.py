@@ -120,6 +120,22 @@ def test_directories_and_dot_files_named_parquet_are_not_shards(tmp_path):
         loader([*paths, str(spark)])
 
 
+def test_a_directory_named_with_glob_characters_is_read_as_itself(tmp_path):
+    """`set[1]/` beside `set1/`, another data set: `set[1]`, a file in it, a list of its files
+    and a mixture's source are each read as the path they name, never as a glob matching set1."""
+    paths = shards(tmp_path / "set[1]", [(i * 5) % 17 for i in range(160)])
+    other = shards(tmp_path / "set1", [3] * 160)
+    mixture = shmloader.Mixture({"a": str(tmp_path / "set[1]"), "b": str(tmp_path / "set1")}, {"a": 1, "b": 1})
+    for data in (tmp_path / "set[1]", paths[-1], paths[1:]):
+        with loader(data, split="val") as ld:
+            assert ld.files == paths[-1:], data
+    with shmloader.ShmLoader(mixture, helpers.IntTokenizer(), B, T, "val", device="cpu") as ld:
+        assert ld.files == [paths[-1], other[-1]], ld.files
+    with loader(tmp_path / "set[1]") as ld:
+        got = [window_of(*next(ld)) for _ in range(3)]
+    assert all(np.array_equal(g, w) for g, w in zip(got, expected(paths[:-1], 3)))
+
+
 def test_cache_dir_that_cannot_be_a_directory_is_refused_at_construction(tmp_path):
     shards(tmp_path / "data", [5] * 40)
     a_file = tmp_path / "cache"

@@ -40,6 +40,28 @@ def test_list_files_glob_and_list(tmp_path):
     assert list_files([tmp_path / "s1.parquet"]) == [str(tmp_path / "s1.parquet")]
 
 
+def test_a_path_that_exists_is_never_a_glob(tmp_path):
+    """`set[1]/` beside `set1/`: a name with `*?[` that exists is that file or directory (a glob
+    read `set[1]/shard_00002.parquet` as set1's, another data set, and found no shard in
+    `br[ack]et/`); a glob is a path by which nothing exists, its existing leading part literal."""
+    def shards(name, n=3):
+        (tmp_path / name).mkdir()
+        return [write(tmp_path / name / f"shard_{i:05d}.parquet", [f"{name} {i}"]) for i in range(n)]
+
+    bracket, plain, odd = shards("set[1]"), shards("set1"), shards("br[ack]et", 2)
+    star = shards("a*b", 2)
+    assert list_files(bracket[2]) == [bracket[2]]
+    assert list_files(str(tmp_path / "set[1]")) == bracket and list_files(tmp_path / "set[1]") == bracket
+    assert list_files(str(tmp_path / "br[ack]et")) == odd
+    assert list_files(str(tmp_path / "a*b")) == star and list_files("file://" + star[1]) == [star[1]]
+    assert list_files(str(tmp_path / "set[1]" / "*.parquet")) == bracket  # the existing directory, then a glob
+    assert list_files(str(tmp_path / "set?" / "*.parquet")) == plain  # nothing by that name: a glob
+    assert list_files(str(tmp_path / "set[12]" / "shard_0000[01].parquet")) == plain[:2]
+    assert list_files([bracket[2], plain[0], odd[1]]) == sorted([bracket[2], plain[0], odd[1]])  # a list's entries
+    with pytest.raises(DataError, match=r"no \*\.parquet files match .*set\[2\].*read as a glob"):
+        list_files(str(tmp_path / "set[2]" / "shard_00000.parquet"))
+
+
 def test_list_files_local_file_uris(tmp_path):
     for name in ["b.parquet", "a.parquet"]:
         (tmp_path / name).write_bytes(b"x")

@@ -36,6 +36,15 @@ def test_a_source_without_files_is_named(three, tmp_path):
         Sources(Mixture({"web": str(three / "web"), "none": str(tmp_path / "none")}, {"web": 1}), "train")
 
 
+def test_a_source_named_with_glob_characters_is_that_directory(three, tmp_path):
+    """A source `code[1]/` beside `code1/` is read as itself (as `data=`, data/source.py), not as
+    a glob that matches `code1/`."""
+    corpus.write_shards([f"other {i}" for i in range(12)], tmp_path / "code1", num_files=2, row_group_size=2)
+    (three / "code").rename(tmp_path / "code[1]")
+    sources = Sources(Mixture({"web": str(three / "web"), "code": str(tmp_path / "code[1]")}, {"web": 1}), "train")
+    assert [p.split("/")[-2] for p in sources.paths] == ["code[1]"] * 3 + ["web"] * 2
+
+
 def test_what_a_mixture_refuses():
     with pytest.raises(ValueError, match="only for now .*'packed' over a mixture"):
         mixstate.refuse(SimpleNamespace(packing="packed", cache_dir=None))  # a packing with no mixture mode
