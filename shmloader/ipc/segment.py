@@ -14,8 +14,10 @@ and the coordinator unlinks it only when the trainer died (`unlink_orphan`).
   (`_untracked`: every process of a loader shares the trainer's tracker, whose registry is a
   set, so a child's register-then-unregister could meet another's and fail there).
 - **Reserved up front.** The segment's space is allocated when it is created
-  (`posix_fallocate` on its file), so a too-small /dev/shm is an `OSError` at start naming the
-  MiB needed and free, never a SIGBUS in a worker later.
+  (`posix_fallocate` on its file), so a too-small /dev/shm is an error at start naming the
+  MiB needed and free, never a SIGBUS in a worker later. A /dev/shm that refuses the segment
+  (full, read-only) is a `ShmLoaderError` naming /dev/shm, the size asked and what to do,
+  raised from the `OSError` (`_refused`).
 - **Held by its creator.** The trainer holds an exclusive `flock` on the segment's file for
   as long as the segment is its (`Segment.lock_fd`), and writes the ring's header only once
   it holds it; the kernel drops the lock when the trainer dies, whatever killed it.
@@ -34,6 +36,7 @@ and the coordinator unlinks it only when the trainer died (`unlink_orphan`).
 Linux only (/dev/shm).
 """
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -44,6 +47,7 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+from ..errors import ShmLoaderError
 from .ring import LAYOUT_VERSION, MAGIC, Ring, RingLayout
 from .signals import pid_alive, sigint_blocked
 
@@ -122,7 +126,10 @@ def create(layout: RingLayout) -> tuple[Segment, Ring]:
     try:
         with sigint_blocked():
             name = new_name()
-            open_shared(name, create=True, size=layout.nbytes).close()
+            try:
+                open_shared(name, create=True, size=layout.nbytes).close()
+            except OSError as exc:
+                raise _refused(exc, layout.nbytes) from exc
             segment = Segment(name, os.open(os.path.join(SHM_DIR, name), os.O_RDWR))
         fcntl.flock(segment.lock_fd, fcntl.LOCK_EX)  # before the header: see the module docstring
         _reserve(segment.lock_fd, layout.nbytes)
@@ -147,11 +154,34 @@ def _reserve(fd: int, nbytes: int):
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
+        raise _refused(exc, nbytes) from exc
+
+
+def _refused(exc: OSError, nbytes: int) -> ShmLoaderError:
+    """The `ShmLoaderError` for /dev/shm refusing a ring of `nbytes` (to be raised from `exc`):
+    what it said, the size asked, and what to do about a read-only, unwritable or full /dev/shm."""
+    needs = f"shmloader needs {_size(nbytes)} of shared memory in {SHM_DIR} for its ring"
+    said = exc.strerror or exc
+    if exc.errno == errno.EROFS:
+        return ShmLoaderError(f"{needs}, but {SHM_DIR} is read-only ({said}): mount a writable tmpfs there "
+                              f"(docker: --tmpfs /dev/shm or --shm-size; Kubernetes: an emptyDir of medium Memory)")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return ShmLoaderError(f"{needs}, but this user may not create files there ({said}): make {SHM_DIR} "
+                              f"writable to it (a tmpfs of mode 1777, as usual)")
+    if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+        return ShmLoaderError(f"{needs} but only {_size(_free())} are free ({said}): enlarge {SHM_DIR} (mount "
+                              f"-o remount,size=...; docker: --shm-size; Kubernetes: an emptyDir of medium "
+                              f"Memory with a sizeLimit) or lower B, T or n_slots")
+    return ShmLoaderError(f"{needs}, but creating it failed ({said}, errno {exc.errno}): check that "
+                          f"{SHM_DIR} is a writable tmpfs with room for it")
+
+
+def _free() -> int:
+    try:
         st = os.statvfs(SHM_DIR)
-        free = st.f_bavail * st.f_frsize
-        raise OSError(exc.errno, f"shmloader needs {_size(nbytes)} of shared memory in {SHM_DIR} but only "
-                      f"{_size(free)} are free: enlarge /dev/shm (docker: --shm-size) or lower B, "
-                      f"T or n_slots") from exc
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 def _size(n: int) -> str:

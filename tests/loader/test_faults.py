@@ -314,17 +314,35 @@ def test_no_room_in_dev_shm(synth, monkeypatch):
     loader = synth.loader(B, T, "val", num_workers=2, n_slots=n_slots)
     try:
         started = time.monotonic()
-        with pytest.raises(OSError) as info:
+        with pytest.raises(shmloader.ShmLoaderError) as info:
             next(loader)
         assert time.monotonic() - started < DETECT_S
         assert loader_children() == [] and shm_segments() == [], "a failed start left something behind"
     finally:
         loader.close()
     msg = str(info.value)
-    assert info.value.errno == errno.ENOSPC, msg
-    assert not isinstance(info.value, shmloader.ShmLoaderError)
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC, msg
     assert re.search(rf"needs {need:.1f} MiB \([\d,]+ bytes\) .* only \d+\.\d MiB \([\d,]+ bytes\) are free", msg), msg
     assert "/dev/shm" in msg and "shm-size" in msg, msg
+    assert_clean()
+
+
+def test_a_read_only_dev_shm(synth, monkeypatch):
+    """/dev/shm refuses the segment (read-only, EROFS, stubbed here): the first next() raises
+    a ShmLoaderError naming /dev/shm, the size and what to do, raised from the OSError, and
+    nothing is left running."""
+    def read_only(name, create=False, size=0):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), f"/{name}")
+
+    monkeypatch.setattr(segmod, "open_shared", read_only)
+    loader = synth.loader(4, 64, "val", num_workers=2)
+    try:
+        with pytest.raises(shmloader.ShmLoaderError, match=r"MiB .* of shared memory in /dev/shm .* read-only") as info:
+            next(loader)
+        assert loader_children() == [] and shm_segments() == [], "a failed start left something behind"
+    finally:
+        loader.close()
+    assert info.value.__cause__.errno == errno.EROFS and "--shm-size" in str(info.value)
     assert_clean()
 
 

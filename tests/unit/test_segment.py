@@ -1,6 +1,6 @@
 """ipc/segment.py in this process: the ring's SharedMemory, created and attached out of
 Python's resource tracker, sharing one memory; creator_pid, sweep_stale keeping this
-process's ring, and the clear OSError when /dev/shm is too small. Every segment created here
+process's ring, and the clear ShmLoaderError when /dev/shm is too small or read-only. Every segment created here
 is unlinked in a finally block. (A dead creator's segment swept, and the resource tracker of
 a killed trainer with children: tests/loader/test_segment.py.)"""
 
@@ -12,6 +12,7 @@ from multiprocessing import shared_memory
 import numpy as np
 import pytest
 
+from shmloader.errors import ShmLoaderError
 from shmloader.ipc import segment as segmod
 from shmloader.ipc.ring import LAYOUT_VERSION, MAGIC, WORKER_FIELDS, Counter, RingLayout, WorkerCol
 from shmloader.ipc.segment import PREFIX, SHM_DIR, Attached, creator_pid, sweep_stale
@@ -107,7 +108,7 @@ def test_sweep_stale_keeps_a_ring_of_this_process():
         segment.unlink()
 
 
-# ------------------------------------------------------------------ too small /dev/shm
+# ------------------------------------------------------------------ too small or read-only /dev/shm
 
 def _enospc(fd, offset, length):
     raise OSError(errno.ENOSPC, "No space left on device")
@@ -115,21 +116,46 @@ def _enospc(fd, offset, length):
 
 def test_reserve_names_mib_needed_and_free(monkeypatch):
     monkeypatch.setattr(segmod.os, "posix_fallocate", _enospc)
-    with pytest.raises(OSError) as ei:
+    with pytest.raises(ShmLoaderError) as ei:
         segmod._reserve(0, 300 * 2**20)
     msg = str(ei.value)
-    assert ei.value.errno == errno.ENOSPC
     assert "300.0 MiB (314,572,800 bytes)" in msg and "bytes) are free" in msg and SHM_DIR in msg
-    assert isinstance(ei.value.__cause__, OSError)
+    assert "--shm-size" in msg and "lower B, T or n_slots" in msg, msg
+    assert isinstance(ei.value.__cause__, OSError) and ei.value.__cause__.errno == errno.ENOSPC
 
 
 def test_create_cleans_up_when_reservation_fails(monkeypatch):
     before = own_segments()
     monkeypatch.setattr(segmod.os, "posix_fallocate", _enospc)
     lay = RingLayout(4, 2**18, 2)  # 8 MiB of slots
-    with pytest.raises(OSError, match="MiB"):
+    with pytest.raises(ShmLoaderError, match="MiB"):
         segmod.create(lay)
     assert own_segments() == before  # nothing left behind in /dev/shm
+
+
+@pytest.mark.parametrize("code, says", [(errno.EROFS, r"/dev/shm is read-only \(Read-only file system\): mount a "
+                                                      r"writable tmpfs there \(docker: --tmpfs /dev/shm or --shm-size"),
+                                        (errno.ENOSPC, r"but only [\d.]+ MiB \([\d,]+ bytes\) are free \(No space "
+                                                       r"left on device\): enlarge /dev/shm .*docker: --shm-size"),
+                                        (errno.EACCES, r"may not create files there \(Permission denied\)")])
+def test_a_dev_shm_that_refuses_the_segment_is_a_shmloader_error(monkeypatch, code, says):
+    """Creating the segment itself refused (a read-only /dev/shm: EROFS; full: ENOSPC; not
+    this user's: EACCES): a ShmLoaderError naming /dev/shm, the size asked and what to do,
+    raised from the OSError (it was a bare `OSError [Errno 30]`), and nothing left behind."""
+    def refuse(name, create=False, size=0):
+        assert create
+        raise OSError(code, os.strerror(code), f"/{name}")
+
+    before = own_segments()
+    monkeypatch.setattr(segmod, "open_shared", refuse)
+    lay = RingLayout(4, 2**18, 2)
+    with pytest.raises(ShmLoaderError, match=says) as ei:
+        segmod.create(lay)
+    msg = str(ei.value)
+    assert msg.startswith(f"shmloader needs {lay.nbytes / 2**20:.1f} MiB ({lay.nbytes:,} bytes) of shared memory "
+                          f"in {SHM_DIR} for its ring"), msg
+    assert isinstance(ei.value.__cause__, OSError) and ei.value.__cause__.errno == code
+    assert own_segments() == before
 
 
 def test_reserve_really_reserves():
