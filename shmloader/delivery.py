@@ -29,7 +29,8 @@ third view on the CPU and nothing more on CUDA (the same one copy, B*T words lon
   written again only once the event of its last copy has completed. One CPU copy of the
   batch more than `PinnedCopy`. `make` tries to pin each ring of a loader until one refusal
   (`Pinning`), warns once, and stages from then on.
-- `CopyOut` (any other device): copied out of the slot, freed at once, then `.to(device)`.
+- `CopyOut` (CUDA without pinned memory at all): copied out of the slot, freed at once, then
+  `.to(device)`. No other device is taken (`device_of`).
 
 `reclaim(wait)` frees what came back (`wait`: also wait for copies in flight, before the
 loader blocks for a batch); `close()` waits for copies in flight and unpins.
@@ -347,10 +348,30 @@ class Pinning:
             errors.warn(f"shmloader: {self.refused}; {how}")
 
 
+DEVICES = "\"cpu\", \"cuda\", \"cuda:N\", an int N (cuda:N) or a torch.device of type cpu or cuda"
+
+
 def device_of(device) -> torch.device:
-    """`device` as a torch.device with its index; a CUDA device this torch cannot use is a
-    DeviceError that says to pass device="cpu" (torch's own is an AssertionError, raised later)."""
-    device = torch.device(device)
+    """`device` as a torch.device with its index, checked before anything starts: "cpu",
+    "cuda", "cuda:N", an int N (cuda:N, as torch on a CUDA machine) or a torch.device of those
+    types; any other is a DeviceError saying which are supported (a batch can be moved with
+    `.to()`). A CUDA device this torch cannot use is a DeviceError that says to pass
+    device="cpu" (torch's own is an AssertionError, raised later)."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise DeviceError(f"device={device}: a CUDA device's index is 0 or more; pass {DEVICES}")
+        device = torch.device("cuda", device)
+    elif isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError as exc:
+            raise DeviceError(f"device={device!r} is not a device torch knows ({exc}); pass {DEVICES}") from exc
+    elif not isinstance(device, torch.device):
+        raise DeviceError(f"device={device!r} ({type(device).__name__}): expected {DEVICES}")
+    if device.type not in ("cpu", "cuda"):
+        raise DeviceError(f"device={str(device)!r}: shmloader delivers batches on the CPU or a CUDA device "
+                          f"only ({DEVICES}); pass device=\"cpu\" and move each batch with "
+                          f"inputs.to({str(device)!r})")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch is a CPU build" if torch.version.cuda is None
@@ -359,13 +380,15 @@ def device_of(device) -> torch.device:
                               f"pass device=\"cpu\" to load on the CPU")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= (count := torch.cuda.device_count()):
+            raise DeviceError(f"device={str(device)!r}, but {count} CUDA device{'s are' if count != 1 else ' is'} "
+                              f"visible (cuda:0 to cuda:{count - 1}); pass one of them")
     return device
 
 
 def make(device: torch.device, slots: np.ndarray, free, lend_cap: int, pinning: Pinning | None = None):
-    """The delivery for `device` (`pinning`: the loader's, kept across its rings)."""
+    """The delivery for `device`, cpu or cuda (`device_of`; `pinning`: the loader's, kept
+    across its rings)."""
     if device.type == "cpu":
         return Lending(slots, free, lend_cap)
-    if device.type == "cuda":
-        return (pinning or Pinning()).delivery(slots, free, device)
-    return CopyOut(slots, free, device)
+    return (pinning or Pinning()).delivery(slots, free, device)

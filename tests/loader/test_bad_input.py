@@ -83,7 +83,7 @@ def test_missing_data_dir(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
-@pytest.mark.parametrize("device", ["cuda", "cuda:0", "default"])
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0, torch.device("cuda", 1), "default"])
 def test_cuda_without_cuda_says_pass_cpu_before_anything_else(tmp_path, device):
     """device="cuda" (ShmLoader's and nanochat's default) on a torch without CUDA: shmloader's
     own DeviceError naming device="cpu", raised first (the data directory here does not even
@@ -96,6 +96,38 @@ def test_cuda_without_cuda_says_pass_cpu_before_anything_else(tmp_path, device):
     with pytest.raises(shmloader.DeviceError, match=r"pass device=\"cpu\""):  # nanochat's call
         shmloader.tokenizing_distributed_data_loader(B, T, "train", data=gone, tokenizer=helpers.IntTokenizer())
     assert_started_nothing()
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "hpu", "meta", torch.device("mps"), "xla:0", "gpu", -1, 1.0,
+                                    None, True])
+def test_a_device_shmloader_cannot_deliver_on_is_refused_when_made(tmp_path, device):
+    """Any device but cpu and cuda (an int N is cuda:N) is a DeviceError at the call, naming the
+    supported ones, before the data is read or a process started: "mps", "xpu", "hpu" failed at
+    the first next() with torch's errors once the children ran, "meta" gave tensors without
+    data, and an unknown name or device=0 without CUDA was torch's RuntimeError."""
+    good_shards(tmp_path)
+    with pytest.raises(shmloader.DeviceError, match=r'"cpu", "cuda", "cuda:N", an int N') as ei:
+        make_loader(tmp_path, device=device)
+    if isinstance(device, (str, torch.device)) and str(device) not in ("gpu",):
+        assert f"device={str(device)!r}" in str(ei.value) and ".to(" in str(ei.value), ei.value
+    assert_started_nothing()
+
+
+def test_an_int_device_is_that_cuda_device(monkeypatch):
+    """device=N is cuda:N, as torch on a CUDA machine; an index past the visible devices is a
+    DeviceError at the call (here torch's CUDA is stubbed: 2 devices)."""
+    from shmloader import delivery
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert delivery.device_of(0) == torch.device("cuda", 0) and delivery.device_of(1) == torch.device("cuda", 1)
+    assert delivery.device_of("cuda") == torch.device("cuda", 1)  # the current device, as before
+    assert delivery.device_of(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    for past in (2, "cuda:2", torch.device("cuda", 5)):
+        with pytest.raises(shmloader.DeviceError, match=r"2 CUDA devices are visible \(cuda:0 to cuda:1\)"):
+            delivery.device_of(past)
+    assert delivery.device_of("cpu") == torch.device("cpu")
 
 
 def test_dir_without_parquet(tmp_path):
