@@ -141,7 +141,8 @@ class ShmLoader:
         self._begin(statemod.start(self._identity()))
         if resume_state is not None:
             self.load_state_dict(resume_state)
-        lifecycle.register(self)
+        # who the log lines are of (a training and a validation loader may log to one logger)
+        self._name = f"{os.getpid()}-{lifecycle.register(self)} ({split}{self._of_ranks()})"
 
     B = property(lambda self: self.config.B, doc="rows per batch")
     T = property(lambda self: self.config.T, doc="tokens per row")
@@ -376,15 +377,20 @@ class ShmLoader:
         self._lock = threading.Lock()  # the parent's other thread may have held it
         self._runs.forget()
 
+    def _of_ranks(self) -> str:
+        return f", rank {self.rank} of {self.world_size}" if self.world_size > 1 else ""
+
     def _log_start(self):
         """The start-up, once and apart (grep "shmloader start-up"): the log's intervals begin at
-        the first batch, so that a slow start hides in none of them."""
+        the first batch, so that a slow start hides in none of them. Both lines end with the
+        loader they are of ("; loader <pid>-<n> (<split>)": the process's n-th loader)."""
         seen, s = self._sources_seen, self._stats(self._logged)  # the log's interval begins here
         self._sources_seen = seen
         logging.getLogger("shmloader").info(
             "batch 1: shmloader start-up: the first batch came %.2f s after the loader was made (%.2f s of it "
-            "waited in next()), %d worker%s; the interval lines count from here", time.monotonic() - self._made,
-            s["wait_s"], s["num_workers"], "s" if s["num_workers"] != 1 else "")
+            "waited in next()), %d worker%s; the interval lines count from here; loader %s",
+            time.monotonic() - self._made, s["wait_s"], s["num_workers"], "s" if s["num_workers"] != 1 else "",
+            self._name)
 
     def _log(self):
         """One line per `log_every` batches, over the batches since the last line (its own interval,
@@ -399,6 +405,6 @@ class ShmLoader:
             extra += f", engines {' | '.join(w.get('engine') or '-' for w in s['workers'])}"
         logging.getLogger("shmloader").info(
             "batch %d: shmloader interval %.1f s: %.0f tokens/s delivered, wait share %.1f%% "
-            "(last wait %.3f s), ring %d/%d ready%s; epoch %d, %.1f s waited in all%s",
+            "(last wait %.3f s), ring %d/%d ready%s; epoch %d, %.1f s waited in all%s; loader %s",
             s["batches"], s["interval_s"], s["delivered_tokens_per_s"], 100 * s["wait_share"],
-            s["last_wait_s"], s["ready"], s["ring_slots"], workers, s["epoch"], s["wait_s"], extra)
+            s["last_wait_s"], s["ready"], s["ring_slots"], workers, s["epoch"], s["wait_s"], extra, self._name)

@@ -9,8 +9,12 @@ logging at INFO): the start-up line ("batch 1: shmloader start-up: the first bat
 after the loader was made ...") and one "shmloader interval" line per N batches. The intervals
 follow one another from the first batch, so an interval's end is the start-up plus the
 intervals so far; the plot's clock is seconds since the loader was made. A log of several
-loaders (a training and a validation loader) holds their lines interleaved: give the lines of
-one (grep) or `--every N` to keep those of the loader logging every N batches.
+loaders (a training and a validation loader, several ranks) holds their lines interleaved;
+each line ends with the loader it is of ("; loader 4242-1 (train)": pid 4242's first loader),
+and the tool plots one: the first in the log, or `--loader 4242-2` (or `--loader val`: the
+first loader of that split), naming on stderr those the log holds. Lines from a shmloader
+before that ending are all one loader's: `--every N` keeps those of the loader logging every
+N batches.
 
 `--measure S`: a loader on the demo corpus (built offline under `--cache-dir`, as the demo
 builds it) read for S seconds by a trainer whose step takes `--step-ms` (0: as fast as it
@@ -36,6 +40,8 @@ if __package__ in (None, ""):  # `python tools/plot_pipeline.py`: the repository
 START = re.compile(r"batch 1: shmloader start-up: the first batch came ([\d.]+) s after the loader was made")
 INTERVAL = re.compile(r"batch (\d+): shmloader interval ([\d.]+) s: ([\d.]+) tokens/s delivered, wait share "
                       r"([\d.]+)% \(last wait ([\d.]+) s\), ring (\d+)/(\d+) ready")
+LOADER = re.compile(r"; loader (\d+-\d+) \(([^)]*)\)\s*$")  # a line's loader: its id, then split (and rank)
+UNNAMED = ""  # the loader of lines without that ending (a shmloader from before it)
 
 
 class Point(NamedTuple):
@@ -49,14 +55,54 @@ class Point(NamedTuple):
     slots: int
 
 
-def parse(lines, every: int | None = None) -> tuple[float, list[Point]]:
-    """`(start_up_s, points)` from a log's lines (other lines ignored); `every`: keep the
-    intervals whose batch is a multiple of it. No start-up line: the clock starts at 0."""
+def loader_of(line: str) -> tuple[str, str]:
+    """`(id, what)` of the loader a shmloader line is of ("4242-1", "train"); `(UNNAMED, "")`
+    for a line without the ending."""
+    m = LOADER.search(line)
+    return (m[1], m[2]) if m else (UNNAMED, "")
+
+
+def loaders(lines) -> dict[str, tuple[str, int]]:
+    """The loaders whose start-up or interval lines `lines` holds, in the order each first
+    appears: id -> (what it is, e.g. "train", its number of lines)."""
+    found = {}
+    for line in lines:
+        if START.search(line) or INTERVAL.search(line):
+            ident, what = loader_of(line)
+            found[ident] = (what, found.get(ident, (what, 0))[1] + 1)
+    return found
+
+
+def pick(found: dict, wanted: str | None) -> str:
+    """The loader to plot: `wanted` (an id, or a split naming the first such loader), else the
+    first; a `ValueError` naming those present when `wanted` is none of them."""
+    if wanted is None:
+        return next(iter(found))
+    if wanted in found:
+        return wanted
+    for ident, (what, _) in found.items():
+        if what.split(",")[0] == wanted:
+            return ident
+    raise ValueError(f"no loader {wanted!r} in the log; it holds {describe(found)}")
+
+
+def describe(found: dict) -> str:
+    return ", ".join(f"{ident or '(unnamed)'}{f' ({what})' if what else ''}: {n} line{'s' if n != 1 else ''}"
+                     for ident, (what, n) in found.items())
+
+
+def parse(lines, every: int | None = None, loader: str | None = None) -> tuple[float, list[Point]]:
+    """`(start_up_s, points)` from a log's lines (other lines ignored); `loader`: keep that
+    loader's lines only (an id of `loaders`; None: every line, as one loader's); `every`: keep
+    the intervals whose batch is a multiple of it. No start-up line: the clock starts at 0."""
     start_up, points = None, []
     for line in lines:
-        if start_up is None and (m := START.search(line)):
+        start, interval = START.search(line), INTERVAL.search(line)
+        if (start or interval) and loader is not None and loader_of(line)[0] != loader:
+            continue
+        if start_up is None and (m := start):
             start_up = float(m[1])
-        elif m := INTERVAL.search(line):
+        elif m := interval:
             batch = int(m[1])
             if every and batch % every:
                 continue
@@ -156,7 +202,10 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--log", type=Path, help="a log file with shmloader's log_every lines")
     src.add_argument("--measure", type=float, metavar="SECONDS", help="measure a demo-corpus loader for SECONDS")
-    ap.add_argument("--every", type=int, help="--log: keep the lines of the loader logging every N batches")
+    ap.add_argument("--loader", help="--log: the loader to plot, its id in the lines' '; loader ID (split)' "
+                    "ending (e.g. 4242-2) or a split (val: its first loader); default: the first in the log")
+    ap.add_argument("--every", type=int, help="--log: keep the lines of the loader logging every N batches "
+                    "(logs whose lines name no loader)")
     ap.add_argument("--out", type=Path, default=Path("pipeline.png"), help="the picture (PNG; default pipeline.png)")
     ap.add_argument("--no-plot", action="store_true", help="print the table only")
     ap.add_argument("--step-ms", type=float, default=0.0, help="--measure: the trainer's step, ms of busy work "
@@ -169,13 +218,30 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab-size", type=int, default=4096, help="--measure: the demo tokenizer's size (default 4096)")
     args = ap.parse_args(argv)
     if args.log is not None:
-        lines, title = args.log.read_text(errors="replace").splitlines(), str(args.log)
+        try:
+            lines, title = args.log.read_text(errors="replace").splitlines(), str(args.log)
+        except OSError as exc:
+            print(f"plot_pipeline: cannot read the log {args.log}: {exc.strerror or exc}; give a log file "
+                  f"holding shmloader's log_every lines", file=sys.stderr)
+            return 2
     else:
         lines = measure(args.measure, args.step_ms, args.log_every, args.workers, args.cache_dir, args.batch_size,
                         args.seq_len, args.vocab_size)
         title = (f"demo corpus, {args.workers} workers, B={args.batch_size} T={args.seq_len}, "
                  f"steps of {args.step_ms:g} ms")
-    start_up, points = parse(lines, args.every)
+    loader, found = None, loaders(lines)
+    if found:
+        try:
+            loader = pick(found, args.loader)
+        except ValueError as exc:
+            print(f"plot_pipeline: {exc}", file=sys.stderr)
+            return 2
+        if len(found) > 1 or loader != UNNAMED:
+            print(f"plot_pipeline: the log holds {len(found)} loader{'s' if len(found) != 1 else ''} "
+                  f"({describe(found)}); plotting {loader or '(unnamed)'}"
+                  f"{' (--loader to choose another)' if len(found) > 1 else ''}", file=sys.stderr)
+            title += f", loader {loader}" if loader else ""
+    start_up, points = parse(lines, args.every, loader)
     if not points:
         raise SystemExit("plot_pipeline: no 'shmloader interval' lines found (make the loader with log_every=N "
                          "and log at INFO: logging.basicConfig(level=logging.INFO))")

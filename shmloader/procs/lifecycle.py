@@ -2,7 +2,8 @@
 served to one thread at a time.
 
 - **Exit.** Every loader is registered (`register`, a weak set): at interpreter exit each one
-  still open is closed, so its children exit and its segment is unlinked.
+  still open is closed, so its children exit and its segment is unlinked. `register` numbers
+  the process's loaders 1, 2, ... in the order they are made (their log lines name them).
 - **Fork.** In a child made by `os.fork()` from a process that holds loaders, none of them is
   used: each one forgets its processes and ring without touching them (`loader._forked()`:
   they are the parent's) and refuses to be used (`LoaderClosed`); the forkserver and the
@@ -11,6 +12,7 @@ served to one thread at a time.
   seconds, then raises `LoaderTimeout` naming the call.
 """
 import atexit
+import itertools
 import os
 import weakref
 
@@ -20,16 +22,19 @@ from .start import forget_forkserver
 
 _live = weakref.WeakSet()
 _registered = False
+_numbers = itertools.count(1)
 
 
-def register(loader):
-    """Close `loader` at exit (if still open) and let go of it in a forked child."""
+def register(loader) -> int:
+    """Close `loader` at exit (if still open) and let go of it in a forked child; its number
+    among the loaders made in this process."""
     global _registered
     _live.add(loader)
     if not _registered:
         atexit.register(_close_all)
         os.register_at_fork(after_in_child=_forget_all)
         _registered = True
+    return next(_numbers)
 
 
 def _close_all():

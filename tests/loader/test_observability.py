@@ -321,7 +321,7 @@ def test_log_every_line_names_the_interval_figures(data, caplog):
         assert re.search(r"wait share \d+\.\d%", line) and re.search(r"ring \d/8 ready", line), line
         assert re.search(r"busiest worker \d \d+% busy, idlest worker \d \d+%", line), line
         # each worker's engine (an IntTokenizer's), "-" for one that has not finished a run of documents yet
-        assert re.search(r", engines (object|-) \| (object|-)$", line), line
+        assert re.search(r", engines (object|-) \| (object|-); loader \d+-\d+ \(train\)$", line), line
     assert "engines object" in lines[-1] or "| object" in lines[-1], lines[-1]
     # the log keeps its own interval: the caller's first stats() still runs from the loader's start
     assert caller["interval_s"] > float(re.search(r"interval ([\d.]+) s", lines[1]).group(1)) - 0.05
@@ -339,7 +339,8 @@ def test_the_start_up_is_reported_once_and_apart_from_the_intervals(data, caplog
     lines = [r.getMessage() for r in caplog.records if r.name == "shmloader"]
     assert len(lines) == 2 and "shmloader interval" in lines[1], lines
     m = re.fullmatch(r"batch 1: shmloader start-up: the first batch came ([\d.]+) s after the loader was made "
-                     r"\(([\d.]+) s of it waited in next\(\)\), 2 workers; the interval lines count from here", lines[0])
+                     r"\(([\d.]+) s of it waited in next\(\)\), 2 workers; the interval lines count from here; "
+                     r"loader \d+-\d+ \(train\)", lines[0])
     assert m, lines[0]
     start_up, waited = float(m[1]), float(m[2])
     assert 0 < waited <= start_up + 0.01 and start_up <= wall + 0.005  # printed to 0.01 s

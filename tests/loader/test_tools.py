@@ -14,7 +14,10 @@ are marked slow, so that the default suite stays near 5 minutes; CI runs both.
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
+import logging
+import os
 import pickle
 import re
 import shlex
@@ -405,6 +408,33 @@ def test_plot_pipeline_reads_a_log_and_keeps_one_loaders_lines(tmp_path):
                       plot_pipeline.Point(8, 6.0, 2.0, 30000.0, 0.015, 7, 8)]
     assert plot_pipeline.main(["--log", str(log), "--every", "4", "--out", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_plot_pipeline_tells_the_loaders_of_one_log_apart(tmp_path, caplog):
+    """A train and a val loader of one process, both logging every 2 batches to the same
+    logger: each line names its loader (pid, number, split), and the tool keeps each one's
+    lines apart (`--every 2` kept both)."""
+    import shmloader
+    from tools import plot_pipeline
+
+    helpers.position_shards(tmp_path, [(i * 7) % 19 for i in range(200)], num_files=3)
+    caplog.set_level(logging.INFO, logger="shmloader")
+    made = [shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 2, 16, split, device="cpu", num_workers=1,
+                                log_every=2, timeout=60) for split in ("train", "val")]
+    with made[0] as train, made[1] as val:
+        for _ in range(3):
+            for loader in (train, val):
+                for _ in itertools.islice(loader, 2):
+                    pass
+    lines = [r.getMessage() for r in caplog.records if r.name == "shmloader"]
+    found = plot_pipeline.loaders(lines)
+    assert [what for what, n in found.values()] == ["train", "val"] and all(n == 4 for _, n in found.values()), found
+    ids = list(found)
+    assert ids[0].startswith(f"{os.getpid()}-") and ids[0] != ids[1]
+    for ident in ids:
+        start_up, points = plot_pipeline.parse(lines, loader=ident)
+        assert start_up > 0 and [p.batch for p in points] == [2, 4, 6], (ident, lines)
+    assert [p.batch for p in plot_pipeline.parse(lines, every=2)[1]] == [2, 2, 4, 4, 6, 6]  # what --every did
 
 
 def test_profile_worker_samples_a_running_worker(demo):

@@ -5,8 +5,8 @@ busy work never sleeps, memory is counted over a process tree, base_train's eval
 last val loader until the next is built, rounds become medians and per-round ratios by
 arithmetic, a results file says what, where, when and how, another checkout is put first on a
 child's path, and tools/bench/base_train.py patches only nanochat's loader import and times the
-val loader without changing its batches. (The tools run as a user runs them:
-tests/loader/test_tools.py.)
+val loader without changing its batches, and tools/plot_pipeline.py plots one loader of a log
+that holds several. (The tools run as a user runs them: tests/loader/test_tools.py.)
 """
 import json
 import os
@@ -20,6 +20,7 @@ import pytest
 
 from shmloader.demo import corpus, prepare_data
 from tests.helpers import REPO_ROOT, read_texts, row_group_sizes
+from tools import plot_pipeline
 from tools.bench import children, corpora, evaluations, measure, results, step_loop, throughput, trainer
 
 VOCAB = 512
@@ -303,3 +304,68 @@ def test_base_train_patches_only_the_loader_import_and_times_the_val_loader(tmp_
         evals.patched(checkout, tmp_path / "other", "shmloader")
     with pytest.raises(SystemExit, match="no scripts/base_train.py"):
         evals.patched(tmp_path / "bare", tmp_path / "again", "shmloader")
+
+
+def _interval(batch, interval_s, tokens_per_s, loader=None):
+    return (f"batch {batch}: shmloader interval {interval_s} s: {tokens_per_s} tokens/s delivered, wait share 1.0% "
+            f"(last wait 0.001 s), ring 3/8 ready; epoch 1, 0.1 s waited in all, engines object | object"
+            + (f"; loader {loader}" if loader else ""))
+
+
+def _start(seconds, loader):
+    return (f"batch 1: shmloader start-up: the first batch came {seconds} s after the loader was made (0.10 s of it "
+            f"waited in next()), 2 workers; the interval lines count from here; loader {loader}")
+
+
+def test_plot_pipeline_plots_one_loader_of_a_log_of_several(tmp_path, capsys):
+    """A train and a val loader logging every 4 batches to one log: their lines interleave and
+    `--every` cannot tell them apart (the tool mixed the val loader's lines into the train
+    timeline). Each line names its loader; the tool plots the first, or `--loader` (an id or a
+    split), and says which the log holds."""
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([
+        "step 1 loss 9.1",
+        _start("2.00", "77-1 (train)"), _interval(4, 1.0, 1000, "77-1 (train)"),
+        _start("0.50", "77-2 (val)"), _interval(4, 0.2, 500, "77-2 (val)"),
+        _interval(8, 1.5, 2000, "77-1 (train)"), _interval(8, 0.3, 600, "77-2 (val)"),
+        _interval(12, 2.0, 3000, "77-1 (train)")]) + "\n")
+    lines = log.read_text().splitlines()
+    assert plot_pipeline.loaders(lines) == {"77-1": ("train", 4), "77-2": ("val", 3)}
+    start_up, points = plot_pipeline.parse(lines, loader="77-1")
+    assert start_up == 2.0 and [(p.batch, p.at_s, p.tokens_per_s) for p in points] == \
+        [(4, 3.0, 1000), (8, 4.5, 2000), (12, 6.5, 3000)]
+    start_up, points = plot_pipeline.parse(lines, loader="77-2")
+    assert start_up == 0.5 and [(p.batch, p.at_s) for p in points] == [(4, 0.7), (8, 1.0)]
+
+    def table(*args):
+        assert plot_pipeline.main(["--log", str(log), "--no-plot", *args]) == 0
+        out, err = capsys.readouterr()
+        return [line.split()[:3] for line in out.splitlines()[2:]], err
+
+    rows, err = table()
+    assert rows == [["4", "3.0", "1,000"], ["8", "4.5", "2,000"], ["12", "6.5", "3,000"]], rows
+    assert "the log holds 2 loaders (77-1 (train): 4 lines, 77-2 (val): 3 lines); plotting 77-1" in err, err
+    assert table("--loader", "val")[0] == table("--loader", "77-2")[0] == [["4", "0.7", "500"], ["8", "1.0", "600"]]
+    assert plot_pipeline.pick({"9-1": ("val, rank 1 of 2", 2), "9-2": ("train, rank 1 of 2", 5)}, "train") == "9-2"
+    assert plot_pipeline.main(["--log", str(log), "--no-plot", "--loader", "77-3"]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "no loader '77-3' in the log; it holds 77-1 (train)" in err, err
+
+
+def test_plot_pipeline_reads_a_log_whose_lines_name_no_loader(tmp_path, capsys):
+    """A log from a shmloader before the lines named their loader is one loader's, as before."""
+    log = tmp_path / "old.log"
+    log.write_text(_interval(4, 1.0, 1000) + "\n" + _interval(8, 1.5, 2000) + "\n")
+    assert plot_pipeline.main(["--log", str(log), "--no-plot"]) == 0
+    out, err = capsys.readouterr()
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["4", "8"] and err == "", (out, err)
+
+
+def test_plot_pipeline_without_its_log_says_so_in_one_line(tmp_path):
+    """A missing log file: one line on stderr and exit code 2, not a traceback."""
+    gone = tmp_path / "no_such.log"
+    proc = subprocess.run([sys.executable, "tools/plot_pipeline.py", "--log", str(gone), "--no-plot"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr == f"plot_pipeline: cannot read the log {gone}: No such file or directory; give a log file " \
+                          f"holding shmloader's log_every lines\n", proc.stderr
