@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # `python tools/plot_pipeline.py`: the repository
 START = re.compile(r"batch 1: shmloader start-up: the first batch came ([\d.]+) s after the loader was made")
 INTERVAL = re.compile(r"batch (\d+): shmloader interval ([\d.]+) s: ([\d.]+) tokens/s delivered, wait share "
                       r"([\d.]+)% \(last wait ([\d.]+) s\), ring (\d+)/(\d+) ready")
-LOADER = re.compile(r"; loader (\d+-\d+) \(([^)]*)\)\s*$")  # a line's loader: its id, then split (and rank)
+LOADER = re.compile(r"; loader ((\d+-\d+) \(([^)]*)\))")  # a line's loader: "4242-1 (train)", its id, split
 UNNAMED = ""  # the loader of lines without that ending (a shmloader from before it)
 
 
@@ -55,50 +55,50 @@ class Point(NamedTuple):
     slots: int
 
 
-def loader_of(line: str) -> tuple[str, str]:
-    """`(id, what)` of the loader a shmloader line is of ("4242-1", "train"); `(UNNAMED, "")`
-    for a line without the ending."""
+def loader_of(line: str) -> str:
+    """The loader a shmloader line is of, as its ending names it ("4242-1 (train)", with ", rank
+    r of w" after the split when there are several ranks: ranks in other containers may share a
+    pid); `UNNAMED` for a line without the ending."""
     m = LOADER.search(line)
-    return (m[1], m[2]) if m else (UNNAMED, "")
+    return m[1] if m else UNNAMED
 
 
-def loaders(lines) -> dict[str, tuple[str, int]]:
+def loaders(lines) -> dict[str, int]:
     """The loaders whose start-up or interval lines `lines` holds, in the order each first
-    appears: id -> (what it is, e.g. "train", its number of lines)."""
+    appears, with their numbers of lines."""
     found = {}
     for line in lines:
         if START.search(line) or INTERVAL.search(line):
-            ident, what = loader_of(line)
-            found[ident] = (what, found.get(ident, (what, 0))[1] + 1)
+            name = loader_of(line)
+            found[name] = found.get(name, 0) + 1
     return found
 
 
 def pick(found: dict, wanted: str | None) -> str:
-    """The loader to plot: `wanted` (an id, or a split naming the first such loader), else the
-    first; a `ValueError` naming those present when `wanted` is none of them."""
+    """The loader of `found` to plot: `wanted` (its name, its id "4242-2", or a split: the
+    first such loader), else the first; a `ValueError` naming those present when `wanted` is
+    none of them."""
     if wanted is None:
         return next(iter(found))
-    if wanted in found:
-        return wanted
-    for ident, (what, _) in found.items():
-        if what.split(",")[0] == wanted:
-            return ident
+    for name in found:
+        m = LOADER.search(f"; loader {name}")
+        if wanted == name or m and wanted in (m[2], m[3].split(",")[0]):
+            return name
     raise ValueError(f"no loader {wanted!r} in the log; it holds {describe(found)}")
 
 
 def describe(found: dict) -> str:
-    return ", ".join(f"{ident or '(unnamed)'}{f' ({what})' if what else ''}: {n} line{'s' if n != 1 else ''}"
-                     for ident, (what, n) in found.items())
+    return ", ".join(f"{name or '(unnamed)'}: {n} line{'s' if n != 1 else ''}" for name, n in found.items())
 
 
 def parse(lines, every: int | None = None, loader: str | None = None) -> tuple[float, list[Point]]:
     """`(start_up_s, points)` from a log's lines (other lines ignored); `loader`: keep that
-    loader's lines only (an id of `loaders`; None: every line, as one loader's); `every`: keep
+    loader's lines only (a name of `loaders`; None: every line, as one loader's); `every`: keep
     the intervals whose batch is a multiple of it. No start-up line: the clock starts at 0."""
     start_up, points = None, []
     for line in lines:
         start, interval = START.search(line), INTERVAL.search(line)
-        if (start or interval) and loader is not None and loader_of(line)[0] != loader:
+        if (start or interval) and loader is not None and loader_of(line) != loader:
             continue
         if start_up is None and (m := start):
             start_up = float(m[1])
@@ -202,8 +202,9 @@ def main(argv=None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--log", type=Path, help="a log file with shmloader's log_every lines")
     src.add_argument("--measure", type=float, metavar="SECONDS", help="measure a demo-corpus loader for SECONDS")
-    ap.add_argument("--loader", help="--log: the loader to plot, its id in the lines' '; loader ID (split)' "
-                    "ending (e.g. 4242-2) or a split (val: its first loader); default: the first in the log")
+    ap.add_argument("--loader", help="--log: the loader to plot, as the lines' '; loader ID (SPLIT)' ending "
+                    "names it: its ID (e.g. 4242-2), the whole name, or a split (val: the first val loader); "
+                    "default: the first in the log")
     ap.add_argument("--every", type=int, help="--log: keep the lines of the loader logging every N batches "
                     "(logs whose lines name no loader)")
     ap.add_argument("--out", type=Path, default=Path("pipeline.png"), help="the picture (PNG; default pipeline.png)")

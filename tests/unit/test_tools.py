@@ -330,11 +330,11 @@ def test_plot_pipeline_plots_one_loader_of_a_log_of_several(tmp_path, capsys):
         _interval(8, 1.5, 2000, "77-1 (train)"), _interval(8, 0.3, 600, "77-2 (val)"),
         _interval(12, 2.0, 3000, "77-1 (train)")]) + "\n")
     lines = log.read_text().splitlines()
-    assert plot_pipeline.loaders(lines) == {"77-1": ("train", 4), "77-2": ("val", 3)}
-    start_up, points = plot_pipeline.parse(lines, loader="77-1")
+    assert plot_pipeline.loaders(lines) == {"77-1 (train)": 4, "77-2 (val)": 3}
+    start_up, points = plot_pipeline.parse(lines, loader="77-1 (train)")
     assert start_up == 2.0 and [(p.batch, p.at_s, p.tokens_per_s) for p in points] == \
         [(4, 3.0, 1000), (8, 4.5, 2000), (12, 6.5, 3000)]
-    start_up, points = plot_pipeline.parse(lines, loader="77-2")
+    start_up, points = plot_pipeline.parse(lines, loader="77-2 (val)")
     assert start_up == 0.5 and [(p.batch, p.at_s) for p in points] == [(4, 0.7), (8, 1.0)]
 
     def table(*args):
@@ -344,9 +344,13 @@ def test_plot_pipeline_plots_one_loader_of_a_log_of_several(tmp_path, capsys):
 
     rows, err = table()
     assert rows == [["4", "3.0", "1,000"], ["8", "4.5", "2,000"], ["12", "6.5", "3,000"]], rows
-    assert "the log holds 2 loaders (77-1 (train): 4 lines, 77-2 (val): 3 lines); plotting 77-1" in err, err
+    assert "the log holds 2 loaders (77-1 (train): 4 lines, 77-2 (val): 3 lines); plotting 77-1 (train)" in err, err
     assert table("--loader", "val")[0] == table("--loader", "77-2")[0] == [["4", "0.7", "500"], ["8", "1.0", "600"]]
-    assert plot_pipeline.pick({"9-1": ("val, rank 1 of 2", 2), "9-2": ("train, rank 1 of 2", 5)}, "train") == "9-2"
+    # ranks in other containers may share a pid: a loader is its whole name
+    ranks = {"9-1 (val, rank 1 of 2)": 2, "9-1 (train, rank 0 of 2)": 5, "9-1 (train, rank 1 of 2)": 5}
+    assert plot_pipeline.pick(ranks, "train") == "9-1 (train, rank 0 of 2)"
+    assert plot_pipeline.pick(ranks, "9-1 (train, rank 1 of 2)") == "9-1 (train, rank 1 of 2)"
+    assert plot_pipeline.pick(ranks, "9-1") == "9-1 (val, rank 1 of 2)"
     assert plot_pipeline.main(["--log", str(log), "--no-plot", "--loader", "77-3"]) == 2
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and "no loader '77-3' in the log; it holds 77-1 (train)" in err, err
