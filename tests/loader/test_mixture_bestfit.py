@@ -3,7 +3,8 @@
 chunks of 16, against the single-process oracle (tests/oracle.py `mixed_bestfit_rows`: the mixing
 rule's documents in chunks, planned by nanochat's scans); shares by token weight; the same
 batches with 1, 2 and 3 workers; states that resume exactly, with other weights; a schedule;
-a worker and the coordinator killed; the drop-in; an end; what is refused."""
+a worker and the coordinator killed; the drop-in; an end, and the batches placed after it resumed
+and healed; what is refused."""
 import itertools
 import json
 import os
@@ -236,7 +237,7 @@ def test_the_last_batches_after_a_mixture_ended_resume_and_heal_exactly(mixdata,
                 rows, _, again = _to_the_end(loader)
             assert again == said and len(rows) == len(want) - k, k  # the last state's run ends at once
             assert all(np.array_equal(a, b) for a, (b, _) in zip(rows, want[k:])), k
-        for k in over[:-2]:  # more batches left than the ring holds: the trainer waits, sees the death
+        for k in over[:-3]:  # more batches left than the ring holds: the trainer waits, sees the death
             with shmloader.ShmLoader(mix, tok, B, T, **fit) as loader:
                 rows = [rows_of(x, y, B, T) for x, y in itertools.islice(loader, k)]
                 os.kill(loader.debug().coordinator.pid, signal.SIGKILL)
