@@ -173,7 +173,6 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
     planned), instead of the batch its first token lands in. `cap`: the mixer counts a document's
     tokens up to it (best fit's: a row). `mixers`, a list: the mixer is appended to it."""
     from shmloader.data.mixture import Mixer
-    from shmloader.errors import DataError
 
     starts = {name: (1, 0, rank, 0) for name in sources}
     skip, first = 0, None
@@ -201,18 +200,17 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
         try:
             peek(name)
             return True
-        except StopIteration:  # its max_epochs are read: it ends (DataError: nothing is left at all)
+        except StopIteration:  # its max_epochs are read: it ends (with no source left, the mixer is over)
             mixer.end(name)
             return False
 
     tokens = 0
     at = stage_batch or (lambda: batch + (tokens - skip) // window)
     while True:
-        try:
-            mixer.enter(at())
-            while not all(live(n) for n in ([first] if first is not None else list(mixer.shares()))):
-                pass
-        except DataError:
+        mixer.enter(at())
+        while not all(live(n) for n in ([first] if first is not None else list(mixer.shares()))):
+            pass
+        if first is None and mixer.over() is not None:  # nothing is left to read
             return
         if first is not None:
             name, first = first, None

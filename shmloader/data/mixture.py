@@ -38,7 +38,10 @@ still buffered (the same run: 0.30, 0.50, 0.20). It stays a function of the docu
 batch it began at: a stage's own first batch, or the resume that began it), the tokens counted
 per source in it, every source's totals (tokens taken, or delivered over best fit; documents;
 epoch) by name, the sources that ended, the digest of the mixture it ran under and the batch
-since which it has (`since`: a resume with another mixture, or a change of world size, sets it). `Mixer.resume` with the same mixture continues exactly. With another (new weights or
+since which it has (`since`: a resume with another mixture, or a change of world size, sets it).
+`Mixer.resume` with the same mixture continues exactly; a mixer that was `over` (every source
+with a weight in its stage ended) is over again: it refuses nothing, the stream that asks ends
+there. With another (new weights or
 schedule, sources added or removed), a new counting stage starts at the resume's batch
 under the new mixture's weights there, every source keeps its totals, a removed source's
 totals stay in the state (a later resume that brings it back continues them), and each
@@ -53,8 +56,6 @@ import math
 import numbers
 import zlib
 from typing import Callable, Mapping, NamedTuple, Sequence
-
-from ..errors import DataError
 
 
 class Stage(NamedTuple):
@@ -188,15 +189,23 @@ class Mixer:
         self._shares = self._normalised()
 
     def _normalised(self) -> dict:
+        """The stage's weights over the sources with a weight that have not ended, normalised to
+        sum to one; empty once every one has ended (`over` says so)."""
         weights = self.mixture.stages[self.stage].weights
         live = {name: w for name, w in weights.items() if w > 0 and name not in self.ended}
-        if not live:
-            with_weight = [name for name, w in weights.items() if w > 0]
-            raise DataError(f"mixture: every source with a weight in stage {self.stage} (from batch "
-                            f"{self.mixture.stages[self.stage].first_batch}) has ended ({', '.join(with_weight)}: "
-                            "max_epochs); nothing is left to read")
         total = sum(live.values())
         return {name: w / total for name, w in live.items()}
+
+    def over(self) -> str | None:
+        """Why the mix can take no document (every source with a weight in the stage in force has
+        ended), in words; None while one has not. The mixer refuses nothing: the stream that asks
+        ends there (packing/mix.py), after what it holds (best fit's buffer is still placed)."""
+        if self._shares:
+            return None
+        stage = self.mixture.stages[self.stage]
+        with_weight = [name for name, w in stage.weights.items() if w > 0]
+        return (f"mixture: every source with a weight in stage {self.stage} (from batch {stage.first_batch}) has "
+                f"ended ({', '.join(with_weight)}: max_epochs); nothing is left to read")
 
     def shares(self) -> dict:
         """The weights in force, normalised over the sources that take part now."""
@@ -204,9 +213,11 @@ class Mixer:
 
     def enter(self, batch: int) -> Stage | None:
         """The next document lands in batch `batch`: the schedule's stage there begins now if
-        it has not yet (returned, for a log line; None if it had)."""
+        it has not yet (returned, for a log line; None if it had). A stage whose every source
+        with a weight has ended leaves the mixer `over`, and an over mixer enters no stage: the
+        mix ended there, so a state saved while best fit places its buffer resumes over too."""
         stage = self.mixture.stage_at(batch)
-        if stage == self.stage:
+        if stage == self.stage or not self._shares:
             return None
         # the stage's own first batch, not `batch`: the same whenever the stage is entered (best fit
         # enters it when asked who the mix waits for, at any time before its first pick)
@@ -223,7 +234,7 @@ class Mixer:
         started = self.enter(batch)
         return Choice(self.pick(sum(self.counted.values()), next_length), started)
 
-    def pick(self, n: int, next_length: Callable[[str], int]) -> str:
+    def pick(self, n: int, next_length: Callable[[str], int]) -> str | None:
         """The rule in the stage in force, `n` the tokens counted in it (`choose` without the
         stage: packing/mix.py calls it once a document)."""
         counted, best, behind = self.counted, None, -math.inf
@@ -259,12 +270,14 @@ class Mixer:
 
     def end(self, source: str) -> str | None:
         """`source` has read its `max_epochs`: its weight goes to the rest. The words to say
-        once (None if it had ended already)."""
+        once (None if it had ended already, or if no rest is left: `over` says that)."""
         if source in self.ended:
             return None
         before = self._shares.get(source, 0.0)
         self.ended = self.ended | {source}
         self._shares = self._normalised()
+        if not self._shares:
+            return None
         return (f"mixture: source {source!r} has read its {self.mixture.max_epochs.get(source, '?')} epoch(s) "
                 f"(max_epochs); its share of {before:.3g} goes to the others: "
                 + ", ".join(f"{n} {w:.3g}" for n, w in self._shares.items()))
@@ -283,7 +296,9 @@ class Mixer:
 
     @classmethod
     def resume(cls, mixture: Mixture, state: Mapping, batch: int) -> Resumed:
-        """The mixer after `state`, at batch `batch`, under `mixture` (the state's or another)."""
+        """The mixer after `state`, at batch `batch`, under `mixture` (the state's or another). A
+        state after the mix ended gives a mixer that is `over`: a run from it places what best
+        fit's buffer still holds, then ends as the run it was saved from did."""
         try:
             digest, stage, stage_batch = state["mixture"], int(state["stage"]), int(state["stage_batch"])
             counted, saved = dict(state["counted"]), {n: Totals(*map(int, t)) for n, t in state["totals"].items()}

@@ -26,7 +26,6 @@ from typing import Callable, Mapping, NamedTuple
 import numpy as np
 
 from ..data.mixture import Mixer
-from ..errors import DataError
 from ..position import Position
 from .base import InOrder
 
@@ -150,23 +149,29 @@ class MixStream:
             self._close()
 
     def _taking_part(self) -> list:
-        """The sources the next pick is among (its batch's stage begun first)."""
+        """The sources the next pick is among (its batch's stage begun first); none once the mix
+        has ended (`_goes_on`)."""
         if self.first is not None:
             return [self.first]
-        if len(self.mixer.mixture.stages) == 1:
-            return list(self.mixer.shares())
-        self.enter(self.batch_of(self.tokens))
-        return list(self.mixer.shares()) if self.finished is None else []
+        if len(self.mixer.mixture.stages) > 1:
+            self.enter(self.batch_of(self.tokens))
+        return list(self.mixer.shares()) if self._goes_on() else []
+
+    def _goes_on(self) -> bool:
+        """Whether the mix can take another document: a mixer with no source left to read
+        (`Mixer.over`: every source with a weight has ended, also in a state saved after that)
+        ends the mix here, after what was taken."""
+        if self.finished is None:
+            why = self.mixer.over()
+            if why is not None:
+                self.finish(why)
+        return self.finished is None
 
     def enter(self, batch: int):
         """The schedule's stage at `batch` begins, if it has not (said once); a stage whose every
         source has ended ends the mix here."""
-        try:
-            started = self.mixer.enter(batch)
-        except DataError as e:
-            self.finish(str(e))
-            return
-        if started is not None:
+        started = self.mixer.enter(batch)
+        if self._goes_on() and started is not None:
             self._close()
             self.notes.append(f"mixture: stage from batch {started.first_batch}: "
                               + ", ".join(f"{n} {w:g}" for n, w in started.weights.items()))
@@ -229,13 +234,9 @@ class MixStream:
                 break
             heads = {name: self._head(name) for name in names}
             ended = [name for name, head in heads.items() if head is None and self._ended(name)]
-            if ended:
+            if ended:  # their weights go to the rest; with no rest the next `_taking_part` ends the mix
                 for name in ended:
-                    try:
-                        note = mixer.end(name)
-                    except DataError as e:  # nothing is left: the stream ends after what was taken
-                        self.finish(str(e))
-                        break
+                    note = mixer.end(name)
                     if note:
                         self.notes.append(note)
                 if self.first in ended:

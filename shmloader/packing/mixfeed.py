@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, NamedTuple
 
+from ..errors import DataError
 from ..ipc.protocol import Ended, Warn
 from ..position import Position
 from .mix import MixPoint, MixStream
@@ -93,13 +94,21 @@ class MixFeed:
         """Source `name`'s next piece, or None once its order has ended (`max_epochs`)."""
         piece = self._peeked.get(name)
         if piece is None:
-            piece = next(self._orders[name])
+            piece = self._next_of(name)
             if name in self._max_epochs and piece.epoch > self._max_epochs[name]:
                 self.stream.exhausted(name, self._seqs[name])
                 del self._orders[name]
                 return None
             self._peeked[name] = piece
         return piece
+
+    def _next_of(self, name: str):
+        """The next piece of source `name`'s own order; its data's errors (a rank with no row group
+        in the source's files, a bad file) name the source, whose files alone that order reads."""
+        try:
+            return next(self._orders[name])
+        except DataError as e:
+            raise type(e)(f"mixture source {name!r}: {e}") from None
 
     def feed(self):
         """The pieces, forever (the mode asks only when `pick` gave a source)."""

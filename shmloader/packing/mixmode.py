@@ -51,6 +51,7 @@ class MixConcatMode(ConcatMode):
         self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
         self.said = Said(self.stream)
         self.pieces = self.feed.feed()
+        self._flow()  # a state saved at the mix's end starts over (`Mixer.over`): it ends before any piece
 
     def can_take(self, worker: int) -> bool:
         pick = self.feed.pick()

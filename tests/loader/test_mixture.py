@@ -265,6 +265,20 @@ def test_what_a_mixture_refuses(mixdata, tmp_path):
         shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", resume_state=single)
 
 
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_source_without_a_row_group_for_this_rank_is_named(mixdata, packing):
+    """math's files hold 3 row groups each: rank 3 of 4 has none of them (web's and code's hold 7
+    and 6), and the error says which source, which rank of how many, and what to do."""
+    root, files, tok = mixdata
+    with pytest.raises(shmloader.DataError) as info:
+        with shmloader.ShmLoader(mixture(root), tok, B, T, num_workers=1, device="cpu", rank=3, world_size=4,
+                                 packing=packing, buffer_size=64, tokenizer_batch_size=16, timeout=30) as loader:
+            next(loader)
+    said = str(info.value)
+    assert "mixture source 'math': rank 3 of 4 has no row group in any of the 2 files" in said, said
+    assert "use fewer ranks or write files with more row groups" in said, said
+
+
 def test_a_trainer_that_pauses_never_leaves_the_mix_waiting(mixdata):
     """With a ring of 2 slots and a trainer that stops now and then, the workers fill their hold
     budget with the heavy source's pieces; the light source's next piece must still go out

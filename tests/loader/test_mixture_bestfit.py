@@ -3,7 +3,8 @@
 chunks of 16, against the single-process oracle (tests/oracle.py `mixed_bestfit_rows`: the mixing
 rule's documents in chunks, planned by nanochat's scans); shares by token weight; the same
 batches with 1, 2 and 3 workers; states that resume exactly, with other weights; a schedule;
-a worker and the coordinator killed; the drop-in; an end; what is refused."""
+a worker and the coordinator killed; the drop-in; an end, and the batches placed after it resumed
+and healed; what is refused."""
 import itertools
 import json
 import os
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import shmloader
+from shmloader.data.mixture import Mixer
 from shmloader.packing.mixbestfit import buffer_entries
 from tests import oracle
 from tests.loader.test_bestfit_stream import rows_of
@@ -192,3 +194,53 @@ def test_what_a_mixed_best_fit_refuses(mixdata):
             shmloader.ShmLoader(two, tok, B, T, resume_state=state, **FIT)
     with pytest.raises(ValueError, match="fingerprint|packing"):  # a concat mixture's state
         shmloader.ShmLoader(mixture(root), tok, B, T, device="cpu", resume_state=state)
+
+
+def _to_the_end(loader):
+    """Every batch's rows and the state after it, until the end; the end's words."""
+    rows, states = [], []
+    with pytest.raises(shmloader.DataError, match="nothing is left to read") as info:
+        for x, y in loader:
+            rows.append(rows_of(x, y, B, T))
+            states.append(loader.state_dict())
+    with pytest.raises(shmloader.DataError, match="nothing is left to read"):  # and again
+        next(loader)
+    return rows, states, str(info.value)
+
+
+ENDS = {  # a mixture whose sources all read their max_epochs; one whose stage's do, a stage after it
+    "max_epochs": ({"code": 1, "math": 1}, {"code": 2, "math": 5}),
+    "stage": ([(0, {"code": 1, "math": 1}), (6, {"math": 1}), (8, {"code": 1})], {"math": 1}),
+}
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("end", sorted(ENDS))
+def test_the_last_batches_after_a_mixture_ended_resume_and_heal_exactly(mixdata, end, workers):
+    """Once the mix has ended best fit still places its buffer: a state of any of those last
+    batches resumes them exactly (then the same end), and a coordinator killed there heals."""
+    root, files, tok = mixdata
+    weights, max_epochs = ENDS[end]
+    mix = mixture(root, weights, names=["code", "math"], max_epochs=max_epochs)
+    fit = dict(FIT, num_workers=workers, timeout=60, n_slots=2)
+    want, _ = expected(files, tok, mix, 10**6, names=["code", "math"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the sources' ends (test_mixture.py checks the words)
+        with shmloader.ShmLoader(mix, tok, B, T, **fit) as loader:
+            got, states, said = _to_the_end(loader)
+        assert same(got, want)
+        over = [k for k, s in enumerate(states, 1)
+                if Mixer.resume(mix, json.loads(s["mixture"]["point"])["mixer"], k).mixer.over()]
+        assert len(over) >= 4 and over == list(range(over[0], len(got) + 1)), over  # from the buffer alone
+        for k in [over[0] - 1, *over]:
+            with shmloader.ShmLoader(mix, tok, B, T, resume_state=states[k - 1], **fit) as loader:
+                rows, _, again = _to_the_end(loader)
+            assert again == said and len(rows) == len(want) - k, k  # the last state's run ends at once
+            assert all(np.array_equal(a, b) for a, (b, _) in zip(rows, want[k:])), k
+        for k in over[:-3]:  # more batches left than the ring holds: the trainer waits, sees the death
+            with shmloader.ShmLoader(mix, tok, B, T, **fit) as loader:
+                rows = [rows_of(x, y, B, T) for x, y in itertools.islice(loader, k)]
+                os.kill(loader.debug().coordinator.pid, signal.SIGKILL)
+                more, _, again = _to_the_end(loader)
+                assert loader.stats()["heals"] == 1, k
+            assert again == said and same(rows + more, want), k

@@ -7,7 +7,6 @@ import random
 import pytest
 
 from shmloader.data.mixture import Choice, Mixer, Mixture, Totals
-from shmloader.errors import DataError
 
 B, T = 8, 256
 SOURCES = {"web": "/data/web", "code": "/data/code", "math": "/data/math"}
@@ -141,9 +140,28 @@ def test_a_source_that_ends_gives_its_share_to_the_rest_once():
     assert mixer.end("math") is None
     took, n = run(mixer, shapes(2), 60_000)
     assert took["math"] == 0 and abs(took["web"] / n - 2 / 3) < 0.02
+    assert mixer.over() is None
     mixer.end("code")
-    with pytest.raises(DataError, match="has ended.*nothing is left"):
-        mixer.end("web")
+    assert mixer.end("web") is None and mixer.shares() == {}  # no rest to give it to: the mixer is over
+    assert "stage 0 (from batch 0) has ended (code, math, web: max_epochs); nothing is left" in mixer.over()
+
+
+def test_the_state_of_a_mixer_that_is_over_resumes_over():
+    """Nothing is refused at a resume after the end (best fit still places its buffer then):
+    the mixer is over again, with the same words, and goes on where it was with other weights."""
+    mixture = Mixture(SOURCES, {"web": 0.5, "math": 0.5}, max_epochs={"web": 1, "math": 1})
+    mixer = Mixer(mixture)
+    run(mixer, shapes(1), 5_000)
+    mixer.end("web")
+    mixer.end("math")
+    state = json.loads(json.dumps(mixer.state()))
+    again = Mixer.resume(mixture, state, 40)
+    assert again.notes == () and again.mixer.over() == mixer.over() is not None
+    assert again.mixer.state() == mixer.state()
+    longer = Mixture(SOURCES, {"web": 0.5, "math": 0.5}, max_epochs={"web": 1, "math": 2})
+    goes_on = Mixer.resume(longer, state, 40)
+    assert goes_on.mixer.over() is None and goes_on.mixer.shares() == {"math": 1.0}
+    assert any("'math' had ended" in n for n in goes_on.notes)
 
 
 def test_a_state_resumes_exactly():
