@@ -7,6 +7,7 @@ sources, in this process.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import typing
 
@@ -128,3 +129,29 @@ def test_every_option_of_the_loader_is_in_help_with_its_default():
             assert params[field.name].default == field.default, field.name
     assert not any(p.kind is p.VAR_KEYWORD for p in params.values()), "no option may hide in **kwargs"
     assert typing.get_type_hints(shmloader.ShmLoader.__init__)  # typed
+
+
+# ---------------------------------------------------------------- what the pages say the code does
+
+DESIGN = (REPO_ROOT / "docs" / "design.md").read_text()
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_place_says_how_a_lent_slot_comes_back():
+    """A lent CPU batch's slot comes back as `delivery.Lending` frees it: by the reference counts of
+    its views, read at the next `next()`, not by a weak-reference callback. NOTE [ring protocol]'s
+    item 1, delivery.py's `Lending` and design.md's trainer say so."""
+    from shmloader import delivery
+
+    lending = inspect.getsource(delivery.Lending)
+    assert "getrefcount" in lending and "weakref" not in lending, "Lending changed: say how in these places"
+    places = {
+        "NOTE [ring protocol] item 1": re.search(r"^1\. (.*?)^2\. ", protocol.__doc__, re.S | re.M).group(1),
+        "delivery.py's Lending": re.search(r"^- `Lending`(.*?)^- ", delivery.__doc__, re.S | re.M).group(1),
+        "design.md's Trainer": re.search(r"^- \*\*Trainer\*\*(.*?)^- \*\*", DESIGN, re.S | re.M).group(1),
+    }
+    for where, text in places.items():
+        assert "reference count" in _squash(text) and "weak" not in text, where
