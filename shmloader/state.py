@@ -21,13 +21,18 @@ change of the data that the files' names, sizes and footers cannot show.
 - another rank's state (same world size) resumes at the same `batch` count: this rank
   replays `origin`, `shapes` and `batch` over its own document lengths (packing/count.py) to find
   its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
+- a state of another world size (any old rank's) is a `Change`: the loader finds every old
+  rank's position at the state's `batch` count and makes the elastic plan (resume.py,
+  data/elastic.py), for either packing; it needs the files the state was saved with, all of
+  them unchanged (files added at a change, or to a run that began at one, are a ValueError);
+  with `other_rank="nanochat"` it resumes approximately as nanochat;
 - a state holding only nanochat's keys (`pq_idx`, `rg_idx`, `epoch`) resumes as nanochat
   does, and becomes the run's `origin`;
 - another B or T continues from the same position with a warning (a new `shapes` entry);
   files appended to the split are accepted with a warning naming them; any other
-  difference (split, packing, tokenizer, best-fit settings, world size, a file at or before
-  the position: its name, its size, or, when the state knows it, its footer) is a ValueError
-  naming each difference in words.
+  difference (split, packing, tokenizer, best-fit settings, `on_bad_row_group`, a file at or
+  before the position: its name, its size, or, when the state knows it, its footer) is a
+  ValueError naming each difference in words.
 Older versions are read too (`READS`): 2 (files as [name, bytes], no footers), 3 (best fit's
 buffer as a list of runs) and 4 (no check).
 

@@ -134,6 +134,7 @@ def test_every_option_of_the_loader_is_in_help_with_its_default():
 # ---------------------------------------------------------------- what the pages say the code does
 
 DESIGN = (REPO_ROOT / "docs" / "design.md").read_text()
+CONTRACT = (REPO_ROOT / "docs" / "contract.md").read_text()
 
 
 def _squash(text: str) -> str:
@@ -155,3 +156,32 @@ def test_every_place_says_how_a_lent_slot_comes_back():
     }
     for where, text in places.items():
         assert "reference count" in _squash(text) and "weak" not in text, where
+
+
+def _refused(saved_world: int, **fingerprint) -> bool:
+    """Whether `state.check` refuses a state saved at `saved_world` with `fingerprint`'s changes,
+    given to rank 0 of 1 with the fingerprint below."""
+    from shmloader.position import Position
+
+    files = [["shard_00000.parquet", 1000, None], ["shard_00001.parquet", 2000, None]]
+    mine = {"split": "train", "packing": "concat", "tokenizer": "0123456789abcdef"}
+    old = state.Loader(dict(mine, **fingerprint), files, 0, saved_world, 4, 16)
+    saved = state.make_state(state.base_state(old, state.start(old)), Position(1, 0, 0, 3, 0), 7)
+    try:
+        state.check(saved, state.Loader(mine, files, 0, 1, 4, 16))
+    except ValueError:
+        return True
+    return False
+
+
+def test_what_the_pages_say_a_state_check_refuses_is_what_it_refuses():
+    """The contract's first check and state.py's docstring list what makes a state refused; each
+    difference listed is refused by `state.check`, each other one is not (another world size
+    resumes elastically)."""
+    refused = {"split": _refused(1, split="val"), "packing": _refused(1, packing="bos_bestfit"),
+               "tokenizer": _refused(1, tokenizer="fedcba9876543210"), "world size": _refused(2)}
+    assert refused == {"split": True, "packing": True, "tokenizer": True, "world size": False}
+    contract = _squash(re.search(r"\*\*Checks\.\*\*.*?\n- Another (.*?) is\s+refused", CONTRACT, re.S).group(1))
+    docstring = _squash(re.search(r"any other\s+difference \((.*?)\)\s+is", state.__doc__, re.S).group(1))
+    for where, text in (("docs/contract.md §3 Checks", contract), ("state.py's docstring", docstring)):
+        assert {what: what in text for what in refused} == refused, where
