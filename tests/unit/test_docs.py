@@ -14,7 +14,7 @@ import typing
 import pytest
 
 import shmloader
-from shmloader import packing, profiling, state
+from shmloader import config, packing, profiling, state
 from shmloader.ipc import protocol
 from tests.helpers import REPO_ROOT
 
@@ -135,6 +135,7 @@ def test_every_option_of_the_loader_is_in_help_with_its_default():
 
 DESIGN = (REPO_ROOT / "docs" / "design.md").read_text()
 CONTRACT = (REPO_ROOT / "docs" / "contract.md").read_text()
+README = (REPO_ROOT / "README.md").read_text()
 
 
 def _squash(text: str) -> str:
@@ -185,3 +186,58 @@ def test_what_the_pages_say_a_state_check_refuses_is_what_it_refuses():
     docstring = _squash(re.search(r"any other\s+difference \((.*?)\)\s+is", state.__doc__, re.S).group(1))
     for where, text in (("docs/contract.md §3 Checks", contract), ("state.py's docstring", docstring)):
         assert {what: what in text for what in refused} == refused, where
+
+
+OPTION_VALUES = {  # what LoaderConfig accepts (config.py `_check`)
+    "split": ("train", "val"),
+    "packing": tuple(packing.PACKINGS),
+    "on_bad_row_group": config.BAD_ROW_GROUP,
+    "other_rank": config.OTHER_RANK,
+    "engine": config.ENGINES,
+    "start_method": config.START_METHODS,
+}
+
+
+def _docstring_entry(doc: str, name: str) -> str:
+    """ShmLoader's docstring's entry for option `name` (`name: ...` up to the next entry)."""
+    m = re.search(rf"^(\s+)(?:\w+, )*{name}(?:, \w+)*: (.*?)(?=^\1\w+(?:, \w+)*: |\Z)", doc, re.S | re.M)
+    assert m, f"{name} has no entry in ShmLoader's docstring"
+    return m.group(2)
+
+
+def _readme_row(name: str) -> str:
+    m = re.search(rf"^\| `{name}` \|.*$", README, re.M)
+    assert m, f"{name} has no row in the README's options"
+    return m.group(0)
+
+
+def test_every_value_an_option_accepts_is_named_where_the_option_is_explained():
+    """ShmLoader's docstring and the README's option row name every value of a choice that
+    LoaderConfig accepts; engine=, also data/engine.py and docs/engines.md's table."""
+    from shmloader.config import LoaderConfig
+    from shmloader.data import engine
+
+    source = inspect.getsource(LoaderConfig._check)
+    for name, values in OPTION_VALUES.items():
+        assert re.search(rf'"{name}"|{name} must', source), f"{name}: not a choice LoaderConfig checks"
+        places = {"ShmLoader's docstring": _docstring_entry(shmloader.ShmLoader.__init__.__doc__, name),
+                  "README": _readme_row(name)}
+        if name == "engine":
+            places["data/engine.py"] = re.search(r"`LoaderConfig.engine` is (.*?)\.\s", engine.__doc__, re.S).group(1)
+            table = (REPO_ROOT / "docs" / "engines.md").read_text().split("## `engine=`")[1]
+            places["docs/engines.md"] = "\n".join(line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `"))
+        for where, text in places.items():
+            assert [v for v in values if f'"{v}"' not in text] == [], f"{name}= in {where}"
+
+
+def test_every_engine_a_worker_names_is_in_the_pages():
+    """`stats()`'s engine of a worker is one of `engine.NAMES` (the test hook's aside): docs/engines.md
+    names each, the README each fast engine."""
+    from shmloader.data import engine
+
+    names = [n for n in engine.NAMES if n and n != "hook"]
+    said = (REPO_ROOT / "docs" / "engines.md").read_text().split("## Which engine is working")[1].split("##")[0]
+    assert [n for n in names if f'"{n}"' not in said] == [], "docs/engines.md, Which engine is working"
+    readme = README[README.index("and `engine`, the tokenizer engine it uses now"):][:300]
+    assert [n for n in ("fastokens", "gigatoken") if f'"{n}"' not in readme] == [], "README's stats()"
+    assert set(config.ENGINES) - {"auto"} <= set(engine.NAMES)
