@@ -241,3 +241,47 @@ def test_every_engine_a_worker_names_is_in_the_pages():
     readme = README[README.index("and `engine`, the tokenizer engine it uses now"):][:300]
     assert [n for n in ("fastokens", "gigatoken") if f'"{n}"' not in readme] == [], "README's stats()"
     assert set(config.ENGINES) - {"auto"} <= set(engine.NAMES)
+
+
+COUNTS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+COUNTED = re.compile(r"\b(" + "|".join(COUNTS) + r") (ways|steps|kinds|rules|cases)\b")
+ITEM = re.compile(r"^(\s*)(- |\d+\. )")
+
+
+def _list_after(text: str, at: int) -> list[str]:
+    """The items of the first list after `at`: lines that begin one, at its first item's indent
+    (other lines, more indented, continue an item; a blank line or a line less indented ends it)."""
+    lines = text[at:].splitlines()[1:]
+    first = next(i for i, line in enumerate(lines) if ITEM.match(line))
+    indent = len(ITEM.match(lines[first]).group(1))
+    items = []
+    for line in lines[first:]:
+        m = ITEM.match(line)
+        if m and len(m.group(1)) == indent:
+            items.append(line.strip())
+        elif not line.strip() or len(line) - len(line.lstrip()) <= indent:
+            break
+    return items
+
+
+def test_a_count_in_words_counts_the_list_after_it():
+    """"One interface, four ways", "in five steps": the list that follows has that many items."""
+    wrong, seen = [], 0
+    for path in PAGES + SOURCES:
+        text = path.read_text()
+        for m in COUNTED.finditer(text):
+            seen += 1
+            items = _list_after(text, m.start())
+            if len(items) != COUNTS[m.group(1)]:
+                wrong.append(f"{path.relative_to(REPO_ROOT)}: {m.group(0)!r}, {len(items)} listed")
+    assert seen >= 2 and wrong == []
+
+
+def test_delivery_names_every_way_a_slot_becomes_a_batch():
+    """delivery.py's docstring lists each delivery (a class with `batch`, `reclaim` and `close`) once."""
+    from shmloader import delivery
+
+    ways = {name for name, obj in vars(delivery).items() if isinstance(obj, type)
+            and all(hasattr(obj, m) for m in ("batch", "reclaim", "close"))}
+    listed = re.findall(r"^- `(\w+)`", delivery.__doc__, re.M)
+    assert ways >= {"Lending", "PinnedCopy"} and sorted(listed) == sorted(ways)
