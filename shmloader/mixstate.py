@@ -10,8 +10,11 @@ numbered within its source, and whose `"mixture"` holds:
   buffer's documents by source: packing/mixbestfit.py), made by the coordinator with each
   batch (the batch's slot carries it, as best fit's buffer) and not parsed per batch;
 - `"sources"`: each source's files `[name, bytes, footer]` (footers up to the source's position
-  only, so that states do not depend on timing) and its val file.
-Its `digest` covers the rank, the world size, the batch, the shapes, the check and the point.
+  only, so that states do not depend on timing) and its val file;
+- `"plans"`, in a run that began at a change of world size only: each source's elastic plan
+  (`state.plan_state`, with its crc).
+Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
+batch, the shapes, the check, the position, the point and the plans' crcs.
 
 Resuming (`check`): this rank's own state; another rank's state, or (concat only: best fit's is
 refused, not built yet, and says so) one of another world size, of a run that used this
