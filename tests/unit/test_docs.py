@@ -1,15 +1,24 @@
 """The docs follow the code: every protocol message is named in NOTE [ring protocol] and in
-docs/design.md; the state's version is written in one place (`state.VERSION`); and no
-docstring, comment or page names a module, file or name of shmloader that does not exist
-(`shmloader.x.y`, `procs/x.py`, `tests/.../x.py`, a backticked `module.Name`). Read from the
-sources, in this process.
+docs/design.md; the state's version is written in one place (`state.VERSION`); no docstring,
+comment or page names a module, file or name of shmloader that does not exist
+(`shmloader.x.y`, `procs/x.py`, `tests/.../x.py`, a backticked `module.Name`, `Class.name`, or
+`snake_name`). And what they say the code does, it does: how a lent slot comes back, what a
+state check refuses, every value a choice option accepts, every engine a worker names, and a
+count in words ("four ways") is the length of the list after it. Read from the sources, in this
+process. (The state's keys and digest against a real loader's: tests/loader/test_state_format.py.)
 """
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import inspect
+import io
 import re
+import textwrap
+import tokenize
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -285,3 +294,91 @@ def test_delivery_names_every_way_a_slot_becomes_a_batch():
             and all(hasattr(obj, m) for m in ("batch", "reclaim", "close"))}
     listed = re.findall(r"^- `(\w+)`", delivery.__doc__, re.M)
     assert ways >= {"Lending", "PinnedCopy"} and sorted(listed) == sorted(ways)
+
+
+@functools.cache
+def _classes() -> dict[str, list[type]]:
+    """Every class of shmloader, by name (a name may be several modules')."""
+    import pkgutil
+
+    out = {}
+    for info in pkgutil.walk_packages(shmloader.__path__, "shmloader."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if isinstance(obj, type) and obj.__module__ == module.__name__:
+                out.setdefault(name, []).append(obj)
+    return out
+
+
+def _has(cls: type, attr: str) -> bool:
+    """A class attribute, a field, or an attribute its methods set on `self`."""
+    if hasattr(cls, attr) or any(attr in vars(c).get("__annotations__", {}) for c in cls.__mro__):
+        return True
+    for c in cls.__mro__:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(c)))
+        except (OSError, TypeError):
+            continue
+        if any(isinstance(n, ast.Attribute) and n.attr == attr and isinstance(n.value, ast.Name)
+               and n.value.id in ("self", "cls") for n in ast.walk(tree)):
+            return True
+    return False
+
+
+CLASS_ATTR = re.compile(r"`(?:[\w.]*\.)?([A-Z]\w*)\.([A-Za-z_]\w*)")
+
+
+def test_every_backticked_class_attribute_exists():
+    """`Class.name` in a page, docstring or comment names an attribute, field or method of a
+    shmloader class of that name."""
+    classes = _classes()
+    missing = [f"{path.relative_to(REPO_ROOT)}: {m.group(0)[1:]}" for path in PAGES + SOURCES
+               for m in CLASS_ATTR.finditer(path.read_text())
+               if m.group(1) in classes and not any(_has(c, m.group(2)) for c in classes[m.group(1)])]
+    assert missing == []
+
+
+# names of other libraries, and a formula's, that pages and docstrings name in backticks
+OUTSIDE = {"create_block_mask", "flash_attn_varlen_func", "varlen_attn", "flex_attention", "collate_fn", "w_s"}
+SNAKE = re.compile(r"(?<![\w.])`([a-z]\w*_\w*)(?:\(\w*\)?)?`")
+
+
+@functools.cache
+def _identifiers() -> frozenset[str]:
+    """Every name the code of shmloader, tools/ and tests/ (but this file) uses, every word of
+    its short string literals (keys, messages; not docstrings), and the keys of the results
+    files (docs/bench/)."""
+    names = set()
+    paths = list(PACKAGE.rglob("*.py")) + list((REPO_ROOT / "tools").rglob("*.py")) + [
+        p for p in (REPO_ROOT / "tests").rglob("*.py") if p.resolve() != Path(__file__).resolve()]
+    for path in paths:
+        for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if tok.type == tokenize.NAME:
+                names.add(tok.string)
+            elif tok.type == tokenize.STRING and not tok.string.lstrip("rbfu").startswith(('"""', "'''")):
+                names.update(re.findall(r"\w+", tok.string))
+    for path in (REPO_ROOT / "docs" / "bench").glob("*.json"):  # the results files' keys
+        names.update(re.findall(r'"(\w+)":', path.read_text()))
+    return frozenset(names)
+
+
+def test_every_backticked_function_or_name_exists():
+    """A backticked snake_case name in a page, docstring or comment (`name`, `name()`) is a name
+    the code uses (a function, method, variable, parameter, key), or another library's."""
+    names = _identifiers() | OUTSIDE
+    missing = [f"{path.relative_to(REPO_ROOT)}: {m.group(1)}" for path in PAGES + SOURCES
+               for m in SNAKE.finditer(path.read_text()) if m.group(1) not in names]
+    assert missing == []
+
+
+@pytest.mark.parametrize("text,ok", [
+    ("`Lending.reclaim`", True), ("`Lending.refcount_callback`", False), ("`Run.at`", True), ("`Run.point`", False),
+    ("`state_of_snapshot`", True), ("`state_of()`", False), ("`start_later`", True), ("`start_when_booted`", False),
+])
+def test_the_name_checks_can_fail(text, ok):
+    classes, names = _classes(), _identifiers() | OUTSIDE
+    found = [any(_has(c, m.group(2)) for c in classes[m.group(1)]) for m in CLASS_ATTR.finditer(text)]
+    found += [m.group(1) in names for m in SNAKE.finditer(text)]
+    assert found and all(found) is ok
