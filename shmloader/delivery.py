@@ -1,4 +1,4 @@
-"""How a ring slot becomes the caller's batch (training process): one interface, three ways.
+"""How a ring slot becomes the caller's batch (training process): one interface, four ways.
 
 Every delivery's `batch(k, slot, shape)` gets batch k in `slot` and returns `(inputs, targets)`,
 int64 tensors where `shape` (a `Shape`: B, T, where targets start in the slot's row) says, and

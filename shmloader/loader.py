@@ -90,8 +90,9 @@ class ShmLoader:
         log_every: log a summary every N batches to `logging.getLogger("shmloader")` (0: never).
         other_rank: given another rank's or another world size's state, find this rank's exact
             position ("exact") or resume approximately as nanochat does ("nanochat").
-        engine: who tokenizes: "auto" (fastokens when installed), "fastokens", "tiktoken"; the
-            stream is the same (docs/engines.md).
+        engine: who tokenizes: "auto" (gigatoken where it is proven equal, else fastokens when
+            installed, else the definition), "fastokens" or "gigatoken" (required), "tiktoken"
+            (the definition only); the stream is the same (docs/engines.md).
         idle_release_s: a loader not read this long (and 10x its slowest step), its ring full,
             lets its processes go until its next `next()` (None: 30 s for val, 0 = never for train).
         max_restarts: a process that dies or stalls is replaced, and the stream goes on exactly,

@@ -10,12 +10,16 @@ numbered within its source, and whose `"mixture"` holds:
   buffer's documents by source: packing/mixbestfit.py), made by the coordinator with each
   batch (the batch's slot carries it, as best fit's buffer) and not parsed per batch;
 - `"sources"`: each source's files `[name, bytes, footer]` (footers up to the source's position
-  only, so that states do not depend on timing) and its val file.
-Its `digest` covers the rank, the world size, the batch, the shapes, the check and the point.
+  only, so that states do not depend on timing) and its val file;
+- `"plans"`, in a run that began at a change of world size only: each source's elastic plan
+  (`state.plan_state`, with its crc).
+Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
+batch, the shapes, the check, the position, the point and the plans' crcs.
 
-Resuming (`check`): the same world size (another one is not built yet, and says so); another
-rank's state of a run that used this mixture from batch 0 with one batch shape (this rank's
-place is then replayed: resume.py `_locate_mix`; other runs are refused, `_check_replayable`);
+Resuming (`check`): this rank's own state; another rank's state, or (concat only: best fit's is
+refused, not built yet, and says so) one of another world size, of a run that used this
+mixture from batch 0 with one batch shape (this rank's place, or every old rank's, is then
+replayed: resume.py `_locate_mix`, `_elastic_mix`; other runs are refused, `_check_replayable`);
 the config as state.py checks it; another B or T as there; every source the state and the loader share must list the same files (name, size,
 footer where both know it); a source added (read from its start) or left out (its place kept
 in the states that follow, for a resume that brings it back) and other weights are said once

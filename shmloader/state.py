@@ -6,9 +6,11 @@ group), "skip" (tokens of that document before the position), "batch" (batches o
 before the position), "shapes" ([first batch, B, T] of each batch shape the run used),
 "origin" (None, or the nanochat keys the run started from), "rank", "world_size",
 "config" (what must not change), "files" ([name, bytes, footer] of the split: footer is the
-digest of its parquet footer once the run had read it, else None), "digest"}`, plus
+digest of its parquet footer once the run had read it, else None), "val" (the name of the data
+set's val file), "elastic" (None, or the plan of a run that began at a change of world size:
+`plan_state`), "check", "digest"}`, plus
 best fit's `"buffer"`: its runs `[epoch, file, rg, row, count]` as one short text
-(`encode_runs`; `buffer_runs` reads them back), and `"check"`: the `ipc.ring.batch_check` of
+(`encode_runs`; `buffer_runs` reads them back). `"check"` is the `ipc.ring.batch_check` of
 the batch it resumes at, as 8 hex digits (None in a state taken before the run's first batch
 and in one that resumes with another shape or at another rank: it cannot be known or does not
 apply there). Its position is canonical (the same whatever the number of workers), so a loader
@@ -21,13 +23,18 @@ change of the data that the files' names, sizes and footers cannot show.
 - another rank's state (same world size) resumes at the same `batch` count: this rank
   replays `origin`, `shapes` and `batch` over its own document lengths (packing/count.py) to find
   its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
+- a state of another world size (any old rank's) is a `Change`: the loader finds every old
+  rank's position at the state's `batch` count and makes the elastic plan (resume.py,
+  data/elastic.py), for either packing; it needs the files the state was saved with, all of
+  them unchanged (files added at a change, or to a run that began at one, are a ValueError);
+  with `other_rank="nanochat"` it resumes approximately as nanochat;
 - a state holding only nanochat's keys (`pq_idx`, `rg_idx`, `epoch`) resumes as nanochat
   does, and becomes the run's `origin`;
 - another B or T continues from the same position with a warning (a new `shapes` entry);
   files appended to the split are accepted with a warning naming them; any other
-  difference (split, packing, tokenizer, best-fit settings, world size, a file at or before
-  the position: its name, its size, or, when the state knows it, its footer) is a ValueError
-  naming each difference in words.
+  difference (split, packing, tokenizer, best-fit settings, `on_bad_row_group`, a file at or
+  before the position: its name, its size, or, when the state knows it, its footer) is a
+  ValueError naming each difference in words.
 Older versions are read too (`READS`): 2 (files as [name, bytes], no footers), 3 (best fit's
 buffer as a list of runs) and 4 (no check).
 
@@ -199,14 +206,16 @@ class Writer:
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:
     """crc32 of the rank, the world size, the position, the batch count, the shapes, the origin,
-    the check (in the versions that have it) and the buffer. DCP keeps one value per key across ranks, so a state saved under one key by
-    every rank comes back with fields of different ranks; the digest turns that (and hand
-    edits) into an error, not a wrong resume.
+    the check and the elastic plan's crc (in the versions that have them) and the buffer; not of
+    the config, the files or the val file, which `check` compares with the loader's. DCP keeps
+    one value per key across ranks, so a state saved under one key by every rank comes back
+    with fields of different ranks; the digest turns that (and hand edits) into an error, not a
+    wrong resume.
 
-    `buffer_bytes`: version 4, the buffer's width name and values (b"u2" and the bytes its hex
-    spells), taken first and the fields after them (so that whoever writes the buffer can
-    take its crc32 apart from the fields); versions 2 and 3, its runs' int64 bytes, after the
-    fields. Without a buffer both are the fields' crc32."""
+    `buffer_bytes`: from version 4 on, the buffer's width name and values (b"u2" and the bytes
+    its hex spells), taken first and the fields after them (so that whoever writes the buffer
+    can take its crc32 apart from the fields); versions 2 and 3, its runs' int64 bytes, after
+    the fields. Without a buffer both are the fields' crc32."""
     version = state.get("version")
     fields = ("rank", "world_size", *POSITION_FIELDS, "batch", "shapes", "origin")
     values = [state.get(k) for k in fields]

@@ -8,7 +8,8 @@ geometry, 1024-document row groups of log-normal prose; ``--source skewed``: row
 consecutive shards ``shard_00000.parquet ...`` with one string column ``text`` and row groups
 of exactly ``--row-group-size`` rows (several sizes are cycled); the benchmark corpora bring
 their own row groups, and each file holds a run of them. With ``--vocab-size N`` a byte-level
-BPE is trained on the written documents and pickled nanochat-style.
+BPE is trained on the written documents and pickled nanochat-style (rustbpe: ``pip install
+shmloader[demo]``).
 
 Example:
     python tools/make_shards.py --source synthetic --num-docs 5000 --out-dir demo_data \\
@@ -56,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix", default="shard_", help="file name prefix (default: shard_)")
     p.add_argument("--vocab-size", type=int, default=0,
                    help="train a BPE tokenizer with this many tokens incl. specials "
-                        "(tokens; default 0 = don't train)")
+                        "(tokens; default 0 = don't train; needs rustbpe: pip install shmloader[demo])")
     p.add_argument("--tokenizer-out", type=Path, default=None,
                    help="tokenizer pickle path (default: OUT_DIR/tokenizer/tokenizer.pkl)")
     args = p.parse_args(argv)
@@ -102,6 +103,11 @@ def summarize(paths: list[Path], n_docs: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.vocab_size:
+        try:
+            corpus.require_rustbpe()  # before the shards are written: one line, not a traceback
+        except ImportError as exc:
+            raise SystemExit(f"make_shards: {exc}") from None
     docs = load_docs(args)
     with tqdm(total=args.num_files, unit="file", desc="writing shards") as bar:
         paths = corpus.write_shards(docs, args.out_dir, num_files=args.num_files,

@@ -16,6 +16,7 @@ import sys
 import time
 
 from shmloader import progress
+from shmloader.config import ENGINES
 from shmloader.data import cache as cachemod
 from shmloader.data import engine as enginemod
 from shmloader.data import source
@@ -55,7 +56,7 @@ def main(argv=None):
     ap.add_argument("--split", choices=["train", "val", "all"], default="all",
                     help="which files to tokenize (default: all)")
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
-    ap.add_argument("--engine", choices=["auto", "tiktoken", "fastokens", "gigatoken"], default="auto",
+    ap.add_argument("--engine", choices=ENGINES, default="auto",
                     help="tokenizer engine, as the loader's engine= (default auto: gigatoken where it is "
                          "proven equal, else fastokens when installed, checked against tiktoken)")
     args = ap.parse_args(argv)

@@ -265,7 +265,7 @@ class Mixer:
             self.totals[name] = (totals[name], t[1], t[2])
 
     def snapshot(self) -> tuple:
-        """The mixer's counts now, cheaply (a few dict copies; `state_of` makes the state)."""
+        """The mixer's counts now, cheaply (a few dict copies; `state_of_snapshot` makes the state)."""
         return self.stage, self.stage_batch, self.counted.copy(), self.totals.copy(), self.ended, self
 
     def end(self, source: str) -> str | None:

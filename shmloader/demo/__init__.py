@@ -82,6 +82,7 @@ def prepare_data(out_dir, vocab_size: int = 4096, *, num_files: int = NUM_FILES,
     if not ours and (any(data_dir.glob("*.parquet")) or tok_path.exists()):
         raise ValueError(f"{out_dir} holds parquet shards or a tokenizer that the demo did not write "
                          f"(no {MANIFEST} of ours): pick an empty or new --out-dir")
+    corpus.require_rustbpe()  # before any work: the tokenizer is to be trained
     started = time.perf_counter()
     texts = corpus.split_documents(corpus.stdlib_texts(), DOC_CHARS)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -227,6 +228,11 @@ def main(argv=None) -> int:
         data = prepare_data(args.out_dir, args.vocab_size)
     except ValueError as exc:
         print(f"demo: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # rustbpe, to train the tokenizer: one line, not a traceback
+        if exc.name != "rustbpe":
+            raise
+        print(f"demo: {exc}", file=sys.stderr)
         return 2
     import torch  # noqa: F401  (imported before any timing: docs/contract.md §5)
 

@@ -18,7 +18,9 @@ Corpora
     gives the same list; a shorter ``n_docs`` gives a prefix of a longer one.
 
 Tokenizer
-    ``train_tokenizer`` trains a byte-level BPE with rustbpe using nanochat's GPT-4-style
+    ``train_tokenizer`` trains a byte-level BPE with rustbpe (the ``demo`` extra, not a
+    requirement of the loader: without it, ``require_rustbpe`` says in one line to ``pip
+    install shmloader[demo]``) using nanochat's GPT-4-style
     split pattern and wraps it in a ``tiktoken.Encoding``: ranks 0..255 are the single
     bytes, merges follow, then the 9 nanochat special tokens with ``<|bos|>`` first, at id
     ``len(mergeable_ranks)``. ``n_vocab <= vocab_size`` (equal unless the text is too
@@ -166,11 +168,25 @@ def _punctuate(rng: random.Random, words: list[str]) -> str:
     return "".join(parts[:-1])
 
 
+DEMO_EXTRA = "pip install shmloader[demo]"
+
+
+def require_rustbpe():
+    """The rustbpe module, which only ``train_tokenizer`` needs (the ``demo`` extra); without it
+    an ImportError (``name`` "rustbpe") whose message says in one line what to install."""
+    try:
+        import rustbpe
+    except ImportError as exc:
+        raise ImportError(f"training a BPE tokenizer needs rustbpe, which is not installed: {DEMO_EXTRA}",
+                          name="rustbpe") from exc
+    return rustbpe
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, *, name: str = "shmloader-bpe",
                     pattern: str = SPLIT_PATTERN) -> "tiktoken.Encoding":
     """Train a byte-level BPE on ``texts``; return a tiktoken Encoding with nanochat specials
     (``pattern``: the split pattern, nanochat's by default)."""
-    import rustbpe
+    rustbpe = require_rustbpe()
     import tiktoken
 
     n_special = len(SPECIAL_TOKENS)

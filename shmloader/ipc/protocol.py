@@ -28,12 +28,13 @@ ready batch costs the trainer no system call: NOTE [slot handover] (handover.py)
 coordinator and the workers, and for everything else the coordinator tells the trainer, every
 message is one record below, sent through a pipe and dispatched on its type:
 
-1. Trainer -> coordinator (free log): batch k once its slot may be overwritten: on the CPU
-   when the caller has dropped the lent batch (the view's weak-reference callback, a C
-   `deque.append` that no signal can interrupt, queues it; the next `next()` logs the free;
-   right after the copy for a copied batch), on CUDA when the event recorded after the copy
-   has completed. Batches come back in any order; batches below `freed + n_slots` (`freed` =
-   how many came back) may be written, so at most `n_slots` hold a slot at once.
+1. Trainer -> coordinator (free log): batch k once its slot may be overwritten. On the CPU,
+   once the caller has dropped the lent batch: nothing runs when it does; the next `next()`
+   (`delivery.Lending.reclaim`) finds the reference count of each of the slot's numpy views
+   down to the delivery's own and logs the free (a batch copied out instead, while `lend_cap`
+   lent batches are held, right after its copy). On CUDA, when the event recorded after the
+   copy has completed. Batches come back in any order; batches below `freed + n_slots`
+   (`freed` = how many came back) may be written, so at most `n_slots` hold a slot at once.
 2. Worker -> coordinator: `Ready(engine)` once its tokenizer is built and its source open;
    only then, or 2 s after its start (`coordinator.READY_WAIT_S`: one stuck starting up then
    holds a piece, and its stall or the timeout is seen as before), is it given new pieces: a

@@ -20,7 +20,7 @@ import threading
 
 def ignore_sigint():
     """A child's first step: Ctrl-C is the trainer's. Children are started with SIGINT blocked
-    (procs/children.py, `_start`); ignoring it before unblocking it drops one that is pending."""
+    (procs/start.py, `_start`); ignoring it before unblocking it drops one that is pending."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 

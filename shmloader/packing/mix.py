@@ -13,7 +13,7 @@ one empty run, so that every piece ends with a run that says it is its `last`.
 
 The stream depends on the sources' document lengths only (the rule sees nothing else), so it
 is the same for any number of workers and any order of arrival. Where it stands before any
-document (`Run.point`: every source's next document and the mixer's state before the run's
+document (`Run.at`: every source's next document and the mixer's state before the run's
 first pick) is what a state keeps; `point_at(run, row, skip)` is that inside a run: a resumed
 mix starts every source at its document and the mixer from its state, and the document the
 next token is in comes first (with a new mixture too: it is not skipped).

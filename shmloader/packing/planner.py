@@ -9,7 +9,8 @@ empty by repeating:
 1. take the LONGEST buffered document whose length <= space left, the earliest-buffered on
    ties, and place it whole;
 2. when no document fits, take the SHORTEST buffered document, the earliest-buffered on ties,
-   place its first `space_left` tokens and drop the rest (the cropped tail); the row is full.
+   place its first `space` tokens (the space left) and drop the rest (the cropped tail); the
+   row is full.
 
 Rows never continue into the next batch; the buffer carries over to it.
 

@@ -336,7 +336,7 @@ def _main_hidden():
     whole training at the top level, so the children would train too. The children's targets
     live in shmloader modules, so their preparation data names no main module (as for an
     interactive session), in this thread only: `sys.modules["__main__"]` is never touched, so a
-    start in the background (`start_when_booted`) cannot change what the trainer's main thread
+    start in the background (children.py `Children.start_later`) cannot change what the trainer's main thread
     sees.
     """
     was = getattr(_HIDDEN, "on", False)

@@ -1,7 +1,8 @@
 """A newcomer's install: a wheel of the project in a fresh virtual environment, without the
-dev extra, runs the demo and the tools. Marked slow: it installs torch and the runtime
-dependencies from the package index into a new environment (38 s here with pip's cache warm,
-minutes with it cold): `python -m pytest -m slow tests/loader/test_install.py`."""
+dev extra, runs the tools; the demo says in one line to install the demo extra (rustbpe), and
+runs with it. Marked slow: it installs torch and the runtime dependencies from the package
+index into a new environment (38 s here with pip's cache warm, minutes with it cold):
+`python -m pytest -m slow tests/loader/test_install.py`."""
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ def _run(cmd, cwd, timeout=900, env=None):
     return proc.stdout
 
 
-def test_a_wheel_without_the_dev_extra_runs_the_demo_and_the_tools(tmp_path):
+def test_a_wheel_without_the_dev_extra_runs_the_tools_and_with_the_demo_extra_the_demo(tmp_path):
     # without the suite's PYTHONPATH (the checkout): pip would take the checkout's editable
     # install's metadata for an installed shmloader and not install the wheel
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -35,8 +36,13 @@ def test_a_wheel_without_the_dev_extra_runs_the_demo_and_the_tools(tmp_path):
     _run([py, "-m", "pip", "install", "-q", wheel], cwd=tmp_path, env=env)
     listed = _run([py, "-m", "pip", "list", "--format=freeze"], cwd=tmp_path, env=env).lower()
     assert "shmloader==" in listed, listed
-    for dev_only in ("pytest", "hypothesis", "moto", "matplotlib"):
-        assert f"{dev_only}==" not in listed, f"{dev_only} came with a plain install"
+    for extra_only in ("pytest", "hypothesis", "moto", "matplotlib", "rustbpe"):
+        assert f"{extra_only}==" not in listed, f"{extra_only} came with a plain install"
+    demo = subprocess.run([str(py), "-m", "shmloader.demo", "--out-dir", str(tmp_path / "demo")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert demo.returncode == 2 and demo.stderr.splitlines() == [
+        "demo: training a BPE tokenizer needs rustbpe, which is not installed: pip install shmloader[demo]"], demo
+    _run([py, "-m", "pip", "install", "-q", f"{wheel}[demo]"], cwd=tmp_path, env=env)
     out = _run([py, "-m", "shmloader.demo", "--out-dir", tmp_path / "demo", "--batches", 20, "--batch-size", 2,
                 "--seq-len", 256, "--vocab-size", 512], cwd=tmp_path, env=env)
     assert "stream verified" in out and "resume verified" in out, out

@@ -20,7 +20,7 @@ import pytest
 
 from shmloader.data import engine as enginemod
 from shmloader.data import tokenizer as tokmod
-from shmloader.config import LoaderConfig
+from shmloader.config import ENGINES, LoaderConfig
 from shmloader.demo import corpus
 from tests.helpers import IntTokenizer, hard_texts
 
@@ -87,7 +87,7 @@ def test_auto_falls_back_with_a_note_when_the_engine_cannot_be_built(synth_token
 def test_engine_option_checked_and_not_in_the_fingerprint(monkeypatch):
     with pytest.raises(ValueError, match="engine"):
         LoaderConfig(2, 8, engine="fast")
-    prints = {e: LoaderConfig(2, 8, engine=e).fingerprint("tok") for e in ("auto", "tiktoken", "fastokens")}
+    prints = {e: LoaderConfig(2, 8, engine=e).fingerprint("tok") for e in ENGINES}
     assert len({str(p) for p in prints.values()}) == 1
     import importlib.util
 

@@ -147,3 +147,47 @@ def test_the_design_pages_module_map_is_the_tree():
             continue
         files.add(next((d for d in folders if rel.startswith(d)), rel))
     assert named == files, f"in the map, not the tree: {named - files}; in the tree, not the map: {files - named}"
+
+
+# what each third-party module the runtime imports comes from, where its distribution's name differs
+DISTRIBUTION = {"awkward": "gigatoken"}  # awkward: a requirement of gigatoken, imported only with it
+
+
+def _setup_cfg() -> tuple[set[str], dict[str, set[str]]]:
+    """setup.cfg's install_requires and extras, as distribution names."""
+    import configparser
+    import re
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO_ROOT / "setup.cfg")
+    names = lambda text: {re.match(r"[A-Za-z0-9_.-]+", line.strip()).group(0).lower()
+                          for line in text.splitlines() if line.strip()}
+    return (names(cfg["options"]["install_requires"]),
+            {extra: names(text) for extra, text in cfg["options.extras_require"].items()})
+
+
+def test_the_runtime_imports_only_what_setup_cfg_installs():
+    """Every third-party module shmloader imports is a requirement, or in an extra (its import
+    then in a function, where it is needed: never at a module's top). rustbpe, which only the
+    demo's tokenizer training needs, is the `demo` extra's (and `dev`'s: the tests train)."""
+    requires, extras = _setup_cfg()
+    optional = set().union(*extras.values())
+    stray, eager = [], []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                mods = [node.module]
+            else:
+                continue
+            for mod in {m.split(".")[0] for m in mods} - set(sys.stdlib_module_names) - {"shmloader"}:
+                dist = DISTRIBUTION.get(mod, mod).lower()
+                if dist not in requires | optional:
+                    stray.append(f"{path.relative_to(REPO_ROOT)}: {mod}")
+                elif dist not in requires and id(node) in top:
+                    eager.append(f"{path.relative_to(REPO_ROOT)}: {mod}")
+    assert stray == [] and eager == []
+    assert "rustbpe" not in requires and {"rustbpe"} <= extras["demo"] & extras["dev"]

@@ -1,12 +1,13 @@
 """The demo's data preparation, tools/profile_worker.py's sorting of samples and the parts of
-tools/bench/, in this process: the demo never overwrites data it did not write, a py-spy
-profile's samples are sorted by the worker code they are in, the bench's corpora are built once,
-busy work never sleeps, memory is counted over a process tree, base_train's evaluations keep the
-last val loader until the next is built, rounds become medians and per-round ratios by
-arithmetic, a results file says what, where, when and how, another checkout is put first on a
-child's path, and tools/bench/base_train.py patches only nanochat's loader import and times the
-val loader without changing its batches, and tools/plot_pipeline.py plots one loader of a log
-that holds several. (The tools run as a user runs them: tests/loader/test_tools.py.)
+tools/bench/, in this process: the demo never overwrites data it did not write and says in one
+line what to install without rustbpe, a py-spy profile's samples are sorted by the worker code
+they are in, the bench's corpora are built once, busy work never sleeps, memory is counted over a
+process tree, base_train's evaluations keep the last val loader until the next is built, rounds
+become medians and per-round ratios by arithmetic, a results file says what, where, when and how,
+another checkout is put first on a child's path, and tools/bench/base_train.py patches only
+nanochat's loader import and times the val loader without changing its batches, and
+tools/plot_pipeline.py plots one loader of a log that holds several. (The tools run as a user runs
+them: tests/loader/test_tools.py.)
 """
 import json
 import os
@@ -33,6 +34,21 @@ def test_demo_never_overwrites_data_it_did_not_write(tmp_path):
     with pytest.raises(ValueError, match="did not write"):
         prepare_data(tmp_path, VOCAB, log=lambda m: None)
     assert theirs.read_bytes() == b"not ours"
+
+
+def test_the_demo_without_rustbpe_says_in_one_line_what_to_install(tmp_path, monkeypatch, capsys):
+    """rustbpe is the demo extra's: without it the demo says so in one line (exit 2), before it
+    builds anything, and training a tokenizer raises an ImportError saying what to install."""
+    from shmloader.demo import main
+
+    monkeypatch.setitem(sys.modules, "rustbpe", None)  # `import rustbpe` raises ImportError: not installed
+    assert main(["--out-dir", str(tmp_path / "demo")]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == ["demo: training a BPE tokenizer needs rustbpe, which is not installed: "
+                                "pip install shmloader[demo]"] and out == ""
+    assert not (tmp_path / "demo").exists()
+    with pytest.raises(ImportError, match=r"pip install shmloader\[demo\]"):
+        corpus.train_tokenizer(["some text"], VOCAB)
 
 
 def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
