@@ -3,6 +3,11 @@ exception in the calling process, naming the file (and the row group where there
 quickly, never a hang (a loader `timeout=` turns a hang into the wrong exception, and the
 watchdog fails the test after 60 s); afterwards nothing is left running (conftest `no_leaks`).
 
+Bad data the loader's processes find far ahead of the stream (a corrupt row group, an
+unreadable file, a bad schema) is raised by the first next() that needs it: the same batch in
+every run, with 1 or 3 workers, any ring, with or without the head start, both packings and a
+mixture, after the batches of the same files without the problem.
+
 Null documents are skipped and counted, an empty document is exactly [BOS], and with
 `on_bad_row_group="skip"` a corrupt row group is skipped with a warning naming the file, the
 stream is the oracle's over the data without it, and resume across the skip is exact.
