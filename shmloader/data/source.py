@@ -389,7 +389,8 @@ class SchemaCheck:
     the files from `first`; files where this rank has no row group are not its to read.
     `found()` is the first problem, a `DataError` naming the file and the row group where the
     run would have met it, or None. Used by the coordinator under `on_bad_row_group="raise"`:
-    a bad file hours into a run is then an error seconds into it."""
+    a bad file hours into a run is then warned of seconds into it (and raised when the run
+    reaches it, by the worker that reads it)."""
 
     def __init__(self, files: list[str], filesystem, rank: int, first: int = 0):
         self.files, self.filesystem, self.rank, self.first = files, filesystem, rank, first

@@ -54,7 +54,17 @@ message is one record below, sent through a pipe and dispatched on its type:
    worker that replaces a dead one keeps of a piece counted before (8).
 3. Worker -> coordinator: `Counted(piece, lengths, cache_hit)` after tokenizing a piece
    (`lengths[i]` = tokens of row i including BOS, 0 for a null); `Skipped(piece, text)` first
-   when its row group is bad and `on_bad_row_group="skip"`.
+   when its row group is bad and `on_bad_row_group="skip"`; `Failed(piece, error)` instead
+   when it cannot be read (a `DataError`: a corrupt row group, no `text` column, invalid
+   UTF-8, ...), and the worker goes on with its other pieces. Workers read ahead of the
+   stream, so the coordinator holds that error (`packing.base.Stops`): the mode's stream stops
+   at the first such piece in stream order, every batch that does not need it is written and
+   announced (concat: none of its tokens, nor the token after it, whose place its state names,
+   is in the piece; best fit: its plan took no chunk of it), and only then is the error told to
+   the trainer (as `Ended`, 6; a count-only run's as the `Error`, once its replay needs the
+   piece), so that it is raised at the same batch whatever the workers and the timing. A file
+   the coordinator cannot read while it plans the order is held the same way, as the piece
+   that would have come next (a mixture's is raised at once).
 4. Coordinator -> worker, write orders, each packing's own record (its spec's `order`, in its
    module; the worker carries it out with the spec's `write`). Concat: pieces are sequenced in
    order; piece i starts where piece i-1 ends. For every sequenced piece its worker gets
@@ -78,7 +88,9 @@ message is one record below, sent through a pipe and dispatched on its type:
    (`info`: a line for the log, e.g. a mixture's stage that begins), from the workers through
    the coordinator, to the trainer. A stream that ends (a mixture whose sources have all
    ended) sends `Ended(text)` once every complete batch is announced; the trainer raises it as
-   a `DataError` when no batch is left to take.
+   a `DataError` when no batch is left to take; so does a stream that stops at a piece that
+   cannot be read (3), with the report of whoever found it (`Error.head`: the process, its
+   pid, the file and the row group).
 7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer,
    the trainer is not waiting in `next()` (`Counter.WAITING`) and has neither taken a batch
    (`Counter.TAKEN`, or `Counter.HEAD`: one it made itself, the head start) nor freed one for
@@ -197,6 +209,13 @@ class Skipped(NamedTuple):
     text: str
 
 
+class Failed(NamedTuple):
+    """Piece `piece` cannot be read (a `DataError`): `error`, the worker's report. The worker
+    goes on; the coordinator holds the error until the stream needs the piece (3)."""
+    piece: int
+    error: "Error"
+
+
 # either child -> trainer (a worker's through the coordinator)
 class Warn(NamedTuple):
     text: str
@@ -204,9 +223,9 @@ class Warn(NamedTuple):
 
 
 class Ended(NamedTuple):
-    """Coordinator -> trainer: the stream has ended (a mixture whose sources have all ended),
-    after every complete batch was announced; `text` says why (raised as `DataError` once no
-    batch is left to take)."""
+    """Coordinator -> trainer: the stream has ended (a mixture whose sources have all ended, or
+    a piece that cannot be read: 3), after every complete batch before the end was announced;
+    `text` says why (raised as `DataError` once no batch is left to take)."""
     text: str
 
 

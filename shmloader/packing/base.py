@@ -12,8 +12,16 @@ the mode of a run that only finds a position.
 `n_slots` between their first order and their free), how many tokens each still waits for,
 and which are complete, in order. `InOrder` takes what arrives by index in any order and
 hands it out in index order (pieces are counted in any order, used in stream order).
-`SlotMap` says which ring slot holds which batch. Pure logic: no processes, no tokens. See
-NOTE [ring protocol] in ipc/protocol.py.
+`SlotMap` says which ring slot holds which batch. `Stops` holds the pieces that cannot be
+read until the stream needs them. Pure logic: no processes, no tokens. See NOTE [ring
+protocol] in ipc/protocol.py.
+
+A piece that cannot be read (a `DataError` on it: `Mode.failed`) is never counted, and the
+workers read ahead of the stream, so its error is not raised when it is found: the mode's
+stream stops at the first such piece in stream order, every batch that does not need it is
+announced, and then its error goes to the trainer, once (`Mode.messages`, each mode's rule of
+when its stream needs the piece). So the error comes at the same batch for any number of
+workers and any timing, after every batch before it.
 
 What a worker may hold (`Mode.can_take`): work is given so that no worker idles behind
 another's long piece, and memory stays bounded whatever the trainer's pace. A worker takes a
@@ -73,6 +81,31 @@ class Complete(NamedTuple):
     runs: object           # a buffered packing: the buffer after it, as runs (an (n, 5) array); a
     #                        mixture: the `mix.MixPoint` after it; else None
     docs: int              # documents begun (concat) or placed (best fit) by its end
+
+
+class Stops:
+    """Pieces that cannot be read, by index, each with its report (`protocol.Error`): the
+    stream stops at the first of them in stream order; `due(reached)` gives that report once,
+    the first time the mode says its stream has `reached` it (needs it, with every batch
+    before it announced)."""
+
+    def __init__(self):
+        self._errors = {}
+        self.said = False
+
+    def add(self, index: int, error):
+        self._errors.setdefault(index, error)
+
+    def first(self) -> int | None:
+        """The index of the first piece that cannot be read, or None."""
+        return min(self._errors, default=None)
+
+    def due(self, reached: bool):
+        """The first piece's report, the first time `reached` holds; else None."""
+        if not reached or self.said:
+            return None
+        self.said = True
+        return self._errors[self.first()]
 
 
 class Found(NamedTuple):
@@ -160,6 +193,7 @@ class Mode:
         self._held_tokens = [0] * n_workers   # their sums
         self._seen = [0, 0]                   # tokens and text bytes of the pieces counted
         self.owner, self.specs = {}, {}
+        self.stops = Stops()                  # pieces that cannot be read (`failed`)
 
     def _flight(self, worker: int) -> tuple:
         """`(pieces, their text bytes)` in flight on `worker`, and the text bytes of the largest
@@ -222,6 +256,20 @@ class Mode:
     def counted(self, msg):
         raise NotImplementedError
 
+    def failed(self, index: int, error) -> bool:
+        """Piece `index` cannot be read (`error`, the report to raise; a piece never handed out:
+        the order could not be read on from there): it is never counted. Whether the mode holds
+        the error until its stream needs the piece (`messages` then gives it); False: the
+        coordinator raises it now. Here: False."""
+        return False
+
+    def _forget(self, index: int):
+        """Piece `index` will never be counted: it leaves its worker's load (and a replacement's
+        share). Returns its `Piece`, or None for one never handed out."""
+        self._in_flight.pop(index, None)
+        self.owner.pop(index, None)
+        return self.specs.pop(index, None)
+
     def freed(self, batch: int):
         pass
 
@@ -235,6 +283,8 @@ class Mode:
         return ()
 
     def messages(self):
+        """Messages for the trainer (a count-only run's answer, a mixture's notes, the `Ended`
+        of a stream that stopped at a piece that cannot be read)."""
         return ()
 
     def buffer_of(self, done: Complete):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..data.order import buffer_pieces, ramp_for
+from ..ipc.protocol import Ended
 from ..ipc.ring import Stat
 from ..position import Position
 from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
@@ -239,6 +240,16 @@ class BestFitSequencer:
             self.planner = BestFitPlanner.from_buffer(self.B, self.row_len, self.buffer_size, ids, lens)
             self._prefix = []
 
+    @property
+    def next_index(self) -> int:
+        """The next piece index to take in (those below it are counted and in chunks or the buffer)."""
+        return self._counted.next
+
+    def stuck(self) -> bool:
+        """No batch can be planned with the pieces taken in: a plan ran out of them, or the
+        resumed buffer is not whole yet."""
+        return self.planner is None or self.starved
+
     def freed(self, batch: int):
         self.book.freed()  # in any order: at most n_slots batches are planned and not freed
 
@@ -301,7 +312,10 @@ class BestFitSequencer:
 
 class BestFitMode(Mode):
     """Best fit: documents are placed one by one by the planner; a piece leaves its worker's
-    load when counted, and a global cap bounds the documents waiting to enter the buffer."""
+    load when counted, and a global cap bounds the documents waiting to enter the buffer. A
+    piece that cannot be read stops the stream where a plan would take its first chunk: its
+    error is said (`Ended`) once every piece before it is in, a plan ran out of them (or the
+    resumed buffer waits for it) and every batch planned is announced."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         super().__init__(n_workers, cfg)
@@ -331,6 +345,23 @@ class BestFitMode(Mode):
         self.assigned_docs -= piece.n_docs
         self.seq.counted(piece, w, msg.lengths)
         return piece
+
+    def failed(self, index: int, error) -> bool:
+        self._forget(index)
+        self.stops.add(index, error)
+        return True
+
+    def _forget(self, index: int):
+        piece = super()._forget(index)
+        if piece is not None:
+            self.assigned_docs -= piece.n_docs
+        return piece
+
+    def messages(self):
+        seq = self.seq
+        error = self.stops.due(self.stops.first() == seq.next_index and seq.stuck()
+                               and seq.book.announced >= seq.planned)
+        return () if error is None else (Ended(error.head),)
 
     def freed(self, batch: int):
         self.seq.freed(batch)

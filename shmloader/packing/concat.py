@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..data.order import RAMP
+from ..ipc.protocol import Ended
 from ..position import Position
 from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
 from .positions import fill_segment
@@ -186,6 +187,13 @@ class ConcatSequencer:
                 return s, row, rel - row_start
         return None
 
+    def complete_before(self) -> int:
+        """How many batches the pieces sequenced so far make: those whose tokens and the token
+        after them (where the position after the batch is) all lie before `next_start`; once
+        `finished`, also the last one, which ends there."""
+        end = max(self.next_start, 0) if self.finished else max(self.next_start - 1, 0)
+        return end // self.window
+
     def oldest_live(self) -> int:
         """The smallest piece index the sequencer may still need."""
         return self._seq[0].index if self._seq else self.next_index
@@ -198,7 +206,9 @@ class ConcatSequencer:
 
 class ConcatMode(Mode):
     """Concat: pieces are placed by token offset; a counted piece's tokens count against its
-    worker's hold until it is fully placed (base.py: what a worker may hold)."""
+    worker's hold until it is fully placed (base.py: what a worker may hold). A piece that
+    cannot be read stops the stream where it would begin: its error is said (`Ended`) once
+    every piece before it is sequenced and every batch they make is announced."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         super().__init__(n_workers, cfg, run.layout.window, run.layout.n_slots)
@@ -210,6 +220,17 @@ class ConcatMode(Mode):
         piece = self.specs[msg.piece]
         self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
         return piece
+
+    def failed(self, index: int, error) -> bool:
+        self._forget(index)
+        self.stops.add(index, error)
+        return True
+
+    def messages(self):
+        seq = self.seq
+        error = self.stops.due(self.stops.first() == seq.next_index
+                               and seq.book.announced >= seq.complete_before())
+        return () if error is None else (Ended(error.head),)
 
     def freed(self, batch: int):
         self.seq.freed(batch)

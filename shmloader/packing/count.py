@@ -11,7 +11,9 @@ best fit, the buffer's runs there).
 
 `CountMode` is the coordinator's mode for such a run (`base.Mode`): workers send document
 lengths and keep no tokens (`keep = False`); the trainer gets `Progress` once a second and
-then `Located`.
+then `Located`, or the error of a piece that cannot be read once the replay needs it (every
+piece before it fed and no position found yet): a bad row group past the position is no
+error.
 """
 import itertools
 import time
@@ -56,7 +58,16 @@ class CountMode(Mode):
             self.locator.feed(self.specs.pop(index), lengths)  # ignored once it has a result
         return piece
 
+    def failed(self, index: int, error) -> bool:
+        self._forget(index)
+        self.stops.add(index, error)
+        return True
+
     def messages(self):
+        error = self.stops.due(self.stops.first() == self._counted.next and self.locator.result is None)
+        if error is not None:
+            self._reported = True
+            yield error
         if self.locator.result is not None and not self._reported:
             self._reported = True
             found = self.locator.result

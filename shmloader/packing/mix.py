@@ -12,11 +12,13 @@ in the order they come, as it places a single source's pieces (one run a piece).
 one empty run, so that every piece ends with a run that says it is its `last`.
 
 The stream depends on the sources' document lengths only (the rule sees nothing else), so it
-is the same for any number of workers and any order of arrival. Where it stands before any
-document (`Run.at`: every source's next document and the mixer's state before the run's
-first pick) is what a state keeps; `point_at(run, row, skip)` is that inside a run: a resumed
-mix starts every source at its document and the mixer from its state, and the document the
-next token is in comes first (with a new mixture too: it is not skipped).
+is the same for any number of workers and any order of arrival. A piece that cannot be read
+(`unreadable`) stops it where the rule needs that piece's next document (`stopped`: its
+error), whichever source's turn it then is, so that too depends on the lengths only. Where it
+stands before any document (`Run.at`: every source's next document and the mixer's state
+before the run's first pick) is what a state keeps; `point_at(run, row, skip)` is that inside
+a run: a resumed mix starts every source at its document and the mixer from its state, and
+the document the next token is in comes first (with a new mixture too: it is not skipped).
 """
 from __future__ import annotations
 
@@ -124,6 +126,8 @@ class MixStream:
         self.tokens = 0                  # tokens of the runs made
         self.notes: list = []            # what the loader says: stages begun, sources ended
         self.finished = None             # why the mix has ended (nothing left to read), once it has
+        self.stopped = None              # the error of a piece it needs and cannot read, once it does
+        self._unreadable = {}            # source -> (seq, error) of the first of its pieces that cannot be read
         self._room = None                # documents `runs` may still take (None: no limit)
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
@@ -136,15 +140,21 @@ class MixStream:
         its weight goes to the others."""
         self._exhausted.add((source, pieces))
 
+    def unreadable(self, source: str, seq: int, error):
+        """Piece `seq` of `source`'s order cannot be read (`error`): the mix stops when it needs it."""
+        known = self._unreadable.get(source)
+        if known is None or seq < known[0]:
+            self._unreadable[source] = (seq, error)
+
     def waiting_for(self) -> list:
         """The sources taking part whose next document is not counted yet: the mix waits for them."""
-        if self.finished is not None:
+        if self.finished is not None or self.stopped is not None:
             return []
         return [name for name in self._taking_part() if self._head(name) is None and not self._ended(name)]
 
     def finish(self, why: str):
         """The mix ends here (`why`): no document is taken after the ones taken so far."""
-        if self.finished is None:
+        if self.finished is None and self.stopped is None:
             self.finished = why
             self._close()
 
@@ -228,7 +238,7 @@ class MixStream:
         documents (best fit takes the mix a chunk at a time: packing/mixbestfit.py)."""
         mixer = self.mixer
         self._room = limit
-        while self.finished is None and self._room != 0:
+        while self.finished is None and self.stopped is None and self._room != 0:
             names = self._taking_part()
             if self.finished is not None:
                 break
@@ -243,6 +253,7 @@ class MixStream:
                     self.first = None
                 continue
             if None in heads.values():
+                self._stop_if_unreadable(heads)
                 self._close()
                 out, self._out = self._out, []
                 return out
@@ -255,6 +266,15 @@ class MixStream:
             self._close()
         out, self._out = self._out, []
         return out
+
+    def _stop_if_unreadable(self, heads: dict):
+        """The rule needs every source's next document: the mix stops if one of them is in a
+        piece that cannot be read (every piece of that source before it is used up)."""
+        for name, head in heads.items():
+            seq, error = self._unreadable.get(name, (None, None))
+            if head is None and seq == self._arrived[name].next:
+                self.stopped = error
+                return
 
     def end_point(self) -> MixPoint:
         """Where an ended mix stands: after its last document."""

@@ -24,7 +24,10 @@ beside the point's keys, its runs as best fit's buffer text of six values a run:
 `buffer_entries`). A resume, a heal or an idle release reads the buffer's documents
 first (pieces `0..n-1`, `order.buffer_pieces`), rebuilds the planner from them, then goes on
 mixing from the point. A source left out at a resume whose documents are in the buffer is
-refused (`buffer_runs`: its files are not listed any more).
+refused (`buffer_runs`: its files are not listed any more). A piece that cannot be read stops
+the mix where it needs the piece (packing/mix.py; one of the resumed buffer's, where the buffer
+waits for it, as for one source): its error is said once a plan ran out there and every batch
+planned is announced.
 """
 from __future__ import annotations
 
@@ -242,6 +245,12 @@ class MixBestFitMode(BestFitMode):
         waiting = seq.chunks.docs + seq.backlog_docs + seq.counted_rows - seq.chunks.rows + self.assigned_docs
         return Mode.can_take(self, worker) and (waiting < self.cap or (seq.starved and not self.assigned_docs))
 
+    def failed(self, index: int, error) -> bool:
+        if index < self.n_prefix:  # the resumed buffer's: in order, as for one source
+            return BestFitMode.failed(self, index, error)
+        self._forget(index)
+        return self.feed.failed(index, error)
+
     def counted(self, msg):
         piece = BestFitMode.counted(self, msg)
         if piece.index >= self.n_prefix:
@@ -256,7 +265,9 @@ class MixBestFitMode(BestFitMode):
 
     def messages(self):
         seq = self.seq
-        return self.said.messages(seq.chunks.dry and seq.book.announced >= seq.planned)
+        yield from BestFitMode.messages(self)  # a piece of the resumed buffer that cannot be read
+        over = seq.chunks.dry or (self.stream.stopped is not None and seq.starved)
+        yield from self.said.messages(over and seq.book.announced >= seq.planned)
 
 
 class _chain:

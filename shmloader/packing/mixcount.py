@@ -17,7 +17,8 @@ stream at a batch this rank cannot know its place at (mixstate.py refuses those)
 
 `MixCountMode` hands out pieces as a live mixture does (`MixFeed`, no ramp), feeds counted
 lengths to the stream and the place-finder, and says `Progress` and then `Located` (the
-position, and the point as the state's JSON text in `runs`).
+position, and the point as the state's JSON text in `runs`), or the error of a piece that
+cannot be read, once the mix stops there before the place is found.
 """
 from __future__ import annotations
 
@@ -126,6 +127,18 @@ class MixCountMode(Mode):
         if self.bestfit:
             self.place.counted(piece, msg.lengths)
         self.feed.counted(msg.piece, piece, msg.lengths)
+        self._flow()
+        return piece
+
+    def failed(self, index: int, error) -> bool:
+        self._forget(index)
+        if not self.feed.failed(index, error):
+            return False
+        self._flow()
+        return True
+
+    def _flow(self):
+        """The mix's documents as far as they are counted, into the place-finder."""
         self.feed.flow()
         if self.bestfit:
             self.place.plan()
@@ -133,7 +146,6 @@ class MixCountMode(Mode):
             for run in self.stream.runs():
                 self.place.add(run)
                 self.feed.used(run)
-        return piece
 
     def messages(self):
         if self.place.result is not None and not self._reported:
@@ -147,6 +159,9 @@ class MixCountMode(Mode):
         elif not self._reported and time.monotonic() >= self._next_progress:
             self._next_progress = time.monotonic() + PROGRESS_S
             yield Progress(self.done_batches, self.total, self.docs)
+        if self.stream.stopped is not None and not self._reported:  # a piece it needs cannot be read
+            self._reported = True
+            yield self.stream.stopped
         if self.stream.finished is not None and not self._reported:
             self._reported = True
             yield Located(None, self.stream.finished, *self.from_cache)

@@ -73,8 +73,9 @@ class MixFeed:
         self._index = first_index
 
     def pick(self) -> "Next | None":
-        """The source whose next piece goes out next (that piece peeked), or None."""
-        while self.stream.finished is None:
+        """The source whose next piece goes out next (that piece peeked), or None (also once the
+        mix has ended or stopped: nothing it reads would be used)."""
+        while self.stream.finished is None and self.stream.stopped is None:
             waiting = [n for n in self.stream.waiting_for() if n in self._orders]
             reading = {self.owned[i].source for i in self._reading() if i in self.owned}
             name = next((n for n in waiting if n not in reading), None)
@@ -134,6 +135,15 @@ class MixFeed:
                                           "leave it out)")
         self.stream.counted(name, seq, piece, lengths)
 
+    def failed(self, index: int, error) -> bool:
+        """Piece `index` cannot be read (`error`): the mix stops when it needs it. False for a
+        piece that is not the mix's (one its orders could not be read on to)."""
+        owned = self.owned.get(index)
+        if owned is None:
+            return False
+        self.stream.unreadable(owned.source, owned.seq, error)
+        return True
+
     def used(self, run):
         """A run the packing took: with a piece's last, the piece leaves the read-ahead."""
         if run.last:
@@ -151,18 +161,20 @@ class MixFeed:
 
 class Said:
     """What a mixture's mode tells the trainer: each note of the stream once (a stage begun is
-    logged, a source ended warned of), and `Ended` once, when the mix has ended and every batch
-    before its end is announced (the trainer raises it once it took them)."""
+    logged, a source ended warned of), and `Ended` once, when the mix has ended, or stopped at a
+    piece that cannot be read (its error's text), and every batch before is announced (the
+    trainer raises it once it took them)."""
 
     def __init__(self, stream: MixStream):
         self.stream, self._said, self._ended = stream, 0, False
 
     def messages(self, all_out: bool):
-        """`all_out`: the mix ended and every batch it made is announced."""
+        """`all_out`: the mix ended (or stopped) and every batch it made is announced."""
         notes = self.stream.notes
         for text in notes[self._said:]:
             yield Warn(text, info=text.startswith("mixture: stage"))
         self._said = len(notes)
         if all_out and not self._ended:
             self._ended = True
-            yield Ended(self.stream.finished)
+            stopped = self.stream.stopped
+            yield Ended(self.stream.finished if stopped is None else stopped.head)

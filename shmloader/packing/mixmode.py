@@ -14,7 +14,9 @@ A mix that ends (every source with a weight has read its `max_epochs`, or the mi
 source that read a whole epoch and most of another without a document) stops taking documents
 there: every complete batch before is placed and announced, then `Ended` tells the trainer
 why, which it raises as a `DataError` once it has taken them (the partial last batch is not
-made). So the batches before the end are the same whatever the workers and the timing.
+made). So the batches before the end are the same whatever the workers and the timing. A mix
+that stops at a piece that cannot be read (packing/mix.py) says its error the same way, once
+the batches that do not need it (nor the token after them) are announced.
 """
 from __future__ import annotations
 
@@ -70,6 +72,13 @@ class MixConcatMode(ConcatMode):
         self._flow()
         return piece
 
+    def failed(self, index: int, error) -> bool:
+        self._forget(index)
+        if not self.feed.failed(index, error):
+            return False
+        self._flow()
+        return True
+
     def _flow(self):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
@@ -117,7 +126,8 @@ class MixConcatMode(ConcatMode):
 
     def messages(self):
         seq = self.seq
-        return self.said.messages(seq.finished and seq.book.announced >= max(seq.next_start, 0) // seq.window)
+        over = seq.finished or self.stream.stopped is not None
+        return self.said.messages(over and seq.book.announced >= seq.complete_before())
 
 
 def point_json(point, lo: dict) -> dict:

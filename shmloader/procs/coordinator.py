@@ -17,6 +17,14 @@ ones (`_redoing`) to keep just those rows; their counts are not counted twice; a
 order the old one had not acknowledged goes out again once the pieces it reads are there
 (an order half carried out writes the same tokens to the same places again). Workers
 acknowledge every order in order (`Written`), so the orders not acknowledged are known.
+
+Bad data ahead of the stream is not raised when it is found: a worker that cannot read a piece
+says so (`Failed`) and goes on, and an order that cannot be read on (a file whose footer cannot
+be read) stops at the piece that would have come next; the mode holds the error until its
+stream needs that piece and every batch before it is announced (`Mode.failed`, packing/base.py
+`Stops`), so that `next()` raises it at the same batch whatever the workers and the timing.
+The files' schemas are checked ahead on a thread (`SchemaCheck`), and a bad one is warned of at
+once, naming it: it is raised when the run reaches it.
 """
 import dataclasses
 import itertools
@@ -36,8 +44,8 @@ from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
 from ..ipc.outbox import Outbox
-from ..ipc.protocol import (Counted, Error, Listener, Opened, Ready, Released, Replace, RunArgs, Skipped, Stop, Task,
-                            Warn, Written)
+from ..ipc.protocol import (Counted, Error, Failed, Listener, Opened, Ready, Released, Replace, RunArgs, Skipped, Stop,
+                            Task, Warn, Written)
 from ..ipc.ring import Counter, Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
@@ -109,9 +117,12 @@ class _Coordinator:
         fs = args.filesystem.open() if args.filesystem is not None else None
         self.source, self.told = ParquetSource(args.files, fs), {}  # told: file -> identity sent
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))
-        # a bad file is an error when found, ahead of the run (skipped ones are skipped when reached)
+        # a bad file is warned of when found, ahead of the run, and raised when reached (skipped ones
+        # are skipped when reached)
         self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file)
                        if cfg.on_bad_row_group == "raise" else None)
+        self.next_piece = 0       # the index of the next piece handed out
+        self.planned_out = False  # the order could not be read on: no piece goes out again
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [Outbox(conn) for conn in workers]
         self.listening = Listener([trainer, alive, self.kick, *workers])
@@ -134,7 +145,7 @@ class _Coordinator:
         self._taken, self._last_here = 0, time.monotonic()  # the trainer's TAKEN, and when it was last here
         self._from_worker = {Ready: lambda msg, w: self.starting.pop(w, None), Counted: self._counted,
                              Written: self._written,
-                             Skipped: lambda msg, w: self._row_group_skipped(msg),
+                             Skipped: lambda msg, w: self._row_group_skipped(msg), Failed: self._failed,
                              Error: lambda msg, w: self.tell(msg), Warn: lambda msg, w: self.tell(msg)}
         self._from_trainer = {Replace: self._replaced}
 
@@ -142,8 +153,9 @@ class _Coordinator:
         self.ring.stats[Stat.EPOCH] = self.args.start.epoch
         while True:
             self.ring.stats[Stat.BEAT] += 1  # alive and turning (children.py: a stall)
-            if self.schema is not None and self.schema.found() is not None:
-                raise self.schema.found()
+            if self.schema is not None and (bad := self.schema.found()) is not None:
+                self.schema = None
+                self.tell(Warn(f"{bad}; found ahead: next() raises it when the run reaches that file"))
             freed = self.handover.freed()
             for k in freed:  # in any order
                 self.slots.release(k)
@@ -222,6 +234,15 @@ class _Coordinator:
             return
         live = self._count_stats(msg, self.skipped_rows.pop(msg.piece, 0))
         self._check_not_empty(self.mode.counted(msg), live)
+
+    def _failed(self, msg: Failed, w: int):
+        """Worker `w` could not read piece `msg.piece` (a `DataError`): the mode holds the error
+        until its stream needs the piece. One it had counted before (done again for a replacement)
+        is owed now: raised at once, as one the mode cannot hold."""
+        held = (msg.piece not in self._redoing[w] and self.mode.uncounted(msg.piece)
+                and self.mode.failed(msg.piece, msg.error))
+        if not held:
+            self.tell(msg.error)
 
     def _written(self, msg: Written, w: int):
         self._unacked[w].popleft()
@@ -327,12 +348,19 @@ class _Coordinator:
         its stall or the timeout is seen as before)."""
         mode, now = self.mode, time.monotonic()
         unready = {w for w, since in self.starting.items() if now - since < READY_WAIT_S}
-        while True:
+        while not self.planned_out:
             able = lambda w: w not in self.dead and w not in unready and mode.can_take(w)  # noqa: E731
             i = min(range(len(self.workers)), key=lambda w: (not able(w), mode.load(w), w))
             if not able(i):
                 return
-            piece = next(mode.pieces)
+            try:
+                piece = next(mode.pieces)
+            except DataError as exc:  # a file of the order cannot be read: the stream stops at the piece
+                self.planned_out = True   # that would come next, or (a mode that cannot hold it) raised now
+                if not mode.failed(self.next_piece, Error.of(f"coordinator (pid {os.getpid()})", exc)):
+                    raise
+                return
+            self.next_piece = piece.index + 1
             mode.take(i, piece)
             self._given[piece.index] = piece
             if len(self._given) > GIVEN_PRUNE:

@@ -13,8 +13,11 @@ piece and after each run: procs/precedence.py).
 
 Never imports torch. Ignores SIGINT (the trainer handles Ctrl-C and closes the loader). Exits
 when the alive pipe reports EOF (trainer gone or loader closed) or the coordinator's pipe
-closes. Any exception is sent to the coordinator with the worker, pid, file, row group and
-traceback, and ends the worker.
+closes. A piece that cannot be read (a `DataError`) is reported as `Failed`, with the worker,
+pid, file, row group and traceback, and the worker goes on: it may be far ahead of the stream,
+and the batches before it need the tokens this worker holds (the coordinator raises it when
+the stream needs the piece). Any other exception is sent to the coordinator the same way, and
+ends the worker.
 """
 import bisect
 import ctypes
@@ -32,9 +35,10 @@ from ..data import tokenizer as tokmod
 from ..data.cache import TokenCache
 from ..data.order import Piece
 from ..data.source import ParquetSource, read_or_skip
+from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
-from ..ipc.protocol import Counted, Error, Listener, Ready, RunArgs, Skipped, Stop, Task, Warn, Written
+from ..ipc.protocol import Counted, Error, Failed, Listener, Ready, RunArgs, Skipped, Stop, Task, Warn, Written
 from ..ipc.ring import WorkerCol
 from ..ipc.signals import ignore_sigint
 from .precedence import pause_left_us
@@ -133,7 +137,13 @@ def _loop(ctx: _Ctx):
             row[WorkerCol.BEAT] += 1
             _give_way(ctx)
             began, gave_way = time.perf_counter(), ctx.gave_way_s
-            tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, task)
+            try:
+                tokens, lengths, hit = _cached_or_tokenized(ctx, source, encode, cache, task)
+            except DataError as exc:  # the coordinator holds it until the stream needs the piece
+                ctx.conn.send(Failed(piece.index, Error.of(_who(ctx), exc)))
+                ctx.tasks.popleft()
+                row[WorkerCol.PIECE] = -1
+                continue
             if piece.skip:  # its first document was begun by another rank (elastic resume)
                 tokens, lengths = skipped(tokens, lengths, piece.skip)
             busy = time.perf_counter() - began - (ctx.gave_way_s - gave_way)
@@ -404,13 +414,18 @@ def _apart(chunks, alone):
             yield start, end
 
 
-def _report(ctx: _Ctx, exc: BaseException):
+def _who(ctx: _Ctx) -> str:
+    """This worker, its pid and the piece it is on (from its status row), for a report."""
     row = ctx.ring.workers[ctx.args.worker] if ctx.ring is not None else None
     where = ""
     if row is not None and row[WorkerCol.PIECE] >= 0:
         where = (f" on {ctx.args.files[int(row[WorkerCol.FILE])]}, row group {int(row[WorkerCol.RG])}, "
                  f"documents from {int(row[WorkerCol.DOC])}")
+    return f"worker {ctx.args.worker} (pid {os.getpid()}){where}"
+
+
+def _report(ctx: _Ctx, exc: BaseException):
     try:
-        ctx.conn.send(Error.of(f"worker {ctx.args.worker} (pid {os.getpid()}){where}", exc))
+        ctx.conn.send(Error.of(_who(ctx), exc))
     except OSError:
         pass

@@ -3,6 +3,11 @@ exception in the calling process, naming the file (and the row group where there
 quickly, never a hang (a loader `timeout=` turns a hang into the wrong exception, and the
 watchdog fails the test after 60 s); afterwards nothing is left running (conftest `no_leaks`).
 
+Bad data the loader's processes find far ahead of the stream (a corrupt row group, an
+unreadable file, a bad schema) is raised by the first next() that needs it: the same batch in
+every run, with 1 or 3 workers, any ring, with or without the head start, both packings and a
+mixture, after the batches of the same files without the problem.
+
 Null documents are skipped and counted, an empty document is exactly [BOS], and with
 `on_bad_row_group="skip"` a corrupt row group is skipped with a warning naming the file, the
 stream is the oracle's over the data without it, and resume across the skip is exact.
@@ -290,16 +295,27 @@ def test_bad_column_or_row_group(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", SCHEMA_CASES)
-def test_a_bad_schema_far_ahead_is_found_before_a_worker_gets_there(tmp_path, case):
-    """The last train file's footer is bad, 3,000 documents ahead of the first batch: the
-    coordinator's check ahead names it ("checked ahead") at once, long before the run reads it."""
+def test_a_bad_schema_far_ahead_is_warned_of_at_once_and_raised_where_the_run_reaches_it(tmp_path, case):
+    """The last train file's footer is bad, 2,000 documents (705 batches) ahead of the first
+    batch: the coordinator's check ahead names it ("checked ahead") in a warning at once, long
+    before the run reads it, and next() raises it at the first batch that needs the file (its
+    next token is the file's first), after every batch before it."""
     paths = good_shards(tmp_path, n_docs=6000, num_files=3, rg=100)
     bad = paths[1]  # the last train file (the last file is val)
     words = COLUMN_CASES[case][0](bad)
-    err = first_error(make_loader(tmp_path, n_slots=2), limit_batches=50)
-    msg = str(err)
-    assert type(err) is shmloader.DataError and re.search(r"coordinator \(pid \d+\)", msg), msg
-    assert bad in msg and "row group 0 (checked ahead)" in msg and all(w in msg for w in words), msg
+    reach = (2000 * 6 - 1) // W  # 2,000 documents of [BOS] + 5 tokens in file 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with make_loader(tmp_path, n_slots=2) as loader:
+            for k in range(reach):
+                next(loader)
+                if k == 50:
+                    early = [str(w.message) for w in caught]
+            with pytest.raises(shmloader.DataError) as info:
+                next(loader)
+    assert any(bad in w and "row group 0 (checked ahead)" in w and all(x in w for x in words) for w in early), early
+    msg = str(info.value)
+    assert re.search(r"worker \d \(pid \d+\)", msg) and bad in msg and all(w in msg for w in words), msg
 
 
 def test_a_workers_error_is_not_lost_when_it_exits_with_orders_unread(tmp_path):
@@ -333,6 +349,189 @@ def test_unreadable_file(tmp_path, damage, which):
     assert type(err) is shmloader.DataError, f"{type(err).__name__}: {err}"
     msg = str(err)
     assert paths[which] in msg and "not a readable parquet file" in msg, msg
+
+
+# ---------------------------------------------------------------- bad data ahead: raised where it is needed
+#
+# The workers, and the coordinator planning the order, read ahead of the stream (a whole ring
+# and more); bad data found there is raised by the first next() that needs it, the same batch in
+# every run, with any number of workers and ring slots, after every good batch before it. Which
+# batch that is comes from the same files without the problem: the first whose position after
+# it (its state's) lies in the bad row group or file or past it (concat: its next token; best
+# fit: the end of the last chunk its plan took into the buffer).
+
+FAR_LENGTHS = [(i * 5) % 13 for i in range(600)]  # 3 files of 200 rows in row groups of 15; W = 17
+FAR_RG = (1, 5)  # (train file, row group) of the bad row group: ~120 batches into the stream
+FAR_RUNS = [(1, 2), (3, 32), (1, 32), (3, 2)]  # (workers, ring slots) of the runs over bad data
+
+
+@pytest.fixture(scope="module")
+def fardata(tmp_path_factory) -> dict:
+    """The same files three times: "good", "row-group" (row group FAR_RG's pages overwritten: a
+    worker finds it) and "file" (train file 1 cut in half: the coordinator cannot read its footer
+    when it plans the order)."""
+    out = {}
+    docs = helpers.position_documents(FAR_LENGTHS)
+    for name in ("good", "row-group", "file"):
+        root = tmp_path_factory.mktemp(f"far_{name}")
+        paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=15)]
+        texts = pq.read_table(paths[1]).column("text").to_pylist()
+        helpers.write_snappy(paths[1], texts, 15)  # pages that corrupt_row_group can overwrite
+        if name == "row-group":
+            helpers.corrupt_row_group(paths[1], FAR_RG[1])
+        elif name == "file":
+            _truncated(paths[1])
+        out[name] = root, paths
+    return out
+
+
+def _window(x, y, packing="concat") -> np.ndarray:
+    if packing == "concat":
+        return np.concatenate([x.reshape(-1)[:1].numpy(), y.reshape(-1).numpy()])
+    return np.concatenate([x.reshape(-1).numpy(), y.reshape(-1).numpy()])
+
+
+def until_error(loader, packing="concat", limit=2000) -> tuple:
+    """(the windows of the batches next() returned, the `DataError` it then raised), checking
+    that the next next() raises it again."""
+    got = []
+    with loader:
+        for _ in range(limit):
+            try:
+                x, y = next(loader)
+            except shmloader.DataError as exc:
+                with pytest.raises(shmloader.DataError) as again:
+                    next(loader)
+                assert str(again.value) == str(exc)
+                return got, exc
+            got.append(_window(x, y, packing))
+    pytest.fail(f"no DataError in {limit} batches")
+
+
+def needs_from(states: list, place: tuple) -> int:
+    """The first batch whose state's position `(epoch, file, rg, doc)` is at `place` or past it."""
+    return next(k for k, st in enumerate(states) if position_of(st)[:4] >= place)
+
+
+@pytest.mark.parametrize("damage", ["row-group", "file"])
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_bad_data_far_ahead_is_raised_at_the_batch_that_needs_it(fardata, packing, damage):
+    """A corrupt row group (found by the worker that reads it) or an unreadable file (found by the
+    coordinator when it reads the file's footer to plan the order) ~120 batches in: every run
+    delivers the same batches as the good files up to the first that needs it, then raises the
+    error there, naming who found it and where."""
+    kw = dict(packing=packing, buffer_size=16, tokenizer_batch_size=4)
+    good_root, _ = fardata["good"]
+    with make_loader(good_root, num_workers=1, **kw) as loader:
+        want, states = _batches(loader, 200, packing)
+    place = (1, *FAR_RG, 0) if damage == "row-group" else (1, 1, 0, 0)
+    n = needs_from(states, place)
+    assert n > 50, n
+    root, paths = fardata[damage]
+    reached = []
+    for workers, n_slots in FAR_RUNS:
+        got, err = until_error(make_loader(root, num_workers=workers, n_slots=n_slots, **kw), packing)
+        reached.append(len(got))
+        for k, w in enumerate(got[:n]):
+            assert np.array_equal(w, want[k]), f"{workers} workers: batch {k} differs from the good files'"
+        msg = str(err)
+        if damage == "row-group":
+            where = rf"worker \d \(pid \d+\) on {re.escape(paths[1])}, row group {FAR_RG[1]}\b.*cannot be read"
+        else:
+            where = rf"coordinator \(pid \d+\): DataError: {re.escape(paths[1])}: not a readable parquet file"
+        assert re.search(where, msg), msg
+    assert reached == [n] * len(FAR_RUNS), f"raised after {reached} batches; the batch that needs it is {n}"
+
+
+@pytest.fixture(scope="module")
+def tikdata(tmp_path_factory, synth_tokenizer) -> dict:
+    """Files a tiktoken tokenizer reads (so that a concat loader gets a head start), in row
+    groups of 5 documents: "good", and a copy with row group `rg` of file 0 corrupt for each
+    `rg` in (1, 6): in the batches the head start makes, and past them."""
+    docs = corpus.synthetic_texts(300, seed=5, mean_words=12)
+    out = {}
+    for name in ("good", 1, 6):
+        root = tmp_path_factory.mktemp(f"tik_{name}")
+        paths = [str(p) for p in corpus.write_shards(docs, root, num_files=3, row_group_size=5)]
+        if name != "good":
+            helpers.corrupt_row_group(paths[0], name)
+        out[name] = root, paths
+    return out
+
+
+@pytest.mark.parametrize("rg", [1, 6])
+def test_bad_data_ahead_is_raised_at_the_same_batch_with_and_without_the_head_start(tikdata, synth_tokenizer, rg):
+    """The training process makes a run's first batches itself while its workers start (the head
+    start), reading the same data: its failure on the bad row group, and the workers' on it
+    ahead of the stream, are raised at the batch that needs it, as without the head start."""
+    def loader(root, **kw):
+        return shmloader.ShmLoader(str(root), synth_tokenizer, 2, 16, device="cpu", timeout=20, **kw)
+
+    with loader(tikdata["good"][0], num_workers=1, head_start=False) as good:
+        want, states = _batches(good, 60)
+    n = needs_from(states, (1, 0, rg, 0))
+    assert 0 < n < 60, n
+    root, paths = tikdata[rg]
+    reached = []
+    for head_start, workers in itertools.product((True, False), (1, 3)):
+        ld = loader(root, num_workers=workers, head_start=head_start)
+        got, err = until_error(ld)
+        reached.append(len(got))
+        assert (ld.stats()["head_batches"] > 0) == head_start
+        assert all(np.array_equal(w, want[k]) for k, w in enumerate(got[:n])), f"head start {head_start}"
+        assert paths[0] in str(err) and f"row group {rg} cannot be read" in str(err), str(err)
+    assert reached == [n] * 4, f"raised after {reached} batches; the batch that needs it is {n}"
+
+
+MIX_LENGTHS = {"a": [(i * 5) % 13 for i in range(300)], "b": [(i * 3) % 7 + 2 for i in range(300)]}
+MIX_RG = 4  # of source "a"'s file 0: ~50 batches into the mixed stream
+
+
+@pytest.fixture(scope="module")
+def mixfar(tmp_path_factory) -> dict:
+    """A mixture of two sources (3 files of 100 rows each, row groups of 15), "good", and "bad"
+    with row group MIX_RG of source a's file 0 corrupt."""
+    out = {}
+    for name in ("good", "bad"):
+        root = tmp_path_factory.mktemp(f"mixfar_{name}")
+        for source, lengths in MIX_LENGTHS.items():
+            os.makedirs(root / source)
+            docs = helpers.position_documents(lengths)
+            paths = [str(p) for p in corpus.write_shards(docs, root / source, num_files=3, row_group_size=15)]
+            if source == "a":
+                helpers.write_snappy(paths[0], pq.read_table(paths[0]).column("text").to_pylist(), 15)
+                if name == "bad":
+                    helpers.corrupt_row_group(paths[0], MIX_RG)
+        out[name] = root
+    return out
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_mixtures_bad_row_group_ahead_is_raised_at_the_same_batch(mixfar, packing):
+    """The mix needs every source's next document to pick the next one: it stops where source a's
+    next document is in the bad row group, and the error comes after the batches before that,
+    the same batch in every run. Concat: the first batch whose state's point has a's next
+    document there (its tokens, or the token after it, need that pick); best fit: from the first
+    batch whose plan could take a chunk picked there to the first that took one of its documents."""
+    def loader(root, workers, n_slots=8):
+        mix = shmloader.Mixture({name: str(root / name) for name in MIX_LENGTHS}, {"a": 0.5, "b": 0.5})
+        return shmloader.ShmLoader(mix, helpers.IntTokenizer(), B, T, device="cpu", timeout=20, packing=packing,
+                                   buffer_size=16, tokenizer_batch_size=4, num_workers=workers, n_slots=n_slots)
+
+    with loader(mixfar["good"], 1) as good:
+        want, states = _batches(good, 150, packing)
+    a_next = [tuple(json.loads(st["mixture"]["point"])["sources"]["a"]) for st in states]
+    lo = next(k for k, p in enumerate(a_next) if p >= (1, 0, MIX_RG, 0))
+    hi = next(k for k, p in enumerate(a_next) if p > (1, 0, MIX_RG, 0))
+    assert 10 < lo <= hi < 150, (lo, hi)
+    reached = []
+    for workers, n_slots in FAR_RUNS:
+        got, err = until_error(loader(mixfar["bad"], workers, n_slots), packing)
+        reached.append(len(got))
+        assert all(np.array_equal(w, want[k]) for k, w in enumerate(got)), f"{workers} workers"
+        assert f"row group {MIX_RG} cannot be read" in str(err) and "shard_00000.parquet" in str(err), str(err)
+    assert len(set(reached)) == 1, f"raised after {reached} batches"
+    assert (reached[0] == lo) if packing == "concat" else (lo <= reached[0] <= hi), (reached, lo, hi)
 
 
 # ---------------------------------------------------------------- nulls and empty documents
@@ -430,10 +629,7 @@ def _batches(loader, n, packing="concat"):
     out, states = [], []
     for _ in range(n):
         x, y = next(loader)
-        if packing == "concat":
-            out.append(np.concatenate([x.reshape(-1)[:1].numpy(), y.reshape(-1).numpy()]))
-        else:
-            out.append(np.concatenate([x.reshape(-1).numpy(), y.reshape(-1).numpy()]))
+        out.append(_window(x, y, packing))
         states.append(json.loads(json.dumps(loader.state_dict())))
     return out, states
 

@@ -1,6 +1,7 @@
 """Data in the forms users have it (docs/contract.md §2, §4): any string-like `text` column,
-a bad schema reported early and by name, directories and dot-files that only look like
-shards, and a `cache_dir` that cannot be one, refused in the caller's process.
+a bad schema warned of early and by name (and raised where the run reaches it), directories
+and dot-files that only look like shards, and a `cache_dir` that cannot be one, refused in the
+caller's process.
 
 Every stream is checked against the oracle (tests/oracle.py) on token = position data.
 """
@@ -69,18 +70,27 @@ def _int_text(path):
 
 def test_a_bad_schema_far_into_the_run_is_reported_early_by_name(tmp_path):
     """The bad file is the last train file, ~100 batches into the stream: the coordinator's
-    check of every footer finds it within the first batches, and names it."""
+    check of every footer warns of it, by name, within the first batches, and next() raises it
+    where the run reaches the file (the first batch whose next token is the file's), after the
+    oracle's batches before it (docs/contract.md §4)."""
     paths = shards(tmp_path, [5] * 1000, num_files=5)
     _int_text(paths[3])
-    reach = sum(1 for _ in oracle.documents(paths[:3], epochs=1)) * 6 // (B * T + 1)
+    reach = (sum(1 for _ in oracle.documents(paths[:3], epochs=1)) * 6 - 1) // (B * T + 1)
     assert reach > 100
-    with loader(tmp_path) as ld:
-        with pytest.raises(shmloader.DataError) as ei:
-            for k in range(reach):
-                next(ld)
+    got, early = [], None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with loader(tmp_path) as ld:
+            with pytest.raises(shmloader.DataError) as ei:
+                for k in range(reach + 1):
+                    got.append(window_of(*next(ld)))
+                    if k == 30:
+                        early = [str(w.message) for w in caught]
+    assert any(paths[3] in w and "int64" in w and "checked ahead" in w for w in early), early
     msg = str(ei.value)
-    assert paths[3] in msg and "int64" in msg and "row group" in msg and "coordinator" in msg, msg
-    assert k < 30, f"found only after {k} of the {reach} batches before the run reaches the file"
+    assert paths[3] in msg and "int64" in msg and "row group" in msg and "worker" in msg, msg
+    assert len(got) == reach, f"raised after {len(got)} batches; the run reaches the file at {reach}"
+    assert all(np.array_equal(g, w) for g, w in zip(got, expected(paths[:3], reach)))
 
 
 def test_a_bad_schema_is_still_skipped_when_asked(tmp_path):
