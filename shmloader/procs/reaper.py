@@ -54,6 +54,20 @@ def finish(dropped: Dropped):
         dropped.after()
 
 
+def close_each(pipes):
+    """Close every one of `pipes` (Connections, doorbells: each one's `close()` closes its
+    descriptor once and is then a no-op), also after one of them raised; the first error is
+    raised once all are tried."""
+    failed = None
+    for c in pipes:
+        try:
+            c.close()
+        except OSError as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+
+
 class Reaper:
     def __init__(self):
         self._lock = threading.Lock()
@@ -114,6 +128,7 @@ class Reaper:
             finally:
                 with self._lock:
                     self._taken.remove(dropped)
+                    del dropped  # its processes freed (their sentinels closed) before `drain` returns
                     self._idle.notify_all()
 
     def _forget_in_child(self):

@@ -1,5 +1,7 @@
 """procs/reaper.py: stopped children joined by their deadline, then killed, then `after()`;
-in a thread that ends once nothing is left, or in the caller's where no thread may start."""
+in a thread that ends once nothing is left, or in the caller's where no thread may start;
+`close_each` closes every pipe once."""
+import multiprocessing.connection
 import multiprocessing.process
 import os
 import signal
@@ -8,8 +10,9 @@ import time
 
 import pytest
 
+from shmloader.ipc.handover import Doorbell
 from shmloader.procs import reaper as reapmod
-from shmloader.procs.reaper import Dropped, Reaper, finish
+from shmloader.procs.reaper import Dropped, Reaper, close_each, finish
 
 
 class FakeProcess:
@@ -162,3 +165,35 @@ def test_a_dead_thread_is_replaced():
     r._thread = dead  # as if it had died without clearing itself
     r.reap(Dropped([FakeProcess(0.01, [])], time.monotonic() + 1, lambda: done.append(1)))
     assert r.drain(5.0) and done == [1]
+
+
+def test_close_each_closes_every_pipe_once_also_after_an_error():
+    """A pipe whose close fails does not leave the next ones open (issue 49: the reaper stopped
+    at the first EBADF and leaked the rest); the first error is raised once all are closed."""
+    class Pipe:
+        def __init__(self, fail):
+            self.fail, self.closes = fail, 0
+
+        def close(self):
+            self.closes += 1
+            if self.fail:
+                raise OSError(9, f"Bad file descriptor {id(self)}")
+
+    pipes = [Pipe(False), Pipe(True), Pipe(False), Pipe(True)]
+    with pytest.raises(OSError, match=str(id(pipes[1]))):
+        close_each(pipes)
+    assert [p.closes for p in pipes] == [1, 1, 1, 1]
+    a, b = multiprocessing.Pipe()
+    bell = Doorbell()
+    close_each([a, bell, b])
+    close_each([a, bell, b])  # each one's close() is a no-op the second time
+    assert a.closed and b.closed and bell.fd == -1
+
+
+def test_a_doorbell_is_closed_once_even_when_its_close_fails():
+    bell = Doorbell()
+    os.close(bell.fd)  # as if another owner had closed it
+    with pytest.raises(OSError):
+        bell.close()
+    assert bell.fd == -1
+    bell.close()  # no second close of the number (by now maybe another file's)
