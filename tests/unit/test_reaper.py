@@ -1,6 +1,7 @@
 """procs/reaper.py: stopped children joined by their deadline, then killed, then `after()`;
 in a thread that ends once nothing is left, or in the caller's where no thread may start;
 `close_each` closes every pipe once."""
+import gc
 import multiprocessing.connection
 import multiprocessing.process
 import os
@@ -197,3 +198,60 @@ def test_a_doorbell_is_closed_once_even_when_its_close_fails():
         bell.close()
     assert bell.fd == -1
     bell.close()  # no second close of the number (by now maybe another file's)
+
+
+class DaemonThread(threading.Thread):
+    """The reaper's threads as daemons, so that a test of a deadlock fails instead of hanging the exit."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["daemon"] = True
+        super().__init__(*args, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["under the lock", "in reap()", "in the reaper's thread"])
+def test_a_drop_collected_inside_the_reaper_is_finished(monkeypatch, where):
+    """A dropped loader is stopped by its finalizer, from a collection that any allocation may
+    start: also one inside the reaper's own sections under its lock (the caller's thread in
+    `reap()`, as it makes the thread; the reaper's thread in its loop). The drop nested there is
+    queued and finished, where a plain lock hung that thread for ever."""
+    monkeypatch.setattr(threading, "Thread", DaemonThread)
+    r, done, collected = Reaper(), [], []
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            r.reap(Dropped([FakeProcess(0.01, [])], time.monotonic() + 1, lambda: done.append("nested")))
+
+    def collect_once():
+        if not collected:
+            collected.append(1)
+            Cycle()
+            gc.collect()
+
+    if where == "in reap()":
+        class Collecting(DaemonThread):
+            def __init__(self, *args, **kwargs):
+                collect_once()
+                super().__init__(*args, **kwargs)
+        monkeypatch.setattr(threading, "Thread", Collecting)
+    elif where == "in the reaper's thread":
+        class CollectingCondition(threading.Condition):
+            def notify_all(self):
+                collect_once()
+                super().notify_all()
+        r._idle = CollectingCondition(r._lock)
+
+    def drop_and_drain():
+        with r._lock:
+            if where == "under the lock":
+                collect_once()
+        r.reap(Dropped([FakeProcess(0.01, [])], time.monotonic() + 1, lambda: done.append("first")))
+        done.append(r.drain(5.0))
+
+    caller = DaemonThread(target=drop_and_drain)  # a deadlock there fails the test instead of hanging it
+    caller.start()
+    caller.join(10.0)
+    assert not caller.is_alive(), "a thread deadlocked on the reaper's lock"
+    assert collected and sorted(done, key=str) == [True, "first", "nested"], done
