@@ -8,8 +8,9 @@ its pipe and every child's sentinel; a death or a reported error is raised namin
 process, its pid, its signal or traceback, and the piece it was on. `Children.shutdown`
 unlinks the ring's name, closes the alive pipe (every child exits on its EOF), unmaps the
 ring, and joins with a 2 s deadline and kills what is left, there or (`wait=False`, a dropped
-loader) in the reaper's thread (reaper.py). `locate_position` runs a count-only
-run to its answer.
+loader) in the reaper's thread (reaper.py). Each of the trainer's pipe ends and doorbells is
+closed there once, by its `close()`, never by the collector (procs/lifecycle.py "Drop").
+`locate_position` runs a count-only run to its answer.
 """
 import functools
 import logging

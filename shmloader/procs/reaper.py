@@ -17,6 +17,14 @@ waits for every child it started, so no child outlives the trainer's exit throug
 done in the caller's thread. A process forked from the trainer forgets the processes held here
 (they are its parent's; multiprocessing's exit handler would otherwise join them).
 
+Pipes. `after` closes the caller's pipes (`close_each`: every one, also after one fails; a
+Connection's or a doorbell's `close()` forgets its descriptor, so a second call is a no-op),
+and the queued `Dropped` holds them until then. Nothing else closes them: a dropped loader's
+runs are stopped by a `weakref.finalize` that holds them (procs/lifecycle.py), so the
+collector never finalizes one itself, as it did when the loader had a `__del__` and was freed
+in a reference cycle: `Connection.__del__` closes the descriptor without forgetting it, and
+this thread's `close()` closed the number again, by then the caller's next file (issue 49).
+
 The lock is re-entrant: a drop may come from a collection that starts at an allocation inside
 a section under it (the caller's `reap`, this thread's loop), which a plain lock deadlocked.
 
