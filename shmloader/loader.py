@@ -133,12 +133,13 @@ class ShmLoader:
         self._last_wait = 0.0  # the last next()'s wait; the caller's and the log's intervals (observe.py):
         start = observe.Reading(time.monotonic(), 0.0, 0)
         self._seen, self._logged, self._made = observe.Interval(start), observe.Interval(start), start.at
-        # no reference back to the loader (a cycle would leave a dropped loader to the garbage collector,
-        # which nanochat's base_train disables: its children would outlive it)
+        # no reference back to the loader: the drop's finalizer holds the runs (it would keep the loader alive),
+        # and a cycle would leave a dropped loader to the collector, which nanochat's base_train disables
         deliver = functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap,
                                     pinning=delivery.Pinning())  # one refusal to pin, said once
         self._runs = Runs(self.config, deliver,
                           functools.partial(self._catalogue.learn, warn=errors.warn), self.rank)
+        lifecycle.close_when_dropped(self, self._runs)  # not a __del__: the pipes are never the collector's
         self._begin(statemod.start(self._identity()))
         if resume_state is not None:
             self.load_state_dict(resume_state)
@@ -256,9 +257,6 @@ class ShmLoader:
 
     def __exit__(self, *exc):
         self.close()
-
-    def __del__(self):
-        self.close(wait=False)
 
     # ---- internals --------------------------------------------------------------------------
 

@@ -116,9 +116,10 @@ class Doorbell:
         return self.fd
 
     def close(self):
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Close the descriptor once (forgotten first: a second call, even after an error, is a no-op)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def __reduce__(self):
         return _rebuild_doorbell, (reduction.DupFd(self.fd),)

@@ -80,9 +80,9 @@ class Segment:
 
     def forget(self):
         """Close the lock's descriptor (a forked child's copy of it: the parent keeps the lock)."""
-        if self.lock_fd >= 0:
-            os.close(self.lock_fd)
-            self.lock_fd = -1
+        fd, self.lock_fd = self.lock_fd, -1  # forgotten first: closed once, even if the close raises
+        if fd >= 0:
+            os.close(fd)
 
 
 def open_shared(name: str, create: bool = False, size: int = 0) -> shared_memory.SharedMemory:

@@ -8,8 +8,9 @@ its pipe and every child's sentinel; a death or a reported error is raised namin
 process, its pid, its signal or traceback, and the piece it was on. `Children.shutdown`
 unlinks the ring's name, closes the alive pipe (every child exits on its EOF), unmaps the
 ring, and joins with a 2 s deadline and kills what is left, there or (`wait=False`, a dropped
-loader) in the reaper's thread (reaper.py). `locate_position` runs a count-only
-run to its answer.
+loader) in the reaper's thread (reaper.py). Each of the trainer's pipe ends and doorbells is
+closed there once, by its `close()`, never by the collector (procs/lifecycle.py "Drop").
+`locate_position` runs a count-only run to its answer.
 """
 import functools
 import logging
@@ -31,7 +32,7 @@ from ..ipc.ring import WorkerCol
 from ..ipc.signals import pid_alive
 from . import precedence
 from .heal import Held
-from .reaper import REAPER, Dropped, finish
+from .reaper import REAPER, Dropped, close_each, finish
 from .stall import Stall, Watch
 from .start import booting, drop_unstarted, respawn_worker, spawn, start_unstarted
 
@@ -396,7 +397,7 @@ class Children:
             self.alive_w.close()
         started = [p for p in self.procs if p.pid is not None]
         pipes = [c for c in (self.conn, self.ready, self.kick, self.alive_r) if c is not None]
-        dropped = Dropped(started, time.monotonic() + SHUTDOWN_S, functools.partial(_close_all, pipes))
+        dropped = Dropped(started, time.monotonic() + SHUTDOWN_S, functools.partial(close_each, pipes))
         if wait:  # as before the reaper: a next() in another thread sees the children exit, then the unmap
             finish(dropped)
             for p in started:
@@ -416,9 +417,7 @@ class Children:
         the trainer die; the mapping stays for the lent batches this copy of the caller holds."""
         for p in self.procs:
             multiprocessing.process._children.discard(p)  # noqa: SLF001 (the set its exit handler reads)
-        for c in (self.alive_w, self.alive_r, self.conn, self.ready, self.kick):
-            if c is not None:
-                c.close()
+        close_each(c for c in (self.alive_w, self.alive_r, self.conn, self.ready, self.kick) if c is not None)
         self.alive_w = self.alive_r = self.conn = self.ready = self.kick = None
         self._start_lock, self.starter, self.stopping = threading.Lock(), None, True  # the starter is the parent's
         later, self.unstarted = self.unstarted, None
@@ -435,11 +434,6 @@ class Children:
             mapping.close()
         except BufferError:
             pass  # the caller still holds lent batches: unmapped when the last one is freed
-
-
-def _close_all(pipes: list):
-    for c in pipes:
-        c.close()
 
 
 def _stopped_text(pid: int) -> str:

@@ -1,6 +1,16 @@
-"""The loaders of the training process: closed at its exit, let go of in a forked child, and
-served to one thread at a time.
+"""The loaders of the training process: closed when dropped and at its exit, let go of in a
+forked child, and served to one thread at a time.
 
+- **Drop.** A loader dropped without `close()` (its last reference gone, or collected in a
+  reference cycle) stops its runs without waiting for their processes (`Runs.close(wait=False)`),
+  from a `weakref.finalize` made with the loader (`close_when_dropped`), not from a `__del__`.
+  The finalizer holds the loader's `Runs` (which never refers back to the loader), so the runs'
+  pipes stay reachable however the loader is dropped: the collector never finalizes one of them
+  itself. It must not: `multiprocessing.connection.Connection.__del__` closes its descriptor
+  without clearing its handle, so a collection that freed a loader's cycle closed each pipe
+  there, and its `close()` in the reaper closed the number again up to 2 s later, by then the
+  caller's next file (issue 49; docs/design.md "Timeouts and shutdown"). Every pipe is closed
+  by an explicit `close()`, once (children.py `Children.shutdown`, reaper.py `close_each`).
 - **Exit.** Every loader is registered (`register`, a weak set): at interpreter exit each one
   still open is closed, so its children exit and its segment is unlinked. `register` numbers
   the process's loaders 1, 2, ... in the order they are made (their log lines name them).
@@ -35,6 +45,17 @@ def register(loader) -> int:
         os.register_at_fork(after_in_child=_forget_all)
         _registered = True
     return next(_numbers)
+
+
+def close_when_dropped(loader, runs):
+    """Stop `runs` (the loader's; nothing in it refers back to `loader`) once `loader` is dropped,
+    without waiting for the processes (the reaper joins them). Not at exit: `_close_all` closes
+    every live loader then, waiting."""
+    drop = weakref.finalize(loader, runs.close, DROPPED, False)
+    drop.atexit = False
+
+
+DROPPED = "this ShmLoader was dropped"
 
 
 def _close_all():

@@ -17,6 +17,17 @@ waits for every child it started, so no child outlives the trainer's exit throug
 done in the caller's thread. A process forked from the trainer forgets the processes held here
 (they are its parent's; multiprocessing's exit handler would otherwise join them).
 
+Pipes. `after` closes the caller's pipes (`close_each`: every one, also after one fails; a
+Connection's or a doorbell's `close()` forgets its descriptor, so a second call is a no-op),
+and the queued `Dropped` holds them until then. Nothing else closes them: a dropped loader's
+runs are stopped by a `weakref.finalize` that holds them (procs/lifecycle.py), so the
+collector never finalizes one itself, as it did when the loader had a `__del__` and was freed
+in a reference cycle: `Connection.__del__` closes the descriptor without forgetting it, and
+this thread's `close()` closed the number again, by then the caller's next file (issue 49).
+
+The lock is re-entrant: a drop may come from a collection that starts at an allocation inside
+a section under it (the caller's `reap`, this thread's loop), which a plain lock deadlocked.
+
 The reaper never calls `Process.close()`: that closes the process's sentinel, which another
 thread's `multiprocessing.process._cleanup` (every `Process.start`) may be polling from a
 snapshot of the children taken before the join; the sentinel is closed when the object is
@@ -54,9 +65,26 @@ def finish(dropped: Dropped):
         dropped.after()
 
 
+def close_each(pipes):
+    """Close every one of `pipes` (Connections, doorbells: each one's `close()` closes its
+    descriptor once and is then a no-op), also after one of them raised; the first error is
+    raised once all are tried."""
+    failed = None
+    for c in pipes:
+        try:
+            c.close()
+        except OSError as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+
+
 class Reaper:
+    """The dropped runs of this process and the thread that finishes them (the lock is
+    re-entrant: see the module's docstring)."""
+
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._queue: list[Dropped] = []   # handed over, not taken yet
         self._taken: list[Dropped] = []   # taken by a thread, not finished yet
         self._thread: threading.Thread | None = None
@@ -71,13 +99,18 @@ class Reaper:
             if self._thread is not None and self._thread.is_alive():  # it takes this one before it exits
                 return
             if not sys.is_finalizing():
-                self._thread = threading.Thread(target=self._run, name="shmloader-reap", daemon=False)
+                thread = threading.Thread(target=self._run, name="shmloader-reap", daemon=False)
+                self._thread = thread  # a drop nested in this one (a collection here) may start its own
                 try:
-                    self._thread.start()
+                    thread.start()
                     return
                 except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                    self._thread = None
-            self._queue.remove(dropped)
+                    if self._thread is thread:
+                        self._thread = None
+            try:
+                self._queue.remove(dropped)
+            except ValueError:  # a thread a nested drop started has taken it
+                return
         finish(dropped)
 
     def pending(self) -> int:
@@ -114,6 +147,7 @@ class Reaper:
             finally:
                 with self._lock:
                     self._taken.remove(dropped)
+                    del dropped  # its processes freed (their sentinels closed) before `drain` returns
                     self._idle.notify_all()
 
     def _forget_in_child(self):
@@ -122,7 +156,7 @@ class Reaper:
         for dropped in self._queue + self._taken:
             for p in dropped.procs:
                 multiprocessing.process._children.discard(p)  # noqa: SLF001 (the set its exit handler reads)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
         self._queue, self._taken, self._thread = [], [], None
 

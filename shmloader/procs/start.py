@@ -35,6 +35,7 @@ from ..data import tokenizer as tokmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.signals import sigint_blocked
 from .coordinator import coordinator_main
+from .reaper import close_each
 from .worker import worker_main
 
 # tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server);
@@ -251,8 +252,8 @@ def start_unstarted(kids):
 
 def drop_unstarted(later: "Unstarted | None"):
     """Close the pipes' ends of children never started (a run stopped first)."""
-    for c in later.ends if later is not None else ():
-        c.close()
+    if later is not None:
+        close_each(later.ends)
 
 
 def _spilled(cargs):

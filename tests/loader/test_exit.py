@@ -204,6 +204,118 @@ def test_the_interpreter_exit_waits_for_a_dropped_loaders_processes(synth, tmp_p
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
+# ---------------------------------------------------------------- a drop in a reference cycle (issue 49)
+
+class Trainer:
+    """Holds its val loader (the nanochat drop-in) and a bound method of itself: a cycle, so only
+    the collector frees it and its generator."""
+
+    def __init__(self, synth):
+        self.val = generator(synth)
+        self.step = self.evaluate
+
+    def evaluate(self):
+        return next(self.val)
+
+
+def drop_in_a_cycle(synth, holder: str) -> set:
+    """Read a batch from a loader (`holder` "loader": it refers to itself; "trainer": the drop-in
+    held by a `Trainer`), drop it and collect it; returns the `id`s its run's pipes had (not the
+    pipes: a reference to them would keep them out of the collected cycle)."""
+    if holder == "loader":
+        loader = synth.loader(2, 32, "val")
+        loader.myself = loader
+        next(loader)
+    else:
+        trainer = Trainer(synth)
+        trainer.step()
+        loader = trainer.val.loader
+    kids = loader._runs.run.children
+    pipes = {id(kids.conn), id(kids.alive_r), id(kids.alive_w)}
+    kids = loader = trainer = None  # noqa: F841 (only the collector can free the loader now)
+    gc.collect()
+    return pipes
+
+
+def open_files(tmp_path, n: int) -> list:
+    """`n` files opened read-only: (fd, inode, contents)."""
+    out = []
+    for i in range(n):
+        path = tmp_path / f"user_{i}"
+        path.write_bytes(f"file {i}".encode())
+        fd = os.open(path, os.O_RDONLY)
+        out.append((fd, os.fstat(fd).st_ino, f"file {i}".encode()))
+    return out
+
+
+def lost(files: list) -> list:
+    """The files whose descriptor no longer holds them (closed, or another file's since); all closed."""
+    gone = []
+    for fd, ino, text in files:
+        try:
+            if os.fstat(fd).st_ino != ino or os.pread(fd, 64, 0) != text:
+                gone.append(fd)
+            os.close(fd)
+        except OSError:
+            gone.append(fd)
+    return gone
+
+
+@pytest.fixture
+def collector_off():
+    """The collector runs only when the test calls it (as in nanochat's base_train)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    yield
+    if enabled:
+        gc.enable()
+
+
+@pytest.mark.parametrize("holder", ["loader", "trainer"])
+def test_a_loader_collected_in_a_cycle_closes_its_pipes_once(synth, holder, tmp_path, monkeypatch, collector_off):
+    """Issue 49: the collector that frees a dropped loader's cycle must not close its pipes
+    itself (a Connection's `__del__` closes its descriptor and keeps its handle, so the reaper's
+    `close()` closed the number again, then the caller's file). Ten drops, each followed by 8
+    files opened and held until the reaper has finished: none is closed under the caller, and
+    no pipe of a loader is closed by its `__del__` (they are all closed by `close()`, once)."""
+    from multiprocessing.connection import _ConnectionBase
+
+    from shmloader.procs.children import SHUTDOWN_S
+    from shmloader.procs.reaper import REAPER
+
+    finalized_open, real_del = set(), _ConnectionBase.__del__
+
+    def recording_del(conn):
+        if conn._handle is not None:
+            finalized_open.add(id(conn))
+        real_del(conn)
+
+    monkeypatch.setattr(_ConnectionBase, "__del__", recording_del)
+    for k in range(10):
+        pipes = drop_in_a_cycle(synth, holder)
+        files = open_files(tmp_path, 8)
+        assert REAPER.drain(SHUTDOWN_S + 3.0), "the reaper did not finish"
+        assert not lost(files), f"drop {k}: files closed under the caller"
+        assert not pipes & finalized_open, f"drop {k}: a pipe closed by its own __del__"
+        assert_clean_within(2.0)
+
+
+def test_drops_in_a_cycle_leak_no_descriptor(synth, collector_off):
+    """Twenty loaders dropped in cycles (half of them held by a `Trainer`) leave the process the
+    descriptors it had after the first (which starts what a process's loaders share)."""
+    from shmloader.procs.children import SHUTDOWN_S
+    from shmloader.procs.reaper import REAPER
+
+    drop_in_a_cycle(synth, "loader")
+    assert REAPER.drain(SHUTDOWN_S + 3.0)
+    before = len(os.listdir("/proc/self/fd"))
+    for k in range(20):
+        drop_in_a_cycle(synth, ("loader", "trainer")[k % 2])
+    assert REAPER.drain(SHUTDOWN_S + 3.0), "the reaper did not finish"
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert_clean_within(2.0)
+
+
 def test_two_loaders_at_once(synth):
     want = {split: synth.expected(40, 2, 32, split) for split in ("train", "val")}
     got = {"train": ([], []), "val": ([], [])}

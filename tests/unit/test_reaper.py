@@ -1,5 +1,8 @@
 """procs/reaper.py: stopped children joined by their deadline, then killed, then `after()`;
-in a thread that ends once nothing is left, or in the caller's where no thread may start."""
+in a thread that ends once nothing is left, or in the caller's where no thread may start;
+`close_each` closes every pipe once."""
+import gc
+import multiprocessing.connection
 import multiprocessing.process
 import os
 import signal
@@ -8,8 +11,9 @@ import time
 
 import pytest
 
+from shmloader.ipc.handover import Doorbell
 from shmloader.procs import reaper as reapmod
-from shmloader.procs.reaper import Dropped, Reaper, finish
+from shmloader.procs.reaper import Dropped, Reaper, close_each, finish
 
 
 class FakeProcess:
@@ -162,3 +166,92 @@ def test_a_dead_thread_is_replaced():
     r._thread = dead  # as if it had died without clearing itself
     r.reap(Dropped([FakeProcess(0.01, [])], time.monotonic() + 1, lambda: done.append(1)))
     assert r.drain(5.0) and done == [1]
+
+
+def test_close_each_closes_every_pipe_once_also_after_an_error():
+    """A pipe whose close fails does not leave the next ones open (issue 49: the reaper stopped
+    at the first EBADF and leaked the rest); the first error is raised once all are closed."""
+    class Pipe:
+        def __init__(self, fail):
+            self.fail, self.closes = fail, 0
+
+        def close(self):
+            self.closes += 1
+            if self.fail:
+                raise OSError(9, f"Bad file descriptor {id(self)}")
+
+    pipes = [Pipe(False), Pipe(True), Pipe(False), Pipe(True)]
+    with pytest.raises(OSError, match=str(id(pipes[1]))):
+        close_each(pipes)
+    assert [p.closes for p in pipes] == [1, 1, 1, 1]
+    a, b = multiprocessing.Pipe()
+    bell = Doorbell()
+    close_each([a, bell, b])
+    close_each([a, bell, b])  # each one's close() is a no-op the second time
+    assert a.closed and b.closed and bell.fd == -1
+
+
+def test_a_doorbell_is_closed_once_even_when_its_close_fails():
+    bell = Doorbell()
+    os.close(bell.fd)  # as if another owner had closed it
+    with pytest.raises(OSError):
+        bell.close()
+    assert bell.fd == -1
+    bell.close()  # no second close of the number (by now maybe another file's)
+
+
+class DaemonThread(threading.Thread):
+    """The reaper's threads as daemons, so that a test of a deadlock fails instead of hanging the exit."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["daemon"] = True
+        super().__init__(*args, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["under the lock", "in reap()", "in the reaper's thread"])
+def test_a_drop_collected_inside_the_reaper_is_finished(monkeypatch, where):
+    """A dropped loader is stopped by its finalizer, from a collection that any allocation may
+    start: also one inside the reaper's own sections under its lock (the caller's thread in
+    `reap()`, as it makes the thread; the reaper's thread in its loop). The drop nested there is
+    queued and finished, where a plain lock hung that thread for ever."""
+    monkeypatch.setattr(threading, "Thread", DaemonThread)
+    r, done, collected = Reaper(), [], []
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            r.reap(Dropped([FakeProcess(0.01, [])], time.monotonic() + 1, lambda: done.append("nested")))
+
+    def collect_once():
+        if not collected:
+            collected.append(1)
+            Cycle()
+            gc.collect()
+
+    if where == "in reap()":
+        class Collecting(DaemonThread):
+            def __init__(self, *args, **kwargs):
+                collect_once()
+                super().__init__(*args, **kwargs)
+        monkeypatch.setattr(threading, "Thread", Collecting)
+    elif where == "in the reaper's thread":
+        class CollectingCondition(threading.Condition):
+            def notify_all(self):
+                collect_once()
+                super().notify_all()
+        r._idle = CollectingCondition(r._lock)
+
+    def drop_and_drain():
+        with r._lock:
+            if where == "under the lock":
+                collect_once()
+        r.reap(Dropped([FakeProcess(0.01, [])], time.monotonic() + 1, lambda: done.append("first")))
+        done.append(r.drain(5.0))
+
+    caller = DaemonThread(target=drop_and_drain)  # a deadlock there fails the test instead of hanging it
+    caller.start()
+    caller.join(10.0)
+    assert not caller.is_alive(), "a thread deadlocked on the reaper's lock"
+    assert collected and sorted(done, key=str) == [True, "first", "nested"], done
