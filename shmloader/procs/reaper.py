@@ -5,8 +5,8 @@ A loader that is dropped (collected, or its nanochat generator dropped: base_tra
 new val loader over the last at every evaluation) has already unlinked its ring and closed the
 alive pipe by the time its processes are joined: every child exits on that pipe's EOF, and
 nothing is left to leak but the processes themselves. Joining them took 8-20 ms of the next
-evaluation's first batch on 2 cores (docs/benchmarks.md). `REAPER.reap(procs, deadline,
-after)` hands them to a thread ("shmloader-reap") that joins them by `deadline`, kills what is
+evaluation's first batch on 2 cores (docs/benchmarks.md). `REAPER.reap(Dropped(procs,
+deadline, after))` hands them to a thread ("shmloader-reap") that joins them by `deadline`, kills what is
 left (then joins it for at most `KILL_JOIN_S`), then calls `after()` (the caller's pipes,
 closed once the children no longer write to them). `finish` is the same work done in the
 caller's thread: `close()` waits for it (`close(wait=False)` does not).
