@@ -266,7 +266,7 @@ class Children:
         (it may wait behind queued batches), else the process killed by a signal or failing,
         workers before the coordinator (which exits cleanly when a worker's pipe breaks)."""
         time.sleep(DEATHS_S)  # let deaths that happen together all show
-        gone = [p for p in self.procs if p.sentinel in dead or p.exitcode is not None]
+        gone = self._gone(dead)
         for p in gone:
             p.join(timeout=0.05)
         self._raise_if_forkserver_died(gone)
@@ -277,6 +277,8 @@ class Children:
             raise ChildrenReleased(msg.idle_s)
         if msg is not None:
             _raise_reported(msg)
+        if gone and all(p.exitcode == 0 for p in gone):
+            gone = self._gone(self._cause_of_clean_exits(gone))
         for p in gone:
             p.join(timeout=ERROR_GRACE_S)
         if gone:
@@ -284,6 +286,18 @@ class Children:
             alone = worst in self.workers and self.coordinator not in gone and self.coordinator.exitcode is None
             raise ChildLost(f"{self._describe(worst)} died: {_exit_text(worst.exitcode)}", worst.pid,
                             self._held(worst), worker=self.workers.index(worst) if alone else None)
+
+    def _gone(self, dead) -> list:
+        return [p for p in self.procs if p.sentinel in dead or p.exitcode is not None]
+
+    def _cause_of_clean_exits(self, gone: list) -> list:
+        """The sentinels of the processes that died after waiting up to ERROR_GRACE_S for one of
+        the living: a child exits cleanly only because another died (a worker when the
+        coordinator's pipe breaks, the coordinator when a worker's does), and a killed process's
+        exit can show after the clean exit it caused (the forkserver reports it; on a loaded
+        machine, late)."""
+        living = [p.sentinel for p in self.procs if p not in gone]
+        return wait(living, timeout=ERROR_GRACE_S) if living else []
 
     def _raise_if_forkserver_died(self, gone: list):
         """A child started by the forkserver whose sentinel closed while it lives: the server died
