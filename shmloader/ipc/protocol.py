@@ -64,7 +64,7 @@ message is one record below, sent through a pipe and dispatched on its type:
    the trainer (as `Ended`, 6; a count-only run's as the `Error`, once its replay needs the
    piece), so that it is raised at the same batch whatever the workers and the timing. A file
    the coordinator cannot read while it plans the order is held the same way, as the piece
-   that would have come next (a mixture's is raised at once).
+   that would have come next (a mixture's: of that source's order, packing/mixfeed.py).
 4. Coordinator -> worker, write orders, each packing's own record (its spec's `order`, in its
    module; the worker carries it out with the spec's `write`). Concat: pieces are sequenced in
    order; piece i starts where piece i-1 ends. For every sequenced piece its worker gets

@@ -103,7 +103,8 @@ class MixCountMode(Mode):
             window = B * T + 1
             self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda tokens: tokens // window)
             self.place = ConcatPlace(window, self.batch)
-        self.feed = MixFeed(mix, self.stream, starts, pieces, (), cfg.max_piece_docs, self._in_flight.keys)
+        self.feed = MixFeed(mix, self.stream, starts, pieces, (), cfg.max_piece_docs, self._in_flight.keys,
+                            stopping=self._flow)
         self.pieces = self.feed.feed()
         self._lo = {r.name: r.lo for r in mix.ranges}
         self.from_cache = [0, 0]

@@ -11,16 +11,21 @@ weight); never from a source that does not take part now (weight 0) or has read 
 they go out, after `first_index` pieces the mode hands out before (best fit's resumed buffer).
 
 A source whose whole epoch and most of the next held no document with text ends the mix
-(`flow`): the mix would wait for it forever. Both mixture modes (packing/mixmode.py for concat,
+(`flow`): the mix would wait for it forever. A source whose order cannot be read on (a file's
+footer that cannot be read, a rank with no row group in its files) goes out no more: the
+piece that would have come next is one that cannot be read (`MixStream.unreadable`), and the
+mix stops where it needs it, as where a worker cannot read a piece, the same batch whatever
+the timing. Both mixture modes (packing/mixmode.py for concat,
 packing/mixbestfit.py for best fit) hand pieces out through one `MixFeed`.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, NamedTuple
 
 from ..errors import DataError
-from ..ipc.protocol import Ended, Warn
+from ..ipc.protocol import Ended, Error, Warn
 from ..position import Position
 from .mix import MixPoint, MixStream
 
@@ -54,10 +59,12 @@ class MixFeed:
     """A mixture's pieces, in the order they go out (the module docstring says which)."""
 
     def __init__(self, mix, stream: MixStream, starts: dict, pieces: Callable, ramp, cap: int,
-                 reading: Callable[[], set], first_index: int = 0):
+                 reading: Callable[[], set], first_index: int = 0, stopping: Callable[[], None] = lambda: None):
         """`pieces(ramp, cap, first_index, files=, start=)`: a source's canonical order (the
-        coordinator's); `reading()`: the piece indices given to workers and not counted."""
-        self.stream, self._reading = stream, reading
+        coordinator's); `reading()`: the piece indices given to workers and not counted;
+        `stopping()`: a source's order could not be read on (`_peek`), for a mode to let the
+        stream stop there now if it waits for that source."""
+        self.stream, self._reading, self._stopping = stream, reading, stopping
         self._orders, self._seqs, self.owned = {}, {}, {}      # per source: its pieces; piece index -> Owned
         self._ahead = {}                                      # per source: text bytes (+1 a piece) not used up
         self._max_epochs = mix.mixture.max_epochs
@@ -92,10 +99,18 @@ class MixFeed:
         return None
 
     def _peek(self, name: str):
-        """Source `name`'s next piece, or None once its order has ended (`max_epochs`)."""
+        """Source `name`'s next piece, or None once its order has ended (`max_epochs`), or cannot be
+        read on (a file whose footer cannot be read: the piece that would come next cannot be read,
+        and the mix stops where it needs it, as where a worker cannot read a piece)."""
         piece = self._peeked.get(name)
         if piece is None:
-            piece = self._next_of(name)
+            try:
+                piece = self._next_of(name)
+            except DataError as e:
+                self.stream.unreadable(name, self._seqs[name], Error.of(f"coordinator (pid {os.getpid()})", e))
+                del self._orders[name]  # never picked again: the mix stops before it needs more of it
+                self._stopping()
+                return None
             if name in self._max_epochs and piece.epoch > self._max_epochs[name]:
                 self.stream.exhausted(name, self._seqs[name])
                 del self._orders[name]

@@ -49,7 +49,8 @@ class MixConcatMode(ConcatMode):
         else:
             mixer = Mixer(mix.mixture, mix.first_batch)
         self.stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
-        self.feed = MixFeed(mix, self.stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys)
+        self.feed = MixFeed(mix, self.stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys,
+                            stopping=self._flow)
         self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
         self.said = Said(self.stream)
         self.pieces = self.feed.feed()

@@ -80,6 +80,7 @@ class Children:
     handover: TrainerEnd = None
     opened: list = field(default_factory=list)  # `Opened` messages not yet taken by the loader
     ended: str | None = None    # the stream has ended (`Ended`): why, raised once no batch is left
+    failed: Error | None = None  # an error a child reported: raised at once, and again at every next() after
     unstarted: object = None    # the processes made and not started yet (start.py `Unstarted`): the forkserver boots
     starter: object = None      # the thread that starts them once it has booted (`start_later`)
     start_error: BaseException | None = None  # what that start raised, for `wait_started` to raise
@@ -146,6 +147,8 @@ class Children:
         return got
 
     def _next_batch(self, delivery, timeout: float) -> Announcement:
+        if self.failed is not None:  # not a batch the ring still holds, nor the reporter's exit taken for a death
+            _raise_reported(self.failed)
         delivery.reclaim()
         now = time.monotonic()
         if now >= self.next_check:  # a poll per batch is measurable; twice a second is enough
@@ -218,6 +221,7 @@ class Children:
             return None
         if isinstance(msg, Released):
             raise ChildrenReleased(msg.idle_s)
+        self.failed = msg
         _raise_reported(msg)
 
     def _kept(self, msg) -> bool:
@@ -276,6 +280,7 @@ class Children:
         if isinstance(msg, Released):  # not a death: an idle release
             raise ChildrenReleased(msg.idle_s)
         if msg is not None:
+            self.failed = msg
             _raise_reported(msg)
         if gone and all(p.exitcode == 0 for p in gone):
             gone = self._gone(self._cause_of_clean_exits(gone))

@@ -489,10 +489,11 @@ MIX_RG = 4  # of source "a"'s file 0: ~50 batches into the mixed stream
 
 @pytest.fixture(scope="module")
 def mixfar(tmp_path_factory) -> dict:
-    """A mixture of two sources (3 files of 100 rows each, row groups of 15), "good", and "bad"
-    with row group MIX_RG of source a's file 0 corrupt."""
+    """A mixture of two sources (3 files of 100 rows each, row groups of 15), "good", "row-group"
+    with row group MIX_RG of source a's file 0 corrupt, and "file" with source a's train file 1
+    cut in half (the coordinator cannot read its footer when it plans a's order)."""
     out = {}
-    for name in ("good", "bad"):
+    for name in ("good", "row-group", "file"):
         root = tmp_path_factory.mktemp(f"mixfar_{name}")
         for source, lengths in MIX_LENGTHS.items():
             os.makedirs(root / source)
@@ -500,19 +501,26 @@ def mixfar(tmp_path_factory) -> dict:
             paths = [str(p) for p in corpus.write_shards(docs, root / source, num_files=3, row_group_size=15)]
             if source == "a":
                 helpers.write_snappy(paths[0], pq.read_table(paths[0]).column("text").to_pylist(), 15)
-                if name == "bad":
+                if name == "row-group":
                     helpers.corrupt_row_group(paths[0], MIX_RG)
+                elif name == "file":
+                    _truncated(paths[1])
         out[name] = root
     return out
 
 
+@pytest.mark.parametrize("damage", ["row-group", "file"])
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-def test_a_mixtures_bad_row_group_ahead_is_raised_at_the_same_batch(mixfar, packing):
+def test_a_mixtures_bad_data_ahead_is_raised_at_the_same_batch(mixfar, packing, damage):
     """The mix needs every source's next document to pick the next one: it stops where source a's
-    next document is in the bad row group, and the error comes after the batches before that,
-    the same batch in every run. Concat: the first batch whose state's point has a's next
-    document there (its tokens, or the token after it, need that pick); best fit: from the first
-    batch whose plan could take a chunk picked there to the first that took one of its documents."""
+    next document is in the bad row group (found by the worker that reads it) or the unreadable
+    file (found by the coordinator when it reads the footer to plan a's order), and the error
+    comes after the batches before that, the same batch in every run, and again at every next()
+    after it. Concat: the first batch whose state's point has a's next document there (its
+    tokens, or the token after it, need that pick); best fit: from the first batch whose plan
+    could take a chunk picked there to the first that took one of its documents. (The file's
+    error was raised when the coordinator planned that far, 0-8 batches in over 4 runs, and the
+    coordinator's exit taken for a death: a next() after it returned a batch, or healed.)"""
     def loader(root, workers, n_slots=8):
         mix = shmloader.Mixture({name: str(root / name) for name in MIX_LENGTHS}, {"a": 0.5, "b": 0.5})
         return shmloader.ShmLoader(mix, helpers.IntTokenizer(), B, T, device="cpu", timeout=20, packing=packing,
@@ -521,15 +529,20 @@ def test_a_mixtures_bad_row_group_ahead_is_raised_at_the_same_batch(mixfar, pack
     with loader(mixfar["good"], 1) as good:
         want, states = _batches(good, 150, packing)
     a_next = [tuple(json.loads(st["mixture"]["point"])["sources"]["a"]) for st in states]
-    lo = next(k for k, p in enumerate(a_next) if p >= (1, 0, MIX_RG, 0))
-    hi = next(k for k, p in enumerate(a_next) if p > (1, 0, MIX_RG, 0))
+    place = (1, 0, MIX_RG, 0) if damage == "row-group" else (1, 1, 0, 0)
+    lo = next(k for k, p in enumerate(a_next) if p >= place)
+    hi = next(k for k, p in enumerate(a_next) if p > place)
     assert 10 < lo <= hi < 150, (lo, hi)
     reached = []
     for workers, n_slots in FAR_RUNS:
-        got, err = until_error(loader(mixfar["bad"], workers, n_slots), packing)
+        got, err = until_error(loader(mixfar[damage], workers, n_slots), packing)
         reached.append(len(got))
         assert all(np.array_equal(w, want[k]) for k, w in enumerate(got)), f"{workers} workers"
-        assert f"row group {MIX_RG} cannot be read" in str(err) and "shard_00000.parquet" in str(err), str(err)
+        if damage == "row-group":
+            assert f"row group {MIX_RG} cannot be read" in str(err) and "shard_00000.parquet" in str(err), str(err)
+        else:
+            assert re.search(r"coordinator \(pid \d+\): DataError: mixture source 'a': .*shard_00001\.parquet: "
+                             r"not a readable parquet file", str(err)), str(err)
     assert len(set(reached)) == 1, f"raised after {reached} batches"
     assert (reached[0] == lo) if packing == "concat" else (lo <= reached[0] <= hi), (reached, lo, hi)
 

@@ -126,6 +126,28 @@ def test_worker_exception_at_random_document(tmp_path, seed):
     assert_clean()
 
 
+def test_a_childs_error_is_raised_again_at_every_next_after_it(tmp_path):
+    """A worker's exception ahead of the stream (IntTokenizer's ValueError on "boom") is a
+    WorkerError at once, and every next() after it raises it again: no batch, no heal (it
+    would raise again), also once its worker has exited. Before, that exit (code 0, after its
+    report) was taken for a death: the next next() calls returned the batches the ring held,
+    healed "worker 0 died: exit code 0" until max_restarts was spent, then read on."""
+    docs = helpers.position_documents([WORDS] * 600)
+    docs[150] = "1 boom"  # row group 4 of file 0, ~130 batches of 9 tokens in
+    corpus.write_shards(docs, tmp_path, num_files=2, row_group_size=RG)
+    with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), 1, 8, "train", num_workers=1, n_slots=32,
+                             device="cpu", timeout=30) as loader:
+        err, _, n = next_until_error(loader)
+        assert isinstance(err, shmloader.WorkerError) and "boom" in str(err), f"{type(err).__name__}: {err}"
+        for k in range(8):
+            time.sleep(0.15)  # the worker's exit shows (the liveness check runs twice a second)
+            with pytest.raises(shmloader.WorkerError) as again:
+                next(loader)
+            assert str(again.value) == str(err), f"next() {k + 1} after the error raised another one: {again.value}"
+        assert loader.stats()["heals"] == 0 and loader.stats()["batches"] == n
+    assert_clean()
+
+
 # ---------------------------------------------------------------- a child killed
 
 KILL_CASES = [("worker", signal.SIGKILL, 1), ("worker", signal.SIGSEGV, 2), ("worker", signal.SIGKILL, 3),
