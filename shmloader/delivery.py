@@ -32,6 +32,11 @@ third view on the CPU and nothing more on CUDA (the same one copy, B*T words lon
 - `CopyOut` (CUDA without pinned memory at all): copied out of the slot, freed at once, then
   `.to(device)`. No other device is taken (`device_of`).
 
+A batch the trainer made itself (procs/headstart.py, the head start) is delivered from its own
+row (`made`), never a slot: lent on the CPU as a slot is (it counts toward `lend_cap`), copied
+on any other device; `made_back()` counts those the caller has let go of (a copied one at once),
+which an idle release counts as given back, as it counts the freed slots (procs/idle.py).
+
 `reclaim(wait)` frees what came back (`wait`: also wait for copies in flight, before the
 loader blocks for a batch); `close()` waits for copies in flight and unpins.
 """
@@ -73,9 +78,11 @@ class Lending:
         self.outputs = OutputPool(slots.shape[1])
         self._views = None                     # slot -> (inputs, targets[, positions]) numpy views, made once
         self._own = 0                          # the reference count of a view nobody else holds
+        self._made = Returns()                 # the rows of `made` batches lent to the caller
+        self._made_out = self._made_back = 0   # of those, lent and not seen back; seen back (or copied)
 
     def batch(self, k: int, slot: int, shape: Shape) -> tuple:
-        if len(self.lent) >= self.lend_cap:
+        if len(self.lent) + self._made_out >= self.lend_cap:
             window = self.outputs.copy_out(self.slots[slot])
             self.free(k)
             return split(window, shape)
@@ -88,8 +95,23 @@ class Lending:
         return torch.from_numpy(views[0]), torch.from_numpy(views[1]), torch.from_numpy(views[2])
 
     def made(self, row: np.ndarray, shape: Shape) -> tuple:
-        """A batch the trainer made itself (procs/headstart.py) in `row`, which the caller keeps."""
-        return split(torch.from_numpy(row), shape)
+        """A batch the trainer made itself (procs/headstart.py) in `row`, which the caller keeps:
+        lent as a slot is (through a view of its own, whose death is its return), or copied out
+        and back at once while `lend_cap` batches are lent."""
+        if len(self.lent) + self._made_out >= self.lend_cap:
+            self._made_back += 1
+            return split(self.outputs.copy_out(row), shape)
+        view = row[:]
+        self._made.hand_out(view, None)
+        self._made_out += 1
+        return split(torch.from_numpy(view), shape)
+
+    def made_back(self) -> int:
+        """How many of the batches `made` handed out the caller has let go of."""
+        if self._made_out:
+            n = len(self._made.collect())
+            self._made_out, self._made_back = self._made_out - n, self._made_back + n
+        return self._made_back
 
     def _make_views(self, shape: Shape):
         B, T, y_at, p_at = shape
@@ -101,6 +123,8 @@ class Lending:
         self._own = sys.getrefcount(self._views[0][0])
 
     def reclaim(self, wait: bool = False):
+        if self._made_out:  # made batches let go of make room under the cap
+            self.made_back()
         if self.lent:
             own, views, refs = self._own, self._views, sys.getrefcount
             if len(views[0]) == 2:
@@ -117,7 +141,20 @@ class Lending:
         self._views = None
 
 
-class CopyOut:
+class CopiesMade:
+    """A delivery to a device: a batch the trainer made itself is copied there from its own
+    (pageable) row, a few batches a run, and is back at once."""
+    _made_back = 0
+
+    def made(self, row: np.ndarray, shape: Shape) -> tuple:
+        self._made_back += 1
+        return split(torch.from_numpy(row).to(self.device), shape)
+
+    def made_back(self) -> int:
+        return self._made_back
+
+
+class CopyOut(CopiesMade):
     def __init__(self, slots: np.ndarray, free, device: torch.device):
         self.slots, self.free, self.device = slots, free, device
         self.outputs = OutputPool(slots.shape[1])
@@ -127,9 +164,6 @@ class CopyOut:
         self.free(k)
         return split(window.to(self.device), shape)
 
-    def made(self, row: np.ndarray, shape: Shape) -> tuple:
-        return split(torch.from_numpy(row).to(self.device), shape)
-
     def reclaim(self, wait: bool = False):
         pass
 
@@ -137,7 +171,7 @@ class CopyOut:
         pass
 
 
-class PinnedCopy:
+class PinnedCopy(CopiesMade):
     def __init__(self, slots: np.ndarray, free, device: torch.device):
         self.slots, self.free, self.device = slots, free, device
         self.slot_tensors = torch.from_numpy(slots)
@@ -154,8 +188,6 @@ class PinnedCopy:
             event.record(torch.cuda.current_stream(self.device))
         self.inflight.append((k, event))
         return split(window, shape)
-
-    made = CopyOut.made  # a batch the trainer made itself: from its own (pageable) row, a few batches a run
 
     def reclaim(self, wait: bool = False):
         while self.inflight and (wait or self.inflight[0][1].query()):
@@ -174,7 +206,7 @@ class PinnedCopy:
         self.slot_tensors, self.device_bufs = None, []
 
 
-class StagedCopy:
+class StagedCopy(CopiesMade):
     """`PinnedCopy` for a ring that could not be pinned: through pinned staging buffers."""
 
     pinned = False
@@ -201,8 +233,6 @@ class StagedCopy:
             event.record(torch.cuda.current_stream(self.device))
         self.events[i] = event
         return split(window, shape)
-
-    made = CopyOut.made
 
     def reclaim(self, wait: bool = False):
         pass

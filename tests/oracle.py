@@ -4,7 +4,8 @@
 independent of the loader's own order) with a Python list, one window of B*T+1 tokens at a
 time, and reports the same canonical position as the loader's state (the document holding
 the next token and how many of its tokens were already used). `bestfit_rows` plans best-fit
-rows with `plan_batch_scan`, nanochat's linear scans. Slow on purpose: no shared memory, no
+rows with `plan_batch_scan`, nanochat's linear scans; `nanochat_keys` says what nanochat's own
+loaders yield as their state. Slow on purpose: no shared memory, no
 processes, nothing clever.
 """
 import itertools
@@ -104,6 +105,29 @@ def bestfit_rows(files, encode, bos, B, T, buffer_size=1000, chunk_docs=128, ran
         for r, off, doc, n in zip(plan.row, plan.row_offset, plan.doc_id, plan.n_tokens):
             rows[r, off:off + n] = meta.pop(int(doc))[1][:n]
         yield rows, (last_end, _runs([meta[d][0] for d, _ in buffer]))
+
+
+def nanochat_keys(files, encode, bos, B, T, packing, rank=0, world=1, chunk_docs=128, buffer_size=1000):
+    """Yield the state nanochat's own loaders yield with each batch, `(pq_idx, rg_idx, epoch)`:
+    by their rule, the row group of the last tokenizer batch (up to `chunk_docs` rows of one row
+    group, this rank's row groups in turn) read when the batch was made. Concat (the original
+    loader, each batch B*T+1 tokens of the stream) reads them until its buffer holds the batch:
+    the one holding the batch's last token. Best fit tops its buffer up to `buffer_size`
+    documents, a tokenizer batch at a time, before every placement (`bestfit_rows`)."""
+    if packing == "bos_bestfit":
+        for _, ((epoch, file, rg, _), _) in bestfit_rows(files, encode, bos, B, T, buffer_size, chunk_docs,
+                                                         rank, world):
+            yield file, rg, epoch
+        return
+    need = B * T + 1
+    read, end = 0, need  # tokens read; the end of the batch being made
+    for (epoch, file, rg, _), text in documents(files, rank, world):
+        if text is None:
+            continue
+        read += 1 + len(encode(text))
+        while read >= end:
+            yield file, rg, epoch
+            end += need
 
 
 def _runs(coords) -> list[list[int]]:

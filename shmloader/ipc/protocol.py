@@ -91,11 +91,12 @@ message is one record below, sent through a pipe and dispatched on its type:
    a `DataError` when no batch is left to take; so does a stream that stops at a piece that
    cannot be read (3), with the report of whoever found it (`Error.head`: the process, its
    pid, the file and the row group).
-7. Idle release (`idle_release_s`): when every slot holds a batch announced to the trainer,
-   the trainer is not waiting in `next()` (`Counter.WAITING`) and has neither taken a batch
-   (`Counter.TAKEN`, or `Counter.HEAD`: one it made itself, the head start) nor freed one for
-   `idle_release_s` s (and for 10 times the longest gap
-   between its frees so far, counted from its first one, once it has freed 2: a trainer whose
+7. Idle release (`idle_release_s`; the rule: procs/idle.py): when every slot holds a batch
+   announced to the trainer, the trainer is not waiting in `next()` (`Counter.WAITING`) and has
+   neither taken a batch (`Counter.TAKEN`, or `Counter.HEAD`: one it made itself, the head start)
+   nor given one back (a slot freed, or `Counter.HEAD_BACK`: one it made itself) for
+   `idle_release_s` s (and for 10 times the longest gap between those so far, counted from the
+   first, once it has given back 2, `Counter.HEAD_GAP_US` timing the head start's: a trainer whose
    steps are slow is never released, nor one that returned fewer batches), the coordinator
    sends `Released(idle_s)` and exits; the workers exit on its pipe's EOF. The trainer reads
    it at its next `next()` (messages come before batches; or as the account of the exits it

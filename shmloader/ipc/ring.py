@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 11  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
+LAYOUT_VERSION = 12  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
 #                     8: YIELD_UNTIL; 9: the trainer's TAKEN and WAITING, a worker's RUN and RUN_END; 10: its ENGINE;
-#                     11: the trainer's HEAD
+#                     11: the trainer's HEAD; 12: its HEAD_BACK and HEAD_GAP_US
 ALIGN = 4096
 
 
@@ -54,6 +54,8 @@ class Counter(enum.IntEnum):
     TAKEN = 5         # batches the trainer has taken (trainer): an idle release waits for it to stand still
     WAITING = 6       # 1 while the trainer is blocked in next() for a batch (trainer): never a release then
     HEAD = 7          # batches the trainer made itself and returned (trainer; procs/headstart.py): taken too
+    HEAD_BACK = 8     # of those, the ones the caller has given back (trainer): as a freed slot (procs/idle.py)
+    HEAD_GAP_US = 9   # the longest gap between those given back (trainer, microseconds; written before HEAD_BACK)
 
 
 # One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k); "check"

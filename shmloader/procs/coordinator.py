@@ -6,8 +6,9 @@ sequencing mode (its spec's `mode`, or `packing.count.CountMode` for a count-onl
 same for any number of workers and any timing. New pieces go to the least-loaded worker that
 the mode lets take one, so memory stays bounded whatever the trainer's pace.
 Follows NOTE [ring protocol] (ipc/protocol.py); every wait has a timeout, and the alive pipe ends
-the loop when the trainer closes the loader or dies; an idle release (`_check_idle`) ends it
-when the trainer has been away long enough. Never imports torch or a tokenizer.
+the loop when the trainer closes the loader or dies; an idle release (`_check_idle`, its rule in
+procs/idle.py) ends it when the trainer has been away long enough. Never imports torch or a
+tokenizer.
 
 A worker that dies is replaced (the trainer starts a new one at its index and passes its pipe
 here, `Replace`), and nothing else stops: meanwhile its orders wait (`_queued`) and it gets no
@@ -52,11 +53,11 @@ from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
 from ..packing import MIX_MODES
 from ..packing.mixcount import MixCountMode
+from .idle import HeadCounters, IdleRule
 from .stall import beat_every
 
 ERROR_FLUSH_S = 2.0
 GIVEN_PRUNE = 4096  # pieces remembered for a replacement before those no worker holds are dropped
-IDLE_GAPS = 10  # an idle release waits at least this many times the longest gap between frees
 READY_WAIT_S = 2.0  # a worker not Ready this long after its start is given pieces anyway
 
 
@@ -140,9 +141,7 @@ class _Coordinator:
         self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
-        self.idle_release_s = 0.0 if args.locate else cfg.idle_release_s
-        self._frees, self._last_free, self._longest_gap = 0, None, 0.0  # the trainer's pace
-        self._taken, self._last_here = 0, time.monotonic()  # the trainer's TAKEN, and when it was last here
+        self.idle = IdleRule(0.0 if args.locate else cfg.idle_release_s, time.monotonic())
         self._from_worker = {Ready: lambda msg, w: self.starting.pop(w, None), Counted: self._counted,
                              Written: self._written,
                              Skipped: lambda msg, w: self._row_group_skipped(msg), Failed: self._failed,
@@ -160,7 +159,7 @@ class _Coordinator:
             for k in freed:  # in any order
                 self.slots.release(k)
                 self.mode.freed(k)
-            self._check_idle(len(freed))
+            self._check_idle(freed)
             self._dispatch()   # plans first, so that _assign sees whether a plan starves
             self._announce()
             for msg in self.mode.messages():
@@ -178,30 +177,16 @@ class _Coordinator:
                 elif conn is self.trainer or conn in self.workers:  # not a dead worker's pipe that
                     self._receive(conn)  # a Replace just before it in `ready` took out (what it sent is redone)
 
-    def _check_idle(self, freed: int):
-        """Release the processes (`_Release`) when the trainer has neither taken a batch nor
-        freed a slot for `idle_release_s` s, and for `IDLE_GAPS` times the longest gap between
-        its frees so far, is not waiting in `next()` (`Counter.WAITING`), and every slot holds a
-        batch announced to it: it is not reading this loader (an evaluation's loader between
-        evaluations), and the children's memory is better given back. A trainer that waited
-        for a slow piece and then gets a burst of batches is here all along. Not before the
-        trainer has freed 2 batches (the gaps count from its first free): its first step may be
-        long (a compile), and a restarted run knows nothing of the one before. The batches the
-        trainer made itself (`Counter.HEAD`, the head start) count as taken, and each but the
-        last as freed: their slots' copies are freed only when `next()` comes to the ring."""
-        now, counters = time.monotonic(), self.ring.counters
-        head = int(counters[Counter.HEAD])
-        taken = int(counters[Counter.TAKEN]) + head
-        if taken != self._taken or counters[Counter.WAITING]:
-            self._taken, self._last_here = taken, now
-        if freed:
-            if self._last_free is not None:
-                self._longest_gap = max(self._longest_gap, now - self._last_free)
-            self._frees, self._last_free = self._frees + freed, now
-        elif self.idle_release_s and self._frees + max(head - 1, 0) >= 2 and self._all_ready():
-            away = now - max(self._last_free or 0.0, self._last_here)
-            if away > max(self.idle_release_s, IDLE_GAPS * self._longest_gap):
-                raise _Release(away)
+    def _check_idle(self, freed: list):
+        """Release the processes (`_Release`) when the trainer is away (procs/idle.py's rule),
+        given the batches `freed` this turn and the trainer's counters."""
+        counters = self.ring.counters
+        head = HeadCounters(int(counters[Counter.HEAD]), int(counters[Counter.HEAD_BACK]),
+                            int(counters[Counter.HEAD_GAP_US]) / 1e6)
+        away = self.idle.turn(time.monotonic(), freed, int(counters[Counter.TAKEN]), head,
+                              bool(counters[Counter.WAITING]), self._all_ready)
+        if away is not None:
+            raise _Release(away)
 
     def _all_ready(self) -> bool:
         """Every slot holds a batch announced and not given back: the trainer waits for none."""

@@ -22,7 +22,9 @@ position, so it makes them again), each compared with the record made here (posi
 documents, check: `compare`), and a difference is an error, never a changed byte. Any failure
 while making one here (a file that cannot be read, a bad row group, a whole pass over the
 files without a batch: an epoch of nulls) ends the head start quietly: the ring reads the same
-data and says what is wrong, as it always did.
+data and says what is wrong, as it always did. For an idle release a batch made here is given
+back when the caller lets go of it, as a ring batch is (the delivery says when: delivery.py
+`made_back`), and `back` times the gaps between them (procs/idle.py).
 
 The first loader of a process would wait in its children's start for the forkserver to boot
 (its preloads, ~0.3-0.6 s on 2 cores). So while the server boots (procs/start.py `booting`:
@@ -39,6 +41,7 @@ run's workers read tokens, not text), a tiktoken tokenizer (its definition is fa
 trainer's own `Encoding` is used, not unpickled again: data/tokenizer.py).
 """
 import functools
+import time
 
 from ..data import engine as enginemod
 from ..data.order import iter_pieces
@@ -72,7 +75,7 @@ def refusal(config, args) -> str | None:
 class HeadStart:
     """One run's head start (`refusal(config, args)` is None): `make()` the run's next batch here
     while `wanted(...)`, `handed(batch)` once the caller has it; `compare(ann)` each ring batch
-    below `given`."""
+    below `given`; `back(n)` when the caller has let go of n of them."""
 
     def __init__(self, config, args, booting: bool = False):
         """`booting`: the forkserver boots, so the children may start late: room for
@@ -86,6 +89,9 @@ class HeadStart:
         self._given = {}      # batch -> its `Made`, handed out, until the ring's copy is compared
         self._source = self._pieces = self._encoder = None
         self._next = None     # batch `given`, made and not handed out: `prepare`'s, or one a Ctrl-C kept from the caller
+        self.given_back = 0   # of those handed out, the ones the caller has let go of (`back`)
+        self.longest_gap = 0.0  # the longest gap between two `back`s that said more, in seconds
+        self._back_at = None  # when `back` last said more
 
     def wanted(self, announced: int, pending: int) -> bool:
         """Whether the next batch is made here: the ring has announced `announced` batches and
@@ -118,6 +124,17 @@ class HeadStart:
         made, self._next = self._next, None
         self.given += 1
         self._given[batch] = made
+
+    def back(self, given_back: int):
+        """The caller has let go of `given_back` of the batches handed out from here, it is seen
+        now (at a `next()`, as the ring's lent slots are): the gaps between them are timed here,
+        where the coordinator, which times the ring's, may not have been there to see them (it
+        starts after the first batch; while a forkserver boots, later still)."""
+        if given_back != self.given_back:
+            now = time.monotonic()
+            if self._back_at is not None:
+                self.longest_gap = max(self.longest_gap, now - self._back_at)
+            self.given_back, self._back_at = given_back, now
 
     def _made(self) -> "Made | None":
         """The stream's next batch, reading and tokenizing what it needs; None (and the head

@@ -142,6 +142,8 @@ class Runs:
             run = self.run
             if run is None or self.closed is not None:
                 run = self._running()
+            if run.head is not None and run.head.given > run.head.given_back:
+                self._head_back(run)
             began = time.monotonic()
             if run.head is not None and not run.head.over and (ann := self._head_start(run, mark)) is not None:
                 return ann
@@ -241,9 +243,20 @@ class Runs:
                 run.head.handed(ann.batch)  # only now (a Ctrl-C before: the next next() returns it)
                 self.head_batches += 1
                 run.children.ring.counters[Counter.HEAD] = run.head.given  # taken, for an idle release
+                self._head_back(run)  # one copied (to a device, or past the lending cap) is back at once
             else:
                 batch = run.delivery.batch(ann.batch, ann.slot, shape)
             return batch, _new(Mark, (run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs))
+
+    @staticmethod
+    def _head_back(run: Run):
+        """Tell the coordinator how many of the head start's batches the caller has let go of
+        (`Counter.HEAD_BACK`), and the longest gap between them (`HEAD_GAP_US`, first): for an
+        idle release they are given back then (procs/idle.py)."""
+        head, counters = run.head, run.children.ring.counters
+        head.back(run.delivery.made_back())
+        counters[Counter.HEAD_GAP_US] = int(head.longest_gap * 1e6)
+        counters[Counter.HEAD_BACK] = head.given_back
 
     def restart(self, mark: Mark) -> int:
         """Stop the children; the next run starts at `mark`. Returns its batch count."""

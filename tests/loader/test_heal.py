@@ -72,13 +72,29 @@ def victim(loader, rng, who, ready_s: float = 30.0, killed=None):
     return proc.pid
 
 
-def read_with_faults(loader, n, rng, faults, who, sig):
+def children_pids(loader) -> set:
+    d = loader.debug()
+    return {d.coordinator.pid, *(p.pid for p in d.workers)}
+
+
+def read_with_faults(loader, n, rng, faults, who, sig, replaced_s: float = 20.0):
     """`n` batches (tokens, state), sending `sig` to a `who` child at each batch index in
-    `faults`, after a random delay: half of them from a timer while next() runs."""
-    out, it, killed = [], iter(loader), set()
+    `faults`, after a random delay: half of them from a timer while next() runs. A fault waits
+    (to a later batch) until every child killed before has been replaced: one may still be the
+    loader's, dead, when the other workers' batches went on (the trainer looks twice a second,
+    or when it waits for what the child held), and its pid gone (a `prlimit` of it raised
+    ProcessLookupError); meanwhile the batches are read a little apart, so that it looks."""
+    out, it, killed, dead, due, since = [], iter(loader), set(), set(), 0, None
     for k in range(n):
-        if k in faults:
+        due += k in faults
+        if due and dead & children_pids(loader):
+            since = since or time.monotonic()
+            assert time.monotonic() - since < replaced_s, f"a killed child was not replaced within {replaced_s} s"
+            time.sleep(0.02)
+        elif due:
+            due, since = due - 1, None
             pid, delay = victim(loader, rng, who, killed=killed), rng.uniform(0, 0.02)
+            dead.add(pid)
             if rng.random() < 0.5:
                 threading.Timer(delay, kill, (pid, sig)).start()
             else:

@@ -99,3 +99,21 @@ def test_idle_release_zero_never_releases(synth):
         assert all(pid_alive(p) for p in pids)
         next(it)
         assert children(loader) == pids and loader.stats()["idle_releases"] == 0
+
+
+@pytest.mark.slow  # the coordinator times the frees it sees at its turns: a gap it sees merged is lost
+@pytest.mark.parametrize("head_start", [True, False])
+def test_a_reader_in_bursts_that_keeps_its_last_batch_is_not_released(synth, head_start):
+    """Issue 49, item 5: a val loader read in bursts of 3 with 0.45 s pauses, keeping its last
+    batch (`x, y = next(it)`), `idle_release_s=0.15`: it has given back 1 batch in its first
+    pause, and its pause is a gap of 0.45 s at its next burst, 10 of which it never stays away.
+    With the head start it was released in 28 of 30 pauses, restarting its processes each time
+    (its batches but the last counted as given back at once, with no gap; procs/idle.py)."""
+    with synth.loader(B, T, split="val", idle_release_s=0.15, head_start=head_start) as loader:
+        it = iter(loader)
+        for _ in range(8):
+            for _ in range(3):
+                x, y = next(it)
+            time.sleep(0.45)
+        assert loader.stats()["idle_releases"] == 0
+        assert loader.stats()["head_batches"] >= (3 if head_start else 0)

@@ -244,6 +244,32 @@ def test_past_the_lend_cap_batches_are_copies_freed_at_once():
     assert x2.data_ptr() == lend.slots[0].ctypes.data  # lent again
 
 
+def test_a_batch_made_by_the_head_start_is_lent_and_back_once_no_tensor_views_it():
+    """The head start's batches (procs/headstart.py) come from their own rows: lent as slots
+    are, counted toward the cap, and `made_back()` says how many the caller let go of (an idle
+    release counts them as given back: procs/idle.py); past the cap, copied and back at once."""
+    lend, freed, shape = lending(lend_cap=2)
+    rows = [np.arange(7) + 1000 * (k + 1) for k in range(2)]
+    ax, ay = lend.made(rows[0], shape)
+    assert ax.data_ptr() == rows[0].ctypes.data and lend.made_back() == 0
+    b = lend.batch(0, 0, shape)                 # one made and one slot lent: the cap
+    c = lend.made(rows[1], shape)               # past it: a copy, back at once
+    assert c[0].data_ptr() != rows[1].ctypes.data and c[1].tolist() == [[2001, 2002, 2003], [2004, 2005, 2006]]
+    assert lend.made_back() == 1
+    x, _ = lend.batch(1, 1, shape)
+    assert freed == [1] and x.data_ptr() != lend.slots[1].ctypes.data, "past the cap (a made batch held) but lent"
+    del ax
+    assert lend.made_back() == 1, "back while its targets live"
+    del ay
+    lend.reclaim()
+    assert lend.made_back() == 2 and freed == [1]
+    y, _ = lend.batch(2, 2, shape)              # under the cap again: lent
+    assert y.data_ptr() == lend.slots[2].ctypes.data
+    del b, y, _
+    lend.reclaim()
+    assert sorted(freed) == [0, 1, 2]
+
+
 def test_lending_makes_no_view_per_batch():
     """A batch is two `torch.from_numpy` of views made once per slot (after a busy step torch's
     view operations are what next() costs); the tensors are the slot's memory."""
