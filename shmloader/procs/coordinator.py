@@ -31,6 +31,7 @@ import numpy as np
 from ..data import elastic
 from ..data.order import cut_pieces, iter_pieces
 from ..data.source import ParquetSource, SchemaCheck, read_or_skip
+from ..data.sources import keep_open
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -107,7 +108,7 @@ class _Coordinator:
         else:
             kind = CountMode if args.locate else cfg.spec.mode
         fs = args.filesystem.open() if args.filesystem is not None else None
-        self.source, self.told = ParquetSource(args.files, fs), {}  # told: file -> identity sent
+        self.source, self.told = ParquetSource(args.files, fs, keep_open(args.mixture)), {}  # told: file -> identity sent
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))
         # a bad file is an error when found, ahead of the run (skipped ones are skipped when reached)
         self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file)
