@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 from ..errors import DataError
 from ..ipc.protocol import Ended, Warn
 from ..position import Position
@@ -142,7 +144,7 @@ class MixFeed:
     def counted(self, index: int, piece, lengths):
         """Piece `index` (one of the mix's) was counted: to the stream."""
         name, seq = self.owned[index]
-        self._docs[name] += int((lengths > 0).sum())
+        self._docs[name] += int(np.count_nonzero(lengths))
         if self._docs[name] == 0 and piece.epoch >= self._epoch0[name] + 2:
             self._barren.setdefault(name, f"mixture source {name!r}: a whole epoch held no document with text (all "
                                           "null or no rows); the mix cannot go on without it (give it weight 0, or "
