@@ -90,15 +90,18 @@ class MixStream:
         self.notes: list = []            # what the loader says: stages begun, sources ended
         self.finished = None             # why the mix has ended (nothing left to read), once it has
         self._room = None                # documents `runs` may still take (None: no limit)
+        self.version = 0                 # grows whenever what the mix waits for or takes may change
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of `source`'s order was counted: `lengths[i]` tokens for its row i."""
+        self.version += 1
         for _, (p, n) in self._arrived[source].add(seq, (piece, np.asarray(lengths, dtype=np.int64))):
             self._queue[source].append(_Head(Rows(p, n)))
 
     def exhausted(self, source: str, pieces: int):
         """`source`'s order ends after its `pieces` first pieces: once they are read it ends, and
         its weight goes to the others."""
+        self.version += 1
         self._exhausted.add((source, pieces))
 
     def waiting_for(self) -> list:
@@ -110,6 +113,7 @@ class MixStream:
     def finish(self, why: str):
         """The mix ends here (`why`): no document is taken after the ones taken so far."""
         if self.finished is None:
+            self.version += 1
             self.finished = why
             self._close()
 
@@ -137,6 +141,7 @@ class MixStream:
         source has ended ends the mix here."""
         started = self.mixer.enter(batch)
         if self._goes_on() and started is not None:
+            self.version += 1
             self._close()
             self.notes.append(f"mixture: stage from batch {started.first_batch}: "
                               + ", ".join(f"{n} {w:g}" for n, w in started.weights.items()))
@@ -155,6 +160,7 @@ class MixStream:
             if head.row < len(head.rows.sizes):
                 return head
             queue.popleft()
+            self.version += 1
             if self._open is not None and self._open[1] is head:
                 self._close()
             elif not head.ran:
@@ -202,6 +208,7 @@ class MixStream:
             heads = {name: self._head(name) for name in names}
             ended = [name for name, head in heads.items() if head is None and self._ended(name)]
             if ended:  # their weights go to the rest; with no rest the next `_taking_part` ends the mix
+                self.version += 1
                 for name in ended:
                     note = mixer.end(name)
                     if note:
@@ -297,6 +304,7 @@ class MixStream:
                 self._open = None
             else:
                 self._close()
+        self.version += 1
         stretch = Stretch(tuple(names), block.rows, block, first, tuple(h.covered for h in heads))
         for head, r, q, k in zip(heads, block.rows, block.firsts, block.counts):
             if k:
@@ -306,6 +314,7 @@ class MixStream:
 
     def _take(self, source: str, head: _Head) -> bool:
         """The mix takes `source`'s next document (`head`'s); whether the head is used up."""
+        self.version += 1
         if self._open is None or self._open[1] is not head:
             self._close()
             self._open = (source, head, self._at())
