@@ -205,6 +205,12 @@ class ShmLoader:
         finally:
             lock.release()
 
+    def nanochat_keys(self) -> dict:
+        """nanochat's keys (`pq_idx`, `rg_idx`, `epoch`) of the last batch returned: the row group
+        its reading ended in, as nanochat's loaders yield them with that batch (the drop-ins
+        yield them with it; `state_dict()` carries them too). Before any batch, the position's."""
+        return self._writer.keys(self._mark)
+
     def load_state_dict(self, state: dict):
         """Continue from `state`: the next batch is the one it resumes at (docs/contract.md §3). Another
         rank's or another world size's state first finds this rank's own position (resume.py)."""
@@ -332,7 +338,7 @@ class ShmLoader:
                                    plan=resume.plan, mixture=mix)
         self._writer = (statemod.Writer if mix is None else mixstate.Writer)(self._identity(), resume, self._catalogue)
         buffer = mixstate.point_text(resume.mix) if mix else encode_buffer(resume.runs) if self.config.spec.buffered else None
-        self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0)
+        self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0, resume.read)
         self._runs.begin(args, resume.batch, self._mark.docs)
         self._state = self._writer.state(self._mark, resume.check)
         self._verify, self._ahead, self._failed = resume.check, None, None

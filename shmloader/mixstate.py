@@ -1,9 +1,9 @@
 """A mixture's resume state: where every source stands and the mixer's counts, checked against
 the loader; and what `stats()["sources"]` says.
 
-A mixture's state is a state (state.py) whose position fields (`epoch`, `pq_idx`, `rg_idx`,
-`doc_idx`, `skip`: nanochat's keys among them) are those of the document the next token is in,
-numbered within its source, and whose `"mixture"` holds:
+A mixture's state is a state (state.py) whose `position` (and nanochat's keys `epoch`,
+`pq_idx`, `rg_idx`: a mixture's reading has no nanochat counterpart) is that of the document
+the next token is in, numbered within its source, and whose `"mixture"` holds:
 - `"point"`: the `packing.mix.MixPoint` there as JSON text (every source's next document,
   numbered within the source; the source and skip of the next token; the mixer's state before
   that document was picked; best fit: after the last chunk planned, and `"buffer"`, the
@@ -84,7 +84,8 @@ class Writer:
         point = mark.buffer
         position = self._sources.local(mark.position) if point is not None else mark.position
         state = dict(self._base)
-        state["epoch"], state["pq_idx"], state["rg_idx"], state["doc_idx"], state["skip"] = position
+        state["position"] = list(position)
+        state["epoch"], state["pq_idx"], state["rg_idx"] = position[:3]
         state["batch"] = mark.batch
         state["check"] = checked = None if check is None else f"{check:08x}"
         state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point)}
@@ -92,6 +93,12 @@ class Writer:
             state["mixture"]["plans"] = self._plans
         state["digest"] = digest(state, point.crc if point is not None else 0, checked)
         return state
+
+    def keys(self, mark) -> dict:
+        """nanochat's keys at `mark`: those of the document the next token is in, in its source (a
+        mixture's reading has no nanochat counterpart)."""
+        epoch, pq, rg = (self._sources.local(mark.position) if mark.buffer is not None else mark.position)[:3]
+        return {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
 
     def _files(self, point) -> dict:
         """Every source's files, footers up to its position (kept while the point's places do not
@@ -114,8 +121,9 @@ def _places(text: str) -> dict:
 
 
 def digest(state: dict, point_crc: int, checked) -> str:
+    position = state.get("position") if state.get("version") != 5 else [state.get(k) for k in statemod.POSITION_FIELDS]
     key = (f"{state['rank']}:{state['world_size']}:{state['batch']}:{state['shapes']}:{checked}:"
-           f"{state['epoch']}:{state['pq_idx']}:{state['rg_idx']}:{state['doc_idx']}:{state['skip']}")
+           + ":".join(map(str, position if isinstance(position, list) else [position])))
     plans = state["mixture"].get("plans")
     if isinstance(plans, dict) and plans:  # a run that began at a change of world size: its plans' crcs
         key += ":" + ",".join(f"{name}={d.get('crc') if isinstance(d, dict) else d!r}" for name, d in sorted(plans.items()))
@@ -130,8 +138,8 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     if mixed is None:
         raise ValueError("resume state is of one source (data= a directory or files) and this loader reads a "
                          "Mixture: resuming a single source's run as a mixture is not built yet")
-    if state.get("version") != statemod.VERSION or not isinstance(mixed, dict):
-        raise ValueError(f"resume state of a mixture must be version {statemod.VERSION} with a 'mixture' dict")
+    if state.get("version") not in (5, statemod.VERSION) or not isinstance(mixed, dict):
+        raise ValueError(f"resume state of a mixture must be version 5 or {statemod.VERSION} with a 'mixture' dict")
     for name in ("rank", "world_size", "batch"):
         statemod._int_field(state, name)
     batch = state["batch"]

@@ -70,11 +70,14 @@ def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads
 
 def _with_state(loader: ShmLoader):
     """Yields each batch with the state that resumes AT it (docs/contract.md §3): nanochat's loop saves the
-    state of the batch it prefetched and has not trained on yet, and resumes with a prefetch.
-    A batch is `(inputs, targets)`, or `(inputs, targets, positions)` with `positions=True`."""
+    state of the batch it prefetched and has not trained on yet, and resumes with a prefetch. Its
+    nanochat keys are the batch's own, as nanochat's loaders yield them: the row group its reading
+    ended in (`ShmLoader.nanochat_keys`). A batch is `(inputs, targets)`, or
+    `(inputs, targets, positions)` with `positions=True`."""
     try:
         state = loader.state_dict()
         for batch in loader:
+            state.update(loader.nanochat_keys())  # a copy; the digest covers the position, not these
             yield (*batch, state)
             state = loader.state_dict()
     finally:  # the generator closed or dropped (a new val loader over the last): no wait for the exits

@@ -5,9 +5,14 @@ starts at document (row) `doc` of row group `rg` of file `file`, in `epoch` (fil
 the run numbers them: data/catalogue.py). It is canonical: the same whatever the number of
 workers, the pieces or the timing, because it names a document and an offset. A run starts at
 one (`RunArgs.start`), a batch's announcement carries the one after it, a state stores one
-(`epoch`, `pq_idx`, `rg_idx`, `doc_idx`, `skip`: state.py), and an elastic plan keeps every
-old rank's. A buffered packing (best fit) keeps `skip` at 0: its position is the end of the
-last chunk that entered its buffer. Pure: no imports.
+(its `position`: state.py), and an elastic plan keeps every old rank's. A buffered packing
+(best fit) keeps `skip` at 0: its position is the end of the last chunk that entered its buffer.
+
+`RowGroup(epoch, file, rg)` is the row group a batch's reading ended in: the one holding the
+batch's last token (concat), or the last chunk that entered the buffer to make it (best fit).
+A batch's announcement carries it, and a state's nanochat keys (`pq_idx`, `rg_idx`, `epoch`)
+are the one of the last batch before its position, as nanochat's own loaders say them. Pure:
+no imports.
 """
 from typing import NamedTuple
 
@@ -22,3 +27,10 @@ class Position(NamedTuple):
     def __str__(self) -> str:
         return (f"epoch {self.epoch}, file {self.file}, row group {self.rg}, document {self.doc}"
                 + (f", token {self.skip}" if self.skip else ""))
+
+
+class RowGroup(NamedTuple):
+    """A row group of an epoch (files numbered as the run numbers them)."""
+    epoch: int
+    file: int
+    rg: int

@@ -1,9 +1,11 @@
 """The resume state: small, versioned, JSON-serialisable, checked against the loader.
 
 A state names a position in this rank's canonical stream, the first token of a batch:
-`{"version" (`VERSION`, the one place it is written), "epoch", "pq_idx" (file), "rg_idx" (row group), "doc_idx" (row in the row
-group), "skip" (tokens of that document before the position), "batch" (batches of the run
-before the position), "shapes" ([first batch, B, T] of each batch shape the run used),
+`{"version" (`VERSION`, the one place it is written), "position" ([epoch, file, row group, row
+in the row group, tokens of that document before the position]), nanochat's keys "pq_idx"
+(file), "rg_idx" (row group) and "epoch" (the row group the last batch before the position was
+read up to, by nanochat's rule: position.py `RowGroup`; the position's own before any batch),
+"batch" (batches of the run before the position), "shapes" ([first batch, B, T] of each batch shape the run used),
 "origin" (None, or the nanochat keys the run started from), "rank", "world_size",
 "config" (what must not change), "files" ([name, bytes, footer] of the split: footer is the
 digest of its parquet footer once the run had read it, else None), "val" (the name of the data
@@ -36,7 +38,10 @@ change of the data that the files' names, sizes and footers cannot show.
   before the position: its name, its size, or, when the state knows it, its footer) is a
   ValueError naming each difference in words.
 Older versions are read too (`READS`): 2 (files as [name, bytes], no footers), 3 (best fit's
-buffer as a list of runs) and 4 (no check).
+buffer as a list of runs), 4 (no check) and 5 (the position in the fields `epoch`, `pq_idx`,
+`rg_idx`, `doc_idx`, `skip`, no nanochat keys of their own). nanochat's keys are not the
+position: they say what nanochat's loaders say with the same batch (for `print` and for a
+resume with nanochat's own loader), and a loader resumes at `position`.
 
 Why the buffer is text: nanochat's loop takes a state with every batch, and best fit's buffer
 holds ~1000 documents in a few hundred runs. As lists of Python ints that is thousands of
@@ -53,13 +58,14 @@ from .data.catalogue import described_files, with_known_footers
 from .data.elastic import Plan, in_units
 from .data.order import nanochat_position, start_position
 from .errors import warn
-from .position import Position
+from .position import Position, RowGroup
 from .packing.runs import BufferText, decode, decode_runs, encode_buffer, encode_runs, narrow  # noqa: F401 (the state's API)
 
-VERSION = 5
-READS = (2, 3, 4, 5)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`);
-#                       4 -> 5: the check of the batch it resumes at
-POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")
+VERSION = 6
+READS = (2, 3, 4, 5, 6)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`);
+#                          4 -> 5: the check of the batch it resumes at; 5 -> 6: the position as
+#                          `position`, nanochat's keys their own (the last batch's reading)
+POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")  # the position's, up to version 5
 NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
 
 
@@ -98,6 +104,8 @@ class Resume:
     change: "Change | None" = None  # the state is of another world size: the loader builds the plan
     mix: dict | None = None    # a mixture's: the `packing.mix.MixPoint` there, as JSON (mixstate.py)
     mix_plans: dict | None = None  # a mixture's run that began at a change of world size: each source's `Plan`
+    read: RowGroup | None = None  # nanochat's keys of the state it resumes (its own rank's, its files
+    #                               numbered as the run's), for the states before its first batch
 
 
 @dataclass(frozen=True)
@@ -156,18 +164,20 @@ def base_state(loader: Loader, resume: Resume) -> dict:
 
 
 def make_state(base: dict, position: Position, batch: int, buffer=None, files: list | None = None,
-               check: int | None = None) -> dict:
+               check: int | None = None, read: RowGroup | None = None) -> dict:
     """The state at `position` (its file numbered as the state's `files` are) after `batch`
     batches; best fit adds its `buffer` runs (an (n, 5) int64 array, a list of runs, or their
     `BufferText`, which the coordinator writes into the batch's slot), written as `encode_runs`
     text; `files`: `described_files` of the base's, if at hand; `check`: the batch_check of the
-    batch it resumes at, if known. Called with every batch in nanochat's loop: a dict copy and
-    a crc32 of a short key (the buffer's text and crc come made). Its digest is `digest`'s."""
+    batch it resumes at, if known; `read`: nanochat's keys (numbered as `files`), else the
+    position's. Called with every batch in nanochat's loop: a dict copy and a crc32 of a short
+    key (the buffer's text and crc come made). Its digest is `digest`'s."""
     epoch, file, rg, doc, skip = position
     state = dict(base)
     state["files"] = files if files is not None else described_files(base["files"], epoch, file)
-    state["epoch"], state["pq_idx"], state["rg_idx"], state["doc_idx"] = epoch, file, rg, doc
-    state["skip"], state["batch"] = skip, batch
+    state["position"] = [epoch, file, rg, doc, skip]
+    state["epoch"], state["pq_idx"], state["rg_idx"] = (epoch, file, rg) if read is None else read
+    state["batch"] = batch
     crc = 0
     if buffer is not None:
         text, crc = buffer if isinstance(buffer, BufferText) else encode_buffer(buffer)
@@ -193,21 +203,34 @@ class Writer:
         self._catalogue = catalogue
 
     def state(self, mark, check: int | None = None) -> dict:
-        """The state at `mark` (batch, position, buffer), with the check of the batch there if known."""
-        position, buffer = mark.position, mark.buffer
+        """The state at `mark` (batch, position, buffer, the last batch's reading), with the check
+        of the batch there if known."""
+        position, buffer, read = mark.position, mark.buffer, mark.read
         pq, files, renumber = self._catalogue.described(position.epoch, position.file)
         if buffer is not None and renumber is not None:  # the run's file numbers are not the state's
             runs = decode_runs(buffer.text)
             runs[:, 1] = renumber[runs[:, 1]]
             buffer = runs
         at = tuple.__new__(Position, (position.epoch, pq, position.rg, position.doc, position.skip))  # per batch: no frame
-        return make_state(self._base, at, mark.batch, buffer, files=files, check=check)
+        read = None if mark.read is None else self._read(mark.read)
+        return make_state(self._base, at, mark.batch, buffer, files=files, check=check, read=read)
+
+    def keys(self, mark) -> dict:
+        """nanochat's keys at `mark`: the row group the last batch's reading ended in (the
+        position's before any batch), its file numbered as the state's."""
+        epoch, pq, rg = self._read(mark.read or mark.position)
+        return {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
+
+    def _read(self, read) -> tuple:
+        """`(epoch, pq_idx, rg_idx)` of a row group (the run's file numbers) as a state numbers it."""
+        return read.epoch, self._catalogue.described(read.epoch, read.file)[0], read.rg
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:
     """crc32 of the rank, the world size, the position, the batch count, the shapes, the origin,
     the check and the elastic plan's crc (in the versions that have them) and the buffer; not of
-    the config, the files or the val file, which `check` compares with the loader's. DCP keeps
+    the config, the files or the val file, which `check` compares with the loader's, nor (from
+    this version on) of nanochat's keys, which a resume reads only as nanochat would. DCP keeps
     one value per key across ranks, so a state saved under one key by every rank comes back
     with fields of different ranks; the digest turns that (and hand edits) into an error, not a
     wrong resume.
@@ -217,8 +240,11 @@ def digest(state: dict, buffer_bytes: bytes = b"") -> str:
     can take its crc32 apart from the fields); versions 2 and 3, its runs' int64 bytes, after
     the fields. Without a buffer both are the fields' crc32."""
     version = state.get("version")
-    fields = ("rank", "world_size", *POSITION_FIELDS, "batch", "shapes", "origin")
-    values = [state.get(k) for k in fields]
+    if type(version) is int and version >= 6:
+        values = [state.get("rank"), state.get("world_size"), *_listed(state.get("position")), state.get("batch"),
+                  state.get("shapes"), state.get("origin")]
+    else:
+        values = [state.get(k) for k in ("rank", "world_size", *POSITION_FIELDS, "batch", "shapes", "origin")]
     if type(version) is int and version >= 5:
         plan = state.get("elastic")
         values += [state.get("check"), plan.get("crc") if isinstance(plan, dict) else None]
@@ -226,6 +252,39 @@ def digest(state: dict, buffer_bytes: bytes = b"") -> str:
     if type(version) is int and version >= 4:
         return f"{zlib.crc32(key, zlib.crc32(buffer_bytes)):08x}"
     return f"{zlib.crc32(buffer_bytes, zlib.crc32(key)):08x}"
+
+
+def _listed(value) -> list:
+    """A `position` field's values for the digest (a malformed one as itself: `check` names it)."""
+    return list(value) if isinstance(value, list) and len(value) == 5 else [value]
+
+
+def position_fields(state: dict) -> dict:
+    """The state's position as `{epoch, pq_idx, rg_idx, doc_idx, skip}` (`POSITION_FIELDS`): its
+    `position` from this version on, its fields before; a ValueError naming what is malformed."""
+    if state["version"] < 6:
+        return {name: _int_field(state, name, 1 if name == "epoch" else 0) for name in POSITION_FIELDS}
+    value = state.get("position")
+    if not (isinstance(value, list) and len(value) == 5
+            and all(type(v) is int and v >= (1 if i == 0 else 0) for i, v in enumerate(value))):
+        raise ValueError(f"resume state field 'position' must be [epoch >= 1, file, row group, row, skip] "
+                         f"(integers >= 0), got {value!r}")
+    return dict(zip(POSITION_FIELDS, value))
+
+
+def _named(state: dict, field: str) -> str:
+    """How a message names the position's `field` (one of `POSITION_FIELDS`) in `state`."""
+    if state["version"] < 6:
+        return f"field {field!r}"
+    part = ("epoch", "file", "row group", "row", "skip")[POSITION_FIELDS.index(field)]
+    return f"field 'position' ({part})"
+
+
+def _nanochat_of(state: dict, pos: dict) -> dict:
+    """The keys nanochat would resume from: the state's own from this version on, else the position's."""
+    if state["version"] >= 6:
+        return {key: _int_field(state, key, 1 if key == "epoch" else 0) for key in NANOCHAT_FIELDS}
+    return {key: pos[key] for key in NANOCHAT_FIELDS}
 
 
 def _runs_bytes(runs) -> bytes:
@@ -249,7 +308,7 @@ def check(state, loader: Loader) -> Resume:
         raise ValueError(f"resume state field 'version' is {state['version']!r}; this shmloader "
                          f"reads versions {' and '.join(map(str, READS))} (to resume an older state approximately, pass "
                          f"only its nanochat keys {{pq_idx, rg_idx, epoch}})")
-    pos = {name: _int_field(state, name, 1 if name == "epoch" else 0) for name in POSITION_FIELDS}
+    pos = position_fields(state)
     batch = _int_field(state, "batch")
     rank = _int_field(state, "rank")
     shapes = _shapes(state, batch)
@@ -279,14 +338,16 @@ def check(state, loader: Loader) -> Resume:
     if reshaped != shapes or soft or common["order"] is not None or len(saved_files) != len(loader.files):
         check = None  # another shape, or files changed after the position: the batch there may be another one
     if pos["rg_idx"] % loader.world != loader.rank and not in_units(plan, pos["epoch"]):
-        raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of "
+        raise ValueError(f"resume state {_named(state, 'rg_idx')} is {pos['rg_idx']}, not a row group of "
                          f"rank {loader.rank} of {loader.world}")
     if loader.buffered and pos["skip"]:
-        raise ValueError(f"resume state field 'skip' is {pos['skip']}; a {loader.fingerprint.get('packing')} "
+        raise ValueError(f"resume state {_named(state, 'skip')} is {pos['skip']}; a {loader.fingerprint.get('packing')} "
                          f"state has skip 0")
     runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
     position = Position(*(pos[k] for k in POSITION_FIELDS))
-    return Resume(position, runs, check=check, plan=plan, **common)
+    keys = _nanochat_of(state, pos)
+    read = RowGroup(keys["epoch"], keys["pq_idx"], keys["rg_idx"]) if common["order"] is None else None
+    return Resume(position, runs, check=check, plan=plan, read=read, **common)
 
 
 def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: dict, saved_files: list) -> Resume:
@@ -301,13 +362,13 @@ def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: di
                          f"resume at world_size {world} to read them, or without them to change the world size")
     plan = common.pop("plan")
     if loader.other_rank == "nanochat":  # approximately, as nanochat resumes any state
-        return _as_nanochat(pos, loader, f"resume state was saved at world_size {world}, this loader has "
+        return _as_nanochat(_nanochat_of(state, pos), loader, f"resume state was saved at world_size {world}, this loader has "
                                          f"{loader.world}: resuming as nanochat does (the state's file and row "
                                          f"group, this rank's next stride)")
     if pos["rg_idx"] % world != rank and not in_units(plan, pos["epoch"]):
-        raise ValueError(f"resume state field 'rg_idx' is {pos['rg_idx']}, not a row group of rank {rank} of {world}")
+        raise ValueError(f"resume state {_named(state, 'rg_idx')} is {pos['rg_idx']}, not a row group of rank {rank} of {world}")
     if loader.buffered and pos["skip"]:
-        raise ValueError(f"resume state field 'skip' is {pos['skip']}; a {loader.fingerprint.get('packing')} "
+        raise ValueError(f"resume state {_named(state, 'skip')} is {pos['skip']}; a {loader.fingerprint.get('packing')} "
                          f"state has skip 0")
     runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
     change = Change(world, rank, Position(*(pos[k] for k in POSITION_FIELDS)), runs, plan)
@@ -326,18 +387,18 @@ def _check_field(state: dict) -> int | None:
 
 def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
     if loader.other_rank == "nanochat":
-        return _as_nanochat(pos, loader, f"resume state was saved by rank {state['rank']}, this is rank "
+        return _as_nanochat(_nanochat_of(state, pos), loader, f"resume state was saved by rank {state['rank']}, this is rank "
                                          f"{loader.rank}: resuming as nanochat does (rank {state['rank']}'s file "
                                          f"and row group, next stride for this rank)")
     return Resume(origin_position(common["origin"], loader.rank, loader.world), locate=True, **common)
 
 
-def _as_nanochat(pos: dict, loader: Loader, why: str) -> Resume:
-    """Resume approximately, as nanochat would from the state's nanochat keys (`other_rank="nanochat"`),
+def _as_nanochat(keys: dict, loader: Loader, why: str) -> Resume:
+    """Resume approximately, as nanochat would from the state's nanochat keys `keys` (`other_rank="nanochat"`),
     with a warning saying `why`; those keys become the run's origin."""
     warn(f"{why}, not exactly (other_rank='nanochat')")
-    origin = {"pq_idx": pos["pq_idx"], "rg_idx": pos["rg_idx"], "epoch": pos["epoch"]}
-    position = nanochat_position(pos["pq_idx"], pos["rg_idx"], pos["epoch"], loader.rank, loader.world)
+    origin = {"pq_idx": keys["pq_idx"], "rg_idx": keys["rg_idx"], "epoch": keys["epoch"]}
+    position = nanochat_position(keys["pq_idx"], keys["rg_idx"], keys["epoch"], loader.rank, loader.world)
     return Resume(position, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
 
 
@@ -446,7 +507,7 @@ def _saved_files(state: dict, pos: dict) -> list:
                          f"{'[name, bytes]' if width == 2 else '[name, bytes, footer or null]'}, got "
                          f"{str(saved)[:80]}")
     if pos["pq_idx"] >= len(saved):
-        raise ValueError(f"resume state field 'pq_idx' is {pos['pq_idx']} but the state's split has "
+        raise ValueError(f"resume state {_named(state, 'pq_idx')} is {pos['pq_idx']} but the state's split has "
                          f"{len(saved)} files")
     return [list(f) + [None] * (3 - len(f)) for f in saved]
 

@@ -416,7 +416,7 @@ def window_of(inputs, targets) -> np.ndarray:
 
 
 def position_of(state: dict) -> tuple:
-    return tuple(state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip"))
+    return tuple(state["position"])
 
 
 # ---------------------------------------------------------------- datasets

@@ -4,7 +4,8 @@ coordinator through the ring's header, so that `next()` on a ready batch makes n
 Two single-writer logs in the header (`ring.Counter`, `ring.RECORD_FIELDS`):
 
 - **Announcements** (coordinator -> trainer). For batch k the coordinator writes the record
-  `records[k % n_slots] = (k, slot, epoch, file, rg, doc, skip, docs, check)` and then the counter
+  `records[k % n_slots] = (k, slot, epoch, file, rg, doc, skip, docs, check, read_epoch, read_file,
+  read_rg)` (the position after it, its check, the row group its reading ended in) and then the counter
   `ANNOUNCED = k + 1`. The trainer takes batches in order: batch `taken` is ready when
   `ANNOUNCED > taken`. A record is never overwritten before the trainer has read it: batch
   k + n_slots can be written only once one of k..k+n_slots-1 was freed (at most n_slots
@@ -53,7 +54,7 @@ import time
 from multiprocessing import reduction
 from typing import NamedTuple
 
-from ..position import Position
+from ..position import Position, RowGroup
 from .freepoll import FreePoll
 from .ring import RECORD_FIELDS, Counter, Ring
 
@@ -92,6 +93,7 @@ class Announcement(NamedTuple):
     check: int              # `ring.batch_check` of its slot: a state resuming at it carries it
     buffer: object = None   # a buffered packing: the buffer after it, as the state's text (`packing.runs.BufferText`)
     waited: float = 0.0     # seconds `next()` blocked for it
+    read: RowGroup | None = None  # the row group its reading ended in (nanochat's keys with it)
 
 
 class Doorbell:
@@ -163,14 +165,15 @@ class TrainerEnd:
             if self.rung <= self.taken:
                 return None
         at = self.taken % self.n * self._width
-        k, slot, epoch, file, rg, doc, skip, docs, check = self._records[at:at + self._width].tolist()
+        k, slot, epoch, file, rg, doc, skip, docs, check, r_epoch, r_file, r_rg = self._records[at:at + self._width].tolist()
         if k != self.taken:
             raise RuntimeError(f"ring handover: record {self.taken % self.n} holds batch {k}, "
                                f"expected batch {self.taken}")
         self.taken += 1
         self._counters[_TAKEN] = self.taken
         # the records made without their Python constructors (a frame each): this is every batch's path
-        return _new(Announcement, (k, slot, _new(Position, (epoch, file, rg, doc, skip)), docs, check, None, 0.0))
+        return _new(Announcement, (k, slot, _new(Position, (epoch, file, rg, doc, skip)), docs, check, None, 0.0,
+                                   _new(RowGroup, (r_epoch, r_file, r_rg))))
 
     def announced(self) -> int:
         """Batches the coordinator has announced."""
@@ -258,9 +261,10 @@ class CoordinatorEnd:
         self.poll.found(len(out), time.monotonic())
         return out
 
-    def announce(self, k: int, slot: int, position: Position, docs: int, check: int = 0):
-        """`position`: the one after batch k; `check`: `ring.batch_check` of the slot's tokens."""
-        self.ring.records[k % self.n] = (k, slot, *position, docs, check)
+    def announce(self, k: int, slot: int, position: Position, docs: int, check: int = 0, read: RowGroup | None = None):
+        """`position`: the one after batch k; `check`: `ring.batch_check` of the slot's tokens;
+        `read`: the row group its reading ended in (None: the position's)."""
+        self.ring.records[k % self.n] = (k, slot, *position, docs, check, *(read or position[:3]))
         self.ring.counters[Counter.ANNOUNCED] = k + 1
         self.ready.ring()
 

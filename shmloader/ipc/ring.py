@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = 0x73686D6C6F616472  # "shmloadr"
-LAYOUT_VERSION = 12  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
+LAYOUT_VERSION = 13  # 5: a slot's buffer is its state text, not int64 runs; 6: workers' BEAT; 7: the batch's check;
 #                     8: YIELD_UNTIL; 9: the trainer's TAKEN and WAITING, a worker's RUN and RUN_END; 10: its ENGINE;
-#                     11: the trainer's HEAD; 12: its HEAD_BACK and HEAD_GAP_US
+#                     11: the trainer's HEAD; 12: its HEAD_BACK and HEAD_GAP_US; 13: a record's read row group
 ALIGN = 4096
 
 
@@ -60,7 +60,8 @@ class Counter(enum.IntEnum):
 
 # One announcement (`Ring.records[k % n_slots]`, written by the coordinator for batch k); "check"
 # is `ring.batch_check` of the slot's tokens, which a state resuming at batch k carries.
-RECORD_FIELDS = ("batch", "slot", "epoch", "file", "rg", "doc", "skip", "docs", "check")
+RECORD_FIELDS = ("batch", "slot", "epoch", "file", "rg", "doc", "skip", "docs", "check", "read_epoch", "read_file",
+                 "read_rg")
 
 
 class WorkerCol(enum.IntEnum):

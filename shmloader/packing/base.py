@@ -39,7 +39,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from ..position import Position
+from ..position import Position, RowGroup
 from .runs import encode_buffer
 
 MAX_IN_FLIGHT = 8      # pieces given to a worker and not yet counted, at most
@@ -81,6 +81,8 @@ class Complete(NamedTuple):
     runs: object           # a buffered packing: the buffer after it, as runs (an (n, 5) array); a
     #                        mixture: the `mix.MixPoint` after it; else None
     docs: int              # documents begun (concat) or placed (best fit) by its end
+    read: RowGroup | None = None  # the row group its reading ended in (concat: its last token's);
+    #                               None: the position's (best fit: the last chunk's end)
 
 
 class Stops:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..data.order import RAMP
 from ..ipc.protocol import Ended
-from ..position import Position
+from ..position import Position, RowGroup
 from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
 from .positions import fill_segment
 
@@ -66,12 +66,14 @@ class _Seq:
 
 class Where(NamedTuple):
     """Where a batch ends: the next token is token `skip` of row `row` of piece `piece`; `run`,
-    the mixture's run that row is in (its row counts from the run's first), else None. Piece
-    -1: the end of a stream that ended (`ConcatSequencer.finished`)."""
+    the mixture's run that row is in (its row counts from the run's first), else None; `last`,
+    the piece its last token is in (another one only when the batch ends with a document).
+    Piece -1: the end of a stream that ended (`ConcatSequencer.finished`)."""
     piece: int
     row: int
     skip: int
     run: object = None
+    last: int = -1
 
 
 class ConcatSequencer:
@@ -176,7 +178,8 @@ class ConcatSequencer:
             return None
         s, row, skip = found
         self.docs_at[k] = s.docs_before + s.docs_to(row) + (1 if skip else 0)
-        return Where(s.index, row, skip, s.tag)
+        last = s if skip else (self._find(pos - 1) or (s,))[0]  # kept: it ends after the last announced
+        return Where(s.index, row, skip, s.tag, last.index)
 
     def _find(self, pos: int):
         for s in self._seq:
@@ -257,12 +260,18 @@ class ConcatMode(Mode):
     def ready(self):
         out = []
         for k, where in self.seq.ready():
-            out.append(Complete(k, position_at(self.specs[where.piece], where), None, self.seq.docs_at.pop(k)))
+            out.append(Complete(k, position_at(self.specs[where.piece], where), None, self.seq.docs_at.pop(k),
+                                row_group_of(self.specs[where.last])))
         if out:
             keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
             for index in [i for i in self.specs if i < keep]:
                 del self.specs[index]
         return out
+
+
+def row_group_of(piece) -> RowGroup:
+    """The row group `piece` (a `data.order.Piece`) is a slice of."""
+    return RowGroup(piece.epoch, piece.file, piece.rg)
 
 
 def position_at(piece, where: Where) -> Position:

@@ -9,7 +9,8 @@ position after each batch and `ring.batch_check` of its window. Only the ring is
 row per batch (tokens, then positions, as a ring slot's row), never reused, so a batch handed
 to the caller keeps its row for as long as the caller holds it. Batch k made here is batch k
 of a run from the same start, byte for byte, with the record the coordinator announces for it
-(`Made`: the position after it, the documents begun by its end, the check), which the trainer
+(`Made`: the position after it, the documents begun by its end, the check, the row group of its
+last token), which the trainer
 compares with the ring's own announcement when that comes.
 
 `PieceSizes` says how many documents the next piece takes: about what the batch being made
@@ -23,8 +24,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ipc.ring import batch_check
-from ..position import Position
-from .concat import ConcatSequencer, Place, _keep, position_at, write
+from ..position import Position, RowGroup
+from .concat import ConcatSequencer, Place, _keep, position_at, row_group_of, write
 
 
 class Made(NamedTuple):
@@ -34,6 +35,7 @@ class Made(NamedTuple):
     position: Position  # the canonical position after it
     docs: int           # documents begun by its end, in the run
     check: int          # `batch_check` of its window
+    read: RowGroup      # the row group of its last token
 
 
 class Stream:
@@ -71,7 +73,8 @@ class Stream:
             self.seq.written(write(self.slots, self._held, order, self.B, self.T, self.positions))
         for k, where in self.seq.ready():
             self._ready.append(Made(k, self.rows[k], position_at(self._pieces[where.piece], where),
-                                    self.seq.docs_at.pop(k), batch_check(self.slots[k])))
+                                    self.seq.docs_at.pop(k), batch_check(self.slots[k]),
+                                    row_group_of(self._pieces[where.last])))
         live = self.seq.oldest_live()
         for index in [i for i in self._pieces if i < live]:
             del self._pieces[index]

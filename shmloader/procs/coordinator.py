@@ -371,7 +371,7 @@ class _Coordinator:
                 self.ring.write_buffer(slot, *buffer)
             self.ring.stats[Stat.EPOCH] = done.position.epoch
             self.handover.announce(done.batch, slot, done.position, done.docs,
-                                   ringmod.batch_check(self.ring.slots[slot]))
+                                   ringmod.batch_check(self.ring.slots[slot]), done.read)
         for stat, value in self.mode.stats():
             self.ring.stats[stat] = value
 

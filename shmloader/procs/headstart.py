@@ -161,7 +161,7 @@ class HeadStart:
         """The ring's announcement of a batch handed out here: it must say what this one said."""
         made = self._given.pop(ann.batch)
         position, docs, check = made.position, made.docs, made.check
-        if (ann.position, ann.docs, ann.check) != (position, docs, check):
+        if (ann.position, ann.docs, ann.check, ann.read) != (position, docs, check, made.read):
             raise ShmLoaderError(
                 f"batch {ann.batch} as the workers made it differs from the one the training process made "
                 f"while they started: they say it ends at {ann.position} after {ann.docs} documents with check "

@@ -39,7 +39,7 @@ from ..ipc.ring import STATS_FIELDS, Counter, RingLayout, WorkerCol
 from ..ipc.signals import sigint_blocked
 from ..packing.mixbestfit import buffer_entries
 from ..packing.runs import BufferText, decode_runs
-from ..position import Position
+from ..position import Position, RowGroup
 from . import heal, precedence
 from .headstart import HeadStart, refusal
 from .children import ChildLost, ChildrenReleased, Children, start_children
@@ -57,6 +57,8 @@ class Mark(NamedTuple):
     position: Position
     buffer: BufferText | None     # a buffered packing's buffer there
     docs: int = 0                 # documents delivered before it, by this loader
+    read: RowGroup | None = None  # the row group the last batch's reading ended in (its nanochat
+    #                               keys); None: none read yet, the position's
 
 
 @dataclasses.dataclass
@@ -185,7 +187,7 @@ class Runs:
         if made.batch == 0:  # the trainer has its first batch: the other loaders go on (precedence.py)
             precedence.PRECEDENCE.started(run.children)
         return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,
-                            waited=time.monotonic() - began)
+                            waited=time.monotonic() - began, read=made.read)
 
     def start_now(self, mark: "Mark | None"):
         """Wait until the running run's children are started, if they are started late (the
@@ -227,7 +229,7 @@ class Runs:
                 self._on_opened(opened)
             if self._buffered:  # copied out before the slot can be freed (made without a Python frame: hot path)
                 buffer = _new(BufferText, run.children.ring.buffer_of(ann.slot))
-                ann = _new(Announcement, (*ann[:5], buffer, ann.waited))
+                ann = _new(Announcement, (*ann[:5], buffer, ann.waited, ann.read))
             return ann._replace(waited=ann.waited + waited) if waited else ann
 
     def deliver(self, ann: Announcement, shape: tuple) -> tuple:
@@ -246,7 +248,8 @@ class Runs:
                 self._head_back(run)  # one copied (to a device, or past the lending cap) is back at once
             else:
                 batch = run.delivery.batch(ann.batch, ann.slot, shape)
-            return batch, _new(Mark, (run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs))
+            return batch, _new(Mark, (run.first + ann.batch + 1, ann.position, ann.buffer, run.docs_before + ann.docs,
+                                      ann.read))
 
     @staticmethod
     def _head_back(run: Run):

@@ -1,7 +1,7 @@
 """The best-fit stream through the whole loader (docs/contract.md §2 `bos_bestfit`, §3).
 
 - Parity: rows (inputs = rows[:, :-1], targets = rows[:, 1:]) AND each state's position
-  `[epoch, pq_idx, rg_idx, doc_idx]` and `buffer` equal `oracle.bestfit_rows` (the scan
+  `position[:4]` (epoch, file, row group, row) and `buffer` equal `oracle.bestfit_rows` (the scan
   oracle's rows, `last_end` and `runs`), over a pairwise grid of num_workers 1..4, rank 0/1
   of 1/2, T 7..2048, buffer_size 1/5/1000, tokenizer_batch_size 1/7/128, across epochs.
 - Arithmetic on the loader's own output (token == position data, no empty documents, so a
@@ -105,10 +105,10 @@ def rows_of(inputs, targets, B, T) -> np.ndarray:
 
 
 def position(state: dict) -> tuple:
-    """((epoch, pq_idx, rg_idx, doc_idx), buffer runs), as the oracle reports it (the state holds
+    """((epoch, file, rg, row) of its position, buffer runs), as the oracle reports it (the state holds
     the runs as text: state.decode_runs)."""
-    assert state["skip"] == 0
-    return tuple(state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx")), decode_runs(state["buffer"]).tolist()
+    assert state["position"][4] == 0
+    return tuple(state["position"][:4]), decode_runs(state["buffer"]).tolist()
 
 
 def take(loader, n):

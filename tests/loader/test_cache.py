@@ -211,7 +211,7 @@ def window_of(packing: str, inputs, targets) -> np.ndarray:
 
 
 def position_of(packing: str, state: dict) -> tuple:
-    pos = tuple(state[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip"))
+    pos = tuple(state["position"])
     return pos if packing == "concat" else pos[:4] + (decode_runs(state["buffer"]).tolist(),)
 
 

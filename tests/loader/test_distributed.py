@@ -120,7 +120,7 @@ def test_each_rank_streams_its_oracle(ranks, data, rank):
                                                             rank=rank, world=2), n))
     assert len(rep["stream"]) == n * W
     assert np.array_equal(np.array(rep["stream"]), np.concatenate([w for w, _ in expected]))
-    assert [tuple(s[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")) for s in rep["states"]] \
+    assert [tuple(s["position"]) for s in rep["states"]] \
         == [tuple(p) for _, p in expected]
     assert rep["states"][-1]["epoch"] == 2, "the run should end just past one epoch"
     assert all(s["rank"] == rank and s["world_size"] == 2 for s in rep["states"])
@@ -210,7 +210,7 @@ def test_dcp_single_process_round_trip(data, tmp_path, packing):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
             dcp.save({"loader": first}, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
-    assert (saved["pq_idx"], saved["rg_idx"], saved["doc_idx"]) != (0, 0, 0), "resume point is the start"
+    assert tuple(saved["position"][1:4]) != (0, 0, 0), "resume point is the start"
     with make() as second:
         assert second.state_dict() != saved
         with warnings.catch_warnings():

@@ -71,7 +71,7 @@ def test_a_mixture_saved_at_2_ranks_resumes_at_another_world_size_each_token_rea
             read += windows(ld, 45)
             if rank == 0:
                 state = ld.state_dict()
-    assert state["skip"] > 0  # a document cut at the change
+    assert state["position"][4] > 0  # a document cut at the change
     ends = []
     for rank in range(W2):
         with loader(root, rank, W2, resume_state=state) as ld:

@@ -143,10 +143,6 @@ def test_rank1_finds_its_place_from_the_token_cache(posdata, packing, tmp_path, 
     assert found and "counted: 0," in found[0], found
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49 item 9, not fixed: the drop-ins yield with batch k the state that "
-                                       "resumes at it, whose pq_idx/rg_idx/epoch are where batch k starts; nanochat's "
-                                       "are where its reading stood once batch k was made (one batch later). The state "
-                                       "would need nanochat's keys apart from its exact position (a format change)")
 @pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_the_nanochat_keys_yielded_with_each_batch_are_nanochats(posdata, packing, rank):

@@ -138,7 +138,7 @@ def test_a_resumed_run_has_the_uninterrupted_runs_positions(posdata, packing):
         _, plain_states = run(loader, N)
     assert plain_states == states  # positions change no state
     # concat: states inside a document (skip > 0), the first one a few batches in; best fit: any
-    inside = [k for k, s in enumerate(states) if k and (packing == "bos_bestfit" or s["skip"] > 0)]
+    inside = [k for k, s in enumerate(states) if k and (packing == "bos_bestfit" or s["position"][4] > 0)]
     assert len(inside) > N // 2
     for k, workers, given in ((inside[0], 1, states), (inside[len(inside) // 2], 3, plain_states),
                               (inside[-5], 2, states)):
@@ -149,7 +149,7 @@ def test_a_resumed_run_has_the_uninterrupted_runs_positions(posdata, packing):
         assert_positions(again, [p for _, _, p in whole[k:]], f"resumed at batch {k}")
         assert_positions(again, [arithmetic(posdata, x) for x, _, _ in again], f"resumed at {k}, arithmetic")
         if packing == "concat":
-            assert again[0][2][0, 0] == given[k]["skip"] > 0  # the first token counts on from the skip
+            assert again[0][2][0, 0] == given[k]["position"][4] > 0  # the first token counts on from the skip
 
 
 def test_another_ranks_and_elastic_positions_count_on(posdata):
@@ -164,7 +164,7 @@ def test_another_ranks_and_elastic_positions_count_on(posdata):
         with posdata.loader(B, T, rank=rank, world_size=2, **kw) as loader:
             run(loader, 23)
             olds.append(loader.state_dict())
-    assert [s["skip"] > 0 for s in olds] == [True, True]  # both old ranks stopped inside a document
+    assert [s["position"][4] > 0 for s in olds] == [True, True]  # both old ranks stopped inside a document
     with posdata.loader(B, T, rank=0, world_size=1, resume_state=olds[0], **kw) as loader:
         got, _ = run(loader, 60)
     assert_positions(got, [arithmetic(posdata, x) for x, _, _ in got], "elastic 2 -> 1")
@@ -258,7 +258,7 @@ def test_a_mixtures_positions_count_on_and_resume(mixdata, synth_tokenizer, pack
         got, states = run(loader, N)
     assert_batches_equal(got, plain, "a mixture with positions")
     assert_positions(got, stream_positions(got, bos, packing), "a mixture, against the stream's count")
-    k = next(k for k, s in enumerate(states) if k > 20 and (s["skip"] > 0 or packing == "bos_bestfit"))
+    k = next(k for k, s in enumerate(states) if k > 20 and (s["position"][4] > 0 or packing == "bos_bestfit"))
     with mix_loader(mixdata, synth_tokenizer, num_workers=1, positions=True, resume_state=states[k],
                     **options(packing)) as loader:
         again, _ = run(loader, N - k)

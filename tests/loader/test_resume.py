@@ -237,12 +237,12 @@ def test_state_of_other_config_is_refused(posrun, field, kwargs):
 
 @pytest.mark.parametrize("field,changes", [
     ("version", dict(version=99)),
-    ("skip", dict(skip=KeyError)),
+    ("position", dict(position=KeyError)),
     ("config", dict(config=KeyError)),
-    ("doc_idx", dict(doc_idx=KeyError)),
-    ("skip", dict(skip=-1)),
+    ("position", dict(position=[1, 0, 0, 3])),
+    ("position", dict(position=[1, 0, 0, 3, -1])),
+    ("position", dict(position=[1, 7, 0, 3, 0])),  # a file the split does not have
     ("pq_idx", dict(pq_idx="0")),
-    ("pq_idx", dict(pq_idx=7)),
     ("epoch", dict(epoch=0)),
 ])
 def test_edited_state_is_refused(posrun, field, changes):

@@ -123,7 +123,7 @@ def _run(data, enc, n=N, **kw):
         for x, y in itertools.islice(loader, n):
             batches.append((x.numpy().copy(), y.numpy().copy()))
             s = loader.state_dict()
-            positions.append(tuple(s[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")))
+            positions.append(tuple(s["position"]))
             last_state = s
         files = list(loader.files)
     assert len(batches) == n

@@ -7,7 +7,7 @@
 Iterates `shmloader.tokenizing_distributed_data_loader_with_state_bos_bestfit` and, for each
 batch k, appends one JSON line `{"k", "pid", "sha", "pos", "buffer_docs"}` to OUT/log.jsonl
 (`sha`: sha256 of the (B, T+1) int64 rows, i.e. inputs plus the last target column; `pos`:
-the state's [epoch, pq_idx, rg_idx, doc_idx]; `buffer_docs`: documents in the state's
+the state's position[:4] (epoch, file, row group, row); `buffer_docs`: documents in the state's
 buffer), then writes `{"k", "state"}` to OUT/state.json atomically (tmp file + os.replace).
 On start it resumes from OUT/state.json when present, first dropping the log lines written
 after that checkpoint. `--tokenizer int` uses `tests.helpers.IntTokenizer` (token ==
@@ -42,7 +42,7 @@ def main():
 def record(k: int, inputs, targets, state) -> dict:
     rows = np.concatenate([inputs.numpy(), targets.numpy()[:, -1:]], axis=1)
     return {"k": k, "pid": os.getpid(), "sha": hashlib.sha256(rows.tobytes()).hexdigest(),
-            "pos": [state[f] for f in ("epoch", "pq_idx", "rg_idx", "doc_idx")],
+            "pos": state["position"][:4],
             "buffer_docs": int(decode_runs(state["buffer"])[:, 4].sum())}
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def concat_run(files, tok, B, T, rank, world) -> dict:
             windows.append(np.concatenate([x[:1], y]))
             states.append(loader.state_dict())
     equal = len(windows) == n and all(np.array_equal(w, o) for w, (o, _) in zip(windows, expected))
-    positions_equal = [tuple(s[k] for k in ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip"))
+    positions_equal = [tuple(s["position"])
                        for s in states] == [tuple(p) for _, p in expected]
     stream = np.concatenate(windows)[:epoch_tokens]
     owners = token_owners(files)

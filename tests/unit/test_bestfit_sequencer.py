@@ -159,7 +159,7 @@ class Sim:
         self.seq.written(bestfit.write(self.slots, self.held, order, B, T))
 
     def announce(self):
-        for k, position, runs, docs in self.seq.ready():
+        for k, position, runs, docs, _ in self.seq.ready():
             assert k == len(self.announced), "batches announced out of order"
             window = self.slots[self.slot_map.slot_of(k)]
             self.announced.append((k, window[:B * T].copy(), window[B * T:].copy(), position,

@@ -214,13 +214,13 @@ def test_hand_example_segments_and_positions():
     seq.counted(2, np.array([], dtype=np.int64))
     seq.written([(0, 3), (0, 1), (1, 4)])
     # batch 0 is complete and token 4 (piece 1, row 0, token 1) is sequenced
-    assert seq.ready() == [(0, Where(1, 0, 1)), (1, Where(1, 0, 5))]
+    assert seq.ready() == [(0, Where(1, 0, 1, last=1)), (1, Where(1, 0, 5, last=1))]
     assert seq.ready() == []
     seq.freed(0)
     assert seq.placements() == [(1, [(2, 0, 5, 1)], True), (2, [], True), (3, [(2, 1, 0, 3)], False)]
     seq.written([(2, 1), (2, 3)])
     # token 12 is token 1 of row 2 of piece 3 (row 1 is a null)
-    assert seq.ready() == [(2, Where(3, 2, 1))]
+    assert seq.ready() == [(2, Where(3, 2, 1, last=3))]
     seq.freed(1)
     assert seq.placements() == [(3, [(3, 0, 3, 2)], True)]
     seq.written([(3, 2)])
@@ -234,7 +234,7 @@ def test_skip_drops_the_first_tokens():
         seq.counted(i, np.array(lengths))
     assert seq.placements() == [(0, [], True), (1, [(0, 0, 2, 2)], True), (2, [(0, 2, 0, 1), (1, 0, 1, 1)], True)]
     seq.written([(0, 2), (0, 1)])
-    assert seq.ready() == [(0, Where(2, 0, 1))]
+    assert seq.ready() == [(0, Where(2, 0, 1, last=2))]
 
 
 def test_batch_waits_for_the_piece_holding_its_next_token():
@@ -246,7 +246,7 @@ def test_batch_waits_for_the_piece_holding_its_next_token():
     seq.counted(1, np.array([0, 0]))  # two nulls: still no token 4
     assert seq.ready() == []
     seq.counted(2, np.array([0, 2]))
-    assert seq.ready() == [(0, Where(2, 1, 0))]
+    assert seq.ready() == [(0, Where(2, 1, 0, last=0))]  # its last token is piece 0's: the row group it ends in
 
 
 def test_nothing_placed_beyond_free_slots_until_freed():
@@ -255,7 +255,7 @@ def test_nothing_placed_beyond_free_slots_until_freed():
     assert seq.placements() == [(0, [(0, 0, 0, 2)], False)]
     assert seq.placements() == []
     seq.written([(0, 2)])
-    assert seq.ready() == [(0, Where(0, 0, 2))]
+    assert seq.ready() == [(0, Where(0, 0, 2, last=0))]
     assert seq.placements() == []     # announced but not freed: slot 0 still in use
     seq.freed(0)
     assert seq.placements() == [(0, [(1, 0, 2, 2)], False)]

@@ -18,7 +18,7 @@ from shmloader.ipc.freepoll import EARLY, FREE_POLL_MAX_S, FREE_POLL_S
 from shmloader.ipc.handover import Announcement, CoordinatorEnd, Doorbell, TrainerEnd, header_only
 from shmloader.ipc.ring import Counter, Ring, RingLayout
 from shmloader.packing.base import SlotMap
-from shmloader.position import Position
+from shmloader.position import Position, RowGroup
 
 
 def ends(n_slots: int, header: bool = True):
@@ -43,12 +43,13 @@ def test_doorbell_counts_rings_and_never_blocks():
 def test_announced_batches_are_taken_in_order_with_their_records():
     ring, ready, kick, trainer, coord = ends(3)
     assert trainer.take() is None
-    coord.announce(0, 2, Position(0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
+    coord.announce(0, 2, Position(0, 1, 2, 3, 4), 7, 0xFFFFFFFF, RowGroup(0, 0, 5))
     coord.announce(1, 0, Position(1, 0, 0, 5), 9)  # best fit's position: skip 0; no check given: 0
     first = trainer.take()
-    assert first == Announcement(0, 2, Position(0, 1, 2, 3, 4), 7, 0xFFFFFFFF)
+    assert first == Announcement(0, 2, Position(0, 1, 2, 3, 4), 7, 0xFFFFFFFF, read=RowGroup(0, 0, 5))
     assert (first.buffer, first.waited) == (None, 0.0)  # the run fills them in (procs/run.py)
-    assert trainer.take() == Announcement(1, 0, Position(1, 0, 0, 5, 0), 9, 0)
+    # no row group given: the position's (best fit's reading ends where its position is)
+    assert trainer.take() == Announcement(1, 0, Position(1, 0, 0, 5, 0), 9, 0, read=RowGroup(1, 0, 0))
     assert trainer.take() is None
     assert ready.clear() == 2  # one ring per announcement
 
@@ -127,11 +128,11 @@ def test_before_blocking_clears_the_ready_bell_and_kicks_only_for_unseen_frees()
 
 def test_syscall_path_takes_only_what_the_doorbells_ordered():
     ring, ready, kick, trainer, coord = ends(4, header=False)
-    ring.records[0] = (0, 1, 0, 0, 0, 0, 0, 3, 0)
+    ring.records[0] = (0, 1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0)
     ring.counters[Counter.ANNOUNCED] = 1  # in the header, but not rung: not taken
     assert trainer.take() is None
     ready.ring()
-    assert trainer.take() == Announcement(0, 1, Position(0, 0, 0, 0, 0), 3, 0)
+    assert trainer.take() == Announcement(0, 1, Position(0, 0, 0, 0, 0), 3, 0, read=RowGroup(0, 0, 0))
     trainer.free(0)  # every free rings
     ring.free_log[1], ring.counters[Counter.FREES] = 7, 2  # logged, not rung: not taken
     assert coord.freed() == []

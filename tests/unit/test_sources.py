@@ -64,7 +64,7 @@ def test_a_state_is_checked_before_anything_is_read(three):
                        "totals": {"web": [9, 2, 1], "code": [8, 2, 1]}, "ended": []}}
     mark = SimpleNamespace(buffer=mixstate.point_text(point), batch=7, position=Position(1, 3, 0, 1, 3))
     state = mixstate.Writer(identity, resume, sources).state(mark, 0xABC)
-    assert (state["pq_idx"], state["doc_idx"], state["skip"]) == (0, 1, 3)
+    assert [state["position"][i] for i in (1, 3, 4)] == [0, 1, 3]
     back = mixstate.check(json.loads(json.dumps(state)), identity, sources)
     assert back.position == Position(1, 3, 0, 1, 3) and back.batch == 7 and back.check == 0xABC and back.mix == point
     edited = dict(state, batch=8)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmloader.data.order import nanochat_position
-from shmloader.position import Position
+from shmloader.position import Position, RowGroup
 from shmloader.state import (VERSION, Loader, base_state, buffer_runs, check, decode_runs, digest, encode_buffer, encode_runs,
                              make_state, start)
 from shmloader.data.catalogue import file_list
@@ -188,7 +188,7 @@ def test_moved_files_resume():
 
 # ------------------------------------------------------------------ version, type, fields
 
-@pytest.mark.parametrize("version", [0, 1, 6, "3", "5", None])
+@pytest.mark.parametrize("version", [0, 1, 7, "3", "5", None])
 def test_version_mismatch_is_refused(version):
     with pytest.raises(ValueError, match="version"):
         check(dict(saved(), version=version), loader())
@@ -204,8 +204,9 @@ def test_non_dict_is_refused(state):
     ("epoch", 0), ("epoch", -1), ("epoch", "2"), ("epoch", True), ("epoch", 1.0),
     ("pq_idx", -1), ("pq_idx", "1"), ("pq_idx", False), ("pq_idx", None),
     ("rg_idx", -2), ("rg_idx", True), ("rg_idx", 3.0),
-    ("doc_idx", -1), ("doc_idx", "5"), ("doc_idx", True),
-    ("skip", -7), ("skip", True), ("skip", "7"),
+    ("position", [2, 1, 3, -1, 7]), ("position", [2, 1, 3, "5", 7]), ("position", [2, 1, 3, True, 7]),
+    ("position", [2, 1, 3, 5, -7]), ("position", [0, 1, 3, 5, 7]), ("position", [2, 1, 3, 5]),
+    ("position", None), ("position", "2:1:3:5:7"),
     ("batch", -1), ("batch", "3"), ("batch", None),
     ("rank", -1), ("rank", "1"), ("rank", True)])
 def test_bad_position_field_is_refused_naming_it(field, value):
@@ -214,7 +215,7 @@ def test_bad_position_field_is_refused_naming_it(field, value):
     assert repr(field) in str(ei.value)
 
 
-@pytest.mark.parametrize("field", ["epoch", "pq_idx", "rg_idx", "doc_idx", "skip", "batch", "rank",
+@pytest.mark.parametrize("field", ["epoch", "pq_idx", "rg_idx", "position", "batch", "rank",
                                    "config", "files", "shapes"])
 def test_missing_field_is_refused_naming_it(field):
     state = saved()
@@ -352,10 +353,45 @@ def test_a_version_4_buffer_that_is_not_text_is_refused(buffer):
         check(dict(saved(skip=0, config=dict(CONFIG, packing="bos_bestfit")), buffer=buffer), lo)
 
 
+def as_version_5(state: dict) -> dict:
+    """`state` as versions 2 to 5 held it: the position in its fields (`epoch`, `pq_idx`, `rg_idx`,
+    `doc_idx`, `skip`), not a list, and no nanochat keys of their own; its digest not remade."""
+    state = dict(state, version=5)
+    epoch, file, rg, doc, skip = state.pop("position")
+    state.update(epoch=epoch, pq_idx=file, rg_idx=rg, doc_idx=doc, skip=skip)
+    return state
+
+
+def test_a_version_5_state_is_read():
+    state = as_version_5(saved())
+    state["digest"] = digest(state)
+    r = quiet_check(state, loader())
+    assert (r.position, r.batch, r.check) == (Position(2, 1, 3, 5, 7), 40, None)
+    assert r.read == RowGroup(2, 1, 3)  # its position's: a version 5 state has no keys of its own
+    with pytest.raises(ValueError, match="digest"):
+        check(dict(state, doc_idx=6), loader())
+
+
+def test_nanochat_keys_are_the_last_batch_reading_and_not_the_position():
+    """Version 6: nanochat's keys say the row group the last batch's reading ended in (here an
+    earlier row group of this rank), the position stays where the next batch starts; a loader
+    resumes at the position, and the keys come back as the run's first `read`."""
+    lo = loader()
+    state = json.loads(json.dumps(make_state(base_state(lo, start(lo)), Position(2, 1, 3, 0, 0), 40,
+                                             read=(1, 2, 5))))
+    assert (state["epoch"], state["pq_idx"], state["rg_idx"], state["position"]) == (1, 2, 5, [2, 1, 3, 0, 0])
+    r = quiet_check(state, lo)
+    assert (r.position, r.read) == (Position(2, 1, 3, 0, 0), RowGroup(1, 2, 5))
+    # the keys are not the position: the digest does not cover them, and editing them moves nothing
+    assert quiet_check(dict(state, pq_idx=0, rg_idx=1), lo).position == Position(2, 1, 3, 0, 0)
+    with pytest.raises(ValueError, match="digest"):
+        check(dict(state, position=[2, 1, 3, 1, 0]), lo)
+
+
 def v3_state(runs, **kw) -> dict:
     """A version 3 state as shmloader saved it before version 4: best fit's buffer as a list of
     runs, and the digest over their int64 bytes."""
-    state = saved(skip=0, config=dict(CONFIG, packing="bos_bestfit"), **kw)
+    state = as_version_5(saved(skip=0, config=dict(CONFIG, packing="bos_bestfit"), **kw))
     state.update(version=3, buffer=runs)
     state["digest"] = digest(state, np.asarray(runs, dtype=np.int64).reshape(-1, 5).tobytes())
     return json.loads(json.dumps(state))
@@ -374,7 +410,7 @@ def test_a_version_3_state_with_a_list_buffer_is_read():
 def test_a_state_mixing_two_ranks_is_refused_naming_the_digest():
     """What DCP gives back when every rank saved its loader under one key: fields of both."""
     mixed = saved(rank=1, doc=5)
-    mixed["doc_idx"] = saved(rank=0, rg=2, doc=9)["doc_idx"]
+    mixed["position"] = saved(rank=0, rg=2, doc=9)["position"]
     with pytest.raises(ValueError, match="digest") as ei:
         check(mixed, loader())
     assert "loader_rank" in str(ei.value)
@@ -460,7 +496,7 @@ def test_a_run_that_began_elastic_refuses_added_files():
 
 
 def test_a_version_4_state_without_a_check_is_read():
-    state = saved()
+    state = as_version_5(saved())
     del state["check"]
     state["version"] = 4
     state["digest"] = digest(state)
