@@ -225,12 +225,12 @@ def test_missing_field_is_refused_naming_it(field):
 
 
 def test_pq_idx_out_of_range_is_refused():
-    with pytest.raises(ValueError, match="pq_idx"):
+    with pytest.raises(ValueError, match=r"'position' \(file\) is 3"):
         check(saved(file=3), loader())
 
 
 def test_row_group_of_another_rank_is_refused():
-    with pytest.raises(ValueError, match="rg_idx"):
+    with pytest.raises(ValueError, match=r"'position' \(row group\) is 4"):
         check(saved(rank=1, world=2, rg=4), loader())
 
 
