@@ -70,7 +70,8 @@ class ShmLoader:
         Face tokenizer.json, a SentencePiece .model, nanochat's tokenizer; None: nanochat's), `B` rows of `T` tokens per
         batch, on `device` ("cpu", "cuda", "cuda:N"). Nothing starts until the first batch.
 
-        split: "train" (every file but the last) or "val" (the last).
+        split: "train" (every file but the last), "val" (the last) or "all" (every file: a directory
+            that is one split).
         packing: "concat" (nanochat's original loader) or "bos_bestfit" (every row starts at BOS).
         num_workers: tokenizing processes for this rank.
         rank, world_size: this rank of how many (default: $RANK, $WORLD_SIZE, else 0 of 1).
