@@ -292,7 +292,7 @@ class Engines:
     definition or the engine started more than one thread; an error of `engine="fastokens"`'s
     build is raised by `poll`. `at=k` starts the build at once, before anything is read, and
     makes the fast engine take over exactly at the `k`-th non-null document (0: before the
-    first): a tool that tokenizes a whole split (tools/pretokenize.py) passes 0, and tests set
+    first): a tool that tokenizes a whole split (shmloader/tools/pretokenize.py) passes 0, and tests set
     it for workers through the environment (`SHMLOADER_ENGINE_AT=k`), so that they know which
     documents it encodes.
     """

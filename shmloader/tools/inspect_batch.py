@@ -1,7 +1,9 @@
 """Print one batch of the stream, decoded, and the resume state that comes with it.
 
-    python tools/inspect_batch.py --data demo_data/base_data --tokenizer demo_data/tokenizer -B 4 -T 256 --batch 3
-    python tools/inspect_batch.py ... --resume-state state.json --batch 0   # the batch after that state
+    shmloader-inspect-batch --data demo_data/base_data --tokenizer demo_data/tokenizer -B 4 -T 256 --batch 3
+    shmloader-inspect-batch ... --resume-state state.json --batch 0   # the batch after that state
+
+(also `python -m shmloader.tools.inspect_batch`, and in a checkout `python tools/inspect_batch.py`)
 
 Batch N is counted from 0 at the start of the split, or from the batch after `--resume-state`
 (a JSON file holding a state dict, as the loader yields it or as nanochat saves it). Each of
@@ -14,17 +16,21 @@ import json
 import sys
 from pathlib import Path
 
+from shmloader.config import SPLITS
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python tools/inspect_batch.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=None,
                    help="directory (or glob) of parquet shards (default: nanochat's, "
                         "$NANOCHAT_BASE_DIR/base_data_climbmix, else base_data)")
     p.add_argument("--tokenizer", default=None,
-                   help="tokenizer.pkl or its directory (default: $NANOCHAT_BASE_DIR/tokenizer)")
+                   help="tokenizer.pkl, tokenizer.json, a SentencePiece .model, or their directory "
+                        "(default: $NANOCHAT_BASE_DIR/tokenizer)")
     p.add_argument("-B", "--batch-size", type=int, default=4, help="rows per batch (rows; default 4)")
     p.add_argument("-T", "--seq-len", type=int, default=256, help="tokens per row (tokens; default 256)")
-    p.add_argument("--split", choices=("train", "val"), default="train", help="split (default train)")
+    p.add_argument("--split", choices=SPLITS, default="train",
+                   help="split: train (every file but the last), val (the last), all (default train)")
     p.add_argument("--packing", choices=("concat", "bos_bestfit"), default="concat",
                    help="how documents are packed into rows (default concat)")
     p.add_argument("--batch", type=int, default=0, help="which batch to show, from 0 (index; default 0)")
@@ -40,13 +46,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_decoder(tokenizer):
-    """`(bos, ids -> text)` for what the loader is given: tiktoken, Hugging Face, or an object with
-    decode() (else the ids are shown as numbers)."""
+    """`(bos, ids -> text)` for what the loader is given: tiktoken, Hugging Face, SentencePiece,
+    or an object with decode() (else the ids are shown as numbers)."""
     import pickle
 
-    from shmloader.data import tokenizer as tokmod
+    from shmloader.data import spm, tokenizer as tokmod
 
     spec = tokmod.resolve(tokenizer)
+    if spec.kind == "sp":
+        sp = spm.processor(spec)
+        return spec.bos, lambda ids: sp.decode(ids)
     if spec.kind == "hf":  # the payload is the tokenizer.json text
         from tokenizers import Tokenizer
 

@@ -1,8 +1,10 @@
 """A picture of the data pipeline over time: tokens/s delivered, the trainer's wait share and
 the ring's fill, from a run's `log_every` lines or from a short measurement.
 
-    python tools/plot_pipeline.py --log train.log --out pipeline.png
-    python tools/plot_pipeline.py --measure 20 --step-ms 30 --out pipeline.png   # the demo corpus
+    shmloader-plot-pipeline --log train.log --out pipeline.png
+    shmloader-plot-pipeline --measure 20 --step-ms 30 --out pipeline.png   # the demo corpus
+
+(also `python -m shmloader.tools.plot_pipeline`, and in a checkout `python tools/plot_pipeline.py`)
 
 `--log`: a log holding shmloader's lines (the loader made with `log_every=N` and Python
 logging at INFO): the start-up line ("batch 1: shmloader start-up: the first batch came 2.31 s
@@ -22,7 +24,8 @@ goes, a consumer faster than the workers), logging every `--log-every` batches; 
 plotted as above.
 
 Prints the figures as a table too (one row per interval), and draws with matplotlib (`pip
-install matplotlib`), three panels over one clock.
+install shmloader[plot]`), three panels over one clock; `--measure` trains the demo's
+tokenizer (`pip install shmloader[demo]`).
 """
 from __future__ import annotations
 
@@ -33,9 +36,6 @@ import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
-
-if __package__ in (None, ""):  # `python tools/plot_pipeline.py`: the repository root on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 START = re.compile(r"batch 1: shmloader start-up: the first batch came ([\d.]+) s after the loader was made")
 INTERVAL = re.compile(r"batch (\d+): shmloader interval ([\d.]+) s: ([\d.]+) tokens/s delivered, wait share "
@@ -123,7 +123,8 @@ def draw(start_up: float, points: list[Point], out: Path, title: str) -> None:
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("plot_pipeline: drawing needs matplotlib, which is not installed: pip install matplotlib") \
+        raise SystemExit("plot_pipeline: drawing needs matplotlib, which is not installed: pip install shmloader[plot] "
+                         "(or matplotlib), or pass --no-plot for the table alone") \
             from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,6 +1,7 @@
 """Fill shmloader's token cache for a split ahead of time, on every core.
 
-    python tools/pretokenize.py --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split all]
+    shmloader-pretokenize --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split all]
+    python -m shmloader.tools.pretokenize ...   (the same; in a checkout also python tools/pretokenize.py)
 
 Each row group of the split (all ranks: the cache is shared) is tokenized once, with the
 loader's engine and its checks against tiktoken (`--engine`), and written as the loader's
@@ -16,7 +17,7 @@ import sys
 import time
 
 from shmloader import progress
-from shmloader.config import ENGINES
+from shmloader.config import ENGINES, SPLITS
 from shmloader.data import cache as cachemod
 from shmloader.data import engine as enginemod
 from shmloader.data import source
@@ -51,18 +52,17 @@ def _rows(path: str, rg: int) -> int:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="directory, glob or file of parquet shards")
-    ap.add_argument("--tokenizer", required=True, help="tokenizer.pkl or its directory")
+    ap.add_argument("--tokenizer", required=True, help="the loader's tokenizer: tokenizer.pkl, tokenizer.json, a "
+                    "SentencePiece .model, or their directory")
     ap.add_argument("--cache-dir", required=True, help="the loader's cache_dir")
-    ap.add_argument("--split", choices=["train", "val", "all"], default="all",
-                    help="which files to tokenize (default: all)")
+    ap.add_argument("--split", choices=SPLITS, default="all",
+                    help="which files to tokenize, as the loader's split= (default: all, every file)")
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
     ap.add_argument("--engine", choices=ENGINES, default="auto",
                     help="tokenizer engine, as the loader's engine= (default auto: gigatoken where it is "
                          "proven equal, else fastokens when installed, checked against tiktoken)")
     args = ap.parse_args(argv)
-    files = source.list_files(args.data)
-    if args.split != "all":
-        files = source.split_files(files, args.split)
+    files = source.split_files(source.list_files(args.data), args.split)
     spec = tokmod.resolve(args.tokenizer)
     jobs = [(f, rg) for f in files for rg in range(len(source.ParquetSource([f]).row_counts(0)))]
     t0 = time.monotonic()
@@ -85,4 +85,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
