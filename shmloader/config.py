@@ -21,7 +21,8 @@ from .packing import PACKINGS
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
 OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's place, or nanochat's
-ENGINES = ("auto", "tiktoken", "fastokens", "gigatoken")  # data/engine.py: who tokenizes; the stream is the same
+ENGINES = ("auto", "tiktoken", "fastokens", "gigatoken")
+SPLITS = ("train", "val", "all")  # data/source.py `split_files`: the files of each  # data/engine.py: who tokenizes; the stream is the same
 
 IDLE_RELEASE_VAL_S = 30.0  # idle_release_s's default for the val split
 PIECE_DOCS = 1024             # max_piece_docs's default
@@ -50,7 +51,7 @@ class LoaderConfig:
     log_every: int = 0
     other_rank: str = "exact"
     engine: str = "auto"
-    idle_release_s: float | None = None  # None: 30 s for split 'val', 0 (never) for 'train'
+    idle_release_s: float | None = None  # None: 30 s for split 'val', 0 (never) for 'train' and 'all'
     max_restarts: int = 3
     stall_s: float | None = None         # None: STALL_S, or 0 (off) with max_restarts=0
     positions: bool = False              # each batch with its tokens' positions in their documents
@@ -70,7 +71,10 @@ class LoaderConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.n_slots < 2:
             raise ValueError(f"n_slots must be at least 2, got {self.n_slots}")
-        _choice("split", self.split, ("train", "val"))
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {tuple(SPLITS)}: 'train' (every file but the last), 'val' "
+                             f"(the last file) or 'all' (every file: a directory that is one split), "
+                             f"got {self.split!r}")
         _choice("packing", self.packing, tuple(PACKINGS))
         _choice("on_bad_row_group", self.on_bad_row_group, BAD_ROW_GROUP)
         _choice("other_rank", self.other_rank, OTHER_RANK)

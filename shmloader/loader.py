@@ -67,17 +67,18 @@ class ShmLoader:
                  stall_s: float | None = None, positions: bool = False, head_start: bool = True):
         """A loader of `data` (a directory of parquet files, a glob, a list of paths, a URI; None:
         nanochat's directory) tokenized by `tokenizer` (a tiktoken pickle or Encoding, a Hugging
-        Face tokenizer.json, nanochat's tokenizer; None: nanochat's), `B` rows of `T` tokens per
+        Face tokenizer.json, a SentencePiece .model, nanochat's tokenizer; None: nanochat's), `B` rows of `T` tokens per
         batch, on `device` ("cpu", "cuda", "cuda:N"). Nothing starts until the first batch.
 
-        split: "train" (every file but the last) or "val" (the last).
+        split: "train" (every file but the last), "val" (the last) or "all" (every file: a directory
+            that is one split).
         packing: "concat" (nanochat's original loader) or "bos_bestfit" (every row starts at BOS).
         num_workers: tokenizing processes for this rank.
         rank, world_size: this rank of how many (default: $RANK, $WORLD_SIZE, else 0 of 1).
         resume_state: a state to continue from (`state_dict()`, nanochat's yielded state, or
             nanochat's own loader's), as `load_state_dict`.
         filesystem: a `pyarrow.fs.FileSystem` for `data` (default: from the URI).
-        bos: the BOS token id (default: `<|bos|>`, else `<|endoftext|>`, ...).
+        bos: the BOS token id (default: `<|bos|>`, else `<|endoftext|>`, ...; SentencePiece: its bos_id()).
         n_slots: batches the ring holds.
         tokenizer_batch_size, buffer_size: best fit's chunk of documents and its buffer (as nanochat's).
         max_piece_docs, max_piece_bytes: how a row group is cut into work for the workers (None:

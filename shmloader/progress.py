@@ -3,7 +3,7 @@
 Who uses it: the replays a resume runs before its first batch (resume.py: another rank's
 place, found by a count-only run, and every old rank's at a change of world size; the count
 itself is procs/children.py `_count`, fed by the coordinator's `Progress` once a second) and
-tools/pretokenize.py. A replay takes seconds on a small run and minutes on a large one, and
+shmloader/tools/pretokenize.py. A replay takes seconds on a small run and minutes on a large one, and
 the trainer shows nothing else meanwhile.
 
 The rule:

@@ -13,6 +13,7 @@ Datasets (session-scoped, written once into tmp dirs with `shmloader.demo.corpus
   [30, 1, 13, 64] cycled, lengths 0..40 with some nulls. Lengths are adjusted so that with
   W = 33 (B=2, T=16, world 1) a window ends exactly at the end of row group 0 of file 0, at
   the end of file 0 and at the end of the train epoch (exact-boundary resume points).
+- `sp_model`: a SentencePiece `.model` file, a ~370-piece unigram model (`helpers.train_sp`).
 
 `SHMLOADER_ENGINE_AT=0` for the whole session (below). Autouse `no_leaks`: after every test,
 no child process of the loader (a descendant of this process other than multiprocessing's
@@ -122,6 +123,15 @@ def synth(tmp_path_factory, synth_tokenizer) -> helpers.Dataset:
 @pytest.fixture(scope="session")
 def synth_tokenizer_pkl(tmp_path_factory, synth_tokenizer) -> Path:
     return corpus.save_tokenizer(synth_tokenizer, tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory) -> Path:
+    """A SentencePiece `.model` file (`helpers.train_sp`; skipped without sentencepiece)."""
+    pytest.importorskip("sentencepiece")
+    path = tmp_path_factory.mktemp("sp") / "tokenizer.model"
+    path.write_bytes(helpers.train_sp())
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -1,88 +1,16 @@
 """Fill shmloader's token cache for a split ahead of time, on every core.
 
-    python tools/pretokenize.py --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split all]
-
-Each row group of the split (all ranks: the cache is shared) is tokenized once, with the
-loader's engine and its checks against tiktoken (`--engine`), and written as the loader's
-workers would write it; entries already present and valid are skipped, so a
-second run does nothing. Shows its progress (row groups done of all, the rate, the time left:
-a bar on a terminal, else a line on stderr after a second and every ten: shmloader/progress.py),
-then prints what it did and the disk the cache takes.
+The tool lives in the package, shmloader/tools/pretokenize.py (installed: `shmloader-pretokenize` or
+`python -m shmloader.tools.pretokenize`); this shim runs it from a checkout: `python tools/pretokenize.py --help`.
 """
-import argparse
-import multiprocessing
-import os
 import sys
-import time
+from pathlib import Path
 
-from shmloader import progress
-from shmloader.config import ENGINES
-from shmloader.data import cache as cachemod
-from shmloader.data import engine as enginemod
-from shmloader.data import source
-from shmloader.data import tokenizer as tokmod
-from shmloader.procs import worker
+if __package__ in (None, ""):  # `python tools/pretokenize.py`: this checkout's shmloader first on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _init(spec_, cache_dir_, engine):
-    global _SPEC, _ENGINES, _CACHE
-    _SPEC = spec_
-    # the loader's engine, checked as a worker checks it, taking over before the first document
-    _ENGINES = enginemod.Engines(spec_, engine, warn=lambda text: print(f"pretokenize: {text}", file=sys.stderr),
-                                 at=0)
-    _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab)
-
-
-def _one(job):
-    path, rg = job
-    if _CACHE.load(path, rg) is not None:
-        return 0, False
-    texts = source.ParquetSource([path]).read_texts(0, rg, 0, _rows(path, rg))
-    tokens, lengths = worker.encode_texts(texts, _ENGINES.encode_batch, _SPEC.bos, _SPEC.dtype,
-                                          lambda i: f"{path}, row group {rg}, document row {i}")
-    _CACHE.store(path, rg, lengths, tokens)
-    return int(tokens.size), True
-
-
-def _rows(path: str, rg: int) -> int:
-    return source.ParquetSource([path]).row_counts(0)[rg]
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True, help="directory, glob or file of parquet shards")
-    ap.add_argument("--tokenizer", required=True, help="tokenizer.pkl or its directory")
-    ap.add_argument("--cache-dir", required=True, help="the loader's cache_dir")
-    ap.add_argument("--split", choices=["train", "val", "all"], default="all",
-                    help="which files to tokenize (default: all)")
-    ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
-    ap.add_argument("--engine", choices=ENGINES, default="auto",
-                    help="tokenizer engine, as the loader's engine= (default auto: gigatoken where it is "
-                         "proven equal, else fastokens when installed, checked against tiktoken)")
-    args = ap.parse_args(argv)
-    files = source.list_files(args.data)
-    if args.split != "all":
-        files = source.split_files(files, args.split)
-    spec = tokmod.resolve(args.tokenizer)
-    jobs = [(f, rg) for f in files for rg in range(len(source.ParquetSource([f]).row_counts(0)))]
-    t0 = time.monotonic()
-    done = tokens = 0
-    ctx = multiprocessing.get_context("forkserver")
-    report = progress.Report("pretokenize", len(jobs), "row groups", t0,
-                             lambda level, text: print(text, file=sys.stderr, flush=True), bar=True)
-    with ctx.Pool(args.workers, initializer=_init, initargs=(spec, args.cache_dir, args.engine)) as pool:
-        for i, (n, wrote) in enumerate(pool.imap_unordered(_one, jobs), 1):
-            done += wrote
-            tokens += n
-            report.update(time.monotonic(), i, extra=f"{tokens / 1e6:.1f}M tokens")
-    report.finish(time.monotonic())
-    dt = time.monotonic() - t0
-    root = os.path.join(args.cache_dir, spec.fingerprint)
-    size = sum(e.stat().st_size for e in os.scandir(root)) if os.path.isdir(root) else 0
-    print(f"{len(jobs)} row groups: {done} tokenized ({tokens / 1e6:.1f}M tokens, "
-          f"{tokens / max(dt, 1e-9) / 1e6:.2f}M tokens/s), {len(jobs) - done} already cached; "
-          f"cache {root} holds {size / 2**20:.1f} MiB")
-
+from shmloader.tools.pretokenize import *  # noqa: E402,F401,F403 - the tool's names, for `from tools import pretokenize`
+from shmloader.tools.pretokenize import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

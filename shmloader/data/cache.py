@@ -20,14 +20,14 @@ a run resumed inside a row group) is stored as a *partial entry* of rows `[start
 row group cover all its rows, the worker that stored the last one merges them into the whole
 entry and removes them. A piece is served from the whole entry (sliced), else from partial
 entries that cover its rows, else it is tokenized. So a run never tokenizes what an earlier
-run with the same cache read, whatever the pieces were; tools/pretokenize.py fills all.
+run with the same cache read, whatever the pieces were; shmloader/tools/pretokenize.py fills all.
 A row group whose ids do not fit, or a store that fails (read-only directory, full disk), is
 simply not cached; the stream is unchanged. Writes go to a temporary name and are renamed into place, so a killed
 writer never leaves a file that looks valid; a file whose size, header or crc32 is wrong is
 ignored (a miss) and rewritten. Several loaders may fill one cache at once: each rename is
 atomic and every writer writes the same bytes (of a partial entry: the writer whose rename
 came last sees every earlier one, so the merge is never missed). Used by workers and
-tools/pretokenize.py. A worker keeps the last few entries it read mapped and checked
+shmloader/tools/pretokenize.py. A worker keeps the last few entries it read mapped and checked
 (`MEMO`), so that the many small pieces of one row group cost one check.
 """
 import hashlib

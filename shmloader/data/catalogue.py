@@ -1,7 +1,7 @@
 """The split's files as a loader knows them: paths, identities, and the order of each epoch.
 
 A `Catalogue` is made once per loader from `data` (a directory, a glob, a list, a URI) and the
-split: the files sorted by name (`train`: all but the last, `val`: the last), each with its
+split: the files sorted by name (`train`: all but the last, `val`: the last, `all`: all), each with its
 *identity* `[name, bytes, footer]` (the footer digest, `source.footer_digest`, is learnt when a
 run first reads the file: `learn`). The run numbers the files by their place in `paths`.
 
@@ -74,7 +74,8 @@ class Catalogue:
         listing = source.list_files(data, self.filesystem)
         self.paths = source.split_files(listing, split)  # in the run's numbering
         self.files = file_list(self.paths, source.file_sizes(self.paths, self.filesystem))  # identities
-        self.val = _name(listing[-1])  # the data set's val file (a state remembers it)
+        # the data set's val file (a state remembers it); none for split "all", which reads it too
+        self.val = _name(listing[-1]) if split != "all" else None
         self._sorted = list(self.paths)
         self.later = None                       # `Later`: the order of the epochs after the resumed one
         self._later_order = self._later_at = None  # that order when it is not `paths`', and its inverse

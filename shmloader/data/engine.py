@@ -2,6 +2,7 @@
 
 tiktoken's `encode_ordinary` (a Hugging Face `tokenizer.json`: the `tokenizers` package, with
 special-token text encoded as ordinary text) stays the definition of the stream (`tokenizer.build`).
+A SentencePiece model is its own encoder (data/spm.py): the definition, with no faster engine.
 A faster engine built from the same definition does the work when it is installed:
 `LoaderConfig.engine` is `"auto"` (gigatoken where it is proven equal, data/giga.py, else
 fastokens when importable, else the definition), `"tiktoken"` (always the definition),
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import giga, tokenizer as tokmod
+from . import giga, spm, tokenizer as tokmod
 
 START_DOCS = 64       # every engine id array is compared on a worker's first documents,
 START_CHARS = 1 << 18  # as many of them as fit in this many characters (a slow definition, tokenizers'
@@ -62,7 +63,9 @@ BUILD_S = (0.025, 5.5e-6)
 EARLY = ("tokenizers",)
 # what a worker publishes of its engine (`Engines.state`, the ring's WorkerCol.ENGINE): the code is
 # the index here; "building" adds BUILDING (the definition encodes while the fast engine is built)
-NAMES = ("", "tiktoken", "tokenizers", "object", "fastokens", "hook", "gigatoken")
+NAMES = ("", "tiktoken", "tokenizers", "object", "fastokens", "hook", "gigatoken", "sentencepiece")
+DEFINITIONS = {"tiktoken": "tiktoken", "hf": "tokenizers", "sp": "sentencepiece"}  # a spec's kind -> its definition
+ONLY_DEFINITION = ("object", "sp")  # kinds that no faster engine encodes
 BUILDING = 16
 
 
@@ -74,7 +77,7 @@ class EngineMismatch(RuntimeError):
 class Encoder:
     """What a worker encodes with: `encode(text) -> ids`; `reference` is the definition when
     `encode` is another engine (None when `encode` is the definition itself)."""
-    name: str                     # "tiktoken", "tokenizers", "object", "fastokens", "gigatoken" or "hook"
+    name: str                     # "tiktoken", "tokenizers", "sentencepiece", "object", "fastokens", "gigatoken", "hook"
     encode: object
     reference: object = None
     definition: str = ""          # what `reference` is: "tiktoken" or "tokenizers"
@@ -101,7 +104,9 @@ def available(engine: str, spec=None) -> None:
     if engine in ("fastokens", "gigatoken") and importlib.util.find_spec(engine) is None:
         raise ImportError(f'engine="{engine}" needs the {engine} package: pip install {engine} '
                           f'(or engine="auto", which uses it when installed)')
-    if engine == "gigatoken" and spec is not None and spec.kind != "object" and giga.scheme(spec) is None:
+    if spec is not None and spec.kind in ONLY_DEFINITION:
+        _wants_fast(spec, engine)  # the ValueError for an engine that cannot encode it
+    elif engine == "gigatoken" and spec is not None and giga.scheme(spec) is None:
         raise ValueError('engine="gigatoken" cannot encode this tokenizer exactly: it implements the split '
                          'patterns of GPT-2, cl100k and o200k as tiktoken writes them, and this tokenizer\'s is '
                          'another (nanochat\'s differs from cl100k\'s in \\p{N}{1,2}); use engine="auto"')
@@ -119,16 +124,20 @@ def build(spec, engine: str = "auto") -> Encoder:
 
 def definition(spec) -> Encoder:
     """The definition's encoder for `spec`: the stream every engine is checked against."""
-    return Encoder({"tiktoken": "tiktoken", "hf": "tokenizers"}.get(spec.kind, "object"), tokmod.build(spec))
+    if spec.kind == "sp":
+        encode, batch = spm.encoders(spec)
+        return Encoder("sentencepiece", encode, batch=batch)
+    return Encoder(DEFINITIONS.get(spec.kind, "object"), tokmod.build(spec))
 
 
 def _wants_fast(spec, engine: str) -> bool:
     """Whether `engine` asks for another engine than the definition (a ValueError when it
     asks for one that cannot encode `spec`)."""
-    if spec.kind == "object" and engine in ("fastokens", "gigatoken"):
+    if spec.kind in ONLY_DEFINITION and engine in ("fastokens", "gigatoken"):
+        what = "a SentencePiece model" if spec.kind == "sp" else "an object with encode()"
         raise ValueError(f'engine="{engine}" cannot encode a {type(spec).__name__} of kind '
-                         f'{spec.kind!r} (an object with encode()): use engine="auto"')
-    return spec.kind != "object" and engine != "tiktoken"
+                         f'{spec.kind!r} ({what}): use engine="auto"')
+    return spec.kind not in ONLY_DEFINITION and engine != "tiktoken"
 
 
 def _pin_threads() -> None:
@@ -283,7 +292,7 @@ class Engines:
     definition or the engine started more than one thread; an error of `engine="fastokens"`'s
     build is raised by `poll`. `at=k` starts the build at once, before anything is read, and
     makes the fast engine take over exactly at the `k`-th non-null document (0: before the
-    first): a tool that tokenizes a whole split (tools/pretokenize.py) passes 0, and tests set
+    first): a tool that tokenizes a whole split (shmloader/tools/pretokenize.py) passes 0, and tests set
     it for workers through the environment (`SHMLOADER_ENGINE_AT=k`), so that they know which
     documents it encodes.
     """

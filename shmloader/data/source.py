@@ -208,15 +208,27 @@ def file_sizes(files: list[str], filesystem=None) -> list[int]:
         raise DataError(f"cannot read the sizes of the data files ({exc})") from exc
 
 
+SPLITS = {"train": "every file but the last", "val": "the last file", "all": "every file"}
+
+
 def split_files(files: list[str], split: str) -> list[str]:
+    """`split`'s files of `files` (sorted by name): `SPLITS` says which."""
     if split == "train":
         if len(files) < 2:
             raise DataError(f"split 'train' needs at least 2 files (the last one is the val split) "
-                            f"but found {len(files)}: {files}")
+                            f"but found {len(files)}: {files}; for a directory that is one split, "
+                            f"pass split='all' (every file)")
         return files[:-1]
     if split == "val":
         return files[-1:]
-    raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if split == "all":
+        return list(files)
+    raise ValueError(f"split must be one of {split_names()}, got {split!r}")
+
+
+def split_names() -> str:
+    """The splits and their files, for an error: "'train' (every file but the last), ..."."""
+    return ", ".join(f"{name!r} ({files})" for name, files in SPLITS.items())
 
 
 def read_or_skip(read, policy: str, report_bad, what: str):

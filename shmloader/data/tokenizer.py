@@ -1,12 +1,15 @@
 """Tokenizers: resolved in the trainer into a small picklable spec, built once per worker.
 
-Accepted (docs/contract.md §1): a path to a pickled `tiktoken.Encoding` (nanochat's tokenizer.pkl), a
-directory holding one (or a `tokenizer.json`), a `tiktoken.Encoding`, an object with nanochat's
-tokenizer interface (`encode(text) -> list[int]`, `get_bos_token_id()`; nanochat's
-RustBPETokenizer is unwrapped to its `.enc`), a Hugging Face `tokenizer.json` (needs the
-optional `tokenizers` package) or a `tokenizers.Tokenizer`, or a tiktoken encoding name
-(`"gpt2"`, `"cl100k_base"`: downloaded by tiktoken on first use). BOS is `bos=` when given,
-else `<|bos|>`, else `<|endoftext|>` (Hugging Face: also `<s>`, `[BOS]`, `<|begin_of_text|>`).
+Accepted (docs/contract.md §1, `KINDS`): a path to a pickled `tiktoken.Encoding` (nanochat's
+tokenizer.pkl), a directory holding one (else a `tokenizer.json`, else a `tokenizer.model`), a
+`tiktoken.Encoding`, an object with nanochat's tokenizer interface (`encode(text) ->
+list[int]`, `get_bos_token_id()`; nanochat's RustBPETokenizer is unwrapped to its `.enc`), a
+Hugging Face `tokenizer.json` (needs the optional `tokenizers` package) or a
+`tokenizers.Tokenizer`, a SentencePiece `.model` or a `sentencepiece.SentencePieceProcessor`
+(needs the optional `sentencepiece` package: data/spm.py), or a tiktoken encoding name
+(`"gpt2"`, `"cl100k_base"`: downloaded by tiktoken on first use). A file that is none of these
+is a ValueError naming them. BOS is `bos=` when given, else `<|bos|>`, else `<|endoftext|>`
+(Hugging Face: also `<s>`, `[BOS]`, `<|begin_of_text|>`; SentencePiece: the model's `bos_id()`).
 Documents are encoded as ordinary text: special-token strings inside a document are not
 special. Workers rebuild the tokenizer once from the spec's bytes: a tiktoken Encoding is
 unpickled once per process (`encoding`), for the definition and the fast engines' builds alike
@@ -20,6 +23,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import pickle
 import tempfile
@@ -28,16 +32,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import spm
 from .source import nanochat_base_dir
 
 BOS_NAMES = ("<|bos|>", "<|endoftext|>")
 HF_BOS_NAMES = BOS_NAMES + ("<|begin_of_text|>", "<s>", "[BOS]", "<bos>")
+DIR_FILES = ("tokenizer.pkl", "tokenizer.json", "tokenizer.model")  # a directory's tokenizer: the first it holds
+KINDS = ("a pickled tiktoken Encoding or tokenizer object (nanochat's tokenizer.pkl), a Hugging Face "
+         "tokenizer.json, a SentencePiece .model, a directory holding one of them (" + ", ".join(DIR_FILES) +
+         "), or a tiktoken encoding name (\"gpt2\")")
 
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    kind: str          # "tiktoken", "hf" or "object"
-    payload: bytes     # the pickled Encoding or object
+    kind: str          # "tiktoken", "hf", "sp" or "object"
+    payload: bytes     # the pickled Encoding or object, the tokenizer.json text, the SentencePiece model
     bos: int
     fingerprint: str
     n_vocab: int = 0   # 0 when unknown
@@ -60,6 +69,8 @@ def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
         tokenizer = _load(origin)
     if isinstance(tokenizer, _HFJson) or type(tokenizer).__module__.startswith("tokenizers"):
         return _hf_spec(tokenizer, bos)
+    if spm.is_processor(tokenizer):
+        return _sp_spec(tokenizer, bos)
     enc = getattr(tokenizer, "enc", None)
     if isinstance(enc, tiktoken.Encoding) and hasattr(tokenizer, "get_bos_token_id"):
         return _tiktoken_spec(enc, int(tokenizer.get_bos_token_id()) if bos is None else bos)
@@ -73,8 +84,14 @@ def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
         payload = pickle.dumps(tokenizer)
         bos = int(tokenizer.get_bos_token_id()) if bos is None else bos
         return TokenizerSpec("object", payload, bos, _fingerprint(hashlib.sha256(payload), bos))
-    raise TypeError(f"{origin}: a tokenizer must be a path to tokenizer.pkl, a tiktoken.Encoding or "
-                    f"an object with encode() and get_bos_token_id(); got {type(tokenizer).__name__}")
+    raise TypeError(f"{origin}: a tokenizer must be {KINDS}, a tiktoken.Encoding, a tokenizers.Tokenizer, a "
+                    f"SentencePieceProcessor or an object with encode() and get_bos_token_id(); got "
+                    f"{type(tokenizer).__name__}")
+
+
+def _sp_spec(sp, bos: int | None) -> TokenizerSpec:
+    payload, bos, n_vocab = spm.describe(sp, bos)
+    return TokenizerSpec("sp", payload, bos, _fingerprint(hashlib.sha256(payload), bos), n_vocab)
 
 
 def _fingerprint(h, bos: int) -> str:
@@ -94,13 +111,13 @@ LOADED_KEPT = 4
 
 def _load(path: str):
     if os.path.isdir(path):
-        pkl, js = os.path.join(path, "tokenizer.pkl"), os.path.join(path, "tokenizer.json")
-        path = js if not os.path.isfile(pkl) and os.path.isfile(js) else pkl
+        held = [os.path.join(path, name) for name in DIR_FILES if os.path.isfile(os.path.join(path, name))]
+        path = held[0] if held else os.path.join(path, DIR_FILES[0])
     if not os.path.isfile(path):
-        if os.sep not in path and not path.endswith((".pkl", ".json")):
+        if os.sep not in path and not path.endswith((".pkl", ".json", ".model")):
             return _named_encoding(path)
-        raise FileNotFoundError(f"tokenizer not found at {path}: pass tokenizer= (a tokenizer.pkl, "
-                                f"its directory or a tiktoken.Encoding) or set NANOCHAT_BASE_DIR")
+        raise FileNotFoundError(f"tokenizer not found at {path}: pass tokenizer= ({KINDS}; or a tokenizer "
+                                f"object) or set NANOCHAT_BASE_DIR")
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _LOADED:
@@ -111,15 +128,26 @@ def _load(path: str):
 
 
 def _read(path: str):
-    if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            return _HFJson(f.read())
+    """The tokenizer in the file at `path`, by its name: `.json` a Hugging Face tokenizer.json,
+    `.model` a SentencePiece model, anything else a pickle; a ValueError naming `KINDS` when it
+    is not what its name says."""
     try:
+        if path.endswith(".json"):
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            parsed = json.loads(text)
+            if not isinstance(parsed, dict) or "model" not in parsed:
+                raise ValueError("JSON without a tokenizer's 'model'")
+            return _HFJson(text)
+        if path.endswith(".model"):
+            return spm.read(path)
         with open(path, "rb") as f:
             return pickle.load(f)
+    except ImportError:
+        raise
     except Exception as exc:
-        raise ValueError(f"{path}: not a pickled tokenizer ({type(exc).__name__}: {exc}); "
-                         f"re-create it (nanochat: scripts/tok_train.py)") from exc
+        raise ValueError(f"{path}: not a tokenizer file ({type(exc).__name__}: {exc}); expected {KINDS}. "
+                         f"Pass one of those (nanochat's tokenizer.pkl: scripts/tok_train.py re-creates it)") from exc
 
 
 def _named_encoding(name: str):
@@ -203,6 +231,8 @@ def build(spec: TokenizerSpec):
         tok = Tokenizer.from_str(spec.payload.decode())
         tok.encode_special_tokens = True  # special-token text in a document is ordinary text
         return lambda text: np.asarray(tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+    if spec.kind == "sp":
+        return spm.encoders(spec)[0]
     if spec.kind == "tiktoken":
         encode = encoding(spec).encode_to_numpy
         return lambda text: encode(text, disallowed_special=())

@@ -178,3 +178,29 @@ def test_a_long_document_in_a_later_piece_keeps_the_stream(tmp_path, packing):
                                                                    chunk_docs=4), n)]
         for (x, y), r in zip(got, rows):
             assert np.array_equal(x.numpy(), r[:, :-1]) and np.array_equal(y.numpy(), r[:, 1:])
+
+
+def test_split_all_reads_every_file_and_resumes_exactly(tmp_path):
+    """split="all": every file of the directory (one that is already a split), the last one
+    too; a state names no val file, resumes exactly with another worker count; a directory
+    of one file is a split "all" (split "train" refuses it, naming "all")."""
+    lengths = [(i * 7) % 17 for i in range(160)]
+    files = shards(tmp_path / "d", lengths)
+    want = expected(files, 40)
+    with loader(tmp_path / "d", split="all", num_workers=3) as ld:
+        assert ld.files == files
+        got = [window_of(x, y) for x, y in itertools.islice(ld, 20)]
+        state = ld.state_dict()
+    assert state["val"] is None and state["config"]["split"] == "all"
+    with loader(tmp_path / "d", split="all", num_workers=1, resume_state=state) as ld:
+        got += [window_of(x, y) for x, y in itertools.islice(ld, 20)]
+    assert len(got) == 40 and all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert sum(len(w) for w in want) > sum(length + 1 for length in lengths[:120]), \
+        "the compared windows reach the last file"
+    with pytest.raises(ValueError, match="split"):  # another split's state is refused
+        loader(tmp_path / "d", split="train", resume_state=state).close()
+    one = shards(tmp_path / "one", lengths[:40], num_files=1)
+    with pytest.raises(shmloader.DataError, match="split='all'"):
+        loader(tmp_path / "one")
+    with loader(tmp_path / "one", split="all") as ld:
+        assert np.array_equal(window_of(*next(ld)), expected(one, 1)[0])

@@ -1,5 +1,6 @@
 """A newcomer's install: a wheel of the project in a fresh virtual environment, without the
-dev extra, runs the tools; the demo says in one line to install the demo extra (rustbpe), and
+dev extra, runs the tools (the checkout's tools/ and the installed console scripts and
+`python -m shmloader.tools.<name>`); the demo says in one line to install the demo extra (rustbpe), and
 runs with it. Marked slow: it installs torch and the runtime dependencies from the package
 index into a new environment (38 s here with pip's cache warm, minutes with it cold):
 `python -m pytest -m slow tests/loader/test_install.py`."""
@@ -48,6 +49,9 @@ def test_a_wheel_without_the_dev_extra_runs_the_tools_and_with_the_demo_extra_th
     assert "stream verified" in out and "resume verified" in out, out
     for tool in ("pretokenize.py", "bench/throughput.py", "make_shards.py", "inspect_batch.py", "bench/elastic.py"):
         assert "usage:" in _run([py, REPO_ROOT / "tools" / tool, "--help"], cwd=tmp_path, env=env)
+    for name in ("pretokenize", "inspect_batch", "plot_pipeline"):  # the tools installed with the package
+        assert "usage:" in _run([env_dir / "bin" / f"shmloader-{name.replace('_', '-')}", "--help"], cwd=tmp_path, env=env)
+        assert "usage:" in _run([py, "-m", f"shmloader.tools.{name}", "--help"], cwd=tmp_path, env=env)
 
 
 def _torch_version() -> str:

@@ -545,3 +545,23 @@ def test_inspect_bestfit_rows_start_with_bos(posdata):
                "--packing", "bos_bestfit", "--batch", 1, "--bos-mark", "<B>")
     rows = re.findall(r"^row \d+ \(\d+ BOS\): (.*)$", text, re.M)
     assert len(rows) == 3 and all(r.startswith("<B>") for r in rows), text
+
+
+def test_the_tools_run_from_the_package_outside_a_checkout(posdata, tmp_path, sp_model):
+    """`python -m shmloader.tools.<name>` (what the console scripts run) from a directory that
+    is not the checkout: the same batch as the checkout's shim; a SentencePiece model's batch
+    decodes to the documents' text; each tool's --help."""
+    root, tok, bos_positions = posdata
+    args = ["--data", root / "data", "--tokenizer", tok, "-B", 2, "-T", 8, "--chars", 500, "--batch", 1]
+    text = run("-m", "shmloader.tools.inspect_batch", *args, cwd=tmp_path)
+    assert inspect_rows(text) == expected_rows(1, 2, 8, bos_positions)
+    assert text == run("tools/inspect_batch.py", *args)
+    docs = corpus.synthetic_texts(30, seed=2, mean_words=6)
+    corpus.write_shards(docs, tmp_path / "text", num_files=2, row_group_size=5)
+    text = run("-m", "shmloader.tools.inspect_batch", "--data", tmp_path / "text", "--tokenizer", sp_model,
+               "-B", 1, "-T", 24, "--chars", 10000, "--bos-mark", "<B>", cwd=tmp_path)
+    row = re.search(r"^row 0 \(\d+ BOS\): <B>(.*)$", text, re.M).group(1)
+    first = next(d for d in docs if d)
+    assert row.split("<B>")[0] in first.replace("\n", "\\n") and len(row) > 10, (row, first)
+    for name in ("pretokenize", "inspect_batch", "plot_pipeline"):
+        assert "usage:" in run("-m", f"shmloader.tools.{name}", "--help", cwd=tmp_path)

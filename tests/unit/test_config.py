@@ -52,7 +52,7 @@ def test_frozen():
 
 def test_defaults_that_depend_on_other_options_are_resolved_under_their_own_names():
     train, val = LoaderConfig(2, 8), LoaderConfig(2, 8, split="val")
-    assert (train.idle_release_s, val.idle_release_s) == (0.0, 30.0)
+    assert (train.idle_release_s, val.idle_release_s, LoaderConfig(2, 8, split="all").idle_release_s) == (0.0, 30.0, 0.0)
     assert (train.max_piece_docs, train.max_piece_bytes) == (1024, 8 << 20)
     assert LoaderConfig(2, 8, packing="bos_bestfit").max_piece_bytes == 1 << 20
     cached = LoaderConfig(2, 8, cache_dir="/c")
@@ -71,3 +71,8 @@ def test_an_option_that_cannot_act_with_the_others_is_refused(options, named):
     with pytest.raises(ValueError, match=named):
         LoaderConfig(2, 8, **options)
     assert LoaderConfig(2, 8, max_restarts=0, stall_s=0).stall_s == 0.0  # off, as with max_restarts=0
+
+
+def test_a_bad_split_names_every_split():
+    with pytest.raises(ValueError, match=r"split must be one of \('train', 'val', 'all'\).*'all' \(every file"):
+        LoaderConfig(2, 8, split="test")

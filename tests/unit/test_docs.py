@@ -198,7 +198,7 @@ def test_what_the_pages_say_a_state_check_refuses_is_what_it_refuses():
 
 
 OPTION_VALUES = {  # what LoaderConfig accepts (config.py `_check`)
-    "split": ("train", "val"),
+    "split": config.SPLITS,
     "packing": tuple(packing.PACKINGS),
     "on_bad_row_group": config.BAD_ROW_GROUP,
     "other_rank": config.OTHER_RANK,

@@ -6,7 +6,7 @@ Layers (a module may import its own layer or lower ones, never a higher one):
 work's progress, for `resume` and tools); 1 `ipc/` (the shared memory and the messages); 2 `data/` (files, order,
 tokenizers, the token cache); 3 `packing/` (pure sequencing over token counts); 4 `procs/`
 (the child processes and their starting); 5 the training process's front (`config`, `state`,
-`delivery`, `attention`, `observe`, `loader`); 6 the entry points (`nanochat`, `demo/`, `__init__`). Imports are read
+`delivery`, `attention`, `observe`, `loader`); 6 the entry points (`nanochat`, `demo/`, `tools/`, `__init__`). Imports are read
 from the source (ast); the import checks run in fresh interpreters so that nothing imported
 by another test counts. Those interpreters and `git ls-files` are the only subprocesses of
 tests/unit/ (an exception kept here: they import modules or list files, no loader runs).
@@ -29,7 +29,7 @@ RUNTIME_MODULES = sorted(m.name for m in pkgutil.walk_packages(shmloader.__path_
 LAYERS = {
     "errors": 0, "position": 0, "profiling": 0, "progress": 0, "ipc": 1, "data": 2, "packing": 3, "procs": 4,
     "config": 5, "state": 5, "mixstate": 5, "resume": 5, "delivery": 5, "attention": 5, "observe": 5, "loader": 5,
-    "nanochat": 6, "demo": 6, "__init__": 6,
+    "nanochat": 6, "demo": 6, "tools": 6, "__init__": 6,
 }
 CARD_TOP_LEVEL = {"setup.cfg", "shmloader", "tests", "tools"}
 COMPANIONS = {"README.md", "LICENSE", "pyproject.toml", "docs", ".ci", ".gitignore"}

@@ -105,10 +105,18 @@ def test_split_files():
     assert split_files(files, "val") == ["c"]
     assert split_files(["a", "b"], "train") == ["a"]
     assert split_files(["a"], "val") == ["a"]
-    with pytest.raises(DataError, match="2 files"):
+    assert split_files(files, "all") == files and split_files(["a"], "all") == ["a"]
+    with pytest.raises(DataError, match="2 files.*split='all'"):
         split_files(["a"], "train")
-    with pytest.raises(ValueError, match="split"):
+    with pytest.raises(ValueError, match="split must be one of 'train' .*'val' .*'all' \\(every file\\), got 'test'"):
         split_files(files, "test")
+
+
+def test_the_config_accepts_the_splits_source_knows():
+    from shmloader import config
+    from shmloader.data import source
+
+    assert config.SPLITS == tuple(source.SPLITS)
 
 
 def test_text_bytes_are_each_row_group_s_text_size(tmp_path):

@@ -389,3 +389,22 @@ def test_plot_pipeline_without_its_log_says_so_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stdout == "", proc
     assert proc.stderr == f"plot_pipeline: cannot read the log {gone}: No such file or directory; give a log file " \
                           f"holding shmloader's log_every lines\n", proc.stderr
+
+
+def test_each_console_script_is_a_package_tools_main_and_each_shim_calls_it():
+    """setup.cfg's console scripts name `shmloader.tools.<name>:main`; tools/<name>.py in a
+    checkout is that main; the plot extra brings matplotlib."""
+    import configparser
+    import importlib
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO_ROOT / "setup.cfg")
+    scripts = dict(line.split(" = ") for line in cfg["options.entry_points"]["console_scripts"].split("\n") if line)
+    assert set(scripts) == {"shmloader-pretokenize", "shmloader-inspect-batch", "shmloader-plot-pipeline"}
+    for script, target in scripts.items():
+        module, func = target.split(":")
+        name = module.rsplit(".", 1)[1]
+        assert module == f"shmloader.tools.{name}" and script == "shmloader-" + name.replace("_", "-")
+        main = getattr(importlib.import_module(module), func)
+        assert importlib.import_module(f"tools.{name}").main is main
+    assert "matplotlib" in cfg["options.extras_require"]["plot"]
