@@ -142,8 +142,7 @@ class JsonLines(Format):
             now = TEXT if isinstance(value, str) else TOKENS if isinstance(value, list) else None if value is None else "?"
             if now == "?" or (now is not None and kind is not None and now != kind):
                 raise DataError(f"{self.path}: line {first + i + 1}: {column!r} is {type(value).__name__}, expected "
-                                f"{'a string (text) or a list of integers (token ids)' if kind is None else kind} "
-                                f"like the lines before it")
+                                f"{'a string (text) or a list of integers (token ids)' if now == '?' else kind + ' like the lines before it'}")
             kind = kind or now
             out.append(value)
         if kind != TOKENS:
