@@ -15,7 +15,7 @@ _LOADER_NAMES = (
 )
 _ERROR_NAMES = ("DataError", "DeviceError", "WorkerError", "LoaderTimeout", "LoaderClosed", "ShmLoaderError")
 
-__all__ = list(_LOADER_NAMES + _ERROR_NAMES) + ["Mixture", "cu_seqlens"]
+__all__ = list(_LOADER_NAMES + _ERROR_NAMES) + ["Mixture", "Source", "cu_seqlens"]
 
 
 def __getattr__(name):
@@ -31,6 +31,9 @@ def __getattr__(name):
     if name == "Mixture":
         from .data.mixture import Mixture
         return Mixture
+    if name == "Source":
+        from .data.source import Source
+        return Source
     if name in _ERROR_NAMES:
         from . import errors
         return getattr(errors, name)

@@ -64,9 +64,11 @@ class ShmLoader:
                  start_method: str = "forkserver", timeout: float = 300.0, on_bad_row_group: str = "raise",
                  cache_dir: str | os.PathLike | None = None, log_every: int = 0, other_rank: str = "exact",
                  engine: str = "auto", idle_release_s: float | None = None, max_restarts: int = 3,
-                 stall_s: float | None = None, positions: bool = False, head_start: bool = True):
-        """A loader of `data` (a directory of parquet files, a glob, a list of paths, a URI; None:
-        nanochat's directory) tokenized by `tokenizer` (a tiktoken pickle or Encoding, a Hugging
+                 stall_s: float | None = None, positions: bool = False, head_start: bool = True,
+                 column: str = "text"):
+        """A loader of `data` (a directory of data files, a glob, a list of paths, a URI; a
+        `shmloader.Source` naming its column; a `Mixture`; None: nanochat's directory; formats by
+        file name: .parquet, .jsonl/.json plain, .gz or .zst, .arrow/.feather) tokenized by `tokenizer` (a tiktoken pickle or Encoding, a Hugging
         Face tokenizer.json, a SentencePiece .model, nanochat's tokenizer; None: nanochat's), `B` rows of `T` tokens per
         batch, on `device` ("cpu", "cuda", "cuda:N"). Nothing starts until the first batch.
 
@@ -108,7 +110,10 @@ class ShmLoader:
             batches asked for itself (the same bytes and states), so that a new loader's first
             batch does not wait for them to start: at most 4 once they are started, up to 16
             while the process's forkserver boots (its first loader), before they are started
-            (procs/headstart.py); False: every batch comes from the workers."""
+            (procs/headstart.py); False: every batch comes from the workers.
+        column: the column the documents are in (a source given as `Source(data, column=...)`
+            reads its own): strings are text to tokenize, lists of integers are token ids, used
+            as they are after the BOS (ids at or above the tokenizer's vocabulary: DataError)."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:
@@ -121,7 +126,7 @@ class ShmLoader:
         mixed = isinstance(data, Mixture)  # several sources by weight (data/mixture.py, mixstate.py)
         if mixed:
             mixstate.refuse(self.config)
-        self._catalogue = (Sources if mixed else Catalogue)(data, split, filesystem)
+        self._catalogue = (Sources if mixed else Catalogue)(data, split, filesystem, source.check_column(column))
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine, self.tokenizer)
         if self.config.cache_dir is not None and (problem := cachemod.prepare(self.config.cache_dir)):
@@ -347,15 +352,16 @@ class ShmLoader:
     def _identity(self) -> statemod.Loader:
         """What a state is checked against, now."""
         c, cat = self.config, self._catalogue
-        return statemod.Loader(c.fingerprint(self.tokenizer.fingerprint), cat.files, self.rank, self.world_size,
+        return statemod.Loader(c.fingerprint(self.tokenizer.fingerprint) | cat.fingerprint(), cat.files, self.rank, self.world_size,
                                c.B, c.T, c.spec.buffered, c.other_rank, footers=cat.footers, val=cat.val)
 
     def _args(self) -> RunArgs:
         """What every run of this loader is given (a run's start is added by `Runs`)."""
-        fs = self._catalogue.filesystem
+        fs, columns = self._catalogue.filesystem, self._catalogue.columns
         return RunArgs(files=self._catalogue.paths, rank=self.rank, world=self.world_size, layout=None,
                        filesystem=source.FilesystemRef(fs) if fs else None, tokenizer=self.tokenizer,
-                       later=self._catalogue.later)
+                       later=self._catalogue.later,
+                       columns=None if set(columns) <= {"text"} else tuple(columns))
 
     def _locked(self, what: str):
         """The lock (`what` names the call), waited for at most `timeout` s: `LoaderTimeout`."""

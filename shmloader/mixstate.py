@@ -10,7 +10,8 @@ the next token is in, numbered within its source, and whose `"mixture"` holds:
   buffer's documents by source: packing/mixbestfit.py), made by the coordinator with each
   batch (the batch's slot carries it, as best fit's buffer) and not parsed per batch;
 - `"sources"`: each source's files `[name, bytes, footer]` (footers up to the source's position
-  only, so that states do not depend on timing) and its val file;
+  only, so that states do not depend on timing), its val file, and its `column` and `format`
+  where they are not "text" and "parquet" (`Catalogue.fingerprint`; another one is refused);
 - `"plans"`, in a run that began at a change of world size only: each source's elastic plan
   (`state.plan_state`, with its crc).
 Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
@@ -110,7 +111,7 @@ class Writer:
             for name in self._sources.names:
                 epoch, file = places.get(name, (1, -1))
                 out[name] = {"files": described_files(self._sources.source_files(name), epoch, file),
-                             "val": self._sources.val[name]}
+                             "val": self._sources.val[name], **self._sources.source_fingerprint(name)}
             self._described = (key, out)
         return self._described[1]
 
@@ -221,6 +222,11 @@ def _check_sources(saved, sources):
             raise ValueError(f"mixture source {name!r} lists other files than the state's "
                              f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
                              "files added to or removed from a source of a mixture are not built yet")
+        for key, default in (("column", "text"), ("format", "parquet")):
+            was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
+            if was != now_is:
+                raise ValueError(f"mixture source {name!r}: resume state has {key} {was!r}, this loader has "
+                                 f"{now_is!r}: a source resumes in the {key} it was saved with")
         for (fname, size, footer), (_, size_now, footer_now) in zip(old, now):
             if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
                 raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "

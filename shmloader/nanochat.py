@@ -10,7 +10,8 @@ The loader is built when the function is called, so bad arguments, a missing dat
 a one-file train split and a missing or broken tokenizer raise there, in the caller's
 process; what is inside the files (columns, row groups, corruption) is read, and any error
 in it raised, from the first `next()` on. Every `ShmLoader` option passes through
-(`positions=True`: each batch with its positions, before the state).
+(`positions=True`: each batch with its positions, before the state; `column="content"`: the
+documents' column; `data=shmloader.Source(...)` or a `Mixture` of them).
 """
 import os
 from collections.abc import Generator

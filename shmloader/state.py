@@ -482,17 +482,24 @@ def _check_config(state: dict, loader: Loader):
     saved = state.get("config")
     if not isinstance(saved, dict):
         raise ValueError(f"resume state field 'config' must be a dict, got {saved!r}")
-    diffs = [_config_diff(key, saved.get(key), value)
-             for key, value in loader.fingerprint.items() if saved.get(key) != value]
-    diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in loader.fingerprint]
+    now = {**DATA_DEFAULTS, **loader.fingerprint}
+    saved = {**DATA_DEFAULTS, **saved}
+    diffs = [_config_diff(key, saved.get(key), value) for key, value in now.items() if saved.get(key) != value]
+    diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in now]
     if diffs:
         raise ValueError("resume state does not match this loader: " + "; ".join(diffs))
+
+
+DATA_DEFAULTS = {"column": "text", "format": "parquet"}  # a state without them was of these (Catalogue.fingerprint)
 
 
 def _config_diff(key: str, saved, now) -> str:
     if key == "tokenizer":
         return (f"tokenizer: the state was saved with another tokenizer (its vocabulary, merges, "
                 f"special tokens or BOS differ; fingerprint {saved!r}, this loader's {now!r})")
+    if key in DATA_DEFAULTS:
+        return (f"{key}: the state was saved reading {key} {saved!r}, this loader reads {now!r} (pass "
+                f"{'column=' if key == 'column' else 'the data'} the state was saved with)")
     return f"{key}: state has {saved!r}, loader has {now!r}"
 
 

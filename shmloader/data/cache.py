@@ -49,14 +49,16 @@ MEMO = 4                        # whole entries a TokenCache keeps mapped and ch
 _PART = re.compile(r"(\d+)-(\d+)\.part")
 
 
-def identity(path: str, filesystem=None) -> int:
-    """64-bit hash of a data file's absolute path, size and modification time."""
+def identity(path: str, filesystem=None, column: str = "text") -> int:
+    """64-bit hash of a data file's absolute path, size and modification time, and of the
+    column read when it is not "text" (one file's two columns are two entries)."""
     if filesystem is None:
         st = os.stat(path)
-        key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+        key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
     else:
         info = filesystem.get_file_info(path)
-        key = f"{filesystem.type_name}:{path}\0{info.size}\0{info.mtime_ns}".encode()
+        key = f"{filesystem.type_name}:{path}\0{info.size}\0{info.mtime_ns}"
+    key = (key if column == "text" else f"{key}\0{column}").encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
 
 
@@ -78,8 +80,10 @@ class _Entry:
 
 
 class TokenCache:
-    def __init__(self, cache_dir: str, tokenizer_fingerprint: str, n_vocab: int, filesystem=None):
+    def __init__(self, cache_dir: str, tokenizer_fingerprint: str, n_vocab: int, filesystem=None,
+                 columns: dict | None = None):
         self.filesystem = filesystem
+        self.columns = columns or {}  # path -> the column read, when not "text"
         self.dir = os.path.join(os.fspath(cache_dir), tokenizer_fingerprint)
         self.dtype = np.dtype("<u2") if 0 < n_vocab <= 1 << 16 else np.dtype("<u4")
         self._ids = {}
@@ -87,7 +91,7 @@ class TokenCache:
 
     def _identity(self, path: str) -> int:
         if path not in self._ids:
-            self._ids[path] = identity(path, self.filesystem)
+            self._ids[path] = identity(path, self.filesystem, self.columns.get(path, "text"))
         return self._ids[path]
 
     def path_of(self, path: str, rg: int) -> str:

@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 
-from . import source
+from . import formats, source
 from .order import Later
 
 
@@ -67,9 +67,13 @@ def with_known_footers(files: list, known: list) -> list:
 
 
 class Catalogue:
-    def __init__(self, data, split: str, filesystem=None):
-        """Lists `data` (None: nanochat's directory) and takes `split`'s files; raises
-        `DataError` for no files or a train split of one file."""
+    def __init__(self, data, split: str, filesystem=None, column: str = "text"):
+        """Lists `data` (None: nanochat's directory; a `source.Source`: its data, read in its
+        column, else in `column`) and takes `split`'s files; raises `DataError` for no files or a
+        train split of one file."""
+        if isinstance(data, source.Source):
+            data, column = data.data, data.column or column
+        self.column = source.check_column(column)
         self.filesystem = source.filesystem_for(data, filesystem)
         listing = source.list_files(data, self.filesystem)
         self.paths = source.split_files(listing, split)  # in the run's numbering
@@ -84,6 +88,17 @@ class Catalogue:
     def footers(self, indices: list) -> list:
         """The footer digests files `indices` have now (None: unreadable)."""
         return source.footer_digests([self.paths[i] for i in indices], self.filesystem)
+
+    @property
+    def columns(self) -> list:
+        """The column read of each file, in the run's numbering."""
+        return [self.column] * len(self.paths)
+
+    def fingerprint(self) -> dict:
+        """What a state of this data must match beyond its files: the column (when not "text")
+        and the files' formats (when not all parquet); a state without them is of "text" in
+        parquet. The column's kind (text or token ids) follows from the files and the column."""
+        return data_fingerprint(self.column, self.paths)
 
     def reorder(self, order: list | None):
         """A resume reads the files of its epoch in `order` (indices into `paths`: the state's
@@ -132,9 +147,21 @@ class Catalogue:
     def row_counts(self, file: int, on_bad: str = "raise") -> list:
         """Rows per row group of `file`, from its footer, as the coordinator reads them (with
         `on_bad="skip"`, an unreadable file has none)."""
-        reader = source.ParquetSource(self.paths, self.filesystem)
+        reader = source.Reader(self.paths, self.filesystem)
         counts = source.read_or_skip(lambda: reader.row_counts(file), on_bad, lambda text: None, "file")
         return [] if counts is None else counts
+
+
+def data_fingerprint(column: str, paths: list) -> dict:
+    """`{"column": ..., "format": ...}` for a source read in `column` from `paths`, each key only
+    when it is not the default ("text"; every file parquet), so older states still match."""
+    out = {}
+    if column != "text":
+        out["column"] = column
+    kinds = sorted({formats.format_name(p) for p in paths})
+    if kinds != ["parquet"]:
+        out["format"] = "+".join(kinds)
+    return out
 
 
 def _name(path) -> str:

@@ -1,6 +1,10 @@
-"""Finding the shards and reading their `text` column; used by the coordinator and workers.
+"""Finding the data files and reading their documents; used by the coordinator and workers.
 
-Files are sorted by name; `train` is all but the last file, `val` the last (nanochat's
+A file's format is its name's (`formats/`: `.parquet`, `.jsonl`/`.json` plain, `.gz` or
+`.zst`, `.arrow`/`.feather`); `Reader` reads any of them through the one `formats.Format`
+interface, and nothing here asks which format a file is. A directory keeps every file whose
+name a format claims (mixed formats too: each file is read as its name says). Files are sorted
+by name; `train` is all but the last file, `val` the last (nanochat's
 convention). `data` may be local (a directory, a glob: a path by which nothing exists, a list,
 `file://` URIs) or on any `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`;
 credentials and endpoints from the usual environment or the URI's query, e.g.
@@ -9,17 +13,45 @@ credentials and endpoints from the usual environment or the URI's query, e.g.
 `on_bad_row_group` policy to one.
 """
 import glob
-import hashlib
 import os
 import pickle
 import sys
 import threading
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from ..errors import DataError, warn
+from . import formats
+from .formats import TEXT, TOKENS, Ids, footer_digest  # noqa: F401 (the source's API)
+
+KINDS = ("a directory of data files (*.parquet, *.jsonl, *.jsonl.zst, *.arrow, ...)")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A data source with the column its documents are in: `data` as `ShmLoader` takes it (a
+    directory, a glob, a list of files, a URI) and `column` (None: the loader's `column=`,
+    "text" unless it says otherwise). It stands as `data=` or as a `Mixture`'s source, so that
+    each source of a mixture reads its own column. A column of strings is text to tokenize; a
+    column of lists of integers is each document's token ids (used as they are after the BOS)."""
+    data: object
+    column: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.data, Source):
+            raise ValueError(f"Source: data is itself a Source ({self.data!r}); give the directory, glob or files")
+        if self.column is not None:
+            check_column(self.column)
+
+
+def check_column(column) -> str:
+    """`column` if it names a column (a non-empty string), else a ValueError."""
+    if not isinstance(column, str) or not column:
+        raise ValueError(f"column must name the column that holds the documents (a non-empty string such as "
+                         f"'text' or 'content'), got {column!r}")
+    return column
 
 
 def nanochat_base_dir() -> str:
@@ -98,9 +130,10 @@ def _fs_path(uri: str) -> str:
 
 
 def list_files(data, filesystem=None) -> list[str]:
-    """All parquet files of `data`: a directory, a glob, or a list of paths; sorted by name.
-    `None` is nanochat's directory (`default_data_dir`). In a directory only names ending in
-    `.parquet` count, so partial downloads (`*.parquet.tmp`) are skipped, as nanochat does.
+    """All data files of `data`: a directory, a glob, or a list of paths; sorted by name.
+    `None` is nanochat's directory (`default_data_dir`). In a directory only names a format
+    claims count (`formats.SUFFIXES`), so partial downloads (`*.parquet.tmp`) are skipped, as
+    nanochat does.
     A path that exists is that file or directory, whatever `*?[` its name holds (`set[1]/` is
     not `set1/`); a glob is a path that does not exist, its existing leading part literal. A
     list's entries and a remote path are never globs."""
@@ -114,20 +147,20 @@ def list_files(data, filesystem=None) -> list[str]:
     if isinstance(data, (str, os.PathLike)):
         data = os.fspath(data)
         if os.path.isdir(data):
-            files = _shards([os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet")], data)
+            files = _shards([os.path.join(data, f) for f in os.listdir(data) if formats.is_data_file(f)], data)
         elif os.path.isfile(data):
             files = [data]
         elif _is_glob(data) and not os.path.lexists(data):  # nothing by that name: a glob
             files = _shards(glob.glob(_literal_head(data)), data)
             if not files:
-                raise DataError(f"no *.parquet files match {data} (read as a glob: no file or directory "
+                raise DataError(f"no data files match {data} (read as a glob: no file or directory "
                                 f"has that name): check the path, or write shards there")
         else:
-            raise DataError(f"data directory {data} does not exist: pass data= (a directory of "
-                            f"*.parquet shards, a glob or a list of files) or set NANOCHAT_BASE_DIR")
+            raise DataError(f"data directory {data} does not exist: pass data= ({KINDS}, a glob or "
+                            f"a list of files) or set NANOCHAT_BASE_DIR")
         if not files:
-            raise DataError(f"no *.parquet files in {data}: download or write shards there "
-                            f"(tools/make_shards.py writes some)")
+            raise DataError(f"no data files in {data} (read by name: {', '.join(formats.SUFFIXES)}): "
+                            f"download or write shards there (tools/make_shards.py writes some)")
     else:
         files = [os.fspath(f).removeprefix("file://") for f in data]
         if not files:
@@ -163,7 +196,7 @@ def _shards(found: list[str], where: str) -> list[str]:
         kinds = [_what(p) for p in sorted(left)]
         warn(f"shmloader: {where}: left out {len(left)} entr{'y' if len(left) == 1 else 'ies'} that "
              f"{'is not a shard' if len(left) == 1 else 'are not shards'}: {', '.join(kinds[:5])}"
-             f"{', ...' if len(kinds) > 5 else ''} (only regular *.parquet files not starting with a dot are read)")
+             f"{', ...' if len(kinds) > 5 else ''} (only regular data files not starting with a dot are read)")
     return keep
 
 
@@ -191,10 +224,10 @@ def _list_remote(data, fs) -> list[str]:
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{data}: cannot list it on {fs.type_name} ({exc}); check the endpoint, "
                         f"the credentials and the bucket") from exc
-    files = sorted(f.path for f in found if f.type == pafs.FileType.File and f.path.endswith(".parquet")
+    files = sorted(f.path for f in found if f.type == pafs.FileType.File and formats.is_data_file(f.path)
                    and not f.base_name.startswith("."))
     if not files:
-        raise DataError(f"no *.parquet files in {data}")
+        raise DataError(f"no data files in {data} (read by name: {', '.join(formats.SUFFIXES)})")
     return files
 
 
@@ -251,23 +284,13 @@ def file_size(path: str, filesystem=None) -> int | None:
         return None
 
 
-def footer_digest(metadata) -> str:
-    """A file's identity beyond its name and size: a hash of its parquet footer (the schema,
-    every row group's rows, column chunks' offsets and compressed sizes), which a rewrite with
-    other text changes unless every page compresses to the same size. Re-serialised from the
-    metadata already read (no second read); about 0.5 ms for a 50-row-group shard."""
-    sink = pa.BufferOutputStream()
-    metadata.write_metadata_file(sink)
-    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
-
-
 def footer_digests(paths: list[str], filesystem=None, threads: int = 16) -> list[str | None]:
-    """`footer_digest` of each file (None for one that cannot be read); a remote filesystem's
-    reads go `threads` at a time."""
+    """Each file's identity digest (`Format.digest`: parquet's footer, else its size and ends;
+    None for one that cannot be read); a remote filesystem's reads go `threads` at a time."""
     def one(path):
         try:
-            return footer_digest(pq.ParquetFile(path, filesystem=filesystem).metadata)
-        except (pa.ArrowException, OSError):
+            return formats.digest_of(path, filesystem)
+        except (DataError, pa.ArrowException, OSError):
             return None
     if filesystem is None or len(paths) < 2:
         return [one(p) for p in paths]
@@ -277,23 +300,32 @@ def footer_digests(paths: list[str], filesystem=None, threads: int = 16) -> list
         return list(pool.map(one, paths))
 
 
-class ParquetSource:
-    """Lazily opened parquet files; caches the footers and the last row group read.
+def columns_for(files: list, columns) -> list:
+    """One column name per file: `columns` is a name (every file) or a list of them (None: "text")."""
+    if columns is None or isinstance(columns, str):
+        return [columns or "text"] * len(files)
+    return list(columns)
 
-    `identity(f)` is `(size, footer digest)` of file f as opened. `expect(f, digest)`: the
-    file must have that footer when this process opens it (a worker is told the one its
-    coordinator planned with), else it changed in between: a `DataError` saying so. A row group
-    that cannot be read of a file whose size changed since it was opened is reported as a file
-    changed under the reader, not as a corrupt one."""
 
-    def __init__(self, files: list[str], filesystem=None):
+class Reader:
+    """Lazily opened data files of any format (`formats.open_file`), at most 4 open at once;
+    reads each file's column `columns[f]` (text, or token ids checked against `n_vocab`).
+
+    `identity(f)` is `(size, digest)` of file f as opened (`Format.digest`: parquet's footer).
+    `expect(f, digest)`: the file must have that digest when this process opens it (a worker is
+    told the one its coordinator planned with), else it changed in between: a `DataError`
+    saying so. A unit that cannot be read of a file whose size changed since it was opened is
+    reported as a file changed under the reader, not as a corrupt one."""
+
+    def __init__(self, files: list[str], filesystem=None, columns=None, n_vocab: int | None = None):
         self.files = files
         self.filesystem = filesystem
-        self._open = {}
-        self._ids = {}      # f -> (size, footer digest) when opened
-        self._expected = {}  # f -> the footer digest it must have
-        self._last = None   # (file, rg, text column)
-        self._sizes = {}    # f -> (row counts, text bytes) of its row groups, while it is open
+        self.columns = columns_for(files, columns)
+        self.n_vocab = n_vocab
+        self._open = {}      # f -> its Format, opened
+        self._ids = {}       # f -> (size, digest) when opened
+        self._expected = {}  # f -> the digest it must have
+        self._sizes = {}     # f -> (row counts, text bytes) of its units, while it is open
 
     def expect(self, f: int, digest: str | None):
         if digest is not None:
@@ -303,109 +335,76 @@ class ParquetSource:
         self._file(f)
         return self._ids[f]
 
-    def _file(self, f: int) -> pq.ParquetFile:
-        pf = self._open.get(f)
-        if pf is None:
+    def _file(self, f: int) -> formats.Format:
+        fmt = self._open.get(f)
+        if fmt is None:
             path = self.files[f]
-            try:
-                # pre-buffering coalesces a remote file's reads; a local one reads 7% faster without
-                pf = pq.ParquetFile(path, filesystem=self.filesystem, pre_buffer=self.filesystem is not None)
-            except FileNotFoundError as exc:
-                raise DataError(f"{path}: file not found ({exc})") from exc
-            except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-                raise DataError(f"{path}: not a readable parquet file ({exc}); re-download or "
-                                f"rewrite it") from exc
-            ident = (file_size(path, self.filesystem), footer_digest(pf.metadata))
+            fmt = formats.open_file(path, self.filesystem)
+            ident = (file_size(path, self.filesystem), fmt.digest())
             want = self._expected.get(f)
             if want is not None and ident[1] != want:
-                raise DataError(f"{path} changed while the run read it: its parquet footer is not the one "
-                                f"the run planned with (a data file must not be rewritten under a running "
-                                f"loader; resume from a saved state once it is written)")
+                raise DataError(f"{path} changed while the run read it: its identity (digest {ident[1]}) is not "
+                                f"the one the run planned with ({want}; a data file must not be rewritten under "
+                                f"a running loader; resume from a saved state once it is written)")
             if len(self._open) >= 4:
                 gone = next(iter(self._open))
                 del self._open[gone]
                 self._sizes.pop(gone, None)
-            self._open[f], self._ids[f] = pf, ident
-        return pf
+            self._open[f], self._ids[f] = fmt, ident
+        return fmt
 
     def row_counts(self, f: int) -> list[int]:
+        """Rows of each unit of file f (a parquet row group, an Arrow batch, 1024 lines)."""
         return self._row_sizes(f)[0]
 
     def text_bytes(self, f: int) -> list[int]:
-        """Each row group's `text` column chunk size, uncompressed, from the footer: about its
-        text's size (plus 4 bytes a row; a dictionary-encoded column counts each distinct
-        text once). 0 for every row group when there is no `text` column (the worker that
-        reads it reports that)."""
+        """About each unit's text size in bytes (`Format.unit_bytes`; 0: unknown)."""
         return self._row_sizes(f)[1]
 
     def _row_sizes(self, f: int) -> tuple:
-        """`(row counts, text bytes)` of file f's row groups, read from its footer once while
-        it stays open (the order asks for them at every row group)."""
-        md = self._file(f).metadata
+        """`(row counts, text bytes)` of file f's units, read once while it stays open (the
+        order asks for them at every unit)."""
         sizes = self._sizes.get(f)
         if sizes is None:
-            groups = [md.row_group(i) for i in range(md.num_row_groups)]
-            at = next((j for j in range(groups[0].num_columns) if groups[0].column(j).path_in_schema == "text"),
-                      None) if groups else None
-            sizes = self._sizes[f] = ([g.num_rows for g in groups],
-                                      [0 if at is None else g.column(at).total_uncompressed_size for g in groups])
+            fmt = self._file(f)
+            sizes = self._sizes[f] = (fmt.rows(), fmt.unit_bytes(self.columns[f]))
         return sizes
 
     def read_texts(self, f: int, rg: int, start: int, end: int) -> list:
-        """Rows `[start, end)` of the `text` column of row group `rg` of file `f` (None = null)."""
-        if self._last is None or self._last[:2] != (f, rg):
-            self._last = None
-            self._last = (f, rg, self._read_column(f, rg))
+        """Rows `[start, end)` of unit `rg` of file `f` as documents: a list of str (None = null),
+        or `Ids` for a token-id column."""
+        fmt = self._file(f)
         try:
-            return self._last[2].slice(start, end - start).to_pylist()
-        except (UnicodeDecodeError, pa.ArrowException) as exc:
-            raise DataError(f"{self.files[f]}: row group {rg}, rows {start}-{end}: the text is not "
-                            f"valid UTF-8 ({exc}); fix the file or pass on_bad_row_group='skip'") from exc
-
-    def _read_column(self, f: int, rg: int):
-        path = self.files[f]
-        pf = self._file(f)
-        kind = text_column_problem(path, pf.schema_arrow, f"row group {rg}: ")
-        try:
-            # one thread: a worker is one process per core already; pyarrow's pool would
-            # only contend with the other workers for the same cores
-            column = pf.read_row_group(rg, columns=["text"], use_threads=False).column("text")
-        except (pa.ArrowException, OSError) as exc:
+            return fmt.read(rg, start, end, self.columns[f], self.n_vocab)
+        except DataError as exc:
+            path = self.files[f]
             before, now = self._ids[f][0], file_size(path, self.filesystem)
             if now != before:
-                raise DataError(f"{path}: row group {rg} cannot be read: the file changed while it was "
+                raise DataError(f"{path}: {fmt.unit} {rg} cannot be read: the file changed while it was "
                                 f"being read ({before} bytes when opened, {now} now); a data file must not "
                                 f"be rewritten under a running loader") from exc
-            raise DataError(f"{path}: row group {rg} cannot be read ({exc}); the file is "
-                            f"corrupt or truncated: re-download or rewrite it") from exc
-        return column if kind in (pa.string(), pa.large_string()) else column.cast(pa.large_string())
+            raise
 
 
-def text_column_problem(path: str, schema, where: str = ""):
-    """The `text` column's type if it can be read as text (string, large_string, string_view,
-    or a dictionary of one of them: the last two are cast), else a `DataError` naming the file."""
-    if "text" not in schema.names:
-        raise DataError(f"{path}: {where}no 'text' column (columns: {schema.names}); write the "
-                        f"documents to a string column named 'text'")
-    kind = schema.field("text").type
-    values = kind.value_type if pa.types.is_dictionary(kind) else kind
-    if not (pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_string_view(values)):
-        raise DataError(f"{path}: {where}column 'text' is {kind}, expected a string column (string, "
-                        f"large_string, string_view, or a dictionary of strings)")
-    return kind
+def text_column_problem(path: str, schema, where: str = "", column: str = "text"):
+    """`formats.column.kind_of`: the column's kind (text or token ids), else a `DataError`."""
+    from .formats.column import kind_of
+    return kind_of(path, schema, column, where)
 
 
 class SchemaCheck:
-    """Every file's `text` column checked from its footer ahead of the run reaching it, on a
-    thread of its own (so the first batch never waits for it), in the order the run reads
-    the files from `first`; files where this rank has no row group are not its to read.
-    `found()` is the first problem, a `DataError` naming the file and the row group where the
-    run would have met it, or None. Used by the coordinator under `on_bad_row_group="raise"`:
-    a bad file hours into a run is then warned of seconds into it (and raised when the run
-    reaches it, by the worker that reads it)."""
+    """Every file's column checked from what its format says cheaply (a schema: parquet's footer,
+    an Arrow file's; a JSON Lines file is checked line by line when read), ahead of the run
+    reaching it, on a thread of its own (so the first batch never waits for it), in the order
+    the run reads the files from `first`; files where this rank has no unit are not its to read.
+    `found()` is the first problem, a `DataError` naming the file and the unit where the run
+    would have met it, or None. Used by the coordinator under `on_bad_row_group="raise"`: a bad
+    file hours into a run is then warned of seconds into it (and raised when the run reaches
+    it, by the worker that reads it)."""
 
-    def __init__(self, files: list[str], filesystem, rank: int, first: int = 0):
+    def __init__(self, files: list[str], filesystem, rank: int, first: int = 0, columns=None):
         self.files, self.filesystem, self.rank, self.first = files, filesystem, rank, first
+        self.columns = columns_for(files, columns)
         self._found = None
         self._thread = threading.Thread(target=self._run, name="shmloader-schema-check", daemon=True)
         self._thread.start()
@@ -418,10 +417,13 @@ class SchemaCheck:
         for f in order:  # a daemon thread: it ends with the coordinator
             path = self.files[f]
             try:
-                pf = pq.ParquetFile(path, filesystem=self.filesystem)
-                if pf.metadata.num_row_groups > self.rank:
-                    text_column_problem(path, pf.schema_arrow, f"row group {self.rank} (checked ahead): ")
+                opened = formats.open_file(path, self.filesystem)
+                units = opened.n_units()
+                if units is None or units > self.rank:
+                    opened.kind(self.columns[f], f"{opened.unit} {self.rank} (checked ahead): ")
             except DataError as exc:
+                if "(checked ahead)" not in str(exc):
+                    continue  # unreadable files are reported when the run reads them
                 self._found = exc
                 return
             except Exception:  # noqa: BLE001 - unreadable files are reported when the run reads them

@@ -30,13 +30,14 @@ class Range(NamedTuple):
 
 
 class Sources:
-    def __init__(self, mixture: Mixture, split: str, filesystem=None):
-        """Lists and splits every source of `mixture` (`DataError` naming an empty one)."""
+    def __init__(self, mixture: Mixture, split: str, filesystem=None, column: str = "text"):
+        """Lists and splits every source of `mixture` (`DataError` naming an empty one); a
+        source that is a `source.Source` is read in its column, the others in `column`."""
         self.mixture = mixture
         self.catalogues, self.ranges, self.paths, self.files = {}, {}, [], []
         for name in mixture.names:
             try:
-                cat = Catalogue(mixture.sources[name], split, filesystem)
+                cat = Catalogue(mixture.sources[name], split, filesystem, column)
             except (DataError, ValueError, FileNotFoundError) as e:  # its own error, said of its source
                 raise type(e)(f"mixture source {name!r}: {e}") from None
             if self.catalogues and type(cat.filesystem) is not type(self.filesystem):
@@ -52,6 +53,20 @@ class Sources:
 
     names = property(lambda self: list(self.catalogues))
     filesystem = property(lambda self: next(iter(self.catalogues.values())).filesystem)
+
+    @property
+    def columns(self) -> list:
+        """The column read of each file, in the run's numbering."""
+        return [c for cat in self.catalogues.values() for c in cat.columns]
+
+    def fingerprint(self) -> dict:
+        """Nothing beyond the config's: each source's column and formats are in its own part of
+        a mixture's state (`source_fingerprint`)."""
+        return {}
+
+    def source_fingerprint(self, name: str) -> dict:
+        """Source `name`'s column and formats, as `Catalogue.fingerprint`."""
+        return self.catalogues[name].fingerprint()
 
     def source_of(self, file: int) -> Range:
         """The source that file `file` (the run's numbering) is of."""

@@ -153,6 +153,7 @@ class RunArgs:
     suspects: tuple = ()           # `Span`s in the engine at a worker's death: tokenized a document at a time
     plan: object = None            # data.elastic.Plan: the run began at a change of world size
     mixture: "MixArgs | None" = None  # the run reads a mixture of sources (packing/mixmode.py)
+    columns: tuple | None = None   # the column read of each file (None: "text" of every file)
 
 
 class MixArgs(NamedTuple):

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..data import elastic
 from ..data.order import cut_pieces, iter_pieces
-from ..data.source import ParquetSource, SchemaCheck, read_or_skip
+from ..data.source import Reader, SchemaCheck, read_or_skip
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -65,7 +65,7 @@ class _Release(Exception):
     """The trainer has been away long enough: the coordinator exits (NOTE [ring protocol] 7)."""
 
 
-def _pieces(cfg, run, source: ParquetSource, report_bad, opened):
+def _pieces(cfg, run, source: Reader, report_bad, opened):
     """`pieces(ramp, cap, first_index)`: the canonical order's pieces from `run.start`; a bad
     file is skipped (`report_bad((file, None), text)`) or raises, as `on_bad_row_group` says;
     `opened(f)` once a file's footer is read."""
@@ -116,11 +116,11 @@ class _Coordinator:
         else:
             kind = CountMode if args.locate else cfg.spec.mode
         fs = args.filesystem.open() if args.filesystem is not None else None
-        self.source, self.told = ParquetSource(args.files, fs), {}  # told: file -> identity sent
+        self.source, self.told = Reader(args.files, fs, args.columns), {}  # told: file -> identity sent
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))
         # a bad file is warned of when found, ahead of the run, and raised when reached (skipped ones
         # are skipped when reached)
-        self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file)
+        self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file, args.columns)
                        if cfg.on_bad_row_group == "raise" else None)
         self.next_piece = 0       # the index of the next piece handed out
         self.planned_out = False  # the order could not be read on: no piece goes out again

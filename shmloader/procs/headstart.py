@@ -45,7 +45,7 @@ import time
 
 from ..data import engine as enginemod
 from ..data.order import iter_pieces
-from ..data.source import ParquetSource
+from ..data.source import Reader
 from ..errors import DataError, ShmLoaderError
 from ..ipc.protocol import Opened
 from ..packing.headstart import Made, PieceSizes, Stream
@@ -183,7 +183,8 @@ class HeadStart:
     def _add_next(self):
         if self._pieces is None:
             a = self.args
-            source = self._source = ParquetSource(a.files, a.filesystem.open() if a.filesystem is not None else None)
+            source = self._source = Reader(a.files, a.filesystem.open() if a.filesystem is not None else None,
+                                           a.columns, a.tokenizer.n_vocab or None)
             self._encoder = enginemod.definition(a.tokenizer)
             self._pieces = iter_pieces(functools.partial(_row_counts, source, {}, self.opened), len(a.files),
                                        a.rank, a.world, a.start, max_docs=self.config.max_piece_docs,
@@ -200,7 +201,7 @@ class HeadStart:
         self.stream.add(piece, tokens, lengths)
 
 
-def _row_counts(source: ParquetSource, told: dict, opened: list, f: int) -> list:
+def _row_counts(source: Reader, told: dict, opened: list, f: int) -> list:
     """File f's row counts, its identity put in `opened` (as an `Opened`) the first time it is
     read and whenever it changed, as the coordinator tells the trainer."""
     counts = source.row_counts(f)

@@ -34,7 +34,7 @@ from ..data import engine as enginemod
 from ..data import tokenizer as tokmod
 from ..data.cache import TokenCache
 from ..data.order import Piece
-from ..data.source import ParquetSource, read_or_skip
+from ..data.source import Ids, Reader, read_or_skip
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -61,7 +61,7 @@ class _Ctx:
     tasks: deque
     held: dict                 # piece -> its tokens as the packing keeps them, until written
     packing: object = None     # the run's packing spec (packing/base.py: Packing)
-    source: ParquetSource = None
+    source: Reader = None
     ordered: bool = False  # a write order came: the first batch is planned
     listening: Listener = None  # conn and alive
     gave_way_s: float = 0.0     # seconds spent giving way to another loader (`_give_way`)
@@ -119,8 +119,9 @@ def _loop(ctx: _Ctx):
         encode.start()
         ctx.ordered = True
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
-    source = ctx.source = ParquetSource(ctx.args.files, fs)
-    cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
+    source = ctx.source = Reader(ctx.args.files, fs, ctx.args.columns, spec.n_vocab or None)
+    cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs,
+                        dict(zip(ctx.args.files, source.columns)))
              if ctx.cfg.cache_dir else None)
     row = ctx.ring.workers[ctx.args.worker]
     ctx.conn.send(Ready(encode.state))  # pieces come from now on (NOTE [ring protocol] 2); first, so
@@ -222,7 +223,7 @@ def _handle(ctx: _Ctx, msg):
     ctx.conn.send(Written(counts))  # one per order, also an empty one: the coordinator pairs them in order
 
 
-def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, task: Task):
+def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     """(tokens, lengths, hit): hit is None without a cache, else whether it served the piece.
     A piece the cache does not hold is tokenized and kept, whole row group or not (data/cache.py).
     Rows the task skips as poison are nulls either way (and such a piece is not cached)."""
@@ -243,14 +244,14 @@ def _cached_or_tokenized(ctx: _Ctx, source: ParquetSource, encode, cache, task: 
     return tokens, lengths, False
 
 
-def _tokenized(ctx: _Ctx, source: ParquetSource, encode, task: Task):
+def _tokenized(ctx: _Ctx, source: Reader, encode, task: Task):
     """`_tokenize`, counted in the worker's `TOKENIZED` column (tokens not from the cache)."""
     out = _tokenize(ctx, source, encode, task)
     ctx.ring.workers[ctx.args.worker, WorkerCol.TOKENIZED] += len(out[0])
     return out
 
 
-def _tokenize(ctx: _Ctx, source: ParquetSource, encode, task: Task):
+def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     """(tokens, lengths, bad) of a piece (`encode_texts`), answering write orders between chunks;
     bad: a piece not to cache (a bad row group skipped, or rows skipped as poison)."""
     spec, piece = ctx.args.tokenizer, task.piece
@@ -266,7 +267,7 @@ def _tokenize(ctx: _Ctx, source: ParquetSource, encode, task: Task):
         texts[lo:hi] = [None] * (hi - lo)
     if task.rows is not None:  # done again for a replaced worker: only the rows it still needs
         keep = set(task.rows)
-        texts = [text if i in keep else None for i, text in enumerate(texts)]
+        texts = type(texts)(text if i in keep else None for i, text in enumerate(texts))  # Ids stay Ids
     due = time.perf_counter() + SERVICE_EVERY_S
     row = ctx.ring.workers[ctx.args.worker]
 
@@ -326,7 +327,13 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
     thread, with `between(False)` every `SERVICE_EVERY_S` meanwhile (False: no progress
     shown, so an engine stuck on one document is a stall): the engines release the GIL,
     so write orders for the tokens this worker already holds are carried out while it
-    tokenizes (one long document used to hold a loader's first batch until it was done)."""
+    tokenizes (one long document used to hold a loader's first batch until it was done).
+    A token-id column's documents (`Ids`) are not encoded: each is `[BOS] + ids` as it is."""
+    if isinstance(texts, Ids):
+        out = ids_with_bos(texts, bos, dtype)
+        if between is not None:
+            between()
+        return out
     lengths = np.zeros(len(texts), dtype=np.int64)
     parts = []  # each run's [BOS] + ids, ...
     for start, end in _apart(_chunks(texts, CHUNK_CHARS), alone):
@@ -347,6 +354,18 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
     if len(parts) == 1:
         return parts[0], lengths
     return (np.concatenate(parts) if parts else np.empty(0, dtype)), lengths
+
+
+def ids_with_bos(docs: Ids, bos: int, dtype) -> tuple:
+    """(tokens, lengths) of documents given as token ids: `[BOS] + ids` each, as `encode_texts`
+    makes them of text (the ids were checked against the vocabulary when read)."""
+    lengths = np.array([0 if d is None else len(d) + 1 for d in docs], dtype=np.int64)
+    present = [d for d in docs if d is not None]
+    if not present:
+        return np.empty(0, dtype), lengths
+    offsets = np.zeros(len(present) + 1, dtype=np.int64)
+    np.cumsum(lengths[lengths > 0] - 1, out=offsets[1:])
+    return _with_bos(np.concatenate(present), offsets, bos, dtype), lengths
 
 
 def _beside(work, between):

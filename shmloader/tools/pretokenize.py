@@ -38,7 +38,7 @@ def _one(job):
     path, rg = job
     if _CACHE.load(path, rg) is not None:
         return 0, False
-    texts = source.ParquetSource([path]).read_texts(0, rg, 0, _rows(path, rg))
+    texts = source.Reader([path]).read_texts(0, rg, 0, _rows(path, rg))
     tokens, lengths = worker.encode_texts(texts, _ENGINES.encode_batch, _SPEC.bos, _SPEC.dtype,
                                           lambda i: f"{path}, row group {rg}, document row {i}")
     _CACHE.store(path, rg, lengths, tokens)
@@ -46,7 +46,7 @@ def _one(job):
 
 
 def _rows(path: str, rg: int) -> int:
-    return source.ParquetSource([path]).row_counts(0)[rg]
+    return source.Reader([path]).row_counts(0)[rg]
 
 
 def main(argv=None):
@@ -64,7 +64,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     files = source.split_files(source.list_files(args.data), args.split)
     spec = tokmod.resolve(args.tokenizer)
-    jobs = [(f, rg) for f in files for rg in range(len(source.ParquetSource([f]).row_counts(0)))]
+    jobs = [(f, rg) for f in files for rg in range(len(source.Reader([f]).row_counts(0)))]
     t0 = time.monotonic()
     done = tokens = 0
     ctx = multiprocessing.get_context("forkserver")

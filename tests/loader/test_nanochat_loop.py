@@ -20,7 +20,7 @@ import pytest
 import shmloader
 from shmloader.data import tokenizer as tokmod
 from shmloader.data.cache import TokenCache
-from shmloader.data.source import ParquetSource
+from shmloader.data.source import Reader
 from tests import oracle
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -116,7 +116,7 @@ def fill_cache(ds, cache_dir):
     spec = tokmod.resolve(ds.tokenizer, None)
     encode, store = tokmod.build(spec), TokenCache(str(cache_dir), spec.fingerprint, spec.n_vocab)
     for f, path in enumerate(ds.paths):
-        src = ParquetSource([str(path)])
+        src = Reader([str(path)])
         for rg, rows in enumerate(src.row_counts(0)):
             texts = src.read_texts(0, rg, 0, rows)
             docs = [np.concatenate([[spec.bos], encode(t)]) for t in texts if t is not None]

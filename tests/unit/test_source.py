@@ -1,5 +1,5 @@
 """data/source.py: listing data files (directory, glob, list, file:// URI, nanochat's default
-directory), the train/val split, and ParquetSource reading rows and naming the file and row
+directory), the train/val split, and Reader reading rows and naming the file and row
 group of every bad input (no text column, non-string text, truncated, not parquet, missing,
 corrupt data page, invalid UTF-8). All data lives in tmp_path."""
 
@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shmloader.errors import DataError
-from shmloader.data.source import ParquetSource, list_files, split_files
+from shmloader.data.source import Reader, list_files, split_files
 from shmloader.demo import corpus
 
 
@@ -58,7 +58,7 @@ def test_a_path_that_exists_is_never_a_glob(tmp_path):
     assert list_files(str(tmp_path / "set?" / "*.parquet")) == plain  # nothing by that name: a glob
     assert list_files(str(tmp_path / "set[12]" / "shard_0000[01].parquet")) == plain[:2]
     assert list_files([bracket[2], plain[0], odd[1]]) == sorted([bracket[2], plain[0], odd[1]])  # a list's entries
-    with pytest.raises(DataError, match=r"no \*\.parquet files match .*set\[2\].*read as a glob"):
+    with pytest.raises(DataError, match=r"no data files match .*set\[2\].*read as a glob"):
         list_files(str(tmp_path / "set[2]" / "shard_00000.parquet"))
 
 
@@ -124,20 +124,20 @@ def test_text_bytes_are_each_row_group_s_text_size(tmp_path):
     character document outweighs one of 100 short ones (pieces are cut by them: data/order.py)."""
     docs = ["x" * 50_000] + ["short text"] * 100 + ["y" * 30] * 3
     (path,) = corpus.write_shards(docs, tmp_path, num_files=1, row_group_size=[1, 100, 3])
-    src = ParquetSource([str(path)])
+    src = Reader([str(path)])
     sizes = src.text_bytes(0)
     assert src.row_counts(0) == [1, 100, 3] and len(sizes) == 3
     for size, text in zip(sizes, (50_000, 1_000, 90)):
         assert text <= size <= text + 4 * 100 + 200, sizes  # the text, plus lengths and headers
     no_text = tmp_path / "other.parquet"
     pq.write_table(pa.table({"body": ["a", "b"]}), no_text)
-    assert ParquetSource([str(no_text)]).text_bytes(0) == [0]
+    assert Reader([str(no_text)]).text_bytes(0) == [0]
 
 
 def test_parquet_source_reads_rows_with_nulls(tmp_path):
     docs = ["d0", None, "d2", "", "d4", "d5", "d6"]
     (path,) = corpus.write_shards(docs, tmp_path, num_files=1, row_group_size=[3, 4])
-    src = ParquetSource([str(path)])
+    src = Reader([str(path)])
     assert src.row_counts(0) == [3, 4]
     assert src.read_texts(0, 0, 0, 3) == ["d0", None, "d2"]
     assert src.read_texts(0, 1, 1, 3) == ["d4", "d5"]
@@ -148,13 +148,13 @@ def test_parquet_source_reads_rows_with_nulls(tmp_path):
 def test_parquet_source_large_string_is_fine(tmp_path):
     schema = pa.schema([("text", pa.large_string())])
     path = write(tmp_path / "l.parquet", {"text": ["x", "y"]}, schema=schema)
-    assert ParquetSource([path]).read_texts(0, 0, 0, 2) == ["x", "y"]
+    assert Reader([path]).read_texts(0, 0, 0, 2) == ["x", "y"]
 
 
 def test_no_text_column_names_file_and_row_group(tmp_path):
     path = str(tmp_path / "notext.parquet")
     pq.write_table(pa.table({"content": ["a", "b", "c"]}), path, row_group_size=1)
-    src = ParquetSource([path])
+    src = Reader([path])
     assert src.row_counts(0) == [1, 1, 1]
     with pytest.raises(DataError) as ei:
         src.read_texts(0, 2, 0, 1)
@@ -166,7 +166,7 @@ def test_int_text_column_is_a_data_error(tmp_path):
     path = str(tmp_path / "ints.parquet")
     pq.write_table(pa.table({"text": [1, 2, 3]}), path, row_group_size=2)
     with pytest.raises(DataError) as ei:
-        ParquetSource([path]).read_texts(0, 1, 0, 1)
+        Reader([path]).read_texts(0, 1, 0, 1)
     msg = str(ei.value)
     assert path in msg and "row group 1" in msg and "int64" in msg and "string" in msg
 
@@ -177,29 +177,29 @@ def test_truncated_file_is_a_data_error_naming_it(tmp_path):
     data = good.read_bytes()
     bad = tmp_path / "truncated.parquet"
     bad.write_bytes(data[: len(data) // 2])
-    src = ParquetSource([str(good), str(bad)])
+    src = Reader([str(good), str(bad)])
     assert src.row_counts(0) == [50, 50, 50, 50]
     with pytest.raises(DataError, match=re.escape(str(bad))):
         src.row_counts(1)
     with pytest.raises(DataError, match=re.escape(str(bad))):
-        ParquetSource([str(bad)]).read_texts(0, 0, 0, 1)
+        Reader([str(bad)]).read_texts(0, 0, 0, 1)
 
 
 def test_non_parquet_file_is_a_data_error_naming_it(tmp_path):
     bad = tmp_path / "junk.parquet"
     bad.write_text("this is not parquet\n" * 100)
     with pytest.raises(DataError, match=re.escape(str(bad))):
-        ParquetSource([str(bad)]).row_counts(0)
+        Reader([str(bad)]).row_counts(0)
     empty = tmp_path / "empty.parquet"
     empty.write_bytes(b"")
     with pytest.raises(DataError, match=re.escape(str(empty))):
-        ParquetSource([str(empty)]).row_counts(0)
+        Reader([str(empty)]).row_counts(0)
 
 
 def test_missing_file_is_a_data_error_naming_it(tmp_path):
     gone = tmp_path / "gone.parquet"
     with pytest.raises(DataError, match=re.escape(str(gone))):
-        ParquetSource([str(gone)]).row_counts(0)
+        Reader([str(gone)]).row_counts(0)
 
 
 def test_corrupt_data_page_is_a_data_error_naming_file_and_row_group(tmp_path):
@@ -213,7 +213,7 @@ def test_corrupt_data_page_is_a_data_error_naming_file_and_row_group(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[start:start + col.total_compressed_size] = b"\xff" * col.total_compressed_size
     path.write_bytes(bytes(raw))
-    src = ParquetSource([str(path)])
+    src = Reader([str(path)])
     assert src.read_texts(0, 0, 0, 2) == texts[:2]  # row group 0 is intact
     with pytest.raises(DataError) as ei:
         src.read_texts(0, 1, 0, 1)
@@ -225,7 +225,7 @@ def test_invalid_utf8_is_a_data_error_naming_file_and_row_group(tmp_path):
     offsets = pa.py_buffer(np.array([0, 2, 4], dtype=np.int32).tobytes())
     arr = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"ok\xff\xfe")])
     pq.write_table(pa.table({"text": arr}), path)
-    src = ParquetSource([path])
+    src = Reader([path])
     assert src.read_texts(0, 0, 0, 1) == ["ok"]
     with pytest.raises(DataError) as ei:
         src.read_texts(0, 0, 0, 2)

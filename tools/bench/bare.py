@@ -12,7 +12,7 @@ is the worker's (`shmloader.procs.worker.CHUNK_CHARS`): both are the package's i
 
 `side_by_side(..., read=True)`: bare processes that also read. Process i of n owns row groups
 i, i+n, ... of the split (files in order, their row groups in order), and for `seconds` reads
-each of its row groups from parquet (`ParquetSource.read_texts`, as a worker reads: the text
+each of its row groups from parquet (`Reader.read_texts`, as a worker reads: the text
 column, decompressed, one thread), then tokenizes its documents as above, round after round:
 the work a worker cannot avoid, with no ring, coordinator or trainer. Its total is the ceiling
 that counts reading ("of bare read").
@@ -101,10 +101,10 @@ def row_groups(files, i: int, n: int) -> list[tuple[int, int]]:
 def bare_read_child(cfg: dict) -> dict:
     """One bare process that reads too (a child): its row groups read from parquet and
     tokenized, round after round, for `cfg["seconds"]` once all `cfg["n"]` are ready."""
-    from shmloader.data.source import ParquetSource
+    from shmloader.data.source import Reader
 
     encoder = engine_encoder(cfg["tokenizer"], cfg["engine"])
-    encode, source = in_chunks(encoder), ParquetSource(cfg["files"])
+    encode, source = in_chunks(encoder), Reader(cfg["files"])
     mine = row_groups(cfg["files"], cfg["i"], cfg["n"])
     counts = {f: source.row_counts(f) for f in {f for f, _ in mine}}
     encode(["warm up"])  # the engine's first call, before the clock

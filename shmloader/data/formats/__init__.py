@@ -1,0 +1,55 @@
+"""Data file formats, one module each, found by file name: the registry.
+
+| suffix | format | unit |
+|---|---|---|
+| `.parquet` | `parquet.Parquet` | a row group |
+| `.jsonl`, `.json` (+ `.gz`, `.zst`) | `jsonl.JsonLines` | 1024 lines |
+| `.arrow`, `.feather` | `arrow.ArrowIPC` (file or stream format) | a record batch |
+
+Every format implements `base.Format` (its docstring is the interface); nothing outside this
+package asks which format a file is: `open_file(path, filesystem)` opens it as its name says,
+`is_data_file(name)` says whether a listing keeps it, `digests` gives files' identities. A
+new format is one module, its line in `FORMATS` and its unit test.
+"""
+from ...errors import DataError
+from .arrow import ArrowIPC
+from .base import Format
+from .column import TEXT, TOKENS, Ids
+from .jsonl import JsonLines
+from .parquet import Parquet, footer_digest
+
+FORMATS = (Parquet, JsonLines, ArrowIPC)
+SUFFIXES = tuple(s for fmt in FORMATS for s in fmt.suffixes)
+
+__all__ = ["FORMATS", "SUFFIXES", "Format", "Ids", "TEXT", "TOKENS", "digest_of", "format_of", "footer_digest",
+           "format_name", "is_data_file", "open_file"]
+
+
+def format_of(path: str) -> type:
+    """The format a file's name says (the longest matching suffix), else a `DataError`."""
+    name = path.lower()
+    found = [(len(s), fmt) for fmt in FORMATS for s in fmt.suffixes if name.endswith(s)]
+    if not found:
+        raise DataError(f"{path}: not a data file this loader reads (by its name: {', '.join(SUFFIXES)}); "
+                        f"rename it or convert it")
+    return max(found, key=lambda t: t[0])[1]
+
+
+def is_data_file(name: str) -> bool:
+    """Whether a directory's listing keeps a file of this name (a `*.parquet.tmp` download is not)."""
+    return name.lower().endswith(SUFFIXES)
+
+
+def open_file(path: str, filesystem=None) -> Format:
+    """`path` opened as its format (a `DataError` when it cannot be)."""
+    return format_of(path)(path, filesystem)
+
+
+def format_name(path: str) -> str:
+    """The registry's name of a file's format ("parquet", "jsonl", "arrow")."""
+    return format_of(path).name
+
+
+def digest_of(path: str, filesystem=None) -> str:
+    """A file's identity beyond its name and size (parquet: its footer's digest)."""
+    return open_file(path, filesystem).digest()

@@ -1,0 +1,54 @@
+"""formats/parquet.py and the registry (formats/__init__.py): a unit is a row group; any column
+by name, text or token ids; the footer digest; formats found by file name, longest suffix first;
+a directory lists every format and skips partial downloads."""
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shmloader.data import formats
+from shmloader.data.formats import TEXT, TOKENS, Ids
+from shmloader.data.formats.parquet import Parquet
+from shmloader.data.source import Reader, list_files
+from shmloader.errors import DataError
+from tests import formats_data
+
+
+def test_a_row_group_is_a_unit_in_any_column(tmp_path):
+    path = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"content": ["a", "b", None, "d"], "ids": [[1], [2, 3], None, []]}), path,
+                   row_group_size=3)
+    f = formats.open_file(path)
+    assert isinstance(f, Parquet) and f.rows() == [3, 1] and f.n_units() == 2
+    assert f.kind("content") == TEXT and f.kind("ids") == TOKENS
+    assert f.read(0, 1, 3, "content") == ["b", None] and f.read(1, 0, 1, "content") == ["d"]
+    ids = f.read(0, 0, 3, "ids", n_vocab=10)
+    assert isinstance(ids, Ids) and [None if i is None else i.tolist() for i in ids] == [[1], [2, 3], None]
+    assert f.unit_bytes("content")[0] > 0 and f.unit_bytes("text") == [0, 0]
+    with pytest.raises(DataError, match=r"a\.parquet: row group 0: no 'text' column \(columns: \['content', 'ids'\]\)"):
+        f.read(0, 0, 1, "text")
+
+
+@pytest.mark.parametrize("name,fmt", [("a.parquet", "parquet"), ("a.jsonl", "jsonl"), ("a.json.gz", "jsonl"),
+                                      ("a.JSONL.ZST", "jsonl"), ("a.arrow", "arrow"), ("a.feather", "arrow")])
+def test_the_registry_finds_formats_by_name(name, fmt):
+    assert formats.format_name(name) == fmt and formats.is_data_file(name)
+
+
+@pytest.mark.parametrize("name", ["a.parquet.tmp", "a.jsonl.zst.tmp", "a.txt", "a.csv"])
+def test_other_names_are_no_data_files(name):
+    assert not formats.is_data_file(name)
+    with pytest.raises(DataError, match=r"not a data file this loader reads \(by its name: \.parquet, "):
+        formats.format_of(name)
+
+
+def test_a_directory_of_mixed_formats_lists_every_one_and_reads_each_as_named(tmp_path):
+    docs = ["x y", "z"]
+    paths = [formats_data.write(str(tmp_path / f"s{i}{sfx}"), docs, fmt)
+             for i, (fmt, sfx) in enumerate([("parquet", ".parquet"), ("jsonl.zst", ".jsonl.zst"),
+                                             ("arrow", ".arrow")])]
+    (tmp_path / "s9.jsonl.zst.tmp").write_bytes(b"partial")
+    assert list_files(str(tmp_path)) == paths
+    reader = Reader(paths)
+    assert [reader.read_texts(f, 0, 0, 2) for f in range(3)] == [docs] * 3
+    assert [reader.row_counts(f) for f in range(3)] == [[2]] * 3
+    assert len({reader.identity(f)[1] for f in range(3)}) == 3
