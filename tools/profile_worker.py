@@ -29,8 +29,8 @@ from collections import Counter
 PARTS = [
     ("sampled check (tiktoken) and its bookkeeping", lambda fr: any(f.startswith("Check.") for f in fr)),
     ("engine encode", lambda fr: _inner(fr, ("_fastokens.<locals>.batch", "Encoder.encode_batch"))),
-    ("reading: zstd decompression", lambda fr: _inner(fr, ("ParquetSource.",)) and "ZSTD_" in fr[-1]),
-    ("reading: the rest (decode, to_pylist)", lambda fr: _inner(fr, ("ParquetSource.", "read_or_skip"))),
+    ("reading: zstd decompression", lambda fr: _inner(fr, ("Reader.",)) and "ZSTD_" in fr[-1]),
+    ("reading: the rest (decode, to_pylist)", lambda fr: _inner(fr, ("Reader.", "read_or_skip"))),
     ("inserting BOS", lambda fr: _inner(fr, ("_with_bos",))),
     ("copies into ring slots", lambda fr: _inner(fr, ("write ", "_keep"))),  # the packing's
     ("messages and polls", lambda fr: _inner(fr, ("_service", "_handle", "Connection.", "_loop", "Listener.",

@@ -61,10 +61,10 @@ def test_profile_worker_sorts_samples_by_the_worker_code_they_are_in():
         f"pcre2_match_8 (fastokens/_native.abi3.so) 7",
         f"{tok};Engines.encode_batch (shmloader/data/engine.py:333);Check.batch (shmloader/data/engine.py:196);"
         f"Check._compare (shmloader/data/engine.py:210);<lambda> (shmloader/data/tokenizer.py:178) 2",
-        f"{top};_tokenize (shmloader/procs/worker.py:245);ParquetSource.read_texts (shmloader/data/source.py:214);"
-        f"ParquetSource._read_column (shmloader/data/source.py:234);read_row_group (pyarrow/parquet/core.py:489);"
+        f"{top};_tokenize (shmloader/procs/worker.py:245);Reader.read_texts (shmloader/data/source.py:214);"
+        f"Reader._read_column (shmloader/data/source.py:234);read_row_group (pyarrow/parquet/core.py:489);"
         f"ZSTD_decompressSequences_bmi2 (pyarrow/libarrow.so) 3",
-        f"{top};_tokenize (shmloader/procs/worker.py:245);ParquetSource.read_texts (shmloader/data/source.py:216);"
+        f"{top};_tokenize (shmloader/procs/worker.py:245);Reader.read_texts (shmloader/data/source.py:216);"
         f"unicode_decode_utf8 (libpython3.11.so) 1",
         f"{tok};_with_bos (shmloader/procs/worker.py:292) 4",
         f"{top};_handle (shmloader/procs/worker.py:160);write (shmloader/packing/concat.py:169) 5",
