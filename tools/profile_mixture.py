@@ -73,11 +73,11 @@ def written(order) -> list:
     """What a worker acknowledges for `order`: `(batch, tokens)` it wrote."""
     if hasattr(order, "placements"):  # best fit's Rows
         return [(order.batch, sum(p[4] for p in order.placements))]
-    if hasattr(order, "orders"):      # Places
+    if hasattr(order, "counts"):      # a mixture's Copies
+        return order.counts()
+    if hasattr(order, "orders"):      # Places (before Copies)
         return [c for o in order.orders for c in written(o)]
-    if hasattr(order, "segments"):    # Place
-        return [(k, n) for k, _, _, _, n in order.segments]
-    return order.counts()             # a mixture's Copies
+    return [(k, n) for k, _, _, _, n in order.segments]  # Place
 
 
 def drive(mode, slots, rng, n_batches: int) -> int:

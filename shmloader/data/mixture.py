@@ -57,6 +57,8 @@ import numbers
 import zlib
 from typing import Callable, Mapping, NamedTuple, Sequence
 
+import numpy as np
+
 
 class Stage(NamedTuple):
     """A stage of the schedule: from batch `first_batch` on, `weights` by source name."""
@@ -166,6 +168,113 @@ def _max_epochs(given: Mapping, names: tuple) -> dict:
     return {name: int(given[name]) for name in names if name in given}
 
 
+MERGE_AT = 96  # documents from which `picks` tries a block as a merge (equal shares)
+
+
+def picks(shares: Sequence[float], counted: Sequence[int], n: int, lengths: Sequence[Sequence[int]],
+          limit: int) -> list:
+    """The rule (`Mixer.pick`, then `Mixer.took`) a document at a time while every source's next
+    document is known: the indices of the sources picked in turn. `shares[i]`, `counted[i]`:
+    source i's normalised weight and tokens counted in the stage (in the mixer's sorted order:
+    ties go to the lower index), `n` the tokens counted in the stage by every source,
+    `lengths[i]` the lengths of source i's next documents as the rule counts them. Stops after
+    `limit` picks, or after the pick that takes a source's last document in `lengths` (the next
+    pick would need the one after it).
+
+    Equal shares make the rule a merge (`_merged`), checked in whole-array calls; otherwise one
+    tight loop over plain lists (`_one_at_a_time`). Both give `pick`'s picks exactly, ties
+    included (a property test checks it: tests/unit/test_mixture.py)."""
+    if limit <= 0 or not shares or any(not len(x) for x in lengths):
+        return []
+    if len(shares) > 1 and len(set(shares)) == 1 and min(limit, sum(map(len, lengths))) >= MERGE_AT:
+        return _merged(shares[0], list(counted), n, [np.asarray(x, dtype=np.int64) for x in lengths], limit)
+    return _one_at_a_time(list(shares), list(counted), n, [list(x) for x in lengths], limit)
+
+
+def _one_at_a_time(w: list, c: list, n: int, lengths: list, limit: int) -> list:
+    """`picks` by the rule's own arithmetic, a document at a time."""
+    k, ends = len(w), [len(x) for x in lengths]
+    at, nxt = [0] * k, [x[0] for x in lengths]
+    out, rest = [], range(1, k)
+    while True:
+        best, length = 0, nxt[0]
+        behind = w[0] * (n + length) - c[0] - length
+        for i in rest:
+            li = nxt[i]
+            b = w[i] * (n + li) - c[i] - li
+            if b > behind:
+                best, behind, length = i, b, li
+        out.append(best)
+        n += length
+        c[best] += length
+        j = at[best] + 1
+        if j == ends[best] or len(out) == limit:
+            return out
+        at[best], nxt[best] = j, lengths[best][j]
+
+
+def _merged(w: float, c: list, n: int, lengths: list, limit: int) -> list:
+    """`picks` with every share `w`: the rule's `w (N + L_s) - t_s - L_s` then orders sources by
+    `t_s + (1 - w) L_s`, which only grows along a source, so the picks are a merge of the sources'
+    own keys (k of them: `k t_s + (k - 1) L_s`, integers, ties to the lower index), one sort. The
+    merge is then checked against the rule's own float arithmetic at every pick, in whole-array
+    calls; at the first pick where a near tie rounds the other way the rule's pick is taken and
+    the merge goes on from there."""
+    k = len(lengths)
+    at, out = [0] * k, []
+    while True:
+        cand = _merge(c, [x[a:] for x, a in zip(lengths, at)], limit - len(out))
+        ok, true = _check(w, c, n, [x[a:] for x, a in zip(lengths, at)], cand)
+        taken = cand[:ok] if ok == len(cand) else np.append(cand[:ok], true)
+        for i in range(k):
+            got = lengths[i][at[i]:at[i] + int(np.count_nonzero(taken == i))]
+            at[i] += len(got)
+            c[i] += int(got.sum())
+            n += int(got.sum())
+        out.extend(taken.tolist())
+        if len(out) == limit or any(a == len(x) for a, x in zip(at, lengths)):
+            return out
+
+
+def _merge(c: list, lengths: list, limit: int) -> np.ndarray:
+    """The sources of the merge of `lengths` by key `k t + (k - 1) L` (t: a source's tokens before
+    a document), up to the first source's last document or `limit` documents."""
+    k = len(lengths)
+    keys, sources, lasts = [], [], []
+    for i, x in enumerate(lengths):
+        before = np.cumsum(x) - x + c[i]
+        keys.append((k * before + (k - 1) * x) * k + i)      # distinct: ties to the lower index
+        sources.append(np.full(len(x), i, dtype=np.int64))
+    keys = np.concatenate(keys)
+    order = np.argsort(keys, kind="stable")
+    merged = np.concatenate(sources)[order]
+    where = np.empty(len(order), dtype=np.int64)
+    where[order] = np.arange(len(order))
+    ends = np.cumsum([len(x) for x in lengths]) - 1               # each source's last document
+    return merged[:min(int(where[ends].min()) + 1, limit)]
+
+
+def _check(w: float, c: list, n: int, lengths: list, cand: np.ndarray) -> tuple:
+    """`(ok, true)`: how many of the picks `cand` the rule makes, and the rule's pick where it
+    first differs (None if it never does): `w * (n + L) - t - L` for every source at every pick,
+    in float64 as `pick` computes it (the same operations in the same order)."""
+    k, m = len(lengths), len(cand)
+    length = np.empty((k, m), dtype=np.int64)
+    tokens = np.empty((k, m), dtype=np.int64)
+    picked = np.empty(m, dtype=np.int64)
+    for i, x in enumerate(lengths):
+        mine = cand == i
+        seen = np.cumsum(mine) - mine                               # its documents before each pick
+        length[i] = x[seen]
+        tokens[i] = c[i] + (np.cumsum(x) - x)[seen]
+        picked[mine] = x[seen[mine]]
+    total = n + np.cumsum(picked) - picked
+    b = w * (total + length).astype(np.float64) - tokens.astype(np.float64) - length.astype(np.float64)
+    true = np.argmax(b, axis=0)                                     # the first of equal ones
+    wrong = np.flatnonzero(true != cand)
+    return (m, None) if not len(wrong) else (int(wrong[0]), int(true[wrong[0]]))
+
+
 def _digest(names, stages, max_epochs) -> str:
     text = json.dumps([list(names), [[s.first_batch, [s.weights[n] for n in names]] for s in stages], max_epochs],
                       sort_keys=True)
@@ -236,7 +345,7 @@ class Mixer:
 
     def pick(self, n: int, next_length: Callable[[str], int]) -> str | None:
         """The rule in the stage in force, `n` the tokens counted in it (`choose` without the
-        stage: packing/mix.py calls it once a document)."""
+        stage; the reference of `picks`)."""
         counted, best, behind = self.counted, None, -math.inf
         for name, w in self._shares.items():   # in sorted order: ties go to the first name
             length = next_length(name)
@@ -245,11 +354,21 @@ class Mixer:
                 best, behind = name, b
         return best
 
-    def took(self, source: str, tokens: int, epoch: int | None = None) -> None:
-        """A document of `tokens` tokens (BOS included) from `source`, of its epoch `epoch`."""
+    def picks(self, lengths: Sequence[Sequence[int]], limit: int) -> list:
+        """The rule's next picks in the stage in force, `pick` and `took` a document at a time
+        without calling either (packing/mix.py decides a block of documents at once): indices
+        into `shares()`'s sources, `lengths[i]` the lengths of source i's next documents as the
+        rule counts them. The mixer is left as it was (the caller says what was `took`)."""
+        names = list(self._shares)
+        return picks([self._shares[n] for n in names], [self.counted[n] for n in names],
+                     sum(self.counted.values()), lengths, limit)
+
+    def took(self, source: str, tokens: int, epoch: int | None = None, documents: int = 1) -> None:
+        """A document of `tokens` tokens (BOS included) from `source`, of its epoch `epoch`; or
+        `documents` of them, `tokens` in all."""
         self.counted[source] += tokens
         t = self.totals[source]  # (tokens, documents, epoch): a plain tuple, once per document
-        self.totals[source] = (t[0] + tokens, t[1] + 1, t[2] if epoch is None else epoch)
+        self.totals[source] = (t[0] + tokens, t[1] + documents, t[2] if epoch is None else epoch)
 
     def settle(self, placed: Mapping[str, int]) -> None:
         """Best fit, after each batch it plans: `placed[name]`, the tokens of each source placed in

@@ -110,8 +110,8 @@ class MixChunks(Chunks):
     (`last_end`: `(run, row)` for `point_at`, after the last chunk a plan took)."""
 
     def __init__(self, stream: MixStream, chunk_docs: int, ids_of, start):
-        """`ids_of(run)`: `(ids, lengths)` of the run's documents; `start`: the `MixPoint`
-        the run starts from, or None."""
+        """`ids_of(stretch)`: `(ids, lengths)` of the stretch's documents (`mixruns.Stretch`);
+        `start`: the `MixPoint` the run starts from, or None."""
         super().__init__(chunk_docs, start)
         self.stream, self._ids_of = stream, ids_of
         self.rows = 0                 # rows (documents and nulls) the mix took into chunks
@@ -123,15 +123,16 @@ class MixChunks(Chunks):
     def _more(self) -> bool:
         """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
         while self._pending_docs < self.chunk_docs:
-            runs = self.stream.runs(self.chunk_docs - self._pending_docs)
-            for run in runs:
-                ids, lengths = self._ids_of(run)
-                self.rows += run.row_hi - run.row_lo
+            stretches = self.stream.stretches(self.chunk_docs - self._pending_docs)
+            for stretch in stretches:
+                ids, lengths = self._ids_of(stretch)
+                self.rows += int((stretch.row_hi - stretch.row_lo).sum())
                 if len(ids):
                     self._pending.append((ids, lengths))
                     self._pending_docs += len(ids)
+                    run = stretch.run(int(np.flatnonzero(stretch.docs)[-1]))  # the last run with a document
                     self._end = (run, run.row_hi)
-            if not runs:
+            if not stretches:
                 if self.stream.finished is None or not self._pending_docs:
                     return False
                 break  # the mix ended: its last documents are a shorter chunk
@@ -158,8 +159,8 @@ class MixBestFitSequencer(BestFitSequencer):
 
     def __init__(self, cfg, n_slots: int, n_prefix: int, stream: MixStream, start: MixPoint | None, used,
                  lo: dict):
-        """`used(run)`: each run of the mix as it goes into a chunk; `lo`: each source's first file
-        in the run's numbering."""
+        """`used(source, piece)`: each piece of the mix whose last run goes into a chunk; `lo`: each
+        source's first file in the run's numbering."""
         super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
         self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self._used = used
@@ -174,14 +175,19 @@ class MixBestFitSequencer(BestFitSequencer):
         self._bases[piece.index] = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
         self.counted_rows += len(lengths)
 
-    def _ids_of(self, run) -> tuple:
-        lengths = np.asarray(run.lengths, dtype=np.int64)
-        live = np.flatnonzero(lengths)
-        base = self._bases[run.piece.index] + run.row_lo
-        if run.last:
-            del self._bases[run.piece.index]
-        self._used(run)
-        return base + live, lengths[live]
+    def _ids_of(self, stretch) -> tuple:
+        """The ids and lengths of a stretch's documents, in stream order (a document's id: its
+        piece's base and its row)."""
+        which, rows = stretch.documents()
+        bases = np.array([self._bases[r.piece.index] for r in stretch.rows], dtype=np.int64)
+        lengths = np.empty(len(rows), dtype=np.int64)
+        for i, r in enumerate(stretch.rows):
+            mine = which == i
+            lengths[mine] = r.lengths[rows[mine]]
+        for source, piece in stretch.used_up():
+            del self._bases[piece.index]
+            self._used(source, piece)
+        return bases[which] + rows, lengths
 
     def _complete(self, plan) -> Complete:
         """The batch's tokens of each source settle the mixer's counts (`Mixer.settle`) and the
@@ -223,7 +229,7 @@ class MixBestFitMode(BestFitMode):
         self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1)
         prefix = buffer_pieces(buffer_runs(mix.point, self._lo), cfg.max_piece_docs)
         self.seq = MixBestFitSequencer(cfg, run.layout.n_slots, len(prefix), self.stream, point,
-                                       lambda run: self.feed.used(run), self._lo)
+                                       lambda *used: self.feed.used_up(*used), self._lo)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         self.feed = MixFeed(mix, self.stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
         self.pieces = _chain(prefix, self.feed.feed())

@@ -159,12 +159,11 @@ class MixFeed:
         self.stream.unreadable(owned.source, owned.seq, error)
         return True
 
-    def used(self, run):
-        """A run the packing took: with a piece's last, the piece leaves the read-ahead."""
-        if run.last:
-            del self.owned[run.piece.index]
-            if run.source in self._ahead:
-                self._ahead[run.source] -= run.piece.text_bytes + 1
+    def used_up(self, source: str, piece):
+        """The packing took the last run of `piece` (of `source`): it leaves the read-ahead."""
+        del self.owned[piece.index]
+        if source in self._ahead:
+            self._ahead[source] -= piece.text_bytes + 1
 
     def flow(self):
         """A mix that waits for a source without documents ends."""

@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import zlib
 
+import numpy as np
+
 from ..data.mixture import Mixer
 from ..data.order import RAMP
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .concat import ConcatMode, ConcatSequencer, Places
+from .concat import ConcatMode, ConcatSequencer, Copies, Where
 from .mix import MixStream, point_at
 from .mixfeed import MixFeed, Said, start_points
 
@@ -43,7 +45,7 @@ class MixConcatMode(ConcatMode):
         # source is left out now: then the mix starts at a document's start)
         first = point.source if point is not None and point.skip and point.source in _read(mix) else None
         skip = point.skip if first is not None else 0
-        self.seq = ConcatSequencer(window, run.layout.n_slots, skip)
+        self.seq = MixSequencer(window, run.layout.n_slots, skip)
         if point is not None:
             mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
         else:
@@ -84,9 +86,10 @@ class MixConcatMode(ConcatMode):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
         self.feed.flow()
-        for run in self.stream.runs():
-            self.seq.append(run.piece.index, run.lengths, run.base, run.last, tag=run)
-            self.feed.used(run)
+        for stretch in self.stream.stretches():
+            self.seq.add(stretch)
+            for source, piece in stretch.used_up():
+                self.feed.used_up(source, piece)
         if self.stream.finished is not None:
             self.seq.finished = True
 
@@ -106,19 +109,37 @@ class MixConcatMode(ConcatMode):
         return out
 
     def orders(self, take_slot):
-        """Every run's segments placed now, one `Places` message per worker."""
-        by_worker = {}
-        for w, place in super().orders(take_slot):
-            by_worker.setdefault(w, []).append(place)
-        for w, places in by_worker.items():
-            yield w, Places(tuple(places))
+        """Every run's segments placed now, one `Copies` message per worker."""
+        placed = self.seq.placements()
+        if not placed:
+            return
+        segments = np.concatenate([seg for seg, _ in placed])
+        done = [index for _, indices in placed for index in indices]
+        pieces, at = np.unique(segments[:, 0], return_inverse=True)
+        workers = np.array([self.owner[i] for i in pieces.tolist()], dtype=np.int64)[at]
+        batches, at = np.unique(segments[:, 1], return_inverse=True)
+        segments[:, 2] = np.array([take_slot(k) for k in batches.tolist()], dtype=np.int64)[at]
+        by_worker = {w: ([], []) for w in np.unique(workers).tolist()}
+        for index in done:
+            by_worker.setdefault(self.owner[index], ([], []))[1].append(index)
+        for w, (_, finished) in by_worker.items():
+            mine = segments[workers == w]
+            for index in finished:
+                self._written_out(w, index)
+                del self.owner[index]
+            yield w, Copies(mine, tuple(finished))
 
     def holding(self, worker: int, orders) -> dict:
         """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
         out = Mode.holding(self, worker, orders)
         out.update((i, None) for i, w in self.owner.items() if w == worker)
-        out.update((place.piece, None) for order in orders for place in order.orders)
+        out.update((index, None) for order in orders for index in self.spec_pieces(order))
         return out
+
+    @staticmethod
+    def spec_pieces(order) -> set:
+        """The pieces a `Copies` order reads or drops."""
+        return set(order.segments[:, 0].tolist()) | set(order.done)
 
     def buffer_of(self, done: Complete):
         """The `MixPoint` after the batch, as the state's JSON text and its crc32."""
@@ -146,3 +167,96 @@ def point_text(point, lo: dict, **more) -> str:
 def _read(mix) -> set:
     """The sources a run reads (a state's left-out ones are not)."""
     return {r.name for r in mix.ranges}
+
+
+class _Span:
+    """A `Stretch` of runs sequenced from stream position `start`: each run's start and end in
+    the stream, how far it was placed, and how many of its runs are placed whole."""
+
+    __slots__ = ("stretch", "start", "starts", "ends", "end", "placed", "done_runs", "done_sent", "docs_before")
+
+    def __init__(self, stretch, start: int, docs_before: int):
+        self.stretch, self.start, self.docs_before = stretch, start, docs_before
+        self.ends = start + np.cumsum(stretch.tokens)
+        self.starts = self.ends - stretch.tokens
+        self.end = int(self.ends[-1])
+        self.placed = start       # stream position up to which segments were issued
+        self.done_runs = 0        # its runs before this are placed whole (their pieces' done sent)
+        self.done_sent = False
+
+
+class MixSequencer(ConcatSequencer):
+    """`ConcatSequencer` placing a mixture's runs a `Stretch` at a time, by arrays: a stretch is
+    placed like a piece (its segments cut at its runs' ends and at the batches' ends), and a
+    batch's end names the run it falls in (`Where.run`, a `Run` made when asked)."""
+
+    def add(self, stretch):
+        """Sequence a stretch of runs next."""
+        span = _Span(stretch, self.next_start, self._docs)
+        self._docs += int(stretch.docs.sum())
+        self._seq.append(span)
+        self.next_start = span.end
+
+    def placements(self) -> list:
+        """New write orders `(segments, done)`: segments `(piece, batch, 0, batch_offset,
+        piece_offset, n)` a row (the slot is the mode's to fill in) and the pieces with no
+        further tokens to place. Batches below `book.limit` may be written."""
+        limit = self.book.limit * self.window
+        out = []
+        for s in self._seq:
+            if s.done_sent:
+                continue
+            end = s.end
+            lo, hi = max(s.placed, 0), min(end, limit)
+            if hi <= lo < end:
+                break  # the slots this stretch needs next are still in use
+            segments = self._cut(s, lo, hi) if hi > lo else np.zeros((0, 6), dtype=np.int64)
+            s.placed = max(s.placed, hi)
+            s.done_sent = s.placed >= end
+            done_runs = int(np.searchsorted(s.ends, s.placed, side="right"))
+            st = s.stretch
+            ended = np.flatnonzero(st.last[s.done_runs:done_runs]) + s.done_runs
+            s.done_runs = done_runs
+            done = [st.rows[st.which[i]].piece.index for i in ended.tolist()]
+            if len(segments) or done:
+                out.append((segments, done))
+            if not s.done_sent:
+                break
+        return out
+
+    def _cut(self, s: _Span, lo: int, hi: int) -> np.ndarray:
+        """The segments of stream positions `[lo, hi)` of span `s`: one a run and a batch."""
+        w, st = self.window, s.stretch
+        first, stop = np.searchsorted(s.ends, lo, side="right"), np.searchsorted(s.starts, hi, side="left")
+        cuts = np.unique(np.concatenate(([lo, hi], s.starts[first + 1:stop], np.arange(lo // w + 1, (hi - 1) // w + 1) * w)))
+        at, n = cuts[:-1], np.diff(cuts)
+        run = np.searchsorted(s.ends, at, side="right")        # the run holding each segment's first token
+        k = at // w
+        pieces = np.array([r.piece.index for r in st.rows], dtype=np.int64)[st.which[run]]
+        out = np.column_stack((pieces, k, np.zeros_like(k), at - k * w, st.base[run] + at - s.starts[run], n))
+        while self._opened <= k[-1]:  # segments go out in stream order: each batch's first one
+            self.book.expect(self._opened, w)
+            self._opened += 1
+        return out
+
+    def _position_after(self, k: int):
+        """Where batch k ends, noting how many documents of the run began by then (`docs_at`)."""
+        pos = (k + 1) * self.window
+        for s in self._seq:
+            if s.start <= pos < s.end:
+                break
+        else:
+            if self.finished and pos == self.next_start:  # the last batch of a stream that ended
+                self.docs_at[k] = self._docs
+                return Where(-1, 0, 0)
+            return None
+        st = s.stretch
+        i = int(np.searchsorted(s.ends, pos, side="right"))  # the run holding token pos
+        rows, lo = st.rows[st.which[i]], int(st.row_lo[i])
+        at = int(st.base[i]) + pos - int(s.starts[i])        # in the piece
+        row = int(np.searchsorted(rows.before, at, side="right")) - 1
+        skip = at - int(rows.before[row])
+        self.docs_at[k] = (s.docs_before + int(st.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
+                           + (1 if skip else 0))
+        run = st.run(i)
+        return Where(run.piece.index, row - lo, skip, run)

@@ -1,0 +1,227 @@
+"""What a mixture's stream hands a packing: runs of documents, made a block at a time; pure.
+
+A `Run` is rows `[row_lo, row_hi)` of one counted piece, documents the mix picked in a row
+(packing/mix.py says how they are made). The stream makes them a *block* at a time: while
+every source's next document is known and the stage does not change, the rule decides a
+whole block of documents in one call (`Mixer.picks`), and the block's runs come out as one
+`Stretch`: arrays with an entry a run, which a packing places with whole-array calls (concat:
+packing/mixmode.py; best fit: packing/mixbestfit.py) instead of a Python object a run. A
+run's `at` (where the mix stood before it: what a state keeps) is made only when asked
+(`where_at`: a batch's end asks once per batch): a block keeps the mix's place at its start
+and its picks (`Block`), from which the place before any of them follows.
+
+`point_at(run, row, skip)` is the `MixPoint` inside a run: a resumed mix starts every source at
+its document and the mixer from its state there.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+import numpy as np
+
+from ..data.mixture import Mixer
+from ..position import Position
+
+
+class MixPoint(NamedTuple):
+    """A place in a mixed stream: the next token is `skip` tokens into the document that source
+    `source` reads at `sources[source]`; every other source reads next at its `sources` entry;
+    `mixer` is the mixer's state (`Mixer.state`) before that document was picked."""
+    source: str
+    skip: int
+    sources: Mapping[str, Position]
+    mixer: dict
+
+    def to_json(self) -> dict:
+        """Plain JSON; `"skips"`: the sources whose next document is one an old rank had cut at a
+        change of world size, with the tokens of it read before (only while there are some)."""
+        out = {"source": self.source, "skip": self.skip, "mixer": self.mixer,
+               "sources": {name: list(p[:4]) for name, p in sorted(self.sources.items())}}
+        skips = {name: p.skip for name, p in sorted(self.sources.items()) if p.skip}
+        if skips:
+            out["skips"] = skips
+        return out
+
+    @classmethod
+    def from_json(cls, value: Mapping) -> "MixPoint":
+        try:
+            skips = value.get("skips", {})
+            sources = {str(n): Position(*map(int, p), int(skips.get(n, 0))) for n, p in value["sources"].items()}
+            point = cls(str(value["source"]), int(value["skip"]), sources, dict(value["mixer"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"the mixture's place in the state is malformed ({type(e).__name__}: {e}): "
+                             f"{value!r}") from None
+        if point.source not in sources or point.skip < 0:
+            raise ValueError(f"the mixture's place in the state names source {point.source!r} (skip {point.skip}), "
+                             f"not among its sources {sorted(sources)}")
+        return point
+
+
+class Run(NamedTuple):
+    """Rows `[row_lo, row_hi)` of piece `piece` of source `source`, picked in a row: tokens
+    `[base, base + lengths.sum())` of the piece's; `last`: no document of the piece comes
+    after it; `at`: where the mix stood before its first row (`point_at` makes a `MixPoint`)."""
+    source: str
+    piece: object        # data.order.Piece
+    row_lo: int
+    row_hi: int
+    base: int
+    lengths: list        # tokens of each of its rows (0: a null)
+    last: bool
+    at: tuple            # `(sources, snapshot)`: every source's next document as a `Position` or
+    #                      as `(piece, row)` of its head, and the mixer's `snapshot`; or an `At`
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+
+class Rows:
+    """A counted piece's rows, as the stream reads them (never changed once made): its lengths,
+    as an array and as Python ints, its documents' rows (`live`, non-null), the tokens before
+    each row (`before`, one more entry: the piece's total) and the documents before each row
+    (`docs_before`)."""
+
+    __slots__ = ("piece", "lengths", "sizes", "live", "before", "docs_before", "doc_lengths", "after", "_rule")
+
+    def __init__(self, piece, lengths: np.ndarray):
+        self.piece, self.lengths = piece, lengths
+        self.sizes = lengths.tolist()
+        self.live = np.flatnonzero(lengths)
+        self.before = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.before[1:])
+        self.docs_before = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths > 0, out=self.docs_before[1:])
+        self.doc_lengths = lengths[self.live]                       # its documents' lengths
+        self.after = np.append(self.live[1:], len(lengths))         # the row after each (past the nulls)
+        self._rule = None
+
+    def rule(self, cap: int | None) -> np.ndarray:
+        """Its documents' lengths as the mixer counts them (up to `cap`), in row order."""
+        if self._rule is None:
+            self._rule = self.doc_lengths if cap is None else np.minimum(self.doc_lengths, cap)
+        return self._rule
+
+
+class Block(NamedTuple):
+    """The rule's picks over fixed heads (packing/mix.py): where the mix stood at the block's
+    start (`at`: `(sources, snapshot)`), the sources picked among (the shares' order) and their
+    heads' rows, and for each pick its source (an index into `names`), its tokens as the mixer
+    counted them and its head's next row after it (the next document's, or the piece's end)."""
+    at: tuple
+    names: tuple
+    rows: tuple          # `Rows` of each source's head
+    picks: np.ndarray
+    counted: np.ndarray
+    after: np.ndarray
+
+
+class At(NamedTuple):
+    """A run's `at` inside a block: where the mix stood before the block's pick `j`."""
+    block: Block
+    j: int
+
+
+def where_at(at) -> tuple:
+    """`(sources, snapshot)` of a run's `at` (made from its block for an `At`)."""
+    if type(at) is not At:
+        return at
+    block, j = at
+    sources, (stage, stage_batch, counted, totals, ended, mixer) = block.at
+    sources, counted, totals = dict(sources), dict(counted), dict(totals)
+    before = block.picks[:j]
+    for i, name in enumerate(block.names):
+        mine = np.flatnonzero(before == i)
+        if len(mine):
+            tokens, t = int(block.counted[mine].sum()), totals[name]
+            counted[name] += tokens
+            totals[name] = (t[0] + tokens, t[1] + len(mine), block.rows[i].piece.epoch)
+            sources[name] = (block.rows[i].piece, int(block.after[mine[-1]]))
+    return sources, (stage, stage_batch, counted, totals, ended, mixer)
+
+
+class Stretch(NamedTuple):
+    """Runs made in a row, an entry a run: run i is rows `[row_lo[i], row_hi[i])` of the piece of
+    `rows[which[i]]` (source `sources[which[i]]`), its tokens `[base[i], base[i] + tokens[i])`
+    of the piece's, `docs[i]` documents; `last[i]`: no document of its piece comes after it.
+    `at`: run i's `at` is `At(block, opened[i])`, or `first` for run 0 when it is not None (a
+    run begun before the block)."""
+    sources: tuple
+    rows: tuple          # `Rows`
+    which: np.ndarray
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+    base: np.ndarray
+    tokens: np.ndarray
+    docs: np.ndarray
+    last: np.ndarray
+    block: Block | None
+    opened: np.ndarray | None
+    first: tuple | None
+
+    @classmethod
+    def one(cls, source: str, rows: Rows, row_lo: int, row_hi: int, at) -> "Stretch":
+        """A single run."""
+        b = rows.before
+        return cls((source,), (rows,), np.zeros(1, dtype=np.intp), np.array([row_lo]), np.array([row_hi]),
+                   np.array([b[row_lo]]), np.array([b[row_hi] - b[row_lo]]),
+                   np.array([rows.docs_before[row_hi] - rows.docs_before[row_lo]]),
+                   np.array([row_hi == len(rows.sizes)]), None, None, at)
+
+    def __len__(self) -> int:  # noqa: D105
+        return len(self.which)
+
+    def at(self, i: int):
+        return self.first if i == 0 and self.first is not None else At(self.block, int(self.opened[i]))
+
+    def run(self, i: int) -> Run:
+        """Run i as a `Run`."""
+        rows, lo, hi = self.rows[self.which[i]], int(self.row_lo[i]), int(self.row_hi[i])
+        return Run(self.sources[self.which[i]], rows.piece, lo, hi, int(self.base[i]), rows.sizes[lo:hi],
+                   bool(self.last[i]), self.at(i))
+
+    def runs(self) -> list:
+        return [self.run(i) for i in range(len(self.which))]
+
+    def used_up(self) -> list:
+        """`(source, piece)` of the pieces whose last run is here."""
+        return [(self.sources[w], self.rows[w].piece) for w in self.which[self.last].tolist()]
+
+    def documents(self) -> tuple:
+        """`(which, rows)`: each document's entry of `rows` and its row, in stream order."""
+        firsts = np.cumsum([0] + [len(r.live) for r in self.rows])[:-1]
+        live = np.concatenate([r.live for r in self.rows])
+        start = firsts[self.which] + self._docs_before_lo()   # each run's first document in `live`
+        ends = np.cumsum(self.docs)
+        idx = np.repeat(start - (ends - self.docs), self.docs) + np.arange(int(ends[-1]) if len(ends) else 0)
+        return np.repeat(self.which, self.docs), live[idx]
+
+    def _docs_before_lo(self) -> np.ndarray:
+        """The documents before each run's first row, in its piece."""
+        out = np.empty(len(self.which), dtype=np.int64)
+        for i, rows in enumerate(self.rows):
+            mine = self.which == i
+            out[mine] = rows.docs_before[self.row_lo[mine]]
+        return out
+
+
+def point_at(run: Run, row: int, skip: int) -> MixPoint:
+    """Where the mix stands at token `skip` of row `row` of `run` (row_lo <= row < row_hi): the
+    run's source reads that document, the mixer before it has taken the run's earlier rows."""
+    before = run.lengths[:row - run.row_lo]
+    at_sources, snapshot = where_at(run.at)
+    mixer = Mixer.state_of_snapshot(snapshot)
+    counted, totals = mixer["counted"], mixer["totals"]
+    tokens, docs, _ = totals[run.source]
+    counted[run.source] += sum(before)
+    totals[run.source] = [tokens + sum(before), docs + len(before) - before.count(0), run.piece.epoch]
+    sources = {name: place(*where) if type(where) is tuple else where for name, where in at_sources.items()}
+    p = run.piece
+    sources[run.source] = Position(p.epoch, p.file, p.rg, p.doc_start + row)
+    return MixPoint(run.source, skip, sources, mixer)
+
+
+def place(piece, row: int) -> Position:
+    """Row `row` of `piece` as a source's next document; its first row keeps the piece's skip (a
+    document an old rank had cut at a change of world size, not begun here yet)."""
+    return Position(piece.epoch, piece.file, piece.rg, piece.doc_start + row, piece.skip if row == 0 else 0)
