@@ -168,7 +168,7 @@ def _max_epochs(given: Mapping, names: tuple) -> dict:
     return {name: int(given[name]) for name in names if name in given}
 
 
-MERGE_AT = 96  # documents from which `picks` tries a block as a merge (equal shares)
+MERGE_AT = 400  # documents a block is expected to hold from which `picks` merges (equal shares)
 
 
 def picks(shares: Sequence[float], counted: Sequence[int], n: int, lengths: Sequence[Sequence[int]],
@@ -181,12 +181,15 @@ def picks(shares: Sequence[float], counted: Sequence[int], n: int, lengths: Sequ
     `limit` picks, or after the pick that takes a source's last document in `lengths` (the next
     pick would need the one after it).
 
-    Equal shares make the rule a merge (`_merged`), checked in whole-array calls; otherwise one
-    tight loop over plain lists (`_one_at_a_time`). Both give `pick`'s picks exactly, ties
-    included (a property test checks it: tests/unit/test_mixture.py)."""
+    Equal shares make the rule a merge (`_merged`), checked in whole-array calls: about 0.2 µs a
+    document in blocks of 3,000, but some 80 numpy calls a block, so it is used for blocks
+    expected to hold `MERGE_AT` documents or more (`k` times the shortest source's); otherwise
+    one tight loop over plain lists (`_one_at_a_time`, about 0.5 µs a document on the 2-core
+    machine of docs/benchmarks.md). Both give `pick`'s picks exactly, ties included (a property
+    test checks it: tests/unit/test_mixture.py)."""
     if limit <= 0 or not shares or any(not len(x) for x in lengths):
         return []
-    if len(shares) > 1 and len(set(shares)) == 1 and min(limit, sum(map(len, lengths))) >= MERGE_AT:
+    if len(shares) > 1 and len(set(shares)) == 1 and min(limit, len(shares) * min(map(len, lengths))) >= MERGE_AT:
         return _merged(shares[0], list(counted), n, [np.asarray(x, dtype=np.int64) for x in lengths], limit)
     return _one_at_a_time(list(shares), list(counted), n, [list(x) for x in lengths], limit)
 

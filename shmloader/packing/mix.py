@@ -254,51 +254,44 @@ class MixStream:
         stage does not change (`Mixer.picks`: one call, not one a document), as one `Stretch`: its
         runs are those a document at a time would make (`_take`), the mixer takes the same
         counts, and a run's `at` is made from the block when asked (mixruns.py)."""
-        mixer, rows = self.mixer, [h.rows for h in heads]
-        firsts = [int(np.searchsorted(r.live, h.row)) for r, h in zip(rows, heads)]  # each head's next document
-        picks = mixer.picks([r.rule(self.cap)[q:].tolist() for r, q in zip(rows, firsts)],
+        mixer, cap, rows = self.mixer, self.cap, [h.rows for h in heads]
+        firsts = [int(r.docs_before[h.row]) for r, h in zip(rows, heads)]  # each head's next document
+        picks = mixer.picks([r.rule(cap)[0][q:].tolist() for r, q in zip(rows, firsts)],
                             self._room if self._room is not None else NO_LIMIT)
         if not picks:
             return
         picks = np.array(picks, dtype=np.intp)
-        after, counted, full = (np.empty(len(picks), dtype=np.int64) for _ in range(3))
-        took = []                    # (source, documents) of each head in turn
-        for i, r in enumerate(rows):
-            mine = picks == i
-            k = int(np.count_nonzero(mine))
-            took.append(k)
-            if k:
-                q = firsts[i]
-                after[mine], full[mine] = r.after[q:q + k], r.doc_lengths[q:q + k]
-                counted[mine] = r.rule(self.cap)[q:q + k]
-        m = self._in_stage(full)
-        if m < len(picks):
-            picks, after, counted, full = picks[:m], after[:m], counted[:m], full[:m]
-            took = [int(np.count_nonzero(picks == i)) for i in range(len(rows))]
+        taken = (picks[:, None] == np.arange(len(rows))).cumsum(axis=0)  # each source's picks up to each
+        offsets = np.cumsum([0] + [len(r.live) for r in rows])
+        doc_at = (offsets[:-1] + firsts)[picks] + taken[np.arange(len(picks)), picks] - 1  # in the documents of all
+        doc_lengths = np.concatenate([r.doc_lengths for r in rows])[doc_at]
+        m = self._in_stage(doc_lengths)
         if m == 0:
             return
-        block = Block(self._at(), tuple(names), tuple(rows), picks, counted, after)
-        self._emit(names, heads, block)
-        for i, name in enumerate(names):
-            if took[i]:
-                q = firsts[i]
-                mixer.took(name, int(rows[i].rule(self.cap)[q:q + took[i]].sum()), heads[i].piece.epoch,
-                           documents=took[i])
-        self.tokens += int(full.sum())
+        if m < len(picks):
+            picks, taken, doc_at, doc_lengths = picks[:m], taken[:m], doc_at[:m], doc_lengths[:m]
+        doc_rows = np.concatenate([r.live for r in rows])[doc_at]
+        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picks, taken, doc_rows, doc_lengths)
+        self._emit(names, heads, block, doc_at)
+        for name, r, q, k, head in zip(names, rows, firsts, taken[-1].tolist(), heads):
+            if k:
+                before = r.rule(cap)[1]
+                mixer.took(name, int(before[q + k] - before[q]), head.piece.epoch, documents=k)
+        self.tokens += int(doc_lengths.sum())
         if self._room is not None:
             self._room -= m
 
-    def _in_stage(self, full: np.ndarray) -> int:
-        """How many of the picks (their documents' `full` lengths, in turn) the stage in force
-        takes: a pick whose first token lands in a later stage's batch is not made."""
+    def _in_stage(self, lengths: np.ndarray) -> int:
+        """How many of the picks (their documents' `lengths`, in turn) the stage in force takes:
+        a pick whose first token lands in a later stage's batch is not made."""
         mixture = self.mixer.mixture
         if len(mixture.stages) == 1:
-            return len(full)
-        stage, tokens = self.mixer.stage, self.tokens + np.cumsum(full)
+            return len(lengths)
+        stage, tokens = self.mixer.stage, self.tokens + np.cumsum(lengths)
         changed = lambda j: mixture.stage_at(self.batch_of(self.tokens if j == 0 else int(tokens[j - 1]))) != stage  # noqa: E731
         if changed(0):
             return 0
-        lo, hi = 1, len(full)  # the first pick in another stage is in [lo, hi]; len(full): none is
+        lo, hi = 1, len(lengths)  # the first pick in another stage is in [lo, hi]; len(lengths): none is
         while lo < hi:
             mid = (lo + hi) // 2
             if changed(mid):
@@ -307,38 +300,37 @@ class MixStream:
                 lo = mid + 1
         return lo
 
-    def _emit(self, names: list, heads: list, block: Block):
+    def _emit(self, names: list, heads: list, block: Block, doc_at: np.ndarray):
         """The block's runs as one `Stretch`, every run closed at its end (as `_take` would have
-        closed them: at a used-up head, the limit, or the stage's end); the heads move past them."""
-        picks, after = block.picks, block.after
-        m = len(picks)
-        starts = np.flatnonzero(picks[1:] != picks[:-1]) + 1
-        opened = np.concatenate(([0], starts))
+        closed them: at a used-up head, the limit, or the stage's end); the heads move past them.
+        `doc_at`: each pick's document in the documents of all heads, end to end."""
+        picks, rows = block.picks, block.rows
+        opened = np.flatnonzero(np.diff(picks, prepend=-1))       # each run's first pick
+        closed = np.append(opened[1:], len(picks)) - 1            # ... and its last
         which = picks[opened]
-        row_hi = after[np.append(starts, m) - 1]
         first = None
-        if self._open is not None:  # a run begun before the block (a resumed run's first document)
+        if self._open is not None:  # a run begun before the block (a resumed run's cut document)
             if self._open[1] is heads[which[0]]:
                 first = self._open[2]
                 self._open = None
             else:
                 self._close()
-        row_lo = np.empty(len(which), dtype=np.int64)
-        base, tokens, docs = np.empty_like(row_lo), np.empty_like(row_lo), np.empty_like(row_lo)
-        for i, head in enumerate(heads):
-            mine = np.flatnonzero(which == i)
-            if not len(mine):
-                continue
-            lo = np.empty(len(mine), dtype=np.int64)
-            lo[0], lo[1:] = head.covered, row_hi[mine[:-1]]
-            hi, r = row_hi[mine], head.rows
-            row_lo[mine], base[mine] = lo, r.before[lo]
-            tokens[mine], docs[mine] = r.before[hi] - r.before[lo], r.docs_before[hi] - r.docs_before[lo]
-            head.row = head.covered = int(hi[-1])
-            head.ran = True
-        last = row_hi == np.array([len(h.rows.sizes) for h in heads])[which]
-        self._out.append(Stretch(tuple(names), block.rows, which, row_lo, row_hi, base, tokens, docs, last,
-                                 block, opened, first))
+        after = np.concatenate([r.after for r in rows])
+        row_hi = after[doc_at[closed]]
+        covered = np.array([h.covered for h in heads])[which]
+        row_lo = np.where(block.taken[opened, which] == 1, covered, after[doc_at[opened] - 1])
+        at = np.cumsum([0] + [len(r.before) for r in rows])[:-1][which]    # each run's piece in `before`
+        before = np.concatenate([r.before for r in rows])
+        docs_before = np.concatenate([r.docs_before for r in rows])
+        base = before[at + row_lo]
+        stretch = Stretch(tuple(names), rows, which, row_lo, row_hi, base, before[at + row_hi] - base,
+                          docs_before[at + row_hi] - docs_before[at + row_lo],
+                          row_hi == np.array([len(r.sizes) for r in rows])[which], block, opened, first)
+        for head, r, q, k in zip(heads, rows, block.firsts, block.taken[-1].tolist()):
+            if k:
+                head.row = head.covered = int(r.after[q + k - 1])
+                head.ran = True
+        self._out.append(stretch)
 
     def _take(self, source: str, head: _Head) -> bool:
         """The mix takes `source`'s next document (`head`'s); whether the head is used up."""

@@ -40,7 +40,8 @@ from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from .bestfit import BestFitMode, BestFitSequencer, Chunks
-from .mix import MixPoint, MixStream, point_at
+from .mix import MixPoint, MixStream
+from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
 from .mixmode import point_text
 from .runs import decode, narrow
@@ -101,7 +102,11 @@ def buffer_text(where: MixBuffer, lo: dict) -> str:
         text = f"{prefix}:{values.tobytes().hex()}"
     else:
         text = ""
-    return point_text(where.point, lo, buffer={"sources": [name for _, name in firsts], "runs": text})
+    # the runs' text (hex after a width) holds nothing JSON escapes: put in after, not scanned by json
+    head = point_text(where.point, lo, buffer={"sources": [name for _, name in firsts], "runs": ""})
+    empty = '{"buffer":{"runs":""'  # the first key, sorted
+    assert head.startswith(empty), head[:40]
+    return f'{{"buffer":{{"runs":"{text}"{head[len(empty):]}'
 
 
 class MixChunks(Chunks):
@@ -178,12 +183,8 @@ class MixBestFitSequencer(BestFitSequencer):
     def _ids_of(self, stretch) -> tuple:
         """The ids and lengths of a stretch's documents, in stream order (a document's id: its
         piece's base and its row)."""
-        which, rows = stretch.documents()
+        which, rows, lengths = stretch.documents()
         bases = np.array([self._bases[r.piece.index] for r in stretch.rows], dtype=np.int64)
-        lengths = np.empty(len(rows), dtype=np.int64)
-        for i, r in enumerate(stretch.rows):
-            mine = which == i
-            lengths[mine] = r.lengths[rows[mine]]
         for source, piece in stretch.used_up():
             del self._bases[piece.index]
             self._used(source, piece)
@@ -198,8 +199,10 @@ class MixBestFitSequencer(BestFitSequencer):
         stream.mixer.settle(self._placed(plan))
         stream.enter(stream.batch_of(0) + 1)
         end = self.chunks.last_end
-        point = point_at(*end, 0) if type(end) is tuple else end
-        point = point._replace(mixer=stream.mixer.state())
+        if type(end) is tuple:  # (run, row): the mixer's state there is replaced by its state now
+            point = MixPoint(end[0].source, 0, sources_at(*end), stream.mixer.state())
+        else:
+            point = end._replace(mixer=stream.mixer.state())
         return Complete(self.planned, point.sources[point.source]._replace(skip=0),
                         MixBuffer(point, self.buffer_runs()), self.docs_placed)
 
@@ -242,7 +245,7 @@ class MixBestFitMode(BestFitMode):
         """Best fit's read-ahead cap over the documents not yet in the buffer (also those the mix
         has not taken), past it for the source the mix waits for."""
         if self.pieces.handed >= self.n_prefix:  # the resumed buffer's pieces are out: the mix's
-            pick = self.feed.pick()
+            pick = self.feed.pick_now()
             if pick is None:
                 return False
             if pick.needed:
@@ -251,6 +254,14 @@ class MixBestFitMode(BestFitMode):
         waiting = seq.chunks.docs + seq.backlog_docs + seq.counted_rows - seq.chunks.rows + self.assigned_docs
         return Mode.can_take(self, worker) and (waiting < self.cap or (seq.starved and not self.assigned_docs))
 
+    def take(self, worker: int, piece):
+        super().take(worker, piece)
+        self.feed.moved()
+
+    def orders(self, take_slot):
+        yield from super().orders(take_slot)
+        self.feed.moved()  # plans took the mix's documents (and may have begun a stage)
+
     def failed(self, index: int, error) -> bool:
         if index < self.n_prefix:  # the resumed buffer's: in order, as for one source
             return BestFitMode.failed(self, index, error)
@@ -258,6 +269,7 @@ class MixBestFitMode(BestFitMode):
         return self.feed.failed(index, error)
 
     def counted(self, msg):
+        self.feed.moved()
         piece = BestFitMode.counted(self, msg)
         if piece.index >= self.n_prefix:
             self.feed.counted(piece.index, piece, msg.lengths)

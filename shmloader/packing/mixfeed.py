@@ -42,6 +42,9 @@ def start_points(mix, rank: int) -> tuple:
     return point, starts
 
 
+_UNKNOWN = object()
+
+
 class Next(NamedTuple):
     """The source whose piece goes out next; `needed`: the mix waits for its next document and
     none of its pieces is being read."""
@@ -78,6 +81,18 @@ class MixFeed:
                 self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
         self._peeked, self._barren = {}, {}                   # per source: its next piece; why it has no document
         self._index = first_index
+        self._now = _UNKNOWN                                  # `pick_now`'s
+
+    def pick_now(self) -> "Next | None":
+        """`pick`, made once until `moved`: a coordinator's turn asks for every worker (modes call
+        `moved` whenever a piece goes out, a count comes or plans take the mix's documents)."""
+        if self._now is _UNKNOWN:
+            self._now = self.pick()
+        return self._now
+
+    def moved(self):
+        """The mix, its pieces or those being read changed: `pick_now` asks `pick` again."""
+        self._now = _UNKNOWN
 
     def pick(self) -> "Next | None":
         """The source whose next piece goes out next (that piece peeked), or None (also once the
@@ -157,6 +172,7 @@ class MixFeed:
         if owned is None:
             return False
         self.stream.unreadable(owned.source, owned.seq, error)
+        self.moved()
         return True
 
     def used_up(self, source: str, piece):

@@ -59,16 +59,21 @@ class MixConcatMode(ConcatMode):
         self._flow()  # a state saved at the mix's end starts over (`Mixer.over`): it ends before any piece
 
     def can_take(self, worker: int) -> bool:
-        pick = self.feed.pick()
+        pick = self.feed.pick_now()
         if pick is None:
             return False
         if pick.needed:  # past the hold budget: only the mix can free it, and the mix waits for this
             return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
         return super().can_take(worker)
 
+    def take(self, worker: int, piece):
+        super().take(worker, piece)
+        self.feed.moved()
+
     # ---- counts, runs and batches
 
     def counted(self, msg):
+        self.feed.moved()
         piece = self.specs.pop(msg.piece)
         self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
         self.feed.counted(msg.piece, piece, msg.lengths)

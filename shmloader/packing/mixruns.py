@@ -78,9 +78,9 @@ class Run(NamedTuple):
 
 class Rows:
     """A counted piece's rows, as the stream reads them (never changed once made): its lengths,
-    as an array and as Python ints, its documents' rows (`live`, non-null), the tokens before
-    each row (`before`, one more entry: the piece's total) and the documents before each row
-    (`docs_before`)."""
+    as an array and as Python ints, its documents' rows (`live`, non-null) and lengths, the row
+    after each document (past the nulls after it), the tokens before each row (`before`, one
+    more entry: the piece's total) and the documents before each row (`docs_before`)."""
 
     __slots__ = ("piece", "lengths", "sizes", "live", "before", "docs_before", "doc_lengths", "after", "_rule")
 
@@ -92,28 +92,36 @@ class Rows:
         np.cumsum(lengths, out=self.before[1:])
         self.docs_before = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths > 0, out=self.docs_before[1:])
-        self.doc_lengths = lengths[self.live]                       # its documents' lengths
-        self.after = np.append(self.live[1:], len(lengths))         # the row after each (past the nulls)
+        self.doc_lengths = lengths[self.live]
+        self.after = np.append(self.live[1:], len(lengths))
         self._rule = None
 
-    def rule(self, cap: int | None) -> np.ndarray:
-        """Its documents' lengths as the mixer counts them (up to `cap`), in row order."""
+    def rule(self, cap: int | None) -> tuple:
+        """`(lengths, before)`: its documents' lengths as the mixer counts them (up to `cap`, the
+        same every call), and the sum of those before each (one more entry: their total)."""
         if self._rule is None:
-            self._rule = self.doc_lengths if cap is None else np.minimum(self.doc_lengths, cap)
+            lengths = self.doc_lengths if cap is None else np.minimum(self.doc_lengths, cap)
+            before = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=before[1:])
+            self._rule = lengths, before
         return self._rule
 
 
 class Block(NamedTuple):
     """The rule's picks over fixed heads (packing/mix.py): where the mix stood at the block's
-    start (`at`: `(sources, snapshot)`), the sources picked among (the shares' order) and their
-    heads' rows, and for each pick its source (an index into `names`), its tokens as the mixer
-    counted them and its head's next row after it (the next document's, or the piece's end)."""
+    start (`at`: `(sources, snapshot)`), the sources picked among (the shares' order), their
+    heads' rows and each one's next document there (`firsts`, an index into its documents);
+    each pick's source (an index into `names`) and the picks of each source up to it (`taken`,
+    an (m, k) array); each picked document's row and length (in the order picked)."""
     at: tuple
     names: tuple
     rows: tuple          # `Rows` of each source's head
+    firsts: tuple
+    cap: int | None
     picks: np.ndarray
-    counted: np.ndarray
-    after: np.ndarray
+    taken: np.ndarray
+    doc_rows: np.ndarray
+    doc_lengths: np.ndarray
 
 
 class At(NamedTuple):
@@ -122,22 +130,24 @@ class At(NamedTuple):
     j: int
 
 
-def where_at(at) -> tuple:
-    """`(sources, snapshot)` of a run's `at` (made from its block for an `At`)."""
+def where_at(at, counts: bool = True) -> tuple:
+    """`(sources, snapshot)` of a run's `at` (made from its block for an `At`); without `counts`,
+    `(sources, None)`."""
     if type(at) is not At:
-        return at
+        return at if counts else (at[0], None)
     block, j = at
     sources, (stage, stage_batch, counted, totals, ended, mixer) = block.at
     sources, counted, totals = dict(sources), dict(counted), dict(totals)
-    before = block.picks[:j]
-    for i, name in enumerate(block.names):
-        mine = np.flatnonzero(before == i)
-        if len(mine):
-            tokens, t = int(block.counted[mine].sum()), totals[name]
-            counted[name] += tokens
-            totals[name] = (t[0] + tokens, t[1] + len(mine), block.rows[i].piece.epoch)
-            sources[name] = (block.rows[i].piece, int(block.after[mine[-1]]))
-    return sources, (stage, stage_batch, counted, totals, ended, mixer)
+    if j:
+        for name, rows, q, k in zip(block.names, block.rows, block.firsts, block.taken[j - 1].tolist()):
+            if k:
+                sources[name] = (rows.piece, int(rows.after[q + k - 1]))
+                if counts:
+                    before = rows.rule(block.cap)[1]
+                    tokens, t = int(before[q + k] - before[q]), totals[name]
+                    counted[name] += tokens
+                    totals[name] = (t[0] + tokens, t[1] + k, rows.piece.epoch)
+    return sources, (stage, stage_batch, counted, totals, ended, mixer) if counts else None
 
 
 class Stretch(NamedTuple):
@@ -188,13 +198,18 @@ class Stretch(NamedTuple):
         return [(self.sources[w], self.rows[w].piece) for w in self.which[self.last].tolist()]
 
     def documents(self) -> tuple:
-        """`(which, rows)`: each document's entry of `rows` and its row, in stream order."""
+        """`(which, rows, lengths)`: each document's entry of `rows`, its row and its length, in
+        stream order."""
+        if self.block is not None and self.first is None:  # a block's picks, and only they
+            return self.block.picks, self.block.doc_rows, self.block.doc_lengths
         firsts = np.cumsum([0] + [len(r.live) for r in self.rows])[:-1]
         live = np.concatenate([r.live for r in self.rows])
         start = firsts[self.which] + self._docs_before_lo()   # each run's first document in `live`
         ends = np.cumsum(self.docs)
         idx = np.repeat(start - (ends - self.docs), self.docs) + np.arange(int(ends[-1]) if len(ends) else 0)
-        return np.repeat(self.which, self.docs), live[idx]
+        which, rows = np.repeat(self.which, self.docs), live[idx]
+        return which, rows, np.concatenate([r.lengths for r in self.rows])[
+            np.cumsum([0] + [len(r.sizes) for r in self.rows])[:-1][which] + rows]
 
     def _docs_before_lo(self) -> np.ndarray:
         """The documents before each run's first row, in its piece."""
@@ -215,10 +230,19 @@ def point_at(run: Run, row: int, skip: int) -> MixPoint:
     tokens, docs, _ = totals[run.source]
     counted[run.source] += sum(before)
     totals[run.source] = [tokens + sum(before), docs + len(before) - before.count(0), run.piece.epoch]
+    return MixPoint(run.source, skip, _sources(run, row, at_sources), mixer)
+
+
+def sources_at(run: Run, row: int) -> dict:
+    """`point_at(run, row, 0).sources`, without the mixer's state."""
+    return _sources(run, row, where_at(run.at, counts=False)[0])
+
+
+def _sources(run: Run, row: int, at_sources: dict) -> dict:
     sources = {name: place(*where) if type(where) is tuple else where for name, where in at_sources.items()}
     p = run.piece
     sources[run.source] = Position(p.epoch, p.file, p.rg, p.doc_start + row)
-    return MixPoint(run.source, skip, sources, mixer)
+    return sources
 
 
 def place(piece, row: int) -> Position:

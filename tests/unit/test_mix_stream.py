@@ -301,8 +301,13 @@ def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time(seed, weights,
         for name, seq in arrivals:
             stream.counted(name, seq, *orders[name][seq])
             while True:
-                got = stream.runs(draw.choice(limits) if limits else None)
-                runs += got
+                got = stream.stretches(draw.choice(limits) if limits else None)
+                for stretch in got:  # its documents, as best fit takes them, are its runs'
+                    which, rows, lengths = stretch.documents()
+                    assert [(stretch.rows[w].piece, r, n) for w, r, n in zip(which.tolist(), rows.tolist(),
+                                                                             lengths.tolist())] == \
+                        [(r.piece, r.row_lo + i, n) for r in stretch.runs() for i, n in enumerate(r.lengths) if n]
+                    runs += stretch.runs()
                 if not got or limits is None:
                     break
         made.append((seen(runs, random.Random(seed + 2)), stream.mixer.state(), stream.notes, stream.tokens,
