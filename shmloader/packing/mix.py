@@ -256,8 +256,9 @@ class MixStream:
         counts, and a run's `at` is made from the block when asked (mixruns.py)."""
         mixer, cap, rows = self.mixer, self.cap, [h.rows for h in heads]
         firsts = [int(r.docs_before[h.row]) for r, h in zip(rows, heads)]  # each head's next document
-        picks = mixer.picks([r.rule(cap)[0][q:].tolist() for r, q in zip(rows, firsts)],
-                            self._room if self._room is not None else NO_LIMIT)
+        limit = self._room if self._room is not None else NO_LIMIT
+        # a source's documents past the limit cannot be picked: no need to list them
+        picks = mixer.picks([r.rule(cap)[0][q:q + limit].tolist() for r, q in zip(rows, firsts)], limit)
         if not picks:
             return
         picks = np.array(picks, dtype=np.intp)
@@ -272,7 +273,7 @@ class MixStream:
             picks, taken, doc_at, doc_lengths = picks[:m], taken[:m], doc_at[:m], doc_lengths[:m]
         doc_rows = np.concatenate([r.live for r in rows])[doc_at]
         block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picks, taken, doc_rows, doc_lengths)
-        self._emit(names, heads, block, doc_at)
+        self._emit(names, heads, block)
         for name, r, q, k, head in zip(names, rows, firsts, taken[-1].tolist(), heads):
             if k:
                 before = r.rule(cap)[1]
@@ -300,33 +301,19 @@ class MixStream:
                 lo = mid + 1
         return lo
 
-    def _emit(self, names: list, heads: list, block: Block, doc_at: np.ndarray):
+    def _emit(self, names: list, heads: list, block: Block):
         """The block's runs as one `Stretch`, every run closed at its end (as `_take` would have
-        closed them: at a used-up head, the limit, or the stage's end); the heads move past them.
-        `doc_at`: each pick's document in the documents of all heads, end to end."""
-        picks, rows = block.picks, block.rows
-        opened = np.flatnonzero(np.diff(picks, prepend=-1))       # each run's first pick
-        closed = np.append(opened[1:], len(picks)) - 1            # ... and its last
-        which = picks[opened]
+        closed them: at a used-up head, the limit, or the stage's end; its arrays are made when
+        asked); the heads move past them."""
         first = None
         if self._open is not None:  # a run begun before the block (a resumed run's cut document)
-            if self._open[1] is heads[which[0]]:
+            if self._open[1] is heads[int(block.picks[0])]:
                 first = self._open[2]
                 self._open = None
             else:
                 self._close()
-        after = np.concatenate([r.after for r in rows])
-        row_hi = after[doc_at[closed]]
-        covered = np.array([h.covered for h in heads])[which]
-        row_lo = np.where(block.taken[opened, which] == 1, covered, after[doc_at[opened] - 1])
-        at = np.cumsum([0] + [len(r.before) for r in rows])[:-1][which]    # each run's piece in `before`
-        before = np.concatenate([r.before for r in rows])
-        docs_before = np.concatenate([r.docs_before for r in rows])
-        base = before[at + row_lo]
-        stretch = Stretch(tuple(names), rows, which, row_lo, row_hi, base, before[at + row_hi] - base,
-                          docs_before[at + row_hi] - docs_before[at + row_lo],
-                          row_hi == np.array([len(r.sizes) for r in rows])[which], block, opened, first)
-        for head, r, q, k in zip(heads, rows, block.firsts, block.taken[-1].tolist()):
+        stretch = Stretch(tuple(names), block.rows, block, first, tuple(h.covered for h in heads))
+        for head, r, q, k in zip(heads, block.rows, block.firsts, block.taken[-1].tolist()):
             if k:
                 head.row = head.covered = int(r.after[q + k - 1])
                 head.ran = True

@@ -131,11 +131,11 @@ class MixChunks(Chunks):
             stretches = self.stream.stretches(self.chunk_docs - self._pending_docs)
             for stretch in stretches:
                 ids, lengths = self._ids_of(stretch)
-                self.rows += int((stretch.row_hi - stretch.row_lo).sum())
-                if len(ids):
+                self.rows += stretch.rows_covered()
+                if len(ids):  # a stretch with documents ends with a run of one (a block's last pick)
                     self._pending.append((ids, lengths))
                     self._pending_docs += len(ids)
-                    run = stretch.run(int(np.flatnonzero(stretch.docs)[-1]))  # the last run with a document
+                    run = stretch.last_run()
                     self._end = (run, run.row_hi)
             if not stretches:
                 if self.stream.finished is None or not self._pending_docs:

@@ -182,8 +182,9 @@ class _Span:
 
     def __init__(self, stretch, start: int, docs_before: int):
         self.stretch, self.start, self.docs_before = stretch, start, docs_before
-        self.ends = start + np.cumsum(stretch.tokens)
-        self.starts = self.ends - stretch.tokens
+        tokens = stretch.arrays.tokens
+        self.ends = start + np.cumsum(tokens)
+        self.starts = self.ends - tokens
         self.end = int(self.ends[-1])
         self.placed = start       # stream position up to which segments were issued
         self.done_runs = 0        # its runs before this are placed whole (their pieces' done sent)
@@ -198,7 +199,7 @@ class MixSequencer(ConcatSequencer):
     def add(self, stretch):
         """Sequence a stretch of runs next."""
         span = _Span(stretch, self.next_start, self._docs)
-        self._docs += int(stretch.docs.sum())
+        self._docs += int(stretch.arrays.docs.sum())
         self._seq.append(span)
         self.next_start = span.end
 
@@ -219,10 +220,10 @@ class MixSequencer(ConcatSequencer):
             s.placed = max(s.placed, hi)
             s.done_sent = s.placed >= end
             done_runs = int(np.searchsorted(s.ends, s.placed, side="right"))
-            st = s.stretch
-            ended = np.flatnonzero(st.last[s.done_runs:done_runs]) + s.done_runs
+            st, a = s.stretch, s.stretch.arrays
+            ended = np.flatnonzero(a.last[s.done_runs:done_runs]) + s.done_runs
             s.done_runs = done_runs
-            done = [st.rows[st.which[i]].piece.index for i in ended.tolist()]
+            done = [st.rows[a.which[i]].piece.index for i in ended.tolist()]
             if len(segments) or done:
                 out.append((segments, done))
             if not s.done_sent:
@@ -231,14 +232,14 @@ class MixSequencer(ConcatSequencer):
 
     def _cut(self, s: _Span, lo: int, hi: int) -> np.ndarray:
         """The segments of stream positions `[lo, hi)` of span `s`: one a run and a batch."""
-        w, st = self.window, s.stretch
+        w, st, a = self.window, s.stretch, s.stretch.arrays
         first, stop = np.searchsorted(s.ends, lo, side="right"), np.searchsorted(s.starts, hi, side="left")
         cuts = np.unique(np.concatenate(([lo, hi], s.starts[first + 1:stop], np.arange(lo // w + 1, (hi - 1) // w + 1) * w)))
         at, n = cuts[:-1], np.diff(cuts)
         run = np.searchsorted(s.ends, at, side="right")        # the run holding each segment's first token
         k = at // w
-        pieces = np.array([r.piece.index for r in st.rows], dtype=np.int64)[st.which[run]]
-        out = np.column_stack((pieces, k, np.zeros_like(k), at - k * w, st.base[run] + at - s.starts[run], n))
+        pieces = np.array([r.piece.index for r in st.rows], dtype=np.int64)[a.which[run]]
+        out = np.column_stack((pieces, k, np.zeros_like(k), at - k * w, a.base[run] + at - s.starts[run], n))
         while self._opened <= k[-1]:  # segments go out in stream order: each batch's first one
             self.book.expect(self._opened, w)
             self._opened += 1
@@ -255,13 +256,13 @@ class MixSequencer(ConcatSequencer):
                 self.docs_at[k] = self._docs
                 return Where(-1, 0, 0)
             return None
-        st = s.stretch
+        st, a = s.stretch, s.stretch.arrays
         i = int(np.searchsorted(s.ends, pos, side="right"))  # the run holding token pos
-        rows, lo = st.rows[st.which[i]], int(st.row_lo[i])
-        at = int(st.base[i]) + pos - int(s.starts[i])        # in the piece
+        rows, lo = st.rows[a.which[i]], int(a.row_lo[i])
+        at = int(a.base[i]) + pos - int(s.starts[i])         # in the piece
         row = int(np.searchsorted(rows.before, at, side="right")) - 1
         skip = at - int(rows.before[row])
-        self.docs_at[k] = (s.docs_before + int(st.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
+        self.docs_at[k] = (s.docs_before + int(a.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
                            + (1 if skip else 0))
         run = st.run(i)
         return Where(run.piece.index, row - lo, skip, run)

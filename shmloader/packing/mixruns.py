@@ -150,14 +150,11 @@ def where_at(at, counts: bool = True) -> tuple:
     return sources, (stage, stage_batch, counted, totals, ended, mixer) if counts else None
 
 
-class Stretch(NamedTuple):
-    """Runs made in a row, an entry a run: run i is rows `[row_lo[i], row_hi[i])` of the piece of
-    `rows[which[i]]` (source `sources[which[i]]`), its tokens `[base[i], base[i] + tokens[i])`
-    of the piece's, `docs[i]` documents; `last[i]`: no document of its piece comes after it.
-    `at`: run i's `at` is `At(block, opened[i])`, or `first` for run 0 when it is not None (a
-    run begun before the block)."""
-    sources: tuple
-    rows: tuple          # `Rows`
+class RunArrays(NamedTuple):
+    """A stretch's runs, an entry a run: run i is rows `[row_lo[i], row_hi[i])` of the piece of
+    the stretch's `rows[which[i]]`, its tokens `[base[i], base[i] + tokens[i])` of the piece's,
+    `docs[i]` documents; `last[i]`: no document of its piece comes after it; `opened[i]`: the
+    block's pick it begins with."""
     which: np.ndarray
     row_lo: np.ndarray
     row_hi: np.ndarray
@@ -165,59 +162,124 @@ class Stretch(NamedTuple):
     tokens: np.ndarray
     docs: np.ndarray
     last: np.ndarray
-    block: Block | None
-    opened: np.ndarray | None
-    first: tuple | None
+    opened: np.ndarray
+
+
+class Stretch:
+    """Runs made in a row: a block's (packing/mix.py), or one run. `sources[i]`, `rows[i]`: the
+    source and the counted piece of each head it takes from, `covered[i]` the first row of it
+    not in a run before the stretch; `first`: the `at` of a run begun before the block that its
+    first run goes on with (a resumed cut document), else None. Its runs as arrays (`arrays`,
+    what concat places) are made when first asked: best fit takes only its documents
+    (`documents`), its rows (`rows_covered`), its pieces used up and its last run."""
+
+    __slots__ = ("sources", "rows", "block", "first", "covered", "_arrays")
+
+    def __init__(self, sources: tuple, rows: tuple, block: Block | None, first, covered: tuple,
+                 arrays: RunArrays | None = None):
+        self.sources, self.rows, self.block, self.first, self.covered = sources, rows, block, first, covered
+        self._arrays = arrays
 
     @classmethod
     def one(cls, source: str, rows: Rows, row_lo: int, row_hi: int, at) -> "Stretch":
         """A single run."""
-        b = rows.before
-        return cls((source,), (rows,), np.zeros(1, dtype=np.intp), np.array([row_lo]), np.array([row_hi]),
-                   np.array([b[row_lo]]), np.array([b[row_hi] - b[row_lo]]),
-                   np.array([rows.docs_before[row_hi] - rows.docs_before[row_lo]]),
-                   np.array([row_hi == len(rows.sizes)]), None, None, at)
+        b, d = rows.before, rows.docs_before
+        arrays = RunArrays(np.zeros(1, dtype=np.intp), np.array([row_lo]), np.array([row_hi]), np.array([b[row_lo]]),
+                           np.array([b[row_hi] - b[row_lo]]), np.array([d[row_hi] - d[row_lo]]),
+                           np.array([row_hi == len(rows.sizes)]), np.zeros(1, dtype=np.intp))
+        return cls((source,), (rows,), None, at, (row_lo,), arrays)
 
-    def __len__(self) -> int:  # noqa: D105
-        return len(self.which)
+    @property
+    def arrays(self) -> RunArrays:
+        if self._arrays is None:
+            self._arrays = _run_arrays(self.block, self.covered)
+        return self._arrays
 
-    def at(self, i: int):
-        return self.first if i == 0 and self.first is not None else At(self.block, int(self.opened[i]))
+    def _ends(self) -> list:
+        """Each head's first row not in a run after the stretch."""
+        if self.block is None:
+            return [int(self._arrays.row_hi[0])]
+        b = self.block
+        return [int(r.after[q + k - 1]) if k else c
+                for r, q, k, c in zip(b.rows, b.firsts, b.taken[-1].tolist(), self.covered)]
 
-    def run(self, i: int) -> Run:
-        """Run i as a `Run`."""
-        rows, lo, hi = self.rows[self.which[i]], int(self.row_lo[i]), int(self.row_hi[i])
-        return Run(self.sources[self.which[i]], rows.piece, lo, hi, int(self.base[i]), rows.sizes[lo:hi],
-                   bool(self.last[i]), self.at(i))
-
-    def runs(self) -> list:
-        return [self.run(i) for i in range(len(self.which))]
+    def rows_covered(self) -> int:
+        """The rows (documents and nulls) of its runs."""
+        return sum(e - c for e, c in zip(self._ends(), self.covered))
 
     def used_up(self) -> list:
         """`(source, piece)` of the pieces whose last run is here."""
-        return [(self.sources[w], self.rows[w].piece) for w in self.which[self.last].tolist()]
+        if self.block is None:
+            return [(self.sources[0], self.rows[0].piece)] if self._arrays.last[0] else []
+        return [(name, r.piece) for name, r, e in zip(self.sources, self.rows, self._ends()) if e == len(r.sizes)]
+
+    def at(self, i: int):
+        """Run i's `at`."""
+        return self.first if i == 0 and self.first is not None else At(self.block, int(self.arrays.opened[i]))
+
+    def run(self, i: int) -> Run:
+        """Run i as a `Run`."""
+        a = self.arrays
+        w = int(a.which[i])
+        rows, lo, hi = self.rows[w], int(a.row_lo[i]), int(a.row_hi[i])
+        return Run(self.sources[w], rows.piece, lo, hi, int(a.base[i]), rows.sizes[lo:hi], bool(a.last[i]), self.at(i))
+
+    def runs(self) -> list:
+        return [self.run(i) for i in range(len(self.arrays.which))]
+
+    def last_run(self) -> Run:
+        """Its last run (made without the others)."""
+        b = self.block
+        if b is None:
+            return self.run(0)
+        picks, m = b.picks, len(b.picks)
+        i = int(picks[-1])
+        j = m - 1
+        while j and picks[j - 1] == i:  # back to the last run's first pick
+            j -= 1
+        rows, q, n = b.rows[i], b.firsts[i], int(b.taken[j, i])   # n: that pick is the source's n-th
+        lo = self.covered[i] if n == 1 else int(rows.after[q + n - 2])
+        hi = int(rows.after[q + int(b.taken[-1, i]) - 1])
+        at = self.first if j == 0 and self.first is not None else At(b, j)
+        return Run(self.sources[i], rows.piece, lo, hi, int(rows.before[lo]), rows.sizes[lo:hi], hi == len(rows.sizes), at)
 
     def documents(self) -> tuple:
         """`(which, rows, lengths)`: each document's entry of `rows`, its row and its length, in
         stream order."""
         if self.block is not None and self.first is None:  # a block's picks, and only they
             return self.block.picks, self.block.doc_rows, self.block.doc_lengths
+        a = self.arrays
         firsts = np.cumsum([0] + [len(r.live) for r in self.rows])[:-1]
         live = np.concatenate([r.live for r in self.rows])
-        start = firsts[self.which] + self._docs_before_lo()   # each run's first document in `live`
-        ends = np.cumsum(self.docs)
-        idx = np.repeat(start - (ends - self.docs), self.docs) + np.arange(int(ends[-1]) if len(ends) else 0)
-        which, rows = np.repeat(self.which, self.docs), live[idx]
+        lo_docs = np.concatenate([r.docs_before for r in self.rows])[
+            np.cumsum([0] + [len(r.docs_before) for r in self.rows])[:-1][a.which] + a.row_lo]
+        start = firsts[a.which] + lo_docs   # each run's first document in `live`
+        ends = np.cumsum(a.docs)
+        idx = np.repeat(start - (ends - a.docs), a.docs) + np.arange(int(ends[-1]) if len(ends) else 0)
+        which, rows = np.repeat(a.which, a.docs), live[idx]
         return which, rows, np.concatenate([r.lengths for r in self.rows])[
             np.cumsum([0] + [len(r.sizes) for r in self.rows])[:-1][which] + rows]
 
-    def _docs_before_lo(self) -> np.ndarray:
-        """The documents before each run's first row, in its piece."""
-        out = np.empty(len(self.which), dtype=np.int64)
-        for i, rows in enumerate(self.rows):
-            mine = self.which == i
-            out[mine] = rows.docs_before[self.row_lo[mine]]
-        return out
+
+def _run_arrays(block: Block, covered: tuple) -> RunArrays:
+    """A block's runs: a run a source's picks in a row, from the row after the source's pick
+    before them (or its first row not in a run) to the row after its last pick."""
+    picks, rows = block.picks, block.rows
+    opened = np.flatnonzero(np.concatenate(([True], picks[1:] != picks[:-1])))  # each run's first pick
+    closed = np.append(opened[1:], len(picks)) - 1                                # ... and its last
+    which = picks[opened]
+    starts = (np.cumsum([0] + [len(r.live) for r in rows])[:-1] + block.firsts)  # each head's next document
+    n_open = block.taken[opened, which]            # each run's first pick is its source's n-th
+    after = np.concatenate([r.after for r in rows])
+    row_hi = after[starts[which] + block.taken[closed, which] - 1]
+    row_lo = np.where(n_open == 1, np.array(covered)[which], after[starts[which] + n_open - 2])
+    at = np.cumsum([0] + [len(r.before) for r in rows])[:-1][which]            # each run's piece in `before`
+    before = np.concatenate([r.before for r in rows])
+    docs_before = np.concatenate([r.docs_before for r in rows])
+    base = before[at + row_lo]
+    return RunArrays(which, row_lo, row_hi, base, before[at + row_hi] - base,
+                     docs_before[at + row_hi] - docs_before[at + row_lo],
+                     row_hi == np.array([len(r.sizes) for r in rows])[which], opened)
 
 
 def point_at(run: Run, row: int, skip: int) -> MixPoint:

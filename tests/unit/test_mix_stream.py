@@ -307,7 +307,12 @@ def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time(seed, weights,
                     assert [(stretch.rows[w].piece, r, n) for w, r, n in zip(which.tolist(), rows.tolist(),
                                                                              lengths.tolist())] == \
                         [(r.piece, r.row_lo + i, n) for r in stretch.runs() for i, n in enumerate(r.lengths) if n]
-                    runs += stretch.runs()
+                    made_here = stretch.runs()
+                    assert stretch.rows_covered() == sum(r.row_hi - r.row_lo for r in made_here)
+                    assert stretch.used_up() == [(r.source, r.piece) for r in made_here if r.last]
+                    if len(which):
+                        assert stretch.last_run() == made_here[-1]
+                    runs += made_here
                 if not got or limits is None:
                     break
         made.append((seen(runs, random.Random(seed + 2)), stream.mixer.state(), stream.notes, stream.tokens,
