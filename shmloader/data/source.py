@@ -265,6 +265,9 @@ def footer_digests(paths: list[str], filesystem=None, threads: int = 16) -> list
         return list(pool.map(one, paths))
 
 
+KEEP_OPEN = 4  # files a `ParquetSource` keeps open: one source reads one file at a time
+
+
 class ParquetSource:
     """Lazily opened parquet files; caches the footers and the last row group read.
 
@@ -274,9 +277,12 @@ class ParquetSource:
     that cannot be read of a file whose size changed since it was opened is reported as a file
     changed under the reader, not as a corrupt one."""
 
-    def __init__(self, files: list[str], filesystem=None):
+    def __init__(self, files: list[str], filesystem=None, keep_open: int = KEEP_OPEN):
+        """`keep_open`: the files kept open (their footers with them); the one opened longest
+        ago is closed past it (a mixture reads several sources' files in turn: `sources.keep_open`)."""
         self.files = files
         self.filesystem = filesystem
+        self.keep_open = keep_open
         self._open = {}
         self._ids = {}      # f -> (size, footer digest) when opened
         self._expected = {}  # f -> the footer digest it must have
@@ -309,7 +315,7 @@ class ParquetSource:
                 raise DataError(f"{path} changed while the run read it: its parquet footer is not the one "
                                 f"the run planned with (a data file must not be rewritten under a running "
                                 f"loader; resume from a saved state once it is written)")
-            if len(self._open) >= 4:
+            if len(self._open) >= self.keep_open:
                 gone = next(iter(self._open))
                 del self._open[gone]
                 self._sizes.pop(gone, None)

@@ -35,6 +35,7 @@ from ..data import tokenizer as tokmod
 from ..data.cache import TokenCache
 from ..data.order import Piece
 from ..data.source import ParquetSource, read_or_skip
+from ..data.sources import keep_open
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -119,7 +120,7 @@ def _loop(ctx: _Ctx):
         encode.start()
         ctx.ordered = True
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
-    source = ctx.source = ParquetSource(ctx.args.files, fs)
+    source = ctx.source = ParquetSource(ctx.args.files, fs, keep_open(ctx.args.mixture))
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs)
              if ctx.cfg.cache_dir else None)
     row = ctx.ring.workers[ctx.args.worker]
