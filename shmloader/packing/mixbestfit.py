@@ -49,7 +49,8 @@ from .runs import decode, narrow
 
 class MixBuffer(NamedTuple):
     """Where a mixed best fit stands after a batch: the mix's point after the last chunk planned,
-    and the buffer as runs `[epoch, file, rg, row, count]` in the run's numbering of the files."""
+    and the buffer as runs `[source, epoch, file, rg, row, count]` (the source's index in the
+    sorted order of the first files of `lo`, the file numbered within it; `local_runs`)."""
     point: MixPoint
     runs: np.ndarray
 
@@ -88,22 +89,32 @@ def buffer_runs(point: dict | None, lo_of: dict) -> list:
     return out
 
 
+def local_runs(table, ids: np.ndarray, lo: dict) -> np.ndarray:
+    """Documents `ids` of a `PieceTable` (in arrival order) as runs `[source, epoch, file, rg, row,
+    count]`, the source its index in the sorted order of the first files of `lo` (each source's
+    first file in the run's numbering) and the file numbered within it: the table's runs, each
+    piece's source found once (a batch's ~1000 buffered documents are ~1000 runs when the
+    sources alternate)."""
+    firsts = np.array(sorted(lo.values()), dtype=np.int64)
+
+    def lead(pieces: np.ndarray) -> np.ndarray:
+        which = np.searchsorted(firsts, pieces[:, 1], side="right") - 1
+        return np.column_stack((which, pieces[:, 0], pieces[:, 1] - firsts[which], pieces[:, 2]))
+    return table.runs(ids, lead)
+
+
 def buffer_text(where: MixBuffer, lo: dict) -> str:
     """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixmode.point_text`)
     and `"buffer"` (`buffer_entries` reads it), made with numpy: a batch's ~1000 buffered
     documents, a run each when the sources alternate, would cost a millisecond as JSON lists."""
-    firsts = sorted((first, name) for name, first in lo.items())
-    runs = where.runs
-    if len(runs):
-        which = np.searchsorted(np.array([f for f, _ in firsts]), runs[:, 1], side="right") - 1
-        local = runs.copy()
-        local[:, 1] -= np.array([f for f, _ in firsts])[which]
-        prefix, values = narrow(np.column_stack((which, local)))
+    names = [name for _, name in sorted((first, name) for name, first in lo.items())]
+    if len(where.runs):
+        prefix, values = narrow(where.runs)
         text = f"{prefix}:{values.tobytes().hex()}"
     else:
         text = ""
     # the runs' text (hex after a width) holds nothing JSON escapes: put in after, not scanned by json
-    head = point_text(where.point, lo, buffer={"sources": [name for _, name in firsts], "runs": ""})
+    head = point_text(where.point, lo, buffer={"sources": names, "runs": ""})
     empty = '{"buffer":{"runs":""'  # the first key, sorted
     assert head.startswith(empty), head[:40]
     return f'{{"buffer":{{"runs":"{text}"{head[len(empty):]}'
@@ -170,6 +181,7 @@ class MixBestFitSequencer(BestFitSequencer):
         self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self._used = used
         self._sources = sorted((first, name) for name, first in lo.items())
+        self._lo = lo
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
         self.counted_rows = 0         # rows of the mix's pieces counted
 
@@ -204,7 +216,7 @@ class MixBestFitSequencer(BestFitSequencer):
         else:
             point = end._replace(mixer=stream.mixer.state())
         return Complete(self.planned, point.sources[point.source]._replace(skip=0),
-                        MixBuffer(point, self.buffer_runs()), self.docs_placed)
+                        MixBuffer(point, local_runs(self.table, self.planner.buffered_ids(), self._lo)), self.docs_placed)
 
     def _placed(self, plan) -> dict:
         """`{source: tokens}` the plan places in rows."""

@@ -107,6 +107,30 @@ def test_without_read_ahead_the_mix_is_still_fed():
         assert got == want
 
 
+def test_a_buffers_runs_by_source_are_the_tables_runs_with_each_file_numbered_in_its_source():
+    """`local_runs`: the piece table's runs of documents in arrival order (sources alternating,
+    a piece's next row after another piece's, nulls between), each run's file mapped to its
+    source's index and its number within the source."""
+    from shmloader.data.order import Piece
+    from shmloader.packing.bestfit import PieceTable
+    from shmloader.packing.mixbestfit import local_runs
+
+    lo = {"b": 3, "a": 0, "c": 5}   # sorted by first file: a, b, c
+    table, base, ids = PieceTable(), 0, []
+    rng = np.random.default_rng(0)
+    for index, (file, rg, start, n) in enumerate([(0, 0, 0, 9), (3, 1, 4, 6), (5, 0, 0, 7), (0, 0, 9, 5), (4, 2, 0, 8)]):
+        table.add(base, Piece(index, 1 + index % 2, file, rg, start, start + n))
+        ids.append(base + np.arange(n))
+        base += n
+    order = np.concatenate([rng.permutation(x)[:len(x) - 1] for x in ids])
+    order = np.sort(order)[rng.permutation(len(order))][:40]
+    runs, got = table.runs(order), local_runs(table, order, lo)
+    firsts = np.array([0, 3, 5])
+    which = np.searchsorted(firsts, runs[:, 1], side="right") - 1
+    assert got.tolist() == np.column_stack((which, runs[:, 0], runs[:, 1] - firsts[which], runs[:, 2:])).tolist()
+    assert local_runs(table, order[:0], lo).shape == (0, 6)
+
+
 def test_a_buffer_is_written_and_read_back_by_source_and_a_left_out_one_refused():
     from shmloader.packing.mix import MixPoint
     from shmloader.packing.mixbestfit import MixBuffer, buffer_text
@@ -114,11 +138,12 @@ def test_a_buffer_is_written_and_read_back_by_source_and_a_left_out_one_refused(
 
     lo = {"long": 0, "short": 2}
     runs = np.array([[2, 3, 4, 0, 3], [1, 0, 7, 2, 1], [1, 3, 300, 9, 2]], dtype=np.int64)  # the run's numbering
+    local = np.array([[1, 2, 1, 4, 0, 3], [0, 1, 0, 7, 2, 1], [1, 1, 1, 300, 9, 2]], dtype=np.int64)  # by source
     start = MixPoint("long", 0, {"long": Position(1, 0, 0, 0), "short": Position(1, 2, 0, 0)}, {})
-    point = json.loads(buffer_text(MixBuffer(start, runs), lo))
+    point = json.loads(buffer_text(MixBuffer(start, local), lo))
     assert buffer_entries(point) == [["short", 2, 1, 4, 0, 3], ["long", 1, 0, 7, 2, 1], ["short", 1, 1, 300, 9, 2]]
     assert buffer_runs(point, lo) == runs.tolist()
-    assert buffer_runs(None, lo) == [] and buffer_runs(json.loads(buffer_text(MixBuffer(start, runs[:0]), lo)), lo) == []
+    assert buffer_runs(None, lo) == [] and buffer_runs(json.loads(buffer_text(MixBuffer(start, local[:0]), lo)), lo) == []
     with pytest.raises(ValueError, match="source 'short'.*not built yet"):
         buffer_runs(point, {"long": 0})
     for bad in ({"sources": ["long"], "runs": "u1:0102"}, {"sources": ["long"], "runs": "u1:010000000000"},
