@@ -57,8 +57,6 @@ import numbers
 import zlib
 from typing import Callable, Mapping, NamedTuple, Sequence
 
-import numpy as np
-
 
 class Stage(NamedTuple):
     """A stage of the schedule: from batch `first_batch` on, `weights` by source name."""
@@ -168,9 +166,6 @@ def _max_epochs(given: Mapping, names: tuple) -> dict:
     return {name: int(given[name]) for name in names if name in given}
 
 
-MERGE_AT = 400  # documents a block is expected to hold from which `picks` merges (equal shares)
-
-
 def picks(shares: Sequence[float], counted: Sequence[int], n: int, lengths: Sequence[Sequence[int]],
           limit: int) -> list:
     """The rule (`Mixer.pick`, then `Mixer.took`) a document at a time while every source's next
@@ -181,25 +176,28 @@ def picks(shares: Sequence[float], counted: Sequence[int], n: int, lengths: Sequ
     `limit` picks, or after the pick that takes a source's last document in `lengths` (the next
     pick would need the one after it).
 
-    Equal shares make the rule a merge (`_merged`), checked in whole-array calls: about 0.2 µs a
-    document in blocks of 3,000, but some 80 numpy calls a block, so it is used for blocks
-    expected to hold `MERGE_AT` documents or more (`k` times the shortest source's); otherwise
-    one tight loop over plain lists (`_one_at_a_time`, about 0.5 µs a document on the 2-core
-    machine of docs/benchmarks.md). Both give `pick`'s picks exactly, ties included (a property
-    test checks it: tests/unit/test_mixture.py)."""
+    One tight loop over plain lists, the same float arithmetic as `pick` in the same order, so
+    the same picks, ties included (a property test checks it: tests/unit/test_mixture.py):
+    about 0.35 µs a document with three sources on the 2-core machine of docs/benchmarks.md,
+    against 5-10 µs for `pick` called a document at a time with the runs made around it. (A
+    merge of the sources' own keys, exact for equal shares and checked in float in whole-array
+    calls, measured slower below blocks of some 2,000 documents: a block ends at the first
+    source's piece used up, a few hundred documents.)"""
     if limit <= 0 or not shares or any(not len(x) for x in lengths):
         return []
-    if len(shares) > 1 and len(set(shares)) == 1 and min(limit, len(shares) * min(map(len, lengths))) >= MERGE_AT:
-        return _merged(shares[0], list(counted), n, [np.asarray(x, dtype=np.int64) for x in lengths], limit)
-    return _one_at_a_time(list(shares), list(counted), n, [list(x) for x in lengths], limit)
+    return _one_at_a_time(list(shares), list(counted), n, [x if type(x) is list else list(x) for x in lengths], limit)
 
 
 def _one_at_a_time(w: list, c: list, n: int, lengths: list, limit: int) -> list:
-    """`picks` by the rule's own arithmetic, a document at a time."""
+    """`picks` by the rule's own arithmetic, a document at a time (three sources, the usual
+    case, unrolled: about a third less a document)."""
+    if len(w) == 3:
+        return _three(w, c, n, lengths, limit)
     k, ends = len(w), [len(x) for x in lengths]
     at, nxt = [0] * k, [x[0] for x in lengths]
     out, rest = [], range(1, k)
-    while True:
+    append = out.append
+    for _ in range(limit):
         best, length = 0, nxt[0]
         behind = w[0] * (n + length) - c[0] - length
         for i in rest:
@@ -207,75 +205,61 @@ def _one_at_a_time(w: list, c: list, n: int, lengths: list, limit: int) -> list:
             b = w[i] * (n + li) - c[i] - li
             if b > behind:
                 best, behind, length = i, b, li
-        out.append(best)
+        append(best)
         n += length
         c[best] += length
         j = at[best] + 1
-        if j == ends[best] or len(out) == limit:
-            return out
+        if j == ends[best]:
+            break
         at[best], nxt[best] = j, lengths[best][j]
+    return out
 
 
-def _merged(w: float, c: list, n: int, lengths: list, limit: int) -> list:
-    """`picks` with every share `w`: the rule's `w (N + L_s) - t_s - L_s` then orders sources by
-    `t_s + (1 - w) L_s`, which only grows along a source, so the picks are a merge of the sources'
-    own keys (k of them: `k t_s + (k - 1) L_s`, integers, ties to the lower index), one sort. The
-    merge is then checked against the rule's own float arithmetic at every pick, in whole-array
-    calls; at the first pick where a near tie rounds the other way the rule's pick is taken and
-    the merge goes on from there."""
-    k = len(lengths)
-    at, out = [0] * k, []
-    while True:
-        cand = _merge(c, [x[a:] for x, a in zip(lengths, at)], limit - len(out))
-        ok, true = _check(w, c, n, [x[a:] for x, a in zip(lengths, at)], cand)
-        taken = cand[:ok] if ok == len(cand) else np.append(cand[:ok], true)
-        for i in range(k):
-            got = lengths[i][at[i]:at[i] + int(np.count_nonzero(taken == i))]
-            at[i] += len(got)
-            c[i] += int(got.sum())
-            n += int(got.sum())
-        out.extend(taken.tolist())
-        if len(out) == limit or any(a == len(x) for a, x in zip(at, lengths)):
-            return out
-
-
-def _merge(c: list, lengths: list, limit: int) -> np.ndarray:
-    """The sources of the merge of `lengths` by key `k t + (k - 1) L` (t: a source's tokens before
-    a document), up to the first source's last document or `limit` documents."""
-    k = len(lengths)
-    keys, sources, lasts = [], [], []
-    for i, x in enumerate(lengths):
-        before = np.cumsum(x) - x + c[i]
-        keys.append((k * before + (k - 1) * x) * k + i)      # distinct: ties to the lower index
-        sources.append(np.full(len(x), i, dtype=np.int64))
-    keys = np.concatenate(keys)
-    order = np.argsort(keys, kind="stable")
-    merged = np.concatenate(sources)[order]
-    where = np.empty(len(order), dtype=np.int64)
-    where[order] = np.arange(len(order))
-    ends = np.cumsum([len(x) for x in lengths]) - 1               # each source's last document
-    return merged[:min(int(where[ends].min()) + 1, limit)]
-
-
-def _check(w: float, c: list, n: int, lengths: list, cand: np.ndarray) -> tuple:
-    """`(ok, true)`: how many of the picks `cand` the rule makes, and the rule's pick where it
-    first differs (None if it never does): `w * (n + L) - t - L` for every source at every pick,
-    in float64 as `pick` computes it (the same operations in the same order)."""
-    k, m = len(lengths), len(cand)
-    length = np.empty((k, m), dtype=np.int64)
-    tokens = np.empty((k, m), dtype=np.int64)
-    picked = np.empty(m, dtype=np.int64)
-    for i, x in enumerate(lengths):
-        mine = cand == i
-        seen = np.cumsum(mine) - mine                               # its documents before each pick
-        length[i] = x[seen]
-        tokens[i] = c[i] + (np.cumsum(x) - x)[seen]
-        picked[mine] = x[seen[mine]]
-    total = n + np.cumsum(picked) - picked
-    b = w * (total + length).astype(np.float64) - tokens.astype(np.float64) - length.astype(np.float64)
-    true = np.argmax(b, axis=0)                                     # the first of equal ones
-    wrong = np.flatnonzero(true != cand)
-    return (m, None) if not len(wrong) else (int(wrong[0]), int(true[wrong[0]]))
+def _three(w: list, c: list, n: int, lengths: list, limit: int) -> list:
+    """`_one_at_a_time` for three sources: the same comparisons in the same order (the first of
+    equal ones wins: `>` against the one before it)."""
+    (w0, w1, w2), (c0, c1, c2), (x0, x1, x2) = w, c, lengths
+    e0, e1, e2 = len(x0), len(x1), len(x2)
+    i0 = i1 = i2 = 0
+    l0, l1, l2 = x0[0], x1[0], x2[0]
+    out = []
+    append = out.append
+    for _ in range(limit):
+        b0 = w0 * (n + l0) - c0 - l0
+        b1 = w1 * (n + l1) - c1 - l1
+        b2 = w2 * (n + l2) - c2 - l2
+        if b1 > b0:
+            if b2 > b1:
+                best = 2
+            else:
+                best = 1
+        elif b2 > b0:
+            best = 2
+        else:
+            best = 0
+        append(best)
+        if best == 0:
+            n += l0
+            c0 += l0
+            i0 += 1
+            if i0 == e0:
+                break
+            l0 = x0[i0]
+        elif best == 1:
+            n += l1
+            c1 += l1
+            i1 += 1
+            if i1 == e1:
+                break
+            l1 = x1[i1]
+        else:
+            n += l2
+            c2 += l2
+            i2 += 1
+            if i2 == e2:
+                break
+            l2 = x2[i2]
+    return out
 
 
 def _digest(names, stages, max_epochs) -> str:

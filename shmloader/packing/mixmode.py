@@ -29,8 +29,9 @@ from ..data.mixture import Mixer
 from ..data.order import RAMP
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .concat import ConcatMode, ConcatSequencer, Copies, Where
-from .mix import MixStream, point_at
+from .concat import ConcatMode, Copies
+from .mix import MixStream
+from .mixplace import MixSequencer
 from .mixfeed import MixFeed, Said, start_points
 
 
@@ -105,12 +106,10 @@ class MixConcatMode(ConcatMode):
                 point = self.stream.end_point()
                 out.append(Complete(k, point.sources[self.stream.names[0]], point, self.seq.docs_at.pop(k)))
                 continue
-            run = where.run
-            row = run.row_lo + where.row
-            p = run.piece
+            p, row = where.run.piece, where.row  # (mixplace.End: the row is the piece's)
             skip = where.skip + (p.skip if row == 0 else 0)  # a piece's first row lacks the tokens it skipped
             out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip),
-                                point_at(run, row, skip), self.seq.docs_at.pop(k)))
+                                where.run.point(skip), self.seq.docs_at.pop(k)))
         return out
 
     def orders(self, take_slot):
@@ -118,21 +117,21 @@ class MixConcatMode(ConcatMode):
         placed = self.seq.placements()
         if not placed:
             return
-        segments = np.concatenate([seg for seg, _ in placed])
-        done = [index for _, indices in placed for index in indices]
-        pieces, at = np.unique(segments[:, 0], return_inverse=True)
-        workers = np.array([self.owner[i] for i in pieces.tolist()], dtype=np.int64)[at]
-        batches, at = np.unique(segments[:, 1], return_inverse=True)
-        segments[:, 2] = np.array([take_slot(k) for k in batches.tolist()], dtype=np.int64)[at]
-        by_worker = {w: ([], []) for w in np.unique(workers).tolist()}
-        for index in done:
-            by_worker.setdefault(self.owner[index], ([], []))[1].append(index)
-        for w, (_, finished) in by_worker.items():
-            mine = segments[workers == w]
-            for index in finished:
+        segments = np.concatenate([seg for seg, _ in placed]) if len(placed) > 1 else placed[0][0]
+        owner, slot_of = self.owner, {}
+        workers = np.array([owner[i] for i in segments[:, 0].tolist()], dtype=np.int64)
+        segments[:, 2] = [slot_of[k] if k in slot_of else slot_of.setdefault(k, take_slot(k))
+                          for k in segments[:, 1].tolist()]  # in stream order: a batch's first takes its slot
+        finished = {}
+        for _, indices in placed:
+            for index in indices:
+                finished.setdefault(owner[index], []).append(index)
+        for w in sorted(set(workers.tolist()) | set(finished)):
+            done = finished.get(w, [])
+            for index in done:
                 self._written_out(w, index)
-                del self.owner[index]
-            yield w, Copies(mine, tuple(finished))
+                del owner[index]
+            yield w, Copies(segments[workers == w], tuple(done))
 
     def holding(self, worker: int, orders) -> dict:
         """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
@@ -158,10 +157,15 @@ class MixConcatMode(ConcatMode):
 
 
 def point_json(point, lo: dict) -> dict:
-    """A `MixPoint` (in the run's numbering of the files) as the state's JSON, files numbered
-    within each source (`lo`: each source's first file in the run's numbering)."""
-    local = {n: p._replace(file=p.file - lo[n]) if n in lo else p for n, p in point.sources.items()}
-    return point._replace(sources=local).to_json()
+    """A `MixPoint` (in the run's numbering of the files) as the state's JSON (`MixPoint.to_json`),
+    files numbered within each source (`lo`: each source's first file in the run's numbering; a
+    source left out keeps its own)."""
+    out = {"source": point.source, "skip": point.skip, "mixer": point.mixer,
+           "sources": {n: [p[0], p[1] - lo.get(n, 0), p[2], p[3]] for n, p in sorted(point.sources.items())}}
+    skips = {n: p[4] for n, p in sorted(point.sources.items()) if p[4]}
+    if skips:
+        out["skips"] = skips
+    return out
 
 
 def point_text(point, lo: dict, **more) -> str:
@@ -172,97 +176,3 @@ def point_text(point, lo: dict, **more) -> str:
 def _read(mix) -> set:
     """The sources a run reads (a state's left-out ones are not)."""
     return {r.name for r in mix.ranges}
-
-
-class _Span:
-    """A `Stretch` of runs sequenced from stream position `start`: each run's start and end in
-    the stream, how far it was placed, and how many of its runs are placed whole."""
-
-    __slots__ = ("stretch", "start", "starts", "ends", "end", "placed", "done_runs", "done_sent", "docs_before")
-
-    def __init__(self, stretch, start: int, docs_before: int):
-        self.stretch, self.start, self.docs_before = stretch, start, docs_before
-        tokens = stretch.arrays.tokens
-        self.ends = start + np.cumsum(tokens)
-        self.starts = self.ends - tokens
-        self.end = int(self.ends[-1])
-        self.placed = start       # stream position up to which segments were issued
-        self.done_runs = 0        # its runs before this are placed whole (their pieces' done sent)
-        self.done_sent = False
-
-
-class MixSequencer(ConcatSequencer):
-    """`ConcatSequencer` placing a mixture's runs a `Stretch` at a time, by arrays: a stretch is
-    placed like a piece (its segments cut at its runs' ends and at the batches' ends), and a
-    batch's end names the run it falls in (`Where.run`, a `Run` made when asked)."""
-
-    def add(self, stretch):
-        """Sequence a stretch of runs next."""
-        span = _Span(stretch, self.next_start, self._docs)
-        self._docs += int(stretch.arrays.docs.sum())
-        self._seq.append(span)
-        self.next_start = span.end
-
-    def placements(self) -> list:
-        """New write orders `(segments, done)`: segments `(piece, batch, 0, batch_offset,
-        piece_offset, n)` a row (the slot is the mode's to fill in) and the pieces with no
-        further tokens to place. Batches below `book.limit` may be written."""
-        limit = self.book.limit * self.window
-        out = []
-        for s in self._seq:
-            if s.done_sent:
-                continue
-            end = s.end
-            lo, hi = max(s.placed, 0), min(end, limit)
-            if hi <= lo < end:
-                break  # the slots this stretch needs next are still in use
-            segments = self._cut(s, lo, hi) if hi > lo else np.zeros((0, 6), dtype=np.int64)
-            s.placed = max(s.placed, hi)
-            s.done_sent = s.placed >= end
-            done_runs = int(np.searchsorted(s.ends, s.placed, side="right"))
-            st, a = s.stretch, s.stretch.arrays
-            ended = np.flatnonzero(a.last[s.done_runs:done_runs]) + s.done_runs
-            s.done_runs = done_runs
-            done = [st.rows[a.which[i]].piece.index for i in ended.tolist()]
-            if len(segments) or done:
-                out.append((segments, done))
-            if not s.done_sent:
-                break
-        return out
-
-    def _cut(self, s: _Span, lo: int, hi: int) -> np.ndarray:
-        """The segments of stream positions `[lo, hi)` of span `s`: one a run and a batch."""
-        w, st, a = self.window, s.stretch, s.stretch.arrays
-        first, stop = np.searchsorted(s.ends, lo, side="right"), np.searchsorted(s.starts, hi, side="left")
-        cuts = np.unique(np.concatenate(([lo, hi], s.starts[first + 1:stop], np.arange(lo // w + 1, (hi - 1) // w + 1) * w)))
-        at, n = cuts[:-1], np.diff(cuts)
-        run = np.searchsorted(s.ends, at, side="right")        # the run holding each segment's first token
-        k = at // w
-        pieces = np.array([r.piece.index for r in st.rows], dtype=np.int64)[a.which[run]]
-        out = np.column_stack((pieces, k, np.zeros_like(k), at - k * w, a.base[run] + at - s.starts[run], n))
-        while self._opened <= k[-1]:  # segments go out in stream order: each batch's first one
-            self.book.expect(self._opened, w)
-            self._opened += 1
-        return out
-
-    def _position_after(self, k: int):
-        """Where batch k ends, noting how many documents of the run began by then (`docs_at`)."""
-        pos = (k + 1) * self.window
-        for s in self._seq:
-            if s.start <= pos < s.end:
-                break
-        else:
-            if self.finished and pos == self.next_start:  # the last batch of a stream that ended
-                self.docs_at[k] = self._docs
-                return Where(-1, 0, 0)
-            return None
-        st, a = s.stretch, s.stretch.arrays
-        i = int(np.searchsorted(s.ends, pos, side="right"))  # the run holding token pos
-        rows, lo = st.rows[a.which[i]], int(a.row_lo[i])
-        at = int(a.base[i]) + pos - int(s.starts[i])         # in the piece
-        row = int(np.searchsorted(rows.before, at, side="right")) - 1
-        skip = at - int(rows.before[row])
-        self.docs_at[k] = (s.docs_before + int(a.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
-                           + (1 if skip else 0))
-        run = st.run(i)
-        return Where(run.piece.index, row - lo, skip, run)

@@ -295,6 +295,21 @@ def point_at(run: Run, row: int, skip: int) -> MixPoint:
     return MixPoint(run.source, skip, _sources(run, row, at_sources), mixer)
 
 
+def point_of(block: Block, j: int, skip: int) -> MixPoint:
+    """`point_at` at token `skip` of the document of the block's pick `j`, made from the block (no
+    `Run`): the mix stood there as before pick j (its run's earlier documents are the block's
+    earlier picks of that source), the source's epoch its piece's."""
+    i = int(block.picks[j])
+    name, rows, row = block.names[i], block.rows[i], int(block.doc_rows[j])
+    at_sources, snapshot = where_at(At(block, j))
+    mixer = Mixer.state_of_snapshot(snapshot)
+    mixer["totals"][name][2] = rows.piece.epoch
+    sources = {n: place(*where) if type(where) is tuple else where for n, where in at_sources.items()}
+    p = rows.piece
+    sources[name] = Position(p.epoch, p.file, p.rg, p.doc_start + row)
+    return MixPoint(name, skip, sources, mixer)
+
+
 def sources_at(run: Run, row: int) -> dict:
     """`point_at(run, row, 0).sources`, without the mixer's state."""
     return _sources(run, row, where_at(run.at, counts=False)[0])

@@ -3,13 +3,11 @@ several shapes, schedules, sources that end, the state and a resume with other w
 the errors for bad input."""
 import json
 import random
-from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmloader.data import mixture as mixture_module
 from shmloader.data.mixture import Choice, Mixer, Mixture, Totals
 
 B, T = 8, 256
@@ -246,7 +244,6 @@ def test_bad_input_names_the_source_or_stage(sources, weights, max_epochs, messa
         Mixture(sources, weights, max_epochs=max_epochs)
 
 
-@pytest.mark.parametrize("merge_at", [1, mixture_module.MERGE_AT])
 @settings(max_examples=300, deadline=None)
 @given(weights=st.one_of(st.sampled_from([3, 5, 2, 4]).map(lambda k: [1] * k),
                          st.lists(st.sampled_from([0, 1, 1, 2, 3, 0.5, 1 / 3, 7.25]), min_size=1, max_size=5)),
@@ -254,12 +251,11 @@ def test_bad_input_names_the_source_or_stage(sources, weights, max_epochs, messa
        pool=st.sampled_from([[1, 2, 3], [1, 1, 2, 5, 64, 400, 401, 2049], list(range(1, 3000))]),
        big=st.sampled_from([3 * 10**15, 0, 10**12]), counted=st.lists(st.integers(0, 40), min_size=5, max_size=5),
        ended=st.integers(0, 4), limit=st.one_of(st.integers(1, 400), st.just(10**9)))
-def test_picks_are_the_rule_a_document_at_a_time(merge_at, weights, seed, sizes, pool, big, counted, ended, limit):
-    """`Mixer.picks` (a block of documents in one call: a checked merge for equal shares, one
-    loop otherwise) picks what `pick` and `took` pick a document at a time, ties and all: equal
-    weights and lengths, counts so large that floats round near ties either way, a paused
-    source's and an ended one's counts in the stage's total, a block cut by its limit or by a
-    source's last document."""
+def test_picks_are_the_rule_a_document_at_a_time(weights, seed, sizes, pool, big, counted, ended, limit):
+    """`Mixer.picks` (a block of documents in one call: one loop, three sources unrolled) picks
+    what `pick` and `took` pick a document at a time, ties and all: equal weights and lengths,
+    counts so large that floats round near ties either way, a paused source's and an ended
+    one's counts in the stage's total, a block cut by its limit or by a source's last document."""
     rng = random.Random(seed)
     docs = [[rng.choice(pool) for _ in range(size)] for size in sizes]
     names = [f"s{i}" for i in range(len(weights))]
@@ -272,8 +268,7 @@ def test_picks_are_the_rule_a_document_at_a_time(merge_at, weights, seed, sizes,
     order = list(mixer.shares())
     lengths = [docs[names.index(n)] for n in order]
     before = (dict(mixer.counted), dict(mixer.totals))
-    with patch.object(mixture_module, "MERGE_AT", merge_at):  # 1: every block of equal shares is merged
-        fast = mixer.picks(lengths, limit)
+    fast = mixer.picks(lengths, limit)
     assert (mixer.counted, mixer.totals) == before  # the mixer is left as it was
     slow, at = [], dict.fromkeys(order, 0)
     while len(slow) < limit and all(at[n] < len(lengths[i]) for i, n in enumerate(order)):
