@@ -48,6 +48,9 @@ class Copies(NamedTuple):
     segments: np.ndarray           # (n, 6) int64
     done: tuple
 
+    def __reduce__(self):  # its segments as raw bytes: a third of the time to pickle an array
+        return _copies, (self.segments.tobytes(), self.done)
+
     def counts(self) -> list:
         """`(batch, tokens)` the order writes, a batch each."""
         seg = self.segments
@@ -359,6 +362,11 @@ def write(slots: np.ndarray, held: dict, order: Place, B: int, T: int, positions
     if order.done:
         held.pop(order.piece, None)  # a piece without tokens was never held
     return counts
+
+
+def _copies(segments: bytes, done: tuple) -> Copies:
+    """A `Copies` from its pickle (`Copies.__reduce__`)."""
+    return Copies(np.frombuffer(segments, dtype=np.int64).reshape(-1, 6), done)
 
 
 def _copy(slots: np.ndarray, held: dict, order: Copies, inputs: int, positions: np.ndarray | None) -> list:

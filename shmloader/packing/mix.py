@@ -32,6 +32,7 @@ document and the mixer from its state, and the document the next token is in com
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from typing import Callable, Mapping
 
@@ -258,23 +259,28 @@ class MixStream:
         firsts = [int(r.docs_before[h.row]) for r, h in zip(rows, heads)]  # each head's next document
         limit = self._room if self._room is not None else NO_LIMIT
         # a source's documents past the limit cannot be picked: no need to list them
-        picks = mixer.picks([r.rule(cap)[0][q:q + limit].tolist() for r, q in zip(rows, firsts)], limit)
+        picks = mixer.picks([r.rule(cap)[2][q:q + limit] for r, q in zip(rows, firsts)], limit)
         if not picks:
             return
-        picks = np.array(picks, dtype=np.intp)
-        taken = (picks[:, None] == np.arange(len(rows))).cumsum(axis=0)  # each source's picks up to each
-        offsets = np.cumsum([0] + [len(r.live) for r in rows])
-        doc_at = (offsets[:-1] + firsts)[picks] + taken[np.arange(len(picks)), picks] - 1  # in the documents of all
+        starts = list(itertools.accumulate((len(r.live) for r in rows[:-1]), initial=0))
+        at = [s + q for s, q in zip(starts, firsts)]   # each source's next document, in the documents of all
+        doc_at = [0] * len(picks)
+        for j, i in enumerate(picks):
+            doc_at[j] = at[i]
+            at[i] += 1
+        doc_at = np.array(doc_at, dtype=np.intp)
         doc_lengths = np.concatenate([r.doc_lengths for r in rows])[doc_at]
         m = self._in_stage(doc_lengths)
         if m == 0:
             return
         if m < len(picks):
-            picks, taken, doc_at, doc_lengths = picks[:m], taken[:m], doc_at[:m], doc_lengths[:m]
-        doc_rows = np.concatenate([r.live for r in rows])[doc_at]
-        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picks, taken, doc_rows, doc_lengths)
+            picks, doc_at, doc_lengths = picks[:m], doc_at[:m], doc_lengths[:m]
+            at = [s + q + picks.count(i) for i, (s, q) in enumerate(zip(starts, firsts))]
+        counts = tuple(a - s - q for a, s, q in zip(at, starts, firsts))
+        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, np.array(picks, dtype=np.intp),
+                      counts, np.concatenate([r.live for r in rows])[doc_at], doc_lengths)
         self._emit(names, heads, block)
-        for name, r, q, k, head in zip(names, rows, firsts, taken[-1].tolist(), heads):
+        for name, r, q, k, head in zip(names, rows, firsts, counts, heads):
             if k:
                 before = r.rule(cap)[1]
                 mixer.took(name, int(before[q + k] - before[q]), head.piece.epoch, documents=k)
@@ -313,7 +319,7 @@ class MixStream:
             else:
                 self._close()
         stretch = Stretch(tuple(names), block.rows, block, first, tuple(h.covered for h in heads))
-        for head, r, q, k in zip(heads, block.rows, block.firsts, block.taken[-1].tolist()):
+        for head, r, q, k in zip(heads, block.rows, block.firsts, block.counts):
             if k:
                 head.row = head.covered = int(r.after[q + k - 1])
                 head.ran = True

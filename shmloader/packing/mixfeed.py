@@ -24,6 +24,8 @@ import dataclasses
 import os
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 from ..errors import DataError
 from ..ipc.protocol import Ended, Error, Warn
 from ..position import Position
@@ -158,7 +160,7 @@ class MixFeed:
     def counted(self, index: int, piece, lengths):
         """Piece `index` (one of the mix's) was counted: to the stream."""
         name, seq = self.owned[index]
-        self._docs[name] += int((lengths > 0).sum())
+        self._docs[name] += int(np.count_nonzero(lengths))
         if self._docs[name] == 0 and piece.epoch >= self._epoch0[name] + 2:
             self._barren.setdefault(name, f"mixture source {name!r}: a whole epoch held no document with text (all "
                                           "null or no rows); the mix cannot go on without it (give it weight 0, or "

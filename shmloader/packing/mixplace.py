@@ -52,8 +52,7 @@ class _Span:
             self.last = np.zeros(len(opened), dtype=bool)
             for _, piece in stretch.used_up():  # its last run holds its source's last pick
                 i = next(i for i, r in enumerate(rows) if r.piece is piece)
-                last_pick = int(block.taken[:, i].searchsorted(block.taken[-1, i]))
-                self.last[opened.searchsorted(last_pick, side="right") - 1] = True
+                self.last[opened.searchsorted(block.last(i), side="right") - 1] = True
             self.docs = len(picks)
         else:
             a = stretch.arrays

@@ -97,13 +97,14 @@ class Rows:
         self._rule = None
 
     def rule(self, cap: int | None) -> tuple:
-        """`(lengths, before)`: its documents' lengths as the mixer counts them (up to `cap`, the
-        same every call), and the sum of those before each (one more entry: their total)."""
+        """`(lengths, before, as a list)`: its documents' lengths as the mixer counts them (up to
+        `cap`, the same every call), the sum of those before each (one more entry: their
+        total), and the lengths as Python ints (what `Mixer.picks` reads)."""
         if self._rule is None:
             lengths = self.doc_lengths if cap is None else np.minimum(self.doc_lengths, cap)
             before = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=before[1:])
-            self._rule = lengths, before
+            self._rule = lengths, before, lengths.tolist()
         return self._rule
 
 
@@ -111,17 +112,29 @@ class Block(NamedTuple):
     """The rule's picks over fixed heads (packing/mix.py): where the mix stood at the block's
     start (`at`: `(sources, snapshot)`), the sources picked among (the shares' order), their
     heads' rows and each one's next document there (`firsts`, an index into its documents);
-    each pick's source (an index into `names`) and the picks of each source up to it (`taken`,
-    an (m, k) array); each picked document's row and length (in the order picked)."""
+    each pick's source (an index into `names`), the picks of each source (`counts`), each
+    picked document's row and length (in the order picked)."""
     at: tuple
     names: tuple
     rows: tuple          # `Rows` of each source's head
     firsts: tuple
     cap: int | None
     picks: np.ndarray
-    taken: np.ndarray
+    counts: tuple
     doc_rows: np.ndarray
     doc_lengths: np.ndarray
+
+    def before(self, j: int) -> list:
+        """The picks of each source before pick `j`."""
+        return np.bincount(self.picks[:j], minlength=len(self.names)).tolist() if j else [0] * len(self.names)
+
+    def nth(self, j: int) -> int:
+        """Pick `j` is its source's how many-th (from 1)."""
+        return int(np.count_nonzero(self.picks[:j + 1] == self.picks[j]))
+
+    def last(self, i: int) -> int:
+        """The pick that takes source i's last document of the block."""
+        return int(np.flatnonzero(self.picks == i)[-1])
 
 
 class At(NamedTuple):
@@ -139,7 +152,7 @@ def where_at(at, counts: bool = True) -> tuple:
     sources, (stage, stage_batch, counted, totals, ended, mixer) = block.at
     sources, counted, totals = dict(sources), dict(counted), dict(totals)
     if j:
-        for name, rows, q, k in zip(block.names, block.rows, block.firsts, block.taken[j - 1].tolist()):
+        for name, rows, q, k in zip(block.names, block.rows, block.firsts, block.before(j)):
             if k:
                 sources[name] = (rows.piece, int(rows.after[q + k - 1]))
                 if counts:
@@ -201,7 +214,7 @@ class Stretch:
             return [int(self._arrays.row_hi[0])]
         b = self.block
         return [int(r.after[q + k - 1]) if k else c
-                for r, q, k, c in zip(b.rows, b.firsts, b.taken[-1].tolist(), self.covered)]
+                for r, q, k, c in zip(b.rows, b.firsts, b.counts, self.covered)]
 
     def rows_covered(self) -> int:
         """The rows (documents and nulls) of its runs."""
@@ -237,9 +250,9 @@ class Stretch:
         j = m - 1
         while j and picks[j - 1] == i:  # back to the last run's first pick
             j -= 1
-        rows, q, n = b.rows[i], b.firsts[i], int(b.taken[j, i])   # n: that pick is the source's n-th
+        rows, q, n = b.rows[i], b.firsts[i], b.nth(j)   # n: that pick is the source's n-th
         lo = self.covered[i] if n == 1 else int(rows.after[q + n - 2])
-        hi = int(rows.after[q + int(b.taken[-1, i]) - 1])
+        hi = int(rows.after[q + b.counts[i] - 1])
         at = self.first if j == 0 and self.first is not None else At(b, j)
         return Run(self.sources[i], rows.piece, lo, hi, int(rows.before[lo]), rows.sizes[lo:hi], hi == len(rows.sizes), at)
 
@@ -269,9 +282,13 @@ def _run_arrays(block: Block, covered: tuple) -> RunArrays:
     closed = np.append(opened[1:], len(picks)) - 1                                # ... and its last
     which = picks[opened]
     starts = (np.cumsum([0] + [len(r.live) for r in rows])[:-1] + block.firsts)  # each head's next document
-    n_open = block.taken[opened, which]            # each run's first pick is its source's n-th
+    nth = np.empty(len(picks), dtype=np.intp)      # each pick is its source's nth (from 1)
+    for i in range(len(rows)):
+        mine = picks == i
+        nth[mine] = np.arange(1, np.count_nonzero(mine) + 1)
+    n_open = nth[opened]
     after = np.concatenate([r.after for r in rows])
-    row_hi = after[starts[which] + block.taken[closed, which] - 1]
+    row_hi = after[starts[which] + nth[closed] - 1]
     row_lo = np.where(n_open == 1, np.array(covered)[which], after[starts[which] + n_open - 2])
     at = np.cumsum([0] + [len(r.before) for r in rows])[:-1][which]            # each run's piece in `before`
     before = np.concatenate([r.before for r in rows])
