@@ -95,21 +95,25 @@ class MixStream:
         self.stopped = None              # the error of a piece it needs and cannot read, once it does
         self._unreadable = {}            # source -> (seq, error) of the first of its pieces that cannot be read
         self._room = None                # documents `runs` may still take (None: no limit)
+        self.version = 0                 # grows whenever what the mix waits for or takes may change
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of `source`'s order was counted: `lengths[i]` tokens for its row i."""
+        self.version += 1
         for _, (p, n) in self._arrived[source].add(seq, (piece, np.asarray(lengths, dtype=np.int64))):
             self._queue[source].append(_Head(Rows(p, n)))
 
     def exhausted(self, source: str, pieces: int):
         """`source`'s order ends after its `pieces` first pieces: once they are read it ends, and
         its weight goes to the others."""
+        self.version += 1
         self._exhausted.add((source, pieces))
 
     def unreadable(self, source: str, seq: int, error):
         """Piece `seq` of `source`'s order cannot be read (`error`): the mix stops when it needs it."""
         known = self._unreadable.get(source)
         if known is None or seq < known[0]:
+            self.version += 1  # a plan that ran out tries again: the mix may stop there
             self._unreadable[source] = (seq, error)
 
     def waiting_for(self) -> list:
@@ -121,6 +125,7 @@ class MixStream:
     def finish(self, why: str):
         """The mix ends here (`why`): no document is taken after the ones taken so far."""
         if self.finished is None and self.stopped is None:
+            self.version += 1
             self.finished = why
             self._close()
 
@@ -148,6 +153,7 @@ class MixStream:
         source has ended ends the mix here."""
         started = self.mixer.enter(batch)
         if self._goes_on() and started is not None:
+            self.version += 1
             self._close()
             self.notes.append(f"mixture: stage from batch {started.first_batch}: "
                               + ", ".join(f"{n} {w:g}" for n, w in started.weights.items()))
@@ -166,6 +172,7 @@ class MixStream:
             if head.row < len(head.rows.sizes):
                 return head
             queue.popleft()
+            self.version += 1
             if self._open is not None and self._open[1] is head:
                 self._close()
             elif not head.ran:
@@ -213,6 +220,7 @@ class MixStream:
             heads = {name: self._head(name) for name in names}
             ended = [name for name, head in heads.items() if head is None and self._ended(name)]
             if ended:  # their weights go to the rest; with no rest the next `_taking_part` ends the mix
+                self.version += 1
                 for name in ended:
                     note = mixer.end(name)
                     if note:
@@ -241,6 +249,7 @@ class MixStream:
         for name, head in heads.items():
             seq, error = self._unreadable.get(name, (None, None))
             if head is None and seq == self._arrived[name].next:
+                self.version += 1
                 self.stopped = error
                 return
 
@@ -318,6 +327,7 @@ class MixStream:
                 self._open = None
             else:
                 self._close()
+        self.version += 1
         stretch = Stretch(tuple(names), block.rows, block, first, tuple(h.covered for h in heads))
         for head, r, q, k in zip(heads, block.rows, block.firsts, block.counts):
             if k:
@@ -327,6 +337,7 @@ class MixStream:
 
     def _take(self, source: str, head: _Head) -> bool:
         """The mix takes `source`'s next document (`head`'s); whether the head is used up."""
+        self.version += 1
         if self._open is None or self._open[1] is not head:
             self._close()
             self._open = (source, head, self._at())

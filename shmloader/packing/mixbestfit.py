@@ -163,7 +163,10 @@ class MixChunks(Chunks):
         return self.stream.finished is not None
 
     def news(self):
-        return None  # the mix's counts come through its feed: a plan that ran out always tries again
+        """A plan that ran out waits for the mix to change (`MixStream.version`: a count, a source
+        that ends, the end, a piece that cannot be read): tried again at every turn, it ran out
+        again about once a batch."""
+        return self.stream.version
 
     def _ran_out(self):
         # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
@@ -266,14 +269,6 @@ class MixBestFitMode(BestFitMode):
         waiting = seq.chunks.docs + seq.backlog_docs + seq.counted_rows - seq.chunks.rows + self.assigned_docs
         return Mode.can_take(self, worker) and (waiting < self.cap or (seq.starved and not self.assigned_docs))
 
-    def take(self, worker: int, piece):
-        super().take(worker, piece)
-        self.feed.moved()
-
-    def orders(self, take_slot):
-        yield from super().orders(take_slot)
-        self.feed.moved()  # plans took the mix's documents (and may have begun a stage)
-
     def failed(self, index: int, error) -> bool:
         if index < self.n_prefix:  # the resumed buffer's: in order, as for one source
             return BestFitMode.failed(self, index, error)
@@ -281,7 +276,6 @@ class MixBestFitMode(BestFitMode):
         return self.feed.failed(index, error)
 
     def counted(self, msg):
-        self.feed.moved()
         piece = BestFitMode.counted(self, msg)
         if piece.index >= self.n_prefix:
             self.feed.counted(piece.index, piece, msg.lengths)

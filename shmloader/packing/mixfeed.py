@@ -44,9 +44,6 @@ def start_points(mix, rank: int) -> tuple:
     return point, starts
 
 
-_UNKNOWN = object()
-
-
 class Next(NamedTuple):
     """The source whose piece goes out next; `needed`: the mix waits for its next document and
     none of its pieces is being read."""
@@ -83,18 +80,16 @@ class MixFeed:
                 self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
         self._peeked, self._barren = {}, {}                   # per source: its next piece; why it has no document
         self._index = first_index
-        self._now = _UNKNOWN                                  # `pick_now`'s
+        self._now = (None, None)                              # `pick_now`'s: (its key, its pick)
+        self.moves = 0                                        # pieces given out, counted, failed or used up
 
     def pick_now(self) -> "Next | None":
-        """`pick`, made once until `moved`: a coordinator's turn asks for every worker (modes call
-        `moved` whenever a piece goes out, a count comes or plans take the mix's documents)."""
-        if self._now is _UNKNOWN:
-            self._now = self.pick()
-        return self._now
-
-    def moved(self):
-        """The mix, its pieces or those being read changed: `pick_now` asks `pick` again."""
-        self._now = _UNKNOWN
+        """`pick`, made again only once the mix (`MixStream.version`) or the pieces out and counted
+        (`moves`) have changed: a coordinator's turn asks for every worker, at every message."""
+        key = (self.stream.version, self.moves)
+        if self._now[0] != key:
+            self._now = key, self.pick()
+        return self._now[1]
 
     def pick(self) -> "Next | None":
         """The source whose next piece goes out next (that piece peeked), or None (also once the
@@ -150,6 +145,7 @@ class MixFeed:
             if pick is None:  # the mode's `can_take` said there was one
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
             name = pick.source
+            self.moves += 1
             piece = dataclasses.replace(self._peeked.pop(name), index=self._index)  # numbered as they go out
             self.owned[self._index] = Owned(name, self._seqs[name])
             self._seqs[name] += 1
@@ -159,6 +155,7 @@ class MixFeed:
 
     def counted(self, index: int, piece, lengths):
         """Piece `index` (one of the mix's) was counted: to the stream."""
+        self.moves += 1
         name, seq = self.owned[index]
         self._docs[name] += int(np.count_nonzero(lengths))
         if self._docs[name] == 0 and piece.epoch >= self._epoch0[name] + 2:
@@ -173,12 +170,13 @@ class MixFeed:
         owned = self.owned.get(index)
         if owned is None:
             return False
+        self.moves += 1  # no longer being read
         self.stream.unreadable(owned.source, owned.seq, error)
-        self.moved()
         return True
 
     def used_up(self, source: str, piece):
         """The packing took the last run of `piece` (of `source`): it leaves the read-ahead."""
+        self.moves += 1
         del self.owned[piece.index]
         if source in self._ahead:
             self._ahead[source] -= piece.text_bytes + 1

@@ -67,14 +67,9 @@ class MixConcatMode(ConcatMode):
             return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
         return super().can_take(worker)
 
-    def take(self, worker: int, piece):
-        super().take(worker, piece)
-        self.feed.moved()
-
     # ---- counts, runs and batches
 
     def counted(self, msg):
-        self.feed.moved()
         piece = self.specs.pop(msg.piece)
         self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
         self.feed.counted(msg.piece, piece, msg.lengths)
