@@ -7,7 +7,9 @@
 
 The corpus's documents are dealt into three sources (document i to source i % 3), each written
 as 3 files (the last its val file) with its own row-group size (256, 64 and 512 documents), and
-read as `Mixture({a, b, c}, {a: 1, b: 1, c: 1})`; the single source is the corpus itself. Each
+read as `Mixture({a, b, c}, {a: 1, b: 1, c: 1})`; the single source is the corpus itself, or with
+`--single files` the sources' own train files read as one source (the same documents in the same
+row groups: what mixing costs, without the smaller row groups of one source). Each
 row is a loader in a fresh process read as fast as it goes for `--seconds` (tools/bench/loaders.py
 says what a row measures: tokens/s from the first batch, the training process's CPU per
 batch), `--packing` (concat by default), `--workers` workers; the two rows alternate, `--repeat` rounds, and the report
@@ -46,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--step-ms", type=float, default=30.0, help="busy work between batches at a trainer's pace (ms; default 30)")
     p.add_argument("--paced-batches", type=int, default=200,
                    help="batches timed at a trainer's pace (default 200; 0: no rows at a trainer's pace)")
+    p.add_argument("--single", choices=("corpus", "files"), default="corpus",
+                   help="the single source: the corpus itself (default), or the three sources' train files as one")
     children.add_compare_arg(p)
     corpora.add_args(p, many=False)
     results.add_json_arg(p, "mixture")
@@ -73,6 +77,27 @@ def sources(corpus, cache_dir: Path) -> dict:
         writer.write_shards(texts[k::3], dirs[name], num_files=3, row_group_size=rg)
     stamp.write_text(json.dumps(files))
     return {name: str(d) for name, d in dirs.items()}
+
+
+def same_files(mixed: dict) -> str:
+    """A directory of links to the sources' train files, then one val file last by name: read as
+    one source, its train split is the mixture's documents, in the same row groups."""
+    root = Path(next(iter(mixed.values()))).parent / "single_files"
+    root.mkdir(exist_ok=True)
+    links = {}
+    for name, d in sorted(mixed.items()):
+        files = sorted(Path(d).glob("*.parquet"))
+        links.update({f"{name}{i}.parquet": f for i, f in enumerate(files[:-1])})
+        links["zz_val.parquet"] = files[-1]
+    for old in root.glob("*.parquet"):
+        if old.name not in links:
+            old.unlink()
+    for link, target in links.items():
+        path = root / link
+        if not path.is_symlink() or path.resolve() != target.resolve():
+            path.unlink(missing_ok=True)
+            path.symlink_to(target.resolve())
+    return str(root)
 
 
 def paced(cfg: dict) -> dict:
@@ -109,8 +134,9 @@ def main(argv=None) -> int:
     began = results.begin()
     corpus = corpora.resolve(args)[0]
     mixed = sources(corpus, args.cache_dir)
+    single = corpus.data if args.single == "corpus" else same_files(mixed)
     base = {"kind": "shmloader", "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
-            "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": corpus.data, "packing": args.packing}
+            "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": single, "packing": args.packing}
     rows = {}  # "single", "mixture", their "_paced" rows; with --compare also "before <row>"
     with children.checkouts(args.compare) as cks:
         for paced in ([False, True] if args.paced_batches else [False]):
@@ -129,7 +155,7 @@ def main(argv=None) -> int:
     figures = {"config": {"corpus": corpus.name, "packing": args.packing, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
                           "seconds": args.seconds, "repeat": args.repeat, "sources": list(ROW_GROUPS),
                           "step_ms": args.step_ms, "paced_batches": args.paced_batches,
-                          "compare": str(args.compare) if args.compare else None},
+                          "compare": str(args.compare) if args.compare else None, "single": args.single},
                "rows": rows, **ratios(rows, "")}
     if args.compare:
         figures["before"] = ratios(rows, "before ")
@@ -155,7 +181,8 @@ def ratios(rows: dict, prefix: str) -> dict:
 
 def report(run: dict) -> str:
     c = run["config"]
-    out = [f"a mixture of 3 sources against one source of the same documents, {c['corpus']} corpus, "
+    what = "its 3 sources' files as one source" if c.get("single") == "files" else "the corpus as one source"
+    out = [f"a mixture of 3 sources against {what}, {c['corpus']} corpus, "
            f"{c.get('packing', 'concat')}, "
            f"{c['workers']} workers, B={c['B']}, T={c['T']}, {c['repeat']} rounds of {c['seconds']:g} s a row; "
            f"load average at the start {run['machine']['load_average']}"]
