@@ -75,7 +75,7 @@ def written(order) -> list:
         return [(order.batch, sum(p[4] for p in order.placements))]
     if hasattr(order, "counts"):      # a mixture's Copies
         return order.counts()
-    if hasattr(order, "orders"):      # Places (before Copies)
+    if hasattr(order, "orders"):      # Places (a mixture's orders before Copies: the base commit's)
         return [c for o in order.orders for c in written(o)]
     return [(k, n) for k, _, _, _, n in order.segments]  # Place
 

@@ -218,8 +218,9 @@ class MixBestFitSequencer(BestFitSequencer):
             point = MixPoint(end[0].source, 0, sources_at(*end), stream.mixer.state())
         else:
             point = end._replace(mixer=stream.mixer.state())
-        return Complete(self.planned, point.sources[point.source]._replace(skip=0),
-                        MixBuffer(point, local_runs(self.table, self.planner.buffered_ids(), self._lo)), self.docs_placed)
+        buffer = local_runs(self.table, self.planner.buffered_ids(), self._lo)
+        return Complete(self.planned, point.sources[point.source]._replace(skip=0), MixBuffer(point, buffer),
+                        self.docs_placed)
 
     def _placed(self, plan) -> dict:
         """`{source: tokens}` the plan places in rows."""

@@ -4,8 +4,9 @@ Every source has its own canonical order of pieces (its range of the run's files
 groups by rank, its epochs, from its own position: `RunArgs.mixture`). Pieces are handed out
 as packing/mixfeed.py says (the source the mix waits for first, even to a worker at its hold
 budget; then the one furthest behind in read-ahead for its weight). Counted pieces go to the `MixStream`,
-whose runs the concat sequencer places in the order they come (`ConcatSequencer.append`); a
-piece's tokens go once its last run is placed. After each batch, the `MixPoint` there travels
+whose stretches of runs the mixture's sequencer places in the order they come, by arrays
+(packing/mixplace.py, `MixSequencer`), each worker's segments of a turn as one `Copies` order;
+a piece's tokens go once its last run is placed. After each batch, the `MixPoint` there travels
 in the batch's slot (its buffer area) as JSON: the state's `mixture.point`, and where a heal
 or an idle release starts again.
 

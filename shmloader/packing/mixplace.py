@@ -81,8 +81,8 @@ class _Span:
         at = int(a.base[i]) + pos - int(self.starts[i])        # in the piece
         row = int(rows.before.searchsorted(at, side="right")) - 1
         run = st.run(i)
-        return (row, at - int(rows.before[row]), int(a.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo]),
-                End(rows.piece, lambda skip: point_at(run, row, skip)))
+        docs = int(a.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
+        return row, at - int(rows.before[row]), docs, End(rows.piece, lambda skip: point_at(run, row, skip))
 
 
 class MixSequencer(ConcatSequencer):

@@ -254,7 +254,8 @@ class Stretch:
         lo = self.covered[i] if n == 1 else int(rows.after[q + n - 2])
         hi = int(rows.after[q + b.counts[i] - 1])
         at = self.first if j == 0 and self.first is not None else At(b, j)
-        return Run(self.sources[i], rows.piece, lo, hi, int(rows.before[lo]), rows.sizes[lo:hi], hi == len(rows.sizes), at)
+        return Run(self.sources[i], rows.piece, lo, hi, int(rows.before[lo]), rows.sizes[lo:hi],
+                   hi == len(rows.sizes), at)
 
     def documents(self) -> tuple:
         """`(which, rows, lengths)`: each document's entry of `rows`, its row and its length, in

@@ -150,8 +150,8 @@ def main(argv=None) -> int:
                         row = ("before " if ck.label == "before" else "") + kind + ("_paced" if paced else "")
                         print(f"round {i + 1}/{args.repeat}: {row}" + (" at a trainer's pace" if paced else ""),
                               file=sys.stderr)
-                        rows.setdefault(row, []).append(children.run("mixture:paced" if paced else "loaders:loader_child",
-                                                                     cfg, ck))
+                        fn = "mixture:paced" if paced else "loaders:loader_child"
+                        rows.setdefault(row, []).append(children.run(fn, cfg, ck))
     figures = {"config": {"corpus": corpus.name, "packing": args.packing, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
                           "seconds": args.seconds, "repeat": args.repeat, "sources": list(ROW_GROUPS),
                           "step_ms": args.step_ms, "paced_batches": args.paced_batches,
