@@ -300,7 +300,8 @@ class MixStream:
 
     def _in_stage(self, lengths: np.ndarray) -> int:
         """How many of the picks (their documents' `lengths`, in turn) the stage in force takes:
-        a pick whose first token lands in a later stage's batch is not made."""
+        a pick whose first token lands in a later stage's batch is not made (`batch_of` never
+        goes down as tokens grow, so the first such pick is found by halving)."""
         mixture = self.mixer.mixture
         if len(mixture.stages) == 1:
             return len(lengths)
