@@ -33,7 +33,7 @@ from .base import Mode
 from .count import PROGRESS_S
 from .mix import MixStream, point_at
 from .mixbestfit import MixBestFitSequencer, buffer_text
-from .mixfeed import MixFeed, start_points
+from .mixfeed import MixFeed, held_by_mix, start_points
 from .mixmode import point_text
 
 
@@ -132,11 +132,7 @@ class MixCountMode(Mode):
         return piece
 
     def failed(self, index: int, error) -> bool:
-        self._forget(index)
-        if not self.feed.failed(index, error):
-            return False
-        self._flow()
-        return True
+        return held_by_mix(self, index, error)
 
     def _flow(self):
         """The mix's documents as far as they are counted, into the place-finder."""

@@ -15,8 +15,9 @@ A source whose whole epoch and most of the next held no document with text ends 
 footer that cannot be read, a rank with no row group in its files) goes out no more: the
 piece that would have come next is one that cannot be read (`MixStream.unreadable`), and the
 mix stops where it needs it, as where a worker cannot read a piece, the same batch whatever
-the timing. Both mixture modes (packing/mixmode.py for concat,
-packing/mixbestfit.py for best fit) hand pieces out through one `MixFeed`.
+the timing (`MixFeed.failed`; `held_by_mix` is `Mode.failed` of the modes that flow the mix
+as counts come). Both mixture modes (packing/mixmode.py for concat, packing/mixbestfit.py for
+best fit) hand pieces out through one `MixFeed`.
 """
 from __future__ import annotations
 
@@ -187,6 +188,18 @@ class MixFeed:
             barren = [n for n in self.stream.waiting_for() if n in self._barren]
             if barren:
                 self.stream.finish(self._barren[barren[0]])
+
+
+def held_by_mix(mode, index: int, error) -> bool:
+    """`Mode.failed` of a mode that flows its mix as counts come (`MixConcatMode`, `MixCountMode`:
+    `mode.feed`, `mode._flow`): piece `index` leaves its worker's load; one of the mix's is held by
+    the stream (`MixFeed.failed`) and the mix flows now, since it may stop there before another
+    count comes; False for one that is not the mix's (the coordinator raises it now)."""
+    mode._forget(index)
+    if not mode.feed.failed(index, error):
+        return False
+    mode._flow()
+    return True
 
 
 class Said:

@@ -33,7 +33,7 @@ from .base import MAX_IN_FLIGHT, Complete, Mode
 from .concat import ConcatMode, Copies
 from .mix import MixStream
 from .mixplace import MixSequencer
-from .mixfeed import MixFeed, Said, start_points
+from .mixfeed import MixFeed, Said, held_by_mix, start_points
 
 
 class MixConcatMode(ConcatMode):
@@ -78,11 +78,7 @@ class MixConcatMode(ConcatMode):
         return piece
 
     def failed(self, index: int, error) -> bool:
-        self._forget(index)
-        if not self.feed.failed(index, error):
-            return False
-        self._flow()
-        return True
+        return held_by_mix(self, index, error)
 
     def _flow(self):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
