@@ -1,7 +1,8 @@
 """packing/mixbestfit.py without processes: the plans of best fit over a mixture depend on the
 document lengths only (not on how many workers count the pieces, nor in which order), the
-source the mix waits for goes out past the read-ahead cap, and a state's buffer is read back
-(or refused) by source."""
+source the mix waits for goes out past the read-ahead cap, a state's buffer is read back (or
+refused) by source, and a piece of the mix that fails after a plan ran out for it ends the run
+in that turn."""
 import json
 import random
 from types import SimpleNamespace
@@ -178,3 +179,46 @@ def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
         if said:
             break
     assert said and "nothing is left to read" in said[0].text and len(ready) == mode.seq.planned > 5
+
+
+@pytest.mark.parametrize("bad", [4, 7, 12])
+def test_a_mix_piece_that_fails_after_a_plan_ran_out_for_it_ends_the_run_at_once(bad):
+    """One worker; short's piece `bad` fails only once every other piece out is counted and a
+    plan ran out waiting for it. The failure itself is a change of the mix (`MixStream.version`):
+    the plan is tried again at once, finds the mix stopped there, and `Ended` names the error in
+    that same turn, with no piece handed out or counted after the failure; the batches before it
+    are those of a run where it does not fail."""
+    from shmloader.ipc.protocol import Ended, Error
+
+    _, good, _ = drive(1, 0, batches=80)
+    run = SimpleNamespace(mixture=MixArgs(Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4}), RANGES,
+                                          None, 0), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
+    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None)
+    mode, slots, ready, held = MixBestFitMode(cfg, run, 1, pieces), SlotMap(3), [], None
+
+    def turn() -> list:
+        for _, order in mode.orders(slots.take_slot):
+            mode.written([(order.batch, sum(p[4] for p in order.placements))])
+        for done in mode.ready():
+            ready.append(done)
+            mode.freed(done.batch)
+            slots.release(done.batch)
+        return list(mode.messages())
+
+    for _ in range(2000):
+        given = hand_out(mode)
+        for piece in given:
+            if piece.file >= 2 and piece.rg == bad:
+                held = piece  # its worker gets to it last
+            else:
+                mode.counted(Counted(piece.index, lengths(piece), None))
+        assert not [m for m in turn() if isinstance(m, Ended)]
+        if held is not None and not given and mode.seq.starved:
+            break
+    assert held is not None and mode.seq.starved and len(ready) > 0, (held, len(ready))
+    assert mode.failed(held.index, Error("data", f"short{bad}.parquet: not a readable parquet file", ""))
+    said = [m for m in turn() if isinstance(m, Ended)]
+    assert hand_out(mode) == []
+    assert len(said) == 1 and f"short{bad}.parquet" in said[0].text, said
+    assert [d.position for d in ready] == [d.position for d in good[:len(ready)]]
+    assert turn() == [] and hand_out(mode) == []
