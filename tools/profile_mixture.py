@@ -2,14 +2,17 @@
 
     python tools/profile_mixture.py                        # best fit, 3 sources, 200 batches
     python tools/profile_mixture.py --packing concat --profile
+    python tools/profile_mixture.py --packing concat --single   # the same documents as one source
 
 A mixture's mode (packing/mixmode.py, packing/mixbestfit.py) is driven as the coordinator
 drives it: pieces handed out to 2 pretend workers, counted at once with lognormal document
 lengths (256 documents a piece, a median of about 400 tokens), their write orders acknowledged,
-every batch's slot text made (`buffer_of`) and its slot freed. Prints the mode's time per batch
-and per document (the coordinator's Python a mixture adds, which on 2 cores the workers lose);
-`--profile` adds cProfile's top functions. Timings from one process on a shared machine:
-compare runs made side by side.
+every batch's slot text made (`buffer_of`) and its slot freed. Prints the mode's CPU time (this
+process's, so that other work on a shared machine counts less) per batch and per document (the
+coordinator's Python a mixture adds, which on 2 cores the workers lose); `--single` replays the
+packing's own mode over one source of the same documents (what a mixture adds is the difference);
+`--weights` other weights; `--profile` adds cProfile's top functions. Compare runs made side by
+side.
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ from shmloader.data.mixture import Mixture  # noqa: E402
 from shmloader.data.order import Piece  # noqa: E402
 from shmloader.data.sources import Range  # noqa: E402
 from shmloader.ipc.protocol import Counted, MixArgs  # noqa: E402
-from shmloader.packing import MIX_MODES  # noqa: E402
+from shmloader.position import Position  # noqa: E402
+from shmloader.packing import MIX_MODES, PACKINGS  # noqa: E402
 from shmloader.packing.base import SlotMap  # noqa: E402
 
 
@@ -40,24 +44,40 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=int, default=200, help="batches timed (after 20 to warm up)")
     p.add_argument("--batch-size", type=int, default=16, help="B (rows)")
     p.add_argument("--seq-len", type=int, default=2048, help="T (tokens a row)")
+    p.add_argument("--weights", default="1,1,1", help="the three sources' weights (default 1,1,1)")
+    p.add_argument("--single", action="store_true", help="one source of the same documents instead (no mixture)")
     p.add_argument("--profile", action="store_true", help="also print cProfile's top 15 functions")
     return p.parse_args(argv)
 
 
 def mode_of(args):
     names = ("a", "b", "c")
-    mix = Mixture({n: n for n in names}, dict.fromkeys(names, 1))
+    weights = [float(w) for w in args.weights.split(",")]
+    mix = Mixture({n: n for n in names}, dict(zip(names, weights)))
     ranges = tuple(Range(n, 2 * i, 2 * i + 2) for i, n in enumerate(names))
     B, T = args.batch_size, args.seq_len
     window = B * T + 1 if args.packing == "concat" else 2 * B * T
-    run = SimpleNamespace(mixture=MixArgs(mix, ranges, None, 0), rank=0,
-                          layout=SimpleNamespace(window=window, n_slots=8))
+    run = SimpleNamespace(mixture=MixArgs(mix, ranges, None, 0), rank=0, start=Position(1, 0, 0, 0),
+                          buffer_runs=(), layout=SimpleNamespace(window=window, n_slots=8))
     cfg = SimpleNamespace(B=B, T=T, buffer_size=1000, tokenizer_batch_size=128, max_piece_docs=1024,
                           max_piece_bytes=None)
 
-    def pieces(ramp, cap, first, files=None, start=None, plan=None):
-        return (Piece(i, 1, files[0], i, 0, 256) for i in range(10**7))
+    def pieces(ramp, cap, first, files=(0,), start=None, plan=None):
+        return (Piece(first + i, 1, files[0], i, 0, 256) for i in range(10**7))
+    if args.single:
+        return PACKINGS[args.packing].mode(cfg, run, 2, pieces)
     return MIX_MODES[args.packing](cfg, run, 2, pieces)
+
+
+def written(order) -> list:
+    """What a worker acknowledges for `order`: `(batch, tokens)` it wrote."""
+    if hasattr(order, "placements"):  # best fit's Rows
+        return [(order.batch, sum(p[4] for p in order.placements))]
+    if hasattr(order, "counts"):      # a mixture's Copies
+        return order.counts()
+    if hasattr(order, "orders"):      # Places (a mixture's orders before Copies: the base commit's)
+        return [c for o in order.orders for c in written(o)]
+    return [(k, n) for k, _, _, _, n in order.segments]  # Place
 
 
 def drive(mode, slots, rng, n_batches: int) -> int:
@@ -74,10 +94,7 @@ def drive(mode, slots, rng, n_batches: int) -> int:
             mode.counted(Counted(piece.index, rng.lognormal(6, 1, piece.n_docs).astype(np.int64) + 1, None))
             docs += piece.n_docs
         for _, order in mode.orders(slots.take_slot):
-            if hasattr(order, "placements"):
-                mode.written([(order.batch, sum(p[4] for p in order.placements))])
-            else:
-                mode.written([(k, n) for o in order.orders for k, _, _, _, n in o.segments])
+            mode.written(written(order))
         for done in mode.ready():
             mode.buffer_of(done)
             slots.release(done.batch)
@@ -90,12 +107,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     mode, slots, rng = mode_of(args), SlotMap(8), np.random.default_rng(0)
     drive(mode, slots, rng, 20)
-    began = time.perf_counter()
+    began = time.process_time()
     docs = drive(mode, slots, rng, args.batches)
-    took = time.perf_counter() - began
+    took = time.process_time() - began
     per_doc = f"{took / docs * 1e6:.1f} us a document counted" if docs else "no document counted (the buffer held them)"
-    print(f"{args.packing} over 3 sources, B={args.batch_size}, T={args.seq_len}: {took / args.batches * 1e3:.2f} ms "
-          f"a batch, {per_doc} ({docs} documents, {args.batches} batches)")
+    what = "one source" if args.single else f"3 sources (weights {args.weights})"
+    print(f"{args.packing} over {what}, B={args.batch_size}, T={args.seq_len}: {took / args.batches * 1e3:.3f} ms "
+          f"CPU a batch, {per_doc} ({docs} documents, {args.batches} batches)")
     if args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(drive, mode, slots, rng, args.batches)

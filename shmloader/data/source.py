@@ -307,8 +307,11 @@ def columns_for(files: list, columns) -> list:
     return list(columns)
 
 
+KEEP_OPEN = 4  # files a `Reader` keeps open: one source reads one file at a time
+
+
 class Reader:
-    """Lazily opened data files of any format (`formats.open_file`), at most 4 open at once;
+    """Lazily opened data files of any format (`formats.open_file`), at most `keep_open` open at once;
     reads each file's column `columns[f]` (text, or token ids checked against `n_vocab`).
 
     `identity(f)` is `(size, digest)` of file f as opened (`Format.digest`: parquet's footer).
@@ -317,9 +320,13 @@ class Reader:
     saying so. A unit that cannot be read of a file whose size changed since it was opened is
     reported as a file changed under the reader, not as a corrupt one."""
 
-    def __init__(self, files: list[str], filesystem=None, columns=None, n_vocab: int | None = None):
+    def __init__(self, files: list[str], filesystem=None, columns=None, n_vocab: int | None = None,
+                 keep_open: int = KEEP_OPEN):
+        """`keep_open`: the files kept open; the one opened longest ago is closed past it (a mixture
+        reads several sources' files in turn: `sources.keep_open`)."""
         self.files = files
         self.filesystem = filesystem
+        self.keep_open = keep_open
         self.columns = columns_for(files, columns)
         self.n_vocab = n_vocab
         self._open = {}      # f -> its Format, opened
@@ -346,7 +353,7 @@ class Reader:
                 raise DataError(f"{path} changed while the run read it: its identity (digest {ident[1]}) is not "
                                 f"the one the run planned with ({want}; a data file must not be rewritten under "
                                 f"a running loader; resume from a saved state once it is written)")
-            if len(self._open) >= 4:
+            if len(self._open) >= self.keep_open:
                 gone = next(iter(self._open))
                 del self._open[gone]
                 self._sizes.pop(gone, None)

@@ -63,7 +63,7 @@ class Packing:
     stats: Callable            # the ring's counters (dict) -> what it adds to `stats()`
     keep_rows: Callable = lambda held, rows: held  # worker: what it keeps of a piece done again, only `rows`
     order_pieces: Callable = lambda order: ()      # the pieces a write order reads
-    orders: tuple = ()         # other write orders `write` carries out (concat: `Places`, a mixture's)
+    orders: tuple = ()         # other write orders `write` carries out (concat: `Copies`, a mixture's)
     settings: tuple = ()       # LoaderConfig fields that change its stream (the state's fingerprint)
     buffer_docs: Callable | None = None  # cfg -> the documents its state's buffer may hold;
     #                                      None: it has no buffer, and its position has a skip

@@ -158,15 +158,17 @@ class PieceTable:
         bases, _, table = self._tables()
         return table[np.searchsorted(bases, ids, side="right") - 1, 1]
 
-    def runs(self, ids: np.ndarray) -> np.ndarray:
+    def runs(self, ids: np.ndarray, lead=None) -> np.ndarray:
         """Documents `ids` (in arrival order) as runs of consecutive rows, an (n, 5) array. A run
         goes on while the next document is the next row of the same row group; the row groups
         are compared only where the piece changes (once per batch's buffer this is the
         coordinator's largest cost: every step works on whole arrays, the few piece changes
-        aside)."""
+        aside). `lead(pieces)`: each run's leading columns from its piece's `[epoch, file, rg]`
+        (an (m, 3) array, a row a piece) instead of those (a mixture's: packing/mixbestfit.py)."""
         n = len(ids)
         if not n:
-            return np.zeros((0, 5), dtype=np.int64)
+            return np.zeros((0, 5 if lead is None else lead(np.zeros((0, 3), dtype=np.int64)).shape[1] + 2),
+                            dtype=np.int64)
         bases, _, table = self._tables()
         at = np.searchsorted(bases, ids, side="right") - 1  # each document's piece, as a table row
         rows = table[:, 3][at] + ids
@@ -177,6 +179,13 @@ class PieceTable:
         if len(seam):
             new[seam] = (table[at[seam], :3] != table[at[seam - 1], :3]).any(axis=1)
         starts = np.flatnonzero(new)
+        if lead is not None:
+            head = lead(table[:, :3])[at[starts]]
+            out = np.empty((len(starts), head.shape[1] + 2), dtype=np.int64)
+            out[:, :-2] = head
+            out[:, -2] = rows[starts]
+            out[:, -1] = np.diff(starts, append=n)
+            return out
         out = np.empty((len(starts), 5), dtype=np.int64)
         out[:, :3] = table[at[starts], :3]
         out[:, 3] = rows[starts]

@@ -11,93 +11,60 @@ in the order they come, as it places a single source's pieces (one run a piece).
 (0 tokens) are no documents: they ride in the run before them, and a piece of nulls only is
 one empty run, so that every piece ends with a run that says it is its `last`.
 
+The rule is decided a *block* at a time: while every source's head piece stays and the stage
+does not change, one call (`Mixer.picks`) decides every document up to the first head used up
+(or the limit, or the stage's end), and the block's runs come out as one `Stretch` of arrays
+(packing/mixruns.py), the runs a document at a time would make (`_take`, kept for a resumed
+cut document; tests/unit/test_mix_stream.py checks the two against each other). The
+coordinator so does per block what it did per document: the rule about 0.35 µs a document, a
+replay of concat's whole mode 2.2 µs a document against 8.3 before (docs/benchmarks.md
+"Mixtures").
+
 The stream depends on the sources' document lengths only (the rule sees nothing else), so it
 is the same for any number of workers and any order of arrival. A piece that cannot be read
 (`unreadable`) stops it where the rule needs that piece's next document (`stopped`: its
-error), whichever source's turn it then is, so that too depends on the lengths only. Where it
-stands before any document (`Run.at`: every source's next document and the mixer's state
-before the run's first pick) is what a state keeps; `point_at(run, row, skip)` is that inside
-a run: a resumed mix starts every source at its document and the mixer from its state, and
-the document the next token is in comes first (with a new mixture too: it is not skipped).
+error), whichever source's turn it then is, so that too depends on the lengths only (a block
+ends where a head is used up, so the stop is found between blocks, as between documents).
+Where it stands before any document (`Run.at`: every source's next document and the mixer's
+state before the run's first pick, made from its block when asked) is what a state keeps;
+`point_at(run, row, skip)` is that inside a run: a resumed mix starts every source at its
+document and the mixer from its state, and the document the next token is in comes first
+(with a new mixture too: it is not skipped).
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, Mapping
 
 import numpy as np
 
 from ..data.mixture import Mixer
 from ..position import Position
 from .base import InOrder
+from .mixruns import Block, MixPoint, Rows, Stretch, place, point_at  # noqa: F401  (point_at: the stream's, for callers)
 
 
-class MixPoint(NamedTuple):
-    """A place in a mixed stream: the next token is `skip` tokens into the document that source
-    `source` reads at `sources[source]`; every other source reads next at its `sources` entry;
-    `mixer` is the mixer's state (`Mixer.state`) before that document was picked."""
-    source: str
-    skip: int
-    sources: Mapping[str, Position]
-    mixer: dict
-
-    def to_json(self) -> dict:
-        """Plain JSON; `"skips"`: the sources whose next document is one an old rank had cut at a
-        change of world size, with the tokens of it read before (only while there are some)."""
-        out = {"source": self.source, "skip": self.skip, "mixer": self.mixer,
-               "sources": {name: list(p[:4]) for name, p in sorted(self.sources.items())}}
-        skips = {name: p.skip for name, p in sorted(self.sources.items()) if p.skip}
-        if skips:
-            out["skips"] = skips
-        return out
-
-    @classmethod
-    def from_json(cls, value: Mapping) -> "MixPoint":
-        try:
-            skips = value.get("skips", {})
-            sources = {str(n): Position(*map(int, p), int(skips.get(n, 0))) for n, p in value["sources"].items()}
-            point = cls(str(value["source"]), int(value["skip"]), sources, dict(value["mixer"]))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"the mixture's place in the state is malformed ({type(e).__name__}: {e}): "
-                             f"{value!r}") from None
-        if point.source not in sources or point.skip < 0:
-            raise ValueError(f"the mixture's place in the state names source {point.source!r} (skip {point.skip}), "
-                             f"not among its sources {sorted(sources)}")
-        return point
+NO_LIMIT = 1 << 62  # picks a block may make when `stretches` has no limit
 
 
-class Run(NamedTuple):
-    """Rows `[row_lo, row_hi)` of piece `piece` of source `source`, picked in a row: tokens
-    `[base, base + lengths.sum())` of the piece's; `last`: no document of the piece comes
-    after it; `at`: where the mix stood before its first row (`point_at` makes a `MixPoint`)."""
-    source: str
-    piece: object        # data.order.Piece
-    row_lo: int
-    row_hi: int
-    base: int
-    lengths: list        # tokens of each of its rows (0: a null)
-    last: bool
-    at: tuple            # `(sources, snapshot)`: every source's next document as a `Position` or
-    #                      as `(piece, row)` of its head, and the mixer's `snapshot` (`point_at`)
+class _Head:
+    """A counted piece at the head of its source: its `Rows`, and those not yet in a run."""
 
-    @property
-    def tokens(self) -> int:
-        return sum(self.lengths)
+    __slots__ = ("rows", "row", "covered", "ran")
 
-
-class _Counted:
-    """A counted piece at the head of its source: the rows not yet in a run."""
-
-    def __init__(self, piece, lengths: np.ndarray):
-        self.piece, self.lengths = piece, lengths
-        self.sizes = lengths.tolist()     # the same as Python ints (read once a document)
+    def __init__(self, rows: Rows):
+        self.rows = rows
         self.row = 0                      # the next row that may hold a document
         self.covered = 0                  # the first row not in a run (nulls before `row`)
-        self.base = 0                     # the token offset of `covered`
         self.ran = False                  # a run of it was made
 
+    @property
+    def piece(self):
+        return self.rows.piece
+
     def skip_nulls(self):
-        sizes, row = self.sizes, self.row
+        sizes, row = self.rows.sizes, self.row
         while row < len(sizes) and not sizes[row]:
             row += 1
         self.row = row
@@ -129,21 +96,25 @@ class MixStream:
         self.stopped = None              # the error of a piece it needs and cannot read, once it does
         self._unreadable = {}            # source -> (seq, error) of the first of its pieces that cannot be read
         self._room = None                # documents `runs` may still take (None: no limit)
+        self.version = 0                 # grows whenever what the mix waits for or takes may change
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of `source`'s order was counted: `lengths[i]` tokens for its row i."""
+        self.version += 1
         for _, (p, n) in self._arrived[source].add(seq, (piece, np.asarray(lengths, dtype=np.int64))):
-            self._queue[source].append(_Counted(p, n))
+            self._queue[source].append(_Head(Rows(p, n)))
 
     def exhausted(self, source: str, pieces: int):
         """`source`'s order ends after its `pieces` first pieces: once they are read it ends, and
         its weight goes to the others."""
+        self.version += 1
         self._exhausted.add((source, pieces))
 
     def unreadable(self, source: str, seq: int, error):
         """Piece `seq` of `source`'s order cannot be read (`error`): the mix stops when it needs it."""
         known = self._unreadable.get(source)
         if known is None or seq < known[0]:
+            self.version += 1  # a plan that ran out tries again: the mix may stop there
             self._unreadable[source] = (seq, error)
 
     def waiting_for(self) -> list:
@@ -155,6 +126,7 @@ class MixStream:
     def finish(self, why: str):
         """The mix ends here (`why`): no document is taken after the ones taken so far."""
         if self.finished is None and self.stopped is None:
+            self.version += 1
             self.finished = why
             self._close()
 
@@ -182,6 +154,7 @@ class MixStream:
         source has ended ends the mix here."""
         started = self.mixer.enter(batch)
         if self._goes_on() and started is not None:
+            self.version += 1
             self._close()
             self.notes.append(f"mixture: stage from batch {started.first_batch}: "
                               + ", ".join(f"{n} {w:g}" for n, w in started.weights.items()))
@@ -197,13 +170,14 @@ class MixStream:
         while queue:
             head = queue[0]
             head.skip_nulls()
-            if head.row < len(head.sizes):
+            if head.row < len(head.rows.sizes):
                 return head
             queue.popleft()
+            self.version += 1
             if self._open is not None and self._open[1] is head:
                 self._close()
             elif not head.ran:
-                self._out.append(self._run(source, head, len(head.sizes), self._at()))
+                self._out.append(self._run(source, head, len(head.rows.sizes), self._at()))
             p = head.piece
             self._next[source] = Position(p.epoch, p.file, p.rg, p.doc_end)
         return None
@@ -216,14 +190,12 @@ class MixStream:
                 sources[name] = (queue[0].piece, queue[0].row)
         return sources, self.mixer.snapshot()
 
-    def _run(self, source: str, head: _Counted, row_hi: int, at: tuple) -> Run:
+    def _run(self, source: str, head: _Head, row_hi: int, at: tuple) -> Stretch:
         """The rows of `head` not in a run yet, to `row_hi` (the nulls after a run's documents are
         in it), as a run; `head` moves past them."""
-        lo = head.covered
-        lengths = head.sizes[lo:row_hi]
-        run = Run(source, head.piece, lo, row_hi, head.base, lengths, row_hi == len(head.sizes), at)
+        run = Stretch.one(source, head.rows, head.covered, row_hi, at)
         head.row = head.covered = row_hi
-        head.base, head.ran = head.base + sum(lengths), True
+        head.ran = True
         return run
 
     def _close(self):
@@ -234,8 +206,12 @@ class MixStream:
             self._out.append(self._run(source, head, head.row, at))
 
     def runs(self, limit: int | None = None) -> list:
-        """The runs that can be made now, in stream order; with `limit`, of at most that many
-        documents (best fit takes the mix a chunk at a time: packing/mixbestfit.py)."""
+        """The runs that can be made now, in stream order, as `Run`s (`stretches`)."""
+        return [run for stretch in self.stretches(limit) for run in stretch.runs()]
+
+    def stretches(self, limit: int | None = None) -> list:
+        """The runs that can be made now, in stream order, as `Stretch`es; with `limit`, of at most
+        that many documents (best fit takes the mix a chunk at a time: packing/mixbestfit.py)."""
         mixer = self.mixer
         self._room = limit
         while self.finished is None and self.stopped is None and self._room != 0:
@@ -245,6 +221,7 @@ class MixStream:
             heads = {name: self._head(name) for name in names}
             ended = [name for name, head in heads.items() if head is None and self._ended(name)]
             if ended:  # their weights go to the rest; with no rest the next `_taking_part` ends the mix
+                self.version += 1
                 for name in ended:
                     note = mixer.end(name)
                     if note:
@@ -261,7 +238,7 @@ class MixStream:
                 source, self.first = self.first, None
                 self._take(source, heads[source])
                 continue
-            self._pick_while_known(heads)
+            self._pick_block(names, [heads[name] for name in names])
         if self._room == 0:  # the limit is reached: the run being made ends here
             self._close()
         out, self._out = self._out, []
@@ -273,70 +250,108 @@ class MixStream:
         for name, head in heads.items():
             seq, error = self._unreadable.get(name, (None, None))
             if head is None and seq == self._arrived[name].next:
+                self.version += 1
                 self.stopped = error
                 return
 
     def end_point(self) -> MixPoint:
         """Where an ended mix stands: after its last document."""
         at_sources, snapshot = self._at()
-        sources = {name: _place(*w) if type(w) is tuple else w for name, w in at_sources.items()}
+        sources = {name: place(*w) if type(w) is tuple else w for name, w in at_sources.items()}
         return MixPoint(self.names[0], 0, sources, Mixer.state_of_snapshot(snapshot))
 
-    def _pick_while_known(self, heads: dict):
-        """The rule (`Mixer.pick`, once a document) while every source's head stays where it is
-        and the stage does not change."""
-        mixer = self.mixer
-        staged = len(mixer.mixture.stages) > 1
-        n = sum(mixer.counted.values())
-        cap = self.cap
-        if cap is None:
-            length_of = lambda name: heads[name].sizes[heads[name].row]  # noqa: E731
-        else:
-            length_of = lambda name: min(heads[name].sizes[heads[name].row], cap)  # noqa: E731
-        while True:
-            if staged and mixer.mixture.stage_at(self.batch_of(self.tokens)) != mixer.stage:
-                return
-            best = mixer.pick(n, length_of)
-            n += length_of(best)
-            picked = heads[best]
-            if self._take(best, picked) or self._room == 0:
-                return
+    def _pick_block(self, names: list, heads: list):
+        """The rule for a block of documents while every source's head stays where it is and the
+        stage does not change (`Mixer.picks`: one call, not one a document), as one `Stretch`: its
+        runs are those a document at a time would make (`_take`), the mixer takes the same
+        counts, and a run's `at` is made from the block when asked (mixruns.py)."""
+        mixer, cap, rows = self.mixer, self.cap, [h.rows for h in heads]
+        firsts = [int(r.docs_before[h.row]) for r, h in zip(rows, heads)]  # each head's next document
+        limit = self._room if self._room is not None else NO_LIMIT
+        # a source's documents past the limit cannot be picked: no need to list them
+        picks = mixer.picks([r.rule(cap)[2][q:q + limit] for r, q in zip(rows, firsts)], limit)
+        if not picks:
+            return
+        starts = list(itertools.accumulate((len(r.live) for r in rows[:-1]), initial=0))
+        at = [s + q for s, q in zip(starts, firsts)]   # each source's next document, in the documents of all
+        doc_at = [0] * len(picks)
+        for j, i in enumerate(picks):
+            doc_at[j] = at[i]
+            at[i] += 1
+        doc_at = np.array(doc_at, dtype=np.intp)
+        doc_lengths = np.concatenate([r.doc_lengths for r in rows])[doc_at]
+        m = self._in_stage(doc_lengths)
+        if m == 0:
+            return
+        if m < len(picks):
+            picks, doc_at, doc_lengths = picks[:m], doc_at[:m], doc_lengths[:m]
+            at = [s + q + picks.count(i) for i, (s, q) in enumerate(zip(starts, firsts))]
+        counts = tuple(a - s - q for a, s, q in zip(at, starts, firsts))
+        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, np.array(picks, dtype=np.intp),
+                      counts, np.concatenate([r.live for r in rows])[doc_at], doc_lengths)
+        self._emit(names, heads, block)
+        for name, r, q, k, head in zip(names, rows, firsts, counts, heads):
+            if k:
+                before = r.rule(cap)[1]
+                mixer.took(name, int(before[q + k] - before[q]), head.piece.epoch, documents=k)
+        self.tokens += int(doc_lengths.sum())
+        if self._room is not None:
+            self._room -= m
 
-    def _take(self, source: str, head: _Counted) -> bool:
+    def _in_stage(self, lengths: np.ndarray) -> int:
+        """How many of the picks (their documents' `lengths`, in turn) the stage in force takes:
+        a pick whose first token lands in a later stage's batch is not made (`batch_of` never
+        goes down as tokens grow, so the first such pick is found by halving)."""
+        mixture = self.mixer.mixture
+        if len(mixture.stages) == 1:
+            return len(lengths)
+        stage, tokens = self.mixer.stage, self.tokens + np.cumsum(lengths)
+        def changed(j: int) -> bool:  # pick j's first token lands in another stage
+            return mixture.stage_at(self.batch_of(self.tokens if j == 0 else int(tokens[j - 1]))) != stage
+        if changed(0):
+            return 0
+        lo, hi = 1, len(lengths)  # the first pick in another stage is in [lo, hi]; len(lengths): none is
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if changed(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _emit(self, names: list, heads: list, block: Block):
+        """The block's runs as one `Stretch`, every run closed at its end (as `_take` would have
+        closed them: at a used-up head, the limit, or the stage's end; its arrays are made when
+        asked); the heads move past them."""
+        first = None
+        if self._open is not None:  # a run begun before the block (a resumed run's cut document)
+            if self._open[1] is heads[int(block.picks[0])]:
+                first = self._open[2]
+                self._open = None
+            else:
+                self._close()
+        self.version += 1
+        stretch = Stretch(tuple(names), block.rows, block, first, tuple(h.covered for h in heads))
+        for head, r, q, k in zip(heads, block.rows, block.firsts, block.counts):
+            if k:
+                head.row = head.covered = int(r.after[q + k - 1])
+                head.ran = True
+        self._out.append(stretch)
+
+    def _take(self, source: str, head: _Head) -> bool:
         """The mix takes `source`'s next document (`head`'s); whether the head is used up."""
+        self.version += 1
         if self._open is None or self._open[1] is not head:
             self._close()
             self._open = (source, head, self._at())
-        length = head.sizes[head.row]
+        length = head.rows.sizes[head.row]
         self.mixer.took(source, length if self.cap is None else min(length, self.cap), head.piece.epoch)
         self.tokens += length
         if self._room is not None:
             self._room -= 1
         head.row += 1
         head.skip_nulls()
-        if head.row >= len(head.sizes):  # the piece's last document: its run ends with it
+        if head.row >= len(head.rows.sizes):  # the piece's last document: its run ends with it
             self._close()
             return True
         return False
-
-
-def point_at(run: Run, row: int, skip: int) -> MixPoint:
-    """Where the mix stands at token `skip` of row `row` of `run` (row_lo <= row < row_hi): the
-    run's source reads that document, the mixer before it has taken the run's earlier rows."""
-    before = run.lengths[:row - run.row_lo]
-    at_sources, snapshot = run.at
-    mixer = Mixer.state_of_snapshot(snapshot)
-    counted, totals = mixer["counted"], mixer["totals"]
-    tokens, docs, _ = totals[run.source]
-    counted[run.source] += sum(before)
-    totals[run.source] = [tokens + sum(before), docs + len(before) - before.count(0), run.piece.epoch]
-    sources = {name: _place(*where) if type(where) is tuple else where for name, where in at_sources.items()}
-    p = run.piece
-    sources[run.source] = Position(p.epoch, p.file, p.rg, p.doc_start + row)
-    return MixPoint(run.source, skip, sources, mixer)
-
-
-def _place(piece, row: int) -> Position:
-    """Row `row` of `piece` as a source's next document; its first row keeps the piece's skip (a
-    document an old rank had cut at a change of world size, not begun here yet)."""
-    return Position(piece.epoch, piece.file, piece.rg, piece.doc_start + row, piece.skip if row == 0 else 0)

@@ -40,7 +40,8 @@ from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from .bestfit import BestFitMode, BestFitSequencer, Chunks
-from .mix import MixPoint, MixStream, point_at
+from .mix import MixPoint, MixStream
+from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
 from .mixmode import point_text
 from .runs import decode, narrow
@@ -48,7 +49,8 @@ from .runs import decode, narrow
 
 class MixBuffer(NamedTuple):
     """Where a mixed best fit stands after a batch: the mix's point after the last chunk planned,
-    and the buffer as runs `[epoch, file, rg, row, count]` in the run's numbering of the files."""
+    and the buffer as runs `[source, epoch, file, rg, row, count]` (the source's index in the
+    sorted order of the first files of `lo`, the file numbered within it; `local_runs`)."""
     point: MixPoint
     runs: np.ndarray
 
@@ -87,21 +89,35 @@ def buffer_runs(point: dict | None, lo_of: dict) -> list:
     return out
 
 
+def local_runs(table, ids: np.ndarray, lo: dict) -> np.ndarray:
+    """Documents `ids` of a `PieceTable` (in arrival order) as runs `[source, epoch, file, rg, row,
+    count]`, the source its index in the sorted order of the first files of `lo` (each source's
+    first file in the run's numbering) and the file numbered within it: the table's runs, each
+    piece's source found once (a batch's ~1000 buffered documents are ~1000 runs when the
+    sources alternate)."""
+    firsts = np.array(sorted(lo.values()), dtype=np.int64)
+
+    def lead(pieces: np.ndarray) -> np.ndarray:
+        which = np.searchsorted(firsts, pieces[:, 1], side="right") - 1
+        return np.column_stack((which, pieces[:, 0], pieces[:, 1] - firsts[which], pieces[:, 2]))
+    return table.runs(ids, lead)
+
+
 def buffer_text(where: MixBuffer, lo: dict) -> str:
     """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixmode.point_text`)
     and `"buffer"` (`buffer_entries` reads it), made with numpy: a batch's ~1000 buffered
     documents, a run each when the sources alternate, would cost a millisecond as JSON lists."""
-    firsts = sorted((first, name) for name, first in lo.items())
-    runs = where.runs
-    if len(runs):
-        which = np.searchsorted(np.array([f for f, _ in firsts]), runs[:, 1], side="right") - 1
-        local = runs.copy()
-        local[:, 1] -= np.array([f for f, _ in firsts])[which]
-        prefix, values = narrow(np.column_stack((which, local)))
+    names = [name for _, name in sorted((first, name) for name, first in lo.items())]
+    if len(where.runs):
+        prefix, values = narrow(where.runs)
         text = f"{prefix}:{values.tobytes().hex()}"
     else:
         text = ""
-    return point_text(where.point, lo, buffer={"sources": [name for _, name in firsts], "runs": text})
+    # the runs' text (hex after a width) holds nothing JSON escapes: put in after, not scanned by json
+    head = point_text(where.point, lo, buffer={"sources": names, "runs": ""})
+    empty = '{"buffer":{"runs":""'  # the first key, sorted
+    assert head.startswith(empty), head[:40]
+    return f'{{"buffer":{{"runs":"{text}"{head[len(empty):]}'
 
 
 class MixChunks(Chunks):
@@ -110,8 +126,8 @@ class MixChunks(Chunks):
     (`last_end`: `(run, row)` for `point_at`, after the last chunk a plan took)."""
 
     def __init__(self, stream: MixStream, chunk_docs: int, ids_of, start):
-        """`ids_of(run)`: `(ids, lengths)` of the run's documents; `start`: the `MixPoint`
-        the run starts from, or None."""
+        """`ids_of(stretch)`: `(ids, lengths)` of the stretch's documents (`mixruns.Stretch`);
+        `start`: the `MixPoint` the run starts from, or None."""
         super().__init__(chunk_docs, start)
         self.stream, self._ids_of = stream, ids_of
         self.rows = 0                 # rows (documents and nulls) the mix took into chunks
@@ -123,15 +139,16 @@ class MixChunks(Chunks):
     def _more(self) -> bool:
         """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
         while self._pending_docs < self.chunk_docs:
-            runs = self.stream.runs(self.chunk_docs - self._pending_docs)
-            for run in runs:
-                ids, lengths = self._ids_of(run)
-                self.rows += run.row_hi - run.row_lo
-                if len(ids):
+            stretches = self.stream.stretches(self.chunk_docs - self._pending_docs)
+            for stretch in stretches:
+                ids, lengths = self._ids_of(stretch)
+                self.rows += stretch.rows_covered()
+                if len(ids):  # a stretch with documents ends with a run of one (a block's last pick)
                     self._pending.append((ids, lengths))
                     self._pending_docs += len(ids)
+                    run = stretch.last_run()
                     self._end = (run, run.row_hi)
-            if not runs:
+            if not stretches:
                 if self.stream.finished is None or not self._pending_docs:
                     return False
                 break  # the mix ended: its last documents are a shorter chunk
@@ -146,7 +163,10 @@ class MixChunks(Chunks):
         return self.stream.finished is not None
 
     def news(self):
-        return None  # the mix's counts come through its feed: a plan that ran out always tries again
+        """A plan that ran out waits for the mix to change (`MixStream.version`: a count, a source
+        that ends, the end, a piece that cannot be read): tried again at every turn, it ran out
+        again about once a batch."""
+        return self.stream.version
 
     def _ran_out(self):
         # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
@@ -158,12 +178,13 @@ class MixBestFitSequencer(BestFitSequencer):
 
     def __init__(self, cfg, n_slots: int, n_prefix: int, stream: MixStream, start: MixPoint | None, used,
                  lo: dict):
-        """`used(run)`: each run of the mix as it goes into a chunk; `lo`: each source's first file
-        in the run's numbering."""
+        """`used(source, piece)`: each piece of the mix whose last run goes into a chunk; `lo`: each
+        source's first file in the run's numbering."""
         super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
         self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self._used = used
         self._sources = sorted((first, name) for name, first in lo.items())
+        self._lo = lo
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
         self.counted_rows = 0         # rows of the mix's pieces counted
 
@@ -174,14 +195,15 @@ class MixBestFitSequencer(BestFitSequencer):
         self._bases[piece.index] = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
         self.counted_rows += len(lengths)
 
-    def _ids_of(self, run) -> tuple:
-        lengths = np.asarray(run.lengths, dtype=np.int64)
-        live = np.flatnonzero(lengths)
-        base = self._bases[run.piece.index] + run.row_lo
-        if run.last:
-            del self._bases[run.piece.index]
-        self._used(run)
-        return base + live, lengths[live]
+    def _ids_of(self, stretch) -> tuple:
+        """The ids and lengths of a stretch's documents, in stream order (a document's id: its
+        piece's base and its row)."""
+        which, rows, lengths = stretch.documents()
+        bases = np.array([self._bases[r.piece.index] for r in stretch.rows], dtype=np.int64)
+        for source, piece in stretch.used_up():
+            del self._bases[piece.index]
+            self._used(source, piece)
+        return bases[which] + rows, lengths
 
     def _complete(self, plan) -> Complete:
         """The batch's tokens of each source settle the mixer's counts (`Mixer.settle`) and the
@@ -192,10 +214,13 @@ class MixBestFitSequencer(BestFitSequencer):
         stream.mixer.settle(self._placed(plan))
         stream.enter(stream.batch_of(0) + 1)
         end = self.chunks.last_end
-        point = point_at(*end, 0) if type(end) is tuple else end
-        point = point._replace(mixer=stream.mixer.state())
-        return Complete(self.planned, point.sources[point.source]._replace(skip=0),
-                        MixBuffer(point, self.buffer_runs()), self.docs_placed)
+        if type(end) is tuple:  # (run, row): the mixer's state there is replaced by its state now
+            point = MixPoint(end[0].source, 0, sources_at(*end), stream.mixer.state())
+        else:
+            point = end._replace(mixer=stream.mixer.state())
+        buffer = local_runs(self.table, self.planner.buffered_ids(), self._lo)
+        return Complete(self.planned, point.sources[point.source]._replace(skip=0), MixBuffer(point, buffer),
+                        self.docs_placed)
 
     def _placed(self, plan) -> dict:
         """`{source: tokens}` the plan places in rows."""
@@ -223,7 +248,7 @@ class MixBestFitMode(BestFitMode):
         self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1)
         prefix = buffer_pieces(buffer_runs(mix.point, self._lo), cfg.max_piece_docs)
         self.seq = MixBestFitSequencer(cfg, run.layout.n_slots, len(prefix), self.stream, point,
-                                       lambda run: self.feed.used(run), self._lo)
+                                       lambda *used: self.feed.used_up(*used), self._lo)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         self.feed = MixFeed(mix, self.stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
         self.pieces = _chain(prefix, self.feed.feed())
@@ -236,7 +261,7 @@ class MixBestFitMode(BestFitMode):
         """Best fit's read-ahead cap over the documents not yet in the buffer (also those the mix
         has not taken), past it for the source the mix waits for."""
         if self.pieces.handed >= self.n_prefix:  # the resumed buffer's pieces are out: the mix's
-            pick = self.feed.pick()
+            pick = self.feed.pick_now()
             if pick is None:
                 return False
             if pick.needed:

@@ -33,7 +33,7 @@ from .base import Mode
 from .count import PROGRESS_S
 from .mix import MixStream, point_at
 from .mixbestfit import MixBestFitSequencer, buffer_text
-from .mixfeed import MixFeed, start_points
+from .mixfeed import MixFeed, held_by_mix, start_points
 from .mixmode import point_text
 
 
@@ -60,7 +60,7 @@ class ConcatPlace:
 
 class BestFitPlace:
     """The point and buffer after best fit's batch `batch - 1`, planned as a live run plans;
-    `used(run)`: each run of the mix as it goes into a chunk."""
+    `used(source, piece)`: each piece whose last run went into a chunk."""
 
     def __init__(self, cfg, stream: MixStream, batch: int, used, lo: dict):
         self.batch = batch
@@ -97,7 +97,7 @@ class MixCountMode(Mode):
         place = SimpleNamespace(B=B, T=T, buffer_size=cfg.buffer_size, tokenizer_batch_size=cfg.tokenizer_batch_size)
         if self.bestfit:
             self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda _: self.place.seq.planned, cap=T + 1)
-            self.place = BestFitPlace(place, self.stream, self.batch, lambda run: self.feed.used(run),
+            self.place = BestFitPlace(place, self.stream, self.batch, lambda *used: self.feed.used_up(*used),
                                       {r.name: r.lo for r in mix.ranges})
         else:
             window = B * T + 1
@@ -132,11 +132,7 @@ class MixCountMode(Mode):
         return piece
 
     def failed(self, index: int, error) -> bool:
-        self._forget(index)
-        if not self.feed.failed(index, error):
-            return False
-        self._flow()
-        return True
+        return held_by_mix(self, index, error)
 
     def _flow(self):
         """The mix's documents as far as they are counted, into the place-finder."""
@@ -146,7 +142,8 @@ class MixCountMode(Mode):
         else:
             for run in self.stream.runs():
                 self.place.add(run)
-                self.feed.used(run)
+                if run.last:
+                    self.feed.used_up(run.source, run.piece)
 
     def messages(self):
         if self.place.result is not None and not self._reported:

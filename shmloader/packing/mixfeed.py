@@ -15,14 +15,17 @@ A source whose whole epoch and most of the next held no document with text ends 
 footer that cannot be read, a rank with no row group in its files) goes out no more: the
 piece that would have come next is one that cannot be read (`MixStream.unreadable`), and the
 mix stops where it needs it, as where a worker cannot read a piece, the same batch whatever
-the timing. Both mixture modes (packing/mixmode.py for concat,
-packing/mixbestfit.py for best fit) hand pieces out through one `MixFeed`.
+the timing (`MixFeed.failed`; `held_by_mix` is `Mode.failed` of the modes that flow the mix
+as counts come). Both mixture modes (packing/mixmode.py for concat, packing/mixbestfit.py for
+best fit) hand pieces out through one `MixFeed`.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 from typing import Callable, NamedTuple
+
+import numpy as np
 
 from ..errors import DataError
 from ..ipc.protocol import Ended, Error, Warn
@@ -78,6 +81,16 @@ class MixFeed:
                 self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
         self._peeked, self._barren = {}, {}                   # per source: its next piece; why it has no document
         self._index = first_index
+        self._now = (None, None)                              # `pick_now`'s: (its key, its pick)
+        self.moves = 0                                        # pieces given out, counted, failed or used up
+
+    def pick_now(self) -> "Next | None":
+        """`pick`, made again only once the mix (`MixStream.version`) or the pieces out and counted
+        (`moves`) have changed: a coordinator's turn asks for every worker, at every message."""
+        key = (self.stream.version, self.moves)
+        if self._now[0] != key:
+            self._now = key, self.pick()
+        return self._now[1]
 
     def pick(self) -> "Next | None":
         """The source whose next piece goes out next (that piece peeked), or None (also once the
@@ -133,6 +146,7 @@ class MixFeed:
             if pick is None:  # the mode's `can_take` said there was one
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
             name = pick.source
+            self.moves += 1
             piece = dataclasses.replace(self._peeked.pop(name), index=self._index)  # numbered as they go out
             self.owned[self._index] = Owned(name, self._seqs[name])
             self._seqs[name] += 1
@@ -142,8 +156,9 @@ class MixFeed:
 
     def counted(self, index: int, piece, lengths):
         """Piece `index` (one of the mix's) was counted: to the stream."""
+        self.moves += 1
         name, seq = self.owned[index]
-        self._docs[name] += int((lengths > 0).sum())
+        self._docs[name] += int(np.count_nonzero(lengths))
         if self._docs[name] == 0 and piece.epoch >= self._epoch0[name] + 2:
             self._barren.setdefault(name, f"mixture source {name!r}: a whole epoch held no document with text (all "
                                           "null or no rows); the mix cannot go on without it (give it weight 0, or "
@@ -156,15 +171,16 @@ class MixFeed:
         owned = self.owned.get(index)
         if owned is None:
             return False
+        self.moves += 1  # no longer being read
         self.stream.unreadable(owned.source, owned.seq, error)
         return True
 
-    def used(self, run):
-        """A run the packing took: with a piece's last, the piece leaves the read-ahead."""
-        if run.last:
-            del self.owned[run.piece.index]
-            if run.source in self._ahead:
-                self._ahead[run.source] -= run.piece.text_bytes + 1
+    def used_up(self, source: str, piece):
+        """The packing took the last run of `piece` (of `source`): it leaves the read-ahead."""
+        self.moves += 1
+        del self.owned[piece.index]
+        if source in self._ahead:
+            self._ahead[source] -= piece.text_bytes + 1
 
     def flow(self):
         """A mix that waits for a source without documents ends."""
@@ -172,6 +188,18 @@ class MixFeed:
             barren = [n for n in self.stream.waiting_for() if n in self._barren]
             if barren:
                 self.stream.finish(self._barren[barren[0]])
+
+
+def held_by_mix(mode, index: int, error) -> bool:
+    """`Mode.failed` of a mode that flows its mix as counts come (`MixConcatMode`, `MixCountMode`:
+    `mode.feed`, `mode._flow`): piece `index` leaves its worker's load; one of the mix's is held by
+    the stream (`MixFeed.failed`) and the mix flows now, since it may stop there before another
+    count comes; False for one that is not the mix's (the coordinator raises it now)."""
+    mode._forget(index)
+    if not mode.feed.failed(index, error):
+        return False
+    mode._flow()
+    return True
 
 
 class Said:

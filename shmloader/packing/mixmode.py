@@ -4,8 +4,9 @@ Every source has its own canonical order of pieces (its range of the run's files
 groups by rank, its epochs, from its own position: `RunArgs.mixture`). Pieces are handed out
 as packing/mixfeed.py says (the source the mix waits for first, even to a worker at its hold
 budget; then the one furthest behind in read-ahead for its weight). Counted pieces go to the `MixStream`,
-whose runs the concat sequencer places in the order they come (`ConcatSequencer.append`); a
-piece's tokens go once its last run is placed. After each batch, the `MixPoint` there travels
+whose stretches of runs the mixture's sequencer places in the order they come, by arrays
+(packing/mixplace.py, `MixSequencer`), each worker's segments of a turn as one `Copies` order;
+a piece's tokens go once its last run is placed. After each batch, the `MixPoint` there travels
 in the batch's slot (its buffer area) as JSON: the state's `mixture.point`, and where a heal
 or an idle release starts again.
 
@@ -23,13 +24,16 @@ from __future__ import annotations
 import json
 import zlib
 
+import numpy as np
+
 from ..data.mixture import Mixer
 from ..data.order import RAMP
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .concat import ConcatMode, ConcatSequencer, Places
-from .mix import MixStream, point_at
-from .mixfeed import MixFeed, Said, start_points
+from .concat import ConcatMode, Copies
+from .mix import MixStream
+from .mixplace import MixSequencer
+from .mixfeed import MixFeed, Said, held_by_mix, start_points
 
 
 class MixConcatMode(ConcatMode):
@@ -43,7 +47,7 @@ class MixConcatMode(ConcatMode):
         # source is left out now: then the mix starts at a document's start)
         first = point.source if point is not None and point.skip and point.source in _read(mix) else None
         skip = point.skip if first is not None else 0
-        self.seq = ConcatSequencer(window, run.layout.n_slots, skip)
+        self.seq = MixSequencer(window, run.layout.n_slots, skip)
         if point is not None:
             mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
         else:
@@ -57,7 +61,7 @@ class MixConcatMode(ConcatMode):
         self._flow()  # a state saved at the mix's end starts over (`Mixer.over`): it ends before any piece
 
     def can_take(self, worker: int) -> bool:
-        pick = self.feed.pick()
+        pick = self.feed.pick_now()
         if pick is None:
             return False
         if pick.needed:  # past the hold budget: only the mix can free it, and the mix waits for this
@@ -74,19 +78,16 @@ class MixConcatMode(ConcatMode):
         return piece
 
     def failed(self, index: int, error) -> bool:
-        self._forget(index)
-        if not self.feed.failed(index, error):
-            return False
-        self._flow()
-        return True
+        return held_by_mix(self, index, error)
 
     def _flow(self):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
         self.feed.flow()
-        for run in self.stream.runs():
-            self.seq.append(run.piece.index, run.lengths, run.base, run.last, tag=run)
-            self.feed.used(run)
+        for stretch in self.stream.stretches():
+            self.seq.add(stretch)
+            for source, piece in stretch.used_up():
+                self.feed.used_up(source, piece)
         if self.stream.finished is not None:
             self.seq.finished = True
 
@@ -97,28 +98,44 @@ class MixConcatMode(ConcatMode):
                 point = self.stream.end_point()
                 out.append(Complete(k, point.sources[self.stream.names[0]], point, self.seq.docs_at.pop(k)))
                 continue
-            run = where.run
-            row = run.row_lo + where.row
-            p = run.piece
+            p, row = where.run.piece, where.row  # (mixplace.End: the row is the piece's)
             skip = where.skip + (p.skip if row == 0 else 0)  # a piece's first row lacks the tokens it skipped
             out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip),
-                                point_at(run, row, skip), self.seq.docs_at.pop(k)))
+                                where.run.point(skip), self.seq.docs_at.pop(k)))
         return out
 
     def orders(self, take_slot):
-        """Every run's segments placed now, one `Places` message per worker."""
-        by_worker = {}
-        for w, place in super().orders(take_slot):
-            by_worker.setdefault(w, []).append(place)
-        for w, places in by_worker.items():
-            yield w, Places(tuple(places))
+        """Every run's segments placed now, one `Copies` message per worker."""
+        placed = self.seq.placements()
+        if not placed:
+            return
+        segments = np.concatenate([seg for seg, _ in placed]) if len(placed) > 1 else placed[0][0]
+        owner, slot_of = self.owner, {}
+        workers = np.array([owner[i] for i in segments[:, 0].tolist()], dtype=np.int64)
+        segments[:, 2] = [slot_of[k] if k in slot_of else slot_of.setdefault(k, take_slot(k))
+                          for k in segments[:, 1].tolist()]  # in stream order: a batch's first takes its slot
+        finished = {}
+        for _, indices in placed:
+            for index in indices:
+                finished.setdefault(owner[index], []).append(index)
+        for w in sorted(set(workers.tolist()) | set(finished)):
+            done = finished.get(w, [])
+            for index in done:
+                self._written_out(w, index)
+                del owner[index]
+            yield w, Copies(segments[workers == w], tuple(done))
 
     def holding(self, worker: int, orders) -> dict:
         """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
         out = Mode.holding(self, worker, orders)
         out.update((i, None) for i, w in self.owner.items() if w == worker)
-        out.update((place.piece, None) for order in orders for place in order.orders)
+        out.update((index, None) for order in orders for index in self.spec_pieces(order))
         return out
+
+    @staticmethod
+    def spec_pieces(order) -> set:
+        """The pieces a `Copies` order reads or drops."""
+        return set(order.segments[:, 0].tolist()) | set(order.done)
 
     def buffer_of(self, done: Complete):
         """The `MixPoint` after the batch, as the state's JSON text and its crc32."""
@@ -132,10 +149,15 @@ class MixConcatMode(ConcatMode):
 
 
 def point_json(point, lo: dict) -> dict:
-    """A `MixPoint` (in the run's numbering of the files) as the state's JSON, files numbered
-    within each source (`lo`: each source's first file in the run's numbering)."""
-    local = {n: p._replace(file=p.file - lo[n]) if n in lo else p for n, p in point.sources.items()}
-    return point._replace(sources=local).to_json()
+    """A `MixPoint` (in the run's numbering of the files) as the state's JSON (`MixPoint.to_json`),
+    files numbered within each source (`lo`: each source's first file in the run's numbering; a
+    source left out keeps its own)."""
+    out = {"source": point.source, "skip": point.skip, "mixer": point.mixer,
+           "sources": {n: [p[0], p[1] - lo.get(n, 0), p[2], p[3]] for n, p in sorted(point.sources.items())}}
+    skips = {n: p[4] for n, p in sorted(point.sources.items()) if p[4]}
+    if skips:
+        out["skips"] = skips
+    return out
 
 
 def point_text(point, lo: dict, **more) -> str:

@@ -40,6 +40,7 @@ import numpy as np
 from ..data import elastic
 from ..data.order import cut_pieces, iter_pieces
 from ..data.source import Reader, SchemaCheck, read_or_skip
+from ..data.sources import keep_open
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -116,7 +117,7 @@ class _Coordinator:
         else:
             kind = CountMode if args.locate else cfg.spec.mode
         fs = args.filesystem.open() if args.filesystem is not None else None
-        self.source, self.told = Reader(args.files, fs, args.columns), {}  # told: file -> identity sent
+        self.source, self.told = Reader(args.files, fs, args.columns, keep_open=keep_open(args.mixture)), {}  # told: file -> identity sent
         self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))
         # a bad file is warned of when found, ahead of the run, and raised when reached (skipped ones
         # are skipped when reached)

@@ -239,7 +239,7 @@ def test_bench_heal(demo, tmp_path, capsys, watchdog):
     assert "worker-SIGSTOP" in text
 
 
-@pytest.mark.slow  # 4 rows of fresh processes: 20 s
+@pytest.mark.slow  # 4 rows of fresh processes, then 4 without a trainer's pace: 30 s
 def test_bench_mixture(demo, tmp_path, capsys, watchdog):
     text, got = bench("mixture", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--seconds", 0.5,
                       "--repeat", 1, "--paced-batches", 5, "--step-ms", 1)
@@ -247,7 +247,14 @@ def test_bench_mixture(demo, tmp_path, capsys, watchdog):
     assert all(r["batches"] == 5 and r["next_cpu_us_median"] > 0 for r in got["rows"]["mixture_paced"])
     assert all(r["batches"] > 0 for rows in got["rows"].values() for r in rows)
     assert len(got["tokens_per_s_ratio"]) == 1 and all(x > 0 for x in got["tokens_per_s_ratio"])
-    assert "median ratio" in text
+    assert all(x > 0 for x in got["coordinator_cpu_ratio"] + got["worker_cpu_ratio"])
+    assert "median ratio" in text and "coordinator CPU" in text
+    # the same files as one source, and before/after with another checkout (this one): no paced rows
+    text, got = bench("mixture", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--seconds", 0.5,
+                      "--repeat", 1, "--paced-batches", 0, "--single", "files", "--compare", REPO_ROOT)
+    assert sorted(got["rows"]) == ["before mixture", "before single", "mixture", "single"]
+    assert got["config"]["single"] == "files" and len(got["before"]["tokens_per_s_ratio"]) == 1
+    assert "before (tokens/s" in text and "its 3 sources' files as one source" in text
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
@@ -256,7 +263,10 @@ def test_profile_mixture(capsys, packing):
 
     assert profile_mixture.main(["--packing", packing, "--batches", "3", "--batch-size", "2", "--seq-len", "64"]) == 0
     out = capsys.readouterr().out
-    assert f"{packing} over 3 sources" in out and " ms a batch" in out and "3 batches" in out
+    assert f"{packing} over 3 sources" in out and " ms CPU a batch" in out and "3 batches" in out
+    assert profile_mixture.main(["--packing", packing, "--batches", "3", "--batch-size", "2", "--seq-len", "64",
+                                 "--single", "--weights", "5,3,2"]) == 0
+    assert f"{packing} over one source" in capsys.readouterr().out
 
 
 def test_bench_elastic(demo, tmp_path, capsys, watchdog):

@@ -6,10 +6,13 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
 from shmloader.packing.mix import MixPoint, MixStream, point_at
+from shmloader.packing.mixruns import where_at
 from shmloader.position import Position
 
 W = 8 * 16 + 1
@@ -232,3 +235,87 @@ def test_a_source_paused_before_its_next_piece_is_counted_is_placed_past_what_it
     later = [point_at(r, r.row_lo, 0) for r in runs]
     later = [p for p in later if p.mixer["stage"] == 1]
     assert later and all(p.sources["code"] == Position(1, 0, 0, 2) for p in later)
+
+
+class OneAtATime(MixStream):
+    """The stream deciding a document at a time (`Mixer.pick`, `_take`): the reference of the
+    block a `MixStream` decides in one call (`_pick_block`)."""
+
+    def _pick_block(self, names, heads):
+        heads, mixer = dict(zip(names, heads)), self.mixer
+        staged = len(mixer.mixture.stages) > 1
+        n = sum(mixer.counted.values())
+
+        def length_of(name):
+            length = heads[name].rows.sizes[heads[name].row]
+            return length if self.cap is None else min(length, self.cap)
+        while True:
+            if staged and mixer.mixture.stage_at(self.batch_of(self.tokens)) != mixer.stage:
+                return
+            best = mixer.pick(n, length_of)
+            n += length_of(best)
+            if self._take(best, heads[best]) or self._room == 0:
+                return
+
+
+def seen(runs, rng) -> list:
+    """Each run with where the mix stood before it and at one of its rows, as plain values."""
+    out = []
+    for r in runs:
+        sources, snapshot = where_at(r.at)
+        row = rng.randrange(r.row_lo, max(r.row_hi, r.row_lo + 1))
+        points = [point_at(r, r.row_lo, 0).to_json(), point_at(r, row, 0).to_json()] if r.row_hi > r.row_lo else []
+        out.append((r.source, r.piece, r.row_lo, r.row_hi, r.base, r.lengths, r.last, sources,
+                    Mixer.state_of_snapshot(snapshot), points))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), weights=st.sampled_from([(1, 1, 1), (5, 3, 2), (1, 0, 1), (0.8, 0.15, 0.05)]),
+       staged=st.booleans(), cap=st.sampled_from([None, None, 100, 401]), ends=st.booleans(),
+       limits=st.sampled_from([None, (1, 7, 128)]), first=st.booleans())
+def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time(seed, weights, staged, cap, ends, limits, first):
+    """`MixStream` decides a block of documents in one call (`Mixer.picks`) and makes its runs
+    with whole-array calls, each run's `at` made when asked; the reference decides a document at
+    a time. Same runs, same places before and inside each, same mixer, notes and tokens: under
+    schedules, a cap (best fit's), sources that end, limits (best fit's chunks), and a resumed
+    cut document that comes first."""
+    groups, _, starts = setup(seed % 97)
+    names = sorted(groups)
+    mixture = Mixture({n: n for n in names}, [(0, dict(zip(names, weights)))]
+                      + ([(3, dict(zip(names, weights[::-1]))), (7, dict(zip(names, (1, 1, 1))))] if staged else []),
+                      max_epochs={"math": 1} if ends else None)
+    rng = random.Random(seed)
+    orders = {name: cut(rgs, random.Random(seed)) for name, rgs in groups.items()}
+    if ends:
+        orders["math"] = [(p, n) for p, n in orders["math"] if p.epoch == 1]
+    arrivals = [(name, seq) for name, pieces in orders.items() for seq in range(len(pieces))]
+    rng.shuffle(arrivals)
+    made = []
+    for kind in (MixStream, OneAtATime):
+        stream = kind(Mixer(mixture), starts, lambda tokens: tokens // W, cap=cap,
+                      first="code" if first and weights[0] else None)
+        if ends:
+            stream.exhausted("math", len(orders["math"]))
+        runs, draw = [], random.Random(seed + 1)
+        for name, seq in arrivals:
+            stream.counted(name, seq, *orders[name][seq])
+            while True:
+                got = stream.stretches(draw.choice(limits) if limits else None)
+                for stretch in got:  # its documents, as best fit takes them, are its runs'
+                    which, rows, lengths = stretch.documents()
+                    assert [(stretch.rows[w].piece, r, n) for w, r, n in zip(which.tolist(), rows.tolist(),
+                                                                             lengths.tolist())] == \
+                        [(r.piece, r.row_lo + i, n) for r in stretch.runs() for i, n in enumerate(r.lengths) if n]
+                    made_here = stretch.runs()
+                    assert stretch.rows_covered() == sum(r.row_hi - r.row_lo for r in made_here)
+                    assert stretch.used_up() == [(r.source, r.piece) for r in made_here if r.last]
+                    if len(which):
+                        assert stretch.last_run() == made_here[-1]
+                    runs += made_here
+                if not got or limits is None:
+                    break
+        made.append((seen(runs, random.Random(seed + 2)), stream.mixer.state(), stream.notes, stream.tokens,
+                     stream.finished))
+    assert sum(len(r[5]) for r in made[1][0]) > 100
+    assert made[0] == made[1]

@@ -1,7 +1,8 @@
 """packing/mixbestfit.py without processes: the plans of best fit over a mixture depend on the
 document lengths only (not on how many workers count the pieces, nor in which order), the
-source the mix waits for goes out past the read-ahead cap, and a state's buffer is read back
-(or refused) by source."""
+source the mix waits for goes out past the read-ahead cap, a state's buffer is read back (or
+refused) by source, and a piece of the mix that fails after a plan ran out for it ends the run
+in that turn."""
 import json
 import random
 from types import SimpleNamespace
@@ -107,6 +108,30 @@ def test_without_read_ahead_the_mix_is_still_fed():
         assert got == want
 
 
+def test_a_buffers_runs_by_source_are_the_tables_runs_with_each_file_numbered_in_its_source():
+    """`local_runs`: the piece table's runs of documents in arrival order (sources alternating,
+    a piece's next row after another piece's, nulls between), each run's file mapped to its
+    source's index and its number within the source."""
+    from shmloader.data.order import Piece
+    from shmloader.packing.bestfit import PieceTable
+    from shmloader.packing.mixbestfit import local_runs
+
+    lo = {"b": 3, "a": 0, "c": 5}   # sorted by first file: a, b, c
+    table, base, ids = PieceTable(), 0, []
+    rng = np.random.default_rng(0)
+    for index, (file, rg, start, n) in enumerate([(0, 0, 0, 9), (3, 1, 4, 6), (5, 0, 0, 7), (0, 0, 9, 5), (4, 2, 0, 8)]):
+        table.add(base, Piece(index, 1 + index % 2, file, rg, start, start + n))
+        ids.append(base + np.arange(n))
+        base += n
+    order = np.concatenate([rng.permutation(x)[:len(x) - 1] for x in ids])
+    order = np.sort(order)[rng.permutation(len(order))][:40]
+    runs, got = table.runs(order), local_runs(table, order, lo)
+    firsts = np.array([0, 3, 5])
+    which = np.searchsorted(firsts, runs[:, 1], side="right") - 1
+    assert got.tolist() == np.column_stack((which, runs[:, 0], runs[:, 1] - firsts[which], runs[:, 2:])).tolist()
+    assert local_runs(table, order[:0], lo).shape == (0, 6)
+
+
 def test_a_buffer_is_written_and_read_back_by_source_and_a_left_out_one_refused():
     from shmloader.packing.mix import MixPoint
     from shmloader.packing.mixbestfit import MixBuffer, buffer_text
@@ -114,11 +139,12 @@ def test_a_buffer_is_written_and_read_back_by_source_and_a_left_out_one_refused(
 
     lo = {"long": 0, "short": 2}
     runs = np.array([[2, 3, 4, 0, 3], [1, 0, 7, 2, 1], [1, 3, 300, 9, 2]], dtype=np.int64)  # the run's numbering
+    local = np.array([[1, 2, 1, 4, 0, 3], [0, 1, 0, 7, 2, 1], [1, 1, 1, 300, 9, 2]], dtype=np.int64)  # by source
     start = MixPoint("long", 0, {"long": Position(1, 0, 0, 0), "short": Position(1, 2, 0, 0)}, {})
-    point = json.loads(buffer_text(MixBuffer(start, runs), lo))
+    point = json.loads(buffer_text(MixBuffer(start, local), lo))
     assert buffer_entries(point) == [["short", 2, 1, 4, 0, 3], ["long", 1, 0, 7, 2, 1], ["short", 1, 1, 300, 9, 2]]
     assert buffer_runs(point, lo) == runs.tolist()
-    assert buffer_runs(None, lo) == [] and buffer_runs(json.loads(buffer_text(MixBuffer(start, runs[:0]), lo)), lo) == []
+    assert buffer_runs(None, lo) == [] and buffer_runs(json.loads(buffer_text(MixBuffer(start, local[:0]), lo)), lo) == []
     with pytest.raises(ValueError, match="source 'short'.*not built yet"):
         buffer_runs(point, {"long": 0})
     for bad in ({"sources": ["long"], "runs": "u1:0102"}, {"sources": ["long"], "runs": "u1:010000000000"},
@@ -153,3 +179,46 @@ def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
         if said:
             break
     assert said and "nothing is left to read" in said[0].text and len(ready) == mode.seq.planned > 5
+
+
+@pytest.mark.parametrize("bad", [4, 7, 12])
+def test_a_mix_piece_that_fails_after_a_plan_ran_out_for_it_ends_the_run_at_once(bad):
+    """One worker; short's piece `bad` fails only once every other piece out is counted and a
+    plan ran out waiting for it. The failure itself is a change of the mix (`MixStream.version`):
+    the plan is tried again at once, finds the mix stopped there, and `Ended` names the error in
+    that same turn, with no piece handed out or counted after the failure; the batches before it
+    are those of a run where it does not fail."""
+    from shmloader.ipc.protocol import Ended, Error
+
+    _, good, _ = drive(1, 0, batches=80)
+    run = SimpleNamespace(mixture=MixArgs(Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4}), RANGES,
+                                          None, 0), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
+    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None)
+    mode, slots, ready, held = MixBestFitMode(cfg, run, 1, pieces), SlotMap(3), [], None
+
+    def turn() -> list:
+        for _, order in mode.orders(slots.take_slot):
+            mode.written([(order.batch, sum(p[4] for p in order.placements))])
+        for done in mode.ready():
+            ready.append(done)
+            mode.freed(done.batch)
+            slots.release(done.batch)
+        return list(mode.messages())
+
+    for _ in range(2000):
+        given = hand_out(mode)
+        for piece in given:
+            if piece.file >= 2 and piece.rg == bad:
+                held = piece  # its worker gets to it last
+            else:
+                mode.counted(Counted(piece.index, lengths(piece), None))
+        assert not [m for m in turn() if isinstance(m, Ended)]
+        if held is not None and not given and mode.seq.starved:
+            break
+    assert held is not None and mode.seq.starved and len(ready) > 0, (held, len(ready))
+    assert mode.failed(held.index, Error("data", f"short{bad}.parquet: not a readable parquet file", ""))
+    said = [m for m in turn() if isinstance(m, Ended)]
+    assert hand_out(mode) == []
+    assert len(said) == 1 and f"short{bad}.parquet" in said[0].text, said
+    assert [d.position for d in ready] == [d.position for d in good[:len(ready)]]
+    assert turn() == [] and hand_out(mode) == []

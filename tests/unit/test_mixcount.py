@@ -33,11 +33,7 @@ def live_concat(n: int) -> list:
         for piece in hand_out(mode):
             mode.counted(Counted(piece.index, lengths(piece), None))
         for _, order in mode.orders(slots.take_slot):
-            counts = {}
-            for place in order.orders:
-                for k, _, _, _, m in place.segments:
-                    counts[k] = counts.get(k, 0) + m
-            mode.written(list(counts.items()))
+            mode.written(order.counts())
         for done in mode.ready():
             points.append(done.runs)
             mode.freed(done.batch)

@@ -93,9 +93,8 @@ def _drive(order, seed: int, batches: int = 60) -> tuple:
         for piece in given[:rng.randint(1, max(1, len(given)))]:
             given.remove(piece)
             mode.counted(Counted(piece.index, np.array(rows["heavy" if piece.file < 2 else "light"]), None))
-        for _, places in mode.orders(slots.take_slot):
-            for order_ in places.orders:
-                mode.written([(k, n) for k, _, _, _, n in order_.segments])
+        for _, copies in mode.orders(slots.take_slot):
+            mode.written(copies.counts())
         for complete in mode.ready():
             done.append(complete)
             slots.release(complete.batch)
@@ -154,9 +153,8 @@ def test_a_source_whose_order_fails_when_the_mix_waits_for_it_alone_stops_it_at_
         for _ in range(200):
             for piece in hand_out(mode, 1):  # each counted at once, in order
                 mode.counted(Counted(piece.index, np.array([6, 6, 6] if piece.file < 2 else [2]), None))
-            for _, places in mode.orders(slots.take_slot):
-                for order_ in places.orders:
-                    mode.written([(k, n) for k, _, _, _, n in order_.segments])
+            for _, copies in mode.orders(slots.take_slot):
+                mode.written(copies.counts())
             for complete in mode.ready():
                 done.append(complete)
                 slots.release(complete.batch)

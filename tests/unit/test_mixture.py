@@ -5,6 +5,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shmloader.data.mixture import Choice, Mixer, Mixture, Totals
 
@@ -240,6 +242,42 @@ def test_a_malformed_state_is_refused():
 def test_bad_input_names_the_source_or_stage(sources, weights, max_epochs, message):
     with pytest.raises(ValueError, match=message):
         Mixture(sources, weights, max_epochs=max_epochs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(weights=st.one_of(st.sampled_from([3, 5, 2, 4]).map(lambda k: [1] * k),
+                         st.lists(st.sampled_from([0, 1, 1, 2, 3, 0.5, 1 / 3, 7.25]), min_size=1, max_size=5)),
+       seed=st.integers(0, 2**32), sizes=st.lists(st.integers(1, 300), min_size=5, max_size=5),
+       pool=st.sampled_from([[1, 2, 3], [1, 1, 2, 5, 64, 400, 401, 2049], list(range(1, 3000))]),
+       big=st.sampled_from([3 * 10**15, 0, 10**12]), counted=st.lists(st.integers(0, 40), min_size=5, max_size=5),
+       ended=st.integers(0, 4), limit=st.one_of(st.integers(1, 400), st.just(10**9)))
+def test_picks_are_the_rule_a_document_at_a_time(weights, seed, sizes, pool, big, counted, ended, limit):
+    """`Mixer.picks` (a block of documents in one call: one loop, three sources unrolled) picks
+    what `pick` and `took` pick a document at a time, ties and all: equal weights and lengths,
+    counts so large that floats round near ties either way, a paused source's and an ended
+    one's counts in the stage's total, a block cut by its limit or by a source's last document."""
+    rng = random.Random(seed)
+    docs = [[rng.choice(pool) for _ in range(size)] for size in sizes]
+    names = [f"s{i}" for i in range(len(weights))]
+    if not any(weights):
+        weights = [1] + weights[1:]
+    mixer = Mixer(Mixture({n: n for n in names}, dict(zip(names, weights))))
+    mixer.counted = {n: big + c for n, c in zip(names, counted)}
+    if ended < len(names) - 1 and weights[ended] and sum(1 for w in weights if w) > 1:
+        mixer.end(names[ended])
+    order = list(mixer.shares())
+    lengths = [docs[names.index(n)] for n in order]
+    before = (dict(mixer.counted), dict(mixer.totals))
+    fast = mixer.picks(lengths, limit)
+    assert (mixer.counted, mixer.totals) == before  # the mixer is left as it was
+    slow, at = [], dict.fromkeys(order, 0)
+    while len(slow) < limit and all(at[n] < len(lengths[i]) for i, n in enumerate(order)):
+        name = mixer.pick(sum(mixer.counted.values()), lambda n: lengths[order.index(n)][at[n]])
+        mixer.took(name, lengths[order.index(name)][at[name]])
+        at[name] += 1
+        slow.append(order.index(name))
+    assert fast == slow and fast
+    assert mixer.picks([x if i else [] for i, x in enumerate(lengths)], limit) == []  # a source's next unknown
 
 
 def test_a_choice_is_one_record():

@@ -3,7 +3,7 @@
 - `fill_segment` over random pieces (nulls, empty documents, a first document begun `first`
   tokens before the piece) and every way of cutting them into segments equals a per-token
   count; `fill_prefix` is 0, 1, ...;
-- the packings' `write` with the ring's positions: concat's `Place`/`Places` segments (the
+- the packings' `write` with the ring's positions: concat's `Place`/`Copies` segments (the
   window's last token, a target only, gets none) and best fit's `Rows` placements;
 - `cu_seqlens` equals a row-by-row count, as int32; a batch that is not (B, T) is refused in words;
 - the README's FlexAttention rule, `(kv <= q) & (q - kv <= positions[b, q])`, is the same
@@ -75,10 +75,9 @@ def test_concat_write_puts_the_inputs_positions_beside_the_tokens():
     tokens = np.arange(100, 100 + lengths.sum())
     held = {0: concat.PACKING.keep(tokens, lengths, 4), 1: concat.PACKING.keep(np.arange(50, 53), np.array([3]))}
     want = by_token(lengths.tolist(), 4)            # 16 tokens: batch 0 takes 9, batch 1 the next 7
-    order = concat.Places((concat.Place(0, [(0, 1, 0, 0, W), (1, 0, 0, W, 7)], True),
-                           concat.Place(1, [(1, 0, 7, 0, 2)], False)))
+    order = concat.Copies(np.array([(0, 0, 1, 0, 0, W), (0, 1, 0, 0, W, 7), (1, 1, 0, 7, 0, 2)]), (0,))
     counts = concat.PACKING.write(slots, held, order, B, T, positions)
-    assert counts == [(0, W), (1, 7), (1, 2)]
+    assert counts == [(0, W), (1, 9)]
     assert slots[1].tolist() == tokens[:W].tolist() and slots[0, :7].tolist() == tokens[W:].tolist()
     assert positions[1].tolist() == want[:B * T]    # the window's last token is a target only
     assert positions[0].tolist() == want[W:] + [0]  # piece 1 begins at its BOS; its 2nd token is a target

@@ -134,6 +134,28 @@ def test_text_bytes_are_each_row_group_s_text_size(tmp_path):
     assert Reader([str(no_text)]).text_bytes(0) == [0]
 
 
+def test_a_mixture_keeps_two_files_open_a_source(tmp_path, monkeypatch):
+    """A mixture's processes read its sources in turn, each in its own file: 2 open files a
+    source, so that 3 sources of 2 files each, read in turn, open each file once (4 closed and
+    reopened a footer at nearly every piece)."""
+    from types import SimpleNamespace
+
+    from shmloader.data.sources import keep_open
+    paths = [write(tmp_path / f"{i}.parquet", ["a", "b", "c", "d"], row_group_size=1) for i in range(6)]
+    opened = []
+    real = pq.ParquetFile
+    monkeypatch.setattr(pq, "ParquetFile", lambda path, **kw: opened.append(path) or real(path, **kw))
+    three = SimpleNamespace(ranges=("web", "code", "math"))
+    assert keep_open(None) == 4 and keep_open(three) == 6
+    for keep, times in ((keep_open(None), 4 * 6), (keep_open(three), 6)):
+        opened.clear()
+        src = ParquetSource(paths, keep_open=keep)
+        for rg in range(4):
+            for f in range(6):  # every source's two files in turn
+                assert src.read_texts(f, rg, 0, 1) == [["a", "b", "c", "d"][rg]]
+        assert len(opened) == times
+
+
 def test_parquet_source_reads_rows_with_nulls(tmp_path):
     docs = ["d0", None, "d2", "", "d4", "d5", "d6"]
     (path,) = corpus.write_shards(docs, tmp_path, num_files=1, row_group_size=[3, 4])

@@ -3,17 +3,23 @@
     python tools/bench/mixture.py                  # demo corpus, 2 workers, 3 rounds
     python tools/bench/mixture.py --corpus nanochat --quick
     python tools/bench/mixture.py --packing bos_bestfit
+    python tools/bench/mixture.py --compare ../other-checkout   # before and after, interleaved
 
 The corpus's documents are dealt into three sources (document i to source i % 3), each written
 as 3 files (the last its val file) with its own row-group size (256, 64 and 512 documents), and
-read as `Mixture({a, b, c}, {a: 1, b: 1, c: 1})`; the single source is the corpus itself. Each
+read as `Mixture({a, b, c}, {a: 1, b: 1, c: 1})`; the single source is the corpus itself, or with
+`--single files` the sources' own train files read as one source (the same documents in the same
+row groups: what mixing costs, without the smaller row groups of one source). Each
 row is a loader in a fresh process read as fast as it goes for `--seconds` (tools/bench/loaders.py
 says what a row measures: tokens/s from the first batch, the training process's CPU per
 batch), `--packing` (concat by default), `--workers` workers; the two rows alternate, `--repeat` rounds, and the report
 gives each round's ratio mixture / single and their median. Then, at a trainer's pace, each
 row again (`--step-ms` of busy work between batches, so that a batch is always ready): the
 training thread's CPU in each `next()` (its median over `--paced-batches` batches after 20),
-which is what a mixture costs the training step.
+which is what a mixture costs the training step. Each row also says its coordinator's and
+workers' CPU per batch (less moved by a shared machine than tokens/s). `--compare DIR` runs
+every row also with DIR's shmloader (another checkout, "before"), each round both checkouts in
+turn, for before/after ratios from one run.
 """
 from __future__ import annotations
 
@@ -40,12 +46,17 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=3, help="rounds of both rows (default 3)")
     p.add_argument("--quick", action="store_true", help="4 s a row")
     p.add_argument("--step-ms", type=float, default=30.0, help="busy work between batches at a trainer's pace (ms; default 30)")
-    p.add_argument("--paced-batches", type=int, default=200, help="batches timed at a trainer's pace (default 200)")
+    p.add_argument("--paced-batches", type=int, default=200,
+                   help="batches timed at a trainer's pace (default 200; 0: no rows at a trainer's pace)")
+    p.add_argument("--single", choices=("corpus", "files"), default="corpus",
+                   help="the single source: the corpus itself (default), or the three sources' train files as one")
+    children.add_compare_arg(p)
     corpora.add_args(p, many=False)
     results.add_json_arg(p, "mixture")
     args = p.parse_args(argv)
     args.seconds = args.seconds or (4.0 if args.quick else 10.0)
     corpora.check_args(p, args)
+    children.check_compare(p, args)
     return args
 
 
@@ -66,6 +77,27 @@ def sources(corpus, cache_dir: Path) -> dict:
         writer.write_shards(texts[k::3], dirs[name], num_files=3, row_group_size=rg)
     stamp.write_text(json.dumps(files))
     return {name: str(d) for name, d in dirs.items()}
+
+
+def same_files(mixed: dict) -> str:
+    """A directory of links to the sources' train files, then one val file last by name: read as
+    one source, its train split is the mixture's documents, in the same row groups."""
+    root = Path(next(iter(mixed.values()))).parent / "single_files"
+    root.mkdir(exist_ok=True)
+    links = {}
+    for name, d in sorted(mixed.items()):
+        files = sorted(Path(d).glob("*.parquet"))
+        links.update({f"{name}{i}.parquet": f for i, f in enumerate(files[:-1])})
+        links["zz_val.parquet"] = files[-1]
+    for old in root.glob("*.parquet"):
+        if old.name not in links:
+            old.unlink()
+    for link, target in links.items():
+        path = root / link
+        if not path.is_symlink() or path.resolve() != target.resolve():
+            path.unlink(missing_ok=True)
+            path.symlink_to(target.resolve())
+    return str(root)
 
 
 def paced(cfg: dict) -> dict:
@@ -102,57 +134,82 @@ def main(argv=None) -> int:
     began = results.begin()
     corpus = corpora.resolve(args)[0]
     mixed = sources(corpus, args.cache_dir)
+    single = corpus.data if args.single == "corpus" else same_files(mixed)
     base = {"kind": "shmloader", "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
-            "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": corpus.data, "packing": args.packing}
-    rows = {"single": [], "mixture": [], "single_paced": [], "mixture_paced": []}
-    with children.checkouts(None) as (ours,):
-        for i in range(args.repeat):
-            order = ("single", "mixture") if i % 2 == 0 else ("mixture", "single")
-            for kind in order:
-                cfg = dict(base, mixture={"sources": mixed, "weights": dict.fromkeys(mixed, 1)} if kind == "mixture"
-                           else None)
-                print(f"round {i + 1}/{args.repeat}: {kind}", file=sys.stderr)
-                rows[kind].append(children.run("loaders:loader_child", cfg, ours))
-        for i in range(args.repeat):
-            for kind in ("single", "mixture") if i % 2 == 0 else ("mixture", "single"):
-                cfg = dict(base, step_ms=args.step_ms, batches=args.paced_batches,
-                           mixture={"sources": mixed, "weights": dict.fromkeys(mixed, 1)} if kind == "mixture" else None)
-                print(f"round {i + 1}/{args.repeat}: {kind} at a trainer's pace", file=sys.stderr)
-                rows[f"{kind}_paced"].append(children.run("mixture:paced", cfg, ours))
-    ratio = lambda key, a="mixture", b="single": [m[key] / s[key] for m, s in zip(rows[a], rows[b])]  # noqa: E731
+            "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": single, "packing": args.packing}
+    rows = {}  # "single", "mixture", their "_paced" rows; with --compare also "before <row>"
+    with children.checkouts(args.compare) as cks:
+        for paced in ([False, True] if args.paced_batches else [False]):
+            for i in range(args.repeat):
+                for ck in (cks if i % 2 == 0 else cks[::-1]):
+                    for kind in ("single", "mixture") if i % 2 == 0 else ("mixture", "single"):
+                        cfg = dict(base, mixture={"sources": mixed, "weights": dict.fromkeys(mixed, 1)}
+                                   if kind == "mixture" else None)
+                        if paced:
+                            cfg.update(step_ms=args.step_ms, batches=args.paced_batches)
+                        row = ("before " if ck.label == "before" else "") + kind + ("_paced" if paced else "")
+                        print(f"round {i + 1}/{args.repeat}: {row}" + (" at a trainer's pace" if paced else ""),
+                              file=sys.stderr)
+                        fn = "mixture:paced" if paced else "loaders:loader_child"
+                        rows.setdefault(row, []).append(children.run(fn, cfg, ck))
     figures = {"config": {"corpus": corpus.name, "packing": args.packing, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
                           "seconds": args.seconds, "repeat": args.repeat, "sources": list(ROW_GROUPS),
-                          "step_ms": args.step_ms, "paced_batches": args.paced_batches},
-               "rows": rows, "tokens_per_s_ratio": ratio("tokens_per_s"),
-               "trainer_cpu_ratio": ratio("trainer_cpu_us_per_batch"),
-               "paced_next_cpu_ratio": ratio("next_cpu_us_median", "mixture_paced", "single_paced")}
+                          "step_ms": args.step_ms, "paced_batches": args.paced_batches,
+                          "compare": str(args.compare) if args.compare else None, "single": args.single},
+               "rows": rows, **ratios(rows, "")}
+    if args.compare:
+        figures["before"] = ratios(rows, "before ")
     results.publish(args.json, "mixture", began, figures, argv, report)
     return 0
 
 
+def per_batch(row: dict, key: str):
+    """A row's CPU of `key` (seconds) per batch read, in µs."""
+    return row[key] / max(row["batches"], 1) * 1e6 if row.get(key) is not None else None
+
+
+def ratios(rows: dict, prefix: str) -> dict:
+    """Each round's ratio mixture / single of the rows of one checkout (`prefix`)."""
+    def ratio(key, a="mixture", b="single", of=lambda r, k: r[k]):
+        return [of(m, key) / of(s, key) if of(s, key) else None
+                for m, s in zip(rows.get(prefix + a, []), rows.get(prefix + b, []))]
+    return {"tokens_per_s_ratio": ratio("tokens_per_s"), "trainer_cpu_ratio": ratio("trainer_cpu_us_per_batch"),
+            "coordinator_cpu_ratio": ratio("coordinator_cpu_s", of=per_batch),
+            "worker_cpu_ratio": ratio("worker_cpu_s", of=per_batch),
+            "paced_next_cpu_ratio": ratio("next_cpu_us_median", "mixture_paced", "single_paced")}
+
+
 def report(run: dict) -> str:
     c = run["config"]
-    out = [f"a mixture of 3 sources against one source of the same documents, {c['corpus']} corpus, "
+    what = "its 3 sources' files as one source" if c.get("single") == "files" else "the corpus as one source"
+    out = [f"a mixture of 3 sources against {what}, {c['corpus']} corpus, "
            f"{c.get('packing', 'concat')}, "
            f"{c['workers']} workers, B={c['B']}, T={c['T']}, {c['repeat']} rounds of {c['seconds']:g} s a row; "
            f"load average at the start {run['machine']['load_average']}"]
-    head = ("row", "tokens/s (each round)", "trainer CPU per batch, us (each round)")
-    body = [(kind, ", ".join(fmt(r["tokens_per_s"]) for r in rs), ", ".join(fmt(r["trainer_cpu_us_per_batch"]) for r in rs))
-            for kind, rs in run["rows"].items() if not kind.endswith("_paced")]
-    body.append(("mixture / single", ", ".join(f"{x:.3f}" for x in run["tokens_per_s_ratio"]),
-                 ", ".join(f"{x:.3f}" for x in run["trainer_cpu_ratio"])))
-    body.append(("median ratio", f"{statistics.median(run['tokens_per_s_ratio']):.3f}",
-                 f"{statistics.median(run['trainer_cpu_ratio']):.3f}"))
-    out.append(results.table(head, body))
-    paced = run["rows"].get("single_paced")
-    if paced:
-        out.append(f"at a trainer's pace ({c.get('step_ms', 30):g} ms of busy work a batch): the training thread's CPU "
-                   "in next(), us, median over the batches (each round)")
-        out.append(results.table(("row", "next() CPU, us", "waited, s"), [
-            (kind, ", ".join(f"{r['next_cpu_us_median']:.1f}" for r in run["rows"][kind]),
-             ", ".join(f"{r['waited_s']:.2f}" for r in run["rows"][kind])) for kind in ("single_paced", "mixture_paced")]
-            + [("mixture / single", ", ".join(f"{x:.3f}" for x in run["paced_next_cpu_ratio"]),
-                f"median {statistics.median(run['paced_next_cpu_ratio']):.3f}")]))
+    for prefix, figures in [("", run)] + ([("before ", run["before"])] if run.get("before") else []):
+        out.append(f"{prefix or ('this checkout ' if run.get('before') else '')}"
+                   "(tokens/s; the trainer's, coordinator's and workers' CPU per batch, us)")
+        head = ("row", "tokens/s (each round)", "trainer CPU", "coordinator CPU", "workers' CPU")
+        kinds = [k for k in ("single", "mixture") if prefix + k in run["rows"]]
+        body = [(kind, ", ".join(fmt(r["tokens_per_s"]) for r in run["rows"][prefix + kind]),
+                 ", ".join(fmt(r["trainer_cpu_us_per_batch"]) for r in run["rows"][prefix + kind]),
+                 ", ".join(fmt(per_batch(r, "coordinator_cpu_s")) for r in run["rows"][prefix + kind]),
+                 ", ".join(fmt(per_batch(r, "worker_cpu_s")) for r in run["rows"][prefix + kind])) for kind in kinds]
+        each = lambda key: ", ".join("-" if x is None else f"{x:.3f}" for x in figures[key])  # noqa: E731
+        med = lambda key: f"{statistics.median([x for x in figures[key] if x is not None]):.3f}"  # noqa: E731
+        keys = ("tokens_per_s_ratio", "trainer_cpu_ratio", "coordinator_cpu_ratio", "worker_cpu_ratio")
+        body.append(("mixture / single", *(each(k) for k in keys)))
+        body.append(("median ratio", *(med(k) for k in keys)))
+        out.append(results.table(head, body))
+        paced = run["rows"].get(prefix + "single_paced")
+        if paced:
+            out.append(f"at a trainer's pace ({c.get('step_ms', 30):g} ms of busy work a batch): the training thread's "
+                       "CPU in next(), us, median over the batches (each round)")
+            out.append(results.table(("row", "next() CPU, us", "waited, s"), [
+                (kind, ", ".join(f"{r['next_cpu_us_median']:.1f}" for r in run["rows"][prefix + kind]),
+                 ", ".join(f"{r['waited_s']:.2f}" for r in run["rows"][prefix + kind]))
+                for kind in ("single_paced", "mixture_paced")]
+                + [("mixture / single", each("paced_next_cpu_ratio"), f"median {med('paced_next_cpu_ratio')}")]))
     return "\n".join(out)
 
 
