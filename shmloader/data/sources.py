@@ -23,7 +23,7 @@ from .mixture import Mixture
 
 
 def keep_open(mixture) -> int:
-    """The files a process of a run keeps open (`ParquetSource`): a mixture (`MixArgs`, or None)
+    """The files a process of a run keeps open (`source.Reader`): a mixture (`MixArgs`, or None)
     reads its sources in turn, each in its own file and soon its next, so 2 a source (with 3
     sources of 2 train files each, 4 open files closed and reopened a footer at nearly every
     piece); one source, `source.KEEP_OPEN`."""

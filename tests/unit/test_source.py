@@ -149,7 +149,7 @@ def test_a_mixture_keeps_two_files_open_a_source(tmp_path, monkeypatch):
     assert keep_open(None) == 4 and keep_open(three) == 6
     for keep, times in ((keep_open(None), 4 * 6), (keep_open(three), 6)):
         opened.clear()
-        src = ParquetSource(paths, keep_open=keep)
+        src = Reader(paths, keep_open=keep)
         for rg in range(4):
             for f in range(6):  # every source's two files in turn
                 assert src.read_texts(f, rg, 0, 1) == [["a", "b", "c", "d"][rg]]
