@@ -215,3 +215,33 @@ def test_file_uri_to_a_local_directory(local):
     assert _same(got, want) and got_pos == want_pos
     got_list, _, _, _ = _run([Path(p).resolve().as_uri() for p in paths], enc, n=6)
     assert _same(got_list, want)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl.zst", "arrow-stream"])
+def test_s3_other_formats_stream_like_local(local, bucket, fmt, tmp_path):
+    """The same documents as `.jsonl.zst` or an Arrow stream (Hugging Face's cache files) on S3
+    give the same files' stream on local disk, in both packings, and (concat, one rank: the
+    units differ, the documents' order does not) the local parquet stream; a state of the S3 run
+    resumes exactly with another worker count. (Best fit's stream depends on its units, whose
+    rows it reads in chunks: parquet's row groups of 9 and 4 are not a JSON Lines file's.)"""
+    import pyarrow.parquet as pq
+
+    from tests import formats_data
+
+    root, paths, enc = local
+    s3 = _s3fs(bucket)
+    for path in paths:
+        out = tmp_path / "other" / (path.stem + formats_data.SUFFIX[fmt])
+        formats_data.write(str(out), pq.read_table(path).column("text").to_pylist(), fmt)
+        with s3.open_output_stream(f"{BUCKET}/other/{out.name}", compression=None) as f:  # as it is: no second zstd
+            f.write(out.read_bytes())
+    concat, _, _, _ = _run(str(root), enc)
+    for packing in ("concat", "bos_bestfit"):
+        kw = dict(packing=packing, buffer_size=16, tokenizer_batch_size=8)
+        want, _, _, _ = _run(str(tmp_path / "other"), enc, n=N + 4, **kw)
+        got, _, files, state = _run(_uri(bucket, "other/"), enc, **kw)
+        assert files == [f"{BUCKET}/other/{p.stem}{formats_data.SUFFIX[fmt]}" for p in paths[:-1]]
+        assert _same(got, want[:N]), f"{fmt} on S3 differs from the same files on disk ({packing})"
+        assert packing != "concat" or _same(got, concat), f"{fmt} differs from the parquet stream"
+        rest, _, _, _ = _run(_uri(bucket, "other/"), enc, n=4, resume_state=state, **dict(kw, num_workers=1))
+        assert _same(rest, want[N:]), f"a state of the S3 run resumes exactly with another worker count ({packing})"
