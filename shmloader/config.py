@@ -11,7 +11,9 @@ with `cache_dir`).
 what changes the stream. `spec` is the packing's spec (packing/base.py: `Packing`), which sizes
 the ring's slots (and `positions_words`, the positions after each slot's window). `positions` is
 not in the fingerprint: it adds to each batch and changes nothing of the stream; nor is
-`head_start`, which changes only who makes a run's first batches. Pure: no
+`head_start`, which changes only who makes a run's first batches. `shuffle` (with its `seed`) is
+in it as `"shuffle": "seed S"` when on, absent when off (so older states match); `order` is its
+`data.shuffle.Shuffle`, or None. Pure: no
 torch, no files, no processes.
 """
 import os
