@@ -228,3 +228,21 @@ def test_what_is_not_built_is_refused(shufdata, tmp_path):
     with pytest.raises(ValueError, match="Mixture is not built yet"):
         shmloader.ShmLoader(shmloader.Mixture({"a": str(root)}, {"a": 1.0}), helpers.IntTokenizer(), B, T,
                             device="cpu", shuffle=True)
+
+
+def test_the_drop_ins_pass_the_shuffle_on_and_resume_from_their_states(shufdata):
+    from shmloader import nanochat
+    root, tok = shufdata[0], helpers.IntTokenizer()
+    with load(root, shuffle=True, seed=8, packing="bos_bestfit") as loader:
+        want = windows(loader, 12)
+    gen = nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(
+        tok, B, T, "train", device="cpu", data=str(root), num_workers=2, shuffle=True, seed=8)
+    got = [(np.concatenate([x.numpy().ravel(), y.numpy().ravel()]), s) for x, y, s in itertools.islice(gen, 6)]
+    gen.close()
+    assert all(np.array_equal(a, b) for (a, _), b in zip(got, want))
+    gen = nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(
+        tok, B, T, "train", device="cpu", data=str(root), num_workers=1, shuffle=True, seed=8,
+        resume_state_dict=got[-1][1])
+    again = [np.concatenate([x.numpy().ravel(), y.numpy().ravel()]) for x, y, _ in itertools.islice(gen, 6)]
+    gen.close()
+    assert all(np.array_equal(a, b) for a, b in zip(again, want[5:]))
