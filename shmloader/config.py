@@ -11,12 +11,15 @@ with `cache_dir`).
 what changes the stream. `spec` is the packing's spec (packing/base.py: `Packing`), which sizes
 the ring's slots (and `positions_words`, the positions after each slot's window). `positions` is
 not in the fingerprint: it adds to each batch and changes nothing of the stream; nor is
-`head_start`, which changes only who makes a run's first batches. Pure: no
+`head_start`, which changes only who makes a run's first batches. `shuffle` (with its `seed`) is
+in it as `"shuffle": "seed S"` when on, absent when off (so older states match); `order` is its
+`data.shuffle.Shuffle`, or None. Pure: no
 torch, no files, no processes.
 """
 import os
 from dataclasses import dataclass
 
+from .data.shuffle import Shuffle
 from .packing import PACKINGS
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
@@ -56,6 +59,8 @@ class LoaderConfig:
     stall_s: float | None = None         # None: STALL_S, or 0 (off) with max_restarts=0
     positions: bool = False              # each batch with its tokens' positions in their documents
     head_start: bool = True              # concat: a run's first batches made by the trainer while its children start
+    shuffle: bool = False                # every epoch in an order drawn from (seed, epoch): data/shuffle.py
+    seed: int = 0                        # the shuffle's seed
 
     def __post_init__(self):
         self._check()
@@ -102,6 +107,11 @@ class LoaderConfig:
         if not isinstance(self.head_start, bool):
             raise ValueError(f"head_start must be True (a concat run's first batches are made in the training "
                              f"process while its workers start) or False, got {self.head_start!r}")
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"shuffle must be True (every epoch's units and documents in an order drawn from seed= "
+                             f"and the epoch) or False (the files' order), got {self.shuffle!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+            raise ValueError(f"seed must be an integer in [0, 2**63) (the shuffle's seed), got {self.seed!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 
@@ -139,6 +149,11 @@ class LoaderConfig:
         return PACKINGS[self.packing]
 
     @property
+    def order(self):
+        """The shuffled order (`data.shuffle.Shuffle`) with `shuffle=True`, else None (the files' order)."""
+        return Shuffle(self.seed) if self.shuffle else None
+
+    @property
     def window(self) -> int:
         """Tokens per ring slot (concat B*T+1; best fit inputs then targets, 2*B*T)."""
         return self.spec.window(self.B, self.T)
@@ -172,6 +187,8 @@ class LoaderConfig:
         out.update({name: getattr(self, name) for name in self.spec.settings})
         if self.on_bad_row_group == "skip":
             out["on_bad_row_group"] = "skip"  # skipping changes the stream
+        if self.shuffle:
+            out["shuffle"] = f"seed {self.seed}"  # a state without it is unshuffled (state.py ORDER_DEFAULTS)
         return out
 
 

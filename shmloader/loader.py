@@ -31,6 +31,7 @@ from . import delivery, errors, mixstate, observe, profiling, resume as resumemo
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
+from .data import shuffle as shufflemod
 from .data import source, tokenizer as tokmod
 from .data.catalogue import Catalogue
 from .data.mixture import Mixture
@@ -65,7 +66,7 @@ class ShmLoader:
                  cache_dir: str | os.PathLike | None = None, log_every: int = 0, other_rank: str = "exact",
                  engine: str = "auto", idle_release_s: float | None = None, max_restarts: int = 3,
                  stall_s: float | None = None, positions: bool = False, head_start: bool = True,
-                 column: str = "text"):
+                 column: str = "text", shuffle: bool = False, seed: int = 0):
         """A loader of `data` (a directory of data files, a glob, a list of paths, a URI; a
         `shmloader.Source` naming its column; a `Mixture`; None: nanochat's directory; formats by
         file name: .parquet, .jsonl/.json plain, .gz or .zst, .arrow/.feather) tokenized by `tokenizer` (a tiktoken pickle or Encoding, a Hugging
@@ -113,7 +114,10 @@ class ShmLoader:
             (procs/headstart.py); False: every batch comes from the workers.
         column: the column the documents are in (a source given as `Source(data, column=...)`
             reads its own): strings are text to tokenize, lists of integers are token ids, used
-            as they are after the BOS (ids at or above the tokenizer's vocabulary: DataError)."""
+            as they are after the BOS (ids at or above the tokenizer's vocabulary: DataError).
+        shuffle, seed: every epoch's units (row groups) over the whole split, and each unit's
+            documents, in an order drawn from `seed` and the epoch (data/shuffle.py; README "The
+            order"); False: the files' order, nanochat's. A state keeps both."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:
@@ -126,7 +130,13 @@ class ShmLoader:
         mixed = isinstance(data, Mixture)  # several sources by weight (data/mixture.py, mixstate.py)
         if mixed:
             mixstate.refuse(self.config)
+        if (why := shufflemod.refusal(self.config, mixed=mixed)) is not None:
+            raise ValueError(why)
         self._catalogue = (Sources if mixed else Catalogue)(data, split, filesystem, source.check_column(column))
+        order, cat = self.config.order, self._catalogue
+        self._first = (None if order is None else  # a shuffled stream begins at its share's first unit
+                       shufflemod.FirstPositions(order, functools.partial(cat.row_counts, on_bad=on_bad_row_group),
+                                                 len(cat.paths)))
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine, self.tokenizer)
         if self.config.cache_dir is not None and (problem := cachemod.prepare(self.config.cache_dir)):
@@ -353,7 +363,8 @@ class ShmLoader:
         """What a state is checked against, now."""
         c, cat = self.config, self._catalogue
         return statemod.Loader(c.fingerprint(self.tokenizer.fingerprint) | cat.fingerprint(), cat.files, self.rank, self.world_size,
-                               c.B, c.T, c.spec.buffered, c.other_rank, footers=cat.footers, val=cat.val)
+                               c.B, c.T, c.spec.buffered, c.other_rank, footers=cat.footers, val=cat.val,
+                               first=self._first)
 
     def _args(self) -> RunArgs:
         """What every run of this loader is given (a run's start is added by `Runs`)."""

@@ -83,6 +83,16 @@ class Loader:
     other_rank: str = "exact"
     footers: object = None  # [file index] -> their footer digests now (data.source.footer_digests)
     val: str | None = None  # the name of the data set's val file (the last one)
+    first: object = None    # (rank, world) -> the Position a fresh stream begins at, when not
+    #                         `start_position`'s: a shuffled order's first unit (data/shuffle.py)
+
+    @property
+    def shuffled(self) -> bool:
+        return "shuffle" in self.fingerprint
+
+    def start_of(self, rank: int, world: int) -> Position:
+        """Where a fresh stream of rank `rank` of `world` begins."""
+        return start_position(rank) if self.first is None else self.first(rank, world)
 
 
 @dataclass
@@ -152,7 +162,8 @@ def plan_of_state(d, field: str) -> Plan:
 
 def start(loader: Loader) -> Resume:
     """A fresh run: epoch 1, file 0, this rank's first row group."""
-    return Resume(start_position(loader.rank), shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
+    return Resume(loader.start_of(loader.rank, loader.world), shapes=[[0, loader.B, loader.T]],
+                  n_files=len(loader.files))
 
 
 def base_state(loader: Loader, resume: Resume) -> dict:
@@ -330,6 +341,8 @@ def check(state, loader: Loader) -> Resume:
     common = dict(batch=batch, shapes=reshaped, origin=origin, n_files=len(saved_files),
                   order=None if order == list(range(len(loader.files))) else order)
     world = state.get("world_size")
+    if loader.shuffled:
+        _refuse_shuffled(state, loader, common, saved_files, origin, plan)
     if world != loader.world:
         return _changed_world(state, loader, pos, rank, dict(common, plan=plan), saved_files)
     if rank != loader.rank:
@@ -337,7 +350,7 @@ def check(state, loader: Loader) -> Resume:
     check = _check_field(state)
     if reshaped != shapes or soft or common["order"] is not None or len(saved_files) != len(loader.files):
         check = None  # another shape, or files changed after the position: the batch there may be another one
-    if pos["rg_idx"] % loader.world != loader.rank and not in_units(plan, pos["epoch"]):
+    if pos["rg_idx"] % loader.world != loader.rank and not in_units(plan, pos["epoch"]) and not loader.shuffled:
         raise ValueError(f"resume state {_named(state, 'rg_idx')} is {pos['rg_idx']}, not a row group of "
                          f"rank {loader.rank} of {loader.world}")
     if loader.buffered and pos["skip"]:
@@ -390,6 +403,8 @@ def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
         return _as_nanochat(_nanochat_of(state, pos), loader, f"resume state was saved by rank {state['rank']}, this is rank "
                                          f"{loader.rank}: resuming as nanochat does (rank {state['rank']}'s file "
                                          f"and row group, next stride for this rank)")
+    if common["origin"] is None:
+        return Resume(loader.start_of(loader.rank, loader.world), locate=True, **common)
     return Resume(origin_position(common["origin"], loader.rank, loader.world), locate=True, **common)
 
 
@@ -478,12 +493,30 @@ def buffer_runs(state, n_files: int) -> list[list[int]]:
     return runs
 
 
+def _refuse_shuffled(state: dict, loader: Loader, common: dict, saved_files: list, origin, plan):
+    """What a shuffled loader does not resume yet (data/shuffle.py), as a ValueError naming it."""
+    world = state.get("world_size")
+    why = None
+    if world != loader.world:
+        why = (f"the state was saved at world_size {world} and this loader has {loader.world}: a change of "
+               f"world size (elastic resume) of a shuffled run is not built yet; resume at world_size {world}")
+    elif common["order"] is not None or len(saved_files) != len(loader.files):
+        why = (f"the split has {len(loader.files)} files and the state was saved with {len(saved_files)}: files "
+               f"added to a shuffled run are not built yet (its order is over every unit of the split); "
+               f"resume with the files it was saved with")
+    elif origin is not None or plan is not None:
+        why = ("the state's run began from nanochat's keys or at a change of world size, which a shuffled "
+               "run never does: the state is not of a shuffled run")
+    if why is not None:
+        raise ValueError(f"resume state with shuffle=True: {why}")
+
+
 def _check_config(state: dict, loader: Loader):
     saved = state.get("config")
     if not isinstance(saved, dict):
         raise ValueError(f"resume state field 'config' must be a dict, got {saved!r}")
-    now = {**DATA_DEFAULTS, **loader.fingerprint}
-    saved = {**DATA_DEFAULTS, **saved}
+    now = {**DATA_DEFAULTS, **ORDER_DEFAULTS, **loader.fingerprint}
+    saved = {**DATA_DEFAULTS, **ORDER_DEFAULTS, **saved}
     diffs = [_config_diff(key, saved.get(key), value) for key, value in now.items() if saved.get(key) != value]
     diffs += [f"{key}: state has {saved[key]!r}, loader has none" for key in saved if key not in now]
     if diffs:
@@ -491,12 +524,16 @@ def _check_config(state: dict, loader: Loader):
 
 
 DATA_DEFAULTS = {"column": "text", "format": "parquet"}  # a state without them was of these (Catalogue.fingerprint)
+ORDER_DEFAULTS = {"shuffle": "off"}  # a state without it was read in the files' order (LoaderConfig.fingerprint)
 
 
 def _config_diff(key: str, saved, now) -> str:
     if key == "tokenizer":
         return (f"tokenizer: the state was saved with another tokenizer (its vocabulary, merges, "
                 f"special tokens or BOS differ; fingerprint {saved!r}, this loader's {now!r})")
+    if key in ORDER_DEFAULTS:
+        return (f"shuffle: the state was saved with shuffle {saved!r}, this loader has shuffle {now!r} (pass "
+                f"the shuffle= and seed= the state was saved with)")
     if key in DATA_DEFAULTS:
         return (f"{key}: the state was saved reading {key} {saved!r}, this loader reads {now!r} (pass "
                 f"{'column=' if key == 'column' else 'the data'} the state was saved with)")
@@ -622,6 +659,10 @@ def _nanochat_keys(state: dict, what: str, n_files: int) -> tuple[int, int, int]
 
 def _nanochat(state: dict, loader: Loader) -> Resume:
     """A state of nanochat's own loader: resume where nanochat resumes; it is the run's origin."""
+    if loader.shuffled:
+        raise ValueError("resume state with shuffle=True: a state of nanochat's keys alone (pq_idx, rg_idx, epoch) "
+                         "names a row group of the files' order; resuming it shuffled is not built yet: resume it "
+                         "without shuffle, or pass a state of a shuffled run")
     pq_idx, rg_idx, epoch = _nanochat_keys(state, "state", len(loader.files))
     return Resume(nanochat_position(pq_idx, rg_idx, epoch, loader.rank, loader.world),
                   shapes=[[0, loader.B, loader.T]], n_files=len(loader.files),

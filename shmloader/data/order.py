@@ -13,6 +13,9 @@ it, bounded whatever the row groups look like (1 to thousands of documents, of 0
 characters each). Piece boundaries never change the token stream; they only decide how work
 is split.
 
+With a `data.shuffle.Shuffle` (`shuffle=`) the row groups are those of its shuffled order
+instead (`row_steps` hands over to `shuffle.row_steps`); the pieces are cut the same way.
+
 `iter_pieces` raises `DataError` when a whole pass over the files yields no row group for
 this rank, instead of looping forever (the original loader's end-of-data hang).
 """
@@ -21,6 +24,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 from ..errors import DataError
 from ..position import Position
+from . import shuffle as shufflemod
 
 RAMP = (16, 32, 64, 128, 256, 512)
 
@@ -87,22 +91,27 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
                 start: Position, max_docs: int = 1024, ramp: Sequence[int] = RAMP,
                 first_index: int = 0, later: Later | None = None,
                 row_bytes: Callable[[int], Sequence[int]] | None = None, max_bytes: int | None = None,
-                unit: int = 1) -> Iterator[Piece]:
-    """Yield the pieces of the canonical order from `start`, forever.
+                unit: int = 1, shuffle: "shufflemod.Shuffle | None" = None) -> Iterator[Piece]:
+    """Yield the pieces of the canonical order (or of `shuffle`'s) from `start`, forever.
 
     `row_counts(f)` returns the number of rows of each row group of file `f`, `row_bytes(f)`
     (called after it) their text's size in bytes; with both `row_bytes` and `max_bytes` a
     piece holds about `max_bytes` of text at most, in whole `unit`s of documents. The files are
     read in index order, and in the epochs after `later.after` in `later.order`, when given.
     """
-    return cut_pieces(row_steps(row_counts, n_files, rank, world, start, later), max_docs, ramp, first_index,
-                      row_bytes, max_bytes, unit)
+    return cut_pieces(row_steps(row_counts, n_files, rank, world, start, later, shuffle), max_docs, ramp,
+                      first_index, row_bytes, max_bytes, unit)
 
 
 def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
-              start: Position, later: Later | None = None) -> Iterator[tuple]:
-    """The row groups of the canonical order from `start`, forever, as steps
-    `(epoch, file, rg, first doc, skip, rows)` (skip 0: `cut_pieces` says what it is)."""
+              start: Position, later: Later | None = None,
+              shuffle: "shufflemod.Shuffle | None" = None) -> Iterator[tuple]:
+    """The row groups of the canonical order (or of `shuffle`'s: data/shuffle.py) from `start`,
+    forever, as steps `(epoch, file, rg, first doc, skip, rows)` (skip 0: `cut_pieces` says what it is)."""
+    if shuffle is not None:
+        assert later is None, "a shuffled run never reorders its files (state.py refuses files added to it)"
+        yield from shufflemod.row_steps(shuffle, row_counts, n_files, rank, world, start)
+        return
     if n_files < 1:
         raise DataError("no files to read")
     epoch, at, rg, doc = start.epoch, start.file, start.rg, start.doc

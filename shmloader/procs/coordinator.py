@@ -100,7 +100,8 @@ def _pieces(cfg, run, source: Reader, report_bad, opened):
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
-                               row_bytes=source.text_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit)
+                               row_bytes=source.text_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit,
+                               shuffle=cfg.order)
         steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later)
         return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
     return pieces

@@ -44,6 +44,7 @@ import functools
 import time
 
 from ..data import engine as enginemod
+from ..data import shuffle
 from ..data.order import iter_pieces
 from ..data.source import Reader
 from ..errors import DataError, ShmLoaderError
@@ -189,12 +190,14 @@ class HeadStart:
             self._pieces = iter_pieces(functools.partial(_row_counts, source, {}, self.opened), len(a.files),
                                        a.rank, a.world, a.start, max_docs=self.config.max_piece_docs,
                                        ramp=PieceSizes(self.stream),
-                                       later=a.later)
+                                       later=a.later, shuffle=self.config.order)
         piece = next(self._pieces)
         if piece.epoch > self.args.start.epoch + 1:  # an epoch of nulls: the coordinator says so
             raise DataError("no batch in a whole pass over the files")
         spec, path = self.args.tokenizer, self.args.files[piece.file]
-        texts = self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)
+        order = self.config.order
+        texts = (self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end) if order is None
+                 else shuffle.read(self._source, order, piece))
         encode = self._encoder.encode_batch
         tokens, lengths = encode_texts(texts, lambda docs, where: encode(docs), spec.bos, spec.dtype,
                                        lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..data import engine as enginemod
+from ..data import shuffle
 from ..data import tokenizer as tokmod
 from ..data.cache import TokenCache
 from ..data.order import Piece
@@ -232,6 +233,8 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     piece = task.piece
     if cache is None:
         return (*_tokenized(ctx, source, encode, task)[:2], None)
+    if ctx.cfg.order is not None:
+        return _cached_shuffled(ctx, source, encode, cache, task)
     path = ctx.args.files[piece.file]
     got = cache.load_rows(path, piece.rg, piece.doc_start, piece.doc_end)
     if got is not None:
@@ -241,6 +244,27 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
         try:
             cache.store_rows(path, piece.rg, piece.doc_start, piece.doc_end,
                              source.row_counts(piece.file)[piece.rg], lengths, tokens)
+        except OSError as exc:
+            ctx.conn.send(Warn(f"worker {ctx.args.worker}: token cache not written ({exc})"))
+    return tokens, lengths, False
+
+
+def _cached_shuffled(ctx: _Ctx, source: Reader, encode, cache, task: Task):
+    """`_cached_or_tokenized` of a piece of a shuffled unit (data/shuffle.py): the cache keeps
+    units whole and in file order, so it serves any piece's rows in any epoch's order; a piece
+    that is its whole unit is put back in file order and kept, a part of one (the first pieces
+    of a run) is not."""
+    piece = task.piece
+    path, n = ctx.args.files[piece.file], source.row_counts(piece.file)[piece.rg]
+    rows = shuffle.rows_of(source, ctx.cfg.order, piece)
+    got = cache.load_rows(path, piece.rg, 0, n) if n else None
+    if got is not None:
+        lengths, tokens = shuffle.take_tokens(got[0], got[1], rows)
+        return (*without(tokens, lengths, _relative(task.skip, piece)), True)
+    tokens, lengths, bad = _tokenized(ctx, source, encode, task)
+    if not bad and n and piece.n_docs == n and cache.fits(tokens):
+        try:
+            cache.store(path, piece.rg, *shuffle.in_file_order(lengths, tokens, rows))
         except OSError as exc:
             ctx.conn.send(Warn(f"worker {ctx.args.worker}: token cache not written ({exc})"))
     return tokens, lengths, False
@@ -260,7 +284,10 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     skip = _relative(task.skip, piece)
     if skip == [(0, piece.n_docs)]:  # it killed a worker while it was read: not read again
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
-    texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
+    order = ctx.cfg.order
+    read = ((lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)) if order is None
+            else (lambda: shuffle.read(source, order, piece)))
+    texts = read_or_skip(read,
                          ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
                          "row group")
     if texts is None:

@@ -1,0 +1,248 @@
+"""shuffle=True, seed= (data/shuffle.py) as a client sees it, over documents whose tokens say
+which document they are: every document once per epoch, twice over; few stream neighbours
+that were file neighbours; another order each epoch and each seed; the same batches with 1 and
+3 workers; exact resume with another worker count in both packings; another rank's state; two
+ranks' disjoint shares covering the epoch; the token cache and positions; shuffle off as
+before; and the refusals of what is not built yet."""
+import itertools
+import random
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from shmloader.data import shuffle
+from shmloader.demo import corpus
+from tests import helpers, oracle
+from tests.helpers import window_of
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+B, T = 4, 32
+FILES, PER_FILE, GROUP = 4, 150, 30  # 3 train files of 150 documents in row groups of 30
+
+
+@pytest.fixture(scope="module")
+def shufdata(tmp_path_factory):
+    """Documents of 1-12 tokens (none empty or null) whose tokens are their stream positions in
+    the files' order: a token names its document; `first[t]` the document of token t."""
+    rng = random.Random(52)
+    lengths = [rng.randint(1, 12) for _ in range(FILES * PER_FILE)]
+    docs = helpers.position_documents(lengths)
+    root = tmp_path_factory.mktemp("shuf")
+    paths = corpus.write_shards(docs, root, num_files=FILES, row_group_size=GROUP)
+    doc_of = {}
+    for i, text in enumerate(docs):
+        for t in text.split():
+            doc_of[int(t)] = i
+    n_train = PER_FILE * (FILES - 1)
+    return root, paths, docs, doc_of, n_train
+
+
+def load(root, **kw):
+    kw.setdefault("num_workers", 2)
+    return shmloader.ShmLoader(str(root), helpers.IntTokenizer(), B, T, device="cpu", **kw)
+
+
+def window(loader, x, y) -> np.ndarray:
+    """A batch as a window (concat: B*T+1 tokens; best fit: inputs then targets)."""
+    if loader.packing == "bos_bestfit":
+        return np.concatenate([x.numpy().ravel(), y.numpy().ravel()])
+    return window_of(x, y)
+
+
+def windows(loader, n):
+    out = [window(loader, x, y) for x, y in itertools.islice(loader, n)]
+    assert len(out) == n
+    return out
+
+
+def documents(stream, doc_of):
+    """The documents of a concat stream in order, each checked whole: `[doc index, ...]`."""
+    out, run = [], None
+    for t in stream.tolist():
+        if t == 0:
+            run = []
+            out.append(run)
+        elif run is not None:
+            run.append(t)
+    seq = []
+    for toks in out[:-1]:  # the last may be cut by the end of the batches taken
+        doc = doc_of[toks[0]]
+        assert all(doc_of[t] == doc for t in toks), "a document's tokens are not together"
+        assert toks == list(range(toks[0], toks[0] + len(toks))), "a document's tokens are not in order"
+        seq.append(doc)
+    return seq
+
+
+def neighbour_share(seq) -> float:
+    pairs = list(zip(seq, seq[1:]))
+    return sum(abs(a - b) == 1 for a, b in pairs) / len(pairs)
+
+
+def spearman(seq) -> float:
+    """Rank correlation of stream place against file place of the documents `seq` (a permutation)."""
+    return float(np.corrcoef(np.argsort(seq), np.arange(len(seq)))[0, 1])
+
+
+def test_every_document_once_per_epoch_twice_over_in_a_new_order(shufdata, capsys):
+    root, _, docs, doc_of, n = shufdata
+    rhos, shares = [], []
+    for seed in (3, 4, 5, 6):
+        with load(root, shuffle=True, seed=seed) as loader:
+            stream = np.concatenate(windows(loader, 75 if seed == 3 else 32))  # an epoch: ~3.7K tokens
+        seq = documents(stream, doc_of)
+        assert len(seq) > (2 * n if seed == 3 else n)
+        one = seq[:n]
+        assert sorted(one) == list(range(n))
+        if seed == 3:
+            two = seq[n:2 * n]
+            assert sorted(two) == list(range(n)) and one != two
+        shares.append(neighbour_share(one))
+        rhos.append(spearman(one))
+    with capsys.disabled():
+        print(f"\nshuffle, seeds 3-6: {', '.join(f'{s:.1%}' for s in shares)} of neighbouring documents in the "
+              f"stream were neighbours in the files; Spearman rho {', '.join(f'{r:+.2f}' for r in rhos)} "
+              f"(15 units of 30 documents)")
+    assert max(shares) <= 0.10
+    assert abs(np.mean(rhos)) < 0.2
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_the_same_batches_with_1_and_3_workers_and_other_batches_with_another_seed(shufdata, packing):
+    root = shufdata[0]
+    got = {}
+    for workers, seed in ((1, 3), (3, 3), (2, 4)):
+        with load(root, shuffle=True, seed=seed, num_workers=workers, packing=packing) as loader:
+            got[workers, seed] = windows(loader, 40)
+    assert all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[3, 3]))
+    assert not all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[2, 4]))
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_exact_resume_with_another_worker_count(shufdata, packing):
+    root = shufdata[0]
+    with load(root, shuffle=True, seed=7, num_workers=2, packing=packing) as loader:
+        ws, states = [], []
+        for x, y in itertools.islice(loader, 60):
+            ws.append(window(loader, x, y))
+            states.append(loader.state_dict())
+    for k in (0, 9, 33):  # inside epoch 1, and in epoch 2
+        with load(root, shuffle=True, seed=7, num_workers=3, packing=packing, resume_state=states[k]) as loader:
+            again = windows(loader, 60 - k - 1)
+        assert all(np.array_equal(a, b) for a, b in zip(again, ws[k + 1:])), f"resume at batch {k}"
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_another_ranks_state_resumes_this_ranks_place(shufdata, packing):
+    root = shufdata[0]
+    kw = dict(shuffle=True, seed=2, packing=packing, world_size=2)
+    with load(root, rank=0, **kw) as loader:
+        windows(loader, 20)
+        state = loader.state_dict()
+    with load(root, rank=1, **kw) as loader:
+        mine = windows(loader, 30)
+    with load(root, rank=1, resume_state=state, **kw) as loader:
+        again = windows(loader, 10)
+    assert all(np.array_equal(a, b) for a, b in zip(again, mine[20:]))
+
+
+def test_two_ranks_read_disjoint_documents_covering_the_epoch(shufdata):
+    root, paths, _, doc_of, n = shufdata
+    counts = [[pq.ParquetFile(p).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(p).num_row_groups)]
+              for p in paths[:-1]]
+    seen = []
+    for rank in (0, 1):
+        mine = shuffle.share(shuffle.Shuffle(5), 1, counts, rank, 2)
+        n_mine = sum(counts[f][g] for f, g in mine)
+        with load(root, shuffle=True, seed=5, rank=rank, world_size=2) as loader:
+            seq = documents(np.concatenate(windows(loader, 40)), doc_of)
+        assert len(seq) > n_mine
+        seen.append(seq[:n_mine])
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(n))
+
+
+def test_shuffle_off_is_the_files_order(shufdata):
+    root, paths, *_ = shufdata
+    tok = helpers.IntTokenizer()
+    want = [w for w, _ in itertools.islice(oracle.concat_windows([str(p) for p in paths[:-1]], tok.encode, 0, B, T), 30)]
+    for kw in ({}, {"shuffle": False, "seed": 9}):
+        with load(root, **kw) as loader:
+            got = windows(loader, 30)
+            assert "shuffle" not in loader.state_dict()["config"]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_token_cache_serves_the_shuffled_order(shufdata, tmp_path):
+    root = shufdata[0]
+    with load(root, shuffle=True, seed=1) as loader:
+        want = windows(loader, 70)
+    for _ in range(2):  # tokenized and kept, then served from the cache (in file order, any epoch's)
+        with load(root, shuffle=True, seed=1, cache_dir=tmp_path) as loader:
+            got = windows(loader, 70)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert list(tmp_path.rglob("*.npz")) or list(tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_positions_count_each_token_in_its_document(shufdata, packing):
+    root = shufdata[0]
+    with load(root, shuffle=True, seed=1, positions=True, packing=packing) as loader:
+        for x, _, pos in itertools.islice(loader, 20):
+            x, pos = x.numpy(), pos.numpy()
+            assert (pos[x == 0] == 0).all()
+            for row_x, row_p in zip(x, pos):  # within a document, tokens (stream places) and positions step by 1
+                for i in range(1, len(row_x)):
+                    if row_x[i] != 0 and row_x[i - 1] != 0:
+                        assert row_x[i] - row_x[i - 1] == 1 and row_p[i] - row_p[i - 1] == 1
+
+
+def test_a_state_with_another_seed_or_setting_is_refused_naming_both(shufdata):
+    root = shufdata[0]
+    with load(root, shuffle=True, seed=1) as loader:
+        windows(loader, 3)
+        state = loader.state_dict()
+    with load(root) as loader:
+        windows(loader, 3)
+        plain = loader.state_dict()
+    with pytest.raises(ValueError, match="shuffle 'seed 1', this loader has shuffle 'seed 2'"):
+        load(root, shuffle=True, seed=2, resume_state=state)
+    with pytest.raises(ValueError, match="shuffle 'seed 1', this loader has shuffle 'off'"):
+        load(root, resume_state=state)
+    with pytest.raises(ValueError, match="shuffle 'off', this loader has shuffle 'seed 1'"):
+        load(root, shuffle=True, seed=1, resume_state=plain)
+
+
+def test_what_is_not_built_is_refused(shufdata, tmp_path):
+    root = shufdata[0]
+    with load(root, shuffle=True, seed=1, world_size=2, rank=0) as loader:
+        windows(loader, 3)
+        state = loader.state_dict()
+    with pytest.raises(ValueError, match="world_size 2 .* not built yet"):
+        load(root, shuffle=True, seed=1, resume_state=state)
+    with pytest.raises(ValueError, match="not built yet"):
+        load(root, shuffle=True, resume_state={"pq_idx": 0, "rg_idx": 0, "epoch": 1})
+    with pytest.raises(ValueError, match="other_rank='nanochat' is not built yet"):
+        load(root, shuffle=True, other_rank="nanochat")
+    with pytest.raises(ValueError, match="Mixture is not built yet"):
+        shmloader.ShmLoader(shmloader.Mixture({"a": str(root)}, {"a": 1.0}), helpers.IntTokenizer(), B, T,
+                            device="cpu", shuffle=True)
+
+
+def test_the_drop_ins_pass_the_shuffle_on_and_resume_from_their_states(shufdata):
+    from shmloader import nanochat
+    root, tok = shufdata[0], helpers.IntTokenizer()
+    with load(root, shuffle=True, seed=8, packing="bos_bestfit") as loader:
+        want = windows(loader, 12)
+    gen = nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(
+        tok, B, T, "train", device="cpu", data=str(root), num_workers=2, shuffle=True, seed=8)
+    got = [(np.concatenate([x.numpy().ravel(), y.numpy().ravel()]), s) for x, y, s in itertools.islice(gen, 6)]
+    gen.close()
+    assert all(np.array_equal(a, b) for (a, _), b in zip(got, want))
+    gen = nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(
+        tok, B, T, "train", device="cpu", data=str(root), num_workers=1, shuffle=True, seed=8,
+        resume_state_dict=got[-1][1])
+    again = [np.concatenate([x.numpy().ravel(), y.numpy().ravel()]) for x, y, _ in itertools.islice(gen, 6)]
+    gen.close()
+    assert all(np.array_equal(a, b) for a, b in zip(again, want[5:]))
