@@ -27,17 +27,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import delivery, errors, mixstate, observe, profiling, resume as resumemod, state as statemod
+from . import delivery, errors, kinds, observe, profiling, resume as resumemod, state as statemod
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
 from .data import shuffle as shufflemod
 from .data import source, tokenizer as tokmod
-from .data.catalogue import Catalogue
-from .data.mixture import Mixture
-from .data.sources import Sources
 from .ipc.protocol import RunArgs
-from .packing.runs import encode_buffer
 from .procs import lifecycle
 from .procs.run import Mark, Runs
 from .procs.start import prestart
@@ -127,12 +123,9 @@ class ShmLoader:
         self.rank, self.world_size = place(rank, world_size)
         if data is None:  # nanochat's directory; rank 0 of the train split tells of a fallback
             data = source.default_data_dir(notice=self.rank == 0 and split == "train")
-        mixed = isinstance(data, Mixture)  # several sources by weight (data/mixture.py, mixstate.py)
-        if mixed:
-            mixstate.refuse(self.config)
-        if (why := shufflemod.refusal(self.config, mixed=mixed)) is not None:
-            raise ValueError(why)
-        self._catalogue = (Sources if mixed else Catalogue)(data, split, filesystem, source.check_column(column))
+        self._kind = kinds.of(data, split, filesystem, source.check_column(column))  # one source, or a Mixture
+        self._kind.refuse(self.config)
+        self._catalogue = self._kind.catalogue
         order, cat = self.config.order, self._catalogue
         self._first = (None if order is None else  # a shuffled stream begins at its share's first unit
                        shufflemod.FirstPositions(order, functools.partial(cat.row_counts, on_bad=on_bad_row_group),
@@ -233,7 +226,7 @@ class ShmLoader:
         with self._locked("load_state_dict()"):
             if self._closed:
                 raise errors.LoaderClosed(self._closed_text())
-            self._begin(resumemod.plan(state, self._identity(), self._catalogue, self.config, self._args(),
+            self._begin(self._kind.resume(state, self._identity(), self.config, self._args(),
                                        self._runs.heal_count))
 
     def stats(self) -> dict:
@@ -312,10 +305,8 @@ class ShmLoader:
         if self._runs.run is not None:
             read = self._runs.run.stats(c)
             out.update(read, epoch=max(out["epoch"], read["epoch"]))
-        if isinstance(self._catalogue, Sources):  # "share_recent": since the caller's last call; epoch: the furthest
-            out["sources"] = mixstate.source_stats(self._mark, self._sources_seen)
-            out["epoch"] = max((s["epoch"] for s in out["sources"].values()), default=out["epoch"])
-            self._sources_seen = out["sources"]
+        out.update(self._kind.stats(self._mark, self._sources_seen, out["epoch"]))
+        self._sources_seen = out.get("sources")  # "share_recent": since the caller's last call
         workers = out["workers"]
         lately = interval.step(observe.Reading(time.monotonic(), self._wait_s, out["tokens_delivered"],
                                                tuple(w["pid"] for w in workers), tuple(w["busy_s"] for w in workers)))
@@ -349,11 +340,10 @@ class ShmLoader:
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
-        mix = mixstate.run_args(self._catalogue, resume)  # a mixture's place travels as best fit's buffer does
         args = dataclasses.replace(self._args(), start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
-                                   plan=resume.plan, mixture=mix)
-        self._writer = (statemod.Writer if mix is None else mixstate.Writer)(self._identity(), resume, self._catalogue)
-        buffer = mixstate.point_text(resume.mix) if mix else encode_buffer(resume.runs) if self.config.spec.buffered else None
+                                   plan=resume.plan, mixture=self._kind.run_args(resume))
+        self._writer = self._kind.writer(self._identity(), resume)
+        buffer = self._kind.start_buffer(resume, self.config.spec)  # a mixture's place travels as best fit's buffer does
         self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0, resume.read)
         self._runs.begin(args, resume.batch, self._mark.docs)
         self._state = self._writer.state(self._mark, resume.check)

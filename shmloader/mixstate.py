@@ -35,7 +35,6 @@ import zlib
 from . import state as statemod
 from .data.catalogue import described_files
 from .data.mixture import Mixer
-from .data.sources import Sources
 from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
@@ -54,11 +53,8 @@ def refuse(config):
                          f"{config.packing!r} over a mixture); got packing={config.packing!r}")
 
 
-def run_args(catalogue, resume: statemod.Resume) -> MixArgs | None:
-    """What a run of a mixture's loader (`catalogue` a `Sources`) starting at `resume` is given,
-    else None."""
-    if not isinstance(catalogue, Sources):
-        return None
+def run_args(catalogue, resume: statemod.Resume) -> MixArgs:
+    """What a run of a mixture's loader (`catalogue`, its `Sources`) starting at `resume` is given."""
     return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch, resume.mix_plans)
 
 

@@ -46,18 +46,6 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
     `args`: the loader's `RunArgs`, for count-only runs; `heal(lost, paths)`: a count-only run's
     lost child, healed within the loader's budget: procs/run.py). Raises `ValueError` naming
     what does not match."""
-    if hasattr(catalogue, "mixture"):  # a mixture's loader: a mixture's state (mixstate.py)
-        resume = mixstate.check(state, identity, catalogue)
-        catalogue.with_footers(state["mixture"]["sources"])
-        if resume.change is not None:  # another world size's: every old rank's place, each source's plan
-            resume = _elastic_mix(resume, catalogue, config, args, heal)
-        elif resume.locate:  # another rank's: this rank's place at its batch count, replayed
-            position, point = _locate_mix(resume, catalogue, config, args, heal, args.rank, args.world,
-                                          _shows(state, args))
-            resume = dataclasses.replace(resume, position=position, mix=point, locate=False)
-        return resume
-    if isinstance(state, dict) and "mixture" in state:
-        raise ValueError("resume state is of a Mixture and this loader reads one source: give it the Mixture")
     resume = statemod.check(state, identity)
     if resume.origin is not None and "version" not in state:
         _check_row_group(resume.origin, catalogue)
@@ -71,6 +59,20 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
         resume = _locate(resume, config, args, heal, shows=_shows(state, args))
     if state.get("version", 2) > 2:  # version 2 has no footers; nanochat's states no files
         catalogue.with_footers(state["files"])
+    return resume
+
+
+def plan_mixture(state, identity: statemod.Loader, sources, config, args, heal=None) -> statemod.Resume:
+    """`plan` for a mixture's loader (`sources`: its `data.sources.Sources`): a mixture's state
+    (mixstate.py), every source's place."""
+    resume = mixstate.check(state, identity, sources)
+    sources.with_footers(state["mixture"]["sources"])
+    if resume.change is not None:  # another world size's: every old rank's place, each source's plan
+        resume = _elastic_mix(resume, sources, config, args, heal)
+    elif resume.locate:  # another rank's: this rank's place at its batch count, replayed
+        position, point = _locate_mix(resume, sources, config, args, heal, args.rank, args.world,
+                                      _shows(state, args))
+        resume = dataclasses.replace(resume, position=position, mix=point, locate=False)
     return resume
 
 

@@ -1,0 +1,88 @@
+"""What a loader reads, decided once: one source, or a `Mixture` of several (`of`, the one place
+in the training process's front that asks which). Each kind answers for itself what the front
+used to branch on:
+
+- `catalogue`: its files (`data.catalogue.Catalogue`, or `data.sources.Sources` of every source);
+- `refuse(config)`: what it does not do yet with these settings, as a ValueError;
+- `resume(state, ...)`: a state checked and planned into a `state.Resume` (resume.py `plan`, or
+  `plan_mixture`), a state of the other kind refused naming both;
+- `writer(identity, resume)`: its states (`state.Writer`, or `mixstate.Writer`);
+- `run_args(resume)`: what a run is given beyond the files (a mixture's `MixArgs`, else None);
+- `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
+  mixture's point);
+- `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch).
+
+The processes still receive a mixture's `MixArgs` in `RunArgs.mixture` and pick their modes by
+it (procs/coordinator.py); docs/design.md "The house" says what is left of the two pipelines.
+"""
+from __future__ import annotations
+
+from . import mixstate, resume as resumemod, state as statemod
+from .data import shuffle as shufflemod
+from .data.catalogue import Catalogue
+from .data.mixture import Mixture
+from .data.sources import Sources
+from .packing.runs import encode_buffer
+
+
+class OneSource:
+    """One source: a directory, files, a glob, a URI or a `source.Source`."""
+
+    def __init__(self, data, split: str, filesystem, column: str):
+        self.catalogue = Catalogue(data, split, filesystem, column)
+
+    def refuse(self, config):
+        if (why := shufflemod.refusal(config, mixed=False)) is not None:
+            raise ValueError(why)
+
+    def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
+        if isinstance(state, dict) and "mixture" in state:
+            raise ValueError("resume state is of a Mixture and this loader reads one source: give it the Mixture")
+        return resumemod.plan(state, identity, self.catalogue, config, args, heal)
+
+    def writer(self, identity, resume: statemod.Resume):
+        return statemod.Writer(identity, resume, self.catalogue)
+
+    def run_args(self, resume: statemod.Resume):
+        return None
+
+    def start_buffer(self, resume: statemod.Resume, spec):
+        return encode_buffer(resume.runs) if spec.buffered else None
+
+    def stats(self, mark, seen: dict | None, epoch: int) -> dict:
+        return {}
+
+
+class Mixed:
+    """A `Mixture`: several sources by weight (data/mixture.py, mixstate.py)."""
+
+    def __init__(self, data: Mixture, split: str, filesystem, column: str):
+        self.catalogue = Sources(data, split, filesystem, column)
+
+    def refuse(self, config):
+        mixstate.refuse(config)
+        if (why := shufflemod.refusal(config, mixed=True)) is not None:
+            raise ValueError(why)
+
+    def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
+        return resumemod.plan_mixture(state, identity, self.catalogue, config, args, heal)
+
+    def writer(self, identity, resume: statemod.Resume):
+        return mixstate.Writer(identity, resume, self.catalogue)
+
+    def run_args(self, resume: statemod.Resume):
+        return mixstate.run_args(self.catalogue, resume)
+
+    def start_buffer(self, resume: statemod.Resume, spec):
+        return mixstate.point_text(resume.mix)
+
+    def stats(self, mark, seen: dict | None, epoch: int) -> dict:
+        """`sources` ("share_recent": since `seen`, the caller's last call's) and the furthest
+        source's epoch (`epoch`, the loader's, while none is known)."""
+        sources = mixstate.source_stats(mark, seen)
+        return {"sources": sources, "epoch": max((s["epoch"] for s in sources.values()), default=epoch)}
+
+
+def of(data, split: str, filesystem=None, column: str = "text"):
+    """The kind of `data`, its catalogue made (errors naming the data, or the mixture's source)."""
+    return (Mixed if isinstance(data, Mixture) else OneSource)(data, split, filesystem, column)
