@@ -155,6 +155,25 @@ def rows_of(source, order: Shuffle, piece) -> np.ndarray:
     return order.rows(piece.epoch, piece.file, piece.rg, n)[piece.doc_start:piece.doc_end]
 
 
+def moved(order: Shuffle, n: int, file: int, unit: int, spans, to_epoch: int) -> list[tuple[int, int]]:
+    """Documents `[lo, hi)` of a unit of `n` rows, each span counted in its own epoch's order
+    (`spans`: `(epoch, lo, hi)`), as the runs `(lo, hi)` of the same rows in epoch `to_epoch`'s
+    order, sorted: a poisoned or suspect document found in one epoch is another place of its
+    unit in every other (procs/heal.py keys them by the epoch they were found in)."""
+    rows = [order.rows(epoch, file, unit, n)[lo:hi] for epoch, lo, hi in spans if lo < hi]
+    if not rows:
+        return []
+    place = np.argsort(order.rows(to_epoch, file, unit, n), kind="stable")  # row -> its document in to_epoch
+    docs = np.unique(place[np.concatenate(rows)]).tolist()
+    out = []
+    for d in docs:
+        if out and out[-1][1] == d:
+            out[-1] = (out[-1][0], d + 1)
+        else:
+            out.append((d, d + 1))
+    return out
+
+
 def take_tokens(lengths: np.ndarray, tokens: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`(lengths, tokens)` of `rows` (in that order) of a unit whose documents in file order have
     `lengths` and the flat `tokens`."""

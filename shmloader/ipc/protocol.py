@@ -169,11 +169,14 @@ class MixArgs(NamedTuple):
 
 
 class Span(NamedTuple):
-    """Documents (rows) `[lo, hi)` of row group `rg` of file `file` (the run's numbering)."""
+    """Documents (rows) `[lo, hi)` of row group `rg` of file `file` (the run's numbering), as
+    epoch `epoch` orders them (a shuffled order puts a unit's documents in another order each
+    epoch: data/shuffle.py `moved`; in the files' order every epoch's is the rows')."""
     file: int
     rg: int
     lo: int
     hi: int
+    epoch: int = 0
 
 
 # coordinator -> worker

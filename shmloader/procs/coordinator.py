@@ -54,6 +54,7 @@ from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
 from ..packing import MIX_MODES
 from ..packing.mixcount import MixCountMode
+from . import heal
 from .idle import HeadCounters, IdleRule
 from .stall import beat_every
 
@@ -110,6 +111,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened):
 class _Coordinator:
     def __init__(self, cfg, args: RunArgs, trainer, workers, alive, ring: ringmod.Ring, bells):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
+        self.cfg = cfg
         self.to_trainer = Outbox(trainer)
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
@@ -287,7 +289,9 @@ class _Coordinator:
     def _task(self, piece, rows=None, fresh: bool = True) -> Task:
         """The task of `piece`, with the rows of its row group skipped as poison and those
         tokenized a document at a time (suspects: procs/heal.py)."""
-        here = lambda spans: tuple((s.lo, s.hi) for s in spans if (s.file, s.rg) == (piece.file, piece.rg))  # noqa: E731
+        order = self.cfg.order
+        n = self.source.row_counts(piece.file)[piece.rg] if order is not None else 0
+        here = lambda spans: heal.spans_in(piece, spans, order, n)  # noqa: E731
         return Task(piece, self.mode.keep, self.told.get(piece.file, (None, None))[1], rows,
                     here(self.poisoned) if fresh else (), here(self.suspects))
 
