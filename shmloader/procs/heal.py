@@ -157,12 +157,12 @@ def passed(held: Held, at, shuffled: bool = False) -> bool:
     return (at[0], at[1], at[2], at[3]) >= (held.epoch, held.file, held.rg, held.span[1])
 
 
-def spans_in(piece, spans, order, n_rows: int) -> tuple:
+def spans_in(piece, spans, order, n_rows) -> tuple:
     """The documents `(lo, hi)` of `spans` (`Span`s: poisoned or suspect) in `piece`'s row group,
-    as `piece`'s epoch orders them: with `order` (a shuffled order, its unit of `n_rows` rows)
+    as `piece`'s epoch orders them: with `order` (a shuffled order, its unit of `n_rows()` rows)
     moved from each span's epoch to the piece's (`shuffle.moved`); else as they are."""
     mine = [s for s in spans if (s.file, s.rg) == (piece.file, piece.rg)]
     if order is None or not mine:
         return tuple((s.lo, s.hi) for s in mine)
-    return tuple(shufflemod.moved(order, n_rows, piece.file, piece.rg, [(s.epoch, s.lo, s.hi) for s in mine],
+    return tuple(shufflemod.moved(order, n_rows(), piece.file, piece.rg, [(s.epoch, s.lo, s.hi) for s in mine],
                                   piece.epoch))

@@ -118,6 +118,6 @@ def test_poisoned_rows_reach_a_piece_in_its_epochs_order():
     from shmloader.procs.heal import spans_in
     order, spans = Shuffle(3), (Span(0, 2, 7, 8, 1), Span(0, 3, 1, 2, 1))
     piece = Piece(0, 2, 0, 2, 0, 30)
-    (lo, hi), = spans_in(piece, spans, order, 30)
+    (lo, hi), = spans_in(piece, spans, order, lambda: 30)
     assert hi == lo + 1 and order.rows(2, 0, 2, 30)[lo] == order.rows(1, 0, 2, 30)[7]
-    assert spans_in(piece, spans, None, 30) == ((7, 8),)
+    assert spans_in(piece, spans, None, lambda: 30) == ((7, 8),)
