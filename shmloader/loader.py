@@ -362,7 +362,8 @@ class ShmLoader:
         return RunArgs(files=self._catalogue.paths, rank=self.rank, world=self.world_size, layout=None,
                        filesystem=source.FilesystemRef(fs) if fs else None, tokenizer=self.tokenizer,
                        later=self._catalogue.later,
-                       columns=None if set(columns) <= {"text"} else tuple(columns))
+                       columns=None if set(columns) <= {"text"} else tuple(columns),
+                       counts=None if self._first is None else self._first.counts)
 
     def _locked(self, what: str):
         """The lock (`what` names the call), waited for at most `timeout` s: `LoaderTimeout`."""

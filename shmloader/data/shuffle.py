@@ -18,8 +18,10 @@ Every permutation is an argsort of splitmix64 hashes of (seed, key..., index): t
 every machine and numpy version, so a state resumes anywhere.
 
 The window (documents of W consecutive units interleaved) is not built: W = 1, documents are
-shuffled within their unit. Walking an epoch reads every file's footer first (the order is
-over all units of the split), in the trainer too for a fresh run's first position.
+shuffled within their unit. The order is over all units of the split, so it needs every
+file's row counts: a fresh run's trainer reads every footer (8 threads) for its first position
+and hands the counts to the run (`FirstPositions.counts`), whose coordinator then reads each
+footer only when it reaches a unit of the file; a resumed run's coordinator reads them itself.
 What is refused (`refusal`): mixtures, another world size (elastic), files added to a
 resumed run, nanochat-key states and `other_rank="nanochat"`.
 """
@@ -79,10 +81,16 @@ def share(order: Shuffle, epoch: int, counts: Sequence[Sequence[int]], rank: int
     return order.units(epoch, counts)[rank::world]
 
 
-def _counts(row_counts: Callable[[int], Sequence[int]], n_files: int) -> list:
+def _counts(row_counts: Callable[[int], Sequence[int]], n_files: int, threads: int = 1) -> list:
+    """Every file's `row_counts`, `threads` at a time (footers: I/O and parsing outside the GIL)."""
     if n_files < 1:
         raise DataError("no files to read")
-    return [list(row_counts(f)) for f in range(n_files)]
+    if threads < 2 or n_files < 2:
+        return [list(row_counts(f)) for f in range(n_files)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, n_files)) as pool:
+        return [list(c) for c in pool.map(row_counts, range(n_files))]
 
 
 def _mine(order: Shuffle, epoch: int, counts: list, rank: int, world: int) -> list:
@@ -104,14 +112,22 @@ def first_position(order: Shuffle, row_counts: Callable[[int], Sequence[int]], n
 
 class FirstPositions:
     """`(rank, world) -> Position`: where a fresh shuffled stream begins (`first_position` of
-    epoch 1), the files' row counts read once, when first asked (a loader's `state.Loader.first`)."""
+    epoch 1), the files' row counts read once, when first asked (a loader's `state.Loader.first`),
+    `threads` footers at a time; `counts` hands them to the run (its coordinator reads each
+    footer only when it reaches a unit of the file: procs/coordinator.py `_pieces`)."""
 
-    def __init__(self, order: Shuffle, row_counts: Callable[[int], Sequence[int]], n_files: int):
+    def __init__(self, order: Shuffle, row_counts: Callable[[int], Sequence[int]], n_files: int, threads: int = 8):
         self.order, self._row_counts, self.n_files, self._counts = order, row_counts, n_files, None
+        self.threads = threads
+
+    @property
+    def counts(self) -> tuple | None:
+        """Every file's rows per unit, once read (None before)."""
+        return None if self._counts is None else tuple(map(tuple, self._counts))
 
     def __call__(self, rank: int, world: int) -> Position:
         if self._counts is None:
-            self._counts = _counts(self._row_counts, self.n_files)
+            self._counts = _counts(self._row_counts, self.n_files, self.threads)
         return first_position(self.order, self._counts.__getitem__, self.n_files, rank, world)
 
 
@@ -153,6 +169,25 @@ def rows_of(source, order: Shuffle, piece) -> np.ndarray:
     """The unit's rows that `piece`'s documents are, in its order."""
     n = source.row_counts(piece.file)[piece.rg]
     return order.rows(piece.epoch, piece.file, piece.rg, n)[piece.doc_start:piece.doc_end]
+
+
+def moved(order: Shuffle, n: int, file: int, unit: int, spans, to_epoch: int) -> list[tuple[int, int]]:
+    """Documents `[lo, hi)` of a unit of `n` rows, each span counted in its own epoch's order
+    (`spans`: `(epoch, lo, hi)`), as the runs `(lo, hi)` of the same rows in epoch `to_epoch`'s
+    order, sorted: a poisoned or suspect document found in one epoch is another place of its
+    unit in every other (procs/heal.py keys them by the epoch they were found in)."""
+    rows = [order.rows(epoch, file, unit, n)[lo:hi] for epoch, lo, hi in spans if lo < hi]
+    if not rows:
+        return []
+    place = np.argsort(order.rows(to_epoch, file, unit, n), kind="stable")  # row -> its document in to_epoch
+    docs = np.unique(place[np.concatenate(rows)]).tolist()
+    out = []
+    for d in docs:
+        if out and out[-1][1] == d:
+            out[-1] = (out[-1][0], d + 1)
+        else:
+            out.append((d, d + 1))
+    return out
 
 
 def take_tokens(lengths: np.ndarray, tokens: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -152,6 +152,8 @@ class RunArgs:
     poisoned: tuple = ()           # `Span`s of documents that killed a worker twice, skipped (procs/heal.py)
     suspects: tuple = ()           # `Span`s in the engine at a worker's death: tokenized a document at a time
     plan: object = None            # data.elastic.Plan: the run began at a change of world size
+    counts: tuple | None = None    # a shuffled run: each file's rows per unit, as the trainer read them
+    #                                for its first position (data/shuffle.py `FirstPositions`); None: not read
     mixture: "MixArgs | None" = None  # the run reads a mixture of sources (packing/mixmode.py)
     columns: tuple | None = None   # the column read of each file (None: "text" of every file)
 
@@ -169,11 +171,14 @@ class MixArgs(NamedTuple):
 
 
 class Span(NamedTuple):
-    """Documents (rows) `[lo, hi)` of row group `rg` of file `file` (the run's numbering)."""
+    """Documents (rows) `[lo, hi)` of row group `rg` of file `file` (the run's numbering), as
+    epoch `epoch` orders them (a shuffled order puts a unit's documents in another order each
+    epoch: data/shuffle.py `moved`; in the files' order 0: every epoch's are the rows)."""
     file: int
     rg: int
     lo: int
     hi: int
+    epoch: int = 0
 
 
 # coordinator -> worker

@@ -54,6 +54,7 @@ from ..packing.base import InOrder, SlotMap
 from ..packing.count import CountMode
 from ..packing import MIX_MODES
 from ..packing.mixcount import MixCountMode
+from . import heal
 from .idle import HeadCounters, IdleRule
 from .stall import beat_every
 
@@ -69,14 +70,30 @@ class _Release(Exception):
 def _pieces(cfg, run, source: Reader, report_bad, opened):
     """`pieces(ramp, cap, first_index)`: the canonical order's pieces from `run.start`; a bad
     file is skipped (`report_bad((file, None), text)`) or raises, as `on_bad_row_group` says;
-    `opened(f)` once a file's footer is read."""
-    def row_counts(f: int) -> list[int]:
+    `opened(f)` once a file's footer is read. A shuffled run's order is over every file's units:
+    the trainer's row counts (`run.counts`, read for the stream's first position) stand for
+    each file's footer until a unit of it is cut (`unit_bytes` reads it then), so that no
+    footer is read twice before the first batch."""
+    known = run.counts if cfg.order is not None and run.plan is None else None
+
+    def read_counts(f: int) -> list[int]:
         counts = read_or_skip(lambda: source.row_counts(f), cfg.on_bad_row_group,
                               lambda text: report_bad((f, None), text), "file")
         if counts is None:
             return []
         opened(f)
         return counts
+
+    def row_counts(f: int) -> list[int]:
+        return list(known[f]) if known is not None and known[f] else read_counts(f)
+
+    def unit_bytes(f: int) -> list[int]:
+        if known is not None and (now := read_counts(f)) != list(known[f]):
+            raise DataError(f"{run.files[f]} changed while the run read it: {len(now)} units of "
+                            f"{sum(now)} rows, not the {len(known[f])} of {sum(known[f])} the run planned "
+                            f"with (a data file must not be rewritten under a running loader; resume from "
+                            f"a saved state once it is written)")
+        return source.text_bytes(f)
 
     def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
         """The order's pieces; `files=(lo, n)`, `start`: of files `[lo, lo + n)` alone (a
@@ -100,7 +117,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened):
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
-                               row_bytes=source.text_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit,
+                               row_bytes=unit_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit,
                                shuffle=cfg.order)
         steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later)
         return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
@@ -110,6 +127,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened):
 class _Coordinator:
     def __init__(self, cfg, args: RunArgs, trainer, workers, alive, ring: ringmod.Ring, bells):
         self.args, self.trainer, self.workers, self.alive, self.ring = args, trainer, workers, alive, ring
+        self.cfg = cfg
         self.to_trainer = Outbox(trainer)
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
@@ -287,7 +305,8 @@ class _Coordinator:
     def _task(self, piece, rows=None, fresh: bool = True) -> Task:
         """The task of `piece`, with the rows of its row group skipped as poison and those
         tokenized a document at a time (suspects: procs/heal.py)."""
-        here = lambda spans: tuple((s.lo, s.hi) for s in spans if (s.file, s.rg) == (piece.file, piece.rg))  # noqa: E731
+        n_rows = lambda: self.source.row_counts(piece.file)[piece.rg]  # noqa: E731 (read only for a span here)
+        here = lambda spans: heal.spans_in(piece, spans, self.cfg.order, n_rows)  # noqa: E731
         return Task(piece, self.mode.keep, self.told.get(piece.file, (None, None))[1], rows,
                     here(self.poisoned) if fresh else (), here(self.suspects))
 

@@ -19,9 +19,18 @@ way the stream goes on exactly. Not when:
   (`poisoned`: read as nulls), and the rest of the row group is read. Losses anywhere else are
   chance, healed within the budget: unrelated kills far apart never meet in a suspect, whose
   documents are tokenized one at a time only just after its loss.
+
+Both are kept as documents `[lo, hi)` of their row group *as the epoch they were found in
+orders them* (`Poison.epoch`, `Span.epoch`). In the files' order that is every epoch's; in a
+shuffled order (data/shuffle.py) a unit's documents are in another order each epoch, and
+`spans_in` moves them to the order of the piece a worker is given: the poisoned document is
+skipped in every epoch, and no other. A shuffled stream's place says nothing of whether a
+unit was passed (its units are not in file order): a suspect is passed there once the
+stream is in a later epoch, or past it in its own unit (`PoisonMemory(shuffled=True)`).
 """
 from typing import NamedTuple
 
+from ..data import shuffle as shufflemod
 from ..ipc.protocol import Span
 
 WINDOW_S = 3600.0  # max_restarts counts the heals within this window
@@ -73,21 +82,28 @@ class Budget:
 
 
 class Poison(NamedTuple):
-    """Rows `[lo, hi)` of row group `rg` of `path` kill or hang a worker every time."""
+    """Rows `[lo, hi)` of row group `rg` of `path` kill or hang a worker every time: documents
+    `[lo, hi)` as epoch `epoch` orders them (`shuffled`: in the row group's shuffled order of
+    that epoch; else its rows, and `epoch` 0)."""
     path: str
     rg: int
     lo: int
     hi: int
+    epoch: int = 0
+    shuffled: bool = False
 
     def __str__(self) -> str:
-        rows = f"row {self.lo}" if self.hi - self.lo == 1 else f"rows {self.lo}-{self.hi - 1}"
-        return f"{self.path}, row group {self.rg}, {rows}"
+        what = "document" if self.shuffled else "row"
+        rows = f"{what} {self.lo}" if self.hi - self.lo == 1 else f"{what}s {self.lo}-{self.hi - 1}"
+        order = f" of epoch {self.epoch}'s shuffled order" if self.shuffled else ""
+        return f"{self.path}, row group {self.rg}, {rows}{order}"
 
 
 class PoisonMemory:
     """The runs of documents lost and not passed since (suspects), and the poisoned ones."""
 
-    def __init__(self):
+    def __init__(self, shuffled: bool = False):
+        self.shuffled = shuffled  # a shuffled order: places are not in file order (module docstring)
         self._suspects = {}     # (path, rg) -> [Held, ...]
         self.poisoned = set()   # `Poison`s skipped by every worker from then on (on_bad_row_group="skip")
 
@@ -96,7 +112,7 @@ class PoisonMemory:
         the last batch returned: epoch, file, rg, doc, ...): the `Poison` it shows, or None
         (chance: `held`'s run is a suspect from now on)."""
         key, (lo, hi) = (held.path, held.rg), held.span
-        earlier = [h for h in self._suspects.get(key, []) if not passed(h, at)]
+        earlier = [h for h in self._suspects.get(key, []) if not passed(h, at, self.shuffled)]
         # the replacement reads the lost piece again in its epoch; the same rows in another epoch
         # are another read (best fit counts epochs ahead of the stream on a small corpus)
         again = [h for h in earlier if h.epoch == held.epoch]
@@ -106,9 +122,13 @@ class PoisonMemory:
             inside = [h for h in again if h.span[0] <= lo and hi <= h.span[1]] if hi - lo == 1 else []
         if inside:
             self._suspects[key] = [h for h in earlier if h not in inside]
-            return Poison(held.path, held.rg, lo, hi)
+            return Poison(held.path, held.rg, lo, hi, self._epoch(held), self.shuffled)
         self._suspects[key] = earlier + [held]
         return None
+
+    def _epoch(self, held: Held) -> int:
+        """The epoch whose order `held`'s documents count in: its own when shuffled, else 0 (any)."""
+        return held.epoch if self.shuffled else 0
 
     def skip(self, poison: Poison):
         self.poisoned.add(poison)
@@ -120,13 +140,29 @@ class PoisonMemory:
     def spans(self, paths: list) -> tuple:
         """`(poisoned, suspects)` as `Span`s in a run's numbering of the files (`paths`)."""
         index = {p: i for i, p in enumerate(paths)}
-        poisoned = tuple(Span(index[p.path], p.rg, p.lo, p.hi) for p in sorted(self.poisoned) if p.path in index)
-        suspects = tuple(Span(index[h.path], h.rg, *h.span) for (path, _), held in sorted(self._suspects.items())
+        poisoned = tuple(Span(index[p.path], p.rg, p.lo, p.hi, p.epoch) for p in sorted(self.poisoned)
+                         if p.path in index)
+        suspects = tuple(Span(index[h.path], h.rg, *h.span, self._epoch(h)) for (path, _), held in sorted(self._suspects.items())
                          if path in index for h in held)
         return poisoned, suspects
 
 
-def passed(held: Held, at) -> bool:
+def passed(held: Held, at, shuffled: bool = False) -> bool:
     """Whether the stream at `at` has gone past the end of what `held` was on (best fit: its
-    buffer has taken all of it), so those documents have been read whole since it was lost."""
+    buffer has taken all of it), so those documents have been read whole since it was lost.
+    Shuffled: a later epoch, or past it in its own unit (units are not in file order)."""
+    if shuffled:
+        return at[0] > held.epoch or ((at[0], at[1], at[2]) == (held.epoch, held.file, held.rg)
+                                      and at[3] >= held.span[1])
     return (at[0], at[1], at[2], at[3]) >= (held.epoch, held.file, held.rg, held.span[1])
+
+
+def spans_in(piece, spans, order, n_rows) -> tuple:
+    """The documents `(lo, hi)` of `spans` (`Span`s: poisoned or suspect) in `piece`'s row group,
+    as `piece`'s epoch orders them: with `order` (a shuffled order, its unit of `n_rows()` rows)
+    moved from each span's epoch to the piece's (`shuffle.moved`); else as they are."""
+    mine = [s for s in spans if (s.file, s.rg) == (piece.file, piece.rg)]
+    if order is None or not mine:
+        return tuple((s.lo, s.hi) for s in mine)
+    return tuple(shufflemod.moved(order, n_rows(), piece.file, piece.rg, [(s.epoch, s.lo, s.hi) for s in mine],
+                                  piece.epoch))

@@ -122,7 +122,7 @@ class Runs:
         # `close()` from another thread takes it too, so a close never races with a start
         self._lock = threading.RLock()
         self._args, self._first, self._docs = None, 0, 0
-        self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory()
+        self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory(shuffled=config.shuffle)
         self.heals = self.idle_releases = 0
         self.head_batches = 0  # batches the trainer made itself (procs/headstart.py), over every run
         self._buffered = config.spec.buffered

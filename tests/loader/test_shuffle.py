@@ -246,3 +246,35 @@ def test_the_drop_ins_pass_the_shuffle_on_and_resume_from_their_states(shufdata)
     again = [np.concatenate([x.numpy().ravel(), y.numpy().ravel()]) for x, y, _ in itertools.islice(gen, 6)]
     gen.close()
     assert all(np.array_equal(a, b) for a, b in zip(again, want[5:]))
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_killing_document_is_skipped_in_every_epoch_and_no_other(tmp_path, packing):
+    """on_bad_row_group='skip' over a shuffled run: the document that kills its worker (found in
+    epoch 1, in that epoch's order of its row group) is skipped in epochs 2 and 3, where its row
+    group's documents are in other orders, and no other document is: the stream is the shuffled
+    stream of the files with that document null."""
+    lengths = [6] * 1000  # 5 files of 200 (the last is val): an epoch of 800 documents, ~44 batches
+    docs = helpers.position_documents(lengths)
+    kill = 200 + 20 + 7  # file 1, row group 1, row 7
+    docs[kill] = docs[kill] + " kill"
+    nulled = list(docs)
+    nulled[kill] = None
+    for name, rows in (("data", docs), ("ref", nulled)):
+        corpus.write_shards(rows, tmp_path / name, num_files=5, row_group_size=20)
+    doc_of = {int(t): i for i, text in enumerate(nulled) if text for t in text.split()}
+    n, kw = 135, dict(shuffle=True, seed=11, packing=packing)  # 3 epochs
+    with load(tmp_path / "ref", **kw) as loader:
+        want = windows(loader, n)
+    with shmloader.ShmLoader(str(tmp_path / "data"), helpers.KillerTokenizer(), B, T, device="cpu", num_workers=2,
+                             max_restarts=10, on_bad_row_group="skip", **kw) as loader:
+        got = windows(loader, n)
+        stats = loader.stats()
+    assert stats["heals"] >= 2 and stats["poison_rows_skipped"] >= 1, stats
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert np.array_equal(g, w), f"batch {k} is not the shuffled stream without the killing document"
+    if packing == "concat":  # and that stream holds every other document once in each of 3 epochs
+        seq = documents(np.concatenate(got), doc_of)
+        assert len(seq) > 3 * 799
+        for e in range(3):
+            assert sorted(seq[e * 799:(e + 1) * 799]) == [d for d in range(800) if d != kill]

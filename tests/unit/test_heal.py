@@ -101,3 +101,23 @@ def test_spans_name_the_files_as_the_run_numbers_them():
     memory.lost(held(-1, -1, rg=4, doc=0, end=64, path="/d/a.parquet"), Position(1, 0, 0, 0))  # lost reading
     poisoned, suspects = memory.spans(["/d/a.parquet", "/d/b.parquet"])
     assert poisoned == (Span(1, 3, 7, 8),) and suspects == (Span(0, 2, 20, 30), Span(0, 4, 0, 64))
+
+
+def test_a_shuffled_stream_passes_a_suspect_in_a_later_epoch_or_past_it_in_its_unit():
+    """A shuffled order's units are not in file order: a later unit of the file order says nothing."""
+    h = held(10, 20, epoch=2, file=1, rg=4)
+    assert not passed(h, Position(2, 2, 0, 0), shuffled=True) and not passed(h, Position(2, 1, 4, 19), shuffled=True)
+    assert passed(h, Position(2, 1, 4, 20), shuffled=True) and passed(h, Position(3, 0, 0, 0), shuffled=True)
+
+
+def test_poisoned_rows_reach_a_piece_in_its_epochs_order():
+    """Found in epoch 1 as document 7 of its row group's shuffled order: in epoch 2 the same row,
+    at its place in epoch 2's order; without a shuffle, as found."""
+    from shmloader.data.order import Piece
+    from shmloader.data.shuffle import Shuffle
+    from shmloader.procs.heal import spans_in
+    order, spans = Shuffle(3), (Span(0, 2, 7, 8, 1), Span(0, 3, 1, 2, 1))
+    piece = Piece(0, 2, 0, 2, 0, 30)
+    (lo, hi), = spans_in(piece, spans, order, lambda: 30)
+    assert hi == lo + 1 and order.rows(2, 0, 2, 30)[lo] == order.rows(1, 0, 2, 30)[7]
+    assert spans_in(piece, spans, None, lambda: 30) == ((7, 8),)

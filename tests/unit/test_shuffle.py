@@ -147,3 +147,30 @@ def test_a_piece_reads_its_documents_rows_in_the_units_order():
     got = shuffle.read(src, order, Piece(0, 3, 2, 1, 4, 9))
     assert got == [f"2:1:{r}" for r in rows[4:9].tolist()]
     assert shuffle.read(src, order, Piece(0, 3, 2, 0, 0, 0)) == []
+
+
+def test_documents_found_in_one_epoch_are_moved_to_another_epochs_order():
+    order, n = shuffle.Shuffle(4), 30
+    for found, to in ((1, 1), (1, 2), (3, 2)):
+        got = shuffle.moved(order, n, 2, 1, [(found, 7, 8), (found, 20, 23)], to)
+        rows = set(order.rows(found, 2, 1, n)[[7, 20, 21, 22]].tolist())
+        docs = [d for lo, hi in got for d in range(lo, hi)]
+        assert sorted(order.rows(to, 2, 1, n)[docs].tolist()) == sorted(rows)  # the same rows, in `to`'s places
+        assert all(a[1] < b[0] for a, b in zip(got, got[1:]))  # sorted runs, not touching
+    assert shuffle.moved(order, n, 2, 1, [(1, 7, 8), (1, 20, 23)], 1) == [(7, 8), (20, 23)]
+    assert shuffle.moved(order, n, 2, 1, [], 2) == [] and shuffle.moved(order, n, 2, 1, [(1, 5, 5)], 2) == []
+
+
+def test_the_first_positions_read_every_files_counts_once_and_hand_them_on():
+    asked = []
+
+    def row_counts(f):
+        asked.append(f)
+        return COUNTS[f]
+
+    first = shuffle.FirstPositions(shuffle.Shuffle(5), row_counts, len(COUNTS), threads=3)
+    assert first.counts is None
+    assert first(0, 2) == shuffle.first_position(shuffle.Shuffle(5), COUNTS.__getitem__, len(COUNTS), 0, 2)
+    first(1, 2)
+    assert sorted(asked) == list(range(len(COUNTS)))  # each footer once, whatever the threads' order
+    assert first.counts == tuple(map(tuple, COUNTS))
