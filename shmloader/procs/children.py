@@ -81,6 +81,8 @@ class Children:
     opened: list = field(default_factory=list)  # `Opened` messages not yet taken by the loader
     ended: str | None = None    # the stream has ended (`Ended`): why, raised once no batch is left
     failed: Error | None = None  # an error a child reported: raised at once, and again at every next() after
+    untaken: object = None      # the first batch's announcement, taken from the ring by a next() that a
+    #                             Ctrl-C ended before it returned it: the next next() returns it
     unstarted: object = None    # the processes made and not started yet (start.py `Unstarted`): the forkserver boots
     starter: object = None      # the thread that starts them once it has booted (`start_later`)
     start_error: BaseException | None = None  # what that start raised, for `wait_started` to raise
@@ -136,14 +138,20 @@ class Children:
         at most `timeout` s (then `LoaderTimeout`), and its `waited` says for how long.
         `delivery` gives back the slots the caller let go of first. The run's first batch, or
         an error before it, ends the other loaders' giving way (precedence.py)."""
-        got = None
+        got, self.untaken = self.untaken, None
+        if got is not None:  # taken by a call a Ctrl-C ended: this one returns it
+            return got
         try:
             got = self._next_batch(delivery, timeout)
         finally:  # a Ctrl-C between the take and this still ends the start
             if got is None:
                 precedence.PRECEDENCE.failed(self)  # a first batch that did not come: nobody waits for it
             elif got.batch == 0:
-                precedence.PRECEDENCE.started(self)
+                try:
+                    precedence.PRECEDENCE.started(self)
+                except BaseException:  # a Ctrl-C in there: the batch is taken from the ring, and kept
+                    self.untaken = got
+                    raise
         return got
 
     def _next_batch(self, delivery, timeout: float) -> Announcement:

@@ -120,3 +120,32 @@ def test_a_starting_loader_that_fails_lets_the_running_one_go_on(posdata, tmp_pa
                 next(bad)
             assert word(train) == 0, "a first batch that failed left the running loader paused"
         assert len(windows(train, 20)) == 20
+
+
+def test_a_ctrl_c_as_the_first_batch_ends_the_start_loses_no_batch(posdata, monkeypatch):
+    """A Ctrl-C inside the first `next()` after its batch was taken from the ring (while the other
+    loaders are told to go on: `PRECEDENCE.started`): the next `next()` returns that batch, not
+    the one after it (the head start off, so that the first batch comes from the ring)."""
+    import shmloader
+
+    def batches(interrupt: bool):
+        with shmloader.ShmLoader(str(posdata.root), posdata.tokenizer, 2, 32, num_workers=2, device="cpu",
+                                 head_start=False) as loader:
+            if interrupt:
+                real, calls = precedence.PRECEDENCE.started, []
+
+                def interrupted(children):
+                    if not calls:
+                        calls.append(children)
+                        raise KeyboardInterrupt
+                    return real(children)
+
+                monkeypatch.setattr(precedence.PRECEDENCE, "started", interrupted)
+                with pytest.raises(KeyboardInterrupt):
+                    next(loader)
+                monkeypatch.undo()
+                assert calls, "the interrupt never happened: vacuous"
+            return [x.numpy().copy() for x, _ in itertools.islice(loader, 3)]
+
+    want, got = batches(False), batches(True)
+    assert all(np.array_equal(w, g) for w, g in zip(want, got)) and len(got) == 3
