@@ -27,13 +27,14 @@ the buffer in arrival order for a checkpoint, and for the state the coordinator 
 every batch, in a few numpy calls. The placement loop does only the choice: it pops a key and
 notes its row and offset (~0.5 us a placement here); the keys taken become ids, lengths and
 token counts, and are marked gone, in a few whole-array calls at the batch's end and before a
-chunk enters (B=32, T=2048, a 1,000-document buffer: ~87 placements, ~100 us a batch with
-its chunks' entry; `tools/bench/packing.py`). When more than the buffer again (plus
-`RENUMBER_SLACK`) has left, the buffered ones are renumbered 0, 1, ... in order, which keeps
-the keys' order, so the arrays stay about twice the buffer, however long a long document
-lingers. A snapshot (to undo a plan that ran out of chunks) copies the key list and the flags
-(a few microseconds), not a dict of the buffer. Keys are Python ints, so any length >= 1 works
-(whole-array paths for lengths below 2**23, whose keys fit int64).
+chunk enters (B=32, T=2048, a 1,000-document buffer: ~87 placements, 105-127 us of CPU a
+batch with its chunks' entry; `python tools/bench/bestfit_parts.py`, docs/benchmarks.md).
+When more than the buffer again (plus `RENUMBER_SLACK`) has left, the buffered ones are
+renumbered 0, 1, ... in order, which keeps the keys' order, so the arrays stay about twice
+the buffer, however long a long document lingers. A snapshot (to undo a plan that ran out of
+chunks) copies the key list and the flags (a few microseconds), not a dict of the buffer.
+Keys are Python ints, so any length >= 1 works (whole-array paths for lengths below 2**23,
+whose keys fit int64).
 
 Guarantees, for every batch (tests check each against the scan oracle, tests/oracle.py):
 - every row is full: its placements tile [0, row_len) exactly, in order, no padding;
