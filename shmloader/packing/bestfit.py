@@ -4,7 +4,9 @@ orders, from lengths alone.
 Pure bookkeeping for the coordinator (no processes, no tokens). The rule is the planner's
 (`planner.BestFitPlanner`, docs/contract.md §2); a slot holds a batch's inputs (B, T) and then
 its targets (B, T), so that both come out contiguous. Documents are numbered in
-canonical order (`id = piece base + row`); a *chunk* is up to `chunk_docs` consecutive rows
+canonical order (`id = piece base + row`, one id left out where the next piece does not go on
+in its row group, so that the buffer's runs are its stretches of consecutive ids: ~25 us a
+batch for a 1,000-document buffer, `PieceTable.numbered_runs`); a *chunk* is up to `chunk_docs` consecutive rows
 of one row group with the nulls left out (pieces are cut at chunk boundaries, so a chunk
 never spans pieces). Chunks enter `BestFitPlanner` strictly in order; a batch is planned only
 when its slot is free and the chunks it needs are counted (a plan that runs out of chunks is
@@ -21,7 +23,8 @@ each counted document on its own and writes the placements a `Rows` order names 
 `PACKING` is the spec the rest of the loader reads.
 """
 import itertools
-from collections import deque
+from collections import Counter, deque
+from itertools import compress
 from typing import NamedTuple
 
 import numpy as np
@@ -33,6 +36,9 @@ from ..position import Position
 from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
 from .planner import BestFitPlanner, Drained
 from .positions import fill_prefix
+
+
+PRUNE_ROWS = 4096  # rows placed kept (for `unplaced`) before those of pieces gone are dropped, at least
 
 
 class Rows(NamedTuple):
@@ -115,17 +121,17 @@ class PieceTable:
     which piece holds a document, and documents as runs `[epoch, file, rg, row, count]`."""
 
     def __init__(self):
-        self._rows = np.zeros((0, 6), dtype=np.int64)  # [base, epoch, file, rg, doc_start - base, index]
+        self._rows = np.zeros((0, 7), dtype=np.int64)  # [base, epoch, file, rg, doc_start - base, index, owner]
         self._new = []                # rows added since the arrays were last made
         self._gone = []               # piece indices removed since then
         self._held = set()            # the live pieces' indices
-        self._arrays = None           # (bases, indices, table): made again when a piece came or went
+        self._arrays = None           # (bases, indices, table, owners): made again when a piece came or went
 
-    def add(self, base: int, piece):
+    def add(self, base: int, piece, owner: int = 0):
         if piece.index in self._gone:  # back after it left: its old row goes first
             self._tables()
         self._held.add(piece.index)
-        self._new.append((base, piece.epoch, piece.file, piece.rg, piece.doc_start - base, piece.index))
+        self._new.append((base, piece.epoch, piece.file, piece.rg, piece.doc_start - base, piece.index, owner))
         self._arrays = None
 
     def remove(self, index: int):
@@ -146,30 +152,38 @@ class PieceTable:
                 rows = rows[~np.isin(rows[:, 5], self._gone)]
                 self._gone = []
             self._rows = rows
-            self._arrays = rows[:, 0].copy(), rows[:, 5].copy(), rows[:, 1:5]
+            self._arrays = rows[:, 0].copy(), rows[:, 5].copy(), np.ascontiguousarray(rows[:, 1:5]), rows[:, 6].copy()
         return self._arrays
 
     def piece_of(self, ids: np.ndarray) -> np.ndarray:
-        bases, indices, _ = self._tables()
+        bases, indices, *_ = self._tables()
         return indices[np.searchsorted(bases, ids, side="right") - 1]
+
+    def rows_of(self, ids: np.ndarray) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
+        """(the piece each of documents `ids` is in, its row there counted from the piece's base,
+        the piece's owner as `add` was told)."""
+        bases, indices, _, owners = self._tables()
+        at = np.searchsorted(bases, ids, side="right") - 1
+        return indices[at], ids - bases[at], owners[at]
 
     def file_of(self, ids: np.ndarray) -> np.ndarray:
         """The file (the run's numbering) each of documents `ids` is in."""
-        bases, _, table = self._tables()
+        bases, _, table, _ = self._tables()
         return table[np.searchsorted(bases, ids, side="right") - 1, 1]
 
     def runs(self, ids: np.ndarray, lead=None) -> np.ndarray:
         """Documents `ids` (in arrival order) as runs of consecutive rows, an (n, 5) array. A run
         goes on while the next document is the next row of the same row group; the row groups
-        are compared only where the piece changes (once per batch's buffer this is the
-        coordinator's largest cost: every step works on whole arrays, the few piece changes
-        aside). `lead(pieces)`: each run's leading columns from its piece's `[epoch, file, rg]`
-        (an (m, 3) array, a row a piece) instead of those (a mixture's: packing/mixbestfit.py)."""
+        are compared only where the piece changes (every step works on whole arrays, the few
+        piece changes aside); any order of ids (a mixture's arrival order; the sequencer's own
+        buffer, in id order, takes `numbered_runs`). `lead(pieces)`: each run's leading columns
+        from its piece's `[epoch, file, rg]` (an (m, 3) array, a row a piece) instead of those (a
+        mixture's: packing/mixbestfit.py)."""
         n = len(ids)
         if not n:
             return np.zeros((0, 5 if lead is None else lead(np.zeros((0, 3), dtype=np.int64)).shape[1] + 2),
                             dtype=np.int64)
-        bases, _, table = self._tables()
+        bases, _, table, _ = self._tables()
         at = np.searchsorted(bases, ids, side="right") - 1  # each document's piece, as a table row
         rows = table[:, 3][at] + ids
         new = np.empty(n, dtype=bool)
@@ -192,6 +206,27 @@ class PieceTable:
         out[:, 4] = np.diff(starts, append=n)
         return out
 
+    def numbered_runs(self, ids: np.ndarray) -> np.ndarray:
+        """`runs(ids)` for increasing `ids` numbered as `BestFitSequencer` numbers them (the next
+        id runs on from a piece's last row only into the next rows of its row group, a gap of
+        one id elsewhere): a run is a stretch of consecutive ids, so only each run's first
+        document is looked up, and no row group compared. (A buffer holds mostly documents
+        longer than a row, which linger: most runs are one document long.)"""
+        n = len(ids)
+        if not n:
+            return np.zeros((0, 5), dtype=np.int64)
+        starts = np.flatnonzero(ids[1:] != ids[:-1] + 1)
+        starts += 1
+        starts = np.concatenate(([0], starts))
+        first = ids[starts]
+        bases, _, table, _ = self._tables()
+        out = np.empty((len(starts), 5), dtype=np.int64)
+        out[:, :4] = np.take(table, np.searchsorted(bases, first, side="right") - 1, axis=0)
+        out[:, 3] += first
+        out[:-1, 4] = starts[1:] - starts[:-1]
+        out[-1, 4] = n - starts[-1]
+        return out
+
 
 class BestFitSequencer:
     def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, chunk_docs: int,
@@ -206,10 +241,13 @@ class BestFitSequencer:
         self.chunks = Chunks(chunk_docs, start_doc_end)
         self.table = PieceTable()
         self.planned = 0                      # batches planned
-        self._pieces = {}                     # index -> [owner, base, its rows not yet placed]
+        self._pieces = {}                     # index -> [owner, its live rows, how many are not placed]
+        self._placed_rows = []                # (pieces, rows) placed, arrays: those of pieces gone pruned
+        self._placed_n, self._prune_at = 0, PRUNE_ROWS  # rows in it; when it is pruned next
         self._counted = InOrder()             # counted pieces, turned into chunks in index order
         self.backlog_docs = 0                 # rows counted but waiting for an earlier piece
         self._next_base = 0
+        self._last_end = None                 # (epoch, file, rg, doc_end) of the piece numbered last
         self._prefix = []                     # (ids, lengths) of the buffer being rebuilt
         self._positions = {}                  # batch -> its `Complete`, once planned
         self.tokens_cropped = 0
@@ -230,13 +268,16 @@ class BestFitSequencer:
 
     def _number(self, piece, owner: int, lengths: np.ndarray) -> int:
         """Documents get ids `base + row` (pieces numbered in the order they are counted); a piece
-        with documents is `owner`'s until every one is placed. Returns `base`."""
-        base = self._next_base
-        self._next_base += len(lengths)
+        with documents is `owner`'s until every one is placed. One id is left out before a piece
+        that does not go on from the last one's end in its row group, so that consecutive ids
+        are consecutive rows of one row group (`PieceTable.numbered_runs`). Returns `base`."""
+        base = self._next_base + (self._last_end != (piece.epoch, piece.file, piece.rg, piece.doc_start))
+        self._next_base = base + len(lengths)
+        self._last_end = (piece.epoch, piece.file, piece.rg, piece.doc_end)
         live = np.flatnonzero(lengths)
         if len(live):
-            self._pieces[piece.index] = [owner, base, set(live.tolist())]  # its rows not yet placed
-            self.table.add(base, piece)
+            self._pieces[piece.index] = [owner, live, len(live)]
+            self.table.add(base, piece, owner)
         return base
 
     def _add_prefix(self, base, lengths, last: bool):
@@ -265,7 +306,10 @@ class BestFitSequencer:
     def unplaced(self, worker: int) -> dict:
         """`{piece index: its rows not yet placed}` of the counted pieces `worker` holds, also
         those waiting for an earlier piece's count."""
-        out = {index: set(rows) for index, (owner, _, rows) in self._pieces.items() if owner == worker}
+        self._prune()
+        (index, row), = self._placed_rows
+        out = {i: set(live.tolist()).difference(row[index == i].tolist())
+               for i, (owner, live, _) in self._pieces.items() if owner == worker}
         out.update((index, set(np.flatnonzero(lengths).tolist()))
                    for index, (_, owner, lengths) in self._counted.waiting().items() if owner == worker)
         return out
@@ -295,21 +339,43 @@ class BestFitSequencer:
         return Complete(self.planned, Position(*self.chunks.last_end), self.buffer_runs(), self.docs_placed)
 
     def _orders(self, plan) -> dict:
-        orders = {}
-        pieces = self.table.piece_of(plan.doc_id).tolist()  # before any piece leaves below
-        for r, off, doc, n, index in zip(plan.row.tolist(), plan.row_offset.tolist(),
-                                         plan.doc_id.tolist(), plan.n_tokens.tolist(), pieces):
-            entry = self._pieces[index]
-            orders.setdefault(entry[0], []).append((index, doc - entry[1], r, off, n))
-            entry[2].discard(doc - entry[1])
+        """`{worker: [(piece, row, batch_row, row_offset, n), ...]}` of `plan`, each worker's in
+        the plan's order, the workers in the order the plan first names them; pieces whose
+        every document is now placed leave the table. Python per piece the batch reads from (a
+        few) and C loops (zip, Counter, compress) per placement: the rows placed are only kept
+        (`_placed_rows`), for `unplaced`."""
+        index, row, owner = self.table.rows_of(plan.doc_id)  # before any piece leaves below
+        pieces = index.tolist()
+        placements = list(zip(pieces, row.tolist(), plan.row.tolist(), plan.row_offset.tolist(),
+                              plan.n_tokens.tolist()))
+        for i, n in Counter(pieces).items():
+            entry = self._pieces[i]
+            entry[2] -= n
             if not entry[2]:
-                del self._pieces[index]
-                self.table.remove(index)
-        return orders
+                del self._pieces[i]
+                self.table.remove(i)
+        self._placed_rows.append((index, row))
+        self._placed_n += len(pieces)
+        if self._placed_n > self._prune_at:
+            self._prune()
+        workers = dict.fromkeys(owner.tolist())  # in the order the plan first names them
+        if len(workers) == 1:
+            return {w: placements for w in workers}
+        return {w: list(compress(placements, (owner == w).tolist())) for w in workers}
+
+    def _prune(self):
+        """`_placed_rows` as one pair of arrays, without the rows of pieces gone; pruned again
+        when it has doubled, so that each row placed is looked at a few times at most."""
+        parts = self._placed_rows or [(np.zeros(0, np.int64),) * 2]
+        index, row = (np.concatenate(c) for c in zip(*parts))
+        keep = np.isin(index, np.fromiter(self._pieces, dtype=np.int64, count=len(self._pieces)))
+        self._placed_rows = [(index[keep], row[keep])]
+        self._placed_n = int(np.count_nonzero(keep))
+        self._prune_at = max(PRUNE_ROWS, 2 * self._placed_n)
 
     def buffer_runs(self) -> np.ndarray:
         """The buffer in arrival order as runs `[epoch, file, rg, row, count]` (an (n, 5) array)."""
-        return self.table.runs(self.planner.buffered_ids())
+        return self.table.numbered_runs(self.planner.buffered_ids())
 
     def written(self, counts):
         self.book.written(counts)

@@ -22,14 +22,19 @@ is O(log n) compares plus one `list.pop` memmove; a chunk enters with one `list.
 keeps the sorted buffer as one run and merges the chunk in one pass (no per-document `insort`
 memmove). Its cost against nanochat's linear scan: `python tools/bench/packing.py`
 (docs/benchmarks.md). The arrival is an index into the documents that entered since the
-last renumbering: a list of their doc ids (a placement looks its id up there) and arrays of
-their ids, lengths and whether each is still buffered, which give the buffer in arrival order
-for a checkpoint, and for the state the coordinator writes with every batch, in a few numpy
-calls; the placements since the last look are marked gone in one call. When more than the
-buffer again (plus `RENUMBER_SLACK`) has left, the buffered ones are renumbered 0, 1, ... in
-order, which keeps the keys' order, so the arrays stay about twice the buffer, however long a
-long document lingers. A snapshot (to undo a plan that ran out of chunks) copies the key list,
-the ids' list and the flags (a few microseconds), not a dict of the buffer. Lengths are Python ints, so any length >= 1 works.
+last renumbering: arrays of their ids, lengths and whether each is still buffered, which give
+the buffer in arrival order for a checkpoint, and for the state the coordinator writes with
+every batch, in a few numpy calls. The placement loop does only the choice: it pops a key and
+notes its row and offset (~0.5 us a placement here); the keys taken become ids, lengths and
+token counts, and are marked gone, in a few whole-array calls at the batch's end and before a
+chunk enters (B=32, T=2048, a 1,000-document buffer: ~87 placements, 105-127 us of CPU a
+batch with its chunks' entry; `python tools/bench/bestfit_parts.py`, docs/benchmarks.md).
+When more than the buffer again (plus `RENUMBER_SLACK`) has left, the buffered ones are
+renumbered 0, 1, ... in order, which keeps the keys' order, so the arrays stay about twice
+the buffer, however long a long document lingers. A snapshot (to undo a plan that ran out of
+chunks) copies the key list and the flags (a few microseconds), not a dict of the buffer.
+Keys are Python ints, so any length >= 1 works (whole-array paths for lengths below 2**23,
+whose keys fit int64).
 
 Guarantees, for every batch (tests check each against the scan oracle, tests/oracle.py):
 - every row is full: its placements tile [0, row_len) exactly, in order, no padding;
@@ -98,11 +103,9 @@ class BestFitPlanner:
         _check_config(B, row_len, buffer_size)
         self.B, self.row_len, self.buffer_size = int(B), int(row_len), int(buffer_size)
         self._keys: list[int] = []          # sorted; key = length * 2**40 - arrival
-        self._id_of: list[int] = []         # doc id by arrival (since the last renumbering)
-        self._ids = np.zeros(0, np.int64)   # the same, an array
+        self._ids = np.zeros(0, np.int64)   # doc id by arrival (since the last renumbering)
         self._lengths = np.zeros(0, np.int64)
-        self._live = np.zeros(0, bool)      # still buffered, but for the arrivals in `_gone`
-        self._gone: list[int] = []          # arrivals placed since `_live` was brought up to date
+        self._live = np.zeros(0, bool)      # still buffered
         self.tokens_placed = 0
         self.tokens_cropped = 0
         self.drained = False                # the chunk source has no document left (`Drained`)
@@ -120,102 +123,107 @@ class BestFitPlanner:
         return len(self._keys)
 
     def snapshot(self) -> "Snapshot":
-        """Everything `restore` needs to undo a `plan_batch`: copies of the key list, the ids'
-        list and the flags (the arrays are only ever replaced, never changed in place)."""
-        self._settle()
-        return Snapshot(list(self._keys), list(self._id_of), self._ids, self._lengths, self._live.copy(),
+        """Everything `restore` needs to undo a `plan_batch`: copies of the key list and the
+        flags (the arrays of ids and lengths are only ever replaced, never changed in place)."""
+        return Snapshot(list(self._keys), self._ids, self._lengths, self._live.copy(),
                         self.tokens_placed, self.tokens_cropped)
 
     def restore(self, snapshot: "Snapshot") -> None:
         """Back to `snapshot` (any snapshot of this planner, any number of times)."""
         s = snapshot
-        self._keys, self._id_of, self._ids, self._lengths = list(s.keys), list(s.id_of), s.ids, s.lengths
-        self._live, self._gone = s.live.copy(), []
+        self._keys, self._ids, self._lengths = list(s.keys), s.ids, s.lengths
+        self._live = s.live.copy()
         self.tokens_placed, self.tokens_cropped = s.tokens_placed, s.tokens_cropped
 
     def buffered_ids(self) -> np.ndarray:
         """The doc ids of the buffer in arrival order (what `buffered` gives, without lengths)."""
-        self._settle()
         return self._ids[self._live]
 
     def buffered(self) -> tuple[np.ndarray, np.ndarray]:
         """(doc_ids, lengths) of the buffer in arrival order: what a checkpoint records."""
-        self._settle()
         return self._ids[self._live], self._lengths[self._live]
 
-    def _settle(self) -> None:
-        """Mark the documents placed since the last look as gone from the buffer."""
-        if self._gone:
-            self._live[self._gone] = False
-            self._gone = []
-
     def _add(self, doc_ids: np.ndarray, lengths: np.ndarray) -> None:
-        if len(self._id_of) - len(self._keys) > len(self._keys) + RENUMBER_SLACK:
+        if len(self._ids) - len(self._keys) > len(self._keys) + RENUMBER_SLACK:
             self._renumber()
-        a0 = len(self._id_of)
-        # Python ints, not int64: a length above 2**23 would overflow `length << 40`.
-        keys = [(n << _SHIFT) - a for a, n in enumerate(lengths.tolist(), a0)]
-        self._id_of.extend(doc_ids.tolist())
+        a0 = len(self._ids)
         self._ids = np.concatenate((self._ids, doc_ids))
         self._lengths = np.concatenate((self._lengths, lengths))
-        self._live = np.concatenate((self._live, np.ones(len(keys), bool)))
-        self._keys += keys
+        self._live = np.concatenate((self._live, np.ones(len(lengths), bool)))
+        self._keys += _keys(lengths, a0)
         self._keys.sort()  # timsort keeps the sorted prefix as one run and merges the chunk
 
     def _renumber(self) -> None:
         """Number the buffered documents' arrivals 0, 1, ... in order, their keys with them (the
         keys' order is kept: the new numbers keep the old ones' order); new lists and arrays,
         so that a snapshot keeps the old ones."""
-        self._settle()
         live = self._live
-        new = (np.cumsum(live) - 1).tolist()  # new arrival of each buffered one
-        self._keys = [key + a - new[a] for key, a in zip(self._keys, _arrivals(self._keys))]
+        new = np.cumsum(live) - 1  # new arrival of each buffered one
+        lengths, arrivals = _split(self._keys)
+        if int(lengths.max(initial=0)) < _WIDE:
+            self._keys = ((lengths << _SHIFT) - new[arrivals]).tolist()
+        else:
+            self._keys = [(n << _SHIFT) - a for n, a in zip(lengths.tolist(), new[arrivals].tolist())]
         self._ids, self._lengths = self._ids[live], self._lengths[live]
-        self._id_of = self._ids.tolist()
-        self._live = np.ones(len(self._id_of), bool)
+        self._live = np.ones(len(self._ids), bool)
 
     def plan_batch(self, next_chunk: ChunkSource) -> BatchPlan:
         """Plan B rows, pulling chunks from `next_chunk()` as the top-up rule asks.
 
         `next_chunk()` returns (doc_ids, lengths), int arrays of one size (0 is allowed);
-        it must raise, not return empty chunks forever, when its documents run out."""
-        rows, offs, ids, ntok = [], [], [], []
-        keys, id_of, gone, row_len, want = self._keys, self._id_of, self._gone, self.row_len, self.buffer_size
-        cropped = 0
+        it must raise, not return empty chunks forever, when its documents run out.
+
+        The loop only chooses: it pops each placement's key and notes its row and offset; the
+        keys taken become ids, lengths and token counts in a few whole-array calls, each time
+        before a chunk enters (a renumbering there changes the arrivals) and at the end."""
+        keys, row_len, want, shift = self._keys, self.row_len, self.buffer_size, _SHIFT
+        taken, done, rows, offs = [], [], [], []  # keys popped (since the last chunk); settled; each's row, offset
         for r in range(self.B):
             space = row_len
-            while space:
-                while len(keys) < want and not self.drained:
-                    try:
-                        self._add(*_check_chunk(*next_chunk()))
-                        keys, id_of, gone = self._keys, self._id_of, self._gone  # a renumbering made new ones
-                    except Drained:
-                        self.drained = True
+            while space > 0:
+                if len(keys) < want and not self.drained:
+                    done.append(self._take(taken))
+                    taken = []
+                    while len(self._keys) < want and not self.drained:
+                        try:
+                            self._add(*_check_chunk(*next_chunk()))
+                        except Drained:
+                            self.drained = True
+                    keys = self._keys  # a renumbering made a new list
                 if not keys:
                     raise Drained(f"no document left for row {r} of the batch")
-                i = bisect_right(keys, space << _SHIFT) - 1  # longest fitting, earliest
+                i = bisect_right(keys, space << shift) - 1  # longest fitting, earliest
                 if i < 0:  # nothing fits whole: the shortest, earliest on ties
-                    i = bisect_right(keys, -(-keys[0] >> _SHIFT) << _SHIFT) - 1
+                    i = bisect_right(keys, -(-keys[0] >> shift) << shift) - 1
                 key = keys.pop(i)
-                length = -(-key >> _SHIFT)
-                a = (length << _SHIFT) - key
-                gone.append(a)
-                n = length if length < space else space
+                taken.append(key)
                 rows.append(r)
                 offs.append(row_len - space)
-                ids.append(id_of[a])
-                ntok.append(n)
-                cropped += length - n
-                space -= n
-        self.tokens_placed += self.B * row_len
+                space += -key >> shift  # minus its length
+        done.append(self._take(taken))
+        return self._plan(done, rows, offs)
+
+    def _take(self, taken: list) -> "tuple[np.ndarray, np.ndarray]":
+        """The ids and lengths of the keys `taken` (by the current arrivals), now gone from the
+        buffer."""
+        lengths, arrivals = _split(taken)
+        self._live[arrivals] = False
+        return self._ids[arrivals], lengths
+
+    def _plan(self, done: list, rows: list, offs: list) -> BatchPlan:
+        """The batch's placements from the ids and lengths taken, in turn, and their rows and offsets."""
+        ids, lengths = done[0] if len(done) == 1 else (np.concatenate(part) for part in zip(*done))
+        offset = np.array(offs, dtype=np.int64)
+        n_tokens = np.minimum(lengths, self.row_len - offset)  # only a row's last one is cut
+        cropped = int(lengths.sum()) - self.B * self.row_len  # the rows are full
+        self.tokens_placed += self.B * self.row_len
         self.tokens_cropped += cropped
-        return _plan(rows, offs, ids, ntok, cropped)
+        return BatchPlan(np.array(rows, dtype=np.int64), offset, ids, n_tokens, cropped)
 
 
 class Snapshot(NamedTuple):
     """A planner's state before a plan (`BestFitPlanner.snapshot`), for `restore`."""
-    keys: list
-    id_of: list             # copies
+    keys: list              # a copy
     ids: np.ndarray
     lengths: np.ndarray
     live: np.ndarray        # a copy
@@ -223,11 +231,25 @@ class Snapshot(NamedTuple):
     tokens_cropped: int
 
 
-def _arrivals(keys):
-    """The arrival numbers of `keys`, in turn."""
-    return (((-(-key >> _SHIFT)) << _SHIFT) - key for key in keys)
+_WIDE = 1 << (63 - _SHIFT)  # lengths from here on make keys past int64: Python ints then
 
 
-def _plan(rows, offs, ids, ntok, cropped) -> BatchPlan:
-    as64 = lambda xs: np.array(xs, dtype=np.int64)
-    return BatchPlan(as64(rows), as64(offs), as64(ids), as64(ntok), int(cropped))
+def _keys(lengths: np.ndarray, a0: int) -> list:
+    """The keys of documents of `lengths` arriving from `a0` on, as Python ints."""
+    if not lengths.size:
+        return []
+    if int(lengths.max()) < _WIDE and a0 + len(lengths) < 1 << _SHIFT:
+        return ((lengths << _SHIFT) - np.arange(a0, a0 + len(lengths), dtype=np.int64)).tolist()
+    # Python ints, not int64: a length above 2**23 would overflow `length << 40`.
+    return [(n << _SHIFT) - a for a, n in enumerate(lengths.tolist(), a0)]
+
+
+def _split(keys: list) -> "tuple[np.ndarray, np.ndarray]":
+    """(lengths, arrivals) of `keys`, int64 arrays."""
+    if keys and max(keys) < 1 << 63:  # keys are positive
+        k = np.array(keys, dtype=np.int64)
+        lengths = -(-k >> _SHIFT)
+        return lengths, (lengths << _SHIFT) - k
+    lengths = [-(-key >> _SHIFT) for key in keys]
+    return (np.array(lengths, dtype=np.int64),
+            np.array([(n << _SHIFT) - key for n, key in zip(lengths, keys)], dtype=np.int64))

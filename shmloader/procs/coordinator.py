@@ -255,7 +255,8 @@ class _Coordinator:
 
     def _order(self, w: int, order):
         """Send a write order, or hold it back while `w` is replaced (in order, behind the others)."""
-        if w in self.dead or self._queued[w] or self._redoing[w].intersection(self.spec.order_pieces(order)):
+        redoing = self._redoing[w]  # (the order's pieces only looked at while `w`'s replacement redoes some)
+        if w in self.dead or self._queued[w] or (redoing and redoing.intersection(self.spec.order_pieces(order))):
             self._queued[w].append(order)
         else:
             self._unacked[w].append(order)

@@ -237,6 +237,35 @@ def test_huge_lengths_do_not_overflow():
     assert plan.n_cropped == big - 5
 
 
+@given(st.lists(st.one_of(st.integers(1, 5000), st.integers(2**22, 2**24), st.integers(1, 2**62)), max_size=40),
+       st.integers(0, 2**20))
+@settings(max_examples=300, deadline=None)
+def test_keys_split_back_into_lengths_and_arrivals(lengths, a0):
+    """`_keys` (whole-array below 2**23, Python ints above) and `_split` (whole-array while the
+    keys fit int64) agree with the key's definition, `length * 2**40 - arrival`, both ways."""
+    keys = planner_mod._keys(np.array(lengths, dtype=np.int64), a0)
+    assert keys == [(n << 40) - a for a, n in enumerate(lengths, a0)]
+    assert all(type(k) is int for k in keys)
+    got_lengths, arrivals = planner_mod._split(keys)
+    assert got_lengths.tolist() == lengths and arrivals.tolist() == list(range(a0, a0 + len(lengths)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 3), st.integers(1, 6))
+def test_huge_and_small_lengths_mixed_equal_the_scan(seed, B):
+    """Lengths past 2**23 (keys past int64: the planner's Python-int paths) among small ones,
+    with renumbering: the plans equal the scan's."""
+    rng = np.random.default_rng(seed)
+    lengths = np.where(rng.random(400) < 0.05, rng.integers(2**23, 2**30, 400), rng.integers(1, 40, 400))
+    chunks = [lengths[i:i + 8].tolist() for i in range(0, 400, 8)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(planner_mod, "RENUMBER_SLACK", 0)
+        planner, src = BestFitPlanner(B, 33, 6), fixed_source(*chunks)
+        ref_buffer, ref_src = [], fixed_source(*chunks)
+        for _ in range(12):
+            assert same_plan(planner.plan_batch(src), plan_batch_scan(ref_buffer, ref_src, B, 33, 6))
+
+
 @given(st.lists(st.integers(-2**40, 2**40), max_size=50))
 @settings(max_examples=200, deadline=None)
 def test_runs_round_trip(ids):
@@ -357,7 +386,7 @@ def test_a_lingering_document_does_not_grow_the_planner():
     sizes = []
     for _ in range(3000):
         planner.plan_batch(src)
-        sizes.append(len(planner._id_of))  # noqa: SLF001 (the record under test)
+        sizes.append(len(planner._ids))  # noqa: SLF001 (the record under test)
     assert planner.buffered()[0][0] == 0 and planner.buffered()[1][0] == 10**6  # still there
     assert next(next_id) > 20_000  # many more documents went through than the record holds
     assert max(sizes) <= 2 * 36 + planner_mod.RENUMBER_SLACK + 16

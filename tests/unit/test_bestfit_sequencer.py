@@ -226,6 +226,49 @@ def test_a_run_resumed_from_any_batch_continues_the_scan(seed):
     check_against(sim.announced, expected, first=k + 1)
 
 
+class Watched(Sim):
+    """A `Sim` that keeps by hand each counted piece's owner and the rows its orders placed,
+    and checks `unplaced` (what a replacement worker is given again) after every move."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.owner, self.placed, self.checks = {}, set(), 0
+        counted = self.seq.counted
+        self.seq.counted = lambda p, w, lengths: (self.owner.__setitem__(p.index, (p, w)), counted(p, w, lengths))
+
+    def dispatch(self):
+        for k, by_worker in self.seq.plan():
+            slot = self.slot_map.take_slot(k)
+            for placements in by_worker.values():
+                self.placed.update((index, row) for index, row, *_ in placements)
+                self.pending.append(Rows(k, slot, placements))
+        for w in range(3):
+            want = {}
+            for index, (p, owner) in self.owner.items():
+                rows = {r for r, n in enumerate(self.data.lengths[p.file, p.rg][p.doc_start:p.doc_end])
+                        if n and (index, r) not in self.placed}
+                if owner == w and rows:
+                    want[index] = rows
+            got = self.seq.unplaced(w)
+            assert {i: rows for i, rows in got.items() if rows} == want  # (a piece of nulls waiting: no rows)
+            self.checks += 1
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_rows_not_yet_placed_are_each_pieces_live_rows_less_those_ordered(seed):
+    """`unplaced(worker)` (what a replacement is given again), from the rows placed kept in
+    bulk and pruned of pieces gone (here from 5 rows kept on, `PRUNE_ROWS`): asked at any
+    moment, it is every counted piece's live rows less those its orders placed."""
+    rng = random.Random(500 + seed)
+    data = Data(rng, max_rows=20)
+    buffer_size, chunk_docs, n_slots = rng.randint(1, 8), rng.randint(1, 4), rng.randint(1, 4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bestfit, "PRUNE_ROWS", 5)
+        sim = Watched(data, data.pieces((0, 0, 0), chunk_docs, rng), 0, (1, 0, 0, 0), buffer_size,
+                      chunk_docs, n_slots, rng).run()
+    assert sim.checks > 30 and sim.placed and len(sim.announced) >= 3
+
+
 def test_a_plan_that_ran_out_is_not_tried_again_until_a_chunk_comes():
     """The coordinator calls plan() on every message (two workers' acknowledgements per batch);
     a plan that ran out of counted chunks would run out again at the same place, so it is not

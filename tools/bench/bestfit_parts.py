@@ -1,0 +1,132 @@
+"""Best fit's coordinator, its pure parts alone: CPU per batch of each, no processes, no tokens.
+
+    python tools/bench/bestfit_parts.py --batch-size 32 --compare /tmp/before
+
+The coordinator's sequencer (`packing.bestfit.BestFitSequencer`) is driven as the coordinator
+drives it: pieces of `--piece-docs` documents (log-normal lengths, median 600 tokens, sigma
+1.0, clipped to [1, 16 * seq_len], 1% nulls; each piece its own row group, owned by worker 0
+or 1 in turn) are counted while fewer than a batch's worth wait, every batch is planned as its
+slot frees, and the buffer text a batch's slot carries is encoded (`packing.runs.encode_buffer`).
+Each part is timed with `time.process_time` around its call: the planner (`plan_batch`, with
+the chunks it takes in), its snapshot, the buffer's runs for the state (`_complete`), the write
+orders (`_orders`), the buffer text, the counted pieces (`counted`). A round plans `--batches`
+batches after 300 to fill the buffer; the figure of each part is its least over `--repeat`
+rounds (the machine's noise only adds). `--compare DIR` runs the same rounds with DIR's
+package (another checkout) in a child process, interleaved with this checkout's.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if not __package__ and "--round" not in sys.argv:  # run as a file: this checkout first on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (a round: its PYTHONPATH's package)
+
+PARTS = ("planner", "snapshot", "buffer runs", "write orders", "buffer text", "counted")
+
+
+def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, batches: int, seed: int) -> dict:
+    """us of CPU per batch of each part over `batches` batches, and their sum."""
+    import numpy as np
+
+    import shmloader.packing.bestfit as bf
+    import shmloader.packing.planner as pl
+    from shmloader.data.order import Piece
+    from shmloader.packing.runs import encode_buffer
+
+    spent = collections.Counter()
+
+    def timed(name, f):
+        @functools.wraps(f)
+        def call(*a, **k):
+            t0 = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[name] += time.process_time() - t0
+        return call
+
+    patches = {(pl.BestFitPlanner, "plan_batch"): "planner", (pl.BestFitPlanner, "snapshot"): "snapshot",
+               (bf.BestFitSequencer, "_complete"): "buffer runs", (bf.BestFitSequencer, "_orders"): "write orders",
+               (bf.BestFitSequencer, "counted"): "counted"}
+    saved = {key: getattr(*key) for key in patches}
+    for (cls, attr), name in patches.items():
+        setattr(cls, attr, timed(name, saved[cls, attr]))
+    encode = timed("buffer text", encode_buffer)
+    rng = np.random.default_rng(seed)
+    try:
+        seq, index, done = bf.BestFitSequencer(B, T, 8, buffer_size, chunk, 0, (0, 0, 0, 0)), 0, 0
+        while done < 300 + batches:
+            if done == 300:
+                spent.clear()
+            while seq.chunks.docs < 40 * B + buffer_size:
+                lengths = np.clip(np.rint(rng.lognormal(np.log(600.0), 1.0, piece_docs)), 1, 16 * T).astype(np.int64)
+                lengths[rng.random(piece_docs) < 0.01] = 0
+                seq.counted(Piece(index, 0, index // 8, index % 8, 0, piece_docs), index % 2, lengths)
+                index += 1
+            for k, _ in seq.plan():
+                encode(seq._positions.pop(k).runs)  # noqa: SLF001 (what the coordinator encodes)
+                seq.book.freed()
+                done += 1
+    finally:
+        for (cls, attr), f in saved.items():
+            setattr(cls, attr, f)
+    out = {name: spent[name] / batches * 1e6 for name in PARTS}
+    out["all"] = sum(out.values())
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python tools/bench/bestfit_parts.py")
+    p.add_argument("--batch-size", type=int, default=32, help="B, rows per batch (rows; default 32)")
+    p.add_argument("--seq-len", type=int, default=2048, help="T (tokens; rows hold T+1; default 2048)")
+    p.add_argument("--buffer-size", type=int, default=1000, help="buffered documents (documents; default 1000)")
+    p.add_argument("--chunk", type=int, default=128, help="tokenizer_batch_size (documents; default 128)")
+    p.add_argument("--piece-docs", type=int, default=1024, help="documents a piece (documents; default 1024)")
+    p.add_argument("--batches", type=int, default=1500, help="batches timed a round (batches; default 1500)")
+    p.add_argument("--repeat", type=int, default=5, help="rounds; each part's least is reported (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the lengths (default 0)")
+    p.add_argument("--compare", metavar="DIR", help="also time DIR's package (another checkout), interleaved")
+    p.add_argument("--round", action="store_true", help=argparse.SUPPRESS)  # a child: one round, JSON out
+    args = p.parse_args(argv)
+    if min(args.batch_size, args.seq_len, args.buffer_size, args.chunk, args.piece_docs, args.batches,
+           args.repeat) < 1:
+        p.error("every count must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    shape = (args.batch_size, args.seq_len, args.buffer_size, args.chunk, args.piece_docs, args.batches, args.seed)
+    if args.round:
+        print(json.dumps(one_round(*shape)))
+        return 0
+    here = str(Path(__file__).resolve().parents[2])
+    checkouts = [("this checkout", here)] + ([("compare", str(Path(args.compare).resolve()))] if args.compare else [])
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--round", "--batch-size", str(args.batch_size),
+           "--seq-len", str(args.seq_len), "--buffer-size", str(args.buffer_size), "--chunk", str(args.chunk),
+           "--piece-docs", str(args.piece_docs), "--batches", str(args.batches), "--seed", str(args.seed)]
+    rounds = {label: [] for label, _ in checkouts}
+    for _ in range(args.repeat):
+        for label, root in checkouts:
+            env = dict(os.environ, PYTHONPATH=root)
+            rounds[label].append(json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
+                                                           text=True, cwd=root).stdout))
+    print(f"B={args.batch_size} T={args.seq_len} buffer={args.buffer_size} chunk={args.chunk} "
+          f"piece={args.piece_docs} docs, {args.batches} batches a round, least of {args.repeat} rounds; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'part (us of CPU a batch)':<26}" + "".join(f"{label:>16}" for label, _ in checkouts))
+    for name in PARTS + ("all",):
+        print(f"{name:<26}" + "".join(f"{min(r[name] for r in rounds[label]):>16.1f}" for label, _ in checkouts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
