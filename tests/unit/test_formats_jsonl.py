@@ -110,10 +110,13 @@ def test_a_file_s_column_is_of_one_kind_whatever_the_pieces(tmp_path, at):
         f.read(0, 0, 2, "text")
 
 
-def test_a_file_s_kind_is_its_first_value_s(tmp_path):
+@pytest.mark.parametrize("head_chunk", [5, 64 << 10])
+def test_a_file_s_kind_is_its_first_value_s(tmp_path, monkeypatch, head_chunk):
+    from shmloader.data.formats import jsonl
+    monkeypatch.setattr(jsonl, "HEAD_CHUNK", head_chunk)  # lines across the reads' chunks
     (tmp_path / "a.jsonl").write_text('{"ids": null}\n\n{"ids": [1, 2]}\n{"ids": "x"}\n')
     (tmp_path / "b.jsonl").write_text('{"ids": null}\n{"other": 1}\n')
-    assert JsonLines(str(tmp_path / "a.jsonl")).kind("ids") == formats.TOKENS
+    assert JsonLines(str(tmp_path / "a.jsonl"))._kind("ids") == (formats.TOKENS, 3)
     assert JsonLines(str(tmp_path / "b.jsonl")).kind("ids") is None
     with pytest.raises(DataError, match=r"a\.jsonl: line 4: 'ids' is str, expected token ids \(a list of integers\) "
                                         r"like the file's first value \(line 3\)"):

@@ -38,6 +38,7 @@ from .column import TEXT, TOKENS, Ids, check_ids, outside
 
 LINES = 1024           # lines per unit
 CHUNK = 4 << 20        # bytes read (decompressed) at a time
+HEAD_CHUNK = 64 << 10  # the same, looking for a file's first value (`kind`)
 CODECS = {".gz": "gzip", ".zst": "zstd"}
 
 
@@ -59,10 +60,10 @@ class JsonLines(Format):
         raw = open_input(self.path, self.filesystem, stream=True)
         return raw if self.codec is None else pa.CompressedInputStream(raw, self.codec)
 
-    def _chunks(self, stream):
+    def _chunks(self, stream, size: int = CHUNK):
         try:
             while True:
-                chunk = stream.read(CHUNK)
+                chunk = stream.read(size)
                 if not chunk:
                     return
                 yield chunk
@@ -132,17 +133,21 @@ class JsonLines(Format):
 
     def _head(self, where: str = ""):
         """`(number, line)` of the file's lines from its start (1-based), read as they are taken."""
-        stream, head, n, rest = self._stream(), _Head(self.path, where), 0, b""
+        stream, head, n, part = self._stream(), _Head(self.path, where), 0, []  # part: the line so far
         try:
-            for chunk in self._chunks(stream):
+            for chunk in self._chunks(stream, HEAD_CHUNK):
                 head.check(chunk)
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()
-                for line in lines:
+                lines = chunk.split(b"\n")
+                if len(lines) > 1:
                     n += 1
-                    yield n, line
-            if rest:
-                yield n + 1, rest
+                    yield n, b"".join(part + lines[:1])
+                    for line in lines[1:-1]:
+                        n += 1
+                        yield n, line
+                    part = []
+                part.append(lines[-1])
+            if any(part):
+                yield n + 1, b"".join(part)
         finally:
             stream.close()
 
