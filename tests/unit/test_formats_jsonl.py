@@ -159,3 +159,16 @@ def test_a_json_array_says_it_is_not_json_lines_when_first_read(tmp_path, indent
         JsonLines(str(path)).rows()
     with pytest.raises(DataError, match=want.replace(": the", ": unit 0: the")):
         JsonLines(str(path)).kind("text", "unit 0: ")
+
+
+def test_a_zstd_window_past_the_decoder_s_limit_is_named_not_called_corrupt(tmp_path):
+    """issue 51: `zstd --long=31` output (valid zstd) was "corrupt or truncated: re-download". A
+    frame written by hand: a 2 GiB window (window descriptor 21 << 3) and one raw block."""
+    import struct
+    data = b'{"text": "1 2"}\n'
+    frame = b"\x28\xb5\x2f\xfd" + bytes([0x00, 21 << 3]) + struct.pack("<I", len(data) << 3 | 1)[:3] + data
+    path = tmp_path / "a.jsonl.zst"
+    path.write_bytes(frame)
+    with pytest.raises(DataError, match=r"a\.jsonl\.zst: cannot be read as zstd \(.*\): it was compressed with a "
+                                        r"window over the decoder's limit \(zstd --long.*recompress it without --long"):
+        JsonLines(str(path)).rows()

@@ -40,6 +40,7 @@ LINES = 1024           # lines per unit
 CHUNK = 4 << 20        # bytes read (decompressed) at a time
 HEAD_CHUNK = 64 << 10  # the same, looking for a file's first value (`kind`)
 CODECS = {".gz": "gzip", ".zst": "zstd"}
+ZSTD_WINDOW = "Frame requires too much memory"  # pyarrow's zstd error for a window past its limit
 
 
 class JsonLines(Format):
@@ -68,6 +69,12 @@ class JsonLines(Format):
                     return
                 yield chunk
         except (pa.ArrowException, OSError, EOFError) as exc:
+            if ZSTD_WINDOW in str(exc):
+                name = self.path.rsplit("/", 1)[-1]
+                raise DataError(f"{self.path}: cannot be read as zstd ({exc}): it was compressed with a window over "
+                                f"the decoder's limit (zstd --long=28 or more: pyarrow's decoder takes windows up to "
+                                f"128 MiB, --long=27, and cannot be given more); recompress it without --long, e.g. "
+                                f"`zstd -dc --long=31 {name} | zstd -o new.jsonl.zst`") from exc
             raise DataError(f"{self.path}: cannot be read{' as ' + self.codec if self.codec else ''} ({exc}); "
                             f"the file is corrupt or truncated: re-download or rewrite it") from exc
 
