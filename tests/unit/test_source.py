@@ -273,9 +273,11 @@ def test_a_hugging_face_saved_dataset_reads_its_data_files_never_its_metadata(tm
     saved = _hf_layouts(tmp_path)
     got = list_files(str(tmp_path / "saved"), fs)
     assert got == saved and [os.path.basename(f) for f in split_files(got, "val")] == ["data-00002-of-00003.arrow"]
-    assert list_files(str(tmp_path / "dd" / "train"), fs) == [str(tmp_path / "dd" / "train" / "data-00000-of-00001.arrow")]
+    train = tmp_path / "dd" / "train"
+    assert list_files(str(train), fs) == [str(train / "data-00000-of-00001.arrow")]
     with pytest.raises(DataError, match=r"dd: a Hugging Face DatasetDict saved by save_to_disk \(dataset_dict\.json, "
-                                        r"splits train, validation\).*give one split's directory, e.g. data='.*dd/train'"):
+                                        r"splits train, validation\).*give one split's directory, e\.g\. "
+                                        r"data='.*dd/train'"):
         list_files(str(tmp_path / "dd"), fs)
     os.remove(saved[1])
     with pytest.raises(DataError, match=r"saved: state\.json lists 3 data file\(s\), 1 not in the directory "

@@ -196,9 +196,9 @@ class JsonLines(Format):
                     kind, said = self._kind(column)
                     kind, said = (kind, said) if kind is not None else (now, first + i + 1)  # changed since
                 if now != kind:
-                    raise DataError(f"{self.path}: line {first + i + 1}: {column!r} is {type(value).__name__}, expected "
-                                    f"{_KIND_WORDS[kind]} like the file's first value (line {said}): a file's column "
-                                    f"is all text or all token ids; write each kind to a file of its own")
+                    raise DataError(f"{self.path}: line {first + i + 1}: {column!r} is {type(value).__name__}, "
+                                    f"expected {_KIND_WORDS[kind]} like the file's first value (line {said}): a "
+                                    f"file's column is all text or all token ids; write each kind to a file of its own")
             out.append(value)
         if kind != TOKENS:
             return out
@@ -240,7 +240,8 @@ def _ids(values: list, n_vocab: int | None, where) -> Ids:
             continue
         if set(map(type, v)) - {int}:
             k, x = next((k, x) for k, x in enumerate(v) if type(x) is not int)
-            what = "a null" if x is None else f"{json.dumps(x)[:40]} (a JSON {_JSON_TYPES.get(type(x), type(x).__name__)})"
+            json_type = _JSON_TYPES.get(type(x), type(x).__name__)
+            what = "a null" if x is None else f"{json.dumps(x)[:40]} (a JSON {json_type})"
             raise DataError(f"{where(i)}: token ids must be a list of integers, but element {k} is {what}; "
                             f"write every id as a JSON integer (nothing is rounded or converted)")
         try:
