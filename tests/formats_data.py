@@ -53,3 +53,21 @@ def write_set(root, files: list, fmt: str, column: str = "text", encode=None) ->
         ids = [None if d is None else encode(d) for d in docs] if fmt == "tokens" else None
         out.append(write(os.path.join(root, f"shard_{i:05d}{SUFFIX[fmt]}"), docs, fmt, column, ids))
     return out
+
+
+def write_hf_saved(root, files: list, column: str = "text") -> list:
+    """`files` as Hugging Face `Dataset.save_to_disk(root, num_shards=len(files))` writes them
+    (datasets 5.2.0's layout): `data-0000N-of-0000M.arrow` (stream format), `state.json` listing
+    them and `dataset_info.json`, metadata as pretty-printed JSON (not JSON Lines). Their paths."""
+    n = len(files)
+    names = [f"data-{i:05d}-of-{n:05d}.arrow" for i in range(n)]
+    paths = [write(os.path.join(root, name), docs, "arrow-stream", column) for name, docs in zip(names, files)]
+    info = {"citation": "", "description": "", "features": {column: {"dtype": "string", "_type": "Value"}},
+            "homepage": "", "license": ""}
+    state = {"_data_files": [{"filename": name} for name in names], "_fingerprint": "94ca02b017b87c41",
+             "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
+             "_output_all_columns": False, "_split": None}
+    for name, obj in (("dataset_info.json", info), ("state.json", state)):
+        with open(os.path.join(root, name), "w") as f:
+            json.dump(obj, f, indent=2)
+    return paths

@@ -3,7 +3,8 @@
 A file's format is its name's (`formats/`: `.parquet`, `.jsonl`/`.json` plain, `.gz` or
 `.zst`, `.arrow`/`.feather`); `Reader` reads any of them through the one `formats.Format`
 interface, and nothing here asks which format a file is. A directory keeps every file whose
-name a format claims (mixed formats too: each file is read as its name says). Files are sorted
+name a format claims (mixed formats too: each file is read as its name says), but a Hugging
+Face `datasets` directory its data files alone (`hfdir`: never its `.json` metadata). Files are sorted
 by name; `train` is all but the last file, `val` the last (nanochat's
 convention). `data` may be local (a directory, a glob: a path by which nothing exists, a list,
 `file://` URIs) or on any `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`;
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import DataError, warn
-from . import formats
+from . import formats, hfdir
 from .formats import TEXT, TOKENS, Ids, footer_digest  # noqa: F401 (the source's API)
 
 KINDS = ("a directory of data files (*.parquet, *.jsonl, *.jsonl.zst, *.arrow, ...)")
@@ -133,7 +134,7 @@ def list_files(data, filesystem=None) -> list[str]:
     """All data files of `data`: a directory, a glob, or a list of paths; sorted by name.
     `None` is nanochat's directory (`default_data_dir`). In a directory only names a format
     claims count (`formats.SUFFIXES`), so partial downloads (`*.parquet.tmp`) are skipped, as
-    nanochat does.
+    nanochat does; in a Hugging Face `datasets` directory only its data files (`hfdir`).
     A path that exists is that file or directory, whatever `*?[` its name holds (`set[1]/` is
     not `set1/`); a glob is a path that does not exist, its existing leading part literal. A
     list's entries and a remote path are never globs."""
@@ -147,7 +148,8 @@ def list_files(data, filesystem=None) -> list[str]:
     if isinstance(data, (str, os.PathLike)):
         data = os.fspath(data)
         if os.path.isdir(data):
-            files = _shards([os.path.join(data, f) for f in os.listdir(data) if formats.is_data_file(f)], data)
+            names = _directory(data, os.listdir(data), lambda name: _read_local(os.path.join(data, name)))
+            files = _shards([os.path.join(data, f) for f in names], data)
         elif os.path.isfile(data):
             files = [data]
         elif _is_glob(data) and not os.path.lexists(data):  # nothing by that name: a glob
@@ -170,6 +172,26 @@ def list_files(data, filesystem=None) -> list[str]:
             raise DataError(f"data lists {len(not_files)} path(s) that are not files: {not_files[:3]}; "
                             f"list the parquet shards themselves")
     return sorted(files)
+
+
+def _directory(where: str, names: list, read) -> list:
+    """The names of the data files among a directory's `names` (`read(name)`: a file's bytes): a
+    Hugging Face `datasets` directory's own (`hfdir.data_files`; a notice names what it left
+    out), else every name a format claims."""
+    picked = hfdir.data_files(where, names, read)
+    if picked is None:
+        return [f for f in names if formats.is_data_file(f)]
+    kept, left = picked
+    if left:
+        warn(f"shmloader: {where}: a Hugging Face datasets directory: read its {len(kept)} data file(s), left "
+             f"out {', '.join(left[:5])}{', ...' if len(left) > 5 else ''} (not its data: `cache-*.arrow` "
+             f"are .map()'s outputs; give a glob or a list of files to read them)")
+    return kept
+
+
+def _read_local(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _is_glob(path: str) -> bool:
@@ -224,11 +246,20 @@ def _list_remote(data, fs) -> list[str]:
     except (pa.ArrowException, OSError) as exc:
         raise DataError(f"{data}: cannot list it on {fs.type_name} ({exc}); check the endpoint, "
                         f"the credentials and the bucket") from exc
-    files = sorted(f.path for f in found if f.type == pafs.FileType.File and formats.is_data_file(f.path)
-                   and not f.base_name.startswith("."))
+    names = [f.base_name for f in found if f.type == pafs.FileType.File and not f.base_name.startswith(".")]
+    join = (lambda name: f"{path}/{name}") if path else (lambda name: name)
+    files = sorted(join(name) for name in _directory(data, names, lambda name: _read_remote(fs, join(name))))
     if not files:
         raise DataError(f"no data files in {data} (read by name: {', '.join(formats.SUFFIXES)})")
     return files
+
+
+def _read_remote(fs, path: str) -> bytes:
+    try:
+        with fs.open_input_stream(path) as f:
+            return f.read()
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{path}: cannot read it ({exc})") from exc
 
 
 def file_sizes(files: list[str], filesystem=None) -> list[int]:

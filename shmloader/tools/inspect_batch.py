@@ -2,6 +2,7 @@
 
     shmloader-inspect-batch --data demo_data/base_data --tokenizer demo_data/tokenizer -B 4 -T 256 --batch 3
     shmloader-inspect-batch ... --resume-state state.json --batch 0   # the batch after that state
+    shmloader-inspect-batch --data code/ --column content --shuffle --seed 3   # as the loader's options
 
 (also `python -m shmloader.tools.inspect_batch`, and in a checkout `python tools/inspect_batch.py`)
 
@@ -22,8 +23,11 @@ from shmloader.config import SPLITS
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=None,
-                   help="directory (or glob) of parquet shards (default: nanochat's, "
+                   help="the loader's data=: a directory, glob or file of data files (parquet, JSON Lines, "
+                        "Arrow IPC; a Hugging Face datasets directory) (default: nanochat's, "
                         "$NANOCHAT_BASE_DIR/base_data_climbmix, else base_data)")
+    p.add_argument("--column", default="text",
+                   help="the column the documents are in, as the loader's column= (default text)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.pkl, tokenizer.json, a SentencePiece .model, or their directory "
                         "(default: $NANOCHAT_BASE_DIR/tokenizer)")
@@ -33,6 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="split: train (every file but the last), val (the last), all (default train)")
     p.add_argument("--packing", choices=("concat", "bos_bestfit"), default="concat",
                    help="how documents are packed into rows (default concat)")
+    p.add_argument("--shuffle", action="store_true",
+                   help="the loader's shuffle=True: units and documents in an order drawn from --seed")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as the loader's seed= (default 0)")
     p.add_argument("--batch", type=int, default=0, help="which batch to show, from 0 (index; default 0)")
     p.add_argument("--resume-state", type=Path, default=None, metavar="FILE.json",
                    help="start after this saved state dict (JSON file)")
@@ -93,7 +100,8 @@ def main(argv=None) -> int:
     bos, decode = make_decoder(tokenizer)
     B, T = args.batch_size, args.seq_len
     with ShmLoader(args.data, tokenizer, B, T, args.split, packing=args.packing, num_workers=args.workers,
-                   device="cpu", resume_state=resume) as loader:
+                   device="cpu", resume_state=resume, column=args.column, shuffle=args.shuffle,
+                   seed=args.seed) as loader:
         for _ in range(args.batch + 1):
             inputs, _targets = next(loader)
         state = loader.state_dict()

@@ -1,9 +1,10 @@
 """Fill shmloader's token cache for a split ahead of time, on every core.
 
-    shmloader-pretokenize --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split all]
+    shmloader-pretokenize --data DIR --tokenizer tokenizer.pkl --cache-dir CACHE [--split all] [--column text]
     python -m shmloader.tools.pretokenize ...   (the same; in a checkout also python tools/pretokenize.py)
 
-Each row group of the split (all ranks: the cache is shared) is tokenized once, with the
+Each unit of the split's files (a parquet row group, an Arrow record batch, 1024 lines of JSON
+Lines; all ranks: the cache is shared), its documents in `--column`, is tokenized once, with the
 loader's engine and its checks against tiktoken (`--engine`), and written as the loader's
 workers would write it; entries already present and valid are skipped, so a
 second run does nothing. Shows its progress (row groups done of all, the rate, the time left:
@@ -25,36 +26,36 @@ from shmloader.data import tokenizer as tokmod
 from shmloader.procs import worker
 
 
-def _init(spec_, cache_dir_, engine):
-    global _SPEC, _ENGINES, _CACHE
-    _SPEC = spec_
+def _init(spec_, cache_dir_, engine, column, files):
+    global _SPEC, _ENGINES, _CACHE, _COLUMN
+    _SPEC, _COLUMN = spec_, column
     # the loader's engine, checked as a worker checks it, taking over before the first document
     _ENGINES = enginemod.Engines(spec_, engine, warn=lambda text: print(f"pretokenize: {text}", file=sys.stderr),
                                  at=0)
-    _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab)
+    _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab, columns={f: column for f in files})
 
 
 def _one(job):
     path, rg = job
     if _CACHE.load(path, rg) is not None:
         return 0, False
-    texts = source.Reader([path]).read_texts(0, rg, 0, _rows(path, rg))
+    reader = source.Reader([path], columns=_COLUMN, n_vocab=_SPEC.n_vocab or None)
+    texts = reader.read_texts(0, rg, 0, reader.row_counts(0)[rg])
     tokens, lengths = worker.encode_texts(texts, _ENGINES.encode_batch, _SPEC.bos, _SPEC.dtype,
                                           lambda i: f"{path}, row group {rg}, document row {i}")
     _CACHE.store(path, rg, lengths, tokens)
     return int(tokens.size), True
 
 
-def _rows(path: str, rg: int) -> int:
-    return source.Reader([path]).row_counts(0)[rg]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", required=True, help="directory, glob or file of parquet shards")
+    ap.add_argument("--data", required=True, help="the loader's data=: a directory, glob or file of data files "
+                    "(parquet, JSON Lines plain, .gz or .zst, Arrow IPC; a Hugging Face datasets directory)")
     ap.add_argument("--tokenizer", required=True, help="the loader's tokenizer: tokenizer.pkl, tokenizer.json, a "
                     "SentencePiece .model, or their directory")
     ap.add_argument("--cache-dir", required=True, help="the loader's cache_dir")
+    ap.add_argument("--column", default="text", help="the column the documents are in, as the loader's column= "
+                    "(text, or token ids: stored as they are; default text)")
     ap.add_argument("--split", choices=SPLITS, default="all",
                     help="which files to tokenize, as the loader's split= (default: all, every file)")
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
@@ -62,6 +63,10 @@ def main(argv=None):
                     help="tokenizer engine, as the loader's engine= (default auto: gigatoken where it is "
                          "proven equal, else fastokens when installed, checked against tiktoken)")
     args = ap.parse_args(argv)
+    try:
+        source.check_column(args.column)
+    except ValueError as exc:
+        ap.error(str(exc))
     files = source.split_files(source.list_files(args.data), args.split)
     spec = tokmod.resolve(args.tokenizer)
     jobs = [(f, rg) for f in files for rg in range(len(source.Reader([f]).row_counts(0)))]
@@ -70,7 +75,8 @@ def main(argv=None):
     ctx = multiprocessing.get_context("forkserver")
     report = progress.Report("pretokenize", len(jobs), "row groups", t0,
                              lambda level, text: print(text, file=sys.stderr, flush=True), bar=True)
-    with ctx.Pool(args.workers, initializer=_init, initargs=(spec, args.cache_dir, args.engine)) as pool:
+    with ctx.Pool(args.workers, initializer=_init,
+                  initargs=(spec, args.cache_dir, args.engine, args.column, files)) as pool:
         for i, (n, wrote) in enumerate(pool.imap_unordered(_one, jobs), 1):
             done += wrote
             tokens += n

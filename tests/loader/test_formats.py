@@ -12,6 +12,7 @@ a state of one column is refused by a loader of another.
 """
 import functools
 import itertools
+import json
 import os
 
 import numpy as np
@@ -233,3 +234,37 @@ def test_a_directory_of_another_format_is_no_longer_a_corrupt_parquet(tmp_path):
         assert [os.path.basename(f) for f in loader.files] == ["a.jsonl.zst"]
         x, y = next(loader)
         assert helpers.window_of(x, y).tolist() == [0, 1, 2, 0]
+
+
+def test_a_hugging_face_saved_dataset_reads_only_its_data_files(tmp_path):
+    """A `save_to_disk` directory (state.json, dataset_info.json beside data-0000N-of-00003.arrow):
+    two epochs of its train split are the oracle's over its first two data files (the metadata
+    was read as JSON Lines: "dataset_info.json: line 1 is not JSON" at the end of the data)."""
+    docs = helpers.position_documents([(i * 7) % 11 for i in range(300)])
+    files = [docs[i * 100:(i + 1) * 100] for i in range(3)]
+    paths = formats_data.write_hf_saved(str(tmp_path / "saved"), files)
+    twins = formats_data.write_set(str(tmp_path / "p"), files, "parquet")
+    tok, b, t = helpers.IntTokenizer(), 2, 16
+    windows = []
+    with shmloader.ShmLoader(str(tmp_path / "saved"), tok, b, t, num_workers=2, device="cpu", timeout=60) as loader:
+        assert loader.files == paths[:2]
+        for x, y in loader:
+            windows.append(helpers.window_of(x, y))
+            if loader.state_dict()["epoch"] > 2:
+                break
+    want = [w for w, _ in itertools.islice(oracle.concat_windows(twins[:2], tok.encode, 0, b, t), len(windows))]
+    assert len(windows) > 20 and all(np.array_equal(g, w) for g, w in zip(windows, want))
+
+
+@pytest.mark.parametrize("max_piece_docs", [1024, 1])
+def test_text_and_token_ids_in_one_file_fail_at_the_same_line_whatever_the_pieces(tmp_path, max_piece_docs):
+    """issue 51: with max_piece_docs=1 the batches mixed tokenized text and raw ids."""
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "a.jsonl").write_text("".join(json.dumps({"t": f"{i} {i}" if i % 2 else [i, i]}) + "\n" for i in range(1, 31)))
+    with shmloader.ShmLoader(str(d), helpers.IntTokenizer(), 2, 8, split="all", column="t", num_workers=2,
+                             device="cpu", timeout=30, max_piece_docs=max_piece_docs) as loader:
+        with pytest.raises(shmloader.DataError, match=r"a\.jsonl: line 2: 't' is list, expected text \(a string\) "
+                                                      r"like the file's first value \(line 1\)"):
+            for _ in range(50):
+                next(loader)

@@ -27,6 +27,7 @@ import sys
 
 import pytest
 
+import shmloader
 from shmloader.state import VERSION
 from shmloader.demo import corpus
 from tests import helpers
@@ -575,3 +576,37 @@ def test_the_tools_run_from_the_package_outside_a_checkout(posdata, tmp_path, sp
     assert row.split("<B>")[0] in first.replace("\n", "\\n") and len(row) > 10, (row, first)
     for name in ("pretokenize", "inspect_batch", "plot_pipeline"):
         assert "usage:" in run("-m", f"shmloader.tools.{name}", "--help", cwd=tmp_path)
+
+
+def test_the_tools_read_any_column_and_inspect_shuffles(posdata, tmp_path, capsys):
+    """issue 51: neither tool had --column (a corpus in `content` failed with "pass column= naming
+    it"), nor inspect_batch --shuffle/--seed: its batch is the loader's with those options, and
+    pretokenize fills the entries a loader of that column reads (no miss)."""
+    from tests import formats_data
+    root, tok, _ = posdata
+    docs = helpers.position_documents([5, 0, 12, 3, 9, 1, 7, 2, 11, 4] * 4)
+    d = tmp_path / "content"
+    for i in range(2):
+        formats_data.write(str(d / f"shard_{i}.jsonl"), docs[i * 20:(i + 1) * 20], "jsonl", column="content")
+    opts = dict(split="all", column="content", num_workers=1, device="cpu", timeout=60)
+    text = run("-m", "shmloader.tools.inspect_batch", "--data", d, "--tokenizer", tok, "-B", 2, "-T", 8, "--chars",
+               500, "--batch", 1, "--split", "all", "--column", "content", "--shuffle", "--seed", 3, "--workers", 1)
+    with shmloader.ShmLoader(str(d), str(tok), 2, 8, shuffle=True, seed=3, **opts) as loader:
+        x, _ = list(itertools.islice(loader, 2))[1]
+    assert inspect_rows(text) == [(row.count(0), [v for v in row if v]) for row in x.tolist()]
+    state = json.loads(text[text.index("state dict:") + len("state dict:"):])
+    assert state["config"]["shuffle"] == "seed 3" and state["config"]["column"] == "content"
+    cache = tmp_path / "cache"
+    out = run("-m", "shmloader.tools.pretokenize", "--data", d, "--tokenizer", tok, "--cache-dir", cache,
+              "--column", "content", "--workers", 1)
+    assert "2 row groups: 2 tokenized" in out, out
+    with shmloader.ShmLoader(str(d), str(tok), 2, 8, cache_dir=str(cache), **opts) as loader:
+        assert len(list(itertools.islice(loader, 8))) == 8
+        stats = loader.stats()
+    assert stats["cache_misses"] == 0 and stats["cache_hits"] > 0, stats
+    from shmloader.tools import inspect_batch, pretokenize
+    for main in (pretokenize.main, inspect_batch.parse_args):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        usage = capsys.readouterr().out
+        assert "--column" in usage and "parquet shards" not in usage

@@ -81,3 +81,94 @@ def test_a_pyarrow_filesystem_reads_as_local(tmp_path):
     plain = formats_data.write(str(tmp_path / "a.jsonl"), DOCS, "jsonl")
     assert JsonLines(plain, pafs.LocalFileSystem()).read(2, 0, 3, "text") == DOCS[2 * LINES:2 * LINES + 3]
     assert np.array_equal(JsonLines(plain)._lines(), JsonLines(plain, pafs.LocalFileSystem())._lines())
+
+
+def _mixed(tmp_path, at: int, n: int) -> str:
+    """Text on every line but `at` (1-based), which holds token ids; a leading bad line and a null."""
+    lines = [b"{not json", b'{"text": null}'] + [json.dumps({"text": f"{i} {i}"}).encode() for i in range(3, n + 1)]
+    lines[at - 1] = json.dumps({"text": [at, at]}).encode()
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("at", [4, LINES + 2])
+def test_a_file_s_column_is_of_one_kind_whatever_the_pieces(tmp_path, at):
+    """issue 51: the kind was checked within a piece, so a piece of one line (max_piece_docs=1)
+    or a unit boundary between text and ids read both. Now the file's first value fixes it
+    (read from the start, bad and null lines passed over) and the same line fails in every cut."""
+    path = _mixed(tmp_path, at, LINES + 5)
+    f = JsonLines(path)
+    assert f.kind("text") == formats.TEXT
+    want = rf"a\.jsonl: line {at}: 'text' is list, expected text \(a string\) like the file's first value \(line 3\)"
+    for lo, hi in [(at - 1, at), (at - 3, at + 2), (at - 1, at + 1)]:
+        unit = lo // LINES
+        with pytest.raises(DataError, match=want):
+            JsonLines(path).read(unit, lo - unit * LINES, hi - unit * LINES, "text")
+    assert f.read(0, 2, 3, "text") == ["3 3"] and f.read(0, 1, 2, "text") == [None]  # a piece after the bad line
+    with pytest.raises(DataError, match=r"line 1 is not JSON"):
+        f.read(0, 0, 2, "text")
+
+
+@pytest.mark.parametrize("head_chunk", [5, 64 << 10])
+def test_a_file_s_kind_is_its_first_value_s(tmp_path, monkeypatch, head_chunk):
+    from shmloader.data.formats import jsonl
+    monkeypatch.setattr(jsonl, "HEAD_CHUNK", head_chunk)  # lines across the reads' chunks
+    (tmp_path / "a.jsonl").write_text('{"ids": null}\n\n{"ids": [1, 2]}\n{"ids": "x"}\n')
+    (tmp_path / "b.jsonl").write_text('{"ids": null}\n{"other": 1}\n')
+    assert JsonLines(str(tmp_path / "a.jsonl"))._kind("ids") == (formats.TOKENS, 3)
+    assert JsonLines(str(tmp_path / "b.jsonl")).kind("ids") is None
+    with pytest.raises(DataError, match=r"a\.jsonl: line 4: 'ids' is str, expected token ids \(a list of integers\) "
+                                        r"like the file's first value \(line 3\)"):
+        JsonLines(str(tmp_path / "a.jsonl")).read(0, 3, 4, "ids")
+
+
+@pytest.mark.parametrize("ids,match", [
+    ([1, 1.9], r"element 1 is 1\.9 \(a JSON number with a fraction or exponent\)"),
+    ([1.0], r"element 0 is 1\.0 \(a JSON number"),
+    (["7"], r'element 0 is "7" \(a JSON string\)'),
+    ([3, True], r"element 1 is true \(a JSON boolean\)"),
+    ([2, None], r"element 1 is a null"),
+    ([[1, 2]], r"element 0 is \[1, 2\] \(a JSON list\)"),
+    ([1, 1 << 64], r"token id 18446744073709551616 is outside the tokenizer's vocabulary \[0, 9\)"),
+])
+def test_token_ids_that_are_not_integers_are_errors_not_coerced(tmp_path, ids, match):
+    """issue 51: [1.9, "7", true, 2.5] was read as [1, 7, 1, 2]."""
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps({"ids": [1, 2]}) + "\n" + json.dumps({"ids": ids}) + "\n")
+    with pytest.raises(DataError, match=r"a\.jsonl: line 2: " + ("token ids must be a list of integers, but "
+                                                                 if "outside" not in match else "") + match):
+        JsonLines(str(path)).read(0, 0, 2, "ids", n_vocab=9)
+
+
+@pytest.mark.parametrize("indent", [2, None])
+@pytest.mark.parametrize("name", ["docs.json", "docs.json.gz"])
+def test_a_json_array_says_it_is_not_json_lines_when_first_read(tmp_path, indent, name):
+    """What json.dump(list) writes: named as such when the file is first read (its lines counted,
+    or its kind looked up), with how to convert it."""
+    docs = [{"text": f"{i} {i}"} for i in range(5)]
+    path = tmp_path / name
+    data = ("\n " + json.dumps(docs, indent=indent)).encode()
+    if name.endswith(".gz"):
+        import gzip
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    want = (r"docs\.json(\.gz)?: the file is one JSON array \(its first character is '\['\), not JSON Lines \(one "
+            r"JSON object a line\); convert it, e\.g\. `jq -c '\.\[\]' docs\.json(\.gz)? > docs\.jsonl`")
+    with pytest.raises(DataError, match=want):
+        JsonLines(str(path)).rows()
+    with pytest.raises(DataError, match=want.replace(": the", ": unit 0: the")):
+        JsonLines(str(path)).kind("text", "unit 0: ")
+
+
+def test_a_zstd_window_past_the_decoder_s_limit_is_named_not_called_corrupt(tmp_path):
+    """issue 51: `zstd --long=31` output (valid zstd) was "corrupt or truncated: re-download". A
+    frame written by hand: a 2 GiB window (window descriptor 21 << 3) and one raw block."""
+    import struct
+    data = b'{"text": "1 2"}\n'
+    frame = b"\x28\xb5\x2f\xfd" + bytes([0x00, 21 << 3]) + struct.pack("<I", len(data) << 3 | 1)[:3] + data
+    path = tmp_path / "a.jsonl.zst"
+    path.write_bytes(frame)
+    with pytest.raises(DataError, match=r"a\.jsonl\.zst: cannot be read as zstd \(.*\): it was compressed with a "
+                                        r"window over the decoder's limit \(zstd --long.*recompress it without --long"):
+        JsonLines(str(path)).rows()

@@ -52,3 +52,39 @@ def test_a_directory_of_mixed_formats_lists_every_one_and_reads_each_as_named(tm
     assert [reader.read_texts(f, 0, 0, 2) for f in range(3)] == [docs] * 3
     assert [reader.row_counts(f) for f in range(3)] == [[2]] * 3
     assert len({reader.identity(f)[1] for f in range(3)}) == 3
+
+
+def test_a_null_inside_token_ids_names_its_row_without_a_numpy_warning(tmp_path):
+    """issue 51: [5, null, 5] was "token id -9223372036854775808 is outside ... [0, None)" after a
+    numpy RuntimeWarning; a null row stays a null document, and a slice sees only its rows."""
+    import warnings
+    path = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], None, [5, None, 5], [3]], pa.list_(pa.int32()))}), path)
+    f = Parquet(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match=r"a\.parquet: row group 0, row 2: a null inside its token ids \(element 1\)"
+                                            r"; token ids must all be integers"):
+            f.read(0, 0, 4, "ids", n_vocab=10)
+        with pytest.raises(DataError, match=r"row group 0, row 2: a null inside"):
+            f.read(0, 2, 3, "ids")
+        got = f.read(0, 0, 2, "ids", n_vocab=10)
+        assert [None if g is None else g.tolist() for g in got] == [[1, 2], None]
+        assert f.read(0, 3, 4, "ids", n_vocab=10)[0].tolist() == [3]
+
+
+def test_token_ids_past_int64_and_without_a_vocabulary_size_read_as_they_are(tmp_path):
+    """uint64 ids of 2^63 or more were read as negative; with no vocabulary size the message said
+    "[0, None)"."""
+    path = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[1], [2, (1 << 64) - 1]], pa.list_(pa.uint64())),
+                             "neg": pa.array([[1], [-3]], pa.list_(pa.int64()))}), path)
+    with pytest.raises(DataError, match=r"row 1: token id 18446744073709551615 is outside the tokenizer's "
+                                        r"vocabulary \[0, 10\)"):
+        Parquet(path).read(0, 0, 2, "ids", n_vocab=10)
+    with pytest.raises(DataError, match=r"row 1: token id 18446744073709551615 is past any vocabulary"):
+        Parquet(path).read(0, 0, 2, "ids")
+    with pytest.raises(DataError, match=r"row 1: token id -3 is negative, expected ids in \[0, the tokenizer's "
+                                        r"vocabulary size\)") as err:
+        Parquet(path).read(0, 0, 2, "neg")
+    assert "None" not in str(err.value)

@@ -252,3 +252,61 @@ def test_invalid_utf8_is_a_data_error_naming_file_and_row_group(tmp_path):
     with pytest.raises(DataError) as ei:
         src.read_texts(0, 0, 0, 2)
     assert path in str(ei.value) and "row group 0" in str(ei.value) and "UTF-8" in str(ei.value)
+
+
+def _hf_layouts(tmp_path):
+    """A saved Dataset (datasets 5.2.0's save_to_disk), a DatasetDict of two of them, a cache directory."""
+    from tests import formats_data
+    saved = formats_data.write_hf_saved(str(tmp_path / "saved"), [["a 1", "a 2"], ["b 1"], ["c 1"]])
+    for split in ("train", "validation"):
+        formats_data.write_hf_saved(str(tmp_path / "dd" / split), [[f"{split} 1"]])
+    (tmp_path / "dd" / "dataset_dict.json").write_text('{"splits": ["train", "validation"]}')
+    return saved
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_hugging_face_saved_dataset_reads_its_data_files_never_its_metadata(tmp_path, remote):
+    """issue 51: state.json and dataset_info.json were read as JSON Lines (the run failed at the end
+    of the Arrow data; split="train" made state.json the val file)."""
+    import pyarrow.fs as pafs
+    fs = pafs.LocalFileSystem() if remote else None  # an explicit filesystem lists as a remote one
+    saved = _hf_layouts(tmp_path)
+    got = list_files(str(tmp_path / "saved"), fs)
+    assert got == saved and [os.path.basename(f) for f in split_files(got, "val")] == ["data-00002-of-00003.arrow"]
+    train = tmp_path / "dd" / "train"
+    assert list_files(str(train), fs) == [str(train / "data-00000-of-00001.arrow")]
+    with pytest.raises(DataError, match=r"dd: a Hugging Face DatasetDict saved by save_to_disk \(dataset_dict\.json, "
+                                        r"splits train, validation\).*give one split's directory, e\.g\. "
+                                        r"data='.*dd/train'"):
+        list_files(str(tmp_path / "dd"), fs)
+    os.remove(saved[1])
+    with pytest.raises(DataError, match=r"saved: state\.json lists 3 data file\(s\), 1 not in the directory "
+                                        r"\(\['data-00001-of-00003\.arrow'\]\): the save is incomplete"):
+        list_files(str(tmp_path / "saved"), fs)
+
+
+def test_a_datasets_cache_directory_leaves_out_map_outputs_and_wants_one_split(tmp_path):
+    """A `load_dataset(cache_dir=)` directory: `<builder>-<split>.arrow`, dataset_info.json and
+    `.map()`'s `cache-<hash>.arrow` (a derived table): its split's files only, with a notice."""
+    import json
+    from tests import formats_data
+    d = tmp_path / "cache"
+    for name in ("json-train-00000-of-00002.arrow", "json-train-00001-of-00002.arrow", "cache-365548b7c51ff164.arrow"):
+        formats_data.write(str(d / name), ["x 1"], "arrow-stream")
+    (d / "dataset_info.json").write_text(json.dumps({"builder_name": "json", "splits": {"train": {"name": "train"}}}))
+    with pytest.warns(UserWarning, match=r"left out cache-365548b7c51ff164\.arrow"):
+        got = list_files(str(d))
+    assert [os.path.basename(f) for f in got] == ["json-train-00000-of-00002.arrow", "json-train-00001-of-00002.arrow"]
+    formats_data.write(str(d / "json-test.arrow"), ["y 1"], "arrow-stream")
+    (d / "dataset_info.json").write_text(json.dumps({"splits": {"train": {}, "test": {}}}))
+    with pytest.raises(DataError, match=r"cache directory with files of 2 splits \(test, train\); read one split by a "
+                                        r"glob of its files, e.g. data='.*cache/\*-train\*\.arrow'"):
+        list_files(str(d))
+    assert [os.path.basename(f) for f in list_files(str(d / "*-train*.arrow"))] == [os.path.basename(f) for f in got]
+
+
+def test_a_state_json_of_ones_own_is_no_hugging_face_directory(tmp_path):
+    """Only `state.json` with `_data_files` (or dataset_info.json, dataset_dict.json) marks one."""
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "state.json").write_text('{"version": 6}\n')
+    assert [os.path.basename(f) for f in list_files(str(tmp_path))] == ["a.jsonl", "state.json"]

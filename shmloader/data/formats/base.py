@@ -9,8 +9,9 @@ A `Format` is one data file, opened. All the rest of the loader knows of a file 
   documents (`column.docs_of`: str, or token ids checked against `n_vocab`); a row that cannot
   be read is a `DataError` naming the file and the row (a row group's row, a line);
 - `digest()`: the file's identity beyond its name and size (a state and a run check it);
-- `kind(column, where)`: `column.TEXT` or `column.TOKENS` where the file says it cheaply (a schema),
-  else None; a missing or wrong column is a `DataError` (checked ahead: source.SchemaCheck);
+- `kind(column, where)`: `column.TEXT` or `column.TOKENS` where the file says it cheaply (a schema;
+  JSON Lines: its first value), else None; a missing or wrong column is a `DataError` (checked
+  ahead: source.SchemaCheck);
 - `n_units()`: the number of units where known without reading the file whole, else None.
 
 A format opens its file through the filesystem object it is given (None: local), so every

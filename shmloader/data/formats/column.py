@@ -57,10 +57,44 @@ def docs_of(array, kind: str, n_vocab: int | None, where) -> list:
     if pa.types.is_fixed_size_list(array.type):
         array = array.cast(pa.large_list(array.type.value_type))
     offsets = array.offsets.to_numpy()
-    values = array.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    offsets = offsets - offsets[0]
     valid = np.ones(len(array), dtype=bool) if array.null_count == 0 else ~array.is_null().to_numpy(zero_copy_only=False)
-    check_ids(values[offsets[0]:offsets[-1]], offsets - offsets[0], n_vocab, where)
+    flat = array.values.slice(array.offsets[0].as_py(), int(offsets[-1]))
+    if flat.null_count:
+        _no_null_inside(flat, offsets, valid, where)
+        flat = flat.fill_null(0)  # inside null rows only
+    values = flat.to_numpy(zero_copy_only=False)
+    if values.dtype == np.uint64 and values.size and values.max() > np.iinfo(np.int64).max:
+        at = int(np.argmax(values > np.iinfo(np.int64).max))
+        raise DataError(f"{where(_row_of(offsets, at))}: {outside(int(values[at]), n_vocab)}")
+    values = values.astype(np.int64, copy=False)
+    check_ids(values, offsets, n_vocab, where)
     return Ids(values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(array)))
+
+
+def _no_null_inside(flat, offsets: np.ndarray, valid: np.ndarray, where):
+    """A `DataError` naming the first row (not itself null) with a null among its token ids."""
+    at = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
+    rows = np.searchsorted(offsets, at, side="right") - 1
+    keep = valid[rows]
+    if keep.any():
+        k = int(np.argmax(keep))
+        row = int(rows[k])
+        raise DataError(f"{where(row)}: a null inside its token ids (element {int(at[k] - offsets[row])}); "
+                        f"token ids must all be integers: drop or replace the nulls, or make the whole row null")
+
+
+def _row_of(offsets: np.ndarray, at: int) -> int:
+    return int(np.searchsorted(offsets, at, side="right")) - 1
+
+
+def outside(value: int, n_vocab: int | None) -> str:
+    """What is wrong with token id `value` (negative, or at or past `n_vocab`)."""
+    if n_vocab is None:
+        return (f"token id {value} is {'negative' if value < 0 else 'past any vocabulary (2^63 or more)'}, expected "
+                f"ids in [0, the tokenizer's vocabulary size); token ids must be the tokenizer's own")
+    return (f"token id {value} is outside the tokenizer's vocabulary [0, {n_vocab}); token ids must be the "
+            f"tokenizer's own (or pass the tokenizer they were made with)")
 
 
 def check_ids(flat: np.ndarray, offsets: np.ndarray, n_vocab: int | None, where):
@@ -71,7 +105,4 @@ def check_ids(flat: np.ndarray, offsets: np.ndarray, n_vocab: int | None, where)
     bad = (flat < 0) if n_vocab is None else ((flat < 0) | (flat >= n_vocab))
     if bad.any():
         at = int(np.argmax(bad))
-        row = int(np.searchsorted(offsets, at, side="right")) - 1
-        raise DataError(f"{where(row)}: token id {int(flat[at])} is outside the tokenizer's vocabulary "
-                        f"[0, {n_vocab}); token ids must be the tokenizer's own (or pass the tokenizer "
-                        f"they were made with)")
+        raise DataError(f"{where(_row_of(offsets, at))}: {outside(int(flat[at]), n_vocab)}")

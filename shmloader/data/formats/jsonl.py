@@ -19,7 +19,12 @@ small beside tokenizing). On a remote filesystem that is one download of the fil
 
 **Rows.** Each line is parsed with `json.loads` (the stdlib's C parser): a line that is not
 JSON, not an object, or lacks the column is a `DataError` naming the file and line (1-based);
-the column's value is text (a string), token ids (a list of integers), or null. A file's
+the column's value is text (a string), token ids (a list of JSON integers: a float, string,
+boolean or null among them is a `DataError`, never coerced), or null. A file's column is of one
+kind, its first string or list value's (`kind`: read from the file's start, usually one line,
+once per process): a line of the other kind is a `DataError` at that line, whatever the
+pieces the file is cut into. A file whose first non-space byte is `[` is one JSON array, not
+JSON Lines: a `DataError` saying how to convert it when the file is first read. A file's
 identity is `base.edge_digest` (its size and both ends).
 """
 import json
@@ -29,11 +34,13 @@ import pyarrow as pa
 
 from ...errors import DataError
 from .base import Format, edge_digest, open_input
-from .column import TEXT, TOKENS, Ids, check_ids
+from .column import TEXT, TOKENS, Ids, check_ids, outside
 
 LINES = 1024           # lines per unit
 CHUNK = 4 << 20        # bytes read (decompressed) at a time
+HEAD_CHUNK = 64 << 10  # the same, looking for a file's first value (`kind`)
 CODECS = {".gz": "gzip", ".zst": "zstd"}
+ZSTD_WINDOW = "Frame requires too much memory"  # pyarrow's zstd error for a window past its limit
 
 
 class JsonLines(Format):
@@ -48,29 +55,37 @@ class JsonLines(Format):
             raise DataError(f"{path}: this pyarrow cannot decompress {self.codec}; install a pyarrow with it")
         self._starts = None   # line start offsets (decompressed bytes), then the end: len(lines) + 1
         self._forward = None  # a compressed file's reader, where it stands
+        self._kinds = {}      # column -> (its kind in this file, the line that says it)
 
     def _stream(self):
         raw = open_input(self.path, self.filesystem, stream=True)
         return raw if self.codec is None else pa.CompressedInputStream(raw, self.codec)
 
-    def _chunks(self, stream):
+    def _chunks(self, stream, size: int = CHUNK):
         try:
             while True:
-                chunk = stream.read(CHUNK)
+                chunk = stream.read(size)
                 if not chunk:
                     return
                 yield chunk
         except (pa.ArrowException, OSError, EOFError) as exc:
+            if ZSTD_WINDOW in str(exc):
+                name = self.path.rsplit("/", 1)[-1]
+                raise DataError(f"{self.path}: cannot be read as zstd ({exc}): it was compressed with a window over "
+                                f"the decoder's limit (zstd --long=28 or more: pyarrow's decoder takes windows up to "
+                                f"128 MiB, --long=27, and cannot be given more); recompress it without --long, e.g. "
+                                f"`zstd -dc --long=31 {name} | zstd -o new.jsonl.zst`") from exc
             raise DataError(f"{self.path}: cannot be read{' as ' + self.codec if self.codec else ''} ({exc}); "
                             f"the file is corrupt or truncated: re-download or rewrite it") from exc
 
     def _lines(self) -> np.ndarray:
         """Every line's start, then the end of the data: one pass over the file."""
         if self._starts is None:
-            ends, at, last = [np.zeros(1, dtype=np.int64)], 0, b"\n"
+            ends, at, last, head = [np.zeros(1, dtype=np.int64)], 0, b"\n", _Head(self.path)
             stream = self._stream()
             try:
                 for chunk in self._chunks(stream):
+                    head.check(chunk)
                     ends.append(np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10).astype(np.int64) + at + 1)
                     at, last = at + len(chunk), chunk[-1:]
             finally:
@@ -93,8 +108,55 @@ class JsonLines(Format):
     def digest(self) -> str:
         return edge_digest(self.path, self.filesystem)
 
-    def kind(self, column: str, where: str = "") -> None:
-        return None  # a line's value says (read, below)
+    def kind(self, column: str, where: str = "") -> str | None:
+        """The kind of the file's first value of `column` that is a string or a list (lines
+        that cannot be read are their own lines' errors, when read), None when it has none
+        in its first unit: read from the start of the file, mostly its first line. A file
+        that is one JSON array is a `DataError`."""
+        kind, _ = self._kind(column, LINES, where)
+        return kind
+
+    def _kind(self, column: str, limit: int | None = None, where: str = "") -> tuple:
+        """`(kind, line)`: the file's kind of `column` and the (1-based) line that says it, or
+        `(None, 0)` when none of its first `limit` lines (None: all) has a string or a list."""
+        if column in self._kinds:
+            return self._kinds[column]
+        found, lines = (None, 0), self._head(where)
+        try:
+            for n, line in lines:
+                if limit is not None and n > limit:
+                    return found  # not kept: another caller may look further
+                try:
+                    value = self._value(line, n, column)
+                except DataError:
+                    continue
+                if value is not None:
+                    found = (TEXT if isinstance(value, str) else TOKENS, n)
+                    break
+        finally:
+            lines.close()
+        self._kinds[column] = found
+        return found
+
+    def _head(self, where: str = ""):
+        """`(number, line)` of the file's lines from its start (1-based), read as they are taken."""
+        stream, head, n, part = self._stream(), _Head(self.path, where), 0, []  # part: the line so far
+        try:
+            for chunk in self._chunks(stream, HEAD_CHUNK):
+                head.check(chunk)
+                lines = chunk.split(b"\n")
+                if len(lines) > 1:
+                    n += 1
+                    yield n, b"".join(part + lines[:1])
+                    for line in lines[1:-1]:
+                        n += 1
+                        yield n, line
+                    part = []
+                part.append(lines[-1])
+            if any(part):
+                yield n + 1, b"".join(part)
+        finally:
+            stream.close()
 
     def read(self, unit: int, start: int, end: int, column: str, n_vocab: int | None = None) -> list:
         lo = unit * LINES + start
@@ -123,48 +185,94 @@ class JsonLines(Format):
         return self._forward.take(lo, hi, self.path)
 
     def _docs(self, lines: list, first: int, column: str, n_vocab: int | None) -> list:
-        """Each line's `column` as a document: str, token ids (`Ids`) or None."""
+        """Each line's `column` as a document: str, token ids (`Ids`) or None. Every value is
+        of the file's kind (`_kind`: its first value's), whatever piece the line is read in."""
         out, kind = [], None
         for i, line in enumerate(lines):
-            if not line.strip():
-                out.append(None)
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise DataError(f"{self.path}: line {first + i + 1} is not JSON ({exc}); fix the line or pass "
-                                f"on_bad_row_group='skip'") from exc
-            if not isinstance(obj, dict) or column not in obj:
-                keys = list(obj)[:8] if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
-                raise DataError(f"{self.path}: line {first + i + 1} has no {column!r} field (found {keys}); each "
-                                f"line must be an object with the documents' column, or pass column= naming it")
-            value = obj[column]
-            now = TEXT if isinstance(value, str) else TOKENS if isinstance(value, list) else None if value is None else "?"
-            if now == "?" or (now is not None and kind is not None and now != kind):
-                raise DataError(f"{self.path}: line {first + i + 1}: {column!r} is {type(value).__name__}, expected "
-                                f"{'a string (text) or a list of integers (token ids)' if now == '?' else kind + ' like the lines before it'}")
-            kind = kind or now
+            value = self._value(line, first + i + 1, column)
+            if value is not None:
+                now = TEXT if isinstance(value, str) else TOKENS
+                if kind is None:
+                    kind, said = self._kind(column)
+                    kind, said = (kind, said) if kind is not None else (now, first + i + 1)  # changed since
+                if now != kind:
+                    raise DataError(f"{self.path}: line {first + i + 1}: {column!r} is {type(value).__name__}, "
+                                    f"expected {_KIND_WORDS[kind]} like the file's first value (line {said}): a "
+                                    f"file's column is all text or all token ids; write each kind to a file of its own")
             out.append(value)
         if kind != TOKENS:
             return out
         return _ids(out, n_vocab, lambda i: f"{self.path}: line {first + i + 1}")
 
+    def _value(self, line: bytes, n: int, column: str):
+        """Line `n`'s value of `column`: a str, a list or None (a null, a blank line); else a
+        `DataError` naming the file and line."""
+        if not line.strip():
+            return None
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise DataError(f"{self.path}: line {n} is not JSON ({exc}); fix the line or pass "
+                            f"on_bad_row_group='skip'") from exc
+        if not isinstance(obj, dict) or column not in obj:
+            keys = list(obj)[:8] if isinstance(obj, dict) else f"a JSON {type(obj).__name__}"
+            raise DataError(f"{self.path}: line {n} has no {column!r} field (found {keys}); each "
+                            f"line must be an object with the documents' column, or pass column= naming it")
+        value = obj[column]
+        if value is not None and not isinstance(value, (str, list)):
+            raise DataError(f"{self.path}: line {n}: {column!r} is {type(value).__name__}, expected a string "
+                            f"(text) or a list of integers (token ids)")
+        return value
+
+
+_KIND_WORDS = {TEXT: "text (a string)", TOKENS: "token ids (a list of integers)"}
+_JSON_TYPES = {bool: "boolean", float: "number with a fraction or exponent", str: "string", list: "list",
+               dict: "object"}
+
 
 def _ids(values: list, n_vocab: int | None, where) -> Ids:
+    """Each list of `values` as int64 ids checked against `n_vocab`: every element a JSON
+    integer (not a float, string, boolean or null: nothing is coerced), else a `DataError`."""
     out = Ids()
     for i, v in enumerate(values):
         if v is None:
             out.append(None)
             continue
+        if set(map(type, v)) - {int}:
+            k, x = next((k, x) for k, x in enumerate(v) if type(x) is not int)
+            json_type = _JSON_TYPES.get(type(x), type(x).__name__)
+            what = "a null" if x is None else f"{json.dumps(x)[:40]} (a JSON {json_type})"
+            raise DataError(f"{where(i)}: token ids must be a list of integers, but element {k} is {what}; "
+                            f"write every id as a JSON integer (nothing is rounded or converted)")
         try:
             a = np.array(v, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise DataError(f"{where(i)}: token ids must be a list of integers ({exc})") from exc
-        if a.ndim != 1:
-            raise DataError(f"{where(i)}: token ids must be a flat list of integers, got {a.ndim} levels")
+        except OverflowError:
+            big = next(x for x in v if not -(1 << 63) <= x < (1 << 63))
+            raise DataError(f"{where(i)}: {outside(big, n_vocab)}") from None
         check_ids(a, np.array([0, len(a)]), n_vocab, lambda _: where(i))
         out.append(a)
     return out
+
+
+class _Head:
+    """The first bytes of a file: a JSON array (first non-space byte `[`) is not JSON Lines."""
+
+    def __init__(self, path: str, where: str = ""):
+        self.path, self.where, self.done = path, where, False
+
+    def check(self, chunk: bytes):
+        if self.done:
+            return
+        start = chunk.lstrip()[:1]
+        if not start:
+            return  # all space so far
+        self.done = True
+        if start == b"[":
+            name = self.path.rsplit("/", 1)[-1]
+            stem = name.split(".")[0] or "docs"
+            raise DataError(f"{self.path}: {self.where}the file is one JSON array (its first character is '['), not "
+                            f"JSON Lines (one JSON object a line); convert it, e.g. `jq -c '.[]' {name} > {stem}.jsonl`"
+                            f"{' (decompress it first)' if name.endswith(('.gz', '.zst')) else ''}")
 
 
 class _Forward:

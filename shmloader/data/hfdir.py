@@ -1,0 +1,92 @@
+"""Hugging Face `datasets` directories given as `data=`: which of their files are data.
+
+`datasets` (2.x to 5.x) writes three kinds of directory, each with JSON metadata beside its
+Arrow files (stream format), which must never be read as JSON Lines data:
+
+- `Dataset.save_to_disk(dir)`: `data-0000N-of-0000M.arrow`, `state.json` (its `_data_files`
+  lists those files) and `dataset_info.json`. Read: exactly the files `state.json` lists (each
+  must be there, else a `DataError`), in name order like every directory, which for these
+  names (numbered from 0, zero-padded) is `state.json`'s order; never the metadata.
+- `DatasetDict.save_to_disk(dir)`: `dataset_dict.json` and one such directory per split: a
+  `DataError` that says to give one split's directory (`dir/train`).
+- a `datasets` cache directory (`load_dataset(..., cache_dir=)`): `<builder>-<split>.arrow` or
+  `<builder>-<split>-0000N-of-0000M.arrow`, `dataset_info.json`, and `cache-<hash>.arrow`
+  tables written by `.map()` / `.filter()` (derived tables, not the data set: read with it,
+  every document would come twice or other columns): its `.arrow` files but `cache-*.arrow`,
+  with a notice naming what was left out. When its files are of more than one split (by
+  `dataset_info.json`'s `splits` and the files' names), a `DataError` that says to pick one by
+  a glob (`dir/*-train*.arrow`).
+
+A directory is one of these when it holds `dataset_dict.json`, `dataset_info.json`, or a
+`state.json` with `_data_files`; any other directory is read as every file a format claims
+(`formats.is_data_file`). Pure over a directory's names and a function that reads one of its
+files, so a local and a remote listing decide alike.
+"""
+import json
+import re
+
+from ..errors import DataError
+
+DICT, INFO, STATE = "dataset_dict.json", "dataset_info.json", "state.json"
+METADATA = (DICT, INFO, STATE)
+CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outputs
+
+
+def data_files(where: str, names: list, read) -> tuple | None:
+    """`(kept, left)`: the names of the data files of the `datasets` directory `where` holding
+    `names`, and the data-like names left out (not metadata); None when it is no such directory.
+    `read(name)` gives a file's bytes."""
+    if DICT in names:
+        raise DataError(f"{where}: a Hugging Face DatasetDict saved by save_to_disk ({DICT}, splits "
+                        f"{_splits_of_dict(read)}): it is one directory per split; give one split's "
+                        f"directory, e.g. data='{where.rstrip('/')}/train'")
+    state = _json(read, STATE) if STATE in names else None
+    listed = state.get("_data_files") if isinstance(state, dict) else None
+    if isinstance(listed, list):
+        return _saved(where, names, listed)
+    if INFO not in names:
+        return None
+    arrows = [n for n in names if n.endswith(".arrow")]
+    kept = sorted(n for n in arrows if not CACHE.match(n))
+    _one_split(where, kept, _json(read, INFO))
+    return kept, sorted(n for n in arrows if CACHE.match(n))
+
+
+def _saved(where: str, names: list, listed: list) -> tuple:
+    """A `save_to_disk` directory: the files `state.json` lists, all of them."""
+    wanted = [d.get("filename") if isinstance(d, dict) else None for d in listed]
+    if not wanted or not all(isinstance(n, str) and n for n in wanted):
+        raise DataError(f"{where}/{STATE}: '_data_files' is {listed!r}, expected a list of "
+                        f"{{'filename': ...}} (a Hugging Face save_to_disk directory); save the data set again")
+    missing = [n for n in wanted if n not in names]
+    if missing:
+        raise DataError(f"{where}: {STATE} lists {len(wanted)} data file(s), {len(missing)} not in the "
+                        f"directory ({missing[:3]}): the save is incomplete; save the data set again")
+    left = sorted(n for n in names if n not in wanted and n not in METADATA and n.endswith(".arrow"))
+    return sorted(wanted), left
+
+
+def _one_split(where: str, files: list, info) -> None:
+    """A cache directory's files are of one split, else a `DataError` saying how to pick one."""
+    splits = list(info.get("splits") or {}) if isinstance(info, dict) else []
+    if len(splits) < 2:
+        return
+    found = sorted({s for s in splits for n in files if re.search(rf"-{re.escape(s)}(-\d+-of-\d+)?\.arrow$", n)})
+    if len(found) > 1:
+        raise DataError(f"{where}: a Hugging Face datasets cache directory with files of {len(found)} splits "
+                        f"({', '.join(found)}); read one split by a glob of its files, e.g. "
+                        f"data='{where.rstrip('/')}/*-{'train' if 'train' in found else found[0]}*.arrow'")
+
+
+def _json(read, name: str):
+    """A metadata file's JSON, or None when it cannot be read or parsed."""
+    try:
+        return json.loads(read(name))
+    except (OSError, ValueError, DataError):
+        return None
+
+
+def _splits_of_dict(read) -> str:
+    info = _json(read, DICT)
+    splits = info.get("splits") if isinstance(info, dict) else None
+    return ", ".join(map(str, splits)) if isinstance(splits, list) and splits else "unknown"
