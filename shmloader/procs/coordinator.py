@@ -122,7 +122,8 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
                                row_bytes=unit_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit,
                                shuffle=order)
-        steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later)
+        steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later,
+                              shuffle=order)
         return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
     pieces.row_counts = row_counts
     return pieces

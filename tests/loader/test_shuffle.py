@@ -219,8 +219,11 @@ def test_what_is_not_built_is_refused(shufdata, tmp_path):
     with load(root, shuffle=True, seed=1, world_size=2, rank=0) as loader:
         windows(loader, 3)
         state = loader.state_dict()
-    with pytest.raises(ValueError, match="world_size 2 .* not built yet"):
-        load(root, shuffle=True, seed=1, resume_state=state)
+    with load(root, shuffle=True, seed=1, resume_state=state) as loader:  # a change of world size: built
+        windows(loader, 2)
+        changed = loader.state_dict()
+    with pytest.raises(ValueError, match="second change of world size of a shuffled run is not built yet"):
+        load(root, shuffle=True, seed=1, world_size=2, rank=0, resume_state=changed)
     with pytest.raises(ValueError, match="not built yet"):
         load(root, shuffle=True, resume_state={"pq_idx": 0, "rg_idx": 0, "epoch": 1})
     with pytest.raises(ValueError, match="other_rank='nanochat' is not built yet"):
@@ -382,3 +385,75 @@ def test_a_shuffled_mixture_resumes_another_ranks_state_and_refuses_another_seed
         load_mix(root, rank=0, world_size=2, resume_state=state)
     with pytest.raises(ValueError, match="another world size of a shuffled Mixture is not built yet"):
         load_mix(root, rank=0, world_size=3, shuffle=True, seed=2, resume_state=state)
+
+
+# ---- another world size: a state saved at 2 ranks resumed on 3
+def _plan_tokens(state, counts, lengths, seed, rank, world) -> int:
+    """The tokens (BOS included) of new rank `rank` of `world`'s units of the plan in `state`
+    (data/elastic.py over the shuffled order): what it reads before its plain epochs."""
+    from shmloader.data import elastic
+    plan = elastic.Plan.from_state(state["elastic"])
+    order, total = shuffle.Shuffle(seed), 0
+    for u in elastic.rank_units(plan, rank, world, counts.__getitem__, len(counts), order):
+        rows = order.rows(u.epoch, u.file, u.rg, u.rows)[u.doc:]
+        first = u.file * PER_FILE + u.rg * GROUP
+        total += sum(lengths[first + r] + 1 for r in rows.tolist()) - u.skip
+    return total
+
+
+def _counts(paths):
+    return [[pq.ParquetFile(p).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(p).num_row_groups)]
+            for p in paths[:-1]]
+
+
+def test_a_state_at_2_ranks_resumes_on_3_every_token_of_the_epoch_once_concat(shufdata):
+    root, paths, docs, doc_of, n = shufdata
+    counts, lengths = _counts(paths), [len(d.split()) for d in docs]
+    seed, k, kw = 6, 9, dict(shuffle=True, packing="concat")
+    old, states = [], []
+    for rank in (0, 1):
+        with load(root, seed=seed, rank=rank, world_size=2, **kw) as loader:
+            ws = windows(loader, k)
+            states.append(loader.state_dict())
+        old += ws  # a concat batch takes B*T+1 tokens of the stream
+    consumed = np.concatenate(old)
+    new = []
+    for rank in range(3):
+        with load(root, seed=seed, rank=rank, world_size=3, num_workers=1 + rank, resume_state=states[0], **kw) as ld:
+            first = ld.state_dict()
+            stream = np.concatenate(windows(ld, 25))
+        L = _plan_tokens(first, counts, lengths, seed, rank, 3)
+        assert 0 < L <= len(stream), (rank, L, len(stream))
+        new.append(stream[:L])
+    got = np.concatenate([consumed] + new)
+    want = sorted(int(t) for d in docs[:n] for t in d.split())
+    assert sorted(int(t) for t in got if t != 0) == want  # every token of epoch 1 once: none consumed read again
+    assert np.count_nonzero(got == 0) in (n, n - 1)  # every document's BOS once (one may be cut by the change)
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_state_at_2_ranks_on_3_reads_nothing_consumed_again_and_resumes_exactly(shufdata, packing):
+    root, _, _, doc_of, _ = shufdata
+    kw, k = dict(shuffle=True, seed=4, packing=packing), 8
+    if packing == "bos_bestfit":  # a buffer of a few row groups, not of several epochs of this small corpus
+        kw.update(buffer_size=24, tokenizer_batch_size=8)
+    consumed, states = set(), []
+    for rank in (0, 1):
+        with load(root, rank=rank, world_size=2, **kw) as loader:
+            consumed |= {doc_of[int(t)] for w in windows(loader, k) for t in w if t}
+            states.append(loader.state_dict())
+    for rank in range(3):
+        with load(root, rank=rank, world_size=3, num_workers=1, resume_state=states[1], **kw) as loader:
+            ws, mine = [], []
+            for x, y in itertools.islice(loader, 12):
+                ws.append(window(loader, x, y))
+                mine.append(loader.state_dict())
+        assert mine[1]["elastic"] is not None  # a run that began at the change
+        assert packing != "concat" or mine[1]["position"][0] == 1  # inside the elastic epoch (best fit reads ahead)
+        # the first batches read the rest of epoch 1 only: no document the old ranks had consumed
+        cut = {doc_of[int(t)] for t in ws[0][:1] if t}  # concat: the old rank's cut document goes on
+        assert not ({doc_of[int(t)] for t in ws[0] if t} - cut) & consumed, f"new rank {rank}"
+        for at in (1, 7):  # inside the elastic epoch, and in the plain epoch after it
+            with load(root, rank=rank, world_size=3, num_workers=3, resume_state=mine[at], **kw) as loader:
+                again = windows(loader, 11 - at)
+            assert all(np.array_equal(a, b) for a, b in zip(again, ws[at + 1:])), f"new rank {rank}: resume at {at}"
