@@ -4,6 +4,9 @@ used to branch on:
 
 - `catalogue`: its files (`data.catalogue.Catalogue`, or `data.sources.Sources` of every source);
 - `refuse(config)`: what it does not do yet with these settings, as a ValueError;
+- `first_positions(config)`: where a fresh shuffled stream begins (`shuffle.FirstPositions`,
+  read in the training process), or None (the files' order; a mixture: each source's, found by
+  its run's coordinator, procs/coordinator.py `_with_firsts`);
 - `resume(state, ...)`: a state checked and planned into a `state.Resume` (resume.py `plan`, or
   `plan_mixture`), a state of the other kind refused naming both;
 - `writer(identity, resume)`: its states (`state.Writer`, or `mixstate.Writer`);
@@ -16,6 +19,8 @@ The processes still receive a mixture's `MixArgs` in `RunArgs.mixture` and pick 
 it (procs/coordinator.py); docs/design.md "The house" says what is left of the two pipelines.
 """
 from __future__ import annotations
+
+import functools
 
 from . import mixstate, resume as resumemod, state as statemod
 from .data import shuffle as shufflemod
@@ -32,8 +37,14 @@ class OneSource:
         self.catalogue = Catalogue(data, split, filesystem, column)
 
     def refuse(self, config):
-        if (why := shufflemod.refusal(config, mixed=False)) is not None:
+        if (why := shufflemod.refusal(config)) is not None:
             raise ValueError(why)
+
+    def first_positions(self, config):
+        cat = self.catalogue
+        return (None if config.order is None else
+                shufflemod.FirstPositions(config.order, functools.partial(cat.row_counts, on_bad=config.on_bad_row_group),
+                                          len(cat.paths)))
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         if isinstance(state, dict) and "mixture" in state:
@@ -61,8 +72,11 @@ class Mixed:
 
     def refuse(self, config):
         mixstate.refuse(config)
-        if (why := shufflemod.refusal(config, mixed=True)) is not None:
+        if (why := shufflemod.refusal(config)) is not None:
             raise ValueError(why)
+
+    def first_positions(self, config):
+        return None
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         return resumemod.plan_mixture(state, identity, self.catalogue, config, args, heal)

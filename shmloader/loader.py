@@ -31,7 +31,6 @@ from . import delivery, errors, kinds, observe, profiling, resume as resumemod, 
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
-from .data import shuffle as shufflemod
 from .data import source, tokenizer as tokmod
 from .ipc.protocol import RunArgs
 from .procs import lifecycle
@@ -126,10 +125,7 @@ class ShmLoader:
         self._kind = kinds.of(data, split, filesystem, source.check_column(column))  # one source, or a Mixture
         self._kind.refuse(self.config)
         self._catalogue = self._kind.catalogue
-        order, cat = self.config.order, self._catalogue
-        self._first = (None if order is None else  # a shuffled stream begins at its share's first unit
-                       shufflemod.FirstPositions(order, functools.partial(cat.row_counts, on_bad=on_bad_row_group),
-                                                 len(cat.paths)))
+        self._first = self._kind.first_positions(self.config)  # a shuffled stream begins at its share's first unit
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine, self.tokenizer)
         if self.config.cache_dir is not None and (problem := cachemod.prepare(self.config.cache_dir)):

@@ -158,6 +158,10 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     plans = {name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()} if plans else None
     other = statemod.start_position(identity.rank)
     if state["world_size"] != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
+        if identity.shuffled:
+            raise ValueError(f"resume state with shuffle=True: it is rank {state['rank']} of {state['world_size']}, "
+                             f"this loader rank {identity.rank} of {identity.world}: another world size of a "
+                             f"shuffled Mixture is not built yet; resume at world_size {state['world_size']}")
         if identity.buffered:
             raise ValueError(f"resume state is rank {state['rank']} of {state['world_size']}, this loader rank "
                              f"{identity.rank} of {identity.world}: another world size's state of a mixture with "

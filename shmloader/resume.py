@@ -33,6 +33,7 @@ import time
 
 from . import mixstate, progress, state as statemod
 from .data import elastic, mixelastic
+from .data import shuffle as shufflemod
 from .errors import DataError
 from .position import Position
 from .procs.children import locate_position
@@ -212,7 +213,7 @@ def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod
         if r == change.rank:
             position, runs = change.position, change.runs
         else:
-            old = dataclasses.replace(resume, position=statemod.origin_position(resume.origin, r, change.world),
+            old = dataclasses.replace(resume, position=_origin(resume, catalogue, config, r, change.world),
                                       runs=[], change=None, locate=True, plan=change.parent)
             if change.parent is not None:  # the old run began at a change too: r's stream of its plan
                 old = _plan_start(old, change.parent, catalogue, config, r, change.world)
@@ -227,6 +228,15 @@ def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod
                 "s up to" if plan.epoch > min(p[0] for p in positions) else "", plan.epoch, _new_ranks(args.world))
     resume = dataclasses.replace(resume, change=None, locate=False)
     return _plan_start(resume, plan, catalogue, config, args.rank, args.world)
+
+
+def _origin(resume: statemod.Resume, catalogue, config, rank: int, world: int) -> Position:
+    """Where old rank `rank` of `world`'s stream began: `state.origin_position`, or a shuffled
+    stream's share's first unit (data/shuffle.py)."""
+    if config.order is None:
+        return statemod.origin_position(resume.origin, rank, world)
+    return shufflemod.first_position(config.order, lambda f: catalogue.row_counts(f, config.on_bad_row_group),
+                                     resume.n_files, rank, world)
 
 
 def _old_ranks(world: int) -> str:
@@ -251,7 +261,7 @@ def _plan_start(resume: statemod.Resume, plan, catalogue, config, rank: int, wor
     def row_counts(f: int) -> list:  # as the coordinator reads them (a bad file: none)
         return catalogue.row_counts(f, config.on_bad_row_group)
 
-    position = elastic.start(plan, rank, world, row_counts, n_files)
+    position = elastic.start(plan, rank, world, row_counts, n_files, shuffle=config.order)
     runs = elastic.buffer(plan, rank, world) if config.spec.buffered else []
     return dataclasses.replace(resume, position=position, runs=runs, plan=plan)
 

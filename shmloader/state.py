@@ -378,7 +378,7 @@ def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: di
         return _as_nanochat(_nanochat_of(state, pos), loader, f"resume state was saved at world_size {world}, this loader has "
                                          f"{loader.world}: resuming as nanochat does (the state's file and row "
                                          f"group, this rank's next stride)")
-    if pos["rg_idx"] % world != rank and not in_units(plan, pos["epoch"]):
+    if pos["rg_idx"] % world != rank and not in_units(plan, pos["epoch"]) and not loader.shuffled:
         raise ValueError(f"resume state {_named(state, 'rg_idx')} is {pos['rg_idx']}, not a row group of rank {rank} of {world}")
     if loader.buffered and pos["skip"]:
         raise ValueError(f"resume state {_named(state, 'skip')} is {pos['skip']}; a {loader.fingerprint.get('packing')} "
@@ -497,16 +497,17 @@ def _refuse_shuffled(state: dict, loader: Loader, common: dict, saved_files: lis
     """What a shuffled loader does not resume yet (data/shuffle.py), as a ValueError naming it."""
     world = state.get("world_size")
     why = None
-    if world != loader.world:
-        why = (f"the state was saved at world_size {world} and this loader has {loader.world}: a change of "
-               f"world size (elastic resume) of a shuffled run is not built yet; resume at world_size {world}")
+    if world != loader.world and plan is not None:
+        why = (f"the state was saved at world_size {world} by a run that began at a change of world size, and this "
+               f"loader has {loader.world}: a second change of world size of a shuffled run is not built yet; "
+               f"resume at world_size {world}")
     elif common["order"] is not None or len(saved_files) != len(loader.files):
         why = (f"the split has {len(loader.files)} files and the state was saved with {len(saved_files)}: files "
                f"added to a shuffled run are not built yet (its order is over every unit of the split); "
                f"resume with the files it was saved with")
-    elif origin is not None or plan is not None:
-        why = ("the state's run began from nanochat's keys or at a change of world size, which a shuffled "
-               "run never does: the state is not of a shuffled run")
+    elif origin is not None:
+        why = ("the state's run began from nanochat's keys, which a shuffled run never does: the state is not of "
+               "a shuffled run")
     if why is not None:
         raise ValueError(f"resume state with shuffle=True: {why}")
 

@@ -20,6 +20,12 @@ A position in a new rank's stream is an ordinary (epoch, file, rg, doc, skip): a
 in at most one unit, so a position at or before `epoch` names the unit it is in. A new rank
 starts at its first unit (`start`), or at epoch `epoch + 1` when it has none.
 
+With a shuffle (`shuffle=`, data/shuffle.py) the units are those of the old ranks' shuffled
+streams: an epoch's units in its permuted order (`Shuffle.units`), unit i of it old rank
+i % W's, past its old rank's position in that order; the new ranks deal them out the same way,
+then read plain W2-rank shuffled epochs from `epoch + 1` on, each from its share's first unit.
+A shuffled run that began at a change does not change again yet (state.py refuses it).
+
 A run that began at a change may change again (`parent`: the plan it began with). Its ranks'
 streams were the parent's units (unit i: rank i % W) and then plain W-rank epochs, which is
 still canonical order (epoch, file, row group), each rank's stream a subsequence of it; the
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from ..position import Position
+from . import shuffle as shufflemod
 from .order import row_steps
 
 
@@ -80,8 +87,12 @@ class Plan:
                    None if d.get("parent") is None else cls.from_state(d["parent"]))
 
 
-def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int) -> Iterator[Unit]:
-    """Every unit of the plan, in canonical order (each new rank takes every W2-th)."""
+def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int, shuffle=None) -> Iterator[Unit]:
+    """Every unit of the plan, in canonical order (each new rank takes every W2-th); with
+    `shuffle`, in each epoch's shuffled order (`_shuffled_units`)."""
+    if shuffle is not None:
+        yield from _shuffled_units(plan, row_counts, n_files, shuffle)
+        return
     for owner, u in _old_units(plan, row_counts, n_files):
         e, f, g, doc, skip = plan.positions[owner]
         at = (u.epoch, u.file, u.rg)
@@ -89,6 +100,25 @@ def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int) 
             yield u
         elif at == (e, f, g) and doc < u.rows:  # the owner stood in it: from its position on
             yield Unit(u.epoch, u.file, u.rg, doc, skip, u.rows)
+
+
+def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[Unit]:
+    """`units` of a shuffled run: epoch e's units in their order, unit i old rank i % W's,
+    those past its old rank's position in that order (the one at it from its document on)."""
+    assert plan.parent is None, "a shuffled run that began at a change of world size changes again (state.py refuses it)"
+    counts = [list(row_counts(f)) for f in range(n_files)]
+    W, first = plan.world, min(p[0] for p in plan.positions)
+    for epoch in range(first, plan.epoch + 1):
+        order = shuffle.units(epoch, counts)
+        place = {u: i for i, u in enumerate(order)}
+        for i, (f, g) in enumerate(order):
+            e, pf, pg, doc, skip = plan.positions[i % W]
+            at = (epoch, i)
+            here = (e, place[(pf, pg)]) if e == epoch else (e, -1)
+            if at > here:
+                yield Unit(epoch, f, g, 0, 0, counts[f][g])
+            elif at == here and doc < counts[f][g]:
+                yield Unit(epoch, f, g, doc, skip, counts[f][g])
 
 
 def _old_units(plan: Plan, row_counts, n_files: int) -> Iterator[tuple[int, Unit]]:
@@ -107,19 +137,19 @@ def _old_units(plan: Plan, row_counts, n_files: int) -> Iterator[tuple[int, Unit
                 yield rg % W, Unit(epoch, file, rg, 0, 0, rows)
 
 
-def rank_units(plan: Plan, rank: int, world: int, row_counts, n_files: int) -> Iterator[Unit]:
+def rank_units(plan: Plan, rank: int, world: int, row_counts, n_files: int, shuffle=None) -> Iterator[Unit]:
     """New rank `rank` of `world`'s units, in order."""
-    for i, unit in enumerate(units(plan, row_counts, n_files)):
+    for i, unit in enumerate(units(plan, row_counts, n_files, shuffle)):
         if i % world == rank:
             yield unit
 
 
-def start(plan: Plan, rank: int, world: int, row_counts, n_files: int) -> Position:
+def start(plan: Plan, rank: int, world: int, row_counts, n_files: int, shuffle=None) -> Position:
     """Where new rank `rank` of `world` begins: its first unit (its `skip` too), or the first
     epoch after the plan's when it has none."""
-    first = next(rank_units(plan, rank, world, row_counts, n_files), None)
+    first = next(rank_units(plan, rank, world, row_counts, n_files, shuffle), None)
     if first is None:
-        return Position(plan.epoch + 1, 0, rank, 0)
+        return _after(plan, rank, world, row_counts, n_files, shuffle)
     return Position(first.epoch, first.file, first.rg, first.doc, first.skip)
 
 
@@ -130,21 +160,30 @@ def buffer(plan: Plan, rank: int, world: int) -> list[list[int]]:
     return runs[rank::world]
 
 
+def _after(plan: Plan, rank: int, world: int, row_counts, n_files: int, shuffle) -> Position:
+    """Where new rank `rank` of `world`'s plain epochs begin: `plan.epoch + 1` (shuffled: its
+    share's first unit of that epoch)."""
+    if shuffle is None:
+        return Position(plan.epoch + 1, 0, rank, 0)
+    return shufflemod.first_position(shuffle, row_counts, n_files, rank, world, plan.epoch + 1)
+
+
 def steps(plan: Plan, rank: int, world: int, row_counts, n_files: int, at: Position,
-          later=None) -> Iterator[tuple]:
+          later=None, shuffle=None) -> Iterator[tuple]:
     """The row-group steps (`order.cut_pieces`) of new rank `rank` of `world`'s stream from
     position `at`: the rest of its units, then plain epochs. The step holding `at` starts at
     its document with skip 0 (a run's own `skip` applies there); later units keep theirs."""
     if at.epoch <= plan.epoch:
-        here = (at.epoch, at.file, at.rg)
-        for u in rank_units(plan, rank, world, row_counts, n_files):
+        here, passed = (at.epoch, at.file, at.rg), False
+        for u in rank_units(plan, rank, world, row_counts, n_files, shuffle):
             key = (u.epoch, u.file, u.rg)
             if key == here:
+                passed = True
                 yield u.epoch, u.file, u.rg, at.doc, 0, u.rows
-            elif key > here:
+            elif passed if shuffle is not None else key > here:  # shuffled: after it in the units' order
                 yield u.epoch, u.file, u.rg, u.doc, u.skip, u.rows
-        at = Position(plan.epoch + 1, 0, rank, 0)
-    yield from row_steps(row_counts, n_files, rank, world, at, later)
+        at = _after(plan, rank, world, row_counts, n_files, shuffle)
+    yield from row_steps(row_counts, n_files, rank, world, at, later, shuffle)
 
 
 def in_units(plan: Plan | None, epoch: int) -> bool:

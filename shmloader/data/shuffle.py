@@ -22,11 +22,17 @@ shuffled within their unit. The order is over all units of the split, so it need
 file's row counts: a fresh run's trainer reads every footer (8 threads) for its first position
 and hands the counts to the run (`FirstPositions.counts`), whose coordinator then reads each
 footer only when it reaches a unit of the file; a resumed run's coordinator reads them itself.
-What is refused (`refusal`): mixtures, another world size (elastic), files added to a
-resumed run, nanochat-key states and `other_rank="nanochat"`.
+A `Mixture` shuffles each source on its own (`Sourced`): its own `Shuffle`, seeded by
+`source_seed(seed, name)`, over its own files numbered within it, its own epochs; a source
+begins at its share's first unit (`Sourced.firsts`, found by the run's coordinator).
+Another world size deals out the rest of the old ranks' shuffled epoch (data/elastic.py).
+What is refused (`refusal`, state.py, mixstate.py): another world size of a mixture, a second
+change of world size, files added to a resumed run, nanochat-key states and
+`other_rank="nanochat"`.
 """
+import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -74,6 +80,61 @@ class Shuffle:
     def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
         """The rows of a unit of `n` rows in epoch `epoch`'s order: document `doc` is row `rows()[doc]`."""
         return permutation(n, self.seed, epoch, file, unit)
+
+
+def source_seed(seed: int, name: str) -> int:
+    """The seed of a mixture's source `name` in a run with `seed`: drawn from both (crc32 of the
+    name, then splitmix64: the same in every process and Python, unlike `hash`), in [0, 2**63)."""
+    return int(_key(seed, zlib.crc32(name.encode("utf-8")))) & (2 ** 63 - 1)
+
+
+class Sourced(NamedTuple):
+    """A shuffled mixture's orders by the run's file number: source `names[i]`'s files are the
+    run's `[los[i], his[i])`, each ordered by its own `Shuffle` (`orders[i]`, `source_seed`) and
+    its file number within the source, as the source's own order cuts them (procs/coordinator.py
+    `_pieces`). `rows` is `Shuffle.rows` of a run's file, so that the workers, the token cache
+    and healing read a mixture's pieces as they read one source's."""
+    names: tuple
+    los: tuple
+    his: tuple
+    orders: tuple
+
+    def source(self, file: int) -> tuple[int, Shuffle]:
+        """`(lo, order)` of the source that the run's file `file` is of."""
+        for lo, hi, order in zip(self.los, self.his, self.orders):
+            if lo <= file < hi:
+                return lo, order
+        raise IndexError(f"file {file} is in no source of the mixture ({list(zip(self.names, self.los, self.his))})")
+
+    def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
+        lo, order = self.source(file)
+        return order.rows(epoch, file - lo, unit, n)
+
+    def firsts(self, placed, row_counts: Callable[[int], Sequence[int]], rank: int, world: int) -> dict:
+        """`{name: Position}`: where each source that `placed` (a state's point's sources, or
+        none) does not place begins, numbered within the source (its share's first unit of epoch
+        1); `row_counts(f)`: the run's file f's. A source whose footers cannot be read is left
+        out (its order raises the same error when it is first read: packing/mixfeed.py)."""
+        out = {}
+        for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
+            if name in (placed or {}):
+                continue
+            try:
+                out[name] = first_position(order, lambda f, lo=lo: row_counts(lo + f), hi - lo, rank, world)
+            except DataError:
+                pass
+        return out
+
+
+def of_run(config, run) -> "Shuffle | Sourced | None":
+    """The order a run's processes read its pieces in: `config.order` (one source, or None:
+    the files' order), or a mixture's (`run.mixture`: `RunArgs.mixture`) `Sourced`."""
+    order, mix = config.order, run.mixture
+    if order is None or mix is None:
+        return order
+    names = tuple(r.name for r in mix.ranges)
+    return Sourced(names, tuple(r.lo for r in mix.ranges), tuple(r.hi for r in mix.ranges),
+                   tuple(Shuffle(source_seed(order.seed, name)) for name in names))
 
 
 def share(order: Shuffle, epoch: int, counts: Sequence[Sequence[int]], rank: int, world: int) -> list[tuple[int, int]]:
@@ -209,13 +270,10 @@ def in_file_order(lengths: np.ndarray, tokens: np.ndarray, rows: np.ndarray) -> 
     return take_tokens(lengths, tokens, back)
 
 
-def refusal(config, *, mixed: bool = False) -> str | None:
+def refusal(config) -> str | None:
     """What a shuffled loader does not do yet, in words (None: nothing refused)."""
     if not config.shuffle:
         return None
-    if mixed:
-        return ("shuffle=True over a Mixture is not built yet (each source shuffled on its own); read one "
-                "source, or a Mixture without shuffle")
     if config.other_rank == "nanochat":
         return ("shuffle=True with other_rank='nanochat' is not built yet (nanochat's approximate resume "
                 "names row groups of the unshuffled order); use other_rank='exact'")

@@ -168,6 +168,8 @@ class MixArgs(NamedTuple):
     point: dict | None
     first_batch: int
     plans: dict | None = None      # a run that began at a change of world size: each source's `elastic.Plan`
+    firsts: dict | None = None     # a shuffled run: where each source the point does not place begins
+    #                                (numbered within it: data/shuffle.py `Sourced.firsts`); None: (1, 0, rank, 0)
 
 
 class Span(NamedTuple):

@@ -35,12 +35,13 @@ from .mix import MixPoint, MixStream
 
 def start_points(mix, rank: int) -> tuple:
     """`(point or None, every source's start)` of a mixture's run: the sources it reads in the
-    run's numbering of the files, those it does not (a state's, left out) as the state has them."""
+    run's numbering of the files, those it does not (a state's, left out) as the state has them;
+    a source the point does not place begins at `mix.firsts`'s (a shuffled run), else (1, 0, rank, 0)."""
     point = MixPoint.from_json(mix.point) if mix.point is not None else None
     starts = dict(point.sources) if point is not None else {}
     skips = (mix.point or {}).get("skips", {})  # a change of world size's start: each source's cut document
     for r in mix.ranges:
-        p = starts.get(r.name, Position(1, 0, rank, 0))
+        p = starts.get(r.name) or (mix.firsts or {}).get(r.name) or Position(1, 0, rank, 0)
         starts[r.name] = p._replace(file=p.file + r.lo, skip=int(skips.get(r.name, 0)))
     return point, starts
 

@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from ..data import elastic
+from ..data import shuffle as shufflemod
 from ..data.order import cut_pieces, iter_pieces
 from ..data.source import Reader, SchemaCheck, read_or_skip
 from ..data.sources import keep_open
@@ -67,14 +68,15 @@ class _Release(Exception):
     """The trainer has been away long enough: the coordinator exits (NOTE [ring protocol] 7)."""
 
 
-def _pieces(cfg, run, source: Reader, report_bad, opened):
+def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
     """`pieces(ramp, cap, first_index)`: the canonical order's pieces from `run.start`; a bad
     file is skipped (`report_bad((file, None), text)`) or raises, as `on_bad_row_group` says;
     `opened(f)` once a file's footer is read. A shuffled run's order is over every file's units:
     the trainer's row counts (`run.counts`, read for the stream's first position) stand for
     each file's footer until a unit of it is cut (`unit_bytes` reads it then), so that no
-    footer is read twice before the first batch."""
-    known = run.counts if cfg.order is not None and run.plan is None else None
+    footer is read twice before the first batch. `order`: the run's shuffled order
+    (`shuffle.of_run`; a mixture's orders each of its source's pieces by its own)."""
+    known = run.counts if cfg.order is not None and run.plan is None and run.mixture is None else None
 
     def read_counts(f: int) -> list[int]:
         counts = read_or_skip(lambda: source.row_counts(f), cfg.on_bad_row_group,
@@ -106,22 +108,33 @@ def _pieces(cfg, run, source: Reader, report_bad, opened):
             if plan is None:
                 steps = iter_pieces(counts, n, run.rank, run.world, start, max_docs=cap, ramp=ramp,
                                     first_index=first_index, row_bytes=text, max_bytes=cfg.max_piece_bytes,
-                                    unit=cfg.piece_unit)
+                                    unit=cfg.piece_unit, shuffle=None if order is None else order.source(lo)[1])
             else:
-                order = elastic.steps(plan, run.rank, run.world, counts, n, start)
+                assert order is None, "a shuffled mixture's change of world size is refused (mixstate.py)"
+                units = elastic.steps(plan, run.rank, run.world, counts, n, start)
                 if start.skip:  # the unit `start` is in begins at its document, the tokens before it dropped
-                    first = next(order)
-                    order = itertools.chain([first[:4] + (start.skip,) + first[5:]], order)
-                steps = cut_pieces(order, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit)
+                    first = next(units)
+                    units = itertools.chain([first[:4] + (start.skip,) + first[5:]], units)
+                steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit)
             return (dataclasses.replace(p, file=p.file + lo) for p in steps)
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
                                row_bytes=unit_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit,
-                               shuffle=cfg.order)
-        steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later)
+                               shuffle=order)
+        steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later,
+                              shuffle=order)
         return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
+    pieces.row_counts = row_counts
     return pieces
+
+
+def _with_firsts(run, order, row_counts):
+    """`run` whose mixture begins each source its point does not place at its shuffled share's
+    first unit (`MixArgs.firsts`; `row_counts`: the run's files', as its order reads them)."""
+    placed = (run.mixture.point or {}).get("sources")
+    firsts = order.firsts(placed, row_counts, run.rank, run.world)
+    return dataclasses.replace(run, mixture=run.mixture._replace(firsts=firsts))
 
 
 class _Coordinator:
@@ -137,7 +150,11 @@ class _Coordinator:
             kind = CountMode if args.locate else cfg.spec.mode
         fs = args.filesystem.open() if args.filesystem is not None else None
         self.source, self.told = Reader(args.files, fs, args.columns, keep_open=keep_open(args.mixture)), {}  # told: file -> identity sent
-        self.mode = kind(cfg, args, len(workers), _pieces(cfg, args, self.source, self._report_bad, self._opened))
+        self.order = shufflemod.of_run(cfg, args)  # None: the files' order
+        pieces = _pieces(cfg, args, self.source, self._report_bad, self._opened, self.order)
+        if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
+            args = self.args = _with_firsts(args, self.order, pieces.row_counts)
+        self.mode = kind(cfg, args, len(workers), pieces)
         # a bad file is warned of when found, ahead of the run, and raised when reached (skipped ones
         # are skipped when reached)
         self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file, args.columns)
@@ -307,7 +324,7 @@ class _Coordinator:
         """The task of `piece`, with the rows of its row group skipped as poison and those
         tokenized a document at a time (suspects: procs/heal.py)."""
         n_rows = lambda: self.source.row_counts(piece.file)[piece.rg]  # noqa: E731 (read only for a span here)
-        here = lambda spans: heal.spans_in(piece, spans, self.cfg.order, n_rows)  # noqa: E731
+        here = lambda spans: heal.spans_in(piece, spans, self.order, n_rows)  # noqa: E731
         return Task(piece, self.mode.keep, self.told.get(piece.file, (None, None))[1], rows,
                     here(self.poisoned) if fresh else (), here(self.suspects))
 

@@ -67,11 +67,12 @@ class _Ctx:
     ordered: bool = False  # a write order came: the first batch is planned
     listening: Listener = None  # conn and alive
     gave_way_s: float = 0.0     # seconds spent giving way to another loader (`_give_way`)
+    order: object = None        # the run's shuffled order (data/shuffle.py `of_run`), or None: the files'
 
 
 def worker_main(cfg, args: RunArgs, conn, alive):
     ignore_sigint()
-    ctx = _Ctx(cfg, args, conn, alive, None, deque(), {}, cfg.spec)
+    ctx = _Ctx(cfg, args, conn, alive, None, deque(), {}, cfg.spec, order=shuffle.of_run(cfg, args))
     attached = None
     try:
         attached = segmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
@@ -233,7 +234,7 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     piece = task.piece
     if cache is None:
         return (*_tokenized(ctx, source, encode, task)[:2], None)
-    if ctx.cfg.order is not None:
+    if ctx.order is not None:
         return _cached_shuffled(ctx, source, encode, cache, task)
     path = ctx.args.files[piece.file]
     got = cache.load_rows(path, piece.rg, piece.doc_start, piece.doc_end)
@@ -256,7 +257,7 @@ def _cached_shuffled(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     of a run) is not."""
     piece = task.piece
     path, n = ctx.args.files[piece.file], source.row_counts(piece.file)[piece.rg]
-    rows = shuffle.rows_of(source, ctx.cfg.order, piece)
+    rows = shuffle.rows_of(source, ctx.order, piece)
     got = cache.load_rows(path, piece.rg, 0, n) if n else None
     if got is not None:
         lengths, tokens = shuffle.take_tokens(got[0], got[1], rows)
@@ -284,7 +285,7 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     skip = _relative(task.skip, piece)
     if skip == [(0, piece.n_docs)]:  # it killed a worker while it was read: not read again
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
-    order = ctx.cfg.order
+    order = ctx.order
     read = ((lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)) if order is None
             else (lambda: shuffle.read(source, order, piece)))
     texts = read_or_skip(read,

@@ -219,15 +219,15 @@ def test_what_is_not_built_is_refused(shufdata, tmp_path):
     with load(root, shuffle=True, seed=1, world_size=2, rank=0) as loader:
         windows(loader, 3)
         state = loader.state_dict()
-    with pytest.raises(ValueError, match="world_size 2 .* not built yet"):
-        load(root, shuffle=True, seed=1, resume_state=state)
+    with load(root, shuffle=True, seed=1, resume_state=state) as loader:  # a change of world size: built
+        windows(loader, 2)
+        changed = loader.state_dict()
+    with pytest.raises(ValueError, match="second change of world size of a shuffled run is not built yet"):
+        load(root, shuffle=True, seed=1, world_size=2, rank=0, resume_state=changed)
     with pytest.raises(ValueError, match="not built yet"):
         load(root, shuffle=True, resume_state={"pq_idx": 0, "rg_idx": 0, "epoch": 1})
     with pytest.raises(ValueError, match="other_rank='nanochat' is not built yet"):
         load(root, shuffle=True, other_rank="nanochat")
-    with pytest.raises(ValueError, match="Mixture is not built yet"):
-        shmloader.ShmLoader(shmloader.Mixture({"a": str(root)}, {"a": 1.0}), helpers.IntTokenizer(), B, T,
-                            device="cpu", shuffle=True)
 
 
 def test_the_drop_ins_pass_the_shuffle_on_and_resume_from_their_states(shufdata):
@@ -278,3 +278,182 @@ def test_a_killing_document_is_skipped_in_every_epoch_and_no_other(tmp_path, pac
         assert len(seq) > 3 * 799
         for e in range(3):
             assert sorted(seq[e * 799:(e + 1) * 799]) == [d for d in range(800) if d != kill]
+
+
+# ---- a shuffled Mixture: each source shuffled on its own, with a seed drawn from the loader's and its name
+MIX_PER_FILE, MIX_GROUP, B_OFFSET = 60, 10, 20000  # per source: 3 train files of 60 documents in row groups of 10
+
+
+@pytest.fixture(scope="module")
+def mixshuf(tmp_path_factory):
+    """Two sources of the same shape, "a" and "b", whose tokens name their source and document
+    (b's from 20000 on): `of[t] = (source, document)`; `n`: each source's train documents."""
+    rng = random.Random(53)
+    lengths = [rng.randint(1, 12) for _ in range(FILES * MIX_PER_FILE)]
+    root, of = tmp_path_factory.mktemp("mixshuf"), {}
+    for name, start in (("a", 1), ("b", B_OFFSET)):
+        docs = helpers.position_documents(lengths, start=start)
+        corpus.write_shards(docs, root / name, num_files=FILES, row_group_size=MIX_GROUP)
+        for i, text in enumerate(docs):
+            for t in text.split():
+                of[int(t)] = (name, i)
+    return root, of, MIX_PER_FILE * (FILES - 1)
+
+
+def load_mix(root, weights=None, **kw):
+    kw.setdefault("num_workers", 2)
+    mix = shmloader.Mixture({"a": str(root / "a"), "b": str(root / "b")}, weights or {"a": 0.5, "b": 0.5})
+    return shmloader.ShmLoader(mix, helpers.IntTokenizer(), B, T, device="cpu", **kw)
+
+
+def source_documents(stream, of) -> dict:
+    """Each source's documents in a concat stream, in order, each checked whole."""
+    out, run = {"a": [], "b": []}, None
+    runs = []
+    for t in stream.tolist():
+        if t == 0:
+            run = []
+            runs.append(run)
+        elif run is not None:
+            run.append(t)
+    for toks in runs[:-1]:
+        if not toks:
+            continue
+        name, doc = of[toks[0]]
+        assert all(of[t] == (name, doc) for t in toks), "a document's tokens are not together"
+        assert toks == list(range(toks[0], toks[0] + len(toks))), "a document's tokens are not in order"
+        out[name].append(doc)
+    return out
+
+
+def test_a_mixture_shuffles_every_source_on_its_own_every_document_once_per_source_epoch(mixshuf):
+    root, of, n = mixshuf
+    with load_mix(root, shuffle=True, seed=3) as loader:
+        seqs = source_documents(np.concatenate(windows(loader, 60)), of)  # ~2.5 epochs of each source
+    for name, seq in seqs.items():
+        assert len(seq) > 2 * n, (name, len(seq))
+        one, two = seq[:n], seq[n:2 * n]
+        assert sorted(one) == list(range(n)) and sorted(two) == list(range(n)), name
+        assert one != two, f"source {name}: epoch 2 in epoch 1's order"
+        assert one != list(range(n)) and neighbour_share(one) <= 0.2, name
+    # the two sources are alike and read with one loader seed: each has its own order
+    assert seqs["a"][:n] != seqs["b"][:n]
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_shuffled_mixture_the_same_with_1_and_3_workers_and_another_with_another_seed(mixshuf, packing):
+    root = mixshuf[0]
+    got = {}
+    for workers, seed in ((1, 3), (3, 3), (2, 4)):
+        with load_mix(root, shuffle=True, seed=seed, num_workers=workers, packing=packing) as loader:
+            got[workers, seed] = windows(loader, 40)
+    assert all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[3, 3]))
+    assert not all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[2, 4]))
+    with load_mix(root, num_workers=2, packing=packing) as loader:
+        plain = windows(loader, 40)
+    assert not all(np.array_equal(a, b) for a, b in zip(got[1, 3], plain))
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_shuffled_mixture_resumes_exactly_with_another_worker_count(mixshuf, packing):
+    root = mixshuf[0]
+    with load_mix(root, shuffle=True, seed=7, num_workers=2, packing=packing) as loader:
+        ws, states = [], []
+        for x, y in itertools.islice(loader, 50):
+            ws.append(window(loader, x, y))
+            states.append(loader.state_dict())
+    for k in (0, 9, 30):  # inside the sources' first epochs, and in their second
+        with load_mix(root, shuffle=True, seed=7, num_workers=3, packing=packing, resume_state=states[k]) as loader:
+            again = windows(loader, 50 - k - 1)
+        assert all(np.array_equal(a, b) for a, b in zip(again, ws[k + 1:])), f"resume at batch {k}"
+
+
+def test_a_shuffled_mixture_resumes_another_ranks_state_and_refuses_another_seed(mixshuf):
+    root = mixshuf[0]
+    kw = dict(shuffle=True, seed=2, world_size=2)
+    with load_mix(root, rank=0, **kw) as loader:
+        windows(loader, 12)
+        state = loader.state_dict()
+    with load_mix(root, rank=1, **kw) as loader:
+        mine = windows(loader, 20)
+    with load_mix(root, rank=1, resume_state=state, **kw) as loader:
+        again = windows(loader, 8)
+    assert all(np.array_equal(a, b) for a, b in zip(again, mine[12:]))
+    with pytest.raises(ValueError, match="shuffle 'seed 2', this loader has shuffle 'seed 5'"):
+        load_mix(root, rank=0, world_size=2, shuffle=True, seed=5, resume_state=state)
+    with pytest.raises(ValueError, match="shuffle 'seed 2', this loader has shuffle 'off'"):
+        load_mix(root, rank=0, world_size=2, resume_state=state)
+    with pytest.raises(ValueError, match="another world size of a shuffled Mixture is not built yet"):
+        load_mix(root, rank=0, world_size=3, shuffle=True, seed=2, resume_state=state)
+
+
+# ---- another world size: a state saved at 2 ranks resumed on 3
+def _plan_tokens(state, counts, lengths, seed, rank, world) -> int:
+    """The tokens (BOS included) of new rank `rank` of `world`'s units of the plan in `state`
+    (data/elastic.py over the shuffled order): what it reads before its plain epochs."""
+    from shmloader.data import elastic
+    plan = elastic.Plan.from_state(state["elastic"])
+    order, total = shuffle.Shuffle(seed), 0
+    for u in elastic.rank_units(plan, rank, world, counts.__getitem__, len(counts), order):
+        rows = order.rows(u.epoch, u.file, u.rg, u.rows)[u.doc:]
+        first = u.file * PER_FILE + u.rg * GROUP
+        total += sum(lengths[first + r] + 1 for r in rows.tolist()) - u.skip
+    return total
+
+
+def _counts(paths):
+    return [[pq.ParquetFile(p).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(p).num_row_groups)]
+            for p in paths[:-1]]
+
+
+def test_a_state_at_2_ranks_resumes_on_3_every_token_of_the_epoch_once_concat(shufdata):
+    root, paths, docs, doc_of, n = shufdata
+    counts, lengths = _counts(paths), [len(d.split()) for d in docs]
+    seed, k, kw = 6, 9, dict(shuffle=True, packing="concat")
+    old, states = [], []
+    for rank in (0, 1):
+        with load(root, seed=seed, rank=rank, world_size=2, **kw) as loader:
+            ws = windows(loader, k)
+            states.append(loader.state_dict())
+        old += ws  # a concat batch takes B*T+1 tokens of the stream
+    consumed = np.concatenate(old)
+    new = []
+    for rank in range(3):
+        with load(root, seed=seed, rank=rank, world_size=3, num_workers=1 + rank, resume_state=states[0], **kw) as ld:
+            first = ld.state_dict()
+            stream = np.concatenate(windows(ld, 25))
+        L = _plan_tokens(first, counts, lengths, seed, rank, 3)
+        assert 0 < L <= len(stream), (rank, L, len(stream))
+        new.append(stream[:L])
+    got = np.concatenate([consumed] + new)
+    want = sorted(int(t) for d in docs[:n] for t in d.split())
+    assert sorted(int(t) for t in got if t != 0) == want  # every token of epoch 1 once: none consumed read again
+    assert np.count_nonzero(got == 0) in (n, n - 1)  # every document's BOS once (one may be cut by the change)
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_state_at_2_ranks_on_3_reads_nothing_consumed_again_and_resumes_exactly(shufdata, packing):
+    root, _, _, doc_of, _ = shufdata
+    kw, k = dict(shuffle=True, seed=4, packing=packing), 8
+    if packing == "bos_bestfit":  # a buffer of a few row groups, not of several epochs of this small corpus
+        kw.update(buffer_size=24, tokenizer_batch_size=8)
+    consumed, states = set(), []
+    for rank in (0, 1):
+        with load(root, rank=rank, world_size=2, **kw) as loader:
+            consumed |= {doc_of[int(t)] for w in windows(loader, k) for t in w if t}
+            states.append(loader.state_dict())
+    for rank in range(3):
+        with load(root, rank=rank, world_size=3, num_workers=1, resume_state=states[1], **kw) as loader:
+            ws, mine = [], []
+            for x, y in itertools.islice(loader, 12):
+                ws.append(window(loader, x, y))
+                mine.append(loader.state_dict())
+        assert mine[1]["elastic"] is not None  # a run that began at the change
+        assert packing != "concat" or mine[1]["position"][0] == 1  # inside the elastic epoch (best fit reads ahead)
+        # the first batches read the rest of epoch 1 only: no document the old ranks had consumed
+        cut = {doc_of[int(t)] for t in ws[0][:1] if t}  # concat: the old rank's cut document goes on
+        assert not ({doc_of[int(t)] for t in ws[0] if t} - cut) & consumed, f"new rank {rank}"
+        for at in (1, 7):  # inside the elastic epoch, and in the plain epoch after it
+            with load(root, rank=rank, world_size=3, num_workers=3, resume_state=mine[at], **kw) as loader:
+                again = windows(loader, 11 - at)
+            assert all(np.array_equal(a, b) for a, b in zip(again, ws[at + 1:])), f"new rank {rank}: resume at {at}"

@@ -174,3 +174,26 @@ def test_the_first_positions_read_every_files_counts_once_and_hand_them_on():
     first(1, 2)
     assert sorted(asked) == list(range(len(COUNTS)))  # each footer once, whatever the threads' order
     assert first.counts == tuple(map(tuple, COUNTS))
+
+
+def test_a_sources_seed_is_drawn_from_the_seed_and_its_name_the_same_everywhere():
+    assert shuffle.source_seed(3, "web") == 7840327437941691725  # crc32 and splitmix64: no hash() salt
+    seeds = {shuffle.source_seed(s, name) for s in (0, 1, 3) for name in ("web", "code", "math")}
+    assert len(seeds) == 9 and all(0 <= s < 2 ** 63 for s in seeds)
+
+
+def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
+    from types import SimpleNamespace
+    from shmloader.data.sources import Range
+    ranges = (Range("a", 0, 4), Range("b", 4, 8))  # two sources of COUNTS' four files each
+    run = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges))
+    sourced = shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), run)
+    a, b = (shuffle.Shuffle(shuffle.source_seed(9, n)) for n in "ab")
+    assert sourced.orders == (a, b)
+    assert np.array_equal(sourced.rows(2, 1, 0, 30), a.rows(2, 1, 0, 30))
+    assert np.array_equal(sourced.rows(2, 5, 0, 30), b.rows(2, 1, 0, 30))
+    assert not np.array_equal(sourced.rows(2, 1, 0, 30), sourced.rows(2, 5, 0, 30))
+    firsts = sourced.firsts({"a": [1, 0, 0, 0]}, (COUNTS + COUNTS).__getitem__, 1, 2)
+    assert list(firsts) == ["b"] and firsts["b"] == shuffle.first_position(b, COUNTS.__getitem__, 4, 1, 2)
+    assert shuffle.of_run(LoaderConfig(B=2, T=8), run) is None
+    assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), SimpleNamespace(mixture=None)) == shuffle.Shuffle(9)
