@@ -113,6 +113,9 @@ def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[U
         place = {u: i for i, u in enumerate(order)}
         for i, (f, g) in enumerate(order):
             e, pf, pg, doc, skip = plan.positions[i % W]
+            if e == epoch and (pf, pg) not in place:
+                raise ValueError(f"resume state: old rank {i % W}'s position is file {pf}, row group {pg} of "
+                                 f"epoch {e}, which the split does not have (files changed, or an edited state)")
             at = (epoch, i)
             here = (e, place[(pf, pg)]) if e == epoch else (e, -1)
             if at > here:

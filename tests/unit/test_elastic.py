@@ -158,3 +158,63 @@ def test_a_plan_round_trips_through_its_state_form():
     assert plan.epoch == 2 and elastic.Plan.from_state(plan.to_state()) == plan
     with pytest.raises(ValueError, match="all 3 old ranks"):
         elastic.Plan.of(3, 12, [(1, 0, 0, 0, 0)])
+
+
+def shuffled_scenario(seed, W, order):
+    """As `scenario`, for old ranks reading `order` (data/shuffle.py): each old rank's position a
+    random point of its shuffled stream (epochs 1-2)."""
+    from shmloader.data import shuffle as shufflemod
+
+    rng = random.Random(seed)
+    counts = random_files(rng)
+    while sum(map(len, counts)) < W:
+        counts = random_files(rng)
+    positions, consumed = [], set()
+    for r in range(W):
+        first = shufflemod.first_position(order, counts.__getitem__, len(counts), r, W)
+        stream = []
+        for e, f, g, d, _, rows in shufflemod.row_steps(order, counts.__getitem__, len(counts), r, W, first):
+            if e > 2:
+                break
+            stream.extend((e, f, g, x) for x in range(d, rows))
+        if not stream:
+            return None  # an old rank with no document in two epochs: not a scenario
+        i = rng.randrange(len(stream))
+        e, f, g, d = stream[i]
+        positions.append((e, f, g, d, rng.choice([0, 0, 3])))
+        consumed.update(stream[:i])
+    return counts, positions, consumed
+
+
+@pytest.mark.parametrize("W,W2", CHANGES)
+@pytest.mark.parametrize("seed", range(8))
+def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_document_once(seed, W, W2):
+    """With a shuffle the plan's units follow each epoch's shuffled order; with what the old
+    ranks consumed (their shuffled streams up to their positions) they are every document of
+    the epochs up to the plan's once; each new rank takes every W2-th."""
+    from shmloader.data import shuffle as shufflemod
+
+    order = shufflemod.Shuffle(seed + 100)
+    made = shuffled_scenario(seed, W, order)
+    if made is None:
+        pytest.skip("an old rank with no row group in this random split")
+    counts, positions, consumed = made
+    plan = elastic.Plan.of(W, 40, positions)
+    rc = counts.__getitem__
+    units = list(elastic.units(plan, rc, len(counts), shuffle=order))
+    left = [(u.epoch, u.file, u.rg, d) for u in units for d in range(u.doc, u.rows)]
+    assert len(left) == len(set(left))
+    first = min(p[0] for p in positions)
+    everything = {(e, f, g, d) for e in range(first, plan.epoch + 1) for f, c in enumerate(counts)
+                  for g, rows in enumerate(c) for d in range(rows)}
+    assert not consumed & set(left) and {c for c in consumed if c[0] >= first} | set(left) == everything
+    mine = [list(elastic.rank_units(plan, j, W2, rc, len(counts), shuffle=order)) for j in range(W2)]
+    assert all(m == units[j::W2] for j, m in enumerate(mine))
+
+
+def test_a_shuffled_plan_naming_a_unit_the_split_lacks_is_a_value_error():
+    from shmloader.data import shuffle as shufflemod
+
+    plan = elastic.Plan.of(2, 40, [(1, 0, 0, 1, 0), (1, 9, 9, 0, 0)])
+    with pytest.raises(ValueError, match="file 9, row group 9"):
+        list(elastic.units(plan, [[3, 3], [2]].__getitem__, 2, shuffle=shufflemod.Shuffle(1)))
