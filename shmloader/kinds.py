@@ -11,23 +11,38 @@ used to branch on:
   `plan_mixture`), a state of the other kind refused naming both;
 - `writer(identity, resume)`: its states (`state.Writer`, or `mixstate.Writer`);
 - `run_args(resume)`: what a run is given beyond the files (a mixture's `MixArgs`, else None);
+- `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
+  modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
+  process keeps open (`keep_open`);
+- `slot_text(config)`, `text_runs(args, config)`, `restarted(args, mark)`: for the runs
+  (procs/run.py `Runs`): whether a batch's slot carries text for its state (best fit's buffer,
+  a mixture's point), the room that text needs beyond the packing's (in 80-byte runs), and a
+  run's arguments to start again at `mark` (a heal, an idle release);
 - `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
   mixture's point);
 - `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch).
 
-The processes still receive a mixture's `MixArgs` in `RunArgs.mixture` and pick their modes by
-it (procs/coordinator.py); docs/design.md "The house" says what is left of the two pipelines.
+So no module outside the mixing stage asks which: the processes run the modes they are given
+(a mixture's read `RunArgs.mixture`, its `MixArgs`). docs/design.md "Mixtures" says what is
+left of the two pipelines.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 
 from . import mixstate, resume as resumemod, state as statemod
 from .data import shuffle as shufflemod
 from .data.catalogue import Catalogue
 from .data.mixture import Mixture
-from .data.sources import Sources
-from .packing.runs import encode_buffer
+from .data.source import KEEP_OPEN
+from .data.sources import Sources, keep_open
+from .packing import MIX_MODES
+from .packing.count import CountMode
+from .packing.mixcount import MixCountMode
+from .packing.runs import decode_runs, encode_buffer
+from .procs.run import mix_text_bytes
 
 
 class OneSource:
@@ -60,6 +75,19 @@ class OneSource:
     def start_buffer(self, resume: statemod.Resume, spec):
         return encode_buffer(resume.runs) if spec.buffered else None
 
+    def run_fields(self, config) -> dict:
+        return {"modes": (config.spec.mode, CountMode), "keep_open": KEEP_OPEN}
+
+    def slot_text(self, config) -> bool:
+        return config.spec.buffered
+
+    def text_runs(self, args, config) -> int:
+        return 0
+
+    def restarted(self, args, mark):
+        runs = decode_runs(mark.buffer.text).tolist() if mark.buffer is not None else []
+        return dataclasses.replace(args, start=mark.position, buffer_runs=tuple(map(tuple, runs)))
+
     def stats(self, mark, seen: dict | None, epoch: int) -> dict:
         return {}
 
@@ -89,6 +117,22 @@ class Mixed:
 
     def start_buffer(self, resume: statemod.Resume, spec):
         return mixstate.point_text(resume.mix)
+
+    def run_fields(self, config) -> dict:
+        return {"modes": (MIX_MODES[config.packing], MixCountMode),
+                "keep_open": keep_open(len(self.catalogue.ranges))}
+
+    def slot_text(self, config) -> bool:
+        return True  # its place, as JSON
+
+    def text_runs(self, args, config) -> int:
+        return mix_text_bytes(args.mixture, config.max_runs) // 80 + 1
+
+    def restarted(self, args, mark):
+        """Every source from its place, the mixer from its counts."""
+        point = json.loads(mark.buffer.text) if mark.buffer is not None else None
+        return dataclasses.replace(args, start=mark.position,
+                                   mixture=args.mixture._replace(point=point, first_batch=mark.batch))
 
     def stats(self, mark, seen: dict | None, epoch: int) -> dict:
         """`sources` ("share_recent": since `seen`, the caller's last call's) and the furthest

@@ -143,7 +143,7 @@ class ShmLoader:
         deliver = functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap,
                                     pinning=delivery.Pinning())  # one refusal to pin, said once
         self._runs = Runs(self.config, deliver,
-                          functools.partial(self._catalogue.learn, warn=errors.warn), self.rank)
+                          functools.partial(self._catalogue.learn, warn=errors.warn), self.rank, self._kind)
         lifecycle.close_when_dropped(self, self._runs)  # not a __del__: the pipes are never the collector's
         self._begin(statemod.start(self._identity()))
         if resume_state is not None:
@@ -359,7 +359,8 @@ class ShmLoader:
                        filesystem=source.FilesystemRef(fs) if fs else None, tokenizer=self.tokenizer,
                        later=self._catalogue.later,
                        columns=None if set(columns) <= {"text"} else tuple(columns),
-                       counts=None if self._first is None else self._first.counts)
+                       counts=None if self._first is None else self._first.counts,
+                       **self._kind.run_fields(self.config))
 
     def _locked(self, what: str):
         """The lock (`what` names the call), waited for at most `timeout` s: `LoaderTimeout`."""

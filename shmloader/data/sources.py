@@ -22,12 +22,12 @@ from .catalogue import Catalogue, learned, with_known_footers
 from .mixture import Mixture
 
 
-def keep_open(mixture) -> int:
-    """The files a process of a run keeps open (`source.Reader`): a mixture (`MixArgs`, or None)
-    reads its sources in turn, each in its own file and soon its next, so 2 a source (with 3
+def keep_open(n_sources: int) -> int:
+    """The files a process of a mixture's run keeps open (`source.Reader`): it reads its
+    `n_sources` sources in turn, each in its own file and soon its next, so 2 a source (with 3
     sources of 2 train files each, 4 open files closed and reopened a footer at nearly every
-    piece); one source, `source.KEEP_OPEN`."""
-    return source.KEEP_OPEN if mixture is None else max(source.KEEP_OPEN, 2 * len(mixture.ranges))
+    piece); at least `source.KEEP_OPEN`, one source's."""
+    return max(source.KEEP_OPEN, 2 * n_sources)
 
 
 class Range(NamedTuple):

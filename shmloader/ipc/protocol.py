@@ -156,6 +156,9 @@ class RunArgs:
     #                                for its first position (data/shuffle.py `FirstPositions`); None: not read
     mixture: "MixArgs | None" = None  # the run reads a mixture of sources (packing/mixmode.py)
     columns: tuple | None = None   # the column read of each file (None: "text" of every file)
+    modes: tuple = ()              # (the coordinator's mode, its count-only mode): the packing's or
+    #                                the mixture's, as the kind read says (kinds.py)
+    keep_open: int = 4             # the files a process keeps open (`source.Reader`)
 
 
 class MixArgs(NamedTuple):

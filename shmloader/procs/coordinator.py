@@ -1,8 +1,8 @@
 """The coordinator process: plans pieces, hands them out, sequences tokens, announces batches.
 
 It sees token *counts* only: the canonical order (`data.order.iter_pieces`) and the packing's
-sequencing mode (its spec's `mode`, or `packing.count.CountMode` for a count-only run;
-`packing.base.Mode` is their interface) decide where every token lands, so the stream is the
+sequencing mode (`RunArgs.modes`: the packing's or a mixture's, and its count-only mode for a
+count-only run, as kinds.py gives them; `packing.base.Mode` is their interface) decide where every token lands, so the stream is the
 same for any number of workers and any timing. New pieces go to the least-loaded worker that
 the mode lets take one, so memory stays bounded whatever the trainer's pace.
 Follows NOTE [ring protocol] (ipc/protocol.py); every wait has a timeout, and the alive pipe ends
@@ -41,7 +41,6 @@ from ..data import elastic
 from ..data import shuffle as shufflemod
 from ..data.order import cut_pieces, iter_pieces
 from ..data.source import Reader, SchemaCheck, read_or_skip
-from ..data.sources import keep_open
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -52,9 +51,6 @@ from ..ipc.protocol import (Counted, Error, Failed, Listener, Opened, Ready, Rel
 from ..ipc.ring import Counter, Stat
 from ..ipc.signals import ignore_sigint
 from ..packing.base import InOrder, SlotMap
-from ..packing.count import CountMode
-from ..packing import MIX_MODES
-from ..packing.mixcount import MixCountMode
 from . import heal
 from .idle import HeadCounters, IdleRule
 from .stall import beat_every
@@ -76,7 +72,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
     each file's footer until a unit of it is cut (`unit_bytes` reads it then), so that no
     footer is read twice before the first batch. `order`: the run's shuffled order
     (`shuffle.of_run`; a mixture's orders each of its source's pieces by its own)."""
-    known = run.counts if cfg.order is not None and run.plan is None and run.mixture is None else None
+    known = run.counts if run.plan is None else None  # given for one source's shuffled fresh stream only
 
     def read_counts(f: int) -> list[int]:
         counts = read_or_skip(lambda: source.row_counts(f), cfg.on_bad_row_group,
@@ -144,12 +140,10 @@ class _Coordinator:
         self.to_trainer = Outbox(trainer)
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
-        if args.mixture is not None:  # several sources by weight: counted (another rank's state) or packed
-            kind = MixCountMode if args.locate else MIX_MODES[cfg.packing]
-        else:
-            kind = CountMode if args.locate else cfg.spec.mode
+        mode, count = args.modes  # the packing's, or the mixture's (kinds.py): counted (another rank's state) or packed
+        kind = count if args.locate else mode
         fs = args.filesystem.open() if args.filesystem is not None else None
-        self.source, self.told = Reader(args.files, fs, args.columns, keep_open=keep_open(args.mixture)), {}  # told: file -> identity sent
+        self.source, self.told = Reader(args.files, fs, args.columns, keep_open=args.keep_open), {}  # told: file -> identity sent
         self.order = shufflemod.of_run(cfg, args)  # None: the files' order
         pieces = _pieces(cfg, args, self.source, self._report_bad, self._opened, self.order)
         if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit

@@ -49,6 +49,7 @@ from ..data.order import iter_pieces
 from ..data.source import Reader
 from ..errors import DataError, ShmLoaderError
 from ..ipc.protocol import Opened
+from ..packing.concat import ConcatMode
 from ..packing.headstart import Made, PieceSizes, Stream
 from .worker import encode_texts
 
@@ -62,8 +63,8 @@ def refusal(config, args) -> str | None:
         return "head_start=False"
     if config.packing != "concat":
         return f"packing {config.packing!r}"
-    if args.mixture is not None or args.plan is not None or args.locate is not None:
-        return "a mixture, an elastic plan or a count-only run"
+    if args.modes[:1] != (ConcatMode,) or args.plan is not None or args.locate is not None:
+        return "another mode than one source's concat (a mixture), an elastic plan or a count-only run"
     if args.poisoned or args.suspects:
         return "rows poisoned or suspect"
     if config.cache_dir is not None:

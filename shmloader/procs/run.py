@@ -38,7 +38,7 @@ from ..ipc.handover import Announcement
 from ..ipc.ring import STATS_FIELDS, Counter, RingLayout, WorkerCol
 from ..ipc.signals import sigint_blocked
 from ..packing.mixbestfit import buffer_entries
-from ..packing.runs import BufferText, decode_runs
+from ..packing.runs import BufferText
 from ..position import Position, RowGroup
 from . import heal, precedence
 from .headstart import HeadStart, refusal
@@ -112,10 +112,11 @@ def mix_text_bytes(mix, buffer_docs: int = 0) -> int:
     return 1024 + sum(400 + len(json.dumps(name)) for name in names) + buffer_docs * (width + 110)
 
 class Runs:
-    def __init__(self, config, deliver, on_opened, rank: int):
+    def __init__(self, config, deliver, on_opened, rank: int, kind):
         """`deliver(rows, free)`: the delivery for a new ring's slots (`Ring.rows`); `on_opened(msgs)`: the files
-        the coordinator read (`Opened`), for the loader's catalogue."""
-        self.config, self._deliver, self._on_opened, self.rank = config, deliver, on_opened, rank
+        the coordinator read (`Opened`), for the loader's catalogue; `kind`: what the loader reads
+        (kinds.py: whether a slot carries its state's text, the room it needs, a restart's arguments)."""
+        self.config, self._deliver, self._on_opened, self.rank, self._kind = config, deliver, on_opened, rank, kind
         self.run = None
         self.closed = None  # why the loader was closed (`close`), else None
         # the lifecycle lock: a run starts, restarts, has a worker replaced or stops under it, and
@@ -125,14 +126,13 @@ class Runs:
         self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory(shuffled=config.shuffle)
         self.heals = self.idle_releases = 0
         self.head_batches = 0  # batches the trainer made itself (procs/headstart.py), over every run
-        self._buffered = config.spec.buffered
+        self._buffered = kind.slot_text(config)  # a batch's slot carries its state's text: copied out
 
     def begin(self, args, first: int, docs: int = 0):
         """The next run starts from `args` (`RunArgs`: its start, buffer, files), its batch 0
         being the state's batch `first`; the running one, if any, stops."""
         with self._lock:
             self._args, self._first, self._docs = args, first, docs
-            self._buffered = self.config.spec.buffered or args.mixture is not None  # a mixture's place travels too
             self.stop()
 
     def take(self, mark: Mark, timeout: float) -> Announcement:
@@ -263,15 +263,7 @@ class Runs:
 
     def restart(self, mark: Mark) -> int:
         """Stop the children; the next run starts at `mark`. Returns its batch count."""
-        mix = self._args.mixture
-        if mix is not None:  # a mixture: every source from its place, the mixer from its counts
-            point = json.loads(mark.buffer.text) if mark.buffer is not None else None
-            args = dataclasses.replace(self._args, start=mark.position,
-                                       mixture=mix._replace(point=point, first_batch=mark.batch))
-        else:
-            runs = decode_runs(mark.buffer.text).tolist() if mark.buffer is not None else []
-            args = dataclasses.replace(self._args, start=mark.position, buffer_runs=tuple(map(tuple, runs)))
-        self.begin(args, mark.batch, mark.docs)
+        self.begin(self._kind.restarted(self._args, mark), mark.batch, mark.docs)
         return mark.batch
 
     def stop(self, wait: bool = True):
@@ -307,8 +299,7 @@ class Runs:
         # a buffer can hold one run per document: the packing's most, or more at first, after an elastic
         # resume gave this rank several old ranks' buffers (the planner refills only below its size)
         runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
-        if args.mixture is not None:  # room for a mixture's place (JSON) in 80-byte runs' worth
-            runs = max(runs, mix_text_bytes(args.mixture, c.max_runs) // 80 + 1)
+        runs = max(runs, self._kind.text_runs(args, c))  # room for a mixture's place (JSON), in 80-byte runs
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)

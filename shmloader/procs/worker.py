@@ -36,7 +36,6 @@ from ..data import tokenizer as tokmod
 from ..data.cache import TokenCache
 from ..data.order import Piece
 from ..data.source import Ids, Reader, read_or_skip
-from ..data.sources import keep_open
 from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
@@ -123,7 +122,7 @@ def _loop(ctx: _Ctx):
         ctx.ordered = True
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
     source = ctx.source = Reader(ctx.args.files, fs, ctx.args.columns, spec.n_vocab or None,
-                                     keep_open(ctx.args.mixture))
+                                     ctx.args.keep_open)
     cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs,
                         dict(zip(ctx.args.files, source.columns)))
              if ctx.cfg.cache_dir else None)

@@ -14,6 +14,8 @@ from shmloader.data.order import Piece
 from shmloader.ipc.ring import batch_check
 from shmloader.packing import headstart as packing_headstart
 from shmloader.packing.headstart import Stream
+from shmloader.packing.mixcount import MixCountMode
+from shmloader.packing.mixmode import MixConcatMode
 from shmloader.position import Position
 from shmloader.procs import headstart as procs_headstart
 
@@ -147,7 +149,10 @@ def config(**kw):
 
 
 def args(**kw):
-    base = dict(mixture=None, plan=None, locate=None, poisoned=(), suspects=(),
+    from shmloader.packing.concat import ConcatMode
+    from shmloader.packing.count import CountMode
+
+    base = dict(modes=(ConcatMode, CountMode), plan=None, locate=None, poisoned=(), suspects=(),
                 tokenizer=SimpleNamespace(kind="tiktoken"))
     return SimpleNamespace(**dict(base, **kw))
 
@@ -155,7 +160,7 @@ def args(**kw):
 @pytest.mark.parametrize("what, cfg, run", [
     ("head_start=False", config(head_start=False), args()),
     ("packing 'bos_bestfit'", config(packing="bos_bestfit"), args()),
-    ("a mixture", config(), args(mixture=object())),
+    ("a mixture", config(), args(modes=(MixConcatMode, MixCountMode))),
     ("an elastic plan", config(), args(plan=object())),
     ("a count-only run", config(), args(locate=(1,))),
     ("poisoned", config(), args(poisoned=(1,))),

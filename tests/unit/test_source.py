@@ -138,16 +138,14 @@ def test_a_mixture_keeps_two_files_open_a_source(tmp_path, monkeypatch):
     """A mixture's processes read its sources in turn, each in its own file: 2 open files a
     source, so that 3 sources of 2 files each, read in turn, open each file once (4 closed and
     reopened a footer at nearly every piece)."""
-    from types import SimpleNamespace
-
+    from shmloader.data.source import KEEP_OPEN
     from shmloader.data.sources import keep_open
     paths = [write(tmp_path / f"{i}.parquet", ["a", "b", "c", "d"], row_group_size=1) for i in range(6)]
     opened = []
     real = pq.ParquetFile
     monkeypatch.setattr(pq, "ParquetFile", lambda path, **kw: opened.append(path) or real(path, **kw))
-    three = SimpleNamespace(ranges=("web", "code", "math"))
-    assert keep_open(None) == 4 and keep_open(three) == 6
-    for keep, times in ((keep_open(None), 4 * 6), (keep_open(three), 6)):
+    assert KEEP_OPEN == 4 and keep_open(1) == 4 and keep_open(3) == 6
+    for keep, times in ((KEEP_OPEN, 4 * 6), (keep_open(3), 6)):
         opened.clear()
         src = Reader(paths, keep_open=keep)
         for rg in range(4):
