@@ -1,7 +1,8 @@
 """The training process's side: `ShmLoader`, a thin facade over its parts (the nanochat drop-in
 functions over it are in nanochat.py). Each part is a room of its own:
 
-- the catalogue (`data/catalogue.py`): the split's files, their identities, each epoch's order;
+- what it reads (`kinds.py`): one source or a `Mixture`, decided once, with its catalogue
+  (`data/catalogue.py`: the split's files, their identities, each epoch's order);
 - the runs (`procs/run.py`): the children started, watched, healed and restarted, with the
   delivery (`delivery.py`) that turns a ring slot into the caller's batch; taking a batch
   gives one `Announcement`;
@@ -12,22 +13,21 @@ functions over it are in nanochat.py). Each part is a room of its own:
   `state_dict()` looks at the next batch's announcement, waiting for it if it is not made yet
   (`next()` then returns that batch); a resumed loader compares its first batch's check with
   the state's (`resume.check_first`);
-- precedence (`procs/precedence.py`): a loader that starts has the cores until its first batch.
+- precedence (`procs/precedence.py`): a loader that starts has the cores until its first batch;
+- the report (`report.py`): what was delivered, `stats()` and the log's lines.
 
-The facade holds the lock that serves threads one at a time, the `Mark`, and the counters.
+The facade holds the lock that serves threads one at a time and the `Mark`.
 A ready batch is taken from the ring's header and its slot given back there, without a system
 call (NOTE [slot handover], ipc/handover.py). `config` is the frozen `LoaderConfig`; `debug()`
 exposes the running parts to tests and tools. See NOTE [ring protocol] in ipc/protocol.py.
 """
 import dataclasses
 import functools
-import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 
-from . import delivery, errors, kinds, observe, profiling, resume as resumemod, state as statemod
+from . import delivery, errors, kinds, profiling, report, resume as resumemod, state as statemod
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
@@ -134,10 +134,7 @@ class ShmLoader:
         self._closed, self._pid, self._forked_from, self._inside = False, os.getpid(), None, None
         self._shape = delivery.Shape(B, T, self.config.spec.targets_at(B, T),  # where a batch lies in its slot
                                      self.config.window if self.config.positions else None)
-        self._batches, self._wait_s, self._mark, self._sources_seen = 0, 0.0, None, None
-        self._last_wait = 0.0  # the last next()'s wait; the caller's and the log's intervals (observe.py):
-        start = observe.Reading(time.monotonic(), 0.0, 0)
-        self._seen, self._logged, self._made = observe.Interval(start), observe.Interval(start), start.at
+        self._mark = None
         # no reference back to the loader: the drop's finalizer holds the runs (it would keep the loader alive),
         # and a cycle would leave a dropped loader to the collector, which nanochat's base_train disables
         deliver = functools.partial(delivery.make, self.device, lend_cap=self.config.lend_cap,
@@ -145,11 +142,13 @@ class ShmLoader:
         self._runs = Runs(self.config, deliver,
                           functools.partial(self._catalogue.learn, warn=errors.warn), self.rank, self._kind)
         lifecycle.close_when_dropped(self, self._runs)  # not a __del__: the pipes are never the collector's
+        self._report = report.Report(self.config, self._runs, self._kind)  # stats() and the log's lines
         self._begin(statemod.start(self._identity()))
         if resume_state is not None:
             self.load_state_dict(resume_state)
         # who the log lines are of (a training and a validation loader may log to one logger)
-        self._name = f"{os.getpid()}-{lifecycle.register(self)} ({split}{self._of_ranks()})"
+        ranks = f", rank {self.rank} of {self.world_size}" if self.world_size > 1 else ""
+        self._report.name = f"{os.getpid()}-{lifecycle.register(self)} ({split}{ranks})"
 
     B = property(lambda self: self.config.B, doc="rows per batch")
     T = property(lambda self: self.config.T, doc="tokens per row")
@@ -238,7 +237,7 @@ class ShmLoader:
         it `next()` blocked for a batch), `delivered_tokens_per_s`, and each worker's
         `busy_share`. Now: `last_wait_s` (the last `next()`'s wait), `ready` of `ring_slots`
         (batches ready in the ring). No system call."""
-        return self._stats(self._seen)
+        return self._report.stats(self._mark)
 
     def debug(self, start: bool = True) -> "Debug | None":
         """What the loader runs now, for tests and tools (not a stable API); None before the
@@ -281,36 +280,8 @@ class ShmLoader:
             ann = self._take()
         batch, self._mark = self._runs.deliver(ann, self._shape)
         self._state = None  # built when asked
-        self._batches += 1
-        self._wait_s += ann.waited
-        self._last_wait = ann.waited
-        if self.config.log_every and self._batches == 1:
-            self._log_start()
-        elif self.config.log_every and self._batches % self.config.log_every == 0:
-            self._log()
+        self._report.delivered(ann.waited, self._mark)
         return batch
-
-    def _stats(self, interval: observe.Interval) -> dict:
-        """`stats()`, its interval figures since `interval`'s last reading (the caller's, or the log's)."""
-        c = self.config
-        out = {"batches": self._batches, "wait_s": self._wait_s, "num_workers": c.num_workers,
-               "epoch": self._mark.position.epoch, "tokens_delivered": self._batches * c.B * c.T,
-               "docs_delivered": self._mark.docs, "idle_releases": self._runs.idle_releases,
-               "heals": self._runs.heals, "head_batches": self._runs.head_batches, "poison_rows_skipped": self._runs.poison.rows_skipped,
-               "ring_ready": 0, "ring_slots": c.n_slots, "workers": []}
-        if self._runs.run is not None:
-            read = self._runs.run.stats(c)
-            out.update(read, epoch=max(out["epoch"], read["epoch"]))
-        out.update(self._kind.stats(self._mark, self._sources_seen, out["epoch"]))
-        self._sources_seen = out.get("sources")  # "share_recent": since the caller's last call
-        workers = out["workers"]
-        lately = interval.step(observe.Reading(time.monotonic(), self._wait_s, out["tokens_delivered"],
-                                               tuple(w["pid"] for w in workers), tuple(w["busy_s"] for w in workers)))
-        for w, share in zip(workers, lately.worker_busy):
-            w["busy_share"] = share
-        out.update(interval_s=lately.interval_s, wait_share=lately.wait_share, last_wait_s=self._last_wait,
-                   delivered_tokens_per_s=lately.tokens_per_s, ready=out["ring_ready"])
-        return out
 
     def _take(self):
         """The next batch's announcement, taken and not yet returned: the one `state_dict()`
@@ -387,35 +358,3 @@ class ShmLoader:
         self._closed, self._forked_from = True, self._pid
         self._lock = threading.Lock()  # the parent's other thread may have held it
         self._runs.forget()
-
-    def _of_ranks(self) -> str:
-        return f", rank {self.rank} of {self.world_size}" if self.world_size > 1 else ""
-
-    def _log_start(self):
-        """The start-up, once and apart (grep "shmloader start-up"): the log's intervals begin at
-        the first batch, so that a slow start hides in none of them. Both lines end with the
-        loader they are of ("; loader <pid>-<n> (<split>)": the process's n-th loader)."""
-        seen, s = self._sources_seen, self._stats(self._logged)  # the log's interval begins here
-        self._sources_seen = seen
-        logging.getLogger("shmloader").info(
-            "batch 1: shmloader start-up: the first batch came %.2f s after the loader was made (%.2f s of it "
-            "waited in next()), %d worker%s; the interval lines count from here; loader %s",
-            time.monotonic() - self._made, s["wait_s"], s["num_workers"], "s" if s["num_workers"] != 1 else "",
-            self._name)
-
-    def _log(self):
-        """One line per `log_every` batches, over the batches since the last line (its own interval,
-        not the caller's `stats()`'s): grep "shmloader interval"."""
-        seen, s = self._sources_seen, self._stats(self._logged)
-        self._sources_seen = seen  # the log's call is not the caller's: its share_recent window stays
-        busiest, idlest = observe.busiest_idlest(tuple(w["busy_share"] for w in s["workers"]))
-        workers = (f", busiest worker {busiest[0]} {busiest[1]:.0%} busy, idlest worker {idlest[0]} "
-                   f"{idlest[1]:.0%}" if busiest is not None else "")
-        extra = f", cropped {s['cropped_fraction']:.1%}" if "cropped_fraction" in s else ""
-        if s["workers"]:  # each worker's engine now, e.g. "engines fastokens | tokenizers, fast engine building"
-            extra += f", engines {' | '.join(w.get('engine') or '-' for w in s['workers'])}"
-        logging.getLogger("shmloader").info(
-            "batch %d: shmloader interval %.1f s: %.0f tokens/s delivered, wait share %.1f%% "
-            "(last wait %.3f s), ring %d/%d ready%s; epoch %d, %.1f s waited in all%s; loader %s",
-            s["batches"], s["interval_s"], s["delivered_tokens_per_s"], 100 * s["wait_share"],
-            s["last_wait_s"], s["ready"], s["ring_slots"], workers, s["epoch"], s["wait_s"], extra, self._name)

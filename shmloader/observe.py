@@ -15,7 +15,7 @@ this one, and is the difference of two readings of cumulative counters divided b
 Reading the counters costs the trainer nothing per batch: `next()` only adds its wait to a
 float (as it did before), and a reading is a clock read (vDSO, no system call) and the ring's
 header. Nothing here touches a process, a clock or shared memory: the loader passes readings
-in (loader.py `stats()`), the tests pass made-up ones (tests/unit/test_observe.py).
+in (report.py `Report`), the tests pass made-up ones (tests/unit/test_observe.py).
 """
 from typing import NamedTuple
 
