@@ -13,7 +13,8 @@ throughput topic the bare processes run at every N, also above the cores: N proc
 cores read what the cores read, which is what N workers are measured against ("of bare").
 Worker counts above `--most-per-core` times the cores this process may run on are dropped
 (on 2 cores: 1 2 4 8), and said. Defaults are nanochat's geometry: the nanochat corpus, B=32,
-T=2048.
+T=2048. `--warmup S`: each loader reads S seconds after its first batch before its window
+opens, for a run past its start.
 
 Per row: tokens/s (best fit: tokenized in the window); of bare and of read, per round; CPU of
 bare (the workers' tokens per CPU second of their own / a bare process's tokens per CPU second); the
@@ -53,14 +54,18 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu", help="where the loaders put their batches (default cpu; cuda on a GPU node)")
     p.add_argument("--n-slots", type=int, default=None, help="shmloader's ring slots (slots; default the loader's own)")
     p.add_argument("--seconds", type=float, default=6.0, help="wall time of each row (seconds; default 6)")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="seconds each loader reads after its first batch before its window opens (seconds; default "
+                        "0: the window holds the loader's start, its workers' first pieces included)")
     p.add_argument("--repeat", type=int, default=2, help="rounds, every row once per round (rounds; default 2)")
     corpora.add_args(p, default="nanochat")
     children.add_compare_arg(p)
     results.add_json_arg(p, "scaling")
     args = p.parse_args(argv)
     if min(args.workers) < 1 or min(args.batch_size, args.seq_len, args.repeat) < 1 or args.seconds <= 0 \
-            or args.most_per_core <= 0:
-        p.error("--workers, --batch-size, --seq-len and --repeat must be >= 1, --seconds and --most-per-core > 0")
+            or args.most_per_core <= 0 or args.warmup < 0:
+        p.error("--workers, --batch-size, --seq-len and --repeat must be >= 1, --seconds and --most-per-core > 0, "
+                "--warmup >= 0")
     if args.corpus is None and args.data is None:
         args.corpus = ["nanochat"]
     corpora.check_args(p, args)
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
         for rnd in rounds:
             per_cpu(rnd)
     figures = {"config": {"B": args.batch_size, "T": args.seq_len, "device": args.device, "n_slots": args.n_slots,
-                          "seconds": args.seconds, "engine": args.engine, "rounds": args.repeat,
+                          "seconds": args.seconds, "warmup": args.warmup, "engine": args.engine, "rounds": args.repeat,
                           "workers": args.workers, "packings": args.packings,
                           "compare": str(args.compare) if args.compare else None},
                "corpora": [dict(throughput.summarise(rounds), corpus=c.name, data=c.data)
@@ -108,7 +113,8 @@ def per_cpu(rnd: list[dict]) -> None:
 def report(run: dict) -> str:
     c, m = run["config"], run["machine"]
     out = [f"tokens/s against worker count into {c['device']}, B={c['B']}, T={c['T']}, engine {c['engine']}, "
-           f"{c['seconds']:g} s a row, {results.plural(c['rounds'], 'round')}; {m['cores']} cores usable, "
+           f"{c['seconds']:g} s a row after {c.get('warmup', 0):g} s of reading, {results.plural(c['rounds'], 'round')}; "
+           f"{m['cores']} cores usable, "
            f"load average at the start {m['load_average']}"]
     for entry in run["corpora"]:
         out += ["", f"corpus: {entry['corpus'] or entry['data']}", table(entry)]

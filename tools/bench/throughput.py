@@ -81,7 +81,7 @@ def one_round(args, corpus, checkouts, step: str, every_bare: bool = False) -> l
     files = corpora.split_files(corpus.data, "train")
     cfg = {"data": corpus.data, "tokenizer": corpus.tokenizer, "files": files, "B": args.batch_size,
            "T": args.seq_len, "seconds": args.seconds, "engine": args.engine, "device": args.device,
-           "n_slots": args.n_slots}
+           "n_slots": args.n_slots, "warmup": getattr(args, "warmup", 0.0)}
     where = f" ({corpus.name or corpus.data})"
     say = lambda what: print(f"{step}{what}{where} ...", file=sys.stderr)  # noqa: E731
     say("the nanochat-style baseline")
