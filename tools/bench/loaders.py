@@ -73,7 +73,7 @@ def read_as_fast(it, seconds: float, window: int, bestfit: bool = False, first_e
             end = time.perf_counter() + max(warmup, seconds / 4 if bestfit else 0.0)
             while time.perf_counter() < end:
                 next(it)
-            read0 = it.stats()["tokens_read"]
+            read0 = it.stats()["tokens_read"] if bestfit else None
         workers, coordinator = measure.loader_pids(it)
         n, c0, t0 = 0, measure.cpu_s(), time.perf_counter()
         w0, k0 = [measure.cpu_of([pid]) for pid in workers], measure.cpu_of(coordinator)
