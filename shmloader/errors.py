@@ -8,13 +8,13 @@ import sys
 import warnings
 
 
-def warn(text: str):
-    """`warnings.warn(text)` from the first frame outside shmloader (the caller's line, however
-    deep in the loader or its drop-in generators the warning arose)."""
+def warn(text: str, category=UserWarning):
+    """`warnings.warn(text, category)` from the first frame outside shmloader (the caller's
+    line, however deep in the loader or its drop-in generators the warning arose)."""
     frame, level = sys._getframe(1), 2  # level 2: warn()'s caller
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "shmloader":
         frame, level = frame.f_back, level + 1
-    warnings.warn(text, stacklevel=level)
+    warnings.warn(text, category, stacklevel=level)
 
 
 class ShmLoaderError(RuntimeError):

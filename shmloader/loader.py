@@ -27,7 +27,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from . import delivery, errors, kinds, profiling, report, resume as resumemod, state as statemod
+from . import cores, delivery, errors, kinds, profiling, report, resume as resumemod, state as statemod
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
@@ -71,7 +71,8 @@ class ShmLoader:
         split: "train" (every file but the last), "val" (the last) or "all" (every file: a directory
             that is one split).
         packing: "concat" (nanochat's original loader) or "bos_bestfit" (every row starts at BOS).
-        num_workers: tokenizing processes for this rank.
+        num_workers: tokenizing processes for this rank; more than the cores this process may run
+            on is warned of (`cores.CoresWarning`: they read no more, and cost a slower start).
         rank, world_size: this rank of how many (default: $RANK, $WORLD_SIZE, else 0 of 1).
         resume_state: a state to continue from (`state_dict()`, nanochat's yielded state, or
             nanochat's own loader's), as `load_state_dict`.
@@ -118,6 +119,8 @@ class ShmLoader:
         if cache_dir is not None:
             given["cache_dir"] = os.fspath(cache_dir)
         self.config = LoaderConfig(**{f.name: given[f.name] for f in dataclasses.fields(LoaderConfig)})
+        if (crowded := cores.oversubscribed(self.config.num_workers, cores.usable())) is not None:
+            errors.warn(crowded, cores.CoresWarning)
         prestart(self.config.start_method)  # the forkserver boots while the rest is built
         self.rank, self.world_size = place(rank, world_size)
         if data is None:  # nanochat's directory; rank 0 of the train split tells of a fallback

@@ -10,8 +10,9 @@
 #    CUDA calls it makes;
 # 4. tools/bench/gpu_train.py: a small GPT's training loop fed by shmloader, nanochat's loader
 #    and that loader in a thread, against batches already on the GPU (the GPU's wait for data);
-# 5. tools/bench/throughput.py --device cuda: tokens/s with 1, 2, 4, 8 and 14 workers against
-#    the nanochat-style baseline and bare engine processes, B=32, T=2048, both packings.
+# 5. tools/bench/scaling.py --device cuda: tokens/s with 1, 2, 4, 8 and 14 workers against
+#    the nanochat-style baseline and as many bare processes (engine only, and reading too),
+#    B=32, T=2048, both packings, with the workers' and the coordinator's CPU.
 #
 # The machine needs python3 with a CUDA torch, pyarrow, tiktoken, numpy and pytest; wheels the
 # project needs besides (fastokens, rustbpe, gigatoken, awkward) are installed from ./.whl if
@@ -70,8 +71,8 @@ step check 120 $PY tools/gpu_check.py --device "$DEVICE" --out-dir /tmp/gpu_chec
 step pytest 110 $PY -m pytest -q -m cuda -o addopts="-p no:cacheprovider" tests/loader/test_cuda.py
 step next 60 $PY tools/bench/cuda_next.py --device "$DEVICE" --cache-dir /tmp/gpu_check_data --json "$OUT/cuda_next.json"
 step train 140 $PY tools/bench/gpu_train.py --device "$DEVICE" "${CORPUS[@]}" "${TRAIN[@]}" --json "$OUT/gpu_train.json"
-step scaling 170 $PY tools/bench/throughput.py --device "$DEVICE" "${CORPUS[@]}" "${SCALE[@]}" --seq-len 2048 \
-    --json "$OUT/gpu_throughput.json"
+step scaling 170 $PY tools/bench/scaling.py --device "$DEVICE" "${CORPUS[@]}" "${SCALE[@]}" --repeat 1 \
+    --json "$OUT/scaling.json"
 echo "left in /dev/shm: $(ls /dev/shm | grep -c '^shml_') shmloader segments"
 echo "gpu_session: $failed step(s) failed"
 exit $failed

@@ -274,9 +274,10 @@ class Engines:
     a new validation loader at every evaluation and takes a few batches from it. So a worker
     encodes with the definition, which is the stream by definition, and starts the build, on a
     thread of its own, only once it has spent about as long tokenizing as the build costs
-    (`worked`, which the worker calls for pieces tokenized after the first batch is planned:
-    rent until the rent adds up to the price, then buy, never more than twice the better
-    choice's cost): a short loader never pays for a build, a long run pays once, early. A
+    (`worked`, which the worker calls after each run of documents, and lets start the build
+    only once the worker is past its first piece or has had a write order: procs/worker.py
+    `_rent`; rent until the rent adds up to the price, then buy, never more than twice the
+    better choice's cost): a short loader never pays for a build, a long run pays once, early. A
     definition in `EARLY` (`tokenizers`, tens of times slower than the fast engine) pays rent
     from its first call on (`encode_batch` times each one), and its worker waits for the build
     (about its price): best fit's first batch tokenizes a whole buffer of documents, which

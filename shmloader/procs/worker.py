@@ -67,6 +67,7 @@ class _Ctx:
     listening: Listener = None  # conn and alive
     gave_way_s: float = 0.0     # seconds spent giving way to another loader (`_give_way`)
     order: object = None        # the run's shuffled order (data/shuffle.py `of_run`), or None: the files'
+    counted: int = 0            # pieces counted (`Counted` sent)
 
 
 def worker_main(cfg, args: RunArgs, conn, alive):
@@ -153,9 +154,7 @@ def _loop(ctx: _Ctx):
             busy = time.perf_counter() - began - (ctx.gave_way_s - gave_way)
             row[WorkerCol.TOKENS] += len(tokens)
             row[WorkerCol.BUSY_US] += int(busy * 1e6)
-            if not hit and (ctx.ordered or not keep):  # after the first batch, or counting only; the
-                encode.worked(busy, may_start=not pause_left_us(ctx.ring.counters))  # build waits while a loader starts
-            row[WorkerCol.ENGINE] = encode.state
+            row[WorkerCol.ENGINE] = encode.state  # (its rent is paid run by run: `_tokenize`)
             ctx.tasks.popleft()
             held = ctx.packing.keep(tokens, lengths, piece.skip) if keep else None
             if held is not None and task.rows is not None:  # done again for a replaced worker: what it still needs
@@ -163,6 +162,7 @@ def _loop(ctx: _Ctx):
             if held is not None:
                 ctx.held[piece.index] = held
             ctx.conn.send(Counted(piece.index, lengths, hit))
+            ctx.counted += 1
             row[WorkerCol.PIECE] = -1  # after the send: a death in it names the piece
             continue
         row[WorkerCol.BEAT] += 1  # idle and alive: a stopped idle worker is a stall too (a task may wait for it)
@@ -300,12 +300,19 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     due = time.perf_counter() + SERVICE_EVERY_S
     row = ctx.ring.workers[ctx.args.worker]
 
+    began = None  # when the run of documents in the engine began
+
     def running(lo: int, hi: int):  # documents [lo, hi) of the piece go into the engine now
+        nonlocal began
         row[WorkerCol.RUN], row[WorkerCol.RUN_END] = piece.doc_start + lo, piece.doc_start + hi
+        began = time.perf_counter()
 
     def between(beat: bool = True):
-        nonlocal due
+        nonlocal due, began
         if beat:  # a run of documents is done (not while one long document is on its thread)
+            if began is not None:
+                _rent(ctx, encode, time.perf_counter() - began, task)
+            began = None
             row[WorkerCol.BEAT] += 1
             row[WorkerCol.ENGINE] = encode.state
         if time.perf_counter() >= due:  # write orders wait at most about this long (or one chunk)
@@ -319,6 +326,20 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
                                    lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}",
                                    between, running, _relative(task.alone, piece))
     return tokens, lengths, bool(skip) or task.rows is not None  # then not the piece's whole tokens: not cached
+
+
+def _rent(ctx: _Ctx, encode, seconds: float, task: Task):
+    """A run of documents took `seconds` with the definition: the fast engine's build starts
+    once these add up to its price (`engine.Engines.worked`), at the first run that is not
+    on the way to the run's first batch, as far as the worker can tell: after a write order
+    came (the first batch is planned), after its first piece, or in a count-only run; and
+    not while another loader of the process is starting. Paid run by run, not piece by
+    piece: a piece of 1024 documents is 0.3 s of tiktoken (4x fastokens' time) where the
+    build costs 0.05-0.4 s, and each of 8 workers tokenized its first two pieces with the
+    definition before its build began, the first seconds of a run at a quarter of its
+    speed (docs/benchmarks.md, "More workers than cores")."""
+    after_first = ctx.ordered or ctx.counted or not task.keep
+    encode.worked(seconds, may_start=after_first and not pause_left_us(ctx.ring.counters))
 
 
 def _relative(spans: tuple, piece: Piece) -> list:

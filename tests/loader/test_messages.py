@@ -2,6 +2,7 @@
 (docs/contract.md §3, §4): a bad RANK, a nanochat state of other files, warnings raised through
 the drop-in functions."""
 import warnings
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -40,3 +41,19 @@ def test_warnings_through_the_drop_ins_point_at_the_callers_line(posdata):
         gen.close()
     shape = [w for w in caught if "another batch shape" in str(w.message)]
     assert shape and all(w.filename == __file__ for w in shape), [(w.filename, w.lineno) for w in caught]
+
+
+def test_more_workers_than_cores_is_warned_at_construction(synth, monkeypatch):
+    """num_workers above the usable cores: one CoresWarning naming both, before anything
+    starts; within the cores: none."""
+    from shmloader import cores
+
+    monkeypatch.setattr(cores, "usable", lambda: 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        synth.loader(2, 16, "train", num_workers=2).close()
+        synth.loader(2, 16, "train", num_workers=3).close()
+    said = [w for w in caught if issubclass(w.category, cores.CoresWarning)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    assert "num_workers=3" in str(said[0].message) and "2 cores" in str(said[0].message)
+    assert not said[0].filename.startswith(str(Path(shmloader.__file__).parent))  # the caller's line

@@ -310,3 +310,40 @@ def test_the_start_check_compares_what_fits_in_its_characters(synth_tokenizer):
     for text in [big, "small one", big, "another small one"]:
         check(text, encoder.encode(text), lambda: "?")
     assert check.checked == 3 and check.start_chars == enginemod.START_CHARS - len(big) - 26
+
+
+def test_worker_pays_the_rent_per_run_and_may_build_once_past_its_first_piece(monkeypatch):
+    """procs/worker.py `_rent`: each run of documents is rent, from the first; the build may
+    start once the worker has counted a piece or had a write order (or counts only), never
+    while another loader of the process starts (docs/benchmarks.md, "More workers than cores")."""
+    from types import SimpleNamespace
+
+    from shmloader.ipc.ring import Counter
+    from shmloader.procs import worker
+
+    calls = []
+    rent = SimpleNamespace(worked=lambda seconds, may_start=True: calls.append((seconds, may_start)))
+    counters = np.zeros(max(Counter) + 1, dtype=np.int64)
+    ctx = SimpleNamespace(ordered=False, counted=0, ring=SimpleNamespace(counters=counters))
+    keep, count_only = SimpleNamespace(keep=True), SimpleNamespace(keep=False)
+    worker._rent(ctx, rent, 0.01, keep)        # its first piece, no order yet: rent, no build
+    worker._rent(ctx, rent, 0.01, count_only)  # a count-only run: nothing waits for a batch
+    ctx.counted = 1
+    worker._rent(ctx, rent, 0.02, keep)        # past its first piece
+    ctx.counted, ctx.ordered = 0, True
+    worker._rent(ctx, rent, 0.03, keep)        # a write order came: the first batch is planned
+    monkeypatch.setattr(worker, "pause_left_us", lambda counters: 1000)  # another loader starts
+    worker._rent(ctx, rent, 0.04, keep)
+    assert calls == [(0.01, False), (0.01, True), (0.02, True), (0.03, True), (0.04, False)]
+
+
+def test_worker_runs_say_when_they_begin_and_end():
+    """`encode_texts` calls `running` before and `between` after every run of documents: the
+    hooks the worker's rent is timed by (a run is about CHUNK_CHARS characters)."""
+    from shmloader.procs import worker
+
+    texts = ["a" * (worker.CHUNK_CHARS // 3)] * 9
+    events = []
+    worker.encode_texts(texts, lambda docs, where: (np.zeros(0, np.uint32), np.zeros(len(docs) + 1, np.int64)),
+                        0, np.uint32, str, lambda: events.append("end"), lambda lo, hi: events.append("run"))
+    assert events == ["run", "end"] * (len(events) // 2) and len(events) // 2 >= 3

@@ -22,7 +22,7 @@ import pytest
 from shmloader.demo import corpus, prepare_data
 from tests.helpers import REPO_ROOT, read_texts, row_group_sizes
 from tools import plot_pipeline
-from tools.bench import children, corpora, evaluations, measure, results, step_loop, throughput, trainer
+from tools.bench import children, corpora, evaluations, measure, results, scaling, step_loop, throughput, trainer
 
 VOCAB = 512
 
@@ -264,6 +264,19 @@ def test_bench_median_interval_narrows_with_samples_and_is_made_again_from_them(
     assert results.median_interval(few) == results.median_interval(few), "seeded: the same samples, the same interval"
     lo, hi = results.median_interval(many)
     assert lo < 1.0 < hi and hi - lo < 0.03
+
+
+def test_bench_scaling_caps_worker_counts_by_the_cores_and_compares_cpu_seconds(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    args = scaling.parse_args([])
+    assert args.workers == [1, 2, 4, 8] and (args.batch_size, args.corpus) == (32, ["nanochat"])
+    assert scaling.parse_args(["--most-per-core", "8"]).workers == [1, 2, 4, 8, 14]
+    # 8 bare processes on 2 cores: each 1 M tokens/s but 4 M per CPU second; the loader's workers
+    # read 6 M tokens/s with 2 CPU seconds a second: 3 M per CPU second, 75% of a bare one's
+    rnd = [_row("baseline", None, 1.0), _row("bare", 8, 8.0, tokens_per_cpu_s=4.0),
+           _row("shmloader", 8, 6.0, wall_s=2.0, worker_cpu_s=4.0)]
+    scaling.per_cpu(rnd)
+    assert rnd[2]["cpu_of_bare_cpu"] == 0.75
 
 
 # ---------------------------------------------------------------- tools/bench: results, checkouts

@@ -72,11 +72,12 @@ def bare_child(cfg: dict) -> dict:
     encode, texts = in_chunks(encoder), split_texts(cfg["files"])
     encode(texts[:1])  # the engine's first call, before the clock
     _ready(cfg)
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < cfg["seconds"]:
         n += encode(texts[:100])
         texts = texts[100:] + texts[:100]
-    return {"tokens_per_s": n / (time.perf_counter() - t0), "docs": len(texts), "engine": encoder.name}
+    return {"tokens_per_s": n / (time.perf_counter() - t0), "tokens_per_cpu_s": n / (time.process_time() - c0),
+            "docs": len(texts), "engine": encoder.name}
 
 
 def _ready(cfg: dict) -> None:
@@ -110,14 +111,15 @@ def bare_read_child(cfg: dict) -> dict:
     encode(["warm up"])  # the engine's first call, before the clock
     _ready(cfg)
     n = rgs = docs = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < cfg["seconds"]:
         f, g = mine[rgs % len(mine)]
         texts = [t for t in source.read_texts(f, g, 0, counts[f][g]) if t is not None]
         source._last = None  # noqa: SLF001 (read again next round, as a worker would read a new row group)
         n += encode(texts) if texts else 0
         rgs, docs = rgs + 1, docs + len(texts)
-    return {"tokens_per_s": n / (time.perf_counter() - t0), "row_groups": rgs, "docs": docs, "engine": encoder.name}
+    return {"tokens_per_s": n / (time.perf_counter() - t0), "tokens_per_cpu_s": n / (time.process_time() - c0),
+            "row_groups": rgs, "docs": docs, "engine": encoder.name}
 
 
 def side_by_side(files, tokenizer: str, n: int, seconds: float, engine: str, checkout, read: bool = False) -> dict:
@@ -131,4 +133,5 @@ def side_by_side(files, tokenizer: str, n: int, seconds: float, engine: str, che
                for p in [children.start(target, dict(cfg, i=i), checkout) for i in range(n)]]
     rates = [g["tokens_per_s"] for g in got]
     return {"kind": "bare_read" if read else "bare", "workers": n, "processes": n, "seconds": seconds,
-            "tokens_per_s": sum(rates), "per_process": rates, "docs": got[0]["docs"], "engine": got[0]["engine"]}
+            "tokens_per_s": sum(rates), "per_process": rates, "docs": got[0]["docs"], "engine": got[0]["engine"],
+            "tokens_per_cpu_s": sum(g["tokens_per_cpu_s"] for g in got) / n}  # a process's, per second of its CPU

@@ -59,19 +59,21 @@ def row(cfg: dict) -> dict:
            "cache": cfg.get("cache"), "first_batch_ms": firsts}
     # an empty cache is read for its first epoch only: later epochs would hit what it wrote
     out.update(read_as_fast(make(), cfg["seconds"], B * (T + 1) if bestfit else B * T + 1, bestfit,
-                            first_epoch_only=cfg.get("cache") == "cold"))
+                            first_epoch_only=cfg.get("cache") == "cold", warmup=cfg.get("warmup") or 0.0))
     return out
 
 
-def read_as_fast(it, seconds: float, window: int, bestfit: bool = False, first_epoch_only: bool = False) -> dict:
-    """Read `it` as fast as it goes for `seconds` after its first batch; closes it."""
+def read_as_fast(it, seconds: float, window: int, bestfit: bool = False, first_epoch_only: bool = False,
+                 warmup: float = 0.0) -> dict:
+    """Read `it` as fast as it goes for `seconds` after its first batch (and `warmup` seconds
+    more of reading, left out of the window: a run past its start); closes it."""
     try:
         next(it)
-        if bestfit:  # let the read-ahead and the buffer fill before the window opens
-            end = time.perf_counter() + seconds / 4
+        if bestfit or warmup:  # best fit: let the read-ahead and the buffer fill before the window opens
+            end = time.perf_counter() + max(warmup, seconds / 4 if bestfit else 0.0)
             while time.perf_counter() < end:
                 next(it)
-            read0 = it.stats()["tokens_read"]
+            read0 = it.stats()["tokens_read"] if bestfit else None
         workers, coordinator = measure.loader_pids(it)
         n, c0, t0 = 0, measure.cpu_s(), time.perf_counter()
         w0, k0 = [measure.cpu_of([pid]) for pid in workers], measure.cpu_of(coordinator)

@@ -73,20 +73,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def one_round(args, corpus, checkouts, step: str) -> list[dict]:
+def one_round(args, corpus, checkouts, step: str, every_bare: bool = False) -> list[dict]:
     """One round on one corpus: the baseline, then per worker count the bare processes (as many
-    as the worker count, if the cores hold them) and the loaders."""
+    as the worker count, if the cores hold them, or whatever the count with `every_bare`: what
+    that many processes read side by side, the scaling topic's reference) and the loaders."""
     cores = len(os.sched_getaffinity(0))
     files = corpora.split_files(corpus.data, "train")
     cfg = {"data": corpus.data, "tokenizer": corpus.tokenizer, "files": files, "B": args.batch_size,
            "T": args.seq_len, "seconds": args.seconds, "engine": args.engine, "device": args.device,
-           "n_slots": args.n_slots}
+           "n_slots": args.n_slots, "warmup": getattr(args, "warmup", 0.0)}
     where = f" ({corpus.name or corpus.data})"
     say = lambda what: print(f"{step}{what}{where} ...", file=sys.stderr)  # noqa: E731
     say("the nanochat-style baseline")
     rows = [dict(children.run("loaders:loader_child", dict(cfg, kind="baseline"), checkouts[-1]), label=None)]
     for w in args.workers:
-        if w <= cores:
+        if w <= cores or every_bare:
             say(f"{plural(w, 'bare engine process', 'bare engine processes')} side by side")
             rows.append(bare.side_by_side(files, corpus.tokenizer, w, args.seconds, args.engine, checkouts[-1]))
             say(f"{plural(w, 'bare process', 'bare processes')} reading and tokenizing, side by side")
