@@ -234,7 +234,7 @@ class Writer:
 
     def _read(self, read) -> tuple:
         """`(epoch, pq_idx, rg_idx)` of a row group (the run's file numbers) as a state numbers it."""
-        return read.epoch, self._catalogue.described(read.epoch, read.file)[0], read.rg
+        return read.epoch, self._catalogue.numbered(read.epoch, read.file), read.rg
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:

@@ -137,12 +137,19 @@ class Catalogue:
         nanochat's loop asks for a state with every batch, and a split may hold thousands of
         files."""
         later = self.later is not None and epoch > self.later.after
-        pq = int(self._later_at[file]) if later else file
+        pq = self.numbered(epoch, file)
         key = (later, epoch > 1, pq if epoch == 1 else -1)
         if self._described[0] != key:
             files = [self.files[t] for t in self.later.order] if later else self.files
             self._described = (key, described_files(files, epoch, pq))
         return pq, self._described[1], self._later_at if later else None
+
+    def numbered(self, epoch: int, file: int) -> int:
+        """File `file` (the run's numbering) as a state of `epoch` numbers it (its `pq_idx`): no
+        list is made (a state's nanochat keys ask with every batch, for another file than its
+        position's, and `described` keeps one answer)."""
+        later = self.later is not None and epoch > self.later.after
+        return int(self._later_at[file]) if later else file
 
     def row_counts(self, file: int, on_bad: str = "raise") -> list:
         """Rows per row group of `file`, from its footer, as the coordinator reads them (with

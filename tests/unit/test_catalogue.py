@@ -54,6 +54,18 @@ def test_a_resume_reads_its_epoch_in_the_states_order_and_then_the_sorted_one(da
     assert cat.described(5, 1)[0] == 1
 
 
+def test_a_files_number_in_a_state_is_describeds_without_its_list(data):
+    """`numbered` (a state's nanochat keys, asked with every batch) says the `pq_idx` that
+    `described` says, in every epoch of a reordered run, and leaves `described`'s kept answer."""
+    cat = Catalogue(str(data), "train")
+    cat.reorder([0, 2, 1])
+    cat.begin(3)
+    kept = cat.described(3, 0)[1]
+    assert [cat.numbered(e, f) for e in (3, 4) for f in range(3)] == [0, 1, 2, 0, 2, 1]
+    assert cat.described(3, 0)[1] is kept
+    assert all(cat.numbered(e, f) == cat.described(e, f)[0] for e in (3, 4, 5) for f in range(3))
+
+
 def test_learnt_footers_replace_the_list_and_a_change_is_warned_of(data):
     cat = Catalogue(str(data), "train")
     before = cat.files
