@@ -11,3 +11,26 @@ def hand_out(mode, workers: int = 1) -> list:
             mode.take(w, piece)
             given.append(piece)
     return given
+
+
+def written(order) -> list:
+    """A write order's acknowledgements `(batch, tokens)`: a mixture concat's `Copies` count
+    their own; best fit's `Rows` are its placements' tokens."""
+    if hasattr(order, "counts"):
+        return order.counts()
+    return [(order.batch, sum(p[4] for p in order.placements))]
+
+
+def turn(mode, slots) -> tuple[list, list]:
+    """The rest of one turn of the coordinator's loop (procs/coordinator.py), the counts in:
+    every write order the mode gives written at once, every complete batch taken and its slot
+    freed. Returns `(orders, done)`: the orders written and the batches complete (the mode's
+    messages are the caller's to read)."""
+    orders = [order for _, order in mode.orders(slots.take_slot)]
+    for order in orders:
+        mode.written(written(order))
+    done = list(mode.ready())
+    for complete in done:
+        slots.release(complete.batch)
+        mode.freed(complete.batch)
+    return orders, done

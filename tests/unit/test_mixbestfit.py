@@ -16,7 +16,7 @@ from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import MixBestFitMode, buffer_entries, buffer_runs
-from tests.unit.modes import hand_out
+from tests.unit.modes import hand_out, turn
 
 RANGES = (Range("long", 0, 2), Range("short", 2, 4))
 
@@ -59,15 +59,12 @@ def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None, mi
         for piece in given[:rng.randint(1, max(1, len(given)))]:  # some of them, in any order
             given.remove(piece)
             mode.counted(Counted(piece.index, lengths(piece), None))
-        for _, order in mode.orders(slots.take_slot):
+        orders, done = turn(mode, slots)
+        for order in orders:
             for index, row, r, off, n in order.placements:
                 p = handed[index]
                 out.append((order.batch, r, off, n, p.file, p.rg, p.doc_start + row))
-            mode.written([(order.batch, sum(p[4] for p in order.placements))])
-        for done in mode.ready():
-            ready.append(done)
-            mode.freed(done.batch)
-            slots.release(done.batch)
+        ready += done
         if len(ready) >= batches:
             return sorted(out)[:sum(1 for o in out if o[0] < batches)], ready[:batches], mode
     raise AssertionError("the plans stopped: the mix waits for a piece no worker may take")
@@ -169,12 +166,7 @@ def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
     for _ in range(2000):
         for piece in hand_out(mode):
             mode.counted(Counted(piece.index, lengths(piece), None))
-        for _, order in mode.orders(slots.take_slot):
-            mode.written([(order.batch, sum(p[4] for p in order.placements))])
-        for done in mode.ready():
-            ready.append(done)
-            mode.freed(done.batch)
-            slots.release(done.batch)
+        ready += turn(mode, slots)[1]
         said = [m for m in mode.messages() if isinstance(m, Ended)]
         if said:
             break
@@ -196,13 +188,8 @@ def test_a_mix_piece_that_fails_after_a_plan_ran_out_for_it_ends_the_run_at_once
     cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None)
     mode, slots, ready, held = MixBestFitMode(cfg, run, 1, pieces), SlotMap(3), [], None
 
-    def turn() -> list:
-        for _, order in mode.orders(slots.take_slot):
-            mode.written([(order.batch, sum(p[4] for p in order.placements))])
-        for done in mode.ready():
-            ready.append(done)
-            mode.freed(done.batch)
-            slots.release(done.batch)
+    def turned() -> list:
+        ready.extend(turn(mode, slots)[1])
         return list(mode.messages())
 
     for _ in range(2000):
@@ -212,13 +199,13 @@ def test_a_mix_piece_that_fails_after_a_plan_ran_out_for_it_ends_the_run_at_once
                 held = piece  # its worker gets to it last
             else:
                 mode.counted(Counted(piece.index, lengths(piece), None))
-        assert not [m for m in turn() if isinstance(m, Ended)]
+        assert not [m for m in turned() if isinstance(m, Ended)]
         if held is not None and not given and mode.seq.starved:
             break
     assert held is not None and mode.seq.starved and len(ready) > 0, (held, len(ready))
     assert mode.failed(held.index, Error("data", f"short{bad}.parquet: not a readable parquet file", ""))
-    said = [m for m in turn() if isinstance(m, Ended)]
+    said = [m for m in turned() if isinstance(m, Ended)]
     assert hand_out(mode) == []
     assert len(said) == 1 and f"short{bad}.parquet" in said[0].text, said
     assert [d.position for d in ready] == [d.position for d in good[:len(ready)]]
-    assert turn() == [] and hand_out(mode) == []
+    assert turned() == [] and hand_out(mode) == []

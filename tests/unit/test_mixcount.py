@@ -12,7 +12,7 @@ from shmloader.ipc.protocol import Counted, Located, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixcount import MixCountMode
 from shmloader.packing.mixmode import MixConcatMode
-from tests.unit.modes import hand_out
+from tests.unit.modes import hand_out, turn
 from tests.unit.test_mixbestfit import RANGES, drive, lengths, pieces
 
 B, T = 2, 5                   # concat windows of 11 tokens: documents of 1-9 tokens end on them often
@@ -32,12 +32,7 @@ def live_concat(n: int) -> list:
     while len(points) < n:
         for piece in hand_out(mode):
             mode.counted(Counted(piece.index, lengths(piece), None))
-        for _, order in mode.orders(slots.take_slot):
-            mode.written(order.counts())
-        for done in mode.ready():
-            points.append(done.runs)
-            mode.freed(done.batch)
-            slots.release(done.batch)
+        points += [done.runs for done in turn(mode, slots)[1]]
     return points[:n]
 
 

@@ -13,7 +13,7 @@ from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, Ended, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixmode import MixConcatMode
-from tests.unit.modes import hand_out
+from tests.unit.modes import hand_out, turn
 
 
 def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
@@ -93,12 +93,7 @@ def _drive(order, seed: int, batches: int = 60) -> tuple:
         for piece in given[:rng.randint(1, max(1, len(given)))]:
             given.remove(piece)
             mode.counted(Counted(piece.index, np.array(rows["heavy" if piece.file < 2 else "light"]), None))
-        for _, copies in mode.orders(slots.take_slot):
-            mode.written(copies.counts())
-        for complete in mode.ready():
-            done.append(complete)
-            slots.release(complete.batch)
-            mode.freed(complete.batch)
+        done += turn(mode, slots)[1]
         said += [m for m in mode.messages() if isinstance(m, Ended)]
         if said or len(done) >= batches:
             return done, said
@@ -153,12 +148,7 @@ def test_a_source_whose_order_fails_when_the_mix_waits_for_it_alone_stops_it_at_
         for _ in range(200):
             for piece in hand_out(mode, 1):  # each counted at once, in order
                 mode.counted(Counted(piece.index, np.array([6, 6, 6] if piece.file < 2 else [2]), None))
-            for _, copies in mode.orders(slots.take_slot):
-                mode.written(copies.counts())
-            for complete in mode.ready():
-                done.append(complete)
-                slots.release(complete.batch)
-                mode.freed(complete.batch)
+            done += turn(mode, slots)[1]
             said = [m for m in mode.messages() if isinstance(m, Ended)]
             if said:
                 return done, said
