@@ -108,15 +108,21 @@ def test_every_document_once_per_epoch_twice_over_in_a_new_order(shufdata, capsy
     assert abs(np.mean(rhos)) < 0.2
 
 
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-def test_the_same_batches_with_1_and_3_workers_and_other_batches_with_another_seed(shufdata, packing):
-    root = shufdata[0]
+def same_by_workers_other_by_seed(make, root, packing) -> dict:
+    """40 batches of `make(root, ...)` shuffled with (workers, seed) (1, 3), (3, 3) and (2, 4):
+    the same with 1 and 3 workers, others with another seed; the batches by (workers, seed)."""
     got = {}
     for workers, seed in ((1, 3), (3, 3), (2, 4)):
-        with load(root, shuffle=True, seed=seed, num_workers=workers, packing=packing) as loader:
+        with make(root, shuffle=True, seed=seed, num_workers=workers, packing=packing) as loader:
             got[workers, seed] = windows(loader, 40)
     assert all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[3, 3]))
     assert not all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[2, 4]))
+    return got
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_the_same_batches_with_1_and_3_workers_and_other_batches_with_another_seed(shufdata, packing):
+    same_by_workers_other_by_seed(load, shufdata[0], packing)
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
@@ -343,12 +349,7 @@ def test_a_mixture_shuffles_every_source_on_its_own_every_document_once_per_sour
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_a_shuffled_mixture_the_same_with_1_and_3_workers_and_another_with_another_seed(mixshuf, packing):
     root = mixshuf[0]
-    got = {}
-    for workers, seed in ((1, 3), (3, 3), (2, 4)):
-        with load_mix(root, shuffle=True, seed=seed, num_workers=workers, packing=packing) as loader:
-            got[workers, seed] = windows(loader, 40)
-    assert all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[3, 3]))
-    assert not all(np.array_equal(a, b) for a, b in zip(got[1, 3], got[2, 4]))
+    got = same_by_workers_other_by_seed(load_mix, root, packing)
     with load_mix(root, num_workers=2, packing=packing) as loader:
         plain = windows(loader, 40)
     assert not all(np.array_equal(a, b) for a, b in zip(got[1, 3], plain))

@@ -36,14 +36,20 @@ def scenario(seed, W):
     counts = random_files(rng)
     while sum(map(len, counts)) < W or not all(any(len(c) > r for c in counts) for r in range(W)):
         counts = random_files(rng)  # every old rank has a row group (else its stream is an error)
+    return (counts, *stopped([old_stream(counts, r, W, 3) for r in range(W)], rng))
+
+
+def stopped(streams: list, rng) -> tuple[list, set]:
+    """Each old rank stopped at a random document of its stream (`streams[r]`: its documents
+    `(epoch, file, rg, doc)` in order), with a token offset into it: `(positions, what they had
+    consumed)`."""
     positions, consumed = [], set()
-    for r in range(W):
-        stream = old_stream(counts, r, W, 3)
+    for stream in streams:
         i = rng.randrange(len(stream))
         e, f, g, d = stream[i]
         positions.append((e, f, g, d, rng.choice([0, 0, 3])))
         consumed.update(stream[:i])
-    return counts, positions, consumed
+    return positions, consumed
 
 
 @pytest.mark.parametrize("W,W2", CHANGES)
@@ -169,7 +175,7 @@ def shuffled_scenario(seed, W, order):
     counts = random_files(rng)
     while sum(map(len, counts)) < W:
         counts = random_files(rng)
-    positions, consumed = [], set()
+    streams = []
     for r in range(W):
         first = shufflemod.first_position(order, counts.__getitem__, len(counts), r, W)
         stream = []
@@ -179,11 +185,8 @@ def shuffled_scenario(seed, W, order):
             stream.extend((e, f, g, x) for x in range(d, rows))
         if not stream:
             return None  # an old rank with no document in two epochs: not a scenario
-        i = rng.randrange(len(stream))
-        e, f, g, d = stream[i]
-        positions.append((e, f, g, d, rng.choice([0, 0, 3])))
-        consumed.update(stream[:i])
-    return counts, positions, consumed
+        streams.append(stream)
+    return (counts, *stopped(streams, rng))
 
 
 @pytest.mark.parametrize("W,W2", CHANGES)
