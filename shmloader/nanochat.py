@@ -13,9 +13,9 @@ in it raised, from the first `next()` on. Every `ShmLoader` option passes throug
 (`positions=True`: each batch with its positions, before the state; `column="content"`: the
 documents' column; `data=shmloader.Source(...)` or a `Mixture` of them).
 """
-import os
 from collections.abc import Generator
 
+from .cores import usable
 from .loader import ShmLoader
 
 
@@ -50,10 +50,7 @@ def _workers(tokenizer_threads: int, num_workers) -> int:
     goes to the loader as it is, which names it."""
     if num_workers is not None:
         return num_workers
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or tokenizer_threads
+    cores = usable()
     valid = isinstance(tokenizer_threads, int) and not isinstance(tokenizer_threads, bool) and tokenizer_threads >= 1
     return min(tokenizer_threads, cores) if valid else tokenizer_threads  # else LoaderConfig names it
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
 import resource
 import sys
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import corpus
+from ..cores import usable
 
 NUM_FILES = 4
 ROW_GROUP_DOCS = 256
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     files = source.split_files(source.list_files(str(data.data_dir)), "train")
     enc = load_encoding(data.tokenizer_path)
     bos = enc.encode_single_token("<|bos|>")
-    cores = len(os.sched_getaffinity(0))
+    cores = usable()
     print(f"shmloader demo: B={B}, T={T} ({window:,} tokens read per batch), {args.batches} batches "
           f"timed per loader, {cores} cores")
     print(f"data: {data.data_dir} ({data.n_files} files, {data.n_docs} documents; train = first "
