@@ -1,5 +1,7 @@
 """nanochat's `tokenizer_threads` as worker processes (shmloader/nanochat.py): at most the cores
 the training process may run on, unless `num_workers` says how many."""
+import os
+
 import pytest
 
 from shmloader import nanochat
@@ -7,19 +9,19 @@ from shmloader import nanochat
 
 @pytest.mark.parametrize("threads, cores, want", [(4, 2, 2), (4, 8, 4), (1, 2, 1), (4, 1, 1), (6, 6, 6)])
 def test_tokenizer_threads_are_capped_at_the_cores(monkeypatch, threads, cores, want):
-    monkeypatch.setattr(nanochat.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
     assert nanochat._workers(threads, None) == want
 
 
 def test_num_workers_is_taken_as_given(monkeypatch):
-    monkeypatch.setattr(nanochat.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert nanochat._workers(4, 3) == 3
     assert nanochat._workers(4, 8) == 8
 
 
 @pytest.mark.parametrize("bad", [0, -1, "4", True, 2.0])
 def test_a_bad_thread_count_is_refused_as_num_workers_would_be(monkeypatch, bad):
-    monkeypatch.setattr(nanochat.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert nanochat._workers(bad, None) is bad
     with pytest.raises(ValueError, match="num_workers"):
         nanochat.tokenizing_distributed_data_loader_with_state(2, 16, "train", tokenizer_threads=bad, device="cpu",
