@@ -11,15 +11,16 @@ with `cache_dir`).
 what changes the stream. `spec` is the packing's spec (packing/base.py: `Packing`), which sizes
 the ring's slots (and `positions_words`, the positions after each slot's window). `positions` is
 not in the fingerprint: it adds to each batch and changes nothing of the stream; nor is
-`head_start`, which changes only who makes a run's first batches. `shuffle` (with its `seed`) is
-in it as `"shuffle": "seed S"` when on, absent when off (so older states match); `order` is its
-`data.shuffle.Shuffle`, or None. Pure: no
+`head_start`, which changes only who makes a run's first batches. `shuffle` (with its `seed` and
+`shuffle_window`) is in it as `"shuffle": "seed S window K"` when on (`"seed S"` for a window of
+one unit, as states saved before the window say it), absent when off (so older states match);
+`order` is its `data.shuffle.Shuffle`, or None. Pure: no
 torch, no files, no processes.
 """
 import os
 from dataclasses import dataclass
 
-from .data.shuffle import Shuffle
+from .data.shuffle import WINDOW, Shuffle
 from .packing import PACKINGS
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
@@ -61,6 +62,7 @@ class LoaderConfig:
     head_start: bool = True              # concat: a run's first batches made by the trainer while its children start
     shuffle: bool = False                # every epoch in an order drawn from (seed, epoch): data/shuffle.py
     seed: int = 0                        # the shuffle's seed
+    shuffle_window: int | None = None    # units whose documents are shuffled together (None: shuffle.WINDOW)
 
     def __post_init__(self):
         self._check()
@@ -112,6 +114,10 @@ class LoaderConfig:
                              f"and the epoch) or False (the files' order), got {self.shuffle!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
             raise ValueError(f"seed must be an integer in [0, 2**63) (the shuffle's seed), got {self.seed!r}")
+        if self.shuffle_window is not None and (isinstance(self.shuffle_window, bool) or not isinstance(
+                self.shuffle_window, int) or self.shuffle_window < 1):
+            raise ValueError(f"shuffle_window must be a count of units (row groups) >= 1 whose documents are "
+                             f"shuffled together, or None ({WINDOW}), got {self.shuffle_window!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 
@@ -151,7 +157,7 @@ class LoaderConfig:
     @property
     def order(self):
         """The shuffled order (`data.shuffle.Shuffle`) with `shuffle=True`, else None (the files' order)."""
-        return Shuffle(self.seed) if self.shuffle else None
+        return Shuffle(self.seed, self.shuffle_window or WINDOW) if self.shuffle else None
 
     @property
     def window(self) -> int:
@@ -188,7 +194,8 @@ class LoaderConfig:
         if self.on_bad_row_group == "skip":
             out["on_bad_row_group"] = "skip"  # skipping changes the stream
         if self.shuffle:
-            out["shuffle"] = f"seed {self.seed}"  # a state without it is unshuffled (state.py ORDER_DEFAULTS)
+            window = self.order.window  # a state without it is unshuffled (state.py ORDER_DEFAULTS)
+            out["shuffle"] = f"seed {self.seed}" + (f" window {window}" if window > 1 else "")
         return out
 
 

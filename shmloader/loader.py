@@ -61,7 +61,7 @@ class ShmLoader:
                  cache_dir: str | os.PathLike | None = None, log_every: int = 0, other_rank: str = "exact",
                  engine: str = "auto", idle_release_s: float | None = None, max_restarts: int = 3,
                  stall_s: float | None = None, positions: bool = False, head_start: bool = True,
-                 column: str = "text", shuffle: bool = False, seed: int = 0):
+                 column: str = "text", shuffle: bool = False, seed: int = 0, shuffle_window: int | None = None):
         """A loader of `data` (a directory of data files, a glob, a list of paths, a URI; a
         `shmloader.Source` naming its column; a `Mixture`; None: nanochat's directory; formats by
         file name: .parquet, .jsonl/.json plain, .gz or .zst, .arrow/.feather) tokenized by `tokenizer` (a tiktoken pickle or Encoding, a Hugging
@@ -111,9 +111,10 @@ class ShmLoader:
         column: the column the documents are in (a source given as `Source(data, column=...)`
             reads its own): strings are text to tokenize, lists of integers are token ids, used
             as they are after the BOS (ids at or above the tokenizer's vocabulary: DataError).
-        shuffle, seed: every epoch's units (row groups) over the whole split, and each unit's
-            documents, in an order drawn from `seed` and the epoch (data/shuffle.py; README "The
-            order"); False: the files' order, nanochat's. A state keeps both."""
+        shuffle, seed, shuffle_window: every epoch's units (row groups) over the whole split in an
+            order drawn from `seed` and the epoch, and the documents of each `shuffle_window`
+            consecutive units of it (None: 8) together in one (data/shuffle.py; README "The
+            order"); False: the files' order, nanochat's. A state keeps all three."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if cache_dir is not None:

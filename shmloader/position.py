@@ -11,8 +11,13 @@ one (`RunArgs.start`), a batch's announcement carries the one after it, a state 
 `RowGroup(epoch, file, rg)` is the row group a batch's reading ended in: the one holding the
 batch's last token (concat), or the last chunk that entered the buffer to make it (best fit).
 A batch's announcement carries it, and a state's nanochat keys (`pq_idx`, `rg_idx`, `epoch`)
-are the one of the last batch before its position, as nanochat's own loaders say them. Pure:
-no imports.
+are the one of the last batch before its position, as nanochat's own loaders say them.
+
+`Step(epoch, file, rg, doc, skip, rows, members)` is one step of an order (data/order.py
+`row_steps`, data/shuffle.py, data/elastic.py): the `rows` documents of row group `rg` of `file`
+in `epoch`, from document `doc` on (`skip` tokens into it), which data/order.py `cut_pieces`
+cuts into pieces; a shuffled order's window names its units in `members` (data/shuffle.py
+`Member`s, the head `(file, rg)` first; () in the files' order). Pure: no imports.
 """
 from typing import NamedTuple
 
@@ -34,3 +39,13 @@ class RowGroup(NamedTuple):
     epoch: int
     file: int
     rg: int
+
+
+class Step(NamedTuple):
+    epoch: int
+    file: int
+    rg: int
+    doc: int
+    skip: int
+    rows: int
+    members: tuple = ()

@@ -84,7 +84,7 @@ class Loader:
     footers: object = None  # [file index] -> their footer digests now (data.source.footer_digests)
     val: str | None = None  # the name of the data set's val file (the last one)
     first: object = None    # (rank, world) -> the Position a fresh stream begins at, when not
-    #                         `start_position`'s: a shuffled order's first unit (data/shuffle.py)
+    #                         `start_position`'s: a shuffled order's first window (data/shuffle.py)
 
     @property
     def shuffled(self) -> bool:
@@ -534,7 +534,8 @@ def _config_diff(key: str, saved, now) -> str:
                 f"special tokens or BOS differ; fingerprint {saved!r}, this loader's {now!r})")
     if key in ORDER_DEFAULTS:
         return (f"shuffle: the state was saved with shuffle {saved!r}, this loader has shuffle {now!r} (pass "
-                f"the shuffle= and seed= the state was saved with)")
+                f"the shuffle=, seed= and shuffle_window= the state was saved with; a state saved before "
+                f"the window is of shuffle_window=1)")
     if key in DATA_DEFAULTS:
         return (f"{key}: the state was saved reading {key} {saved!r}, this loader reads {now!r} (pass "
                 f"{'column=' if key == 'column' else 'the data'} the state was saved with)")

@@ -20,10 +20,11 @@ A position in a new rank's stream is an ordinary (epoch, file, rg, doc, skip): a
 in at most one unit, so a position at or before `epoch` names the unit it is in. A new rank
 starts at its first unit (`start`), or at epoch `epoch + 1` when it has none.
 
-With a shuffle (`shuffle=`, data/shuffle.py) the units are those of the old ranks' shuffled
-streams: an epoch's units in its permuted order (`Shuffle.units`), unit i of it old rank
-i % W's, past its old rank's position in that order; the new ranks deal them out the same way,
-then read plain W2-rank shuffled epochs from `epoch + 1` on, each from its share's first unit.
+With a shuffle (`shuffle=`, data/shuffle.py) the units are the windows of the old ranks'
+shuffled streams: an epoch's windows in its permuted order (`Shuffle.windows`), window i of it
+old rank i % W's, past its old rank's position in that order; the new ranks deal them out the
+same way, then read plain W2-rank shuffled epochs from `epoch + 1` on, each from its share's
+first window.
 A shuffled run that began at a change does not change again yet (state.py refuses it).
 
 A run that began at a change may change again (`parent`: the plan it began with). Its ranks'
@@ -34,7 +35,7 @@ new units are those past each rank's position in it, as for a plain run.
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from ..position import Position
+from ..position import Position, Step
 from . import shuffle as shufflemod
 from .order import row_steps
 
@@ -50,6 +51,7 @@ class Unit:
     doc: int
     skip: int
     rows: int
+    members: tuple = ()  # a shuffled window's units (data/shuffle.py: `rg` of `file` heads it)
 
 
 @dataclass(frozen=True)
@@ -103,25 +105,26 @@ def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int, 
 
 
 def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[Unit]:
-    """`units` of a shuffled run: epoch e's units in their order, unit i old rank i % W's,
+    """`units` of a shuffled run: epoch e's windows in their order, window i old rank i % W's,
     those past its old rank's position in that order (the one at it from its document on)."""
     assert plan.parent is None, "a shuffled run that began at a change of world size changes again (state.py refuses it)"
     counts = [list(row_counts(f)) for f in range(n_files)]
     W, first = plan.world, min(p[0] for p in plan.positions)
     for epoch in range(first, plan.epoch + 1):
-        order = shuffle.units(epoch, counts)
-        place = {u: i for i, u in enumerate(order)}
-        for i, (f, g) in enumerate(order):
+        windows = shuffle.windows(epoch, counts)
+        place = {w.head: i for i, w in enumerate(windows)}
+        for i, w in enumerate(windows):
             e, pf, pg, doc, skip = plan.positions[i % W]
             if e == epoch and (pf, pg) not in place:
                 raise ValueError(f"resume state: old rank {i % W}'s position is file {pf}, row group {pg} of "
-                                 f"epoch {e}, which the split does not have (files changed, or an edited state)")
+                                 f"epoch {e}, which heads no window of the split's shuffled order (files "
+                                 f"changed, another shuffle_window, or an edited state)")
             at = (epoch, i)
             here = (e, place[(pf, pg)]) if e == epoch else (e, -1)
             if at > here:
-                yield Unit(epoch, f, g, 0, 0, counts[f][g])
-            elif at == here and doc < counts[f][g]:
-                yield Unit(epoch, f, g, doc, skip, counts[f][g])
+                yield Unit(epoch, *w.head, 0, 0, w.rows, w.members)
+            elif at == here and doc < w.rows:
+                yield Unit(epoch, *w.head, doc, skip, w.rows, w.members)
 
 
 def _old_units(plan: Plan, row_counts, n_files: int) -> Iterator[tuple[int, Unit]]:
@@ -182,9 +185,9 @@ def steps(plan: Plan, rank: int, world: int, row_counts, n_files: int, at: Posit
             key = (u.epoch, u.file, u.rg)
             if key == here:
                 passed = True
-                yield u.epoch, u.file, u.rg, at.doc, 0, u.rows
+                yield Step(u.epoch, u.file, u.rg, at.doc, 0, u.rows, u.members)
             elif passed if shuffle is not None else key > here:  # shuffled: after it in the units' order
-                yield u.epoch, u.file, u.rg, u.doc, u.skip, u.rows
+                yield Step(u.epoch, u.file, u.rg, u.doc, u.skip, u.rows, u.members)
         at = _after(plan, rank, world, row_counts, n_files, shuffle)
     yield from row_steps(row_counts, n_files, rank, world, at, later, shuffle)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 from ..errors import DataError
-from ..position import Position
+from ..position import Position, Step
 from . import shuffle as shufflemod
 
 RAMP = (16, 32, 64, 128, 256, 512)
@@ -48,6 +48,7 @@ class Piece:
     text_bytes: int = 0  # its text's size, estimated from its row group's (0: unknown)
     skip: int = 0        # tokens of its first document read before it (concat, elastic resume:
     #                      a document an old rank had begun; the worker drops them)
+    members: tuple = ()  # a shuffled window's units (data/shuffle.py `Member`s), () in the files' order
 
     @property
     def n_docs(self) -> int:
@@ -107,7 +108,7 @@ def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: in
               start: Position, later: Later | None = None,
               shuffle: "shufflemod.Shuffle | None" = None) -> Iterator[tuple]:
     """The row groups of the canonical order (or of `shuffle`'s: data/shuffle.py) from `start`,
-    forever, as steps `(epoch, file, rg, first doc, skip, rows)` (skip 0: `cut_pieces` says what it is)."""
+    forever, as `Step`s (skip 0: `cut_pieces` says what it is)."""
     if shuffle is not None:
         assert later is None, "a shuffled run never reorders its files (state.py refuses files added to it)"
         yield from shufflemod.row_steps(shuffle, row_counts, n_files, rank, world, start)
@@ -134,37 +135,40 @@ def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: in
             at, rg, doc = at + 1, rank, 0
             continue
         barren = 0
-        yield epoch, file, rg, doc, 0, counts[rg]
+        yield Step(epoch, file, rg, doc, 0, counts[rg])
         rg, doc = rg + world, 0
 
 
 def cut_pieces(steps: Iterator[tuple], max_docs: int = 1024, ramp: Sequence[int] = RAMP, first_index: int = 0,
                row_bytes: Callable[[int], Sequence[int]] | None = None, max_bytes: int | None = None,
                unit: int = 1) -> Iterator[Piece]:
-    """The pieces of row-group steps `(epoch, file, rg, first doc, skip, rows)`: each step's
-    documents from its first, cut as `iter_pieces` says; the first piece of a step with a skip
-    starts that many tokens into its first document. An empty row group is still a step of
-    the order: it gives one empty piece."""
+    """The pieces of `Step`s: each step's documents from its first, cut as `iter_pieces` says;
+    the first piece of a step with a skip starts that many tokens into its first document. An
+    empty row group (or window) is still a step of the order: it gives one empty piece."""
     sizes = iter(ramp)
     index = first_index
-    for epoch, file, rg, doc, skip, rows in steps:
-        per_doc = _bytes_per_doc(row_bytes, file, rg, rows)
+    for epoch, file, rg, doc, skip, rows, members in steps:
+        per_doc = _bytes_per_doc(row_bytes, members or ((file, rg, rows),), rows)
         while doc < rows:
             size = min(next(sizes, max_docs), max_docs, _docs_within(max_bytes, per_doc, unit))
             end = min(rows, doc + size)
-            yield Piece(index, epoch, file, rg, doc, end, round(per_doc * (end - doc)), skip)
+            yield Piece(index, epoch, file, rg, doc, end, round(per_doc * (end - doc)), skip, members)
             index, doc, skip = index + 1, end, 0
         if rows == 0:
-            yield Piece(index, epoch, file, rg, 0, 0)
+            yield Piece(index, epoch, file, rg, 0, 0, members=members)
             index += 1
 
 
-def _bytes_per_doc(row_bytes, file: int, rg: int, n_docs: int) -> float:
-    """Average text bytes per document of row group `rg` of `file` (0.0 when unknown)."""
+def _bytes_per_doc(row_bytes, units, n_docs: int) -> float:
+    """Average text bytes per document of `units` (`(file, rg, rows)` each: a row group, or a
+    shuffled window's members) of `n_docs` documents in all (0.0 when unknown)."""
     if row_bytes is None or n_docs == 0:
         return 0.0
-    sizes = row_bytes(file)
-    return sizes[rg] / n_docs if rg < len(sizes) else 0.0
+    total = 0
+    for file, rg, _ in units:
+        sizes = row_bytes(file)
+        total += sizes[rg] if rg < len(sizes) else 0
+    return total / n_docs
 
 
 def _docs_within(max_bytes: int | None, per_doc: float, unit: int) -> float:

@@ -1,35 +1,43 @@
-"""A shuffled order (`shuffle=True, seed=S`): pure logic over row counts and a seed.
+"""A shuffled order (`shuffle=True, seed=S, shuffle_window=K`): pure logic over row counts and a seed.
 
 Epoch e of a split, shuffled:
 1. *Units* (row groups, each format's unit: data/formats/) of the whole split, every
-   `(file, unit)` pair, in an order drawn from `(seed, e)` (`Shuffle.units`); this rank's share
-   is every world-th of that list (`rank, rank + world, ...`), so the ranks of an epoch read
-   disjoint units that cover the split, each once.
-2. The documents of each unit in an order drawn from `(seed, e, file, unit)` and the unit's row
-   count alone (`Shuffle.rows`), so every process (coordinator, workers, head start, best
-   fit's buffer re-read, the token cache, a count-only replay) computes the same permutation.
+   `(file, unit)` pair, in an order drawn from `(seed, e)` (`Shuffle.units`).
+2. *Windows*: that order cut into runs of K consecutive units (`Shuffle.windows`; the last may
+   be shorter). A window is named by its first unit, its *head*, and holds its `Member`s' rows.
+   This rank's share is every world-th window (`rank, rank + world, ...`), so the ranks of an
+   epoch read disjoint windows that cover the split, each once, and every process names a
+   window's units from the seed, the epoch and the row counts alone (no rank, world size or
+   plan in it).
+3. The documents of a window in an order drawn from `(seed, e, head file, head unit)` and its
+   row count alone (`Shuffle.rows`): document d of the window is row `rows()[d]` of its members'
+   rows one after another (`locate`). So documents, not only units, are shuffled: a window's
+   neighbours in the stream come from K places of the split. K = 1 is a unit on its own (the
+   order of the first cut, and of states saved before the window: `shuffle_window=1`).
 
-A position `(epoch, file, rg, doc, skip)` of a shuffled stream is unit `(file, rg)` of epoch
-`epoch`, its `doc`-th document *in the unit's shuffled order* (`skip` tokens into it); a piece
-`[doc_start, doc_end)` of a shuffled unit reads the unit's rows `rows(...)[doc_start:doc_end]`
-(`read`: the rows' span is read once and those rows taken: a parquet row group is read whole
-anyway, and a piece of it costs about one more conversion of its span to Python strings).
+A position `(epoch, file, rg, doc, skip)` of a shuffled stream is the window headed by unit
+`(file, rg)` of epoch `epoch`, its `doc`-th document *in the window's order* (`skip` tokens into
+it). A piece `[doc_start, doc_end)` of a window carries its members (`order.Piece.members`, put
+there by whoever cuts it, `Windows.filled` for pieces cut without them: best fit's buffer
+re-read), so a worker reads it with no more footers than its members'. `read` reads a piece's
+rows of each member (`Units`: each member read whole once per worker and kept while its window
+is read, K units of text per worker at most) and puts them in the window's order.
 Every permutation is an argsort of splitmix64 hashes of (seed, key..., index): the same on
 every machine and numpy version, so a state resumes anywhere.
 
-The window (documents of W consecutive units interleaved) is not built: W = 1, documents are
-shuffled within their unit. The order is over all units of the split, so it needs every
-file's row counts: a fresh run's trainer reads every footer (8 threads) for its first position
-and hands the counts to the run (`FirstPositions.counts`), whose coordinator then reads each
-footer only when it reaches a unit of the file; a resumed run's coordinator reads them itself.
+The order is over all units of the split, so it needs every file's row counts: a fresh run's
+trainer reads every footer (8 threads) for its first position and hands the counts to the run
+(`FirstPositions.counts`), whose coordinator then reads each footer only when it reaches a unit
+of the file; a resumed run's coordinator reads them itself.
 A `Mixture` shuffles each source on its own (`Sourced`): its own `Shuffle`, seeded by
 `source_seed(seed, name)`, over its own files numbered within it, its own epochs; a source
-begins at its share's first unit (`Sourced.firsts`, found by the run's coordinator).
-Another world size deals out the rest of the old ranks' shuffled epoch (data/elastic.py).
-What is refused (`refusal`, state.py, mixstate.py): another world size of a mixture, a second
-change of world size, files added to a resumed run, nanochat-key states and
-`other_rank="nanochat"`.
+begins at its share's first window (`Sourced.firsts`, found by the run's coordinator).
+Another world size deals out the rest of the old ranks' shuffled epoch, window by window
+(data/elastic.py).
+What is refused (`refusal`, state.py, mixstate.py): a second change of world size, files added
+to a resumed run, nanochat-key states and `other_rank="nanochat"`.
 """
+import dataclasses
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple, Sequence
@@ -37,7 +45,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import DataError
-from ..position import Position
+from ..position import Position, Step
 
 _M = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -66,10 +74,35 @@ def permutation(n: int, *key: int) -> np.ndarray:
         return np.argsort(_mix(np.arange(n, dtype=np.uint64) ^ h), kind="stable")
 
 
+WINDOW = 8  # units a window holds unless `shuffle_window=` says (docs/benchmarks.md "The shuffled order")
+
+
+class Member(NamedTuple):
+    """One unit of a window: unit `unit` of file `file`, `rows` rows."""
+    file: int
+    unit: int
+    rows: int
+
+
+class Window(NamedTuple):
+    """Consecutive units of an epoch's order whose documents are shuffled together."""
+    members: tuple  # of Member, the head first
+
+    @property
+    def head(self) -> tuple[int, int]:
+        """`(file, unit)` that names the window (a position's `file`, `rg`)."""
+        return self.members[0].file, self.members[0].unit
+
+    @property
+    def rows(self) -> int:
+        return sum(m.rows for m in self.members)
+
+
 @dataclass(frozen=True)
 class Shuffle:
-    """The shuffled order of a split with `seed` (docs/contract.md §2)."""
+    """The shuffled order of a split with `seed`, `window` units to a window (docs/contract.md §2)."""
     seed: int
+    window: int = 1
 
     def units(self, epoch: int, counts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
         """Every `(file, unit)` of files with `counts` (rows per unit of each file), in epoch
@@ -77,9 +110,23 @@ class Shuffle:
         pairs = [(f, g) for f, rows in enumerate(counts) for g in range(len(rows))]
         return [pairs[i] for i in permutation(len(pairs), self.seed, epoch).tolist()]
 
+    def windows(self, epoch: int, counts: Sequence[Sequence[int]]) -> list[Window]:
+        """Epoch `epoch`'s windows: its order of units, `window` at a time."""
+        units = [Member(f, g, counts[f][g]) for f, g in self.units(epoch, counts)]
+        return [Window(tuple(units[i:i + self.window])) for i in range(0, len(units), self.window)]
+
     def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
-        """The rows of a unit of `n` rows in epoch `epoch`'s order: document `doc` is row `rows()[doc]`."""
+        """The rows of the window headed by `(file, unit)` of `n` rows in epoch `epoch`'s order:
+        document `doc` is row `rows()[doc]` of its members' rows one after another (`locate`)."""
         return permutation(n, self.seed, epoch, file, unit)
+
+
+def locate(members: Sequence[Member], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(member, row)` of each of a window's `rows` (its members' rows one after another): the
+    index of its member and its row in that member's unit."""
+    ends = np.cumsum([m.rows for m in members], dtype=np.int64)
+    which = np.searchsorted(ends, rows, side="right")
+    return which, rows - (ends - np.array([m.rows for m in members], dtype=np.int64))[which]
 
 
 def source_seed(seed: int, name: str) -> int:
@@ -112,9 +159,9 @@ class Sourced(NamedTuple):
 
     def firsts(self, placed, row_counts: Callable[[int], Sequence[int]], rank: int, world: int) -> dict:
         """`{name: Position}`: where each source that `placed` (a state's point's sources, or
-        none) does not place begins, numbered within the source (its share's first unit of epoch
-        1); `row_counts(f)`: the run's file f's. A source whose footers cannot be read is left
-        out (its order raises the same error when it is first read: packing/mixfeed.py)."""
+        none) does not place begins, numbered within the source (its share's first window of
+        epoch 1); `row_counts(f)`: the run's file f's. A source whose footers cannot be read is
+        left out (its order raises the same error when it is first read: packing/mixfeed.py)."""
         out = {}
         for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
             if name in (placed or {}):
@@ -134,12 +181,12 @@ def of_run(config, run) -> "Shuffle | Sourced | None":
         return order
     names = tuple(r.name for r in mix.ranges)
     return Sourced(names, tuple(r.lo for r in mix.ranges), tuple(r.hi for r in mix.ranges),
-                   tuple(Shuffle(source_seed(order.seed, name)) for name in names))
+                   tuple(Shuffle(source_seed(order.seed, name), order.window) for name in names))
 
 
-def share(order: Shuffle, epoch: int, counts: Sequence[Sequence[int]], rank: int, world: int) -> list[tuple[int, int]]:
-    """Rank `rank` of `world`'s units of epoch `epoch`: every world-th of the epoch's order."""
-    return order.units(epoch, counts)[rank::world]
+def share(order: Shuffle, epoch: int, counts: Sequence[Sequence[int]], rank: int, world: int) -> list[Window]:
+    """Rank `rank` of `world`'s windows of epoch `epoch`: every world-th of the epoch's."""
+    return order.windows(epoch, counts)[rank::world]
 
 
 def _counts(row_counts: Callable[[int], Sequence[int]], n_files: int, threads: int = 1) -> list:
@@ -154,20 +201,21 @@ def _counts(row_counts: Callable[[int], Sequence[int]], n_files: int, threads: i
         return [list(c) for c in pool.map(row_counts, range(n_files))]
 
 
-def _mine(order: Shuffle, epoch: int, counts: list, rank: int, world: int) -> list:
+def _mine(order: Shuffle, epoch: int, counts: list, rank: int, world: int) -> list[Window]:
     mine = share(order, epoch, counts, rank, world)
     if not mine:
         total = sum(map(len, counts))
-        raise DataError(f"rank {rank} of {world} has no unit of the shuffled order: the split's {len(counts)} "
-                        f"files hold {total} units (row groups) in all, fewer than the {world} ranks; use fewer "
-                        f"ranks or write files with more row groups")
+        raise DataError(f"rank {rank} of {world} has no window of the shuffled order: the split's {len(counts)} "
+                        f"files hold {total} units (row groups) in all, {-(-total // order.window)} windows of "
+                        f"{order.window}, fewer than the {world} ranks; use fewer ranks, a smaller "
+                        f"shuffle_window= or files with more row groups")
     return mine
 
 
 def first_position(order: Shuffle, row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int,
                    world: int, epoch: int = 1) -> Position:
-    """Where rank `rank` of `world`'s stream of epoch `epoch` begins: its share's first unit."""
-    file, unit = _mine(order, epoch, _counts(row_counts, n_files), rank, world)[0]
+    """Where rank `rank` of `world`'s stream of epoch `epoch` begins: its share's first window."""
+    file, unit = _mine(order, epoch, _counts(row_counts, n_files), rank, world)[0].head
     return Position(epoch, file, unit, 0)
 
 
@@ -193,55 +241,98 @@ class FirstPositions:
 
 
 def row_steps(order: Shuffle, row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
-              start: Position) -> Iterator[tuple]:
-    """The unit steps `(epoch, file, rg, first doc, skip 0, rows)` of the shuffled order from
-    `start` (a unit of this rank's share of its epoch), forever (data/order.py `cut_pieces`
-    cuts them)."""
+              start: Position) -> Iterator[Step]:
+    """The window steps of the shuffled order from `start` (a window of this rank's share of
+    its epoch), forever (data/order.py `cut_pieces` cuts them)."""
     counts = _counts(row_counts, n_files)
     epoch, mine = start.epoch, _mine(order, start.epoch, counts, rank, world)
+    heads = [w.head for w in mine]
     try:
-        at = mine.index((start.file, start.rg))
+        at = heads.index((start.file, start.rg))
     except ValueError:
-        raise ValueError(f"position ({start}) is not a unit of rank {rank} of {world}'s share of the shuffled "
-                         f"order of epoch {epoch} (seed {order.seed}): the state is of another seed, world "
-                         f"size or data") from None
+        raise ValueError(f"position ({start}) does not head a window of rank {rank} of {world}'s share of the "
+                         f"shuffled order of epoch {epoch} (seed {order.seed}, shuffle_window {order.window}): "
+                         f"the state is of another seed, window, world size or data") from None
     doc = start.doc
     while True:
-        for file, unit in mine[at:]:
-            yield epoch, file, unit, doc, 0, counts[file][unit]
+        for w in mine[at:]:
+            yield Step(epoch, *w.head, doc, 0, w.rows, w.members)
             doc = 0
         epoch, at = epoch + 1, 0
         mine = _mine(order, epoch, counts, rank, world)
 
 
-def read(source, order: Shuffle, piece) -> list:
-    """The documents of `piece` (a `data.order.Piece` of a shuffled unit) in its order: rows
-    `rows()[doc_start:doc_end]` of its unit, read as one span of the unit and taken from it (a
-    list of str, or `Ids`, as `source.read_texts`)."""
-    if piece.n_docs == 0:
-        return source.read_texts(piece.file, piece.rg, 0, 0)
-    take = rows_of(source, order, piece)
-    lo, hi = int(take.min()), int(take.max()) + 1
-    span = source.read_texts(piece.file, piece.rg, lo, hi)
-    return type(span)(span[i - lo] for i in take.tolist())
+class Windows:
+    """A window's members from its epoch and head (`members`), for pieces cut without them
+    (`filled`: best fit's buffer re-read, data/order.py `buffer_pieces`) and for healing
+    (`moved`): every file's `row_counts` read when a window of more than one unit is first
+    asked for, each epoch's windows kept while it is asked for. `order` is a `Shuffle` or a
+    mixture's `Sourced` (its source's windows, numbered in the run's files)."""
+
+    def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int):
+        self.order, self._row_counts, self.n_files = order, row_counts, n_files
+        self._counts, self._epochs = {}, {}
+
+    def _of(self, file: int) -> tuple[int, int, Shuffle]:
+        """`(lo, hi, order)` of the files `file` is ordered with (a mixture's source's)."""
+        if isinstance(self.order, Sourced):
+            for lo, hi, order in zip(self.order.los, self.order.his, self.order.orders):
+                if lo <= file < hi:
+                    return lo, hi, order
+            raise IndexError(f"file {file} is in no source of the mixture")
+        return 0, self.n_files, self.order
+
+    def members(self, epoch: int, file: int, unit: int) -> tuple:
+        """The `Member`s of the window headed by `(file, unit)` in `epoch` (run's numbering)."""
+        lo, hi, order = self._of(file)
+        if order.window == 1:
+            return (Member(file, unit, list(self._row_counts(file))[unit]),)
+        if lo not in self._counts:
+            self._counts[lo] = _counts(lambda f: self._row_counts(lo + f), hi - lo)
+        key = (lo, epoch)
+        if key not in self._epochs:
+            if len(self._epochs) > 8:
+                self._epochs.clear()
+            self._epochs[key] = {w.head: w for w in order.windows(epoch, self._counts[lo])}
+        try:
+            window = self._epochs[key][(file - lo, unit)]
+        except KeyError:
+            raise ValueError(f"file {file}, unit {unit} heads no window of epoch {epoch}'s shuffled order "
+                             f"(seed {order.seed}, shuffle_window {order.window})") from None
+        return tuple(m._replace(file=m.file + lo) for m in window.members)
+
+    def filled(self, piece):
+        """`piece` with its window's members (as it is when it has them, or in the files' order)."""
+        if piece.members or self.order is None:
+            return piece
+        return dataclasses.replace(piece, members=self.members(piece.epoch, piece.file, piece.rg))
+
+    def moved(self, piece, spans) -> list[tuple[int, int]]:
+        """The documents `(lo, hi)` of `piece`'s window, in its epoch's order, that are rows of
+        `spans` (`(epoch, file, rg, lo, hi)`: documents of the window headed by `(file, rg)` as
+        their epoch orders them; poisoned or suspect, procs/heal.py), sorted and merged: a
+        document found in one epoch is another place of another window in every other."""
+        members = self.filled(piece).members
+        place = {(m.file, m.unit): i for i, m in enumerate(members)}
+        hit = []
+        for epoch, file, rg, lo, hi in spans:
+            theirs = self.members(epoch, file, rg)
+            if lo >= hi or not place.keys() & {(m.file, m.unit) for m in theirs}:
+                continue
+            which, row = locate(theirs, self.order.rows(epoch, file, rg, sum(m.rows for m in theirs))[lo:hi])
+            hit += [(place[k], r) for k, r in zip(((theirs[w].file, theirs[w].unit) for w in which.tolist()),
+                                                   row.tolist()) if k in place]
+        if not hit:
+            return []
+        ends = np.cumsum([m.rows for m in members])
+        flat = np.array([int(ends[m] - members[m].rows) + r for m, r in hit], dtype=np.int64)
+        order = self.order.rows(piece.epoch, piece.file, piece.rg, int(ends[-1]))
+        back = np.argsort(order, kind="stable")  # a window's row -> its document in the piece's epoch
+        return _runs(np.unique(back[flat]).tolist())
 
 
-def rows_of(source, order: Shuffle, piece) -> np.ndarray:
-    """The unit's rows that `piece`'s documents are, in its order."""
-    n = source.row_counts(piece.file)[piece.rg]
-    return order.rows(piece.epoch, piece.file, piece.rg, n)[piece.doc_start:piece.doc_end]
-
-
-def moved(order: Shuffle, n: int, file: int, unit: int, spans, to_epoch: int) -> list[tuple[int, int]]:
-    """Documents `[lo, hi)` of a unit of `n` rows, each span counted in its own epoch's order
-    (`spans`: `(epoch, lo, hi)`), as the runs `(lo, hi)` of the same rows in epoch `to_epoch`'s
-    order, sorted: a poisoned or suspect document found in one epoch is another place of its
-    unit in every other (procs/heal.py keys them by the epoch they were found in)."""
-    rows = [order.rows(epoch, file, unit, n)[lo:hi] for epoch, lo, hi in spans if lo < hi]
-    if not rows:
-        return []
-    place = np.argsort(order.rows(to_epoch, file, unit, n), kind="stable")  # row -> its document in to_epoch
-    docs = np.unique(place[np.concatenate(rows)]).tolist()
+def _runs(docs: list) -> list[tuple[int, int]]:
+    """Sorted document numbers as runs `(lo, hi)`."""
     out = []
     for d in docs:
         if out and out[-1][1] == d:
@@ -251,23 +342,113 @@ def moved(order: Shuffle, n: int, file: int, unit: int, spans, to_epoch: int) ->
     return out
 
 
-def take_tokens(lengths: np.ndarray, tokens: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(lengths, tokens)` of `rows` (in that order) of a unit whose documents in file order have
-    `lengths` and the flat `tokens`."""
+class Units:
+    """A worker's (or the head start's) units of text read whole (`text`), the last `keep`
+    kept: the pieces of a window read the same members, so each is read once while its
+    window is read (`read`)."""
+
+    def __init__(self, keep: int):
+        self.keep, self._texts = max(1, keep), {}
+
+    def text(self, read_unit, file: int, unit: int, rows: int):
+        key = (file, unit)
+        if key in self._texts:
+            return self._texts[key]
+        text = read_unit(file, unit, 0, rows)
+        if text is not None:  # a bad unit skipped is read (and told) again
+            if len(self._texts) >= self.keep:
+                del self._texts[next(iter(self._texts))]
+            self._texts[key] = text
+        return text
+
+
+def rows_of(order, piece) -> np.ndarray:
+    """The rows of `piece`'s window (its members' rows one after another) that its documents
+    are, in its order."""
+    n = sum(m.rows for m in piece.members)
+    return order.rows(piece.epoch, piece.file, piece.rg, n)[piece.doc_start:piece.doc_end]
+
+
+def read(read_unit, order, piece, units: Units | None = None) -> list:
+    """The documents of `piece` (a `data.order.Piece` of a window, with its members) in its
+    order, as `read_unit(file, unit, lo, hi)` reads rows (`Reader.read_texts`: a list of str, or
+    `Ids`): each member's rows that the piece takes, read as one span of the unit (with `units`,
+    the member read whole once and kept). A member that `read_unit` gives None for (a bad unit
+    skipped) gives nulls."""
+    members = piece.members
+    if piece.n_docs == 0:
+        return read_unit(members[0].file, members[0].unit, 0, 0)
+    which, rows = locate(members, rows_of(order, piece))
+    out, kind = [None] * piece.n_docs, None
+    for m in np.unique(which).tolist():
+        at = np.flatnonzero(which == m)
+        take = rows[at]
+        member = members[m]
+        if units is not None:
+            lo, span = 0, units.text(read_unit, member.file, member.unit, member.rows)
+        else:
+            lo = int(take.min())
+            span = read_unit(member.file, member.unit, lo, int(take.max()) + 1)
+        if span is None:
+            continue
+        kind = type(span)
+        for i, r in zip(at.tolist(), take.tolist()):
+            out[i] = span[r - lo]
+    return out if kind is None or kind is list else kind(out)
+
+
+def skipped(piece, order, bad) -> list[tuple]:
+    """`(unit, text, rows)` of each bad member `read` skipped (`bad`: `((file, unit), text)`):
+    how many of `piece`'s documents it held."""
+    if not bad:
+        return []
+    which, _ = locate(piece.members, rows_of(order, piece))
+    index = {(m.file, m.unit): i for i, m in enumerate(piece.members)}
+    return [(unit, text, int(np.count_nonzero(which == index[unit]))) for unit, text in dict(bad).items()]
+
+
+def row_of(piece, order, i: int) -> tuple[int, int, int]:
+    """`(file, unit, row)` of `piece`'s document `i`."""
+    which, rows = locate(piece.members, rows_of(order, piece)[i:i + 1])
+    member = piece.members[int(which[0])]
+    return member.file, member.unit, int(rows[0])
+
+
+def cached(load, piece, order) -> tuple[np.ndarray, np.ndarray] | None:
+    """`(lengths, tokens)` of `piece`'s documents from the token cache, which keeps units
+    whole in file order (`load(member)`: `(lengths, tokens)` of a member, or None when not
+    kept), or None when a member it takes is not kept."""
+    which, rows = locate(piece.members, rows_of(order, piece))
+    parts = {}
+    for m in np.unique(which).tolist():
+        got = load(piece.members[m])
+        if got is None:
+            return None
+        parts[m] = (got[0], got[1], np.cumsum(got[0]))
+    lengths, tokens = [], []
+    for m, r in zip(which.tolist(), rows.tolist()):
+        ls, ts, ends = parts[m]
+        lengths.append(int(ls[r]))
+        tokens.append(ts[ends[r] - ls[r]:ends[r]])
+    if not tokens:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.array(lengths, dtype=np.int64), np.concatenate(tokens)
+
+
+def in_file_order(piece, order, lengths: np.ndarray, tokens: np.ndarray) -> list:
+    """`[(member, lengths, tokens)]`: a whole window tokenized in its shuffled order (`piece`,
+    every document of it) as each member's documents in file order (the token cache keeps
+    units whole, in file order)."""
+    which, rows = locate(piece.members, rows_of(order, piece))
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    out_lengths = lengths[rows]
-    if len(rows) == 0:
-        return out_lengths, tokens[:0]
-    parts = [tokens[s:e] for s, e in zip(starts[rows].tolist(), ends[rows].tolist())]
-    return out_lengths, np.concatenate(parts)
-
-
-def in_file_order(lengths: np.ndarray, tokens: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`(lengths, tokens)` of a whole unit tokenized in its shuffled order (document i is row
-    `rows[i]`) put back in file order (the token cache keeps units in file order)."""
-    back = np.argsort(rows, kind="stable")
-    return take_tokens(lengths, tokens, back)
+    out = []
+    for m, member in enumerate(piece.members):
+        at = np.flatnonzero(which == m)
+        at = at[np.argsort(rows[at], kind="stable")]  # the member's documents in file order
+        parts = [tokens[s:e] for s, e in zip(starts[at].tolist(), ends[at].tolist())]
+        out.append((member, lengths[at], np.concatenate(parts) if parts else tokens[:0]))
+    return out
 
 
 def refusal(config) -> str | None:

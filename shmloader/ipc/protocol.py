@@ -219,6 +219,8 @@ class Written(NamedTuple):
 class Skipped(NamedTuple):
     piece: object                  # plan.Piece
     text: str
+    unit: tuple | None = None      # (file, rg) of the bad unit when not the piece's (a shuffled window's member)
+    rows: int | None = None        # the piece's documents it held (None: all of them)
 
 
 class Failed(NamedTuple):

@@ -110,9 +110,10 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                 units = elastic.steps(plan, run.rank, run.world, counts, n, start)
                 if start.skip:  # the unit `start` is in begins at its document, the tokens before it dropped
                     first = next(units)
-                    units = itertools.chain([first[:4] + (start.skip,) + first[5:]], units)
+                    units = itertools.chain([first._replace(skip=start.skip)], units)
                 steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit)
-            return (dataclasses.replace(p, file=p.file + lo) for p in steps)
+            return (dataclasses.replace(p, file=p.file + lo, members=tuple(m._replace(file=m.file + lo)
+                                                                           for m in p.members)) for p in steps)
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
@@ -146,6 +147,8 @@ class _Coordinator:
         self.source, self.told = Reader(args.files, fs, args.columns, keep_open=args.keep_open), {}  # told: file -> identity sent
         self.order = shufflemod.of_run(cfg, args)  # None: the files' order
         pieces = _pieces(cfg, args, self.source, self._report_bad, self._opened, self.order)
+        self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
+                        else shufflemod.Windows(self.order, pieces.row_counts, len(args.files)))
         if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
             args = self.args = _with_firsts(args, self.order, pieces.row_counts)
         self.mode = kind(cfg, args, len(workers), pieces)
@@ -317,8 +320,9 @@ class _Coordinator:
     def _task(self, piece, rows=None, fresh: bool = True) -> Task:
         """The task of `piece`, with the rows of its row group skipped as poison and those
         tokenized a document at a time (suspects: procs/heal.py)."""
-        n_rows = lambda: self.source.row_counts(piece.file)[piece.rg]  # noqa: E731 (read only for a span here)
-        here = lambda spans: heal.spans_in(piece, spans, self.order, n_rows)  # noqa: E731
+        if self.windows is not None:
+            piece = self.windows.filled(piece)  # a window's members, for the worker to read
+        here = lambda spans: heal.spans_in(piece, spans, self.windows)  # noqa: E731
         return Task(piece, self.mode.keep, self.told.get(piece.file, (None, None))[1], rows,
                     here(self.poisoned) if fresh else (), here(self.suspects))
 
@@ -344,8 +348,9 @@ class _Coordinator:
 
     def _row_group_skipped(self, msg: Skipped):
         """A worker skipped the piece's bad row group; its rows are not nulls."""
-        self.skipped_rows[msg.piece.index] = msg.piece.n_docs
-        self._report_bad((msg.piece.file, msg.piece.rg), msg.text)
+        i = msg.piece.index
+        self.skipped_rows[i] = self.skipped_rows.get(i, 0) + (msg.piece.n_docs if msg.rows is None else msg.rows)
+        self._report_bad(msg.unit or (msg.piece.file, msg.piece.rg), msg.text)
 
     def _opened(self, f: int):
         """File f's footer was read: the trainer learns its identity (before the batches that

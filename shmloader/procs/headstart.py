@@ -90,6 +90,7 @@ class HeadStart:
         self.opened = []      # `Opened` of the files read here, for the loader's catalogue (as the coordinator's)
         self._given = {}      # batch -> its `Made`, handed out, until the ring's copy is compared
         self._source = self._pieces = self._encoder = None
+        self._units = None    # a shuffled window's members read whole (data/shuffle.py `Units`), False: K = 1
         self._next = None     # batch `given`, made and not handed out: `prepare`'s, or one a Ctrl-C kept from the caller
         self.given_back = 0   # of those handed out, the ones the caller has let go of (`back`)
         self.longest_gap = 0.0  # the longest gap between two `back`s that said more, in seconds
@@ -197,8 +198,10 @@ class HeadStart:
             raise DataError("no batch in a whole pass over the files")
         spec, path = self.args.tokenizer, self.args.files[piece.file]
         order = self.config.order
+        if order is not None and self._units is None:
+            self._units = shuffle.Units(order.window) if order.window > 1 else False
         texts = (self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end) if order is None
-                 else shuffle.read(self._source, order, piece))
+                 else shuffle.read(self._source.read_texts, order, piece, self._units or None))
         encode = self._encoder.encode_batch
         tokens, lengths = encode_texts(texts, lambda docs, where: encode(docs), spec.bos, spec.dtype,
                                        lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}")

@@ -22,15 +22,14 @@ way the stream goes on exactly. Not when:
 
 Both are kept as documents `[lo, hi)` of their row group *as the epoch they were found in
 orders them* (`Poison.epoch`, `Span.epoch`). In the files' order that is every epoch's; in a
-shuffled order (data/shuffle.py) a unit's documents are in another order each epoch, and
-`spans_in` moves them to the order of the piece a worker is given: the poisoned document is
-skipped in every epoch, and no other. A shuffled stream's place says nothing of whether a
+shuffled order (data/shuffle.py) they are documents of a window, in another window and order
+each epoch, and `spans_in` moves them to the order of the piece a worker is given: the
+poisoned document is skipped in every epoch, and no other. A shuffled stream's place says nothing of whether a
 unit was passed (its units are not in file order): a suspect is passed there once the
 stream is in a later epoch, or past it in its own unit (`PoisonMemory(shuffled=True)`).
 """
 from typing import NamedTuple
 
-from ..data import shuffle as shufflemod
 from ..ipc.protocol import Span
 
 WINDOW_S = 3600.0  # max_restarts counts the heals within this window
@@ -157,12 +156,13 @@ def passed(held: Held, at, shuffled: bool = False) -> bool:
     return (at[0], at[1], at[2], at[3]) >= (held.epoch, held.file, held.rg, held.span[1])
 
 
-def spans_in(piece, spans, order, n_rows) -> tuple:
+def spans_in(piece, spans, windows) -> tuple:
     """The documents `(lo, hi)` of `spans` (`Span`s: poisoned or suspect) in `piece`'s row group,
-    as `piece`'s epoch orders them: with `order` (a shuffled order, its unit of `n_rows()` rows)
-    moved from each span's epoch to the piece's (`shuffle.moved`); else as they are."""
-    mine = [s for s in spans if (s.file, s.rg) == (piece.file, piece.rg)]
-    if order is None or not mine:
-        return tuple((s.lo, s.hi) for s in mine)
-    return tuple(shufflemod.moved(order, n_rows(), piece.file, piece.rg, [(s.epoch, s.lo, s.hi) for s in mine],
-                                  piece.epoch))
+    as `piece`'s epoch orders them: with `windows` (a shuffled order's `shuffle.Windows`) those
+    of any window whose rows are in `piece`'s window, moved from each span's epoch and window to
+    the piece's (`Windows.moved`); else as they are."""
+    if windows is None:
+        return tuple((s.lo, s.hi) for s in spans if (s.file, s.rg) == (piece.file, piece.rg))
+    if not spans:
+        return ()
+    return tuple(windows.moved(piece, [(s.epoch, s.file, s.rg, s.lo, s.hi) for s in spans]))

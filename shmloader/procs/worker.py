@@ -68,11 +68,14 @@ class _Ctx:
     gave_way_s: float = 0.0     # seconds spent giving way to another loader (`_give_way`)
     order: object = None        # the run's shuffled order (data/shuffle.py `of_run`), or None: the files'
     counted: int = 0            # pieces counted (`Counted` sent)
+    units: object = None        # a shuffled run's members read whole and kept (data/shuffle.py `Units`)
 
 
 def worker_main(cfg, args: RunArgs, conn, alive):
     ignore_sigint()
     ctx = _Ctx(cfg, args, conn, alive, None, deque(), {}, cfg.spec, order=shuffle.of_run(cfg, args))
+    if ctx.order is not None and cfg.order.window > 1:
+        ctx.units = shuffle.Units(cfg.order.window)
     attached = None
     try:
         attached = segmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
@@ -250,21 +253,22 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
 
 
 def _cached_shuffled(ctx: _Ctx, source: Reader, encode, cache, task: Task):
-    """`_cached_or_tokenized` of a piece of a shuffled unit (data/shuffle.py): the cache keeps
-    units whole and in file order, so it serves any piece's rows in any epoch's order; a piece
-    that is its whole unit is put back in file order and kept, a part of one (the first pieces
-    of a run) is not."""
+    """`_cached_or_tokenized` of a piece of a shuffled window (data/shuffle.py): the cache keeps
+    units whole and in file order, so it serves any piece's rows of its members in any epoch's
+    order; a piece that is its whole window is put back in file order and kept, member by
+    member, a part of one (the first pieces of a run, or pieces of a window of many units) is
+    not."""
     piece = task.piece
-    path, n = ctx.args.files[piece.file], source.row_counts(piece.file)[piece.rg]
-    rows = shuffle.rows_of(source, ctx.order, piece)
-    got = cache.load_rows(path, piece.rg, 0, n) if n else None
+    got = shuffle.cached(lambda m: cache.load_rows(ctx.args.files[m.file], m.unit, 0, m.rows) if m.rows else None,
+                         piece, ctx.order)
     if got is not None:
-        lengths, tokens = shuffle.take_tokens(got[0], got[1], rows)
-        return (*without(tokens, lengths, _relative(task.skip, piece)), True)
+        return (*without(got[1], got[0], _relative(task.skip, piece)), True)
     tokens, lengths, bad = _tokenized(ctx, source, encode, task)
-    if not bad and n and piece.n_docs == n and cache.fits(tokens):
+    if not bad and piece.doc_start == 0 and piece.doc_end == sum(m.rows for m in piece.members) and cache.fits(tokens):
         try:
-            cache.store(path, piece.rg, *shuffle.in_file_order(lengths, tokens, rows))
+            for member, ls, ts in shuffle.in_file_order(piece, ctx.order, lengths, tokens):
+                if member.rows:
+                    cache.store(ctx.args.files[member.file], member.unit, ls, ts)
         except OSError as exc:
             ctx.conn.send(Warn(f"worker {ctx.args.worker}: token cache not written ({exc})"))
     return tokens, lengths, False
@@ -284,12 +288,17 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     skip = _relative(task.skip, piece)
     if skip == [(0, piece.n_docs)]:  # it killed a worker while it was read: not read again
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
-    order = ctx.order
-    read = ((lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end)) if order is None
-            else (lambda: shuffle.read(source, order, piece)))
-    texts = read_or_skip(read,
-                         ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
-                         "row group")
+    bad = []  # a shuffled window's members skipped (their documents nulls)
+    if ctx.order is None:
+        texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
+                             ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
+                             "row group")
+    else:  # a window's members, each read or skipped on its own
+        texts = shuffle.read(lambda f, g, lo, hi: read_or_skip(
+            lambda: source.read_texts(f, g, lo, hi), ctx.cfg.on_bad_row_group,
+            lambda text: bad.append(((f, g), text)), "row group"), ctx.order, piece, ctx.units)
+        for unit, text, rows in shuffle.skipped(piece, ctx.order, bad):
+            ctx.conn.send(Skipped(piece, text, unit, rows))
     if texts is None:
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     for lo, hi in skip:  # poison: read as nulls
@@ -321,11 +330,14 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
         if beat:
             _give_way(ctx)
 
-    path = ctx.args.files[piece.file]
-    tokens, lengths = encode_texts(texts, encode.encode_batch, spec.bos, spec.dtype,
-                                   lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}",
+    def where(i: int) -> str:  # document i of the piece, in words
+        file, rg, row = ((piece.file, piece.rg, piece.doc_start + i) if ctx.order is None
+                         else shuffle.row_of(piece, ctx.order, i))
+        return f"{ctx.args.files[file]}, row group {rg}, document row {row}"
+
+    tokens, lengths = encode_texts(texts, encode.encode_batch, spec.bos, spec.dtype, where,
                                    between, running, _relative(task.alone, piece))
-    return tokens, lengths, bool(skip) or task.rows is not None  # then not the piece's whole tokens: not cached
+    return tokens, lengths, bool(skip or bad) or task.rows is not None  # then not the piece's whole tokens: not cached
 
 
 def _rent(ctx: _Ctx, encode, seconds: float, task: Task):

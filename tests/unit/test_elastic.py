@@ -10,7 +10,7 @@ import random
 import pytest
 
 from shmloader.data import elastic
-from shmloader.position import Position
+from shmloader.position import Position, Step
 from shmloader.data.order import row_steps, start_position
 
 CHANGES = [(2, 3), (4, 2), (1, 4), (3, 1), (2, 2), (3, 5)]
@@ -23,7 +23,7 @@ def random_files(rng, n_files=5):
 def old_stream(counts, rank, world, epochs):
     """Old rank `rank`'s documents `(epoch, file, rg, doc)` in stream order, up to `epochs`."""
     out = []
-    for epoch, file, rg, doc, _, rows in row_steps(lambda f: counts[f], len(counts), rank, world, start_position(rank)):
+    for epoch, file, rg, doc, _, rows, _ in row_steps(lambda f: counts[f], len(counts), rank, world, start_position(rank)):
         if epoch > epochs:
             return out
         out.extend((epoch, file, rg, d) for d in range(doc, rows))
@@ -88,10 +88,10 @@ def test_a_new_ranks_steps_are_its_units_then_plain_epochs_from_its_start_or_ins
         mine = list(elastic.rank_units(plan, j, W2, rc, n))
         cursor = elastic.start(plan, j, W2, rc, n)
         plain = row_steps(rc, n, j, W2, Position(plan.epoch + 1, 0, j, 0))
-        expected = [(u.epoch, u.file, u.rg, u.doc, u.skip, u.rows) for u in mine]
+        expected = [Step(u.epoch, u.file, u.rg, u.doc, u.skip, u.rows) for u in mine]
         if mine:
             assert cursor == Position(mine[0].epoch, mine[0].file, mine[0].rg, mine[0].doc, mine[0].skip)
-            expected[0] = expected[0][:4] + (0,) + expected[0][5:]  # the run's own skip applies there
+            expected[0] = expected[0]._replace(skip=0)  # the run's own skip applies there
         else:
             assert cursor == Position(plan.epoch + 1, 0, j, 0, 0)
         tail = list(itertools.islice(plain, 6))
@@ -100,8 +100,8 @@ def test_a_new_ranks_steps_are_its_units_then_plain_epochs_from_its_start_or_ins
         for m, u in enumerate(mine):  # from inside unit m: the rest of it, then the units after
             at = Position(u.epoch, u.file, u.rg, min(u.doc + 1, u.rows))
             got = list(itertools.islice(elastic.steps(plan, j, W2, rc, n, at), len(mine) - m + 6))
-            assert got[0] == (u.epoch, u.file, u.rg, at.doc, 0, u.rows)
-            assert got[1:] == [(v.epoch, v.file, v.rg, v.doc, v.skip, v.rows) for v in mine[m + 1:]] + tail
+            assert got[0] == Step(u.epoch, u.file, u.rg, at.doc, 0, u.rows)
+            assert got[1:] == [Step(v.epoch, v.file, v.rg, v.doc, v.skip, v.rows) for v in mine[m + 1:]] + tail
 
 
 def new_stream(plan, rank, world, counts, epochs):
@@ -110,8 +110,8 @@ def new_stream(plan, rank, world, counts, epochs):
     rc, out = counts.__getitem__, []
     cursor = elastic.start(plan, rank, world, rc, len(counts))
     skip = cursor.skip
-    for n, (epoch, file, rg, doc, step_skip, rows) in enumerate(elastic.steps(plan, rank, world, rc,
-                                                                            len(counts), cursor)):
+    for n, (epoch, file, rg, doc, step_skip, rows, _) in enumerate(elastic.steps(plan, rank, world, rc,
+                                                                               len(counts), cursor)):
         if epoch > epochs:
             return out
         for d in range(doc, rows):  # the first step's skip is the run's own (start's)
@@ -173,13 +173,13 @@ def shuffled_scenario(seed, W, order):
 
     rng = random.Random(seed)
     counts = random_files(rng)
-    while sum(map(len, counts)) < W:
+    while -(-sum(map(len, counts)) // order.window) < W:  # every old rank a window
         counts = random_files(rng)
     streams = []
     for r in range(W):
         first = shufflemod.first_position(order, counts.__getitem__, len(counts), r, W)
         stream = []
-        for e, f, g, d, _, rows in shufflemod.row_steps(order, counts.__getitem__, len(counts), r, W, first):
+        for e, f, g, d, _, rows, _ in shufflemod.row_steps(order, counts.__getitem__, len(counts), r, W, first):
             if e > 2:
                 break
             stream.extend((e, f, g, x) for x in range(d, rows))
@@ -189,15 +189,16 @@ def shuffled_scenario(seed, W, order):
     return (counts, *stopped(streams, rng))
 
 
+@pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("W,W2", CHANGES)
 @pytest.mark.parametrize("seed", range(8))
-def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_document_once(seed, W, W2):
-    """With a shuffle the plan's units follow each epoch's shuffled order; with what the old
-    ranks consumed (their shuffled streams up to their positions) they are every document of
-    the epochs up to the plan's once; each new rank takes every W2-th."""
+def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_document_once(seed, W, W2, k):
+    """With a shuffle the plan's units are each epoch's shuffled windows (`k` units each, named by
+    their head); with what the old ranks consumed (their shuffled streams up to their positions)
+    they are every document of the epochs up to the plan's once; each new rank takes every W2-th."""
     from shmloader.data import shuffle as shufflemod
 
-    order = shufflemod.Shuffle(seed + 100)
+    order = shufflemod.Shuffle(seed + 100, k)
     made = shuffled_scenario(seed, W, order)
     if made is None:
         pytest.skip("an old rank with no row group in this random split")
@@ -208,8 +209,10 @@ def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_doc
     left = [(u.epoch, u.file, u.rg, d) for u in units for d in range(u.doc, u.rows)]
     assert len(left) == len(set(left))
     first = min(p[0] for p in positions)
-    everything = {(e, f, g, d) for e in range(first, plan.epoch + 1) for f, c in enumerate(counts)
-                  for g, rows in enumerate(c) for d in range(rows)}
+    everything = {(e, *w.head, d) for e in range(first, plan.epoch + 1) for w in order.windows(e, counts)
+                  for d in range(w.rows)}
+    assert len(everything) == sum(map(sum, counts)) * (plan.epoch + 1 - first)
+    assert all(u.members == w.members for u in units for w in order.windows(u.epoch, counts) if w.head == (u.file, u.rg))
     assert not consumed & set(left) and {c for c in consumed if c[0] >= first} | set(left) == everything
     mine = [list(elastic.rank_units(plan, j, W2, rc, len(counts), shuffle=order)) for j in range(W2)]
     assert all(m == units[j::W2] for j, m in enumerate(mine))

@@ -111,13 +111,24 @@ def test_a_shuffled_stream_passes_a_suspect_in_a_later_epoch_or_past_it_in_its_u
 
 
 def test_poisoned_rows_reach_a_piece_in_its_epochs_order():
-    """Found in epoch 1 as document 7 of its row group's shuffled order: in epoch 2 the same row,
-    at its place in epoch 2's order; without a shuffle, as found."""
+    """Found in epoch 1 as document 7 of its window's shuffled order: in epoch 2 the same row,
+    at its place in epoch 2's window that holds it; without a shuffle, as found."""
     from shmloader.data.order import Piece
-    from shmloader.data.shuffle import Shuffle
+    from shmloader.data.shuffle import Shuffle, Windows, locate
     from shmloader.procs.heal import spans_in
-    order, spans = Shuffle(3), (Span(0, 2, 7, 8, 1), Span(0, 3, 1, 2, 1))
+    counts = [[30, 30, 30], [30, 30]]
+    for k in (1, 2):
+        order = Shuffle(3, k)
+        windows = Windows(order, counts.__getitem__, len(counts))
+        found = order.windows(1, counts)[0]
+        spans = (Span(*found.head, 7, 8, 1),)
+        which, rows = locate(found.members, order.rows(1, *found.head, found.rows)[7:8])
+        bad = (found.members[int(which[0])].file, found.members[int(which[0])].unit, int(rows[0]))
+        hits = []
+        for w in order.windows(2, counts):
+            for lo, hi in spans_in(Piece(0, 2, *w.head, 0, w.rows), spans, windows):
+                ww, rr = locate(w.members, order.rows(2, *w.head, w.rows)[lo:hi])
+                hits += [(w.members[a].file, w.members[a].unit, int(r)) for a, r in zip(ww.tolist(), rr.tolist())]
+        assert hits == [bad]
     piece = Piece(0, 2, 0, 2, 0, 30)
-    (lo, hi), = spans_in(piece, spans, order, lambda: 30)
-    assert hi == lo + 1 and order.rows(2, 0, 2, 30)[lo] == order.rows(1, 0, 2, 30)[7]
-    assert spans_in(piece, spans, None, lambda: 30) == ((7, 8),)
+    assert spans_in(piece, (Span(0, 2, 7, 8, 1), Span(0, 3, 1, 2, 1)), None) == ((7, 8),)

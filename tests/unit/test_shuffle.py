@@ -8,7 +8,7 @@ import pytest
 
 from shmloader.config import LoaderConfig
 from shmloader.data import shuffle
-from shmloader.data.order import iter_pieces, start_position
+from shmloader.data.order import Piece, iter_pieces, start_position
 from shmloader.errors import DataError
 from shmloader.position import Position
 
@@ -31,30 +31,45 @@ def test_a_permutation_is_one_of_its_range_and_depends_on_its_key():
     assert shuffle.permutation(8, 0, 1).tolist() == shuffle.permutation(8, 0, 1).tolist()
     assert shuffle.Shuffle(3).units(1, [[5, 5], [3], [2, 2, 2]]) == [(1, 0), (0, 1), (2, 0), (0, 0), (2, 1), (2, 2)]
     assert shuffle.Shuffle(3).rows(1, 0, 0, 10).tolist() == [6, 3, 9, 8, 1, 0, 4, 5, 7, 2]
+    assert shuffle.Shuffle(3, 4).rows(1, 0, 0, 10).tolist() == [6, 3, 9, 8, 1, 0, 4, 5, 7, 2]  # K: who is in it
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 5])
-def test_every_unit_once_per_epoch_across_ranks(world):
-    order = shuffle.Shuffle(11)
+def test_an_epochs_windows_are_its_order_of_units_k_at_a_time():
+    for k in (1, 2, 3, 50):
+        order = shuffle.Shuffle(3, k)
+        windows = order.windows(1, COUNTS)
+        units = [(m.file, m.unit) for w in windows for m in w.members]
+        assert units == order.units(1, COUNTS)  # the same order, cut k at a time
+        assert all(len(w.members) == k for w in windows[:-1]) and 1 <= len(windows[-1].members) <= k
+        assert all(w.rows == sum(COUNTS[m.file][m.unit] for m in w.members) for w in windows)
+        assert [w.head for w in windows] == [(w.members[0].file, w.members[0].unit) for w in windows]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_unit_once_per_epoch_across_ranks(world, k):
+    order = shuffle.Shuffle(11, k)
     all_units = {(f, g) for f, rows in enumerate(COUNTS) for g in range(len(rows))}
     for epoch in (1, 2, 3):
         shares = [shuffle.share(order, epoch, COUNTS, r, world) for r in range(world)]
-        got = [u for s in shares for u in s]
+        got = [(m.file, m.unit) for s in shares for w in s for m in w.members]
         assert len(got) == len(set(got)) == len(all_units) and set(got) == all_units
         # and the walk of each rank reads its share, in its order, epoch after epoch
         for r in range(world):
             first = shuffle.first_position(order, COUNTS.__getitem__, len(COUNTS), r, world, epoch)
             steps = walk(order, r, world, first, len(shares[r]) * 2)
-            assert [(s[1], s[2]) for s in steps[:len(shares[r])]] == shares[r]
-            assert {s[0] for s in steps[:len(shares[r])]} == {epoch}
-            assert [(s[1], s[2]) for s in steps[len(shares[r]):]] == \
-                shuffle.share(order, epoch + 1, COUNTS, r, world)[:len(shares[r])]
+            assert [s.members for s in steps[:len(shares[r])]] == [w.members for w in shares[r]]
+            assert [(s.file, s.rg, s.rows) for s in steps[:len(shares[r])]] == [(*w.head, w.rows) for w in shares[r]]
+            assert {s.epoch for s in steps[:len(shares[r])]} == {epoch}
+            assert [s.members for s in steps[len(shares[r]):]] == \
+                [w.members for w in shuffle.share(order, epoch + 1, COUNTS, r, world)[:len(shares[r])]]
 
 
-def test_every_document_once_per_epoch_in_pieces():
+@pytest.mark.parametrize("k", [1, 3])
+def test_every_document_once_per_epoch_in_pieces(k):
     """The pieces of two epochs, over every rank, name each (unit, document) once per epoch, and
     the documents' rows are each unit's rows, each once."""
-    order, world = shuffle.Shuffle(4), 2
+    order, world = shuffle.Shuffle(4, k), 2
     total = sum(map(sum, COUNTS))
     for epoch in (1, 2):
         seen = []
@@ -63,9 +78,24 @@ def test_every_document_once_per_epoch_in_pieces():
             for p in iter_pieces(COUNTS.__getitem__, len(COUNTS), r, world, start, max_docs=7, shuffle=order):
                 if p.epoch != epoch:
                     break
-                rows = order.rows(epoch, p.file, p.rg, COUNTS[p.file][p.rg])[p.doc_start:p.doc_end]
-                seen += [(p.file, p.rg, int(row)) for row in rows]
+                which, rows = shuffle.locate(p.members, shuffle.rows_of(order, p))
+                seen += [(p.members[w].file, p.members[w].unit, r) for w, r in zip(which.tolist(), rows.tolist())]
         assert len(seen) == len(set(seen)) == total
+        assert all(r < COUNTS[f][g] for f, g, r in seen)
+
+
+def test_a_window_interleaves_the_documents_of_its_units():
+    """With K units to a window, a window's neighbouring documents are mostly of different
+    units; with one, all of one."""
+    counts = [[10] * 8 for _ in range(6)]  # 48 units of 10 rows
+    for k, most in ((1, 1.0), (8, 0.35)):
+        order = shuffle.Shuffle(5, k)
+        same = pairs = 0
+        for w in order.windows(1, counts):
+            which, _ = shuffle.locate(w.members, order.rows(1, *w.head, w.rows))
+            same += int(np.count_nonzero(which[1:] == which[:-1]))
+            pairs += len(which) - 1
+        assert same / pairs <= most and (k == 1) == (same == pairs)
 
 
 def test_another_epoch_and_another_seed_give_another_order():
@@ -73,92 +103,156 @@ def test_another_epoch_and_another_seed_give_another_order():
     assert a.units(1, COUNTS) != a.units(2, COUNTS)
     assert a.units(1, COUNTS) != b.units(1, COUNTS)
     assert a.rows(1, 0, 0, 30).tolist() != a.rows(2, 0, 0, 30).tolist()
-    assert a.rows(1, 0, 0, 30).tolist() != a.rows(1, 0, 1, 30).tolist()  # each unit its own
+    assert a.rows(1, 0, 0, 30).tolist() != a.rows(1, 0, 1, 30).tolist()  # each window its own
     assert a.rows(1, 0, 0, 30).tolist() != b.rows(1, 0, 0, 30).tolist()
 
 
-def test_the_walk_goes_on_from_any_position_of_it():
-    order, world, rank = shuffle.Shuffle(9), 2, 1
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_walk_goes_on_from_any_position_of_it(k):
+    order, world, rank = shuffle.Shuffle(9, k), 2, 1
     first = shuffle.first_position(order, COUNTS.__getitem__, len(COUNTS), rank, world)
     steps = walk(order, rank, world, first, 12)
-    for i, (e, f, g, _, _, rows) in enumerate(steps):
-        again = walk(order, rank, world, Position(e, f, g, min(3, rows)), 12 - i)
-        assert again[0] == (e, f, g, min(3, rows), 0, rows)
+    for i, step in enumerate(steps):
+        again = walk(order, rank, world, Position(step.epoch, step.file, step.rg, min(3, step.rows)), 12 - i)
+        assert again[0] == step._replace(doc=min(3, step.rows))
         assert again[1:] == steps[i + 1:]
 
 
 def test_a_position_outside_the_share_is_a_value_error():
-    order = shuffle.Shuffle(9)
+    order = shuffle.Shuffle(9, 2)
     theirs = shuffle.share(order, 1, COUNTS, 0, 2)[0]
-    with pytest.raises(ValueError, match="not a unit of rank 1 of 2's share"):
-        walk(order, 1, 2, Position(1, *theirs, 0), 1)
+    with pytest.raises(ValueError, match="does not head a window of rank 1 of 2's share"):
+        walk(order, 1, 2, Position(1, *theirs.head, 0), 1)
+    second = theirs.members[1]  # a unit of the window, not its head
+    with pytest.raises(ValueError, match="does not head a window of rank 0 of 2's share"):
+        walk(order, 0, 2, Position(1, second.file, second.unit, 0), 1)
 
 
-def test_more_ranks_than_units_is_a_data_error():
+def test_more_ranks_than_windows_is_a_data_error():
     with pytest.raises(DataError, match="fewer than the 20 ranks"):
         shuffle.first_position(shuffle.Shuffle(0), COUNTS.__getitem__, len(COUNTS), 19, 20)
+    with pytest.raises(DataError, match="3 windows of 4, fewer than the 4 ranks.*smaller shuffle_window"):
+        shuffle.first_position(shuffle.Shuffle(0, 4), COUNTS.__getitem__, len(COUNTS), 3, 4)
 
 
 def test_shuffle_off_is_the_files_order():
     assert LoaderConfig(B=2, T=8).order is None
     assert "shuffle" not in LoaderConfig(B=2, T=8).fingerprint("tok")
-    assert LoaderConfig(B=2, T=8, shuffle=True, seed=5).fingerprint("tok")["shuffle"] == "seed 5"
+    assert LoaderConfig(B=2, T=8, shuffle=True, seed=5).fingerprint("tok")["shuffle"] == "seed 5 window 8"
+    assert LoaderConfig(B=2, T=8, shuffle=True, seed=5, shuffle_window=3).order == shuffle.Shuffle(5, 3)
+    # one unit to a window is the order states were saved with before the window
+    assert LoaderConfig(B=2, T=8, shuffle=True, seed=5, shuffle_window=1).fingerprint("tok")["shuffle"] == "seed 5"
     plain = list(itertools.islice(iter_pieces(COUNTS.__getitem__, len(COUNTS), 0, 2, start_position(0),
                                               max_docs=8), 20))
     again = list(itertools.islice(iter_pieces(COUNTS.__getitem__, len(COUNTS), 0, 2, start_position(0),
                                               max_docs=8, shuffle=None), 20))
     units = [u for u, _ in itertools.groupby((p.file, p.rg) for p in plain)]
     assert plain == again and units[:4] == [(0, 0), (0, 2), (1, 0), (2, 0)]
+    assert all(p.members == () for p in plain)
 
 
 @pytest.mark.parametrize("bad", [{"shuffle": 1}, {"shuffle": True, "seed": -1}, {"shuffle": True, "seed": 1.5},
-                                 {"seed": True}])
+                                 {"seed": True}, {"shuffle_window": 0}, {"shuffle_window": True},
+                                 {"shuffle_window": 2.0}])
 def test_bad_settings_are_value_errors(bad):
     with pytest.raises(ValueError, match="shuffle|seed"):
         LoaderConfig(B=2, T=8, **bad)
 
 
-def test_tokens_taken_in_the_units_order_and_put_back():
-    lengths = np.array([2, 0, 3, 1], dtype=np.int64)
-    tokens = np.array([1, 1, 3, 3, 3, 4], dtype=np.int64)
-    rows = np.array([2, 0, 3, 1])
-    got_l, got_t = shuffle.take_tokens(lengths, tokens, rows)
-    assert got_l.tolist() == [3, 2, 1, 0] and got_t.tolist() == [3, 3, 3, 1, 1, 4]
-    back_l, back_t = shuffle.in_file_order(got_l, got_t, rows)
-    assert back_l.tolist() == lengths.tolist() and back_t.tolist() == tokens.tolist()
-    assert shuffle.take_tokens(lengths, tokens, rows[:0])[1].tolist() == []
-
-
 class _Source:
-    def __init__(self, counts):
-        self.counts = counts
+    def __init__(self, counts, bad=()):
+        self.counts, self.bad, self.reads = counts, bad, []
 
     def row_counts(self, f):
         return self.counts[f]
 
     def read_texts(self, f, g, start, end):
+        self.reads.append((f, g, start, end))
+        if (f, g) in self.bad:
+            return None  # as `read_or_skip` gives a bad unit skipped
         return [f"{f}:{g}:{r}" for r in range(start, end)]
 
 
-def test_a_piece_reads_its_documents_rows_in_the_units_order():
-    from shmloader.data.order import Piece
-    order, src = shuffle.Shuffle(2), _Source(COUNTS)
-    rows = order.rows(3, 2, 1, 30)
-    got = shuffle.read(src, order, Piece(0, 3, 2, 1, 4, 9))
-    assert got == [f"2:1:{r}" for r in rows[4:9].tolist()]
-    assert shuffle.read(src, order, Piece(0, 3, 2, 0, 0, 0)) == []
+def _pieces(order, counts, rank=0, world=1, max_docs=7):
+    start = shuffle.first_position(order, counts.__getitem__, len(counts), rank, world)
+    return iter_pieces(counts.__getitem__, len(counts), rank, world, start, max_docs=max_docs, shuffle=order)
 
 
-def test_documents_found_in_one_epoch_are_moved_to_another_epochs_order():
-    order, n = shuffle.Shuffle(4), 30
-    for found, to in ((1, 1), (1, 2), (3, 2)):
-        got = shuffle.moved(order, n, 2, 1, [(found, 7, 8), (found, 20, 23)], to)
-        rows = set(order.rows(found, 2, 1, n)[[7, 20, 21, 22]].tolist())
-        docs = [d for lo, hi in got for d in range(lo, hi)]
-        assert sorted(order.rows(to, 2, 1, n)[docs].tolist()) == sorted(rows)  # the same rows, in `to`'s places
-        assert all(a[1] < b[0] for a, b in zip(got, got[1:]))  # sorted runs, not touching
-    assert shuffle.moved(order, n, 2, 1, [(1, 7, 8), (1, 20, 23)], 1) == [(7, 8), (20, 23)]
-    assert shuffle.moved(order, n, 2, 1, [], 2) == [] and shuffle.moved(order, n, 2, 1, [(1, 5, 5)], 2) == []
+def test_a_piece_reads_its_documents_rows_in_the_windows_order():
+    order = shuffle.Shuffle(2, 3)
+    for piece in itertools.islice(_pieces(order, COUNTS), 12):
+        which, rows = shuffle.locate(piece.members, shuffle.rows_of(order, piece))
+        want = [f"{piece.members[w].file}:{piece.members[w].unit}:{r}" for w, r in zip(which.tolist(), rows.tolist())]
+        src = _Source(COUNTS)
+        assert shuffle.read(src.read_texts, order, piece) == want
+        assert len(src.reads) == len(set(which.tolist()))  # one span of each member it takes
+        units, src = shuffle.Units(3), _Source(COUNTS)
+        assert shuffle.read(src.read_texts, order, piece, units) == want
+        assert shuffle.read(src.read_texts, order, piece, units) == want
+        assert all(lo == 0 for _, _, lo, _ in src.reads) and len(src.reads) == len(set(which.tolist()))
+        assert [shuffle.row_of(piece, order, i) for i in range(piece.n_docs)] == \
+            [(piece.members[w].file, piece.members[w].unit, r) for w, r in zip(which.tolist(), rows.tolist())]
+
+
+def test_a_bad_member_gives_nulls_for_its_documents_only():
+    order = shuffle.Shuffle(2, 3)
+    piece = next(p for p in _pieces(order, COUNTS, max_docs=1000) if len(p.members) == 3 and p.n_docs > 20)
+    bad = (piece.members[1].file, piece.members[1].unit)
+    got = shuffle.read(_Source(COUNTS, bad=(bad,)).read_texts, order, piece)
+    which, _ = shuffle.locate(piece.members, shuffle.rows_of(order, piece))
+    assert [t is None for t in got] == (which == 1).tolist()
+    assert shuffle.skipped(piece, order, [(bad, "boom")]) == [(bad, "boom", int((which == 1).sum()))]
+
+
+def test_tokens_from_the_cache_in_the_windows_order_and_a_whole_window_put_back():
+    order = shuffle.Shuffle(6, 3)
+    rng = np.random.default_rng(0)
+    cache = {}  # (file, unit) -> (lengths, tokens) in file order
+    for f, rows in enumerate(COUNTS):
+        for g, n in enumerate(rows):
+            lengths = rng.integers(0, 5, n)
+            cache[(f, g)] = (lengths, rng.integers(0, 100, int(lengths.sum())))
+    load = lambda m: cache.get((m.file, m.unit))  # noqa: E731
+    for piece in itertools.islice(_pieces(order, COUNTS, max_docs=1000), 4):
+        lengths, tokens = shuffle.cached(load, piece, order)
+        which, rows = shuffle.locate(piece.members, shuffle.rows_of(order, piece))
+        want = []
+        for w, r in zip(which.tolist(), rows.tolist()):
+            ls, ts = cache[(piece.members[w].file, piece.members[w].unit)]
+            want.append(ts[ls[:r].sum():ls[:r + 1].sum()])
+        assert tokens.tolist() == np.concatenate(want).tolist() if want else tokens.size == 0
+        if piece.doc_start == 0 and piece.doc_end == sum(m.rows for m in piece.members):
+            for member, ls, ts in shuffle.in_file_order(piece, order, lengths, tokens):
+                assert ls.tolist() == cache[(member.file, member.unit)][0].tolist()
+                assert ts.tolist() == cache[(member.file, member.unit)][1].tolist()
+    piece = next(_pieces(order, COUNTS, max_docs=1000))
+    assert shuffle.cached(lambda m: None, piece, order) is None
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_documents_found_in_one_epoch_are_moved_to_another_epochs_window(k):
+    """A poisoned span (documents of a window as its epoch orders them) is the same rows in any
+    other epoch's window that holds them, wherever they are there; and no other rows."""
+    order = shuffle.Shuffle(4, k)
+    windows = shuffle.Windows(order, COUNTS.__getitem__, len(COUNTS))
+    found = order.windows(1, COUNTS)[1]
+    span = (1, *found.head, 2, 6)
+    which, rows = shuffle.locate(found.members, order.rows(1, *found.head, found.rows)[2:6])
+    bad = {(found.members[w].file, found.members[w].unit, r) for w, r in zip(which.tolist(), rows.tolist())}
+    for epoch in (1, 2, 3):
+        hit = set()
+        for w in order.windows(epoch, COUNTS):
+            piece = Piece(0, epoch, *w.head, 0, w.rows, members=w.members)
+            assert windows.members(epoch, *w.head) == w.members
+            assert windows.filled(Piece(0, epoch, *w.head, 0, w.rows)) == piece
+            runs = windows.moved(piece, [span])
+            assert all(a[1] < b[0] for a, b in zip(runs, runs[1:]))  # sorted runs, not touching
+            ww, rr = shuffle.locate(w.members, order.rows(epoch, *w.head, w.rows))
+            hit |= {(w.members[ww[d]].file, w.members[ww[d]].unit, int(rr[d])) for lo, hi in runs for d in range(lo, hi)}
+        assert hit == bad
+    piece = Piece(0, 1, *found.head, 0, found.rows, members=found.members)
+    assert windows.moved(piece, [span]) == [(2, 6)] and windows.moved(piece, []) == []
+    assert windows.moved(piece, [(1, *found.head, 5, 5)]) == []
 
 
 def test_the_first_positions_read_every_files_counts_once_and_hand_them_on():
@@ -187,8 +281,8 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     from shmloader.data.sources import Range
     ranges = (Range("a", 0, 4), Range("b", 4, 8))  # two sources of COUNTS' four files each
     run = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges))
-    sourced = shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), run)
-    a, b = (shuffle.Shuffle(shuffle.source_seed(9, n)) for n in "ab")
+    sourced = shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2), run)
+    a, b = (shuffle.Shuffle(shuffle.source_seed(9, n), 2) for n in "ab")
     assert sourced.orders == (a, b)
     assert np.array_equal(sourced.rows(2, 1, 0, 30), a.rows(2, 1, 0, 30))
     assert np.array_equal(sourced.rows(2, 5, 0, 30), b.rows(2, 1, 0, 30))
@@ -196,4 +290,8 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     firsts = sourced.firsts({"a": [1, 0, 0, 0]}, (COUNTS + COUNTS).__getitem__, 1, 2)
     assert list(firsts) == ["b"] and firsts["b"] == shuffle.first_position(b, COUNTS.__getitem__, 4, 1, 2)
     assert shuffle.of_run(LoaderConfig(B=2, T=8), run) is None
-    assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), SimpleNamespace(mixture=None)) == shuffle.Shuffle(9)
+    assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), SimpleNamespace(mixture=None)) == \
+        shuffle.Shuffle(9, shuffle.WINDOW)
+    windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 8)
+    w = b.windows(2, COUNTS)[0]
+    assert windows.members(2, w.head[0] + 4, w.head[1]) == tuple(m._replace(file=m.file + 4) for m in w.members)
