@@ -159,8 +159,8 @@ def test_two_ranks_read_disjoint_documents_covering_the_epoch(shufdata):
               for p in paths[:-1]]
     seen = []
     for rank in (0, 1):
-        mine = shuffle.share(shuffle.Shuffle(5), 1, counts, rank, 2)
-        n_mine = sum(counts[f][g] for f, g in mine)
+        mine = shuffle.share(shuffle.Shuffle(5, shuffle.WINDOW), 1, counts, rank, 2)
+        n_mine = sum(w.rows for w in mine)
         with load(root, shuffle=True, seed=5, rank=rank, world_size=2) as loader:
             seq = documents(np.concatenate(windows(loader, 40)), doc_of)
         assert len(seq) > n_mine
