@@ -24,7 +24,8 @@ With a shuffle (`shuffle=`, data/shuffle.py) the units are those of the old rank
 streams: an epoch's units in its permuted order (`Shuffle.units`), unit i of it old rank
 i % W's, past its old rank's position in that order; the new ranks deal them out the same way,
 then read plain W2-rank shuffled epochs from `epoch + 1` on, each from its share's first unit.
-A shuffled run that began at a change does not change again yet (state.py refuses it).
+A shuffled mixture's source is planned so in its own order (data/mixelastic.py). A shuffled run
+that began at a change does not change again yet (state.py, mixstate.py refuse it).
 
 A run that began at a change may change again (`parent`: the plan it began with). Its ranks'
 streams were the parent's units (unit i: rank i % W) and then plain W-rank epochs, which is
