@@ -25,10 +25,10 @@ footer only when it reaches a unit of the file; a resumed run's coordinator read
 A `Mixture` shuffles each source on its own (`Sourced`): its own `Shuffle`, seeded by
 `source_seed(seed, name)`, over its own files numbered within it, its own epochs; a source
 begins at its share's first unit (`Sourced.firsts`, found by the run's coordinator).
-Another world size deals out the rest of the old ranks' shuffled epoch (data/elastic.py).
-What is refused (`refusal`, state.py, mixstate.py): another world size of a mixture, a second
-change of world size, files added to a resumed run, nanochat-key states and
-`other_rank="nanochat"`.
+Another world size deals out the rest of the old ranks' shuffled epoch (data/elastic.py), of
+each source of a mixture in its own order (data/mixelastic.py).
+What is refused (`refusal`, state.py, mixstate.py): a second change of world size, files added
+to a resumed run, nanochat-key states and `other_rank="nanochat"`.
 """
 import zlib
 from dataclasses import dataclass
