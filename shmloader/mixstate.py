@@ -18,9 +18,11 @@ Its `files` is empty and its `val` None. Its `digest` covers the rank, the world
 batch, the shapes, the check, the position, the point and the plans' crcs.
 
 Resuming (`check`): this rank's own state; another rank's state, or (concat only: best fit's is
-refused, not built yet, and says so) one of another world size, of a run that used this
-mixture from batch 0 with one batch shape (this rank's place, or every old rank's, is then
-replayed: resume.py `_locate_mix`, `_elastic_mix`; other runs are refused, `_check_replayable`);
+refused, not built yet, and says so) one of another world size, shuffled or not (each source
+in its own order: data/mixelastic.py), of a run that used this mixture from batch 0 with one
+batch shape (this rank's place, or every old rank's, is then replayed: resume.py `_locate_mix`,
+`_elastic_mix`; other runs are refused, `_check_replayable`, and so is a second change of
+world size: the mixer of a run that began at one counts from there, its `since`);
 the config as state.py checks it; another B or T as there; every source the state and the loader share must list the same files (name, size,
 footer where both know it); a source added (read from its start) or left out (its place kept
 in the states that follow, for a resume that brings it back) and other weights are said once
@@ -158,10 +160,6 @@ def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
     plans = {name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()} if plans else None
     other = statemod.start_position(identity.rank)
     if state["world_size"] != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
-        if identity.shuffled:
-            raise ValueError(f"resume state with shuffle=True: it is rank {state['rank']} of {state['world_size']}, "
-                             f"this loader rank {identity.rank} of {identity.world}: another world size of a "
-                             f"shuffled Mixture is not built yet; resume at world_size {state['world_size']}")
         if identity.buffered:
             raise ValueError(f"resume state is rank {state['rank']} of {state['world_size']}, this loader rank "
                              f"{identity.rank} of {identity.world}: another world size's state of a mixture with "

@@ -177,9 +177,9 @@ def _elastic_mix(resume: statemod.Resume, catalogue, config, args, heal) -> stat
     """A mixture's state saved at another world size W: every old rank's point (the state's
     own, the others replayed), then for each source the elastic plan of its files from the old
     ranks' places in it (data/elastic.py: what they had not consumed, shared out over the new
-    ranks); this rank starts every source at its first unit (a cut document's tokens before its
-    place dropped, `"skips"`), with a mixer whose counting stage begins at the change and whose
-    totals are the old ranks' together."""
+    ranks; shuffled, in each source's own order: `_shuffles`); this rank starts every source at
+    its first unit (a cut document's tokens before its place dropped, `"skips"`), with a mixer
+    whose counting stage begins at the change and whose totals are the old ranks' together."""
     change, batch = resume.change, resume.batch
     log.warning("rank %d of %d: resuming a mixture's state saved at world_size %d (batch %d): finding where %s "
                 "stood in every source, replaying %s", args.rank, args.world, change.world, batch,
@@ -189,13 +189,21 @@ def _elastic_mix(resume: statemod.Resume, catalogue, config, args, heal) -> stat
               for r in range(change.world)]
     start = mixelastic.plan(points, catalogue.mixture, batch, args.rank, args.world,
                             lambda name: lambda f: catalogue.catalogues[name].row_counts(f, config.on_bad_row_group),
-                            lambda name: len(catalogue.catalogues[name].paths))
+                            lambda name: len(catalogue.catalogues[name].paths), _shuffles(catalogue, config, args))
     log.warning("rank %d of %d: every source's rest of its epoch in progress is shared out over %s",
                 args.rank, args.world, _new_ranks(args.world))
     first = start.point["source"]
     position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
     return dataclasses.replace(resume, position=catalogue.to_run(first, position), mix=start.point,
                                mix_plans=start.plans, change=None, locate=False, check=None)
+
+
+def _shuffles(catalogue, config, args) -> dict | None:
+    """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`), or
+    None (the files' order)."""
+    mix = mixstate.run_args(catalogue, statemod.Resume(statemod.start_position(args.rank)))
+    order = shufflemod.of_run(config, dataclasses.replace(args, mixture=mix))
+    return None if order is None else dict(zip(order.names, order.orders))
 
 
 def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:

@@ -21,11 +21,12 @@ in at most one unit, so a position at or before `epoch` names the unit it is in.
 starts at its first unit (`start`), or at epoch `epoch + 1` when it has none.
 
 With a shuffle (`shuffle=`, data/shuffle.py) the units are the windows of the old ranks'
-shuffled streams: an epoch's windows in its permuted order (`Shuffle.windows`), window i of it
-old rank i % W's, past its old rank's position in that order; the new ranks deal them out the
-same way, then read plain W2-rank shuffled epochs from `epoch + 1` on, each from its share's
-first window.
-A shuffled run that began at a change does not change again yet (state.py refuses it).
+shuffled streams: each old rank's windows of an epoch (`shuffle.shares`), dealt in turn (the
+first of each old rank, then the second of each, ...), those past its old rank's position in its
+share (the one at it from its document on); the new ranks deal them out the same way, then read
+plain W2-rank shuffled epochs from `epoch + 1` on, each from its share's first window. A
+shuffled mixture's source is planned so in its own order (data/mixelastic.py). A shuffled run
+that began at a change does not change again yet (state.py, mixstate.py refuse it).
 
 A run that began at a change may change again (`parent`: the plan it began with). Its ranks'
 streams were the parent's units (unit i: rank i % W) and then plain W-rank epochs, which is

@@ -12,11 +12,21 @@ begins at the change (weights as the mixture has them there) and whose totals ar
 together (tokens and documents summed, the furthest epoch): the same for every new rank, from
 any old rank's state. So every token of every source that no old rank had consumed is read
 once, by one new rank, and each source goes on mixing by its weight.
+
+A shuffled mixture (`shuffles`: each source's own `data.shuffle.Shuffle`, `Sourced`'s) plans each
+source over its own shuffled order, as one shuffled source does: the old ranks' places are in
+it, the units those of its epoch in progress in that order past them, then plain shuffled epochs
+at the new world size. A source whose shuffled order this rank cannot start (no unit of it left
+for this rank and fewer units in an epoch than ranks, or a footer that cannot be read) starts at
+the next epoch: reading it raises the source's error, as in a fresh shuffled run
+(`Sourced.firsts`).
 """
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from ..errors import DataError
+from ..position import Position
 from . import elastic
 from .mixture import Mixer
 
@@ -29,14 +39,16 @@ class MixStart(NamedTuple):
 
 
 def plan(points: list, mixture, batch: int, rank: int, world: int,
-         row_counts: Callable[[str], Callable[[int], list]], n_files: Callable[[str], int]) -> MixStart:
+         row_counts: Callable[[str], Callable[[int], list]], n_files: Callable[[str], int],
+         shuffles: dict | None = None) -> MixStart:
     """New rank `rank` of `world`'s start, from every old rank's point at `batch` (old rank r's
-    is `points[r]`); `row_counts(name)(f)`: rows per row group of source `name`'s file `f`."""
+    is `points[r]`); `row_counts(name)(f)`: rows per row group of source `name`'s file `f`;
+    `shuffles[name]`: source `name`'s shuffled order (None: the files' order)."""
     plans, sources, skips = {}, {}, {}
     for name in mixture.names:
         places = [tuple(p["sources"][name]) + (p["skip"] if p["source"] == name else 0,) for p in points]
         plans[name] = elastic.Plan.of(len(points), batch, places)
-        start = elastic.start(plans[name], rank, world, row_counts(name), n_files(name))
+        start = _start(plans[name], rank, world, row_counts(name), n_files(name), (shuffles or {}).get(name))
         sources[name], skips[name] = list(start[:4]), start.skip
     mixer = Mixer(mixture, batch)
     for name in mixer.totals:
@@ -46,3 +58,14 @@ def plan(points: list, mixture, batch: int, rank: int, world: int,
     point = {"source": mixture.names[0], "skip": 0, "sources": sources, "mixer": mixer.state(),
              "skips": {name: k for name, k in skips.items() if k}}
     return MixStart(plans, point)
+
+
+def _start(plan: elastic.Plan, rank: int, world: int, row_counts, n_files: int, shuffle) -> Position:
+    """`elastic.start` of a source; shuffled, one whose order raises a `DataError` here starts at
+    the next epoch (its order raises the error again when the source is first read)."""
+    try:
+        return elastic.start(plan, rank, world, row_counts, n_files, shuffle)
+    except DataError:
+        if shuffle is None:
+            raise
+        return Position(plan.epoch + 1, 0, rank, 0)

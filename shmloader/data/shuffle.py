@@ -33,7 +33,7 @@ A `Mixture` shuffles each source on its own (`Sourced`): its own `Shuffle`, seed
 `source_seed(seed, name)`, over its own files numbered within it, its own epochs; a source
 begins at its share's first window (`Sourced.firsts`, found by the run's coordinator).
 Another world size deals out the rest of the old ranks' shuffled epoch, window by window
-(data/elastic.py).
+(data/elastic.py), of each source of a mixture in its own order (data/mixelastic.py).
 What is refused (`refusal`, state.py, mixstate.py): a second change of world size, files added
 to a resumed run, nanochat-key states and `other_rank="nanochat"`.
 """

@@ -97,17 +97,18 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
         """The order's pieces; `files=(lo, n)`, `start`: of files `[lo, lo + n)` alone (a
         mixture's source), from `start` (numbered within them), in the run's numbering; `plan`:
         the source's elastic plan, whose first step keeps `start.skip` (a source's document cut
-        at a change of world size, each source's own)."""
+        at a change of world size, each source's own); a shuffled mixture's source is in its own
+        order (`order.source(lo)`) with a plan or without."""
         if files is not None:
             lo, n = files
             counts, text = (lambda f: row_counts(lo + f)), (lambda f: source.text_bytes(lo + f))
+            shuffle = None if order is None else order.source(lo)[1]  # the source's own
             if plan is None:
                 steps = iter_pieces(counts, n, run.rank, run.world, start, max_docs=cap, ramp=ramp,
                                     first_index=first_index, row_bytes=text, max_bytes=cfg.max_piece_bytes,
-                                    unit=cfg.piece_unit, shuffle=None if order is None else order.source(lo)[1])
+                                    unit=cfg.piece_unit, shuffle=shuffle)
             else:
-                assert order is None, "a shuffled mixture's change of world size is refused (mixstate.py)"
-                units = elastic.steps(plan, run.rank, run.world, counts, n, start)
+                units = elastic.steps(plan, run.rank, run.world, counts, n, start, shuffle=shuffle)
                 if start.skip:  # the unit `start` is in begins at its document, the tokens before it dropped
                     first = next(units)
                     units = itertools.chain([first._replace(skip=start.skip)], units)

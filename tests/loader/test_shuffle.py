@@ -3,9 +3,13 @@ which document they are: every document once per epoch, twice over; few stream n
 that were file neighbours; another order each epoch and each seed; the same batches with 1 and
 3 workers; exact resume with another worker count in both packings; another rank's state; two
 ranks' disjoint shares covering the epoch; the token cache and positions; shuffle off as
-before; and the refusals of what is not built yet."""
+before; a state at 2 ranks resumed on 3, of one source and of a Mixture (each source's epoch in
+progress read once, then plain 3-rank shuffled epochs); and the refusals of what is not built yet."""
+import collections
 import itertools
+import json
 import random
+import warnings
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -384,8 +388,8 @@ def test_a_shuffled_mixture_resumes_another_ranks_state_and_refuses_another_seed
         load_mix(root, rank=0, world_size=2, shuffle=True, seed=5, resume_state=state)
     with pytest.raises(ValueError, match="shuffle 'seed 2', this loader has shuffle 'off'"):
         load_mix(root, rank=0, world_size=2, resume_state=state)
-    with pytest.raises(ValueError, match="another world size of a shuffled Mixture is not built yet"):
-        load_mix(root, rank=0, world_size=3, shuffle=True, seed=2, resume_state=state)
+    with load_mix(root, rank=0, world_size=3, shuffle=True, seed=2, resume_state=state) as loader:
+        assert len(windows(loader, 2)) == 2  # another world size: built (the tests below check what it reads)
 
 
 # ---- another world size: a state saved at 2 ranks resumed on 3
@@ -458,3 +462,115 @@ def test_a_state_at_2_ranks_on_3_reads_nothing_consumed_again_and_resumes_exactl
             with load(root, rank=rank, world_size=3, num_workers=3, resume_state=mine[at], **kw) as loader:
                 again = windows(loader, 11 - at)
             assert all(np.array_equal(a, b) for a, b in zip(again, ws[at + 1:])), f"new rank {rank}: resume at {at}"
+
+
+# ---- a shuffled Mixture at another world size: a state saved at 2 ranks resumed on 3 (concat)
+def source_runs(stream, of) -> dict:
+    """Each source's runs of one document's consecutive tokens in a stream, in order: `{name:
+    [(document, tokens), ...]}` (a document an old rank had cut goes on, without its BOS, as a run
+    of its own on a new rank)."""
+    out, last = {"a": [], "b": []}, None
+    for t in stream.tolist():
+        if t == 0:
+            last = None
+            continue
+        name, doc = of[t]
+        if last is None or of[last] != (name, doc) or t != last + 1:
+            out[name].append((doc, []))
+        out[name][-1][1].append(t)
+        last = t
+    return out
+
+
+def plain_share(counts, lengths, seed, name, epoch, rank, world) -> tuple[list, list]:
+    """Source `name`'s documents of a plain `world`-rank shuffled epoch `epoch`, rank `rank`'s
+    share, in order (every world-th unit of the epoch's order, each unit's documents in theirs:
+    data/shuffle.py), and their tokens with BOS."""
+    order = shuffle.Shuffle(shuffle.source_seed(seed, name))
+    docs = [f * MIX_PER_FILE + g * MIX_GROUP + r for f, g in order.units(epoch, counts)[rank::world]
+            for r in order.rows(epoch, f, g, counts[f][g]).tolist()]
+    return docs, [lengths[d] + 1 for d in docs]
+
+
+def another_world_size(root, names, seed, k, saver, epochs):
+    """2 old ranks read `k` batches each (inside epoch 1 of every source); old rank `saver`'s
+    state is resumed on 3 ranks over the shuffled Mixture of `names` (each read for `epochs`
+    epochs), every new rank to the mixture's end: `(the old ranks' tokens, each new rank's
+    windows, each new rank's state after each of them, the mixture, the loaders' options)`."""
+    mix = lambda: shmloader.Mixture({n: str(root / n) for n in names}, {n: 1 for n in names},  # noqa: E731
+                                    max_epochs={n: epochs for n in names})
+    kw = dict(shuffle=True, seed=seed, packing="concat", device="cpu", timeout=60)
+    old, states = [], []
+    for rank in (0, 1):
+        with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, rank=rank, world_size=2, num_workers=2,
+                                 **kw) as loader:
+            old += windows(loader, k)
+            states.append(loader.state_dict())
+        assert {p[0] for p in json.loads(states[-1]["mixture"]["point"])["sources"].values()} == {1}
+    streams, mine = [], []
+    for rank in range(3):
+        with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, rank=rank, world_size=3, num_workers=1 + rank % 2,
+                                 resume_state=states[saver], **kw) as loader:
+            ws, ss = [], []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the sources' ends are said (test_mixture.py checks the words)
+                try:
+                    for x, y in loader:
+                        ws.append(window_of(x, y))
+                        ss.append(loader.state_dict())
+                except shmloader.DataError as e:
+                    assert "nothing is left to read" in str(e), e
+        assert len(ws) > 4, (rank, len(ws))
+        streams.append(ws)
+        mine.append(ss)
+    return np.concatenate(old), streams, mine, mix, kw
+
+
+def check_another_world_size(root, of, names, seed, k, saver, epochs):
+    """Every token of every source's epoch 1 read exactly once over the old ranks' batches and the
+    new ranks' first ones (none consumed read again, none left out); then each new rank reads its
+    share of plain 3-rank shuffled epochs 2, 3, ... of every source, to the batch that cannot be
+    filled; a new rank's state, inside its part of epoch 1 and in a later epoch, resumes exactly;
+    a second change of world size is refused."""
+    consumed, streams, mine, mix, kw = another_world_size(root, names, seed, k, saver, epochs)
+    W = B * T + 1
+    counts = _counts(sorted(str(p) for p in (root / "a").glob("*.parquet")))  # every source's shape
+    lengths = {}
+    for t, (name, doc) in of.items():
+        lengths.setdefault(name, collections.Counter())[doc] += 1
+    first = {name: [int(t) for t in consumed if t and of[int(t)][0] == name] for name in names}  # epoch 1's reads
+    for rank, ws in enumerate(streams):
+        runs, unread = source_runs(np.concatenate(ws), of), 0
+        for name in names:
+            share, tokens = [], []  # its plain epochs' documents, in order
+            for epoch in range(2, epochs + 1):
+                docs, sizes = plain_share(counts, lengths[name], seed, name, epoch, rank, 3)
+                share, tokens = share + docs, tokens + sizes
+            got = [doc for doc, _ in runs[name]]
+            n = next(n for n in range(min(len(got), len(share)), 0, -1) if got[-n:] == share[:n])
+            assert len(got) - n > 0, f"new rank {rank}: no document of {name!r}'s epoch 1"
+            first[name] += [t for _, toks in runs[name][:len(got) - n] for t in toks]
+            unread += sum(tokens[n:])
+        assert unread < W, (rank, unread)  # the later epochs' shares read to the batch that cannot be filled
+    for name in names:
+        every = sorted(t for t, (s, doc) in of.items() if s == name and doc < MIX_PER_FILE * (FILES - 1))
+        assert sorted(first[name]) == every, f"source {name!r}: epoch 1 not read exactly once"
+    for rank, at in ((0, 1), (1, 1), (2, len(mine[2]) - 3)):
+        with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, rank=rank, world_size=3, num_workers=2,
+                                 resume_state=mine[rank][at], **kw) as loader, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a source's end
+            again = windows(loader, 2)
+        assert len(again) == 2 and all(np.array_equal(a, b) for a, b in zip(again, streams[rank][at + 1:])), (rank, at)
+    with pytest.raises(ValueError, match="mixture changed at batch"):  # a second change of world size
+        shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, rank=0, world_size=2, num_workers=1,
+                            resume_state=mine[0][1], **kw)
+
+
+def test_a_shuffled_one_source_mixture_at_2_ranks_resumes_on_3_reading_no_document_twice(mixshuf):
+    root, of, _ = mixshuf
+    check_another_world_size(root, of, ("a",), seed=5, k=4, saver=0, epochs=3)
+
+
+def test_a_shuffled_mixture_at_2_ranks_resumes_on_3_each_source_every_document_once(mixshuf):
+    root, of, _ = mixshuf
+    check_another_world_size(root, of, ("a", "b"), seed=9, k=6, saver=1, epochs=2)

@@ -1,6 +1,7 @@
 """data/mixelastic.py: a mixture's plans at a change of world size, from the old ranks' points."""
 from shmloader.data import elastic, mixelastic
 from shmloader.data.mixture import Mixer, Mixture
+from shmloader.data.shuffle import Shuffle
 
 MIX = Mixture({"a": "a", "b": "b"}, {"a": 2, "b": 1})
 ROWS = {"a": [[5, 5, 5, 5], [5, 5, 5, 5]], "b": [[3, 3, 3], [3, 3, 3]]}  # per source: files' row groups
@@ -42,3 +43,26 @@ def test_the_mixer_begins_a_counting_stage_at_the_change_with_the_old_ranks_tota
     assert mixer["stage_batch"] == 50 and mixer["since"] == 50 and set(mixer["counted"].values()) == {0}
     assert mixer["totals"] == {"a": [78, 17, 1], "b": [42, 13, 2]}
     assert plan(0, 2).point["mixer"] == mixer  # the same for every new rank
+
+
+ORDERS = {"a": Shuffle(11), "b": Shuffle(12)}  # each source's own shuffled order
+
+
+def test_a_shuffled_mixture_starts_every_source_at_its_first_unit_of_its_own_order():
+    moved = 0
+    for rank in range(3):
+        start = mixelastic.plan(POINTS, MIX, 50, rank, 3, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]),
+                                ORDERS)
+        for name in ("a", "b"):
+            first = elastic.start(start.plans[name], rank, 3, lambda f, n=name: ROWS[n][f], 2, ORDERS[name])
+            assert start.point["sources"][name] == list(first[:4])
+            assert start.point["skips"].get(name, 0) == first.skip
+            moved += start.point["sources"][name] != plan(rank, 3).point["sources"][name]
+    assert moved  # not the files' order
+
+
+def test_a_shuffled_source_with_fewer_units_than_new_ranks_starts_where_reading_it_raises():
+    """Rank 39 of 40 has no unit of b's order (6 units): it starts b at the next epoch, whose
+    order raises the source's error when b is first read (as a fresh shuffled run's would)."""
+    start = mixelastic.plan(POINTS, MIX, 50, 39, 40, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]), ORDERS)
+    assert start.point["sources"]["b"] == [3, 0, 39, 0]
