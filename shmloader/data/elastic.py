@@ -106,26 +106,31 @@ def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int, 
 
 
 def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[Unit]:
-    """`units` of a shuffled run: epoch e's windows in their order, window i old rank i % W's,
-    those past its old rank's position in that order (the one at it from its document on)."""
+    """`units` of a shuffled run: each epoch's windows of the old ranks' shares, dealt in turn
+    (window j of old rank 0, of old rank 1, ..., then window j + 1), those past its old rank's
+    position in its share (the one at it from its document on)."""
     assert plan.parent is None, "a shuffled run that began at a change of world size changes again (state.py refuses it)"
     counts = [list(row_counts(f)) for f in range(n_files)]
     W, first = plan.world, min(p[0] for p in plan.positions)
     for epoch in range(first, plan.epoch + 1):
-        windows = shuffle.windows(epoch, counts)
-        place = {w.head: i for i, w in enumerate(windows)}
-        for i, w in enumerate(windows):
-            e, pf, pg, doc, skip = plan.positions[i % W]
-            if e == epoch and (pf, pg) not in place:
-                raise ValueError(f"resume state: old rank {i % W}'s position is file {pf}, row group {pg} of "
-                                 f"epoch {e}, which heads no window of the split's shuffled order (files "
+        shares = shuffle.shares(epoch, counts, W)
+        here = []  # each old rank's (epoch, its window's place in its share), and its document
+        for r, (e, pf, pg, doc, skip) in enumerate(plan.positions):
+            heads = {w.head: j for j, w in enumerate(shares[r])}
+            if e == epoch and (pf, pg) not in heads:
+                raise ValueError(f"resume state: old rank {r}'s position is file {pf}, row group {pg} of epoch "
+                                 f"{e}, which heads no window of its share of the split's shuffled order (files "
                                  f"changed, another shuffle_window, or an edited state)")
-            at = (epoch, i)
-            here = (e, place[(pf, pg)]) if e == epoch else (e, -1)
-            if at > here:
-                yield Unit(epoch, *w.head, 0, 0, w.rows, w.members)
-            elif at == here and doc < w.rows:
-                yield Unit(epoch, *w.head, doc, skip, w.rows, w.members)
+            here.append(((e, heads[(pf, pg)]) if e == epoch else (e, -1), doc, skip))
+        for j in range(max(map(len, shares))):
+            for r, share in enumerate(shares):
+                if j >= len(share):
+                    continue
+                w, (at, doc, skip) = share[j], here[r]
+                if (epoch, j) > at:
+                    yield Unit(epoch, *w.head, 0, 0, w.rows, w.members)
+                elif (epoch, j) == at and doc < w.rows:
+                    yield Unit(epoch, *w.head, doc, skip, w.rows, w.members)
 
 
 def _old_units(plan: Plan, row_counts, n_files: int) -> Iterator[tuple[int, Unit]]:

@@ -2,13 +2,14 @@
 
 Epoch e of a split, shuffled:
 1. *Units* (row groups, each format's unit: data/formats/) of the whole split, every
-   `(file, unit)` pair, in an order drawn from `(seed, e)` (`Shuffle.units`).
-2. *Windows*: that order cut into runs of K consecutive units (`Shuffle.windows`; the last may
-   be shorter). A window is named by its first unit, its *head*, and holds its `Member`s' rows.
-   This rank's share is every world-th window (`rank, rank + world, ...`), so the ranks of an
-   epoch read disjoint windows that cover the split, each once, and every process names a
-   window's units from the seed, the epoch and the row counts alone (no rank, world size or
-   plan in it).
+   `(file, unit)` pair, in an order drawn from `(seed, e)` (`Shuffle.units`); this rank's share
+   is every world-th of that list (`rank, rank + world, ...`), so the ranks of an epoch read
+   disjoint units that cover the split, each once.
+2. *Windows*: this rank's share cut into runs of K consecutive units (`Shuffle.shares`; the
+   last may be shorter), so every rank with a unit has a window whatever K. A window is named
+   by its first unit, its *head*, and holds its `Member`s' rows; every process names a window's
+   units from the seed, the epoch, the world size the epoch was dealt in and the row counts
+   (`Windows`).
 3. The documents of a window in an order drawn from `(seed, e, head file, head unit)` and its
    row count alone (`Shuffle.rows`): document d of the window is row `rows()[d]` of its members'
    rows one after another (`locate`). So documents, not only units, are shuffled: a window's
@@ -110,10 +111,13 @@ class Shuffle:
         pairs = [(f, g) for f, rows in enumerate(counts) for g in range(len(rows))]
         return [pairs[i] for i in permutation(len(pairs), self.seed, epoch).tolist()]
 
-    def windows(self, epoch: int, counts: Sequence[Sequence[int]]) -> list[Window]:
-        """Epoch `epoch`'s windows: its order of units, `window` at a time."""
+    def shares(self, epoch: int, counts: Sequence[Sequence[int]], world: int) -> list[list[Window]]:
+        """Epoch `epoch`'s windows of each rank of `world`: rank r's share of its order of units
+        (every world-th from the r-th), `window` at a time (the last may be shorter)."""
         units = [Member(f, g, counts[f][g]) for f, g in self.units(epoch, counts)]
-        return [Window(tuple(units[i:i + self.window])) for i in range(0, len(units), self.window)]
+        k = self.window
+        return [[Window(tuple(mine[i:i + k])) for i in range(0, len(mine), k)]
+                for mine in (units[r::world] for r in range(world))]
 
     def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
         """The rows of the window headed by `(file, unit)` of `n` rows in epoch `epoch`'s order:
@@ -185,8 +189,9 @@ def of_run(config, run) -> "Shuffle | Sourced | None":
 
 
 def share(order: Shuffle, epoch: int, counts: Sequence[Sequence[int]], rank: int, world: int) -> list[Window]:
-    """Rank `rank` of `world`'s windows of epoch `epoch`: every world-th of the epoch's."""
-    return order.windows(epoch, counts)[rank::world]
+    """Rank `rank` of `world`'s windows of epoch `epoch` (`Shuffle.shares`)."""
+    units = [Member(f, g, counts[f][g]) for f, g in order.units(epoch, counts)[rank::world]]
+    return [Window(tuple(units[i:i + order.window])) for i in range(0, len(units), order.window)]
 
 
 def _counts(row_counts: Callable[[int], Sequence[int]], n_files: int, threads: int = 1) -> list:
@@ -205,10 +210,9 @@ def _mine(order: Shuffle, epoch: int, counts: list, rank: int, world: int) -> li
     mine = share(order, epoch, counts, rank, world)
     if not mine:
         total = sum(map(len, counts))
-        raise DataError(f"rank {rank} of {world} has no window of the shuffled order: the split's {len(counts)} "
-                        f"files hold {total} units (row groups) in all, {-(-total // order.window)} windows of "
-                        f"{order.window}, fewer than the {world} ranks; use fewer ranks, a smaller "
-                        f"shuffle_window= or files with more row groups")
+        raise DataError(f"rank {rank} of {world} has no unit of the shuffled order: the split's {len(counts)} "
+                        f"files hold {total} units (row groups) in all, fewer than the {world} ranks; use fewer "
+                        f"ranks or write files with more row groups")
     return mine
 
 
@@ -269,8 +273,11 @@ class Windows:
     asked for, each epoch's windows kept while it is asked for. `order` is a `Shuffle` or a
     mixture's `Sourced` (its source's windows, numbered in the run's files)."""
 
-    def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int):
-        self.order, self._row_counts, self.n_files = order, row_counts, n_files
+    def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int,
+                 world_of: Callable[[int, int], int]):
+        """`world_of(file, epoch)`: the world size whose shares the file's epoch was dealt in
+        (the run's, or an elastic plan's old one for the epochs it covers)."""
+        self.order, self._row_counts, self.n_files, self._world_of = order, row_counts, n_files, world_of
         self._counts, self._epochs = {}, {}
 
     def _of(self, file: int) -> tuple[int, int, Shuffle]:
@@ -289,16 +296,17 @@ class Windows:
             return (Member(file, unit, list(self._row_counts(file))[unit]),)
         if lo not in self._counts:
             self._counts[lo] = _counts(lambda f: self._row_counts(lo + f), hi - lo)
-        key = (lo, epoch)
+        world = self._world_of(file, epoch)
+        key = (lo, epoch, world)
         if key not in self._epochs:
             if len(self._epochs) > 8:
                 self._epochs.clear()
-            self._epochs[key] = {w.head: w for w in order.windows(epoch, self._counts[lo])}
+            self._epochs[key] = {w.head: w for share in order.shares(epoch, self._counts[lo], world) for w in share}
         try:
             window = self._epochs[key][(file - lo, unit)]
         except KeyError:
-            raise ValueError(f"file {file}, unit {unit} heads no window of epoch {epoch}'s shuffled order "
-                             f"(seed {order.seed}, shuffle_window {order.window})") from None
+            raise ValueError(f"file {file}, unit {unit} heads no window of epoch {epoch}'s shuffled order at "
+                             f"world size {world} (seed {order.seed}, shuffle_window {order.window})") from None
         return tuple(m._replace(file=m.file + lo) for m in window.members)
 
     def filled(self, piece):

@@ -127,6 +127,19 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
     return pieces
 
 
+def _world_of(run):
+    """`(file, epoch) -> world size` whose shuffled shares the run's file was read in, in an
+    epoch: an elastic plan's old one for the epochs it covers (one source's, or the file's
+    source's in a mixture), else the run's (data/shuffle.py `Windows`)."""
+    def world_of(file: int, epoch: int) -> int:
+        plan = run.plan
+        if run.mixture is not None:
+            name = next((r.name for r in run.mixture.ranges if r.lo <= file < r.hi), None)
+            plan = (run.mixture.plans or {}).get(name)
+        return plan.world if plan is not None and epoch <= plan.epoch else run.world
+    return world_of
+
+
 def _with_firsts(run, order, row_counts):
     """`run` whose mixture begins each source its point does not place at its shuffled share's
     first unit (`MixArgs.firsts`; `row_counts`: the run's files', as its order reads them)."""
@@ -149,7 +162,7 @@ class _Coordinator:
         self.order = shufflemod.of_run(cfg, args)  # None: the files' order
         pieces = _pieces(cfg, args, self.source, self._report_bad, self._opened, self.order)
         self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
-                        else shufflemod.Windows(self.order, pieces.row_counts, len(args.files)))
+                        else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), _world_of(args)))
         if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
             args = self.args = _with_firsts(args, self.order, pieces.row_counts)
         self.mode = kind(cfg, args, len(workers), pieces)

@@ -173,7 +173,7 @@ def shuffled_scenario(seed, W, order):
 
     rng = random.Random(seed)
     counts = random_files(rng)
-    while -(-sum(map(len, counts)) // order.window) < W:  # every old rank a window
+    while sum(map(len, counts)) < W:
         counts = random_files(rng)
     streams = []
     for r in range(W):
@@ -209,10 +209,10 @@ def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_doc
     left = [(u.epoch, u.file, u.rg, d) for u in units for d in range(u.doc, u.rows)]
     assert len(left) == len(set(left))
     first = min(p[0] for p in positions)
-    everything = {(e, *w.head, d) for e in range(first, plan.epoch + 1) for w in order.windows(e, counts)
-                  for d in range(w.rows)}
+    windows = {e: [w for share in order.shares(e, counts, W) for w in share] for e in range(first, plan.epoch + 1)}
+    everything = {(e, *w.head, d) for e in windows for w in windows[e] for d in range(w.rows)}
     assert len(everything) == sum(map(sum, counts)) * (plan.epoch + 1 - first)
-    assert all(u.members == w.members for u in units for w in order.windows(u.epoch, counts) if w.head == (u.file, u.rg))
+    assert all(u.members == w.members for u in units for w in windows[u.epoch] if w.head == (u.file, u.rg))
     assert not consumed & set(left) and {c for c in consumed if c[0] >= first} | set(left) == everything
     mine = [list(elastic.rank_units(plan, j, W2, rc, len(counts), shuffle=order)) for j in range(W2)]
     assert all(m == units[j::W2] for j, m in enumerate(mine))
@@ -221,6 +221,12 @@ def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_doc
 def test_a_shuffled_plan_naming_a_unit_the_split_lacks_is_a_value_error():
     from shmloader.data import shuffle as shufflemod
 
-    plan = elastic.Plan.of(2, 40, [(1, 0, 0, 1, 0), (1, 9, 9, 0, 0)])
-    with pytest.raises(ValueError, match="file 9, row group 9"):
-        list(elastic.units(plan, [[3, 3], [2]].__getitem__, 2, shuffle=shufflemod.Shuffle(1)))
+    counts, order = [[3, 3], [2]], shufflemod.Shuffle(1)
+    mine = shufflemod.first_position(order, counts.__getitem__, 2, 0, 2)
+    plan = elastic.Plan.of(2, 40, [(1, mine.file, mine.rg, 1, 0), (1, 9, 9, 0, 0)])
+    with pytest.raises(ValueError, match="old rank 1's position is file 9, row group 9"):
+        list(elastic.units(plan, counts.__getitem__, 2, shuffle=order))
+    theirs = shufflemod.first_position(order, counts.__getitem__, 2, 1, 2)  # a unit of the split, not old rank 0's
+    plan = elastic.Plan.of(2, 40, [(1, theirs.file, theirs.rg, 1, 0), (1, theirs.file, theirs.rg, 0, 0)])
+    with pytest.raises(ValueError, match="old rank 0's position .* heads no window of its share"):
+        list(elastic.units(plan, counts.__getitem__, 2, shuffle=order))

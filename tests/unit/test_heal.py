@@ -119,13 +119,13 @@ def test_poisoned_rows_reach_a_piece_in_its_epochs_order():
     counts = [[30, 30, 30], [30, 30]]
     for k in (1, 2):
         order = Shuffle(3, k)
-        windows = Windows(order, counts.__getitem__, len(counts))
-        found = order.windows(1, counts)[0]
+        windows = Windows(order, counts.__getitem__, len(counts), lambda f, e: 1)
+        found = order.shares(1, counts, 1)[0][0]
         spans = (Span(*found.head, 7, 8, 1),)
         which, rows = locate(found.members, order.rows(1, *found.head, found.rows)[7:8])
         bad = (found.members[int(which[0])].file, found.members[int(which[0])].unit, int(rows[0]))
         hits = []
-        for w in order.windows(2, counts):
+        for w in order.shares(2, counts, 1)[0]:
             for lo, hi in spans_in(Piece(0, 2, *w.head, 0, w.rows), spans, windows):
                 ww, rr = locate(w.members, order.rows(2, *w.head, w.rows)[lo:hi])
                 hits += [(w.members[a].file, w.members[a].unit, int(r)) for a, r in zip(ww.tolist(), rr.tolist())]

@@ -1,7 +1,7 @@
 """data/mixelastic.py: a mixture's plans at a change of world size, from the old ranks' points."""
 from shmloader.data import elastic, mixelastic
 from shmloader.data.mixture import Mixer, Mixture
-from shmloader.data.shuffle import Shuffle
+from shmloader.data.shuffle import Shuffle, share
 
 MIX = Mixture({"a": "a", "b": "b"}, {"a": 2, "b": 1})
 ROWS = {"a": [[5, 5, 5, 5], [5, 5, 5, 5]], "b": [[3, 3, 3], [3, 3, 3]]}  # per source: files' row groups
@@ -48,10 +48,19 @@ def test_the_mixer_begins_a_counting_stage_at_the_change_with_the_old_ranks_tota
 ORDERS = {"a": Shuffle(11), "b": Shuffle(12)}  # each source's own shuffled order
 
 
+def _at(name, epoch, rank, j, doc):
+    """Old rank `rank` of 2's place in source `name`'s shuffled order: its share's window `j` of `epoch`."""
+    return [epoch, *share(ORDERS[name], epoch, ROWS[name], rank, 2)[j].head, doc]
+
+
+SHUFFLED = [point("a", 4, _at("a", 1, 0, 1, 3), _at("b", 1, 0, 0, 0), {"a": [40, 9, 1], "b": [20, 6, 1]}),
+            point("b", 0, _at("a", 1, 1, 2, 1), _at("b", 2, 1, 0, 2), {"a": [38, 8, 1], "b": [22, 7, 2]})]
+
+
 def test_a_shuffled_mixture_starts_every_source_at_its_first_unit_of_its_own_order():
     moved = 0
     for rank in range(3):
-        start = mixelastic.plan(POINTS, MIX, 50, rank, 3, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]),
+        start = mixelastic.plan(SHUFFLED, MIX, 50, rank, 3, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]),
                                 ORDERS)
         for name in ("a", "b"):
             first = elastic.start(start.plans[name], rank, 3, lambda f, n=name: ROWS[n][f], 2, ORDERS[name])
@@ -64,5 +73,5 @@ def test_a_shuffled_mixture_starts_every_source_at_its_first_unit_of_its_own_ord
 def test_a_shuffled_source_with_fewer_units_than_new_ranks_starts_where_reading_it_raises():
     """Rank 39 of 40 has no unit of b's order (6 units): it starts b at the next epoch, whose
     order raises the source's error when b is first read (as a fresh shuffled run's would)."""
-    start = mixelastic.plan(POINTS, MIX, 50, 39, 40, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]), ORDERS)
+    start = mixelastic.plan(SHUFFLED, MIX, 50, 39, 40, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]), ORDERS)
     assert start.point["sources"]["b"] == [3, 0, 39, 0]

@@ -34,15 +34,18 @@ def test_a_permutation_is_one_of_its_range_and_depends_on_its_key():
     assert shuffle.Shuffle(3, 4).rows(1, 0, 0, 10).tolist() == [6, 3, 9, 8, 1, 0, 4, 5, 7, 2]  # K: who is in it
 
 
-def test_an_epochs_windows_are_its_order_of_units_k_at_a_time():
+def test_a_ranks_windows_are_its_share_of_the_order_of_units_k_at_a_time():
     for k in (1, 2, 3, 50):
         order = shuffle.Shuffle(3, k)
-        windows = order.windows(1, COUNTS)
-        units = [(m.file, m.unit) for w in windows for m in w.members]
-        assert units == order.units(1, COUNTS)  # the same order, cut k at a time
-        assert all(len(w.members) == k for w in windows[:-1]) and 1 <= len(windows[-1].members) <= k
-        assert all(w.rows == sum(COUNTS[m.file][m.unit] for m in w.members) for w in windows)
-        assert [w.head for w in windows] == [(w.members[0].file, w.members[0].unit) for w in windows]
+        for world in (1, 2, 3):
+            shares = order.shares(1, COUNTS, world)
+            for rank, windows in enumerate(shares):
+                units = [(m.file, m.unit) for w in windows for m in w.members]
+                assert units == order.units(1, COUNTS)[rank::world]  # its share, cut k at a time
+                assert all(len(w.members) == k for w in windows[:-1]) and 1 <= len(windows[-1].members) <= k
+                assert all(w.rows == sum(COUNTS[m.file][m.unit] for m in w.members) for w in windows)
+                assert [w.head for w in windows] == [(w.members[0].file, w.members[0].unit) for w in windows]
+                assert windows == shuffle.share(order, 1, COUNTS, rank, world)
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -91,7 +94,7 @@ def test_a_window_interleaves_the_documents_of_its_units():
     for k, most in ((1, 1.0), (8, 0.35)):
         order = shuffle.Shuffle(5, k)
         same = pairs = 0
-        for w in order.windows(1, counts):
+        for w in order.shares(1, counts, 1)[0]:
             which, _ = shuffle.locate(w.members, order.rows(1, *w.head, w.rows))
             same += int(np.count_nonzero(which[1:] == which[:-1]))
             pairs += len(which) - 1
@@ -128,11 +131,11 @@ def test_a_position_outside_the_share_is_a_value_error():
         walk(order, 0, 2, Position(1, second.file, second.unit, 0), 1)
 
 
-def test_more_ranks_than_windows_is_a_data_error():
+def test_more_ranks_than_units_is_a_data_error():
     with pytest.raises(DataError, match="fewer than the 20 ranks"):
         shuffle.first_position(shuffle.Shuffle(0), COUNTS.__getitem__, len(COUNTS), 19, 20)
-    with pytest.raises(DataError, match="3 windows of 4, fewer than the 4 ranks.*smaller shuffle_window"):
-        shuffle.first_position(shuffle.Shuffle(0, 4), COUNTS.__getitem__, len(COUNTS), 3, 4)
+    # a window is of one rank's share: every rank with a unit has one, whatever K
+    assert shuffle.first_position(shuffle.Shuffle(0, 8), COUNTS.__getitem__, len(COUNTS), 8, 9).epoch == 1
 
 
 def test_shuffle_off_is_the_files_order():
@@ -230,18 +233,19 @@ def test_tokens_from_the_cache_in_the_windows_order_and_a_whole_window_put_back(
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_documents_found_in_one_epoch_are_moved_to_another_epochs_window(k):
+@pytest.mark.parametrize("world", [1, 2])
+def test_documents_found_in_one_epoch_are_moved_to_another_epochs_window(k, world):
     """A poisoned span (documents of a window as its epoch orders them) is the same rows in any
     other epoch's window that holds them, wherever they are there; and no other rows."""
     order = shuffle.Shuffle(4, k)
-    windows = shuffle.Windows(order, COUNTS.__getitem__, len(COUNTS))
-    found = order.windows(1, COUNTS)[1]
+    windows = shuffle.Windows(order, COUNTS.__getitem__, len(COUNTS), lambda f, e: world)
+    found = next(w for w in order.shares(1, COUNTS, world)[world - 1] if w.rows >= 10)
     span = (1, *found.head, 2, 6)
     which, rows = shuffle.locate(found.members, order.rows(1, *found.head, found.rows)[2:6])
     bad = {(found.members[w].file, found.members[w].unit, r) for w, r in zip(which.tolist(), rows.tolist())}
     for epoch in (1, 2, 3):
         hit = set()
-        for w in order.windows(epoch, COUNTS):
+        for w in (w for share in order.shares(epoch, COUNTS, world) for w in share):
             piece = Piece(0, epoch, *w.head, 0, w.rows, members=w.members)
             assert windows.members(epoch, *w.head) == w.members
             assert windows.filled(Piece(0, epoch, *w.head, 0, w.rows)) == piece
@@ -292,6 +296,6 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     assert shuffle.of_run(LoaderConfig(B=2, T=8), run) is None
     assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), SimpleNamespace(mixture=None)) == \
         shuffle.Shuffle(9, shuffle.WINDOW)
-    windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 8)
-    w = b.windows(2, COUNTS)[0]
+    windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 8, lambda f, e: 1)
+    w = b.shares(2, COUNTS, 1)[0][0]
     assert windows.members(2, w.head[0] + 4, w.head[1]) == tuple(m._replace(file=m.file + 4) for m in w.members)
