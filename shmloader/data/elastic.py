@@ -21,9 +21,10 @@ in at most one unit, so a position at or before `epoch` names the unit it is in.
 starts at its first unit (`start`), or at epoch `epoch + 1` when it has none.
 
 With a shuffle (`shuffle=`, data/shuffle.py) the units are the windows of the old ranks'
-shuffled streams: each old rank's windows of an epoch (`shuffle.shares`), dealt in turn (the
-first of each old rank, then the second of each, ...), those past its old rank's position in its
-share (the one at it from its document on); the new ranks deal them out the same way, then read
+shuffled streams: each old rank's windows of an epoch (`Shuffle.shares`) in turn (the first of
+each old rank, then the second of each, ...), those past its old rank's position in its share:
+the one at it from its document on, every later one unit by unit (`_shuffled_units`); the new
+ranks deal them out the same way, then read
 plain W2-rank shuffled epochs from `epoch + 1` on, each from its share's first window. A
 shuffled mixture's source is planned so in its own order (data/mixelastic.py). A shuffled run
 that began at a change does not change again yet (state.py, mixstate.py refuse it).
@@ -106,9 +107,11 @@ def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int, 
 
 
 def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[Unit]:
-    """`units` of a shuffled run: each epoch's windows of the old ranks' shares, dealt in turn
-    (window j of old rank 0, of old rank 1, ..., then window j + 1), those past its old rank's
-    position in its share (the one at it from its document on)."""
+    """`units` of a shuffled run: each epoch's windows of the old ranks' shares in turn (window j
+    of old rank 0, of old rank 1, ..., then window j + 1), those past its old rank's position in
+    its share: the one at it whole, from its document on; every later one unit by unit (each
+    unit a window of its own: its documents in `Shuffle.rows` of the unit), so that the new
+    ranks share the rest of the epoch as evenly as without a window."""
     assert plan.parent is None, "a shuffled run that began at a change of world size changes again (state.py refuses it)"
     counts = [list(row_counts(f)) for f in range(n_files)]
     W, first = plan.world, min(p[0] for p in plan.positions)
@@ -127,8 +130,9 @@ def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[U
                 if j >= len(share):
                     continue
                 w, (at, doc, skip) = share[j], here[r]
-                if (epoch, j) > at:
-                    yield Unit(epoch, *w.head, 0, 0, w.rows, w.members)
+                if (epoch, j) > at:  # a window no old rank began: its units dealt one by one
+                    for m in w.members:
+                        yield Unit(epoch, m.file, m.unit, 0, 0, m.rows, (m,))
                 elif (epoch, j) == at and doc < w.rows:
                     yield Unit(epoch, *w.head, doc, skip, w.rows, w.members)
 

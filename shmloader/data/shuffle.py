@@ -273,11 +273,14 @@ class Windows:
     asked for, each epoch's windows kept while it is asked for. `order` is a `Shuffle` or a
     mixture's `Sourced` (its source's windows, numbered in the run's files)."""
 
-    def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int,
-                 world_of: Callable[[int, int], int]):
-        """`world_of(file, epoch)`: the world size whose shares the file's epoch was dealt in
-        (the run's, or an elastic plan's old one for the epochs it covers)."""
-        self.order, self._row_counts, self.n_files, self._world_of = order, row_counts, n_files, world_of
+    def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int, world: int,
+                 plan_of: Callable[[int], object] = lambda file: None):
+        """`world`: the run's; `plan_of(file)`: the elastic plan (data/elastic.py) of the run's
+        file's source, or None. In the epochs a plan covers, the windows are those its units
+        are (`elastic.units`): an old rank's window at its position, as its old world size
+        dealt it, and every other unit on its own."""
+        self.order, self._row_counts, self.n_files, self.world = order, row_counts, n_files, world
+        self._plan_of = plan_of
         self._counts, self._epochs = {}, {}
 
     def _of(self, file: int) -> tuple[int, int, Shuffle]:
@@ -294,20 +297,35 @@ class Windows:
         lo, hi, order = self._of(file)
         if order.window == 1:
             return (Member(file, unit, list(self._row_counts(file))[unit]),)
+        plan, world = self._plan_of(file), self.world
+        elastic = plan is not None and epoch <= plan.epoch
+        shares = self._shares(lo, hi, order, epoch, plan.world if elastic else world)
+        try:
+            rank, j = shares.heads[(file - lo, unit)]
+        except KeyError:
+            if elastic:  # a unit of a window no old rank began, dealt on its own (data/elastic.py)
+                return (Member(file, unit, list(self._row_counts(file))[unit]),)
+            raise ValueError(f"file {file}, unit {unit} heads no window of epoch {epoch}'s shuffled order at "
+                             f"world size {world} (seed {order.seed}, shuffle_window {order.window})") from None
+        if elastic:  # an old rank's window up to the one at its position is whole; later ones unit by unit
+            e, pf, pg = plan.positions[rank][:3]
+            if epoch > e or (epoch == e and j > shares.heads.get((pf, pg), (rank, -1))[1]):
+                return (Member(file, unit, list(self._row_counts(file))[unit]),)
+        return tuple(m._replace(file=m.file + lo) for m in shares.windows[rank][j].members)
+
+    def _shares(self, lo: int, hi: int, order: Shuffle, epoch: int, world: int):
+        """Epoch `epoch`'s windows of every rank of `world` over the files `[lo, hi)`, with each
+        head's `(rank, index in its share)`, kept while asked for."""
         if lo not in self._counts:
             self._counts[lo] = _counts(lambda f: self._row_counts(lo + f), hi - lo)
-        world = self._world_of(file, epoch)
         key = (lo, epoch, world)
         if key not in self._epochs:
             if len(self._epochs) > 8:
                 self._epochs.clear()
-            self._epochs[key] = {w.head: w for share in order.shares(epoch, self._counts[lo], world) for w in share}
-        try:
-            window = self._epochs[key][(file - lo, unit)]
-        except KeyError:
-            raise ValueError(f"file {file}, unit {unit} heads no window of epoch {epoch}'s shuffled order at "
-                             f"world size {world} (seed {order.seed}, shuffle_window {order.window})") from None
-        return tuple(m._replace(file=m.file + lo) for m in window.members)
+            windows = order.shares(epoch, self._counts[lo], world)
+            heads = {w.head: (r, j) for r, share in enumerate(windows) for j, w in enumerate(share)}
+            self._epochs[key] = _Shares(windows, heads)
+        return self._epochs[key]
 
     def filled(self, piece):
         """`piece` with its window's members (as it is when it has them, or in the files' order)."""
@@ -337,6 +355,11 @@ class Windows:
         order = self.order.rows(piece.epoch, piece.file, piece.rg, int(ends[-1]))
         back = np.argsort(order, kind="stable")  # a window's row -> its document in the piece's epoch
         return _runs(np.unique(back[flat]).tolist())
+
+
+class _Shares(NamedTuple):
+    windows: list  # each rank's windows
+    heads: dict    # head -> (rank, index in its share)
 
 
 def _runs(docs: list) -> list[tuple[int, int]]:

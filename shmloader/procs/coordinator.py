@@ -127,17 +127,15 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
     return pieces
 
 
-def _world_of(run):
-    """`(file, epoch) -> world size` whose shuffled shares the run's file was read in, in an
-    epoch: an elastic plan's old one for the epochs it covers (one source's, or the file's
-    source's in a mixture), else the run's (data/shuffle.py `Windows`)."""
-    def world_of(file: int, epoch: int) -> int:
-        plan = run.plan
-        if run.mixture is not None:
-            name = next((r.name for r in run.mixture.ranges if r.lo <= file < r.hi), None)
-            plan = (run.mixture.plans or {}).get(name)
-        return plan.world if plan is not None and epoch <= plan.epoch else run.world
-    return world_of
+def _plan_of(run):
+    """`file -> Plan | None`: the elastic plan of the run's file's source (one source's, or
+    its source's in a mixture), for `shuffle.Windows`."""
+    def plan_of(file: int):
+        if run.mixture is None:
+            return run.plan
+        name = next((r.name for r in run.mixture.ranges if r.lo <= file < r.hi), None)
+        return (run.mixture.plans or {}).get(name)
+    return plan_of
 
 
 def _with_firsts(run, order, row_counts):
@@ -162,7 +160,8 @@ class _Coordinator:
         self.order = shufflemod.of_run(cfg, args)  # None: the files' order
         pieces = _pieces(cfg, args, self.source, self._report_bad, self._opened, self.order)
         self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
-                        else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), _world_of(args)))
+                        else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), args.world,
+                                                   _plan_of(args)))
         if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
             args = self.args = _with_firsts(args, self.order, pieces.row_counts)
         self.mode = kind(cfg, args, len(workers), pieces)

@@ -216,11 +216,11 @@ def test_a_state_with_another_seed_or_setting_is_refused_naming_both(shufdata):
     with load(root) as loader:
         windows(loader, 3)
         plain = loader.state_dict()
-    with pytest.raises(ValueError, match="shuffle 'seed 1', this loader has shuffle 'seed 2'"):
+    with pytest.raises(ValueError, match="shuffle 'seed 1 window 8', this loader has shuffle 'seed 2 window 8'"):
         load(root, shuffle=True, seed=2, resume_state=state)
-    with pytest.raises(ValueError, match="shuffle 'seed 1', this loader has shuffle 'off'"):
+    with pytest.raises(ValueError, match="shuffle 'seed 1 window 8', this loader has shuffle 'off'"):
         load(root, resume_state=state)
-    with pytest.raises(ValueError, match="shuffle 'off', this loader has shuffle 'seed 1'"):
+    with pytest.raises(ValueError, match="shuffle 'off', this loader has shuffle 'seed 1 window 8'"):
         load(root, shuffle=True, seed=1, resume_state=plain)
 
 
@@ -384,25 +384,25 @@ def test_a_shuffled_mixture_resumes_another_ranks_state_and_refuses_another_seed
     with load_mix(root, rank=1, resume_state=state, **kw) as loader:
         again = windows(loader, 8)
     assert all(np.array_equal(a, b) for a, b in zip(again, mine[12:]))
-    with pytest.raises(ValueError, match="shuffle 'seed 2', this loader has shuffle 'seed 5'"):
+    with pytest.raises(ValueError, match="shuffle 'seed 2 window 8', this loader has shuffle 'seed 5 window 8'"):
         load_mix(root, rank=0, world_size=2, shuffle=True, seed=5, resume_state=state)
-    with pytest.raises(ValueError, match="shuffle 'seed 2', this loader has shuffle 'off'"):
+    with pytest.raises(ValueError, match="shuffle 'seed 2 window 8', this loader has shuffle 'off'"):
         load_mix(root, rank=0, world_size=2, resume_state=state)
     with load_mix(root, rank=0, world_size=3, shuffle=True, seed=2, resume_state=state) as loader:
         assert len(windows(loader, 2)) == 2  # another world size: built (the tests below check what it reads)
 
 
 # ---- another world size: a state saved at 2 ranks resumed on 3
-def _plan_tokens(state, counts, lengths, seed, rank, world) -> int:
+def _plan_tokens(state, counts, lengths, seed, rank, world, k) -> int:
     """The tokens (BOS included) of new rank `rank` of `world`'s units of the plan in `state`
     (data/elastic.py over the shuffled order): what it reads before its plain epochs."""
     from shmloader.data import elastic
     plan = elastic.Plan.from_state(state["elastic"])
-    order, total = shuffle.Shuffle(seed), 0
+    order, total = shuffle.Shuffle(seed, k), 0
     for u in elastic.rank_units(plan, rank, world, counts.__getitem__, len(counts), order):
-        rows = order.rows(u.epoch, u.file, u.rg, u.rows)[u.doc:]
-        first = u.file * PER_FILE + u.rg * GROUP
-        total += sum(lengths[first + r] + 1 for r in rows.tolist()) - u.skip
+        which, rows = shuffle.locate(u.members, order.rows(u.epoch, u.file, u.rg, u.rows)[u.doc:])
+        firsts = [m.file * PER_FILE + m.unit * GROUP for m in u.members]
+        total += sum(lengths[firsts[w] + r] + 1 for w, r in zip(which.tolist(), rows.tolist())) - u.skip
     return total
 
 
@@ -411,10 +411,14 @@ def _counts(paths):
             for p in paths[:-1]]
 
 
-def test_a_state_at_2_ranks_resumes_on_3_every_token_of_the_epoch_once_concat(shufdata):
+@pytest.mark.parametrize("window", [2, shuffle.WINDOW])
+def test_a_state_at_2_ranks_resumes_on_3_every_token_of_the_epoch_once_concat(shufdata, window):
+    """With 8 units to a window (the default) each old rank of this corpus of 15 units has one
+    window, which goes on whole with one new rank: rank 2 has nothing of epoch 1 left and
+    begins epoch 2; with 2, the rest of epoch 1 is dealt unit by unit to all three."""
     root, paths, docs, doc_of, n = shufdata
     counts, lengths = _counts(paths), [len(d.split()) for d in docs]
-    seed, k, kw = 6, 9, dict(shuffle=True, packing="concat")
+    seed, k, kw = 6, 9, dict(shuffle=True, packing="concat", shuffle_window=window)
     old, states = [], []
     for rank in (0, 1):
         with load(root, seed=seed, rank=rank, world_size=2, **kw) as loader:
@@ -427,8 +431,8 @@ def test_a_state_at_2_ranks_resumes_on_3_every_token_of_the_epoch_once_concat(sh
         with load(root, seed=seed, rank=rank, world_size=3, num_workers=1 + rank, resume_state=states[0], **kw) as ld:
             first = ld.state_dict()
             stream = np.concatenate(windows(ld, 25))
-        L = _plan_tokens(first, counts, lengths, seed, rank, 3)
-        assert 0 < L <= len(stream), (rank, L, len(stream))
+        L = _plan_tokens(first, counts, lengths, seed, rank, 3, window)
+        assert (0 < L if window == 2 else 0 <= L) and L <= len(stream), (rank, L, len(stream))
         new.append(stream[:L])
     got = np.concatenate([consumed] + new)
     want = sorted(int(t) for d in docs[:n] for t in d.split())
@@ -439,7 +443,7 @@ def test_a_state_at_2_ranks_resumes_on_3_every_token_of_the_epoch_once_concat(sh
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_a_state_at_2_ranks_on_3_reads_nothing_consumed_again_and_resumes_exactly(shufdata, packing):
     root, _, _, doc_of, _ = shufdata
-    kw, k = dict(shuffle=True, seed=4, packing=packing), 8
+    kw, k = dict(shuffle=True, seed=4, packing=packing, shuffle_window=2), 4  # every new rank some of epoch 1
     if packing == "bos_bestfit":  # a buffer of a few row groups, not of several epochs of this small corpus
         kw.update(buffer_size=24, tokenizer_batch_size=8)
     consumed, states = set(), []
@@ -482,24 +486,26 @@ def source_runs(stream, of) -> dict:
     return out
 
 
-def plain_share(counts, lengths, seed, name, epoch, rank, world) -> tuple[list, list]:
+def plain_share(counts, lengths, seed, name, epoch, rank, world, k) -> tuple[list, list]:
     """Source `name`'s documents of a plain `world`-rank shuffled epoch `epoch`, rank `rank`'s
-    share, in order (every world-th unit of the epoch's order, each unit's documents in theirs:
-    data/shuffle.py), and their tokens with BOS."""
-    order = shuffle.Shuffle(shuffle.source_seed(seed, name))
-    docs = [f * MIX_PER_FILE + g * MIX_GROUP + r for f, g in order.units(epoch, counts)[rank::world]
-            for r in order.rows(epoch, f, g, counts[f][g]).tolist()]
+    share, in order (its windows of `k` units of every world-th unit of the epoch's order, each
+    window's documents in theirs: data/shuffle.py), and their tokens with BOS."""
+    order, docs = shuffle.Shuffle(shuffle.source_seed(seed, name), k), []
+    for w in shuffle.share(order, epoch, counts, rank, world):
+        which, rows = shuffle.locate(w.members, order.rows(epoch, *w.head, w.rows))
+        docs += [w.members[m].file * MIX_PER_FILE + w.members[m].unit * MIX_GROUP + r
+                 for m, r in zip(which.tolist(), rows.tolist())]
     return docs, [lengths[d] + 1 for d in docs]
 
 
-def another_world_size(root, names, seed, k, saver, epochs):
+def another_world_size(root, names, seed, k, saver, epochs, window):
     """2 old ranks read `k` batches each (inside epoch 1 of every source); old rank `saver`'s
     state is resumed on 3 ranks over the shuffled Mixture of `names` (each read for `epochs`
     epochs), every new rank to the mixture's end: `(the old ranks' tokens, each new rank's
     windows, each new rank's state after each of them, the mixture, the loaders' options)`."""
     mix = lambda: shmloader.Mixture({n: str(root / n) for n in names}, {n: 1 for n in names},  # noqa: E731
                                     max_epochs={n: epochs for n in names})
-    kw = dict(shuffle=True, seed=seed, packing="concat", device="cpu", timeout=60)
+    kw = dict(shuffle=True, seed=seed, packing="concat", device="cpu", timeout=60, shuffle_window=window)
     old, states = [], []
     for rank in (0, 1):
         with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, rank=rank, world_size=2, num_workers=2,
@@ -526,13 +532,13 @@ def another_world_size(root, names, seed, k, saver, epochs):
     return np.concatenate(old), streams, mine, mix, kw
 
 
-def check_another_world_size(root, of, names, seed, k, saver, epochs):
+def check_another_world_size(root, of, names, seed, k, saver, epochs, window=2):
     """Every token of every source's epoch 1 read exactly once over the old ranks' batches and the
     new ranks' first ones (none consumed read again, none left out); then each new rank reads its
     share of plain 3-rank shuffled epochs 2, 3, ... of every source, to the batch that cannot be
     filled; a new rank's state, inside its part of epoch 1 and in a later epoch, resumes exactly;
     a second change of world size is refused."""
-    consumed, streams, mine, mix, kw = another_world_size(root, names, seed, k, saver, epochs)
+    consumed, streams, mine, mix, kw = another_world_size(root, names, seed, k, saver, epochs, window)
     W = B * T + 1
     counts = _counts(sorted(str(p) for p in (root / "a").glob("*.parquet")))  # every source's shape
     lengths = {}
@@ -544,7 +550,7 @@ def check_another_world_size(root, of, names, seed, k, saver, epochs):
         for name in names:
             share, tokens = [], []  # its plain epochs' documents, in order
             for epoch in range(2, epochs + 1):
-                docs, sizes = plain_share(counts, lengths[name], seed, name, epoch, rank, 3)
+                docs, sizes = plain_share(counts, lengths[name], seed, name, epoch, rank, 3, window)
                 share, tokens = share + docs, tokens + sizes
             got = [doc for doc, _ in runs[name]]
             n = next(n for n in range(min(len(got), len(share)), 0, -1) if got[-n:] == share[:n])

@@ -206,14 +206,28 @@ def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_doc
     plan = elastic.Plan.of(W, 40, positions)
     rc = counts.__getitem__
     units = list(elastic.units(plan, rc, len(counts), shuffle=order))
-    left = [(u.epoch, u.file, u.rg, d) for u in units for d in range(u.doc, u.rows)]
-    assert len(left) == len(set(left))
     first = min(p[0] for p in positions)
-    windows = {e: [w for share in order.shares(e, counts, W) for w in share] for e in range(first, plan.epoch + 1)}
-    everything = {(e, *w.head, d) for e in windows for w in windows[e] for d in range(w.rows)}
-    assert len(everything) == sum(map(sum, counts)) * (plan.epoch + 1 - first)
-    assert all(u.members == w.members for u in units for w in windows[u.epoch] if w.head == (u.file, u.rg))
-    assert not consumed & set(left) and {c for c in consumed if c[0] >= first} | set(left) == everything
+    windows = {(e, *w.head): w for e in range(first, plan.epoch + 1) for share in order.shares(e, counts, W)
+               for w in share}
+
+    def row(e, members, head, n, d):  # document d of a window as (epoch, file, unit, row)
+        which, rows = shufflemod.locate(members, order.rows(e, *head, n)[d:d + 1])
+        return e, members[int(which[0])].file, members[int(which[0])].unit, int(rows[0])
+
+    left = [row(u.epoch, u.members, (u.file, u.rg), u.rows, d) for u in units for d in range(u.doc, u.rows)]
+    assert len(left) == len(set(left))
+    old = {row(e, windows[e, f, g].members, (f, g), windows[e, f, g].rows, d) for e, f, g, d in consumed if e >= first}
+    everything = {(e, f, g, r) for e in range(first, plan.epoch + 1) for f, c in enumerate(counts)
+                  for g, n in enumerate(c) for r in range(n)}
+    assert not old & set(left) and old | set(left) == everything
+    at = {tuple(p[:3]) for p in positions}  # an old rank's window at its position goes on whole; the rest unit by unit
+    assert all(u.members == windows[u.epoch, u.file, u.rg].members if (u.epoch, u.file, u.rg) in at
+               else u.members == (shufflemod.Member(u.file, u.rg, u.rows),) for u in units)
+    resolver = shufflemod.Windows(order, rc, len(counts), W2, lambda f: plan)
+    assert all(resolver.members(u.epoch, u.file, u.rg) == u.members for u in units)
+    for e, f, g, _ in consumed:  # the old ranks' windows (a best-fit buffer's runs name them): whole
+        if e >= first:
+            assert resolver.members(e, f, g) == windows[e, f, g].members
     mine = [list(elastic.rank_units(plan, j, W2, rc, len(counts), shuffle=order)) for j in range(W2)]
     assert all(m == units[j::W2] for j, m in enumerate(mine))
 

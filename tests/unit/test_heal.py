@@ -119,7 +119,7 @@ def test_poisoned_rows_reach_a_piece_in_its_epochs_order():
     counts = [[30, 30, 30], [30, 30]]
     for k in (1, 2):
         order = Shuffle(3, k)
-        windows = Windows(order, counts.__getitem__, len(counts), lambda f, e: 1)
+        windows = Windows(order, counts.__getitem__, len(counts), 1)
         found = order.shares(1, counts, 1)[0][0]
         spans = (Span(*found.head, 7, 8, 1),)
         which, rows = locate(found.members, order.rows(1, *found.head, found.rows)[7:8])

@@ -238,7 +238,7 @@ def test_documents_found_in_one_epoch_are_moved_to_another_epochs_window(k, worl
     """A poisoned span (documents of a window as its epoch orders them) is the same rows in any
     other epoch's window that holds them, wherever they are there; and no other rows."""
     order = shuffle.Shuffle(4, k)
-    windows = shuffle.Windows(order, COUNTS.__getitem__, len(COUNTS), lambda f, e: world)
+    windows = shuffle.Windows(order, COUNTS.__getitem__, len(COUNTS), world)
     found = next(w for w in order.shares(1, COUNTS, world)[world - 1] if w.rows >= 10)
     span = (1, *found.head, 2, 6)
     which, rows = shuffle.locate(found.members, order.rows(1, *found.head, found.rows)[2:6])
@@ -296,6 +296,6 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     assert shuffle.of_run(LoaderConfig(B=2, T=8), run) is None
     assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), SimpleNamespace(mixture=None)) == \
         shuffle.Shuffle(9, shuffle.WINDOW)
-    windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 8, lambda f, e: 1)
+    windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 8, 1)
     w = b.shares(2, COUNTS, 1)[0][0]
     assert windows.members(2, w.head[0] + 4, w.head[1]) == tuple(m._replace(file=m.file + 4) for m in w.members)
