@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shuffle", action="store_true",
                    help="the loader's shuffle=True: units and documents in an order drawn from --seed")
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as the loader's seed= (default 0)")
+    p.add_argument("--shuffle-window", type=int, default=None,
+                   help="units whose documents are shuffled together, as the loader's shuffle_window= (default 8)")
     p.add_argument("--batch", type=int, default=0, help="which batch to show, from 0 (index; default 0)")
     p.add_argument("--resume-state", type=Path, default=None, metavar="FILE.json",
                    help="start after this saved state dict (JSON file)")
@@ -101,6 +103,7 @@ def main(argv=None) -> int:
     B, T = args.batch_size, args.seq_len
     with ShmLoader(args.data, tokenizer, B, T, args.split, packing=args.packing, num_workers=args.workers,
                    device="cpu", resume_state=resume, column=args.column, shuffle=args.shuffle,
+                   shuffle_window=args.shuffle_window,
                    seed=args.seed) as loader:
         for _ in range(args.batch + 1):
             inputs, _targets = next(loader)

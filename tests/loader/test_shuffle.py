@@ -580,3 +580,86 @@ def test_a_shuffled_one_source_mixture_at_2_ranks_resumes_on_3_reading_no_docume
 def test_a_shuffled_mixture_at_2_ranks_resumes_on_3_each_source_every_document_once(mixshuf):
     root, of, _ = mixshuf
     check_another_world_size(root, of, ("a", "b"), seed=9, k=6, saver=1, epochs=2)
+
+
+# ---- the window: small row groups, and the default window at another world size
+def test_with_row_groups_of_10_the_window_keeps_few_file_neighbours(mixshuf, capsys):
+    """Source "a" alone: 18 row groups of 10 documents. Shuffled within its row group alone
+    (`shuffle_window=1`) about 2/10 of a document's stream neighbours are its file neighbours;
+    the default window (8 row groups) takes them under 10%, every document still once an epoch
+    and the first batch drawing from several files."""
+    root, of, n = mixshuf
+    shares, files = {}, {}
+    for window in (1, None):
+        shares[window], files[window] = [], []
+        for seed in (1, 2, 3):
+            with load(root / "a", shuffle=True, seed=seed, shuffle_window=window) as loader:
+                stream = np.concatenate(windows(loader, 40))
+            seq = source_documents(stream, of)["a"]
+            assert sorted(seq[:n]) == list(range(n)) and sorted(seq[n:2 * n]) == list(range(n))
+            shares[window].append(neighbour_share(seq[:n]))
+            files[window].append(len({d // MIX_PER_FILE for d in seq[:12]}))
+    with capsys.disabled():
+        print(f"\nrow groups of 10: window 1 {np.mean(shares[1]):.1%}, window 8 {np.mean(shares[None]):.1%} of "
+              f"neighbouring documents were file neighbours; first 12 documents from {np.mean(files[1]):.1f} and "
+              f"{np.mean(files[None]):.1f} files")
+    assert max(shares[None]) <= 0.10 < np.mean(shares[1])
+    assert min(files[None]) >= 2
+
+
+def test_a_one_source_mixture_at_2_ranks_read_to_its_end_on_3_reads_every_document_once(mixshuf):
+    """The default window, `Mixture(..., max_epochs=1)`: the old ranks' batches and every new
+    rank's to the mixture's end hold every token of the epoch once (none twice, none left out)."""
+    root, of, n = mixshuf
+    mix = lambda: shmloader.Mixture({"a": str(root / "a")}, {"a": 1}, max_epochs={"a": 1})  # noqa: E731
+    kw = dict(shuffle=True, seed=7, device="cpu", timeout=60)
+    got, states = [], []  # each batch's inputs: a rank's are its stream, one after another
+    for rank in (0, 1):
+        with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, rank=rank, world_size=2, num_workers=2,
+                                 **kw) as loader:
+            got += [x.numpy().ravel() for x, _ in itertools.islice(loader, 3)]
+            states.append(loader.state_dict())
+    for rank in range(3):
+        with shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, rank=rank, world_size=3, num_workers=1,
+                                 resume_state=states[1], **kw) as loader, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the source's end is said
+            try:
+                for x, _ in loader:
+                    got.append(x.numpy().ravel())
+            except shmloader.DataError as e:
+                assert "nothing is left to read" in str(e), e
+    tokens = [int(t) for w in got for t in w if t]
+    want = {t for t, (s, doc) in of.items() if s == "a" and doc < n}
+    assert len(tokens) == len(set(tokens)) and set(tokens) <= want  # none read twice
+    # none left out but the ends: each rank's last batch that cannot be filled (and a target token)
+    assert len(want - set(tokens)) <= 5 * (B * T + 1)
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_bad_row_group_of_a_window_is_skipped_and_the_rest_of_its_window_read(tmp_path, packing):
+    """Row group 1 of the first file is corrupt; with `on_bad_row_group="skip"` its documents
+    are left out of its window (every epoch, with a warning naming it), the window's other row
+    groups read, the same batches with 1 and 2 workers, and a state resumes exactly."""
+    rng = random.Random(54)
+    docs = helpers.position_documents([rng.randint(1, 12) for _ in range(4 * 60)])
+    doc_of = {int(t): i for i, d in enumerate(docs) for t in d.split()}
+    for f in range(4):
+        helpers.write_snappy(tmp_path / f"shard_{f:05d}.parquet", docs[f * 60:(f + 1) * 60], 10)
+    helpers.corrupt_row_group(tmp_path / "shard_00000.parquet", 1)
+    kw = dict(shuffle=True, seed=3, packing=packing, on_bad_row_group="skip")
+    if packing == "bos_bestfit":  # a buffer of a few documents, not of several epochs of this small corpus
+        kw.update(buffer_size=8, tokenizer_batch_size=4)
+    got = {}
+    for workers in (1, 2):
+        with pytest.warns(UserWarning, match="shard_00000.parquet.*row group 1"):
+            with load(tmp_path, num_workers=workers, **kw) as loader:
+                got[workers] = [(window(loader, x, y), loader.state_dict()) for x, y in itertools.islice(loader, 40)]
+                assert loader.stats()["bad_row_groups_skipped"] == 1
+    assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got[1], got[2]))
+    seen = {doc_of[int(t)] for w, _ in got[1] for t in w if t}
+    assert seen == set(range(180)) - set(range(10, 20))  # the train files' documents but the bad row group's
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with load(tmp_path, num_workers=2, resume_state=got[1][9][1], **kw) as loader:
+            again = windows(loader, 10)
+    assert all(np.array_equal(a, b) for a, (b, _) in zip(again, got[1][10:]))
