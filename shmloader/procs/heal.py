@@ -82,8 +82,8 @@ class Budget:
 
 class Poison(NamedTuple):
     """Rows `[lo, hi)` of row group `rg` of `path` kill or hang a worker every time: documents
-    `[lo, hi)` as epoch `epoch` orders them (`shuffled`: in the row group's shuffled order of
-    that epoch; else its rows, and `epoch` 0)."""
+    `[lo, hi)` as epoch `epoch` orders them (`shuffled`: in the shuffled order of that epoch of
+    the window whose first row group that is, data/shuffle.py; else its rows, and `epoch` 0)."""
     path: str
     rg: int
     lo: int
@@ -94,8 +94,9 @@ class Poison(NamedTuple):
     def __str__(self) -> str:
         what = "document" if self.shuffled else "row"
         rows = f"{what} {self.lo}" if self.hi - self.lo == 1 else f"{what}s {self.lo}-{self.hi - 1}"
-        order = f" of epoch {self.epoch}'s shuffled order" if self.shuffled else ""
-        return f"{self.path}, row group {self.rg}, {rows}{order}"
+        if self.shuffled:
+            return f"{self.path}, the shuffled window of row group {self.rg} in epoch {self.epoch}, its {rows}"
+        return f"{self.path}, row group {self.rg}, {rows}"
 
 
 class PoisonMemory:

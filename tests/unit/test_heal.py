@@ -40,6 +40,8 @@ def test_a_document_lost_again_inside_a_suspect_is_poison():
     assert memory.lost(held(200, 210), Position(1, 0, 3, 10)) is None  # the run becomes a suspect
     poison = memory.lost(held(205, 206), Position(1, 0, 3, 100))       # its documents one at a time: 205
     assert poison == Poison("a.parquet", 3, 205, 206) and str(poison) == "a.parquet, row group 3, row 205"
+    assert str(Poison("a.parquet", 3, 8, 10, 1, True)) == \
+        "a.parquet, the shuffled window of row group 3 in epoch 1, its documents 8-9"
 
 
 def test_a_piece_lost_twice_while_it_was_read_is_poison():
