@@ -62,7 +62,7 @@ class LoaderConfig:
     head_start: bool = True              # concat: a run's first batches made by the trainer while its children start
     shuffle: bool = False                # every epoch in an order drawn from (seed, epoch): data/shuffle.py
     seed: int = 0                        # the shuffle's seed
-    shuffle_window: int | None = None    # units whose documents are shuffled together (None: shuffle.WINDOW)
+    shuffle_window: int | None = None    # documents a shuffled window holds at least (None: shuffle.WINDOW)
 
     def __post_init__(self):
         self._check()
@@ -116,8 +116,9 @@ class LoaderConfig:
             raise ValueError(f"seed must be an integer in [0, 2**63) (the shuffle's seed), got {self.seed!r}")
         if self.shuffle_window is not None and (isinstance(self.shuffle_window, bool) or not isinstance(
                 self.shuffle_window, int) or self.shuffle_window < 1):
-            raise ValueError(f"shuffle_window must be a count of units (row groups) >= 1 whose documents are "
-                             f"shuffled together, or None ({WINDOW}), got {self.shuffle_window!r}")
+            raise ValueError(f"shuffle_window must be a count of documents >= 1 (consecutive row groups that hold "
+                             f"that many are shuffled together; 1: each row group on its own), or None "
+                             f"({WINDOW}), got {self.shuffle_window!r}")
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 0:
             raise ValueError(f"log_every must be a batch count >= 0, got {self.log_every!r}")
 

@@ -59,7 +59,8 @@ class OneSource:
         cat = self.catalogue
         return (None if config.order is None else
                 shufflemod.FirstPositions(config.order, functools.partial(cat.row_counts, on_bad=config.on_bad_row_group),
-                                          len(cat.paths)))
+                                          len(cat.paths), 8 if cat.filesystem is not None else 1))
+        # threads for a remote filesystem's footers; local ones read 4x faster alone (16 files: 2 ms, 8 ms with 8)
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         if isinstance(state, dict) and "mixture" in state:

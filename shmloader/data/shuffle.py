@@ -5,24 +5,28 @@ Epoch e of a split, shuffled:
    `(file, unit)` pair, in an order drawn from `(seed, e)` (`Shuffle.units`); this rank's share
    is every world-th of that list (`rank, rank + world, ...`), so the ranks of an epoch read
    disjoint units that cover the split, each once.
-2. *Windows*: this rank's share cut into runs of K consecutive units (`Shuffle.shares`; the
-   last may be shorter), so every rank with a unit has a window whatever K. A window is named
-   by its first unit, its *head*, and holds its `Member`s' rows; every process names a window's
-   units from the seed, the epoch, the world size the epoch was dealt in and the row counts
-   (`Windows`).
+2. *Windows*: this rank's share cut into runs of consecutive units, each the fewest that hold
+   K documents (`Shuffle.windows_of`; the last may hold fewer; K = 1: every unit on its own),
+   so every rank with a unit has a window whatever K. A window is named by its first unit, its
+   *head*, and holds its `Member`s' rows; every process names a window's units from the seed,
+   the epoch, the world size the epoch was dealt in and the row counts (`Windows`).
 3. The documents of a window in an order drawn from `(seed, e, head file, head unit)` and its
    row count alone (`Shuffle.rows`): document d of the window is row `rows()[d]` of its members'
-   rows one after another (`locate`). So documents, not only units, are shuffled: a window's
-   neighbours in the stream come from K places of the split. K = 1 is a unit on its own (the
-   order of the first cut, and of states saved before the window: `shuffle_window=1`).
+   rows one after another (`locate`). So documents, not only units, are shuffled: a document's
+   stream neighbours come from the window's units, not from its own unit alone. K is counted
+   in documents, not units: units of K documents or more are windows of their own (no unit is
+   read by more workers than without a shuffle: each worker that reads a piece of a window
+   reads each of its units, docs/benchmarks.md), and small units are taken together until K.
+   K = 1 is the order of states saved before the window (`shuffle_window=1`).
 
 A position `(epoch, file, rg, doc, skip)` of a shuffled stream is the window headed by unit
 `(file, rg)` of epoch `epoch`, its `doc`-th document *in the window's order* (`skip` tokens into
 it). A piece `[doc_start, doc_end)` of a window carries its members (`order.Piece.members`, put
 there by whoever cuts it, `Windows.filled` for pieces cut without them: best fit's buffer
 re-read), so a worker reads it with no more footers than its members'. `read` reads a piece's
-rows of each member (`Units`: each member read whole once per worker and kept while its window
-is read, K units of text per worker at most) and puts them in the window's order.
+rows of each member (`Units`: a window of several units has each read whole once per worker,
+kept while its window is read: two windows' units of text per worker at most; a window of
+one unit reads the span of rows its piece takes) and puts them in the window's order.
 Every permutation is an argsort of splitmix64 hashes of (seed, key..., index): the same on
 every machine and numpy version, so a state resumes anywhere.
 
@@ -75,7 +79,8 @@ def permutation(n: int, *key: int) -> np.ndarray:
         return np.argsort(_mix(np.arange(n, dtype=np.uint64) ^ h), kind="stable")
 
 
-WINDOW = 8  # units a window holds unless `shuffle_window=` says (docs/benchmarks.md "The shuffled order")
+WINDOW = 256  # documents a window holds at least unless `shuffle_window=` says (docs/benchmarks.md
+#               "The shuffled order": row groups of 256 documents or more are windows of their own)
 
 
 class Member(NamedTuple):
@@ -101,7 +106,7 @@ class Window(NamedTuple):
 
 @dataclass(frozen=True)
 class Shuffle:
-    """The shuffled order of a split with `seed`, `window` units to a window (docs/contract.md §2)."""
+    """The shuffled order of a split with `seed`, windows of at least `window` documents (docs/contract.md §2)."""
     seed: int
     window: int = 1
 
@@ -113,11 +118,25 @@ class Shuffle:
 
     def shares(self, epoch: int, counts: Sequence[Sequence[int]], world: int) -> list[list[Window]]:
         """Epoch `epoch`'s windows of each rank of `world`: rank r's share of its order of units
-        (every world-th from the r-th), `window` at a time (the last may be shorter)."""
+        (every world-th from the r-th) cut into windows (`windows_of`)."""
         units = [Member(f, g, counts[f][g]) for f, g in self.units(epoch, counts)]
-        k = self.window
-        return [[Window(tuple(mine[i:i + k])) for i in range(0, len(mine), k)]
-                for mine in (units[r::world] for r in range(world))]
+        return [self.windows_of(units[r::world]) for r in range(world)]
+
+    def windows_of(self, units: Sequence[Member]) -> list[Window]:
+        """`units` in windows of consecutive units, each the fewest that hold `window` documents
+        (the last may hold fewer); `window` 1: every unit on its own (empty ones too)."""
+        if self.window == 1:
+            return [Window((u,)) for u in units]
+        out, run, docs = [], [], 0
+        for u in units:
+            run.append(u)
+            docs += u.rows
+            if docs >= self.window:
+                out.append(Window(tuple(run)))
+                run, docs = [], 0
+        if run:
+            out.append(Window(tuple(run)))
+        return out
 
     def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
         """The rows of the window headed by `(file, unit)` of `n` rows in epoch `epoch`'s order:
@@ -190,8 +209,7 @@ def of_run(config, run) -> "Shuffle | Sourced | None":
 
 def share(order: Shuffle, epoch: int, counts: Sequence[Sequence[int]], rank: int, world: int) -> list[Window]:
     """Rank `rank` of `world`'s windows of epoch `epoch` (`Shuffle.shares`)."""
-    units = [Member(f, g, counts[f][g]) for f, g in order.units(epoch, counts)[rank::world]]
-    return [Window(tuple(units[i:i + order.window])) for i in range(0, len(units), order.window)]
+    return order.windows_of([Member(f, g, counts[f][g]) for f, g in order.units(epoch, counts)[rank::world]])
 
 
 def _counts(row_counts: Callable[[int], Sequence[int]], n_files: int, threads: int = 1) -> list:
@@ -374,23 +392,27 @@ def _runs(docs: list) -> list[tuple[int, int]]:
 
 
 class Units:
-    """A worker's (or the head start's) units of text read whole (`text`), the last `keep`
-    kept: the pieces of a window read the same members, so each is read once while its
-    window is read (`read`)."""
+    """A worker's (or the head start's) units of text read whole (`text`) for the pieces of a
+    window of several units: the pieces of a window read the same units, so each is read once
+    while its window is read. The units of the last `keep` windows are kept (a worker's pieces
+    are of one window or the next), the others let go."""
 
-    def __init__(self, keep: int):
-        self.keep, self._texts = max(1, keep), {}
+    def __init__(self, keep: int = 2):
+        self.keep, self._windows = keep, {}  # window key -> {(file, unit): text}
 
-    def text(self, read_unit, file: int, unit: int, rows: int):
-        key = (file, unit)
-        if key in self._texts:
-            return self._texts[key]
-        text = read_unit(file, unit, 0, rows)
-        if text is not None:  # a bad unit skipped is read (and told) again
-            if len(self._texts) >= self.keep:
-                del self._texts[next(iter(self._texts))]
-            self._texts[key] = text
-        return text
+    def text(self, window, read_unit, file: int, unit: int, rows: int):
+        """Unit `unit` of `file` (`rows` rows) of `window` (a key: epoch and head), read whole."""
+        texts = self._windows.get(window)
+        if texts is None:
+            if len(self._windows) >= self.keep:
+                del self._windows[next(iter(self._windows))]
+            texts = self._windows[window] = {}
+        if (file, unit) not in texts:
+            text = read_unit(file, unit, 0, rows)
+            if text is None:  # a bad unit skipped is read (and told) again
+                return None
+            texts[(file, unit)] = text
+        return texts[(file, unit)]
 
 
 def rows_of(order, piece) -> np.ndarray:
@@ -403,8 +425,8 @@ def rows_of(order, piece) -> np.ndarray:
 def read(read_unit, order, piece, units: Units | None = None) -> list:
     """The documents of `piece` (a `data.order.Piece` of a window, with its members) in its
     order, as `read_unit(file, unit, lo, hi)` reads rows (`Reader.read_texts`: a list of str, or
-    `Ids`): each member's rows that the piece takes, read as one span of the unit (with `units`,
-    the member read whole once and kept). A member that `read_unit` gives None for (a bad unit
+    `Ids`): each member's rows that the piece takes, read as one span of the unit (with `units`
+    and a window of several units, the member read whole once and kept). A member that `read_unit` gives None for (a bad unit
     skipped) gives nulls."""
     members = piece.members
     if piece.n_docs == 0:
@@ -415,8 +437,9 @@ def read(read_unit, order, piece, units: Units | None = None) -> list:
         at = np.flatnonzero(which == m)
         take = rows[at]
         member = members[m]
-        if units is not None:
-            lo, span = 0, units.text(read_unit, member.file, member.unit, member.rows)
+        if units is not None and len(members) > 1:
+            lo, span = 0, units.text((piece.epoch, piece.file, piece.rg), read_unit, member.file, member.unit,
+                                     member.rows)
         else:
             lo = int(take.min())
             span = read_unit(member.file, member.unit, lo, int(take.max()) + 1)

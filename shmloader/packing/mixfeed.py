@@ -128,6 +128,8 @@ class MixFeed:
             if name in self._max_epochs and piece.epoch > self._max_epochs[name]:
                 self.stream.exhausted(name, self._seqs[name])
                 del self._orders[name]
+                if self._seqs[name] == 0:  # ended before its first piece (a rank given none of the epoch at a
+                    self._stopping()       # change of world size): no count will come to flow the mix on
                 return None
             self._peeked[name] = piece
         return piece

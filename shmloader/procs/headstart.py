@@ -199,7 +199,7 @@ class HeadStart:
         spec, path = self.args.tokenizer, self.args.files[piece.file]
         order = self.config.order
         if order is not None and self._units is None:
-            self._units = shuffle.Units(order.window) if order.window > 1 else False
+            self._units = shuffle.Units() if order.window > 1 else False
         texts = (self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end) if order is None
                  else shuffle.read(self._source.read_texts, order, piece, self._units or None))
         encode = self._encoder.encode_batch

@@ -75,7 +75,7 @@ def worker_main(cfg, args: RunArgs, conn, alive):
     ignore_sigint()
     ctx = _Ctx(cfg, args, conn, alive, None, deque(), {}, cfg.spec, order=shuffle.of_run(cfg, args))
     if ctx.order is not None and cfg.order.window > 1:
-        ctx.units = shuffle.Units(cfg.order.window)
+        ctx.units = shuffle.Units()
     attached = None
     try:
         attached = segmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)

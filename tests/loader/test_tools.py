@@ -595,7 +595,7 @@ def test_the_tools_read_any_column_and_inspect_shuffles(posdata, tmp_path, capsy
         x, _ = list(itertools.islice(loader, 2))[1]
     assert inspect_rows(text) == [(row.count(0), [v for v in row if v]) for row in x.tolist()]
     state = json.loads(text[text.index("state dict:") + len("state dict:"):])
-    assert state["config"]["shuffle"] == "seed 3 window 8" and state["config"]["column"] == "content"
+    assert state["config"]["shuffle"] == "seed 3 window 256" and state["config"]["column"] == "content"
     cache = tmp_path / "cache"
     out = run("-m", "shmloader.tools.pretokenize", "--data", d, "--tokenizer", tok, "--cache-dir", cache,
               "--column", "content", "--workers", 1)
