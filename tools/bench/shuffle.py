@@ -2,7 +2,7 @@
 
 Quality, from the order itself (data/shuffle.py: the loader reads exactly this order) over the
 row counts of `--files` shards of `--docs` documents in row groups of `--group` rows, epoch 1
-of rank 0 of 1, for `--seeds` seeds and each window of `--windows` (units a window holds): the
+of rank 0 of 1, for `--seeds` seeds and each window of `--windows` (documents a window holds at least): the
 share of neighbouring documents in the stream that were neighbours in the files, how many files
 the first `--first` documents draw from, and the Spearman rank correlation of stream place
 against file place (mean over seeds).
@@ -67,8 +67,8 @@ def main(argv=None):
     p.add_argument("--group", type=int, default=1024, help="rows per row group (count)")
     p.add_argument("--seeds", type=int, default=20, help="seeds the quality is averaged over (count)")
     p.add_argument("--first", type=int, default=256, help="documents at the start of the epoch whose files are counted")
-    p.add_argument("--windows", default="1,2,4,8,16", help="windows whose quality is reported (units, comma-separated)")
-    p.add_argument("--cost-windows", default="1,8", help="windows whose cost is measured (units, comma-separated)")
+    p.add_argument("--windows", default="1,64,256,1024,4096", help="windows whose quality is reported (documents, comma-separated)")
+    p.add_argument("--cost-windows", default="1,256,4096", help="windows whose cost is measured (documents, comma-separated)")
     p.add_argument("--workers", type=int, default=2, help="workers (count)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (count; 0: quality only)")
     p.add_argument("--batches", type=int, default=150, help="batches per measurement (count)")
@@ -84,7 +84,7 @@ def main(argv=None):
     print(f"files' order: {n:.2%} neighbours kept, first {a.first} documents from {f} file(s), Spearman {r:+.3f}")
     for window in map(int, a.windows.split(",")):
         got = [quality(doc_order(counts, seed, window), doc_file, a.first) for seed in range(a.seeds)]
-        print(f"shuffled, window {window:2d} row group(s) of {a.group} ({a.seeds} seeds): "
+        print(f"shuffled, window {window:4d} documents, row groups of {a.group} ({a.seeds} seeds): "
               f"{statistics.mean(g[0] for g in got):.2%} neighbours kept, first {a.first} documents from "
               f"{statistics.mean(g[1] for g in got):.1f} file(s), Spearman {statistics.mean(g[2] for g in got):+.3f} "
               f"(by seed {', '.join(f'{g[2]:+.3f}' for g in got)})")
@@ -103,7 +103,7 @@ def main(argv=None):
     base_first = statistics.median(f for _, f in runs[0])
     for w in windows:
         med, first = statistics.median(x for x, _ in runs[w]), statistics.median(f for _, f in runs[w])
-        name = "unshuffled" if not w else f"window {w:2d}"
+        name = "unshuffled" if not w else f"window {w:4d}"
         print(f"{name:10s} {med / 1e6:6.3f} M tokens/s ({med / base:.2f} of unshuffled), first batch "
               f"{first * 1e3:.0f} ms ({first / base_first:.2f}x)  (rounds: "
               f"{', '.join(f'{x / 1e6:.3f}' for x, _ in runs[w])})")
