@@ -186,16 +186,17 @@ class LoaderConfig:
         """Pieces hold whole units of documents: best fit's chunks, so that none is split."""
         return self.tokenizer_batch_size if self.spec.buffered else 1
 
-    def fingerprint(self, tokenizer: str) -> dict:
+    def fingerprint(self, tokenizer: str, shuffled: bool | None = None) -> dict:
         """What a resume state must match (B, T and the files are checked on their own: a new
         shape or appended files continue the run; `engine` is not in it: every engine makes
-        the same stream)."""
+        the same stream). `shuffled`: whether any data is read shuffled (None: `shuffle`; a
+        mixture's source may say it on its own), then with the seed and window in it."""
         out = {"split": self.split, "packing": self.packing, "tokenizer": tokenizer}
         out.update({name: getattr(self, name) for name in self.spec.settings})
         if self.on_bad_row_group == "skip":
             out["on_bad_row_group"] = "skip"  # skipping changes the stream
-        if self.shuffle:
-            window = self.order.window  # a state without it is unshuffled (state.py ORDER_DEFAULTS)
+        if self.shuffle if shuffled is None else shuffled:
+            window = self.shuffle_window or WINDOW  # a state without it is unshuffled (state.py ORDER_DEFAULTS)
             out["shuffle"] = f"seed {self.seed}" + (f" window {window}" if window > 1 else "")
         return out
 

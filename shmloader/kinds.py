@@ -4,6 +4,8 @@ used to branch on:
 
 - `catalogue`: its files (`data.catalogue.Catalogue`, or `data.sources.Sources` of every source);
 - `refuse(config)`: what it does not do yet with these settings, as a ValueError;
+- `shuffled(config)`: whether any of its data is read shuffled (the loader's `shuffle=`, or a
+  mixture's source's own `Source(shuffle=)`);
 - `first_positions(config)`: where a fresh shuffled stream begins (`shuffle.FirstPositions`,
   read in the training process), or None (the files' order; a mixture: each source's, found by
   its run's coordinator, procs/coordinator.py `_with_firsts`);
@@ -55,6 +57,9 @@ class OneSource:
         if (why := shufflemod.refusal(config)) is not None:
             raise ValueError(why)
 
+    def shuffled(self, config) -> bool:
+        return config.shuffle
+
     def first_positions(self, config):
         cat = self.catalogue
         return (None if config.order is None else
@@ -103,6 +108,10 @@ class Mixed:
         mixstate.refuse(config)
         if (why := shufflemod.refusal(config)) is not None:
             raise ValueError(why)
+
+    def shuffled(self, config) -> bool:
+        """Whether any source is read shuffled (its own `Source(shuffle=)`, else the loader's)."""
+        return any(self.catalogue.shuffled(name, config.shuffle) for name in self.catalogue.names)
 
     def first_positions(self, config):
         return None

@@ -117,6 +117,8 @@ class ShmLoader:
             order"); False: the files' order, nanochat's. A state keeps all three."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
+        if isinstance(data, source.Source) and data.shuffle is not None:  # one source saying its own order
+            given["shuffle"] = data.shuffle
         if cache_dir is not None:
             given["cache_dir"] = os.fspath(cache_dir)
         self.config = LoaderConfig(**{f.name: given[f.name] for f in dataclasses.fields(LoaderConfig)})
@@ -323,7 +325,8 @@ class ShmLoader:
     def _identity(self) -> statemod.Loader:
         """What a state is checked against, now."""
         c, cat = self.config, self._catalogue
-        return statemod.Loader(c.fingerprint(self.tokenizer.fingerprint) | cat.fingerprint(), cat.files, self.rank, self.world_size,
+        fingerprint = c.fingerprint(self.tokenizer.fingerprint, self._kind.shuffled(c)) | cat.fingerprint()
+        return statemod.Loader(fingerprint, cat.files, self.rank, self.world_size,
                                c.B, c.T, c.spec.buffered, c.other_rank, footers=cat.footers, val=cat.val,
                                first=self._first)
 

@@ -220,7 +220,7 @@ def _check_sources(saved, sources):
             raise ValueError(f"mixture source {name!r} lists other files than the state's "
                              f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
                              "files added to or removed from a source of a mixture are not built yet")
-        for key, default in (("column", "text"), ("format", "parquet")):
+        for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's")):
             was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
             if was != now_is:
                 raise ValueError(f"mixture source {name!r}: resume state has {key} {was!r}, this loader has "

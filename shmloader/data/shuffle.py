@@ -169,8 +169,9 @@ class Sourced(NamedTuple):
     his: tuple
     orders: tuple
 
-    def source(self, file: int) -> tuple[int, Shuffle]:
-        """`(lo, order)` of the source that the run's file `file` is of."""
+    def source(self, file: int) -> "tuple[int, Shuffle | None]":
+        """`(lo, order)` of the source that the run's file `file` is of (order None: a source
+        read in its files' order)."""
         for lo, hi, order in zip(self.los, self.his, self.orders):
             if lo <= file < hi:
                 return lo, order
@@ -187,7 +188,7 @@ class Sourced(NamedTuple):
         left out (its order raises the same error when it is first read: packing/mixfeed.py)."""
         out = {}
         for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
-            if name in (placed or {}):
+            if name in (placed or {}) or order is None:  # placed, or read in its files' order
                 continue
             try:
                 out[name] = first_position(order, lambda f, lo=lo: row_counts(lo + f), hi - lo, rank, world)
@@ -198,13 +199,26 @@ class Sourced(NamedTuple):
 
 def of_run(config, run) -> "Shuffle | Sourced | None":
     """The order a run's processes read its pieces in: `config.order` (one source, or None:
-    the files' order), or a mixture's (`run.mixture`: `RunArgs.mixture`) `Sourced`."""
-    order, mix = config.order, run.mixture
-    if order is None or mix is None:
-        return order
+    the files' order), or a mixture's (`run.mixture`: `RunArgs.mixture`) `Sourced`, each source
+    shuffled as its own `Source(shuffle=)` says, else as the loader's `shuffle=` (None: no
+    source is)."""
+    mix = run.mixture
+    if mix is None:
+        return config.order
     names = tuple(r.name for r in mix.ranges)
-    return Sourced(names, tuple(r.lo for r in mix.ranges), tuple(r.hi for r in mix.ranges),
-                   tuple(Shuffle(source_seed(order.seed, name), order.window) for name in names))
+    window = config.shuffle_window or WINDOW
+    orders = tuple(Shuffle(source_seed(config.seed, name), window) if source_shuffled(mix.mixture, name, config.shuffle)
+                   else None for name in names)
+    if not any(orders):
+        return None
+    return Sourced(names, tuple(r.lo for r in mix.ranges), tuple(r.hi for r in mix.ranges), orders)
+
+
+def source_shuffled(mixture, name: str, default: bool) -> bool:
+    """Whether a `Mixture`'s source `name` is read shuffled: its `Source(shuffle=)`, else
+    `default` (the loader's `shuffle=`)."""
+    own = getattr(mixture.sources.get(name), "shuffle", None)
+    return default if own is None else own
 
 
 def share(order: Shuffle, epoch: int, counts: Sequence[Sequence[int]], rank: int, world: int) -> list[Window]:
@@ -347,7 +361,7 @@ class Windows:
 
     def filled(self, piece):
         """`piece` with its window's members (as it is when it has them, or in the files' order)."""
-        if piece.members or self.order is None:
+        if piece.members or self.order is None or self._of(piece.file)[2] is None:
             return piece
         return dataclasses.replace(piece, members=self.members(piece.epoch, piece.file, piece.rg))
 
@@ -356,10 +370,14 @@ class Windows:
         `spans` (`(epoch, file, rg, lo, hi)`: documents of the window headed by `(file, rg)` as
         their epoch orders them; poisoned or suspect, procs/heal.py), sorted and merged: a
         document found in one epoch is another place of another window in every other."""
+        if self._of(piece.file)[2] is None:  # a mixture's source read in its files' order: as found
+            return [(lo, hi) for _, file, rg, lo, hi in spans if (file, rg) == (piece.file, piece.rg)]
         members = self.filled(piece).members
         place = {(m.file, m.unit): i for i, m in enumerate(members)}
         hit = []
         for epoch, file, rg, lo, hi in spans:
+            if self._of(file)[2] is None:  # of a source in its files' order: never of this window
+                continue
             theirs = self.members(epoch, file, rg)
             if lo >= hi or not place.keys() & {(m.file, m.unit) for m in theirs}:
                 continue

@@ -36,15 +36,22 @@ class Source:
     directory, a glob, a list of files, a URI) and `column` (None: the loader's `column=`,
     "text" unless it says otherwise). It stands as `data=` or as a `Mixture`'s source, so that
     each source of a mixture reads its own column. A column of strings is text to tokenize; a
-    column of lists of integers is each document's token ids (used as they are after the BOS)."""
+    column of lists of integers is each document's token ids (used as they are after the BOS).
+    `shuffle` (None: the loader's `shuffle=`) says whether this source is read shuffled
+    (data/shuffle.py; a mixture's source with the loader's `seed=` and `shuffle_window=`, its seed
+    drawn from them and its name): a corpus shuffled offline beside a date-sorted one."""
     data: object
     column: str | None = None
+    shuffle: bool | None = None
 
     def __post_init__(self):
         if isinstance(self.data, Source):
             raise ValueError(f"Source: data is itself a Source ({self.data!r}); give the directory, glob or files")
         if self.column is not None:
             check_column(self.column)
+        if self.shuffle is not None and not isinstance(self.shuffle, bool):
+            raise ValueError(f"Source: shuffle must be True, False or None (the loader's shuffle=), "
+                             f"got {self.shuffle!r}")
 
 
 def check_column(column) -> str:

@@ -73,8 +73,17 @@ class Sources:
         return {}
 
     def source_fingerprint(self, name: str) -> dict:
-        """Source `name`'s column and formats, as `Catalogue.fingerprint`."""
-        return self.catalogues[name].fingerprint()
+        """Source `name`'s column and formats, as `Catalogue.fingerprint`, and its own shuffle
+        setting when it says one (`"shuffle": "on"` or `"off"`; without it, the loader's)."""
+        cat = self.catalogues[name]
+        own = {} if cat.shuffle is None else {"shuffle": "on" if cat.shuffle else "off"}
+        return {**cat.fingerprint(), **own}
+
+    def shuffled(self, name: str, default: bool) -> bool:
+        """Whether source `name` is read shuffled: its own `Source(shuffle=)`, else `default`
+        (the loader's)."""
+        own = self.catalogues[name].shuffle
+        return default if own is None else own
 
     def source_of(self, file: int) -> Range:
         """The source that file `file` (the run's numbering) is of."""

@@ -123,7 +123,7 @@ class Runs:
         # `close()` from another thread takes it too, so a close never races with a start
         self._lock = threading.RLock()
         self._args, self._first, self._docs = None, 0, 0
-        self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory(shuffled=config.shuffle)
+        self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory(shuffled=kind.shuffled(config))
         self.heals = self.idle_releases = 0
         self.head_batches = 0  # batches the trainer made itself (procs/headstart.py), over every run
         self._buffered = kind.slot_text(config)  # a batch's slot carries its state's text: copied out

@@ -74,7 +74,7 @@ class _Ctx:
 def worker_main(cfg, args: RunArgs, conn, alive):
     ignore_sigint()
     ctx = _Ctx(cfg, args, conn, alive, None, deque(), {}, cfg.spec, order=shuffle.of_run(cfg, args))
-    if ctx.order is not None and cfg.order.window > 1:
+    if ctx.order is not None and (cfg.shuffle_window or shuffle.WINDOW) > 1:
         ctx.units = shuffle.Units()
     attached = None
     try:
@@ -236,7 +236,7 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     piece = task.piece
     if cache is None:
         return (*_tokenized(ctx, source, encode, task)[:2], None)
-    if ctx.order is not None:
+    if piece.members:  # a piece of a shuffled window
         return _cached_shuffled(ctx, source, encode, cache, task)
     path = ctx.args.files[piece.file]
     got = cache.load_rows(path, piece.rg, piece.doc_start, piece.doc_end)
@@ -289,7 +289,7 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     if skip == [(0, piece.n_docs)]:  # it killed a worker while it was read: not read again
         return np.empty(0, spec.dtype), np.zeros(piece.n_docs, dtype=np.int64), True
     bad = []  # a shuffled window's members skipped (their documents nulls)
-    if ctx.order is None:
+    if not piece.members:  # the files' order (a mixture's source may be read so beside shuffled ones)
         texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
                              ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
                              "row group")
@@ -331,7 +331,7 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
             _give_way(ctx)
 
     def where(i: int) -> str:  # document i of the piece, in words
-        file, rg, row = ((piece.file, piece.rg, piece.doc_start + i) if ctx.order is None
+        file, rg, row = ((piece.file, piece.rg, piece.doc_start + i) if not piece.members
                          else shuffle.row_of(piece, ctx.order, i))
         return f"{ctx.args.files[file]}, row group {rg}, document row {row}"
 

@@ -668,3 +668,54 @@ def test_a_bad_row_group_of_a_window_is_skipped_and_the_rest_of_its_window_read(
         with load(tmp_path, num_workers=2, resume_state=got[1][9][1], **kw) as loader:
             again = windows(loader, 10)
     assert all(np.array_equal(a, b) for a, (b, _) in zip(again, got[1][10:]))
+
+
+# ---- a source's own order: Source(shuffle=)
+def test_a_mixtures_source_says_its_own_order(mixshuf):
+    """Source "a" says `shuffle=True` beside "b" in its files' order (the loader's default),
+    and the other way round: the source that says it is shuffled (every document once an
+    epoch, not in file order), the other reads 0, 1, 2, ...; the same batches with 1 and 3
+    workers; a state resumes exactly, and one whose source said otherwise is refused."""
+    root, of, n = mixshuf
+    Source = shmloader.Source
+
+    def mix(a=None, b=None):
+        return shmloader.Mixture({"a": Source(str(root / "a"), shuffle=a), "b": Source(str(root / "b"), shuffle=b)},
+                                 {"a": 0.5, "b": 0.5})
+
+    for loader_shuffle, a, b, shuffled in ((False, True, None, "a"), (True, None, False, "a"), (False, None, True, "b")):
+        got = {}
+        for workers in (1, 3):
+            with shmloader.ShmLoader(mix(a, b), helpers.IntTokenizer(), B, T, device="cpu", num_workers=workers,
+                                     shuffle=loader_shuffle, seed=4) as loader:
+                got[workers] = [(window(loader, x, y), loader.state_dict()) for x, y in itertools.islice(loader, 30)]
+        assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(got[1], got[3]))
+        docs = source_documents(np.concatenate([w for w, _ in got[1]]), of)
+        plain = "b" if shuffled == "a" else "a"
+        assert docs[plain][:60] == list(range(60))  # the files' order
+        one = docs[shuffled][:n]
+        assert len(one) == n and sorted(one) == list(range(n)) and one != sorted(one)
+        with shmloader.ShmLoader(mix(a, b), helpers.IntTokenizer(), B, T, device="cpu", num_workers=2,
+                                 shuffle=loader_shuffle, seed=4, resume_state=got[1][9][1]) as loader:
+            again = windows(loader, 10)
+        assert all(np.array_equal(x, y) for x, (y, _) in zip(again, got[1][10:]))
+    state = got[1][9][1]  # b said shuffle=True, the loader's default off
+    with pytest.raises(ValueError, match="mixture source 'b': resume state has shuffle 'on', this loader has "
+                                         "\"the loader's\""):
+        shmloader.ShmLoader(mix(), helpers.IntTokenizer(), B, T, device="cpu", shuffle=True, seed=4,
+                            resume_state=state)
+    with pytest.raises(ValueError, match="seed 4 window 256', this loader has shuffle 'seed 5 window 256'"):
+        shmloader.ShmLoader(mix(None, True), helpers.IntTokenizer(), B, T, device="cpu", seed=5, resume_state=state)
+
+
+def test_one_source_saying_shuffle_is_the_loaders_shuffle(shufdata):
+    root = shufdata[0]
+    with load(root, shuffle=True, seed=2) as loader:
+        want = windows(loader, 12)
+    with shmloader.ShmLoader(shmloader.Source(str(root), shuffle=True), helpers.IntTokenizer(), B, T, device="cpu",
+                             num_workers=2, seed=2) as loader:
+        got = windows(loader, 12)
+        assert loader.state_dict()["config"]["shuffle"] == "seed 2 window 256"
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    with pytest.raises(ValueError, match="Source: shuffle must be True, False or None"):
+        shmloader.Source(str(root), shuffle="yes")
