@@ -286,7 +286,7 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     from types import SimpleNamespace
     from shmloader.data.sources import Range
     ranges = (Range("a", 0, 4), Range("b", 4, 8))  # two sources of COUNTS' four files each
-    run = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges))
+    run = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges, mixture=SimpleNamespace(sources={"a": "a", "b": "b"})))
     sourced = shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2), run)
     a, b = (shuffle.Shuffle(shuffle.source_seed(9, n), 2) for n in "ab")
     assert sourced.orders == (a, b)
@@ -296,6 +296,13 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     firsts = sourced.firsts({"a": [1, 0, 0, 0]}, (COUNTS + COUNTS).__getitem__, 1, 2)
     assert list(firsts) == ["b"] and firsts["b"] == shuffle.first_position(b, COUNTS.__getitem__, 4, 1, 2)
     assert shuffle.of_run(LoaderConfig(B=2, T=8), run) is None
+    from shmloader import Source  # a source's own setting over the loader's, either way
+    own = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges, mixture=SimpleNamespace(
+        sources={"a": Source("a", shuffle=False), "b": Source("b")})))
+    assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2), own).orders == (None, b)
+    assert shuffle.of_run(LoaderConfig(B=2, T=8), own) is None
+    own.mixture.mixture.sources["a"] = Source("a", shuffle=True)
+    assert shuffle.of_run(LoaderConfig(B=2, T=8, seed=9, shuffle_window=2), own).orders == (a, None)
     assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), SimpleNamespace(mixture=None)) == \
         shuffle.Shuffle(9, shuffle.WINDOW)
     windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 8, 1)
