@@ -443,9 +443,9 @@ def rows_of(order, piece) -> np.ndarray:
 def read(read_unit, order, piece, units: Units | None = None) -> list:
     """The documents of `piece` (a `data.order.Piece` of a window, with its members) in its
     order, as `read_unit(file, unit, lo, hi)` reads rows (`Reader.read_texts`: a list of str, or
-    `Ids`): each member's rows that the piece takes, read as one span of the unit (with `units`
-    and a window of several units, the member read whole once and kept). A member that `read_unit` gives None for (a bad unit
-    skipped) gives nulls."""
+    `Ids`): each member's rows that the piece takes (`_rows`: one span of the unit, or its runs
+    when they are few in it; with `units` and a window of several units, the member read whole
+    once and kept). A member that `read_unit` gives None for (a bad unit skipped) gives nulls."""
     members = piece.members
     if piece.n_docs == 0:
         return read_unit(members[0].file, members[0].unit, 0, 0)
@@ -456,17 +456,42 @@ def read(read_unit, order, piece, units: Units | None = None) -> list:
         take = rows[at]
         member = members[m]
         if units is not None and len(members) > 1:
-            lo, span = 0, units.text((piece.epoch, piece.file, piece.rg), read_unit, member.file, member.unit,
-                                     member.rows)
+            got = units.text((piece.epoch, piece.file, piece.rg), read_unit, member.file, member.unit, member.rows)
+            texts = None if got is None else {_KIND: type(got), **{r: got[r] for r in take.tolist()}}
         else:
-            lo = int(take.min())
-            span = read_unit(member.file, member.unit, lo, int(take.max()) + 1)
-        if span is None:
+            texts = _rows(read_unit, member, take)
+        if texts is None:
             continue
-        kind = type(span)
+        kind = texts.pop(_KIND)
         for i, r in zip(at.tolist(), take.tolist()):
-            out[i] = span[r - lo]
+            out[i] = texts[r]
     return out if kind is None or kind is list else kind(out)
+
+
+_KIND = object()  # `_rows`'s key for the type its reads gave (list, or `Ids`)
+
+
+def _rows(read_unit, member: Member, take: np.ndarray) -> "dict | None":
+    """`{row: document}` of `take` (rows of `member`), read as one span of the unit or, when
+    they are few in it (the first pieces of a run: 16 documents of a row group of 1,024), as
+    their runs of consecutive rows: converting a span costs about a document's time per row,
+    a read of its own about two (docs/benchmarks.md). None: the unit was skipped as bad."""
+    rows = np.sort(take)
+    runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if 2 * len(runs) + len(rows) >= hi - lo:
+        span = read_unit(member.file, member.unit, lo, hi)
+        return None if span is None else {_KIND: type(span), **{r: span[r - lo] for r in take.tolist()}}
+    out, kind = {}, None
+    for run in runs:
+        a, b = int(run[0]), int(run[-1]) + 1
+        got = read_unit(member.file, member.unit, a, b)
+        if got is None:
+            return None
+        kind = type(got)
+        out.update(zip(range(a, b), got))
+    out[_KIND] = kind
+    return out
 
 
 def skipped(piece, order, bad) -> list[tuple]:

@@ -184,19 +184,41 @@ def _pieces(order, counts, rank=0, world=1, max_docs=7):
 
 
 def test_a_piece_reads_its_documents_rows_in_the_windows_order():
+    """Every document of a piece is its row of its member, in the window's order; each member it
+    takes is read as one span, or as the runs of its rows when they are few in the span."""
     order = shuffle.Shuffle(2, 60)
     for piece in itertools.islice(_pieces(order, COUNTS), 12):
         which, rows = shuffle.locate(piece.members, shuffle.rows_of(order, piece))
         want = [f"{piece.members[w].file}:{piece.members[w].unit}:{r}" for w, r in zip(which.tolist(), rows.tolist())]
         src = _Source(COUNTS)
         assert shuffle.read(src.read_texts, order, piece) == want
-        assert len(src.reads) == len(set(which.tolist()))  # one span of each member it takes
+        for m in set(which.tolist()):  # each member it takes: one span, or the runs of its rows when few
+            mine = sorted(rows[which == m].tolist())
+            reads = [(lo, hi) for f, g, lo, hi in src.reads if (f, g) == piece.members[m][:2]]
+            runs = [(r[0], r[-1] + 1) for r in np.split(np.array(mine), np.flatnonzero(np.diff(mine) != 1) + 1)]
+            assert reads in ([(mine[0], mine[-1] + 1)], runs), (reads, mine)
         units, src = shuffle.Units(3), _Source(COUNTS)
         assert shuffle.read(src.read_texts, order, piece, units) == want
         assert shuffle.read(src.read_texts, order, piece, units) == want
         assert all(lo == 0 for _, _, lo, _ in src.reads) and len(src.reads) == len(set(which.tolist()))
         assert [shuffle.row_of(piece, order, i) for i in range(piece.n_docs)] == \
             [(piece.members[w].file, piece.members[w].unit, r) for w, r in zip(which.tolist(), rows.tolist())]
+
+
+def test_a_few_rows_of_a_large_unit_are_read_alone_not_its_span():
+    """The first pieces of a run (16 documents of a row group of 1,000) read their rows, not
+    the span that holds them (nearly the whole row group)."""
+    order, reads = shuffle.Shuffle(1, 1), []
+
+    def read_unit(f, g, lo, hi):
+        reads.append((lo, hi))
+        return [f"{r}" for r in range(lo, hi)]
+    piece = Piece(0, 1, 0, 0, 0, 16, members=(shuffle.Member(0, 0, 1000),))
+    assert shuffle.read(read_unit, order, piece) == [str(r) for r in order.rows(1, 0, 0, 1000)[:16].tolist()]
+    assert sum(hi - lo for lo, hi in reads) == 16
+    reads.clear()
+    piece = Piece(0, 1, 0, 0, 0, 900, members=(shuffle.Member(0, 0, 1000),))
+    assert len(shuffle.read(read_unit, order, piece)) == 900 and len(reads) == 1  # most of it: one span
 
 
 def test_a_bad_member_gives_nulls_for_its_documents_only():
