@@ -159,6 +159,7 @@ class _Coordinator:
         self.source, self.told = Reader(args.files, fs, args.columns, keep_open=args.keep_open), {}  # told: file -> identity sent
         self.order = shufflemod.of_run(cfg, args)  # None: the files' order
         pieces = _pieces(cfg, args, self.source, self._report_bad, self._opened, self.order)
+        self._row_counts = pieces.row_counts
         self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
                         else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), args.world,
                                                    _plan_of(args)))
@@ -185,6 +186,7 @@ class _Coordinator:
         self._redoing = [set() for _ in workers]      # pieces its replacement tokenizes again
         self._given = {}                              # piece index -> the Piece, while a worker may hold it
         self.docs_seen = 0
+        self._barren, self._n_units = set(), None  # shuffled: units read while no document was (`_check_not_empty`)
         self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
@@ -341,12 +343,29 @@ class _Coordinator:
 
     def _check_not_empty(self, piece, live: int):
         """A whole epoch without a document would loop forever: an error, judged in stream
-        order (pieces are counted in any order) so that it never depends on timing."""
-        for _, (epoch, n) in self._unchecked.add(piece.index, (piece.epoch, live)):
+        order (pieces are counted in any order) so that it never depends on timing. Shuffled,
+        a rank's share of an epoch may hold no document by chance (a corpus of mostly empty
+        row groups), so there the error waits until it has read every unit of the split."""
+        for _, (epoch, n, members) in self._unchecked.add(piece.index, (piece.epoch, live, piece.members)):
             self.docs_seen += n
-            if self.docs_seen == 0 and epoch >= self.args.start.epoch + 2:
-                raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
-                                f"files held no document with text (all null or no rows)")
+            if self.docs_seen:
+                continue
+            if self.order is None:
+                if epoch >= self.args.start.epoch + 2:
+                    raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
+                                    f"files held no document with text (all null or no rows)")
+                continue
+            self._barren.update((m.file, m.unit) for m in members)
+            if len(self._barren) >= self._units():
+                raise DataError(f"rank {self.args.rank}: every row group of the {len(self.args.files)} files, "
+                                f"read shuffled over {epoch - self.args.start.epoch + 1} epochs, held no "
+                                f"document with text (all null or no rows)")
+
+    def _units(self) -> int:
+        """The units (row groups) of the run's files, counted once."""
+        if self._n_units is None:
+            self._n_units = sum(len(self._row_counts(f)) for f in range(len(self.args.files)))
+        return self._n_units
 
     def _count_stats(self, msg: Counted, skipped_rows: int) -> int:
         stats, lengths = self.ring.stats, msg.lengths

@@ -719,3 +719,33 @@ def test_one_source_saying_shuffle_is_the_loaders_shuffle(shufdata):
     assert all(np.array_equal(x, y) for x, y in zip(got, want))
     with pytest.raises(ValueError, match="Source: shuffle must be True, False or None"):
         shmloader.Source(str(root), shuffle="yes")
+
+
+def test_a_rank_whose_shuffled_shares_hold_no_document_for_epochs_reads_on(tmp_path):
+    """6 row groups, one of 10 documents, the others empty or null: rank 0 of 2's shuffled
+    shares of epochs 1-3 hold no document (seed 3), and it reads on to the epoch whose share
+    does; a corpus of nulls alone is still a DataError once every row group was read."""
+    import pyarrow as pa
+
+    def write(path, groups):
+        writer = pq.ParquetWriter(path, pa.schema([("text", pa.string())]))
+        for rows in groups:
+            writer.write_table(pa.table({"text": pa.array(rows, pa.string())}))
+        writer.close()
+    docs = helpers.position_documents([3] * 10)
+    write(tmp_path / "a.parquet", [docs, [], []])
+    write(tmp_path / "b.parquet", [[None], [], []])
+    write(tmp_path / "c.parquet", [["val"]])  # the val split's file
+    counts = [[10, 0, 0], [1, 0, 0]]
+    order = shuffle.Shuffle(3, 1)
+    assert [sum(w.rows for w in order.shares(e, counts, 2)[0]) for e in (1, 2, 3)] == [1, 0, 1]  # no document
+    with load(tmp_path, shuffle=True, seed=3, shuffle_window=1, world_size=2, rank=0, num_workers=1) as loader:
+        got = windows(loader, 2)
+    assert {int(t) for w in got for t in w if t} <= {int(t) for d in docs for t in d.split()}
+    nulls = tmp_path / "nulls"
+    nulls.mkdir()
+    for name in ("a", "b", "c"):
+        write(nulls / f"{name}.parquet", [[None, None], []])
+    with pytest.raises(shmloader.DataError, match="every row group of the 2 files, read shuffled .* held no document"):
+        with load(nulls, shuffle=True, seed=3, num_workers=1, timeout=60) as loader:
+            next(iter(loader))
