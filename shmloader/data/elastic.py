@@ -6,10 +6,11 @@ ranks also held a buffer of documents read and not yet placed in a row (`buffers
 `[epoch, file, rg, row, count]`). A `Plan` shares out what they had not consumed so that each
 document of it is read once, by one new rank (docs/design.md, "Elastic resume"):
 
-- The *units* (`units`) are the row groups of the old ranks' streams after their positions, up
-  to the end of `epoch`, the last epoch any old rank was in: in canonical order (epoch, file,
-  row group: a row group `g` is old rank `g % W`'s), every row group past its old rank's
-  position, and the row group at the position from its document (and, concat, its token) on.
+- The *units* (`units`, each a `position.Step`) are the row groups of the old ranks' streams
+  after their positions, up to the end of `epoch`, the last epoch any old rank was in: in
+  canonical order (epoch, file, row group: a row group `g` is old rank `g % W`'s), every row
+  group past its old rank's position, and the row group at the position from its document
+  (and, concat, its token) on.
 - Unit i goes to new rank i % W2. A new rank reads its units in order (`steps`), then plain
   W2-rank epochs from `epoch + 1` on (row groups rank, rank + W2, ...: data/order.py).
 - Best fit's buffers are dealt out the same way, run by run in old-rank order (`buffer`): they
@@ -40,20 +41,6 @@ from typing import Callable, Iterator, Sequence
 from ..position import Position, Step
 from . import shuffle as shufflemod
 from .order import row_steps
-
-
-@dataclass(frozen=True)
-class Unit:
-    """Row group `rg` of `file` in `epoch`, from document `doc` (`skip` tokens into it) on; `rows`
-    is the row group's size."""
-
-    epoch: int
-    file: int
-    rg: int
-    doc: int
-    skip: int
-    rows: int
-    members: tuple = ()  # a shuffled window's units (data/shuffle.py: `rg` of `file` heads it)
 
 
 @dataclass(frozen=True)
@@ -91,7 +78,7 @@ class Plan:
                    None if d.get("parent") is None else cls.from_state(d["parent"]))
 
 
-def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int, shuffle=None) -> Iterator[Unit]:
+def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int, shuffle=None) -> Iterator[Step]:
     """Every unit of the plan, in canonical order (each new rank takes every W2-th); with
     `shuffle`, in each epoch's shuffled order (`_shuffled_units`)."""
     if shuffle is not None:
@@ -103,10 +90,10 @@ def units(plan: Plan, row_counts: Callable[[int], Sequence[int]], n_files: int, 
         if at > (e, f, g):
             yield u
         elif at == (e, f, g) and doc < u.rows:  # the owner stood in it: from its position on
-            yield Unit(u.epoch, u.file, u.rg, doc, skip, u.rows)
+            yield Step(u.epoch, u.file, u.rg, doc, skip, u.rows)
 
 
-def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[Unit]:
+def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[Step]:
     """`units` of a shuffled run: each epoch's windows of the old ranks' shares in turn (window j
     of old rank 0, of old rank 1, ..., then window j + 1), those past its old rank's position in
     its share: the one at it whole, from its document on; every later one unit by unit (each
@@ -132,12 +119,12 @@ def _shuffled_units(plan: Plan, row_counts, n_files: int, shuffle) -> Iterator[U
                 w, (at, doc, skip) = share[j], here[r]
                 if (epoch, j) > at:  # a window no old rank began: its units dealt one by one
                     for m in w.members:
-                        yield Unit(epoch, m.file, m.unit, 0, 0, m.rows, (m,))
+                        yield Step(epoch, m.file, m.unit, 0, 0, m.rows, (m,))
                 elif (epoch, j) == at and doc < w.rows:
-                    yield Unit(epoch, *w.head, doc, skip, w.rows, w.members)
+                    yield Step(epoch, *w.head, doc, skip, w.rows, w.members)
 
 
-def _old_units(plan: Plan, row_counts, n_files: int) -> Iterator[tuple[int, Unit]]:
+def _old_units(plan: Plan, row_counts, n_files: int) -> Iterator[tuple[int, Step]]:
     """`(old rank, unit)` of the old ranks' streams in canonical order, up to the end of
     `plan.epoch`: their parent plan's units, if any, then plain epochs (row group g: old rank
     g % W), from where the earliest old rank stood on."""
@@ -150,10 +137,10 @@ def _old_units(plan: Plan, row_counts, n_files: int) -> Iterator[tuple[int, Unit
     for epoch in range(first_epoch, plan.epoch + 1):
         for file in range(first_file if epoch == first_epoch else 0, n_files):
             for rg, rows in enumerate(row_counts(file)):
-                yield rg % W, Unit(epoch, file, rg, 0, 0, rows)
+                yield rg % W, Step(epoch, file, rg, 0, 0, rows)
 
 
-def rank_units(plan: Plan, rank: int, world: int, row_counts, n_files: int, shuffle=None) -> Iterator[Unit]:
+def rank_units(plan: Plan, rank: int, world: int, row_counts, n_files: int, shuffle=None) -> Iterator[Step]:
     """New rank `rank` of `world`'s units, in order."""
     for i, unit in enumerate(units(plan, row_counts, n_files, shuffle)):
         if i % world == rank:
@@ -197,7 +184,7 @@ def steps(plan: Plan, rank: int, world: int, row_counts, n_files: int, at: Posit
                 passed = True
                 yield Step(u.epoch, u.file, u.rg, at.doc, 0, u.rows, u.members)
             elif passed if shuffle is not None else key > here:  # shuffled: after it in the units' order
-                yield Step(u.epoch, u.file, u.rg, u.doc, u.skip, u.rows, u.members)
+                yield u
         at = _after(plan, rank, world, row_counts, n_files, shuffle)
     yield from row_steps(row_counts, n_files, rank, world, at, later, shuffle)
 
