@@ -66,8 +66,8 @@ class MixFeed:
                  reading: Callable[[], set], first_index: int = 0, stopping: Callable[[], None] = lambda: None):
         """`pieces(ramp, cap, first_index, files=, start=)`: a source's canonical order (the
         coordinator's); `reading()`: the piece indices given to workers and not counted;
-        `stopping()`: a source's order could not be read on (`_peek`), for a mode to let the
-        stream stop there now if it waits for that source."""
+        `stopping()`: a source's order could not be read on, or has ended (`_peek`), for a mode
+        to let the stream stop or end there now if it waits for that source."""
         self.stream, self._reading, self._stopping = stream, reading, stopping
         self._orders, self._seqs, self.owned = {}, {}, {}      # per source: its pieces; piece index -> Owned
         self._ahead = {}                                      # per source: text bytes (+1 a piece) not used up
@@ -128,9 +128,8 @@ class MixFeed:
             if name in self._max_epochs and piece.epoch > self._max_epochs[name]:
                 self.stream.exhausted(name, self._seqs[name])
                 del self._orders[name]
-                if self._seqs[name] == 0:  # ended before its first piece (a rank given none of the epoch at a
-                    self._stopping()       # change of world size): no count will come to flow the mix on
-                return None
+                self._stopping()  # the mix may end here, and no count may come to flow it (a rank given
+                return None       # none of the epoch at a change of world size, or all counted already)
             self._peeked[name] = piece
         return piece
 
