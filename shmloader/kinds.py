@@ -111,7 +111,8 @@ class Mixed:
 
     def shuffled(self, config) -> bool:
         """Whether any source is read shuffled (its own `Source(shuffle=)`, else the loader's)."""
-        return any(self.catalogue.shuffled(name, config.shuffle) for name in self.catalogue.names)
+        return any(shufflemod.source_shuffled(self.catalogue.mixture, name, config.shuffle)
+                   for name in self.catalogue.names)
 
     def first_positions(self, config):
         return None

@@ -71,9 +71,8 @@ class Catalogue:
         """Lists `data` (None: nanochat's directory; a `source.Source`: its data, read in its
         column, else in `column`) and takes `split`'s files; raises `DataError` for no files or a
         train split of one file."""
-        self.shuffle = None  # a `Source`'s own shuffle= (None: the loader's)
         if isinstance(data, source.Source):
-            data, column, self.shuffle = data.data, data.column or column, data.shuffle
+            data, column = data.data, data.column or column
         self.column = source.check_column(column)
         self.filesystem = source.filesystem_for(data, filesystem)
         listing = source.list_files(data, self.filesystem)

@@ -169,16 +169,16 @@ class Sourced(NamedTuple):
     his: tuple
     orders: tuple
 
-    def source(self, file: int) -> "tuple[int, Shuffle | None]":
-        """`(lo, order)` of the source that the run's file `file` is of (order None: a source
-        read in its files' order)."""
-        for lo, hi, order in zip(self.los, self.his, self.orders):
+    def of(self, file: int) -> "tuple[str, int, int, Shuffle | None]":
+        """`(name, lo, hi, order)` of the source that the run's file `file` is of, its files the
+        run's `[lo, hi)` (order None: a source read in its files' order)."""
+        for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
             if lo <= file < hi:
-                return lo, order
+                return name, lo, hi, order
         raise IndexError(f"file {file} is in no source of the mixture ({list(zip(self.names, self.los, self.his))})")
 
     def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
-        lo, order = self.source(file)
+        _, lo, _, order = self.of(file)
         return order.rows(epoch, file - lo, unit, n)
 
     def firsts(self, placed, row_counts: Callable[[int], Sequence[int]], rank: int, world: int) -> dict:
@@ -214,10 +214,15 @@ def of_run(config, run) -> "Shuffle | Sourced | None":
     return Sourced(names, tuple(r.lo for r in mix.ranges), tuple(r.hi for r in mix.ranges), orders)
 
 
+def own_setting(mixture, name: str) -> bool | None:
+    """A `Mixture`'s source `name`'s own `Source(shuffle=)` (None: it says none, the loader's)."""
+    return getattr(mixture.sources.get(name), "shuffle", None)
+
+
 def source_shuffled(mixture, name: str, default: bool) -> bool:
     """Whether a `Mixture`'s source `name` is read shuffled: its `Source(shuffle=)`, else
     `default` (the loader's `shuffle=`)."""
-    own = getattr(mixture.sources.get(name), "shuffle", None)
+    own = own_setting(mixture, name)
     return default if own is None else own
 
 
@@ -306,32 +311,31 @@ class Windows:
     mixture's `Sourced` (its source's windows, numbered in the run's files)."""
 
     def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int, world: int,
-                 plan_of: Callable[[int], object] = lambda file: None):
-        """`world`: the run's; `plan_of(file)`: the elastic plan (data/elastic.py) of the run's
-        file's source, or None. In the epochs a plan covers, the windows are those its units
-        are (`elastic.units`): an old rank's window at its position, as its old world size
-        dealt it, and every other unit on its own."""
+                 plans=None):
+        """`world`: the run's; `plans`: the elastic plans (data/elastic.py) of a run that began
+        at a change of world size: one source's `Plan`, or a mixture's `{name: Plan}` (None:
+        none). In the epochs a plan covers, the windows are those its units are
+        (`elastic.units`): an old rank's window at its position, as its old world size dealt
+        it, and every other unit on its own."""
         self.order, self._row_counts, self.n_files, self.world = order, row_counts, n_files, world
-        self._plan_of = plan_of
+        self._plans = plans
         self._counts, self._epochs = {}, {}
 
-    def _of(self, file: int) -> tuple[int, int, Shuffle]:
-        """`(lo, hi, order)` of the files `file` is ordered with (a mixture's source's)."""
+    def _of(self, file: int) -> tuple:
+        """`(lo, hi, order, plan)` of the files `file` is ordered with (a mixture's source's)."""
         if isinstance(self.order, Sourced):
-            for lo, hi, order in zip(self.order.los, self.order.his, self.order.orders):
-                if lo <= file < hi:
-                    return lo, hi, order
-            raise IndexError(f"file {file} is in no source of the mixture")
-        return 0, self.n_files, self.order
+            name, lo, hi, order = self.order.of(file)
+            return lo, hi, order, (self._plans or {}).get(name)
+        return 0, self.n_files, self.order, self._plans
 
     def members(self, epoch: int, file: int, unit: int) -> tuple:
         """The `Member`s of the window headed by `(file, unit)` in `epoch` (run's numbering)."""
-        lo, hi, order = self._of(file)
+        lo, hi, order, plan = self._of(file)
         if order.window == 1:
             return (Member(file, unit, list(self._row_counts(file))[unit]),)
-        plan, world = self._plan_of(file), self.world
         elastic = plan is not None and epoch <= plan.epoch
-        shares = self._shares(lo, hi, order, epoch, plan.world if elastic else world)
+        world = plan.world if elastic else self.world
+        shares = self._shares(lo, hi, order, epoch, world)
         try:
             rank, j = shares.heads[(file - lo, unit)]
         except KeyError:

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from ..errors import DataError
 from ..position import Position
-from . import source
+from . import shuffle, source
 from .catalogue import Catalogue, learned, with_known_footers
 from .mixture import Mixture
 
@@ -75,15 +75,8 @@ class Sources:
     def source_fingerprint(self, name: str) -> dict:
         """Source `name`'s column and formats, as `Catalogue.fingerprint`, and its own shuffle
         setting when it says one (`"shuffle": "on"` or `"off"`; without it, the loader's)."""
-        cat = self.catalogues[name]
-        own = {} if cat.shuffle is None else {"shuffle": "on" if cat.shuffle else "off"}
-        return {**cat.fingerprint(), **own}
-
-    def shuffled(self, name: str, default: bool) -> bool:
-        """Whether source `name` is read shuffled: its own `Source(shuffle=)`, else `default`
-        (the loader's)."""
-        own = self.catalogues[name].shuffle
-        return default if own is None else own
+        own = shuffle.own_setting(self.mixture, name)
+        return {**self.catalogues[name].fingerprint(), **({} if own is None else {"shuffle": "on" if own else "off"})}
 
     def source_of(self, file: int) -> Range:
         """The source that file `file` (the run's numbering) is of."""

@@ -98,11 +98,11 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
         mixture's source), from `start` (numbered within them), in the run's numbering; `plan`:
         the source's elastic plan, whose first step keeps `start.skip` (a source's document cut
         at a change of world size, each source's own); a shuffled mixture's source is in its own
-        order (`order.source(lo)`) with a plan or without."""
+        order (`order.of(lo)`) with a plan or without."""
         if files is not None:
             lo, n = files
             counts, text = (lambda f: row_counts(lo + f)), (lambda f: source.text_bytes(lo + f))
-            shuffle = None if order is None else order.source(lo)[1]  # the source's own
+            shuffle = None if order is None else order.of(lo)[3]  # the source's own
             if plan is None:
                 steps = iter_pieces(counts, n, run.rank, run.world, start, max_docs=cap, ramp=ramp,
                                     first_index=first_index, row_bytes=text, max_bytes=cfg.max_piece_bytes,
@@ -125,17 +125,6 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
         return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
     pieces.row_counts = row_counts
     return pieces
-
-
-def _plan_of(run):
-    """`file -> Plan | None`: the elastic plan of the run's file's source (one source's, or
-    its source's in a mixture), for `shuffle.Windows`."""
-    def plan_of(file: int):
-        if run.mixture is None:
-            return run.plan
-        name = next((r.name for r in run.mixture.ranges if r.lo <= file < r.hi), None)
-        return (run.mixture.plans or {}).get(name)
-    return plan_of
 
 
 def _with_firsts(run, order, row_counts):
@@ -162,7 +151,7 @@ class _Coordinator:
         self._row_counts = pieces.row_counts
         self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
                         else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), args.world,
-                                                   _plan_of(args)))
+                                                   args.plan if args.mixture is None else args.mixture.plans))
         if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
             args = self.args = _with_firsts(args, self.order, pieces.row_counts)
         self.mode = kind(cfg, args, len(workers), pieces)

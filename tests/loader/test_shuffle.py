@@ -129,18 +129,28 @@ def test_the_same_batches_with_1_and_3_workers_and_other_batches_with_another_se
     same_by_workers_other_by_seed(load, shufdata[0], packing)
 
 
+def with_states(loader, n) -> list:
+    """`n` batches of `loader` as `(window, the state after it)`."""
+    out = [(window(loader, x, y), loader.state_dict()) for x, y in itertools.islice(loader, n)]
+    assert len(out) == n
+    return out
+
+
+def resumes_with_another_worker_count(make, root, n, at, **kw):
+    """`n` batches of `make(root, **kw)` with 2 workers; from the state after each batch of `at`,
+    3 workers read the rest of them, the same."""
+    with make(root, num_workers=2, **kw) as loader:
+        got = with_states(loader, n)
+    for k in at:
+        with make(root, num_workers=3, resume_state=got[k][1], **kw) as loader:
+            again = windows(loader, n - k - 1)
+        assert all(np.array_equal(a, b) for a, (b, _) in zip(again, got[k + 1:])), f"resume at batch {k}"
+
+
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_exact_resume_with_another_worker_count(shufdata, packing):
-    root = shufdata[0]
-    with load(root, shuffle=True, seed=7, num_workers=2, packing=packing) as loader:
-        ws, states = [], []
-        for x, y in itertools.islice(loader, 60):
-            ws.append(window(loader, x, y))
-            states.append(loader.state_dict())
-    for k in (0, 9, 33):  # inside epoch 1, and in epoch 2
-        with load(root, shuffle=True, seed=7, num_workers=3, packing=packing, resume_state=states[k]) as loader:
-            again = windows(loader, 60 - k - 1)
-        assert all(np.array_equal(a, b) for a, b in zip(again, ws[k + 1:])), f"resume at batch {k}"
+    # inside epoch 1, and in epoch 2
+    resumes_with_another_worker_count(load, shufdata[0], 60, (0, 9, 33), shuffle=True, seed=7, packing=packing)
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
@@ -361,16 +371,8 @@ def test_a_shuffled_mixture_the_same_with_1_and_3_workers_and_another_with_anoth
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_a_shuffled_mixture_resumes_exactly_with_another_worker_count(mixshuf, packing):
-    root = mixshuf[0]
-    with load_mix(root, shuffle=True, seed=7, num_workers=2, packing=packing) as loader:
-        ws, states = [], []
-        for x, y in itertools.islice(loader, 50):
-            ws.append(window(loader, x, y))
-            states.append(loader.state_dict())
-    for k in (0, 9, 30):  # inside the sources' first epochs, and in their second
-        with load_mix(root, shuffle=True, seed=7, num_workers=3, packing=packing, resume_state=states[k]) as loader:
-            again = windows(loader, 50 - k - 1)
-        assert all(np.array_equal(a, b) for a, b in zip(again, ws[k + 1:])), f"resume at batch {k}"
+    # inside the sources' first epochs, and in their second
+    resumes_with_another_worker_count(load_mix, mixshuf[0], 50, (0, 9, 30), shuffle=True, seed=7, packing=packing)
 
 
 def test_a_shuffled_mixture_resumes_another_ranks_state_and_refuses_another_seed(mixshuf):
@@ -657,7 +659,7 @@ def test_a_bad_row_group_of_a_window_is_skipped_and_the_rest_of_its_window_read(
     for workers in (1, 2):
         with pytest.warns(UserWarning, match="shard_00000.parquet.*row group 1"):
             with load(tmp_path, num_workers=workers, **kw) as loader:
-                got[workers] = [(window(loader, x, y), loader.state_dict()) for x, y in itertools.islice(loader, 40)]
+                got[workers] = with_states(loader, 40)
                 assert loader.stats()["bad_row_groups_skipped"] == 1
     assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got[1], got[2]))
     seen, want = {doc_of[int(t)] for w, _ in got[1] for t in w if t}, set(range(180)) - set(range(10, 20))
@@ -688,7 +690,7 @@ def test_a_mixtures_source_says_its_own_order(mixshuf):
         for workers in (1, 3):
             with shmloader.ShmLoader(mix(a, b), helpers.IntTokenizer(), B, T, device="cpu", num_workers=workers,
                                      shuffle=loader_shuffle, seed=4) as loader:
-                got[workers] = [(window(loader, x, y), loader.state_dict()) for x, y in itertools.islice(loader, 30)]
+                got[workers] = with_states(loader, 30)
         assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(got[1], got[3]))
         docs = source_documents(np.concatenate([w for w, _ in got[1]]), of)
         plain = "b" if shuffled == "a" else "a"
@@ -749,3 +751,27 @@ def test_a_rank_whose_shuffled_shares_hold_no_document_for_epochs_reads_on(tmp_p
     with pytest.raises(shmloader.DataError, match="every row group of the 2 files, read shuffled .* held no document"):
         with load(nulls, shuffle=True, seed=3, num_workers=1, timeout=60) as loader:
             next(iter(loader))
+
+
+def test_a_token_id_column_is_read_shuffled_in_windows_of_many_row_groups(tmp_path):
+    """Documents stored as token ids (a list column) in row groups of 10: each shuffled window
+    of 256 documents holds 26 row groups, read through a worker's kept units as `Ids`; every
+    document once an epoch, twice over, in another order, and the same with 1 and 2 workers."""
+    import pyarrow as pa
+
+    rng = random.Random(55)
+    docs = helpers.position_documents([rng.randint(1, 9) for _ in range(4 * 100)])
+    ids = [[int(t) for t in d.split()] for d in docs]
+    for f in range(4):
+        part = slice(f * 100, (f + 1) * 100)
+        pq.write_table(pa.table({"ids": pa.array(ids[part], pa.list_(pa.int32()))}), tmp_path / f"s{f}.parquet",
+                       row_group_size=10)
+    doc_of = {t: i for i, d in enumerate(ids) for t in d}
+    got = {}
+    for workers in (1, 2):
+        with load(tmp_path, column="ids", shuffle=True, seed=5, num_workers=workers) as loader:
+            got[workers] = windows(loader, 45)
+    assert all(np.array_equal(a, b) for a, b in zip(got[1], got[2]))
+    seq = documents(np.concatenate(got[1]), doc_of)
+    one, two = seq[:300], seq[300:600]
+    assert sorted(one) == sorted(two) == list(range(300)) and one != two and neighbour_share(one) < 0.05

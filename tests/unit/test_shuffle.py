@@ -178,9 +178,10 @@ class _Source:
         return [f"{f}:{g}:{r}" for r in range(start, end)]
 
 
-def _pieces(order, counts, rank=0, world=1, max_docs=7):
+def _pieces(order, counts, rank=0, world=1, max_docs=7, ramp=(16, 32)):
     start = shuffle.first_position(order, counts.__getitem__, len(counts), rank, world)
-    return iter_pieces(counts.__getitem__, len(counts), rank, world, start, max_docs=max_docs, shuffle=order)
+    return iter_pieces(counts.__getitem__, len(counts), rank, world, start, max_docs=max_docs, ramp=ramp,
+                       shuffle=order)
 
 
 def test_a_piece_reads_its_documents_rows_in_the_windows_order():
@@ -240,7 +241,8 @@ def test_tokens_from_the_cache_in_the_windows_order_and_a_whole_window_put_back(
             lengths = rng.integers(0, 5, n)
             cache[(f, g)] = (lengths, rng.integers(0, 100, int(lengths.sum())))
     load = lambda m: cache.get((m.file, m.unit))  # noqa: E731
-    for piece in itertools.islice(_pieces(order, COUNTS, max_docs=1000), 4):
+    whole = 0  # pieces that are a whole window, put back in file order
+    for piece in itertools.islice(_pieces(order, COUNTS, max_docs=1000), 6):  # 16, 32 documents, then windows
         lengths, tokens = shuffle.cached(load, piece, order)
         which, rows = shuffle.locate(piece.members, shuffle.rows_of(order, piece))
         want = []
@@ -249,9 +251,11 @@ def test_tokens_from_the_cache_in_the_windows_order_and_a_whole_window_put_back(
             want.append(ts[ls[:r].sum():ls[:r + 1].sum()])
         assert tokens.tolist() == np.concatenate(want).tolist() if want else tokens.size == 0
         if piece.doc_start == 0 and piece.doc_end == sum(m.rows for m in piece.members):
+            whole += 1
             for member, ls, ts in shuffle.in_file_order(piece, order, lengths, tokens):
                 assert ls.tolist() == cache[(member.file, member.unit)][0].tolist()
                 assert ts.tolist() == cache[(member.file, member.unit)][1].tolist()
+    assert whole >= 2
     piece = next(_pieces(order, COUNTS, max_docs=1000))
     assert shuffle.cached(lambda m: None, piece, order) is None
 

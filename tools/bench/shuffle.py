@@ -72,8 +72,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=2, help="workers (count)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (count; 0: quality only)")
     p.add_argument("--batches", type=int, default=150, help="batches per measurement (count)")
-    p.add_argument("--B", type=int, default=8, help="rows per batch")
-    p.add_argument("--T", type=int, default=1024, help="tokens per row")
+    p.add_argument("--batch-size", type=int, default=8, help="B, rows per batch (rows; default 8)")
+    p.add_argument("--seq-len", type=int, default=1024, help="T (tokens; default 1024)")
     a = p.parse_args(argv)
     per = -(-a.docs // a.files)
     sizes = [min(per, a.docs - i * per) for i in range(a.files)]
@@ -98,7 +98,7 @@ def main(argv=None):
         runs = {w: [] for w in windows}
         for _ in range(a.rounds):
             for w in windows:
-                runs[w].append(measure(root, tok, a.B, a.T, a.workers, a.batches, w))
+                runs[w].append(measure(root, tok, a.batch_size, a.seq_len, a.workers, a.batches, w))
     base = statistics.median(x for x, _ in runs[0])
     base_first = statistics.median(f for _, f in runs[0])
     for w in windows:
