@@ -9,9 +9,10 @@ used to branch on:
 - `first_positions(config)`: where a fresh shuffled stream begins (`shuffle.FirstPositions`,
   read in the training process), or None (the files' order; a mixture: each source's, found by
   its run's coordinator, procs/coordinator.py `_with_firsts`);
-- `resume(state, ...)`: a state checked and planned into a `state.Resume` (resume.py `plan`, or
-  `plan_mixture`), a state of the other kind refused naming both;
-- `writer(identity, resume)`: its states (`state.Writer`, or `mixstate.Writer`);
+- `resume(state, ...)`: a state checked (`state.check` with its part: a state of the other kind
+  refused naming both) and planned into a `state.Resume` (resume.py `plan`, or `plan_mixture`);
+- `part`: its part of a state, which the one `state.Writer` writes and `state.check` reads
+  (`sourcestate.Files`, or `mixstate.Mixed`);
 - `run_args(resume)`: what a run is given beyond the files (a mixture's `MixArgs`, else None);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
@@ -34,7 +35,7 @@ import dataclasses
 import functools
 import json
 
-from . import mixstate, resume as resumemod, state as statemod
+from . import mixstate, resume as resumemod, sourcestate, state as statemod
 from .data import shuffle as shufflemod
 from .data.catalogue import Catalogue
 from .data.mixture import Mixture
@@ -52,6 +53,7 @@ class OneSource:
 
     def __init__(self, data, split: str, filesystem, column: str):
         self.catalogue = Catalogue(data, split, filesystem, column)
+        self.part = sourcestate.Files(self.catalogue)
 
     def refuse(self, config):
         if (why := shufflemod.refusal(config)) is not None:
@@ -68,12 +70,7 @@ class OneSource:
         # threads for a remote filesystem's footers; local ones read 4x faster alone (16 files: 2 ms, 8 ms with 8)
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
-        if isinstance(state, dict) and "mixture" in state:
-            raise ValueError("resume state is of a Mixture and this loader reads one source: give it the Mixture")
-        return resumemod.plan(state, identity, self.catalogue, config, args, heal)
-
-    def writer(self, identity, resume: statemod.Resume):
-        return statemod.Writer(identity, resume, self.catalogue)
+        return resumemod.plan(state, identity, self.part, self.catalogue, config, args, heal)
 
     def run_args(self, resume: statemod.Resume):
         return None
@@ -103,6 +100,7 @@ class Mixed:
 
     def __init__(self, data: Mixture, split: str, filesystem, column: str):
         self.catalogue = Sources(data, split, filesystem, column)
+        self.part = mixstate.Mixed(self.catalogue)
 
     def refuse(self, config):
         mixstate.refuse(config)
@@ -118,10 +116,7 @@ class Mixed:
         return None
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
-        return resumemod.plan_mixture(state, identity, self.catalogue, config, args, heal)
-
-    def writer(self, identity, resume: statemod.Resume):
-        return mixstate.Writer(identity, resume, self.catalogue)
+        return resumemod.plan_mixture(state, identity, self.part, self.catalogue, config, args, heal)
 
     def run_args(self, resume: statemod.Resume):
         return mixstate.run_args(self.catalogue, resume)

@@ -37,6 +37,7 @@ import zlib
 from . import state as statemod
 from .data.catalogue import described_files
 from .data.mixture import Mixer
+from .data.order import start_position
 from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
@@ -44,6 +45,7 @@ from .packing.mix import MixPoint
 from .packing.mixbestfit import buffer_runs
 from .packing.runs import BufferText
 from .position import Position
+from .state import POSITION_FIELDS
 
 KIND = "mixture"
 
@@ -68,30 +70,27 @@ def point_text(point: dict | None) -> BufferText | None:
     return BufferText(text, zlib.crc32(text.encode()))
 
 
-class Writer:
-    """The states of a mixture's loader from one start or resume on (as `state.Writer`)."""
+class Mixed:
+    """A mixture's part of a state (`state.Part`), of its loader's `sources` (data/sources.py)."""
+    reads = (5, statemod.VERSION)
 
-    def __init__(self, identity: statemod.Loader, resume: statemod.Resume, sources):
-        self._base = statemod.base_state(identity, resume)
-        self._base.update(files=[], val=None)
-        self._plans = ({name: statemod.plan_state(plan) for name, plan in sorted(resume.mix_plans.items())}
-                       if resume.mix_plans else None)
+    def __init__(self, sources):
         self._sources = sources
         self._described = (None, None)
 
-    def state(self, mark, check: int | None = None) -> dict:
+    def constant(self, identity: statemod.Loader, resume: statemod.Resume) -> dict:
+        plans = ({"plans": {name: statemod.plan_state(plan) for name, plan in sorted(resume.mix_plans.items())}}
+                 if resume.mix_plans else {})
+        return {"files": [], "val": None, "elastic": statemod.plan_state(resume.plan), "mixture": plans}
+
+    def fill(self, state: dict, mark):
         point = mark.buffer
         position = self._sources.local(mark.position) if point is not None else mark.position
-        state = dict(self._base)
         state["position"] = list(position)
         state["epoch"], state["pq_idx"], state["rg_idx"] = position[:3]
-        state["batch"] = mark.batch
-        state["check"] = checked = None if check is None else f"{check:08x}"
-        state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point)}
-        if self._plans is not None:
-            state["mixture"]["plans"] = self._plans
-        state["digest"] = digest(state, point.crc if point is not None else 0, checked)
-        return state
+        state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point),
+                            **state["mixture"]}
+        state["digest"] = digest(state, point.crc if point is not None else 0, state["check"])
 
     def keys(self, mark) -> dict:
         """nanochat's keys at `mark`: those of the document the next token is in, in its source (a
@@ -113,6 +112,73 @@ class Writer:
             self._described = (key, out)
         return self._described[1]
 
+    def unversioned(self, state: dict, identity: statemod.Loader):
+        self.own(state)
+
+    def own(self, state: dict):
+        mixed = state.get("mixture")
+        if mixed is None:
+            raise ValueError("resume state is of one source (data= a directory or files) and this loader reads a "
+                             "Mixture: resuming a single source's run as a mixture is not built yet")
+        if not isinstance(mixed, dict):
+            raise ValueError(f"resume state field 'mixture' must be a dict, got {type(mixed).__name__}")
+
+    def version_hint(self) -> str:
+        return " (a mixture's state)"
+
+    def fields(self, state: dict, identity: statemod.Loader):
+        """The point's JSON text."""
+        statemod.int_field(state, "world_size")
+        text = state["mixture"].get("point")
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"resume state field 'mixture.point' must be text, got {type(text).__name__}")
+        return text
+
+    def digest(self, state: dict) -> str:
+        text = state["mixture"].get("point")
+        return digest(state, zlib.crc32(text.encode()) if text is not None else 0, state.get("check"))
+
+    def resume(self, state: dict, identity: statemod.Loader, envelope: statemod.Envelope, text) -> statemod.Resume:
+        """Where every source stands and the mixer's counts (see the module docstring)."""
+        sources, mixed, batch = self._sources, state["mixture"], envelope.batch
+        shapes, reshaped = envelope.shapes, envelope.reshaped
+        point = MixPoint.from_json(json.loads(text)) if text is not None else None
+        _check_sources(mixed.get("sources"), sources)
+        plans = mixed.get("plans")
+        if plans is not None and not isinstance(plans, dict):
+            raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
+        plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
+                 if plans else None)
+        other = start_position(identity.rank)
+        if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
+            if identity.buffered:
+                raise ValueError(f"resume state is rank {envelope.rank} of {envelope.world}, this loader rank "
+                                 f"{identity.rank} of {identity.world}: another world size's state of a mixture "
+                                 "with packing='bos_bestfit' is not built yet (concat's is); resume at the world "
+                                 "size it was saved at")
+            _check_replayable(point, shapes, sources.mixture, envelope.rank)
+            change = statemod.Change(envelope.world, envelope.rank, other, [], None)
+            return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
+                                   mix=json.loads(text) if text is not None else None)
+        if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
+            _check_replayable(point, shapes, sources.mixture, envelope.rank)
+            return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
+                                   locate=point is not None)
+        if identity.buffered:  # best fit's buffer: its documents' sources are read now
+            buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
+        notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
+        for note in notes:
+            warn(f"shmloader: {note}")
+        here = point.sources.get(point.source) if point is not None else None
+        position = (Position(*here[:4], point.skip) if here is not None and point.source in sources.ranges
+                    else start_position(identity.rank))
+        if point is not None and point.source in sources.ranges:
+            position = sources.to_run(point.source, position)
+        # the batch it resumes at is the saved run's only with the same shape and the same mix
+        checked = statemod.check_field(state) if reshaped == shapes and not notes else None
+        return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
+                               mix=json.loads(text) if text is not None else None, mix_plans=plans)
+
 
 def _places(text: str) -> dict:
     """`{source: (epoch, file)}` of a point's JSON text."""
@@ -120,73 +186,15 @@ def _places(text: str) -> dict:
 
 
 def digest(state: dict, point_crc: int, checked) -> str:
-    position = state.get("position") if state.get("version") != 5 else [state.get(k) for k in statemod.POSITION_FIELDS]
+    """crc32 of the rank, the world size, the batch, the shapes, the check, the position and the
+    plans' crcs, from the point's crc32."""
+    position = state.get("position") if state.get("version") != 5 else [state.get(k) for k in POSITION_FIELDS]
     key = (f"{state['rank']}:{state['world_size']}:{state['batch']}:{state['shapes']}:{checked}:"
            + ":".join(map(str, position if isinstance(position, list) else [position])))
     plans = state["mixture"].get("plans")
     if isinstance(plans, dict) and plans:  # a run that began at a change of world size: its plans' crcs
         key += ":" + ",".join(f"{name}={d.get('crc') if isinstance(d, dict) else d!r}" for name, d in sorted(plans.items()))
     return f"{zlib.crc32(key.encode(), point_crc):08x}"
-
-
-def check(state, identity: statemod.Loader, sources) -> statemod.Resume:
-    """The `Resume` of a mixture's `state` for this loader of `sources` (see the docstring)."""
-    if not isinstance(state, dict):
-        raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
-    mixed = state.get("mixture")
-    if mixed is None:
-        raise ValueError("resume state is of one source (data= a directory or files) and this loader reads a "
-                         "Mixture: resuming a single source's run as a mixture is not built yet")
-    if state.get("version") not in (5, statemod.VERSION) or not isinstance(mixed, dict):
-        raise ValueError(f"resume state of a mixture must be version 5 or {statemod.VERSION} with a 'mixture' dict")
-    for name in ("rank", "world_size", "batch"):
-        statemod._int_field(state, name)
-    batch = state["batch"]
-    text = mixed.get("point")
-    if text is not None and not isinstance(text, str):
-        raise ValueError(f"resume state field 'mixture.point' must be text, got {type(text).__name__}")
-    crc = zlib.crc32(text.encode()) if text is not None else 0
-    if state.get("digest") != digest(state, crc, state.get("check")):
-        raise ValueError("resume state field 'digest' does not match its fields: the state was edited, or mixes "
-                         "the states of several ranks (save each rank's loader under a key of its own)")
-    statemod._check_config(state, identity)
-    shapes = statemod._shapes(state, batch)
-    reshaped = statemod._reshaped(shapes, batch, identity)
-    point = MixPoint.from_json(json.loads(text)) if text is not None else None
-    _check_sources(mixed.get("sources"), sources)
-    plans = mixed.get("plans")
-    if plans is not None and not isinstance(plans, dict):
-        raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
-    plans = {name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()} if plans else None
-    other = statemod.start_position(identity.rank)
-    if state["world_size"] != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
-        if identity.buffered:
-            raise ValueError(f"resume state is rank {state['rank']} of {state['world_size']}, this loader rank "
-                             f"{identity.rank} of {identity.world}: another world size's state of a mixture with "
-                             "packing='bos_bestfit' is not built yet (concat's is); resume at the world size it "
-                             "was saved at")
-        _check_replayable(point, shapes, sources.mixture, state["rank"])
-        change = statemod.Change(state["world_size"], state["rank"], other, [], None)
-        return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
-                               mix=json.loads(text) if text is not None else None)
-    if state["rank"] != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
-        _check_replayable(point, shapes, sources.mixture, state["rank"])
-        return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
-                               locate=point is not None)
-    if identity.buffered:  # best fit's buffer: its documents' sources are read now
-        buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
-    notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
-    for note in notes:
-        warn(f"shmloader: {note}")
-    here = point.sources.get(point.source) if point is not None else None
-    position = (Position(*here[:4], point.skip) if here is not None and point.source in sources.ranges
-                else statemod.start_position(identity.rank))
-    if point is not None and point.source in sources.ranges:
-        position = sources.to_run(point.source, position)
-    # the batch it resumes at is the saved run's only with the same shape and the same mix
-    checked = statemod._check_field(state) if reshaped == shapes and not notes else None
-    return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                           mix=json.loads(text) if text is not None else None, mix_plans=plans)
 
 
 def _check_replayable(point, shapes: list, mixture, rank: int):

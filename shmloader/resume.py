@@ -1,7 +1,8 @@
 """Where a loader starts from a state: one call, `plan`, from (the state, the loader's
 catalogue and settings) to a `state.Resume` whose position the next run starts at.
 
-1. `state.check` validates the state against this loader, naming each difference in words,
+1. `state.check` validates the state against this loader (its envelope, then the part of what
+   the loader reads: sourcestate.py, mixstate.py), naming each difference in words,
    and says what kind it is: this rank's own (its position), another rank's of the same world
    size (`locate`), one of another world size (`change`), or nanochat's own (where nanochat
    resumes; it becomes the run's `origin`).
@@ -31,7 +32,7 @@ import logging
 import os
 import time
 
-from . import mixstate, progress, state as statemod
+from . import mixstate, progress, sourcestate, state as statemod
 from .data import elastic, mixelastic
 from .data import shuffle as shufflemod
 from .errors import DataError
@@ -42,12 +43,13 @@ from .ipc.ring import RingLayout
 log = logging.getLogger("shmloader")
 
 
-def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -> statemod.Resume:
+def plan(state, identity: statemod.Loader, part, catalogue, config, args, heal=None) -> statemod.Resume:
     """The `Resume` of `state` for this loader (`identity`: what the state is checked against;
+    `part`: its part of a state, sourcestate.Files;
     `args`: the loader's `RunArgs`, for count-only runs; `heal(lost, paths)`: a count-only run's
     lost child, healed within the loader's budget: procs/run.py). Raises `ValueError` naming
     what does not match."""
-    resume = statemod.check(state, identity)
+    resume = statemod.check(state, identity, part)
     if resume.origin is not None and "version" not in state:
         _check_row_group(resume.origin, catalogue)
     catalogue.reorder(resume.order)
@@ -63,10 +65,10 @@ def plan(state, identity: statemod.Loader, catalogue, config, args, heal=None) -
     return resume
 
 
-def plan_mixture(state, identity: statemod.Loader, sources, config, args, heal=None) -> statemod.Resume:
-    """`plan` for a mixture's loader (`sources`: its `data.sources.Sources`): a mixture's state
-    (mixstate.py), every source's place."""
-    resume = mixstate.check(state, identity, sources)
+def plan_mixture(state, identity: statemod.Loader, part, sources, config, args, heal=None) -> statemod.Resume:
+    """`plan` for a mixture's loader (`sources`: its `data.sources.Sources`; `part`: its part of a
+    state, mixstate.Mixed): every source's place."""
+    resume = statemod.check(state, identity, part)
     sources.with_footers(state["mixture"]["sources"])
     if resume.change is not None:  # another world size's: every old rank's place, each source's plan
         resume = _elastic_mix(resume, sources, config, args, heal)
@@ -239,10 +241,10 @@ def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod
 
 
 def _origin(resume: statemod.Resume, catalogue, config, rank: int, world: int) -> Position:
-    """Where old rank `rank` of `world`'s stream began: `state.origin_position`, or a shuffled
+    """Where old rank `rank` of `world`'s stream began: `sourcestate.origin_position`, or a shuffled
     stream's share's first unit (data/shuffle.py)."""
     if config.order is None:
-        return statemod.origin_position(resume.origin, rank, world)
+        return sourcestate.origin_position(resume.origin, rank, world)
     return shufflemod.first_position(config.order, lambda f: catalogue.row_counts(f, config.on_bad_row_group),
                                      resume.n_files, rank, world)
 

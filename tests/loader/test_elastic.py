@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
+import shmloader.sourcestate
 from shmloader.data import elastic
 from shmloader.procs.children import LIVENESS_CHECK_S
 from shmloader.demo.baseline import documents
@@ -145,7 +146,7 @@ def test_a_state_resumes_at_another_world_size_each_document_once(data, packing,
         assert plan.positions[r] == tuple(state["position"])
         if packing == "bos_bestfit":
             assert [list(run) for run in plan.buffers[r]] == [list(run) for run in
-                                                              shmloader.state.buffer_runs(state, len(files))]
+                                                              shmloader.sourcestate.buffer_runs(state, len(files))]
     for j, (_, state0, got, _) in enumerate(new):
         assert state0["batch"] == n and state0["world_size"] == W2 and state0["rank"] == j
         want = expected(files, packing, plan, j, W2, len(got))
@@ -365,7 +366,7 @@ def test_nanochats_loop_on_uneven_row_groups_with_a_bpe_tokenizer(synth, packing
         plan = elastic.Plan.from_state(states[0]["elastic"])
         assert (plan.world, plan.batch, states[0]["batch"]) == (2, 6, 6)
         if packing == "bos_bestfit":  # the state at the plan's start: this rank's first buffer
-            first_buffers += shmloader.state.buffer_runs(states[0], len(files))
+            first_buffers += shmloader.sourcestate.buffer_runs(states[0], len(files))
         docs = plan_docs(files, plan, j, 3)
         if packing == "concat":
             want = [w for w, _ in itertools.islice(
@@ -375,7 +376,7 @@ def test_nanochats_loop_on_uneven_row_groups_with_a_bpe_tokenizer(synth, packing
                 files, synth.encode, synth.bos, 2, 32, 12, 4, runs=elastic.buffer(plan, j, 3), docs=docs), len(got))]
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"new rank {j}: not the plan's stream"
     if packing == "bos_bestfit":  # the old ranks' buffers, each run in one new rank's first buffer
-        assert plan.buffers[0] == tuple(map(tuple, shmloader.state.buffer_runs(saved, len(files))))
+        assert plan.buffers[0] == tuple(map(tuple, shmloader.sourcestate.buffer_runs(saved, len(files))))
         assert sorted(map(tuple, first_buffers)) == sorted(run for old in plan.buffers for run in old)
         assert first_buffers, "no buffer to deal out: the check means nothing"
 

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shmloader
+import shmloader.sourcestate
 from shmloader.demo import corpus
 from tests import helpers
 from tests.helpers import window_of
@@ -105,6 +106,6 @@ def test_a_version_2_state_without_footers_still_resumes(tmp_path):
     old = dict(state, version=2, files=[f[:2] for f in state["files"]])
     del old["check"], old["elastic"]  # version 5's; a version 2 state's digest is over the fields it had
     old.update(zip(("epoch", "pq_idx", "rg_idx", "doc_idx", "skip"), old.pop("position")))  # version 6's
-    old["digest"] = shmloader.state.digest(old)
+    old["digest"] = shmloader.sourcestate.digest(old)
     with loader(tmp_path, resume_state=old) as again:
         assert all(np.array_equal(window_of(*next(again)), w) for w in follow)

@@ -19,12 +19,14 @@ import textwrap
 import tokenize
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import shmloader
-from shmloader import config, packing, profiling, state
+from shmloader import config, packing, profiling, sourcestate, state
 from shmloader.ipc import protocol
+from shmloader.sourcestate import Files
 from tests.helpers import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "shmloader"
@@ -176,24 +178,25 @@ def _refused(saved_world: int, **fingerprint) -> bool:
     files = [["shard_00000.parquet", 1000, None], ["shard_00001.parquet", 2000, None]]
     mine = {"split": "train", "packing": "concat", "tokenizer": "0123456789abcdef"}
     old = state.Loader(dict(mine, **fingerprint), files, 0, saved_world, 4, 16)
-    saved = state.make_state(state.base_state(old, state.start(old)), Position(1, 0, 0, 3, 0), 7)
+    mark = SimpleNamespace(position=Position(1, 0, 0, 3, 0), buffer=None, batch=7, read=None)
+    saved = state.Writer(old, state.start(old), Files()).state(mark)
     try:
-        state.check(saved, state.Loader(mine, files, 0, 1, 4, 16))
+        state.check(saved, state.Loader(mine, files, 0, 1, 4, 16), Files())
     except ValueError:
         return True
     return False
 
 
 def test_what_the_pages_say_a_state_check_refuses_is_what_it_refuses():
-    """The contract's first check and state.py's docstring list what makes a state refused; each
+    """The contract's first check and sourcestate.py's docstring list what makes a state refused; each
     difference listed is refused by `state.check`, each other one is not (another world size
     resumes elastically)."""
     refused = {"split": _refused(1, split="val"), "packing": _refused(1, packing="bos_bestfit"),
                "tokenizer": _refused(1, tokenizer="fedcba9876543210"), "world size": _refused(2)}
     assert refused == {"split": True, "packing": True, "tokenizer": True, "world size": False}
     contract = _squash(re.search(r"\*\*Checks\.\*\*.*?\n- Another (.*?) is\s+refused", CONTRACT, re.S).group(1))
-    docstring = _squash(re.search(r"any other\s+difference \((.*?)\)\s+is", state.__doc__, re.S).group(1))
-    for where, text in (("docs/contract.md §3 Checks", contract), ("state.py's docstring", docstring)):
+    docstring = _squash(re.search(r"any other\s+difference \((.*?)\)\s+is", sourcestate.__doc__, re.S).group(1))
+    for where, text in (("docs/contract.md §3 Checks", contract), ("sourcestate.py's docstring", docstring)):
         assert {what: what in text for what in refused} == refused, where
 
 

@@ -1,7 +1,8 @@
-"""state.py: round trip of the resume state, the refusals named in words, another rank's state,
+"""state.py's envelope with one source's part (sourcestate.py): round trip of the resume state, the refusals named in words, another rank's state,
 new batch shapes, appended files, nanochat-format states, and the digest."""
 
 import itertools
+from types import SimpleNamespace
 import json
 import zlib
 import warnings
@@ -13,8 +14,9 @@ from hypothesis import strategies as st
 
 from shmloader.data.order import nanochat_position
 from shmloader.position import Position, RowGroup
-from shmloader.state import (VERSION, Loader, base_state, buffer_runs, check, decode_runs, digest, encode_buffer, encode_runs,
-                             make_state, start)
+from shmloader import state as statemod
+from shmloader.sourcestate import Files, buffer_runs, decode_runs, digest, encode_buffer, encode_runs
+from shmloader.state import VERSION, Loader, Writer, start
 from shmloader.data.catalogue import file_list
 
 FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
@@ -25,10 +27,21 @@ def loader(rank=1, world=2, B=4, T=16, files=FILES, config=CONFIG, **kw) -> Load
     return Loader(dict(config), [list(f) for f in files], rank, world, B, T, **kw)
 
 
+def check(state, lo: Loader):
+    return statemod.check(state, lo, Files())
+
+
+def make_state(lo: Loader, resume, position: Position, batch: int, buffer=None, check=None, read=None) -> dict:
+    """The state loader `lo`, started or resumed at `resume`, writes at `position` after `batch`
+    batches (the one `Writer` with one source's part, the files in the state's numbering)."""
+    mark = SimpleNamespace(position=position, buffer=buffer, batch=batch, read=None if read is None else RowGroup(*read))
+    return Writer(lo, resume, Files()).state(mark, check)
+
+
 def saved(rank=1, world=2, epoch=2, file=1, rg=3, doc=5, skip=7, batch=40, buffer=None, **kw) -> dict:
     """A state as the loader saves it, through JSON as nanochat stores it."""
     lo = loader(rank, world, **kw)
-    state = make_state(base_state(lo, start(lo)), Position(epoch, file, rg, doc, skip), batch, buffer)
+    state = make_state(lo, start(lo), Position(epoch, file, rg, doc, skip), batch, buffer)
     return json.loads(json.dumps(state))
 
 
@@ -61,12 +74,12 @@ def test_round_trip_property(world, data, epoch, stride, doc, skip, batch):
     assert (r.position, r.batch) == (Position(epoch, file, rg, doc, skip), batch)
 
 
-def test_make_state_does_not_mutate_base():
+def test_a_state_does_not_change_the_writers_fields():
     lo = loader()
-    base = base_state(lo, start(lo))
-    before = json.dumps(base, sort_keys=True)
-    make_state(base, Position(1, 0, 0, 0, 0), 0)
-    assert json.dumps(base, sort_keys=True) == before
+    writer = Writer(lo, start(lo), Files())
+    before = json.dumps(writer._base, sort_keys=True)
+    writer.state(SimpleNamespace(position=Position(1, 0, 0, 0, 0), buffer=[[1, 0, 0, 0, 2]], batch=0, read=None))
+    assert json.dumps(writer._base, sort_keys=True) == before
 
 
 # ------------------------------------------------------------------ config mismatches
@@ -137,7 +150,7 @@ def test_a_second_new_shape_at_the_same_batch_replaces_the_first():
     lo = loader(B=2)
     with pytest.warns(UserWarning):
         r = check(saved(), lo)
-    state = json.loads(json.dumps(make_state(base_state(lo, r), Position(2, 1, 3, 5, 7), 40)))
+    state = json.loads(json.dumps(make_state(lo, r, Position(2, 1, 3, 5, 7), 40)))
     with pytest.warns(UserWarning, match="B: state has 2, loader has 3"):
         assert check(state, loader(B=3)).shapes == [[0, 4, 16], [40, 3, 16]]
 
@@ -252,7 +265,7 @@ def test_another_ranks_state_is_located_from_this_ranks_origin():
 def test_another_ranks_state_from_a_nanochat_origin_locates_from_its_own_nanochat_cursor():
     state = saved(rank=0, world=4)
     state["origin"] = {"pq_idx": 1, "rg_idx": 5, "epoch": 2}
-    from shmloader.state import digest
+    from shmloader.sourcestate import digest
     state["digest"] = digest(state)
     r = quiet_check(state, loader(rank=3, world=4))
     assert r.locate and r.position == nanochat_position(1, 5, 2, rank=3, world=4) == Position(2, 1, 11, 0)
@@ -377,7 +390,7 @@ def test_nanochat_keys_are_the_last_batch_reading_and_not_the_position():
     earlier row group of this rank), the position stays where the next batch starts; a loader
     resumes at the position, and the keys come back as the run's first `read`."""
     lo = loader()
-    state = json.loads(json.dumps(make_state(base_state(lo, start(lo)), Position(2, 1, 3, 0, 0), 40,
+    state = json.loads(json.dumps(make_state(lo, start(lo), Position(2, 1, 3, 0, 0), 40,
                                              read=(1, 2, 5))))
     assert (state["epoch"], state["pq_idx"], state["rg_idx"], state["position"]) == (1, 2, 5, [2, 1, 3, 0, 0])
     r = quiet_check(state, lo)
@@ -435,7 +448,7 @@ def test_the_digest_covers_the_buffer():
 
 
 def test_the_check_travels_to_the_resume_and_the_digest_covers_it():
-    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), Position(2, 1, 3, 5, 7), 40,
+    state = json.loads(json.dumps(make_state(loader(), start(loader()), Position(2, 1, 3, 5, 7), 40,
                                              check=0x0BADF00D)))
     assert state["check"] == "0badf00d" and quiet_check(state, loader()).check == 0x0BADF00D
     assert saved()["check"] is None and quiet_check(saved(), loader()).check is None
@@ -454,14 +467,14 @@ def test_a_malformed_check_is_refused(value):
 def test_another_shape_rank_or_file_list_resumes_without_the_check():
     """The batch at the position is another one (another B or T, files new to the state), or
     not this rank's: there is nothing to compare, so the resume carries no check."""
-    state = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), Position(2, 1, 3, 5, 7), 40, check=7)))
+    state = json.loads(json.dumps(make_state(loader(), start(loader()), Position(2, 1, 3, 5, 7), 40, check=7)))
     with pytest.warns(UserWarning, match="another batch shape"):
         assert check(state, loader(T=8)).check is None
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
     with pytest.warns(UserWarning, match="added to the split"):
         assert check(state, loader(files=more)).check is None
     assert check(state, loader(rank=0)).check is None  # another rank's: located, not compared
-    first = json.loads(json.dumps(make_state(base_state(loader(), start(loader())), Position(1, 1, 3, 5, 7), 40, check=7)))
+    first = json.loads(json.dumps(make_state(loader(), start(loader()), Position(1, 1, 3, 5, 7), 40, check=7)))
     later = [list(f) for f in FILES]
     later[2][1] += 1  # a file after the position (file 1, epoch 1) changed: read as it is now, so not compared
     with pytest.warns(UserWarning, match="after its position changed"):
@@ -483,7 +496,7 @@ def test_a_run_that_began_elastic_refuses_added_files():
 
     plan = Plan.of(2, 40, [(1, 0, 0, 3, 0), (1, 1, 1, 0, 0)])
     lo = loader(rank=0, world=3)
-    state = json.loads(json.dumps(make_state(base_state(lo, Resume(Position(1, 0, 0, 0), plan=plan, shapes=[[0, 4, 16]])), Position(1, 1, 3, 5, 0),
+    state = json.loads(json.dumps(make_state(lo, Resume(Position(1, 0, 0, 0), plan=plan, shapes=[[0, 4, 16]]), Position(1, 1, 3, 5, 0),
                                              41)))
     assert quiet_check(state, lo).plan == plan
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
@@ -504,15 +517,15 @@ def test_a_version_4_state_without_a_check_is_read():
     assert (r.position, r.check) == (Position(2, 1, 3, 5, 7), None)
 
 
-def test_make_state_digest_is_the_checked_one():
-    """make_state formats the digest's key itself (it runs with every batch): it must give what
+def test_the_written_digest_is_the_checked_one():
+    """The writer formats the digest's key itself (it runs with every batch): it must give what
     `digest`, which the check uses, gives, whatever the fields hold."""
     lo = loader()
     resume = start(lo)
     resume.shapes, resume.origin = [[0, 4, 16], [7, 2, 16]], {"pq_idx": 1, "rg_idx": 3, "epoch": 2}
     for buffer, check_ in itertools.product((None, [], [[1, 2, 3, 4, 5]], np.array([[3, 0, 70000, 1, 2]])),
                                             (None, 0, 0xFFFFFFFF)):
-        state = make_state(base_state(lo, resume), Position(3, 2, 9, 11, 0), 12345, buffer, check=check_)
+        state = make_state(lo, resume, Position(3, 2, 9, 11, 0), 12345, buffer, check=check_)
         runs = state.get("buffer")
         prefix, raw = (runs[:2].encode(), bytes.fromhex(runs[3:])) if runs else (b"", b"")
         assert state["digest"] == digest(state, prefix + raw)
@@ -525,11 +538,10 @@ def test_a_state_from_the_coordinators_encoding_is_the_same_state(runs):
     text and crc, through the slot); a state made from it is the one made from the runs,
     digest included."""
     lo = loader()
-    base = base_state(lo, start(lo))
     encoded = encode_buffer(runs)
     assert encoded.text == encode_runs(runs)
-    from_runs = make_state(base, Position(1, 0, 0, 0, 0), 7, runs)
-    assert make_state(base, Position(1, 0, 0, 0, 0), 7, encoded) == from_runs
+    from_runs = make_state(lo, start(lo), Position(1, 0, 0, 0, 0), 7, runs)
+    assert make_state(lo, start(lo), Position(1, 0, 0, 0, 0), 7, encoded) == from_runs
     spelled = encoded.text[:2].encode() + bytes.fromhex(encoded.text[3:]) if runs else b""
     assert encoded.crc == (zlib.crc32(spelled) if runs else 0)
     assert from_runs["digest"] == digest(from_runs, spelled)
