@@ -23,7 +23,9 @@ used to branch on:
   run's arguments to start again at `mark` (a heal, an idle release);
 - `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
   mixture's point);
-- `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch).
+- `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch);
+- and alike for both, from the catalogue: `identity(...)`, what a state is checked against, and
+  `args(...)`, what every run is given.
 
 So no module outside the mixing stage asks which: the processes run the modes they are given
 (a mixture's read `RunArgs.mixture`, its `MixArgs`). docs/design.md "Mixtures" says what is
@@ -39,7 +41,8 @@ from . import mixstate, resume as resumemod, sourcestate, state as statemod
 from .data import shuffle as shufflemod
 from .data.catalogue import Catalogue
 from .data.mixture import Mixture
-from .data.source import KEEP_OPEN
+from .data.source import KEEP_OPEN, FilesystemRef
+from .ipc.protocol import RunArgs
 from .data.sources import Sources, keep_open
 from .packing import MIX_MODES
 from .packing.count import CountMode
@@ -48,7 +51,26 @@ from .packing.runs import decode_runs, encode_buffer
 from .procs.run import mix_text_bytes
 
 
-class OneSource:
+class _Kind:
+    """What both kinds answer alike, from their catalogue."""
+
+    def identity(self, config, tokenizer, rank: int, world: int, first) -> statemod.Loader:
+        """What a state is checked against, now (`first`: `first_positions`'s)."""
+        cat = self.catalogue
+        fingerprint = config.fingerprint(tokenizer.fingerprint, self.shuffled(config)) | cat.fingerprint()
+        return statemod.Loader(fingerprint, cat.files, rank, world, config.B, config.T, config.spec.buffered,
+                               config.other_rank, footers=cat.footers, val=cat.val, first=first)
+
+    def args(self, config, tokenizer, rank: int, world: int, first) -> RunArgs:
+        """What every run of the loader is given (a run's start is added by `procs.run.Runs`)."""
+        cat = self.catalogue
+        return RunArgs(files=cat.paths, rank=rank, world=world, layout=None,
+                       filesystem=FilesystemRef(cat.filesystem) if cat.filesystem else None, tokenizer=tokenizer,
+                       later=cat.later, columns=None if set(cat.columns) <= {"text"} else tuple(cat.columns),
+                       counts=None if first is None else first.counts, **self.run_fields(config))
+
+
+class OneSource(_Kind):
     """One source: a directory, files, a glob, a URI or a `source.Source`."""
 
     def __init__(self, data, split: str, filesystem, column: str):
@@ -95,7 +117,7 @@ class OneSource:
         return {}
 
 
-class Mixed:
+class Mixed(_Kind):
     """A `Mixture`: several sources by weight (data/mixture.py, mixstate.py)."""
 
     def __init__(self, data: Mixture, split: str, filesystem, column: str):

@@ -8,11 +8,10 @@ functions over it are in nanochat.py). Each part is a room of its own:
   gives one `Announcement`;
 - the resume plan (`resume.py`): from a state to where the next run starts (the state's check,
   another rank's or another world size's position, the elastic plan);
-- the states (`state.Writer`): a state from the progress after the last batch returned (one
-  `Mark`), built when asked. A state carries the check of the batch it resumes at, so
-  `state_dict()` looks at the next batch's announcement, waiting for it if it is not made yet
-  (`next()` then returns that batch); a resumed loader compares its first batch's check with
-  the state's (`resume.check_first`);
+- the states (`state.Writer`, with the part of what it reads): a state from the progress after
+  the last batch returned (one `Mark`), built when asked. A state carries the check of the batch
+  it resumes at, so `state_dict()` takes the next batch's announcement ahead (`resume.Ahead`,
+  which also checks a resumed run's first batch against the state's);
 - precedence (`procs/precedence.py`): a loader that starts has the cores until its first batch;
 - the report (`report.py`): what was delivered, `stats()` and the log's lines.
 
@@ -25,28 +24,15 @@ import dataclasses
 import functools
 import os
 import threading
-from dataclasses import dataclass
 
 from . import cores, delivery, errors, kinds, profiling, report, resume as resumemod, state as statemod
 from .config import LoaderConfig, place
 from .data import cache as cachemod
 from .data import engine as enginemod
 from .data import source, tokenizer as tokmod
-from .ipc.protocol import RunArgs
 from .procs import lifecycle
 from .procs.run import Mark, Runs
 from .procs.start import prestart
-
-@dataclass(frozen=True)
-class Debug:
-    """`ShmLoader.debug()`: the running children (multiprocessing `Process` objects), the ring's
-    /dev/shm name and views, and the delivery (delivery.py) in use."""
-    coordinator: object
-    workers: list
-    segment: str
-    ring: object
-    delivery: object
-
 
 class ShmLoader:
     """Iterate `(inputs, targets)` int64 batches of shape (B, T), with `positions=True`
@@ -147,14 +133,13 @@ class ShmLoader:
                                     pinning=delivery.Pinning())  # one refusal to pin, said once
         self._runs = Runs(self.config, deliver,
                           functools.partial(self._catalogue.learn, warn=errors.warn), self.rank, self._kind)
+        self._ahead = resumemod.Ahead(self._runs, self.config, self._catalogue)  # the next batch, taken early
         lifecycle.close_when_dropped(self, self._runs)  # not a __del__: the pipes are never the collector's
         self._report = report.Report(self.config, self._runs, self._kind)  # stats() and the log's lines
         self._begin(statemod.start(self._identity()))
         if resume_state is not None:
             self.load_state_dict(resume_state)
-        # who the log lines are of (a training and a validation loader may log to one logger)
-        ranks = f", rank {self.rank} of {self.world_size}" if self.world_size > 1 else ""
-        self._report.name = f"{os.getpid()}-{lifecycle.register(self)} ({split}{ranks})"
+        self._report.named(lifecycle.register(self), split, self.rank, self.world_size)  # who its log lines are of
 
     B = property(lambda self: self.config.B, doc="rows per batch")
     T = property(lambda self: self.config.T, doc="tokens per row")
@@ -173,7 +158,7 @@ class ShmLoader:
         raises `LoaderTimeout`."""
         lock = self._lock  # taken here, not through `_locked`: this is every batch's path
         if not lock.acquire(False):
-            self._wait_for(lock, "next()")
+            lifecycle.wait_for(lock, self.config.timeout, "next()")
         self._inside = threading.get_ident()
         try:
             if profiling.active():  # a range in torch.profiler traces, only while one records
@@ -200,17 +185,14 @@ class ShmLoader:
             return self._writer.state(self._mark)
         lock = self._lock  # taken here, not through `_locked`: nanochat's loop asks with every batch
         if not lock.acquire(False):
-            self._wait_for(lock, "state_dict()")
+            lifecycle.wait_for(lock, self.config.timeout, "state_dict()")
         try:
             if self._state is None:  # a best-fit buffer of ~1000 documents is worth not listing per batch
                 if self._closed:
                     return self._writer.state(self._mark)
-                try:
-                    self._ahead = self._take()
-                except Exception as exc:  # noqa: BLE001 (it is the next next()'s to raise)
-                    self._failed = exc.with_traceback(None)
+                if (ahead := self._ahead.peek(self._mark)) is None:  # what it met is the next next()'s to raise
                     return self._writer.state(self._mark)
-                self._state = self._writer.state(self._mark, self._ahead.check)
+                self._state = self._writer.state(self._mark, ahead.check)
             return dict(self._state)
         finally:
             lock.release()
@@ -226,7 +208,7 @@ class ShmLoader:
         rank's or another world size's state first finds this rank's own position (resume.py)."""
         with self._locked("load_state_dict()"):
             if self._closed:
-                raise errors.LoaderClosed(self._closed_text())
+                raise errors.LoaderClosed(lifecycle.closed_text(self._forked_from))
             self._begin(self._kind.resume(state, self._identity(), self.config, self._args(),
                                        self._runs.heal_count))
 
@@ -245,18 +227,12 @@ class ShmLoader:
         (batches ready in the ring). No system call."""
         return self._report.stats(self._mark)
 
-    def debug(self, start: bool = True) -> "Debug | None":
-        """What the loader runs now, for tests and tools (not a stable API); None before the
-        first `next()` and after `close()`. Children left unstarted while the forkserver boots
-        (procs/headstart.py) are started first (waiting for it), unless `start` is False (their
-        `pid` is None until then)."""
-        if start:
-            self._runs.start_now(self._mark)
-        run = self._runs.run
-        if run is None:
-            return None
-        kids = run.children
-        return Debug(kids.coordinator, list(kids.workers), kids.segment.name, kids.ring, run.delivery)
+    def debug(self, start: bool = True):
+        """What the loader runs now (`procs.run.Debug`), for tests and tools (not a stable API);
+        None before the first `next()` and after `close()`. Children left unstarted while the
+        forkserver boots (procs/headstart.py) are started first (waiting for it), unless `start`
+        is False (their `pid` is None until then)."""
+        return self._runs.debug(self._mark, start)
 
     def close(self, wait: bool = True):
         """Stop every process and unlink the shared memory; safe to call twice. The ring is
@@ -266,7 +242,7 @@ class ShmLoader:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._runs.close(self._closed_text(), wait)
+        self._runs.close(lifecycle.closed_text(self._forked_from), wait)
 
     def __enter__(self):
         return self
@@ -279,35 +255,16 @@ class ShmLoader:
     def _next(self):
         """`next()` under the lock."""
         if self._closed:
-            raise errors.LoaderClosed(self._closed_text())
-        if self._ahead is None and self._failed is None and self._verify is None:
-            ann = self._runs.take(self._mark, self.config.timeout)
-        else:
-            ann = self._take()
+            raise errors.LoaderClosed(lifecycle.closed_text(self._forked_from))
+        try:
+            ann = self._ahead.take(self._mark)  # the run's next, or the one state_dict() looked ahead at
+        except resumemod.Mismatch:
+            self.close()
+            raise
         batch, self._mark = self._runs.deliver(ann, self._shape)
         self._state = None  # built when asked
         self._report.delivered(ann.waited, self._mark)
         return batch
-
-    def _take(self):
-        """The next batch's announcement, taken and not yet returned: the one `state_dict()`
-        looked ahead at, else the run's next. The first one of a resumed run is checked."""
-        got, self._ahead = self._ahead, None
-        if got is not None:
-            return got
-        if self._failed is not None:  # what state_dict() met looking ahead for this batch
-            failed, self._failed = self._failed, None
-            raise failed
-        ann = self._runs.take(self._mark, self.config.timeout)
-        if self._verify is not None:
-            expected, self._verify = self._verify, None
-            try:
-                resumemod.check_first(ann.check, expected, self._mark, self._catalogue.paths[self._mark.position.file],
-                                      self.config.on_bad_row_group == "skip")
-            except ValueError:
-                self.close()
-                raise
-        return ann
 
     def _begin(self, resume: statemod.Resume):
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
@@ -320,42 +277,19 @@ class ShmLoader:
         self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0, resume.read)
         self._runs.begin(args, resume.batch, self._mark.docs)
         self._state = self._writer.state(self._mark, resume.check)
-        self._verify, self._ahead, self._failed = resume.check, None, None
+        self._ahead.begin(resume.check)
 
     def _identity(self) -> statemod.Loader:
         """What a state is checked against, now."""
-        c, cat = self.config, self._catalogue
-        fingerprint = c.fingerprint(self.tokenizer.fingerprint, self._kind.shuffled(c)) | cat.fingerprint()
-        return statemod.Loader(fingerprint, cat.files, self.rank, self.world_size,
-                               c.B, c.T, c.spec.buffered, c.other_rank, footers=cat.footers, val=cat.val,
-                               first=self._first)
+        return self._kind.identity(self.config, self.tokenizer, self.rank, self.world_size, self._first)
 
-    def _args(self) -> RunArgs:
-        """What every run of this loader is given (a run's start is added by `Runs`)."""
-        fs, columns = self._catalogue.filesystem, self._catalogue.columns
-        return RunArgs(files=self._catalogue.paths, rank=self.rank, world=self.world_size, layout=None,
-                       filesystem=source.FilesystemRef(fs) if fs else None, tokenizer=self.tokenizer,
-                       later=self._catalogue.later,
-                       columns=None if set(columns) <= {"text"} else tuple(columns),
-                       counts=None if self._first is None else self._first.counts,
-                       **self._kind.run_fields(self.config))
+    def _args(self):
+        """What every run of this loader is given (`RunArgs`; a run's start is added by `Runs`)."""
+        return self._kind.args(self.config, self.tokenizer, self.rank, self.world_size, self._first)
 
     def _locked(self, what: str):
         """The lock (`what` names the call), waited for at most `timeout` s: `LoaderTimeout`."""
         return lifecycle.Within(self._lock, self.config.timeout, what)
-
-    def _wait_for(self, lock, what: str):
-        """Another thread holds the lock: wait for it at most `timeout` s."""
-        if not lock.acquire(timeout=self.config.timeout):
-            raise errors.LoaderTimeout(f"{what} waited {self.config.timeout:.0f} s for another thread's "
-                                       f"next() on this loader to return")
-
-    def _closed_text(self) -> str:
-        if self._forked_from is not None:
-            return (f"this ShmLoader belongs to process {self._forked_from}, and this process was forked "
-                    f"from it: a forked child never uses its parent's loader (its processes and ring "
-                    f"are the parent's); make a new loader in the child, after the fork")
-        return "this ShmLoader was closed; make a new one"
 
     def _forked(self):
         """This process was forked from the loader's: let go of the parent's processes and ring

@@ -10,6 +10,7 @@ interval"); both end with the loader they are of ("; loader <pid>-<n> (<split>[,
 w])"), so that a training and a validation loader logging to one logger are told apart.
 """
 import logging
+import os
 import time
 
 from . import observe
@@ -22,7 +23,7 @@ class Report:
         """`runs`: the loader's `procs.run.Runs`; `kind`: what it reads (kinds.py)."""
         self.config, self._runs, self._kind = config, runs, kind
         self.batches, self.wait_s, self.last_wait = 0, 0.0, 0.0
-        self.name = "-"  # who the lines are of: set once the loader is registered
+        self.name = "-"  # who the lines are of: `named` once the loader is registered
         start = observe.Reading(time.monotonic(), 0.0, 0)
         self._seen, self._logged, self._made = observe.Interval(start), observe.Interval(start), start.at
         self._sources_seen = None  # a mixture's sources at the caller's last stats() ("share_recent")
@@ -37,6 +38,12 @@ class Report:
             self._log_start(mark)
         elif every and self.batches % every == 0:
             self._log(mark)
+
+    def named(self, number: int, split: str, rank: int, world: int):
+        """Who the log lines are of: the process and the loader's `number` in it, its split and rank
+        (a training and a validation loader may log to one logger)."""
+        ranks = f", rank {rank} of {world}" if world > 1 else ""
+        self.name = f"{os.getpid()}-{number} ({split}{ranks})"
 
     def stats(self, mark) -> dict:
         """`stats()`: over the interval since the caller's previous call."""

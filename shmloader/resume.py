@@ -24,7 +24,7 @@ batches, the rate, the time left: progress.py) is labelled with whose stream it 
 level from one rank, the lowest that replays (`_shows`), at INFO from the others.
 
 `check_first` is the other half of the resume check: a resumed loader's first batch must have
-the check the state carries.
+the check the state carries (`Ahead` takes it, and the batch a state looks ahead at).
 """
 import dataclasses
 import json
@@ -79,9 +79,54 @@ def plan_mixture(state, identity: statemod.Loader, part, sources, config, args, 
     return resume
 
 
+class Mismatch(ValueError):
+    """A resumed run's first batch is not the one its state was saved before (`check_first`)."""
+
+
+class Ahead:
+    """The next batch's announcement, taken before `next()` returns it: by `state_dict()`, whose
+    state carries that batch's check (`peek`); and a resumed run's first one, checked against
+    its state's (`check_first`). Holds the runs, never the loader."""
+
+    def __init__(self, runs, config, catalogue):
+        self._runs, self._timeout, self._catalogue = runs, config.timeout, catalogue
+        self._skipping = config.on_bad_row_group == "skip"
+        self.begin(None)
+
+    def begin(self, verify: int | None):
+        """A run starts; `verify`: the check its first batch must have, if known."""
+        self._ahead, self._failed, self._verify = None, None, verify
+
+    def take(self, mark):
+        """The next batch's announcement: the one `peek` took, else the run's next (what `peek`
+        met is raised here); the first one of a resumed run checked (a `Mismatch`)."""
+        if (got := self._ahead) is not None:
+            self._ahead = None
+            return got
+        if self._failed is None and self._verify is None:  # every batch's path
+            return self._runs.take(mark, self._timeout)
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+        ann = self._runs.take(mark, self._timeout)
+        expected, self._verify = self._verify, None
+        check_first(ann.check, expected, mark, self._catalogue.paths[mark.position.file], self._skipping)
+        return ann
+
+    def peek(self, mark):
+        """The next batch's announcement, taken and kept for `take`; None where it cannot be had
+        (what it raised is `take`'s to raise)."""
+        try:
+            self._ahead = self.take(mark)
+        except Exception as exc:  # noqa: BLE001
+            self._failed = exc.with_traceback(None)
+            return None
+        return self._ahead
+
+
 def check_first(check: int, expected: int, mark, path: str, skipping: bool):
     """The first batch of a resumed run, at `mark` (in file `path`), has `check`; the state said
-    `expected`: a difference is a ValueError naming the batch and its position."""
+    `expected`: a difference is a `Mismatch` (a ValueError) naming the batch and its position."""
     if check == expected:
         return
     p = mark.position
@@ -89,7 +134,7 @@ def check_first(check: int, expected: int, mark, path: str, skipping: bool):
           + (f", token {p.skip}" if p.skip else "") + ")")
     also = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable now (or the "
             "other way round) changes it too" if skipping else "")
-    raise ValueError(
+    raise Mismatch(
         f"resume check: the batch this loader resumed at, {at}, is not the one the state was saved before "
         f"(its check is {check:08x}, the state's 'check' is {expected:08x}): the data at or after that position "
         f"differs from the run's although the files' names and sizes (and footers, where the state has them) "

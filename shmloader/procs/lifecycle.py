@@ -18,8 +18,9 @@ forked child, and served to one thread at a time.
   used: each one forgets its processes and ring without touching them (`loader._forked()`:
   they are the parent's) and refuses to be used (`LoaderClosed`); the forkserver and the
   precedence registry are the parent's too (start.py, precedence.py).
-- **Threads.** `Within` takes a loader's lock for one call, waiting at most `timeout`
-  seconds, then raises `LoaderTimeout` naming the call.
+- **Threads.** `Within` takes a loader's lock for one call (`wait_for` when another thread
+  holds it), waiting at most `timeout` seconds, then raises `LoaderTimeout` naming the call.
+- **Closed.** What a closed loader, or one of the parent in a forked child, says (`closed_text`).
 """
 import atexit
 import itertools
@@ -70,6 +71,23 @@ def _forget_all():
     precedence.forget()
 
 
+def wait_for(lock, timeout: float, what: str):
+    """Another thread holds a loader's `lock`: wait for it at most `timeout` s (then
+    `LoaderTimeout` naming the call, `what`)."""
+    if not lock.acquire(timeout=timeout):
+        raise LoaderTimeout(f"{what} waited {timeout:.0f} s for another thread's next() on this loader to return")
+
+
+def closed_text(forked_from: int | None) -> str:
+    """What a closed loader says when used (`forked_from`: the pid of the process it belongs to,
+    when this one was forked from it)."""
+    if forked_from is not None:
+        return (f"this ShmLoader belongs to process {forked_from}, and this process was forked "
+                f"from it: a forked child never uses its parent's loader (its processes and ring "
+                f"are the parent's); make a new loader in the child, after the fork")
+    return "this ShmLoader was closed; make a new one"
+
+
 class Within:
     """A lock taken for one call, waited for at most `timeout` s (then `LoaderTimeout` naming it)."""
 
@@ -77,9 +95,8 @@ class Within:
         self.lock, self.timeout, self.what = lock, timeout, what
 
     def __enter__(self):
-        if not self.lock.acquire(False) and not self.lock.acquire(timeout=self.timeout):
-            raise LoaderTimeout(f"{self.what} waited {self.timeout:.0f} s for another thread's "
-                                f"next() on this loader to return")
+        if not self.lock.acquire(False):
+            wait_for(self.lock, self.timeout, self.what)
 
     def __exit__(self, *exc):
         self.lock.release()

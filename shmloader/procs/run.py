@@ -61,6 +61,17 @@ class Mark(NamedTuple):
     #                               keys); None: none read yet, the position's
 
 
+@dataclasses.dataclass(frozen=True)
+class Debug:
+    """`ShmLoader.debug()`: the running children (multiprocessing `Process` objects), the ring's
+    /dev/shm name and views, and the delivery (delivery.py) in use."""
+    coordinator: object
+    workers: list
+    segment: str
+    ring: object
+    delivery: object
+
+
 @dataclasses.dataclass
 class Run:
     """One start of the children, with its delivery."""
@@ -197,6 +208,15 @@ class Runs:
             if run is not None and self.closed is None and (
                     run.children.unstarted is not None or run.children.starter is not None):
                 self._wait_started(run, mark, self.config.timeout)
+
+    def debug(self, mark: "Mark | None", start: bool) -> "Debug | None":
+        """What runs now (`ShmLoader.debug`), its children started first when `start`."""
+        if start:
+            self.start_now(mark)
+        if self.run is None:
+            return None
+        kids = self.run.children
+        return Debug(kids.coordinator, list(kids.workers), kids.segment.name, kids.ring, self.run.delivery)
 
     def _wait_started(self, run: Run, mark: "Mark | None", timeout: float):
         """Wait for the run's children, started by a thread once the forkserver has booted
