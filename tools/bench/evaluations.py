@@ -4,6 +4,7 @@ and a new val loader built at every evaluation, next to nanochat's own loader.
     python tools/bench/evaluations.py                                  # demo corpus, 2 workers
     python tools/bench/evaluations.py --corpus demo nanochat skewed --packings bos_bestfit --repeat 2
     python tools/bench/evaluations.py --compare ../before
+    python tools/bench/evaluations.py --head-start both    # what the head start earns: with and without
 
 In one fresh process per row (torch imported first), as base_train does: a train loader of
 the row's kind is built and its first batch taken (step 0: the process's first loader, timed
@@ -18,7 +19,9 @@ Rows: nanochat's own loader (the nanochat-style in-process loaders, its train lo
 then shmloader through the drop-ins (the tokenizer an object, as nanochat passes it) with each
 `--workers` count (and each checkout with `--compare`), per packing (best fit: buffer 1000,
 128 documents a chunk, as nanochat's). Every evaluation's time (the median over rounds of the
-k-th loader's) is put next to nanochat's own loader's at the same evaluation.
+k-th loader's) is put next to nanochat's own loader's at the same evaluation. `--head-start`:
+shmloader's rows with its head start ("on", the default), without ("off", `head_start=False`), or
+both, in turn.
 """
 from __future__ import annotations
 
@@ -55,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the val loaders' idle_release_s (s; default the loader's, 30 for val): with --gap-ms longer, "
                         "the memory between evaluations is read after the idle val loader let its processes go")
     p.add_argument("--repeat", type=int, default=1, help="rounds, every row once per round (rounds; default 1)")
+    p.add_argument("--head-start", choices=("on", "off", "both"), default="on",
+                   help="shmloader's rows with its head start, without it (head_start=False), or both (default on)")
     corpora.add_args(p)
     children.add_compare_arg(p)
     results.add_json_arg(p, "evaluations")
@@ -116,7 +121,7 @@ def evaluations_child(cfg: dict) -> dict:
     else:
         from shmloader import nanochat
 
-        opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"])
+        opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"], head_start=cfg.get("head_start", True))
         fit = dict(buffer_size=1000, tokenizer_batch_size=128)
 
         def loader(split):
@@ -129,7 +134,8 @@ def evaluations_child(cfg: dict) -> dict:
                     if bestfit else nanochat.tokenizing_distributed_data_loader(B, T, split, tokenizer=enc, **kw))
     out = evaluations(lambda: loader("train"), lambda: loader("val"), cfg["loaders"], cfg["take"],
                       cfg["gap_ms"] / 1e3, cfg["step_ms"] / 1e3)
-    return dict(out, kind=cfg["kind"], packing=cfg["packing"], workers=cfg.get("workers"))
+    return dict(out, kind=cfg["kind"], packing=cfg["packing"], workers=cfg.get("workers"),
+                head_start=cfg.get("head_start", True))
 
 
 def one_round(args, corpus, checkouts, step: str) -> list[dict]:
@@ -139,8 +145,10 @@ def one_round(args, corpus, checkouts, step: str) -> list[dict]:
     rows = []
     for packing in args.packings:
         configs = [(dict(kind="baseline"), checkouts[-1], "nanochat's own loader")]
-        configs += [(dict(kind="shmloader", workers=w), ck, f"shmloader, {plural(w, 'worker')}"
-                     + (f" ({ck.label})" if ck.label else "")) for w in args.workers for ck in checkouts]
+        heads = {"on": (True,), "off": (False,), "both": (True, False)}[args.head_start]
+        configs += [(dict(kind="shmloader", workers=w, head_start=h), ck, f"shmloader, {plural(w, 'worker')}"
+                     + ("" if h else ", head_start=False") + (f" ({ck.label})" if ck.label else ""))
+                    for w in args.workers for h in heads for ck in checkouts]
         for extra, ck, what in configs:
             print(f"{step}evaluations, {what}, {packing} ({corpus.name or corpus.data}) ...", file=sys.stderr)
             row = children.run("evaluations:evaluations_child", dict(cfg, packing=packing, **extra), ck)
@@ -201,7 +209,8 @@ def report(run: dict) -> str:
     for e in run["corpora"]:
         for r in e["rows"]:
             who = "nanochat's own loader" if r["kind"] == "baseline" else \
-                f"shmloader, {plural(r['workers'], 'worker')}" + (f" ({r['label']})" if r.get("label") else "")
+                f"shmloader, {plural(r['workers'], 'worker')}" + ("" if r.get("head_start", True) else ", head_start=False") \
+                + (f" ({r['label']})" if r.get("label") else "")
             rows.append((e["corpus"] or "data", who, r["packing"], f"{r['train_first_ms']:.0f}",
                          " ".join(f"{t:.0f}" for t in r["per_evaluation_ms"]),
                          "-" if r["kind"] == "baseline" else
