@@ -18,7 +18,7 @@ catalogue and settings) to a `state.Resume` whose position the next run starts a
    replays from its plan's start. So every rank resumes exactly from rank 0's state.
 
 A count-only run is started and stopped like a loader's run (procs/children.py
-`locate_position`) and raises if no word comes for `timeout`. Its progress (done of total
+`locate_position`, procs/locate.py) and raises if no word comes for `timeout`. Its progress (done of total
 batches, the rate, the time left: progress.py) is labelled with whose stream it replays ("rank
 2 of 3 (new): replaying old rank 1 of 2's stream to batch 40") and shows at the default log
 level from one rank, the lowest that replays (`_shows`), at INFO from the others.
@@ -37,7 +37,7 @@ from .data import elastic, mixelastic
 from .data import shuffle as shufflemod
 from .errors import DataError
 from .position import Position
-from .procs.children import locate_position
+from .procs.locate import locate_position
 from .ipc.ring import RingLayout
 
 log = logging.getLogger("shmloader")

@@ -10,7 +10,7 @@ unlinks the ring's name, closes the alive pipe (every child exits on its EOF), u
 ring, and joins with a 2 s deadline and kills what is left, there or (`wait=False`, a dropped
 loader) in the reaper's thread (reaper.py). Each of the trainer's pipe ends and doorbells is
 closed there once, by its `close()`, never by the collector (procs/lifecycle.py "Drop").
-`locate_position` runs a count-only run to its answer.
+A count-only run to its answer is locate.py's.
 """
 import functools
 import logging
@@ -27,7 +27,7 @@ from .. import errors
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import Announcement, Doorbell, TrainerEnd
-from ..ipc.protocol import Ended, Error, Listener, Located, Opened, Progress, Released, Replace, Warn
+from ..ipc.protocol import Ended, Error, Listener, Opened, Released, Replace, Warn
 from ..ipc.ring import WorkerCol
 from ..ipc.signals import pid_alive
 from . import precedence
@@ -489,7 +489,7 @@ def _raise_reported(msg: Error):
 
 def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
-    position, `cargs.locate` is set: see `locate_position`); `first()`, if given, runs once the
+    position, `cargs.locate` is set: see locate.py); `first()`, if given, runs once the
     other loaders give way and before the children start (the head start's first batch). When
     it made one and the process's forkserver is still booting, the children are made and
     started by a thread once it has booted (`start_later`; `kids.unstarted` until then): the
@@ -511,59 +511,3 @@ def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Chi
         kids.shutdown()
         raise
     return kids
-
-
-def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None, progress=None) -> Located:
-    """Run a count-only coordinator and workers until the coordinator reports (`Located`) the
-    position at `cargs.locate` and, best fit, the buffer there, with the pieces tokenized and
-    read from the token cache to count them. Its progress (the coordinator's `Progress`, once a
-    second) goes to `progress(now, done, total, extra)` (progress.py `Report.update`). It is watched as a loader's run
-    is: a child that dies, or stalls for `stall_s`, is a `ChildLost` given to `heal(lost)`
-    (procs/run.py: it raises when the budget or the poison rule says no, else a worker is
-    replaced and the count goes on where it stood; a lost coordinator counts again from the
-    start); with no `heal`, or no word of progress (documents counted) for `config.timeout`
-    s, it raises as `next()` does."""
-    kids = start_children(config, layout, cargs)
-    try:
-        while True:
-            try:
-                return _count(kids, config, progress)
-            except ChildLost as lost:
-                if heal is None:
-                    raise errors.WorkerError(str(lost)) from None
-                spans = heal(lost, kids.files)
-                if lost.worker is not None:
-                    kids.replace_worker(lost.worker, *spans)
-                    continue
-                cargs = replace(cargs, poisoned=spans[0], suspects=spans[1])
-            kids.shutdown()
-            kids = start_children(config, layout, cargs)
-    finally:
-        kids.shutdown()
-
-
-def _count(kids: Children, config, progress) -> Located:
-    """Wait for a count-only run's answer; raise `ChildLost` for a death or a stall."""
-    deadline, replayed = time.monotonic() + config.timeout, -1
-    look_s = min(1.0, kids.stall_s or 1.0)
-    watch = Watch(kids.ring, time.monotonic(), look_s)
-    while True:
-        ready = wait([kids.conn, *kids.sentinels], timeout=min(look_s, max(deadline - time.monotonic(), 0)))
-        if kids.conn in ready:
-            msg = kids.read((Located, Progress))
-            if isinstance(msg, Located):
-                return msg
-            if msg is None:  # a message, not progress
-                continue
-            if msg.done > replayed:
-                replayed, deadline = msg.done, time.monotonic() + config.timeout
-            if progress is not None:
-                progress(time.monotonic(), msg.done, msg.total, f"{msg.docs:,} documents counted")
-            continue
-        if ready:
-            kids.check_alive()
-        if kids.stall_s and (stall := watch.stalled(time.monotonic(), kids.stall_s)) is not None:
-            kids.kill_stalled(stall)
-        if time.monotonic() >= deadline:
-            raise errors.LoaderTimeout(f"finding this rank's position: no batch replayed for {config.timeout:.0f} "
-                                       f"s; {kids.describe_all()}")
