@@ -2,6 +2,7 @@
 
 Every argument error is a ValueError naming the argument, what it was and what is allowed.
 Options whose default depends on others are resolved here, in place, under their own names:
+`num_workers` (this rank's share of the cores, at most 4: cores.py `default_workers`),
 `max_piece_docs` (1024; uncapped with `cache_dir`), `max_piece_bytes` (8 MiB for concat,
 1 MiB for best fit; none with `cache_dir`), `idle_release_s` (30 s for the val split, 0:
 never, for train), `stall_s` (60 s; 0, off, with `max_restarts=0`). An option that cannot act
@@ -15,11 +16,13 @@ not in the fingerprint: it adds to each batch and changes nothing of the stream;
 `shuffle_window`) is in it as `"shuffle": "seed S window K"` when on (`"seed S"` for a window of
 one unit, as states saved before the window say it), absent when off (so older states match);
 `order` is its `data.shuffle.Shuffle`, or None. Pure: no
-torch, no files, no processes.
+torch, no files, no processes (the default `num_workers` reads this process's affinity and
+`LOCAL_WORLD_SIZE`).
 """
 import os
 from dataclasses import dataclass
 
+from . import cores
 from .data.shuffle import WINDOW, Shuffle
 from .packing import PACKINGS
 START_METHODS = ("forkserver", "spawn")
@@ -42,7 +45,7 @@ class LoaderConfig:
     T: int
     split: str = "train"
     packing: str = "concat"
-    num_workers: int = 4
+    num_workers: int | None = None    # None: this rank's share of the cores, at most 4 (cores.default_workers)
     n_slots: int = 8
     tokenizer_batch_size: int = 128
     buffer_size: int = 1000
@@ -72,7 +75,7 @@ class LoaderConfig:
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
                      "max_piece_docs", "max_piece_bytes"):
             value = getattr(self, name)
-            if value is None and name in ("max_piece_docs", "max_piece_bytes"):
+            if value is None and name in ("num_workers", "max_piece_docs", "max_piece_bytes"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -143,6 +146,7 @@ class LoaderConfig:
             "max_piece_bytes": None if cached else PIECE_BYTES_BUFFERED if self.spec.buffered else PIECE_BYTES,
             "idle_release_s": IDLE_RELEASE_VAL_S if self.split == "val" else 0.0,
             "stall_s": STALL_S if self.max_restarts else 0.0,
+            "num_workers": cores.default_workers(),
         }
         for name, default in resolved.items():
             if getattr(self, name) is None:

@@ -39,7 +39,7 @@ class ShmLoader:
     `(inputs, targets, positions)`; see docs/contract.md §1-§3 and §6."""
 
     def __init__(self, data=None, tokenizer=None, B: int = 32, T: int = 2048, split: str = "train",
-                 packing: str = "concat", num_workers: int = 4, device="cuda", *,
+                 packing: str = "concat", num_workers: int | None = None, device="cuda", *,
                  rank: int | None = None, world_size: int | None = None, resume_state: dict | None = None,
                  filesystem=None, bos: int | None = None, n_slots: int = 8, tokenizer_batch_size: int = 128,
                  buffer_size: int = 1000, max_piece_docs: int | None = None, max_piece_bytes: int | None = None,
@@ -57,8 +57,9 @@ class ShmLoader:
         split: "train" (every file but the last), "val" (the last) or "all" (every file: a directory
             that is one split).
         packing: "concat" (nanochat's original loader) or "bos_bestfit" (every row starts at BOS).
-        num_workers: tokenizing processes for this rank; more than the cores this process may run
-            on is warned of (`cores.CoresWarning`: they read no more, and cost a slower start).
+        num_workers: tokenizing processes for this rank (None: its share of the cores this process
+            may run on, at most 4; `LOCAL_WORLD_SIZE` ranks share a machine); more than that share
+            is warned of (`cores.CoresWarning`: they read no more, and cost a slower start).
         rank, world_size: this rank of how many (default: $RANK, $WORLD_SIZE, else 0 of 1).
         resume_state: a state to continue from (`state_dict()`, nanochat's yielded state, or
             nanochat's own loader's), as `load_state_dict`.
@@ -108,8 +109,7 @@ class ShmLoader:
         if cache_dir is not None:
             given["cache_dir"] = os.fspath(cache_dir)
         self.config = LoaderConfig(**{f.name: given[f.name] for f in dataclasses.fields(LoaderConfig)})
-        if (crowded := cores.oversubscribed(self.config.num_workers, cores.usable())) is not None:
-            errors.warn(crowded, cores.CoresWarning)
+        cores.crowded(self.config.num_workers)  # more than this rank's share of the cores: said once
         prestart(self.config.start_method)  # the forkserver boots while the rest is built
         self.rank, self.world_size = place(rank, world_size)
         if data is None:  # nanochat's directory; rank 0 of the train split tells of a fallback

@@ -15,7 +15,7 @@ documents' column; `data=shmloader.Source(...)` or a `Mixture` of them).
 """
 from collections.abc import Generator
 
-from .cores import usable
+from .cores import share
 from .loader import ShmLoader
 
 
@@ -44,13 +44,13 @@ class Batches(Generator):
 
 
 def _workers(tokenizer_threads: int, num_workers) -> int:
-    """nanochat's `tokenizer_threads` as worker processes, at most the cores this process may run
-    on (a worker is a process per core: more of them only contend, and each one more is a
+    """nanochat's `tokenizer_threads` as worker processes, at most this rank's share of the cores
+    (`cores.share`: a worker is a process per core: more of them only contend, and each one more is a
     process to start at every evaluation); `num_workers` given: that. A count that is not one
     goes to the loader as it is, which names it."""
     if num_workers is not None:
         return num_workers
-    cores = usable()
+    cores = share()
     valid = isinstance(tokenizer_threads, int) and not isinstance(tokenizer_threads, bool) and tokenizer_threads >= 1
     return min(tokenizer_threads, cores) if valid else tokenizer_threads  # else LoaderConfig names it
 

@@ -343,14 +343,19 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
 def _rent(ctx: _Ctx, encode, seconds: float, task: Task):
     """A run of documents took `seconds` with the definition: the fast engine's build starts
     once these add up to its price (`engine.Engines.worked`), at the first run that is not
-    on the way to the run's first batch, as far as the worker can tell: after a write order
-    came (the first batch is planned), after its first piece, or in a count-only run; and
-    not while another loader of the process is starting. Paid run by run, not piece by
+    on the way to the run's first batch, as far as the worker can tell: once the run has a
+    batch (the ring's counters: announced by the coordinator, or made by the trainer's head
+    start), after a write order came (the first batch is planned), after its first piece, or
+    in a count-only run; and not while another loader of the process is starting. With more
+    workers than a first batch needs, most of them are on their first piece when it comes (on
+    nanochat's geometry a whole row group, 0.3 s of tiktoken): they build then, not after it. Paid run by run, not piece by
     piece: a piece of 1024 documents is 0.3 s of tiktoken (4x fastokens' time) where the
     build costs 0.05-0.4 s, and each of 8 workers tokenized its first two pieces with the
     definition before its build began, the first seconds of a run at a quarter of its
     speed (docs/benchmarks.md, "More workers than cores")."""
-    after_first = ctx.ordered or ctx.counted or not task.keep
+    counters = ctx.ring.counters
+    after_first = (ctx.ordered or ctx.counted or not task.keep
+                   or counters[ringmod.Counter.ANNOUNCED] > 0 or counters[ringmod.Counter.HEAD] > 0)
     encode.worked(seconds, may_start=after_first and not pause_left_us(ctx.ring.counters))
 
 

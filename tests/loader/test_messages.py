@@ -1,6 +1,7 @@
 """Errors and warnings say what is wrong, in the caller's process, at the caller's line
 (docs/contract.md §3, §4): a bad RANK, a nanochat state of other files, warnings raised through
 the drop-in functions."""
+import os
 import warnings
 from pathlib import Path
 
@@ -57,3 +58,22 @@ def test_more_workers_than_cores_is_warned_at_construction(synth, monkeypatch):
     assert len(said) == 1, [str(w.message) for w in caught]
     assert "num_workers=3" in str(said[0].message) and "2 cores" in str(said[0].message)
     assert not said[0].filename.startswith(str(Path(shmloader.__file__).parent))  # the caller's line
+
+
+def test_the_default_workers_are_the_machines_share_and_say_nothing(synth, monkeypatch):
+    """No num_workers: as many workers as this rank's share of the cores, at most 4, and no
+    CoresWarning; with 8 ranks on the machine, the share is an eighth."""
+    from shmloader import cores
+
+    monkeypatch.setattr(cores, "usable", lambda: 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cores.CoresWarning)
+        with synth.loader(2, 16, "train", num_workers=None) as loader:
+            assert loader.num_workers == 2
+            next(loader)
+            assert len(loader.stats()["workers"]) == 2
+    monkeypatch.setattr(cores, "usable", lambda: 16)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    with synth.loader(2, 16, "train", num_workers=None) as loader:
+        assert loader.num_workers == 2

@@ -314,8 +314,9 @@ def test_the_start_check_compares_what_fits_in_its_characters(synth_tokenizer):
 
 def test_worker_pays_the_rent_per_run_and_may_build_once_past_its_first_piece(monkeypatch):
     """procs/worker.py `_rent`: each run of documents is rent, from the first; the build may
-    start once the worker has counted a piece or had a write order (or counts only), never
-    while another loader of the process starts (docs/benchmarks.md, "More workers than cores")."""
+    start once the run has a batch (announced, or made by the head start), the worker has
+    counted a piece or had a write order (or counts only), never while another loader of the
+    process starts (docs/benchmarks.md, "More workers than cores")."""
     from types import SimpleNamespace
 
     from shmloader.ipc.ring import Counter
@@ -332,9 +333,16 @@ def test_worker_pays_the_rent_per_run_and_may_build_once_past_its_first_piece(mo
     worker._rent(ctx, rent, 0.02, keep)        # past its first piece
     ctx.counted, ctx.ordered = 0, True
     worker._rent(ctx, rent, 0.03, keep)        # a write order came: the first batch is planned
+    ctx.ordered = False
+    for counter in (Counter.ANNOUNCED, Counter.HEAD):  # on its first piece, the run's first batch made
+        counters[counter] = 1
+        worker._rent(ctx, rent, 0.05, keep)
+        counters[counter] = 0
+    ctx.ordered = True
     monkeypatch.setattr(worker, "pause_left_us", lambda counters: 1000)  # another loader starts
     worker._rent(ctx, rent, 0.04, keep)
-    assert calls == [(0.01, False), (0.01, True), (0.02, True), (0.03, True), (0.04, False)]
+    assert calls == [(0.01, False), (0.01, True), (0.02, True), (0.03, True), (0.05, True), (0.05, True),
+                     (0.04, False)]
 
 
 def test_worker_runs_say_when_they_begin_and_end():
