@@ -99,9 +99,10 @@ class ShmLoader:
             reads its own): strings are text to tokenize, lists of integers are token ids, used
             as they are after the BOS (ids at or above the tokenizer's vocabulary: DataError).
         shuffle, seed, shuffle_window: every epoch's units (row groups) over the whole split in an
-            order drawn from `seed` and the epoch, and the documents of each `shuffle_window`
-            consecutive units of it (None: 8) together in one (data/shuffle.py; README "The
-            order"); False: the files' order, nanochat's. A state keeps all three."""
+            order drawn from `seed` and the epoch, and the documents of each run of consecutive
+            units holding `shuffle_window` documents (None: 256; 1: each unit alone) in one order
+            (data/shuffle.py; README "The order"); False: the files' order, nanochat's. A state
+            keeps all three."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
         given = locals()
         if isinstance(data, source.Source) and data.shuffle is not None:  # one source saying its own order
