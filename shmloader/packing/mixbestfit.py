@@ -43,7 +43,7 @@ from .bestfit import BestFitMode, BestFitSequencer, Chunks
 from .mix import MixPoint, MixStream
 from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
-from .mixmode import point_text
+from .mixtext import point_text
 from .runs import decode, narrow
 
 
