@@ -109,15 +109,25 @@ class MixConcatMode(ConcatMode):
         if not placed:
             return
         segments = np.concatenate([seg for seg, _ in placed]) if len(placed) > 1 else placed[0][0]
-        owner, slot_of = self.owner, {}
-        workers = np.array([owner[i] for i in segments[:, 0].tolist()], dtype=np.int64)
-        segments[:, 2] = [slot_of[k] if k in slot_of else slot_of.setdefault(k, take_slot(k))
-                          for k in segments[:, 1].tolist()]  # in stream order: a batch's first takes its slot
+        owner = self.owner
+        if len(segments):
+            # by whole arrays (a turn places some hundred segments of a few pieces and batches): each
+            # piece's worker looked up once, and each batch's slot, taken in stream order (a
+            # batch's first segment takes it), repeated over its segments
+            pieces, batches = segments[:, 0], segments[:, 1]
+            keys = sorted(set(pieces.tolist()))
+            workers = np.array([owner[i] for i in keys], dtype=np.int64)[np.searchsorted(keys, pieces)]
+            opens = np.flatnonzero(np.concatenate(([True], batches[1:] != batches[:-1])))
+            slots = [take_slot(k) for k in batches[opens].tolist()]
+            segments[:, 2] = np.repeat(slots, np.diff(np.append(opens, len(batches))))
+            sending = set(np.flatnonzero(np.bincount(workers)).tolist())
+        else:
+            workers, sending = np.zeros(0, dtype=np.int64), set()
         finished = {}
         for _, indices in placed:
             for index in indices:
                 finished.setdefault(owner[index], []).append(index)
-        for w in sorted(set(workers.tolist()) | set(finished)):
+        for w in sorted(sending | set(finished)):
             done = finished.get(w, [])
             for index in done:
                 self._written_out(w, index)
