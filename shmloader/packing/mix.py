@@ -273,21 +273,23 @@ class MixStream:
         if not picks:
             return
         starts = list(itertools.accumulate((len(r.live) for r in rows[:-1]), initial=0))
-        at = [s + q for s, q in zip(starts, firsts)]   # each source's next document, in the documents of all
-        doc_at = [0] * len(picks)
-        for j, i in enumerate(picks):
-            doc_at[j] = at[i]
-            at[i] += 1
-        doc_at = np.array(doc_at, dtype=np.intp)
+        # each pick's document in the documents of all: its source's next one there, plus the
+        # source's picks before it (by whole arrays: a block holds some hundred picks)
+        picked = np.array(picks, dtype=np.intp)
+        n = np.bincount(picked, minlength=len(rows))
+        order = np.argsort(picked, kind="stable")          # the picks by source, each in turn
+        doc_at = np.empty(len(picked), dtype=np.intp)
+        doc_at[order] = np.arange(len(picked)) - np.repeat(np.cumsum(n) - n, n)
+        doc_at += np.array([s + q for s, q in zip(starts, firsts)], dtype=np.intp)[picked]
         doc_lengths = np.concatenate([r.doc_lengths for r in rows])[doc_at]
         m = self._in_stage(doc_lengths)
         if m == 0:
             return
         if m < len(picks):
-            picks, doc_at, doc_lengths = picks[:m], doc_at[:m], doc_lengths[:m]
-            at = [s + q + picks.count(i) for i, (s, q) in enumerate(zip(starts, firsts))]
-        counts = tuple(a - s - q for a, s, q in zip(at, starts, firsts))
-        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, np.array(picks, dtype=np.intp),
+            picks, picked, doc_at, doc_lengths = picks[:m], picked[:m], doc_at[:m], doc_lengths[:m]
+            n = np.bincount(picked, minlength=len(rows))
+        counts = tuple(n.tolist())
+        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picked,
                       counts, np.concatenate([r.live for r in rows])[doc_at], doc_lengths)
         self._emit(names, heads, block)
         for name, r, q, k, head in zip(names, rows, firsts, counts, heads):

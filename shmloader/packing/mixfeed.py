@@ -21,7 +21,6 @@ best fit) hand pieces out through one `MixFeed`.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Callable, NamedTuple
 
@@ -152,7 +151,7 @@ class MixFeed:
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
             name = pick.source
             self.moves += 1
-            piece = dataclasses.replace(self._peeked.pop(name), index=self._index)  # numbered as they go out
+            piece = self._peeked.pop(name).but(index=self._index)  # numbered as they go out
             self.owned[self._index] = Owned(name, self._seqs[name])
             self._seqs[name] += 1
             self._ahead[name] += piece.text_bytes + 1

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .concat import ConcatSequencer, Where
-from .mixruns import point_at, point_of
+from .mixruns import offsets, point_at, point_of
 
 
 class End(NamedTuple):
@@ -47,7 +47,7 @@ class _Span:
             self.ends = self.doc_ends[np.append(opened[1:], len(picks)) - 1]
             self.starts = np.concatenate(([start], self.ends[:-1]))   # a block's runs hold a token or more
             which = picks[opened]
-            at = np.cumsum([0] + [len(r.before) for r in rows])[:-1][which]
+            at = offsets(len(r.before) for r in rows)[which]
             self.src = np.concatenate([r.before for r in rows])[at + block.doc_rows[opened]]
             self.last = np.zeros(len(opened), dtype=bool)
             for _, piece in stretch.used_up():  # its last run holds its source's last pick
@@ -130,7 +130,13 @@ class MixSequencer(ConcatSequencer):
         at, n = cuts[:-1], cuts[1:] - cuts[:-1]
         run = s.ends.searchsorted(at, side="right")            # the run holding each segment's first token
         k = at // w
-        out = np.column_stack((s.pieces[run], k, np.zeros_like(k), at - k * w, s.src[run] + at - s.starts[run], n))
+        out = np.empty((len(at), 6), dtype=np.int64)  # (filled a column at a time: column_stack and
+        out[:, 0] = s.pieces[run]                      # zeros_like cost more than the rest on tiny arrays)
+        out[:, 1] = k
+        out[:, 2] = 0
+        out[:, 3] = at - k * w
+        out[:, 4] = s.src[run] + at - s.starts[run]
+        out[:, 5] = n
         while self._opened <= k[-1]:  # segments go out in stream order: each batch's first one
             self.book.expect(self._opened, w)
             self._opened += 1
