@@ -97,6 +97,7 @@ class MixStream:
         self._unreadable = {}            # source -> (seq, error) of the first of its pieces that cannot be read
         self._room = None                # documents `runs` may still take (None: no limit)
         self.version = 0                 # grows whenever what the mix waits for or takes may change
+        self._waiting = (-1, [])         # `waiting_for`'s answer at a version
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of `source`'s order was counted: `lengths[i]` tokens for its row i."""
@@ -118,10 +119,17 @@ class MixStream:
             self._unreadable[source] = (seq, error)
 
     def waiting_for(self) -> list:
-        """The sources taking part whose next document is not counted yet: the mix waits for them."""
+        """The sources taking part whose next document is not counted yet: the mix waits for them.
+        Kept until the version changes (a coordinator asks at every piece it hands out, a feed at
+        every count): whatever changes the answer changes the version, and so does asking, where
+        it passes pieces used up."""
+        if self._waiting[0] == self.version:
+            return list(self._waiting[1])
         if self.finished is not None or self.stopped is not None:
             return []
-        return [name for name in self._taking_part() if self._head(name) is None and not self._ended(name)]
+        out = [name for name in self._taking_part() if self._head(name) is None and not self._ended(name)]
+        self._waiting = (self.version, out)
+        return list(out)
 
     def finish(self, why: str):
         """The mix ends here (`why`): no document is taken after the ones taken so far."""

@@ -116,11 +116,16 @@ class MixConcatMode(ConcatMode):
             # batch's first segment takes it), repeated over its segments
             pieces, batches = segments[:, 0], segments[:, 1]
             keys = sorted(set(pieces.tolist()))
-            workers = np.array([owner[i] for i in keys], dtype=np.int64)[np.searchsorted(keys, pieces)]
-            opens = np.flatnonzero(np.concatenate(([True], batches[1:] != batches[:-1])))
-            slots = [take_slot(k) for k in batches[opens].tolist()]
-            segments[:, 2] = np.repeat(slots, np.diff(np.append(opens, len(batches))))
-            sending = set(np.flatnonzero(np.bincount(workers)).tolist())
+            owners = [owner[i] for i in keys]
+            workers = np.array(owners, dtype=np.int64)[np.searchsorted(keys, pieces)]
+            first, last = int(batches[0]), int(batches[-1])
+            if first == last:  # the usual turn: one batch's segments
+                segments[:, 2] = take_slot(first)
+            else:
+                opens = np.flatnonzero(np.concatenate(([True], batches[1:] != batches[:-1])))
+                slots = [take_slot(k) for k in batches[opens].tolist()]
+                segments[:, 2] = np.repeat(slots, np.diff(np.append(opens, len(batches))))
+            sending = set(owners)
         else:
             workers, sending = np.zeros(0, dtype=np.int64), set()
         finished = {}
