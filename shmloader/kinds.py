@@ -17,9 +17,10 @@ used to branch on:
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
   process keeps open (`keep_open`);
-- `slot_text(config)`, `text_runs(args, config)`, `restarted(args, mark)`: for the runs
-  (procs/run.py `Runs`): whether a batch's slot carries text for its state (best fit's buffer,
-  a mixture's point), the room that text needs beyond the packing's (in 80-byte runs), and a
+- `slot_buffer(config)`, `text_runs(args, config)`, `restarted(args, mark)`: for the runs
+  (procs/run.py `Runs`): how a batch's slot's text for its state is copied out (best fit's
+  buffer, a mixture's point, packed by concat: `mixstate.slot_point`), or None where it carries
+  none, the room that text needs beyond the packing's (in 80-byte runs), and a
   run's arguments to start again at `mark` (a heal, an idle release);
 - `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
   mixture's point);
@@ -47,7 +48,7 @@ from .data.sources import Sources, keep_open
 from .packing import MIX_MODES
 from .packing.count import CountMode
 from .packing.mixcount import MixCountMode
-from .packing.runs import decode_runs, encode_buffer
+from .packing.runs import BufferText, decode_runs, encode_buffer
 from .procs.run import mix_text_bytes
 
 
@@ -103,8 +104,8 @@ class OneSource(_Kind):
     def run_fields(self, config) -> dict:
         return {"modes": (config.spec.mode, CountMode), "keep_open": KEEP_OPEN}
 
-    def slot_text(self, config) -> bool:
-        return config.spec.buffered
+    def slot_buffer(self, config):
+        return _buffer_text if config.spec.buffered else None
 
     def text_runs(self, args, config) -> int:
         return 0
@@ -150,8 +151,8 @@ class Mixed(_Kind):
         return {"modes": (MIX_MODES[config.packing], MixCountMode),
                 "keep_open": keep_open(len(self.catalogue.ranges))}
 
-    def slot_text(self, config) -> bool:
-        return True  # its place, as JSON
+    def slot_buffer(self, config):
+        return mixstate.slot_point  # its place (and best fit's buffer)
 
     def text_runs(self, args, config) -> int:
         return mix_text_bytes(args.mixture, config.max_runs) // 80 + 1
@@ -167,6 +168,11 @@ class Mixed(_Kind):
         source's epoch (`epoch`, the loader's, while none is known)."""
         sources = mixstate.source_stats(mark, seen)
         return {"sources": sources, "epoch": max((s["epoch"] for s in sources.values()), default=epoch)}
+
+
+def _buffer_text(ring, slot: int) -> BufferText:
+    """A buffered packing's buffer text in `slot`, copied out."""
+    return tuple.__new__(BufferText, ring.buffer_of(slot))  # no Python frame: hot path
 
 
 def of(data, split: str, filesystem=None, column: str = "text"):

@@ -43,6 +43,7 @@ from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
 from .packing.mixbestfit import buffer_runs
+from .packing.mixtext import PACKED, Packed
 from .packing.runs import BufferText
 from .position import Position
 from .state import POSITION_FIELDS
@@ -68,6 +69,13 @@ def point_text(point: dict | None) -> BufferText | None:
         return None
     text = json.dumps(point, separators=(",", ":"), sort_keys=True)
     return BufferText(text, zlib.crc32(text.encode()))
+
+
+def slot_point(ring, slot: int):
+    """The point (and best fit's buffer) in a batch's `slot`, copied out: a concat mixture's
+    packed point (`Packed`, its text made when a state asks), else its text."""
+    data, crc = ring.buffer_raw(slot)
+    return Packed(data) if crc == PACKED else BufferText(data.decode("ascii"), crc)
 
 
 class Mixed:

@@ -7,12 +7,13 @@
 A mixture's mode (packing/mixmode.py, packing/mixbestfit.py) is driven as the coordinator
 drives it: pieces handed out to 2 pretend workers, counted at once with lognormal document
 lengths (256 documents a piece, a median of about 400 tokens), their write orders acknowledged,
-every batch's slot text made (`buffer_of`) and its slot freed. Prints the mode's CPU time (this
-process's, so that other work on a shared machine counts less) per batch and per document (the
-coordinator's Python a mixture adds, which on 2 cores the workers lose); `--single` replays the
-packing's own mode over one source of the same documents (what a mixture adds is the difference);
-`--weights` other weights; `--profile` adds cProfile's top functions. Compare runs made side by
-side.
+every batch's slot buffer made (`buffer_of`: concat's packed point, best fit's text) and its
+slot freed. Prints the mode's CPU time (this process's, so that other work on a shared machine
+counts less) per batch and per document (the coordinator's Python a mixture adds, which on 2
+cores the workers lose); `--single` replays the packing's own mode over one source of the same
+documents (what a mixture adds is the difference); `--weights` other weights; `--profile` adds
+cProfile's top functions. Compare runs made side by side (on a shared machine, with
+`--batches 2000`: 200 batches move by half between runs).
 """
 from __future__ import annotations
 

@@ -54,6 +54,13 @@ class Piece:
     def n_docs(self) -> int:
         return self.doc_end - self.doc_start
 
+    def but(self, **changes) -> "Piece":
+        """`dataclasses.replace(self, **changes)` without its introspection (a sixth of the time:
+        a mixture's coordinator renumbers every piece it hands out)."""
+        out = object.__new__(Piece)
+        out.__dict__.update(self.__dict__, **changes)
+        return out
+
 
 def ramp_for(chunk_docs: int, max_docs: int, fill_docs: int = 0) -> tuple[tuple[int, ...], int]:
     """Ramp and cap rounded up to whole chunks, so that pieces never split a chunk.

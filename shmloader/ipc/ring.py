@@ -183,10 +183,11 @@ class Ring:
         lay = self.layout
         return list(self.header[:5]) == [MAGIC, LAYOUT_VERSION, lay.n_slots, lay.window, lay.n_workers]
 
-    def write_buffer(self, slot: int, text: str, crc: int):
+    def write_buffer(self, slot: int, text: str | bytes, crc: int):
         """The buffer after the batch in `slot`, as its state text and crc (`packing.runs.BufferText`;
-        written by the coordinator before it announces the batch)."""
-        data = text.encode("ascii")
+        written by the coordinator before it announces the batch), or bytes the crc field says
+        how to read (a mixture's packed point: packing/mixtext.py)."""
+        data = text if type(text) is bytes else text.encode("ascii")
         row, head = self.buffers[slot], self._buffer_heads[slot]
         if 16 + len(data) > len(row):
             raise ValueError(f"a buffer text of {len(data)} bytes does not fit a slot's {len(row) - 16}")
@@ -199,6 +200,11 @@ class Ring:
         head = self._buffer_heads[slot]
         n = int(head[0])
         return self.buffers[slot, 16:16 + n].tobytes().decode("ascii"), int(head[1])
+
+    def buffer_raw(self, slot: int) -> tuple[bytes, int]:
+        """`(bytes, crc field)` written for the batch in `slot`, copied out."""
+        head = self._buffer_heads[slot]
+        return self.buffers[slot, 16:16 + int(head[0])].tobytes(), int(head[1])
 
     def release_views(self):
         """Drop every numpy view so that the underlying buffer can be closed."""

@@ -52,12 +52,17 @@ class Copies(NamedTuple):
         return _copies, (self.segments.tobytes(), self.done)
 
     def counts(self) -> list:
-        """`(batch, tokens)` the order writes, a batch each."""
+        """`(batch, tokens)` the order writes, a batch each, in the batches' order."""
         seg = self.segments
         if not len(seg):
             return []
-        batches, at = np.unique(seg[:, 1], return_inverse=True)
-        return list(zip(batches.tolist(), np.bincount(at, weights=seg[:, 5]).astype(np.int64).tolist()))
+        k = seg[:, 1]
+        opens = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))  # in stream order: a batch's
+        batches = k[opens].tolist()                                       # segments follow each other
+        if any(b <= a for a, b in zip(batches, batches[1:])):  # not in stream order: by batch
+            batches, at = np.unique(k, return_inverse=True)
+            return list(zip(batches.tolist(), np.bincount(at, weights=seg[:, 5]).astype(np.int64).tolist()))
+        return list(zip(batches, np.add.reduceat(seg[:, 5], opens).tolist()))
 
 
 @dataclass
@@ -379,9 +384,14 @@ def _copies(segments: bytes, done: tuple) -> Copies:
 
 
 def _copy(slots: np.ndarray, held: dict, order: Copies, inputs: int, positions: np.ndarray | None) -> list:
+    """A mixture's order: some hundred segments a batch (a run a document when the sources
+    alternate), so each one's copy is a slice of its slot's row (taken once), not of `slots`."""
+    rows = {}
     for index, _, slot, off, src, n in order.segments.tolist():
-        kept = held[index]
-        slots[slot, off:off + n] = kept.tokens[src:src + n]
+        kept, row = held[index], rows.get(slot)
+        if row is None:
+            row = rows[slot] = slots[slot]
+        row[off:off + n] = kept.tokens[src:src + n]
         if positions is not None and off < inputs:  # the window's last token is a target only
             fill_segment(positions[slot, off:min(off + n, inputs)], kept.ends, kept.first, src)
     for index in order.done:

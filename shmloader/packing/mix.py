@@ -97,6 +97,7 @@ class MixStream:
         self._unreadable = {}            # source -> (seq, error) of the first of its pieces that cannot be read
         self._room = None                # documents `runs` may still take (None: no limit)
         self.version = 0                 # grows whenever what the mix waits for or takes may change
+        self._waiting = (-1, [])         # `waiting_for`'s answer at a version
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of `source`'s order was counted: `lengths[i]` tokens for its row i."""
@@ -118,10 +119,17 @@ class MixStream:
             self._unreadable[source] = (seq, error)
 
     def waiting_for(self) -> list:
-        """The sources taking part whose next document is not counted yet: the mix waits for them."""
+        """The sources taking part whose next document is not counted yet: the mix waits for them.
+        Kept until the version changes (a coordinator asks at every piece it hands out, a feed at
+        every count): whatever changes the answer changes the version, and so does asking, where
+        it passes pieces used up."""
+        if self._waiting[0] == self.version:
+            return list(self._waiting[1])
         if self.finished is not None or self.stopped is not None:
             return []
-        return [name for name in self._taking_part() if self._head(name) is None and not self._ended(name)]
+        out = [name for name in self._taking_part() if self._head(name) is None and not self._ended(name)]
+        self._waiting = (self.version, out)
+        return list(out)
 
     def finish(self, why: str):
         """The mix ends here (`why`): no document is taken after the ones taken so far."""
@@ -273,21 +281,23 @@ class MixStream:
         if not picks:
             return
         starts = list(itertools.accumulate((len(r.live) for r in rows[:-1]), initial=0))
-        at = [s + q for s, q in zip(starts, firsts)]   # each source's next document, in the documents of all
-        doc_at = [0] * len(picks)
-        for j, i in enumerate(picks):
-            doc_at[j] = at[i]
-            at[i] += 1
-        doc_at = np.array(doc_at, dtype=np.intp)
+        # each pick's document in the documents of all: its source's next one there, plus the
+        # source's picks before it (by whole arrays: a block holds some hundred picks)
+        picked = np.array(picks, dtype=np.intp)
+        n = np.bincount(picked, minlength=len(rows))
+        order = np.argsort(picked, kind="stable")          # the picks by source, each in turn
+        doc_at = np.empty(len(picked), dtype=np.intp)
+        doc_at[order] = np.arange(len(picked)) - np.repeat(np.cumsum(n) - n, n)
+        doc_at += np.array([s + q for s, q in zip(starts, firsts)], dtype=np.intp)[picked]
         doc_lengths = np.concatenate([r.doc_lengths for r in rows])[doc_at]
         m = self._in_stage(doc_lengths)
         if m == 0:
             return
         if m < len(picks):
-            picks, doc_at, doc_lengths = picks[:m], doc_at[:m], doc_lengths[:m]
-            at = [s + q + picks.count(i) for i, (s, q) in enumerate(zip(starts, firsts))]
-        counts = tuple(a - s - q for a, s, q in zip(at, starts, firsts))
-        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, np.array(picks, dtype=np.intp),
+            picks, picked, doc_at, doc_lengths = picks[:m], picked[:m], doc_at[:m], doc_lengths[:m]
+            n = np.bincount(picked, minlength=len(rows))
+        counts = tuple(n.tolist())
+        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picked,
                       counts, np.concatenate([r.live for r in rows])[doc_at], doc_lengths)
         self._emit(names, heads, block)
         for name, r, q, k, head in zip(names, rows, firsts, counts, heads):

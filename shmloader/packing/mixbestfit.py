@@ -43,7 +43,7 @@ from .bestfit import BestFitMode, BestFitSequencer, Chunks
 from .mix import MixPoint, MixStream
 from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
-from .mixmode import point_text
+from .mixtext import point_text
 from .runs import decode, narrow
 
 
@@ -104,7 +104,7 @@ def local_runs(table, ids: np.ndarray, lo: dict) -> np.ndarray:
 
 
 def buffer_text(where: MixBuffer, lo: dict) -> str:
-    """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixmode.point_text`)
+    """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixtext.point_text`)
     and `"buffer"` (`buffer_entries` reads it), made with numpy: a batch's ~1000 buffered
     documents, a run each when the sources alternate, would cost a millisecond as JSON lists."""
     names = [name for _, name in sorted((first, name) for name, first in lo.items())]

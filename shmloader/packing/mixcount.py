@@ -34,7 +34,7 @@ from .count import PROGRESS_S
 from .mix import MixStream, point_at
 from .mixbestfit import MixBestFitSequencer, buffer_text
 from .mixfeed import MixFeed, held_by_mix, start_points
-from .mixmode import point_text
+from .mixtext import point_text
 
 
 class ConcatPlace:

@@ -21,7 +21,6 @@ best fit) hand pieces out through one `MixFeed`.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Callable, NamedTuple
 
@@ -96,15 +95,18 @@ class MixFeed:
     def pick(self) -> "Next | None":
         """The source whose next piece goes out next (that piece peeked), or None (also once the
         mix has ended or stopped: nothing it reads would be used)."""
-        while self.stream.finished is None and self.stream.stopped is None:
-            waiting = [n for n in self.stream.waiting_for() if n in self._orders]
-            reading = {self.owned[i].source for i in self._reading() if i in self.owned}
-            name = next((n for n in waiting if n not in reading), None)
+        stream, orders = self.stream, self._orders
+        while stream.finished is None and stream.stopped is None:
+            waiting = [n for n in stream.waiting_for() if n in orders]
+            name = None
+            if waiting:  # (the pieces being read looked at only then: a pick at every count)
+                reading = {self.owned[i].source for i in self._reading() if i in self.owned}
+                name = next((n for n in waiting if n not in reading), None)
             needed = name is not None
             if name is None:
-                shares = self.stream.mixer.shares()
-                live = [n for n in shares if n in self._orders]
-                name = min(live, key=lambda n: (self._ahead[n] / shares[n], n)) if live else None
+                shares, ahead = stream.mixer.shares(), self._ahead
+                live = [(ahead[n] / w, n) for n, w in shares.items() if n in orders]
+                name = min(live)[1] if live else None
             if name is None:
                 return None
             if self._peek(name) is not None:
@@ -149,7 +151,7 @@ class MixFeed:
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
             name = pick.source
             self.moves += 1
-            piece = dataclasses.replace(self._peeked.pop(name), index=self._index)  # numbered as they go out
+            piece = self._peeked.pop(name).but(index=self._index)  # numbered as they go out
             self.owned[self._index] = Owned(name, self._seqs[name])
             self._seqs[name] += 1
             self._ahead[name] += piece.text_bytes + 1

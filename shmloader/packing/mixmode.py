@@ -7,8 +7,9 @@ budget; then the one furthest behind in read-ahead for its weight). Counted piec
 whose stretches of runs the mixture's sequencer places in the order they come, by arrays
 (packing/mixplace.py, `MixSequencer`), each worker's segments of a turn as one `Copies` order;
 a piece's tokens go once its last run is placed. After each batch, the `MixPoint` there travels
-in the batch's slot (its buffer area) as JSON: the state's `mixture.point`, and where a heal
-or an idle release starts again.
+in the batch's slot (its buffer area), packed (packing/mixtext.py: the trainer makes its JSON
+text only when asked): the state's `mixture.point`, and where a heal or an idle release starts
+again.
 
 What is said once: a schedule's stage that begins (logged), a source that ends (warned).
 A mix that ends (every source with a weight has read its `max_epochs`, or the mix waits for a
@@ -21,9 +22,6 @@ the batches that do not need it (nor the token after them) are announced.
 """
 from __future__ import annotations
 
-import json
-import zlib
-
 import numpy as np
 
 from ..data.mixture import Mixer
@@ -34,6 +32,7 @@ from .concat import ConcatMode, Copies
 from .mix import MixStream
 from .mixplace import MixSequencer
 from .mixfeed import MixFeed, Said, held_by_mix, start_points
+from .mixtext import packed
 
 
 class MixConcatMode(ConcatMode):
@@ -110,15 +109,30 @@ class MixConcatMode(ConcatMode):
         if not placed:
             return
         segments = np.concatenate([seg for seg, _ in placed]) if len(placed) > 1 else placed[0][0]
-        owner, slot_of = self.owner, {}
-        workers = np.array([owner[i] for i in segments[:, 0].tolist()], dtype=np.int64)
-        segments[:, 2] = [slot_of[k] if k in slot_of else slot_of.setdefault(k, take_slot(k))
-                          for k in segments[:, 1].tolist()]  # in stream order: a batch's first takes its slot
+        owner = self.owner
+        if len(segments):
+            # by whole arrays (a turn places some hundred segments of a few pieces and batches): each
+            # piece's worker looked up once, and each batch's slot, taken in stream order (a
+            # batch's first segment takes it), repeated over its segments
+            pieces, batches = segments[:, 0], segments[:, 1]
+            keys = sorted(set(pieces.tolist()))
+            owners = [owner[i] for i in keys]
+            workers = np.array(owners, dtype=np.int64)[np.searchsorted(keys, pieces)]
+            first, last = int(batches[0]), int(batches[-1])
+            if first == last:  # the usual turn: one batch's segments
+                segments[:, 2] = take_slot(first)
+            else:
+                opens = np.flatnonzero(np.concatenate(([True], batches[1:] != batches[:-1])))
+                slots = [take_slot(k) for k in batches[opens].tolist()]
+                segments[:, 2] = np.repeat(slots, np.diff(np.append(opens, len(batches))))
+            sending = set(owners)
+        else:
+            workers, sending = np.zeros(0, dtype=np.int64), set()
         finished = {}
         for _, indices in placed:
             for index in indices:
                 finished.setdefault(owner[index], []).append(index)
-        for w in sorted(set(workers.tolist()) | set(finished)):
+        for w in sorted(sending | set(finished)):
             done = finished.get(w, [])
             for index in done:
                 self._written_out(w, index)
@@ -138,31 +152,14 @@ class MixConcatMode(ConcatMode):
         return set(order.segments[:, 0].tolist()) | set(order.done)
 
     def buffer_of(self, done: Complete):
-        """The `MixPoint` after the batch, as the state's JSON text and its crc32."""
-        text = point_text(done.runs, self._lo)
-        return text, zlib.crc32(text.encode())
+        """The `MixPoint` after the batch, packed (packing/mixtext.py: the trainer makes the
+        state's text from it when a state asks)."""
+        return packed(done.runs, self._lo)
 
     def messages(self):
         seq = self.seq
         over = seq.finished or self.stream.stopped is not None
         return self.said.messages(over and seq.book.announced >= seq.complete_before())
-
-
-def point_json(point, lo: dict) -> dict:
-    """A `MixPoint` (in the run's numbering of the files) as the state's JSON (`MixPoint.to_json`),
-    files numbered within each source (`lo`: each source's first file in the run's numbering; a
-    source left out keeps its own)."""
-    out = {"source": point.source, "skip": point.skip, "mixer": point.mixer,
-           "sources": {n: [p[0], p[1] - lo.get(n, 0), p[2], p[3]] for n, p in sorted(point.sources.items())}}
-    skips = {n: p[4] for n, p in sorted(point.sources.items()) if p[4]}
-    if skips:
-        out["skips"] = skips
-    return out
-
-
-def point_text(point, lo: dict, **more) -> str:
-    """`point_json` and the keys `more`, as compact JSON text."""
-    return json.dumps({**point_json(point, lo), **more}, separators=(",", ":"), sort_keys=True)
 
 
 def _read(mix) -> set:

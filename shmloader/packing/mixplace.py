@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .concat import ConcatSequencer, Where
-from .mixruns import point_at, point_of
+from .mixruns import offsets, point_at, point_of
 
 
 class End(NamedTuple):
@@ -34,7 +34,7 @@ class _Span:
     is its piece's last (`last`); with `doc_ends` (a block's stretch) each document's end."""
 
     __slots__ = ("stretch", "start", "starts", "ends", "end", "pieces", "src", "last", "doc_ends", "docs",
-                 "placed", "done_runs", "done_sent", "docs_before")
+                 "placed", "done_runs", "done_sent", "docs_before", "segments", "segment_at")
 
     def __init__(self, stretch, start: int, docs_before: int):
         self.stretch, self.start, self.docs_before = stretch, start, docs_before
@@ -47,7 +47,7 @@ class _Span:
             self.ends = self.doc_ends[np.append(opened[1:], len(picks)) - 1]
             self.starts = np.concatenate(([start], self.ends[:-1]))   # a block's runs hold a token or more
             which = picks[opened]
-            at = np.cumsum([0] + [len(r.before) for r in rows])[:-1][which]
+            at = offsets(len(r.before) for r in rows)[which]
             self.src = np.concatenate([r.before for r in rows])[at + block.doc_rows[opened]]
             self.last = np.zeros(len(opened), dtype=bool)
             for _, piece in stretch.used_up():  # its last run holds its source's last pick
@@ -65,6 +65,7 @@ class _Span:
         self.placed = start       # stream position up to which segments were issued
         self.done_runs = 0        # its runs before this are placed whole (their pieces' done sent)
         self.done_sent = False
+        self.segments = self.segment_at = None  # all its segments, cut at its first placement
 
     def end_at(self, pos: int):
         """`(row, skip, documents before, End)` of stream position `pos` (start <= pos < end)."""
@@ -108,7 +109,7 @@ class MixSequencer(ConcatSequencer):
             lo, hi = max(s.placed, 0), min(end, limit)
             if hi <= lo < end:
                 break  # the slots this stretch needs next are still in use
-            segments = self._cut(s, lo, hi) if hi > lo else np.zeros((0, 6), dtype=np.int64)
+            segments = self._segments(s, lo, hi)
             s.placed = max(s.placed, hi)
             s.done_sent = s.placed >= end
             done_runs = int(s.ends.searchsorted(s.placed, side="right"))
@@ -118,6 +119,25 @@ class MixSequencer(ConcatSequencer):
                 out.append((segments, done))
             if not s.done_sent:
                 break
+        return out
+
+    def _segments(self, s: _Span, lo: int, hi: int) -> np.ndarray:
+        """The segments of stream positions `[lo, hi)` of span `s` (`lo`, `hi`: its start or end,
+        or batches' ends), from all of its segments, cut once (a turn places a batch: cutting a
+        block's few batches at once costs what cutting one did)."""
+        if s.segments is None:
+            first = max(s.start, 0)
+            s.segments = self._cut(s, first, s.end) if s.end > first else np.zeros((0, 6), dtype=np.int64)
+            s.segment_at = s.segments[:, 1] * self.window + s.segments[:, 3]  # each one's stream position
+        if hi <= lo:
+            return s.segments[:0]
+        i, j = s.segment_at.searchsorted((lo, hi)).tolist()
+        out = s.segments[i:j]
+        if j > i:
+            last, w = int(out[-1, 1]), self.window
+            while self._opened <= last:  # segments go out in stream order: each batch's first one
+                self.book.expect(self._opened, w)
+                self._opened += 1
         return out
 
     def _cut(self, s: _Span, lo: int, hi: int) -> np.ndarray:
@@ -130,10 +150,13 @@ class MixSequencer(ConcatSequencer):
         at, n = cuts[:-1], cuts[1:] - cuts[:-1]
         run = s.ends.searchsorted(at, side="right")            # the run holding each segment's first token
         k = at // w
-        out = np.column_stack((s.pieces[run], k, np.zeros_like(k), at - k * w, s.src[run] + at - s.starts[run], n))
-        while self._opened <= k[-1]:  # segments go out in stream order: each batch's first one
-            self.book.expect(self._opened, w)
-            self._opened += 1
+        out = np.empty((len(at), 6), dtype=np.int64)  # (filled a column at a time: column_stack and
+        out[:, 0] = s.pieces[run]                      # zeros_like cost more than the rest on tiny arrays)
+        out[:, 1] = k
+        out[:, 2] = 0
+        out[:, 3] = at - k * w
+        out[:, 4] = s.src[run] + at - s.starts[run]
+        out[:, 5] = n
         return out
 
     def _position_after(self, k: int):

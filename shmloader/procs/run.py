@@ -55,7 +55,7 @@ class Mark(NamedTuple):
     """The progress after the last batch returned: where the next batch starts."""
     batch: int                    # batches of the whole run before it (a state's "batch")
     position: Position
-    buffer: BufferText | None     # a buffered packing's buffer there
+    buffer: BufferText | None     # a buffered packing's buffer there (a concat mixture's point: `mixtext.Packed`)
     docs: int = 0                 # documents delivered before it, by this loader
     read: RowGroup | None = None  # the row group the last batch's reading ended in (its nanochat
     #                               keys); None: none read yet, the position's
@@ -137,7 +137,7 @@ class Runs:
         self.budget, self.poison = heal.Budget(config.max_restarts), heal.PoisonMemory(shuffled=kind.shuffled(config))
         self.heals = self.idle_releases = 0
         self.head_batches = 0  # batches the trainer made itself (procs/headstart.py), over every run
-        self._buffered = kind.slot_text(config)  # a batch's slot carries its state's text: copied out
+        self._slot_buffer = kind.slot_buffer(config)  # a batch's slot carries its state's text: copied out
 
     def begin(self, args, first: int, docs: int = 0):
         """The next run starts from `args` (`RunArgs`: its start, buffer, files), its batch 0
@@ -247,8 +247,8 @@ class Runs:
             if run.children.opened:  # files the coordinator has read (first, or again after a change)
                 opened, run.children.opened = run.children.opened, []
                 self._on_opened(opened)
-            if self._buffered:  # copied out before the slot can be freed (made without a Python frame: hot path)
-                buffer = _new(BufferText, run.children.ring.buffer_of(ann.slot))
+            if self._slot_buffer is not None:  # copied out before the slot can be freed (hot path)
+                buffer = self._slot_buffer(run.children.ring, ann.slot)
                 ann = _new(Announcement, (*ann[:5], buffer, ann.waited, ann.read))
             return ann._replace(waited=ann.waited + waited) if waited else ann
 

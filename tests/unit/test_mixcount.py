@@ -76,7 +76,7 @@ def test_the_answer_is_the_same_whatever_the_workers(packing):
 
 
 def _text(point) -> str:
-    from shmloader.packing.mixmode import point_text
+    from shmloader.packing.mixtext import point_text
 
     return point_text(point, {r.name: r.lo for r in RANGES})
 
