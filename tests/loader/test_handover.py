@@ -3,7 +3,7 @@ for a child (spawn) is a duplicate of the same eventfd; then, as a trainer runs 
 busy work between calls, `tools/syscalls.py` with strace on its main thread): `next()` on
 ready batches makes no system call, amortised, while the system-call path (the one for
 machines without x86's store order) makes at least one per batch and gives the same stream.
-(Both ends in one process, and the simulated run: tests/unit/test_handover.py.)
+(Both ends in one process, and the simulated run: tests/unit/ipc/test_handover.py.)
 """
 from __future__ import annotations
 
