@@ -259,8 +259,13 @@ def _stderr_once_closed(proc, seconds: float = 10.0) -> str:
     return box["err"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-@pytest.mark.parametrize("group", [False, True], ids=["trainer-only", "process-group"])
+# each signal and each target by default (two pairs of four), the other two pairs in the slow suite:
+# either signal ends the trainer at once, with no handler of shmloader's run
+@pytest.mark.parametrize("group, sig", [
+    (False, signal.SIGKILL), (True, signal.SIGTERM),
+    pytest.param(False, signal.SIGTERM, marks=pytest.mark.slow),
+    pytest.param(True, signal.SIGKILL, marks=pytest.mark.slow)],
+    ids=["trainer-only-SIGKILL", "process-group-SIGTERM", "trainer-only-SIGTERM", "process-group-SIGKILL"])
 def test_trainer_killed(synth, synth_tokenizer_pkl, group, sig):
     """The trainer killed (SIGKILL, or SIGTERM with Python's default action, as schedulers send
     it): its children exit, its segment goes (the coordinator unlinks it; a whole killed group
