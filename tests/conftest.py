@@ -36,7 +36,7 @@ from tests import helpers
 # fastokens is installed), so that every stream test also checks it against the tiktoken
 # oracle: by default a worker starts with tiktoken and lets the engine take over only after
 # tokenizing for about as long as building it costs, which the suite's small data sets never
-# reach (data/engine.py; tests/unit/test_engine.py and tests/loader/test_engine.py test that
+# reach (data/engine.py; tests/unit/data/test_engine.py and tests/loader/test_engine.py test that
 # default path). Set before any forkserver starts: its workers inherit the server's environment.
 os.environ.setdefault("SHMLOADER_ENGINE_AT", "0")
 # Workers unpickle the tests' tokenizers (`tests.helpers.IntTokenizer`): the forkserver's

@@ -1,5 +1,5 @@
 """The same documents written in every format the loader reads (tests/loader/test_formats.py,
-tests/unit/test_formats_*.py): parquet (`text`, `content`, token ids), JSON Lines plain, .gz
+tests/unit/data/formats/test_formats_*.py): parquet (`text`, `content`, token ids), JSON Lines plain, .gz
 and .zst, Arrow IPC file and stream; units of 1024 rows in each, so that every format has the
 same units as parquet's 1024-row row groups."""
 import gzip

@@ -19,7 +19,7 @@ until its source is that far behind: on documents of up to 8K tokens, 120 batche
 T=256 end 1.5x nearer their weights than with the deficit alone (`w_s * N - t_s`, Megatron's
 rule for samples). A document is not split, so a share can stray by about one long document
 over N: each source stays within k * L_max tokens of `w_s * N` after every document (k
-sources); tests/unit/test_mixture.py checks both on three shapes of document lengths.
+sources); tests/unit/data/test_mixture.py checks both on three shapes of document lengths.
 
 The rule sees token counts only, so the mixed stream depends on (sources, weights, rank,
 world size) and on nothing else: not on the number of workers, not on timing. A packing
@@ -177,7 +177,7 @@ def picks(shares: Sequence[float], counted: Sequence[int], n: int, lengths: Sequ
     pick would need the one after it).
 
     One tight loop over plain lists, the same float arithmetic as `pick` in the same order, so
-    the same picks, ties included (a property test checks it: tests/unit/test_mixture.py):
+    the same picks, ties included (a property test checks it: tests/unit/data/test_mixture.py):
     about 0.35 µs a document with three sources on the 2-core machine of docs/benchmarks.md,
     against 5-10 µs for `pick` called a document at a time with the runs made around it. (A
     merge of the sources' own keys, exact for equal shares and checked in float in whole-array

@@ -15,7 +15,7 @@ The rule is decided a *block* at a time: while every source's head piece stays a
 does not change, one call (`Mixer.picks`) decides every document up to the first head used up
 (or the limit, or the stage's end), and the block's runs come out as one `Stretch` of arrays
 (packing/mixruns.py), the runs a document at a time would make (`_take`, kept for a resumed
-cut document; tests/unit/test_mix_stream.py checks the two against each other). The
+cut document; tests/unit/packing/test_mix_stream.py checks the two against each other). The
 coordinator so does per block what it did per document: the rule about 0.35 µs a document, a
 replay of concat's whole mode 2.2 µs a document against 8.3 before (docs/benchmarks.md
 "Mixtures").

@@ -14,9 +14,9 @@ stream is the oracle's over the data without it, and resume across the skip is e
 Documents are `helpers.position_documents` read with `IntTokenizer` (BOS = 0), so the
 expected stream is built by hand: the concatenation of `[0] + ids` of every non-null row.
 
-(tests/unit/test_source.py checks `Reader` and tests/unit/test_tokenizers.py
+(tests/unit/data/test_source.py checks `Reader` and tests/unit/data/test_tokenizers.py
 `tokenizer.resolve` on their own; here the same inputs go through `ShmLoader` and its
-processes. The coordinator's empty-epoch check on its own: tests/unit/test_bad_input.py.)
+processes. The coordinator's empty-epoch check on its own: tests/unit/procs/test_bad_input.py.)
 """
 import itertools
 import json

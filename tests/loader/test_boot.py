@@ -86,9 +86,20 @@ def test_a_fast_consumer_gets_the_stream_whole_while_the_forkserver_boots(reques
     assert all(got["pids"]) and got["head_batches"] >= headstart.BOOTING_MOST
 
 
-def test_a_trainer_at_its_pace_starts_the_children_once_the_server_has_booted(synth, tmp_path):
+@pytest.mark.parametrize("moved", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["moved-tempdir", "tempdir"])
+def test_a_trainer_at_its_pace_starts_the_children_once_the_server_has_booted(synth, tmp_path, moved):
+    """At a trainer's pace the children start once the server has booted, before the head start's
+    most. With `tempfile.tempdir` set by the training script (the default case: the slow suite;
+    the scripts of the other tests here leave it): the server, whose own is /tmp, finds the
+    trainer's directory through the lock file it holds open (forkready.py)."""
+    import shutil
+    import tempfile
     B, T, n = 2, 16, 20
-    got = first_loader(synth, tmp_path, B, T, n, 0.6, "--step-s", 0.25)
+    mine = tempfile.mkdtemp(prefix="shb", dir="/tmp")  # short: the server's socket goes in it (AF_UNIX paths are short)
+    try:
+        got = first_loader(synth, tmp_path, B, T, n, 0.6, "--step-s", 0.25, *(("--tempdir", mine) if moved else ()))
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
     same(got, reference(synth, B, T, n))
     started = [r["started"] for r in got["batches"]]
     first = started.index(True)
@@ -100,7 +111,7 @@ def test_the_children_start_and_fill_the_ring_during_a_long_first_step(synth, tm
     """base_train takes its first batch, then compiles its model for its first step: the
     workers start once the server has booted, with no `next()`, and fill the ring meanwhile."""
     B, T, n = 2, 16, 12
-    got = first_loader(synth, tmp_path, B, T, n, 0.5, "--pause-s", 4.0)
+    got = first_loader(synth, tmp_path, B, T, n, 0.5, "--pause-s", 8.0, "--pause-until-ready")
     same(got, reference(synth, B, T, n))
     assert not got["started_at_first"]
     assert got["after_pause"]["started"] and got["after_pause"]["ring_ready"] > 0, got["after_pause"]
@@ -116,22 +127,6 @@ def test_a_server_killed_while_it_boots_costs_a_new_boot_not_the_wait_for_its_wo
     took = time.monotonic() - began
     same(got, reference(synth, B, T, n))
     assert took < 20, f"{took:.0f} s: the starter waited for the dead server's word"
-
-
-def test_a_trainer_that_moved_its_temporary_directory_still_hears_the_server(synth, tmp_path):
-    """`tempfile.tempdir` set by the training script: the server, whose own is /tmp, finds the
-    trainer's directory through the lock file it holds open (forkready.py)."""
-    import shutil
-    import tempfile
-    B, T, n = 2, 16, 20
-    mine = tempfile.mkdtemp(prefix="shb", dir="/tmp")  # short: the server's socket goes in it (AF_UNIX paths are short)
-    try:
-        got = first_loader(synth, tmp_path, B, T, n, 0.6, "--step-s", 0.25, "--tempdir", mine)
-    finally:
-        shutil.rmtree(mine, ignore_errors=True)
-    same(got, reference(synth, B, T, n))
-    started = [r["started"] for r in got["batches"]]
-    assert True in started[:headstart.BOOTING_MOST], f"the children started only after the head start's most: {started}"
 
 
 def test_a_state_saved_before_the_children_started_resumes_exactly(synth, tmp_path):

@@ -25,7 +25,7 @@ Regression tests: a piece cap is refused with a cache (pieces after the ramp are
 groups, so that they get cached), and an id that does not fit the cache's dtype (a negative id of
 an object tokenizer) is never cached, so it is never served changed.
 
-(The cache's file format on its own, in this process: tests/unit/test_cache.py.)
+(The cache's file format on its own, in this process: tests/unit/data/test_cache.py.)
 
 Data: 3 files x 200 documents (every 37th a null row), row groups of 24, 16, 16, ... rows.
 The first row group of a run (24 rows) is read as two ramp pieces (16 + 8 documents), so a

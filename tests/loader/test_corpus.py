@@ -1,7 +1,7 @@
 """shmloader.demo.corpus and tools/make_shards.py across processes: the tokenizer trained in
 another process is the same, and tools/make_shards.py, run as a user runs it (a subprocess),
 writes the corpus, its row groups and its tokenizer. (The corpus in this process:
-tests/unit/test_corpus.py.)
+tests/unit/demo/test_corpus.py.)
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ Checked, for (W, W2) = (2, 3), (4, 2), (1, 4), (3, 1), (4, 1) and both packings:
   epochs, byte for byte;
 - concat: the tokens the old ranks consumed and those the new ranks read before their next
   epoch are the epochs up to the plan's, each token once (best fit: each document once, the
-  old buffers dealt out, in tests/unit/test_elastic.py);
+  old buffers dealt out, in tests/unit/data/test_elastic.py);
 - a state of the new run resumes exactly, inside the elastic epoch, on its own rank with
   another worker count and on another rank (located from the plan).
-The shares themselves, over random files, are tests/unit/test_elastic.py's.
+The shares themselves, over random files, are tests/unit/data/test_elastic.py's.
 """
 import itertools
 import json

@@ -15,7 +15,7 @@ a worker) its build starts at most one thread, which does almost none of the wor
 Most worker tests set `SHMLOADER_ENGINE_AT=0` (the engine takes over at a worker's first
 document, as it did when it was built before the first document): a worker builds the engine
 only once it has tokenized for about as long as the build costs, which these small data sets
-may never reach. (The engine and `Engines` in this process: tests/unit/test_engine.py.)
+may never reach. (The engine and `Engines` in this process: tests/unit/data/test_engine.py.)
 """
 import itertools
 import os

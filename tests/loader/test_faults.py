@@ -184,11 +184,16 @@ def test_child_killed_at_random_moment(synth, who, sig, seed, handover):
     assert_clean()
 
 
-@pytest.mark.parametrize("who", ["worker", "coordinator"])
-def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover):
+@pytest.mark.parametrize("handover, who", [
+    ("syscall", "worker"), ("header", "coordinator"),  # each path of the handover, each kind of child
+    pytest.param("header", "worker", marks=pytest.mark.slow),
+    pytest.param("syscall", "coordinator", marks=pytest.mark.slow)])
+def test_child_frozen_is_a_timeout_not_a_hang(synth, who, handover, monkeypatch):
     """A child that is alive but makes no progress (SIGSTOP): next() raises LoaderTimeout
     after `timeout=` seconds, naming every process and the stopped one as stopped; close()
-    still stops everything."""
+    still stops everything. Both handover paths and both kinds of child by default, the two
+    other pairs in the slow suite: the trainer's wait does not know which child stopped."""
+    monkeypatch.setenv("SHMLOADER_HANDOVER", handover)
     with synth.loader(2, 32, "val", num_workers=2, timeout=1.0, max_restarts=0) as loader:
         for _ in range(3):
             next(loader)
@@ -254,8 +259,13 @@ def _stderr_once_closed(proc, seconds: float = 10.0) -> str:
     return box["err"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-@pytest.mark.parametrize("group", [False, True], ids=["trainer-only", "process-group"])
+# each signal and each target by default (two pairs of four), the other two pairs in the slow suite:
+# either signal ends the trainer at once, with no handler of shmloader's run
+@pytest.mark.parametrize("group, sig", [
+    (False, signal.SIGKILL), (True, signal.SIGTERM),
+    pytest.param(False, signal.SIGTERM, marks=pytest.mark.slow),
+    pytest.param(True, signal.SIGKILL, marks=pytest.mark.slow)],
+    ids=["trainer-only-SIGKILL", "process-group-SIGTERM", "trainer-only-SIGTERM", "process-group-SIGKILL"])
 def test_trainer_killed(synth, synth_tokenizer_pkl, group, sig):
     """The trainer killed (SIGKILL, or SIGTERM with Python's default action, as schedulers send
     it): its children exit, its segment goes (the coordinator unlinks it; a whole killed group

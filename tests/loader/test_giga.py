@@ -3,7 +3,7 @@ tokenizer trained offline, `engine="auto"` picks it, and the stream, concat and 
 byte for byte the one `engine="tiktoken"` makes and the oracle's, the engine taking over at a
 worker's first document (`SHMLOADER_ENGINE_AT=0`, workers started with spawn to get it).
 The documents include special-token text, empty ones, nulls and the texts engines get wrong
-first. (The engine in this process: tests/unit/test_giga.py.)"""
+first. (The engine in this process: tests/unit/data/test_giga.py.)"""
 import itertools
 
 import numpy as np

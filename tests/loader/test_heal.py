@@ -154,8 +154,10 @@ def test_a_dead_child_is_replaced_and_the_stream_goes_on_exactly(synth, tmp_path
     assert all(np.array_equal(a, w) for a, (w, _) in zip(rest, want[at + 1:])), f"resume after a heal {info}"
 
 
-@pytest.mark.parametrize("who", ["worker", "coordinator"])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+# each kind of child and each packing by default (two pairs of four), the other two pairs in the slow suite
+@pytest.mark.parametrize("packing, who", [
+    ("concat", "worker"), ("bos_bestfit", "coordinator"),
+    pytest.param("concat", "coordinator", marks=SLOW), pytest.param("bos_bestfit", "worker", marks=SLOW)])
 def test_a_stalled_child_is_killed_and_replaced(synth, who, packing):
     """SIGSTOP: no progress while next() waits; after stall_s the child is killed (its stall
     logged and counted), every child starts again, and the stream is unchanged. The batch that

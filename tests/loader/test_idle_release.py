@@ -42,8 +42,10 @@ def reference(ds, packing, n):
     return [w for w, _, _ in got], [s for _, _, s in got]
 
 
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-@pytest.mark.parametrize("num_workers", [1, 3])
+# each packing and each worker count by default (two pairs of four), the other two pairs in the slow suite
+@pytest.mark.parametrize("num_workers, packing", [
+    (1, "concat"), (3, "bos_bestfit"),
+    pytest.param(3, "concat", marks=pytest.mark.slow), pytest.param(1, "bos_bestfit", marks=pytest.mark.slow)])
 def test_an_idle_loader_gives_its_processes_back_and_goes_on_exactly(synth, packing, num_workers):
     want_w, want_s = reference(synth, packing, 36)
     with synth.loader(B, T, packing=packing, num_workers=num_workers, idle_release_s=0.3,

@@ -87,7 +87,9 @@ def test_other_ranks_keep_their_progress_at_info(data, saved, caplog):
     assert any(" left" in s for s in info) and any(": done, 40 batches in " in s for s in info), info
 
 
-@pytest.mark.parametrize("shown", [logging.WARNING, logging.INFO])
+# INFO in the slow suite: the level rule is progress.log_emitter's (tests/unit/test_progress.py, every
+# case), and test_other_ranks_keep_their_progress_at_info sees a replay's lines at INFO by default.
+@pytest.mark.parametrize("shown", [logging.WARNING, pytest.param(logging.INFO, marks=pytest.mark.slow)])
 def test_rank_1_given_rank_0s_state_shows_it_finds_its_place(data, saved, shown, caplog):
     caplog.set_level(shown, logger="shmloader")  # where INFO shows, the lines are at INFO
     with loader(data, "bos_bestfit", 1, 2, resume_state=saved["bos_bestfit"]) as ld:

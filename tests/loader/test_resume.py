@@ -297,6 +297,10 @@ def test_moved_dataset_resumes(posrun, tmp_path):
 
 # ---------------------------------------------------------------- restart after SIGKILL
 
+# The slow suite's: tests/loader/test_faults.py::test_restarts_at_random_kill_points[0] runs the same
+# script on the same data by default, killed twice (other worker counts) and checked batch by batch;
+# test_faults.py::test_trainer_killed checks that a killed trainer's segment goes.
+@pytest.mark.slow
 def test_restart_after_sigkill(synth, synth_tokenizer_pkl, tmp_path):
     total, B, T = 120, 2, 32
     seed = random.randrange(1 << 30)

@@ -3,7 +3,7 @@ exited, judged by the creator's lock on it (so also across PID namespaces that s
 /dev/shm), and keeps a live one's, one being created, and foreign names; the resource tracker
 that a killed trainer's children shared never unlinks nor reports its segment. Every segment
 created here is unlinked in a finally block. (The segment in one process:
-tests/unit/test_segment.py.)"""
+tests/unit/ipc/test_segment.py.)"""
 
 import fcntl
 import os

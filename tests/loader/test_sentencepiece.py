@@ -6,7 +6,7 @@ concat and best fit, with 1 and 3 workers, for the `.model` path and the process
 state resumes exactly with another worker count; `bos=` replaces the model's BOS; a state
 saved with another model or BOS is refused naming the tokenizer. The model's bytes (~245 KB)
 reach the workers in a file (data/tokenizer.py `spilled`). (`resolve` and `build` in this
-process: tests/unit/test_spm.py.)
+process: tests/unit/data/test_spm.py.)
 """
 import itertools
 

@@ -11,7 +11,7 @@ The windows of start-up this covers (timed on a 2-core machine): the forkserver'
 (~100-400 ms after the marker), a child's bootstrap before it ignores SIGINT, a child
 attaching the segment after the trainer already unlinked it, and the resource tracker's start
 inside the segment's creation (where a segment could be left behind). (A child attaching
-after the trainer is gone, in this process: tests/unit/test_startup_interrupt.py.)
+after the trainer is gone, in this process: tests/unit/ipc/test_startup_interrupt.py.)
 """
 import os
 import signal

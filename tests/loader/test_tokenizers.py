@@ -10,7 +10,7 @@ The documents hold literal special-token text ("<|bos|>", "<|endoftext|>"): the 
 hold the BOS id exactly at document starts and nowhere else. Also: a tiktoken name offline
 is a quick error that says it needs a download; a missing path is a FileNotFoundError naming
 it; the state's tokenizer fingerprint is the same for every form of one tokenizer.
-(`resolve` and `build` in this process: tests/unit/test_tokenizers.py.)
+(`resolve` and `build` in this process: tests/unit/data/test_tokenizers.py.)
 """
 import itertools
 import time

@@ -538,10 +538,21 @@ def expected_rows(k: int, B: int, T: int, bos_positions) -> list[tuple[int, list
     return rows
 
 
-def test_inspect_prints_rows_and_state_and_resumes(posdata, tmp_path):
-    root, tok, bos_positions = posdata
-    common = ["tools/inspect_batch.py", "--data", root / "data", "--tokenizer", tok, "-B", 2, "-T", 8, "--chars", 500]
-    text = run(*common, "--batch", 2)
+def inspect_args(posdata) -> list:
+    root, tok, _ = posdata
+    return ["--data", root / "data", "--tokenizer", tok, "-B", 2, "-T", 8, "--chars", 500]
+
+
+@pytest.fixture(scope="module")
+def shim_batch_2(posdata) -> str:
+    """The checkout's shim, tools/inspect_batch.py, on batch 2 (run once for the two tests below)."""
+    return run("tools/inspect_batch.py", *inspect_args(posdata), "--batch", 2)
+
+
+def test_inspect_prints_rows_and_state_and_resumes(posdata, shim_batch_2, tmp_path):
+    _, _, bos_positions = posdata
+    common = ["tools/inspect_batch.py", *inspect_args(posdata)]
+    text = shim_batch_2
     assert inspect_rows(text) == expected_rows(2, 2, 8, bos_positions)
     state = json.loads(text[text.index("state dict:") + len("state dict:"):])
     assert state["version"] == VERSION and state["shapes"] == [[0, 2, 8]] and state["batch"] == 3
@@ -558,15 +569,14 @@ def test_inspect_bestfit_rows_start_with_bos(posdata):
     assert len(rows) == 3 and all(r.startswith("<B>") for r in rows), text
 
 
-def test_the_tools_run_from_the_package_outside_a_checkout(posdata, tmp_path, sp_model):
+def test_the_tools_run_from_the_package_outside_a_checkout(posdata, shim_batch_2, tmp_path, sp_model):
     """`python -m shmloader.tools.<name>` (what the console scripts run) from a directory that
     is not the checkout: the same batch as the checkout's shim; a SentencePiece model's batch
     decodes to the documents' text; each tool's --help."""
-    root, tok, bos_positions = posdata
-    args = ["--data", root / "data", "--tokenizer", tok, "-B", 2, "-T", 8, "--chars", 500, "--batch", 1]
-    text = run("-m", "shmloader.tools.inspect_batch", *args, cwd=tmp_path)
-    assert inspect_rows(text) == expected_rows(1, 2, 8, bos_positions)
-    assert text == run("tools/inspect_batch.py", *args)
+    _, _, bos_positions = posdata
+    text = run("-m", "shmloader.tools.inspect_batch", *inspect_args(posdata), "--batch", 2, cwd=tmp_path)
+    assert inspect_rows(text) == expected_rows(2, 2, 8, bos_positions)
+    assert text == shim_batch_2
     docs = corpus.synthetic_texts(30, seed=2, mean_words=6)
     corpus.write_shards(docs, tmp_path / "text", num_files=2, row_group_size=5)
     text = run("-m", "shmloader.tools.inspect_batch", "--data", tmp_path / "text", "--tokenizer", sp_model,

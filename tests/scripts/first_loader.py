@@ -8,7 +8,8 @@ as one JSON line: per batch the window's tokens, whether its workers had started
 
 `--kill-server`: the forkserver killed after the first batch. `--tempdir D`: `tempfile.tempdir`
 set to D first. `--pause-s S`: a pause after the first batch (`after_pause`: whether the workers had started
-and the batches the ring held then, no `next()` between). `--drop-at K`: after K batches the loader is dropped (children maybe unstarted) and the
+and the batches the ring held then, no `next()` between; `--pause-until-ready`: at most S, until the workers started
+and the ring holds a batch). `--drop-at K`: after K batches the loader is dropped (children maybe unstarted) and the
 script checks nothing of it is left, then exits."""
 import argparse
 import gc
@@ -38,6 +39,8 @@ def main():
     ap.add_argument("--drop-at", type=int)
     ap.add_argument("--positions", action="store_true")
     ap.add_argument("--pause-s", type=float, default=0.0, help="after the first batch (a compile's first step)")
+    ap.add_argument("--pause-until-ready", action="store_true",
+                    help="end the pause (at most --pause-s) once the workers started and the ring holds a batch")
     ap.add_argument("--kill-server", action="store_true", help="SIGKILL the booting forkserver after the first batch")
     ap.add_argument("--tempdir", help="tempfile.tempdir, set before the loader is built")
     args = ap.parse_args()
@@ -67,7 +70,15 @@ def main():
                 import multiprocessing.forkserver
                 import signal
                 os.kill(multiprocessing.forkserver._forkserver._forkserver_pid, signal.SIGKILL)
-            time.sleep(args.pause_s)
+            if args.pause_until_ready:  # the pause ends once the workers started and the ring holds a batch
+                deadline = time.monotonic() + args.pause_s
+                while time.monotonic() < deadline:
+                    if all(p.pid is not None for p in loader.debug(start=False).workers) and \
+                            loader.stats()["ring_ready"] > 0:
+                        break
+                    time.sleep(0.01)
+            else:
+                time.sleep(args.pause_s)
             out["after_pause"] = {"started": all(p.pid is not None for p in loader.debug(start=False).workers),
                                   "ring_ready": loader.stats()["ring_ready"]}
         started = all(p.pid is not None for p in loader.debug(start=False).workers)

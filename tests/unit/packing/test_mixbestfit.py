@@ -16,7 +16,7 @@ from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import MixBestFitMode, buffer_entries, buffer_runs
-from tests.unit.modes import hand_out, turn
+from tests.unit.packing.modes import hand_out, turn
 
 RANGES = (Range("long", 0, 2), Range("short", 2, 4))
 

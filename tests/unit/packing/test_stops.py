@@ -20,7 +20,7 @@ from shmloader.packing.bestfit import BestFitMode
 from shmloader.packing.concat import ConcatMode
 from shmloader.packing.count import CountMode
 from shmloader.position import Position
-from tests.unit.modes import hand_out
+from tests.unit.packing.modes import hand_out
 
 N_SLOTS, WORKERS = 3, 3
 

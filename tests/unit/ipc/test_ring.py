@@ -1,5 +1,5 @@
 """ipc/ring.py: the layout's arithmetic, views that tile the header, and a zeroed segment that
-is a valid, empty ring (in memory: no shared memory here; tests/unit/test_segment.py has that)."""
+is a valid, empty ring (in memory: no shared memory here; tests/unit/ipc/test_segment.py has that)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -13,7 +13,7 @@ from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, Ended, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixmode import MixConcatMode
-from tests.unit.modes import hand_out, turn
+from tests.unit.packing.modes import hand_out, turn
 
 
 def pieces(ramp, cap, first_index, files=None, start=None, plan=None):

@@ -12,8 +12,8 @@ from shmloader.ipc.protocol import Counted, Located, MixArgs
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixcount import MixCountMode
 from shmloader.packing.mixmode import MixConcatMode
-from tests.unit.modes import hand_out, turn
-from tests.unit.test_mixbestfit import RANGES, drive, lengths, pieces
+from tests.unit.packing.modes import hand_out, turn
+from tests.unit.packing.test_mixbestfit import RANGES, drive, lengths, pieces
 
 B, T = 2, 5                   # concat windows of 11 tokens: documents of 1-9 tokens end on them often
 MIX = Mixture({"long": "l", "short": "s"}, [(0, {"long": 0.6, "short": 0.4}), (9, {"long": 0.2, "short": 0.8})])

@@ -270,11 +270,27 @@ def seen(runs, rng) -> list:
     return out
 
 
-@settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6), weights=st.sampled_from([(1, 1, 1), (5, 3, 2), (1, 0, 1), (0.8, 0.15, 0.05)]),
-       staged=st.booleans(), cap=st.sampled_from([None, None, 100, 401]), ends=st.booleans(),
-       limits=st.sampled_from([None, (1, 7, 128)]), first=st.booleans())
+BLOCK_CASES = given(seed=st.integers(0, 10**6), weights=st.sampled_from([(1, 1, 1), (5, 3, 2), (1, 0, 1),
+                                                                        (0.8, 0.15, 0.05)]),
+                    staged=st.booleans(), cap=st.sampled_from([None, None, 100, 401]), ends=st.booleans(),
+                    limits=st.sampled_from([None, (1, 7, 128)]), first=st.booleans())
+
+
+@settings(max_examples=12, deadline=None)  # ~0.3 s an example; the slow suite draws 150
+@BLOCK_CASES
 def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time(seed, weights, staged, cap, ends, limits, first):
+    block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None)
+@BLOCK_CASES
+def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time_many_draws(seed, weights, staged, cap, ends,
+                                                                             limits, first):
+    block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first)
+
+
+def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first):
     """`MixStream` decides a block of documents in one call (`Mixer.picks`) and makes its runs
     with whole-array calls, each run's `at` made when asked; the reference decides a document at
     a time. Same runs, same places before and inside each, same mixer, notes and tokens: under

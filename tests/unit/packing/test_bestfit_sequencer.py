@@ -1,6 +1,6 @@
 """packing.bestfit.BestFitSequencer, driven through NOTE [ring protocol] in-process.
 
-A simulation plays coordinator, workers and trainer, as tests/unit/test_concat_sequencer.py
+A simulation plays coordinator, workers and trainer, as tests/unit/packing/test_concat_sequencer.py
 does for concat: pieces (cut at chunk boundaries, as the coordinator cuts them) are counted in
 a random order by random workers, write orders are carried out by the packing's own worker
 functions (`bestfit._keep`, `bestfit.write`) late and in random order, and the trainer frees
