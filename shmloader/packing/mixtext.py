@@ -9,7 +9,7 @@ more than the rest of announcing it. So the slot carries the point `packed` inst
 of its plain values, files already numbered within their sources: a quarter of that), its crc
 field `PACKED`; the trainer copies the bytes out with the batch and keeps them as a `Packed`,
 whose `text` and `crc` are json's of the same values, made when first asked. The text is the one
-`point_text` makes from the point, character for character (tests/unit/test_mixtext.py). A
+`point_text` makes from the point, character for character (tests/unit/packing/test_mixtext.py). A
 point `marshal` cannot write (never, with the plain values a mixer keeps) goes as its text.
 """
 from __future__ import annotations

@@ -163,7 +163,13 @@ def test_a_ctrl_c_during_a_drop_comes_after_the_drop_is_whole(synth, monkeypatch
 
     def interrupted_reap(dropped):
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # the handler would run here, were it not held
+        # the handler would run here, were it not held: wait until the held one has noted it (the
+        # kernel gives it to a thread that does not block it, which a loaded machine runs late)
+        held = signal.getsignal(signal.SIGINT).__self__  # ipc/signals.py `_Deferred`
+        deadline = time.monotonic() + 30
+        while not held.came and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held.came, "the Ctrl-C never came"
         handed.append(dropped)
         real_reap(dropped)
 
