@@ -185,7 +185,7 @@ def test_half_a_tokenizer_pkl(tmp_path, synth_tokenizer_pkl):
 BAD_ARGS = [("B", dict(B=0)), ("B", dict(B=-2)), ("B", dict(B=2.0)), ("B", dict(B=True)),
             ("T", dict(T=0)), ("T", dict(T="8")), ("split", dict(split="test")),
             ("split", dict(split="TRAIN")), ("num_workers", dict(num_workers=0)),
-            ("num_workers", dict(num_workers=-1)), ("num_workers", dict(num_workers=None)),
+            ("num_workers", dict(num_workers=-1)), ("num_workers", dict(num_workers="2")),
             ("n_slots", dict(n_slots=1)), ("packing", dict(packing="bestfit")),
             ("timeout", dict(timeout=0)), ("rank", dict(rank=2, world_size=2)),
             ("on_bad_row_group", dict(on_bad_row_group="ignore"))]
