@@ -43,7 +43,7 @@ from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
 from .packing.mixbestfit import buffer_runs
-from .packing.mixtext import PACKED, Packed
+from .packing.mixtext import PACKED, Packed, json_text
 from .packing.runs import BufferText
 from .position import Position
 from .state import POSITION_FIELDS
@@ -67,7 +67,7 @@ def point_text(point: dict | None) -> BufferText | None:
     """A `MixPoint`'s JSON as the text and crc32 the coordinator writes with each batch."""
     if point is None:
         return None
-    text = json.dumps(point, separators=(",", ":"), sort_keys=True)
+    text = json_text(point)
     return BufferText(text, zlib.crc32(text.encode()))
 
 
@@ -121,7 +121,10 @@ class Mixed:
         return self._described[1]
 
     def unversioned(self, state: dict, identity: statemod.Loader):
+        """A mixture's states always have a version: one without is another kind's, or edited."""
         self.own(state)
+        raise ValueError(f"resume state has no 'version': a mixture's state has one ({' or '.join(map(str, self.reads))})"
+                         f", so this one was edited or is not a loader's state")
 
     def own(self, state: dict):
         mixed = state.get("mixture")

@@ -25,9 +25,19 @@ def point_json(point, lo: dict) -> dict:
     """A `MixPoint` (in the run's numbering of the files) as the state's JSON (`MixPoint.to_json`),
     files numbered within each source (`lo`: each source's first file in the run's numbering; a
     source left out keeps its own)."""
-    out = {"source": point.source, "skip": point.skip, "mixer": point.mixer,
-           "sources": {n: [p[0], p[1] - lo.get(n, 0), p[2], p[3]] for n, p in sorted(point.sources.items())}}
-    skips = {n: p[4] for n, p in sorted(point.sources.items()) if p[4]}
+    return _json(point.source, point.skip, point.mixer, _places(point, lo))
+
+
+def _places(point, lo: dict) -> list:
+    """Each source's place `(name, epoch, file within it, rg, doc, skip)`, as `packed` holds them."""
+    return [(n, p[0], p[1] - lo.get(n, 0), p[2], p[3], p[4]) for n, p in point.sources.items()]
+
+
+def _json(source, skip, mixer, places) -> dict:
+    """The state's JSON of a point's values (`_places`' places, in any order)."""
+    places = sorted(places)
+    out = {"source": source, "skip": skip, "mixer": mixer, "sources": {p[0]: list(p[1:5]) for p in places}}
+    skips = {p[0]: p[5] for p in places if p[5]}
     if skips:
         out["skips"] = skips
     return out
@@ -47,9 +57,7 @@ def packed(point, lo: dict) -> tuple:
     """`(data, PACKED)`: the point as a slot carries it (`Packed` reads it), or `(text, crc)`
     where `marshal` cannot write its values."""
     try:
-        return marshal.dumps((point.source, point.skip, point.mixer,
-                              [(n, p[0], p[1] - lo.get(n, 0), p[2], p[3], p[4]) for n, p in point.sources.items()])
-                             ), PACKED
+        return marshal.dumps((point.source, point.skip, point.mixer, _places(point, lo))), PACKED
     except ValueError:
         text = point_text(point, lo)
         return text, zlib.crc32(text.encode())
@@ -67,13 +75,7 @@ class Packed:
     @property
     def text(self) -> str:
         if self._text is None:
-            source, skip, mixer, places = marshal.loads(self.data)
-            out = {"source": source, "skip": skip, "mixer": mixer,
-                   "sources": {p[0]: list(p[1:5]) for p in sorted(places)}}
-            skips = {p[0]: p[5] for p in sorted(places) if p[5]}
-            if skips:
-                out["skips"] = skips
-            self._text = json_text(out)
+            self._text = json_text(_json(*marshal.loads(self.data)))
         return self._text
 
     @property

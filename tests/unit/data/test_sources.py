@@ -80,3 +80,6 @@ def test_a_state_is_checked_before_anything_is_read(three):
         statemod.check(moved, identity, part)
     with pytest.raises(ValueError, match="resume state is of one source"):
         statemod.check({k: v for k, v in state.items() if k != "mixture"}, identity, part)
+    unversioned = {k: v for k, v in json.loads(json.dumps(state)).items() if k != "version"}
+    with pytest.raises(ValueError, match="no 'version': a mixture's state has one"):
+        statemod.check(unversioned, identity, part)  # not read as nanochat's keys, nor let through
