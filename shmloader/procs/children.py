@@ -17,7 +17,6 @@ import logging
 import multiprocessing.process
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from multiprocessing import reduction
@@ -34,7 +33,7 @@ from . import precedence
 from .heal import Held
 from .reaper import REAPER, Dropped, close_each, finish
 from .stall import Stall, Watch
-from .start import booting, drop_unstarted, respawn_worker, spawn, start_unstarted
+from .start import booting, respawn_worker, spawn
 
 class ChildLost(errors.WorkerError):
     """A child died, or made no progress for `stall_s` s while the trainer waited and was
@@ -57,7 +56,6 @@ ERROR_GRACE_S = 1.0
 DEATHS_S = 0.01  # what a death waits for others at the same moment (and, killed, an error it caused)
 MESSAGE_WAIT_S = 1.0
 LIVENESS_CHECK_S = 0.5
-BOOT_POLL_S = 0.01  # the starter's look at a booting forkserver
 
 
 @dataclass(eq=False)  # hashed by identity (procs/precedence.py keeps weak sets of runs)
@@ -83,45 +81,29 @@ class Children:
     failed: Error | None = None  # an error a child reported: raised at once, and again at every next() after
     untaken: object = None      # the first batch's announcement, taken from the ring by a next() that a
     #                             Ctrl-C ended before it returned it: the next next() returns it
-    unstarted: object = None    # the processes made and not started yet (start.py `Unstarted`): the forkserver boots
-    starter: object = None      # the thread that starts them once it has booted (`start_later`)
-    start_error: BaseException | None = None  # what that start raised, for `wait_started` to raise
-    stopping: bool = False      # shutdown began: the starter starts nothing
-    _start_lock: object = field(default_factory=threading.Lock)  # a start, or the shutdown's drop of `unstarted`
+    start: object = None        # start.py `Start`: the children from their making to their start (later, by a
+    #                             thread, while the forkserver boots), or their drop if the run stops first
     _watch: Listener = None     # every child's sentinel
     _blocked: Listener = None   # what a trainer waiting for a batch waits on
 
-    def start_later(self):
-        """Start `unstarted` in a thread of the training process once the forkserver has booted
-        (start.py `booting`), so that the trainer waits for neither."""
-        self.starter = threading.Thread(target=self._start_when_booted, name="shmloader-start", daemon=True)
-        self.starter.start()
+    @property
+    def starting(self) -> bool:
+        """Some child is not started yet, or a start by a thread has not been waited for
+        (`wait_started`)."""
+        return self.start is not None and self.start.pending
 
-    def _start_when_booted(self):
-        while booting(self.config.start_method) and not self.stopping:
-            time.sleep(BOOT_POLL_S)
-        with self._start_lock:
-            if self.unstarted is None or self.stopping:
-                return
-            try:
-                start_unstarted(self)
-            except BaseException as exc:  # raised in the trainer's thread, at `wait_started`
-                self.start_error = exc
+    @property
+    def made_only(self) -> bool:
+        """The children are made and not started yet."""
+        return self.start is not None and self.start.waiting
+
+    def note_started(self):
+        self.started_at = time.monotonic()
 
     def wait_started(self, timeout: float):
-        """Return once the children are started: wait for the starter (at most `timeout` s, then
-        `LoaderTimeout`) and raise what its start raised; start them here if it did not."""
-        if self.starter is not None:
-            self.starter.join(timeout)
-            if self.starter.is_alive():
-                raise errors.LoaderTimeout(f"the loader's processes did not start within {timeout:.0f} s: "
-                                           f"multiprocessing's forkserver did not answer")
-            self.starter = None
-        if self.start_error is not None:
-            error, self.start_error = self.start_error, None
-            raise error
-        with self._start_lock:
-            start_unstarted(self)
+        """Return once the children are started (start.py `Start.wait`)."""
+        if self.start is not None:
+            self.start.wait(timeout)
 
     @property
     def procs(self) -> list:
@@ -412,14 +394,8 @@ class Children:
         their pipes here, or, `wait=False`, in the reaper's thread (reaper.py)."""
         precedence.PRECEDENCE.stopped(self)
         self.segment.unlink()
-        self.stopping = True
-        locked = self._start_lock.acquire(timeout=SHUTDOWN_S)  # a start under way ends first
-        try:
-            later, self.unstarted = self.unstarted, None
-            drop_unstarted(later)
-        finally:
-            if locked:
-                self._start_lock.release()
+        if self.start is not None:
+            self.start.drop(SHUTDOWN_S)  # a start under way ends first
         if self.alive_w is not None:
             self.alive_w.close()
         started = [p for p in self.procs if p.pid is not None]
@@ -446,9 +422,8 @@ class Children:
             multiprocessing.process._children.discard(p)  # noqa: SLF001 (the set its exit handler reads)
         close_each(c for c in (self.alive_w, self.alive_r, self.conn, self.ready, self.kick) if c is not None)
         self.alive_w = self.alive_r = self.conn = self.ready = self.kick = None
-        self._start_lock, self.starter, self.stopping = threading.Lock(), None, True  # the starter is the parent's
-        later, self.unstarted = self.unstarted, None
-        drop_unstarted(later)
+        if self.start is not None:
+            self.start.forget()  # its thread is the parent's
         self.segment.forget()
         self.coordinator, self.workers = None, []
 
@@ -492,7 +467,7 @@ def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Chi
     position, `cargs.locate` is set: see locate.py); `first()`, if given, runs once the
     other loaders give way and before the children start (the head start's first batch). When
     it made one and the process's forkserver is still booting, the children are made and
-    started by a thread once it has booted (`start_later`; `kids.unstarted` until then): the
+    started by a thread once it has booted (`kids.start`, start.py `Start.later`): the
     caller waits for them with `wait_started` before it waits for a batch."""
     segmod.sweep_stale()
     segment, ring = segmod.create(layout)
@@ -506,7 +481,7 @@ def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Chi
         later = made and booting(config.start_method)
         spawn(kids, config, kids.args, now=not later)
         if later:
-            kids.start_later()
+            kids.start.later()
     except BaseException:
         kids.shutdown()
         raise

@@ -30,7 +30,7 @@ The first loader of a process would wait in its children's start for the forkser
 (its preloads, ~0.3-0.6 s on 2 cores). So while the server boots (procs/start.py `booting`:
 the server's last preload leaves a marker file, procs/forkready.py), the children are made and
 left unstarted (`start_children`) until a thread of the trainer starts them, once it has
-booted (children.py `start_later`); meanwhile the trainer makes the batches asked for, up to
+booted (start.py `Start.later`); meanwhile the trainer makes the batches asked for, up to
 `BOOTING_MOST` in all (the stream's rows), then `next()` waits for that start (procs/run.py
 `_wait_started`). They start from the run's start as always, so they make again, and the
 trainer compares, every batch made here (docs/design.md, "The head start").

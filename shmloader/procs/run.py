@@ -160,7 +160,7 @@ class Runs:
             began = time.monotonic()
             if run.head is not None and not run.head.over and (ann := self._head_start(run, mark)) is not None:
                 return ann
-            if run.children.unstarted is not None or run.children.starter is not None:  # the head start is over
+            if run.children.starting:  # the head start is over
                 self._wait_started(run, mark, timeout)
             try:
                 ann = run.children.next_batch(run.delivery, timeout)
@@ -188,7 +188,7 @@ class Runs:
         """The run's next batch made by the trainer (procs/headstart.py), while its rule says so
         (`MOST` more once its children, started late while the forkserver booted, are started)."""
         head, handover, began = run.head, run.children.handover, time.monotonic()
-        if head.until is None and run.children.unstarted is None:
+        if head.until is None and not run.children.made_only:
             head.started()
         made = head.make() if head.wanted(handover.announced(), handover.pending_messages()) else None
         if head.opened:
@@ -205,8 +205,7 @@ class Runs:
         forkserver booting); `mark`: the progress after the last batch returned."""
         with self._lock:
             run = self.run
-            if run is not None and self.closed is None and (
-                    run.children.unstarted is not None or run.children.starter is not None):
+            if run is not None and self.closed is None and run.children.starting:
                 self._wait_started(run, mark, self.config.timeout)
 
     def debug(self, mark: "Mark | None", start: bool) -> "Debug | None":
@@ -220,7 +219,7 @@ class Runs:
 
     def _wait_started(self, run: Run, mark: "Mark | None", timeout: float):
         """Wait for the run's children, started by a thread once the forkserver has booted
-        (children.py `start_later`), or start them here; the head start then makes `MOST` more
+        (start.py `Start.later`), or start them here; the head start then makes `MOST` more
         batches at most (`_head_start` sees them started). A start that failed with any of them unstarted stops the run (the next
         one starts from `mark`), and what it raised is raised."""
         with self._lock:
@@ -229,7 +228,7 @@ class Runs:
             try:
                 run.children.wait_started(timeout)
             finally:  # a Ctrl-C is raised once all are started (start.py `_start`): the run goes on
-                if run.children.unstarted is not None or any(p.pid is None for p in run.children.procs):
+                if run.children.made_only or any(p.pid is None for p in run.children.procs):
                     self.restart(mark) if mark is not None else self.stop()
 
     def _running(self) -> Run:

@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import NamedTuple
 from multiprocessing import resource_tracker
 
+from .. import errors
 from ..data import tokenizer as tokmod
 from ..ipc.handover import Doorbell, TrainerEnd
 from ..ipc.signals import sigint_blocked
@@ -41,6 +42,7 @@ from .worker import worker_main
 # tiktoken too: every worker unpickles an Encoding (a missing module is skipped by the server);
 # forkready last: it says the server has booted (`booting`)
 PRELOAD = ["shmloader.procs.worker", "shmloader.procs.coordinator", "tiktoken", "shmloader.procs.forkready"]
+BOOT_POLL_S = 0.01  # the starter's look at a booting forkserver
 BOOT_S = 30.0  # a server not booted after this long is waited for, as any start waits (`booting`)
 READY = "forkserver-{pid}.ready"  # the file a booted server leaves in the trainer's temporary directory (forkready.py)
 
@@ -80,7 +82,7 @@ def forget_forkserver():
     is the parent's, not this process's child (multiprocessing would wait for it and fail), so
     this process forgets it, and starts a server of its own if it makes a loader."""
     server = multiprocessing.forkserver._forkserver  # noqa: SLF001 (multiprocessing keeps no public handle)
-    # a loader's starter thread (children.py `start_later`) may have held these at the fork: new ones
+    # a loader's starter thread (`Start.later`) may have held these at the fork: new ones
     server._lock = _fresh(server._lock)  # noqa: SLF001
     tracker = resource_tracker._resource_tracker  # noqa: SLF001
     tracker._lock = _fresh(tracker._lock)  # noqa: SLF001
@@ -205,16 +207,104 @@ def wait_booted(start_method: str = "forkserver", timeout: float = BOOT_S) -> bo
 
 class Unstarted(NamedTuple):
     """A run's children made and not started (`spawn(..., now=False)`), with the pipes' ends
-    that are theirs: closed here once they are started, or the run stops."""
+    that are theirs: closed once they are started, or the run stops."""
     procs: list
     ends: tuple
     start_method: str
 
 
+class Start:
+    """A run's children from their making to their start: by a thread of the training process
+    once the forkserver has booted (`later`), or by the caller (`wait`, which
+    first waits for that thread and raises what its start raised); or never, the run stopped
+    first (`drop`: their pipes' ends closed). One lock orders a start and a drop.
+    `waiting`: made and not started yet; `pending`: waiting, or a thread's start not yet
+    waited for (what it raised is still to raise). `on_started()` runs once they are started."""
+
+    def __init__(self, unstarted: Unstarted, on_started):
+        self._unstarted, self._on_started = unstarted, on_started
+        self._thread, self._error, self._stopping = None, None, False
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> bool:
+        return self._unstarted is not None
+
+    @property
+    def pending(self) -> bool:
+        return self._unstarted is not None or self._thread is not None
+
+    def later(self):
+        """Start them in a thread ("shmloader-start") once the forkserver has booted."""
+        self._thread = threading.Thread(target=self._when_booted, name="shmloader-start", daemon=True)
+        self._thread.start()
+
+    def _when_booted(self):
+        while self._unstarted is not None and booting(self._unstarted.start_method) and not self._stopping:
+            time.sleep(BOOT_POLL_S)
+        with self._lock:
+            if self._unstarted is None or self._stopping:
+                return
+            try:
+                self._start()
+            except BaseException as exc:  # raised in the trainer's thread, at `wait`
+                self._error = exc
+
+    def wait(self, timeout: float):
+        """Return once they are started: wait for the thread (at most `timeout` s, then
+        `LoaderTimeout`) and raise what its start raised; start them here if it did not."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise errors.LoaderTimeout(f"the loader's processes did not start within {timeout:.0f} s: "
+                                           f"multiprocessing's forkserver did not answer")
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        with self._lock:
+            self._start()
+
+    def _start(self):
+        """Start what is made (nothing if it is started or dropped), waiting for a booting
+        forkserver; their pipes' ends are closed here, whatever happens."""
+        later = self._unstarted
+        if later is None:
+            return
+        try:
+            with _main_hidden():
+                _start(later.procs, later.start_method)
+        finally:
+            self._unstarted = None
+            self._on_started()
+            close_each(later.ends)
+
+    def drop(self, timeout: float):
+        """The run stops: start nothing more; a start under way (at most `timeout` s) ends first,
+        and the pipes' ends of what was never started are closed."""
+        self._stopping = True
+        locked = self._lock.acquire(timeout=timeout)
+        try:
+            later, self._unstarted = self._unstarted, None
+            if later is not None:
+                close_each(later.ends)
+        finally:
+            if locked:
+                self._lock.release()
+
+    def forget(self):
+        """In a process forked from the trainer: the thread and its lock are the parent's; this
+        copy starts nothing and closes its copies of the unstarted children's pipes' ends."""
+        self._lock, self._thread, self._stopping = threading.Lock(), None, True
+        later, self._unstarted = self._unstarted, None
+        if later is not None:
+            close_each(later.ends)
+
+
 def spawn(kids, config, cargs, now: bool = True):
     """Create `kids`' coordinator and workers (a `children.Children`: its pipes, doorbells and
-    handover are set here) for the run `cargs`, and start them (`now`), or leave them in
-    `kids.unstarted` for `start_unstarted`."""
+    handover are set here) for the run `cargs`, and start them (`now`), or leave them to
+    `kids.start` (a `Start`) to start later."""
     ctx = multiprocessing.get_context(config.start_method)
     if config.start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
@@ -231,29 +321,10 @@ def spawn(kids, config, cargs, now: bool = True):
     for i, (_, end) in enumerate(pipes):
         kids.workers.append(ctx.Process(target=worker_main, name=f"shmloader-worker-{i}", daemon=True,
                                         args=(config, replace(theirs, worker=i), end, alive_r)))
-    kids.unstarted = Unstarted(kids.procs, (coord_end, *(c for pair in pipes for c in pair)), config.start_method)
+    kids.start = Start(Unstarted(kids.procs, (coord_end, *(c for pair in pipes for c in pair)), config.start_method),
+                       kids.note_started)
     if now:
-        start_unstarted(kids)
-
-
-def start_unstarted(kids):
-    """Start `kids.unstarted`'s processes (nothing if there are none), waiting for a booting
-    forkserver; their pipes' ends are closed here, whatever happens."""
-    later = kids.unstarted
-    if later is None:
-        return
-    try:
-        with _main_hidden():
-            _start(later.procs, later.start_method)
-    finally:
-        kids.unstarted, kids.started_at = None, time.monotonic()
-        drop_unstarted(later)
-
-
-def drop_unstarted(later: "Unstarted | None"):
-    """Close the pipes' ends of children never started (a run stopped first)."""
-    if later is not None:
-        close_each(later.ends)
+        kids.start.wait(0.0)
 
 
 def _spilled(cargs):
@@ -337,7 +408,7 @@ def _main_hidden():
     whole training at the top level, so the children would train too. The children's targets
     live in shmloader modules, so their preparation data names no main module (as for an
     interactive session), in this thread only: `sys.modules["__main__"]` is never touched, so a
-    start in the background (children.py `Children.start_later`) cannot change what the trainer's main thread
+    start in the background (`Start.later`) cannot change what the trainer's main thread
     sees.
     """
     was = getattr(_HIDDEN, "on", False)

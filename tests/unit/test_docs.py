@@ -378,7 +378,7 @@ def test_every_backticked_function_or_name_exists():
 
 @pytest.mark.parametrize("text,ok", [
     ("`Lending.reclaim`", True), ("`Lending.refcount_callback`", False), ("`Run.at`", True), ("`Run.point`", False),
-    ("`state_of_snapshot`", True), ("`state_of()`", False), ("`start_later`", True), ("`start_when_booted`", False),
+    ("`state_of_snapshot`", True), ("`state_of()`", False), ("`Start.later`", True), ("`Start.when_booted`", False),
 ])
 def test_the_name_checks_can_fail(text, ok):
     classes, names = _classes(), _identifiers() | OUTSIDE

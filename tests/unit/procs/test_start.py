@@ -1,0 +1,99 @@
+"""start.py `Start`: a run's children from their making to their start, or their drop. The
+processes' start itself (`_start`) is replaced by a recorder: these are the record's rules."""
+import threading
+
+import pytest
+
+from shmloader.errors import LoaderTimeout
+from shmloader.procs import start as startmod
+from shmloader.procs.start import Start, Unstarted
+
+
+class End:
+    """A pipe's end: what matters is that it is closed once."""
+
+    def __init__(self):
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The procs lists `_start` was called with; `started.fail` makes the next call raise."""
+    calls = []
+
+    def record(procs, start_method):
+        if getattr(record, "fail", None) is not None:
+            raise record.fail
+        calls.append(list(procs))
+
+    record.calls = calls
+    monkeypatch.setattr(startmod, "_start", record)
+    monkeypatch.setattr(startmod, "booting", lambda method: False)
+    return record
+
+
+def _made(noted):
+    ends = (End(), End())
+    return Start(Unstarted(["coordinator", "worker-0"], ends, "spawn"), lambda: noted.append(1)), ends
+
+
+def test_wait_starts_them_once_noted_and_their_ends_closed(started):
+    noted = []
+    start, ends = _made(noted)
+    assert start.waiting and start.pending
+    start.wait(1.0)
+    start.wait(1.0)  # started: nothing more
+    assert started.calls == [["coordinator", "worker-0"]] and noted == [1]
+    assert [e.closed for e in ends] == [1, 1] and not start.waiting and not start.pending
+
+
+def test_a_drop_first_starts_nothing_and_closes_the_ends(started):
+    noted = []
+    start, ends = _made(noted)
+    start.drop(1.0)
+    start.wait(1.0)
+    start.drop(1.0)
+    assert started.calls == [] and noted == [] and [e.closed for e in ends] == [1, 1]
+    assert not start.pending
+
+
+def test_later_starts_them_in_a_thread_and_wait_takes_its_end(started):
+    start, ends = _made([])
+    start.later()
+    assert start.pending  # until waited for, whether or not the thread is done
+    start.wait(5.0)
+    assert started.calls == [["coordinator", "worker-0"]] and not start.pending
+    assert not [t for t in threading.enumerate() if t.name == "shmloader-start"]
+
+
+def test_what_the_thread_start_raised_is_raised_by_wait_once(started):
+    started.fail = OSError("no forkserver")
+    start, ends = _made([])
+    start.later()
+    with pytest.raises(OSError, match="no forkserver"):
+        start.wait(5.0)
+    assert [e.closed for e in ends] == [1, 1]  # closed whatever happens
+    start.wait(5.0)  # raised once; nothing left to start
+
+
+def test_a_thread_that_does_not_end_is_a_timeout(started, monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(startmod, "booting", lambda method: not release.is_set())
+    start, ends = _made([])
+    start.later()
+    with pytest.raises(LoaderTimeout, match="did not start within"):
+        start.wait(0.05)
+    start.drop(1.0)  # the run stops: the thread starts nothing and ends
+    release.set()
+    start._thread.join(5.0)
+    assert started.calls == [] and [e.closed for e in ends] == [1, 1]
+
+
+def test_a_forked_copy_forgets_the_thread_and_starts_nothing(started):
+    start, ends = _made([])
+    start.forget()
+    start.wait(1.0)
+    assert started.calls == [] and not start.pending and [e.closed for e in ends] == [1, 1]
