@@ -50,6 +50,14 @@ def default_workers() -> int:
     return min(share(), MOST_DEFAULT)
 
 
+def in_flight(num_workers: int, cores: int) -> int | None:
+    """The most pieces `num_workers` workers on `cores` cores tokenize at once: one more than the
+    cores when the workers are more (so that the piece the stream needs next has a core's share
+    of the time, not a worker's share: the stream takes pieces in order), else None (each
+    worker's own bound, packing/base.py)."""
+    return cores + 1 if num_workers > cores else None
+
+
 def crowded(num_workers: int):
     """Say once (a `CoresWarning`) that `num_workers` is more than this rank's share of the cores."""
     if (text := oversubscribed(num_workers, share())) is not None:

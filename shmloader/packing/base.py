@@ -189,6 +189,7 @@ class Mode:
 
     def __init__(self, n_workers: int, cfg, window: int = 0, n_slots: int = 0):
         self.flight_bytes = cfg.max_piece_bytes   # None: no bound by text (a token cache's whole row groups)
+        self.most_in_flight = cfg.pieces_in_flight  # None: no bound over all workers
         self.ring_tokens = window * n_slots
         self._in_flight = {}                  # piece index -> (worker, text bytes): given, not counted
         self._held = [{} for _ in range(n_workers)]  # per worker: piece index -> tokens, counted, not written
@@ -223,6 +224,8 @@ class Mode:
         n, text, behind = self._flight(worker)
         held = self._held_tokens[worker]
         flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None and text < self.flight_bytes)
+        if self.most_in_flight is not None and len(self._in_flight) >= self.most_in_flight:
+            return False
         return (flight_ok and n + len(self._held[worker]) < MAX_HELD_PIECES
                 and (not held or held < self._budget(behind)))
 
