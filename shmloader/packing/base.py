@@ -33,7 +33,10 @@ are fewer than its budget, in fewer than `MAX_HELD_PIECES` pieces. The budget is
 tokens, or the tokens of the largest piece another worker is tokenizing (its text bytes times
 the tokens per byte of the pieces counted so far), whichever is more: so a worker whose
 finished pieces wait behind another's long piece keeps working about as long as that piece
-takes, and otherwise holds no more than a ring.
+takes, and otherwise holds no more than a ring. With more workers than the cores
+(`cfg.pieces_in_flight`, cores.py `in_flight`), all of them together have at most one piece
+more than the cores given and not counted: the stream takes pieces in order, and the one it
+needs next then has a core's share of the time, not a worker's.
 """
 import heapq
 from dataclasses import dataclass
