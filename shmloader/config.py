@@ -186,6 +186,11 @@ class LoaderConfig:
         return max(1, self.n_slots // 2)
 
     @property
+    def pieces_in_flight(self) -> int | None:
+        """The most pieces the workers tokenize at once (`cores.in_flight`), or None."""
+        return cores.in_flight(self.num_workers, cores.share())
+
+    @property
     def piece_unit(self) -> int:
         """Pieces hold whole units of documents: best fit's chunks, so that none is split."""
         return self.tokenizer_batch_size if self.spec.buffered else 1

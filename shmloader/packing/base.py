@@ -33,7 +33,10 @@ are fewer than its budget, in fewer than `MAX_HELD_PIECES` pieces. The budget is
 tokens, or the tokens of the largest piece another worker is tokenizing (its text bytes times
 the tokens per byte of the pieces counted so far), whichever is more: so a worker whose
 finished pieces wait behind another's long piece keeps working about as long as that piece
-takes, and otherwise holds no more than a ring.
+takes, and otherwise holds no more than a ring. With more workers than the cores
+(`cfg.pieces_in_flight`, cores.py `in_flight`), all of them together have at most one piece
+more than the cores given and not counted: the stream takes pieces in order, and the one it
+needs next then has a core's share of the time, not a worker's.
 """
 import heapq
 from dataclasses import dataclass
@@ -189,6 +192,7 @@ class Mode:
 
     def __init__(self, n_workers: int, cfg, window: int = 0, n_slots: int = 0):
         self.flight_bytes = cfg.max_piece_bytes   # None: no bound by text (a token cache's whole row groups)
+        self.most_in_flight = cfg.pieces_in_flight  # None: no bound over all workers
         self.ring_tokens = window * n_slots
         self._in_flight = {}                  # piece index -> (worker, text bytes): given, not counted
         self._held = [{} for _ in range(n_workers)]  # per worker: piece index -> tokens, counted, not written
@@ -223,6 +227,8 @@ class Mode:
         n, text, behind = self._flight(worker)
         held = self._held_tokens[worker]
         flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None and text < self.flight_bytes)
+        if self.most_in_flight is not None and len(self._in_flight) >= self.most_in_flight:
+            return False
         return (flight_ok and n + len(self._held[worker]) < MAX_HELD_PIECES
                 and (not held or held < self._budget(behind)))
 

@@ -9,6 +9,9 @@ of the throughput and token-cache topics.
 - trainer CPU per batch: user + system CPU of the training process (all threads) per batch
   over that loop. The workers' and the coordinator's CPU over the same window come from
   /proc: each worker's busy share (its CPU seconds / the window's wall seconds).
+- ahead: tokens the workers read and no batch returned holds yet, at the window's end (a
+  window from the first batch loses what fills the pipeline: with more workers than cores,
+  docs/benchmarks.md "More workers than cores: the fill").
 - peaks: the trainer's (ru_maxrss), the largest worker's and the coordinator's (VmHWM).
 - first batch (`first_runs` > 0): wall time from building a loader to its first batch, each of
   `first_runs` fresh loaders in this process (the first also starts the forkserver).
@@ -94,6 +97,7 @@ def read_as_fast(it, seconds: float, window: int, bestfit: bool = False, first_e
                "coordinator_cpu_s": measure.cpu_of(coordinator) - k0 if coordinator else None}
         if workers:
             stats = it.stats()
+            out["ahead_tokens"] = stats["tokens_read"] - stats["tokens_delivered"]  # read, not yet in a batch returned
             # each worker's tokens per second of its own busy (reading + tokenizing) time
             out["worker_busy_tokens_per_s"] = statistics.fmean(w["tokens_per_s"] for w in stats["workers"])
             out["worker_tokenized"] = sum(w.get("tokenized", 0) for w in stats["workers"])  # not from a cache

@@ -127,19 +127,19 @@ def report(run: dict) -> str:
     out.append("(of bare / of read: tokens/s over as many bare engine processes / bare processes that read, side by "
                "side in the same round, per round; CPU of bare: the workers' tokens per CPU second / a bare "
                "process's tokens per CPU second (the median round's); workers' CPU: their CPU seconds / the window, in cores; coordinator: its share "
-               "of one core)")
+               "of one core; ahead: tokens read that no batch returned holds yet at the window's end, the median round's)")
     return "\n".join(out)
 
 
 def table(entry: dict) -> str:
     head = ("loader", "M tokens/s (rounds)", "of bare (rounds)", "of read (rounds)", "CPU of bare",
-            "workers' CPU, cores", "coordinator", "trainer CPU us/batch")
+            "workers' CPU, cores", "coordinator", "ahead at the end, M tokens", "trainer CPU us/batch")
     rows = []
     pct = lambda xs: " ".join(f"{x:.0%}" for x in xs or []) or "-"  # noqa: E731
     for r in entry["rows"]:
         if r["kind"] != "shmloader":
             rows.append((throughput.name(r), f"{r['tokens_per_s'] / 1e6:.2f} "
-                         f"({' '.join(f'{x / 1e6:.2f}' for x in r['tokens_per_s_rounds'])})", "-", "-", "-", "-", "-",
+                         f"({' '.join(f'{x / 1e6:.2f}' for x in r['tokens_per_s_rounds'])})", "-", "-", "-", "-", "-", "-",
                          fmt(r["trainer_cpu_us_per_batch"])))
             continue
         wall = r["wall_s"]
@@ -149,6 +149,7 @@ def table(entry: dict) -> str:
                      fmt(r.get("cpu_of_bare_cpu"), ".0%"),
                      fmt(r["worker_cpu_s"] / wall if r.get("worker_cpu_s") is not None else None, ".2f"),
                      fmt(r["coordinator_cpu_s"] / wall if r.get("coordinator_cpu_s") is not None else None, ".0%"),
+                     fmt(r["ahead_tokens"] / 1e6 if r.get("ahead_tokens") is not None else None, ".1f"),
                      fmt(r["trainer_cpu_us_per_batch"])))
     return results.table(head, rows)
 

@@ -6,21 +6,29 @@ import itertools
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from shmloader.position import Position
+from shmloader import cores
 from shmloader.config import LoaderConfig
 from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted
 from shmloader.packing.base import MAX_HELD_PIECES, MAX_IN_FLIGHT
 from shmloader.packing.concat import ConcatMode
+from shmloader.position import Position
 
 B, T, N_SLOTS = 2, 16, 4
 
 
-def mode_over(pieces, **options):
-    cfg = LoaderConfig(B, T, n_slots=N_SLOTS, **options)
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch):
+    """These rules are the mode's, not the machine's: 2 cores, whatever this one has."""
+    monkeypatch.setattr(cores, "share", lambda: 2)
+
+
+def mode_over(pieces, workers: int = 2, **options):
+    cfg = LoaderConfig(B, T, n_slots=N_SLOTS, num_workers=workers, **options)
     run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS), start=Position(1, 0, 0))
-    return ConcatMode(cfg, run, 2, lambda ramp, cap, first: iter(pieces))
+    return ConcatMode(cfg, run, workers, lambda ramp, cap, first: iter(pieces))
 
 
 def count(mode, piece, tokens_per_doc):
@@ -101,3 +109,24 @@ def test_a_slow_trainer_bounds_what_every_worker_holds():
             assert mode.hold_tokens(w) == mode.ring_tokens  # nothing long in flight
             assert held < mode.hold_tokens(w) + docs * tokens_per_doc
             assert len([i for i, o in mode.owner.items() if o == w]) <= MAX_HELD_PIECES
+
+
+def test_more_workers_than_cores_tokenize_one_piece_more_than_the_cores_at_once():
+    """8 workers on 2 cores: at most 3 pieces given and not counted, whoever holds them; the
+    least loaded take them (lowest index first, as the coordinator picks), so 3 workers do the
+    work and the others stand by; as many workers as cores keep their own bounds alone."""
+    pieces = [Piece(i, 1, 0, i, 0, 10, text_bytes=800) for i in range(64)]
+    mode = mode_over(pieces, 8)
+    assert mode.most_in_flight == 3
+    given, in_flight = {w: 0 for w in range(8)}, []
+    for _ in range(40):
+        while (w := next((w for w in sorted(range(8), key=mode.load) if mode.can_take(w)), None)) is not None:
+            piece = next(mode.pieces)
+            mode.take(w, piece)
+            given[w] += 1
+            in_flight.append(piece)
+        assert len(in_flight) == 3, "not one piece more than the cores in flight"
+        count(mode, in_flight.pop(0), 10)   # the oldest is counted and placed: one more may go out
+        drain(mode)
+    assert [w for w, n in given.items() if n] == [0, 1, 2] and sum(given.values()) == 42, given
+    assert mode_over(pieces, 2).most_in_flight is None  # as many workers as cores: no bound
