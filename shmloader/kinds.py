@@ -13,7 +13,9 @@ used to branch on:
   refused naming both) and planned into a `state.Resume` (resume.py `plan`, or `plan_mixture`);
 - `part`: its part of a state, which the one `state.Writer` writes and `state.check` reads
   (`sourcestate.Files`, or `mixstate.Mixed`);
-- `run_args(resume)`: what a run is given beyond the files (a mixture's `MixArgs`, else None);
+- `run_args(resume)`: what a run starting at `resume` is given beyond its start, as `RunArgs`
+  fields: the elastic plans (`plan`, a mixture's in its `MixArgs`), and the `plans` its order
+  reads (the coordinator's `shuffle.Windows`);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
   process keeps open (`keep_open`);
@@ -95,8 +97,8 @@ class OneSource(_Kind):
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         return resumemod.plan(state, identity, self.part, self.catalogue, config, args, heal)
 
-    def run_args(self, resume: statemod.Resume):
-        return None
+    def run_args(self, resume: statemod.Resume) -> dict:
+        return {"plan": resume.plan, "plans": resume.plan}
 
     def start_buffer(self, resume: statemod.Resume, spec):
         return encode_buffer(resume.runs) if spec.buffered else None
@@ -141,8 +143,9 @@ class Mixed(_Kind):
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         return resumemod.plan_mixture(state, identity, self.part, self.catalogue, config, args, heal)
 
-    def run_args(self, resume: statemod.Resume):
-        return mixstate.run_args(self.catalogue, resume)
+    def run_args(self, resume: statemod.Resume) -> dict:
+        mix = mixstate.run_args(self.catalogue, resume)
+        return {"mixture": mix, "plans": mix.plans}
 
     def start_buffer(self, resume: statemod.Resume, spec):
         return mixstate.point_text(resume.mix)

@@ -163,7 +163,8 @@ def _locate(resume: statemod.Resume, config, args, heal, rank: int | None = None
     first = resume.plan.batch if resume.plan is not None else 0
     count = dataclasses.replace(args, files=args.files[:resume.n_files], rank=rank, world=world, layout=layout,
                                 start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
-                                locate=(resume.shapes, resume.batch, first), later=None, plan=resume.plan)
+                                locate=(resume.shapes, resume.batch, first), later=None, plan=resume.plan,
+                                plans=resume.plan)
     found = _counted(config, layout, count, heal, args, resume.batch - first, resume.batch, shows)
     return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
 
