@@ -22,7 +22,8 @@ that the files' names, sizes and footers cannot show.
   replays `origin`, `shapes` and `batch` over its own document lengths (packing/count.py) to find
   its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
 - a state of another world size (any old rank's) is a `Change`: the loader finds every old
-  rank's position at the state's `batch` count and makes the elastic plan (resume.py,
+  rank's position at the state's `batch` count (resume.py, replaying every other old rank's
+  stream from its origin: `Files.old_rank`) and makes the elastic plan (`Files.shared`,
   data/elastic.py), for either packing; it needs the files the state was saved with, all of
   them unchanged (files added at a change, or to a run that began at one, are a ValueError);
   with `other_rank="nanochat"` it resumes approximately as nanochat;
@@ -37,6 +38,12 @@ buffer as a list of runs), 4 (no check) and 5 (the position in the fields `epoch
 `rg_idx`, `doc_idx`, `skip`, no nanochat keys of their own). nanochat's keys are not the
 position: they say what nanochat's loaders say with the same batch (for `print` and for a
 resume with nanochat's own loader), and a loader resumes at `position`.
+
+The steps of the one resume plan (resume.py) that are one source's are `Files`' too
+(`resume.Part`): the catalogue takes the state's order of the epoch in progress and its footers
+(`take_files`); a replay runs over the files the state was saved with, from the rank's origin or,
+in a run that began at a change of world size, its first unit of the plan (`replay`,
+`plan_start`), and finds a position and best fit's buffer (`replayed`).
 
 Why the buffer is text: nanochat's loop takes a state with every batch, and best fit's buffer
 holds ~1000 documents in a few hundred runs. As lists of Python ints that is thousands of
