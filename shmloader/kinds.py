@@ -9,11 +9,14 @@ used to branch on:
 - `first_positions(config)`: where a fresh shuffled stream begins (`shuffle.FirstPositions`,
   read in the training process), or None (the files' order; a mixture: each source's, found by
   its run's coordinator, procs/coordinator.py `_with_firsts`);
-- `resume(state, ...)`: a state checked (`state.check` with its part: a state of the other kind
-  refused naming both) and planned into a `state.Resume` (resume.py `plan`, or `plan_mixture`);
-- `part`: its part of a state, which the one `state.Writer` writes and `state.check` reads
+- `part`: its part of a state, which the one `state.Writer` writes, `state.check` reads (a state
+  of the other kind refused naming both) and the one resume plan (resume.py `plan`) resumes
+  with: what differs in a resume (the files the state's run read, a count-only replay's
+  `RunArgs` and its answer, the elastic plan from the old ranks' places) is the part's
   (`sourcestate.Files`, or `mixstate.Mixed`);
-- `run_args(resume)`: what a run is given beyond the files (a mixture's `MixArgs`, else None);
+- `run_args(resume)`: what a run starting at `resume` is given beyond its start, as `RunArgs`
+  fields: the elastic plans (`plan`, a mixture's in its `MixArgs`), and the `plans` its order
+  reads (the coordinator's `shuffle.Windows`);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
   process keeps open (`keep_open`);
@@ -25,8 +28,8 @@ used to branch on:
 - `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
   mixture's point);
 - `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch);
-- and alike for both, from the catalogue: `identity(...)`, what a state is checked against, and
-  `args(...)`, what every run is given.
+- and alike for both, from the catalogue and the part: `identity(...)`, what a state is checked
+  against, `args(...)`, what every run is given, and `resume(state, ...)`, the resume plan.
 
 So no module outside the mixing stage asks which: the processes run the modes they are given
 (a mixture's read `RunArgs.mixture`, its `MixArgs`). docs/design.md "Mixtures" says what is
@@ -70,6 +73,10 @@ class _Kind:
                        later=cat.later, columns=None if set(cat.columns) <= {"text"} else tuple(cat.columns),
                        counts=None if first is None else first.counts, **self.run_fields(config))
 
+    def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
+        """`state` checked and planned into a `state.Resume` (resume.py `plan`, with the part)."""
+        return resumemod.plan(state, identity, self.part, self.catalogue, config, args, heal)
+
 
 class OneSource(_Kind):
     """One source: a directory, files, a glob, a URI or a `source.Source`."""
@@ -92,11 +99,8 @@ class OneSource(_Kind):
                                           len(cat.paths), 8 if cat.filesystem is not None else 1))
         # threads for a remote filesystem's footers; local ones read 4x faster alone (16 files: 2 ms, 8 ms with 8)
 
-    def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
-        return resumemod.plan(state, identity, self.part, self.catalogue, config, args, heal)
-
-    def run_args(self, resume: statemod.Resume):
-        return None
+    def run_args(self, resume: statemod.Resume) -> dict:
+        return {"plan": resume.plan, "plans": resume.plan}
 
     def start_buffer(self, resume: statemod.Resume, spec):
         return encode_buffer(resume.runs) if spec.buffered else None
@@ -138,11 +142,9 @@ class Mixed(_Kind):
     def first_positions(self, config):
         return None
 
-    def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
-        return resumemod.plan_mixture(state, identity, self.part, self.catalogue, config, args, heal)
-
-    def run_args(self, resume: statemod.Resume):
-        return mixstate.run_args(self.catalogue, resume)
+    def run_args(self, resume: statemod.Resume) -> dict:
+        mix = mixstate.run_args(self.catalogue, resume)
+        return {"mixture": mix, "plans": mix.plans}
 
     def start_buffer(self, resume: statemod.Resume, spec):
         return mixstate.point_text(resume.mix)

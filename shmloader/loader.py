@@ -272,7 +272,7 @@ class ShmLoader:
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
         args = dataclasses.replace(self._args(), start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
-                                   plan=resume.plan, mixture=self._kind.run_args(resume))
+                                   **self._kind.run_args(resume))
         self._writer = statemod.Writer(self._identity(), resume, self._kind.part)
         buffer = self._kind.start_buffer(resume, self.config.spec)  # a mixture's place travels as best fit's buffer does
         self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0, resume.read)

@@ -20,8 +20,8 @@ batch, the shapes, the check, the position, the point and the plans' crcs.
 Resuming (`check`): this rank's own state; another rank's state, or (concat only: best fit's is
 refused, not built yet, and says so) one of another world size, shuffled or not (each source
 in its own order: data/mixelastic.py), of a run that used this mixture from batch 0 with one
-batch shape (this rank's place, or every old rank's, is then replayed: resume.py `_locate_mix`,
-`_elastic_mix`; other runs are refused, `_check_replayable`, and so is a second change of
+batch shape (this rank's place, or every old rank's, is then replayed: resume.py with
+`Mixed.replay`, `Mixed.shared`; other runs are refused, `_check_replayable`, and so is a second change of
 world size: the mixer of a run that began at one counts from there, its `since`);
 the config as state.py checks it; another B or T as there; every source the state and the loader share must list the same files (name, size,
 footer where both know it); a source added (read from its start) or left out (its place kept
@@ -31,10 +31,12 @@ its state (packing/mixmode.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 
 from . import state as statemod
+from .data import mixelastic, shuffle
 from .data.catalogue import described_files
 from .data.mixture import Mixer
 from .data.order import start_position
@@ -189,6 +191,54 @@ class Mixed:
         checked = statemod.check_field(state) if reshaped == shapes and not notes else None
         return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
                                mix=json.loads(text) if text is not None else None, mix_plans=plans)
+
+
+    # resume.py's steps (`resume.Part`), over the loader's sources
+
+    def take_files(self, state: dict, resume: statemod.Resume):
+        """The footers the state knows of every source's files (their order is the sources')."""
+        self._sources.with_footers(state["mixture"]["sources"])
+
+    def replay(self, resume: statemod.Resume, args, config):
+        """The rank's mixed stream from the run's start (every source's, the mixer's first
+        stage: `_check_replayable` let only such runs through), one batch shape."""
+        start = start_position(args.rank)
+        mix = run_args(self._sources, statemod.Resume(start))._replace(plans=None)
+        return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix, plans=None,
+                                   locate=(resume.shapes[:1], resume.batch, 0))
+
+    def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
+        """At the replayed point (`found.runs`: its JSON) and the position it names."""
+        return dataclasses.replace(resume, position=Position(*found.position), mix=json.loads(found.runs),
+                                   locate=False)
+
+    def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
+        """The state's rank's point; another's mixed stream from the run's start."""
+        if rank == resume.change.rank:
+            return resume
+        return dataclasses.replace(resume, change=None, locate=True)
+
+    def shared(self, resume: statemod.Resume, places: list, config, args) -> tuple:
+        """Each source's own `elastic.Plan` from the old ranks' places in it (data/mixelastic.py;
+        shuffled, in each source's own order), this rank starting every source at its first unit
+        (a cut document's tokens before its place dropped, `"skips"`) with a mixer whose counting
+        stage begins at the change, its totals the old ranks' together."""
+        sources = self._sources
+        start = mixelastic.plan([p.mix for p in places], sources.mixture, resume.batch, args.rank, args.world,
+                                lambda name: lambda f: sources.catalogues[name].row_counts(f, config.on_bad_row_group),
+                                lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args))
+        first = start.point["source"]
+        position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
+        return (dataclasses.replace(resume, position=sources.to_run(first, position), mix=start.point,
+                                    mix_plans=start.plans, change=None, locate=False, check=None),
+                "every source's rest of its epoch in progress")
+
+    def _shuffles(self, config, args) -> dict | None:
+        """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`),
+        or None (the files' order)."""
+        mix = run_args(self._sources, statemod.Resume(start_position(args.rank)))
+        order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
+        return None if order is None else dict(zip(order.names, order.orders))
 
 
 def _places(text: str) -> dict:

@@ -1,21 +1,23 @@
 """Where a loader starts from a state: one call, `plan`, from (the state, the loader's
-catalogue and settings) to a `state.Resume` whose position the next run starts at.
+catalogue and settings) to a `state.Resume` whose position the next run starts at, the same
+flow for one source and a mixture: what differs between them is the part's (`Part`:
+sourcestate.Files, mixstate.Mixed), and this module names neither.
 
 1. `state.check` validates the state against this loader (its envelope, then the part of what
-   the loader reads: sourcestate.py, mixstate.py), naming each difference in words,
-   and says what kind it is: this rank's own (its position), another rank's of the same world
-   size (`locate`), one of another world size (`change`), or nanochat's own (where nanochat
-   resumes; it becomes the run's `origin`).
-2. The catalogue takes the order of the epoch in progress (files added since the save are read
-   after the saved ones, and in their sorted place from the next epoch on) and the footers the
-   state knows.
-3. Another world size: every old rank's position (the state's own rank's from the state, every
-   other one by a count-only replay of its stream up to the batch count) makes the elastic
-   plan (data/elastic.py); this rank starts at its first unit with its share of the old
-   best-fit buffers (`_plan_start`).
-4. Another rank's state: this rank's own position at the state's batch count, by a count-only
-   run (packing/count.py) over the files the state was saved with; a run that began elastic
-   replays from its plan's start. So every rank resumes exactly from rank 0's state.
+   the loader reads), naming each difference in words, and says what kind it is: this rank's
+   own (its position), another rank's of the same world size (`locate`), one of another world
+   size (`change`), or nanochat's own (where nanochat resumes; it becomes the run's `origin`).
+2. The catalogue reads as the state's run did (`Part.take_files`): one source's files in the
+   order of the epoch in progress (files added since the save after the saved ones, in their
+   sorted place from the next epoch on), and the footers the state knows.
+3. Another world size (`_elastic`): every old rank's place (`Part.old_rank`: the state's own
+   rank's from the state, every other one by a count-only replay of its stream up to the batch
+   count) makes the elastic plan (`Part.shared`: data/elastic.py, a mixture's per source
+   data/mixelastic.py), and this rank starts at its first unit.
+4. Another rank's state (`_replay`): this rank's own place at the state's batch count, by a
+   count-only run (`Part.replay`: its `RunArgs`, packing/count.py or packing/mixcount.py; its
+   answer read by `Part.replayed`) over the files the state was saved with; a run that began
+   elastic replays from its plan's start. So every rank resumes exactly from rank 0's state.
 
 A count-only run is started and stopped like a loader's run (procs/children.py
 `locate_position`, procs/locate.py) and raises if no word comes for `timeout`. Its progress (done of total
@@ -27,15 +29,14 @@ level from one rank, the lowest that replays (`_shows`), at INFO from the others
 the check the state carries (`Ahead` takes it, and the batch a state looks ahead at).
 """
 import dataclasses
-import json
 import logging
 import os
 import time
+from typing import Protocol
 
-from . import mixstate, progress, sourcestate, state as statemod
-from .data import elastic, mixelastic
-from .data import shuffle as shufflemod
+from . import progress, state as statemod
 from .errors import DataError
+from .ipc.protocol import RunArgs
 from .position import Position
 from .procs.locate import locate_position
 from .ipc.ring import RingLayout
@@ -43,39 +44,44 @@ from .ipc.ring import RingLayout
 log = logging.getLogger("shmloader")
 
 
-def plan(state, identity: statemod.Loader, part, catalogue, config, args, heal=None) -> statemod.Resume:
+class Part(statemod.Part, Protocol):
+    """A state's part as `plan` resumes with it: `state.Part`, and the steps of a resume that
+    differ with what the loader reads (sourcestate.Files, mixstate.Mixed), over its catalogue."""
+
+    def take_files(self, state: dict, resume: statemod.Resume) -> None:
+        """The catalogue reads the files as the checked `state`'s run did (their order, the
+        footers it knows)."""
+
+    def replay(self, resume: statemod.Resume, args: RunArgs, config) -> RunArgs:
+        """The count-only run that finds where rank `args.rank` of `args.world` stands at
+        `resume.batch` (`args`: the loader's, with that rank, world and layout); its
+        `locate`'s first batch is where its replay's count of batches begins."""
+
+    def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
+        """`resume` at the place a replay found (`found`: its `Located`, with a position)."""
+
+    def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
+        """Old rank `rank`'s place at a change of world size (`resume.change`): the state's own
+        rank's, from the state; any other's stream from its start, `locate` set (replayed)."""
+
+    def shared(self, resume: statemod.Resume, places: list, config, args: RunArgs) -> tuple:
+        """`(resume, words)`: the elastic plan made from every old rank's place (`places`, old
+        rank order), where rank `args.rank` of `args.world` starts in it, and what it shares out
+        (words for the log)."""
+
+
+def plan(state, identity: statemod.Loader, part: Part, catalogue, config, args, heal=None) -> statemod.Resume:
     """The `Resume` of `state` for this loader (`identity`: what the state is checked against;
-    `part`: its part of a state, sourcestate.Files;
-    `args`: the loader's `RunArgs`, for count-only runs; `heal(lost, paths)`: a count-only run's
-    lost child, healed within the loader's budget: procs/run.py). Raises `ValueError` naming
-    what does not match."""
+    `part`: its part of a state, over `catalogue`; `args`: the loader's `RunArgs`, for
+    count-only runs; `heal(lost, paths)`: a count-only run's lost child, healed within the
+    loader's budget: procs/run.py). Raises `ValueError` naming what does not match."""
     resume = statemod.check(state, identity, part)
-    if resume.origin is not None and "version" not in state:
-        _check_row_group(resume.origin, catalogue)
-    catalogue.reorder(resume.order)
+    part.take_files(state, resume)
     args = dataclasses.replace(args, files=catalogue.paths)
     if resume.change is not None:
-        resume = _elastic(resume, catalogue, config, args, heal)
-    elif resume.locate and resume.plan is not None:  # another rank's state of a run that began elastic
-        resume = _plan_start(resume, resume.plan, catalogue, config, args.rank, args.world)
+        return _elastic(resume, part, config, args, heal)
     if resume.locate:
-        resume = _locate(resume, config, args, heal, shows=_shows(state, args))
-    if state.get("version", 2) > 2:  # version 2 has no footers; nanochat's states no files
-        catalogue.with_footers(state["files"])
-    return resume
-
-
-def plan_mixture(state, identity: statemod.Loader, part, sources, config, args, heal=None) -> statemod.Resume:
-    """`plan` for a mixture's loader (`sources`: its `data.sources.Sources`; `part`: its part of a
-    state, mixstate.Mixed): every source's place."""
-    resume = statemod.check(state, identity, part)
-    sources.with_footers(state["mixture"]["sources"])
-    if resume.change is not None:  # another world size's: every old rank's place, each source's plan
-        resume = _elastic_mix(resume, sources, config, args, heal)
-    elif resume.locate:  # another rank's: this rank's place at its batch count, replayed
-        position, point = _locate_mix(resume, sources, config, args, heal, args.rank, args.world,
-                                      _shows(state, args))
-        resume = dataclasses.replace(resume, position=position, mix=point, locate=False)
+        return _replay(resume, part, config, args, heal, args.rank, args.world, _shows(state, args))
     return resume
 
 
@@ -143,29 +149,40 @@ def check_first(check: int, expected: int, mark, path: str, skipping: bool):
         f"a new run. This loader is closed")
 
 
-def _check_row_group(origin: dict, catalogue):
-    """A nanochat state's row group must be one of its file's (the file's footer says)."""
-    f, rg = origin["pq_idx"], origin["rg_idx"]
-    n = len(catalogue.row_counts(f))
-    if rg >= n:
-        raise ValueError(f"resume state field 'rg_idx' is {rg}, but {catalogue.paths[f]} (its 'pq_idx' "
-                         f"{f}) has {n} row groups: the state is not of these files")
-
-
-def _locate(resume: statemod.Resume, config, args, heal, rank: int | None = None, world: int | None = None,
-            shows: bool = False) -> statemod.Resume:
-    """The position at `resume.batch` of this rank (or of `rank` of `world`: an old rank at a
-    change of world size), by replaying the run over its document lengths (the token cache's,
-    or counted by the workers), from the files the state was saved with; a run that began
-    elastic replays from its plan's batch count."""
-    rank, world = (args.rank, args.world) if rank is None else (rank, world)
+def _replay(resume: statemod.Resume, part: Part, config, args, heal, rank: int, world: int,
+            shows: bool) -> statemod.Resume:
+    """`resume` at rank `rank` of `world`'s place at `resume.batch`: a count-only run of its
+    stream over its own document lengths (the token cache's, or counted by the workers), as the
+    part makes it (`Part.replay`) and reads its answer (`Part.replayed`)."""
     layout = RingLayout(2, 1, config.num_workers)
-    first = resume.plan.batch if resume.plan is not None else 0
-    count = dataclasses.replace(args, files=args.files[:resume.n_files], rank=rank, world=world, layout=layout,
-                                start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
-                                locate=(resume.shapes, resume.batch, first), later=None, plan=resume.plan)
-    found = _counted(config, layout, count, heal, args, resume.batch - first, resume.batch, shows)
-    return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
+    count = part.replay(resume, dataclasses.replace(args, rank=rank, world=world, layout=layout), config)
+    found = _counted(config, layout, count, heal, args, resume.batch - count.locate[2], resume.batch, shows)
+    if found.position is None:  # a mixture ends (one source's epochs go on)
+        raise DataError(f"rank {rank} of {world}: its stream ended before batch {resume.batch} of the state: "
+                        f"{found.runs}")
+    return part.replayed(resume, found)
+
+
+def _elastic(resume: statemod.Resume, part: Part, config, args, heal) -> statemod.Resume:
+    """A state saved at another world size W (`resume.change`): find where every old rank
+    stood at its batch count (`Part.old_rank`, replayed where the state does not say), make
+    the plan that shares out what they had not consumed and start this rank at its first unit
+    (`Part.shared`)."""
+    change = resume.change
+    log.warning("rank %d of %d: resuming a state saved at world_size %d (batch %d): finding where %s stood, "
+                "replaying %s%s", args.rank, args.world, change.world, resume.batch, _old_ranks(change.world),
+                _replays(change.world), "" if config.cache_dir else " (tokenized afresh: tools/pretokenize.py "
+                "and cache_dir make it fast)")
+    began = time.monotonic()
+    places = []
+    for r in range(change.world):
+        old = part.old_rank(resume, r, config)
+        places.append(_replay(old, part, config, args, heal, r, change.world, shows=args.rank == 0)
+                      if old.locate else old)
+    resume, shared = part.shared(resume, places, config, args)
+    log.warning("rank %d of %d: the old ranks' places found in %.1f s; %s is shared out over %s", args.rank,
+                args.world, time.monotonic() - began, shared, _new_ranks(args.world))
+    return resume
 
 
 def _counted(config, layout, count, heal, args, total: int, batch: int, shows: bool):
@@ -183,7 +200,7 @@ def _counted(config, layout, count, heal, args, total: int, batch: int, shows: b
     except BaseException:
         report.close()
         raise
-    where = "the mixture ended first" if found.position is None else "at " + _where(Position(*found.position))
+    where = "its stream ended first" if found.position is None else "at " + _where(Position(*found.position))
     report.finish(time.monotonic(), f"{where} (row groups from the token cache: {found.cached}, "
                                     f"counted: {found.tokenized}, with {config.num_workers} "
                                     f"worker{'s' if config.num_workers != 1 else ''})")
@@ -203,97 +220,6 @@ def _where(p: Position) -> str:
             + (f", token {p.skip}" if p.skip else ""))
 
 
-def _locate_mix(resume: statemod.Resume, catalogue, config, args, heal, rank: int, world: int,
-                shows: bool) -> tuple:
-    """`(position, point)`: where rank `rank` of `world`'s mix stands at `resume.batch` (its
-    `MixPoint` as the state's JSON), by replaying its mixed stream from the run's start over its
-    own document lengths (packing/mixcount.py)."""
-    layout = RingLayout(2, 1, config.num_workers)
-    start = statemod.start_position(rank)
-    mix = mixstate.run_args(catalogue, statemod.Resume(start))._replace(plans=None)
-    count = dataclasses.replace(args, files=catalogue.paths, layout=layout, start=start, mixture=mix, rank=rank,
-                                world=world, locate=(resume.shapes[:1], resume.batch, 0))
-    found = _counted(config, layout, count, heal, args, resume.batch, resume.batch, shows)
-    if found.position is None:
-        raise DataError(f"rank {rank} of {world}: the mixture ended before batch {resume.batch} of the state: "
-                        f"{found.runs}")
-    return Position(*found.position), json.loads(found.runs)
-
-
-def _elastic_mix(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:
-    """A mixture's state saved at another world size W: every old rank's point (the state's
-    own, the others replayed), then for each source the elastic plan of its files from the old
-    ranks' places in it (data/elastic.py: what they had not consumed, shared out over the new
-    ranks; shuffled, in each source's own order: `_shuffles`); this rank starts every source at
-    its first unit (a cut document's tokens before its place dropped, `"skips"`), with a mixer
-    whose counting stage begins at the change and whose totals are the old ranks' together."""
-    change, batch = resume.change, resume.batch
-    log.warning("rank %d of %d: resuming a mixture's state saved at world_size %d (batch %d): finding where %s "
-                "stood in every source, replaying %s", args.rank, args.world, change.world, batch,
-                _old_ranks(change.world), _replays(change.world))
-    points = [resume.mix if r == change.rank else
-              _locate_mix(resume, catalogue, config, args, heal, r, change.world, args.rank == 0)[1]
-              for r in range(change.world)]
-    start = mixelastic.plan(points, catalogue.mixture, batch, args.rank, args.world,
-                            lambda name: lambda f: catalogue.catalogues[name].row_counts(f, config.on_bad_row_group),
-                            lambda name: len(catalogue.catalogues[name].paths), _shuffles(catalogue, config, args))
-    log.warning("rank %d of %d: every source's rest of its epoch in progress is shared out over %s",
-                args.rank, args.world, _new_ranks(args.world))
-    first = start.point["source"]
-    position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
-    return dataclasses.replace(resume, position=catalogue.to_run(first, position), mix=start.point,
-                               mix_plans=start.plans, change=None, locate=False, check=None)
-
-
-def _shuffles(catalogue, config, args) -> dict | None:
-    """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`), or
-    None (the files' order)."""
-    mix = mixstate.run_args(catalogue, statemod.Resume(statemod.start_position(args.rank)))
-    order = shufflemod.of_run(config, dataclasses.replace(args, mixture=mix))
-    return None if order is None else dict(zip(order.names, order.orders))
-
-
-def _elastic(resume: statemod.Resume, catalogue, config, args, heal) -> statemod.Resume:
-    """A state saved at another world size W (`resume.change`): find where every old rank
-    stood at its batch count, make the plan that shares out what they had not consumed, and
-    start this rank at its first unit, with its share of the old ranks' best-fit buffers."""
-    change = resume.change
-    log.warning("rank %d of %d: resuming a state saved at world_size %d (batch %d): finding where %s stood, "
-                "replaying %s%s", args.rank, args.world, change.world, resume.batch, _old_ranks(change.world),
-                _replays(change.world), "" if config.cache_dir else " (tokenized afresh: tools/pretokenize.py "
-                "and cache_dir make it fast)")
-    began = time.monotonic()
-    positions, buffers = [], []
-    for r in range(change.world):
-        if r == change.rank:
-            position, runs = change.position, change.runs
-        else:
-            old = dataclasses.replace(resume, position=_origin(resume, catalogue, config, r, change.world),
-                                      runs=[], change=None, locate=True, plan=change.parent)
-            if change.parent is not None:  # the old run began at a change too: r's stream of its plan
-                old = _plan_start(old, change.parent, catalogue, config, r, change.world)
-            found = _locate(old, config, args, heal, r, change.world, shows=args.rank == 0)
-            position, runs = found.position, found.runs
-        positions.append(tuple(position))
-        buffers.append(runs)
-    buffered = config.spec.buffered
-    plan = elastic.Plan.of(change.world, resume.batch, positions, buffers if buffered else (), change.parent)
-    log.warning("rank %d of %d: the old ranks' positions found in %.1f s; the rest of epoch%s %s is shared "
-                "out over %s", args.rank, args.world, time.monotonic() - began,
-                "s up to" if plan.epoch > min(p[0] for p in positions) else "", plan.epoch, _new_ranks(args.world))
-    resume = dataclasses.replace(resume, change=None, locate=False)
-    return _plan_start(resume, plan, catalogue, config, args.rank, args.world)
-
-
-def _origin(resume: statemod.Resume, catalogue, config, rank: int, world: int) -> Position:
-    """Where old rank `rank` of `world`'s stream began: `sourcestate.origin_position`, or a shuffled
-    stream's share's first unit (data/shuffle.py)."""
-    if config.order is None:
-        return sourcestate.origin_position(resume.origin, rank, world)
-    return shufflemod.first_position(config.order, lambda f: catalogue.row_counts(f, config.on_bad_row_group),
-                                     resume.n_files, rank, world)
-
-
 def _old_ranks(world: int) -> str:
     return "the old rank" if world == 1 else f"each of the {world} old ranks"
 
@@ -306,17 +232,3 @@ def _replays(world: int) -> str:
     """What a change of world size replays: every old rank's stream but the state's own."""
     return ("no stream (the state is the only old rank's)" if world == 1 else
             "1 old rank's stream" if world == 2 else f"{world - 1} old ranks' streams")
-
-
-def _plan_start(resume: statemod.Resume, plan, catalogue, config, rank: int, world: int) -> statemod.Resume:
-    """`resume` from where `rank` of `world`'s stream of `plan` begins: its first unit and its
-    share of the old buffers (at the plan's batch count)."""
-    n_files = resume.n_files
-
-    def row_counts(f: int) -> list:  # as the coordinator reads them (a bad file: none)
-        return catalogue.row_counts(f, config.on_bad_row_group)
-
-    position = elastic.start(plan, rank, world, row_counts, n_files, shuffle=config.order)
-    runs = elastic.buffer(plan, rank, world) if config.spec.buffered else []
-    return dataclasses.replace(resume, position=position, runs=runs, plan=plan)
-

@@ -22,7 +22,8 @@ that the files' names, sizes and footers cannot show.
   replays `origin`, `shapes` and `batch` over its own document lengths (packing/count.py) to find
   its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
 - a state of another world size (any old rank's) is a `Change`: the loader finds every old
-  rank's position at the state's `batch` count and makes the elastic plan (resume.py,
+  rank's position at the state's `batch` count (resume.py, replaying every other old rank's
+  stream from its origin: `Files.old_rank`) and makes the elastic plan (`Files.shared`,
   data/elastic.py), for either packing; it needs the files the state was saved with, all of
   them unchanged (files added at a change, or to a run that began at one, are a ValueError);
   with `other_rank="nanochat"` it resumes approximately as nanochat;
@@ -38,15 +39,23 @@ buffer as a list of runs), 4 (no check) and 5 (the position in the fields `epoch
 position: they say what nanochat's loaders say with the same batch (for `print` and for a
 resume with nanochat's own loader), and a loader resumes at `position`.
 
+The steps of the one resume plan (resume.py) that are one source's are `Files`' too
+(`resume.Part`): the catalogue takes the state's order of the epoch in progress and its footers
+(`take_files`); a replay runs over the files the state was saved with, from the rank's origin or,
+in a run that began at a change of world size, its first unit of the plan (`replay`,
+`plan_start`), and finds a position and best fit's buffer (`replayed`).
+
 Why the buffer is text: nanochat's loop takes a state with every batch, and best fit's buffer
 holds ~1000 documents in a few hundred runs. As lists of Python ints that is thousands of
 objects per batch (and garbage-collector work), several times the cost of the batch itself;
 as text it is a few C calls on one small array.
 """
+import dataclasses
 import zlib
 
 import numpy as np
 
+from .data import elastic, shuffle
 from .data.catalogue import described_files
 from .data.elastic import Plan, in_units
 from .data.order import nanochat_position, start_position
@@ -176,6 +185,80 @@ class Files:
         keys = _nanochat_of(state, pos)
         read = RowGroup(keys["epoch"], keys["pq_idx"], keys["rg_idx"]) if common["order"] is None else None
         return Resume(position, runs, check=check, plan=plan, read=read, **common)
+
+
+    # resume.py's steps (`resume.Part`), over the loader's catalogue
+
+    def take_files(self, state: dict, resume: Resume):
+        """A nanochat state's row group checked against its file; the files of the epoch in
+        progress in the state's order (files new to it after them); the footers the state knows
+        (version 2 has none, nanochat's states no files)."""
+        if resume.origin is not None and "version" not in state:
+            _check_row_group(resume.origin, self._catalogue)
+        self._catalogue.reorder(resume.order)
+        if state.get("version", 2) > 2:
+            self._catalogue.with_footers(state["files"])
+
+    def replay(self, resume: Resume, args, config):
+        """From `resume`'s position and buffer (a run that began at a change of world size: from
+        the rank's start in its plan), over the files the state was saved with, through its
+        shapes, counting from the plan's batch count."""
+        plan, position, runs = resume.plan, resume.position, resume.runs
+        if plan is not None:
+            position, runs = plan_start(plan, self._catalogue, config, args.rank, args.world, resume.n_files)
+        return dataclasses.replace(args, files=args.files[:resume.n_files], start=position,
+                                   buffer_runs=tuple(map(tuple, runs)), later=None, plan=plan, plans=plan,
+                                   locate=(resume.shapes, resume.batch, plan.batch if plan is not None else 0))
+
+    def replayed(self, resume: Resume, found) -> Resume:
+        return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
+
+    def old_rank(self, resume: Resume, rank: int, config) -> Resume:
+        """The state's rank's position and buffer; another's stream from its origin (shuffled:
+        its share's first unit), of the plan the run began with if it began at a change."""
+        change = resume.change
+        if rank == change.rank:
+            return dataclasses.replace(resume, position=change.position, runs=change.runs, change=None)
+        return dataclasses.replace(resume, position=_origin(resume, self._catalogue, config, rank, change.world),
+                                   runs=[], change=None, locate=True, plan=change.parent)
+
+    def shared(self, resume: Resume, places: list, config, args) -> tuple:
+        """The `elastic.Plan` of the old ranks' positions (best fit: and buffers); this rank at
+        its first unit with its share of the old buffers."""
+        change, positions = resume.change, [tuple(p.position) for p in places]
+        buffers = [p.runs for p in places] if config.spec.buffered else ()
+        plan = Plan.of(change.world, resume.batch, positions, buffers, change.parent)
+        position, runs = plan_start(plan, self._catalogue, config, args.rank, args.world, resume.n_files)
+        words = f"the rest of epoch{'s up to' if plan.epoch > min(p[0] for p in positions) else ''} {plan.epoch}"
+        return dataclasses.replace(resume, position=position, runs=runs, plan=plan, change=None, locate=False), words
+
+
+def plan_start(plan: Plan, catalogue, config, rank: int, world: int, n_files: int) -> tuple:
+    """`(position, runs)`: where rank `rank` of `world`'s stream of `plan` begins, its first unit
+    and its share of the old buffers (best fit)."""
+    def row_counts(f: int) -> list:  # as the coordinator reads them (a bad file: none)
+        return catalogue.row_counts(f, config.on_bad_row_group)
+
+    position = elastic.start(plan, rank, world, row_counts, n_files, shuffle=config.order)
+    return position, elastic.buffer(plan, rank, world) if config.spec.buffered else []
+
+
+def _origin(resume: Resume, catalogue, config, rank: int, world: int) -> Position:
+    """Where old rank `rank` of `world`'s stream began: `origin_position`, or a shuffled
+    stream's share's first unit (data/shuffle.py)."""
+    if config.order is None:
+        return origin_position(resume.origin, rank, world)
+    return shuffle.first_position(config.order, lambda f: catalogue.row_counts(f, config.on_bad_row_group),
+                                  resume.n_files, rank, world)
+
+
+def _check_row_group(origin: dict, catalogue):
+    """A nanochat state's row group must be one of its file's (the file's footer says)."""
+    f, rg = origin["pq_idx"], origin["rg_idx"]
+    n = len(catalogue.row_counts(f))
+    if rg >= n:
+        raise ValueError(f"resume state field 'rg_idx' is {rg}, but {catalogue.paths[f]} (its 'pq_idx' "
+                         f"{f}) has {n} row groups: the state is not of these files")
 
 
 def digest(state: dict, buffer_bytes: bytes = b"") -> str:

@@ -159,6 +159,8 @@ class RunArgs:
     modes: tuple = ()              # (the coordinator's mode, its count-only mode): the packing's or
     #                                the mixture's, as the kind read says (kinds.py)
     keep_open: int = 4             # the files a process keeps open (`source.Reader`)
+    plans: object = None           # the elastic plans the run's order reads (`shuffle.Windows`), as the
+    #                                kind sets them: one source's `plan`, a mixture's `MixArgs.plans`
 
 
 class MixArgs(NamedTuple):

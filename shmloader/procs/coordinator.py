@@ -151,7 +151,7 @@ class _Coordinator:
         self._row_counts = pieces.row_counts
         self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
                         else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), args.world,
-                                                   args.plan if args.mixture is None else args.mixture.plans))
+                                                   args.plans))
         if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
             args = self.args = _with_firsts(args, self.order, pieces.row_counts)
         self.mode = kind(cfg, args, len(workers), pieces)
