@@ -72,7 +72,8 @@ message is one record below, sent through a pipe and dispatched on its type:
    piece overlaps. Best fit: when batch k may be written and the chunks its plan needs are
    counted, the planner plans batch k (a plan that runs out of chunks is rolled back and
    retried later) and each worker holding a placed document gets `Rows(k, slot,
-   [(piece, row, batch_row, offset, n)])`.
+   placements)`, an (n, 5) array of rows `[piece, row, batch_row, offset, n]` (pickled as its
+   bytes).
 5. Worker -> coordinator: copies what it was told (with positions: the inputs' positions too,
    before it replies), replies `Written([(batch, tokens), ...], orders)`, which acknowledges
    the next `orders` orders it was sent, in order (empty ones too): the orders its pipe held
