@@ -425,7 +425,7 @@ class BestFitMode(Mode):
         plan waits for documents and none is being tokenized (a batch of many short documents
         can need more than the cap)."""
         waiting = self.seq.chunks.docs + self.seq.backlog_docs + self.assigned_docs
-        return super().can_take(worker) and (waiting < self.cap or (self.seq.starved and not self.assigned_docs))
+        return (waiting < self.cap or (self.seq.starved and not self.assigned_docs)) and super().can_take(worker)
 
     def counted(self, msg):
         w, piece = self.owner.pop(msg.piece), self.specs.pop(msg.piece)

@@ -400,10 +400,13 @@ class _Coordinator:
         mode, now = self.mode, time.monotonic()
         unready = {w for w, since in self.starting.items() if now - since < READY_WAIT_S}
         while not self.planned_out:
-            able = lambda w: w not in self.dead and w not in unready and mode.can_take(w)  # noqa: E731
-            i = min(range(len(self.workers)), key=lambda w: (not able(w), mode.load(w), w))
-            if not able(i):
+            # each worker's load asked only of those that may take one (at every turn of the loop:
+            # best fit's workers mostly may not, its read-ahead at its cap)
+            able = [(mode.load(w), w) for w in range(len(self.workers))
+                    if w not in self.dead and w not in unready and mode.can_take(w)]
+            if not able:
                 return
+            i = min(able)[1]
             try:
                 piece = next(mode.pieces)
             except DataError as exc:  # a file of the order cannot be read: the stream stops at the piece
