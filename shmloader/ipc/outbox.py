@@ -18,20 +18,24 @@ queued and what comes after is dropped (its death is reported by the trainer, or
 trainer's own).
 """
 import os
+import pickle
 import socket
 import stat
 import struct
 import threading
 from collections import deque
-from multiprocessing.reduction import ForkingPickler
 
 _SHORT = 0x7FFFFFFF  # the longest payload with a 4-byte header
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # a peer gone is an error, never a SIGPIPE
 
 
 def frame(msg) -> bytes:
-    """`msg` as `Connection.send` puts it on the wire."""
-    buf = ForkingPickler.dumps(msg)
+    """`msg` as `Connection.send` puts it on the wire. Pickled by `pickle.dumps`, not
+    `ForkingPickler` (which `Connection.send` uses): the coordinator's messages hold no object
+    that needs multiprocessing's reducers (a worker's new pipe end travels by `send_handle`),
+    and ForkingPickler's dispatch table, a ChainMap looked up in Python for every object not of
+    a built-in type, cost 2-3 us a message (a best-fit write order: ~4.5 -> ~2 us)."""
+    buf = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
     n = len(buf)
     head = struct.pack("!i", n) if n <= _SHORT else struct.pack("!i", -1) + struct.pack("!Q", n)
     return head + buf

@@ -72,10 +72,15 @@ message is one record below, sent through a pipe and dispatched on its type:
    piece overlaps. Best fit: when batch k may be written and the chunks its plan needs are
    counted, the planner plans batch k (a plan that runs out of chunks is rolled back and
    retried later) and each worker holding a placed document gets `Rows(k, slot,
-   [(piece, row, batch_row, offset, n)])`.
+   placements)`, an (n, 5) array of rows `[piece, row, batch_row, offset, n]` (pickled as its
+   bytes).
 5. Worker -> coordinator: copies what it was told (with positions: the inputs' positions too,
-   before it replies), replies `Written([(batch, tokens), ...])`,
-   one for every order, in order (empty ones too), and drops tokens it no longer needs.
+   before it replies), replies `Written([(batch, tokens), ...], orders)`, which acknowledges
+   the next `orders` orders it was sent, in order (empty ones too): the orders its pipe held
+   when it looked, all carried out first (one message, and one turn of the coordinator's loop,
+   for the several orders a look at the free log sends it); and drops tokens it no longer
+   needs. An order is acknowledged only once written, so the orders not acknowledged are
+   exactly those a dead worker may not have finished (8).
 6. Coordinator -> trainer (the header's announcement record, `handover.Announcement`): when
    every token of batch k is written, and batches < k were announced, `(k, slot, position,
    docs, check)`: the canonical position of the first token after batch k (best fit: the
@@ -215,7 +220,8 @@ class Counted(NamedTuple):
 
 
 class Written(NamedTuple):
-    counts: list                   # [(batch, tokens written)]
+    counts: list                   # [(batch, tokens written)] of the orders it acknowledges
+    orders: int = 1                # the next `orders` write orders sent to this worker, in order
 
 
 class Skipped(NamedTuple):

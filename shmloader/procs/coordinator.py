@@ -17,7 +17,8 @@ new piece; the new worker is given again every piece the mode says the old one h
 ones (`_redoing`) to keep just those rows; their counts are not counted twice; and each
 order the old one had not acknowledged goes out again once the pieces it reads are there
 (an order half carried out writes the same tokens to the same places again). Workers
-acknowledge every order in order (`Written`), so the orders not acknowledged are known.
+acknowledge every order in order (`Written`, one for the orders each look at their pipe finds),
+so the orders not acknowledged are known.
 
 Bad data ahead of the stream is not raised when it is found: a worker that cannot read a piece
 says so (`Failed`) and goes on, and an order that cannot be read on (a file whose footer cannot
@@ -45,6 +46,7 @@ from ..errors import DataError
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import CoordinatorEnd
+from ..ipc.inbox import Inbox
 from ..ipc.outbox import Outbox
 from ..ipc.protocol import (Counted, Error, Failed, Listener, Opened, Ready, Released, Replace, RunArgs, Skipped, Stop,
                             Task, Warn, Written)
@@ -163,6 +165,7 @@ class _Coordinator:
         self.planned_out = False  # the order could not be read on: no piece goes out again
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [Outbox(conn) for conn in workers]
+        self.inboxes = [Inbox(conn) for conn in workers]  # each read takes every message the pipe holds
         self.listening = Listener([trainer, alive, self.kick, *workers])
         self.spec = cfg.spec
         self.wait_s = beat_every(cfg)  # the loop turns (and beats) at least this often
@@ -237,18 +240,20 @@ class _Coordinator:
         self.to_trainer.send(msg)
 
     def _receive(self, conn):
+        """A message from the trainer, or every message a worker's pipe holds (`Inbox`), in order."""
         w = next((i for i, c in enumerate(self.workers) if c is conn), None)
         try:
-            msg = conn.recv()
+            msgs = [conn.recv()] if w is None else self.inboxes[w].read()
         except (EOFError, ConnectionResetError):  # reset: it exited with our messages unread
             if conn is self.trainer:
                 raise Stop from None
             self._lost(w)  # the trainer sees its sentinel, and replaces it or stops everything
             return
-        handler = (self._from_trainer if w is None else self._from_worker).get(type(msg))
-        if handler is None:
-            raise RuntimeError(f"coordinator: unknown message {msg!r}")
-        handler(msg) if w is None else handler(msg, w)
+        for msg in msgs:
+            handler = (self._from_trainer if w is None else self._from_worker).get(type(msg))
+            if handler is None:
+                raise RuntimeError(f"coordinator: unknown message {msg!r}")
+            handler(msg) if w is None else handler(msg, w)
 
     def _counted(self, msg: Counted, w: int):
         if msg.piece in self._redoing[w]:  # a replacement holds again what was counted
@@ -268,7 +273,9 @@ class _Coordinator:
             self.tell(msg.error)
 
     def _written(self, msg: Written, w: int):
-        self._unacked[w].popleft()
+        unacked = self._unacked[w]
+        for _ in range(msg.orders):
+            unacked.popleft()
         self.mode.written(msg.counts)
 
     def _order(self, w: int, order):
@@ -306,7 +313,7 @@ class _Coordinator:
         self._lost(w)  # if its pipe's end has not been seen yet
         self.poisoned, self.suspects = msg.poisoned, msg.suspects
         self.outboxes[w].close()  # the old pipe's: its thread ends
-        self.workers[w], self.outboxes[w] = conn, Outbox(conn)
+        self.workers[w], self.outboxes[w], self.inboxes[w] = conn, Outbox(conn), Inbox(conn)
         self.listening.add(conn)
         self.dead.discard(w)
         self.starting[w] = time.monotonic()  # what the old one held goes out below; new pieces once Ready
@@ -393,10 +400,13 @@ class _Coordinator:
         mode, now = self.mode, time.monotonic()
         unready = {w for w, since in self.starting.items() if now - since < READY_WAIT_S}
         while not self.planned_out:
-            able = lambda w: w not in self.dead and w not in unready and mode.can_take(w)  # noqa: E731
-            i = min(range(len(self.workers)), key=lambda w: (not able(w), mode.load(w), w))
-            if not able(i):
+            # each worker's load asked only of those that may take one (at every turn of the loop:
+            # best fit's workers mostly may not, its read-ahead at its cap)
+            able = [(mode.load(w), w) for w in range(len(self.workers))
+                    if w not in self.dead and w not in unready and mode.can_take(w)]
+            if not able:
                 return
+            i = min(able)[1]
             try:
                 piece = next(mode.pieces)
             except DataError as exc:  # a file of the order cannot be read: the stream stops at the piece

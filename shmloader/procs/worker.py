@@ -173,7 +173,7 @@ def _loop(ctx: _Ctx):
         if ctx.alive in ready:
             raise Stop
         if ctx.conn in ready:
-            _handle(ctx, ctx.conn.recv())
+            _drain(ctx)
 
 
 def skipped(tokens: np.ndarray, lengths: np.ndarray, skip: int) -> tuple:
@@ -191,8 +191,7 @@ def _service(ctx: _Ctx):
         return
     if ctx.alive.poll():
         raise Stop
-    while ctx.conn.poll():
-        _handle(ctx, ctx.conn.recv())
+    _drain(ctx)
 
 
 def _give_way(ctx: _Ctx):
@@ -211,22 +210,37 @@ def _give_way(ctx: _Ctx):
         if ctx.alive in ready:
             raise Stop
         if ctx.conn in ready:
-            while ctx.conn.poll():
-                _handle(ctx, ctx.conn.recv())
+            _drain(ctx)
         left = pause_left_us(ctx.ring.counters)
     ctx.gave_way_s += time.perf_counter() - began
 
 
-def _handle(ctx: _Ctx, msg):
+def _drain(ctx: _Ctx):
+    """Handle every message the coordinator's pipe holds (at least one: it is readable), and
+    acknowledge the write orders among them with one `Written` after the last is carried out
+    (NOTE [ring protocol] 5): the coordinator sends a worker several at once when it finds
+    several frees, and each message is a turn of its loop."""
+    counts, orders = [], 0
+    while True:
+        if _handle(ctx, ctx.conn.recv(), counts):
+            orders += 1
+        if not ctx.conn.poll():
+            break
+    if orders:  # every order, also one that wrote nothing: the coordinator pairs them in order
+        ctx.conn.send(Written(counts, orders))
+
+
+def _handle(ctx: _Ctx, msg, counts: list) -> bool:
+    """Take a task, or carry out a write order and add what it wrote to `counts` (True)."""
     if type(msg) is Task:
         ctx.tasks.append(msg)
         ctx.source.expect(msg.piece.file, msg.footer)
-        return
+        return False
     if type(msg) is not ctx.packing.order and type(msg) not in ctx.packing.orders:
         raise RuntimeError(f"worker {ctx.args.worker}: unknown message {msg!r}")
     ctx.ordered = True
-    counts = ctx.packing.write(ctx.ring.slots, ctx.held, msg, ctx.cfg.B, ctx.cfg.T, ctx.ring.positions)
-    ctx.conn.send(Written(counts))  # one per order, also an empty one: the coordinator pairs them in order
+    counts += ctx.packing.write(ctx.ring.slots, ctx.held, msg, ctx.cfg.B, ctx.cfg.T, ctx.ring.positions)
+    return True
 
 
 def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
