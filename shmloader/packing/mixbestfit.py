@@ -39,7 +39,7 @@ import numpy as np
 from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .bestfit import BestFitMode, BestFitSequencer, Chunks
+from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable
 from .mix import MixPoint, MixStream
 from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
@@ -89,18 +89,66 @@ def buffer_runs(point: dict | None, lo_of: dict) -> list:
     return out
 
 
-def local_runs(table, ids: np.ndarray, lo: dict) -> np.ndarray:
-    """Documents `ids` of a `PieceTable` (in arrival order) as runs `[source, epoch, file, rg, row,
-    count]`, the source its index in the sorted order of the first files of `lo` (each source's
-    first file in the run's numbering) and the file numbered within it: the table's runs, each
-    piece's source found once (a batch's ~1000 buffered documents are ~1000 runs when the
-    sources alternate)."""
-    firsts = np.array(sorted(lo.values()), dtype=np.int64)
+class MixPieceTable(PieceTable):
+    """`PieceTable` of a mixture's pieces: also each piece's source (its index in the sorted order
+    of the first files of `lo`, each source's first file in the run's numbering), for a buffer's
+    runs by source (`local_runs`) and a plan's tokens by source (`tokens_by_source`). A piece's
+    leading values are made once whenever a piece comes or goes, not once a document (a batch's
+    ~1000 buffered documents are ~1000 runs when the sources alternate)."""
 
-    def lead(pieces: np.ndarray) -> np.ndarray:
-        which = np.searchsorted(firsts, pieces[:, 1], side="right") - 1
-        return np.column_stack((which, pieces[:, 0], pieces[:, 1] - firsts[which], pieces[:, 2]))
-    return table.runs(ids, lead)
+    def __init__(self, lo: dict):
+        super().__init__()
+        self._firsts = np.array(sorted(lo.values()), dtype=np.int64)
+        self._made = None             # the table's arrays the values below were made from
+        self._lead = self._offsets = self._sources = None
+
+    def _mix_tables(self):
+        """`(bases, lead, offsets, sources)`: each live piece's first document id, its
+        `[source, epoch, file within the source, rg, 0, 0]`, `doc_start - base` and source."""
+        arrays = self._tables()
+        if arrays is not self._made:
+            _, _, table, _ = arrays
+            sources = np.searchsorted(self._firsts, table[:, 1], side="right") - 1
+            lead = np.zeros((len(table), 6), dtype=np.int64)  # a run's six values, row and count to fill
+            lead[:, 0] = sources
+            lead[:, 1] = table[:, 0]
+            np.subtract(table[:, 1], self._firsts[sources], out=lead[:, 2])
+            lead[:, 3] = table[:, 2]
+            self._made, self._lead, self._offsets, self._sources = arrays, lead, table[:, 3].copy(), sources
+        return arrays[0], self._lead, self._offsets, self._sources
+
+    def local_runs(self, ids: np.ndarray) -> np.ndarray:
+        """Documents `ids` (in arrival order) as runs `[source, epoch, file, rg, row, count]`, the
+        file numbered within its source: `runs(ids)` (a run goes on while the next document is
+        the next row of the same row group, also into another piece) with each run's leading
+        values its piece's (`_mix_tables`), gathered only at the runs' starts."""
+        n = len(ids)
+        if not n:
+            return np.zeros((0, 6), dtype=np.int64)
+        bases, lead, offsets, _ = self._mix_tables()
+        at = bases.searchsorted(ids, side="right")
+        at -= 1
+        rows = offsets.take(at)
+        rows += ids
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(rows[1:], rows[:-1] + 1, out=new[1:])
+        goes_on = np.flatnonzero(~new)  # few: a buffer's documents are mostly runs of one
+        seam = goes_on[at.take(goes_on) != at.take(goes_on - 1)]  # the next row, in another piece
+        if len(seam):
+            new[seam] = (lead[at[seam]] != lead[at[seam - 1]]).any(axis=1)  # the same source, file and rg
+        starts = np.flatnonzero(new)
+        out = lead.take(at.take(starts), axis=0)
+        out[:, 4] = rows.take(starts)
+        np.subtract(starts[1:], starts[:-1], out=out[:-1, 5])
+        out[-1, 5] = n - starts[-1]
+        return out
+
+    def tokens_by_source(self, ids: np.ndarray, tokens: np.ndarray) -> list:
+        """The sum of `tokens` of documents `ids` by source, a Python int a source."""
+        bases, _, _, sources = self._mix_tables()
+        which = sources.take(bases.searchsorted(ids, side="right") - 1)
+        return np.bincount(which, weights=tokens, minlength=len(self._firsts)).astype(np.int64).tolist()
 
 
 def buffer_text(where: MixBuffer, lo: dict) -> str:
@@ -183,8 +231,8 @@ class MixBestFitSequencer(BestFitSequencer):
         super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
         self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self._used = used
-        self._sources = sorted((first, name) for name, first in lo.items())
-        self._lo = lo
+        self.table = MixPieceTable(lo)
+        self._names = [name for _, name in sorted((first, name) for name, first in lo.items())]
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
         self.counted_rows = 0         # rows of the mix's pieces counted
 
@@ -218,17 +266,13 @@ class MixBestFitSequencer(BestFitSequencer):
             point = MixPoint(end[0].source, 0, sources_at(*end), stream.mixer.state())
         else:
             point = end._replace(mixer=stream.mixer.state())
-        buffer = local_runs(self.table, self.planner.buffered_ids(), self._lo)
+        buffer = self.table.local_runs(self.planner.buffered_ids())
         return Complete(self.planned, point.sources[point.source]._replace(skip=0), MixBuffer(point, buffer),
                         self.docs_placed)
 
     def _placed(self, plan) -> dict:
         """`{source: tokens}` the plan places in rows."""
-        files = self.table.file_of(plan.doc_id)
-        names = [name for _, name in self._sources]
-        which = np.searchsorted([lo for lo, _ in self._sources], files, side="right") - 1
-        sums = np.bincount(which, weights=plan.n_tokens, minlength=len(names))
-        return {name: int(n) for name, n in zip(names, sums.tolist())}
+        return dict(zip(self._names, self.table.tokens_by_source(plan.doc_id, plan.n_tokens)))
 
 
 class MixBestFitMode(BestFitMode):
