@@ -19,9 +19,10 @@ keeps its documents until each is placed (packing/bestfit.py `write`).
 Where a mixed best fit stands after batch k (`MixBuffer`): the `MixPoint` after the last chunk
 its plans took (every source's next document, the mixer's state there; skip 0) and the buffer,
 its documents by source, file (numbered within the source), row group and row, in arrival order.
-Both travel in the batch's slot as one JSON text, the state's `mixture.point` (`"buffer"`
-beside the point's keys, its runs as best fit's buffer text of six values a run: `buffer_text`,
-`buffer_entries`). A resume, a heal or an idle release reads the buffer's documents
+Both are the state's `mixture.point`, one JSON text (`"buffer"` beside the point's keys, its runs
+as best fit's buffer text of six values a run: `buffer_text`, `buffer_entries`); the batch's slot
+carries them packed (`packed_buffer`: the point's values and the runs' bytes, marshalled), the
+trainer making the text only when a state asks (packing/mixtext.py). A resume, a heal or an idle release reads the buffer's documents
 first (pieces `0..n-1`, `order.buffer_pieces`), rebuilds the planner from them, then goes on
 mixing from the point. A source left out at a resume whose documents are in the buffer is
 refused (`buffer_runs`: its files are not listed any more). A piece that cannot be read stops
@@ -31,7 +32,6 @@ planned is announced.
 """
 from __future__ import annotations
 
-import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -43,7 +43,7 @@ from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable
 from .mix import MixPoint, MixStream
 from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
-from .mixtext import point_text
+from .mixtext import packed_with_buffer, point_with_buffer_text
 from .runs import decode, narrow
 
 
@@ -155,17 +155,23 @@ def buffer_text(where: MixBuffer, lo: dict) -> str:
     """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixtext.point_text`)
     and `"buffer"` (`buffer_entries` reads it), made with numpy: a batch's ~1000 buffered
     documents, a run each when the sources alternate, would cost a millisecond as JSON lists."""
+    return point_with_buffer_text(where.point, lo, *_buffer_values(where.runs, lo))
+
+
+def packed_buffer(where: MixBuffer, lo: dict) -> tuple:
+    """`buffer_text` as a slot carries it: packed (`mixtext.packed_with_buffer`; the trainer makes
+    the text when a state asks), or the text and its crc."""
+    return packed_with_buffer(where.point, lo, *_buffer_values(where.runs, lo))
+
+
+def _buffer_values(runs: np.ndarray, lo: dict) -> tuple:
+    """`(names, width, raw)`: the sources' names in the order of their first files (a run's
+    first value indexes them), and the runs' width and bytes (`runs.narrow`; "" and b"" for none)."""
     names = [name for _, name in sorted((first, name) for name, first in lo.items())]
-    if len(where.runs):
-        prefix, values = narrow(where.runs)
-        text = f"{prefix}:{values.tobytes().hex()}"
-    else:
-        text = ""
-    # the runs' text (hex after a width) holds nothing JSON escapes: put in after, not scanned by json
-    head = point_text(where.point, lo, buffer={"sources": names, "runs": ""})
-    empty = '{"buffer":{"runs":""'  # the first key, sorted
-    assert head.startswith(empty), head[:40]
-    return f'{{"buffer":{{"runs":"{text}"{head[len(empty):]}'
+    if not len(runs):
+        return names, "", b""
+    width, values = narrow(runs)
+    return names, width, values.tobytes()
 
 
 class MixChunks(Chunks):
@@ -328,9 +334,9 @@ class MixBestFitMode(BestFitMode):
         return piece
 
     def buffer_of(self, done: Complete):
-        """The point and the buffer after the batch, as the state's JSON text and its crc32."""
-        text = buffer_text(done.runs, self._lo)
-        return text, zlib.crc32(text.encode())
+        """The point and the buffer after the batch, packed (`packed_buffer`: the trainer makes the
+        state's text from them when a state asks)."""
+        return packed_buffer(done.runs, self._lo)
 
     def messages(self):
         seq = self.seq
