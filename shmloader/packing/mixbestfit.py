@@ -241,6 +241,7 @@ class MixBestFitSequencer(BestFitSequencer):
         self._names = [name for _, name in sorted((first, name) for name, first in lo.items())]
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
         self.counted_rows = 0         # rows of the mix's pieces counted
+        self._at_end = (None, None)   # the last chunk's end a point was made at, and its sources there
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
         if piece.index < self.n_prefix:  # the resumed buffer: in order, as one source's
@@ -269,7 +270,9 @@ class MixBestFitSequencer(BestFitSequencer):
         stream.enter(stream.batch_of(0) + 1)
         end = self.chunks.last_end
         if type(end) is tuple:  # (run, row): the mixer's state there is replaced by its state now
-            point = MixPoint(end[0].source, 0, sources_at(*end), stream.mixer.state())
+            if end is not self._at_end[0]:  # a batch whose plan took no chunk ends where the last one did
+                self._at_end = end, sources_at(*end)
+            point = MixPoint(end[0].source, 0, self._at_end[1], stream.mixer.state())
         else:
             point = end._replace(mixer=stream.mixer.state())
         buffer = self.table.local_runs(self.planner.buffered_ids())
