@@ -22,9 +22,9 @@ its documents by source, file (numbered within the source), row group and row, i
 Both are the state's `mixture.point`, one JSON text (`"buffer"` beside the point's keys, its runs
 as best fit's buffer text of six values a run: `buffer_text`, `buffer_entries`); the batch's slot
 carries them packed (`packed_buffer`: the point's values and the runs' bytes, marshalled), the
-trainer making the text only when a state asks (packing/mixtext.py). A resume, a heal or an idle release reads the buffer's documents
-first (pieces `0..n-1`, `order.buffer_pieces`), rebuilds the planner from them, then goes on
-mixing from the point. A source left out at a resume whose documents are in the buffer is
+trainer making the text only when a state asks (packing/mixtext.py). A resume, a heal or an
+idle release reads the buffer's documents first (pieces `0..n-1`, `order.buffer_pieces`),
+rebuilds the planner from them, then goes on mixing from the point. A source left out at a resume whose documents are in the buffer is
 refused (`buffer_runs`: its files are not listed any more). A piece that cannot be read stops
 the mix where it needs the piece (packing/mix.py; one of the resumed buffer's, where the buffer
 waits for it, as for one source): its error is said once a plan ran out there and every batch
@@ -50,7 +50,7 @@ from .runs import decode, narrow
 class MixBuffer(NamedTuple):
     """Where a mixed best fit stands after a batch: the mix's point after the last chunk planned,
     and the buffer as runs `[source, epoch, file, rg, row, count]` (the source's index in the
-    sorted order of the first files of `lo`, the file numbered within it; `local_runs`)."""
+    sorted order of the first files of `lo`, the file numbered within it; `MixPieceTable.local_runs`)."""
     point: MixPoint
     runs: np.ndarray
 
