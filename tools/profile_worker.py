@@ -3,6 +3,8 @@
     python tools/profile_worker.py                         # the demo corpus, 1 worker, 15 s
     python tools/profile_worker.py --workers 2 --seconds 30 --raw worker.txt
     python tools/profile_worker.py --packing bos_bestfit --workers 2 --process coordinator
+    python tools/profile_worker.py --packing bos_bestfit --workers 2 --process coordinator \
+        --mixture demo_data/mixture_demo/a,demo_data/mixture_demo/b,demo_data/mixture_demo/c
 
 Builds a CPU `ShmLoader` (B=16, T=2048 by default), takes batches for `--warmup` seconds,
 then runs `py-spy record --native` on worker 0 for `--seconds` while this process keeps taking
@@ -10,7 +12,9 @@ batches as fast as it can (a consumer that never waits: the workers are the bott
 Prints the share of the worker's samples in each part of its work, judged by the innermost
 frame of the worker's own code in each sample (and, for reading, zstd's native frames), and
 the loader's tokens/s while it was sampled (the sampler slows the worker; compare shares, not
-rates). `--process coordinator` samples the coordinator instead and prints the shares of the
+rates). `--mixture DIR,DIR,...` reads a `Mixture` of those directories, one source each named
+by its last part, equal weights (tools/bench/mixture.py's sources: `<cache-dir>/mixture_demo/a`,
+`b`, `c`), instead of `--data`. `--process coordinator` samples the coordinator instead and prints the shares of the
 innermost functions of shmloader's own code in its samples. Needs `py-spy` (`pip install
 py-spy`) and permission to trace a process of your own.
 """
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
 # (part, what marks a sample as that part), checked in this order against a sample's frames
 PARTS = [
@@ -95,6 +100,8 @@ def report_functions(parts: Counter, total: int, top: int) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", help="directory (or glob) of parquet shards (default: the demo corpus)")
+    ap.add_argument("--mixture", help="comma-separated directories of parquet shards read as a mixture, one source "
+                    "each named by its last part, equal weights (default: no mixture, --data)")
     ap.add_argument("--tokenizer", help="tokenizer.pkl (default: the demo tokenizer)")
     ap.add_argument("--cache-dir", default="demo_data", help="where the demo corpus is built (default ./demo_data)")
     ap.add_argument("--vocab-size", type=int, default=4096, help="demo tokenizer size when it is built (default 4096)")
@@ -114,7 +121,9 @@ def main(argv=None) -> int:
     spy = shutil.which("py-spy", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     if spy is None:
         raise SystemExit("profile_worker: needs py-spy: pip install py-spy")
-    if args.data is None:
+    if args.mixture is not None and args.data is not None:
+        raise SystemExit("profile_worker: give --mixture or --data, not both")
+    if args.data is None and (args.mixture is None or args.tokenizer is None):
         from shmloader.demo import prepare_data
 
         demo = prepare_data(args.cache_dir, args.vocab_size, log=lambda m: print(m, file=sys.stderr))
@@ -123,8 +132,13 @@ def main(argv=None) -> int:
         data, tok = args.data, args.tokenizer
     import torch  # noqa: F401  (the training process's own import, before the loader)
 
-    from shmloader import ShmLoader
+    from shmloader import Mixture, ShmLoader
 
+    if args.mixture is not None:
+        dirs = {Path(d).name: d for d in args.mixture.split(",") if d}
+        if len(dirs) != len([d for d in args.mixture.split(",") if d]):
+            raise SystemExit(f"profile_worker: --mixture {args.mixture}: two directories of one name")
+        data = Mixture(dirs, dict.fromkeys(dirs, 1))
     with tempfile.TemporaryDirectory(prefix="shmloader-profile-") as tmp, \
             ShmLoader(data, tok, args.B, args.T, packing=args.packing, num_workers=args.workers,
                       device="cpu") as loader:
@@ -151,7 +165,8 @@ def main(argv=None) -> int:
             raw = f.read()
     who = "the coordinator" if args.process == "coordinator" else f"worker 0 of {args.workers}"
     tokens = n * args.B * args.T
-    print(f"{who} (pid {pid}), {args.packing}, {args.seconds} s at {args.rate}/s; the loader read "
+    what = f"a mixture of {', '.join(data.names)}" if args.mixture is not None else "one source"
+    print(f"{who} (pid {pid}), {args.packing} over {what}, {args.seconds} s at {args.rate}/s; the loader read "
           f"{tokens / wall / 1e6:.2f} M tokens/s meanwhile (slowed by the sampler)")
     print(report(*classify(raw)) if args.process == "worker" else report_functions(*functions(raw), args.top))
     return 0

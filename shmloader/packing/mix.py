@@ -33,7 +33,6 @@ document and the mixer from its state, and the document the next token is in com
 """
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from typing import Callable, Mapping
 
@@ -280,25 +279,23 @@ class MixStream:
         picks = mixer.picks([r.rule(cap)[2][q:q + limit] for r, q in zip(rows, firsts)], limit)
         if not picks:
             return
-        starts = list(itertools.accumulate((len(r.live) for r in rows[:-1]), initial=0))
-        # each pick's document in the documents of all: its source's next one there, plus the
-        # source's picks before it (by whole arrays: a block holds some hundred picks)
+        # each source's picks take its next documents in turn, a slice of its head's from its
+        # first: those slices end to end are the picks sorted by source (stably), so each pick's
+        # document row and length are the slices' scattered back to the picks' order
+        counts = tuple(picks.count(i) for i in range(len(rows)))
         picked = np.array(picks, dtype=np.intp)
-        n = np.bincount(picked, minlength=len(rows))
-        order = np.argsort(picked, kind="stable")          # the picks by source, each in turn
-        doc_at = np.empty(len(picked), dtype=np.intp)
-        doc_at[order] = np.arange(len(picked)) - np.repeat(np.cumsum(n) - n, n)
-        doc_at += np.array([s + q for s, q in zip(starts, firsts)], dtype=np.intp)[picked]
-        doc_lengths = np.concatenate([r.doc_lengths for r in rows])[doc_at]
+        order = np.argsort(picked, kind="stable")
+        doc_lengths = np.empty(len(picks), dtype=np.int64)
+        doc_lengths[order] = np.concatenate([r.doc_lengths[q:q + k] for r, q, k in zip(rows, firsts, counts)])
         m = self._in_stage(doc_lengths)
         if m == 0:
             return
+        doc_rows = np.empty(len(picks), dtype=np.int64)
+        doc_rows[order] = np.concatenate([r.live[q:q + k] for r, q, k in zip(rows, firsts, counts)])
         if m < len(picks):
-            picks, picked, doc_at, doc_lengths = picks[:m], picked[:m], doc_at[:m], doc_lengths[:m]
-            n = np.bincount(picked, minlength=len(rows))
-        counts = tuple(n.tolist())
-        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picked,
-                      counts, np.concatenate([r.live for r in rows])[doc_at], doc_lengths)
+            picks, picked, doc_rows, doc_lengths = picks[:m], picked[:m], doc_rows[:m], doc_lengths[:m]
+            counts = tuple(picks.count(i) for i in range(len(rows)))
+        block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picked, counts, doc_rows, doc_lengths)
         self._emit(names, heads, block)
         for name, r, q, k, head in zip(names, rows, firsts, counts, heads):
             if k:

@@ -19,11 +19,12 @@ keeps its documents until each is placed (packing/bestfit.py `write`).
 Where a mixed best fit stands after batch k (`MixBuffer`): the `MixPoint` after the last chunk
 its plans took (every source's next document, the mixer's state there; skip 0) and the buffer,
 its documents by source, file (numbered within the source), row group and row, in arrival order.
-Both travel in the batch's slot as one JSON text, the state's `mixture.point` (`"buffer"`
-beside the point's keys, its runs as best fit's buffer text of six values a run: `buffer_text`,
-`buffer_entries`). A resume, a heal or an idle release reads the buffer's documents
-first (pieces `0..n-1`, `order.buffer_pieces`), rebuilds the planner from them, then goes on
-mixing from the point. A source left out at a resume whose documents are in the buffer is
+Both are the state's `mixture.point`, one JSON text (`"buffer"` beside the point's keys, its runs
+as best fit's buffer text of six values a run: `buffer_text`, `buffer_entries`); the batch's slot
+carries them packed (`packed_buffer`: the point's values and the runs' bytes, marshalled), the
+trainer making the text only when a state asks (packing/mixtext.py). A resume, a heal or an
+idle release reads the buffer's documents first (pieces `0..n-1`, `order.buffer_pieces`),
+rebuilds the planner from them, then goes on mixing from the point. A source left out at a resume whose documents are in the buffer is
 refused (`buffer_runs`: its files are not listed any more). A piece that cannot be read stops
 the mix where it needs the piece (packing/mix.py; one of the resumed buffer's, where the buffer
 waits for it, as for one source): its error is said once a plan ran out there and every batch
@@ -31,7 +32,6 @@ planned is announced.
 """
 from __future__ import annotations
 
-import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -39,18 +39,18 @@ import numpy as np
 from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .bestfit import BestFitMode, BestFitSequencer, Chunks
+from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable
 from .mix import MixPoint, MixStream
 from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
-from .mixtext import point_text
+from .mixtext import packed_with_buffer, point_with_buffer_text
 from .runs import decode, narrow
 
 
 class MixBuffer(NamedTuple):
     """Where a mixed best fit stands after a batch: the mix's point after the last chunk planned,
     and the buffer as runs `[source, epoch, file, rg, row, count]` (the source's index in the
-    sorted order of the first files of `lo`, the file numbered within it; `local_runs`)."""
+    sorted order of the first files of `lo`, the file numbered within it; `MixPieceTable.local_runs`)."""
     point: MixPoint
     runs: np.ndarray
 
@@ -89,35 +89,89 @@ def buffer_runs(point: dict | None, lo_of: dict) -> list:
     return out
 
 
-def local_runs(table, ids: np.ndarray, lo: dict) -> np.ndarray:
-    """Documents `ids` of a `PieceTable` (in arrival order) as runs `[source, epoch, file, rg, row,
-    count]`, the source its index in the sorted order of the first files of `lo` (each source's
-    first file in the run's numbering) and the file numbered within it: the table's runs, each
-    piece's source found once (a batch's ~1000 buffered documents are ~1000 runs when the
-    sources alternate)."""
-    firsts = np.array(sorted(lo.values()), dtype=np.int64)
+class MixPieceTable(PieceTable):
+    """`PieceTable` of a mixture's pieces: also each piece's source (its index in the sorted order
+    of the first files of `lo`, each source's first file in the run's numbering), for a buffer's
+    runs by source (`local_runs`) and a plan's tokens by source (`tokens_by_source`). A piece's
+    leading values are made once whenever a piece comes or goes, not once a document (a batch's
+    ~1000 buffered documents are ~1000 runs when the sources alternate)."""
 
-    def lead(pieces: np.ndarray) -> np.ndarray:
-        which = np.searchsorted(firsts, pieces[:, 1], side="right") - 1
-        return np.column_stack((which, pieces[:, 0], pieces[:, 1] - firsts[which], pieces[:, 2]))
-    return table.runs(ids, lead)
+    def __init__(self, lo: dict):
+        super().__init__()
+        self._firsts = np.array(sorted(lo.values()), dtype=np.int64)
+        self._made = None             # the table's arrays the values below were made from
+        self._lead = self._offsets = self._sources = None
+
+    def _mix_tables(self):
+        """`(bases, lead, offsets, sources)`: each live piece's first document id, its
+        `[source, epoch, file within the source, rg, 0, 0]`, `doc_start - base` and source."""
+        arrays = self._tables()
+        if arrays is not self._made:
+            _, _, table, _ = arrays
+            sources = np.searchsorted(self._firsts, table[:, 1], side="right") - 1
+            lead = np.zeros((len(table), 6), dtype=np.int64)  # a run's six values, row and count to fill
+            lead[:, 0] = sources
+            lead[:, 1] = table[:, 0]
+            np.subtract(table[:, 1], self._firsts[sources], out=lead[:, 2])
+            lead[:, 3] = table[:, 2]
+            self._made, self._lead, self._offsets, self._sources = arrays, lead, table[:, 3].copy(), sources
+        return arrays[0], self._lead, self._offsets, self._sources
+
+    def local_runs(self, ids: np.ndarray) -> np.ndarray:
+        """Documents `ids` (in arrival order) as runs `[source, epoch, file, rg, row, count]`, the
+        file numbered within its source: `runs(ids)` (a run goes on while the next document is
+        the next row of the same row group, also into another piece) with each run's leading
+        values its piece's (`_mix_tables`), gathered only at the runs' starts."""
+        n = len(ids)
+        if not n:
+            return np.zeros((0, 6), dtype=np.int64)
+        bases, lead, offsets, _ = self._mix_tables()
+        at = bases.searchsorted(ids, side="right")
+        at -= 1
+        rows = offsets.take(at)
+        rows += ids
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(rows[1:], rows[:-1] + 1, out=new[1:])
+        goes_on = np.flatnonzero(~new)  # few: a buffer's documents are mostly runs of one
+        seam = goes_on[at.take(goes_on) != at.take(goes_on - 1)]  # the next row, in another piece
+        if len(seam):
+            new[seam] = (lead[at[seam]] != lead[at[seam - 1]]).any(axis=1)  # the same source, file and rg
+        starts = np.flatnonzero(new)
+        out = lead.take(at.take(starts), axis=0)
+        out[:, 4] = rows.take(starts)
+        np.subtract(starts[1:], starts[:-1], out=out[:-1, 5])
+        out[-1, 5] = n - starts[-1]
+        return out
+
+    def tokens_by_source(self, ids: np.ndarray, tokens: np.ndarray) -> list:
+        """The sum of `tokens` of documents `ids` by source, a Python int a source."""
+        bases, _, _, sources = self._mix_tables()
+        which = sources.take(bases.searchsorted(ids, side="right") - 1)
+        return np.bincount(which, weights=tokens, minlength=len(self._firsts)).astype(np.int64).tolist()
 
 
 def buffer_text(where: MixBuffer, lo: dict) -> str:
     """Where a mixed best fit stands as the state's JSON text: the point's keys (`mixtext.point_text`)
     and `"buffer"` (`buffer_entries` reads it), made with numpy: a batch's ~1000 buffered
     documents, a run each when the sources alternate, would cost a millisecond as JSON lists."""
+    return point_with_buffer_text(where.point, lo, *_buffer_values(where.runs, lo))
+
+
+def packed_buffer(where: MixBuffer, lo: dict) -> tuple:
+    """`buffer_text` as a slot carries it: packed (`mixtext.packed_with_buffer`; the trainer makes
+    the text when a state asks), or the text and its crc."""
+    return packed_with_buffer(where.point, lo, *_buffer_values(where.runs, lo))
+
+
+def _buffer_values(runs: np.ndarray, lo: dict) -> tuple:
+    """`(names, width, raw)`: the sources' names in the order of their first files (a run's
+    first value indexes them), and the runs' width and bytes (`runs.narrow`; "" and b"" for none)."""
     names = [name for _, name in sorted((first, name) for name, first in lo.items())]
-    if len(where.runs):
-        prefix, values = narrow(where.runs)
-        text = f"{prefix}:{values.tobytes().hex()}"
-    else:
-        text = ""
-    # the runs' text (hex after a width) holds nothing JSON escapes: put in after, not scanned by json
-    head = point_text(where.point, lo, buffer={"sources": names, "runs": ""})
-    empty = '{"buffer":{"runs":""'  # the first key, sorted
-    assert head.startswith(empty), head[:40]
-    return f'{{"buffer":{{"runs":"{text}"{head[len(empty):]}'
+    if not len(runs):
+        return names, "", b""
+    width, values = narrow(runs)
+    return names, width, values.tobytes()
 
 
 class MixChunks(Chunks):
@@ -183,10 +237,11 @@ class MixBestFitSequencer(BestFitSequencer):
         super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
         self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self._used = used
-        self._sources = sorted((first, name) for name, first in lo.items())
-        self._lo = lo
+        self.table = MixPieceTable(lo)
+        self._names = [name for _, name in sorted((first, name) for name, first in lo.items())]
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
         self.counted_rows = 0         # rows of the mix's pieces counted
+        self._at_end = (None, None)   # the last chunk's end a point was made at, and its sources there
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
         if piece.index < self.n_prefix:  # the resumed buffer: in order, as one source's
@@ -215,20 +270,18 @@ class MixBestFitSequencer(BestFitSequencer):
         stream.enter(stream.batch_of(0) + 1)
         end = self.chunks.last_end
         if type(end) is tuple:  # (run, row): the mixer's state there is replaced by its state now
-            point = MixPoint(end[0].source, 0, sources_at(*end), stream.mixer.state())
+            if end is not self._at_end[0]:  # a batch whose plan took no chunk ends where the last one did
+                self._at_end = end, sources_at(*end)
+            point = MixPoint(end[0].source, 0, self._at_end[1], stream.mixer.state())
         else:
             point = end._replace(mixer=stream.mixer.state())
-        buffer = local_runs(self.table, self.planner.buffered_ids(), self._lo)
+        buffer = self.table.local_runs(self.planner.buffered_ids())
         return Complete(self.planned, point.sources[point.source]._replace(skip=0), MixBuffer(point, buffer),
                         self.docs_placed)
 
     def _placed(self, plan) -> dict:
         """`{source: tokens}` the plan places in rows."""
-        files = self.table.file_of(plan.doc_id)
-        names = [name for _, name in self._sources]
-        which = np.searchsorted([lo for lo, _ in self._sources], files, side="right") - 1
-        sums = np.bincount(which, weights=plan.n_tokens, minlength=len(names))
-        return {name: int(n) for name, n in zip(names, sums.tolist())}
+        return dict(zip(self._names, self.table.tokens_by_source(plan.doc_id, plan.n_tokens)))
 
 
 class MixBestFitMode(BestFitMode):
@@ -284,9 +337,9 @@ class MixBestFitMode(BestFitMode):
         return piece
 
     def buffer_of(self, done: Complete):
-        """The point and the buffer after the batch, as the state's JSON text and its crc32."""
-        text = buffer_text(done.runs, self._lo)
-        return text, zlib.crc32(text.encode())
+        """The point and the buffer after the batch, packed (`packed_buffer`: the trainer makes the
+        state's text from them when a state asks)."""
+        return packed_buffer(done.runs, self._lo)
 
     def messages(self):
         seq = self.seq

@@ -106,27 +106,50 @@ def test_without_read_ahead_the_mix_is_still_fed():
 
 
 def test_a_buffers_runs_by_source_are_the_tables_runs_with_each_file_numbered_in_its_source():
-    """`local_runs`: the piece table's runs of documents in arrival order (sources alternating,
+    """`MixPieceTable.local_runs`: the piece table's runs of documents in arrival order (sources alternating,
     a piece's next row after another piece's, nulls between), each run's file mapped to its
     source's index and its number within the source."""
     from shmloader.data.order import Piece
-    from shmloader.packing.bestfit import PieceTable
-    from shmloader.packing.mixbestfit import local_runs
+    from shmloader.packing.mixbestfit import MixPieceTable
 
     lo = {"b": 3, "a": 0, "c": 5}   # sorted by first file: a, b, c
-    table, base, ids = PieceTable(), 0, []
-    rng = np.random.default_rng(0)
-    for index, (file, rg, start, n) in enumerate([(0, 0, 0, 9), (3, 1, 4, 6), (5, 0, 0, 7), (0, 0, 9, 5), (4, 2, 0, 8)]):
-        table.add(base, Piece(index, 1 + index % 2, file, rg, start, start + n))
+    firsts = np.array([0, 3, 5])
+    # (file, rg, first row, rows): piece 3 goes on from piece 0 in its row group; piece 5 would
+    # go on from piece 0's rows in the same file within its source and rg, but is source b's
+    pieces = [(0, 0, 0, 9), (3, 1, 4, 6), (5, 0, 0, 7), (0, 0, 9, 5), (4, 2, 0, 8), (3, 0, 9, 4), (0, 0, 14, 3)]
+    checked = seams = 0
+    for seed in range(40):
+        table, base, ids = MixPieceTable(lo), 0, []
+        rng = np.random.default_rng(seed)
+        for index, (file, rg, start, n) in enumerate(pieces):
+            table.add(base, Piece(index, 1 + index % 2, file, rg, start, start + n))
+            ids.append(base + np.arange(n))
+            base += n
+        if seed % 4 == 3:  # a piece gone: the table's arrays made again
+            table.remove(1)
+            ids[1] = ids[1][:0]
+        order = np.concatenate([rng.permutation(x)[:len(x) - 1] for x in ids])
+        order = np.sort(order) if seed % 2 else np.sort(order)[rng.permutation(len(order))][:40]
+        runs, got = table.runs(order), table.local_runs(order)
+        which = np.searchsorted(firsts, runs[:, 1], side="right") - 1
+        assert got.tolist() == np.column_stack((which, runs[:, 0], runs[:, 1] - firsts[which], runs[:, 2:])).tolist()
+        table_files = [p[0] for p in pieces]
+        plan_tokens = rng.integers(1, 100, len(order))
+        want = np.bincount(np.searchsorted(firsts, np.array(table_files)[table.piece_of(order)], side="right") - 1,
+                           weights=plan_tokens, minlength=3).astype(np.int64).tolist()
+        assert table.tokens_by_source(order, plan_tokens) == want
+        checked += len(runs)
+        seams += int(np.count_nonzero(got[:, 5] > 1))
+    assert checked > 500 and seams > 20
+    table, base, ids = MixPieceTable(lo), 0, []
+    for index, (file, rg, start, n) in enumerate(pieces):
+        table.add(base, Piece(index, 1, file, rg, start, start + n))
         ids.append(base + np.arange(n))
         base += n
-    order = np.concatenate([rng.permutation(x)[:len(x) - 1] for x in ids])
-    order = np.sort(order)[rng.permutation(len(order))][:40]
-    runs, got = table.runs(order), local_runs(table, order, lo)
-    firsts = np.array([0, 3, 5])
-    which = np.searchsorted(firsts, runs[:, 1], side="right") - 1
-    assert got.tolist() == np.column_stack((which, runs[:, 0], runs[:, 1] - firsts[which], runs[:, 2:])).tolist()
-    assert local_runs(table, order[:0], lo).shape == (0, 6)
+    # a's file 0, rg 0: rows 0-16 over three pieces, one run; b's piece 5 does not go on from a's
+    assert table.local_runs(np.concatenate((ids[0], ids[3], ids[6]))).tolist() == [[0, 1, 0, 0, 0, 17]]
+    assert table.local_runs(np.concatenate((ids[0], ids[5]))).tolist() == [[0, 1, 0, 0, 0, 9], [1, 1, 0, 0, 9, 4]]
+    assert table.local_runs(order[:0]).shape == (0, 6)
 
 
 def test_a_buffer_is_written_and_read_back_by_source_and_a_left_out_one_refused():

@@ -67,3 +67,21 @@ def test_the_slot_carries_either():
     got = slot_point(ring, 0)
     assert type(got) is Packed and got.text == point_text(point, {"a": 2})
     assert slot_point(ring, 1) == BufferText("{}", 5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(points(), st.lists(st.lists(st.integers(min_value=0, max_value=2**40), min_size=6, max_size=6), max_size=30),
+       st.integers(min_value=0, max_value=2))
+def test_a_packed_best_fit_point_is_its_text_with_its_buffer(point, runs, wide):
+    """Best fit's packed point and buffer: `Packed.text` is `buffer_text`'s, character for
+    character, whatever the runs' width (none, u1 ... u8)."""
+    from shmloader.packing.mixbestfit import MixBuffer, buffer_text, packed_buffer
+
+    runs = np.array(runs, dtype=np.int64).reshape(-1, 6) >> (np.int64(8) * (2 - wide) * 2)
+    lo = {n: 7 for n in sorted(point.sources)[::2]}
+    where = MixBuffer(point, runs)
+    text = buffer_text(where, lo)
+    assert json.loads(text)["buffer"]["runs"].startswith(("u1:", "u2:", "u4:", "u8:") if len(runs) else "")
+    data, crc = packed_buffer(where, lo)
+    assert crc == PACKED
+    assert (Packed(data).text, Packed(data).crc) == (text, zlib.crc32(text.encode()))
