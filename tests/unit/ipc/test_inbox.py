@@ -13,15 +13,6 @@ from shmloader.ipc.protocol import Written
 from shmloader.packing.bestfit import Rows
 
 
-@pytest.fixture
-def pipe():
-    mine, theirs = mp.Pipe()
-    yield mine, theirs
-    for conn in (mine, theirs):
-        if not conn.closed:
-            conn.close()
-
-
 def readable(conn) -> bool:
     return bool(select.select([conn.fileno()], [], [], 5.0)[0])
 

@@ -5,18 +5,8 @@ import os
 import time
 
 import numpy as np
-import pytest
 
 from shmloader.ipc.outbox import Outbox, frame
-
-
-@pytest.fixture
-def pipe():
-    mine, theirs = mp.Pipe()
-    yield mine, theirs
-    for conn in (mine, theirs):
-        if not conn.closed:
-            conn.close()
 
 
 def test_a_pipe_with_room_takes_each_message_at_once(pipe):
