@@ -61,7 +61,7 @@ def mode_of(args):
     run = SimpleNamespace(mixture=MixArgs(mix, ranges, None, 0), rank=0, start=Position(1, 0, 0, 0),
                           buffer_runs=(), layout=SimpleNamespace(window=window, n_slots=8))
     cfg = SimpleNamespace(B=B, T=T, buffer_size=1000, tokenizer_batch_size=128, max_piece_docs=1024,
-                          max_piece_bytes=None)
+                          max_piece_bytes=None, pieces_in_flight=None)
 
     def pieces(ramp, cap, first, files=(0,), start=None, plan=None):
         return (Piece(first + i, 1, files[0], i, 0, 256) for i in range(10**7))
