@@ -134,6 +134,18 @@ def position_documents(lengths, start: int = 1) -> list[str]:
     return docs
 
 
+def sequence_lengths(positions) -> list[int]:
+    """The lengths of the sequences a (B, T) positions batch holds, row by row, counted by hand:
+    a new sequence at each 0 and at each row's start."""
+    lengths = []
+    for row in positions.tolist():
+        for t, pos in enumerate(row):
+            if t == 0 or pos == 0:
+                lengths.append(0)
+            lengths[-1] += 1
+    return lengths
+
+
 def position_lengths(seed=3, n=640, sizes=(30, 1, 13, 64), files=4, align=ALIGN_W) -> list:
     """Lengths for `position_documents`, aligned so that a W=`align` window ends exactly at the
     end of row group 0 of file 0, of file 0 and of the train split (files 0..files-2)."""

@@ -262,6 +262,10 @@ class Start:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+        self.now()
+
+    def now(self):
+        """Start them here, now (nothing if they are started or dropped)."""
         with self._lock:
             self._start()
 
@@ -324,7 +328,7 @@ def spawn(kids, config, cargs, now: bool = True):
     kids.start = Start(Unstarted(kids.procs, (coord_end, *(c for pair in pipes for c in pair)), config.start_method),
                        kids.note_started)
     if now:
-        kids.start.wait(0.0)
+        kids.start.now()
 
 
 def _spilled(cargs):

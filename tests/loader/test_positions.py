@@ -296,12 +296,7 @@ def test_the_drop_ins_yield_positions_before_the_state(synth, plain):
 
 def by_hand(p: np.ndarray) -> tuple:
     """Sequence lengths of a (B, T) positions batch, row by row: a new one at each 0 and row start."""
-    lengths = []
-    for row in p.tolist():
-        for t, pos in enumerate(row):
-            if t == 0 or pos == 0:
-                lengths.append(0)
-            lengths[-1] += 1
+    lengths = helpers.sequence_lengths(p)
     return [0] + list(itertools.accumulate(lengths)), max(lengths)
 
 

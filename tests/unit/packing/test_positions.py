@@ -20,6 +20,7 @@ import torch
 from shmloader import attention, cu_seqlens
 from shmloader.packing import bestfit, concat
 from shmloader.packing.positions import fill_prefix, fill_segment
+from tests.helpers import sequence_lengths
 
 
 def by_token(lengths: list, first: int) -> list:
@@ -109,16 +110,6 @@ def random_positions(rng: random.Random, B: int, T: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def row_lengths(p: torch.Tensor) -> list:
-    out = []
-    for row in p.tolist():
-        for t, pos in enumerate(row):
-            if t == 0 or pos == 0:
-                out.append(0)
-            out[-1] += 1
-    return out
-
-
 @pytest.mark.parametrize("how", [cu_seqlens, attention._on_device], ids=["numpy on the cpu", "torch on a device"])
 @pytest.mark.parametrize("seed", range(10))
 def test_cu_seqlens_counts_sequences_by_row_and_document(seed, how):
@@ -128,7 +119,7 @@ def test_cu_seqlens_counts_sequences_by_row_and_document(seed, how):
     p = random_positions(rng, B, T)
     before = p.clone()
     cu, longest = how(p)
-    lengths = row_lengths(p)
+    lengths = sequence_lengths(p)
     assert cu.dtype == torch.int32 and cu.device == p.device
     assert cu.tolist() == [0] + list(itertools.accumulate(lengths))
     assert longest == max(lengths) and cu[-1] == B * T and isinstance(longest, int)

@@ -87,22 +87,24 @@ def test_drain_times_out_while_a_process_holds_on():
     assert r.drain(5.0) and stuck.exitcode == -9
 
 
-def test_while_the_interpreter_finalizes_the_caller_finishes(monkeypatch):
-    monkeypatch.setattr(reapmod.sys, "is_finalizing", lambda: True)
+def _the_caller_finishes():
+    """A dropped process is joined and its pipes closed by `reap`'s caller itself."""
     r, done = Reaper(), []
     p = FakeProcess(0.05, [])
     r.reap(Dropped([p], time.monotonic() + 1, lambda: done.append(1)))
     assert p.exitcode == 0 and done == [1] and r.pending() == 0
+
+
+def test_while_the_interpreter_finalizes_the_caller_finishes(monkeypatch):
+    monkeypatch.setattr(reapmod.sys, "is_finalizing", lambda: True)
+    _the_caller_finishes()
 
 
 def test_no_thread_can_start_the_caller_finishes(monkeypatch):
     def refuse(self):
         raise RuntimeError("can't create new thread at interpreter shutdown")
     monkeypatch.setattr(reapmod.threading.Thread, "start", refuse)
-    r, done = Reaper(), []
-    p = FakeProcess(0.05, [])
-    r.reap(Dropped([p], time.monotonic() + 1, lambda: done.append(1)))
-    assert p.exitcode == 0 and done == [1] and r.pending() == 0
+    _the_caller_finishes()
 
 
 def test_a_join_that_raises_is_logged_and_the_next_is_finished(caplog):

@@ -63,10 +63,11 @@ def test_a_drop_first_starts_nothing_and_closes_the_ends(started):
 def test_later_starts_them_in_a_thread_and_wait_takes_its_end(started):
     start, ends = _made([])
     start.later()
-    assert start.pending  # until waited for, whether or not the thread is done
+    thread = start._thread
+    assert start.pending and thread.name == "shmloader-start"  # until waited for, done or not
     start.wait(5.0)
     assert started.calls == [["coordinator", "worker-0"]] and not start.pending
-    assert not [t for t in threading.enumerate() if t.name == "shmloader-start"]
+    assert not thread.is_alive()
 
 
 def test_what_the_thread_start_raised_is_raised_by_wait_once(started):
