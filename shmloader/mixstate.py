@@ -36,7 +36,7 @@ import json
 import zlib
 
 from . import state as statemod
-from .data import mixelastic, shuffle
+from .data import mixelastic, mixrules, shuffle
 from .data.catalogue import described_files
 from .data.mixture import Mixer
 from .data.order import start_position
@@ -62,7 +62,9 @@ def refuse(config):
 
 def run_args(catalogue, resume: statemod.Resume) -> MixArgs:
     """What a run of a mixture's loader (`catalogue`, its `Sources`) starting at `resume` is given."""
-    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch, resume.mix_plans)
+    rules = resume.mix_rules if resume.mix_rules is not None else mixrules.fresh(catalogue.mixture)
+    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch, resume.mix_plans,
+                   rules=rules)
 
 
 def point_text(point: dict | None) -> BufferText | None:
@@ -82,7 +84,7 @@ def slot_point(ring, slot: int):
 
 class Mixed:
     """A mixture's part of a state (`state.Part`), of its loader's `sources` (data/sources.py)."""
-    reads = (5, statemod.VERSION)
+    reads = (5, 6, statemod.VERSION)  # 6 -> 7: best fit's chunks and a one-source mixture's seed (data/mixrules.py)
 
     def __init__(self, sources):
         self._sources = sources
@@ -91,7 +93,8 @@ class Mixed:
     def constant(self, identity: statemod.Loader, resume: statemod.Resume) -> dict:
         plans = ({"plans": {name: statemod.plan_state(plan) for name, plan in sorted(resume.mix_plans.items())}}
                  if resume.mix_plans else {})
-        return {"files": [], "val": None, "elastic": statemod.plan_state(resume.plan), "mixture": plans}
+        rules = mixrules.fields(resume.mix_rules if resume.mix_rules is not None else mixrules.fresh(self._sources.mixture))
+        return {"files": [], "val": None, "elastic": statemod.plan_state(resume.plan), "mixture": {**plans, **rules}}
 
     def fill(self, state: dict, mark):
         point = mark.buffer
@@ -156,6 +159,7 @@ class Mixed:
         sources, mixed, batch = self._sources, state["mixture"], envelope.batch
         shapes, reshaped = envelope.shapes, envelope.reshaped
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
+        rules = mixrules.of_state(state)
         _check_sources(mixed.get("sources"), sources)
         plans = mixed.get("plans")
         if plans is not None and not isinstance(plans, dict):
@@ -172,11 +176,11 @@ class Mixed:
             _check_replayable(point, shapes, sources.mixture, envelope.rank)
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
-                                   mix=json.loads(text) if text is not None else None)
+                                   mix=json.loads(text) if text is not None else None, mix_rules=rules)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
             _check_replayable(point, shapes, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
-                                   locate=point is not None)
+                                   locate=point is not None, mix_rules=rules)
         if identity.buffered:  # best fit's buffer: its documents' sources are read now
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
@@ -190,7 +194,7 @@ class Mixed:
         # the batch it resumes at is the saved run's only with the same shape and the same mix
         checked = statemod.check_field(state) if reshaped == shapes and not notes else None
         return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                               mix=json.loads(text) if text is not None else None, mix_plans=plans)
+                               mix=json.loads(text) if text is not None else None, mix_plans=plans, mix_rules=rules)
 
 
     # resume.py's steps (`resume.Part`), over the loader's sources
@@ -203,7 +207,7 @@ class Mixed:
         """The rank's mixed stream from the run's start (every source's, the mixer's first
         stage: `_check_replayable` let only such runs through), one batch shape."""
         start = start_position(args.rank)
-        mix = run_args(self._sources, statemod.Resume(start))._replace(plans=None)
+        mix = run_args(self._sources, statemod.Resume(start, mix_rules=resume.mix_rules))._replace(plans=None)
         return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix, plans=None,
                                    locate=(resume.shapes[:1], resume.batch, 0))
 
@@ -226,17 +230,17 @@ class Mixed:
         sources = self._sources
         start = mixelastic.plan([p.mix for p in places], sources.mixture, resume.batch, args.rank, args.world,
                                 lambda name: lambda f: sources.catalogues[name].row_counts(f, config.on_bad_row_group),
-                                lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args))
+                                lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args, resume))
         first = start.point["source"]
         position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
         return (dataclasses.replace(resume, position=sources.to_run(first, position), mix=start.point,
                                     mix_plans=start.plans, change=None, locate=False, check=None),
                 "every source's rest of its epoch in progress")
 
-    def _shuffles(self, config, args) -> dict | None:
-        """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`),
-        or None (the files' order)."""
-        mix = run_args(self._sources, statemod.Resume(start_position(args.rank)))
+    def _shuffles(self, config, args, resume: statemod.Resume) -> dict | None:
+        """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`,
+        with the rules of `resume`'s state), or None (the files' order)."""
+        mix = run_args(self._sources, statemod.Resume(start_position(args.rank), mix_rules=resume.mix_rules))
         order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
         return None if order is None else dict(zip(order.names, order.orders))
 
@@ -247,11 +251,14 @@ def _places(text: str) -> dict:
 
 
 def digest(state: dict, point_crc: int, checked) -> str:
-    """crc32 of the rank, the world size, the batch, the shapes, the check, the position and the
-    plans' crcs, from the point's crc32."""
+    """crc32 of the rank, the world size, the batch, the shapes, the check, the position, the
+    rules and the plans' crcs, from the point's crc32."""
     position = state.get("position") if state.get("version") != 5 else [state.get(k) for k in POSITION_FIELDS]
     key = (f"{state['rank']}:{state['world_size']}:{state['batch']}:{state['shapes']}:{checked}:"
            + ":".join(map(str, position if isinstance(position, list) else [position])))
+    for field in ("rules", "plain"):  # the rules its run keeps (data/mixrules.py), where the state says
+        if field in state["mixture"]:
+            key += f":{field}={state['mixture'][field]!r}"
     plans = state["mixture"].get("plans")
     if isinstance(plans, dict) and plans:  # a run that began at a change of world size: its plans' crcs
         key += ":" + ",".join(f"{name}={d.get('crc') if isinstance(d, dict) else d!r}" for name, d in sorted(plans.items()))

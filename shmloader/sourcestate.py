@@ -65,9 +65,10 @@ from .position import Position, RowGroup
 from .state import POSITION_FIELDS, VERSION, Change, Envelope, Loader, Resume, check_field, plan_of_state, plan_state
 from .state import int_field as _int_field
 
-READS = (2, 3, 4, 5, 6)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`);
-#                          4 -> 5: the check of the batch it resumes at; 5 -> 6: the position as
-#                          `position`, nanochat's keys their own (the last batch's reading)
+READS = (2, 3, 4, 5, 6, 7)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`);
+#                             4 -> 5: the check of the batch it resumes at; 5 -> 6: the position as
+#                             `position`, nanochat's keys their own (the last batch's reading);
+#                             6 -> 7: nothing of one source's (a mixture's rules: data/mixrules.py)
 NANOCHAT_FIELDS = ("pq_idx", "rg_idx", "epoch")
 
 

@@ -42,7 +42,7 @@ from .errors import warn
 from .packing.runs import decode_runs  # noqa: F401 (a best-fit state's buffer as runs: docs/contract.md §3)
 from .position import Position, RowGroup
 
-VERSION = 6
+VERSION = 7
 POSITION_FIELDS = ("epoch", "pq_idx", "rg_idx", "doc_idx", "skip")  # the position's fields, up to version 5
 
 
@@ -90,6 +90,7 @@ class Resume:
     change: "Change | None" = None  # the state is of another world size: the loader builds the plan
     mix: dict | None = None    # a mixture's: the `packing.mix.MixPoint` there, as JSON (mixstate.py)
     mix_plans: dict | None = None  # a mixture's run that began at a change of world size: each source's `Plan`
+    mix_rules: object = None   # a mixture's: the rules of the state's run (data/mixrules.py `Rules`); None: a fresh run's
     read: RowGroup | None = None  # nanochat's keys of the state it resumes (its own rank's, its files
     #                               numbered as the run's), for the states before its first batch
 

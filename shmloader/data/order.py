@@ -99,16 +99,17 @@ def iter_pieces(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: 
                 start: Position, max_docs: int = 1024, ramp: Sequence[int] = RAMP,
                 first_index: int = 0, later: Later | None = None,
                 row_bytes: Callable[[int], Sequence[int]] | None = None, max_bytes: int | None = None,
-                unit: int = 1, shuffle: "shufflemod.Shuffle | None" = None) -> Iterator[Piece]:
+                unit: int = 1, shuffle: "shufflemod.Shuffle | None" = None, aligned: bool = False) -> Iterator[Piece]:
     """Yield the pieces of the canonical order (or of `shuffle`'s) from `start`, forever.
 
     `row_counts(f)` returns the number of rows of each row group of file `f`, `row_bytes(f)`
     (called after it) their text's size in bytes; with both `row_bytes` and `max_bytes` a
     piece holds about `max_bytes` of text at most, in whole `unit`s of documents. The files are
-    read in index order, and in the epochs after `later.after` in `later.order`, when given.
+    read in index order, and in the epochs after `later.after` in `later.order`, when given;
+    `aligned` as `cut_pieces` says.
     """
     return cut_pieces(row_steps(row_counts, n_files, rank, world, start, later, shuffle), max_docs, ramp,
-                      first_index, row_bytes, max_bytes, unit)
+                      first_index, row_bytes, max_bytes, unit, aligned)
 
 
 def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: int, world: int,
@@ -148,10 +149,13 @@ def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: in
 
 def cut_pieces(steps: Iterator[tuple], max_docs: int = 1024, ramp: Sequence[int] = RAMP, first_index: int = 0,
                row_bytes: Callable[[int], Sequence[int]] | None = None, max_bytes: int | None = None,
-               unit: int = 1) -> Iterator[Piece]:
+               unit: int = 1, aligned: bool = False) -> Iterator[Piece]:
     """The pieces of `Step`s: each step's documents from its first, cut as `iter_pieces` says;
     the first piece of a step with a skip starts that many tokens into its first document. An
-    empty row group (or window) is still a step of the order: it gives one empty piece."""
+    empty row group (or window) is still a step of the order: it gives one empty piece.
+    `aligned`: a step that starts inside a unit (a mixture's source resumed inside one of best
+    fit's chunks) has its first piece end at the next whole unit of the step, so that every piece
+    ends at a whole unit of its step's rows or at its end (packing/mix.py `chunk`)."""
     sizes = iter(ramp)
     index = first_index
     for epoch, file, rg, doc, skip, rows, members in steps:
@@ -159,6 +163,8 @@ def cut_pieces(steps: Iterator[tuple], max_docs: int = 1024, ramp: Sequence[int]
         while doc < rows:
             size = min(next(sizes, max_docs), max_docs, _docs_within(max_bytes, per_doc, unit))
             end = min(rows, doc + size)
+            if aligned and doc % unit:
+                end = min(end, doc - doc % unit + unit)
             yield Piece(index, epoch, file, rg, doc, end, round(per_doc * (end - doc)), skip, members)
             index, doc, skip = index + 1, end, 0
         if rows == 0:

@@ -35,7 +35,8 @@ trainer reads every footer (8 threads) for its first position and hands the coun
 (`FirstPositions.counts`), whose coordinator then reads each footer only when it reaches a unit
 of the file; a resumed run's coordinator reads them itself.
 A `Mixture` shuffles each source on its own (`Sourced`): its own `Shuffle`, seeded by
-`source_seed(seed, name)`, over its own files numbered within it, its own epochs; a source
+`source_seed(seed, name)` (a fresh run of a one-source mixture: by `seed` as it is, so that it is
+that source's order; data/mixrules.py), over its own files numbered within it, its own epochs; a source
 begins at its share's first window (`Sourced.firsts`, found by the run's coordinator).
 Another world size deals out the rest of the old ranks' shuffled epoch, window by window
 (data/elastic.py), of each source of a mixture in its own order (data/mixelastic.py).
@@ -49,6 +50,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from . import mixrules
 from ..errors import DataError
 from ..position import Position, Step
 
@@ -207,7 +209,8 @@ def of_run(config, run) -> "Shuffle | Sourced | None":
         return config.order
     names = tuple(r.name for r in mix.ranges)
     window = config.shuffle_window or WINDOW
-    orders = tuple(Shuffle(source_seed(config.seed, name), window) if source_shuffled(mix.mixture, name, config.shuffle)
+    orders = tuple(Shuffle(mixrules.seed(mix.rules, config.seed, name, source_seed), window)
+                   if source_shuffled(mix.mixture, name, config.shuffle)
                    else None for name in names)
     if not any(orders):
         return None

@@ -180,6 +180,8 @@ class MixArgs(NamedTuple):
     plans: dict | None = None      # a run that began at a change of world size: each source's `elastic.Plan`
     firsts: dict | None = None     # a shuffled run: where each source the point does not place begins
     #                                (numbered within it: data/shuffle.py `Sourced.firsts`); None: (1, 0, rank, 0)
+    rules: object = None           # the rules the run keeps (data/mixrules.py `Rules`); None: this version's,
+    #                                no source with the loader's seed
 
 
 class Span(NamedTuple):

@@ -77,10 +77,13 @@ class MixStream:
     `tokens` (from the run's start) lands in, for the schedule."""
 
     def __init__(self, mixer: Mixer, starts: Mapping[str, Position], batch_of: Callable[[int], int],
-                 first: str | None = None, cap: int | None = None):
-        """`cap`: the mixer counts a document's tokens up to it (best fit: a row)."""
+                 first: str | None = None, cap: int | None = None, chunk: int | None = None):
+        """`cap`: the mixer counts a document's tokens up to it (best fit: a row); `chunk`: the
+        runs stop after a document that ends one of its source's chunks (best fit's
+        `tokenizer_batch_size`: `ends_chunk`)."""
         self.mixer, self.batch_of = mixer, batch_of
-        self.cap = cap
+        self.cap, self.chunk = cap, chunk
+        self.chunk_ended = False         # the last `stretches` stopped after a document that ends a chunk
         self.names = tuple(mixer.mixture.names)
         self._arrived = {name: InOrder() for name in self.names}
         self._queue = {name: deque() for name in self.names}
@@ -220,7 +223,7 @@ class MixStream:
         """The runs that can be made now, in stream order, as `Stretch`es; with `limit`, of at most
         that many documents (best fit takes the mix a chunk at a time: packing/mixbestfit.py)."""
         mixer = self.mixer
-        self._room = limit
+        self._room, self.chunk_ended = limit, False
         while self.finished is None and self.stopped is None and self._room != 0:
             names = self._taking_part()
             if self.finished is not None:
@@ -292,6 +295,12 @@ class MixStream:
             return
         doc_rows = np.empty(len(picks), dtype=np.int64)
         doc_rows[order] = np.concatenate([r.live[q:q + k] for r, q, k in zip(rows, firsts, counts)])
+        if self.chunk is not None:  # the block stops after the first document that ends a chunk
+            nexts = np.empty(len(picks), dtype=np.int64)
+            nexts[order] = np.concatenate([r.after[q:q + k] for r, q, k in zip(rows, firsts, counts)])
+            j = first_end(rows, picked, doc_rows, nexts, self.chunk)
+            if j < m:
+                m, self.chunk_ended, self._room = j + 1, True, 0
         if m < len(picks):
             picks, picked, doc_rows, doc_lengths = picks[:m], picked[:m], doc_rows[:m], doc_lengths[:m]
             counts = tuple(picks.count(i) for i in range(len(rows)))
@@ -302,7 +311,7 @@ class MixStream:
                 before = r.rule(cap)[1]
                 mixer.took(name, int(before[q + k] - before[q]), head.piece.epoch, documents=k)
         self.tokens += int(doc_lengths.sum())
-        if self._room is not None:
+        if self._room:
             self._room -= m
 
     def _in_stage(self, lengths: np.ndarray) -> int:
@@ -356,9 +365,30 @@ class MixStream:
         self.tokens += length
         if self._room is not None:
             self._room -= 1
+        row = head.row
         head.row += 1
         head.skip_nulls()
+        if self.chunk is not None and ends_chunk(head.piece.doc_start, row, head.row, len(head.rows.sizes), self.chunk):
+            self.chunk_ended, self._room = True, 0
         if head.row >= len(head.rows.sizes):  # the piece's last document: its run ends with it
             self._close()
             return True
         return False
+
+
+def ends_chunk(start, row, after, size, chunk):
+    """Whether the document at `row` of a piece of `size` rows starting at row `start` of its
+    step (row group or shuffled window) ends one of its source's best-fit chunks (rows `[k·chunk,
+    (k+1)·chunk)` of the step, as one source cuts them: packing/bestfit.py `Chunks`): its source's
+    next document (at `after`, past the nulls) is in another chunk or another piece (a piece
+    ends at a whole chunk or its step's end: data/order.py `cut_pieces(aligned=)`). Arrays or ints."""
+    return (after >= size) | ((start + after) // chunk != (start + row) // chunk)
+
+
+def first_end(rows: list, picked: np.ndarray, doc_rows: np.ndarray, nexts: np.ndarray, chunk: int) -> int:
+    """The first of a block's picks whose document ends a chunk (`ends_chunk`; `nexts`: the row
+    after each, past the nulls), or the number of picks."""
+    starts = np.array([r.piece.doc_start for r in rows], dtype=np.int64).take(picked)
+    sizes = np.array([len(r.sizes) for r in rows], dtype=np.int64).take(picked)
+    ends = ends_chunk(starts, doc_rows, nexts, sizes, chunk)
+    return int(ends.argmax()) if ends.any() else len(picked)

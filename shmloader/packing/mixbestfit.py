@@ -2,8 +2,16 @@
 
 The mixed stream (packing/mix.py: documents of every source interleaved by the mixing rule)
 enters best fit's planner (packing/planner.py) a *chunk* at a time, as one source's does: a
-chunk is the next `tokenizer_batch_size` documents the mix picks (nulls are no documents), in
-any sources. The mix picks a chunk's documents when the planner asks for it (a top-up before a
+chunk is the documents the mix picks (nulls are no documents), in any sources, up to the first
+that ends one of its source's own chunks (rows `[k·c, (k+1)·c)` of its row group or shuffled
+window, c = `tokenizer_batch_size`: its source's next document is in another of them;
+packing/mix.py `ends_chunk`), and `c` documents at most. A mixture of one source so has one
+source's chunks, plans and batches; with several, a chunk ends at whichever source's chunk ends
+first (a chunk of two sources that alternate holds about half of each one's). The chunks
+never span a piece of a source (its pieces end at whole chunks: data/order.py
+`cut_pieces(aligned=)`) and depend on the sources' rows and lengths only. A run resumed from a
+state of version 5 or 6 keeps that version's rule, the next `c` documents the mix picks, across
+row groups (data/mixrules.py). The mix picks a chunk's documents when the planner asks for it (a top-up before a
 placement, `MixChunks`), not before: so a schedule's stage applies to the documents that enter
 the buffer from its first batch's plan on (a stage changes what enters; the buffer's ~1000
 documents of the old weights are placed over the next batches). Chunks depend on the document
@@ -36,6 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..data import mixrules
 from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from .base import MAX_IN_FLIGHT, Complete, Mode
@@ -175,9 +184,12 @@ def _buffer_values(runs: np.ndarray, lo: dict) -> tuple:
 
 
 class MixChunks(Chunks):
-    """The mixed stream as best fit's chunks: the next `chunk_docs` documents the mix picks, made
-    when a plan asks for one (`_more`); each chunk's end is where the mix stands after it
-    (`last_end`: `(run, row)` for `point_at`, after the last chunk a plan took)."""
+    """The mixed stream as best fit's chunks: the next documents the mix picks up to the first
+    that ends one of its source's chunks (a stream made with `chunk`: packing/mix.py
+    `ends_chunk`), `chunk_docs` at most (version 6's rule, a stream without `chunk`: the next
+    `chunk_docs`, data/mixrules.py), made when a plan asks for one (`_more`); each chunk's end is
+    where the mix stands after it (`last_end`: `(run, row)` for `point_at`, after the last chunk a
+    plan took)."""
 
     def __init__(self, stream: MixStream, chunk_docs: int, ids_of, start):
         """`ids_of(stretch)`: `(ids, lengths)` of the stretch's documents (`mixruns.Stretch`);
@@ -202,6 +214,8 @@ class MixChunks(Chunks):
                     self._pending_docs += len(ids)
                     run = stretch.last_run()
                     self._end = (run, run.row_hi)
+            if self.stream.chunk_ended:
+                break  # its last document ends one of its source's chunks
             if not stretches:
                 if self.stream.finished is None or not self._pending_docs:
                     return False
@@ -298,7 +312,8 @@ class MixBestFitMode(BestFitMode):
         else:
             mixer = Mixer(mix.mixture, mix.first_batch)
         # the mix picks a chunk when the planner asks for it: its stage is the batch being planned
-        self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1)
+        self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1,
+                                chunk=mixrules.chunk(mix.rules, cfg.tokenizer_batch_size))
         prefix = buffer_pieces(buffer_runs(mix.point, self._lo), cfg.max_piece_docs)
         self.seq = MixBestFitSequencer(cfg, run.layout.n_slots, len(prefix), self.stream, point,
                                        lambda *used: self.feed.used_up(*used), self._lo)

@@ -27,7 +27,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..data import mixrules
 from ..data.mixture import Mixer
+from ..data.order import ramp_for
 from ..ipc.protocol import Located, Progress
 from .base import Mode
 from .count import PROGRESS_S
@@ -96,14 +98,16 @@ class MixCountMode(Mode):
         self.bestfit = cfg.packing == "bos_bestfit"
         place = SimpleNamespace(B=B, T=T, buffer_size=cfg.buffer_size, tokenizer_batch_size=cfg.tokenizer_batch_size)
         if self.bestfit:
-            self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda _: self.place.seq.planned, cap=T + 1)
+            self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda _: self.place.seq.planned, cap=T + 1,
+                                    chunk=mixrules.chunk(mix.rules, cfg.tokenizer_batch_size))
             self.place = BestFitPlace(place, self.stream, self.batch, lambda *used: self.feed.used_up(*used),
                                       {r.name: r.lo for r in mix.ranges})
         else:
             window = B * T + 1
             self.stream = MixStream(Mixer(mix.mixture, 0), starts, lambda tokens: tokens // window)
             self.place = ConcatPlace(window, self.batch)
-        self.feed = MixFeed(mix, self.stream, starts, pieces, (), cfg.max_piece_docs, self._in_flight.keys,
+        cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1] if self.bestfit else cfg.max_piece_docs
+        self.feed = MixFeed(mix, self.stream, starts, pieces, (), cap, self._in_flight.keys,  # whole chunks
                             stopping=self._flow)
         self.pieces = self.feed.feed()
         self._lo = {r.name: r.lo for r in mix.ranges}

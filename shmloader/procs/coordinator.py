@@ -100,7 +100,8 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
         mixture's source), from `start` (numbered within them), in the run's numbering; `plan`:
         the source's elastic plan, whose first step keeps `start.skip` (a source's document cut
         at a change of world size, each source's own); a shuffled mixture's source is in its own
-        order (`order.of(lo)`) with a plan or without."""
+        order (`order.of(lo)`) with a plan or without; a source's pieces end at whole units of
+        their step (`aligned`: best fit's chunks, packing/mix.py)."""
         if files is not None:
             lo, n = files
             counts, text = (lambda f: row_counts(lo + f)), (lambda f: source.text_bytes(lo + f))
@@ -108,13 +109,13 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
             if plan is None:
                 steps = iter_pieces(counts, n, run.rank, run.world, start, max_docs=cap, ramp=ramp,
                                     first_index=first_index, row_bytes=text, max_bytes=cfg.max_piece_bytes,
-                                    unit=cfg.piece_unit, shuffle=shuffle)
+                                    unit=cfg.piece_unit, shuffle=shuffle, aligned=True)
             else:
                 units = elastic.steps(plan, run.rank, run.world, counts, n, start, shuffle=shuffle)
                 if start.skip:  # the unit `start` is in begins at its document, the tokens before it dropped
                     first = next(units)
                     units = itertools.chain([first._replace(skip=start.skip)], units)
-                steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit)
+                steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit, aligned=True)
             return (p.but(file=p.file + lo, members=tuple(m._replace(file=m.file + lo) for m in p.members))
                     for p in steps)
         if run.plan is None:

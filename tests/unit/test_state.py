@@ -201,7 +201,7 @@ def test_moved_files_resume():
 
 # ------------------------------------------------------------------ version, type, fields
 
-@pytest.mark.parametrize("version", [0, 1, 7, "3", "5", None])
+@pytest.mark.parametrize("version", [0, 1, 8, "3", "5", None])
 def test_version_mismatch_is_refused(version):
     with pytest.raises(ValueError, match="version"):
         check(dict(saved(), version=version), loader())

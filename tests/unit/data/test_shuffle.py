@@ -312,7 +312,8 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     from types import SimpleNamespace
     from shmloader.data.sources import Range
     ranges = (Range("a", 0, 4), Range("b", 4, 8))  # two sources of COUNTS' four files each
-    run = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges, mixture=SimpleNamespace(sources={"a": "a", "b": "b"})))
+    run = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges, mixture=SimpleNamespace(sources={"a": "a", "b": "b"}),
+                                                rules=None))
     sourced = shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2), run)
     a, b = (shuffle.Shuffle(shuffle.source_seed(9, n), 2) for n in "ab")
     assert sourced.orders == (a, b)
