@@ -252,8 +252,10 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
 def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=1000, chunk_docs=128, point=None,
                        batch=0, log=None, placed=None):
     """Yield `(rows, buffer)`: (B, T+1) best-fit rows over a mixture (docs/design.md "Mixtures"),
-    planned by `plan_batch_scan` over chunks of `chunk_docs` documents of `mixed_documents`,
-    each picked when a plan asks for it (a schedule's stage is the batch being planned); and
+    planned by `plan_batch_scan` over chunks of `mixed_documents`, each up to the first document
+    that ends one of its source's own chunks (its source's next document is in another
+    `chunk_docs` rows of its row group), `chunk_docs` documents at most, each picked when a plan
+    asks for it (a schedule's stage is the batch being planned); and
     the buffer after them, `[[source, epoch, file, rg, row, count], ...]` in arrival order.
     `point`: a state's `mixture.point` (parsed), with its `"buffer"`, to resume from at `batch`.
     `placed`, a dict: the tokens placed in the rows of each source are added to it."""
@@ -272,14 +274,27 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
             buffer.append([len(meta) - 1, len(meta[len(meta) - 1][1])])
     next_id = len(meta)
 
+    texts = {}
+
+    def ends_chunk(name, f, g, row) -> bool:
+        """Whether the rows of `name`'s row group after `row` up to the end of its chunk (rows
+        `[k·chunk_docs, (k+1)·chunk_docs)` of the row group) are nulls: its next document is in
+        another chunk, and the mixed chunk ends here."""
+        if (name, f, g) not in texts:
+            texts[name, f, g] = pq.ParquetFile(sources[name][f]).read_row_group(g, columns=["text"]).column("text").to_pylist()
+        rows = texts[name, f, g]
+        return all(t is None for t in rows[row + 1:(row // chunk_docs + 1) * chunk_docs])
+
     def next_chunk():
         nonlocal next_id
         ids, lengths = [], []
-        for (e, f, g, row), text, _ in itertools.islice(docs, chunk_docs):
+        for (e, f, g, row), text, _ in docs:  # up to the document that ends its source's chunk, or chunk_docs
             meta[next_id] = ((read[-1][0], e, f, g, row), [bos] + list(encode(text)))
             ids.append(next_id)
             lengths.append(len(meta[next_id][1]))
             next_id += 1
+            if len(ids) == chunk_docs or ends_chunk(read[-1][0], f, g, row):
+                break
         if not ids:  # the mix ended: the buffer is placed while it fills the rows
             raise Drained
         return np.array(ids, dtype=np.int64), np.array(lengths, dtype=np.int64)
