@@ -489,11 +489,12 @@ def source_runs(stream, of) -> dict:
     return out
 
 
-def plain_share(counts, lengths, seed, name, epoch, rank, world, k) -> tuple[list, list]:
+def plain_share(counts, lengths, seed, name, epoch, rank, world, k, alone=False) -> tuple[list, list]:
     """Source `name`'s documents of a plain `world`-rank shuffled epoch `epoch`, rank `rank`'s
     share, in order (its windows of `k` units of every world-th unit of the epoch's order, each
-    window's documents in theirs: data/shuffle.py), and their tokens with BOS."""
-    order, docs = shuffle.Shuffle(shuffle.source_seed(seed, name), k), []
+    window's documents in theirs: data/shuffle.py), and their tokens with BOS; `alone`: the only
+    source of its mixture, shuffled with the loader's `seed` as it is (data/mixrules.py)."""
+    order, docs = shuffle.Shuffle(seed if alone else shuffle.source_seed(seed, name), k), []
     for w in shuffle.share(order, epoch, counts, rank, world):
         which, rows = shuffle.locate(w.members, order.rows(epoch, *w.head, w.rows))
         docs += [w.members[m].file * MIX_PER_FILE + w.members[m].unit * MIX_GROUP + r
@@ -553,7 +554,7 @@ def check_another_world_size(root, of, names, seed, k, saver, epochs, window=20)
         for name in names:
             share, tokens = [], []  # its plain epochs' documents, in order
             for epoch in range(2, epochs + 1):
-                docs, sizes = plain_share(counts, lengths[name], seed, name, epoch, rank, 3, window)
+                docs, sizes = plain_share(counts, lengths[name], seed, name, epoch, rank, 3, window, len(names) == 1)
                 share, tokens = share + docs, tokens + sizes
             got = [doc for doc, _ in runs[name]]
             n = next(n for n in range(min(len(got), len(share)), 0, -1) if got[-n:] == share[:n])
