@@ -325,7 +325,7 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     assert shuffle.of_run(LoaderConfig(B=2, T=8), run) is None
     from shmloader import Source  # a source's own setting over the loader's, either way
     own = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges, mixture=SimpleNamespace(
-        sources={"a": Source("a", shuffle=False), "b": Source("b")})))
+        sources={"a": Source("a", shuffle=False), "b": Source("b")}), rules=None))
     assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2), own).orders == (None, b)
     assert shuffle.of_run(LoaderConfig(B=2, T=8), own) is None
     own.mixture.mixture.sources["a"] = Source("a", shuffle=True)
