@@ -390,5 +390,5 @@ def first_end(rows: list, picked: np.ndarray, doc_rows: np.ndarray, nexts: np.nd
     after each, past the nulls), or the number of picks."""
     starts = np.array([r.piece.doc_start for r in rows], dtype=np.int64).take(picked)
     sizes = np.array([len(r.sizes) for r in rows], dtype=np.int64).take(picked)
-    ends = ends_chunk(starts, doc_rows, nexts, sizes, chunk)
-    return int(ends.argmax()) if ends.any() else len(picked)
+    hits = np.flatnonzero(ends_chunk(starts, doc_rows, nexts, sizes, chunk))
+    return int(hits[0]) if len(hits) else len(picked)
