@@ -390,3 +390,21 @@ def test_bytes_bound_changes_only_the_cuts(counts, per_doc, max_bytes, unit, max
         assert p.doc_start % unit == 0 and (p.n_docs % unit == 0 or p.doc_end == n_rows)
         assert p.n_docs <= max(unit, max_bytes / each if each else cap) + 1e-9
         assert p.text_bytes == round(each * p.n_docs)
+
+
+@pytest.mark.parametrize("start_doc", [0, 5, 16, 31])
+def test_aligned_pieces_end_at_whole_units_of_their_row_group(start_doc):
+    """A mixture's source (`aligned=True`) resumed inside a unit of best fit's chunks: its first
+    piece runs to the next whole unit, every later one ends at a whole unit or its row group's end;
+    the same documents in order as without."""
+    counts = {0: [40, 7, 70]}
+    kw = dict(max_docs=32, ramp=(16, 32), unit=16)
+    start = Position(1, 0, 0, start_doc)
+    aligned = list(itertools.islice(iter_pieces(counts.__getitem__, 1, 0, 1, start, aligned=True, **kw), 12))
+    plain = list(itertools.islice(iter_pieces(counts.__getitem__, 1, 0, 1, start, **kw), 12))
+    rows = lambda pieces: [(p.epoch, p.rg, d) for p in pieces for d in range(p.doc_start, p.doc_end)]  # noqa: E731
+    n = min(len(rows(aligned)), len(rows(plain)))
+    assert n > 100 and rows(aligned)[:n] == rows(plain)[:n]
+    sizes = dict(enumerate(counts[0]))
+    assert all(p.doc_end % 16 == 0 or p.doc_end == sizes[p.rg] for p in aligned)
+    assert aligned[0].doc_end == min(sizes[0], -(-(start_doc + 1) // 16) * 16)

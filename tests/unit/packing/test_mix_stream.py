@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
-from shmloader.packing.mix import MixPoint, MixStream, point_at
+from shmloader.packing.mix import MixPoint, MixStream, ends_chunk, point_at
 from shmloader.packing.mixruns import where_at
 from shmloader.position import Position
 
@@ -273,29 +273,31 @@ def seen(runs, rng) -> list:
 BLOCK_CASES = given(seed=st.integers(0, 10**6), weights=st.sampled_from([(1, 1, 1), (5, 3, 2), (1, 0, 1),
                                                                         (0.8, 0.15, 0.05)]),
                     staged=st.booleans(), cap=st.sampled_from([None, None, 100, 401]), ends=st.booleans(),
-                    limits=st.sampled_from([None, (1, 7, 128)]), first=st.booleans())
+                    limits=st.sampled_from([None, (1, 7, 128)]), first=st.booleans(),
+                    chunk=st.sampled_from([None, 4, 16]))
 
 
 @settings(max_examples=12, deadline=None)  # ~0.3 s an example; the slow suite draws 150
 @BLOCK_CASES
-def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time(seed, weights, staged, cap, ends, limits, first):
-    block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first)
+def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time(seed, weights, staged, cap, ends, limits, first,
+                                                                  chunk):
+    block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first, chunk)
 
 
 @pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @BLOCK_CASES
 def test_a_block_decided_at_once_is_the_rule_a_document_at_a_time_many_draws(seed, weights, staged, cap, ends,
-                                                                             limits, first):
-    block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first)
+                                                                             limits, first, chunk):
+    block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first, chunk)
 
 
-def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first):
+def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, first, chunk=None):
     """`MixStream` decides a block of documents in one call (`Mixer.picks`) and makes its runs
     with whole-array calls, each run's `at` made when asked; the reference decides a document at
     a time. Same runs, same places before and inside each, same mixer, notes and tokens: under
-    schedules, a cap (best fit's), sources that end, limits (best fit's chunks), and a resumed
-    cut document that comes first."""
+    schedules, a cap (best fit's), sources that end, limits (best fit's chunks), stops after a
+    document that ends its source's chunk (`chunk`), and a resumed cut document that comes first."""
     groups, _, starts = setup(seed % 97)
     names = sorted(groups)
     mixture = Mixture({n: n for n in names}, [(0, dict(zip(names, weights)))]
@@ -310,7 +312,7 @@ def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, fi
     made = []
     for kind in (MixStream, OneAtATime):
         stream = kind(Mixer(mixture), starts, lambda tokens: tokens // W, cap=cap,
-                      first="code" if first and weights[0] else None)
+                      first="code" if first and weights[0] else None, chunk=chunk)
         if ends:
             stream.exhausted("math", len(orders["math"]))
         runs, draw = [], random.Random(seed + 1)
@@ -318,6 +320,10 @@ def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, fi
             stream.counted(name, seq, *orders[name][seq])
             while True:
                 got = stream.stretches(draw.choice(limits) if limits else None)
+                if chunk is not None and stream.chunk_ended:  # it stopped after a document that ends a chunk
+                    last = got[-1].last_run()
+                    p, live = last.piece, np.flatnonzero(last.lengths)
+                    assert ends_chunk(p.doc_start, last.row_lo + live[-1], last.row_hi, p.n_docs, chunk)
                 for stretch in got:  # its documents, as best fit takes them, are its runs'
                     which, rows, lengths = stretch.documents()
                     assert [(stretch.rows[w].piece, r, n) for w, r, n in zip(which.tolist(), rows.tolist(),
@@ -329,7 +335,7 @@ def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, fi
                     if len(which):
                         assert stretch.last_run() == made_here[-1]
                     runs += made_here
-                if not got or limits is None:
+                if not got or (limits is None and not stream.chunk_ended):
                     break
         made.append((seen(runs, random.Random(seed + 2)), stream.mixer.state(), stream.notes, stream.tokens,
                      stream.finished))
