@@ -13,9 +13,13 @@ the next token is in, numbered within its source, and whose `"mixture"` holds:
   only, so that states do not depend on timing), its val file, and its `column` and `format`
   where they are not "text" and "parquet" (`Catalogue.fingerprint`; another one is refused);
 - `"plans"`, in a run that began at a change of world size only: each source's elastic plan
-  (`state.plan_state`, with its crc).
+  (`state.plan_state`, with its crc);
+- `"plain"`, in a run that began as a mixture of one source: its name (shuffled with the
+  loader's seed as it is), and `"rules": 6`, in a run resumed from a state of version 5 or 6,
+  which keeps those versions' chunks and seeds (data/mixrules.py: `of_state` reads them, a
+  resume, a replay and an elastic plan follow them).
 Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
-batch, the shapes, the check, the position, the point and the plans' crcs.
+batch, the shapes, the check, the position, the point, the rules and the plans' crcs.
 
 Resuming (`check`): this rank's own state; another rank's state, or (concat only: best fit's is
 refused, not built yet, and says so) one of another world size, shuffled or not (each source

@@ -25,7 +25,10 @@ is the same for any number of workers and any order of arrival. A piece that can
 (`unreadable`) stops it where the rule needs that piece's next document (`stopped`: its
 error), whichever source's turn it then is, so that too depends on the lengths only (a block
 ends where a head is used up, so the stop is found between blocks, as between documents).
-Where it stands before any document (`Run.at`: every source's next document and the mixer's
+Best fit's stream (`chunk`) also stops after a document that ends one of its source's chunks
+(`ends_chunk`: its source's next document is in other rows `[k·chunk, (k+1)·chunk)` of its row
+group or window, or another piece), so that a chunk of the mix never spans one of a source's
+(packing/mixbestfit.py). Where it stands before any document (`Run.at`: every source's next document and the mixer's
 state before the run's first pick, made from its block when asked) is what a state keeps;
 `point_at(run, row, skip)` is that inside a run: a resumed mix starts every source at its
 document and the mixer from its state, and the document the next token is in comes first
