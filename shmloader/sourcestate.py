@@ -35,7 +35,8 @@ that the files' names, sizes and footers cannot show.
   its footer) is a ValueError naming each difference in words.
 Older versions are read too (`READS`): 2 (files as [name, bytes], no footers), 3 (best fit's
 buffer as a list of runs), 4 (no check) and 5 (the position in the fields `epoch`, `pq_idx`,
-`rg_idx`, `doc_idx`, `skip`, no nanochat keys of their own). nanochat's keys are not the
+`rg_idx`, `doc_idx`, `skip`, no nanochat keys of their own); 6 is one source's state as it is
+now (the version after it changed a mixture's only: data/mixrules.py). nanochat's keys are not the
 position: they say what nanochat's loaders say with the same batch (for `print` and for a
 resume with nanochat's own loader), and a loader resumes at `position`.
 
