@@ -1,7 +1,7 @@
 """The version-6 mixture states of tests/fixtures/mixture_v6_states.json, and the data they read.
 
 `write_data(root)` writes two sources of position documents (tests/helpers.py) under `root`,
-"a" and "b", with nulls and row groups of 3 to 41 documents. Run with a loader of state version
+"a" and "b", with nulls and row groups of 3 to 41 documents, b's tokens from 100,000. Run with a loader of state version
 6 (the code of main before issue 50's step 1) as
 
     PYTHONPATH=<that checkout> python tests/scripts/mixture_v6_states.py tests/fixtures/mixture_v6_states.json
@@ -27,7 +27,8 @@ CASES = {  # name -> (sources, loader keywords)
                                           shuffle=True, seed=5, shuffle_window=20)),
     "one_concat_shuffled": (("a",), dict(packing="concat", shuffle=True, seed=5, shuffle_window=20)),
 }
-SHAPES = {"a": (300, [25, 7, 41, 3], 40, 11), "b": (160, [12, 30], 90, 12)}  # docs, row groups, max length, seed
+# docs, row groups, longest, seed, first position (b's tokens from 100,000: a batch's tokens say their source)
+SHAPES = {"a": (300, [25, 7, 41, 3], 40, 11, 1), "b": (160, [12, 30], 90, 12, 100_000)}
 
 
 def write_data(root) -> dict:
@@ -35,10 +36,10 @@ def write_data(root) -> dict:
     from shmloader.demo import corpus
     from tests.helpers import position_documents
     out = {}
-    for name, (n, groups, longest, seed) in SHAPES.items():
+    for name, (n, groups, longest, seed, first) in SHAPES.items():
         rng = random.Random(seed)
         lengths = [None if i % 23 == 4 else rng.randint(0, longest) for i in range(n)]
-        corpus.write_shards(position_documents(lengths), Path(root) / name, num_files=3, row_group_size=groups)
+        corpus.write_shards(position_documents(lengths, first), Path(root) / name, num_files=3, row_group_size=groups)
         out[name] = str(Path(root) / name)
     return out
 
