@@ -39,12 +39,12 @@ def of_state(state: dict) -> Rules:
     """The rules a mixture's state's run followed (its `version`, `mixture.rules`, `mixture.plain`);
     a ValueError names a malformed field."""
     mixed = state["mixture"]
-    version = mixed.get("rules", min(state["version"], RULES))
+    version = mixed.get("rules", state["version"])
     plain = mixed.get("plain")
     if type(version) is not int or not 5 <= version <= RULES or (plain is not None and not isinstance(plain, str)):
         raise ValueError(f"resume state field 'mixture.rules' / 'mixture.plain' is malformed: "
                          f"{mixed.get('rules')!r} / {plain!r} (a state version from 5 to {RULES}, a source's name)")
-    return Rules(version, plain)
+    return Rules(6 if version < _CHUNKS else version, plain)  # versions 5 and 6 mix alike
 
 
 def fields(rules: Rules | None) -> dict:
