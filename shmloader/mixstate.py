@@ -97,7 +97,8 @@ class Mixed:
     def constant(self, identity: statemod.Loader, resume: statemod.Resume) -> dict:
         plans = ({"plans": {name: statemod.plan_state(plan) for name, plan in sorted(resume.mix_plans.items())}}
                  if resume.mix_plans else {})
-        rules = mixrules.fields(resume.mix_rules if resume.mix_rules is not None else mixrules.fresh(self._sources.mixture))
+        rules = resume.mix_rules if resume.mix_rules is not None else mixrules.fresh(self._sources.mixture)
+        rules = mixrules.fields(rules)
         return {"files": [], "val": None, "elastic": statemod.plan_state(resume.plan), "mixture": {**plans, **rules}}
 
     def fill(self, state: dict, mark):

@@ -90,7 +90,8 @@ class Resume:
     change: "Change | None" = None  # the state is of another world size: the loader builds the plan
     mix: dict | None = None    # a mixture's: the `packing.mix.MixPoint` there, as JSON (mixstate.py)
     mix_plans: dict | None = None  # a mixture's run that began at a change of world size: each source's `Plan`
-    mix_rules: object = None   # a mixture's: the rules of the state's run (data/mixrules.py `Rules`); None: a fresh run's
+    mix_rules: object = None   # a mixture's: the rules of the state's run (data/mixrules.py `Rules`);
+    #                            None: a fresh run's
     read: RowGroup | None = None  # nanochat's keys of the state it resumes (its own rank's, its files
     #                               numbered as the run's), for the states before its first batch
 

@@ -28,11 +28,11 @@ ends where a head is used up, so the stop is found between blocks, as between do
 Best fit's stream (`chunk`) also stops after a document that ends one of its source's chunks
 (`ends_chunk`: its source's next document is in other rows `[k·chunk, (k+1)·chunk)` of its row
 group or window, or another piece), so that a chunk of the mix never spans one of a source's
-(packing/mixbestfit.py). Where it stands before any document (`Run.at`: every source's next document and the mixer's
-state before the run's first pick, made from its block when asked) is what a state keeps;
-`point_at(run, row, skip)` is that inside a run: a resumed mix starts every source at its
-document and the mixer from its state, and the document the next token is in comes first
-(with a new mixture too: it is not skipped).
+(packing/mixbestfit.py). Where it stands before any document (`Run.at`: every source's next
+document and the mixer's state before the run's first pick, made from its block when asked) is
+what a state keeps; `point_at(run, row, skip)` is that inside a run: a resumed mix starts every
+source at its document and the mixer from its state, and the document the next token is in
+comes first (with a new mixture too: it is not skipped).
 """
 from __future__ import annotations
 
@@ -371,7 +371,8 @@ class MixStream:
         row = head.row
         head.row += 1
         head.skip_nulls()
-        if self.chunk is not None and ends_chunk(head.piece.doc_start, row, head.row, len(head.rows.sizes), self.chunk):
+        size = len(head.rows.sizes)
+        if self.chunk is not None and ends_chunk(head.piece.doc_start, row, head.row, size, self.chunk):
             self.chunk_ended, self._room = True, 0
         if head.row >= len(head.rows.sizes):  # the piece's last document: its run ends with it
             self._close()

@@ -11,8 +11,8 @@ first (a chunk of two sources that alternate holds about half of each one's). Th
 never span a piece of a source (its pieces end at whole chunks: data/order.py
 `cut_pieces(aligned=)`) and depend on the sources' rows and lengths only. A run resumed from a
 state of version 5 or 6 keeps that version's rule, the next `c` documents the mix picks, across
-row groups (data/mixrules.py). The mix picks a chunk's documents when the planner asks for it (a top-up before a
-placement, `MixChunks`), not before: so a schedule's stage applies to the documents that enter
+row groups (data/mixrules.py). The mix picks a chunk's documents when the planner asks for it (a
+top-up before a placement, `MixChunks`), not before: so a schedule's stage applies to the documents that enter
 the buffer from its first batch's plan on (a stage changes what enters; the buffer's ~1000
 documents of the old weights are placed over the next batches). Chunks depend on the document
 lengths only, so the plans are the same for any number of workers and any timing; a plan that

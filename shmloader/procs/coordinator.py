@@ -115,7 +115,8 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                 if start.skip:  # the unit `start` is in begins at its document, the tokens before it dropped
                     first = next(units)
                     units = itertools.chain([first._replace(skip=start.skip)], units)
-                steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit, aligned=True)
+                steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit,
+                                   aligned=True)
             return (p.but(file=p.file + lo, members=tuple(m._replace(file=m.file + lo) for m in p.members))
                     for p in steps)
         if run.plan is None:
