@@ -281,7 +281,8 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
         `[k·chunk_docs, (k+1)·chunk_docs)` of the row group) are nulls: its next document is in
         another chunk, and the mixed chunk ends here."""
         if (name, f, g) not in texts:
-            texts[name, f, g] = pq.ParquetFile(sources[name][f]).read_row_group(g, columns=["text"]).column("text").to_pylist()
+            group = pq.ParquetFile(sources[name][f]).read_row_group(g, columns=["text"])
+            texts[name, f, g] = group.column("text").to_pylist()
         rows = texts[name, f, g]
         return all(t is None for t in rows[row + 1:(row // chunk_docs + 1) * chunk_docs])
 
