@@ -13,16 +13,17 @@ the next token is in, numbered within its source, and whose `"mixture"` holds:
   only, so that states do not depend on timing), its val file, and its `column` and `format`
   where they are not "text" and "parquet" (`Catalogue.fingerprint`; another one is refused);
 - `"plans"`, in a run that began at a change of world size only: each source's elastic plan
-  (`state.plan_state`, with its crc).
+  (`state.plan_state`, with its crc; no buffers: a best-fit run's first buffer is its point's).
 Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
 batch, the shapes, the check, the position, the point and the plans' crcs.
 
-Resuming (`check`): this rank's own state; another rank's state, or (concat only: best fit's is
-refused, not built yet, and says so) one of another world size, shuffled or not (each source
-in its own order: data/mixelastic.py), of a run that used this mixture from batch 0 with one
-batch shape (this rank's place, or every old rank's, is then replayed: resume.py with
-`Mixed.replay`, `Mixed.shared`; other runs are refused, `_check_replayable`, and so is a second change of
-world size: the mixer of a run that began at one counts from there, its `since`);
+Resuming (`check`): this rank's own state; another rank's state, or one of another world size,
+either packing, shuffled or not (each source in its own order: data/mixelastic.py; best fit's
+buffers dealt out run by run as one source's, each new rank's share its point's first
+`"buffer"`), of a run that used this mixture from batch 0 with one batch shape (this rank's
+place, or every old rank's, is then replayed: resume.py with `Mixed.replay`, `Mixed.shared`;
+other runs are refused, `_check_replayable`, and so is a second change of world size: the mixer
+of a run that began at one counts from there, its `since`);
 the config as state.py checks it; another B or T as there; every source the state and the loader share must list the same files (name, size,
 footer where both know it); a source added (read from its start) or left out (its place kept
 in the states that follow, for a resume that brings it back) and other weights are said once
@@ -44,9 +45,9 @@ from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
-from .packing.mixbestfit import buffer_runs
+from .packing.mixbestfit import buffer_entries, buffer_runs
 from .packing.mixtext import PACKED, Packed, json_text
-from .packing.runs import BufferText
+from .packing.runs import BufferText, encode_runs
 from .position import Position
 from .state import POSITION_FIELDS
 
@@ -163,12 +164,9 @@ class Mixed:
         plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
                  if plans else None)
         other = start_position(identity.rank)
+        if identity.buffered:  # best fit's buffer: its documents' sources are read now
+            buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
-            if identity.buffered:
-                raise ValueError(f"resume state is rank {envelope.rank} of {envelope.world}, this loader rank "
-                                 f"{identity.rank} of {identity.world}: another world size's state of a mixture "
-                                 "with packing='bos_bestfit' is not built yet (concat's is); resume at the world "
-                                 "size it was saved at")
             _check_replayable(point, shapes, sources.mixture, envelope.rank)
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
@@ -177,8 +175,6 @@ class Mixed:
             _check_replayable(point, shapes, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
                                    locate=point is not None)
-        if identity.buffered:  # best fit's buffer: its documents' sources are read now
-            buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
         for note in notes:
             warn(f"shmloader: {note}")
@@ -222,16 +218,19 @@ class Mixed:
         """Each source's own `elastic.Plan` from the old ranks' places in it (data/mixelastic.py;
         shuffled, in each source's own order), this rank starting every source at its first unit
         (a cut document's tokens before its place dropped, `"skips"`) with a mixer whose counting
-        stage begins at the change, its totals the old ranks' together."""
-        sources = self._sources
+        stage begins at the change, its totals the old ranks' together; best fit, with its share
+        of the old ranks' buffers as its point's `"buffer"`."""
+        sources, buffered = self._sources, config.spec.buffered
         start = mixelastic.plan([p.mix for p in places], sources.mixture, resume.batch, args.rank, args.world,
                                 lambda name: lambda f: sources.catalogues[name].row_counts(f, config.on_bad_row_group),
-                                lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args))
-        first = start.point["source"]
-        position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
-        return (dataclasses.replace(resume, position=sources.to_run(first, position), mix=start.point,
-                                    mix_plans=start.plans, change=None, locate=False, check=None),
-                "every source's rest of its epoch in progress")
+                                lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args),
+                                [buffer_entries(p.mix) for p in places] if buffered else ())
+        point = dict(start.point, buffer=_buffer(start.buffer, sources.names)) if buffered else start.point
+        first = point["source"]
+        position = Position(*point["sources"][first], point["skips"].get(first, 0))
+        shared = "every source's rest of its epoch in progress" + (" and the old ranks' buffers" if buffered else "")
+        return (dataclasses.replace(resume, position=sources.to_run(first, position), mix=point,
+                                    mix_plans=start.plans, change=None, locate=False, check=None), shared)
 
     def _shuffles(self, config, args) -> dict | None:
         """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`),
@@ -239,6 +238,13 @@ class Mixed:
         mix = run_args(self._sources, statemod.Resume(start_position(args.rank)))
         order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
         return None if order is None else dict(zip(order.names, order.orders))
+
+
+def _buffer(entries: list, names) -> dict:
+    """Best fit's runs `[source, epoch, file, rg, row, count]` as a point's `"buffer"`
+    (packing/mixbestfit.py `buffer_entries` reads it back), their sources indexing `names`."""
+    index = {name: i for i, name in enumerate(names)}
+    return {"sources": list(names), "runs": encode_runs([[index[r[0]], *r[1:]] for r in entries])}
 
 
 def _places(text: str) -> dict:
