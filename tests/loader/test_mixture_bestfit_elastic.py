@@ -7,7 +7,7 @@ state (nanochat's way) or another old rank's, replays the other old ranks' mixes
 source's elastic plan, takes its share of the old ranks' best-fit buffers and reads on until
 the mixture ends.
 
-Checked, 2 -> 3 and 3 -> 2, 2 workers:
+Checked, 2 -> 3 and 3 -> 2, 2 workers (and 2 -> 3 shuffled, each source in its own order):
 - the plans every new rank made are the same and hold every old rank's own place in each
   source (its state's point); the old ranks' buffers are dealt out, each run in one new rank's
   first buffer (its state before its first batch);
@@ -111,12 +111,13 @@ def placed(batches) -> tuple[Counter, int]:
     return named, cropped
 
 
-@pytest.mark.parametrize("W,W2", [(2, 3), (3, 2)])
-def test_a_best_fit_mixture_resumes_at_another_world_size_each_document_placed_its_epochs(fitmix, W, W2):
+@pytest.mark.parametrize("W,W2,shuffled", [(2, 3, False), (3, 2, False), (2, 3, True)])
+def test_a_best_fit_mixture_resumes_at_another_world_size_each_document_placed_its_epochs(fitmix, W, W2, shuffled):
     root, docs = fitmix
+    kw = dict(shuffle=True, seed=7, shuffle_window=4) if shuffled else {}
     rows, old = [], []
     for rank in range(W):
-        with loader(root, rank, W) as ld:
+        with loader(root, rank, W, **kw) as ld:
             got, states = take(ld, 30)
         assert len(got) == 30
         rows += got
@@ -124,7 +125,7 @@ def test_a_best_fit_mixture_resumes_at_another_world_size_each_document_placed_i
     new, starts, ends = [], [], []
     for j in range(W2):
         given = old[0] if j % 2 == 0 else old[j % W]  # rank 0's state (nanochat's way), or another's
-        with loader(root, j, W2, resume_state=json.loads(json.dumps(given))) as ld:
+        with loader(root, j, W2, resume_state=json.loads(json.dumps(given)), **kw) as ld:
             starts.append(ld.state_dict())
             got, states = take(ld)
         assert len(got) > 20
@@ -146,15 +147,18 @@ def test_a_best_fit_mixture_resumes_at_another_world_size_each_document_placed_i
         assert s["world_size"] == W2 and s["rank"] == j and s["batch"] == 30
 
     named, cropped = placed(rows + [r for got in new for r in got])
-    left = Counter()  # each new rank's last buffer, after the mix ended: what it could not place
+    left, unnamed = Counter(), 0  # each new rank's last buffer, after the mix ended: what it could not place
     for name, epoch, f, g, row, count in (run for s in ends for run in buffer_entries(point_of(s))):
-        left.update(docs[name][f, g, r] for r in range(row, row + count))
+        if shuffled:  # a run's rows are its window's, in the window's order: counted, not named
+            unnamed += count
+        else:
+            left.update(docs[name][f, g, r] for r in range(row, row + count))
     epochs = {first: SOURCES[name][3] for name, of in docs.items() for first in of.values()}
     assert set(named) | set(left) <= set(epochs)
     for first, n in epochs.items():  # none placed (or left) more than its epochs
         assert named[first] + left[first] <= n, (first, named[first], left[first])
-    # and none lost: those not named are the rows' documents cropped to their BOS
-    assert sum(n - named[first] - left[first] for first, n in epochs.items()) == cropped
+    # and none lost: those not named are the rows' documents cropped to their BOS (and shuffled, those left)
+    assert sum(n - named[first] - left[first] for first, n in epochs.items()) == cropped + unnamed
     assert cropped < sum(named.values()) / 10
 
 
