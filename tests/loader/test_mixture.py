@@ -225,8 +225,9 @@ def test_the_dropin_takes_a_mixture_in_nanochats_prefetch_and_save_loop(mixdata)
 
 
 def test_a_source_that_grew_since_the_state_is_refused(mixdata, tmp_path):
-    """A shard added to a source between the save and the resume: refused, naming the source
-    (files added to a mixture's source are not built yet), not read in a silently other order."""
+    """A shard added among a source's files between the save and the resume: refused, naming the
+    source (files added among a mixture's source's are not built yet; after them they are read:
+    test_mixture_added.py), not read in a silently other order."""
     root, files, tok = mixdata
     import shutil
 
