@@ -11,11 +11,13 @@ Checked, 2 -> 3 and 3 -> 2, 2 workers (and 2 -> 3 shuffled, each source in its o
 - the plans every new rank made are the same and hold every old rank's own place in each
   source (its state's point); the old ranks' buffers are dealt out, each run in one new rank's
   first buffer (its state before its first batch);
-- over the old ranks' rows and the new ranks', every document of every source is placed
-  exactly `max_epochs` times, less only what each new rank's last, partial batch would have
-  held: none twice more than its epochs, and the documents not placed hold fewer tokens (up to
-  a row each) than the new ranks' partial batches (a row cropped to its BOS alone places a
-  document that cannot be named: each such row end allows one row more);
+- each new rank's rows are the oracle's (tests/oracle.py) over its first buffer, its units of
+  every source's plan, then plain epochs, byte for byte (unshuffled);
+- over the old ranks' rows and the new ranks' (each to the mixture's end), every document of
+  every source is placed exactly its `max_epochs` times, none more, but those left in a new
+  rank's last buffer, after the mix ended: each named (shuffled: counted, a run's rows are its
+  window's), or placed as a row's last segment, cropped to its BOS alone (counted: it cannot be
+  named), and no more of those than the documents unnamed;
 - a state of the new run resumes exactly on its own rank (another worker count); another
   rank's state of it, and another change of world size, are refused in words.
 """
@@ -34,7 +36,8 @@ from shmloader.data import elastic
 from shmloader.data.mixture import Mixer
 from shmloader.demo import corpus
 from shmloader.packing.mixbestfit import buffer_entries
-from tests import helpers
+from shmloader.demo.baseline import documents
+from tests import helpers, oracle
 from tests.loader.test_bestfit_stream import rows_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -48,22 +51,22 @@ WEIGHTS = {"web": 0.5, "code": 0.3, "math": 0.2}
 @pytest.fixture(scope="module")
 def fitmix(tmp_path_factory):
     """Every source's train split (all its files but the last): `{name: {(file, rg, row): first
-    token}}` of its documents (each at least one token after its BOS)."""
+    token}}` of its documents (each at least one token after its BOS), and `{name: its files}`."""
     root = tmp_path_factory.mktemp("fitmix")
-    docs = {}
+    docs, files = {}, {}
     for i, (name, (first, n, rg, _)) in enumerate(SOURCES.items()):
         rng = random.Random(60 + i)
         lengths = [None if rng.random() < 0.06 else rng.randint(1, 40) for _ in range(n)]
         paths = corpus.write_shards(helpers.position_documents(lengths, start=first), root / name, num_files=3,
                                     row_group_size=rg)
-        docs[name] = {}
-        for f, path in enumerate(sorted(str(p) for p in paths)[:-1]):
+        docs[name], files[name] = {}, sorted(str(p) for p in paths)[:-1]
+        for f, path in enumerate(files[name]):
             meta = pq.ParquetFile(path)
             for g in range(meta.num_row_groups):
                 for row, text in enumerate(meta.read_row_group(g).column("text").to_pylist()):
                     if text is not None:
                         docs[name][f, g, row] = int(text.split()[0])
-    return root, docs
+    return root, docs, files
 
 
 def mixture(root):
@@ -91,6 +94,27 @@ def take(ld, n=None) -> tuple[list, list]:
     return rows, states
 
 
+def unit_docs(files, plan, rank, world, epochs):
+    """`((epoch, file, rg, row), text)` of new rank `rank`'s stream of one source: its units of
+    `plan` (data/elastic.py), then plain epochs up to `epochs`."""
+    counts = [[pq.ParquetFile(f).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(f).num_row_groups)]
+              for f in files]
+    for u in elastic.rank_units(plan, rank, world, counts.__getitem__, len(files)):
+        texts = pq.ParquetFile(files[u.file]).read_row_group(u.rg).column("text").to_pylist()
+        for row in range(u.doc, u.rows):
+            yield (u.epoch, u.file, u.rg, row), texts[row]
+    yield from documents(files, rank, world, plan.epoch + 1, 0, rank, 0, epochs=epochs)
+
+
+def expected(files, root, plans, point, rank, world, n) -> list:
+    """The oracle's first `n` batches of new rank `rank`: from its start `point` (its mixer, its
+    first buffer), every source's units of its plan, then plain epochs."""
+    streams = {name: unit_docs(files[name], plans[name], rank, world, SOURCES[name][3]) for name in SOURCES}
+    rows = oracle.mixed_bestfit_rows(files, helpers.IntTokenizer().encode, 0, mixture(root), B, T, BUFFER, CHUNK,
+                                     point=point, batch=30, streams=streams)
+    return [r for r, _ in itertools.islice(rows, n)]
+
+
 def point_of(state) -> dict:
     return json.loads(state["mixture"]["point"])
 
@@ -113,7 +137,7 @@ def placed(batches) -> tuple[Counter, int]:
 
 @pytest.mark.parametrize("W,W2,shuffled", [(2, 3, False), (3, 2, False), (2, 3, True)])
 def test_a_best_fit_mixture_resumes_at_another_world_size_each_document_placed_its_epochs(fitmix, W, W2, shuffled):
-    root, docs = fitmix
+    root, docs, files = fitmix
     kw = dict(shuffle=True, seed=7, shuffle_window=4) if shuffled else {}
     rows, old = [], []
     for rank in range(W):
@@ -145,6 +169,10 @@ def test_a_best_fit_mixture_resumes_at_another_world_size_each_document_placed_i
     assert sorted(dealt) == sorted(every)  # each old run in one new rank's first buffer
     for j, s in enumerate(starts):
         assert s["world_size"] == W2 and s["rank"] == j and s["batch"] == 30
+        if not shuffled:  # each new rank's rows are the oracle's over its units of every source and its buffer
+            want = expected(files, root, plans, point_of(s), j, W2, len(new[j]))
+            bad = [k for k, (a, b) in enumerate(zip(new[j], want)) if not np.array_equal(a, b)]
+            assert not bad and len(want) == len(new[j]), f"new rank {j}: not the oracle's from batch {bad[:1]}"
 
     named, cropped = placed(rows + [r for got in new for r in got])
     left, unnamed = Counter(), 0  # each new rank's last buffer, after the mix ended: what it could not place
@@ -163,7 +191,7 @@ def test_a_best_fit_mixture_resumes_at_another_world_size_each_document_placed_i
 
 
 def test_a_state_of_the_new_run_resumes_exactly_on_its_own_rank(fitmix):
-    root, _ = fitmix
+    root, *_ = fitmix
     with loader(root, 0, 2) as ld:
         _, states = take(ld, 25)
     with loader(root, 1, 3, resume_state=states[-1]) as ld:
