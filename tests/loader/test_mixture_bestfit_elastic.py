@@ -19,11 +19,15 @@ Checked, 2 -> 3 and 3 -> 2, 2 workers (and 2 -> 3 shuffled, each source in its o
   window's), or placed as a row's last segment, cropped to its BOS alone (counted: it cannot be
   named), and no more of those than the documents unnamed;
 - a state of the new run resumes exactly on its own rank (another worker count); another
-  rank's state of it, and another change of world size, are refused in words.
+  rank's state of it, and another change of world size, are refused in words;
+- a new rank's run with a worker and its coordinator killed gives the same rows (healed).
 """
 import itertools
 import json
+import os
 import random
+import signal
+import time
 import warnings
 from collections import Counter
 
@@ -37,6 +41,7 @@ from shmloader.data.mixture import Mixer
 from shmloader.demo import corpus
 from shmloader.packing.mixbestfit import buffer_entries
 from shmloader.demo.baseline import documents
+from shmloader.procs.children import LIVENESS_CHECK_S
 from tests import helpers, oracle
 from tests.loader.test_bestfit_stream import rows_of
 
@@ -206,3 +211,26 @@ def test_a_state_of_the_new_run_resumes_exactly_on_its_own_rank(fitmix):
         loader(root, 0, 2, resume_state=inside)
     with pytest.raises(ValueError, match="mixture changed at batch 25"):
         loader(root, 0, 3, resume_state=inside)
+
+
+def test_a_new_ranks_run_killed_from_its_first_buffer_on_heals_to_the_same_rows(fitmix):
+    """3 -> 2, new rank 0 (its first buffer over buffer_size: batches planned from it alone): a
+    worker SIGKILLed after its first batch, while the old ranks' documents fill its buffer, and
+    its coordinator after 10 (each healed from where the run stood), the same rows as a run left
+    alone."""
+    root, *_ = fitmix
+    old = []
+    for rank in range(3):
+        with loader(root, rank, 3) as ld:
+            old.append(take(ld, 30)[1][-1])
+    with loader(root, 0, 2, resume_state=old[0]) as ld:
+        want, _ = take(ld, 30)
+    with loader(root, 0, 2, resume_state=old[0]) as ld:
+        got, _ = take(ld, 1)
+        for kill, upto in ((lambda d: d.workers[0], 10), (lambda d: d.coordinator, 30)):
+            os.kill(kill(ld.debug()).pid, signal.SIGKILL)
+            got += take(ld, upto - len(got) - 3)[0]
+            time.sleep(LIVENESS_CHECK_S + 0.2)  # the batches may all be ready before the trainer looks
+            got += take(ld, 3)[0]
+        assert ld.stats()["heals"] == 2
+    assert len(got) == len(want) == 30 and all(np.array_equal(a, b) for a, b in zip(got, want))
