@@ -13,7 +13,7 @@ the next token is in, numbered within its source, and whose `"mixture"` holds:
   only, so that states do not depend on timing), its val file, and its `column` and `format`
   where they are not "text" and "parquet" (`Catalogue.fingerprint`; another one is refused);
 - `"plans"`, in a run that began at a change of world size only: each source's elastic plan
-  (`state.plan_state`, with its crc);
+  (`state.plan_state`, with its crc; no buffers: a best-fit run's first buffer is its point's);
 - `"plain"`, in a run that began as a mixture of one source: its name (shuffled with the
   loader's seed as it is), and `"rules": 6`, in a run resumed from a state of version 5 or 6,
   which keeps those versions' chunks and seeds (data/mixrules.py: `of_state` reads them, a
@@ -21,14 +21,21 @@ the next token is in, numbered within its source, and whose `"mixture"` holds:
 Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
 batch, the shapes, the check, the position, the point, the rules and the plans' crcs.
 
-Resuming (`check`): this rank's own state; another rank's state, or (concat only: best fit's is
-refused, not built yet, and says so) one of another world size, shuffled or not (each source
-in its own order: data/mixelastic.py), of a run that used this mixture from batch 0 with one
-batch shape (this rank's place, or every old rank's, is then replayed: resume.py with
-`Mixed.replay`, `Mixed.shared`; other runs are refused, `_check_replayable`, and so is a second change of
-world size: the mixer of a run that began at one counts from there, its `since`);
-the config as state.py checks it; another B or T as there; every source the state and the loader share must list the same files (name, size,
-footer where both know it); a source added (read from its start) or left out (its place kept
+Resuming (`check`): this rank's own state; another rank's state, or one of another world size,
+either packing, shuffled or not (each source in its own order: data/mixelastic.py; best fit's
+buffers dealt out run by run as one source's, each new rank's share its point's first
+`"buffer"`), of a run that used this mixture from batch 0 with one batch shape (this rank's
+place, or every old rank's, is then replayed: resume.py with `Mixed.replay`, `Mixed.shared`;
+other runs are refused, `_check_replayable`, and so is a second change of world size: the mixer
+of a run that began at one counts from there, its `since`);
+the config as state.py checks it; another B or T as there; every source the state and the loader
+share must list the state's files (name, size, footer where both know it), and may list more
+after them (`_check_sources`: files added after a source's last, as a shard that sorts last makes
+its val file a train file; said once, `_take_added`, and read after the state's in the source's
+epoch in progress and the next ones, that order being the sorted one; refused for another rank's
+state, another world size, a run that began at a change and a shuffled source; the run's mixer
+then counts from the resume, its `since`, so that its states are not replayed over files its
+first batches did not read); a source added (read from its start) or left out (its place kept
 in the states that follow, for a resume that brings it back) and other weights are said once
 (`Mixer.resume`'s words). The run then starts every source at its document and the mixer from
 its state (packing/mixmode.py).
@@ -48,9 +55,9 @@ from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
-from .packing.mixbestfit import buffer_runs
+from .packing.mixbestfit import buffer_entries, buffer_runs
 from .packing.mixtext import PACKED, Packed, json_text
-from .packing.runs import BufferText
+from .packing.runs import BufferText, encode_runs
 from .position import Position
 from .state import POSITION_FIELDS
 
@@ -165,19 +172,17 @@ class Mixed:
         shapes, reshaped = envelope.shapes, envelope.reshaped
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
-        _check_sources(mixed.get("sources"), sources)
+        added = _check_sources(mixed.get("sources"), sources)
         plans = mixed.get("plans")
         if plans is not None and not isinstance(plans, dict):
             raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
         plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
                  if plans else None)
+        _take_added(added, envelope, identity, sources.mixture, plans)
         other = start_position(identity.rank)
+        if identity.buffered:  # best fit's buffer: its documents' sources are read now
+            buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
-            if identity.buffered:
-                raise ValueError(f"resume state is rank {envelope.rank} of {envelope.world}, this loader rank "
-                                 f"{identity.rank} of {identity.world}: another world size's state of a mixture "
-                                 "with packing='bos_bestfit' is not built yet (concat's is); resume at the world "
-                                 "size it was saved at")
             _check_replayable(point, shapes, sources.mixture, envelope.rank)
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
@@ -186,8 +191,6 @@ class Mixed:
             _check_replayable(point, shapes, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
                                    locate=point is not None, mix_rules=rules)
-        if identity.buffered:  # best fit's buffer: its documents' sources are read now
-            buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
         for note in notes:
             warn(f"shmloader: {note}")
@@ -196,10 +199,13 @@ class Mixed:
                     else start_position(identity.rank))
         if point is not None and point.source in sources.ranges:
             position = sources.to_run(point.source, position)
-        # the batch it resumes at is the saved run's only with the same shape and the same mix
-        checked = statemod.check_field(state) if reshaped == shapes and not notes else None
+        # the batch it resumes at is the saved run's only with the same shape, the same mix and files
+        checked = statemod.check_field(state) if reshaped == shapes and not notes and not added else None
+        mix = json.loads(text) if text is not None else None
+        if added and mix is not None:  # the run's streams are not replayable from batch 0 any more
+            mix["mixer"]["since"] = batch
         return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                               mix=json.loads(text) if text is not None else None, mix_plans=plans, mix_rules=rules)
+                               mix=mix, mix_plans=plans, mix_rules=rules)
 
 
     # resume.py's steps (`resume.Part`), over the loader's sources
@@ -231,16 +237,19 @@ class Mixed:
         """Each source's own `elastic.Plan` from the old ranks' places in it (data/mixelastic.py;
         shuffled, in each source's own order), this rank starting every source at its first unit
         (a cut document's tokens before its place dropped, `"skips"`) with a mixer whose counting
-        stage begins at the change, its totals the old ranks' together."""
-        sources = self._sources
+        stage begins at the change, its totals the old ranks' together; best fit, with its share
+        of the old ranks' buffers as its point's `"buffer"`."""
+        sources, buffered = self._sources, config.spec.buffered
         start = mixelastic.plan([p.mix for p in places], sources.mixture, resume.batch, args.rank, args.world,
                                 lambda name: lambda f: sources.catalogues[name].row_counts(f, config.on_bad_row_group),
-                                lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args, resume))
-        first = start.point["source"]
-        position = Position(*start.point["sources"][first], start.point["skips"].get(first, 0))
-        return (dataclasses.replace(resume, position=sources.to_run(first, position), mix=start.point,
-                                    mix_plans=start.plans, change=None, locate=False, check=None),
-                "every source's rest of its epoch in progress")
+                                lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args, resume),
+                                [buffer_entries(p.mix) for p in places] if buffered else ())
+        point = dict(start.point, buffer=_buffer(start.buffer, sources.names)) if buffered else start.point
+        first = point["source"]
+        position = Position(*point["sources"][first], point["skips"].get(first, 0))
+        shared = "every source's rest of its epoch in progress" + (" and the old ranks' buffers" if buffered else "")
+        return (dataclasses.replace(resume, position=sources.to_run(first, position), mix=point,
+                                    mix_plans=start.plans, change=None, locate=False, check=None), shared)
 
     def _shuffles(self, config, args, resume: statemod.Resume) -> dict | None:
         """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`,
@@ -248,6 +257,13 @@ class Mixed:
         mix = run_args(self._sources, statemod.Resume(start_position(args.rank), mix_rules=resume.mix_rules))
         order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
         return None if order is None else dict(zip(order.names, order.orders))
+
+
+def _buffer(entries: list, names) -> dict:
+    """Best fit's runs `[source, epoch, file, rg, row, count]` as a point's `"buffer"`
+    (packing/mixbestfit.py `buffer_entries` reads it back), their sources indexing `names`."""
+    index = {name: i for i, name in enumerate(names)}
+    return {"sources": list(names), "runs": encode_runs([[index[r[0]], *r[1:]] for r in entries])}
 
 
 def _places(text: str) -> dict:
@@ -279,28 +295,37 @@ def _check_replayable(point, shapes: list, mixture, rank: int):
     if point.mixer.get("mixture") != mixture.digest or since != 0:
         when = f"at batch {since}" if since else "at a resume"
         raise ValueError(f"resume state is rank {rank}'s, of a run whose mixture changed {when} (other weights, "
-                         "sources or max_epochs, or another world size), or is not this loader's: the other ranks' "
-                         "places cannot be replayed (another rank's or another world size's state of a mixture "
-                         "resumes only a run that used this mixture at one world size from batch 0); give each "
-                         "rank its own state, or resume with the mixture of the state")
+                         "sources or max_epochs, files added to a source, or another world size), or is not this "
+                         "loader's: the other ranks' places cannot be replayed (another rank's or another world "
+                         "size's state of a mixture resumes only a run that used this mixture and its files at one "
+                         "world size from batch 0); give each rank its own state, or resume with the mixture of "
+                         "the state")
     if len(shapes) > 1:
         raise ValueError(f"resume state is rank {rank}'s, of a run whose batch shape changed (shapes {shapes}): "
                          "another rank's state of a mixture with another B or T in its history is not built yet; "
                          "give each rank its own state")
 
 
-def _check_sources(saved, sources):
+def _check_sources(saved, sources) -> dict:
+    """Every source the state and the loader share lists the state's files, unchanged, and may
+    list more after them; returns `{source: [names of the files added after the state's]}`."""
     if not isinstance(saved, dict):
         raise ValueError(f"resume state field 'mixture.sources' must be a dict, got {saved!r}")
+    added = {}
     for name in sources.names:
         if name not in saved:
             continue
         old = saved[name].get("files") if isinstance(saved[name], dict) else None
         now = sources.source_files(name)
-        if not isinstance(old, list) or [f[0] for f in old] != [f[0] for f in now]:
+        names = [f[0] for f in now]
+        if not isinstance(old, list) or not old or names[:len(old)] != [f[0] for f in old]:
             raise ValueError(f"mixture source {name!r} lists other files than the state's "
-                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
-                             "files added to or removed from a source of a mixture are not built yet")
+                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {names}): files "
+                             "removed from a source of a mixture, or added among the state's (sorting before its "
+                             "last), are not built yet; files added after a source's last file are read. Resume "
+                             "with the files the state was saved with")
+        if len(names) > len(old):
+            added[name] = names[len(old):]
         for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's")):
             was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
             if was != now_is:
@@ -310,6 +335,29 @@ def _check_sources(saved, sources):
             if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
                 raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
                                  f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
+    return added
+
+
+def _take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
+    """Files added after a source's last (`added`, `_check_sources`): read after the state's, said
+    once; refused where the run is replayed or planned over the state's files (another rank's
+    state, another world size, a run that began at a change) or its order is over every file (a
+    shuffled source)."""
+    for name, files in sorted(added.items()):
+        shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
+        why = None
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world) or plans:
+            why = (f"the state is rank {envelope.rank} of {envelope.world}'s" + (", of a run that began at a change "
+                   "of world size" if plans else "") + f", this loader rank {identity.rank} of {identity.world}: "
+                   "such a resume replays or plans the ranks' streams over the files the state was saved with; "
+                   "resume each rank from its own state to read them")
+        elif shuffle.source_shuffled(mixture, name, identity.shuffled):
+            why = "the source is shuffled: its order is over every unit of its files"
+        if why is not None:
+            raise ValueError(f"mixture source {name!r}: {len(files)} file(s) added since the state was saved "
+                             f"({shown}): not built yet here ({why}); resume with the files the state was saved with")
+        warn(f"shmloader: mixture source {name!r}: {len(files)} file(s) added since the state was saved: {shown}; "
+             "they are read after the state's files, in the source's epoch in progress and the next ones")
 
 
 def source_stats(mark, previous: dict | None) -> dict:

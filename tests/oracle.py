@@ -186,7 +186,7 @@ def _as_plan(rows, offs, ids, ntok, cropped) -> BatchPlan:
 
 
 def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, world=1, point=None, batch=0,
-                    log=None, stage_batch=None, cap=None, mixers=None):
+                    log=None, stage_batch=None, cap=None, streams=None, mixer=None):
     """Yield `((epoch, file, rg, row), text, 0)`: the documents of a mixture (docs/design.md
     "Mixtures"), from each source's `documents` and the mixing rule, for `concat_windows(docs=...)`.
     `sources`: name -> its split's files. `point`: a state's `mixture.point` (parsed) to resume
@@ -195,22 +195,22 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
     `(source, tokens, (epoch, file, rg, row))` of each document is appended to it.
     `stage_batch()`: the batch whose stage the next pick is in (best fit's: the batch being
     planned), instead of the batch its first token lands in. `cap`: the mixer counts a document's
-    tokens up to it (best fit's: a row). `mixers`, a list: the mixer is appended to it."""
+    tokens up to it (best fit's: a row). `streams`:
+    name -> that source's `((epoch, file, rg, row), text)` in its order (a new rank's units after a
+    change of world size, then its plain epochs), instead of its `documents` from the point.
+    `mixer`: the mixer to pick with (None: one made from the point at the first pick)."""
     from shmloader.data.mixture import Mixer
 
     starts = {name: (1, 0, rank, 0) for name in sources}
     skip, first = 0, None
-    if point is None:
-        mixer = Mixer(mixture, batch)
-    else:
-        mixer = Mixer.resume(mixture, point["mixer"], batch).mixer
+    if mixer is None:
+        mixer = Mixer(mixture, batch) if point is None else Mixer.resume(mixture, point["mixer"], batch).mixer
+    if point is not None:
         starts.update({name: tuple(p) for name, p in point["sources"].items() if name in sources})
         if point["skip"] and point["source"] in sources:
             skip, first = point["skip"], point["source"]
-    if mixers is not None:
-        mixers.append(mixer)
-    streams = {name: documents(files, rank, world, *starts[name], epochs=mixture.max_epochs.get(name))
-               for name, files in sources.items()}
+    streams = streams or {name: documents(files, rank, world, *starts[name], epochs=mixture.max_epochs.get(name))
+                          for name, files in sources.items()}
     ahead = {}
 
     def peek(name):
@@ -250,7 +250,7 @@ def mixed_documents(sources: dict, encode, bos, mixture, window: int, rank=0, wo
 
 
 def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=1000, chunk_docs=128, point=None,
-                       batch=0, log=None, placed=None):
+                       batch=0, log=None, placed=None, streams=None):
     """Yield `(rows, buffer)`: (B, T+1) best-fit rows over a mixture (docs/design.md "Mixtures"),
     planned by `plan_batch_scan` over chunks of `mixed_documents`, each up to the first document
     that ends one of its source's own chunks (its source's next document is in another
@@ -258,12 +258,16 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
     asks for it (a schedule's stage is the batch being planned); and
     the buffer after them, `[[source, epoch, file, rg, row, count], ...]` in arrival order.
     `point`: a state's `mixture.point` (parsed), with its `"buffer"`, to resume from at `batch`.
-    `placed`, a dict: the tokens placed in the rows of each source are added to it."""
+    `placed`, a dict: the tokens placed in the rows of each source are added to it. `streams`: as
+    `mixed_documents`'."""
+    from shmloader.data.mixture import Mixer
+
     planning = [batch]
     read = [] if log is None else log
-    mixers = []
+    # made now, not at the stream's first pick: a resumed buffer may plan batches before it
+    mixer = Mixer(mixture, batch) if point is None else Mixer.resume(mixture, point["mixer"], batch).mixer
     docs = mixed_documents(sources, encode, bos, mixture, 1, point=point, batch=batch, log=read,
-                           stage_batch=lambda: planning[0], cap=T + 1, mixers=mixers)
+                           stage_batch=lambda: planning[0], cap=T + 1, streams=streams, mixer=mixer)
     meta, buffer = {}, []
     from shmloader.packing.mixbestfit import buffer_entries
 
@@ -314,8 +318,7 @@ def mixed_bestfit_rows(sources: dict, encode, bos, mixture, B, T, buffer_size=10
         for name, n in this.items():
             if placed is not None:
                 placed[name] = placed.get(name, 0) + n
-        if mixers:  # the mixer counts what was delivered (the generator made it at its first pick)
-            mixers[0].settle(this)
+        mixer.settle(this)  # the mixer counts what was delivered
         planning[0] += 1
         runs = []
         for name, e, f, g, row in (meta[d][0] for d, _ in buffer):

@@ -13,7 +13,7 @@ document of it is read once, by one new rank (docs/design.md, "Elastic resume"):
   (and, concat, its token) on.
 - Unit i goes to new rank i % W2. A new rank reads its units in order (`steps`), then plain
   W2-rank epochs from `epoch + 1` on (row groups rank, rank + W2, ...: data/order.py).
-- Best fit's buffers are dealt out the same way, run by run in old-rank order (`buffer`): they
+- Best fit's buffers are dealt out the same way, run by run in old-rank order (`buffer`, `deal`): they
   are the new ranks' first buffers, so a document an old rank had read but not placed is
   placed once, by one new rank.
 
@@ -157,9 +157,15 @@ def start(plan: Plan, rank: int, world: int, row_counts, n_files: int, shuffle=N
 
 
 def buffer(plan: Plan, rank: int, world: int) -> list[list[int]]:
-    """New rank `rank` of `world`'s first best-fit buffer: every `world`-th run of the old
-    ranks' buffers (old rank 0's first, each in arrival order)."""
-    runs = [list(run) for old in plan.buffers for run in old]
+    """New rank `rank` of `world`'s first best-fit buffer: `deal` of the old ranks' buffers."""
+    return deal(plan.buffers, rank, world)
+
+
+def deal(buffers, rank: int, world: int) -> list[list]:
+    """Every `world`-th run of the old ranks' `buffers` (old rank 0's first, each in arrival
+    order), from run `rank` on: new rank `rank`'s share (a mixture's runs lead with their source:
+    data/mixelastic.py)."""
+    runs = [list(run) for old in buffers for run in old]
     return runs[rank::world]
 
 

@@ -8,8 +8,9 @@ each source's order is its own range, from its own position. A state numbers a s
 files within the source (`local`, `to_run`).
 
 The rest of a loader reads it as it reads a `Catalogue`: `paths`, `files` (identities),
-`filesystem`, `learn`, `begin`, `later` (None: files arriving during a mixture's run are not
-read in a new order yet: a state whose source lists other files is refused, mixstate.py).
+`filesystem`, `learn`, `begin`, `later` (None: a source's files are always read in their sorted
+order: files added after a state's are read after them, those added among them are refused,
+mixstate.py).
 """
 from __future__ import annotations
 

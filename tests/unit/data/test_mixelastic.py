@@ -45,6 +45,23 @@ def test_the_mixer_begins_a_counting_stage_at_the_change_with_the_old_ranks_tota
     assert plan(0, 2).point["mixer"] == mixer  # the same for every new rank
 
 
+BUFFERS = [[["a", 1, 0, 2, 0, 3], ["b", 1, 1, 0, 0, 1], ["a", 1, 0, 2, 3, 1]],  # old rank 0's, arrival order
+           [["b", 2, 0, 0, 1, 2], ["a", 1, 0, 1, 0, 5]]]                             # old rank 1's
+
+
+def test_best_fits_old_buffers_are_dealt_out_run_by_run_whatever_their_sources():
+    """As one source's (data/elastic.py `deal`): every world-th run, old rank 0's first; each old
+    run in one new rank's first buffer; concat has none."""
+    every = [run for old in BUFFERS for run in old]
+    for world in (1, 2, 3, 7):
+        dealt = [mixelastic.plan(POINTS, MIX, 50, rank, world, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]),
+                                 buffers=BUFFERS).buffer for rank in range(world)]
+        assert all(d == every[rank::world] for rank, d in enumerate(dealt))
+        assert sorted(sum(dealt, [])) == sorted(every)
+    assert plan(0, 3).buffer == [] and plan(0, 3).plans == mixelastic.plan(
+        POINTS, MIX, 50, 0, 3, lambda n: lambda f: ROWS[n][f], lambda n: len(ROWS[n]), buffers=BUFFERS).plans
+
+
 ORDERS = {"a": Shuffle(11), "b": Shuffle(12)}  # each source's own shuffled order
 
 
