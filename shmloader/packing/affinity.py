@@ -9,20 +9,19 @@ loaded, consecutive slices went to both of two workers in turn, and each read ev
 
 The rule (`pick`), for the next piece, given every worker that may be given one:
 
-1. a worker that was given a piece of the same row group last (a *holder*) and may take a
-   piece (`takes`: the mode's `can_take`), the least loaded of them;
-2. else a worker that may take one and has nothing in flight (idle): an idle worker never
-   waits for a holder to be ready;
-3. else a holder that may take the row group's next slice past the pair of pieces a worker
-   otherwise holds (`continues`: the mode's `can_continue`, best fit's read-ahead cap and
-   every other bound still kept), the least loaded of them;
-4. else the least loaded worker that may take one (today's rule); else none.
+1. a worker that may take a piece (`takes`: the mode's `can_take`) and has nothing in flight
+   (idle), one that holds the piece's row group first: an idle worker never waits;
+2. else a worker that was given a piece of the same row group last (a *holder*) and may take
+   it (`takes`), or may take the row group's next slice past the pair of pieces a worker
+   otherwise holds (`continues`: the mode's `can_continue`, best fit's read-ahead cap and every
+   other bound still kept), the least loaded of them;
+3. else the least loaded worker that may take one (the rule before); else none.
 
 So with every worker busy, a worker that starts a row group takes its slices as a unit (the
 pieces it has queued hold the rest of its row group, like concat's whole row group), and the
 next row group goes to the next worker that runs short. Which worker tokenizes a piece never
 changes the stream: the mode places counted tokens from their lengths alone. Pure: no
-processes; a mode builds the `Worker` records (packing/base.py `Mode.pick`).
+processes; a mode builds the `Worker` records (packing/base.py `Mode.candidates`).
 """
 from typing import NamedTuple
 
@@ -40,10 +39,10 @@ class Worker(NamedTuple):
 def pick(unit: tuple, workers: list) -> int | None:
     """The worker to give the next piece, of row group `unit` `(file, rg)`, or None: no one may
     take it now (the rule in the module's docstring)."""
-    holders = [w for w in workers if w.holds == unit]
-    for group in ([w for w in holders if w.takes],
-                  [w for w in workers if w.takes and not w.load[0]],
-                  [w for w in holders if w.continues],
+    idle = [w for w in workers if w.takes and not w.load[0]]
+    if idle:
+        return min(idle, key=lambda w: (w.holds != unit, *_least_loaded(w))).index
+    for group in ([w for w in workers if w.holds == unit and (w.takes or w.continues)],
                   [w for w in workers if w.takes]):
         if group:
             return min(group, key=_least_loaded).index

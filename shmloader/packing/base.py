@@ -38,8 +38,8 @@ takes, and otherwise holds no more than a ring. With more workers than the cores
 more than the cores given and not counted: the stream takes pieces in order, and the one it
 needs next then has a core's share of the time, not a worker's.
 
-Which worker gets the next piece (`Mode.pick`, the rule in affinity.py): one that read its row
-group when the loads allow, an idle one first, else the least loaded; `can_continue` says
+Which worker gets the next piece (`Mode.pick`, the rule in affinity.py): an idle one first,
+else one that read its row group when the loads allow, else the least loaded; `can_continue` says
 whether a worker may take the next slice of the row group it holds past the pair of pieces
 above (best fit's slices of a row group; no for every other mode), within every other bound.
 """
@@ -235,7 +235,7 @@ class Mode:
 
     def can_continue(self, worker: int) -> bool:
         """Whether `worker` may take the next slice of the row group it holds past the pair of
-        pieces in flight (`affinity.pick`, rule 3). Here: no (a mode whose pieces slice row
+        pieces in flight (`affinity.pick`, rule 2). Here: no (a mode whose pieces slice row
         groups says yes within its own bounds: best fit)."""
         return False
 

@@ -25,16 +25,20 @@ def worker(index, flight=1, takes=True, continues=False, holds=None, held=0):
     return Worker(index, (flight, held), takes, continues, holds)
 
 
-def test_a_holder_that_may_take_one_comes_first():
-    workers = [worker(0, flight=0, holds=Y), worker(1, flight=1, holds=X)]
-    assert pick(X, workers) == 1, "the idle worker took a slice of a row group the other holds"
-    both = [worker(0, flight=1, holds=X), worker(1, flight=0, holds=X)]
-    assert pick(X, both) == 1, "not the least loaded of the holders"
-
-
-def test_an_idle_worker_is_never_kept_waiting_for_a_holder_past_its_pair():
+def test_an_idle_worker_comes_first_a_holder_among_them():
+    workers = [worker(0, flight=1, holds=X), worker(1, flight=0, holds=Y)]
+    assert pick(X, workers) == 1, "an idle worker waited while a holder queued a second piece"
     workers = [worker(0, flight=2, takes=False, continues=True, holds=X), worker(1, flight=0, holds=Y)]
+    assert pick(X, workers) == 1, "an idle worker waited for a holder past its pair"
+    both = [worker(0, flight=0, holds=Y), worker(1, flight=0, holds=X)]
+    assert pick(X, both) == 1, "not the idle holder"
+
+
+def test_a_busy_holder_comes_before_the_least_loaded():
+    workers = [worker(0, flight=1, holds=Y), worker(1, flight=1, holds=X, held=10_000)]
     assert pick(X, workers) == 1
+    both = [worker(0, flight=1, holds=X, held=5), worker(1, flight=1, holds=X)]
+    assert pick(X, both) == 1, "not the least loaded of the holders"
 
 
 def test_a_busy_holder_continues_its_row_group_when_no_one_is_idle():
