@@ -39,9 +39,10 @@ more than the cores given and not counted: the stream takes pieces in order, and
 needs next then has a core's share of the time, not a worker's.
 
 Which worker gets the next piece (`Mode.pick`, the rule in affinity.py): an idle one first,
-else one that read its row group when the loads allow, else the least loaded; `can_continue` says
-whether a worker may take the next slice of the row group it holds past the pair of pieces
-above (best fit's slices of a row group; no for every other mode), within every other bound.
+else one that read its row group when the loads allow, else the least loaded;
+`can_continue` says whether a worker may take the next slice of the row group it holds past
+the pair of pieces above (best fit's slices of a row group; no for every other mode), within
+every other bound.
 """
 import heapq
 from dataclasses import dataclass
