@@ -26,12 +26,12 @@ either packing, shuffled or not (each source in its own order: data/mixelastic.p
 buffers dealt out run by run as one source's, each new rank's share its point's first
 `"buffer"`), of a run that used this mixture from batch 0 with one batch shape (this rank's
 place, or every old rank's, is then replayed: resume.py with `Mixed.replay`, `Mixed.shared`;
-other runs are refused, `_check_replayable`, and so is a second change of world size: the mixer
+other runs are refused, `mixchecks.replayable`, and so is a second change of world size: the mixer
 of a run that began at one counts from there, its `since`);
 the config as state.py checks it; another B or T as there; every source the state and the loader
 share must list the state's files (name, size, footer where both know it), and may list more
-after them (`_check_sources`: files added after a source's last, as a shard that sorts last makes
-its val file a train file; said once, `_take_added`, and read after the state's in the source's
+after them (`mixchecks.check_sources`: files added after a source's last, as a shard that sorts last makes
+its val file a train file; said once, `mixchecks.take_added`, and read after the state's in the source's
 epoch in progress and the next ones, that order being the sorted one; refused for another rank's
 state, another world size, a run that began at a change and a shuffled source; the run's mixer
 then counts from the resume, its `since`, so that its states are not replayed over files its
@@ -46,7 +46,7 @@ import dataclasses
 import json
 import zlib
 
-from . import state as statemod
+from . import mixchecks, state as statemod
 from .data import mixelastic, mixrules, shuffle
 from .data.catalogue import described_files
 from .data.mixture import Mixer
@@ -112,16 +112,26 @@ class Mixed:
         point = mark.buffer
         position = self._sources.local(mark.position) if point is not None else mark.position
         state["position"] = list(position)
-        state["epoch"], state["pq_idx"], state["rg_idx"] = position[:3]
+        state["epoch"], state["pq_idx"], state["rg_idx"] = self._keys(mark, position)
         state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point),
                             **state["mixture"]}
         state["digest"] = digest(state, point.crc if point is not None else 0, state["check"])
 
     def keys(self, mark) -> dict:
-        """nanochat's keys at `mark`: those of the document the next token is in, in its source (a
-        mixture's reading has no nanochat counterpart)."""
-        epoch, pq, rg = (self._sources.local(mark.position) if mark.buffer is not None else mark.position)[:3]
+        """nanochat's keys at `mark` (`_keys`)."""
+        epoch, pq, rg = self._keys(mark, self._sources.local(mark.position) if mark.buffer is not None
+                                   else mark.position)
         return {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
+
+    def _keys(self, mark, position: Position) -> tuple:
+        """`(epoch, pq_idx, rg_idx)` at `mark` (`position`: its position in its source): a mixture of
+        one source's are that source's, as one source says them (the row group its last batch's
+        reading ended in, `mark.read`; the position's before any batch: sourcestate.py); several
+        sources', those of the document the next token is in, in its source (their reading has no
+        nanochat counterpart)."""
+        if mark.read is not None and len(self._sources.names) == 1:
+            return tuple(self._sources.local(Position(*mark.read)))[:3]
+        return tuple(position[:3])
 
     def _files(self, point) -> dict:
         """Every source's files, footers up to its position (kept while the point's places do not
@@ -172,23 +182,23 @@ class Mixed:
         shapes, reshaped = envelope.shapes, envelope.reshaped
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
-        added = _check_sources(mixed.get("sources"), sources)
+        added = mixchecks.check_sources(mixed.get("sources"), sources)
         plans = mixed.get("plans")
         if plans is not None and not isinstance(plans, dict):
             raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
         plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
                  if plans else None)
-        _take_added(added, envelope, identity, sources.mixture, plans)
+        mixchecks.take_added(added, envelope, identity, sources.mixture, plans)
         other = start_position(identity.rank)
         if identity.buffered:  # best fit's buffer: its documents' sources are read now
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
-            _check_replayable(point, shapes, sources.mixture, envelope.rank)
+            mixchecks.replayable(point, shapes, sources.mixture, envelope.rank)
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
                                    mix=json.loads(text) if text is not None else None, mix_rules=rules)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
-            _check_replayable(point, shapes, sources.mixture, envelope.rank)
+            mixchecks.replayable(point, shapes, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
                                    locate=point is not None, mix_rules=rules)
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
@@ -216,7 +226,7 @@ class Mixed:
 
     def replay(self, resume: statemod.Resume, args, config):
         """The rank's mixed stream from the run's start (every source's, the mixer's first
-        stage: `_check_replayable` let only such runs through), one batch shape."""
+        stage: `mixchecks.replayable` let only such runs through), one batch shape."""
         start = start_position(args.rank)
         mix = run_args(self._sources, statemod.Resume(start, mix_rules=resume.mix_rules))._replace(plans=None)
         return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix, plans=None,
@@ -284,80 +294,6 @@ def digest(state: dict, point_crc: int, checked) -> str:
     if isinstance(plans, dict) and plans:  # a run that began at a change of world size: its plans' crcs
         key += ":" + ",".join(f"{name}={d.get('crc') if isinstance(d, dict) else d!r}" for name, d in sorted(plans.items()))
     return f"{zlib.crc32(key.encode(), point_crc):08x}"
-
-
-def _check_replayable(point, shapes: list, mixture, rank: int):
-    """Another rank's state: this rank's run can be replayed from its start (packing/mixcount.py)
-    only if this mixture applied since batch 0 with one batch shape; else a ValueError."""
-    if point is None:
-        return
-    since = point.mixer.get("since")
-    if point.mixer.get("mixture") != mixture.digest or since != 0:
-        when = f"at batch {since}" if since else "at a resume"
-        raise ValueError(f"resume state is rank {rank}'s, of a run whose mixture changed {when} (other weights, "
-                         "sources or max_epochs, files added to a source, or another world size), or is not this "
-                         "loader's: the other ranks' places cannot be replayed (another rank's or another world "
-                         "size's state of a mixture resumes only a run that used this mixture and its files at one "
-                         "world size from batch 0); give each rank its own state, or resume with the mixture of "
-                         "the state")
-    if len(shapes) > 1:
-        raise ValueError(f"resume state is rank {rank}'s, of a run whose batch shape changed (shapes {shapes}): "
-                         "another rank's state of a mixture with another B or T in its history is not built yet; "
-                         "give each rank its own state")
-
-
-def _check_sources(saved, sources) -> dict:
-    """Every source the state and the loader share lists the state's files, unchanged, and may
-    list more after them; returns `{source: [names of the files added after the state's]}`."""
-    if not isinstance(saved, dict):
-        raise ValueError(f"resume state field 'mixture.sources' must be a dict, got {saved!r}")
-    added = {}
-    for name in sources.names:
-        if name not in saved:
-            continue
-        old = saved[name].get("files") if isinstance(saved[name], dict) else None
-        now = sources.source_files(name)
-        names = [f[0] for f in now]
-        if not isinstance(old, list) or not old or names[:len(old)] != [f[0] for f in old]:
-            raise ValueError(f"mixture source {name!r} lists other files than the state's "
-                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {names}): files "
-                             "removed from a source of a mixture, or added among the state's (sorting before its "
-                             "last), are not built yet; files added after a source's last file are read. Resume "
-                             "with the files the state was saved with")
-        if len(names) > len(old):
-            added[name] = names[len(old):]
-        for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's")):
-            was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
-            if was != now_is:
-                raise ValueError(f"mixture source {name!r}: resume state has {key} {was!r}, this loader has "
-                                 f"{now_is!r}: a source resumes in the {key} it was saved with")
-        for (fname, size, footer), (_, size_now, footer_now) in zip(old, now):
-            if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
-                raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
-                                 f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
-    return added
-
-
-def _take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
-    """Files added after a source's last (`added`, `_check_sources`): read after the state's, said
-    once; refused where the run is replayed or planned over the state's files (another rank's
-    state, another world size, a run that began at a change) or its order is over every file (a
-    shuffled source)."""
-    for name, files in sorted(added.items()):
-        shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
-        why = None
-        if (envelope.rank, envelope.world) != (identity.rank, identity.world) or plans:
-            why = (f"the state is rank {envelope.rank} of {envelope.world}'s" + (", of a run that began at a change "
-                   "of world size" if plans else "") + f", this loader rank {identity.rank} of {identity.world}: "
-                   "such a resume replays or plans the ranks' streams over the files the state was saved with; "
-                   "resume each rank from its own state to read them")
-        elif shuffle.source_shuffled(mixture, name, identity.shuffled):
-            why = "the source is shuffled: its order is over every unit of its files"
-        if why is not None:
-            raise ValueError(f"mixture source {name!r}: {len(files)} file(s) added since the state was saved "
-                             f"({shown}): not built yet here ({why}); resume with the files the state was saved with")
-        warn(f"shmloader: mixture source {name!r}: {len(files)} file(s) added since the state was saved: {shown}; "
-             "they are read after the state's files, in the source's epoch in progress and the next ones")
 
 
 def source_stats(mark, previous: dict | None) -> dict:
