@@ -50,7 +50,7 @@ from . import mixchecks, state as statemod
 from .data import mixelastic, mixrules, shuffle
 from .data.catalogue import described_files
 from .data.mixture import Mixer
-from .data.order import start_position
+from .data.order import nanochat_position, start_position
 from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
@@ -58,7 +58,8 @@ from .packing.mix import MixPoint
 from .packing.mixbestfit import buffer_entries, buffer_runs
 from .packing.mixtext import PACKED, Packed, json_text
 from .packing.runs import BufferText, encode_runs
-from .position import Position
+from .position import Position, RowGroup
+from .sourcestate import NANOCHAT_FIELDS, nanochat_keys
 from .state import POSITION_FIELDS
 
 KIND = "mixture"
@@ -148,7 +149,16 @@ class Mixed:
         return self._described[1]
 
     def unversioned(self, state: dict, identity: statemod.Loader):
-        """A mixture's states always have a version: one without is another kind's, or edited."""
+        """A state of nanochat's keys alone: a mixture of one source resumes it as one source does
+        (`_as_nanochat`); a mixture's own states always have a version, so one without is another
+        kind's, or edited."""
+        if len(self._sources.names) == 1 and "mixture" not in state:
+            if identity.shuffled:
+                raise ValueError("resume state with shuffle=True: a state of nanochat's keys alone (pq_idx, rg_idx, "
+                                 "epoch) names a row group of the files' order; resuming it shuffled is not built "
+                                 "yet: resume it without shuffle, or pass a state of a shuffled run")
+            name = self._sources.names[0]
+            return self._as_nanochat(nanochat_keys(state, "state", len(self._sources.source_files(name))), identity)
         self.own(state)
         raise ValueError(f"resume state has no 'version': a mixture's state has one ({' or '.join(map(str, self.reads))})"
                          f", so this one was edited or is not a loader's state")
@@ -180,6 +190,21 @@ class Mixed:
         """Where every source stands and the mixer's counts (see the module docstring)."""
         sources, mixed, batch = self._sources, state["mixture"], envelope.batch
         shapes, reshaped = envelope.shapes, envelope.reshaped
+        one = sources.names[0] if len(sources.names) == 1 else None
+        origin = state.get("origin")
+        if origin is not None:  # a run of one source that began from nanochat's keys
+            if one is None:
+                raise ValueError("resume state field 'origin' is set (a run that began from nanochat's keys), and "
+                                 "only a mixture of one source begins there: this loader's mixture has "
+                                 f"{len(sources.names)}; resume with the state's one source")
+            nanochat_keys(origin, "origin", len(sources.source_files(one)))
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world) and one is not None \
+                and identity.other_rank == "nanochat":  # approximately, as one source resumes any state
+            return self._as_nanochat(nanochat_keys({k: state.get(k) for k in NANOCHAT_FIELDS}, "state",
+                                                   len(sources.source_files(one))), identity,
+                                     f"resume state was saved by rank {envelope.rank} of {envelope.world}, this is "
+                                     f"rank {identity.rank} of {identity.world}: resuming as nanochat does (its file "
+                                     "and row group, this rank's next stride)")
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
         added = mixchecks.check_sources(mixed.get("sources"), sources)
@@ -194,13 +219,18 @@ class Mixed:
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
             mixchecks.replayable(point, shapes, sources.mixture, envelope.rank)
+            if origin is not None:
+                raise ValueError(f"resume state was saved at world_size {envelope.world} by a run that began from "
+                                 f"nanochat's keys, and this loader has {identity.world}: a change of world size of "
+                                 "such a mixture is not built yet; resume at the state's world size, or with "
+                                 "other_rank='nanochat'")
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
                                    mix=json.loads(text) if text is not None else None, mix_rules=rules)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
             mixchecks.replayable(point, shapes, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
-                                   locate=point is not None, mix_rules=rules)
+                                   locate=point is not None, mix_rules=rules, origin=origin)
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
         for note in notes:
             warn(f"shmloader: {note}")
@@ -214,21 +244,52 @@ class Mixed:
         mix = json.loads(text) if text is not None else None
         if added and mix is not None:  # the run's streams are not replayable from batch 0 any more
             mix["mixer"]["since"] = batch
+        read = None  # a mixture of one source: its states before the first batch say the state's keys
+        if one is not None and (keys := {k: state.get(k) for k in NANOCHAT_FIELDS}) and None not in keys.values():
+            epoch, pq, rg = (keys[k] for k in ("epoch", "pq_idx", "rg_idx"))
+            read = RowGroup(*sources.to_run(one, Position(epoch, pq, rg))[:3])
         return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                               mix=mix, mix_plans=plans, mix_rules=rules)
+                               mix=mix, mix_plans=plans, mix_rules=rules, origin=origin, read=read)
+
+    def _as_nanochat(self, keys: tuple, identity: statemod.Loader, why: str | None = None) -> statemod.Resume:
+        """A mixture of one source from nanochat's keys `keys` (`(pq_idx, rg_idx, epoch)`), as one
+        source resumes them (sourcestate.py: the next stride after their row group, this rank's),
+        with a warning saying `why` (`other_rank="nanochat"`); they become the run's `origin`, from
+        which another rank's state of the run is replayed."""
+        if why is not None:
+            warn(f"{why}, not exactly (other_rank='nanochat')")
+        pq, rg, epoch = keys
+        origin = {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
+        point = _origin_point(self._sources, origin, identity.rank, identity.world)
+        return statemod.Resume(self._sources.to_run(point.source, point.sources[point.source]),
+                               shapes=[[0, identity.B, identity.T]], origin=origin, n_files=len(identity.files),
+                               mix=point.to_json())
 
 
     # resume.py's steps (`resume.Part`), over the loader's sources
 
     def take_files(self, state: dict, resume: statemod.Resume):
-        """The footers the state knows of every source's files (their order is the sources')."""
+        """The footers the state knows of every source's files (their order is the sources'); a
+        state of nanochat's keys, its row group checked against its file."""
+        if "version" not in state:
+            name, (pq, rg) = self._sources.names[0], (resume.origin["pq_idx"], resume.origin["rg_idx"])
+            n = len(self._sources.catalogues[name].row_counts(pq))
+            if rg >= n:
+                raise ValueError(f"resume state field 'rg_idx' is {rg}, but file {pq} of mixture source {name!r} (its "
+                                 f"'pq_idx') has {n} row groups: the state is not of these files")
+            return
         self._sources.with_footers(state["mixture"]["sources"])
 
     def replay(self, resume: statemod.Resume, args, config):
         """The rank's mixed stream from the run's start (every source's, the mixer's first
-        stage: `mixchecks.replayable` let only such runs through), one batch shape."""
-        start = start_position(args.rank)
-        mix = run_args(self._sources, statemod.Resume(start, mix_rules=resume.mix_rules))._replace(plans=None)
+        stage: `mixchecks.replayable` let only such runs through; a run that began from
+        nanochat's keys, from the rank's place there), one batch shape."""
+        start, point = start_position(args.rank), None
+        if resume.origin is not None:
+            point = _origin_point(self._sources, resume.origin, args.rank, args.world)
+            start = self._sources.to_run(point.source, point.sources[point.source])
+        mix = run_args(self._sources, statemod.Resume(start, mix=point and point.to_json(),
+                                                      mix_rules=resume.mix_rules))._replace(plans=None)
         return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix, plans=None,
                                    locate=(resume.shapes[:1], resume.batch, 0))
 
@@ -276,6 +337,14 @@ def _buffer(entries: list, names) -> dict:
     return {"sources": list(names), "runs": encode_runs([[index[r[0]], *r[1:]] for r in entries])}
 
 
+def _origin_point(sources, origin: dict, rank: int, world: int) -> MixPoint:
+    """Where rank `rank` of `world` of a mixture of one source begins from nanochat's keys `origin`
+    (data/order.py `nanochat_position`, in the source), its mixer fresh."""
+    name = sources.names[0]
+    start = nanochat_position(origin["pq_idx"], origin["rg_idx"], origin.get("epoch", 1), rank, world)
+    return MixPoint(name, 0, {name: start}, Mixer(sources.mixture, 0).state())
+
+
 def _places(text: str) -> dict:
     """`{source: (epoch, file)}` of a point's JSON text."""
     return {name: (p[0], p[1]) for name, p in json.loads(text)["sources"].items()}
@@ -290,6 +359,8 @@ def digest(state: dict, point_crc: int, checked) -> str:
     for field in ("rules", "plain"):  # the rules its run keeps (data/mixrules.py), where the state says
         if field in state["mixture"]:
             key += f":{field}={state['mixture'][field]!r}"
+    if state.get("origin") is not None:  # a run of one source that began from nanochat's keys
+        key += f":origin={json.dumps(state['origin'], sort_keys=True)}"
     plans = state["mixture"].get("plans")
     if isinstance(plans, dict) and plans:  # a run that began at a change of world size: its plans' crcs
         key += ":" + ",".join(f"{name}={d.get('crc') if isinstance(d, dict) else d!r}" for name, d in sorted(plans.items()))
