@@ -1,6 +1,7 @@
 """A mixture's resume state checked against its loader's sources (mixstate.py reads the state):
 - `replayable`: another rank's state, or one of another world size, is of a run whose places can
-  be replayed from batch 0 (packing/mixcount.py): the mixer's `since` 0 under this mixture;
+  be replayed from batch 0 (packing/mixcount.py, a batch shape at a time): the mixer's `since`
+  0 under this mixture;
 - `check_sources`: every source the state and the loader share lists the state's files, unchanged
   (name, size, footer where both know it), and may list more after them;
 - `take_added`: such files, added after a source's last, are read after the state's (said once),
@@ -15,9 +16,9 @@ from .data import shuffle
 from .errors import warn
 
 
-def replayable(point, shapes: list, mixture, rank: int):
-    """Another rank's state: this rank's run can be replayed from its start (packing/mixcount.py)
-    only if this mixture applied since batch 0 with one batch shape; else a ValueError."""
+def replayable(point, mixture, rank: int):
+    """Another rank's state: this rank's run can be replayed from its start (packing/mixcount.py,
+    a batch shape at a time) only if this mixture applied since batch 0; else a ValueError."""
     if point is None:
         return
     since = point.mixer.get("since")
@@ -29,10 +30,6 @@ def replayable(point, shapes: list, mixture, rank: int):
                          "size's state of a mixture resumes only a run that used this mixture and its files at one "
                          "world size from batch 0); give each rank its own state, or resume with the mixture of "
                          "the state")
-    if len(shapes) > 1:
-        raise ValueError(f"resume state is rank {rank}'s, of a run whose batch shape changed (shapes {shapes}): "
-                         "another rank's state of a mixture with another B or T in its history is not built yet; "
-                         "give each rank its own state")
 
 
 def check_sources(saved, sources) -> dict:

@@ -218,7 +218,7 @@ class Mixed:
         if identity.buffered:  # best fit's buffer: its documents' sources are read now
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
-            mixchecks.replayable(point, shapes, sources.mixture, envelope.rank)
+            mixchecks.replayable(point, sources.mixture, envelope.rank)
             if origin is not None:
                 raise ValueError(f"resume state was saved at world_size {envelope.world} by a run that began from "
                                  f"nanochat's keys, and this loader has {identity.world}: a change of world size of "
@@ -228,7 +228,7 @@ class Mixed:
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
                                    mix=json.loads(text) if text is not None else None, mix_rules=rules)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
-            mixchecks.replayable(point, shapes, sources.mixture, envelope.rank)
+            mixchecks.replayable(point, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
                                    locate=point is not None, mix_rules=rules, origin=origin)
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
@@ -283,20 +283,29 @@ class Mixed:
     def replay(self, resume: statemod.Resume, args, config):
         """The rank's mixed stream from the run's start (every source's, the mixer's first
         stage: `mixchecks.replayable` let only such runs through; a run that began from
-        nanochat's keys, from the rank's place there), one batch shape."""
-        start, point = start_position(args.rank), None
-        if resume.origin is not None:
-            point = _origin_point(self._sources, resume.origin, args.rank, args.world)
-            start = self._sources.to_run(point.source, point.sources[point.source])
-        mix = run_args(self._sources, statemod.Resume(start, mix=point and point.to_json(),
-                                                      mix_rules=resume.mix_rules))._replace(plans=None)
-        return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix, plans=None,
-                                   locate=(resume.shapes[:1], resume.batch, 0))
+        nanochat's keys, from the rank's place there), a batch shape at a time: the first
+        count to the next shape's first batch (or `resume.batch`), each next one from the point
+        the last found (`resume.replayed`, `resume.mix`), as the run resumed there with its new
+        B or T (packing/mixcount.py)."""
+        at, (shape, end) = resume.replayed, _segment(resume)
+        if at:
+            start, point = resume.position, resume.mix
+        else:
+            start, point = start_position(args.rank), None
+            if resume.origin is not None:
+                origin = _origin_point(self._sources, resume.origin, args.rank, args.world)
+                start, point = self._sources.to_run(origin.source, origin.sources[origin.source]), origin.to_json()
+        mix = run_args(self._sources, statemod.Resume(start, batch=at, mix=point, mix_rules=resume.mix_rules))
+        return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix._replace(plans=None),
+                                   plans=None, locate=([shape], end, at))
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
-        """At the replayed point (`found.runs`: its JSON) and the position it names."""
+        """At the replayed point (`found.runs`: its JSON) and the position it names; replayed on
+        from there while a batch shape is left before `resume.batch` (`replay`)."""
+        end = _segment(resume)[1]
+        more = end < resume.batch
         return dataclasses.replace(resume, position=Position(*found.position), mix=json.loads(found.runs),
-                                   locate=False)
+                                   locate=more, replayed=end if more else 0)
 
     def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
         """The state's rank's point; another's mixed stream from the run's start."""
@@ -335,6 +344,14 @@ def _buffer(entries: list, names) -> dict:
     (packing/mixbestfit.py `buffer_entries` reads it back), their sources indexing `names`."""
     index = {name: i for i, name in enumerate(names)}
     return {"sources": list(names), "runs": encode_runs([[index[r[0]], *r[1:]] for r in entries])}
+
+
+def _segment(resume: statemod.Resume) -> tuple:
+    """`([first, B, T], end)`: the batch shape a replay at `resume.replayed` counts with, and the
+    batch its count ends at (the next shape's first batch, or `resume.batch`)."""
+    shapes = [s for s in resume.shapes if s[0] < resume.batch] or resume.shapes[:1]
+    i = max(j for j, s in enumerate(shapes) if s[0] <= resume.replayed)
+    return shapes[i], shapes[i + 1][0] if i + 1 < len(shapes) else resume.batch
 
 
 def _origin_point(sources, origin: dict, rank: int, world: int) -> MixPoint:
