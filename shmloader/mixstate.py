@@ -1,9 +1,12 @@
 """A mixture's resume state: where every source stands and the mixer's counts, checked against
 the loader; and what `stats()["sources"]` says.
 
-A mixture's state is a state (state.py) whose `position` (and nanochat's keys `epoch`,
-`pq_idx`, `rg_idx`: a mixture's reading has no nanochat counterpart) is that of the document
-the next token is in, numbered within its source, and whose `"mixture"` holds:
+A mixture's state is a state (state.py) whose `position` is that of the document the next token
+is in, numbered within its source; whose nanochat keys `epoch`, `pq_idx`, `rg_idx` are, over one
+source, that source's (as sourcestate.py says them: the row group its last batch's reading ended
+in, equal to the source's own loader's at every batch), over several, the position's (their
+reading has no nanochat counterpart); whose `origin` is set in a run of one source that began
+from nanochat's keys only; and whose `"mixture"` holds:
 - `"point"`: the `packing.mix.MixPoint` there as JSON text (every source's next document,
   numbered within the source; the source and skip of the next token; the mixer's state before
   that document was picked; best fit: after the last chunk planned, and `"buffer"`, the
@@ -19,15 +22,18 @@ the next token is in, numbered within its source, and whose `"mixture"` holds:
   which keeps those versions' chunks and seeds (data/mixrules.py: `of_state` reads them, a
   resume, a replay and an elastic plan follow them).
 Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
-batch, the shapes, the check, the position, the point, the rules and the plans' crcs.
+batch, the shapes, the check, the position, the point, the rules, the origin and the plans' crcs.
 
 Resuming (`check`): this rank's own state; another rank's state, or one of another world size,
 either packing, shuffled or not (each source in its own order: data/mixelastic.py; best fit's
 buffers dealt out run by run as one source's, each new rank's share its point's first
-`"buffer"`), of a run that used this mixture from batch 0 with one batch shape (this rank's
-place, or every old rank's, is then replayed: resume.py with `Mixed.replay`, `Mixed.shared`;
+`"buffer"`), of a run that used this mixture from batch 0 (this rank's place, or every old
+rank's, is then replayed, a batch shape at a time: resume.py with `Mixed.replay`, `Mixed.shared`;
 other runs are refused, `mixchecks.replayable`, and so is a second change of world size: the mixer
-of a run that began at one counts from there, its `since`);
+of a run that began at one counts from there, its `since`); a mixture of one source, also a state
+of nanochat's keys alone and, with `other_rank="nanochat"`, another rank's or world size's
+state approximately, as one source (`_as_nanochat`: the keys become the run's `origin`, where a
+replay of its other ranks starts; such a run's change of world size is refused);
 the config as state.py checks it; another B or T as there; every source the state and the loader
 share must list the state's files (name, size, footer where both know it), and may list more
 after them (`mixchecks.check_sources`: files added after a source's last, as a shard that sorts last makes
