@@ -32,7 +32,7 @@ rank's, is then replayed, a batch shape at a time: resume.py with `Mixed.replay`
 other runs are refused, `mixchecks.replayable`, and so is a second change of world size: the mixer
 of a run that began at one counts from there, its `since`); a mixture of one source, also a state
 of nanochat's keys alone and, with `other_rank="nanochat"`, another rank's or world size's
-state approximately, as one source (`_as_nanochat`: the keys become the run's `origin`, where a
+state approximately, as one source (mixkeys.py: the keys become the run's `origin`, where a
 replay of its other ranks starts; such a run's change of world size is refused);
 the config as state.py checks it; another B or T as there; every source the state and the loader
 share must list the state's files (name, size, footer where both know it), and may list more
@@ -52,11 +52,11 @@ import dataclasses
 import json
 import zlib
 
-from . import mixchecks, state as statemod
+from . import mixchecks, mixkeys, state as statemod
 from .data import mixelastic, mixrules, shuffle
 from .data.catalogue import described_files
 from .data.mixture import Mixer
-from .data.order import nanochat_position, start_position
+from .data.order import start_position
 from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
@@ -64,8 +64,7 @@ from .packing.mix import MixPoint
 from .packing.mixbestfit import buffer_entries, buffer_runs
 from .packing.mixtext import PACKED, Packed, json_text
 from .packing.runs import BufferText, encode_runs
-from .position import Position, RowGroup
-from .sourcestate import NANOCHAT_FIELDS, nanochat_keys
+from .position import Position
 from .state import POSITION_FIELDS
 
 KIND = "mixture"
@@ -119,26 +118,16 @@ class Mixed:
         point = mark.buffer
         position = self._sources.local(mark.position) if point is not None else mark.position
         state["position"] = list(position)
-        state["epoch"], state["pq_idx"], state["rg_idx"] = self._keys(mark, position)
+        state["epoch"], state["pq_idx"], state["rg_idx"] = mixkeys.of_mark(self._sources, mark, position)
         state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point),
                             **state["mixture"]}
         state["digest"] = digest(state, point.crc if point is not None else 0, state["check"])
 
     def keys(self, mark) -> dict:
-        """nanochat's keys at `mark` (`_keys`)."""
-        epoch, pq, rg = self._keys(mark, self._sources.local(mark.position) if mark.buffer is not None
-                                   else mark.position)
+        """nanochat's keys at `mark` (mixkeys.py)."""
+        epoch, pq, rg = mixkeys.of_mark(self._sources, mark, self._sources.local(mark.position)
+                                        if mark.buffer is not None else mark.position)
         return {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
-
-    def _keys(self, mark, position: Position) -> tuple:
-        """`(epoch, pq_idx, rg_idx)` at `mark` (`position`: its position in its source): a mixture of
-        one source's are that source's, as one source says them (the row group its last batch's
-        reading ended in, `mark.read`; the position's before any batch: sourcestate.py); several
-        sources', those of the document the next token is in, in its source (their reading has no
-        nanochat counterpart)."""
-        if mark.read is not None and len(self._sources.names) == 1:
-            return tuple(self._sources.local(Position(*mark.read)))[:3]
-        return tuple(position[:3])
 
     def _files(self, point) -> dict:
         """Every source's files, footers up to its position (kept while the point's places do not
@@ -156,15 +145,10 @@ class Mixed:
 
     def unversioned(self, state: dict, identity: statemod.Loader):
         """A state of nanochat's keys alone: a mixture of one source resumes it as one source does
-        (`_as_nanochat`); a mixture's own states always have a version, so one without is another
+        (mixkeys.py); a mixture's own states always have a version, so one without is another
         kind's, or edited."""
         if len(self._sources.names) == 1 and "mixture" not in state:
-            if identity.shuffled:
-                raise ValueError("resume state with shuffle=True: a state of nanochat's keys alone (pq_idx, rg_idx, "
-                                 "epoch) names a row group of the files' order; resuming it shuffled is not built "
-                                 "yet: resume it without shuffle, or pass a state of a shuffled run")
-            name = self._sources.names[0]
-            return self._as_nanochat(nanochat_keys(state, "state", len(self._sources.source_files(name))), identity)
+            return mixkeys.nanochat_state(self._sources, state, identity)
         self.own(state)
         raise ValueError(f"resume state has no 'version': a mixture's state has one ({' or '.join(map(str, self.reads))})"
                          f", so this one was edited or is not a loader's state")
@@ -196,24 +180,13 @@ class Mixed:
         """Where every source stands and the mixer's counts (see the module docstring)."""
         sources, mixed, batch = self._sources, state["mixture"], envelope.batch
         shapes, reshaped = envelope.shapes, envelope.reshaped
-        one = sources.names[0] if len(sources.names) == 1 else None
-        origin = state.get("origin")
-        if origin is not None:  # a run of one source that began from nanochat's keys
-            if one is None:
-                raise ValueError("resume state field 'origin' is set (a run that began from nanochat's keys), and "
-                                 "only a mixture of one source begins there: this loader's mixture has "
-                                 f"{len(sources.names)}; resume with the state's one source")
-            nanochat_keys(origin, "origin", len(sources.source_files(one)))
-        if (envelope.rank, envelope.world) != (identity.rank, identity.world) and one is not None \
-                and identity.other_rank == "nanochat":  # approximately, as one source resumes any state
-            return self._as_nanochat(nanochat_keys({k: state.get(k) for k in NANOCHAT_FIELDS}, "state",
-                                                   len(sources.source_files(one))), identity,
-                                     f"resume state was saved by rank {envelope.rank} of {envelope.world}, this is "
-                                     f"rank {identity.rank} of {identity.world}: resuming as nanochat does (its file "
-                                     "and row group, this rank's next stride)")
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
         added = mixchecks.check_sources(mixed.get("sources"), sources)
+        origin = mixkeys.origin(sources, state)
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world) and len(sources.names) == 1 \
+                and identity.other_rank == "nanochat":  # approximately, as one source resumes any state
+            return mixkeys.approximately(sources, state, identity, envelope)
         plans = mixed.get("plans")
         if plans is not None and not isinstance(plans, dict):
             raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
@@ -250,26 +223,10 @@ class Mixed:
         mix = json.loads(text) if text is not None else None
         if added and mix is not None:  # the run's streams are not replayable from batch 0 any more
             mix["mixer"]["since"] = batch
-        read = None  # a mixture of one source: its states before the first batch say the state's keys
-        if one is not None and (keys := {k: state.get(k) for k in NANOCHAT_FIELDS}) and None not in keys.values():
-            epoch, pq, rg = (keys[k] for k in ("epoch", "pq_idx", "rg_idx"))
-            read = RowGroup(*sources.to_run(one, Position(epoch, pq, rg))[:3])
         return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                               mix=mix, mix_plans=plans, mix_rules=rules, origin=origin, read=read)
+                               mix=mix, mix_plans=plans, mix_rules=rules, origin=origin,
+                               read=mixkeys.read_of(sources, state))
 
-    def _as_nanochat(self, keys: tuple, identity: statemod.Loader, why: str | None = None) -> statemod.Resume:
-        """A mixture of one source from nanochat's keys `keys` (`(pq_idx, rg_idx, epoch)`), as one
-        source resumes them (sourcestate.py: the next stride after their row group, this rank's),
-        with a warning saying `why` (`other_rank="nanochat"`); they become the run's `origin`, from
-        which another rank's state of the run is replayed."""
-        if why is not None:
-            warn(f"{why}, not exactly (other_rank='nanochat')")
-        pq, rg, epoch = keys
-        origin = {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
-        point = _origin_point(self._sources, origin, identity.rank, identity.world)
-        return statemod.Resume(self._sources.to_run(point.source, point.sources[point.source]),
-                               shapes=[[0, identity.B, identity.T]], origin=origin, n_files=len(identity.files),
-                               mix=point.to_json())
 
 
     # resume.py's steps (`resume.Part`), over the loader's sources
@@ -278,11 +235,7 @@ class Mixed:
         """The footers the state knows of every source's files (their order is the sources'); a
         state of nanochat's keys, its row group checked against its file."""
         if "version" not in state:
-            name, (pq, rg) = self._sources.names[0], (resume.origin["pq_idx"], resume.origin["rg_idx"])
-            n = len(self._sources.catalogues[name].row_counts(pq))
-            if rg >= n:
-                raise ValueError(f"resume state field 'rg_idx' is {rg}, but file {pq} of mixture source {name!r} (its "
-                                 f"'pq_idx') has {n} row groups: the state is not of these files")
+            mixkeys.check_row_group(self._sources, resume.origin)
             return
         self._sources.with_footers(state["mixture"]["sources"])
 
@@ -299,7 +252,7 @@ class Mixed:
         else:
             start, point = start_position(args.rank), None
             if resume.origin is not None:
-                origin = _origin_point(self._sources, resume.origin, args.rank, args.world)
+                origin = mixkeys.origin_point(self._sources, resume.origin, args.rank, args.world)
                 start, point = self._sources.to_run(origin.source, origin.sources[origin.source]), origin.to_json()
         mix = run_args(self._sources, statemod.Resume(start, batch=at, mix=point, mix_rules=resume.mix_rules))
         return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix._replace(plans=None),
@@ -358,14 +311,6 @@ def _segment(resume: statemod.Resume) -> tuple:
     shapes = [s for s in resume.shapes if s[0] < resume.batch] or resume.shapes[:1]
     i = max(j for j, s in enumerate(shapes) if s[0] <= resume.replayed)
     return shapes[i], shapes[i + 1][0] if i + 1 < len(shapes) else resume.batch
-
-
-def _origin_point(sources, origin: dict, rank: int, world: int) -> MixPoint:
-    """Where rank `rank` of `world` of a mixture of one source begins from nanochat's keys `origin`
-    (data/order.py `nanochat_position`, in the source), its mixer fresh."""
-    name = sources.names[0]
-    start = nanochat_position(origin["pq_idx"], origin["rg_idx"], origin.get("epoch", 1), rank, world)
-    return MixPoint(name, 0, {name: start}, Mixer(sources.mixture, 0).state())
 
 
 def _places(text: str) -> dict:

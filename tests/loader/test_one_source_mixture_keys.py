@@ -99,3 +99,9 @@ def test_other_rank_nanochat_resumes_it_as_it_resumes_the_source(dirs, kw):
             got, _ = run(one(dirs["a"]), 10, resume_state=gstates[-1], rank=1, world_size=world, other_rank="nanochat",
                          **kw)
         assert same(got, want), world
+
+
+def test_several_sources_refuse_a_nanochat_state(dirs):
+    two = shmloader.Mixture({"a": dirs["a"], "b": dirs["b"]}, {"a": 1, "b": 1})
+    with pytest.raises(ValueError, match="resuming a single source's run as a mixture is not built yet"):
+        shmloader.ShmLoader(two, IntTokenizer(), B, T, device="cpu", resume_state={"pq_idx": 0, "rg_idx": 0, "epoch": 1})
