@@ -86,6 +86,10 @@ def test_a_nanochat_state_resumes_it_as_it_resumes_the_source(dirs, kw):
     k = 9
     again, _ = run(one(dirs["a"]), N - k - 1, resume_state=zero[k], rank=1, world_size=2, **kw)
     assert same(again, got[k + 1:])
+    # not yet: such a run's change of world size (one source's best fit deals its places otherwise)
+    with pytest.raises(ValueError, match="a change of world size of such a mixture is not built yet"):
+        shmloader.ShmLoader(one(dirs["a"]), IntTokenizer(), B, T, device="cpu", resume_state=zero[k], rank=0,
+                            world_size=3, **kw)
 
 
 @pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
