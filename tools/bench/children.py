@@ -99,5 +99,13 @@ def result(proc: subprocess.Popen, what: str) -> dict:
 
 
 def run(fn: str, cfg: dict, checkout: Checkout) -> dict:
-    """`fn` on `cfg` in a fresh process with `checkout`'s shmloader; its result, with the checkout's label."""
-    return dict(result(start(fn, cfg, checkout), fn), label=checkout.label)
+    """`fn` on `cfg` in a fresh process with `checkout`'s shmloader; its result, with the checkout's label.
+    The child is killed if anything interrupts the wait (a Ctrl-C, a test's deadline)."""
+    proc = start(fn, cfg, checkout)
+    try:
+        return dict(result(proc, fn), label=checkout.label)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
