@@ -281,32 +281,22 @@ class MixStream:
         mixer, cap, rows = self.mixer, self.cap, [h.rows for h in heads]
         firsts = [int(r.docs_before[h.row]) for r, h in zip(rows, heads)]  # each head's next document
         limit = self._room if self._room is not None else NO_LIMIT
-        # a source's documents past the limit cannot be picked: no need to list them
-        picks = mixer.picks([r.rule(cap)[2][q:q + limit] for r, q in zip(rows, firsts)], limit)
-        if not picks:
+        if len(rows) == 1:  # one source taking part: every pick is its (the rule's loop not run)
+            picked, counts, doc_rows, doc_lengths, nexts = _one_source(rows[0], firsts[0], limit, self.chunk)
+        else:
+            picked, counts, doc_rows, doc_lengths, nexts = _mixed(mixer, rows, firsts, limit, cap, self.chunk)
+        if not len(picked):
             return
-        # each source's picks take its next documents in turn, a slice of its head's from its
-        # first: those slices end to end are the picks sorted by source (stably), so each pick's
-        # document row and length are the slices' scattered back to the picks' order
-        counts = tuple(picks.count(i) for i in range(len(rows)))
-        picked = np.array(picks, dtype=np.intp)
-        order = np.argsort(picked, kind="stable")
-        doc_lengths = np.empty(len(picks), dtype=np.int64)
-        doc_lengths[order] = np.concatenate([r.doc_lengths[q:q + k] for r, q, k in zip(rows, firsts, counts)])
         m = self._in_stage(doc_lengths)
         if m == 0:
             return
-        doc_rows = np.empty(len(picks), dtype=np.int64)
-        doc_rows[order] = np.concatenate([r.live[q:q + k] for r, q, k in zip(rows, firsts, counts)])
         if self.chunk is not None:  # the block stops after the first document that ends a chunk
-            nexts = np.empty(len(picks), dtype=np.int64)
-            nexts[order] = np.concatenate([r.after[q:q + k] for r, q, k in zip(rows, firsts, counts)])
             j = first_end(rows, picked, doc_rows, nexts, self.chunk)
             if j < m:
                 m, self.chunk_ended, self._room = j + 1, True, 0
-        if m < len(picks):
-            picks, picked, doc_rows, doc_lengths = picks[:m], picked[:m], doc_rows[:m], doc_lengths[:m]
-            counts = tuple(picks.count(i) for i in range(len(rows)))
+        if m < len(picked):
+            picked, doc_rows, doc_lengths = picked[:m], doc_rows[:m], doc_lengths[:m]
+            counts = (m,) if len(rows) == 1 else tuple(np.bincount(picked, minlength=len(rows)).tolist())
         block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picked, counts, doc_rows, doc_lengths)
         self._emit(names, heads, block)
         for name, r, q, k, head in zip(names, rows, firsts, counts, heads):
@@ -378,6 +368,38 @@ class MixStream:
             self._close()
             return True
         return False
+
+
+def _one_source(rows: Rows, q: int, limit: int, chunk) -> tuple:
+    """`_mixed`'s picks where one source takes part: the rule picks it every time (`Mixer.picks`
+    with one share), so the block is its head's next documents, to the piece's end or the limit:
+    slices of the head's arrays, no work a document."""
+    m = min(limit, len(rows.live) - q)
+    return (np.zeros(m, dtype=np.intp), (m,), rows.live[q:q + m], rows.doc_lengths[q:q + m],
+            rows.after[q:q + m] if chunk is not None else None)
+
+
+def _mixed(mixer: Mixer, rows: list, firsts: list, limit: int, cap, chunk) -> tuple:
+    """`(picks, counts, doc_rows, doc_lengths, nexts)`: the rule's picks over heads `rows` (each
+    source's next document at `firsts`), each pick's source as an array, the picks of each
+    source, each pick's document's row, length and, with a `chunk`, the row after it (past the
+    nulls)."""
+    # a source's documents past the limit cannot be picked: no need to list them
+    picks = mixer.picks([r.rule(cap)[2][q:q + limit] for r, q in zip(rows, firsts)], limit)
+    if not picks:
+        return np.zeros(0, dtype=np.intp), (), None, None, None
+    # each source's picks take its next documents in turn, a slice of its head's from its
+    # first: those slices end to end are the picks sorted by source (stably), so each pick's
+    # document row and length are the slices' scattered back to the picks' order
+    counts = tuple(picks.count(i) for i in range(len(rows)))
+    picked = np.array(picks, dtype=np.intp)
+    order = np.argsort(picked, kind="stable")
+
+    def scattered(name: str) -> np.ndarray:
+        out = np.empty(len(picks), dtype=np.int64)
+        out[order] = np.concatenate([getattr(r, name)[q:q + k] for r, q, k in zip(rows, firsts, counts)])
+        return out
+    return picked, counts, scattered("live"), scattered("doc_lengths"), scattered("after") if chunk is not None else None
 
 
 def ends_chunk(start, row, after, size, chunk):
