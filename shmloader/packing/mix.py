@@ -385,7 +385,7 @@ def _mixed(mixer: Mixer, rows: list, firsts: list, limit: int, cap, chunk) -> tu
     source, each pick's document's row, length and, with a `chunk`, the row after it (past the
     nulls)."""
     # a source's documents past the limit cannot be picked: no need to list them
-    picks = mixer.picks([r.rule(cap)[2][q:q + limit] for r, q in zip(rows, firsts)], limit)
+    picks = mixer.picks([r.rule_list(cap)[q:q + limit] for r, q in zip(rows, firsts)], limit)
     if not picks:
         return np.zeros(0, dtype=np.intp), (), None, None, None
     # each source's picks take its next documents in turn, a slice of its head's from its
