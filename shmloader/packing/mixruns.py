@@ -263,12 +263,12 @@ class Stretch:
         b = self.block
         if b is None:
             return self.run(0)
-        picks, m = b.picks, len(b.picks)
+        picks = b.picks
         i = int(picks[-1])
-        j = m - 1
-        while j and picks[j - 1] == i:  # back to the last run's first pick
-            j -= 1
-        rows, q, n = b.rows[i], b.firsts[i], b.nth(j)   # n: that pick is the source's n-th
+        others = np.flatnonzero(picks != i)
+        j = int(others[-1]) + 1 if len(others) else 0  # the last run's first pick
+        # n: that pick is the source's n-th (the source's picks from it on are the last run's)
+        rows, q, n = b.rows[i], b.firsts[i], b.counts[i] - (len(picks) - j) + 1
         lo = self.covered[i] if n == 1 else int(rows.after[q + n - 2])
         hi = int(rows.after[q + b.counts[i] - 1])
         at = self.first if j == 0 and self.first is not None else At(b, j)
