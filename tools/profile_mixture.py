@@ -118,7 +118,8 @@ def main(argv=None) -> int:
     docs = drive(mode, slots, rng, args.batches)
     took = time.process_time() - began
     per_doc = f"{took / docs * 1e6:.1f} us a document counted" if docs else "no document counted (the buffer held them)"
-    what = "one source" if args.single else f"{args.sources} source(s) (weights {args.weights or 'equal'})"
+    what = ("one source" if args.single else "1 source as a mixture" if args.sources == 1
+            else f"{args.sources} sources (weights {args.weights or 'equal'})")
     print(f"{args.packing} over {what}, B={args.batch_size}, T={args.seq_len}: {took / args.batches * 1e3:.3f} ms "
           f"CPU a batch, {per_doc} ({docs} documents, {args.batches} batches)")
     if args.profile:
