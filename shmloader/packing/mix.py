@@ -18,7 +18,10 @@ does not change, one call (`Mixer.picks`) decides every document up to the first
 cut document; tests/unit/packing/test_mix_stream.py checks the two against each other). The
 coordinator so does per block what it did per document: the rule about 0.35 µs a document, a
 replay of concat's whole mode 2.2 µs a document against 8.3 before (docs/benchmarks.md
-"Mixtures").
+"Mixtures"). Where one source takes part (a mixture of one; or one left beside sources that
+ended) the rule picks it every time, so its block is its head's next documents, to the piece's
+end (concat: the whole counted piece, one run) or its chunk's end (best fit), taken as slices of
+the head's arrays without the rule's loop (`_one_source`): the same picks, no work a document.
 
 The stream depends on the sources' document lengths only (the rule sees nothing else), so it
 is the same for any number of workers and any order of arrival. A piece that cannot be read
