@@ -111,8 +111,8 @@ class Rows:
         same every call) and the sum of those before each (one more entry: their total)."""
         if self._rule is None:
             lengths = self.doc_lengths if cap is None else np.minimum(self.doc_lengths, cap)
-            if len(lengths) == len(self.lengths) and (cap is None or not np.any(lengths != self.lengths)):
-                self._rule = lengths, self.before  # no nulls, none over the cap: its rows' sums
+            if cap is None and len(lengths) == len(self.lengths):
+                self._rule = lengths, self.before  # no nulls, no cap: its rows' sums
             else:
                 before = np.zeros(len(lengths) + 1, dtype=np.int64)
                 np.cumsum(lengths, out=before[1:])
@@ -264,9 +264,10 @@ class Stretch:
         if b is None:
             return self.run(0)
         picks = b.picks
-        i = int(picks[-1])
-        others = np.flatnonzero(picks != i)
-        j = int(others[-1]) + 1 if len(others) else 0  # the last run's first pick
+        i, j = int(picks[-1]), len(picks) - 1
+        if j and picks[j - 1] == i:  # a run of more than one pick: back to its first by one array call
+            others = np.flatnonzero(picks[:j] != i)
+            j = int(others[-1]) + 1 if len(others) else 0
         # n: that pick is the source's n-th (the source's picks from it on are the last run's)
         rows, q, n = b.rows[i], b.firsts[i], b.counts[i] - (len(picks) - j) + 1
         lo = self.covered[i] if n == 1 else int(rows.after[q + n - 2])
