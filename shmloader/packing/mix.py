@@ -402,7 +402,8 @@ def _mixed(mixer: Mixer, rows: list, firsts: list, limit: int, cap, chunk) -> tu
         out = np.empty(len(picks), dtype=np.int64)
         out[order] = np.concatenate([getattr(r, name)[q:q + k] for r, q, k in zip(rows, firsts, counts)])
         return out
-    return picked, counts, scattered("live"), scattered("doc_lengths"), scattered("after") if chunk is not None else None
+    nexts = scattered("after") if chunk is not None else None
+    return picked, counts, scattered("live"), scattered("doc_lengths"), nexts
 
 
 def ends_chunk(start, row, after, size, chunk):

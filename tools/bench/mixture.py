@@ -55,7 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--single", choices=("corpus", "files"), default="corpus",
                    help="the single source: the corpus itself (default), or the three sources' train files as one")
     p.add_argument("--sources", type=int, choices=(1, 3), default=3,
-                   help="the mixture's sources: 3 (the corpus dealt in three), or 1 (the single source as a mixture of one)")
+                   help="the mixture's sources: 3 (the corpus dealt in three), or 1 (the single source as a "
+                        "mixture of one)")
     children.add_compare_arg(p)
     corpora.add_args(p, many=False)
     results.add_json_arg(p, "mixture")
