@@ -1,9 +1,12 @@
 """A mixture's resume state: where every source stands and the mixer's counts, checked against
 the loader; and what `stats()["sources"]` says.
 
-A mixture's state is a state (state.py) whose `position` (and nanochat's keys `epoch`,
-`pq_idx`, `rg_idx`: a mixture's reading has no nanochat counterpart) is that of the document
-the next token is in, numbered within its source, and whose `"mixture"` holds:
+A mixture's state is a state (state.py) whose `position` is that of the document the next token
+is in, numbered within its source; whose nanochat keys `epoch`, `pq_idx`, `rg_idx` are, over one
+source, that source's (as sourcestate.py says them: the row group its last batch's reading ended
+in, equal to the source's own loader's at every batch), over several, the position's (their
+reading has no nanochat counterpart); whose `origin` is set in a run of one source that began
+from nanochat's keys only; and whose `"mixture"` holds:
 - `"point"`: the `packing.mix.MixPoint` there as JSON text (every source's next document,
   numbered within the source; the source and skip of the next token; the mixer's state before
   that document was picked; best fit: after the last chunk planned, and `"buffer"`, the
@@ -19,19 +22,22 @@ the next token is in, numbered within its source, and whose `"mixture"` holds:
   which keeps those versions' chunks and seeds (data/mixrules.py: `of_state` reads them, a
   resume, a replay and an elastic plan follow them).
 Its `files` is empty and its `val` None. Its `digest` covers the rank, the world size, the
-batch, the shapes, the check, the position, the point, the rules and the plans' crcs.
+batch, the shapes, the check, the position, the point, the rules, the origin and the plans' crcs.
 
 Resuming (`check`): this rank's own state; another rank's state, or one of another world size,
 either packing, shuffled or not (each source in its own order: data/mixelastic.py; best fit's
 buffers dealt out run by run as one source's, each new rank's share its point's first
-`"buffer"`), of a run that used this mixture from batch 0 with one batch shape (this rank's
-place, or every old rank's, is then replayed: resume.py with `Mixed.replay`, `Mixed.shared`;
-other runs are refused, `_check_replayable`, and so is a second change of world size: the mixer
-of a run that began at one counts from there, its `since`);
+`"buffer"`), of a run that used this mixture from batch 0 (this rank's place, or every old
+rank's, is then replayed, a batch shape at a time: resume.py with `Mixed.replay`, `Mixed.shared`;
+other runs are refused, `mixchecks.replayable`, and so is a second change of world size: the mixer
+of a run that began at one counts from there, its `since`); a mixture of one source, also a state
+of nanochat's keys alone and, with `other_rank="nanochat"`, another rank's or world size's
+state approximately, as one source (mixkeys.py: the keys become the run's `origin`, where a
+replay of its other ranks starts; such a run's change of world size is refused);
 the config as state.py checks it; another B or T as there; every source the state and the loader
 share must list the state's files (name, size, footer where both know it), and may list more
-after them (`_check_sources`: files added after a source's last, as a shard that sorts last makes
-its val file a train file; said once, `_take_added`, and read after the state's in the source's
+after them (`mixchecks.check_sources`: files added after a source's last, as a shard that sorts last makes
+its val file a train file; said once, `mixchecks.take_added`, and read after the state's in the source's
 epoch in progress and the next ones, that order being the sorted one; refused for another rank's
 state, another world size, a run that began at a change and a shuffled source; the run's mixer
 then counts from the resume, its `since`, so that its states are not replayed over files its
@@ -46,7 +52,7 @@ import dataclasses
 import json
 import zlib
 
-from . import state as statemod
+from . import mixchecks, mixkeys, state as statemod
 from .data import mixelastic, mixrules, shuffle
 from .data.catalogue import described_files
 from .data.mixture import Mixer
@@ -112,15 +118,15 @@ class Mixed:
         point = mark.buffer
         position = self._sources.local(mark.position) if point is not None else mark.position
         state["position"] = list(position)
-        state["epoch"], state["pq_idx"], state["rg_idx"] = position[:3]
+        state["epoch"], state["pq_idx"], state["rg_idx"] = mixkeys.of_mark(self._sources, mark, position)
         state["mixture"] = {"point": point.text if point is not None else None, "sources": self._files(point),
                             **state["mixture"]}
         state["digest"] = digest(state, point.crc if point is not None else 0, state["check"])
 
     def keys(self, mark) -> dict:
-        """nanochat's keys at `mark`: those of the document the next token is in, in its source (a
-        mixture's reading has no nanochat counterpart)."""
-        epoch, pq, rg = (self._sources.local(mark.position) if mark.buffer is not None else mark.position)[:3]
+        """nanochat's keys at `mark` (mixkeys.py)."""
+        epoch, pq, rg = mixkeys.of_mark(self._sources, mark, self._sources.local(mark.position)
+                                        if mark.buffer is not None else mark.position)
         return {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
 
     def _files(self, point) -> dict:
@@ -138,7 +144,11 @@ class Mixed:
         return self._described[1]
 
     def unversioned(self, state: dict, identity: statemod.Loader):
-        """A mixture's states always have a version: one without is another kind's, or edited."""
+        """A state of nanochat's keys alone: a mixture of one source resumes it as one source does
+        (mixkeys.py); a mixture's own states always have a version, so one without is another
+        kind's, or edited."""
+        if len(self._sources.names) == 1 and "mixture" not in state:
+            return mixkeys.nanochat_state(self._sources, state, identity)
         self.own(state)
         raise ValueError(f"resume state has no 'version': a mixture's state has one ({' or '.join(map(str, self.reads))})"
                          f", so this one was edited or is not a loader's state")
@@ -172,25 +182,34 @@ class Mixed:
         shapes, reshaped = envelope.shapes, envelope.reshaped
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
-        added = _check_sources(mixed.get("sources"), sources)
+        added = mixchecks.check_sources(mixed.get("sources"), sources)
+        origin = mixkeys.origin(sources, state)
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world) and len(sources.names) == 1 \
+                and identity.other_rank == "nanochat":  # approximately, as one source resumes any state
+            return mixkeys.approximately(sources, state, identity, envelope)
         plans = mixed.get("plans")
         if plans is not None and not isinstance(plans, dict):
             raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
         plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
                  if plans else None)
-        _take_added(added, envelope, identity, sources.mixture, plans)
+        mixchecks.take_added(added, envelope, identity, sources.mixture, plans)
         other = start_position(identity.rank)
         if identity.buffered:  # best fit's buffer: its documents' sources are read now
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
-            _check_replayable(point, shapes, sources.mixture, envelope.rank)
+            mixchecks.replayable(point, sources.mixture, envelope.rank)
+            if origin is not None:
+                raise ValueError(f"resume state was saved at world_size {envelope.world} by a run that began from "
+                                 f"nanochat's keys, and this loader has {identity.world}: a change of world size of "
+                                 "such a mixture is not built yet; resume at the state's world size, or with "
+                                 "other_rank='nanochat'")
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
                                    mix=json.loads(text) if text is not None else None, mix_rules=rules)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
-            _check_replayable(point, shapes, sources.mixture, envelope.rank)
+            mixchecks.replayable(point, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
-                                   locate=point is not None, mix_rules=rules)
+                                   locate=point is not None, mix_rules=rules, origin=origin)
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
         for note in notes:
             warn(f"shmloader: {note}")
@@ -205,27 +224,47 @@ class Mixed:
         if added and mix is not None:  # the run's streams are not replayable from batch 0 any more
             mix["mixer"]["since"] = batch
         return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                               mix=mix, mix_plans=plans, mix_rules=rules)
+                               mix=mix, mix_plans=plans, mix_rules=rules, origin=origin,
+                               read=mixkeys.read_of(sources, state))
+
 
 
     # resume.py's steps (`resume.Part`), over the loader's sources
 
     def take_files(self, state: dict, resume: statemod.Resume):
-        """The footers the state knows of every source's files (their order is the sources')."""
+        """The footers the state knows of every source's files (their order is the sources'); a
+        state of nanochat's keys, its row group checked against its file."""
+        if "version" not in state:
+            mixkeys.check_row_group(self._sources, resume.origin)
+            return
         self._sources.with_footers(state["mixture"]["sources"])
 
     def replay(self, resume: statemod.Resume, args, config):
         """The rank's mixed stream from the run's start (every source's, the mixer's first
-        stage: `_check_replayable` let only such runs through), one batch shape."""
-        start = start_position(args.rank)
-        mix = run_args(self._sources, statemod.Resume(start, mix_rules=resume.mix_rules))._replace(plans=None)
-        return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix, plans=None,
-                                   locate=(resume.shapes[:1], resume.batch, 0))
+        stage: `mixchecks.replayable` let only such runs through; a run that began from
+        nanochat's keys, from the rank's place there), a batch shape at a time: the first
+        count to the next shape's first batch (or `resume.batch`), each next one from the point
+        the last found (`resume.replayed`, `resume.mix`), as the run resumed there with its new
+        B or T (packing/mixcount.py)."""
+        at, (shape, end) = resume.replayed, _segment(resume)
+        if at:
+            start, point = resume.position, resume.mix
+        else:
+            start, point = start_position(args.rank), None
+            if resume.origin is not None:
+                origin = mixkeys.origin_point(self._sources, resume.origin, args.rank, args.world)
+                start, point = self._sources.to_run(origin.source, origin.sources[origin.source]), origin.to_json()
+        mix = run_args(self._sources, statemod.Resume(start, batch=at, mix=point, mix_rules=resume.mix_rules))
+        return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix._replace(plans=None),
+                                   plans=None, locate=([shape], end, at))
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
-        """At the replayed point (`found.runs`: its JSON) and the position it names."""
+        """At the replayed point (`found.runs`: its JSON) and the position it names; replayed on
+        from there while a batch shape is left before `resume.batch` (`replay`)."""
+        end = _segment(resume)[1]
+        more = end < resume.batch
         return dataclasses.replace(resume, position=Position(*found.position), mix=json.loads(found.runs),
-                                   locate=False)
+                                   locate=more, replayed=end if more else 0)
 
     def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
         """The state's rank's point; another's mixed stream from the run's start."""
@@ -266,6 +305,14 @@ def _buffer(entries: list, names) -> dict:
     return {"sources": list(names), "runs": encode_runs([[index[r[0]], *r[1:]] for r in entries])}
 
 
+def _segment(resume: statemod.Resume) -> tuple:
+    """`([first, B, T], end)`: the batch shape a replay at `resume.replayed` counts with, and the
+    batch its count ends at (the next shape's first batch, or `resume.batch`)."""
+    shapes = [s for s in resume.shapes if s[0] < resume.batch] or resume.shapes[:1]
+    i = max(j for j, s in enumerate(shapes) if s[0] <= resume.replayed)
+    return shapes[i], shapes[i + 1][0] if i + 1 < len(shapes) else resume.batch
+
+
 def _places(text: str) -> dict:
     """`{source: (epoch, file)}` of a point's JSON text."""
     return {name: (p[0], p[1]) for name, p in json.loads(text)["sources"].items()}
@@ -280,84 +327,12 @@ def digest(state: dict, point_crc: int, checked) -> str:
     for field in ("rules", "plain"):  # the rules its run keeps (data/mixrules.py), where the state says
         if field in state["mixture"]:
             key += f":{field}={state['mixture'][field]!r}"
+    if state.get("origin") is not None:  # a run of one source that began from nanochat's keys
+        key += f":origin={json.dumps(state['origin'], sort_keys=True)}"
     plans = state["mixture"].get("plans")
     if isinstance(plans, dict) and plans:  # a run that began at a change of world size: its plans' crcs
         key += ":" + ",".join(f"{name}={d.get('crc') if isinstance(d, dict) else d!r}" for name, d in sorted(plans.items()))
     return f"{zlib.crc32(key.encode(), point_crc):08x}"
-
-
-def _check_replayable(point, shapes: list, mixture, rank: int):
-    """Another rank's state: this rank's run can be replayed from its start (packing/mixcount.py)
-    only if this mixture applied since batch 0 with one batch shape; else a ValueError."""
-    if point is None:
-        return
-    since = point.mixer.get("since")
-    if point.mixer.get("mixture") != mixture.digest or since != 0:
-        when = f"at batch {since}" if since else "at a resume"
-        raise ValueError(f"resume state is rank {rank}'s, of a run whose mixture changed {when} (other weights, "
-                         "sources or max_epochs, files added to a source, or another world size), or is not this "
-                         "loader's: the other ranks' places cannot be replayed (another rank's or another world "
-                         "size's state of a mixture resumes only a run that used this mixture and its files at one "
-                         "world size from batch 0); give each rank its own state, or resume with the mixture of "
-                         "the state")
-    if len(shapes) > 1:
-        raise ValueError(f"resume state is rank {rank}'s, of a run whose batch shape changed (shapes {shapes}): "
-                         "another rank's state of a mixture with another B or T in its history is not built yet; "
-                         "give each rank its own state")
-
-
-def _check_sources(saved, sources) -> dict:
-    """Every source the state and the loader share lists the state's files, unchanged, and may
-    list more after them; returns `{source: [names of the files added after the state's]}`."""
-    if not isinstance(saved, dict):
-        raise ValueError(f"resume state field 'mixture.sources' must be a dict, got {saved!r}")
-    added = {}
-    for name in sources.names:
-        if name not in saved:
-            continue
-        old = saved[name].get("files") if isinstance(saved[name], dict) else None
-        now = sources.source_files(name)
-        names = [f[0] for f in now]
-        if not isinstance(old, list) or not old or names[:len(old)] != [f[0] for f in old]:
-            raise ValueError(f"mixture source {name!r} lists other files than the state's "
-                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {names}): files "
-                             "removed from a source of a mixture, or added among the state's (sorting before its "
-                             "last), are not built yet; files added after a source's last file are read. Resume "
-                             "with the files the state was saved with")
-        if len(names) > len(old):
-            added[name] = names[len(old):]
-        for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's")):
-            was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
-            if was != now_is:
-                raise ValueError(f"mixture source {name!r}: resume state has {key} {was!r}, this loader has "
-                                 f"{now_is!r}: a source resumes in the {key} it was saved with")
-        for (fname, size, footer), (_, size_now, footer_now) in zip(old, now):
-            if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
-                raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
-                                 f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
-    return added
-
-
-def _take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
-    """Files added after a source's last (`added`, `_check_sources`): read after the state's, said
-    once; refused where the run is replayed or planned over the state's files (another rank's
-    state, another world size, a run that began at a change) or its order is over every file (a
-    shuffled source)."""
-    for name, files in sorted(added.items()):
-        shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
-        why = None
-        if (envelope.rank, envelope.world) != (identity.rank, identity.world) or plans:
-            why = (f"the state is rank {envelope.rank} of {envelope.world}'s" + (", of a run that began at a change "
-                   "of world size" if plans else "") + f", this loader rank {identity.rank} of {identity.world}: "
-                   "such a resume replays or plans the ranks' streams over the files the state was saved with; "
-                   "resume each rank from its own state to read them")
-        elif shuffle.source_shuffled(mixture, name, identity.shuffled):
-            why = "the source is shuffled: its order is over every unit of its files"
-        if why is not None:
-            raise ValueError(f"mixture source {name!r}: {len(files)} file(s) added since the state was saved "
-                             f"({shown}): not built yet here ({why}); resume with the files the state was saved with")
-        warn(f"shmloader: mixture source {name!r}: {len(files)} file(s) added since the state was saved: {shown}; "
-             "they are read after the state's files, in the source's epoch in progress and the next ones")
 
 
 def source_stats(mark, previous: dict | None) -> dict:

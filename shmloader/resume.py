@@ -16,8 +16,9 @@ sourcestate.Files, mixstate.Mixed), and this module names neither.
    data/mixelastic.py), and this rank starts at its first unit.
 4. Another rank's state (`_replay`): this rank's own place at the state's batch count, by a
    count-only run (`Part.replay`: its `RunArgs`, packing/count.py or packing/mixcount.py; its
-   answer read by `Part.replayed`) over the files the state was saved with; a run that began
-   elastic replays from its plan's start. So every rank resumes exactly from rank 0's state.
+   answer read by `Part.replayed`, which may ask for another from there: a mixture's replay is
+   one run a batch shape) over the files the state was saved with; a run that began elastic
+   replays from its plan's start. So every rank resumes exactly from rank 0's state.
 
 A count-only run is started and stopped like a loader's run (procs/children.py
 `locate_position`, procs/locate.py) and raises if no word comes for `timeout`. Its progress (done of total
@@ -58,7 +59,9 @@ class Part(statemod.Part, Protocol):
         `locate`'s first batch is where its replay's count of batches begins."""
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
-        """`resume` at the place a replay found (`found`: its `Located`, with a position)."""
+        """`resume` at the place a replay found (`found`: its `Located`, with a position); with
+        `locate` still set, not there yet: `replay` is asked again from it (one step a batch
+        shape, a mixture's)."""
 
     def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
         """Old rank `rank`'s place at a change of world size (`resume.change`): the state's own
@@ -153,14 +156,19 @@ def _replay(resume: statemod.Resume, part: Part, config, args, heal, rank: int, 
             shows: bool) -> statemod.Resume:
     """`resume` at rank `rank` of `world`'s place at `resume.batch`: a count-only run of its
     stream over its own document lengths (the token cache's, or counted by the workers), as the
-    part makes it (`Part.replay`) and reads its answer (`Part.replayed`)."""
+    part makes it (`Part.replay`) and reads its answer (`Part.replayed`); again from there while
+    the part says it is not there yet (`locate` still set: a mixture replays one batch shape at
+    a time)."""
     layout = RingLayout(2, 1, config.num_workers)
-    count = part.replay(resume, dataclasses.replace(args, rank=rank, world=world, layout=layout), config)
-    found = _counted(config, layout, count, heal, args, resume.batch - count.locate[2], resume.batch, shows)
-    if found.position is None:  # a mixture ends (one source's epochs go on)
-        raise DataError(f"rank {rank} of {world}: its stream ended before batch {resume.batch} of the state: "
-                        f"{found.runs}")
-    return part.replayed(resume, found)
+    while True:
+        count = part.replay(resume, dataclasses.replace(args, rank=rank, world=world, layout=layout), config)
+        found = _counted(config, layout, count, heal, args, resume.batch - count.locate[2], resume.batch, shows)
+        if found.position is None:  # a mixture ends (one source's epochs go on)
+            raise DataError(f"rank {rank} of {world}: its stream ended before batch {resume.batch} of the state: "
+                            f"{found.runs}")
+        resume = part.replayed(resume, found)
+        if not resume.locate:
+            return resume
 
 
 def _elastic(resume: statemod.Resume, part: Part, config, args, heal) -> statemod.Resume:

@@ -137,7 +137,7 @@ class Files:
         """The position's fields and the state's files."""
         pos = position_fields(state)
         if (origin := state.get("origin")) is not None:
-            _nanochat_keys(origin, "origin", len(identity.files))
+            nanochat_keys(origin, "origin", len(identity.files))
         return pos, _saved_files(state, pos)
 
     def digest(self, state: dict) -> str:
@@ -498,7 +498,7 @@ def _rewritten(saved: list, loader: Loader, index: dict) -> list[str]:
 def _file_text(f) -> str:
     return "no file" if f is None else f"{f[0]} ({f[1]:,} bytes)"
 
-def _nanochat_keys(state: dict, what: str, n_files: int) -> tuple[int, int, int]:
+def nanochat_keys(state: dict, what: str, n_files: int) -> tuple[int, int, int]:
     if not isinstance(state, dict):
         raise ValueError(f"resume state field {what!r} must be a dict of nanochat keys, got {state!r}")
     for key in state:
@@ -520,7 +520,7 @@ def _nanochat(state: dict, loader: Loader) -> Resume:
         raise ValueError("resume state with shuffle=True: a state of nanochat's keys alone (pq_idx, rg_idx, epoch) "
                          "names a row group of the files' order; resuming it shuffled is not built yet: resume it "
                          "without shuffle, or pass a state of a shuffled run")
-    pq_idx, rg_idx, epoch = _nanochat_keys(state, "state", len(loader.files))
+    pq_idx, rg_idx, epoch = nanochat_keys(state, "state", len(loader.files))
     return Resume(nanochat_position(pq_idx, rg_idx, epoch, loader.rank, loader.world),
                   shapes=[[0, loader.B, loader.T]], n_files=len(loader.files),
                   origin={"pq_idx": pq_idx, "rg_idx": rg_idx, "epoch": epoch})

@@ -94,6 +94,8 @@ class Resume:
     #                            None: a fresh run's
     read: RowGroup | None = None  # nanochat's keys of the state it resumes (its own rank's, its files
     #                               numbered as the run's), for the states before its first batch
+    replayed: int = 0  # a replay made in steps (a mixture's: one a batch shape), the batch it reached
+    #                    so far, where its next step begins; 0: from the start
 
 
 @dataclass(frozen=True)

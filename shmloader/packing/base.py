@@ -37,12 +37,19 @@ takes, and otherwise holds no more than a ring. With more workers than the cores
 (`cfg.pieces_in_flight`, cores.py `in_flight`), all of them together have at most one piece
 more than the cores given and not counted: the stream takes pieces in order, and the one it
 needs next then has a core's share of the time, not a worker's.
+
+Which worker gets the next piece (`Mode.pick`, the rule in affinity.py): an idle one first,
+else one that read its row group when the loads allow, else the least loaded;
+`can_continue` says whether a worker may take the next slice of the row group it holds past
+the pair of pieces above (best fit's slices of a row group; no for every other mode), within
+every other bound.
 """
 import heapq
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from ..position import Position, RowGroup
+from . import affinity
 from .runs import encode_buffer
 
 MAX_IN_FLIGHT = 8      # pieces given to a worker and not yet counted, at most
@@ -200,6 +207,7 @@ class Mode:
         self._seen = [0, 0]                   # tokens and text bytes of the pieces counted
         self.owner, self.specs = {}, {}
         self.stops = Stops()                  # pieces that cannot be read (`failed`)
+        self._holds = [None] * n_workers      # per worker: the row group (file, rg) it was given last
 
     def _flight(self, worker: int) -> tuple:
         """`(pieces, their text bytes)` in flight on `worker`, and the text bytes of the largest
@@ -224,17 +232,47 @@ class Mode:
         return max(self.ring_tokens, int(behind * per_byte))
 
     def can_take(self, worker: int) -> bool:
+        return self._room(worker, pair=True)
+
+    def can_continue(self, worker: int) -> bool:
+        """Whether `worker` may take the next slice of the row group it holds past the pair of
+        pieces in flight (`affinity.pick`, rule 2). Here: no (a mode whose pieces slice row
+        groups says yes within its own bounds: best fit)."""
+        return False
+
+    def _room(self, worker: int, pair: bool) -> bool:
+        """Whether `worker` may take a piece (see the module's docstring); without the `pair`
+        rule, up to `MAX_IN_FLIGHT` pieces in flight whatever their text."""
         n, text, behind = self._flight(worker)
         held = self._held_tokens[worker]
-        flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None and text < self.flight_bytes)
+        if pair:
+            flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None and text < self.flight_bytes)
+        else:
+            flight_ok = n < MAX_IN_FLIGHT
         if self.most_in_flight is not None and len(self._in_flight) >= self.most_in_flight:
             return False
         return (flight_ok and n + len(self._held[worker]) < MAX_HELD_PIECES
                 and (not held or held < self._budget(behind)))
 
+    def candidates(self, workers) -> list:
+        """`workers` (those that may be given a piece: live and ready) as the assignment rule sees
+        them now (`affinity.Worker`), asked before the next piece is taken from the order."""
+        out = []
+        for w in workers:
+            takes, continues = self.can_take(w), self.can_continue(w)
+            load = self.load(w) if takes or continues else None  # asked only of those that may be picked
+            out.append(affinity.Worker(w, load, takes, continues, self._holds[w]))
+        return out
+
+    def pick(self, piece, candidates: list) -> int | None:
+        """Which of `candidates` gets `piece`, or None: none may take it now (packing/affinity.py:
+        a row group's slices stay with the workers that read it, when the loads allow)."""
+        return affinity.pick((piece.file, piece.rg), candidates)
+
     def take(self, worker: int, piece):
         self.owner[piece.index], self.specs[piece.index] = worker, piece
         self._in_flight[piece.index] = (worker, piece.text_bytes)
+        self._holds[worker] = (piece.file, piece.rg)
 
     def _counted_by(self, worker: int, piece, tokens: int):
         """`piece` of `worker` was counted; it holds `tokens` until `_written_out` (0: the

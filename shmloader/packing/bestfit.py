@@ -424,8 +424,16 @@ class BestFitMode(Mode):
         """Read ahead up to a cap on documents not yet in the buffer; past it only while a
         plan waits for documents and none is being tokenized (a batch of many short documents
         can need more than the cap)."""
+        return self._reading_ahead() and super().can_take(worker)
+
+    def can_continue(self, worker: int) -> bool:
+        """A worker may take the next slice of the row group it holds past the pair of pieces
+        (packing/affinity.py), within the same read-ahead cap."""
+        return self._reading_ahead() and self._room(worker, pair=False)
+
+    def _reading_ahead(self) -> bool:
         waiting = self.seq.chunks.docs + self.seq.backlog_docs + self.assigned_docs
-        return (waiting < self.cap or (self.seq.starved and not self.assigned_docs)) and super().can_take(worker)
+        return waiting < self.cap or (self.seq.starved and not self.assigned_docs)
 
     def counted(self, msg):
         w, piece = self.owner.pop(msg.piece), self.specs.pop(msg.piece)

@@ -340,6 +340,8 @@ class MixBestFitMode(BestFitMode):
         waiting = seq.chunks.docs + seq.backlog_docs + seq.counted_rows - seq.chunks.rows + self.assigned_docs
         return Mode.can_take(self, worker) and (waiting < self.cap or (seq.starved and not self.assigned_docs))
 
+    can_continue = Mode.can_continue  # no slices past the pair: the mix's feed decides what may be read ahead
+
     def failed(self, index: int, error) -> bool:
         if index < self.n_prefix:  # the resumed buffer's: in order, as for one source
             return BestFitMode.failed(self, index, error)

@@ -28,7 +28,7 @@ from ..data.mixture import Mixer
 from ..data.order import RAMP
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .concat import ConcatMode, Copies
+from .concat import ConcatMode, Copies, row_group_of
 from .mix import MixStream
 from .mixplace import MixSequencer
 from .mixfeed import MixFeed, Said, held_by_mix, start_points
@@ -100,7 +100,8 @@ class MixConcatMode(ConcatMode):
             p, row = where.run.piece, where.row  # (mixplace.End: the row is the piece's)
             skip = where.skip + (p.skip if row == 0 else 0)  # a piece's first row lacks the tokens it skipped
             out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip),
-                                where.run.point(skip), self.seq.docs_at.pop(k)))
+                                where.run.point(skip), self.seq.docs_at.pop(k),
+                                row_group_of(where.last) if where.last is not None else None))
         return out
 
     def orders(self, take_slot):

@@ -96,6 +96,13 @@ class _Span:
         docs = int(a.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
         return row, at - int(rows.before[row]), docs, End(rows.piece, lambda skip: point_at(run, row, skip))
 
+    def piece_at(self, pos: int):
+        """The piece stream position `pos` (start <= pos < end) is in."""
+        st = self.stretch
+        if self.doc_ends is not None:
+            return st.rows[st.block.picks[int(self.doc_ends.searchsorted(pos, side="right"))]].piece
+        return st.rows[st.arrays.which[int(self.ends.searchsorted(pos, side="right"))]].piece
+
 
 class MixSequencer(ConcatSequencer):
     """`ConcatSequencer` placing a mixture's stretches of runs (the module docstring says how)."""
@@ -171,8 +178,9 @@ class MixSequencer(ConcatSequencer):
         return out
 
     def _position_after(self, k: int):
-        """Where batch k ends (`Where`, its `run` an `End`), noting how many documents of the run
-        began by then (`docs_at`)."""
+        """Where batch k ends (`Where`, its `run` an `End`; its `last`, the piece its last token
+        is in, itself: the batch's reading ends in its row group), noting how many documents of
+        the run began by then (`docs_at`)."""
         pos = (k + 1) * self.window
         for s in self._seq:
             if s.start <= pos < s.end:
@@ -184,4 +192,9 @@ class MixSequencer(ConcatSequencer):
             return None
         row, skip, docs, end = s.end_at(pos)
         self.docs_at[k] = s.docs_before + docs + (1 if skip else 0)
-        return Where(end.piece.index, row, skip, end)
+        return Where(end.piece.index, row, skip, end, end.piece if skip else self._piece_at(pos - 1))
+
+    def _piece_at(self, pos: int):
+        """The piece stream position `pos` is in (its stretch is kept: it ends after the last
+        batch announced), or None."""
+        return next((s.piece_at(pos) for s in self._seq if s.start <= pos < s.end), None)

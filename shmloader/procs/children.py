@@ -326,10 +326,12 @@ class Children:
                 pass
         raise ChildLost(text, procs[0].pid, held, stalled_s, worker=stall.workers[0] if stall.workers else None)
 
-    def replace_worker(self, i: int, poisoned: tuple, suspects: tuple):
+    def replace_worker(self, i: int, poisoned: tuple, suspects: tuple) -> bool:
         """Worker `i` died: start a new one at its index and pass its pipe's end to the
         coordinator (`Replace`), which gives it again what the old one held (coordinator.py);
-        the other processes and the ring go on. `poisoned`, `suspects`: procs/heal.py's spans."""
+        the other processes and the ring go on. `poisoned`, `suspects`: procs/heal.py's spans.
+        False: the coordinator is gone too (its workers exit on its pipe's end, and one of them
+        may be seen dead first), so only a start of every process heals it."""
         old = self.workers[i]
         old.join(timeout=ERROR_GRACE_S)
         if old.exitcode is None:
@@ -343,8 +345,11 @@ class Children:
         try:
             self.conn.send(Replace(i, poisoned, suspects))
             reduction.send_handle(self.conn, end.fileno(), self.coordinator.pid)
+        except (BrokenPipeError, ConnectionResetError):
+            return False
         finally:
             end.close()
+        return True
 
     def _held(self, p) -> "Held | None":
         """The piece worker `p` is on, or None."""

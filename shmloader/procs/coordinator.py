@@ -3,8 +3,9 @@
 It sees token *counts* only: the canonical order (`data.order.iter_pieces`) and the packing's
 sequencing mode (`RunArgs.modes`: the packing's or a mixture's, and its count-only mode for a
 count-only run, as kinds.py gives them; `packing.base.Mode` is their interface) decide where every token lands, so the stream is the
-same for any number of workers and any timing. New pieces go to the least-loaded worker that
-the mode lets take one, so memory stays bounded whatever the trainer's pace.
+same for any number of workers and any timing. New pieces go to a worker the mode lets take
+one (so memory stays bounded whatever the trainer's pace) and picks (`Mode.pick`: a row
+group's slices to the worker that read it when the loads allow, else the least loaded).
 Follows NOTE [ring protocol] (ipc/protocol.py); every wait has a timeout, and the alive pipe ends
 the loop when the trainer closes the loader or dies; an idle release (`_check_idle`, its rule in
 procs/idle.py) ends it when the trainer has been away long enough. Never imports torch or a
@@ -164,6 +165,7 @@ class _Coordinator:
         self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file, args.columns)
                        if cfg.on_bad_row_group == "raise" else None)
         self.next_piece = 0       # the index of the next piece handed out
+        self._ahead = None        # that piece, taken from the order, while no worker it may go to may take it
         self.planned_out = False  # the order could not be read on: no piece goes out again
         self.slots = SlotMap(args.layout.n_slots)
         self.outboxes = [Outbox(conn) for conn in workers]
@@ -396,26 +398,31 @@ class _Coordinator:
             self.tell(Warn(text))
 
     def _assign(self):
-        """Hand out pieces to the least-loaded workers that may take one: Ready ones (NOTE [ring
-        protocol] 2), or any after `READY_WAIT_S` (one stuck starting up then holds a piece, and
-        its stall or the timeout is seen as before)."""
+        """Hand out pieces in order to the workers the mode picks (`Mode.pick`: a row group's
+        slices to the workers that read it, else the least loaded; packing/affinity.py) among
+        Ready ones (NOTE [ring protocol] 2), or any after `READY_WAIT_S` (one stuck starting up
+        then holds a piece, and its stall or the timeout is seen as before). The next piece is
+        taken from the order once a worker may take one (`_ahead` until one is picked)."""
         mode, now = self.mode, time.monotonic()
         unready = {w for w, since in self.starting.items() if now - since < READY_WAIT_S}
         while not self.planned_out:
-            # each worker's load asked only of those that may take one (at every turn of the loop:
-            # best fit's workers mostly may not, its read-ahead at its cap)
-            able = [(mode.load(w), w) for w in range(len(self.workers))
-                    if w not in self.dead and w not in unready and mode.can_take(w)]
-            if not able:
+            # asked at every turn of the loop (best fit's workers mostly may not take one, its
+            # read-ahead at its cap): nothing more is asked of the mode while none may
+            workers = mode.candidates(w for w in range(len(self.workers)) if w not in self.dead and w not in unready)
+            if self._ahead is None:
+                if not any(w.takes or w.continues for w in workers):
+                    return
+                try:
+                    self._ahead = next(mode.pieces)
+                except DataError as exc:  # a file of the order cannot be read: the stream stops at the piece
+                    self.planned_out = True   # that would come next, or (a mode that cannot hold it) raised now
+                    if not mode.failed(self.next_piece, Error.of(f"coordinator (pid {os.getpid()})", exc)):
+                        raise
+                    return
+            i = mode.pick(self._ahead, workers)
+            if i is None:
                 return
-            i = min(able)[1]
-            try:
-                piece = next(mode.pieces)
-            except DataError as exc:  # a file of the order cannot be read: the stream stops at the piece
-                self.planned_out = True   # that would come next, or (a mode that cannot hold it) raised now
-                if not mode.failed(self.next_piece, Error.of(f"coordinator (pid {os.getpid()})", exc)):
-                    raise
-                return
+            piece, self._ahead = self._ahead, None
             self.next_piece = piece.index + 1
             mode.take(i, piece)
             self._given[piece.index] = piece

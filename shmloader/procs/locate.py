@@ -32,8 +32,7 @@ def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None, progre
                 if heal is None:
                     raise errors.WorkerError(str(lost)) from None
                 spans = heal(lost, kids.files)
-                if lost.worker is not None:
-                    kids.replace_worker(lost.worker, *spans)
+                if lost.worker is not None and kids.replace_worker(lost.worker, *spans):
                     continue
                 cargs = replace(cargs, poisoned=spans[0], suspects=spans[1])
             kids.shutdown()

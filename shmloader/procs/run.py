@@ -339,10 +339,10 @@ class Runs:
                 raise LoaderClosed(self.closed)
             used = self.allow(lost, mark.position)
             run = self.run
-            if lost.worker is not None and run is not None:
-                run.children.replace_worker(lost.worker, *self.poison.spans(run.children.files))
+            if (lost.worker is not None and run is not None
+                    and run.children.replace_worker(lost.worker, *self.poison.spans(run.children.files))):
                 how = f"worker {lost.worker} is replaced, the other processes go on"
-            else:
+            else:  # the coordinator, or a worker and the coordinator with it
                 how = f"every loader process starts again at batch {self.restart(mark)}"
             self._log_heal(lost, used, how)
 

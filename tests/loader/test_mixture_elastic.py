@@ -89,6 +89,38 @@ def test_a_mixture_saved_at_2_ranks_resumes_at_another_world_size_each_token_rea
     assert short <= W2 * W, short  # only each new rank's last, partial batch is not delivered
 
 
+@pytest.mark.filterwarnings("ignore:resume state was saved with another batch shape")
+def test_a_state_after_a_change_of_shape_resumes_at_another_world_size_each_token_read_its_epochs(posmix):
+    """The old ranks changed B and T at batch 20 (each resumed from its own state): the new ranks
+    replay every old rank's mix a batch shape at a time, and the coverage holds as above."""
+    root, tokens = posmix
+    read, state = [], None
+    for rank in range(2):
+        with loader(root, rank, 2) as ld:
+            read += windows(ld, 20)
+            mid = ld.state_dict()
+        with shmloader.ShmLoader(mixture(root), helpers.IntTokenizer(), 3, 12, device="cpu", rank=rank, world_size=2,
+                                 num_workers=2, timeout=60, resume_state=mid) as ld:
+            read += windows(ld, 15)
+            if rank == 0:
+                state = ld.state_dict()
+    assert state["shapes"] == [[0, B, T], [20, 3, 12]]
+    for rank in range(3):
+        with shmloader.ShmLoader(mixture(root), helpers.IntTokenizer(), 3, 12, device="cpu", rank=rank, world_size=3,
+                                 num_workers=2, timeout=60, resume_state=state) as ld:
+            got = windows(ld)
+        assert len(got) > 10
+        read += got
+    seen = Counter(int(v) for w in read for v in w if v)
+    short = 0
+    for name, (_, _, _, epochs) in SOURCES.items():
+        for token, n in tokens[name].items():
+            assert seen[token] <= epochs, (name, token, seen[token])
+            short += epochs - seen[token]
+    assert set(seen) <= set().union(*tokens.values())
+    assert short <= 3 * (3 * 12 + 1), short
+
+
 def test_a_state_of_the_new_run_resumes_exactly_on_its_own_rank(posmix):
     root, _ = posmix
     with loader(root, 0, 2) as ld:

@@ -154,7 +154,8 @@ def test_bench_trainer(demo, tmp_path, capsys, watchdog):
     assert got["syscalls"] == [] and re.search(r"^demo +concat +[\d.]+ / [\d.]+ ", text, re.M), text
 
 
-@pytest.mark.slow  # 6 fresh processes with torch (3 loaders, 2 collector modes): 30 s
+@pytest.mark.slow  # 6 fresh processes with torch (3 loaders, 2 collector modes): 30 s, past 60 s at load 6-9
+@pytest.mark.deadline(240)
 def test_bench_step_loop(demo, tmp_path, capsys, watchdog):
     text, got = bench("step_loop", tmp_path, capsys, *on_demo(demo), *TINY, "--step-ms", 2, "--block", 3,
                       "--pairs", 2, "--warmup", 3, "--repeat", 1, "--gc", "frozen", "on")

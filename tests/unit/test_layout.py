@@ -28,7 +28,7 @@ RUNTIME_MODULES = sorted(m.name for m in pkgutil.walk_packages(shmloader.__path_
 
 LAYERS = {
     "errors": 0, "position": 0, "profiling": 0, "progress": 0, "ipc": 1, "data": 2, "packing": 3, "procs": 4,
-    "config": 5, "state": 5, "sourcestate": 5, "mixstate": 5, "resume": 5, "kinds": 5, "report": 5, "cores": 5, "delivery": 5, "attention": 5, "observe": 5, "loader": 5,
+    "config": 5, "state": 5, "sourcestate": 5, "mixstate": 5, "mixchecks": 5, "mixkeys": 5, "resume": 5, "kinds": 5, "report": 5, "cores": 5, "delivery": 5, "attention": 5, "observe": 5, "loader": 5,
     "nanochat": 6, "demo": 6, "tools": 6, "__init__": 6,
 }
 CARD_TOP_LEVEL = {"setup.cfg", "shmloader", "tests", "tools"}

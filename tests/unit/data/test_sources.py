@@ -62,7 +62,8 @@ def test_a_state_is_checked_before_anything_is_read(three):
     point = {"source": "web", "skip": 3, "sources": {"web": [1, 0, 0, 1], "code": [1, 0, 1, 0]},
              "mixer": {"mixture": mix.digest, "stage": 0, "stage_batch": 0, "counted": {"web": 9, "code": 8},
                        "totals": {"web": [9, 2, 1], "code": [8, 2, 1]}, "ended": []}}
-    mark = SimpleNamespace(buffer=mixstate.point_text(point), batch=7, position=Position(1, 3, 0, 1, 3))
+    mark = SimpleNamespace(buffer=mixstate.point_text(point), batch=7, position=Position(1, 3, 0, 1, 3),
+                           read=None)
     part = mixstate.Mixed(sources)
     state = statemod.Writer(identity, resume, part).state(mark, 0xABC)
     assert [state["position"][i] for i in (1, 3, 4)] == [0, 1, 3]

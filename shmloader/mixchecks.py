@@ -1,0 +1,86 @@
+"""A mixture's resume state checked against its loader's sources (mixstate.py reads the state):
+- `replayable`: another rank's state, or one of another world size, is of a run whose places can
+  be replayed from batch 0 (packing/mixcount.py, a batch shape at a time): the mixer's `since`
+  0 under this mixture;
+- `check_sources`: every source the state and the loader share lists the state's files, unchanged
+  (name, size, footer where both know it), and may list more after them;
+- `take_added`: such files, added after a source's last, are read after the state's (said once),
+  and refused where the run is replayed or planned over the state's files or the source is
+  shuffled.
+Each returns or raises; the words say what was found and what to do.
+"""
+from __future__ import annotations
+
+from . import state as statemod
+from .data import shuffle
+from .errors import warn
+
+
+def replayable(point, mixture, rank: int):
+    """Another rank's state: this rank's run can be replayed from its start (packing/mixcount.py,
+    a batch shape at a time) only if this mixture applied since batch 0; else a ValueError."""
+    if point is None:
+        return
+    since = point.mixer.get("since")
+    if point.mixer.get("mixture") != mixture.digest or since != 0:
+        when = f"at batch {since}" if since else "at a resume"
+        raise ValueError(f"resume state is rank {rank}'s, of a run whose mixture changed {when} (other weights, "
+                         "sources or max_epochs, files added to a source, or another world size), or is not this "
+                         "loader's: the other ranks' places cannot be replayed (another rank's or another world "
+                         "size's state of a mixture resumes only a run that used this mixture and its files at one "
+                         "world size from batch 0); give each rank its own state, or resume with the mixture of "
+                         "the state")
+
+
+def check_sources(saved, sources) -> dict:
+    """Every source the state and the loader share lists the state's files, unchanged, and may
+    list more after them; returns `{source: [names of the files added after the state's]}`."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"resume state field 'mixture.sources' must be a dict, got {saved!r}")
+    added = {}
+    for name in sources.names:
+        if name not in saved:
+            continue
+        old = saved[name].get("files") if isinstance(saved[name], dict) else None
+        now = sources.source_files(name)
+        names = [f[0] for f in now]
+        if not isinstance(old, list) or not old or names[:len(old)] != [f[0] for f in old]:
+            raise ValueError(f"mixture source {name!r} lists other files than the state's "
+                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {names}): files "
+                             "removed from a source of a mixture, or added among the state's (sorting before its "
+                             "last), are not built yet; files added after a source's last file are read. Resume "
+                             "with the files the state was saved with")
+        if len(names) > len(old):
+            added[name] = names[len(old):]
+        for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's")):
+            was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
+            if was != now_is:
+                raise ValueError(f"mixture source {name!r}: resume state has {key} {was!r}, this loader has "
+                                 f"{now_is!r}: a source resumes in the {key} it was saved with")
+        for (fname, size, footer), (_, size_now, footer_now) in zip(old, now):
+            if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
+                raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
+                                 f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
+    return added
+
+
+def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
+    """Files added after a source's last (`added`, `check_sources`): read after the state's, said
+    once; refused where the run is replayed or planned over the state's files (another rank's
+    state, another world size, a run that began at a change) or its order is over every file (a
+    shuffled source)."""
+    for name, files in sorted(added.items()):
+        shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
+        why = None
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world) or plans:
+            why = (f"the state is rank {envelope.rank} of {envelope.world}'s" + (", of a run that began at a change "
+                   "of world size" if plans else "") + f", this loader rank {identity.rank} of {identity.world}: "
+                   "such a resume replays or plans the ranks' streams over the files the state was saved with; "
+                   "resume each rank from its own state to read them")
+        elif shuffle.source_shuffled(mixture, name, identity.shuffled):
+            why = "the source is shuffled: its order is over every unit of its files"
+        if why is not None:
+            raise ValueError(f"mixture source {name!r}: {len(files)} file(s) added since the state was saved "
+                             f"({shown}): not built yet here ({why}); resume with the files the state was saved with")
+        warn(f"shmloader: mixture source {name!r}: {len(files)} file(s) added since the state was saved: {shown}; "
+             "they are read after the state's files, in the source's epoch in progress and the next ones")

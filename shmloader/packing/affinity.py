@@ -1,0 +1,53 @@
+"""Which worker gets the next piece: a row group's slices stay with the workers that read it.
+
+Best fit cuts a row group into pieces of about 1 MiB of text (nanochat's 4.8 MB row groups:
+5 pieces), and a worker reads (decompresses and decodes) a piece's whole row group and keeps
+only the last one it read (data/formats/parquet.py). Handed to whichever worker is least
+loaded, consecutive slices went to both of two workers in turn, and each read every row group:
+7.5% of a best-fit worker's samples, against 2.7% for concat's whole row groups
+(docs/benchmarks.md "Best fit's workers per CPU second").
+
+The rule (`pick`), for the next piece, given every worker that may be given one:
+
+1. a worker that may take a piece (`takes`: the mode's `can_take`) and has nothing in flight
+   (idle), one that holds the piece's row group first: an idle worker never waits;
+2. else a worker that was given a piece of the same row group last (a *holder*) and may take
+   it (`takes`), or may take the row group's next slice past the pair of pieces a worker
+   otherwise holds (`continues`: the mode's `can_continue`, best fit's read-ahead cap and every
+   other bound still kept), the least loaded of them;
+3. else the least loaded worker that may take one (the rule before); else none.
+
+So with every worker busy, a worker that starts a row group takes its slices as a unit (the
+pieces it has queued hold the rest of its row group, like concat's whole row group), and the
+next row group goes to the next worker that runs short. Which worker tokenizes a piece never
+changes the stream: the mode places counted tokens from their lengths alone. Pure: no
+processes; a mode builds the `Worker` records (packing/base.py `Mode.candidates`).
+"""
+from typing import NamedTuple
+
+
+class Worker(NamedTuple):
+    """What the rule knows of one worker that may be given a piece now."""
+    index: int
+    load: tuple | None   # the mode's `load`: (pieces given and not counted, tokens held), least
+    #                      first; None for a worker that may not take a piece (never picked)
+    takes: bool          # may take a piece (`Mode.can_take`)
+    continues: bool      # may take the next slice of the row group it holds, past the pair rule
+    holds: tuple | None  # the row group `(file, rg)` it was given a piece of last, or None
+
+
+def pick(unit: tuple, workers: list) -> int | None:
+    """The worker to give the next piece, of row group `unit` `(file, rg)`, or None: no one may
+    take it now (the rule in the module's docstring)."""
+    idle = [w for w in workers if w.takes and not w.load[0]]
+    if idle:
+        return min(idle, key=lambda w: (w.holds != unit, *_least_loaded(w))).index
+    for group in ([w for w in workers if w.holds == unit and (w.takes or w.continues)],
+                  [w for w in workers if w.takes]):
+        if group:
+            return min(group, key=_least_loaded).index
+    return None
+
+
+def _least_loaded(worker: Worker) -> tuple:
+    return worker.load, worker.index
