@@ -3,6 +3,7 @@
     python tools/profile_mixture.py                        # best fit, 3 sources, 200 batches
     python tools/profile_mixture.py --packing concat --profile
     python tools/profile_mixture.py --packing concat --single   # the same documents as one source
+    python tools/profile_mixture.py --packing concat --sources 1   # a mixture of that one source
 
 A mixture's mode (packing/mixmode.py, packing/mixbestfit.py) is driven as the coordinator
 drives it: pieces handed out to 2 pretend workers, counted at once with lognormal document
@@ -11,7 +12,9 @@ every batch's slot buffer made (`buffer_of`: concat's packed point, best fit's t
 slot freed. Prints the mode's CPU time (this process's, so that other work on a shared machine
 counts less) per batch and per document (the coordinator's Python a mixture adds, which on 2
 cores the workers lose); `--single` replays the packing's own mode over one source of the same
-documents (what a mixture adds is the difference); `--weights` other weights; `--profile` adds
+documents (what a mixture adds is the difference); `--sources 1` a mixture of one source (what
+the mix costs where it has nothing to mix: against `--single`, what a plain loader would pay
+as a mixture of one); `--weights` other weights; `--profile` adds
 cProfile's top functions. Compare runs made side by side (on a shared machine, with
 `--batches 2000`: 200 batches move by half between runs).
 """
@@ -45,15 +48,18 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=int, default=200, help="batches timed (after 20 to warm up)")
     p.add_argument("--batch-size", type=int, default=16, help="B (rows)")
     p.add_argument("--seq-len", type=int, default=2048, help="T (tokens a row)")
-    p.add_argument("--weights", default="1,1,1", help="the three sources' weights (default 1,1,1)")
+    p.add_argument("--weights", default=None, help="the sources' weights (default 1 each)")
+    p.add_argument("--sources", type=int, default=3, choices=(1, 2, 3), help="the mixture's sources (default 3)")
     p.add_argument("--single", action="store_true", help="one source of the same documents instead (no mixture)")
     p.add_argument("--profile", action="store_true", help="also print cProfile's top 15 functions")
     return p.parse_args(argv)
 
 
 def mode_of(args):
-    names = ("a", "b", "c")
-    weights = [float(w) for w in args.weights.split(",")]
+    names = ("a", "b", "c")[:args.sources]
+    weights = [float(w) for w in args.weights.split(",")] if args.weights else [1.0] * len(names)
+    if len(weights) != len(names):
+        raise SystemExit(f"--weights: {len(names)} weights expected (one a source), got {args.weights!r}")
     mix = Mixture({n: n for n in names}, dict(zip(names, weights)))
     ranges = tuple(Range(n, 2 * i, 2 * i + 2) for i, n in enumerate(names))
     B, T = args.batch_size, args.seq_len
@@ -112,7 +118,8 @@ def main(argv=None) -> int:
     docs = drive(mode, slots, rng, args.batches)
     took = time.process_time() - began
     per_doc = f"{took / docs * 1e6:.1f} us a document counted" if docs else "no document counted (the buffer held them)"
-    what = "one source" if args.single else f"3 sources (weights {args.weights})"
+    what = ("one source" if args.single else "1 source as a mixture" if args.sources == 1
+            else f"{args.sources} sources (weights {args.weights or 'equal'})")
     print(f"{args.packing} over {what}, B={args.batch_size}, T={args.seq_len}: {took / args.batches * 1e3:.3f} ms "
           f"CPU a batch, {per_doc} ({docs} documents, {args.batches} batches)")
     if args.profile:

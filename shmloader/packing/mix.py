@@ -18,7 +18,10 @@ does not change, one call (`Mixer.picks`) decides every document up to the first
 cut document; tests/unit/packing/test_mix_stream.py checks the two against each other). The
 coordinator so does per block what it did per document: the rule about 0.35 µs a document, a
 replay of concat's whole mode 2.2 µs a document against 8.3 before (docs/benchmarks.md
-"Mixtures").
+"Mixtures"). Where one source takes part (a mixture of one; or one left beside sources that
+ended) the rule picks it every time, so its block is its head's next documents, to the piece's
+end (concat: the whole counted piece, one run) or its chunk's end (best fit), taken as slices of
+the head's arrays without the rule's loop (`_one_source`): the same picks, no work a document.
 
 The stream depends on the sources' document lengths only (the rule sees nothing else), so it
 is the same for any number of workers and any order of arrival. A piece that cannot be read
@@ -281,32 +284,22 @@ class MixStream:
         mixer, cap, rows = self.mixer, self.cap, [h.rows for h in heads]
         firsts = [int(r.docs_before[h.row]) for r, h in zip(rows, heads)]  # each head's next document
         limit = self._room if self._room is not None else NO_LIMIT
-        # a source's documents past the limit cannot be picked: no need to list them
-        picks = mixer.picks([r.rule(cap)[2][q:q + limit] for r, q in zip(rows, firsts)], limit)
-        if not picks:
+        if len(rows) == 1:  # one source taking part: every pick is its (the rule's loop not run)
+            picked, counts, doc_rows, doc_lengths, nexts = _one_source(rows[0], firsts[0], limit, self.chunk)
+        else:
+            picked, counts, doc_rows, doc_lengths, nexts = _mixed(mixer, rows, firsts, limit, cap, self.chunk)
+        if not len(picked):
             return
-        # each source's picks take its next documents in turn, a slice of its head's from its
-        # first: those slices end to end are the picks sorted by source (stably), so each pick's
-        # document row and length are the slices' scattered back to the picks' order
-        counts = tuple(picks.count(i) for i in range(len(rows)))
-        picked = np.array(picks, dtype=np.intp)
-        order = np.argsort(picked, kind="stable")
-        doc_lengths = np.empty(len(picks), dtype=np.int64)
-        doc_lengths[order] = np.concatenate([r.doc_lengths[q:q + k] for r, q, k in zip(rows, firsts, counts)])
         m = self._in_stage(doc_lengths)
         if m == 0:
             return
-        doc_rows = np.empty(len(picks), dtype=np.int64)
-        doc_rows[order] = np.concatenate([r.live[q:q + k] for r, q, k in zip(rows, firsts, counts)])
         if self.chunk is not None:  # the block stops after the first document that ends a chunk
-            nexts = np.empty(len(picks), dtype=np.int64)
-            nexts[order] = np.concatenate([r.after[q:q + k] for r, q, k in zip(rows, firsts, counts)])
             j = first_end(rows, picked, doc_rows, nexts, self.chunk)
             if j < m:
                 m, self.chunk_ended, self._room = j + 1, True, 0
-        if m < len(picks):
-            picks, picked, doc_rows, doc_lengths = picks[:m], picked[:m], doc_rows[:m], doc_lengths[:m]
-            counts = tuple(picks.count(i) for i in range(len(rows)))
+        if m < len(picked):
+            picked, doc_rows, doc_lengths = picked[:m], doc_rows[:m], doc_lengths[:m]
+            counts = (m,) if len(rows) == 1 else tuple(np.bincount(picked, minlength=len(rows)).tolist())
         block = Block(self._at(), tuple(names), tuple(rows), tuple(firsts), cap, picked, counts, doc_rows, doc_lengths)
         self._emit(names, heads, block)
         for name, r, q, k, head in zip(names, rows, firsts, counts, heads):
@@ -380,6 +373,39 @@ class MixStream:
         return False
 
 
+def _one_source(rows: Rows, q: int, limit: int, chunk) -> tuple:
+    """`_mixed`'s picks where one source takes part: the rule picks it every time (`Mixer.picks`
+    with one share), so the block is its head's next documents, to the piece's end or the limit:
+    slices of the head's arrays, no work a document."""
+    m = min(limit, len(rows.live) - q)
+    return (np.zeros(m, dtype=np.intp), (m,), rows.live[q:q + m], rows.doc_lengths[q:q + m],
+            rows.after[q:q + m] if chunk is not None else None)
+
+
+def _mixed(mixer: Mixer, rows: list, firsts: list, limit: int, cap, chunk) -> tuple:
+    """`(picks, counts, doc_rows, doc_lengths, nexts)`: the rule's picks over heads `rows` (each
+    source's next document at `firsts`), each pick's source as an array, the picks of each
+    source, each pick's document's row, length and, with a `chunk`, the row after it (past the
+    nulls)."""
+    # a source's documents past the limit cannot be picked: no need to list them
+    picks = mixer.picks([r.rule_list(cap)[q:q + limit] for r, q in zip(rows, firsts)], limit)
+    if not picks:
+        return np.zeros(0, dtype=np.intp), (), None, None, None
+    # each source's picks take its next documents in turn, a slice of its head's from its
+    # first: those slices end to end are the picks sorted by source (stably), so each pick's
+    # document row and length are the slices' scattered back to the picks' order
+    counts = tuple(picks.count(i) for i in range(len(rows)))
+    picked = np.array(picks, dtype=np.intp)
+    order = np.argsort(picked, kind="stable")
+
+    def scattered(name: str) -> np.ndarray:
+        out = np.empty(len(picks), dtype=np.int64)
+        out[order] = np.concatenate([getattr(r, name)[q:q + k] for r, q, k in zip(rows, firsts, counts)])
+        return out
+    nexts = scattered("after") if chunk is not None else None
+    return picked, counts, scattered("live"), scattered("doc_lengths"), nexts
+
+
 def ends_chunk(start, row, after, size, chunk):
     """Whether the document at `row` of a piece of `size` rows starting at row `start` of its
     step (row group or shuffled window) ends one of its source's best-fit chunks (rows `[k·chunk,
@@ -392,7 +418,10 @@ def ends_chunk(start, row, after, size, chunk):
 def first_end(rows: list, picked: np.ndarray, doc_rows: np.ndarray, nexts: np.ndarray, chunk: int) -> int:
     """The first of a block's picks whose document ends a chunk (`ends_chunk`; `nexts`: the row
     after each, past the nulls), or the number of picks."""
-    starts = np.array([r.piece.doc_start for r in rows], dtype=np.int64).take(picked)
-    sizes = np.array([len(r.sizes) for r in rows], dtype=np.int64).take(picked)
+    if len(rows) == 1:  # one head: its start and size for every pick
+        starts, sizes = rows[0].piece.doc_start, len(rows[0].sizes)
+    else:
+        starts = np.array([r.piece.doc_start for r in rows], dtype=np.int64).take(picked)
+        sizes = np.array([len(r.sizes) for r in rows], dtype=np.int64).take(picked)
     hits = np.flatnonzero(ends_chunk(starts, doc_rows, nexts, sizes, chunk))
     return int(hits[0]) if len(hits) else len(picked)

@@ -155,6 +155,8 @@ class MixPieceTable(PieceTable):
 
     def tokens_by_source(self, ids: np.ndarray, tokens: np.ndarray) -> list:
         """The sum of `tokens` of documents `ids` by source, a Python int a source."""
+        if len(self._firsts) == 1:  # every document is the one source's
+            return [int(tokens.sum())]
         bases, _, _, sources = self._mix_tables()
         which = sources.take(bases.searchsorted(ids, side="right") - 1)
         return np.bincount(which, weights=tokens, minlength=len(self._firsts)).astype(np.int64).tolist()

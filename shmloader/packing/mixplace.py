@@ -8,8 +8,10 @@ batches' ends, one `Copies` row a segment (packing/mixmode.py sends them); a pie
 once its last run is placed. A block's stretch is placed from its documents (`Block`: each
 one's length and row), its runs the picks of one source in a row: no `Run` is made, and a
 batch's end names the document it falls in, where the mix stood there made from the block
-(`mixruns.point_of`). Only a stretch of one run, or one that goes on with a run begun before
-its block (a resumed cut document), is placed from its run arrays (`Stretch.arrays`).
+(`mixruns.point_of`); a block of one run (its picks all one source's: a mixture of one) is one
+run from its first document's row, its documents end to end. Only a stretch of one run, or one
+that goes on with a run begun before its block (a resumed cut document), is placed from its run
+arrays (`Stretch.arrays`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,16 @@ class _Span:
         self.stretch, self.start, self.docs_before = stretch, start, docs_before
         rows, block = stretch.rows, stretch.block
         index = np.array([r.piece.index for r in rows], dtype=np.int64)
-        if block is not None and stretch.first is None:
+        if block is not None and stretch.first is None and block.counts.count(0) == len(block.counts) - 1:
+            # a block of one run (its picks all one source's: a mixture of one, or a source that
+            # ended or weighs nothing beside it): its documents end to end in its piece
+            self.doc_ends = start + np.cumsum(block.doc_lengths)
+            i = int(block.picks[0])
+            self.ends, self.starts = self.doc_ends[-1:], np.array([start])
+            which, self.src = block.picks[:1], rows[i].before[block.doc_rows[:1]]
+            self.last = np.array([bool(stretch.used_up())])
+            self.docs = len(block.picks)
+        elif block is not None and stretch.first is None:
             picks = block.picks
             self.doc_ends = start + np.cumsum(block.doc_lengths)
             opened = np.flatnonzero(np.concatenate(([True], picks[1:] != picks[:-1])))  # each run's first pick

@@ -81,32 +81,49 @@ class Rows:
     """A counted piece's rows, as the stream reads them (never changed once made): its lengths,
     as an array and as Python ints, its documents' rows (`live`, non-null) and lengths, the row
     after each document (past the nulls after it), the tokens before each row (`before`, one
-    more entry: the piece's total) and the documents before each row (`docs_before`)."""
+    more entry: the piece's total) and the documents before each row (`docs_before`). A piece
+    without nulls (the usual one) has its documents' rows and counts as ranges, not searched."""
 
-    __slots__ = ("piece", "lengths", "sizes", "live", "before", "docs_before", "doc_lengths", "after", "_rule")
+    __slots__ = ("piece", "lengths", "sizes", "live", "before", "docs_before", "doc_lengths", "after", "_rule",
+                 "_list")
 
     def __init__(self, piece, lengths: np.ndarray):
         self.piece, self.lengths = piece, lengths
+        n = len(lengths)
         self.sizes = lengths.tolist()
-        self.live = np.flatnonzero(lengths)
-        self.before = np.zeros(len(lengths) + 1, dtype=np.int64)
+        self.before = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=self.before[1:])
-        self.docs_before = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths > 0, out=self.docs_before[1:])
-        self.doc_lengths = lengths[self.live]
-        self.after = np.append(self.live[1:], len(lengths))
-        self._rule = None
+        if np.count_nonzero(lengths) == n:
+            self.live = np.arange(n)
+            self.docs_before = np.arange(n + 1)
+            self.doc_lengths = lengths
+            self.after = np.arange(1, n + 1)
+        else:
+            self.live = np.flatnonzero(lengths)
+            self.docs_before = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lengths > 0, out=self.docs_before[1:])
+            self.doc_lengths = lengths[self.live]
+            self.after = np.append(self.live[1:], n)
+        self._rule = self._list = None
 
     def rule(self, cap: int | None) -> tuple:
-        """`(lengths, before, as a list)`: its documents' lengths as the mixer counts them (up to
-        `cap`, the same every call), the sum of those before each (one more entry: their
-        total), and the lengths as Python ints (what `Mixer.picks` reads)."""
+        """`(lengths, before)`: its documents' lengths as the mixer counts them (up to `cap`, the
+        same every call) and the sum of those before each (one more entry: their total)."""
         if self._rule is None:
             lengths = self.doc_lengths if cap is None else np.minimum(self.doc_lengths, cap)
-            before = np.zeros(len(lengths) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=before[1:])
-            self._rule = lengths, before, lengths.tolist()
+            if cap is None and len(lengths) == len(self.lengths):
+                self._rule = lengths, self.before  # no nulls, no cap: its rows' sums
+            else:
+                before = np.zeros(len(lengths) + 1, dtype=np.int64)
+                np.cumsum(lengths, out=before[1:])
+                self._rule = lengths, before
         return self._rule
+
+    def rule_list(self, cap: int | None) -> list:
+        """`rule(cap)`'s lengths as Python ints (what `Mixer.picks` reads)."""
+        if self._list is None:
+            self._list = self.rule(cap)[0].tolist()
+        return self._list
 
 
 class Block(NamedTuple):
@@ -246,12 +263,13 @@ class Stretch:
         b = self.block
         if b is None:
             return self.run(0)
-        picks, m = b.picks, len(b.picks)
-        i = int(picks[-1])
-        j = m - 1
-        while j and picks[j - 1] == i:  # back to the last run's first pick
-            j -= 1
-        rows, q, n = b.rows[i], b.firsts[i], b.nth(j)   # n: that pick is the source's n-th
+        picks = b.picks
+        i, j = int(picks[-1]), len(picks) - 1
+        if j and picks[j - 1] == i:  # a run of more than one pick: back to its first by one array call
+            others = np.flatnonzero(picks[:j] != i)
+            j = int(others[-1]) + 1 if len(others) else 0
+        # n: that pick is the source's n-th (the source's picks from it on are the last run's)
+        rows, q, n = b.rows[i], b.firsts[i], b.counts[i] - (len(picks) - j) + 1
         lo = self.covered[i] if n == 1 else int(rows.after[q + n - 2])
         hi = int(rows.after[q + b.counts[i] - 1])
         at = self.first if j == 0 and self.first is not None else At(b, j)

@@ -260,6 +260,11 @@ def test_bench_mixture(demo, tmp_path, capsys, watchdog):
     assert sorted(got["rows"]) == ["before mixture", "before single", "mixture", "single"]
     assert got["config"]["single"] == "files" and len(got["before"]["tokens_per_s_ratio"]) == 1
     assert "before (tokens/s" in text and "its 3 sources' files as one source" in text
+    # a mixture of the single source itself
+    text, got = bench("mixture", tmp_path, capsys, *on_demo(demo), "--workers", 1, *TINY, "--seconds", 0.5,
+                      "--repeat", 1, "--paced-batches", 0, "--sources", 1)
+    assert sorted(got["rows"]) == ["mixture", "single"] and got["config"]["sources"] == ["x"]
+    assert "a mixture of that one source against the corpus as one source" in text
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
@@ -272,6 +277,9 @@ def test_profile_mixture(capsys, packing):
     assert profile_mixture.main(["--packing", packing, "--batches", "3", "--batch-size", "2", "--seq-len", "64",
                                  "--single", "--weights", "5,3,2"]) == 0
     assert f"{packing} over one source" in capsys.readouterr().out
+    assert profile_mixture.main(["--packing", packing, "--batches", "3", "--batch-size", "2", "--seq-len", "64",
+                                 "--sources", "1"]) == 0
+    assert f"{packing} over 1 source as a mixture" in capsys.readouterr().out
 
 
 def test_bench_elastic(demo, tmp_path, capsys, watchdog):

@@ -4,12 +4,16 @@
     python tools/bench/mixture.py --corpus nanochat --quick
     python tools/bench/mixture.py --packing bos_bestfit
     python tools/bench/mixture.py --compare ../other-checkout   # before and after, interleaved
+    python tools/bench/mixture.py --sources 1      # a mixture of one source against that source
 
 The corpus's documents are dealt into three sources (document i to source i % 3), each written
 as 3 files (the last its val file) with its own row-group size (256, 64 and 512 documents), and
 read as `Mixture({a, b, c}, {a: 1, b: 1, c: 1})`; the single source is the corpus itself, or with
 `--single files` the sources' own train files read as one source (the same documents in the same
-row groups: what mixing costs, without the smaller row groups of one source). Each
+row groups: what mixing costs, without the smaller row groups of one source). With `--sources 1`
+the mixture is the single source itself, `Mixture({x: single}, {x: 1})`: the same batches
+(tests/loader/test_one_source_mixture.py), so what the mix's machinery costs where it has
+nothing to mix. Each
 row is a loader in a fresh process read as fast as it goes for `--seconds` (tools/bench/loaders.py
 says what a row measures: tokens/s from the first batch, the training process's CPU per
 batch), `--packing` (concat by default), `--workers` workers; the two rows alternate, `--repeat` rounds, and the report
@@ -50,6 +54,9 @@ def parse_args(argv=None):
                    help="batches timed at a trainer's pace (default 200; 0: no rows at a trainer's pace)")
     p.add_argument("--single", choices=("corpus", "files"), default="corpus",
                    help="the single source: the corpus itself (default), or the three sources' train files as one")
+    p.add_argument("--sources", type=int, choices=(1, 3), default=3,
+                   help="the mixture's sources: 3 (the corpus dealt in three), or 1 (the single source as a "
+                        "mixture of one)")
     children.add_compare_arg(p)
     corpora.add_args(p, many=False)
     results.add_json_arg(p, "mixture")
@@ -133,18 +140,19 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     began = results.begin()
     corpus = corpora.resolve(args)[0]
-    mixed = sources(corpus, args.cache_dir)
+    mixed = sources(corpus, args.cache_dir) if args.sources == 3 or args.single == "files" else None
     single = corpus.data if args.single == "corpus" else same_files(mixed)
     base = {"kind": "shmloader", "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
             "seconds": args.seconds, "tokenizer": corpus.tokenizer, "data": single, "packing": args.packing}
+    mixture = ({"sources": mixed, "weights": dict.fromkeys(mixed, 1)} if args.sources == 3
+               else {"sources": {"x": single}, "weights": {"x": 1}})
     rows = {}  # "single", "mixture", their "_paced" rows; with --compare also "before <row>"
     with children.checkouts(args.compare) as cks:
         for paced in ([False, True] if args.paced_batches else [False]):
             for i in range(args.repeat):
                 for ck in (cks if i % 2 == 0 else cks[::-1]):
                     for kind in ("single", "mixture") if i % 2 == 0 else ("mixture", "single"):
-                        cfg = dict(base, mixture={"sources": mixed, "weights": dict.fromkeys(mixed, 1)}
-                                   if kind == "mixture" else None)
+                        cfg = dict(base, mixture=mixture if kind == "mixture" else None)
                         if paced:
                             cfg.update(step_ms=args.step_ms, batches=args.paced_batches)
                         row = ("before " if ck.label == "before" else "") + kind + ("_paced" if paced else "")
@@ -153,7 +161,7 @@ def main(argv=None) -> int:
                         fn = "mixture:paced" if paced else "loaders:loader_child"
                         rows.setdefault(row, []).append(children.run(fn, cfg, ck))
     figures = {"config": {"corpus": corpus.name, "packing": args.packing, "workers": args.workers, "B": args.batch_size, "T": args.seq_len,
-                          "seconds": args.seconds, "repeat": args.repeat, "sources": list(ROW_GROUPS),
+                          "seconds": args.seconds, "repeat": args.repeat, "sources": list(mixture["sources"]),
                           "step_ms": args.step_ms, "paced_batches": args.paced_batches,
                           "compare": str(args.compare) if args.compare else None, "single": args.single},
                "rows": rows, **ratios(rows, "")}
@@ -182,7 +190,8 @@ def ratios(rows: dict, prefix: str) -> dict:
 def report(run: dict) -> str:
     c = run["config"]
     what = "its 3 sources' files as one source" if c.get("single") == "files" else "the corpus as one source"
-    out = [f"a mixture of 3 sources against {what}, {c['corpus']} corpus, "
+    mixed = "of 3 sources" if len(c.get("sources", "abc")) == 3 else "of that one source"
+    out = [f"a mixture {mixed} against {what}, {c['corpus']} corpus, "
            f"{c.get('packing', 'concat')}, "
            f"{c['workers']} workers, B={c['B']}, T={c['T']}, {c['repeat']} rounds of {c['seconds']:g} s a row; "
            f"load average at the start {run['machine']['load_average']}"]

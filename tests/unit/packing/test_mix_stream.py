@@ -270,8 +270,9 @@ def seen(runs, rng) -> list:
     return out
 
 
+# (1, 0, 0), (0, 1, 0): one source takes part (a mixture of one: its blocks are slices, no rule run)
 BLOCK_CASES = given(seed=st.integers(0, 10**6), weights=st.sampled_from([(1, 1, 1), (5, 3, 2), (1, 0, 1),
-                                                                        (0.8, 0.15, 0.05)]),
+                                                                        (0.8, 0.15, 0.05), (1, 0, 0), (0, 1, 0)]),
                     staged=st.booleans(), cap=st.sampled_from([None, None, 100, 401]), ends=st.booleans(),
                     limits=st.sampled_from([None, (1, 7, 128)]), first=st.booleans(),
                     chunk=st.sampled_from([None, 4, 16]))
