@@ -11,8 +11,9 @@
   source resumes it (data/order.py `nanochat_position`: the next stride after its row group, in
   the source), its mixer fresh; the keys become the run's `origin` (`origin_point`: where each
   rank's stream began, which a replay of another rank's state starts from, mixstate.py).
-- `approximately`: with `other_rank="nanochat"`, another rank's or world size's state resumes a
-  mixture of one source the same way from its keys, with a warning.
+- `approximately`: with `other_rank="nanochat"`, another rank's or world size's state of this
+  one source (`of_one_source`) resumes a mixture of one source the same way from its keys, with
+  a warning; a state of several sources resumes it exactly or is refused, as below.
 Several sources refuse a state of nanochat's keys alone and ignore `other_rank` (exact).
 """
 from __future__ import annotations
@@ -36,10 +37,17 @@ def of_mark(sources, mark, position: Position) -> tuple:
 def read_of(sources, state: dict) -> RowGroup | None:
     """The row group (the run's numbering) a resumed run's states say before its first batch: a
     state of a mixture of one source and of this one, its keys; else None (the position's)."""
-    if len(sources.names) != 1 or list(state["mixture"].get("sources") or ()) != list(sources.names):
+    if not of_one_source(sources, state):
         return None
     pq, rg, epoch = state_keys(sources, state)
     return RowGroup(*sources.to_run(sources.names[0], Position(epoch, pq, rg))[:3])
+
+
+def of_one_source(sources, state: dict) -> bool:
+    """Whether `state` is of a mixture of this loader's one source, and of it alone (its nanochat
+    keys are then that source's; a state of several sources says where its next token is, in
+    whichever source)."""
+    return len(sources.names) == 1 and list(state["mixture"].get("sources") or ()) == list(sources.names)
 
 
 def origin(sources, state: dict) -> dict | None:

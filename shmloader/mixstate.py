@@ -184,8 +184,8 @@ class Mixed:
         rules = mixrules.of_state(state)
         added = mixchecks.check_sources(mixed.get("sources"), sources)
         origin = mixkeys.origin(sources, state)
-        if (envelope.rank, envelope.world) != (identity.rank, identity.world) and len(sources.names) == 1 \
-                and identity.other_rank == "nanochat":  # approximately, as one source resumes any state
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world) and identity.other_rank == "nanochat" \
+                and mixkeys.of_one_source(sources, state):  # approximately, as one source resumes any of its states
             return mixkeys.approximately(sources, state, identity, envelope)
         plans = mixed.get("plans")
         if plans is not None and not isinstance(plans, dict):

@@ -162,7 +162,8 @@ def _replay(resume: statemod.Resume, part: Part, config, args, heal, rank: int, 
     layout = RingLayout(2, 1, config.num_workers)
     while True:
         count = part.replay(resume, dataclasses.replace(args, rank=rank, world=world, layout=layout), config)
-        found = _counted(config, layout, count, heal, args, resume.batch - count.locate[2], resume.batch, shows)
+        _, end, first = count.locate  # this step's: a mixture's replay is one a batch shape
+        found = _counted(config, layout, count, heal, args, end - first, end, shows)
         if found.position is None:  # a mixture ends (one source's epochs go on)
             raise DataError(f"rank {rank} of {world}: its stream ended before batch {resume.batch} of the state: "
                             f"{found.runs}")

@@ -326,6 +326,16 @@ class Children:
                 pass
         raise ChildLost(text, procs[0].pid, held, stalled_s, worker=stall.workers[0] if stall.workers else None)
 
+    def blame(self, lost: ChildLost) -> ChildLost:
+        """`lost`, or the coordinator's loss when a worker's was seen and the coordinator is gone
+        too (its workers exit on its pipe's end, and on a loaded machine one's exit can show before
+        the coordinator's): nothing the worker held is then suspect (procs/heal.py's poison rule),
+        and only a start of every process heals it."""
+        if lost.worker is None or self.coordinator.is_alive():
+            return lost
+        return ChildLost(f"{lost}, and the coordinator (pid {self.coordinator.pid}) is gone: "
+                         f"{_exit_text(self.coordinator.exitcode)}", self.coordinator.pid)
+
     def replace_worker(self, i: int, poisoned: tuple, suspects: tuple) -> bool:
         """Worker `i` died: start a new one at its index and pass its pipe's end to the
         coordinator (`Replace`), which gives it again what the old one held (coordinator.py);

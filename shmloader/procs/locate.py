@@ -31,6 +31,7 @@ def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None, progre
             except ChildLost as lost:
                 if heal is None:
                     raise errors.WorkerError(str(lost)) from None
+                lost = kids.blame(lost)
                 spans = heal(lost, kids.files)
                 if lost.worker is not None and kids.replace_worker(lost.worker, *spans):
                     continue

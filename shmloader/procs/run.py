@@ -337,8 +337,9 @@ class Runs:
         with self._lock:
             if self.closed is not None:
                 raise LoaderClosed(self.closed)
-            used = self.allow(lost, mark.position)
             run = self.run
+            lost = run.children.blame(lost) if run is not None else lost
+            used = self.allow(lost, mark.position)
             if (lost.worker is not None and run is not None
                     and run.children.replace_worker(lost.worker, *self.poison.spans(run.children.files))):
                 how = f"worker {lost.worker} is replaced, the other processes go on"

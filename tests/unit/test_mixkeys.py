@@ -35,6 +35,15 @@ def test_a_resumed_runs_first_keys_are_its_states_over_the_same_one_source():
     assert mixkeys.read_of(sources("x", "y"), dict(state, mixture={"sources": {"x": {}, "y": {}}})) is None
 
 
+def test_only_a_state_of_this_one_source_gives_its_keys():
+    """`of_one_source` decides `read_of` and `other_rank="nanochat"` (mixstate.py): a state of
+    sources x and y whose next token is y's says y's row group, never x's."""
+    assert mixkeys.of_one_source(sources("x"), {"mixture": {"sources": {"x": {}}}})
+    assert not mixkeys.of_one_source(sources("x"), {"mixture": {"sources": {"x": {}, "y": {}}}})
+    assert not mixkeys.of_one_source(sources("x"), {"mixture": {"sources": {"y": {}}}})
+    assert not mixkeys.of_one_source(sources("x", "y"), {"mixture": {"sources": {"x": {}, "y": {}}}})
+
+
 def test_an_origin_is_a_one_source_runs_and_checked():
     assert mixkeys.origin(sources("x"), {"origin": None}) is None
     keys = {"pq_idx": 1, "rg_idx": 2, "epoch": 1}

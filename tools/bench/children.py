@@ -107,5 +107,5 @@ def run(fn: str, cfg: dict, checkout: Checkout) -> dict:
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.wait(timeout=10)
         proc.stdout.close()

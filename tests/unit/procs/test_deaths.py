@@ -31,6 +31,9 @@ class StandIn:
     def join(self, timeout=None):
         pass
 
+    def is_alive(self):
+        return self._code is None
+
     def close(self):
         os.close(self.sentinel)
         if self._code is None:
@@ -83,3 +86,17 @@ def test_clean_exits_with_no_other_death_name_the_clean_one_after_the_grace(kids
     with pytest.raises(childmod.ChildLost) as lost:
         kids.raise_death([kids.workers[0].sentinel])
     assert "worker 0" in str(lost.value) and "exit code 0" in str(lost.value), str(lost.value)
+
+
+def test_a_workers_loss_whose_coordinator_is_gone_too_is_the_coordinators(kids):
+    """A loss named a worker's (the coordinator's kill showed after the grace) while the
+    coordinator is gone by the heal: the heal starts every process again (no replacement sent to a
+    dead coordinator: a BrokenPipeError out of next() under load), and what the worker held is
+    not suspect of poison."""
+    held = object()
+    lost = childmod.ChildLost("worker 0 (pid 1) died: exit code 0", 1, held, worker=0)
+    assert kids.blame(lost) is lost  # the coordinator lives: the worker is replaced alone
+    kids.coordinator.exit(-signal.SIGKILL)
+    blamed = kids.blame(lost)
+    assert blamed.worker is None and blamed.held is None and blamed.pid == kids.coordinator.pid
+    assert "the coordinator" in str(blamed) and "SIGKILL" in str(blamed), str(blamed)
