@@ -269,6 +269,22 @@ class Mode:
         a row group's slices stay with the workers that read it, when the loads allow)."""
         return affinity.pick((piece.file, piece.rg), candidates)
 
+    def hand_out(self, workers, ahead) -> tuple:
+        """One turn of handing out pieces in order (the coordinator's `_assign`, until it says
+        no one): `(worker, piece)`, the next piece (`ahead`, the one taken from the order and not
+        given yet, else the order's next) taken by the worker `pick` chose among `workers`; or
+        `(None, ahead)` when no one may take it now (`None` for the piece: none was taken from
+        the order, as no worker may take one). `next(self.pieces)` may raise a `DataError`."""
+        candidates = self.candidates(workers)
+        if ahead is None:
+            if not any(w.takes or w.continues for w in candidates):
+                return None, None
+            ahead = next(self.pieces)
+        worker = self.pick(ahead, candidates)
+        if worker is not None:
+            self.take(worker, ahead)
+        return worker, ahead
+
     def take(self, worker: int, piece):
         self.owner[piece.index], self.specs[piece.index] = worker, piece
         self._in_flight[piece.index] = (worker, piece.text_bytes)

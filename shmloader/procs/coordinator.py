@@ -408,23 +408,19 @@ class _Coordinator:
         while not self.planned_out:
             # asked at every turn of the loop (best fit's workers mostly may not take one, its
             # read-ahead at its cap): nothing more is asked of the mode while none may
-            workers = mode.candidates(w for w in range(len(self.workers)) if w not in self.dead and w not in unready)
-            if self._ahead is None:
-                if not any(w.takes or w.continues for w in workers):
-                    return
-                try:
-                    self._ahead = next(mode.pieces)
-                except DataError as exc:  # a file of the order cannot be read: the stream stops at the piece
-                    self.planned_out = True   # that would come next, or (a mode that cannot hold it) raised now
-                    if not mode.failed(self.next_piece, Error.of(f"coordinator (pid {os.getpid()})", exc)):
-                        raise
-                    return
-            i = mode.pick(self._ahead, workers)
-            if i is None:
+            live = (w for w in range(len(self.workers)) if w not in self.dead and w not in unready)
+            try:
+                i, piece = mode.hand_out(live, self._ahead)
+            except DataError as exc:  # a file of the order cannot be read: the stream stops at the piece
+                self.planned_out = True   # that would come next, or (a mode that cannot hold it) raised now
+                if not mode.failed(self.next_piece, Error.of(f"coordinator (pid {os.getpid()})", exc)):
+                    raise
                 return
-            piece, self._ahead = self._ahead, None
+            if i is None:
+                self._ahead = piece
+                return
+            self._ahead = None
             self.next_piece = piece.index + 1
-            mode.take(i, piece)
             self._given[piece.index] = piece
             if len(self._given) > GIVEN_PRUNE:
                 self._prune_given()

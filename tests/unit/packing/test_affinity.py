@@ -109,16 +109,10 @@ def simulate(workers: int, rule=None, ticks: int = 400, slow=()) -> dict:
         orders, _ = turn(mode, slots)
         for order in orders:  # a batch's placements come in one order a worker
             batches.setdefault(order.batch, []).extend(order.placements.tolist())
-        while True:  # _assign
-            candidates = mode.candidates(range(workers))
-            if ahead is None:
-                if not any(w.takes or w.continues for w in candidates):
-                    break
-                ahead = next(mode.pieces)
-            w = mode.pick(ahead, candidates)
+        while True:  # the coordinator's _assign: its turns
+            w, ahead = mode.hand_out(range(workers), ahead)
             if w is None:
                 break
-            mode.take(w, ahead)
             queues[w].append(ahead)
             ahead = None
         idle += sum(1 for q in queues if not q) if ahead is not None else 0
