@@ -33,7 +33,7 @@ other runs are refused, `mixchecks.replayable`, and so is a second change of wor
 of a run that began at one counts from there, its `since`); a mixture of one source, also a state
 of nanochat's keys alone and, with `other_rank="nanochat"`, another rank's or world size's
 state approximately, as one source (mixkeys.py: the keys become the run's `origin`, where a
-replay of its other ranks starts; such a run's change of world size is refused);
+replay of its other ranks starts, also at a change of world size, as one source's);
 the config as state.py checks it; another B or T as there; every source the state and the loader
 share must list the state's files (name, size, footer where both know it), and may list more
 after them (`mixchecks.check_sources`: files added after a source's last, as a shard that sorts last makes
@@ -198,14 +198,9 @@ class Mixed:
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
             mixchecks.replayable(point, sources.mixture, envelope.rank)
-            if origin is not None:
-                raise ValueError(f"resume state was saved at world_size {envelope.world} by a run that began from "
-                                 f"nanochat's keys, and this loader has {identity.world}: a change of world size of "
-                                 "such a mixture is not built yet; resume at the state's world size, or with "
-                                 "other_rank='nanochat'")
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
-                                   mix=json.loads(text) if text is not None else None, mix_rules=rules)
+                                   mix=json.loads(text) if text is not None else None, mix_rules=rules, origin=origin)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
             mixchecks.replayable(point, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),

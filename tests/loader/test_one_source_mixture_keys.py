@@ -7,7 +7,8 @@ read as a client reads it: `ShmLoader(Mixture({"x": d}, {"x": 1}))` against `Shm
   ended in is not its position's), and before the first batch of a resumed run.
 - A state of nanochat's keys alone resumes it where it resumes the source (the same batches), and
   another rank's state of that run is replayed from those keys (rank 1 of 2 from rank 0's state
-  gives rank 1's own batches).
+  gives rank 1's own batches), and so is a state of that run resumed at another world size
+  (2 -> 3 ranks: every new rank's batches are the source's).
 - `other_rank="nanochat"` resumes it approximately as it resumes the source: the same batches.
 A mixture of several sources keeps its own keys (the document the next token is in, in its
 source): tests/loader/test_mixture.py."""
@@ -86,10 +87,27 @@ def test_a_nanochat_state_resumes_it_as_it_resumes_the_source(dirs, kw):
     k = 9
     again, _ = run(one(dirs["a"]), N - k - 1, resume_state=zero[k], rank=1, world_size=2, **kw)
     assert same(again, got[k + 1:])
-    # not yet: such a run's change of world size (one source's best fit deals its places otherwise)
-    with pytest.raises(ValueError, match="a change of world size of such a mixture is not built yet"):
-        shmloader.ShmLoader(one(dirs["a"]), IntTokenizer(), B, T, device="cpu", resume_state=zero[k], rank=0,
-                            world_size=3, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
+@pytest.mark.parametrize("nanochat,old_rank,n", [({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, 1, 5),
+                                                 ({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, 0, 20),
+                                                 ({"pq_idx": 1, "rg_idx": 2, "epoch": 1}, 1, 5)])
+def test_a_run_begun_from_nanochat_keys_changes_world_size_as_the_source(dirs, kw, nanochat, old_rank, n):
+    """A run begun from nanochat's keys at 2 ranks, its state after `n` batches resumed at 3: every
+    new rank's batches and keys are the source's, byte for byte (the old ranks replayed from
+    where the keys put them, its `origin`, not from the run's start), and so are those of the
+    new run's own state resumed; its states keep the origin."""
+    _, wstates = run(dirs["a"], n, resume_state=nanochat, rank=old_rank, world_size=2, **kw)
+    _, gstates = run(one(dirs["a"]), n, resume_state=nanochat, rank=old_rank, world_size=2, **kw)
+    for rank in range(3):
+        want, wnext = run(dirs["a"], 20, resume_state=wstates[-1], rank=rank, world_size=3, **kw)
+        got, gnext = run(one(dirs["a"]), 20, resume_state=gstates[-1], rank=rank, world_size=3, **kw)
+        assert same(got, want) and keys(gnext) == keys(wnext), rank
+        assert gnext[-1]["origin"] == nanochat
+    k = 7  # the new run's own state (the last rank's) resumes it on
+    again, _ = run(one(dirs["a"]), 20 - k - 1, resume_state=gnext[k], rank=2, world_size=3, **kw)
+    assert same(again, got[k + 1:])
 
 
 @pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
