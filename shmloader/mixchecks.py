@@ -3,13 +3,17 @@
   be replayed from batch 0 (packing/mixcount.py, a batch shape at a time): the mixer's `since`
   0 under this mixture;
 - `check_sources`: every source the state and the loader share lists the state's files, unchanged
-  (name, size, footer where both know it), and may list more after them;
-- `take_added`: such files, added after a source's last, are read after the state's (said once),
-  and refused where the run is replayed or planned over the state's files or the source is
-  shuffled.
+  (name, size, footer where both know it), and may list more, wherever they sort (`Listed`: the
+  files added, and each source's order of its epoch in progress: the state's files, then the
+  new ones, as one source's `_check_files` makes it);
+- `take_added`: such files are read after the state's in the source's epoch in progress and in
+  their sorted place from its next epoch on (said once, data/sources.py `reorder`), and refused
+  where the run is replayed or planned over the state's files or the source is shuffled.
 Each returns or raises; the words say what was found and what to do.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from . import state as statemod
 from .data import shuffle
@@ -32,41 +36,53 @@ def replayable(point, mixture, rank: int):
                          "the state")
 
 
-def check_sources(saved, sources) -> dict:
+class Listed(NamedTuple):
+    """What `check_sources` found: `added`, `{source: [names of its files new to the state]}`;
+    `orders`, `{source: its files (indices into its sorted files now) in the order of its epoch
+    in progress}`: the state's, then those added (sorted), for every source the state lists."""
+    added: dict
+    orders: dict
+
+
+def check_sources(saved, sources) -> Listed:
     """Every source the state and the loader share lists the state's files, unchanged, and may
-    list more after them; returns `{source: [names of the files added after the state's]}`."""
+    list more (see `Listed`)."""
     if not isinstance(saved, dict):
         raise ValueError(f"resume state field 'mixture.sources' must be a dict, got {saved!r}")
-    added = {}
+    added, orders = {}, {}
     for name in sources.names:
         if name not in saved:
             continue
         old = saved[name].get("files") if isinstance(saved[name], dict) else None
         now = sources.source_files(name)
-        names = [f[0] for f in now]
-        if not isinstance(old, list) or not old or names[:len(old)] != [f[0] for f in old]:
+        index = {f[0]: i for i, f in enumerate(now)}
+        if (not isinstance(old, list) or not old or not all(isinstance(f, list) and len(f) == 3 for f in old)
+                or any(f[0] not in index for f in old) or len({f[0] for f in old}) != len(old)):
             raise ValueError(f"mixture source {name!r} lists other files than the state's "
-                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {names}): files "
-                             "removed from a source of a mixture, or added among the state's (sorting before its "
-                             "last), are not built yet; files added after a source's last file are read. Resume "
-                             "with the files the state was saved with")
-        if len(names) > len(old):
-            added[name] = names[len(old):]
+                             f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
+                             "files removed from a source of a mixture are not built yet; files added to it are "
+                             "read. Resume with the files the state was saved with")
         for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's")):
             was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
             if was != now_is:
                 raise ValueError(f"mixture source {name!r}: resume state has {key} {was!r}, this loader has "
                                  f"{now_is!r}: a source resumes in the {key} it was saved with")
-        for (fname, size, footer), (_, size_now, footer_now) in zip(old, now):
+        for fname, size, footer in old:
+            _, size_now, footer_now = now[index[fname]]
             if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
                 raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
                                  f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
-    return added
+        known = {f[0] for f in old}
+        new = [i for i, f in enumerate(now) if f[0] not in known]
+        if new:
+            added[name] = [now[i][0] for i in new]
+        orders[name] = [index[f[0]] for f in old] + new
+    return Listed(added, orders)
 
 
 def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
-    """Files added after a source's last (`added`, `check_sources`): read after the state's, said
-    once; refused where the run is replayed or planned over the state's files (another rank's
+    """Files added to a source (`added`, `check_sources`): read after the state's in the source's
+    epoch in progress and in their sorted place from its next one, said once; refused where the run is replayed or planned over the state's files (another rank's
     state, another world size, a run that began at a change) or its order is over every file (a
     shuffled source)."""
     for name, files in sorted(added.items()):
@@ -83,4 +99,5 @@ def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Load
             raise ValueError(f"mixture source {name!r}: {len(files)} file(s) added since the state was saved "
                              f"({shown}): not built yet here ({why}); resume with the files the state was saved with")
         warn(f"shmloader: mixture source {name!r}: {len(files)} file(s) added since the state was saved: {shown}; "
-             "they are read after the state's files, in the source's epoch in progress and the next ones")
+             "they are read after the state's files in the source's epoch in progress, and in their sorted place "
+             "from its next epoch on")

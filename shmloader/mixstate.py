@@ -35,13 +35,16 @@ of nanochat's keys alone and, with `other_rank="nanochat"`, another rank's or wo
 state approximately, as one source (mixkeys.py: the keys become the run's `origin`, where a
 replay of its other ranks starts, also at a change of world size, as one source's);
 the config as state.py checks it; another B or T as there; every source the state and the loader
-share must list the state's files (name, size, footer where both know it), and may list more
-after them (`mixchecks.check_sources`: files added after a source's last, as a shard that sorts last makes
-its val file a train file; said once, `mixchecks.take_added`, and read after the state's in the source's
-epoch in progress and the next ones, that order being the sorted one; refused for another rank's
-state, another world size, a run that began at a change and a shuffled source; the run's mixer
-then counts from the resume, its `since`, so that its states are not replayed over files its
-first batches did not read); a source added (read from its start) or left out (its place kept
+share must list the state's files (name, size, footer where both know it), and may list more,
+wherever they sort (`mixchecks.check_sources`: shards that landed among a source's files, or after
+its last, as a shard that sorts last makes its val file a train file); said once
+(`mixchecks.take_added`), they are read as that source alone reads them: after the state's files
+in the source's epoch in progress, and in their sorted place from its next epoch on
+(data/sources.py `reorder`; the states number and list a source's files in the order of its own
+epoch, `numbered` renumbering the coordinator's point); refused for another rank's state,
+another world size, a run that began at a change and a shuffled source; the run's mixer then
+counts from the resume, its `since`, so that its states are not replayed over files its first
+batches did not read; a source added (read from its start) or left out (its place kept
 in the states that follow, for a resume that brings it back) and other weights are said once
 (`Mixer.resume`'s words). The run then starts every source at its document and the mixer from
 its state (packing/mixmode.py).
@@ -81,7 +84,7 @@ def run_args(catalogue, resume: statemod.Resume) -> MixArgs:
     """What a run of a mixture's loader (`catalogue`, its `Sources`) starting at `resume` is given."""
     rules = resume.mix_rules if resume.mix_rules is not None else mixrules.fresh(catalogue.mixture)
     return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch, resume.mix_plans,
-                   rules=rules)
+                   rules=rules, laters=catalogue.laters or None)
 
 
 def point_text(point: dict | None) -> BufferText | None:
@@ -116,6 +119,8 @@ class Mixed:
 
     def fill(self, state: dict, mark):
         point = mark.buffer
+        if point is not None and self._sources.laters:  # a source reordered at the resume (data/sources.py)
+            point = numbered(point, self._sources)
         position = self._sources.local(mark.position) if point is not None else mark.position
         state["position"] = list(position)
         state["epoch"], state["pq_idx"], state["rg_idx"] = mixkeys.of_mark(self._sources, mark, position)
@@ -138,7 +143,7 @@ class Mixed:
             out = {}
             for name in self._sources.names:
                 epoch, file = places.get(name, (1, -1))
-                out[name] = {"files": described_files(self._sources.source_files(name), epoch, file),
+                out[name] = {"files": described_files(self._sources.files_at(name, epoch), epoch, file),
                              "val": self._sources.val[name], **self._sources.source_fingerprint(name)}
             self._described = (key, out)
         return self._described[1]
@@ -182,7 +187,7 @@ class Mixed:
         shapes, reshaped = envelope.shapes, envelope.reshaped
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
-        added = mixchecks.check_sources(mixed.get("sources"), sources)
+        added = mixchecks.check_sources(mixed.get("sources"), sources).added
         origin = mixkeys.origin(sources, state)
         if (envelope.rank, envelope.world) != (identity.rank, identity.world) and identity.other_rank == "nanochat" \
                 and mixkeys.of_one_source(sources, state):  # approximately, as one source resumes any of its states
@@ -227,11 +232,15 @@ class Mixed:
     # resume.py's steps (`resume.Part`), over the loader's sources
 
     def take_files(self, state: dict, resume: statemod.Resume):
-        """The footers the state knows of every source's files (their order is the sources'); a
-        state of nanochat's keys, its row group checked against its file."""
+        """Every source's files in the order of its epoch in progress (the state's, then files
+        new to it: data/sources.py `reorder`) and the footers the state knows of them; a state of
+        nanochat's keys, its row group checked against its file."""
         if "version" not in state:
             mixkeys.check_row_group(self._sources, resume.origin)
             return
+        listed = mixchecks.check_sources(state["mixture"]["sources"], self._sources)
+        epochs = {name: p[0] for name, p in (resume.mix or {}).get("sources", {}).items()}
+        self._sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
         self._sources.with_footers(state["mixture"]["sources"])
 
     def replay(self, resume: statemod.Resume, args, config):
@@ -291,6 +300,27 @@ class Mixed:
         mix = run_args(self._sources, statemod.Resume(start_position(args.rank), mix_rules=resume.mix_rules))
         order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
         return None if order is None else dict(zip(order.names, order.orders))
+
+
+def numbered(point, sources):
+    """A point (its text: the coordinator numbers each source's files in the run's order, within
+    it) as a state numbers them: in the order of each source's epoch at the point, its place and
+    its runs in best fit's buffer (`Sources.renumbering`; as sourcestate.py renumbers one
+    source's). The point itself where nothing is renumbered."""
+    value = json.loads(point.text)
+    renumber = {name: at for name, p in value["sources"].items()
+                if name in sources.catalogues and (at := sources.renumbering(name, p[0])) is not None}
+    if not renumber:
+        return point
+    for name, at in renumber.items():
+        value["sources"][name][1] = int(at[value["sources"][name][1]])
+    if value.get("buffer") is not None:
+        names = value["buffer"]["sources"]
+        runs = [[r[0], r[1], int(renumber[r[0]][r[2]]) if r[0] in renumber else r[2], *r[3:]]
+                for r in buffer_entries(value)]
+        value["buffer"] = _buffer(runs, names)
+    text = json_text(value)
+    return BufferText(text, zlib.crc32(text.encode()))
 
 
 def _buffer(entries: list, names) -> dict:

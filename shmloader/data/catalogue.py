@@ -144,6 +144,11 @@ class Catalogue:
             self._described = (key, described_files(files, epoch, pq))
         return pq, self._described[1], self._later_at if later else None
 
+    def renumbering(self, epoch: int):
+        """The array that renumbers the run's file indices as a state of `epoch` numbers them
+        (`described`'s), or None where they are the same."""
+        return self._later_at if self.later is not None and epoch > self.later.after else None
+
     def numbered(self, epoch: int, file: int) -> int:
         """File `file` (the run's numbering) as a state of `epoch` numbers it (its `pq_idx`): no
         list is made (a state's nanochat keys ask with every batch, for another file than its

@@ -7,10 +7,16 @@ another in the mixture's sorted order of names: source s holds files `[lo, hi)` 
 each source's order is its own range, from its own position. A state numbers a source's
 files within the source (`local`, `to_run`).
 
+A source resumed from a state that does not list every file of it now (shards that arrived
+since the save, wherever they sort) reads its files as one source does (`Catalogue.reorder`):
+the state's first, the new ones after them, in the source's epoch in progress at the resume,
+and every file in its sorted place from its next epoch on (`reorder`; its `Later`, `laters`,
+goes to the coordinator with the run's `MixArgs`). The run numbers a source's files in the
+order of that epoch; a state numbers them in the order of the source's own epoch, as one
+source's state does (`local`, `to_run`, `files_at`; mixstate.py renumbers a point's files).
+
 The rest of a loader reads it as it reads a `Catalogue`: `paths`, `files` (identities),
-`filesystem`, `learn`, `begin`, `later` (None: a source's files are always read in their sorted
-order: files added after a state's are read after them, those added among them are refused,
-mixstate.py).
+`filesystem`, `learn`, `begin`, `later` (None: each source's is its own, `laters`).
 """
 from __future__ import annotations
 
@@ -59,6 +65,7 @@ class Sources:
             self.files += cat.files
         self.val = {name: cat.val for name, cat in self.catalogues.items()}
         self.later = None
+        self.laters = {}  # `{name: Later}` of the sources read in another order after their resumed epoch (`reorder`)
 
     names = property(lambda self: list(self.catalogues))
     filesystem = property(lambda self: next(iter(self.catalogues.values())).filesystem)
@@ -87,17 +94,47 @@ class Sources:
         raise IndexError(f"file {file} is in no source ({list(self.ranges.values())})")
 
     def local(self, position: Position) -> Position:
-        """`position` (the run's numbering) with its file numbered within its source."""
-        return position._replace(file=position.file - self.source_of(position.file).lo)
+        """`position` (the run's numbering) with its file numbered within its source, as a state
+        of its epoch numbers it (`Catalogue.numbered`: a reordered source's sorted place in the
+        epochs after the one it resumed in)."""
+        r = self.source_of(position.file)
+        return position._replace(file=self.catalogues[r.name].numbered(position.epoch, position.file - r.lo))
 
     def to_run(self, name: str, position: Position) -> Position:
-        """Source `name`'s `position` (numbered within it) in the run's numbering."""
-        return position._replace(file=position.file + self.ranges[name].lo)
+        """Source `name`'s `position` (numbered within it, as a state of its epoch numbers it)
+        in the run's numbering (`local`'s inverse)."""
+        later = self.catalogues[name].later
+        file = later.order[position.file] if later is not None and position.epoch > later.after else position.file
+        return position._replace(file=file + self.ranges[name].lo)
 
     def source_files(self, name: str) -> list:
-        """Source `name`'s identities `[name, bytes, footer]`, as known now."""
+        """Source `name`'s identities `[name, bytes, footer]`, as known now, in the run's order."""
         r = self.ranges[name]
         return self.files[r.lo:r.hi]
+
+    def files_at(self, name: str, epoch: int) -> list:
+        """Source `name`'s identities in the order of its `epoch` (as a state of it lists them)."""
+        files, later = self.source_files(name), self.catalogues[name].later
+        return [files[t] for t in later.order] if later is not None and epoch > later.after else files
+
+    def renumbering(self, name: str, epoch: int):
+        """The array that renumbers source `name`'s files (the run's order, within it) as a state
+        of its `epoch` numbers them, or None where that is the same."""
+        return self.catalogues[name].renumbering(epoch)
+
+    def reorder(self, orders: dict, epochs: dict):
+        """Source `name` of `orders` reads its files in `orders[name]` (indices into its sorted
+        files: the state's, then files new to it) in its epoch `epochs[name]`, the one it resumes
+        in, and in their sorted place from its next epoch on (`Catalogue.reorder`, `begin`)."""
+        for name, order in orders.items():
+            cat, r = self.catalogues[name], self.ranges[name]
+            if order == list(range(len(cat.paths))):
+                continue
+            cat.reorder(order)
+            cat.begin(epochs[name])
+            self.laters = {**self.laters, name: cat.later} if cat.later is not None else self.laters
+            self.paths = self.paths[:r.lo] + cat.paths + self.paths[r.hi:]
+            self.files = self.files[:r.lo] + [self.files[r.lo + i] for i in order] + self.files[r.hi:]
 
     def footers(self, indices: list) -> list:
         """The footer digests files `indices` have now (None: unreadable)."""

@@ -182,6 +182,9 @@ class MixArgs(NamedTuple):
     #                                (numbered within it: data/shuffle.py `Sourced.firsts`); None: (1, 0, rank, 0)
     rules: object = None           # the rules the run keeps (data/mixrules.py `Rules`); None: this version's,
     #                                no source with the loader's seed
+    laters: dict | None = None     # `{source: data.order.Later}` (indices within it): a source resumed with
+    #                                files added among its own reads its files in their sorted order
+    #                                after the epoch it resumed in (data/sources.py); None: none
 
 
 class Span(NamedTuple):

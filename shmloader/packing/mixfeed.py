@@ -76,7 +76,9 @@ class MixFeed:
             if r.name in mix.mixture.names:  # a source the state has and this mixture does not: not read
                 local = starts[r.name]._replace(file=starts[r.name].file - r.lo)
                 plan = (mix.plans or {}).get(r.name)  # a run that began at a change of world size
-                self._orders[r.name] = pieces(ramp, cap, 0, files=(r.lo, r.hi - r.lo), start=local, plan=plan)
+                later = (mix.laters or {}).get(r.name)  # files added among its own at the resume
+                self._orders[r.name] = pieces(ramp, cap, 0, files=(r.lo, r.hi - r.lo), start=local, plan=plan,
+                                              later=later)
                 self._seqs[r.name], self._ahead[r.name] = 0, 0
                 self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
         self._peeked, self._barren = {}, {}                   # per source: its next piece; why it has no document

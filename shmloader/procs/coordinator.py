@@ -96,9 +96,10 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                             f"a saved state once it is written)")
         return source.text_bytes(f)
 
-    def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
+    def pieces(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
         """The order's pieces; `files=(lo, n)`, `start`: of files `[lo, lo + n)` alone (a
-        mixture's source), from `start` (numbered within them), in the run's numbering; `plan`:
+        mixture's source), from `start` (numbered within them), in the run's numbering, its files
+        in `later`'s order after `later.after` (files added among its own at the resume); `plan`:
         the source's elastic plan, whose first step keeps `start.skip` (a source's document cut
         at a change of world size, each source's own); a shuffled mixture's source is in its own
         order (`order.of(lo)`) with a plan or without; a source's pieces end at whole units of
@@ -109,9 +110,10 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
             shuffle = None if order is None else order.of(lo)[3]  # the source's own
             if plan is None:
                 steps = iter_pieces(counts, n, run.rank, run.world, start, max_docs=cap, ramp=ramp,
-                                    first_index=first_index, row_bytes=text, max_bytes=cfg.max_piece_bytes,
-                                    unit=cfg.piece_unit, shuffle=shuffle, aligned=True)
+                                    first_index=first_index, later=later, row_bytes=text,
+                                    max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit, shuffle=shuffle, aligned=True)
             else:
+                assert later is None, "files added at a change of world size, or to a run that began at one (refused)"
                 units = elastic.steps(plan, run.rank, run.world, counts, n, start, shuffle=shuffle)
                 if start.skip:  # the unit `start` is in begins at its document, the tokens before it dropped
                     first = next(units)

@@ -1,17 +1,26 @@
-"""Files added to a source of a Mixture between a save and its resume (the data of
-test_mixture.py, both packings): a shard that sorts after the source's files (its val file
-then becomes a train file) is said once, naming the file, and read after the state's files, in
-the source's epoch in progress and the next ones: the batches are the oracle's over the files
-now, from the state's point. What stays refused says so: a file among the state's, another
-rank's state, another world size, a shuffled source."""
+"""Files added to a source of a Mixture between a save and its resume, both packings: a shard
+that sorts after the source's files (its val file then becomes a train file; the data of
+test_mixture.py) is said once, naming the file, and read after the state's files, in the
+source's epoch in progress and the next ones: the batches are the oracle's over the files now,
+from the state's point. Shards that land among two sources' files (the data of
+test_growing_data.py, each source's tokens its own) are read as each source alone reads them
+(test_one_source_mixture_growing.py compares a mixture of one with its source): after the
+state's files in the source's epoch in progress, in their sorted place from its next one, each
+source's documents every one once an epoch, none twice; the run's states resume it exactly.
+What stays refused says so: another rank's state, another world size, a shuffled source."""
+import itertools
 import json
 import shutil
+import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
 
 import shmloader
 from shmloader.demo import corpus
+from tests import helpers
+from tests.loader import test_growing_data as growing
 from tests.loader import test_mixture as concat
 from tests.loader import test_mixture_bestfit as bestfit
 from tests.loader.test_mixture import SHAPES, B, T, mixture, mixdata  # noqa: F401 (a fixture)
@@ -91,6 +100,76 @@ def test_what_stays_refused_when_files_are_added_to_a_source(mixdata, tmp_path):
         shmloader.ShmLoader(mixture(data), tok, B, T, device="cpu", rank=0, world_size=3, resume_state=states[2])
     with pytest.raises(ValueError, match="'code'.*added .*the source is shuffled"):
         shmloader.ShmLoader(shuffled(data), tok, B, T, device="cpu", resume_state=states["shuffled"])
+    data = tmp_path / "among"
+    shutil.copytree(tmp_path / "before", data)
     shutil.copy(data / "web" / "shard_00000.parquet", data / "web" / "shard_00000b.parquet")  # among web's files
-    with pytest.raises(ValueError, match="'web' lists other files than the state's.*added among the state's"):
-        shmloader.ShmLoader(mixture(data), tok, B, T, device="cpu", resume_state=states[1])
+    with pytest.raises(ValueError, match="'web': 1 file.s. added .*shard_00000b.*rank 0 of 2's, this loader rank 1"):
+        shmloader.ShmLoader(mixture(data), tok, B, T, device="cpu", rank=1, world_size=2, resume_state=states[2])
+
+
+GAPS = {"a": (2, 0), "b": (1, 20)}  # source -> (its shard still downloading at the save, its files' token base)
+
+
+def two_sources(tmp_path):
+    """Two sources of 4 train files and a val file each, one train file of each missing at first
+    (`GAPS`); a document of file i of a source holds tokens `1_000_000 * (base + i + 1) + row * 100 + k`."""
+    for name, (gap, base) in GAPS.items():
+        (tmp_path / name).mkdir()
+        for i in range(5):
+            if i != gap:
+                growing.write_file(tmp_path / name / f"shard_{i:05d}.parquet", base + i)
+    return shmloader.Mixture({name: str(tmp_path / name) for name in GAPS}, {"a": 2, "b": 1})
+
+
+def source_docs(tmp_path, name, order) -> list:
+    """Source `name`'s documents (their first tokens) in files `order`."""
+    out = []
+    for i in order:
+        tokens = growing.tokens_of([tmp_path / name / f"shard_{i:05d}.parquet"])
+        out += [t for j, t in enumerate(tokens) if j and tokens[j - 1] == 0]
+    return out
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_shards_added_among_two_sources_files_are_read_as_each_source_reads_them(tmp_path, packing):
+    kw = {} if packing == "concat" else dict(packing="bos_bestfit", buffer_size=6, tokenizer_batch_size=3)
+    mix = two_sources(tmp_path)
+
+    def run(n, state=None):
+        with shmloader.ShmLoader(mix, helpers.IntTokenizer(), growing.B, growing.T, device="cpu", num_workers=2,
+                                 resume_state=state, **kw) as ld:
+            out, states = [], []
+            for x, y in itertools.islice(ld, n):
+                out.append(helpers.window_of(x, y) if packing == "concat" else np.concatenate([x.numpy(), y.numpy()[:, -1:]], 1))
+                states.append(ld.state_dict())
+        return out, states
+
+    before, states = run(6)
+    point = json.loads(states[-1]["mixture"]["point"])["sources"]
+    assert all(point[name][0] == 1 and point[name][1] < gap for name, (gap, _) in GAPS.items())  # before its gap
+    for name, (gap, base) in GAPS.items():
+        growing.write_file(tmp_path / name / f"shard_{gap:05d}.parquet", base + gap)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        after, later = run(150, states[-1])
+    for name, (gap, _) in GAPS.items():
+        assert sum(f"mixture source {name!r}: 1 file(s) added" in str(w.message) and f"shard_{gap:05d}" in str(w.message)
+                   for w in caught) == 1, [str(w.message) for w in caught]
+    tokens = np.concatenate(before + after).reshape(-1).tolist()
+    firsts = [t for j, t in enumerate(tokens) if j and tokens[j - 1] == 0 and t % 100 == 0]  # a document's first token
+    for name, (gap, base) in GAPS.items():
+        mine = [t for t in firsts if 1_000_000 * (base + 1) <= t < 1_000_000 * (base + 6)]
+        first = source_docs(tmp_path, name, [i for i in range(4) if i != gap] + [gap])  # the state's, then the new one
+        every = source_docs(tmp_path, name, range(4))  # the sorted order, from its next epoch on
+        assert len(mine) > 2 * len(every), name  # read into its third epoch
+        if packing == "concat":  # in the order the source alone reads them
+            assert mine == (first + every * 10)[:len(mine)], name
+        else:  # best fit places them in another order, each once an epoch (one cropped to its BOS is not seen)
+            counts, epoch = Counter(mine), json.loads(later[-1]["mixture"]["point"])["sources"][name][0]
+            unseen = set(every) - set(counts)  # documents of one token (row % 7 == 0) only: always cropped
+            assert set(counts) <= set(every) and all(t % 1_000_000 // 100 % 7 == 0 for t in unseen), name
+            assert max(counts.values()) <= epoch, (name, epoch)
+    for j in (2, len(after) - 10):  # its states resume it exactly: in a reordered epoch, and after
+        again, _ = run(6, later[j])
+        assert all(np.array_equal(a, b) for a, b in zip(again, after[j + 1:j + 7])), j
+    assert json.loads(later[2]["mixture"]["point"])["sources"]["a"][0] == 1

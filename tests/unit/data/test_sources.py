@@ -84,3 +84,39 @@ def test_a_state_is_checked_before_anything_is_read(three):
     unversioned = {k: v for k, v in json.loads(json.dumps(state)).items() if k != "version"}
     with pytest.raises(ValueError, match="no 'version': a mixture's state has one"):
         statemod.check(unversioned, identity, part)  # not read as nanochat's keys, nor let through
+
+
+def test_a_source_with_files_added_among_its_own_is_reordered_as_one_source(three):
+    """The state listed code's files 0 and 2 (of 3 now: file 1 landed after the save), code stood
+    in its epoch 2: it reads 0, 2, then 1 in epoch 2 and its sorted order from epoch 3 on; a
+    position, a point and best fit's buffer runs are numbered as code's epoch orders its files
+    (the run's order within it in epoch 2, the sorted one after), the other sources' as ever."""
+    from shmloader import mixchecks
+    from shmloader.packing.mixbestfit import buffer_entries
+    from shmloader.packing.runs import BufferText
+
+    sources = Sources(Mixture({n: str(three / n) for n in ("web", "code")}, {"web": 1, "code": 1}), "train")
+    code = sources.source_files("code")
+    saved = {"code": {"files": [code[0], code[2]]}, "web": {"files": sources.source_files("web")}}
+    listed = mixchecks.check_sources(saved, sources)
+    assert listed.added == {"code": ["shard_00001.parquet"]} and listed.orders == {"code": [0, 2, 1], "web": [0, 1]}
+    sources.reorder(listed.orders, {"code": 2, "web": 1})
+    assert [p.split("/")[-1] for p in sources.paths[:3]] == ["shard_00000.parquet", "shard_00002.parquet",
+                                                             "shard_00001.parquet"]
+    assert [f[0] for f in sources.source_files("code")] == ["shard_00000.parquet", "shard_00002.parquet",
+                                                            "shard_00001.parquet"]
+    assert list(sources.laters) == ["code"] and sources.laters["code"].after == 2
+    assert [f[0] for f in sources.files_at("code", 3)] == [f[0] for f in code]
+    for epoch, run, local in ((2, 1, 1), (3, 1, 2), (3, 2, 1), (3, 0, 0)):  # shard 2 is file 1 of epoch 2, 2 after
+        assert sources.local(Position(epoch, run, 0, 4)) == Position(epoch, local, 0, 4)
+        assert sources.to_run("code", Position(epoch, local, 0, 4)) == Position(epoch, run, 0, 4)
+    assert sources.local(Position(3, 4, 1, 0)) == Position(3, 1, 1, 0)  # web: as ever
+    point = {"source": "code", "skip": 0, "sources": {"code": [3, 1, 0, 4], "web": [1, 1, 0, 0]}, "mixer": {},
+             "buffer": mixstate._buffer([["code", 2, 1, 0, 0, 2], ["web", 1, 0, 0, 1, 1], ["code", 3, 2, 0, 0, 1]],
+                                        ["code", "web"])}
+    text = mixstate.point_text(point)
+    state = json.loads(mixstate.numbered(BufferText(*text), sources).text)
+    assert state["sources"] == {"code": [3, 2, 0, 4], "web": [1, 1, 0, 0]}
+    assert buffer_entries(state) == [["code", 2, 2, 0, 0, 2], ["web", 1, 0, 0, 1, 1], ["code", 3, 1, 0, 0, 1]]
+    point["sources"]["code"][0] = 2  # in its reordered epoch: the run's numbering is the state's
+    assert mixstate.numbered(mixstate.point_text(point), sources) == mixstate.point_text(point)

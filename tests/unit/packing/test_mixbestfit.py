@@ -21,7 +21,7 @@ from tests.unit.packing.modes import hand_out, turn
 RANGES = (Range("long", 0, 2), Range("short", 2, 4))
 
 
-def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
+def pieces(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
     """A source's order, one piece a row group: long's hold 4 rows, short's 6."""
     lo, _ = files
     rows = 4 if lo == 0 else 6
@@ -178,7 +178,7 @@ def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
     undone for good (its chunks back in the queue), and `Ended` follows the last batch."""
     from shmloader.ipc.protocol import Ended
 
-    def epochs(ramp, cap, first_index, files=None, start=None, plan=None):
+    def epochs(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
         lo, _ = files
         return (Piece(i, 1 + i // 5, lo, i % 5, 0, 4 if lo == 0 else 6) for i in range(10**6))
 

@@ -16,7 +16,7 @@ from shmloader.packing.mixmode import MixConcatMode
 from tests.unit.packing.modes import hand_out, turn
 
 
-def pieces(ramp, cap, first_index, files=None, start=None, plan=None):
+def pieces(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
     """A source's order: heavy's pieces (files 0-1) hold 3 rows, light's (files 2-3) one."""
     lo, _ = files
     return (Piece(i, 1, lo, i, 0, 3 if lo == 0 else 1) for i in range(10**6))
@@ -69,7 +69,7 @@ def test_a_state_saved_at_the_mixs_end_ends_before_any_piece():
 def _unreadable_after(n: int):
     """`pieces` whose light source's order cannot be read on after its `n` first pieces (a file
     whose footer cannot be read: the coordinator's order raises `DataError` there)."""
-    def order(ramp, cap, first_index, files=None, start=None, plan=None):
+    def order(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
         lo, _ = files
         for i in range(10**6):
             if lo == 2 and i == n:
@@ -122,7 +122,7 @@ def test_a_source_whose_order_cannot_be_read_on_stops_the_mix_where_it_needs_it(
 def _ending_heavy(n_heavy: int, n_light: int):
     """heavy's order: `n_heavy` pieces of epoch 1, then epoch 2 (its `max_epochs` is 1); light's
     cannot be read on after its `n_light` first pieces."""
-    def order(ramp, cap, first_index, files=None, start=None, plan=None):
+    def order(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
         lo, _ = files
         for i in range(10**6):
             if lo == 2 and i == n_light:
