@@ -82,9 +82,9 @@ def check_sources(saved, sources) -> Listed:
 
 def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
     """Files added to a source (`added`, `check_sources`): read after the state's in the source's
-    epoch in progress and in their sorted place from its next one, said once; refused where the run is replayed or planned over the state's files (another rank's
-    state, another world size, a run that began at a change) or its order is over every file (a
-    shuffled source)."""
+    epoch in progress and in their sorted place from its next one, said once; refused where the
+    run is replayed or planned over the state's files (another rank's state, another world size,
+    a run that began at a change) or its order is over every file (a shuffled source)."""
     for name, files in sorted(added.items()):
         shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
         why = None
