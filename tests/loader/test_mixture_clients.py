@@ -1,0 +1,237 @@
+"""A Mixture as its clients use it: real tokenizers built offline (nanochat's rustbpe-trained
+tiktoken BPE, a SentencePiece model, a Hugging Face `tokenizer.json`), sources in the formats and
+columns data ships in, mixed in one `Mixture`, and the loops that train with them.
+
+The data (`clientmix`): `web`, parquet `text` in row groups of 7, holding an empty document,
+nulls, unicode (CJK, emoji, Greek, a NUL, a zero-width space), every tokenizer's special-token
+text and a document longer than T; `code`, `.jsonl.zst` whose documents are in `content`
+(`Source(column="content")`), files of 3 units (1024, 1024 and 52 lines); `hf`, a Hugging
+Face `save_to_disk` directory (Arrow stream, 3 record batches); `tiny`, plain `.jsonl` whose
+train split is one file of one document (an epoch every few batches). Every source but `web`
+also as a parquet twin in 1024-row row groups (the other formats' units), so a mixture of the
+twins names every batch the mixture of formats must give, byte for byte (tests/loader/
+test_formats.py checks each format alone; test_mixture.py the twins' mixing against the oracle).
+
+Checked, both packings, shuffled and not, each tokenizer:
+- the mixture of formats gives its twins' batches; a state taken mid-run (`state_dict()`),
+  loaded into a fresh loader (`load_state_dict`, another worker count, through JSON), goes on
+  with the uninterrupted run's batches; every source is read, `tiny` for many epochs;
+- on 2 ranks, each rank's stream is its twins' and rank 1 resumed from rank 0's state (nanochat's
+  checkpoints) gives rank 1's own batches;
+- a schedule over the formats, resumed on each side of a stage's first batch, and new weights at
+  a resume, are the twins';
+- nanochat's drop-in over the mixture in nanochat's prefetch-and-save loop: the state yielded
+  with batch k resumes at batch k;
+- positions over the mixture: 0 exactly at the tokenizer's BOS (every row start too, best fit),
+  the same after a resume;
+- `bos=` that is not a token id of the tokenizer is refused when the loader is made.
+"""
+import itertools
+import json
+import os
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from shmloader import nanochat
+from shmloader.demo import corpus
+from tests import formats_data, helpers
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+B, T = 2, 32
+FIT = dict(packing="bos_bestfit", buffer_size=16, tokenizer_batch_size=4)
+SHUFFLED = dict(shuffle=True, seed=3, shuffle_window=16)
+WEIGHTS = {"web": 0.4, "code": 0.3, "hf": 0.2, "tiny": 0.1}
+TEXT = "naïve café 日本語のテキスト 😀😀 Ελληνικά \x00\u200b <|bos|> <s> </s> <|endoftext|> [BOS]"
+N = 60
+
+
+def documents(seed: int, n: int, words: int) -> list:
+    """`n` synthetic documents with every 29th null, an empty one, the hard text and one longer
+    than T in every tokenizer."""
+    docs = list(corpus.synthetic_texts(n, seed=seed, mean_words=words))
+    for i in range(4, n, 29):
+        docs[i] = None
+    docs[1], docs[2], docs[7] = "", TEXT, " ".join(["lengthy"] * 200)
+    return docs
+
+
+@pytest.fixture(scope="module")
+def clientmix(tmp_path_factory):
+    """`{name: directory}` of the sources, and `{name: its parquet twin}` (module docstring)."""
+    root = tmp_path_factory.mktemp("clientmix")
+    files = {"web": [documents(1, 300, 8), documents(2, 200, 8), documents(3, 50, 8)],
+             "code": [documents(4, 2100, 3), documents(5, 2100, 3), documents(6, 30, 3)],
+             "hf": [documents(7, 2100, 3), documents(8, 60, 3)],
+             "tiny": [["just one small document"], ["the val document"]]}
+    os.makedirs(root / "web")
+    for i, docs in enumerate(files["web"]):
+        pq.write_table(pa.table({"text": pa.array(docs, pa.string())}), root / "web" / f"s{i}.parquet",
+                       row_group_size=7)
+    formats_data.write_set(str(root / "code"), files["code"], "jsonl.zst", column="content")
+    formats_data.write_hf_saved(str(root / "hf"), files["hf"])
+    formats_data.write_set(str(root / "tiny"), files["tiny"], "jsonl")
+    for name in ("code", "hf", "tiny"):
+        formats_data.write_set(str(root / f"twin_{name}"), files[name], "parquet")
+    given = {"web": str(root / "web"), "code": shmloader.Source(str(root / "code"), column="content"),
+             "hf": str(root / "hf"), "tiny": str(root / "tiny")}
+    twins = {name: str(root / ("web" if name == "web" else f"twin_{name}")) for name in files}
+    return given, twins
+
+
+def mixture(sources, weights=WEIGHTS, **kw):
+    return shmloader.Mixture(sources, weights, **kw)
+
+
+@pytest.fixture(params=["rustbpe", "sentencepiece", "hf"])
+def tok(request):
+    """(the tokenizer as a client passes it, its BOS id)."""
+    if request.param == "rustbpe":
+        enc = request.getfixturevalue("synth_tokenizer")
+        return enc, enc.encode_single_token("<|bos|>")
+    if request.param == "sentencepiece":
+        sentencepiece = pytest.importorskip("sentencepiece")
+        path = request.getfixturevalue("sp_model")
+        return str(path), sentencepiece.SentencePieceProcessor(model_file=str(path)).bos_id()
+    path = request.getfixturevalue("hf_json")
+    from tokenizers import Tokenizer
+    return str(path), Tokenizer.from_file(str(path)).token_to_id("<|endoftext|>")
+
+
+def loader(data, tokenizer, workers=2, **kw):
+    return shmloader.ShmLoader(data, tokenizer, B, T, num_workers=workers, device="cpu", timeout=60, **kw)
+
+
+def flat(batch) -> np.ndarray:
+    return np.concatenate([t.numpy().ravel() for t in batch])
+
+
+def run(data, tokenizer, n, workers=2, **kw) -> tuple[list, list]:
+    """The first `n` batches (flattened copies) and the state after each."""
+    got, states = [], []
+    with loader(data, tokenizer, workers, **kw) as ld:
+        for batch in itertools.islice(ld, n):
+            got.append(flat(batch))
+            states.append(ld.state_dict())
+    assert len(got) == n > 0
+    return got, states
+
+
+def same(got, want) -> bool:
+    return len(got) == len(want) > 0 and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def epochs(state) -> dict:
+    """Each source's epoch at `state` (its mixer's count)."""
+    return {name: v[2] for name, v in json.loads(state["mixture"]["point"])["mixer"]["totals"].items()}
+
+
+@pytest.mark.parametrize("kw", [{}, FIT, SHUFFLED, {**FIT, **SHUFFLED}],
+                         ids=["concat", "bestfit", "concat-shuffled", "bestfit-shuffled"])
+def test_a_mixture_of_formats_is_its_twins_and_resumes_in_a_fresh_loader(clientmix, tok, kw):
+    given, twins = clientmix
+    tokenizer, bos = tok
+    want, _ = run(mixture(twins), tokenizer, N, **kw)
+    with loader(mixture(given), tokenizer, 2, **kw) as ld:
+        got = [flat(b) for b in itertools.islice(ld, 23)]
+        state = json.loads(json.dumps(ld.state_dict()))
+        got += [flat(b) for b in itertools.islice(ld, N - 23)]
+        end, stats = ld.state_dict(), ld.stats()
+    assert same(got, want), "the mixture of formats is not its parquet twins' stream"
+    assert all(stats["sources"][name]["tokens"] > 0 for name in WEIGHTS), stats["sources"]
+    assert epochs(end)["tiny"] > 5 and epochs(end)["web"] == 1
+    assert sum(int((g == bos).sum()) for g in got) > 100
+    with loader(mixture(given), tokenizer, 1, **kw) as ld:  # a fresh loader, then its state loaded
+        ld.load_state_dict(state)
+        resumed = [flat(b) for b in itertools.islice(ld, N - 23)]
+    assert same(resumed, want[23:]), "the state loaded into a fresh loader did not go on as the run"
+
+
+@pytest.mark.parametrize("kw", [{}, {**FIT, **SHUFFLED}], ids=["concat", "bestfit-shuffled"])
+def test_on_two_ranks_each_is_its_twins_and_another_ranks_state_resumes_it(clientmix, synth_tokenizer, kw):
+    """(Without `tiny`: rank 1 has no unit of its one file.)"""
+    given, twins = ({name: d for name, d in sources.items() if name != "tiny"} for sources in clientmix)
+    untiny = {name: w for name, w in WEIGHTS.items() if name != "tiny"}
+    ranks = dict(world_size=2, **kw)
+    own, _ = run(mixture(given, untiny), synth_tokenizer, 40, rank=1, **ranks)
+    assert same(own, run(mixture(twins, untiny), synth_tokenizer, 40, rank=1, **ranks)[0])
+    zero, states = run(mixture(given, untiny), synth_tokenizer, 25, rank=0, **ranks)
+    assert not same(zero, own[:25])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the replay's progress
+        got, _ = run(mixture(given, untiny), synth_tokenizer, 15, workers=1, rank=1, resume_state=states[-1], **ranks)
+    assert same(got, own[25:]), "rank 1 from rank 0's state is not rank 1's own stream"
+
+
+SCHEDULE = [(0, WEIGHTS), (20, {"web": 0.1, "code": 0.1, "hf": 0.8}), (35, {"web": 1, "code": 0, "hf": 1, "tiny": 1})]
+
+
+@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
+def test_a_schedule_and_new_weights_over_the_formats_are_the_twins(clientmix, sp_model, kw):
+    given, twins = clientmix
+    tokenizer = str(sp_model)
+    want, twin_states = run(mixture(twins, SCHEDULE), tokenizer, N, **kw)
+    got, states = run(mixture(given, SCHEDULE), tokenizer, N, workers=1, **kw)
+    assert same(got, want)
+    for k in (19, 20, 35):  # a stage's last batch, its first batch's state, the third stage's
+        assert same(run(mixture(given, SCHEDULE), tokenizer, N - k, resume_state=states[k - 1], **kw)[0], want[k:]), k
+    other = {"web": 0.2, "code": 0.6, "hf": 0.1, "tiny": 0.1}
+    with pytest.warns(UserWarning, match="weights"):
+        later, _ = run(mixture(given, other), tokenizer, 30, resume_state=states[29], **kw)
+    with pytest.warns(UserWarning, match="weights"):
+        twin_later, _ = run(mixture(twins, other), tokenizer, 30, resume_state=twin_states[29], **kw)
+    assert same(later, twin_later) and not same(later, got[30:])
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_nanochats_loop_over_the_formats_resumes_at_the_batch_in_hand(clientmix, hf_json, packing):
+    """nanochat's loop: prefetch, save the state of the batch in hand (not trained on), resume
+    from it (through JSON, another worker count): the resumed loader's first batch is that one."""
+    given, _ = clientmix
+
+    def dropin(resume=None, workers=2):
+        kw = dict(device="cpu", resume_state_dict=resume, num_workers=workers, data=mixture(given), timeout=60)
+        if packing == "concat":
+            return nanochat.tokenizing_distributed_data_loader_with_state(B, T, "train", tokenizer=str(hf_json), **kw)
+        return nanochat.tokenizing_distributed_data_loader_with_state_bos_bestfit(str(hf_json), B, T, "train",
+                                                                                   buffer_size=16, **kw)
+
+    gen = dropin()
+    seen = [(flat((x, y)), json.dumps(state)) for x, y, state in itertools.islice(gen, 40)]
+    gen.close()
+    assert len(seen) == 40
+    for k in (0, 17):
+        gen = dropin(json.loads(seen[k][1]), workers=1)
+        got = [flat((x, y)) for x, y, _ in itertools.islice(gen, 40 - k)]
+        gen.close()
+        assert same(got, [b for b, _ in seen[k:]]), k
+
+
+@pytest.mark.parametrize("kw", [{}, {**FIT, **SHUFFLED}], ids=["concat", "bestfit-shuffled"])
+def test_positions_restart_at_every_bos_of_the_tokenizer_and_resume(clientmix, sp_model, kw):
+    given, _ = clientmix
+    bos = pytest.importorskip("sentencepiece").SentencePieceProcessor(model_file=str(sp_model)).bos_id()
+    got, states = run(mixture(given), str(sp_model), 40, positions=True, **kw)
+    for batch in got:
+        x, p = batch[:B * T].reshape(B, T), batch[2 * B * T:].reshape(B, T)
+        assert np.array_equal(p == 0, x == bos), "a position 0 that is not the BOS, or a BOS that is not 0"
+        assert (p[:, 1:][x[:, 1:] != bos] == p[:, :-1][x[:, 1:] != bos] + 1).all(), "a document's positions skip"
+        if kw:  # best fit: every row begins with a BOS
+            assert (x[:, 0] == bos).all()
+    resumed, _ = run(mixture(given), str(sp_model), 25, workers=1, positions=True, resume_state=states[14], **kw)
+    assert same(resumed, got[15:])
+
+
+@pytest.mark.parametrize("bos", [-1, 512, 2 ** 32 + 5, 3.5, True], ids=["negative", "past-vocab", "past-uint32",
+                                                                       "float", "bool"])
+def test_a_bos_that_is_no_token_id_is_refused_when_the_loader_is_made(clientmix, synth_tokenizer, bos):
+    """`bos=` overrides the tokenizer's BOS; one that is not a token id of its vocabulary would
+    put an id the model has no embedding for at every document start (or kill every worker)."""
+    given, _ = clientmix
+    assert synth_tokenizer.n_vocab == 512
+    with pytest.raises(ValueError, match="bos="):
+        loader(mixture(given), synth_tokenizer, bos=bos)
