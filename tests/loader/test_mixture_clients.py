@@ -24,11 +24,16 @@ Checked, both packings, shuffled and not, each tokenizer:
   with batch k resumes at batch k;
 - positions over the mixture: 0 exactly at the tokenizer's BOS (every row start too, best fit),
   the same after a resume;
-- `bos=` that is not a token id of the tokenizer is refused when the loader is made.
+- a worker and the coordinator killed over the compressed, shuffled sources: the same batches;
+- a val mixture made at every evaluation, and one idly released, gives the same batches;
+- one source of two formats (parquet, `.jsonl.zst`, Arrow, `.jsonl` in one directory) is its twin;
+- `bos=` that is not a token id of the tokenizer is refused when the loader is made;
+- slow: saved on 2 ranks and resumed on 3, each new rank is its twins'.
 """
 import itertools
 import json
 import os
+import signal
 import warnings
 
 import numpy as np
@@ -235,3 +240,83 @@ def test_a_bos_that_is_no_token_id_is_refused_when_the_loader_is_made(clientmix,
     assert synth_tokenizer.n_vocab == 512
     with pytest.raises(ValueError, match="bos="):
         loader(mixture(given), synth_tokenizer, bos=bos)
+
+
+def test_a_killed_worker_and_coordinator_over_compressed_shuffled_sources_change_no_batch(clientmix, synth_tokenizer):
+    """A replaced worker reads a `.jsonl.zst` unit again from the file's top, whatever unit of the
+    shuffled order it is given: the same batches as a run left alone."""
+    given, _ = clientmix
+    kw = {**FIT, **SHUFFLED}
+    want, _ = run(mixture(given), synth_tokenizer, N, **kw)
+    with loader(mixture(given), synth_tokenizer, 2, **kw) as ld:
+        got = [flat(b) for b in itertools.islice(ld, 10)]
+        os.kill(ld.debug().workers[0].pid, signal.SIGKILL)
+        got += [flat(b) for b in itertools.islice(ld, 15)]
+        os.kill(ld.debug().coordinator.pid, signal.SIGKILL)
+        got += [flat(b) for b in itertools.islice(ld, N - 25)]
+        assert ld.stats()["heals"] == 2
+    assert same(got, want)
+
+
+def test_a_val_mixture_at_every_evaluation_and_after_an_idle_release_is_the_same(clientmix, sp_model):
+    """nanochat's evaluations: a new best-fit val loader over the mixture at each one (each
+    source's last file; `tiny`'s holds one document), read in part; one loader left idle past
+    `idle_release_s` lets its processes go and goes on exactly."""
+    given, twins = clientmix
+    kw = dict(split="val", **FIT)
+    want, _ = run(mixture(twins), str(sp_model), 30, **kw)
+    for _ in range(2):
+        assert same(run(mixture(given), str(sp_model), 12, **kw)[0], want[:12])
+    with loader(mixture(given), str(sp_model), 2, idle_release_s=0.3, **kw) as ld:
+        got = [flat(b) for b in itertools.islice(ld, 12)]
+        d = ld.debug()
+        pids = [d.coordinator.pid, *(p.pid for p in d.workers)]
+        del d
+        assert helpers.wait_gone(pids, 20.0) == [], "the idle val loader kept its processes"
+        got += [flat(b) for b in itertools.islice(ld, 18)]
+        assert ld.stats()["idle_releases"] == 1
+    assert same(got, want)
+
+
+def test_a_source_of_two_formats_is_its_twin(clientmix, tmp_path, hf_json):
+    """One source whose directory holds parquet and `.jsonl.zst` files (and an Arrow file), sorted by
+    name as one split, beside the others: its files are read in name order, each in its format."""
+    given, twins = clientmix
+    docs = [documents(10 + i, n, 4) for i, n in enumerate((40, 1100, 30, 20))]
+    formats_data.write(str(tmp_path / "both" / "a.parquet"), docs[0], "parquet", column="content")
+    formats_data.write(str(tmp_path / "both" / "b.jsonl.zst"), docs[1], "jsonl.zst", column="content")
+    formats_data.write(str(tmp_path / "both" / "c.arrow"), docs[2], "arrow", column="content")
+    formats_data.write(str(tmp_path / "both" / "d.jsonl"), docs[3], "jsonl", column="content")
+    formats_data.write_set(str(tmp_path / "twin"), docs, "parquet")
+    weights = {**WEIGHTS, "both": 0.5}
+    mixed = mixture({**given, "both": shmloader.Source(str(tmp_path / "both"), column="content")}, weights)
+    for kw in ({}, {**FIT, **SHUFFLED}):
+        got, states = run(mixed, str(hf_json), N, **kw)
+        assert same(got, run(mixture({**twins, "both": str(tmp_path / "twin")}, weights), str(hf_json), N, **kw)[0])
+        assert states[-1]["mixture"]["sources"]["both"].get("format") == "arrow+jsonl+parquet", states[-1]["mixture"]
+        assert same(run(mixed, str(hf_json), 20, workers=1, resume_state=states[39], **kw)[0], got[40:])
+
+
+@pytest.mark.slow  # 2 packings x 2 orders x 12 loaders: ~25 s
+@pytest.mark.parametrize("kw", [{}, FIT, SHUFFLED, {**FIT, **SHUFFLED}],
+                         ids=["concat", "bestfit", "concat-shuffled", "bestfit-shuffled"])
+def test_at_another_world_size_a_mixture_of_formats_is_its_twins(clientmix, synth_tokenizer, kw):
+    """Saved on 2 ranks, resumed on 3 from rank 0's state: each new rank's batches are its twins'
+    (the plans of every source, best fit's buffers dealt out, the same over any format), and a state
+    of the new run resumes on its own rank with another worker count. (Without `tiny`: one unit.)"""
+    given, twins = ({name: d for name, d in sources.items() if name != "tiny"} for sources in clientmix)
+    untiny = {name: w for name, w in WEIGHTS.items() if name != "tiny"}
+    new = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the replay's progress
+        for which, sources in (("given", given), ("twins", twins)):
+            old = run(mixture(sources, untiny), synth_tokenizer, 30, rank=0, world_size=2, **kw)[1][-1]
+            new[which] = [run(mixture(sources, untiny), synth_tokenizer, 25, rank=j, world_size=3,
+                              resume_state=json.loads(json.dumps(old)), **kw) for j in range(3)]
+        for j in range(3):
+            assert same(new["given"][j][0], new["twins"][j][0]), f"new rank {j}"
+        got, states = new["given"][1]
+        assert states[9]["world_size"] == 3 and states[9]["mixture"]["plans"]
+        again, _ = run(mixture(given, untiny), synth_tokenizer, 15, workers=1, rank=1, world_size=3,
+                       resume_state=states[9], **kw)
+    assert same(again, got[10:])
