@@ -27,6 +27,7 @@ Checked, both packings, shuffled and not, each tokenizer:
 - a worker and the coordinator killed over the compressed, shuffled sources: the same batches;
 - a val mixture made at every evaluation, and one idly released, gives the same batches;
 - one source of two formats (parquet, `.jsonl.zst`, Arrow, `.jsonl` in one directory) is its twin;
+- two sources over the same files, each its own column, with a token cache: each its column's;
 - `bos=` that is not a token id of the tokenizer is refused when the loader is made;
 - slow: saved on 2 ranks and resumed on 3, each new rank is its twins'.
 """
@@ -229,6 +230,36 @@ def test_positions_restart_at_every_bos_of_the_tokenizer_and_resume(clientmix, s
             assert (x[:, 0] == bos).all()
     resumed, _ = run(mixture(given), str(sp_model), 25, workers=1, positions=True, resume_state=states[14], **kw)
     assert same(resumed, got[15:])
+
+
+@pytest.mark.parametrize("kw", [{}, {**FIT, **SHUFFLED}], ids=["concat", "bestfit-shuffled"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl.zst"])
+def test_two_columns_of_the_same_files_share_a_token_cache_each_its_own(tmp_path, synth_tokenizer, kw, fmt):
+    """Two sources over one directory, each its own column (`text` and `content`, a question and
+    its answer), with `cache_dir`: each source's tokens are its column's, as its twins' in two
+    directories, in the run that fills the cache and in the next, which reads it."""
+    texts = [documents(20 + f, 1100, 4) for f in range(3)]
+    upper = [[d.upper() if d else d for d in docs] for docs in texts]
+    os.makedirs(tmp_path / "both")
+    for f in range(3):
+        name = str(tmp_path / "both" / f"s{f}.{fmt}")
+        if fmt == "parquet":
+            pq.write_table(pa.table({"text": texts[f], "content": upper[f]}), name, row_group_size=100)
+        else:
+            with pa.CompressedOutputStream(name, "zstd") as out:
+                out.write("".join(json.dumps({"text": a, "content": b}) + "\n" for a, b in zip(texts[f], upper[f])).encode())
+    unit = 100 if fmt == "parquet" else formats_data.UNIT
+    for name, files in (("a", texts), ("b", upper)):
+        os.makedirs(tmp_path / name)
+        for f, docs in enumerate(files):
+            pq.write_table(pa.table({"text": docs}), tmp_path / name / f"s{f}.parquet", row_group_size=unit)
+    both = str(tmp_path / "both")
+    mixed = mixture({"a": shmloader.Source(both, column="text"), "b": shmloader.Source(both, column="content")},
+                    {"a": 1, "b": 1})
+    want, _ = run(mixture({"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}, {"a": 1, "b": 1}), synth_tokenizer,
+                  N, **kw)
+    for _ in ("filled", "read back"):
+        assert same(run(mixed, synth_tokenizer, N, cache_dir=str(tmp_path / "cache"), **kw)[0], want)
 
 
 @pytest.mark.parametrize("bos", [-1, 512, 2 ** 32 + 5, 3.5, True], ids=["negative", "past-vocab", "past-uint32",
