@@ -13,7 +13,8 @@ twins names every batch the mixture of formats must give, byte for byte (tests/l
 test_formats.py checks each format alone; test_mixture.py the twins' mixing against the oracle).
 
 Checked, both packings, shuffled and not, each tokenizer:
-- the mixture of formats gives its twins' batches; a state taken mid-run (`state_dict()`),
+- the mixture of formats gives its twins' batches (concat: the oracle's, tests/oracle.py, with the
+  tokenizer's own encode: the workers' engine encodes as it does); a state taken mid-run (`state_dict()`),
   loaded into a fresh loader (`load_state_dict`, another worker count, through JSON), goes on
   with the uninterrupted run's batches; every source is read, `tiny` for many epochs;
 - on 2 ranks, each rank's stream is its twins' and rank 1 resumed from rank 0's state (nanochat's
@@ -27,6 +28,7 @@ Checked, both packings, shuffled and not, each tokenizer:
 - a worker and the coordinator killed over the compressed, shuffled sources: the same batches;
 - a val mixture made at every evaluation, and one idly released, gives the same batches;
 - one source of two formats (parquet, `.jsonl.zst`, Arrow, `.jsonl` in one directory) is its twin;
+- JSON Lines as other tools write it (raw UTF-8 line separators, CRLF, blank lines) is its twin;
 - two sources over the same files, each its own column, with a token cache: each its column's;
 - `bos=` that is not a token id of the tokenizer is refused when the loader is made;
 - slow: saved on 2 ranks and resumed on 3, each new rank is its twins'.
@@ -36,6 +38,8 @@ import json
 import os
 import signal
 import warnings
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +49,7 @@ import pytest
 import shmloader
 from shmloader import nanochat
 from shmloader.demo import corpus
-from tests import formats_data, helpers
+from tests import formats_data, helpers, oracle
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 B, T = 2, 32
@@ -93,19 +97,27 @@ def mixture(sources, weights=WEIGHTS, **kw):
     return shmloader.Mixture(sources, weights, **kw)
 
 
-@pytest.fixture(params=["rustbpe", "sentencepiece", "hf"])
-def tok(request):
-    """(the tokenizer as a client passes it, its BOS id)."""
+class Tok(NamedTuple):
+    tokenizer: object  # as a client passes it
+    bos: int
+    encode: object     # its own encode of a document's text (ordinary text, no BOS), for the oracle
+
+
+@pytest.fixture
+def tok(request) -> Tok:
     if request.param == "rustbpe":
         enc = request.getfixturevalue("synth_tokenizer")
-        return enc, enc.encode_single_token("<|bos|>")
+        return Tok(enc, enc.encode_single_token("<|bos|>"), enc.encode_ordinary)
     if request.param == "sentencepiece":
         sentencepiece = pytest.importorskip("sentencepiece")
         path = request.getfixturevalue("sp_model")
-        return str(path), sentencepiece.SentencePieceProcessor(model_file=str(path)).bos_id()
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        return Tok(str(path), sp.bos_id(), sp.encode)
     path = request.getfixturevalue("hf_json")
     from tokenizers import Tokenizer
-    return str(path), Tokenizer.from_file(str(path)).token_to_id("<|endoftext|>")
+    hf = Tokenizer.from_file(str(path))
+    hf.encode_special_tokens = True
+    return Tok(str(path), hf.token_to_id("<|endoftext|>"), lambda text: hf.encode(text, add_special_tokens=False).ids)
 
 
 def loader(data, tokenizer, workers=2, **kw):
@@ -136,12 +148,23 @@ def epochs(state) -> dict:
     return {name: v[2] for name, v in json.loads(state["mixture"]["point"])["mixer"]["totals"].items()}
 
 
-@pytest.mark.parametrize("kw", [{}, FIT, SHUFFLED, {**FIT, **SHUFFLED}],
-                         ids=["concat", "bestfit", "concat-shuffled", "bestfit-shuffled"])
-def test_a_mixture_of_formats_is_its_twins_and_resumes_in_a_fresh_loader(clientmix, tok, kw):
+KINDS = {"concat": {}, "bestfit": FIT, "concat-shuffled": SHUFFLED, "bestfit-shuffled": {**FIT, **SHUFFLED}}
+# every tokenizer in concat (against the oracle) and shuffled best fit; the other two with one
+CASES = [(t, k) for t in ("rustbpe", "sentencepiece", "hf") for k in ("concat", "bestfit-shuffled")]
+CASES += [("rustbpe", "bestfit"), ("sentencepiece", "concat-shuffled")]
+
+
+@pytest.mark.parametrize("tok,kind", CASES, indirect=["tok"], ids=[f"{t}-{k}" for t, k in CASES])
+def test_a_mixture_of_formats_is_its_twins_and_resumes_in_a_fresh_loader(clientmix, tok, kind):
     given, twins = clientmix
-    tokenizer, bos = tok
+    kw = KINDS[kind]
+    tokenizer, bos = tok.tokenizer, tok.bos
     want, _ = run(mixture(twins), tokenizer, N, **kw)
+    if not kw:  # the twins' stream is the oracle's, each document its tokenizer's own encode
+        files = {name: sorted(str(p) for p in Path(d).iterdir())[:-1] for name, d in twins.items()}
+        docs = oracle.mixed_documents(files, tok.encode, bos, mixture(twins), B * T + 1)
+        windows = [w for w, _ in itertools.islice(oracle.concat_windows([], tok.encode, bos, B, T, docs=docs), N)]
+        assert same([np.concatenate([b[:1], b[B * T:]]) for b in want], windows), "not the oracle's stream"
     with loader(mixture(given), tokenizer, 2, **kw) as ld:
         got = [flat(b) for b in itertools.islice(ld, 23)]
         state = json.loads(json.dumps(ld.state_dict()))
@@ -232,9 +255,9 @@ def test_positions_restart_at_every_bos_of_the_tokenizer_and_resume(clientmix, s
     assert same(resumed, got[15:])
 
 
-@pytest.mark.parametrize("kw", [{}, {**FIT, **SHUFFLED}], ids=["concat", "bestfit-shuffled"])
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl.zst"])
-def test_two_columns_of_the_same_files_share_a_token_cache_each_its_own(tmp_path, synth_tokenizer, kw, fmt):
+@pytest.mark.parametrize("fmt,kw", [("parquet", {}), ("jsonl.zst", {**FIT, **SHUFFLED})],
+                         ids=["parquet-concat", "jsonl.zst-bestfit-shuffled"])
+def test_two_columns_of_the_same_files_share_a_token_cache_each_its_own(tmp_path, synth_tokenizer, fmt, kw):
     """Two sources over one directory, each its own column (`text` and `content`, a question and
     its answer), with `cache_dir`: each source's tokens are its column's, as its twins' in two
     directories, in the run that fills the cache and in the next, which reads it."""
@@ -260,6 +283,25 @@ def test_two_columns_of_the_same_files_share_a_token_cache_each_its_own(tmp_path
                   N, **kw)
     for _ in ("filled", "read back"):
         assert same(run(mixed, synth_tokenizer, N, cache_dir=str(tmp_path / "cache"), **kw)[0], want)
+
+
+def test_jsonl_as_other_tools_write_it_is_its_twin(clientmix, tmp_path, sp_model):
+    """A `.jsonl.gz` source written with raw UTF-8 (`ensure_ascii=False`: U+2028, NEL, form feed
+    inside strings, which `str.splitlines` would cut at), CRLF line ends, blank lines for nulls and
+    no newline after the last line, beside the other sources: its twin's batches, both packings."""
+    import gzip
+    docs = ["line \u2028 separator", "nel \x85 here", "form \x0c feed", None, "tab\tand \x0b", "", TEXT]
+    files = [(docs * 200)[i * 500:(i + 1) * 500] for i in range(3)]
+    os.makedirs(tmp_path / "raw")
+    for f, part in enumerate(files):
+        lines = ("" if d is None else json.dumps({"text": d}, ensure_ascii=False) for d in part)
+        (tmp_path / "raw" / f"s{f}.jsonl.gz").write_bytes(gzip.compress("\r\n".join(lines).encode()))
+    formats_data.write_set(str(tmp_path / "twin"), files, "parquet")
+    given, twins = clientmix
+    weights = {**WEIGHTS, "raw": 0.5}
+    for kw in ({}, FIT):
+        got, _ = run(mixture({**given, "raw": str(tmp_path / "raw")}, weights), str(sp_model), 40, **kw)
+        assert same(got, run(mixture({**twins, "raw": str(tmp_path / "twin")}, weights), str(sp_model), 40, **kw)[0])
 
 
 @pytest.mark.parametrize("bos", [-1, 512, 2 ** 32 + 5, 3.5, True], ids=["negative", "past-vocab", "past-uint32",
