@@ -160,6 +160,7 @@ def test_a_mixture_of_formats_is_its_twins_and_resumes_in_a_fresh_loader(clientm
     kw = KINDS[kind]
     tokenizer, bos = tok.tokenizer, tok.bos
     want, _ = run(mixture(twins), tokenizer, N, **kw)
+    assert bos not in tok.encode(TEXT), "special-token text is ordinary text: no BOS inside a document"
     if not kw:  # the twins' stream is the oracle's, each document its tokenizer's own encode
         files = {name: sorted(str(p) for p in Path(d).iterdir())[:-1] for name, d in twins.items()}
         docs = oracle.mixed_documents(files, tok.encode, bos, mixture(twins), B * T + 1)
