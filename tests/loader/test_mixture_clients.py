@@ -17,7 +17,8 @@ Checked, both packings, shuffled and not, each tokenizer:
   tokenizer's own encode: the workers' engine encodes as it does); a state taken mid-run (`state_dict()`),
   loaded into a fresh loader (`load_state_dict`, another worker count, through JSON), goes on
   with the uninterrupted run's batches; every source is read, `tiny` for many epochs;
-- on 2 ranks, each rank's stream is its twins' and rank 1 resumed from rank 0's state (nanochat's
+- on 2 ranks, a JSON Lines source with no unit for rank 1 is named, a unit said in its words;
+  each rank's stream (without it) is its twins' and rank 1 resumed from rank 0's state (nanochat's
   checkpoints) gives rank 1's own batches;
 - a schedule over the formats, resumed on each side of a stage's first batch, and new weights at
   a resume, are the twins';
@@ -195,6 +196,15 @@ def test_on_two_ranks_each_is_its_twins_and_another_ranks_state_resumes_it(clien
         warnings.simplefilter("ignore")  # the replay's progress
         got, _ = run(mixture(given, untiny), synth_tokenizer, 15, workers=1, rank=1, resume_state=states[-1], **ranks)
     assert same(got, own[25:]), "rank 1 from rank 0's state is not rank 1's own stream"
+
+
+@pytest.mark.parametrize("kw", [{}, SHUFFLED], ids=["files-order", "shuffled"])
+def test_a_jsonl_source_with_no_unit_for_a_rank_says_what_a_unit_is(clientmix, synth_tokenizer, kw):
+    """`tiny`'s one train file is one unit of lines: rank 1 of 2 has none, and is told that a JSON
+    Lines file's unit is 1024 lines, not to write more row groups, which it has none of."""
+    given, _ = clientmix
+    with pytest.raises(shmloader.DataError, match=r"mixture source 'tiny': rank 1 of 2 has no .*1024 lines"):
+        run(mixture(given), synth_tokenizer, 5, rank=1, world_size=2, **kw)
 
 
 SCHEDULE = [(0, WEIGHTS), (20, {"web": 0.1, "code": 0.1, "hf": 0.8}), (35, {"web": 1, "code": 0, "hf": 1, "tiny": 1})]
