@@ -28,7 +28,7 @@ Checked, both packings, shuffled and not, each tokenizer:
   the same after a resume;
 - a worker and the coordinator killed over the compressed, shuffled sources: the same batches;
 - a val mixture made at every evaluation, and one idly released, gives the same batches;
-- one source of two formats (parquet, `.jsonl.zst`, Arrow, `.jsonl` in one directory) is its twin;
+- one source of four formats (parquet, `.jsonl.zst`, Arrow, `.jsonl` in one directory) is its twin;
 - JSON Lines as other tools write it (raw UTF-8 line separators, CRLF, blank lines) is its twin;
 - two sources over the same files, each its own column, with a token cache: each its column's;
 - `bos=` that is not a token id of the tokenizer is refused when the loader is made;
@@ -362,8 +362,8 @@ def test_a_val_mixture_at_every_evaluation_and_after_an_idle_release_is_the_same
     assert same(got, want)
 
 
-def test_a_source_of_two_formats_is_its_twin(clientmix, tmp_path, hf_json):
-    """One source whose directory holds parquet and `.jsonl.zst` files (and an Arrow file), sorted by
+def test_a_source_of_four_formats_is_its_twin(clientmix, tmp_path, hf_json):
+    """One source whose directory holds parquet, `.jsonl.zst`, Arrow and `.jsonl` files, sorted by
     name as one split, beside the others: its files are read in name order, each in its format."""
     given, twins = clientmix
     docs = [documents(10 + i, n, 4) for i, n in enumerate((40, 1100, 30, 20))]
