@@ -14,6 +14,7 @@ Datasets (session-scoped, written once into tmp dirs with `shmloader.demo.corpus
   W = 33 (B=2, T=16, world 1) a window ends exactly at the end of row group 0 of file 0, at
   the end of file 0 and at the end of the train epoch (exact-boundary resume points).
 - `sp_model`: a SentencePiece `.model` file, a ~370-piece unigram model (`helpers.train_sp`).
+- `hf_json`: a Hugging Face `tokenizer.json`, a 400-token byte-level BPE (`helpers.train_hf_json`).
 
 `SHMLOADER_ENGINE_AT=0` for the whole session (below). Autouse `no_leaks`: after every test,
 no child process of the loader (a descendant of this process other than multiprocessing's
@@ -132,6 +133,13 @@ def sp_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("sp") / "tokenizer.model"
     path.write_bytes(helpers.train_sp())
     return path
+
+
+@pytest.fixture(scope="session")
+def hf_json(tmp_path_factory) -> Path:
+    """A Hugging Face `tokenizer.json` (`helpers.train_hf_json`; skipped without tokenizers)."""
+    pytest.importorskip("tokenizers")
+    return helpers.train_hf_json(tmp_path_factory.mktemp("hf_tok") / "tokenizer.json")
 
 
 @pytest.fixture(scope="session")

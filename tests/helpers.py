@@ -222,6 +222,22 @@ def train_sp(vocab_size: int = 400, **options) -> bytes:
     return out.getvalue()
 
 
+
+def train_hf_json(path) -> Path:
+    """A byte-level BPE `tokenizer.json` (400 tokens, `<|endoftext|>` its only special token)
+    trained offline on the synthetic corpus and saved at `path`; `path`. Deterministic."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from shmloader.demo import corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus.synthetic_texts(80, seed=4, mean_words=20), trainer)
+    tok.save(str(path))
+    return Path(path)
+
 # ---------------------------------------------------------------- datasets
 
 @dataclass

@@ -1,6 +1,7 @@
 """The token cache: each row group tokenized once, then read back at memory speed.
 
-One file per (data file identity, row group, tokenizer):
+One file per (data file identity, its column read, row group, tokenizer; a `File` names the
+file and column, also where one run reads a file in two columns):
 `<cache_dir>/<tokenizer fingerprint>/<hash of path, size, mtime>-rg<NNNNN>.tok`. A data file
 that changes gets a new identity, so its old entries are never served. Layout (little endian):
 
@@ -36,6 +37,7 @@ import re
 import secrets
 import zlib
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,6 +64,14 @@ def identity(path: str, filesystem=None, column: str = "text") -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
 
 
+class File(NamedTuple):
+    """A data file as the cache keeps it: its path and the column read (one file's two columns,
+    two sources of one mixture, are two entries). The cache's methods take a `File`, or a path
+    alone for its `text` column."""
+    path: str
+    column: str = "text"
+
+
 class _Entry:
     """A checked entry: its rows' lengths, tokens and token offsets (plain arrays over the
     file's mapping), for rows `start ...` of its row group."""
@@ -80,18 +90,17 @@ class _Entry:
 
 
 class TokenCache:
-    def __init__(self, cache_dir: str, tokenizer_fingerprint: str, n_vocab: int, filesystem=None,
-                 columns: dict | None = None):
+    def __init__(self, cache_dir: str, tokenizer_fingerprint: str, n_vocab: int, filesystem=None):
         self.filesystem = filesystem
-        self.columns = columns or {}  # path -> the column read, when not "text"
         self.dir = os.path.join(os.fspath(cache_dir), tokenizer_fingerprint)
         self.dtype = np.dtype("<u2") if 0 < n_vocab <= 1 << 16 else np.dtype("<u4")
         self._ids = {}
         self._memo = OrderedDict()  # (path, rg) -> _Entry of the whole row group
 
-    def _identity(self, path: str) -> int:
+    def _identity(self, path: "File | str") -> int:
         if path not in self._ids:
-            self._ids[path] = identity(path, self.filesystem, self.columns.get(path, "text"))
+            f = path if isinstance(path, File) else File(path)
+            self._ids[path] = identity(f.path, self.filesystem, f.column)
         return self._ids[path]
 
     def path_of(self, path: str, rg: int) -> str:

@@ -138,8 +138,7 @@ def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: in
             barren += 1
             if barren > n_files:
                 raise DataError(f"rank {rank} of {world} has no row group in any of the {n_files} "
-                                f"files (row groups rank, rank+{world}, ...): use fewer ranks or "
-                                f"write files with more row groups")
+                                f"files (row groups rank, rank+{world}, ...): {shufflemod.MORE_UNITS}")
             at, rg, doc = at + 1, rank, 0
             continue
         barren = 0

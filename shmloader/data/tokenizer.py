@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import numbers
 import os
 import pickle
 import tempfile
@@ -61,6 +62,22 @@ def default_path() -> str:
 
 
 def resolve(tokenizer, bos: int | None = None) -> TokenizerSpec:
+    """The spec of `tokenizer` (the module docstring lists the forms) with BOS `bos` (None: its
+    own); a BOS that is not a token id of its vocabulary (`bos=` not an int, negative or past
+    the vocabulary; or a tokenizer object's own) is a ValueError here, not an id the model has
+    no row for at every document's start, nor a worker killed by it."""
+    if bos is not None and (isinstance(bos, bool) or not isinstance(bos, numbers.Integral) or bos < 0):
+        raise ValueError(f"bos= must be a token id of the tokenizer (an int >= 0), got {bos!r}")
+    spec = _resolve(tokenizer, None if bos is None else int(bos))
+    bound = spec.n_vocab or np.iinfo(spec.dtype).max + 1  # a tokenizer object's vocabulary is not known
+    if not 0 <= spec.bos < bound:
+        vocab = f"its vocabulary is ids 0 to {bound - 1}" if spec.n_vocab else f"its ids are {np.dtype(spec.dtype)}"
+        raise ValueError(f"the BOS id {spec.bos} is not a token id of the tokenizer ({vocab}): pass bos= with "
+                         f"the id of its BOS token")
+    return spec
+
+
+def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
     import tiktoken
 
     origin = type(tokenizer).__name__

@@ -33,7 +33,7 @@ import numpy as np
 from ..data import engine as enginemod
 from ..data import shuffle
 from ..data import tokenizer as tokmod
-from ..data.cache import TokenCache
+from ..data.cache import File, TokenCache
 from ..data.order import Piece
 from ..data.source import Ids, Reader, read_or_skip
 from ..errors import DataError
@@ -127,9 +127,7 @@ def _loop(ctx: _Ctx):
     fs = ctx.args.filesystem.open() if ctx.args.filesystem is not None else None
     source = ctx.source = Reader(ctx.args.files, fs, ctx.args.columns, spec.n_vocab or None,
                                      ctx.args.keep_open)
-    cache = (TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs,
-                        dict(zip(ctx.args.files, source.columns)))
-             if ctx.cfg.cache_dir else None)
+    cache = TokenCache(ctx.cfg.cache_dir, spec.fingerprint, spec.n_vocab, fs) if ctx.cfg.cache_dir else None
     row = ctx.ring.workers[ctx.args.worker]
     ctx.conn.send(Ready(encode.state))  # pieces come from now on (NOTE [ring protocol] 2); first, so
     row[WorkerCol.ENGINE] = encode.state  # that an engine in stats() means Ready is sent; updated after
@@ -252,7 +250,7 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
         return (*_tokenized(ctx, source, encode, task)[:2], None)
     if piece.members:  # a piece of a shuffled window
         return _cached_shuffled(ctx, source, encode, cache, task)
-    path = ctx.args.files[piece.file]
+    path = _file(ctx, source, piece.file)
     got = cache.load_rows(path, piece.rg, piece.doc_start, piece.doc_end)
     if got is not None:
         return (*without(got[1], got[0], _relative(task.skip, piece)), True)
@@ -266,6 +264,11 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     return tokens, lengths, False
 
 
+def _file(ctx: _Ctx, source: Reader, f: int) -> File:
+    """File `f` of the run as the token cache keeps it: its path and the column read."""
+    return File(ctx.args.files[f], source.columns[f])
+
+
 def _cached_shuffled(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     """`_cached_or_tokenized` of a piece of a shuffled window (data/shuffle.py): the cache keeps
     units whole and in file order, so it serves any piece's rows of its members in any epoch's
@@ -273,7 +276,7 @@ def _cached_shuffled(ctx: _Ctx, source: Reader, encode, cache, task: Task):
     member, a part of one (the first pieces of a run, or pieces of a window of many units) is
     not."""
     piece = task.piece
-    got = shuffle.cached(lambda m: cache.load_rows(ctx.args.files[m.file], m.unit, 0, m.rows) if m.rows else None,
+    got = shuffle.cached(lambda m: cache.load_rows(_file(ctx, source, m.file), m.unit, 0, m.rows) if m.rows else None,
                          piece, ctx.order)
     if got is not None:
         return (*without(got[1], got[0], _relative(task.skip, piece)), True)
@@ -282,7 +285,7 @@ def _cached_shuffled(ctx: _Ctx, source: Reader, encode, cache, task: Task):
         try:
             for member, ls, ts in shuffle.in_file_order(piece, ctx.order, lengths, tokens):
                 if member.rows:
-                    cache.store(ctx.args.files[member.file], member.unit, ls, ts)
+                    cache.store(_file(ctx, source, member.file), member.unit, ls, ts)
         except OSError as exc:
             ctx.conn.send(Warn(f"worker {ctx.args.worker}: token cache not written ({exc})"))
     return tokens, lengths, False

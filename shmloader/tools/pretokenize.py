@@ -26,24 +26,24 @@ from shmloader.data import tokenizer as tokmod
 from shmloader.procs import worker
 
 
-def _init(spec_, cache_dir_, engine, column, files):
+def _init(spec_, cache_dir_, engine, column):
     global _SPEC, _ENGINES, _CACHE, _COLUMN
     _SPEC, _COLUMN = spec_, column
     # the loader's engine, checked as a worker checks it, taking over before the first document
     _ENGINES = enginemod.Engines(spec_, engine, warn=lambda text: print(f"pretokenize: {text}", file=sys.stderr),
                                  at=0)
-    _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab, columns={f: column for f in files})
+    _CACHE = cachemod.TokenCache(cache_dir_, spec_.fingerprint, spec_.n_vocab)
 
 
 def _one(job):
     path, rg = job
-    if _CACHE.load(path, rg) is not None:
+    if _CACHE.load(cachemod.File(path, _COLUMN), rg) is not None:
         return 0, False
     reader = source.Reader([path], columns=_COLUMN, n_vocab=_SPEC.n_vocab or None)
     texts = reader.read_texts(0, rg, 0, reader.row_counts(0)[rg])
     tokens, lengths = worker.encode_texts(texts, _ENGINES.encode_batch, _SPEC.bos, _SPEC.dtype,
                                           lambda i: f"{path}, row group {rg}, document row {i}")
-    _CACHE.store(path, rg, lengths, tokens)
+    _CACHE.store(cachemod.File(path, _COLUMN), rg, lengths, tokens)
     return int(tokens.size), True
 
 
@@ -76,7 +76,7 @@ def main(argv=None):
     report = progress.Report("pretokenize", len(jobs), "row groups", t0,
                              lambda level, text: print(text, file=sys.stderr, flush=True), bar=True)
     with ctx.Pool(args.workers, initializer=_init,
-                  initargs=(spec, args.cache_dir, args.engine, args.column, files)) as pool:
+                  initargs=(spec, args.cache_dir, args.engine, args.column)) as pool:
         for i, (n, wrote) in enumerate(pool.imap_unordered(_one, jobs), 1):
             done += wrote
             tokens += n

@@ -38,21 +38,6 @@ def docs_root(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def hf_json(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus.synthetic_texts(80, seed=4, mean_words=20), trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    path = tmp_path_factory.mktemp("engine_in_use_tok") / "tokenizer.json"
-    tok.save(str(path))
-    return str(path)
-
-
 def _read(root, tokenizer, engine, n=None, deadline_s=60.0):
     """(batches, engines at the first batch of the workers that had read by then, engines at the
     end): `n` batches, or (n None) batches until every worker names fastokens."""
@@ -77,7 +62,7 @@ def _read(root, tokenizer, engine, n=None, deadline_s=60.0):
 def test_bestfit_reads_with_the_fast_engine_and_the_definitions_batches(kind, docs_root, hf_json,
                                                                         synth_tokenizer, monkeypatch, watchdog):
     monkeypatch.delenv(enginemod.AT_ENV, raising=False)
-    tokenizer = hf_json if kind == "hf" else synth_tokenizer
+    tokenizer = str(hf_json) if kind == "hf" else synth_tokenizer
     fast, first, last = _read(docs_root, tokenizer, "auto")
     assert last == ["fastokens", "fastokens"]
     assert first, "no worker had read anything at the first batch"

@@ -79,22 +79,6 @@ def pkl(enc, tmp_path_factory):
     return corpus.save_tokenizer(enc, tmp_path_factory.mktemp("tok_pkl"))
 
 
-@pytest.fixture(scope="module")
-def hf_json(tmp_path_factory):
-    """A byte-level BPE tokenizer.json trained offline; '<|endoftext|>' is its only special token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus.synthetic_texts(80, seed=4, mean_words=20), trainer)
-    path = tmp_path_factory.mktemp("tok_hf") / "tokenizer.json"
-    tok.save(str(path))
-    return path
-
-
 def _hf_encode(path):
     from tokenizers import Tokenizer
 

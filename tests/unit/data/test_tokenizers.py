@@ -189,6 +189,18 @@ def test_bos_override(enc):
     assert resolve(with_specials(enc, ["<|user_start|>"]), bos=3).bos == 3
 
 
+def test_a_bos_that_is_no_token_id_is_a_value_error(enc):
+    """bos= an int of the vocabulary (numpy's too); a tokenizer object's own BOS is bounded by its
+    ids' dtype, its vocabulary being unknown (tests/loader/test_mixture_clients.py: the loader)."""
+    assert resolve(enc, bos=np.int64(5)).bos == 5 and resolve(enc, bos=enc.n_vocab - 1).bos == enc.n_vocab - 1
+    for bad in (-1, enc.n_vocab, 2.0, True, "5"):
+        with pytest.raises(ValueError, match="bos="):
+            resolve(enc, bos=bad)
+    with pytest.raises(ValueError, match=r"the BOS id -3 is not a token id .*int64"):
+        resolve(IntTokenizer(bos=-3))
+    assert resolve(IntTokenizer(bos=2 ** 40)).bos == 2 ** 40
+
+
 def test_unknown_name_is_not_found():
     with pytest.raises(FileNotFoundError, match="no_such_tokenizer_name"):
         resolve("no_such_tokenizer_name")
