@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .concat import ConcatSequencer, Where
-from .mixruns import offsets, point_at, point_of
+from .mixruns import offsets, point_at, point_of, start_of
 
 
 class End(NamedTuple):
@@ -36,7 +36,7 @@ class _Span:
     is its piece's last (`last`); with `doc_ends` (a block's stretch) each document's end."""
 
     __slots__ = ("stretch", "start", "starts", "ends", "end", "pieces", "src", "last", "doc_ends", "docs",
-                 "placed", "done_runs", "done_sent", "docs_before", "segments", "segment_at")
+                 "placed", "done_runs", "done_sent", "docs_before", "segments", "segment_at", "_block_start")
 
     def __init__(self, stretch, start: int, docs_before: int):
         self.stretch, self.start, self.docs_before = stretch, start, docs_before
@@ -77,6 +77,7 @@ class _Span:
         self.done_runs = 0        # its runs before this are placed whole (their pieces' done sent)
         self.done_sent = False
         self.segments = self.segment_at = None  # all its segments, cut at its first placement
+        self._block_start = None  # where the mix stood at its block's start (`mixruns.start_of`), once asked
 
     def end_at(self, pos: int):
         """`(row, skip, documents before, End)` of stream position `pos` (start <= pos < end)."""
@@ -86,7 +87,7 @@ class _Span:
             j = int(self.doc_ends.searchsorted(pos, side="right"))   # the document holding token pos
             rows, row = st.rows[block.picks[j]], int(block.doc_rows[j])
             skip = pos - int(self.doc_ends[j] - block.doc_lengths[j])
-            return row, skip, j, End(rows.piece, lambda skip: point_of(block, j, skip))
+            return row, skip, j, End(rows.piece, lambda skip: point_of(block, j, skip, self.block_start()))
         a = st.arrays
         i = int(self.ends.searchsorted(pos, side="right"))     # the run holding token pos
         rows, lo = st.rows[a.which[i]], int(a.row_lo[i])
@@ -95,6 +96,12 @@ class _Span:
         run = st.run(i)
         docs = int(a.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
         return row, at - int(rows.before[row]), docs, End(rows.piece, lambda skip: point_at(run, row, skip))
+
+    def block_start(self):
+        """`mixruns.start_of` its block, made once: each batch ending in it makes a point from it."""
+        if self._block_start is None:
+            self._block_start = start_of(self.stretch.block)
+        return self._block_start
 
     def piece_at(self, pos: int):
         """The piece stream position `pos` (start <= pos < end) is in."""
