@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .concat import ConcatSequencer, Where
+from .concat import ConcatSequencer, Where, batch_segments
 from .mixruns import offsets, point_at, point_of, start_of
 
 
@@ -166,8 +166,14 @@ class MixSequencer(ConcatSequencer):
         return out
 
     def _cut(self, s: _Span, lo: int, hi: int) -> np.ndarray:
-        """The segments of stream positions `[lo, hi)` of span `s`: one a run and a batch."""
+        """The segments of stream positions `[lo, hi)` of span `s`: one a run and a batch (a span
+        of one run, a mixture of one's, as a piece of one source is cut: its few segments in
+        Python, not a score of array calls)."""
         w = self.window
+        if len(s.ends) == 1:
+            piece, src = int(s.pieces[0]), int(s.src[0]) - int(s.starts[0])
+            return np.array([(piece, k, 0, off, src + at, n) for k, off, at, n in batch_segments(0, lo, hi, w)],
+                            dtype=np.int64).reshape(-1, 6)
         first, stop = s.ends.searchsorted(lo, side="right"), s.starts.searchsorted(hi, side="left")
         cuts = np.concatenate(([lo, hi], s.starts[first + 1:stop], np.arange(lo // w + 1, (hi - 1) // w + 1) * w))
         cuts.sort()
