@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
-from shmloader.packing.mix import MixPoint, MixStream, ends_chunk, point_at
-from shmloader.packing.mixruns import point_of, start_of, where_at
+from shmloader.packing.mix import MixPoint, MixStream, ends_chunk, first_end, point_at
+from shmloader.packing.mixruns import Rows, point_of, start_of, where_at
 from shmloader.position import Position
 
 W = 8 * 16 + 1
@@ -366,3 +366,24 @@ def points_of_block_are_its_runs(stretch, runs: list, rng):
             del want["mixer"], got["mixer"]
         assert got == want
     assert start == start_of(block)  # not changed by the points made from it
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_first_pick_that_ends_a_chunk_of_one_head_is_found_by_one_search(seed):
+    """`first_end` of one head (a mixture of one) searches its picks' next rows; it is the first
+    pick `ends_chunk` names (or the picks' number), with nulls, a piece starting inside its step,
+    any first pick, picks to the piece's end or fewer."""
+    rng = random.Random(seed)
+    n = rng.randrange(1, 60)
+    lengths = np.array([0 if rng.random() < 0.3 else rng.randint(1, 9) for _ in range(n)], dtype=np.int64)
+    if not lengths.any():
+        lengths[rng.randrange(n)] = 1
+    piece = Piece(0, 1, 0, 0, rng.randrange(40), 0)
+    rows = Rows(piece, lengths)
+    chunk = rng.choice([1, 3, 4, 16])
+    q = rng.randrange(len(rows.live))
+    m = rng.randrange(1, len(rows.live) - q + 1)  # a limit may stop the picks before the piece's end
+    doc_rows, nexts = rows.live[q:q + m], rows.after[q:q + m]
+    picked = np.zeros(m, dtype=np.intp)
+    hits = np.flatnonzero(ends_chunk(piece.doc_start, doc_rows, nexts, n, chunk))
+    assert first_end([rows], picked, doc_rows, nexts, chunk) == (int(hits[0]) if len(hits) else m)
