@@ -8,8 +8,10 @@ batches' ends, one `Copies` row a segment (packing/mixmode.py sends them); a pie
 once its last run is placed. A block's stretch is placed from its documents (`Block`: each
 one's length and row), its runs the picks of one source in a row: no `Run` is made, and a
 batch's end names the document it falls in, where the mix stood there made from the block
-(`mixruns.point_of`); a block of one run (its picks all one source's: a mixture of one) is one
-run from its first document's row, its documents end to end. Only a stretch of one run, or one
+(`mixruns.point_of`, from where it stood at the block's start, made once a span:
+`_Span.block_start`); a block of one run (its picks all one source's: a mixture of one) is one
+run from its first document's row, its documents end to end, its segments cut at the batches'
+ends as a piece of one source is (`concat.batch_segments`). Only a stretch of one run, or one
 that goes on with a run begun before its block (a resumed cut document), is placed from its run
 arrays (`Stretch.arrays`).
 """
