@@ -161,14 +161,10 @@ class ConcatSequencer:
         return orders
 
     def _segments(self, start: int, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
-        segs = []
-        w = self.window
-        while lo < hi:
-            k = lo // w
-            n = min(hi, (k + 1) * w) - lo
-            segs.append((k, lo - k * w, lo - start, n))
-            lo += n
-            while self._opened <= k:  # segments go out in stream order: k's first one
+        segs = batch_segments(start, lo, hi, self.window)
+        if segs:
+            last, w = segs[-1][0], self.window
+            while self._opened <= last:  # segments go out in stream order: each batch's first one
                 self.book.expect(self._opened, w)
                 self._opened += 1
         return segs
@@ -286,6 +282,19 @@ class ConcatMode(Mode):
             for index in [i for i in self.specs if i < keep]:
                 del self.specs[index]
         return out
+
+
+def batch_segments(start: int, lo: int, hi: int, window: int) -> list:
+    """Stream positions `[lo, hi)` of tokens that begin at stream position `start` (`start <= lo`),
+    cut at the batches' ends (every `window` positions): `(batch, batch_offset, offset from
+    start, n)` a segment."""
+    segs = []
+    while lo < hi:
+        k = lo // window
+        n = min(hi, (k + 1) * window) - lo
+        segs.append((k, lo - k * window, lo - start, n))
+        lo += n
+    return segs
 
 
 def row_group_of(piece) -> RowGroup:

@@ -222,8 +222,11 @@ class MixChunks(Chunks):
                 if self.stream.finished is None or not self._pending_docs:
                     return False
                 break  # the mix ended: its last documents are a shorter chunk
-        ids = np.concatenate([i for i, _ in self._pending])
-        lengths = np.concatenate([n for _, n in self._pending])
+        if len(self._pending) == 1:  # the usual chunk: one stretch's (a mixture of one's, always)
+            ids, lengths = self._pending[0]
+        else:
+            ids = np.concatenate([i for i, _ in self._pending])
+            lengths = np.concatenate([n for _, n in self._pending])
         self._queue.append((ids, lengths, self._end))
         self.docs += len(ids)
         self._pending, self._pending_docs = [], 0
@@ -270,11 +273,14 @@ class MixBestFitSequencer(BestFitSequencer):
         """The ids and lengths of a stretch's documents, in stream order (a document's id: its
         piece's base and its row)."""
         which, rows, lengths = stretch.documents()
-        bases = np.array([self._bases[r.piece.index] for r in stretch.rows], dtype=np.int64)
+        if len(stretch.rows) == 1:  # one piece's documents (a mixture of one's): one base
+            ids = rows + self._bases[stretch.rows[0].piece.index]
+        else:
+            ids = np.array([self._bases[r.piece.index] for r in stretch.rows], dtype=np.int64)[which] + rows
         for source, piece in stretch.used_up():
             del self._bases[piece.index]
             self._used(source, piece)
-        return bases[which] + rows, lengths
+        return ids, lengths
 
     def _complete(self, plan) -> Complete:
         """The batch's tokens of each source settle the mixer's counts (`Mixer.settle`) and the

@@ -148,7 +148,7 @@ class MixFeed:
     def feed(self):
         """The pieces, forever (the mode asks only when `pick` gave a source)."""
         while True:
-            pick = self.pick()
+            pick = self.pick_now()  # the mode's `can_take` made it: nothing changed since
             if pick is None:  # the mode's `can_take` said there was one
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
             name = pick.source

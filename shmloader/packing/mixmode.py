@@ -118,7 +118,9 @@ class MixConcatMode(ConcatMode):
             pieces, batches = segments[:, 0], segments[:, 1]
             keys = sorted(set(pieces.tolist()))
             owners = [owner[i] for i in keys]
-            workers = np.array(owners, dtype=np.int64)[np.searchsorted(keys, pieces)]
+            workers = None  # one worker's pieces (a mixture of one's turn, mostly): it is sent every segment
+            if len(set(owners)) > 1:
+                workers = np.array(owners, dtype=np.int64)[np.searchsorted(keys, pieces)]
             first, last = int(batches[0]), int(batches[-1])
             if first == last:  # the usual turn: one batch's segments
                 segments[:, 2] = take_slot(first)
@@ -138,7 +140,11 @@ class MixConcatMode(ConcatMode):
             for index in done:
                 self._written_out(w, index)
                 del owner[index]
-            yield w, Copies(segments[workers == w], tuple(done))
+            if workers is None:  # one worker's segments: all of them or none
+                mine = segments if w in sending else segments[:0]
+            else:
+                mine = segments[workers == w]
+            yield w, Copies(mine, tuple(done))
 
     def holding(self, worker: int, orders) -> dict:
         """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""

@@ -8,8 +8,10 @@ batches' ends, one `Copies` row a segment (packing/mixmode.py sends them); a pie
 once its last run is placed. A block's stretch is placed from its documents (`Block`: each
 one's length and row), its runs the picks of one source in a row: no `Run` is made, and a
 batch's end names the document it falls in, where the mix stood there made from the block
-(`mixruns.point_of`); a block of one run (its picks all one source's: a mixture of one) is one
-run from its first document's row, its documents end to end. Only a stretch of one run, or one
+(`mixruns.point_of`, from where it stood at the block's start, made once a span:
+`_Span.block_start`); a block of one run (its picks all one source's: a mixture of one) is one
+run from its first document's row, its documents end to end, its segments cut at the batches'
+ends as a piece of one source is (`concat.batch_segments`). Only a stretch of one run, or one
 that goes on with a run begun before its block (a resumed cut document), is placed from its run
 arrays (`Stretch.arrays`).
 """
@@ -19,8 +21,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .concat import ConcatSequencer, Where
-from .mixruns import offsets, point_at, point_of
+from .concat import ConcatSequencer, Where, batch_segments
+from .mixruns import offsets, point_at, point_of, start_of
 
 
 class End(NamedTuple):
@@ -36,7 +38,7 @@ class _Span:
     is its piece's last (`last`); with `doc_ends` (a block's stretch) each document's end."""
 
     __slots__ = ("stretch", "start", "starts", "ends", "end", "pieces", "src", "last", "doc_ends", "docs",
-                 "placed", "done_runs", "done_sent", "docs_before", "segments", "segment_at")
+                 "placed", "done_runs", "done_sent", "docs_before", "segments", "segment_at", "_block_start")
 
     def __init__(self, stretch, start: int, docs_before: int):
         self.stretch, self.start, self.docs_before = stretch, start, docs_before
@@ -77,6 +79,7 @@ class _Span:
         self.done_runs = 0        # its runs before this are placed whole (their pieces' done sent)
         self.done_sent = False
         self.segments = self.segment_at = None  # all its segments, cut at its first placement
+        self._block_start = None  # where the mix stood at its block's start (`mixruns.start_of`), once asked
 
     def end_at(self, pos: int):
         """`(row, skip, documents before, End)` of stream position `pos` (start <= pos < end)."""
@@ -86,7 +89,7 @@ class _Span:
             j = int(self.doc_ends.searchsorted(pos, side="right"))   # the document holding token pos
             rows, row = st.rows[block.picks[j]], int(block.doc_rows[j])
             skip = pos - int(self.doc_ends[j] - block.doc_lengths[j])
-            return row, skip, j, End(rows.piece, lambda skip: point_of(block, j, skip))
+            return row, skip, j, End(rows.piece, lambda skip: point_of(block, j, skip, self.block_start()))
         a = st.arrays
         i = int(self.ends.searchsorted(pos, side="right"))     # the run holding token pos
         rows, lo = st.rows[a.which[i]], int(a.row_lo[i])
@@ -95,6 +98,12 @@ class _Span:
         run = st.run(i)
         docs = int(a.docs[:i].sum()) + int(rows.docs_before[row] - rows.docs_before[lo])
         return row, at - int(rows.before[row]), docs, End(rows.piece, lambda skip: point_at(run, row, skip))
+
+    def block_start(self):
+        """`mixruns.start_of` its block, made once: each batch ending in it makes a point from it."""
+        if self._block_start is None:
+            self._block_start = start_of(self.stretch.block)
+        return self._block_start
 
     def piece_at(self, pos: int):
         """The piece stream position `pos` (start <= pos < end) is in."""
@@ -159,8 +168,14 @@ class MixSequencer(ConcatSequencer):
         return out
 
     def _cut(self, s: _Span, lo: int, hi: int) -> np.ndarray:
-        """The segments of stream positions `[lo, hi)` of span `s`: one a run and a batch."""
+        """The segments of stream positions `[lo, hi)` of span `s`: one a run and a batch (a span
+        of one run, a mixture of one's, as a piece of one source is cut: its few segments in
+        Python, not a score of array calls)."""
         w = self.window
+        if len(s.ends) == 1:
+            piece, src = int(s.pieces[0]), int(s.src[0]) - int(s.starts[0])
+            return np.array([(piece, k, 0, off, src + at, n) for k, off, at, n in batch_segments(0, lo, hi, w)],
+                            dtype=np.int64).reshape(-1, 6)
         first, stop = s.ends.searchsorted(lo, side="right"), s.starts.searchsorted(hi, side="left")
         cuts = np.concatenate(([lo, hi], s.starts[first + 1:stop], np.arange(lo // w + 1, (hi - 1) // w + 1) * w))
         cuts.sort()

@@ -8,7 +8,11 @@ whole block of documents in one call (`Mixer.picks`), and the block's runs come 
 packing/mixmode.py; best fit: packing/mixbestfit.py) instead of a Python object a run. A
 run's `at` (where the mix stood before it: what a state keeps) is made only when asked
 (`where_at`: a batch's end asks once per batch): a block keeps the mix's place at its start
-and its picks (`Block`), from which the place before any of them follows.
+and its picks (`Block`), from which the place before any of them follows (`_picked_before`:
+what the picks before one did to each source). A batch's end in a block (concat) makes its
+point from where the mix stood at the block's start as a point holds it (`start_of`, made
+once a block: the dict copies and the mixer's state cost more than the rest of a point)
+and the picks before it (`point_of`).
 
 `point_at(run, row, skip)` is the `MixPoint` inside a run: a resumed mix starts every source at
 its document and the mixer from its state there.
@@ -144,6 +148,8 @@ class Block(NamedTuple):
 
     def before(self, j: int) -> list:
         """The picks of each source before pick `j`."""
+        if len(self.names) == 1:  # one source: every pick is its
+            return [j]
         return np.bincount(self.picks[:j], minlength=len(self.names)).tolist() if j else [0] * len(self.names)
 
     def nth(self, j: int) -> int:
@@ -169,16 +175,36 @@ def where_at(at, counts: bool = True) -> tuple:
     block, j = at
     sources, (stage, stage_batch, counted, totals, ended, mixer) = block.at
     sources, counted, totals = dict(sources), dict(counted), dict(totals)
-    if j:
-        for name, rows, q, k in zip(block.names, block.rows, block.firsts, block.before(j)):
-            if k:
-                sources[name] = (rows.piece, int(rows.after[q + k - 1]))
-                if counts:
-                    before = rows.rule(block.cap)[1]
-                    tokens, t = int(before[q + k] - before[q]), totals[name]
-                    counted[name] += tokens
-                    totals[name] = (t[0] + tokens, t[1] + k, rows.piece.epoch)
+    for name, moved in _picked_before(block, j, counts):
+        sources[name] = (moved.piece, moved.row)
+        if counts:
+            t = totals[name]
+            counted[name] += moved.tokens
+            totals[name] = (t[0] + moved.tokens, t[1] + moved.documents, moved.piece.epoch)
     return sources, (stage, stage_batch, counted, totals, ended, mixer) if counts else None
+
+
+class Moved(NamedTuple):
+    """What a block's picks before a pick did to one source: its next document is row `row`
+    of `piece`, and it took `documents` documents, `tokens` as the rule counts them."""
+    piece: object
+    row: int
+    documents: int
+    tokens: int
+
+
+def _picked_before(block: Block, j: int, counts: bool = True):
+    """`(name, Moved)` of each source the block's picks before pick `j` took from (without
+    `counts`, tokens 0)."""
+    if not j:
+        return
+    for name, rows, q, k in zip(block.names, block.rows, block.firsts, block.before(j)):
+        if k:
+            tokens = 0
+            if counts:
+                before = rows.rule(block.cap)[1]
+                tokens = int(before[q + k] - before[q])
+            yield name, Moved(rows.piece, int(rows.after[q + k - 1]), k, tokens)
 
 
 class RunArrays(NamedTuple):
@@ -338,16 +364,40 @@ def point_at(run: Run, row: int, skip: int) -> MixPoint:
     return MixPoint(run.source, skip, _sources(run, row, at_sources), mixer)
 
 
-def point_of(block: Block, j: int, skip: int) -> MixPoint:
+class Start(NamedTuple):
+    """Where the mix stood at a block's start, as a point holds it (`start_of`): every source's
+    next document as a `Position` and the mixer's state (`Mixer.state_of_snapshot`)."""
+    sources: dict
+    mixer: dict
+
+
+def start_of(block: Block) -> Start:
+    """`Start` of `block` (its `at`), made once a block: its batches' points (`point_of`) each
+    add the block's picks before theirs to it."""
+    at_sources, snapshot = block.at
+    return Start({n: place(*where) if type(where) is tuple else where for n, where in at_sources.items()},
+                 Mixer.state_of_snapshot(snapshot))
+
+
+def point_of(block: Block, j: int, skip: int, start: Start | None = None) -> MixPoint:
     """`point_at` at token `skip` of the document of the block's pick `j`, made from the block (no
-    `Run`): the mix stood there as before pick j (its run's earlier documents are the block's
-    earlier picks of that source), the source's epoch its piece's."""
+    `Run`): the mix stood there as at the block's start (`start`, `start_of(block)`'s, which a
+    caller asking for several points of one block keeps) after the block's picks before j (its
+    run's earlier documents are the block's earlier picks of that source), the source's epoch
+    its piece's."""
+    if start is None:
+        start = start_of(block)
     i = int(block.picks[j])
     name, rows, row = block.names[i], block.rows[i], int(block.doc_rows[j])
-    at_sources, snapshot = where_at(At(block, j))
-    mixer = Mixer.state_of_snapshot(snapshot)
-    mixer["totals"][name][2] = rows.piece.epoch
-    sources = {n: place(*where) if type(where) is tuple else where for n, where in at_sources.items()}
+    sources, mixer = dict(start.sources), dict(start.mixer)
+    counted, totals = dict(mixer["counted"]), {n: list(t) for n, t in mixer["totals"].items()}
+    mixer["counted"], mixer["totals"] = counted, totals
+    for n, moved in _picked_before(block, j):  # as `where_at`'s
+        sources[n] = place(moved.piece, moved.row)
+        t = totals[n]
+        counted[n] += moved.tokens
+        totals[n] = [t[0] + moved.tokens, t[1] + moved.documents, moved.piece.epoch]
+    totals[name][2] = rows.piece.epoch
     p = rows.piece
     sources[name] = Position(p.epoch, p.file, p.rg, p.doc_start + row)
     return MixPoint(name, skip, sources, mixer)

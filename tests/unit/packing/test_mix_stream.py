@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
-from shmloader.packing.mix import MixPoint, MixStream, ends_chunk, point_at
-from shmloader.packing.mixruns import where_at
+from shmloader.packing.mix import MixPoint, MixStream, ends_chunk, first_end, point_at
+from shmloader.packing.mixruns import Rows, point_of, start_of, where_at
 from shmloader.position import Position
 
 W = 8 * 16 + 1
@@ -316,7 +316,7 @@ def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, fi
                       first="code" if first and weights[0] else None, chunk=chunk)
         if ends:
             stream.exhausted("math", len(orders["math"]))
-        runs, draw = [], random.Random(seed + 1)
+        runs, draw, points_rng = [], random.Random(seed + 1), random.Random(seed + 3)
         for name, seq in arrivals:
             stream.counted(name, seq, *orders[name][seq])
             while True:
@@ -335,6 +335,8 @@ def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, fi
                     assert stretch.used_up() == [(r.source, r.piece) for r in made_here if r.last]
                     if len(which):
                         assert stretch.last_run() == made_here[-1]
+                    if kind is MixStream and stretch.block is not None and stretch.first is None:
+                        points_of_block_are_its_runs(stretch, made_here, points_rng)
                     runs += made_here
                 if not got or (limits is None and not stream.chunk_ended):
                     break
@@ -342,3 +344,46 @@ def block_rule_is_the_document_rule(seed, weights, staged, cap, ends, limits, fi
                      stream.finished))
     assert sum(len(r[5]) for r in made[1][0]) > 100
     assert made[0] == made[1]
+
+
+def points_of_block_are_its_runs(stretch, runs: list, rng):
+    """A batch's end in a block's stretch names its point from the block (`point_of`, from where
+    the mix stood at the block's start, `start_of`, made once a block): the point inside the run
+    that document is in (`point_at`), at its first, last and some pick. (With a `cap`, best
+    fit's, the two mixers differ: `point_at` counts a run's earlier documents whole, the block
+    as the rule counted them; best fit's points take the mixer's state at the batch's end.)"""
+    block = stretch.block
+    opened = stretch.arrays.opened
+    start = start_of(block)
+    n = len(block.picks)
+    for j in sorted({0, n - 1, rng.randrange(n)}):
+        run = runs[int(np.searchsorted(opened, j, side="right")) - 1]
+        skip = rng.randrange(3)
+        want = point_at(run, int(block.doc_rows[j]), skip).to_json()
+        got = point_of(block, j, skip, start).to_json()
+        assert got == point_of(block, j, skip).to_json()
+        if block.cap is not None:
+            del want["mixer"], got["mixer"]
+        assert got == want
+    assert start == start_of(block)  # not changed by the points made from it
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_first_pick_that_ends_a_chunk_of_one_head_is_found_by_one_search(seed):
+    """`first_end` of one head (a mixture of one) searches its picks' next rows; it is the first
+    pick `ends_chunk` names (or the picks' number), with nulls, a piece starting inside its step,
+    any first pick, picks to the piece's end or fewer."""
+    rng = random.Random(seed)
+    n = rng.randrange(1, 60)
+    lengths = np.array([0 if rng.random() < 0.3 else rng.randint(1, 9) for _ in range(n)], dtype=np.int64)
+    if not lengths.any():
+        lengths[rng.randrange(n)] = 1
+    piece = Piece(0, 1, 0, 0, rng.randrange(40), 0)
+    rows = Rows(piece, lengths)
+    chunk = rng.choice([1, 3, 4, 16])
+    q = rng.randrange(len(rows.live))
+    m = rng.randrange(1, len(rows.live) - q + 1)  # a limit may stop the picks before the piece's end
+    doc_rows, nexts = rows.live[q:q + m], rows.after[q:q + m]
+    picked = np.zeros(m, dtype=np.intp)
+    hits = np.flatnonzero(ends_chunk(piece.doc_start, doc_rows, nexts, n, chunk))
+    assert first_end([rows], picked, doc_rows, nexts, chunk) == (int(hits[0]) if len(hits) else m)
