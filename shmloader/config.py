@@ -50,7 +50,7 @@ class LoaderConfig:
     tokenizer_batch_size: int = 128
     buffer_size: int = 1000
     max_piece_docs: int | None = None   # None: PIECE_DOCS, or UNCAPPED with cache_dir
-    max_piece_bytes: int | None = None  # None: 8 MiB for concat, 1 MiB for best fit; stays None with cache_dir
+    max_piece_bytes: int | None = None  # None: 8 MiB for concat, 2 MiB for best fit; stays None with cache_dir
     start_method: str = "forkserver"
     timeout: float = 300.0
     on_bad_row_group: str = "raise"
