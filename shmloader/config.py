@@ -4,7 +4,7 @@ Every argument error is a ValueError naming the argument, what it was and what i
 Options whose default depends on others are resolved here, in place, under their own names:
 `num_workers` (this rank's share of the cores, at most 4: cores.py `default_workers`),
 `max_piece_docs` (1024; uncapped with `cache_dir`), `max_piece_bytes` (8 MiB for concat,
-1 MiB for best fit; none with `cache_dir`), `idle_release_s` (30 s for the val split, 0:
+2 MiB for best fit; none with `cache_dir`), `idle_release_s` (30 s for the val split, 0:
 never, for train), `stall_s` (60 s; 0, off, with `max_restarts=0`). An option that cannot act
 with the others given is refused, naming why (`stall_s` with `max_restarts=0`, a piece cap
 with `cache_dir`).
@@ -34,7 +34,7 @@ SPLITS = ("train", "val", "all")  # data/source.py `split_files`: the files of e
 IDLE_RELEASE_VAL_S = 30.0  # idle_release_s's default for the val split
 PIECE_DOCS = 1024             # max_piece_docs's default
 PIECE_BYTES = 8 << 20         # max_piece_bytes's default for concat
-PIECE_BYTES_BUFFERED = 1 << 20  # and for best fit
+PIECE_BYTES_BUFFERED = 2 << 20  # and for best fit (docs/design.md "Canonical order and pieces")
 UNCAPPED = 1 << 40            # max_piece_docs with a token cache: pieces are whole row groups
 STALL_S = 60.0                # stall_s's default
 
@@ -50,7 +50,7 @@ class LoaderConfig:
     tokenizer_batch_size: int = 128
     buffer_size: int = 1000
     max_piece_docs: int | None = None   # None: PIECE_DOCS, or UNCAPPED with cache_dir
-    max_piece_bytes: int | None = None  # None: 8 MiB for concat, 1 MiB for best fit; stays None with cache_dir
+    max_piece_bytes: int | None = None  # None: 8 MiB for concat, 2 MiB for best fit; stays None with cache_dir
     start_method: str = "forkserver"
     timeout: float = 300.0
     on_bad_row_group: str = "raise"

@@ -68,7 +68,7 @@ class ShmLoader:
         n_slots: batches the ring holds.
         tokenizer_batch_size, buffer_size: best fit's chunk of documents and its buffer (as nanochat's).
         max_piece_docs, max_piece_bytes: how a row group is cut into work for the workers (None:
-            1024 documents, and 8 MiB of text for concat, 1 MiB for best fit; whole row groups
+            1024 documents, and 8 MiB of text for concat, 2 MiB for best fit; whole row groups
             with cache_dir, which refuses them). The stream does not depend on them.
         start_method: "forkserver" or "spawn" (never "fork").
         timeout: seconds without a batch while every process lives, then `LoaderTimeout`.

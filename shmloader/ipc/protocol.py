@@ -47,11 +47,12 @@ message is one record below, sent through a pipe and dispatched on its type:
    counted, and tokens counted but not yet written below a budget; best fit also caps the
    documents waiting to enter its buffer), so memory is bounded whatever the trainer's pace.
    `keep` says whether the worker keeps the tokens until they are written (as the packing's
-   spec keeps them: one array, one per document) or only counts them; `footer` is the digest
-   of the piece's file as the coordinator read it (a worker refuses a file that changed
-   since); `skip` are rows read as nulls (poison) and `alone` rows tokenized one per engine
-   call (suspects), both `Span`s of the trainer's word (procs/heal.py); `rows` are the rows a
-   worker that replaces a dead one keeps of a piece counted before (8).
+   spec keeps them: one array a piece, best fit's until each of its documents is placed) or
+   only counts them; `footer` is the digest of the piece's file as the coordinator read it (a
+   worker refuses a file that changed since); `skip` are rows read as nulls (poison) and
+   `alone` rows tokenized one per engine call (suspects), both `Span`s of the trainer's word
+   (procs/heal.py); `rows` are the rows a worker that replaces a dead one keeps of a piece
+   counted before (8).
 3. Worker -> coordinator: `Counted(piece, lengths, cache_hit)` after tokenizing a piece
    (`lengths[i]` = tokens of row i including BOS, 0 for a null); `Skipped(piece, text)` first
    when its row group is bad and `on_bad_row_group="skip"`; `Failed(piece, error)` instead

@@ -1,11 +1,12 @@
 """Which worker gets the next piece: a row group's slices stay with the workers that read it.
 
-Best fit cuts a row group into pieces of about 1 MiB of text (nanochat's 4.8 MB row groups:
-5 pieces), and a worker reads (decompresses and decodes) a piece's whole row group and keeps
-only the last one it read (data/formats/parquet.py). Handed to whichever worker is least
-loaded, consecutive slices went to both of two workers in turn, and each read every row group:
-7.5% of a best-fit worker's samples, against 2.7% for concat's whole row groups
-(docs/benchmarks.md "Best fit's workers per CPU second").
+Best fit cuts a row group into pieces of at most 2 MiB of text in whole 128-document chunks
+(nanochat's 4.8 MB row groups: 3 pieces; 8 at 1 MiB, when this rule was made), and a worker
+reads (decompresses and decodes) a piece's whole row group and keeps only the last one it read
+(data/formats/parquet.py). Handed to whichever worker is least loaded, consecutive slices went
+to both of two workers in turn, and each read every row group: 7.5% of a best-fit worker's
+samples, against 2.7% for concat's whole row groups (docs/benchmarks.md "Best fit's workers
+per CPU second").
 
 The rule (`pick`), for the next piece, given every worker that may be given one:
 

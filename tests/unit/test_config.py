@@ -54,7 +54,7 @@ def test_defaults_that_depend_on_other_options_are_resolved_under_their_own_name
     train, val = LoaderConfig(2, 8), LoaderConfig(2, 8, split="val")
     assert (train.idle_release_s, val.idle_release_s, LoaderConfig(2, 8, split="all").idle_release_s) == (0.0, 30.0, 0.0)
     assert (train.max_piece_docs, train.max_piece_bytes) == (1024, 8 << 20)
-    assert LoaderConfig(2, 8, packing="bos_bestfit").max_piece_bytes == 1 << 20
+    assert LoaderConfig(2, 8, packing="bos_bestfit").max_piece_bytes == 2 << 20
     cached = LoaderConfig(2, 8, cache_dir="/c")
     assert cached.max_piece_bytes is None and cached.max_piece_docs >= 1 << 40  # whole row groups
     assert (train.stall_s, LoaderConfig(2, 8, max_restarts=0).stall_s) == (60.0, 0.0)
