@@ -1,0 +1,71 @@
+"""data/units.py: `check` refuses exactly the ranks that the orders find without a unit (the
+files' order's `row_steps`, the shuffled order's share), in their words, reading footers only
+until it knows; a footer it cannot read leaves the answer to the coordinator."""
+import itertools
+
+import numpy as np
+import pytest
+
+from shmloader.data import order, shuffle, units
+from shmloader.errors import DataError
+from shmloader.position import Position
+
+
+def refused(check) -> str | None:
+    try:
+        check()
+    except DataError as e:
+        return str(e)
+    return None
+
+
+def files_order_says(counts, rank, world) -> str | None:
+    rows = [[3] * n for n in counts]
+    steps = order.row_steps(lambda f: rows[f], len(rows), rank, world, Position(1, 0, rank, 0))
+    return refused(lambda: next(steps))
+
+
+def shuffled_says(counts, rank, world) -> str | None:
+    rows = [[3] * n for n in counts]
+    return refused(lambda: shuffle.first_position(shuffle.Shuffle(7, 2), lambda f: rows[f], len(rows), rank, world))
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["files-order", "shuffled"])
+def test_it_refuses_the_ranks_the_order_finds_without_a_unit_in_its_words(shuffled):
+    rng = np.random.default_rng(5)
+    says = shuffled_says if shuffled else files_order_says
+    seen = set()
+    for _ in range(60):
+        counts = rng.integers(0, 4, size=rng.integers(1, 4)).tolist()
+        world = int(rng.integers(1, 9))
+        for rank in range(world):
+            rows = [[3] * n for n in counts]
+            got = refused(lambda: units.check(lambda f: rows[f], len(rows), rank, world, shuffled))
+            assert got == says(counts, rank, world), (counts, rank, world)
+            seen.add(got is None)
+    assert seen == {True, False}  # both answers met
+
+
+def test_it_reads_footers_only_until_it_knows():
+    read = []
+
+    def counts(f):
+        read.append(f)
+        return [10] * [1, 3, 5, 5][f]
+
+    units.check(counts, 4, 2, 8, shuffled=False)  # file 1 holds unit 2
+    assert read == [0, 1]
+    read.clear()
+    units.check(counts, 4, 3, 8, shuffled=True)  # 1 + 3 units outnumber rank 3
+    assert read == [0, 1]
+    read.clear()
+    with pytest.raises(DataError, match=r"^rank 5 of 8 has no row group in any of the 4 files .*1024 lines of JSON Lines"):
+        units.check(counts, 4, 5, 8, shuffled=False)
+    assert read == [0, 1, 2, 3]
+
+
+def test_an_unreadable_footer_leaves_it_to_the_coordinator():
+    assert refused(lambda: units.check(lambda f: [None, [1]][f], 2, 1, 2, False)) is None
+    assert refused(lambda: units.check(lambda f: [[1], [1]][f], 2, 1, 2, False)) is not None
+    assert all(refused(lambda: units.check(lambda f: [1] * k, n, 0, 1, s)) is None
+               for k, n, s in itertools.product([1, 2], [1, 3], [False, True]))
