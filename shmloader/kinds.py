@@ -98,7 +98,7 @@ class OneSource(_Kind):
 
     def check_units(self, config, rank: int, world: int):
         if config.order is None:  # shuffled: `first_positions` reads every footer and says so
-            units.check(_counts_or_none(self.catalogue, config), len(self.catalogue.paths), rank, world, False)
+            units.check(_units_or_none(self.catalogue), len(self.catalogue.paths), rank, world, False)
 
     def first_positions(self, config):
         cat = self.catalogue
@@ -157,7 +157,7 @@ class Mixed(_Kind):
             if not any(stage.weights[name] > 0 for stage in mix.stages):
                 continue  # never drawn under this mixture
             try:
-                units.check(_counts_or_none(cat, config), len(cat.paths), rank, world,
+                units.check(_units_or_none(cat), len(cat.paths), rank, world,
                             shufflemod.source_shuffled(mix, name, config.shuffle))
             except DataError as e:
                 raise DataError(f"mixture source {name!r}: {e}") from None
@@ -192,14 +192,14 @@ class Mixed(_Kind):
         return {"sources": sources, "epoch": max((s["epoch"] for s in sources.values()), default=epoch)}
 
 
-def _counts_or_none(catalogue, config):
-    """`f -> rows per unit of file f`, as the coordinator reads them, or None where it cannot."""
-    def counts(f: int):
+def _units_or_none(catalogue):
+    """`(f, enough) -> file f's units` (`Catalogue.units`), or None where it cannot be read."""
+    def units(f: int, enough: int):
         try:
-            return catalogue.row_counts(f, config.on_bad_row_group)
+            return catalogue.units(f, enough)
         except (DataError, OSError):
             return None
-    return counts
+    return units
 
 
 def _buffer_text(ring, slot: int) -> BufferText:

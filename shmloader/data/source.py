@@ -418,6 +418,11 @@ class Reader:
         """Rows of each unit of file f (a parquet row group, an Arrow batch, 1024 lines)."""
         return self._row_sizes(f)[0]
 
+    def units(self, f: int, enough: int) -> int:
+        """File f's number of units, or `enough` once it holds that many (`Format.units`)."""
+        sizes = self._sizes.get(f)
+        return min(enough, len(sizes[0])) if sizes is not None else self._file(f).units(enough)
+
     def text_bytes(self, f: int) -> list[int]:
         """About each unit's text size in bytes (`Format.unit_bytes`; 0: unknown)."""
         return self._row_sizes(f)[1]
