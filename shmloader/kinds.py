@@ -4,6 +4,9 @@ used to branch on:
 
 - `catalogue`: its files (`data.catalogue.Catalogue`, or `data.sources.Sources` of every source);
 - `refuse(config)`: what it does not do yet with these settings, as a ValueError;
+- `check_units(config, rank, world)`: a rank without a unit of its data (of a source of a
+  mixture that can be drawn) refused when the loader is made (data/units.py), not at the first
+  `next()` by the coordinator;
 - `shuffled(config)`: whether any of its data is read shuffled (the loader's `shuffle=`, or a
   mixture's source's own `Source(shuffle=)`);
 - `first_positions(config)`: where a fresh shuffled stream begins (`shuffle.FirstPositions`,
@@ -42,10 +45,11 @@ import functools
 import json
 
 from . import mixstate, resume as resumemod, sourcestate, state as statemod
-from .data import shuffle as shufflemod
+from .data import shuffle as shufflemod, units
 from .data.catalogue import Catalogue
 from .data.mixture import Mixture
 from .data.source import KEEP_OPEN, FilesystemRef
+from .errors import DataError
 from .ipc.protocol import RunArgs
 from .data.sources import Sources, keep_open
 from .packing import MIX_MODES
@@ -91,6 +95,10 @@ class OneSource(_Kind):
 
     def shuffled(self, config) -> bool:
         return config.shuffle
+
+    def check_units(self, config, rank: int, world: int):
+        if config.order is None:  # shuffled: `first_positions` reads every footer and says so
+            units.check(_units_or_none(self.catalogue), len(self.catalogue.paths), rank, world, False)
 
     def first_positions(self, config):
         cat = self.catalogue
@@ -142,6 +150,18 @@ class Mixed(_Kind):
     def first_positions(self, config):
         return None
 
+    def check_units(self, config, rank: int, world: int):
+        """Every source that a stage weighs, in its own order, named as the coordinator names it."""
+        mix = self.catalogue.mixture
+        for name, cat in self.catalogue.catalogues.items():
+            if not any(stage.weights[name] > 0 for stage in mix.stages):
+                continue  # never drawn under this mixture
+            try:
+                units.check(_units_or_none(cat), len(cat.paths), rank, world,
+                            shufflemod.source_shuffled(mix, name, config.shuffle))
+            except DataError as e:
+                raise DataError(f"mixture source {name!r}: {e}") from None
+
     def run_args(self, resume: statemod.Resume) -> dict:
         mix = mixstate.run_args(self.catalogue, resume)
         return {"mixture": mix, "plans": mix.plans}
@@ -170,6 +190,16 @@ class Mixed(_Kind):
         source's epoch (`epoch`, the loader's, while none is known)."""
         sources = mixstate.source_stats(mark, seen)
         return {"sources": sources, "epoch": max((s["epoch"] for s in sources.values()), default=epoch)}
+
+
+def _units_or_none(catalogue):
+    """`(f, enough) -> file f's units` (`Catalogue.units`), or None where it cannot be read."""
+    def units(f: int, enough: int):
+        try:
+            return catalogue.units(f, enough)
+        except (DataError, OSError):
+            return None
+    return units
 
 
 def _buffer_text(ring, slot: int) -> BufferText:

@@ -119,6 +119,7 @@ class ShmLoader:
         self._kind.refuse(self.config)
         self._catalogue = self._kind.catalogue
         self._first = self._kind.first_positions(self.config)  # a shuffled stream begins at its share's first unit
+        self._kind.check_units(self.config, self.rank, self.world_size)  # a rank without a unit: now, not at next()
         self.tokenizer = tokmod.resolve(tokenizer, bos)
         enginemod.available(self.config.engine, self.tokenizer)
         if self.config.cache_dir is not None and (problem := cachemod.prepare(self.config.cache_dir)):

@@ -7,8 +7,10 @@
   files added, and each source's order of its epoch in progress: the state's files, then the
   new ones, as one source's `_check_files` makes it);
 - `take_added`: such files are read after the state's in the source's epoch in progress and in
-  their sorted place from its next epoch on (said once, data/sources.py `reorder`), and refused
-  where the run is replayed or planned over the state's files or the source is shuffled.
+  their sorted place from its next epoch on (said once, data/sources.py `reorder`; another rank's
+  state of the same world size too, its place replayed over the state's files, mixstate.py), and
+  refused where the run is planned over the state's files (another world size, a run that began
+  at a change) or the source is shuffled.
 Each returns or raises; the words say what was found and what to do.
 """
 from __future__ import annotations
@@ -82,17 +84,18 @@ def check_sources(saved, sources) -> Listed:
 
 def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
     """Files added to a source (`added`, `check_sources`): read after the state's in the source's
-    epoch in progress and in their sorted place from its next one, said once; refused where the
-    run is replayed or planned over the state's files (another rank's state, another world size,
-    a run that began at a change) or its order is over every file (a shuffled source)."""
+    epoch in progress and in their sorted place from its next one, said once (from another rank's
+    state of the same world size too); refused where the run is planned over the state's files
+    (another world size, a run that began at a change) or its order is over every file (a
+    shuffled source)."""
     for name, files in sorted(added.items()):
         shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
         why = None
-        if (envelope.rank, envelope.world) != (identity.rank, identity.world) or plans:
+        if envelope.world != identity.world or plans:
             why = (f"the state is rank {envelope.rank} of {envelope.world}'s" + (", of a run that began at a change "
                    "of world size" if plans else "") + f", this loader rank {identity.rank} of {identity.world}: "
-                   "such a resume replays or plans the ranks' streams over the files the state was saved with; "
-                   "resume each rank from its own state to read them")
+                   "such a resume plans the ranks' streams over the files the state was saved with; "
+                   "resume each rank from its own state, or at the world size of the state, to read them")
         elif shuffle.source_shuffled(mixture, name, identity.shuffled):
             why = "the source is shuffled: its order is over every unit of its files"
         if why is not None:

@@ -41,7 +41,9 @@ its last, as a shard that sorts last makes its val file a train file); said once
 (`mixchecks.take_added`), they are read as that source alone reads them: after the state's files
 in the source's epoch in progress, and in their sorted place from its next epoch on
 (data/sources.py `reorder`; the states number and list a source's files in the order of its own
-epoch, `numbered` renumbering the coordinator's point); refused for another rank's state,
+epoch, `numbered` renumbering the coordinator's point; another rank's state of the same world
+size, as one source's: its place replayed over the state's files of each source, whose epochs
+then say where each source's sorted order begins, `take_files`, `replay`, `replayed`); refused at
 another world size, a run that began at a change and a shuffled source; the run's mixer then
 counts from the resume, its `since`, so that its states are not replayed over files its first
 batches did not read; a source added (read from its start) or left out (its place kept
@@ -109,6 +111,7 @@ class Mixed:
     def __init__(self, sources):
         self._sources = sources
         self._described = (None, None)
+        self._replayed_files = None  # `{source: its files the state lists}` while another rank's state is replayed
 
     def constant(self, identity: statemod.Loader, resume: statemod.Resume) -> dict:
         plans = ({"plans": {name: statemod.plan_state(plan) for name, plan in sorted(resume.mix_plans.items())}}
@@ -239,8 +242,13 @@ class Mixed:
             mixkeys.check_row_group(self._sources, resume.origin)
             return
         listed = mixchecks.check_sources(state["mixture"]["sources"], self._sources)
-        epochs = {name: p[0] for name, p in (resume.mix or {}).get("sources", {}).items()}
-        self._sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
+        self._replayed_files = None
+        if resume.locate and resume.change is None and listed.added:  # another rank's: its replay finds the epochs
+            self._sources.reorder({name: listed.orders[name] for name in listed.added}, None)
+            self._replayed_files = {name: len(listed.orders[name]) - len(files) for name, files in listed.added.items()}
+        else:
+            epochs = {name: p[0] for name, p in (resume.mix or {}).get("sources", {}).items()}
+            self._sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
         self._sources.with_footers(state["mixture"]["sources"])
 
     def replay(self, resume: statemod.Resume, args, config):
@@ -259,6 +267,9 @@ class Mixed:
                 origin = mixkeys.origin_point(self._sources, resume.origin, args.rank, args.world)
                 start, point = self._sources.to_run(origin.source, origin.sources[origin.source]), origin.to_json()
         mix = run_args(self._sources, statemod.Resume(start, batch=at, mix=point, mix_rules=resume.mix_rules))
+        if self._replayed_files:  # over the state's files of a source that gained some (`take_files`), as one source
+            mix = mix._replace(ranges=tuple(r._replace(hi=r.lo + self._replayed_files.get(r.name, r.hi - r.lo))
+                                            for r in mix.ranges), laters=None)
         return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix._replace(plans=None),
                                    plans=None, locate=([shape], end, at))
 
@@ -266,8 +277,13 @@ class Mixed:
         """At the replayed point (`found.runs`: its JSON) and the position it names; replayed on
         from there while a batch shape is left before `resume.batch` (`replay`)."""
         end = _segment(resume)[1]
-        more = end < resume.batch
-        return dataclasses.replace(resume, position=Position(*found.position), mix=json.loads(found.runs),
+        more, mix = end < resume.batch, json.loads(found.runs)
+        if self._replayed_files and not more:  # found: the sources that gained files read them after the state's
+            self._sources.begun({name: mix["sources"][name][0] if name in mix["sources"] else 1
+                                 for name in self._replayed_files})
+            mix["mixer"]["since"] = resume.batch  # as this rank's own state's resume: not replayable from batch 0
+            self._replayed_files = None
+        return dataclasses.replace(resume, position=Position(*found.position), mix=mix,
                                    locate=more, replayed=end if more else 0)
 
     def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:

@@ -156,6 +156,11 @@ class Catalogue:
         later = self.later is not None and epoch > self.later.after
         return int(self._later_at[file]) if later else file
 
+    def units(self, file: int, enough: int) -> int:
+        """`file`'s number of units, or `enough` once it holds that many (a JSON Lines file read
+        only so far: data/units.py); an unreadable file is a `DataError`."""
+        return source.Reader(self.paths, self.filesystem).units(file, enough)
+
     def row_counts(self, file: int, on_bad: str = "raise") -> list:
         """Rows per row group of `file`, from its footer, as the coordinator reads them (with
         `on_bad="skip"`, an unreadable file has none)."""

@@ -24,7 +24,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 from ..errors import DataError
 from ..position import Position, Step
-from . import shuffle as shufflemod
+from . import shuffle as shufflemod, units
 
 RAMP = (16, 32, 64, 128, 256, 512)
 
@@ -136,9 +136,8 @@ def row_steps(row_counts: Callable[[int], Sequence[int]], n_files: int, rank: in
         counts = row_counts(file)
         if rg >= len(counts):
             barren += 1
-            if barren > n_files:
-                raise DataError(f"rank {rank} of {world} has no row group in any of the {n_files} "
-                                f"files (row groups rank, rank+{world}, ...): {shufflemod.MORE_UNITS}")
+            if barren > n_files:  # the training process checks it when the loader is made (data/units.py)
+                raise units.files_order_error(rank, world, n_files)
             at, rg, doc = at + 1, rank, 0
             continue
         barren = 0

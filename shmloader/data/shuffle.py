@@ -50,7 +50,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from . import mixrules
+from . import mixrules, units
 from ..errors import DataError
 from ..position import Position, Step
 
@@ -246,17 +246,10 @@ def _counts(row_counts: Callable[[int], Sequence[int]], n_files: int, threads: i
         return [list(c) for c in pool.map(row_counts, range(n_files))]
 
 
-# what a rank without a unit is told to do, in every format's words (data/formats/)
-MORE_UNITS = ("use fewer ranks or write files with more row groups (a unit is a parquet row group, an Arrow "
-              "record batch, 1024 lines of JSON Lines)")
-
-
 def _mine(order: Shuffle, epoch: int, counts: list, rank: int, world: int) -> list[Window]:
     mine = share(order, epoch, counts, rank, world)
-    if not mine:
-        total = sum(map(len, counts))
-        raise DataError(f"rank {rank} of {world} has no unit of the shuffled order: the split's {len(counts)} "
-                        f"files hold {total} units (row groups) in all, fewer than the {world} ranks; {MORE_UNITS}")
+    if not mine:  # the training process checks it when the loader is made (data/units.py): a backstop
+        raise units.shuffled_error(rank, world, len(counts), sum(map(len, counts)))
     return mine
 
 

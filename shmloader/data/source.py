@@ -7,7 +7,7 @@ name a format claims (mixed formats too: each file is read as its name says), bu
 Face `datasets` directory its data files alone (`hfdir`: never its `.json` metadata). Files are sorted
 by name; `train` is all but the last file, `val` the last (nanochat's
 convention). `data` may be local (a directory, a glob: a path by which nothing exists, a list,
-`file://` URIs) or on any `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`;
+`file://` URIs; a list names each file once: `once`) or on any `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`;
 credentials and endpoints from the usual environment or the URI's query, e.g.
 `?endpoint_override=host:port&scheme=http`, or an explicit `filesystem=`). Every failure is a
 `DataError` naming the file, the row group and what to do; `read_or_skip` applies the
@@ -178,7 +178,22 @@ def list_files(data, filesystem=None) -> list[str]:
         if not_files:
             raise DataError(f"data lists {len(not_files)} path(s) that are not files: {not_files[:3]}; "
                             f"list the parquet shards themselves")
+        once(files, os.path.realpath)  # `a.parquet`, `./a.parquet` and a link to it are one file
     return sorted(files)
+
+
+def once(files: list[str], same=lambda f: f):
+    """A list of files names each file once: a state knows a file by its name, and a mixture's
+    resume (mixchecks.py `check_sources`) and a change of world size need each name once, so a
+    file listed twice is a ValueError naming it, not a file read twice an epoch; a source is
+    read more often by its weight in a `Mixture`. `same(f)`: what two spellings of one file share."""
+    seen = set()
+    for f in files:
+        if same(f) in seen:
+            raise ValueError(f"data lists {f} twice: a file is read once an epoch (a state knows it by its "
+                             "name); to read a source more often, give it a larger weight in a shmloader.Mixture "
+                             "(Mixture({'a': files_a, 'b': files_b}, {'a': 2, 'b': 1}))")
+        seen.add(same(f))
 
 
 def _directory(where: str, names: list, read) -> list:
@@ -241,6 +256,7 @@ def _list_remote(data, fs) -> list[str]:
         files = [_fs_path(os.fspath(f)) for f in data]
         if not files:
             raise DataError("data is an empty list of files")
+        once(files)
         return sorted(files)
     path = _fs_path(data).rstrip("/")
     try:
@@ -401,6 +417,11 @@ class Reader:
     def row_counts(self, f: int) -> list[int]:
         """Rows of each unit of file f (a parquet row group, an Arrow batch, 1024 lines)."""
         return self._row_sizes(f)[0]
+
+    def units(self, f: int, enough: int) -> int:
+        """File f's number of units, or `enough` once it holds that many (`Format.units`)."""
+        sizes = self._sizes.get(f)
+        return min(enough, len(sizes[0])) if sizes is not None else self._file(f).units(enough)
 
     def text_bytes(self, f: int) -> list[int]:
         """About each unit's text size in bytes (`Format.unit_bytes`; 0: unknown)."""

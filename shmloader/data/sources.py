@@ -122,19 +122,29 @@ class Sources:
         of its `epoch` numbers them, or None where that is the same."""
         return self.catalogues[name].renumbering(epoch)
 
-    def reorder(self, orders: dict, epochs: dict):
+    def reorder(self, orders: dict, epochs: dict | None):
         """Source `name` of `orders` reads its files in `orders[name]` (indices into its sorted
         files: the state's, then files new to it) in its epoch `epochs[name]`, the one it resumes
-        in, and in their sorted place from its next epoch on (`Catalogue.reorder`, `begin`)."""
+        in, and in their sorted place from its next epoch on (`Catalogue.reorder`, `begin`).
+        `epochs` None: not known yet (another rank's state: its replay finds them), `begun`
+        says them; until then the sources read `orders` in every epoch."""
         for name, order in orders.items():
             cat, r = self.catalogues[name], self.ranges[name]
             if order == list(range(len(cat.paths))):
                 continue
             cat.reorder(order)
-            cat.begin(epochs[name])
-            self.laters = {**self.laters, name: cat.later} if cat.later is not None else self.laters
             self.paths = self.paths[:r.lo] + cat.paths + self.paths[r.hi:]
             self.files = self.files[:r.lo] + [self.files[r.lo + i] for i in order] + self.files[r.hi:]
+            if epochs is not None:
+                self.begun({name: epochs[name]})
+
+    def begun(self, epochs: dict):
+        """Source `name` of `epochs`, reordered (`reorder`), resumes in its epoch `epochs[name]`:
+        it reads its files in their sorted place from the next one on."""
+        for name, epoch in epochs.items():
+            cat = self.catalogues[name]
+            cat.begin(epoch)
+            self.laters = {**self.laters, name: cat.later} if cat.later is not None else self.laters
 
     def footers(self, indices: list) -> list:
         """The footer digests files `indices` have now (None: unreadable)."""

@@ -225,18 +225,19 @@ def test_nanochat_call_refuses_zero_workers(tmp_path):
             gen.close()
 
 
-# ---------------------------------------------------------------- found by the loader's processes
-
 def test_rank_without_row_groups(tmp_path):
+    """Known from the footers, so refused when the loader is made (data/units.py)."""
     good_shards(tmp_path, n_docs=60, num_files=3, rg=10)  # 2 row groups per file
-    loader = make_loader(tmp_path, rank=3, world_size=4)
-    err = first_error(loader)
-    assert type(err) is shmloader.DataError, f"{type(err).__name__}: {err}"
-    msg = str(err)
+    with pytest.raises(shmloader.DataError) as info:
+        make_loader(tmp_path, rank=3, world_size=4)
+    assert_started_nothing()
+    msg = str(info.value)
     assert "rank 3 of 4" in msg and "row group" in msg and "fewer ranks" in msg, msg
     with make_loader(tmp_path, rank=1, world_size=4) as ok:  # rank 1 has row group 1 of each file
         next(ok)
 
+
+# ---------------------------------------------------------------- found by the loader's processes
 
 def _no_text(path):
     pq.write_table(pa.table({"content": ["1 2", "3"] * 20}), path, row_group_size=10)

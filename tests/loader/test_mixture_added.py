@@ -2,12 +2,13 @@
 that sorts after the source's files (its val file then becomes a train file; the data of
 test_mixture.py) is said once, naming the file, and read after the state's files, in the
 source's epoch in progress and the next ones: the batches are the oracle's over the files now,
-from the state's point. Shards that land among two sources' files (the data of
+from the state's point. Another rank's state of the same world size reads them as that rank's
+own state does (as one source's: its place replayed over the state's files, past their epochs' ends). Shards that land among two sources' files (the data of
 test_growing_data.py, each source's tokens its own) are read as each source alone reads them
 (test_one_source_mixture_growing.py compares a mixture of one with its source): after the
 state's files in the source's epoch in progress, in their sorted place from its next one, each
 source's documents every one once an epoch, none twice; the run's states resume it exactly.
-What stays refused says so: another rank's state, another world size, a shuffled source."""
+What stays refused says so: another world size, a shuffled source."""
 import itertools
 import json
 import shutil
@@ -94,17 +95,15 @@ def test_what_stays_refused_when_files_are_added_to_a_source(mixdata, tmp_path):
             concat.take(loader, 3)
             states[world] = loader.state_dict()
     data, _, added = grown(tmp_path / "before", tmp_path)
-    with pytest.raises(ValueError, match=f"'code': 1 file.s. added .*{added}.*rank 0 of 2's, this loader rank 1 of 2"):
-        shmloader.ShmLoader(mixture(data), tok, B, T, device="cpu", rank=1, world_size=2, resume_state=states[2])
-    with pytest.raises(ValueError, match="added .*rank 0 of 2's, this loader rank 0 of 3"):
+    with pytest.raises(ValueError, match=f"'code': 1 file.s. added .*{added}.*rank 0 of 2's, this loader rank 0 of 3"):
         shmloader.ShmLoader(mixture(data), tok, B, T, device="cpu", rank=0, world_size=3, resume_state=states[2])
     with pytest.raises(ValueError, match="'code'.*added .*the source is shuffled"):
         shmloader.ShmLoader(shuffled(data), tok, B, T, device="cpu", resume_state=states["shuffled"])
     data = tmp_path / "among"
     shutil.copytree(tmp_path / "before", data)
     shutil.copy(data / "web" / "shard_00000.parquet", data / "web" / "shard_00000b.parquet")  # among web's files
-    with pytest.raises(ValueError, match="'web': 1 file.s. added .*shard_00000b.*rank 0 of 2's, this loader rank 1"):
-        shmloader.ShmLoader(mixture(data), tok, B, T, device="cpu", rank=1, world_size=2, resume_state=states[2])
+    with pytest.raises(ValueError, match="'web': 1 file.s. added .*shard_00000b.*rank 0 of 2's, this loader rank 1 of 3"):
+        shmloader.ShmLoader(mixture(data), tok, B, T, device="cpu", rank=1, world_size=3, resume_state=states[2])
 
 
 GAPS = {"a": (2, 0), "b": (1, 20)}  # source -> (its shard still downloading at the save, its files' token base)
@@ -174,3 +173,39 @@ def test_shards_added_among_two_sources_files_are_read_as_each_source_reads_them
         again, _ = run(6, later[j])
         assert all(np.array_equal(a, b) for a, b in zip(again, after[j + 1:j + 7])), j
     assert json.loads(later[2]["mixture"]["point"])["sources"]["a"][0] == 1
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+@pytest.mark.parametrize("saved_at", [4, 30], ids=["epoch-1", "epochs-on"])
+def test_another_ranks_state_reads_the_files_added_as_the_ranks_own_does(tmp_path, packing, saved_at):
+    """Rank 1 of 2 resumed from rank 0's state, after shards landed among both sources' files, gives
+    the batches it gives from its own state (test_shards_added_among_... checks those), also where
+    its replay runs past the ends of its sources' epochs (saved at batch 30: a in its 4th); its
+    states resume it, and another rank's state of that run is refused (its files changed)."""
+    kw = {} if packing == "concat" else dict(packing="bos_bestfit", buffer_size=6, tokenizer_batch_size=3)
+    mix = two_sources(tmp_path)
+
+    def run(n, rank, state=None):
+        with shmloader.ShmLoader(mix, helpers.IntTokenizer(), growing.B, growing.T, device="cpu", num_workers=2,
+                                 rank=rank, world_size=2, resume_state=state, **kw) as ld:
+            out, states = [], []
+            for x, y in itertools.islice(ld, n):
+                out.append(np.concatenate([x.numpy(), y.numpy()[:, -1:]], 1))  # best fit: each row's T + 1 tokens
+                states.append(ld.state_dict())
+        return out, states
+
+    zero, one = run(saved_at, 0)[1][-1], run(saved_at, 1)[1][-1]
+    for name, (gap, base) in GAPS.items():
+        growing.write_file(tmp_path / name / f"shard_{gap:05d}.parquet", base + gap)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        own, _ = run(100, 1, one)
+        other, later = run(100, 1, zero)
+    assert len(own) == len(other) == 100 and all(np.array_equal(a, b) for a, b in zip(own, other))
+    words = [str(w.message) for w in caught]
+    assert all(sum(f"mixture source {name!r}: 1 file(s) added" in w for w in words) == 2 for name in GAPS), words
+    assert json.loads(later[-1]["mixture"]["point"])["sources"]["a"][0] > 3  # through reordered and sorted epochs
+    again, _ = run(5, 1, later[10])
+    assert all(np.array_equal(a, b) for a, b in zip(again, other[11:16]))
+    with pytest.raises(ValueError, match=f"mixture changed at batch {saved_at} .*files added to a source"):
+        run(1, 0, later[10])

@@ -12,7 +12,9 @@ A `Format` is one data file, opened. All the rest of the loader knows of a file 
 - `kind(column, where)`: `column.TEXT` or `column.TOKENS` where the file says it cheaply (a schema;
   JSON Lines: its first value), else None; a missing or wrong column is a `DataError` (checked
   ahead: source.SchemaCheck);
-- `n_units()`: the number of units where known without reading the file whole, else None.
+- `n_units()`: the number of units where known without reading the file whole, else None;
+- `units(enough)`: the number of units, or `enough` once the file is known to hold that many
+  (JSON Lines reads only so far: whether a rank has a unit, data/units.py).
 
 A format opens its file through the filesystem object it is given (None: local), so every
 `pyarrow.fs` filesystem reads every format. Opening a file that is not of its format is a
@@ -52,6 +54,10 @@ class Format:
 
     def n_units(self) -> int | None:
         return None
+
+    def units(self, enough: int) -> int:
+        n = self.n_units()
+        return min(enough, n if n is not None else len(self.rows()))
 
 
 def open_input(path: str, filesystem=None, stream: bool = False):

@@ -96,6 +96,23 @@ class JsonLines(Format):
             self._starts = starts
         return self._starts
 
+    def units(self, enough: int) -> int:
+        """The units, or `enough` once `enough - 1` units and a line are found: the file is read
+        only so far (its first chunk for one unit), its lines not kept."""
+        if self._starts is not None or enough < 1:
+            return min(enough, len(self.rows()))
+        need, lines, last = (enough - 1) * LINES + 1, 0, b"\n"
+        stream = self._stream()
+        try:
+            for chunk in self._chunks(stream):
+                lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+                if lines >= need:
+                    return enough
+        finally:
+            stream.close()
+        lines += last != b"\n"  # a last line without its newline
+        return -(-lines // LINES)
+
     def rows(self) -> list:
         n = len(self._lines()) - 1
         return [min(LINES, n - lo) for lo in range(0, n, LINES)]

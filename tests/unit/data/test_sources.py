@@ -120,3 +120,21 @@ def test_a_source_with_files_added_among_its_own_is_reordered_as_one_source(thre
     assert buffer_entries(state) == [["code", 2, 2, 0, 0, 2], ["web", 1, 0, 0, 1, 1], ["code", 3, 1, 0, 0, 1]]
     point["sources"]["code"][0] = 2  # in its reordered epoch: the run's numbering is the state's
     assert mixstate.numbered(mixstate.point_text(point), sources) == mixstate.point_text(point)
+
+
+def test_a_source_reordered_before_its_epoch_is_known_reads_its_order_until_begun(three):
+    """Another rank's state: code's files are reordered for the replay (no `Later`: the state's
+    files, then the new one, in every epoch), and once the replay found code's epoch (`begun`), it
+    reads its sorted order from the next one on, as when the epoch was known at once."""
+    from shmloader import mixchecks
+
+    sources = Sources(Mixture({n: str(three / n) for n in ("web", "code")}, {"web": 1, "code": 1}), "train")
+    code = sources.source_files("code")
+    listed = mixchecks.check_sources({"code": {"files": [code[0], code[2]]}}, sources)
+    sources.reorder({"code": listed.orders["code"]}, None)
+    assert [f[0] for f in sources.source_files("code")] == [code[i][0] for i in (0, 2, 1)]
+    assert sources.laters == {} and sources.to_run("code", Position(5, 1, 0, 0)) == Position(5, 1, 0, 0)
+    sources.begun({"code": 3})
+    assert sources.laters["code"].after == 3
+    assert [f[0] for f in sources.files_at("code", 3)] == [code[i][0] for i in (0, 2, 1)]
+    assert [f[0] for f in sources.files_at("code", 4)] == [f[0] for f in code]
