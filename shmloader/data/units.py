@@ -20,10 +20,11 @@ with `on_bad_row_group="skip"`).
 from typing import Callable
 
 from ..errors import DataError
+from .formats import FORMATS
 
-# what a rank without a unit is told to do, in every format's words (data/formats/)
-MORE_UNITS = ("use fewer ranks or write files with more row groups (a unit is a parquet row group, an Arrow "
-              "record batch, 1024 lines of JSON Lines)")
+# what a rank without a unit is told to do, in every format's words (each format's `unit_is`)
+MORE_UNITS = (f"use fewer ranks or write files with more row groups (a unit is "
+              f"{', '.join(fmt.unit_is for fmt in FORMATS)})")
 
 
 def files_order_error(rank: int, world: int, n_files: int) -> DataError:

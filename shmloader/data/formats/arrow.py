@@ -20,6 +20,7 @@ MAGIC = b"ARROW1"
 class ArrowIPC(Format):
     name, suffixes = "arrow", (".arrow", ".feather")
     unit = "record batch"
+    unit_is = "an Arrow record batch"
 
     def __init__(self, path: str, filesystem=None):
         super().__init__(path, filesystem)

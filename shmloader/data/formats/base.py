@@ -32,6 +32,7 @@ EDGE_BYTES = 64 << 10  # `edge_digest` reads this much at each end of a file
 class Format:
     name = ""        # the registry's name for it ("parquet", "jsonl", "arrow")
     unit = ""        # what its unit is called in messages ("row group")
+    unit_is = ""     # what its unit is, told to a user without the file ("a parquet row group")
     suffixes = ()    # file names ending so are of this format (formats/__init__.py)
 
     def __init__(self, path: str, filesystem=None):

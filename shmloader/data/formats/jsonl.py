@@ -46,6 +46,7 @@ ZSTD_WINDOW = "Frame requires too much memory"  # pyarrow's zstd error for a win
 class JsonLines(Format):
     name = "jsonl"
     unit = "unit of lines"
+    unit_is = f"{LINES} lines of JSON Lines"
     suffixes = tuple(s + c for s in (".jsonl", ".json") for c in ("", ".gz", ".zst"))
 
     def __init__(self, path: str, filesystem=None):

@@ -28,6 +28,7 @@ def footer_digest(metadata) -> str:
 class Parquet(Format):
     name, suffixes = "parquet", (".parquet",)
     unit = "row group"
+    unit_is = "a parquet row group"
 
     def __init__(self, path: str, filesystem=None):
         super().__init__(path, filesystem)
