@@ -187,7 +187,7 @@ class Mixed:
         shapes, reshaped = envelope.shapes, envelope.reshaped
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
-        added = mixchecks.check_sources(mixed.get("sources"), sources).added
+        listed = mixchecks.check_sources(mixed.get("sources"), sources)
         origin = mixkeys.origin(sources, state)
         if (envelope.rank, envelope.world) != (identity.rank, identity.world) and identity.other_rank == "nanochat" \
                 and mixkeys.of_one_source(sources, state):  # approximately, as one source resumes any of its states
@@ -197,17 +197,20 @@ class Mixed:
             raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
         plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
                  if plans else None)
-        mixchecks.take_added(added, envelope, identity, sources.mixture, plans)
+        mixchecks.take_added(listed.added, envelope, identity, sources.mixture, plans)
         other = start_position(identity.rank)
         if identity.buffered:  # best fit's buffer: its documents' sources are read now
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
-        if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world):
             mixchecks.replayable(point, sources.mixture, envelope.rank)
+        # checked: every source takes its order of the state's epoch before anything is numbered as the run's
+        epochs = {name: p.epoch for name, p in point.sources.items()} if point is not None else {}
+        sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
+        if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
                                    mix=json.loads(text) if text is not None else None, mix_rules=rules, origin=origin)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
-            mixchecks.replayable(point, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
                                    locate=point is not None, mix_rules=rules, origin=origin)
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
@@ -219,6 +222,7 @@ class Mixed:
         if point is not None and point.source in sources.ranges:
             position = sources.to_run(point.source, position)
         # the batch it resumes at is the saved run's only with the same shape, the same mix and files
+        added = listed.added
         checked = statemod.check_field(state) if reshaped == shapes and not notes and not added else None
         mix = json.loads(text) if text is not None else None
         if added and mix is not None:  # the run's streams are not replayable from batch 0 any more
@@ -227,20 +231,16 @@ class Mixed:
                                mix=mix, mix_plans=plans, mix_rules=rules, origin=origin,
                                read=mixkeys.read_of(sources, state))
 
-
-
     # resume.py's steps (`resume.Part`), over the loader's sources
 
     def take_files(self, state: dict, resume: statemod.Resume):
-        """Every source's files in the order of its epoch in progress (the state's, then files
-        new to it: data/sources.py `reorder`) and the footers the state knows of them; a state of
-        nanochat's keys, its row group checked against its file."""
+        """The footers the state knows of every source's files (their order of its epoch in
+        progress, the state's then files new to it, was taken once the state was checked, in
+        `resume`: data/sources.py `reorder`); a state of nanochat's keys, its row group checked
+        against its file."""
         if "version" not in state:
             mixkeys.check_row_group(self._sources, resume.origin)
             return
-        listed = mixchecks.check_sources(state["mixture"]["sources"], self._sources)
-        epochs = {name: p[0] for name, p in (resume.mix or {}).get("sources", {}).items()}
-        self._sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
         self._sources.with_footers(state["mixture"]["sources"])
 
     def replay(self, resume: statemod.Resume, args, config):

@@ -106,10 +106,14 @@ class Catalogue:
         if order is not None:
             self.paths = [self.paths[i] for i in order]
             self.files = [self.files[i] for i in order]
-        place = {path: i for i, path in enumerate(self._sorted)}
-        later = sorted(range(len(self.paths)), key=lambda t: place[self.paths[t]])
+        later = self.sorted_order()
         self._later_order = None if later == list(range(len(later))) else tuple(later)
         self._later_at = np.argsort(later) if self._later_order is not None else None
+
+    def sorted_order(self) -> list:
+        """Indices into `paths` of the files in their sorted order (`reorder` of it: none reordered)."""
+        place = {path: i for i, path in enumerate(self.paths)}
+        return [place[path] for path in self._sorted]
 
     def begin(self, epoch: int):
         """The loader starts (or resumes) in `epoch`: a reordered epoch is this one only."""

@@ -11,7 +11,8 @@ A source resumed from a state that does not list every file of it now (shards th
 since the save, wherever they sort) reads its files as one source does (`Catalogue.reorder`):
 the state's first, the new ones after them, in the source's epoch in progress at the resume,
 and every file in its sorted place from its next epoch on (`reorder`; its `Later`, `laters`,
-goes to the coordinator with the run's `MixArgs`). The run numbers a source's files in the
+goes to the coordinator with the run's `MixArgs`), every source's order set anew at each resume
+(a source the state does not place, sorted). The run numbers a source's files in the
 order of that epoch; a state numbers them in the order of the source's own epoch, as one
 source's state does (`local`, `to_run`, `files_at`; mixstate.py renumbers a point's files).
 
@@ -123,18 +124,22 @@ class Sources:
         return self.catalogues[name].renumbering(epoch)
 
     def reorder(self, orders: dict, epochs: dict):
-        """Source `name` of `orders` reads its files in `orders[name]` (indices into its sorted
-        files: the state's, then files new to it) in its epoch `epochs[name]`, the one it resumes
-        in, and in their sorted place from its next epoch on (`Catalogue.reorder`, `begin`)."""
-        for name, order in orders.items():
-            cat, r = self.catalogues[name], self.ranges[name]
-            if order == list(range(len(cat.paths))):
-                continue
+        """At a resume, every source reads its files as one source does at each of its resumes
+        (`Catalogue.reorder`, then `begin`): source `name` of `orders` in `orders[name]` (indices
+        into its files as they are now: the state's, then files new to it) in its epoch
+        `epochs[name]`, the one it resumes in, and in their sorted place from its next epoch on;
+        every other source in its sorted order. So a loader resumed again reads as a fresh one
+        given that state, whatever order an earlier resume left it in; `laters` is made anew."""
+        files = []
+        for name, cat in self.catalogues.items():
+            r = self.ranges[name]
+            order = orders[name] if name in orders else cat.sorted_order()
             cat.reorder(order)
-            cat.begin(epochs[name])
-            self.laters = {**self.laters, name: cat.later} if cat.later is not None else self.laters
-            self.paths = self.paths[:r.lo] + cat.paths + self.paths[r.hi:]
-            self.files = self.files[:r.lo] + [self.files[r.lo + i] for i in order] + self.files[r.hi:]
+            cat.begin(epochs.get(name, 1))
+            files += [self.files[r.lo + i] for i in order]
+        self.paths = [p for cat in self.catalogues.values() for p in cat.paths]
+        self.files = files
+        self.laters = {name: cat.later for name, cat in self.catalogues.items() if cat.later is not None}
 
     def footers(self, indices: list) -> list:
         """The footer digests files `indices` have now (None: unreadable)."""
