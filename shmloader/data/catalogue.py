@@ -18,6 +18,7 @@ batch in every run, while what lies after it depends on how far the coordinator 
 ahead (`described_files`). So states do not depend on timing.
 """
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +53,26 @@ def learned(files: list, paths: list, opened: list, warn) -> list:
                  f"batches from here on read it as it is now, and states say so")
         files[msg.file] = [name, msg.size, msg.footer]
     return files
+
+
+class Listing(NamedTuple):
+    """A state's files against a loader's now, by name (`listing`): `order`, the loader's files
+    (indices) in the order of the epoch in progress, the state's files still there in the state's
+    order, then the files new to it in the loader's; `added`, those new ones (indices into the
+    loader's); `gone`, the state's files (indices into the state's) the loader has not."""
+    order: list
+    added: list
+    gone: list
+
+
+def listing(saved: list, now: list) -> Listing:
+    """The one rule of a resume's order, one source's (sourcestate.py) and a mixture's source's
+    (mixchecks.py): the state's files, then the new ones (`saved`, `now`: identities)."""
+    index = {f[0]: i for i, f in enumerate(now)}
+    names = {f[0] for f in saved}
+    added = [i for i, f in enumerate(now) if f[0] not in names]
+    return Listing([index[f[0]] for f in saved if f[0] in index] + added, added,
+                   [i for i, f in enumerate(saved) if f[0] not in index])
 
 
 def with_known_footers(files: list, known: list) -> list:
