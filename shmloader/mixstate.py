@@ -64,9 +64,9 @@ from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
-from .packing.mixbestfit import buffer_entries, buffer_runs
+from .packing.mixbestfit import BUFFER_RUN, buffer_entries, buffer_runs
 from .packing.mixtext import PACKED, Packed, json_text
-from .packing.runs import BufferText, encode_runs
+from .packing.runs import BufferText, decode, encode_runs
 from .position import Position
 from .state import POSITION_FIELDS
 
@@ -306,19 +306,26 @@ def numbered(point, sources):
     """A point (its text: the coordinator numbers each source's files in the run's order, within
     it) as a state numbers them: in the order of each source's epoch at the point, its place and
     its runs in best fit's buffer (`Sources.renumbering`; as sourcestate.py renumbers one
-    source's). The point itself where nothing is renumbered."""
+    source's, an array's column at once). The point itself where nothing is renumbered. Every
+    state of a run past a reordered epoch pays it (design.md "Mixtures": ~10 us a concat point,
+    the buffer's text decoded and encoded again for best fit)."""
     value = json.loads(point.text)
-    renumber = {name: at for name, p in value["sources"].items()
-                if name in sources.catalogues and (at := sources.renumbering(name, p[0])) is not None}
+    places = {name: Position(*p, 0) for name, p in value["sources"].items()}
+    renumber = {name: at for name, p in places.items()
+                if name in sources.catalogues and (at := sources.renumbering(name, p.epoch)) is not None}
     if not renumber:
         return point
     for name, at in renumber.items():
-        value["sources"][name][1] = int(at[value["sources"][name][1]])
-    if value.get("buffer") is not None:
-        names = value["buffer"]["sources"]
-        runs = [[r[0], r[1], int(renumber[r[0]][r[2]]) if r[0] in renumber else r[2], *r[3:]]
-                for r in buffer_entries(value)]
-        value["buffer"] = _buffer(runs, names)
+        value["sources"][name] = list(places[name]._replace(file=int(at[places[name].file])))[:4]
+    buffer = value.get("buffer")
+    if buffer is not None:
+        runs = decode(buffer["runs"], per_run=len(BUFFER_RUN), field="mixture.point.buffer")[2]
+        source, file = runs[:, BUFFER_RUN.index("source")], runs[:, BUFFER_RUN.index("file")]
+        for i, name in enumerate(buffer["sources"]):
+            if name in renumber:
+                mine = source == i
+                file[mine] = renumber[name][file[mine]]
+        buffer["runs"] = encode_runs(runs)
     text = json_text(value)
     return BufferText(text, zlib.crc32(text.encode()))
 
