@@ -161,7 +161,7 @@ class Catalogue:
         the run's file indices into that order (None: the same). Kept while it does not change:
         nanochat's loop asks for a state with every batch, and a split may hold thousands of
         files."""
-        later = self.later is not None and epoch > self.later.after
+        later = self.reordered_at(epoch)
         pq = self.numbered(epoch, file)
         key = (later, epoch > 1, pq if epoch == 1 else -1)
         if self._described[0] != key:
@@ -169,17 +169,21 @@ class Catalogue:
             self._described = (key, described_files(files, epoch, pq))
         return pq, self._described[1], self._later_at if later else None
 
+    def reordered_at(self, epoch: int) -> bool:
+        """Whether `epoch` reads the files in `later`'s order, not the run's (an epoch after the
+        one a resume reordered): the one test of it, here and in data/sources.py."""
+        return self.later is not None and epoch > self.later.after
+
     def renumbering(self, epoch: int):
         """The array that renumbers the run's file indices as a state of `epoch` numbers them
         (`described`'s), or None where they are the same."""
-        return self._later_at if self.later is not None and epoch > self.later.after else None
+        return self._later_at if self.reordered_at(epoch) else None
 
     def numbered(self, epoch: int, file: int) -> int:
         """File `file` (the run's numbering) as a state of `epoch` numbers it (its `pq_idx`): no
         list is made (a state's nanochat keys ask with every batch, for another file than its
         position's, and `described` keeps one answer)."""
-        later = self.later is not None and epoch > self.later.after
-        return int(self._later_at[file]) if later else file
+        return int(self._later_at[file]) if self.reordered_at(epoch) else file
 
     def row_counts(self, file: int, on_bad: str = "raise") -> list:
         """Rows per row group of `file`, from its footer, as the coordinator reads them (with

@@ -104,8 +104,8 @@ class Sources:
     def to_run(self, name: str, position: Position) -> Position:
         """Source `name`'s `position` (numbered within it, as a state of its epoch numbers it)
         in the run's numbering (`local`'s inverse)."""
-        later = self.catalogues[name].later
-        file = later.order[position.file] if later is not None and position.epoch > later.after else position.file
+        cat = self.catalogues[name]
+        file = cat.later.order[position.file] if cat.reordered_at(position.epoch) else position.file
         return position._replace(file=file + self.ranges[name].lo)
 
     def source_files(self, name: str) -> list:
@@ -115,8 +115,8 @@ class Sources:
 
     def files_at(self, name: str, epoch: int) -> list:
         """Source `name`'s identities in the order of its `epoch` (as a state of it lists them)."""
-        files, later = self.source_files(name), self.catalogues[name].later
-        return [files[t] for t in later.order] if later is not None and epoch > later.after else files
+        files, cat = self.source_files(name), self.catalogues[name]
+        return [files[t] for t in cat.later.order] if cat.reordered_at(epoch) else files
 
     def renumbering(self, name: str, epoch: int):
         """The array that renumbers source `name`'s files (the run's order, within it) as a state
