@@ -69,7 +69,7 @@ def mode_of(args):
     cfg = SimpleNamespace(B=B, T=T, buffer_size=1000, tokenizer_batch_size=128, max_piece_docs=1024,
                           max_piece_bytes=None, pieces_in_flight=None)
 
-    def pieces(ramp, cap, first, files=(0,), start=None, plan=None):
+    def pieces(ramp, cap, first, files=(0,), start=None, plan=None, later=None):
         return (Piece(first + i, 1, files[0], i, 0, 256) for i in range(10**7))
     if args.single:
         return PACKINGS[args.packing].mode(cfg, run, 2, pieces)
