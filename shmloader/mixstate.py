@@ -310,13 +310,13 @@ def numbered(point, sources):
     state of a run past a reordered epoch pays it (design.md "Mixtures": ~10 us a concat point,
     the buffer's text decoded and encoded again for best fit)."""
     value = json.loads(point.text)
-    places = {name: Position(*p, 0) for name, p in value["sources"].items()}
-    renumber = {name: at for name, p in places.items()
-                if name in sources.catalogues and (at := sources.renumbering(name, p.epoch)) is not None}
+    renumber = {name: at for name, (epoch, *_) in value["sources"].items()
+                if name in sources.catalogues and (at := sources.renumbering(name, epoch)) is not None}
     if not renumber:
         return point
     for name, at in renumber.items():
-        value["sources"][name] = list(places[name]._replace(file=int(at[places[name].file])))[:4]
+        epoch, file, rg, row = value["sources"][name]  # a point's place: `MixPoint.to_json`'s four values
+        value["sources"][name] = [epoch, int(at[file]), rg, row]
     buffer = value.get("buffer")
     if buffer is not None:
         runs = decode(buffer["runs"], per_run=len(BUFFER_RUN), field="mixture.point.buffer")[2]
