@@ -5,7 +5,11 @@
 - `check_sources`: every source the state and the loader share lists the state's files, unchanged
   (name, size, footer where both know it), and may list more, wherever they sort (`Listed`: the
   files added, and each source's order of its epoch in progress: the state's files, then the
-  new ones, as one source's `_check_files` makes it);
+  new ones, data/catalogue.py `listing`, one source's rule too). Stricter than one source's
+  check (sourcestate.py `_check_files`), which only warns of a file after its position in epoch
+  1 that changed or went, and reads the footers of the state's files from the files: here every
+  file the state lists must be there unchanged, its footer compared where the loader knows it
+  (docs/contract.md §3 says so);
 - `take_added`: such files are read after the state's in the source's epoch in progress and in
   their sorted place from its next epoch on (said once, data/sources.py `reorder`; another rank's
   state of the same world size too, its place replayed over the state's files, mixstate.py), and
@@ -19,6 +23,7 @@ from typing import NamedTuple
 
 from . import state as statemod
 from .data import shuffle
+from .data.catalogue import listing
 from .errors import warn
 
 
@@ -40,8 +45,8 @@ def replayable(point, mixture, rank: int):
 
 class Listed(NamedTuple):
     """What `check_sources` found: `added`, `{source: [names of its files new to the state]}`;
-    `orders`, `{source: its files (indices into its sorted files now) in the order of its epoch
-    in progress}`: the state's, then those added (sorted), for every source the state lists."""
+    `orders`, `{source: its files (indices into its files as the loader has them now) in the
+    order of its epoch in progress}`: the state's, then those added (sorted), for every source the state lists."""
     added: dict
     orders: dict
 
@@ -59,7 +64,7 @@ def check_sources(saved, sources) -> Listed:
         now = sources.source_files(name)
         index = {f[0]: i for i, f in enumerate(now)}
         if (not isinstance(old, list) or not old or not all(isinstance(f, list) and len(f) == 3 for f in old)
-                or any(f[0] not in index for f in old) or len({f[0] for f in old}) != len(old)):
+                or listing(old, now).gone or len({f[0] for f in old}) != len(old)):
             raise ValueError(f"mixture source {name!r} lists other files than the state's "
                              f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
                              "files removed from a source of a mixture are not built yet; files added to it are "
@@ -74,11 +79,10 @@ def check_sources(saved, sources) -> Listed:
             if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
                 raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
                                  f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
-        known = {f[0] for f in old}
-        new = [i for i, f in enumerate(now) if f[0] not in known]
-        if new:
-            added[name] = [now[i][0] for i in new]
-        orders[name] = [index[f[0]] for f in old] + new
+        listed = listing(old, now)
+        if listed.added:
+            added[name] = [now[i][0] for i in listed.added]
+        orders[name] = listed.order
     return Listed(added, orders)
 
 

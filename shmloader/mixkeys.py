@@ -88,6 +88,7 @@ def approximately(sources, state: dict, identity: statemod.Loader, envelope: sta
 def _resume(sources, keys: tuple, identity: statemod.Loader) -> statemod.Resume:
     """From nanochat's keys `(pq_idx, rg_idx, epoch)`, which become the run's `origin`."""
     pq, rg, epoch = keys
+    sources.reorder({}, {})  # nanochat's keys number the files in their sorted order, whatever a resume left
     start = {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
     point = origin_point(sources, start, identity.rank, identity.world)
     return statemod.Resume(sources.to_run(point.source, point.sources[point.source]),

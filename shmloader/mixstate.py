@@ -66,9 +66,9 @@ from .ipc.protocol import MixArgs
 from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
-from .packing.mixbestfit import buffer_entries, buffer_runs
+from .packing.mixbestfit import BUFFER_RUN, buffer_entries, buffer_runs
 from .packing.mixtext import PACKED, Packed, json_text
-from .packing.runs import BufferText, encode_runs
+from .packing.runs import BufferText, decode, encode_runs
 from .position import Position
 from .state import POSITION_FIELDS
 
@@ -190,7 +190,7 @@ class Mixed:
         shapes, reshaped = envelope.shapes, envelope.reshaped
         point = MixPoint.from_json(json.loads(text)) if text is not None else None
         rules = mixrules.of_state(state)
-        added = mixchecks.check_sources(mixed.get("sources"), sources).added
+        listed = mixchecks.check_sources(mixed.get("sources"), sources)
         origin = mixkeys.origin(sources, state)
         if (envelope.rank, envelope.world) != (identity.rank, identity.world) and identity.other_rank == "nanochat" \
                 and mixkeys.of_one_source(sources, state):  # approximately, as one source resumes any of its states
@@ -200,17 +200,26 @@ class Mixed:
             raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
         plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
                  if plans else None)
-        mixchecks.take_added(added, envelope, identity, sources.mixture, plans)
+        mixchecks.take_added(listed.added, envelope, identity, sources.mixture, plans)
         other = start_position(identity.rank)
         if identity.buffered:  # best fit's buffer: its documents' sources are read now
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})
-        if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
+        if (envelope.rank, envelope.world) != (identity.rank, identity.world):
             mixchecks.replayable(point, sources.mixture, envelope.rank)
+        # checked: every source takes its order of the state's epoch before anything is numbered as the run's
+        self._replayed_files = None
+        if envelope.rank != identity.rank and envelope.world == identity.world and listed.added:
+            # another rank's, files added: the replay (over the state's files) finds the epochs, `replayed`
+            sources.reorder({name: listed.orders[name] for name in listed.added}, None)
+            self._replayed_files = {name: len(listed.orders[name]) - len(files) for name, files in listed.added.items()}
+        else:
+            epochs = {name: p.epoch for name, p in point.sources.items()} if point is not None else {}
+            sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
+        if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
                                    mix=json.loads(text) if text is not None else None, mix_rules=rules, origin=origin)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
-            mixchecks.replayable(point, sources.mixture, envelope.rank)
             return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
                                    locate=point is not None, mix_rules=rules, origin=origin)
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
@@ -222,6 +231,7 @@ class Mixed:
         if point is not None and point.source in sources.ranges:
             position = sources.to_run(point.source, position)
         # the batch it resumes at is the saved run's only with the same shape, the same mix and files
+        added = listed.added
         checked = statemod.check_field(state) if reshaped == shapes and not notes and not added else None
         mix = json.loads(text) if text is not None else None
         if added and mix is not None:  # the run's streams are not replayable from batch 0 any more
@@ -230,25 +240,16 @@ class Mixed:
                                mix=mix, mix_plans=plans, mix_rules=rules, origin=origin,
                                read=mixkeys.read_of(sources, state))
 
-
-
     # resume.py's steps (`resume.Part`), over the loader's sources
 
     def take_files(self, state: dict, resume: statemod.Resume):
-        """Every source's files in the order of its epoch in progress (the state's, then files
-        new to it: data/sources.py `reorder`) and the footers the state knows of them; a state of
-        nanochat's keys, its row group checked against its file."""
+        """The footers the state knows of every source's files (their order of its epoch in
+        progress, the state's then files new to it, was taken once the state was checked, in
+        `resume`: data/sources.py `reorder`); a state of nanochat's keys, its row group checked
+        against its file."""
         if "version" not in state:
             mixkeys.check_row_group(self._sources, resume.origin)
             return
-        listed = mixchecks.check_sources(state["mixture"]["sources"], self._sources)
-        self._replayed_files = None
-        if resume.locate and resume.change is None and listed.added:  # another rank's: its replay finds the epochs
-            self._sources.reorder({name: listed.orders[name] for name in listed.added}, None)
-            self._replayed_files = {name: len(listed.orders[name]) - len(files) for name, files in listed.added.items()}
-        else:
-            epochs = {name: p[0] for name, p in (resume.mix or {}).get("sources", {}).items()}
-            self._sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
         self._sources.with_footers(state["mixture"]["sources"])
 
     def replay(self, resume: statemod.Resume, args, config):
@@ -267,7 +268,7 @@ class Mixed:
                 origin = mixkeys.origin_point(self._sources, resume.origin, args.rank, args.world)
                 start, point = self._sources.to_run(origin.source, origin.sources[origin.source]), origin.to_json()
         mix = run_args(self._sources, statemod.Resume(start, batch=at, mix=point, mix_rules=resume.mix_rules))
-        if self._replayed_files:  # over the state's files of a source that gained some (`take_files`), as one source
+        if self._replayed_files:  # over the state's files of a source that gained some (`resume`), as one source
             mix = mix._replace(ranges=tuple(r._replace(hi=r.lo + self._replayed_files.get(r.name, r.hi - r.lo))
                                             for r in mix.ranges), laters=None)
         return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix._replace(plans=None),
@@ -322,19 +323,26 @@ def numbered(point, sources):
     """A point (its text: the coordinator numbers each source's files in the run's order, within
     it) as a state numbers them: in the order of each source's epoch at the point, its place and
     its runs in best fit's buffer (`Sources.renumbering`; as sourcestate.py renumbers one
-    source's). The point itself where nothing is renumbered."""
+    source's, an array's column at once). The point itself where nothing is renumbered. Every
+    state of a run past a reordered epoch pays it (design.md "Mixtures": ~10 us a concat point,
+    the buffer's text decoded and encoded again for best fit)."""
     value = json.loads(point.text)
-    renumber = {name: at for name, p in value["sources"].items()
-                if name in sources.catalogues and (at := sources.renumbering(name, p[0])) is not None}
+    renumber = {name: at for name, (epoch, *_) in value["sources"].items()
+                if name in sources.catalogues and (at := sources.renumbering(name, epoch)) is not None}
     if not renumber:
         return point
     for name, at in renumber.items():
-        value["sources"][name][1] = int(at[value["sources"][name][1]])
-    if value.get("buffer") is not None:
-        names = value["buffer"]["sources"]
-        runs = [[r[0], r[1], int(renumber[r[0]][r[2]]) if r[0] in renumber else r[2], *r[3:]]
-                for r in buffer_entries(value)]
-        value["buffer"] = _buffer(runs, names)
+        epoch, file, rg, row = value["sources"][name]  # a point's place: `MixPoint.to_json`'s four values
+        value["sources"][name] = [epoch, int(at[file]), rg, row]
+    buffer = value.get("buffer")
+    if buffer is not None:
+        runs = decode(buffer["runs"], per_run=len(BUFFER_RUN), field="mixture.point.buffer")[2]
+        source, file = runs[:, BUFFER_RUN.index("source")], runs[:, BUFFER_RUN.index("file")]
+        for i, name in enumerate(buffer["sources"]):
+            if name in renumber:
+                mine = source == i
+                file[mine] = renumber[name][file[mine]]
+        buffer["runs"] = encode_runs(runs)
     text = json_text(value)
     return BufferText(text, zlib.crc32(text.encode()))
 

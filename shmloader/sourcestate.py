@@ -57,7 +57,7 @@ import zlib
 import numpy as np
 
 from .data import elastic, shuffle
-from .data.catalogue import described_files
+from .data.catalogue import described_files, listing
 from .data.elastic import Plan, in_units
 from .data.order import nanochat_position, start_position
 from .errors import warn
@@ -447,14 +447,13 @@ def _check_files(saved: list, loader: Loader, pos: dict, whole: bool = False) ->
     if soft:
         warn("resume state's files after its position changed since it was saved (they are read as "
              "they are now): " + "; ".join(soft))
-    names = {f[0] for f in saved}
-    added = [i for i, f in enumerate(loader.files) if f[0] not in names]
+    order, added, _ = listing(saved, loader.files)
     if added:
         shown = ", ".join(loader.files[i][0] for i in added[:5]) + (", ..." if len(added) > 5 else "")
         warn(f"{len(added)} file(s) added to the split since the state was saved: {shown}; they are "
              f"read after the state's files in the epoch in progress, and in their sorted place "
              f"from the next epoch on")
-    return [now[f[0]] for f in saved if f[0] in now] + added, bool(soft)
+    return order, bool(soft)
 
 def _diff(i: int, old: list, files: list, index: dict) -> str | None:
     """What differs between saved file `i` and the loader's file of its name, or None."""

@@ -103,21 +103,21 @@ class TokenCache:
             self._ids[path] = identity(f.path, self.filesystem, f.column)
         return self._ids[path]
 
-    def path_of(self, path: str, rg: int) -> str:
+    def path_of(self, path: "File | str", rg: int) -> str:
         return os.path.join(self.dir, f"{self._identity(path):016x}-rg{rg:05d}.tok")
 
-    def parts_dir(self, path: str, rg: int) -> str:
+    def parts_dir(self, path: "File | str", rg: int) -> str:
         return os.path.join(self.dir, f"{self._identity(path):016x}-rg{rg:05d}.parts")
 
-    def part_path(self, path: str, rg: int, start: int, end: int) -> str:
+    def part_path(self, path: "File | str", rg: int, start: int, end: int) -> str:
         return os.path.join(self.parts_dir(path, rg), f"{start}-{end}.part")
 
-    def load(self, path: str, rg: int):
+    def load(self, path: "File | str", rg: int):
         """`(lengths, tokens)` of a valid whole entry (tokens memory-mapped), else None."""
         entry = self._whole(path, rg)
         return None if entry is None else (entry.lengths, entry.tokens)
 
-    def load_rows(self, path: str, rg: int, start: int, end: int):
+    def load_rows(self, path: "File | str", rg: int, start: int, end: int):
         """`(lengths, tokens)` of rows [start, end) of row group `rg`: sliced out of its whole
         entry, else put together from partial entries that cover them; None when not cached."""
         entry = self._whole(path, rg)
@@ -127,7 +127,7 @@ class TokenCache:
             return None
         return self._cover(path, rg, start, end, self._parts(path, rg))
 
-    def _whole(self, path: str, rg: int) -> "_Entry | None":
+    def _whole(self, path: "File | str", rg: int) -> "_Entry | None":
         key = (path, rg)
         entry = self._memo.get(key)
         if entry is not None:
@@ -166,7 +166,7 @@ class TokenCache:
             return None
         return entry
 
-    def _parts(self, path: str, rg: int) -> dict:
+    def _parts(self, path: "File | str", rg: int) -> dict:
         """{(start, end): file name} of the partial entries of row group `rg` on disk."""
         where = self.parts_dir(path, rg)
         try:
@@ -180,7 +180,7 @@ class TokenCache:
                 out[int(m[1]), int(m[2])] = os.path.join(where, name)
         return out
 
-    def _cover(self, path: str, rg: int, start: int, end: int, parts: dict):
+    def _cover(self, path: "File | str", rg: int, start: int, end: int, parts: dict):
         """(lengths, tokens) of rows [start, end) from valid partial entries, or None."""
         ident, lengths, tokens, at = self._identity(path), [], [], start
         while at < end:
@@ -203,14 +203,14 @@ class TokenCache:
         info = np.iinfo(self.dtype)
         return not tokens.size or (int(tokens.min()) >= 0 and int(tokens.max()) <= info.max)
 
-    def store(self, path: str, rg: int, lengths: np.ndarray, tokens: np.ndarray):
+    def store(self, path: "File | str", rg: int, lengths: np.ndarray, tokens: np.ndarray):
         """Write the whole entry of row group `rg` atomically (temporary file, then rename);
         its partial entries, now useless, are removed."""
         os.makedirs(self.dir, exist_ok=True)
         self._write(self.path_of(path, rg), path, rg, 0, lengths, tokens)
         self._drop_parts(path, rg)
 
-    def store_rows(self, path: str, rg: int, start: int, end: int, n_rows: int,
+    def store_rows(self, path: "File | str", rg: int, start: int, end: int, n_rows: int,
                    lengths: np.ndarray, tokens: np.ndarray) -> bool:
         """Keep rows [start, end) of row group `rg` (of `n_rows` rows): the whole entry when
         they are all its rows, else a partial entry, merged into the whole entry once the
@@ -239,7 +239,7 @@ class TokenCache:
         self.store(path, rg, *whole)
         return True
 
-    def _write(self, final: str, path: str, rg: int, start: int, lengths: np.ndarray, tokens: np.ndarray):
+    def _write(self, final: str, path: "File | str", rg: int, start: int, lengths: np.ndarray, tokens: np.ndarray):
         if not self.fits(tokens):
             raise ValueError(f"token ids {int(tokens.min())}..{int(tokens.max())} do not fit the "
                              f"cache's {self.dtype}")
@@ -258,7 +258,7 @@ class TokenCache:
                 os.unlink(tmp)
             raise
 
-    def _drop_parts(self, path: str, rg: int):
+    def _drop_parts(self, path: "File | str", rg: int):
         parts = self._parts(path, rg)
         for name in parts.values():
             try:

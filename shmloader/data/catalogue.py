@@ -18,6 +18,7 @@ batch in every run, while what lies after it depends on how far the coordinator 
 ahead (`described_files`). So states do not depend on timing.
 """
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +53,26 @@ def learned(files: list, paths: list, opened: list, warn) -> list:
                  f"batches from here on read it as it is now, and states say so")
         files[msg.file] = [name, msg.size, msg.footer]
     return files
+
+
+class Listing(NamedTuple):
+    """A state's files against a loader's now, by name (`listing`): `order`, the loader's files
+    (indices) in the order of the epoch in progress, the state's files still there in the state's
+    order, then the files new to it in the loader's; `added`, those new ones (indices into the
+    loader's); `gone`, the state's files (indices into the state's) the loader has not."""
+    order: list
+    added: list
+    gone: list
+
+
+def listing(saved: list, now: list) -> Listing:
+    """The one rule of a resume's order, one source's (sourcestate.py) and a mixture's source's
+    (mixchecks.py): the state's files, then the new ones (`saved`, `now`: identities)."""
+    index = {f[0]: i for i, f in enumerate(now)}
+    names = {f[0] for f in saved}
+    added = [i for i, f in enumerate(now) if f[0] not in names]
+    return Listing([index[f[0]] for f in saved if f[0] in index] + added, added,
+                   [i for i, f in enumerate(saved) if f[0] not in index])
 
 
 def with_known_footers(files: list, known: list) -> list:
@@ -106,14 +127,19 @@ class Catalogue:
         if order is not None:
             self.paths = [self.paths[i] for i in order]
             self.files = [self.files[i] for i in order]
-        place = {path: i for i, path in enumerate(self._sorted)}
-        later = sorted(range(len(self.paths)), key=lambda t: place[self.paths[t]])
+        later = self.sorted_order()
         self._later_order = None if later == list(range(len(later))) else tuple(later)
         self._later_at = np.argsort(later) if self._later_order is not None else None
 
-    def begin(self, epoch: int):
-        """The loader starts (or resumes) in `epoch`: a reordered epoch is this one only."""
-        self.later = Later(epoch, self._later_order) if self._later_order is not None else None
+    def sorted_order(self) -> list:
+        """Indices into `paths` of the files in their sorted order (`reorder` of it: none reordered)."""
+        place = {path: i for i, path in enumerate(self.paths)}
+        return [place[path] for path in self._sorted]
+
+    def begin(self, epoch: int | None):
+        """The loader starts (or resumes) in `epoch`: a reordered epoch is this one only (None:
+        its epoch is not known yet, and every epoch reads the files as they are ordered now)."""
+        self.later = Later(epoch, self._later_order) if self._later_order is not None and epoch is not None else None
         self._described = (None, None)
 
     def learn(self, opened: list, warn):
@@ -136,7 +162,7 @@ class Catalogue:
         the run's file indices into that order (None: the same). Kept while it does not change:
         nanochat's loop asks for a state with every batch, and a split may hold thousands of
         files."""
-        later = self.later is not None and epoch > self.later.after
+        later = self.reordered_at(epoch)
         pq = self.numbered(epoch, file)
         key = (later, epoch > 1, pq if epoch == 1 else -1)
         if self._described[0] != key:
@@ -144,17 +170,21 @@ class Catalogue:
             self._described = (key, described_files(files, epoch, pq))
         return pq, self._described[1], self._later_at if later else None
 
+    def reordered_at(self, epoch: int) -> bool:
+        """Whether `epoch` reads the files in `later`'s order, not the run's (an epoch after the
+        one a resume reordered): the one test of it, here and in data/sources.py."""
+        return self.later is not None and epoch > self.later.after
+
     def renumbering(self, epoch: int):
         """The array that renumbers the run's file indices as a state of `epoch` numbers them
         (`described`'s), or None where they are the same."""
-        return self._later_at if self.later is not None and epoch > self.later.after else None
+        return self._later_at if self.reordered_at(epoch) else None
 
     def numbered(self, epoch: int, file: int) -> int:
         """File `file` (the run's numbering) as a state of `epoch` numbers it (its `pq_idx`): no
         list is made (a state's nanochat keys ask with every batch, for another file than its
         position's, and `described` keeps one answer)."""
-        later = self.later is not None and epoch > self.later.after
-        return int(self._later_at[file]) if later else file
+        return int(self._later_at[file]) if self.reordered_at(epoch) else file
 
     def units(self, file: int, enough: int) -> int:
         """`file`'s number of units, or `enough` once it holds that many (a JSON Lines file read

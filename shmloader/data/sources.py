@@ -11,7 +11,8 @@ A source resumed from a state that does not list every file of it now (shards th
 since the save, wherever they sort) reads its files as one source does (`Catalogue.reorder`):
 the state's first, the new ones after them, in the source's epoch in progress at the resume,
 and every file in its sorted place from its next epoch on (`reorder`; its `Later`, `laters`,
-goes to the coordinator with the run's `MixArgs`). The run numbers a source's files in the
+goes to the coordinator with the run's `MixArgs`), every source's order set anew at each resume
+(a source the state does not place, sorted). The run numbers a source's files in the
 order of that epoch; a state numbers them in the order of the source's own epoch, as one
 source's state does (`local`, `to_run`, `files_at`; mixstate.py renumbers a point's files).
 
@@ -103,8 +104,8 @@ class Sources:
     def to_run(self, name: str, position: Position) -> Position:
         """Source `name`'s `position` (numbered within it, as a state of its epoch numbers it)
         in the run's numbering (`local`'s inverse)."""
-        later = self.catalogues[name].later
-        file = later.order[position.file] if later is not None and position.epoch > later.after else position.file
+        cat = self.catalogues[name]
+        file = cat.later.order[position.file] if cat.reordered_at(position.epoch) else position.file
         return position._replace(file=file + self.ranges[name].lo)
 
     def source_files(self, name: str) -> list:
@@ -114,8 +115,8 @@ class Sources:
 
     def files_at(self, name: str, epoch: int) -> list:
         """Source `name`'s identities in the order of its `epoch` (as a state of it lists them)."""
-        files, later = self.source_files(name), self.catalogues[name].later
-        return [files[t] for t in later.order] if later is not None and epoch > later.after else files
+        files, cat = self.source_files(name), self.catalogues[name]
+        return [files[t] for t in cat.later.order] if cat.reordered_at(epoch) else files
 
     def renumbering(self, name: str, epoch: int):
         """The array that renumbers source `name`'s files (the run's order, within it) as a state
@@ -123,20 +124,24 @@ class Sources:
         return self.catalogues[name].renumbering(epoch)
 
     def reorder(self, orders: dict, epochs: dict | None):
-        """Source `name` of `orders` reads its files in `orders[name]` (indices into its sorted
-        files: the state's, then files new to it) in its epoch `epochs[name]`, the one it resumes
-        in, and in their sorted place from its next epoch on (`Catalogue.reorder`, `begin`).
-        `epochs` None: not known yet (another rank's state: its replay finds them), `begun`
-        says them; until then the sources read `orders` in every epoch."""
-        for name, order in orders.items():
-            cat, r = self.catalogues[name], self.ranges[name]
-            if order == list(range(len(cat.paths))):
-                continue
+        """At a resume, every source reads its files as one source does at each of its resumes
+        (`Catalogue.reorder`, then `begin`): source `name` of `orders` in `orders[name]` (indices
+        into its files as they are now: the state's, then files new to it) in its epoch
+        `epochs[name]`, the one it resumes in, and in their sorted place from its next epoch on;
+        every other source in its sorted order. So a loader resumed again reads as a fresh one
+        given that state, whatever order an earlier resume left it in; `laters` is made anew.
+        `epochs` None: not known yet (another rank's state: its replay finds them, `begun` says
+        them); until then the sources of `orders` read them in every epoch."""
+        files = []
+        for name, cat in self.catalogues.items():
+            r = self.ranges[name]
+            order = orders[name] if name in orders else cat.sorted_order()
             cat.reorder(order)
-            self.paths = self.paths[:r.lo] + cat.paths + self.paths[r.hi:]
-            self.files = self.files[:r.lo] + [self.files[r.lo + i] for i in order] + self.files[r.hi:]
-            if epochs is not None:
-                self.begun({name: epochs[name]})
+            cat.begin(epochs.get(name, 1) if epochs is not None else None)
+            files += [self.files[r.lo + i] for i in order]
+        self.paths = [p for cat in self.catalogues.values() for p in cat.paths]
+        self.files = files
+        self.laters = {name: cat.later for name, cat in self.catalogues.items() if cat.later is not None}
 
     def begun(self, epochs: dict):
         """Source `name` of `epochs`, reordered (`reorder`), resumes in its epoch `epochs[name]`:

@@ -64,6 +64,9 @@ class MixBuffer(NamedTuple):
     runs: np.ndarray
 
 
+BUFFER_RUN = ("source", "epoch", "file", "rg", "row", "count")  # a point's buffer run's values, in order
+
+
 def buffer_entries(point: dict | None) -> list:
     """The buffer of a mixed best fit's point (its JSON's `"buffer"`: `{"sources": [names],
     "runs": text}`, the text as best fit's buffer text (packing/runs.py) of six values a run:
@@ -74,7 +77,7 @@ def buffer_entries(point: dict | None) -> list:
         return []
     try:
         names, text = list(value["sources"]), value["runs"]
-        runs = decode(text, per_run=6, field="mixture.point.buffer")[2].tolist()
+        runs = decode(text, per_run=len(BUFFER_RUN), field="mixture.point.buffer")[2].tolist()
         out = [[names[r[0]], *r[1:]] for r in runs]
     except (KeyError, TypeError, IndexError, AttributeError):
         raise ValueError(f"the mixture's buffer in the state is malformed: {str(value)[:80]!r} is not "

@@ -178,9 +178,7 @@ def where_at(at, counts: bool = True) -> tuple:
     for name, moved in _picked_before(block, j, counts):
         sources[name] = (moved.piece, moved.row)
         if counts:
-            t = totals[name]
-            counted[name] += moved.tokens
-            totals[name] = (t[0] + moved.tokens, t[1] + moved.documents, moved.piece.epoch)
+            _took(counted, totals, name, moved, tuple)
     return sources, (stage, stage_batch, counted, totals, ended, mixer) if counts else None
 
 
@@ -191,6 +189,14 @@ class Moved(NamedTuple):
     row: int
     documents: int
     tokens: int
+
+
+def _took(counted: dict, totals: dict, name: str, moved: Moved, kind=tuple):
+    """The mixer's counts after source `name`'s `moved` (into `counted` and `totals`, the
+    caller's copies): its tokens counted, its totals `[tokens, documents, epoch]` (as `kind`)."""
+    t = totals[name]
+    counted[name] += moved.tokens
+    totals[name] = kind((t[0] + moved.tokens, t[1] + moved.documents, moved.piece.epoch))
 
 
 def _picked_before(block: Block, j: int, counts: bool = True):
@@ -392,11 +398,9 @@ def point_of(block: Block, j: int, skip: int, start: Start | None = None) -> Mix
     sources, mixer = dict(start.sources), dict(start.mixer)
     counted, totals = dict(mixer["counted"]), {n: list(t) for n, t in mixer["totals"].items()}
     mixer["counted"], mixer["totals"] = counted, totals
-    for n, moved in _picked_before(block, j):  # as `where_at`'s
+    for n, moved in _picked_before(block, j):  # as `where_at`'s (`_took`)
         sources[n] = place(moved.piece, moved.row)
-        t = totals[n]
-        counted[n] += moved.tokens
-        totals[n] = [t[0] + moved.tokens, t[1] + moved.documents, moved.piece.epoch]
+        _took(counted, totals, n, moved, list)
     totals[name][2] = rows.piece.epoch
     p = rows.piece
     sources[name] = Position(p.epoch, p.file, p.rg, p.doc_start + row)

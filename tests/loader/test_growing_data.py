@@ -151,7 +151,6 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
     taken after it names the files in that order and resumes exactly."""
     import os
     import signal
-    import time
 
     data = tmp_path / "data"
     data.mkdir()
@@ -178,7 +177,9 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
             if restart == "heal":
                 os.kill(ld.debug().workers[0].pid, signal.SIGKILL)
             else:
-                time.sleep(1.5)  # nothing read: the ring is full, the loader lets its processes go
+                # nothing read: the ring is full, the loader lets its processes go (waited for, not timed)
+                pids = [ld.debug().coordinator.pid, *(w.pid for w in ld.debug().workers)]
+                assert helpers.wait_gone(pids, 20.0) == [], "the idle loader kept its processes"
             got += [window_of(*next(ld)) for _ in range(n - at)]
             counted = ld.stats()["heals" if restart == "heal" else "idle_releases"]
             later = ld.state_dict()

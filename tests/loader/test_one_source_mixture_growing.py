@@ -10,7 +10,6 @@ the source's do, in that epoch and after it; and a restart in the epoch after th
 import itertools
 import os
 import signal
-import time
 import warnings
 
 import numpy as np
@@ -104,7 +103,9 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
                 if restart == "heal":
                     os.kill(ld.debug().workers[0].pid, signal.SIGKILL)
                 else:
-                    time.sleep(1.5)  # nothing read: the ring is full, the loader lets its processes go
+                    # nothing read: the ring is full, the loader lets its processes go (waited for, not timed)
+                    pids = [ld.debug().coordinator.pid, *(w.pid for w in ld.debug().workers)]
+                    assert helpers.wait_gone(pids, 20.0) == [], "the idle loader kept its processes"
                 got += [next(ld) for _ in range(30)]
                 counted = ld.stats()["heals" if restart == "heal" else "idle_releases"]
                 later = ld.state_dict()
@@ -114,3 +115,53 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
     again, _ = run(one, 5, resume_state=out[one][1], **kw)
     want, _ = run(data, 5, resume_state=out[data][1], **kw)
     assert same(again, want)
+
+
+@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
+@pytest.mark.parametrize("back", [1, 2], ids=["to_the_reordered_epoch", "to_epoch_2"])
+def test_a_reordered_loader_given_its_own_state_reads_as_a_fresh_one(tmp_path, kw, back):
+    """Resumed in epoch 1 with shard 2 arrived inside the sort order, read into epoch 2, then
+    `load_state_dict` on the same loader with one of its own states (of the reordered epoch, or
+    of epoch 2): the next batches are a fresh loader's given that state, and the source's own
+    loader does the same."""
+    data, one = gapped(tmp_path)
+    states = {d: run(d, 7, **kw)[1][-1] for d in (data, one)}
+    write_file(tmp_path / "data" / NAMES[2], 2)
+    out = {}
+    for d in (data, one):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with loader(d, resume_state=states[d], **kw) as ld:
+                seen = []
+                for _ in range(24):
+                    next(ld)
+                    seen.append(ld.state_dict())
+                assert seen[0]["epoch"] == 1 and seen[-1]["epoch"] >= 2  # not vacuous: past the reordered epoch
+                state = next(s for s in (seen if back == 2 else seen[::-1]) if s["epoch"] == back)
+                ld.load_state_dict(state)
+                got = [(x.numpy().copy(), y.numpy().copy()) for x, y in itertools.islice(ld, 12)]
+            fresh, _ = run(d, 12, resume_state=state, **kw)
+        assert same(got, fresh), d
+        out[d] = got
+    assert same(out[one], out[data])
+
+
+def test_a_reordered_loader_replays_another_ranks_state_over_the_sorted_order(tmp_path):
+    """Rank 0 of 2 resumed with shard 2 arrived inside the sort order (its epoch in progress
+    reordered), then given rank 1's state of a run over every shard from batch 0: it replays its
+    place over the sorted order, as a fresh rank 0 given that state does."""
+    data, one = gapped(tmp_path)
+    ranks = dict(rank=0, world_size=2)
+    _, states = run(one, 3, **ranks)
+    write_file(tmp_path / "data" / NAMES[2], 2)
+    _, others = run(one, 6, rank=1, world_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with loader(one, resume_state=states[-1], **ranks) as ld:
+            first = [next(ld) for _ in range(3)]
+            assert said(ld.state_dict())[4] == tuple(NAMES[i] for i in (0, 1, 3, 2))  # not vacuous: reordered
+            ld.load_state_dict(others[-1])
+            got = [(x.numpy().copy(), y.numpy().copy()) for x, y in itertools.islice(ld, 8)]
+    assert len(first) == 3
+    want, _ = run(one, 8, resume_state=others[-1], **ranks)
+    assert same(got, want)

@@ -134,3 +134,22 @@ def test_partial_entries_serve_their_rows_and_merge_when_complete(tmp_path):
     assert Path(cache.path_of(str(src), 0)).read_bytes() == next(whole.rglob("*.tok")).read_bytes()
     assert part_files(tmp_path / "c") == [] and not os.path.exists(cache.parts_dir(str(src), 0))
     assert tmp_files(tmp_path / "c") == []
+
+
+def test_two_columns_of_one_file_are_two_entries(tmp_path):
+    """`cache.File`: one file read in two columns (two sources of one mixture) keeps two entries,
+    each found again by its own column (also by a new cache), never the other's; a path alone is
+    its `text` column."""
+    src = tmp_path / "f.parquet"
+    src.write_bytes(b"two columns")
+    text, ids = cachemod.File(str(src)), cachemod.File(str(src), "ids")
+    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
+    cache.store(text, 0, np.array([2, 1]), np.array([1, 2, 3]))
+    assert cache.load(ids, 0) is None, "the other column's tokens were served"
+    cache.store(ids, 0, np.array([3]), np.array([7, 8, 9]))
+    assert cache.path_of(text, 0) != cache.path_of(ids, 0) and cache.path_of(text, 0) == cache.path_of(str(src), 0)
+    again = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
+    for key, lengths, tokens in ((text, [2, 1], [1, 2, 3]), (str(src), [2, 1], [1, 2, 3]), (ids, [3], [7, 8, 9])):
+        got = again.load(key, 0)
+        assert got is not None and got[0].tolist() == lengths and got[1].tolist() == tokens, key
+    assert tmp_files(tmp_path / "c") == []

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shmloader.data.catalogue import Catalogue, described_files, file_list
+from shmloader.data.catalogue import Catalogue, Listing, described_files, file_list, listing
 from shmloader.data.order import Later
 from shmloader.errors import DataError
 from shmloader.ipc.protocol import Opened
@@ -92,3 +92,14 @@ def test_a_state_lists_footers_up_to_its_position_in_epoch_1():
 def test_file_list_keeps_names_and_marks_unknown_sizes():
     assert file_list(["/x/a.parquet", "s3://b/c.parquet"], [10, None]) == [["a.parquet", 10, None],
                                                                            ["c.parquet", -1, None]]
+
+
+def test_listing_is_the_states_files_then_the_new_ones():
+    """The one order rule of a resume (one source's and a mixture's source's): the state's files
+    still there in the state's order, then the new ones in the loader's order; a file gone is
+    named by its index in the state."""
+    f = {name: [name, 1, None] for name in "abcdef"}
+    saved = [f["a"], f["d"], f["b"], ["z", 1, None]]
+    now = [f["a"], f["b"], f["c"], f["d"], f["e"]]
+    assert listing(saved, now) == Listing(order=[0, 3, 1, 2, 4], added=[2, 4], gone=[3])
+    assert listing(now, now) == Listing(order=[0, 1, 2, 3, 4], added=[], gone=[])
