@@ -33,7 +33,7 @@ from ..data.order import buffer_pieces, ramp_for
 from ..ipc.protocol import Ended
 from ..ipc.ring import Stat
 from ..position import Position
-from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
+from .base import UNCAPPED, BatchBook, Complete, Found, InOrder, Mode, Packing
 from .planner import BestFitPlanner, Drained
 from .positions import fill_prefix
 
@@ -399,6 +399,18 @@ class BestFitSequencer:
         return [done for _, done in self.book.ready(self._positions.pop)]
 
 
+def read_ahead_cap(buffer_size: int, max_piece_docs: int, piece_docs: int = 0, cap: int = 0) -> int:
+    """Best fit's read-ahead cap (documents counted or given and not yet in the buffer): the
+    buffer and two pieces of `max_piece_docs`. With a token cache pieces are whole row groups
+    (`max_piece_docs` `UNCAPPED`): there two of the largest piece given so far (`piece_docs`, the
+    piece given now; `cap`, the cap before it), at least two of 1,024 documents; an uncapped
+    cap let the workers count the whole corpus ahead of the planner (docs/benchmarks.md, "Best
+    fit's coordinator, by part"). Where pieces are read never changes the stream."""
+    if max_piece_docs < UNCAPPED:
+        return buffer_size + 2 * max_piece_docs
+    return max(cap, buffer_size + 2 * max(piece_docs, 1024))
+
+
 class BestFitMode(Mode):
     """Best fit: documents are placed one by one by the planner; a piece leaves its worker's
     load when counted, and a global cap bounds the documents waiting to enter the buffer. A
@@ -414,12 +426,14 @@ class BestFitMode(Mode):
         s = run.start
         self.seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size,
                                     cfg.tokenizer_batch_size, len(prefix), (s.epoch, s.file, s.rg, s.doc))
-        self.cap = cfg.buffer_size + 2 * cfg.max_piece_docs
+        self.max_piece_docs = cfg.max_piece_docs
+        self.cap = read_ahead_cap(cfg.buffer_size, cfg.max_piece_docs)
         self.assigned_docs = 0           # documents assigned, not counted
 
     def take(self, worker: int, piece):
         super().take(worker, piece)
         self.assigned_docs += piece.n_docs
+        self.cap = read_ahead_cap(self.seq.buffer_size, self.max_piece_docs, piece.n_docs, self.cap)
 
     def can_take(self, worker: int) -> bool:
         """Read ahead up to a cap on documents not yet in the buffer; past it only while a
