@@ -76,15 +76,22 @@ class Chunks:
         self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
 
-    def add(self, piece, base: int, lengths: np.ndarray):
-        """The rows of `piece`, whose first document has id `base`."""
-        for lo in range(0, len(lengths), self.chunk_docs):
-            part = lengths[lo:lo + self.chunk_docs]
-            keep = np.flatnonzero(part)
-            end = (piece.epoch, piece.file, piece.rg, piece.doc_start + lo + len(part))
-            self._queue.append((base + lo + keep, part[keep], end))
-            self.docs += len(keep)
-            self.added += 1
+    def add(self, piece, base: int, lengths: np.ndarray, live: np.ndarray | None = None):
+        """The rows of `piece`, whose first document has id `base`; `live`: its rows with a
+        document (`np.flatnonzero(lengths)`, if the caller has it). The documents of every chunk
+        in a few whole-array calls, each chunk a pair of slices of them (a piece of 1,024 rows
+        is 8 chunks: ~30 -> ~8 us a piece, one lookup of the rows kept per chunk before)."""
+        n, step = len(lengths), self.chunk_docs
+        if live is None:
+            live = np.flatnonzero(lengths)
+        ids, kept = live + base, lengths[live]
+        cuts = np.searchsorted(live, range(step, n, step)).tolist()  # each chunk's first live row
+        at, start, q = 0, piece.doc_start, self._queue
+        for lo, to in zip(range(0, n, step), cuts + [len(live)]):
+            q.append((ids[at:to], kept[at:to], (piece.epoch, piece.file, piece.rg, start + min(lo + step, n))))
+            at = to
+        self.docs += len(live)
+        self.added += len(cuts) + (n > 0)
 
     def news(self):
         """What a plan that ran out waits for, as a value that changes when it may come: here
@@ -273,17 +280,18 @@ class BestFitSequencer:
         lengths = np.asarray(lengths, dtype=np.int64)
         for _, (piece, owner, lengths) in self._counted.add(piece.index, (piece, owner, lengths)):
             self.backlog_docs -= len(lengths)
-            base = self._number(piece, owner, lengths)
+            base, live = self._number(piece, owner, lengths)
             if piece.index < self.n_prefix:
                 self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
             else:
-                self.chunks.add(piece, base, lengths)
+                self.chunks.add(piece, base, lengths, live)
 
-    def _number(self, piece, owner: int, lengths: np.ndarray) -> int:
+    def _number(self, piece, owner: int, lengths: np.ndarray) -> "tuple[int, np.ndarray]":
         """Documents get ids `base + row` (pieces numbered in the order they are counted); a piece
         with documents is `owner`'s until every one is placed. One id is left out before a piece
         that does not go on from the last one's end in its row group, so that consecutive ids
-        are consecutive rows of one row group (`PieceTable.numbered_runs`). Returns `base`."""
+        are consecutive rows of one row group (`PieceTable.numbered_runs`). Returns `base` and the
+        piece's rows with a document (`np.flatnonzero(lengths)`)."""
         base = self._next_base + (self._last_end != (piece.epoch, piece.file, piece.rg, piece.doc_start))
         self._next_base = base + len(lengths)
         self._last_end = (piece.epoch, piece.file, piece.rg, piece.doc_end)
@@ -291,7 +299,7 @@ class BestFitSequencer:
         if len(live):
             self._pieces[piece.index] = [owner, live, len(live)]
             self.table.add(base, piece, owner)
-        return base
+        return base, live
 
     def _add_prefix(self, base, lengths, last: bool):
         """A piece of the resumed buffer; with the `last` one, the planner is rebuilt from it."""

@@ -266,7 +266,7 @@ class MixBestFitSequencer(BestFitSequencer):
         if piece.index < self.n_prefix:  # the resumed buffer: in order, as one source's
             super().counted(piece, owner, lengths)
             return
-        self._bases[piece.index] = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
+        self._bases[piece.index], _ = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
         self.counted_rows += len(lengths)
 
     def _ids_of(self, stretch) -> tuple:
