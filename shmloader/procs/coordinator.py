@@ -226,7 +226,11 @@ class _Coordinator:
 
     def _check_idle(self, freed: list):
         """Release the processes (`_Release`) when the trainer is away (procs/idle.py's rule),
-        given the batches `freed` this turn and the trainer's counters."""
+        given the batches `freed` this turn and the trainer's counters. A rule that never
+        releases (`idle_release_s=0`, the train split's default) is not asked: its reads of the
+        ring's counters cost ~10 us a batch (docs/benchmarks.md, "Best fit's coordinator, by part")."""
+        if not self.idle.idle_s:
+            return
         counters = self.ring.counters
         head = HeadCounters(int(counters[Counter.HEAD]), int(counters[Counter.HEAD_BACK]),
                             int(counters[Counter.HEAD_GAP_US]) / 1e6)
