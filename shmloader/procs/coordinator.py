@@ -464,6 +464,9 @@ def coordinator_main(cfg, args: RunArgs, trainer, workers, alive, bells):
         attached = segmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
         if attached is None:
             return
+        if parts_path := os.environ.get("SHMLOADER_COORDINATOR_PARTS"):
+            from . import parts  # a bench's instrument (tools/bench/coordinator_parts.py), before the loop is made
+            parts.install(parts_path)
         coordinator = _Coordinator(cfg, args, trainer, list(workers), alive, attached.ring, bells)
         coordinator.run()
     except Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)
