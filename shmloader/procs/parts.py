@@ -30,7 +30,7 @@ def _parts():
             (planner.BestFitPlanner, "snapshot", "snapshot"), (bestfit.BestFitSequencer, "_complete", "buffer runs"),
             (bestfit.BestFitSequencer, "_orders", "write orders"), (outbox.Outbox, "send", "outbox.send"),
             (inbox.Inbox, "read", "inbox.read"), (base.Mode, "buffer_of", "buffer text"),
-            (base.Mode, "hand_out", "hand_out"), (ring.Ring, "write_buffer", "buffer into slot")]
+            (bestfit.BestFitMode, "hand_out", "hand_out"), (ring.Ring, "write_buffer", "buffer into slot")]
 
 
 def install(path: str):

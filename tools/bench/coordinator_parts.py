@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         return 0
     here = str(Path(__file__).resolve().parents[2])
     checkouts = [("this checkout", here)] + ([("compare", str(Path(args.compare).resolve()))] if args.compare else [])
-    child = [a for a in (argv if argv is not None else sys.argv[1:])]
+    child = list(argv if argv is not None else sys.argv[1:])
     if "--compare" in child:
         at = child.index("--compare")
         del child[at:at + 2]
@@ -114,13 +114,16 @@ def main(argv=None) -> int:
           f"{args.batches} batches a round after {args.warmup}, medians of {args.rounds} rounds; "
           f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     med = lambda label, f: statistics.median(f(r) for r in rounds[label])  # noqa: E731
+    def row(name, value, digits):
+        print(f"{name:<30}" + "".join(f"{med(label, value):>16.{digits}f}" for label, _ in checkouts))
+
     print(f"{'us of coordinator CPU a batch':<30}" + "".join(f"{label:>16}" for label, _ in checkouts))
-    print(f"{'whole (all its threads)':<30}" + "".join(f"{med(label, lambda r: r['whole']):>16.0f}" for label, _ in checkouts))
-    print(f"{'batches/s':<30}" + "".join(f"{med(label, lambda r: r['batches_per_s']):>16.0f}" for label, _ in checkouts))
+    row("whole (all its threads)", lambda r: r["whole"], 0)
+    row("batches/s", lambda r: r["batches_per_s"], 0)
     names = sorted({k for rs in rounds.values() for r in rs for k in r["parts"]},
                    key=lambda k: -max(med(label, lambda r: r["parts"].get(k, 0.0)) for label, _ in checkouts))
     for name in names:
-        print(f"{name:<30}" + "".join(f"{med(label, lambda r: r['parts'].get(name, 0.0)):>16.1f}" for label, _ in checkouts))
+        row(name, lambda r: r["parts"].get(name, 0.0), 1)  # noqa: B023 (called at once)
     return 0
 
 
