@@ -36,7 +36,7 @@ def whole_row_groups(ramp, cap, first):
 def test_a_token_cache_reads_a_bounded_way_ahead():
     """With a token cache the workers may take pieces only while fewer documents than the buffer
     and two row groups wait to enter it: before, the cap was 2**41 documents, and two workers
-    counted a whole corpus ahead of the planner (each holding every document's tokens)."""
+    counted the corpus far ahead of the planner."""
     cfg = LoaderConfig(2, 24, packing="bos_bestfit", n_slots=4, num_workers=2, buffer_size=16,
                        tokenizer_batch_size=8, cache_dir="/nonexistent-cache")
     assert cfg.max_piece_docs == UNCAPPED
