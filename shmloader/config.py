@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from . import cores
 from .data.shuffle import WINDOW, Shuffle
 from .packing import PACKINGS
+from .packing.base import UNCAPPED
 START_METHODS = ("forkserver", "spawn")
 BAD_ROW_GROUP = ("raise", "skip")
 OTHER_RANK = ("exact", "nanochat")  # another rank's state: find this rank's place, or nanochat's
@@ -35,7 +36,6 @@ IDLE_RELEASE_VAL_S = 30.0  # idle_release_s's default for the val split
 PIECE_DOCS = 1024             # max_piece_docs's default
 PIECE_BYTES = 8 << 20         # max_piece_bytes's default for concat
 PIECE_BYTES_BUFFERED = 2 << 20  # and for best fit (docs/design.md "Canonical order and pieces")
-UNCAPPED = 1 << 40            # max_piece_docs with a token cache: pieces are whole row groups
 STALL_S = 60.0                # stall_s's default
 
 

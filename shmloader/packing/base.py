@@ -53,6 +53,7 @@ from . import affinity
 from .runs import encode_buffer
 
 MAX_IN_FLIGHT = 8      # pieces given to a worker and not yet counted, at most
+UNCAPPED = 1 << 40     # max_piece_docs with a token cache (config.py): pieces are whole row groups
 MAX_HELD_PIECES = 256  # pieces a worker holds (given or counted, not yet written), at most
 
 

@@ -33,7 +33,7 @@ from ..data.order import buffer_pieces, ramp_for
 from ..ipc.protocol import Ended
 from ..ipc.ring import Stat
 from ..position import Position
-from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
+from .base import UNCAPPED, BatchBook, Complete, Found, InOrder, Mode, Packing
 from .planner import BestFitPlanner, Drained
 from .positions import fill_prefix
 
@@ -76,15 +76,22 @@ class Chunks:
         self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
 
-    def add(self, piece, base: int, lengths: np.ndarray):
-        """The rows of `piece`, whose first document has id `base`."""
-        for lo in range(0, len(lengths), self.chunk_docs):
-            part = lengths[lo:lo + self.chunk_docs]
-            keep = np.flatnonzero(part)
-            end = (piece.epoch, piece.file, piece.rg, piece.doc_start + lo + len(part))
-            self._queue.append((base + lo + keep, part[keep], end))
-            self.docs += len(keep)
-            self.added += 1
+    def add(self, piece, base: int, lengths: np.ndarray, live: np.ndarray | None = None):
+        """The rows of `piece`, whose first document has id `base`; `live`: its rows with a
+        document (`np.flatnonzero(lengths)`, if the caller has it). The documents of every chunk
+        in a few whole-array calls, each chunk a pair of slices of them (a piece of 1,024 rows
+        is 8 chunks: ~30 -> ~8 us a piece, one lookup of the rows kept per chunk before)."""
+        n, step = len(lengths), self.chunk_docs
+        if live is None:
+            live = np.flatnonzero(lengths)
+        ids, kept = live + base, lengths[live]
+        cuts = np.searchsorted(live, range(step, n, step)).tolist()  # each chunk's first live row
+        at, start, q = 0, piece.doc_start, self._queue
+        for lo, to in zip(range(0, n, step), cuts + [len(live)]):
+            q.append((ids[at:to], kept[at:to], (piece.epoch, piece.file, piece.rg, start + min(lo + step, n))))
+            at = to
+        self.docs += len(live)
+        self.added += len(cuts) + (n > 0)
 
     def news(self):
         """What a plan that ran out waits for, as a value that changes when it may come: here
@@ -273,17 +280,18 @@ class BestFitSequencer:
         lengths = np.asarray(lengths, dtype=np.int64)
         for _, (piece, owner, lengths) in self._counted.add(piece.index, (piece, owner, lengths)):
             self.backlog_docs -= len(lengths)
-            base = self._number(piece, owner, lengths)
+            base, live = self._number(piece, owner, lengths)
             if piece.index < self.n_prefix:
                 self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
             else:
-                self.chunks.add(piece, base, lengths)
+                self.chunks.add(piece, base, lengths, live)
 
-    def _number(self, piece, owner: int, lengths: np.ndarray) -> int:
+    def _number(self, piece, owner: int, lengths: np.ndarray) -> "tuple[int, np.ndarray]":
         """Documents get ids `base + row` (pieces numbered in the order they are counted); a piece
         with documents is `owner`'s until every one is placed. One id is left out before a piece
         that does not go on from the last one's end in its row group, so that consecutive ids
-        are consecutive rows of one row group (`PieceTable.numbered_runs`). Returns `base`."""
+        are consecutive rows of one row group (`PieceTable.numbered_runs`). Returns `base` and the
+        piece's rows with a document (`np.flatnonzero(lengths)`)."""
         base = self._next_base + (self._last_end != (piece.epoch, piece.file, piece.rg, piece.doc_start))
         self._next_base = base + len(lengths)
         self._last_end = (piece.epoch, piece.file, piece.rg, piece.doc_end)
@@ -291,7 +299,7 @@ class BestFitSequencer:
         if len(live):
             self._pieces[piece.index] = [owner, live, len(live)]
             self.table.add(base, piece, owner)
-        return base
+        return base, live
 
     def _add_prefix(self, base, lengths, last: bool):
         """A piece of the resumed buffer; with the `last` one, the planner is rebuilt from it."""
@@ -399,6 +407,18 @@ class BestFitSequencer:
         return [done for _, done in self.book.ready(self._positions.pop)]
 
 
+def read_ahead_cap(buffer_size: int, max_piece_docs: int, piece_docs: int = 0, cap: int = 0) -> int:
+    """Best fit's read-ahead cap (documents counted or given and not yet in the buffer): the
+    buffer and two pieces of `max_piece_docs`. With a token cache pieces are whole row groups
+    (`max_piece_docs` `UNCAPPED`): there two of the largest piece given so far (`piece_docs`, the
+    piece given now; `cap`, the cap before it), at least two of 1,024 documents; an uncapped
+    cap let the workers count the whole corpus ahead of the planner (docs/benchmarks.md, "Best
+    fit's coordinator, by part"). Where pieces are read never changes the stream."""
+    if max_piece_docs < UNCAPPED:
+        return buffer_size + 2 * max_piece_docs
+    return max(cap, buffer_size + 2 * max(piece_docs, 1024))
+
+
 class BestFitMode(Mode):
     """Best fit: documents are placed one by one by the planner; a piece leaves its worker's
     load when counted, and a global cap bounds the documents waiting to enter the buffer. A
@@ -414,12 +434,14 @@ class BestFitMode(Mode):
         s = run.start
         self.seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size,
                                     cfg.tokenizer_batch_size, len(prefix), (s.epoch, s.file, s.rg, s.doc))
-        self.cap = cfg.buffer_size + 2 * cfg.max_piece_docs
+        self.max_piece_docs = cfg.max_piece_docs
+        self.cap = read_ahead_cap(cfg.buffer_size, cfg.max_piece_docs)
         self.assigned_docs = 0           # documents assigned, not counted
 
     def take(self, worker: int, piece):
         super().take(worker, piece)
         self.assigned_docs += piece.n_docs
+        self.cap = read_ahead_cap(self.seq.buffer_size, self.max_piece_docs, piece.n_docs, self.cap)
 
     def can_take(self, worker: int) -> bool:
         """Read ahead up to a cap on documents not yet in the buffer; past it only while a

@@ -48,7 +48,7 @@ from ..data import mixrules
 from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable
+from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable, read_ahead_cap
 from .mix import MixPoint, MixStream
 from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
@@ -269,7 +269,7 @@ class MixBestFitSequencer(BestFitSequencer):
         if piece.index < self.n_prefix:  # the resumed buffer: in order, as one source's
             super().counted(piece, owner, lengths)
             return
-        self._bases[piece.index] = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
+        self._bases[piece.index], _ = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
         self.counted_rows += len(lengths)
 
     def _ids_of(self, stretch) -> tuple:
@@ -332,7 +332,8 @@ class MixBestFitMode(BestFitMode):
         self.feed = MixFeed(mix, self.stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
         self.pieces = _chain(prefix, self.feed.feed())
         self.n_prefix = len(prefix)
-        self.cap = cfg.buffer_size + 2 * cfg.max_piece_docs
+        self.max_piece_docs = cfg.max_piece_docs
+        self.cap = read_ahead_cap(cfg.buffer_size, cfg.max_piece_docs)
         self.assigned_docs = 0
         self.said = Said(self.stream)
 

@@ -226,7 +226,11 @@ class _Coordinator:
 
     def _check_idle(self, freed: list):
         """Release the processes (`_Release`) when the trainer is away (procs/idle.py's rule),
-        given the batches `freed` this turn and the trainer's counters."""
+        given the batches `freed` this turn and the trainer's counters. A rule that never
+        releases (`idle_release_s=0`, the train split's default) is not asked: its reads of the
+        ring's counters cost ~10 us a batch (docs/benchmarks.md, "Best fit's coordinator, by part")."""
+        if not self.idle.idle_s:
+            return
         counters = self.ring.counters
         head = HeadCounters(int(counters[Counter.HEAD]), int(counters[Counter.HEAD_BACK]),
                             int(counters[Counter.HEAD_GAP_US]) / 1e6)
@@ -460,6 +464,9 @@ def coordinator_main(cfg, args: RunArgs, trainer, workers, alive, bells):
         attached = segmod.attach_unless_gone(args.ring_name, args.layout, alive.poll)
         if attached is None:
             return
+        if parts_path := os.environ.get("SHMLOADER_COORDINATOR_PARTS"):
+            from . import parts  # a bench's instrument (tools/bench/coordinator_parts.py), before the loop is made
+            parts.install(parts_path)
         coordinator = _Coordinator(cfg, args, trainer, list(workers), alive, attached.ring, bells)
         coordinator.run()
     except Stop:  # the trainer closed the loader or is gone (a worker's reset is its EOF)

@@ -473,6 +473,18 @@ def test_profile_worker_samples_a_running_worker(demo):
     assert "M tokens/s meanwhile" in text
 
 
+def test_coordinator_parts_times_the_live_coordinator_by_part(demo):
+    out, _ = demo
+    text = run("tools/bench/coordinator_parts.py", "--data", out / "base_data",
+               "--tokenizer", out / "tokenizer" / "tokenizer.pkl", "-B", 2, "-T", 128, "--warmup", 5,
+               "--batches", 300, "--rounds", 1)
+    rows = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^(.+?) {2,}([\d.]+)$", text, re.M)}
+    assert rows["whole (all its threads)"] > 0 and rows["batches/s"] > 0, text
+    for part in ("dispatch", "announce", "planner", "batch check", "buffer runs", "poll"):
+        assert rows[part] > 0, (part, text)  # the coordinator's own parts, timed inside it
+    assert rows["planner"] < rows["dispatch"] < rows["main thread"], text  # a part holds the parts it calls
+
+
 @pytest.mark.slow  # 4 fresh processes with torch, each training a tiny model: 40 s
 def test_bench_gpu_train_harness_on_cpu(demo, tmp_path, capsys, watchdog):
     text, got = bench("gpu_train", tmp_path, capsys, *on_demo(demo), "--corpus", "demo", "--device", "cpu",
