@@ -378,6 +378,17 @@ def wait_gone(pids, seconds: float = 5.0) -> list[int]:
         time.sleep(0.02)
 
 
+def heal_or_release(ld, restart: str):
+    """A restart of `ld`'s run: `restart` "heal" kills its worker 0 (the next `next()` heals it),
+    else, nothing read and its ring full, waits (20 s at most) for the loader to let its processes
+    go (`idle_release_s`: waited for, not timed)."""
+    if restart == "heal":
+        os.kill(ld.debug().workers[0].pid, signal.SIGKILL)
+        return
+    pids = [ld.debug().coordinator.pid, *(w.pid for w in ld.debug().workers)]
+    assert wait_gone(pids, 20.0) == [], "the idle loader kept its processes"
+
+
 def wait_no_segment(pid: int, seconds: float = 5.0) -> list[str]:
     deadline = time.monotonic() + seconds
     while True:

@@ -149,9 +149,6 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
     epoch 2 on: 0, 1, 2, 3), then restarted in epoch 2 (a worker killed and healed, or the
     processes released while idle): the restart goes on in epoch 2's sorted order, and a state
     taken after it names the files in that order and resumes exactly."""
-    import os
-    import signal
-
     data = tmp_path / "data"
     data.mkdir()
     names = [f"shard_{i:05d}.parquet" for i in range(5)]
@@ -174,12 +171,7 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
         with loader(data, resume_state=state, n_slots=2, **options) as ld:
             got = [window_of(*next(ld)) for _ in range(at)]
             assert ld.state_dict()["epoch"] == 2
-            if restart == "heal":
-                os.kill(ld.debug().workers[0].pid, signal.SIGKILL)
-            else:
-                # nothing read: the ring is full, the loader lets its processes go (waited for, not timed)
-                pids = [ld.debug().coordinator.pid, *(w.pid for w in ld.debug().workers)]
-                assert helpers.wait_gone(pids, 20.0) == [], "the idle loader kept its processes"
+            helpers.heal_or_release(ld, restart)
             got += [window_of(*next(ld)) for _ in range(n - at)]
             counted = ld.stats()["heals" if restart == "heal" else "idle_releases"]
             later = ld.state_dict()

@@ -8,8 +8,6 @@ keys, the position, the files listed in the order of their epoch); the run's sta
 the source's do, in that epoch and after it; and a restart in the epoch after the reordered one
 (a worker healed, an idle release) goes on in the sorted order, as the source's does."""
 import itertools
-import os
-import signal
 import warnings
 
 import numpy as np
@@ -100,12 +98,7 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
             with loader(d, resume_state=states[d], n_slots=2, **options, **kw) as ld:
                 got = [next(ld) for _ in range(20)]
                 assert ld.state_dict()["epoch"] == 2
-                if restart == "heal":
-                    os.kill(ld.debug().workers[0].pid, signal.SIGKILL)
-                else:
-                    # nothing read: the ring is full, the loader lets its processes go (waited for, not timed)
-                    pids = [ld.debug().coordinator.pid, *(w.pid for w in ld.debug().workers)]
-                    assert helpers.wait_gone(pids, 20.0) == [], "the idle loader kept its processes"
+                helpers.heal_or_release(ld, restart)
                 got += [next(ld) for _ in range(30)]
                 counted = ld.stats()["heals" if restart == "heal" else "idle_releases"]
                 later = ld.state_dict()
