@@ -208,8 +208,10 @@ class Mixed:
             mixchecks.replayable(point, sources.mixture, envelope.rank)
         # checked: every source takes its order of the state's epoch before anything is numbered as the run's
         self._replayed_files = None
-        if envelope.rank != identity.rank and envelope.world == identity.world and listed.added:
-            # another rank's, files added: the replay (over the state's files) finds the epochs, `replayed`
+        if (envelope.rank != identity.rank and envelope.world == identity.world and listed.added
+                and point is not None):
+            # another rank's, files added: the replay (over the state's files) finds the epochs, `replayed`;
+            # a state before the first batch (no point) read no file: every source sorted, as its own rank's
             sources.reorder({name: listed.orders[name] for name in listed.added}, None)
             self._replayed_files = {name: len(listed.orders[name]) - len(files) for name, files in listed.added.items()}
         else:

@@ -179,19 +179,21 @@ def test_shards_added_among_two_sources_files_are_read_as_each_source_reads_them
 
 
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-@pytest.mark.parametrize("saved_at", [4, 30], ids=["epoch-1", "epochs-on"])
+@pytest.mark.parametrize("saved_at", [0, 4, 30], ids=["before-a-batch", "epoch-1", "epochs-on"])
 def test_another_ranks_state_reads_the_files_added_as_the_ranks_own_does(tmp_path, packing, saved_at):
     """Rank 1 of 2 resumed from rank 0's state, after shards landed among both sources' files, gives
     the batches it gives from its own state (test_shards_added_among_... checks those), also where
-    its replay runs past the ends of its sources' epochs (saved at batch 30: a in its 4th); its
-    states resume it, and another rank's state of that run is refused (its files changed)."""
+    its replay runs past the ends of its sources' epochs (saved at batch 30: a in its 4th), and
+    from a state taken before the first batch (no place to replay to: the files sorted, and the
+    run's states any rank's, as a fresh run's); its states resume it, and another rank's state of
+    that run is refused (its files changed) but for the last case."""
     kw = {} if packing == "concat" else dict(packing="bos_bestfit", buffer_size=6, tokenizer_batch_size=3)
     mix = two_sources(tmp_path)
 
     def run(n, rank, state=None):
         with shmloader.ShmLoader(mix, helpers.IntTokenizer(), growing.B, growing.T, device="cpu", num_workers=2,
                                  rank=rank, world_size=2, resume_state=state, **kw) as ld:
-            out, states = [], []
+            out, states = [], [] if n else [ld.state_dict()]
             for x, y in itertools.islice(ld, n):
                 out.append(np.concatenate([x.numpy(), y.numpy()[:, -1:]], 1))  # best fit: each row's T + 1 tokens
                 states.append(ld.state_dict())
@@ -210,5 +212,9 @@ def test_another_ranks_state_reads_the_files_added_as_the_ranks_own_does(tmp_pat
     assert json.loads(later[-1]["mixture"]["point"])["sources"]["a"][0] > 3  # through reordered and sorted epochs
     again, _ = run(5, 1, later[10])
     assert all(np.array_equal(a, b) for a, b in zip(again, other[11:16]))
+    if saved_at == 0:  # nothing read before the files came: a run over them all, replayable by any rank
+        fresh, _ = run(16, 0)
+        assert all(np.array_equal(a, b) for a, b in zip(run(5, 0, later[10])[0], fresh[11:16]))
+        return
     with pytest.raises(ValueError, match=f"mixture changed at batch {saved_at} .*files added to a source"):
         run(1, 0, later[10])
