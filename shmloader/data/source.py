@@ -164,6 +164,7 @@ def list_files(data, filesystem=None) -> list[str]:
             if not files:
                 raise DataError(f"no data files match {data} (read as a glob: no file or directory "
                                 f"has that name): check the path, or write shards there")
+            once(files)
         else:
             raise DataError(f"data directory {data} does not exist: pass data= ({KINDS}, a glob or "
                             f"a list of files) or set NANOCHAT_BASE_DIR")
@@ -186,14 +187,22 @@ def once(files: list[str], same=lambda f: f):
     """A list of files names each file once: a state knows a file by its name, and a mixture's
     resume (mixchecks.py `check_sources`) and a change of world size need each name once, so a
     file listed twice is a ValueError naming it, not a file read twice an epoch; a source is
-    read more often by its weight in a `Mixture`. `same(f)`: what two spellings of one file share."""
-    seen = set()
+    read more often by its weight in a `Mixture`. `same(f)`: what two spellings of one file share.
+    For the same reason two files of one name (`x/a.parquet`, `y/a.parquet`: a list or a glob over
+    directories) are a ValueError naming both: their run could not be resumed."""
+    seen, named = set(), {}
     for f in files:
         if same(f) in seen:
             raise ValueError(f"data lists {f} twice: a file is read once an epoch (a state knows it by its "
                              "name); to read a source more often, give it a larger weight in a shmloader.Mixture "
                              "(Mixture({'a': files_a, 'b': files_b}, {'a': 2, 'b': 1}))")
         seen.add(same(f))
+        name = f.replace("\\", "/").rsplit("/", 1)[-1]
+        if name in named:
+            raise ValueError(f"data lists two files named {name} ({named[name]}, {f}): a state knows a file by its "
+                             "name, so a run of both could not be resumed; rename one, or read each directory as "
+                             "its own source of a shmloader.Mixture")
+        named[name] = f
 
 
 def _directory(where: str, names: list, read) -> list:
