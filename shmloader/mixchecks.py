@@ -63,8 +63,10 @@ def check_sources(saved, sources) -> Listed:
         old = saved[name].get("files") if isinstance(saved[name], dict) else None
         now = sources.source_files(name)
         index = {f[0]: i for i, f in enumerate(now)}
-        if (not isinstance(old, list) or not old or not all(isinstance(f, list) and len(f) == 3 for f in old)
-                or listing(old, now).gone or len({f[0] for f in old}) != len(old)):
+        listed = (listing(old, now) if isinstance(old, list) and old and all(isinstance(f, list) and len(f) == 3
+                                                                              for f in old)
+                  and len({f[0] for f in old}) == len(old) else None)
+        if listed is None or listed.gone:
             raise ValueError(f"mixture source {name!r} lists other files than the state's "
                              f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
                              "files removed from a source of a mixture are not built yet; files added to it are "
@@ -79,7 +81,6 @@ def check_sources(saved, sources) -> Listed:
             if size != size_now or (footer is not None and footer_now is not None and footer != footer_now):
                 raise ValueError(f"mixture source {name!r}: file {fname} changed since the state was saved "
                                  f"({size} bytes, footer {footer}; now {size_now} bytes, footer {footer_now})")
-        listed = listing(old, now)
         if listed.added:
             added[name] = [now[i][0] for i in listed.added]
         orders[name] = listed.order

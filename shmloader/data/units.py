@@ -13,7 +13,8 @@ a rank without one is refused in the training process when the loader is made
 (shuffled: until the units so far outnumber r); a JSON Lines file, which has no footer, only up
 to the line that shows it holds enough (`Format.units`: its first chunk for rank 0, r * 1024
 lines for rank r: a 200K-line .jsonl.zst, 2-3 ms for rank 0 against 40-70 ms read whole, on 2
-cores shared at load 7-10, 2026-12-05; a parquet file's footer, 0.7 ms). A file it
+cores shared at load 7-10, 2026-12-05, timed by hand around `ShmLoader(...)` (no script kept); a
+parquet file's footer, 0.7 ms). A file it
 cannot read leaves the answer to the coordinator (which raises that file's error, or skips it
 with `on_bad_row_group="skip"`).
 """

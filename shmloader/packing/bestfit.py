@@ -80,7 +80,8 @@ class Chunks:
         """The rows of `piece`, whose first document has id `base`; `live`: its rows with a
         document (`np.flatnonzero(lengths)`, if the caller has it). The documents of every chunk
         in a few whole-array calls, each chunk a pair of slices of them (a piece of 1,024 rows
-        is 8 chunks: ~30 -> ~8 us a piece, one lookup of the rows kept per chunk before)."""
+        is 8 chunks: 32 -> 20 us a piece against a lookup of the rows kept per chunk, docs/benchmarks.md
+        "Best fit's coordinator, by part")."""
         n, step = len(lengths), self.chunk_docs
         if live is None:
             live = np.flatnonzero(lengths)

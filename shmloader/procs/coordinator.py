@@ -229,7 +229,7 @@ class _Coordinator:
         given the batches `freed` this turn and the trainer's counters. A rule that never
         releases (`idle_release_s=0`, the train split's default) is not asked: its reads of the
         ring's counters cost ~10 us a batch (docs/benchmarks.md, "Best fit's coordinator, by part")."""
-        if not self.idle.idle_s:
+        if self.idle.never:
             return
         counters = self.ring.counters
         head = HeadCounters(int(counters[Counter.HEAD]), int(counters[Counter.HEAD_BACK]),

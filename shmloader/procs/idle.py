@@ -44,6 +44,7 @@ class IdleRule:
     def __init__(self, idle_s: float, now: float):
         """`idle_s`: `idle_release_s` (0: never); `now`: the run's start (time.monotonic())."""
         self.idle_s = idle_s
+        self.never = not idle_s  # 0: the rule never releases, and is not asked (procs/coordinator.py)
         self.given_back = 0          # batches the caller gave back: the ring's and the head start's
         self._ring_back = 0          # of them, the ring's (frees of batches at or above HEAD)
         self._last_back = None       # when the last of them was seen
@@ -69,7 +70,7 @@ class IdleRule:
                 self.longest_gap = max(self.longest_gap, now - self._last_back)
             self.given_back, self._last_back = given_back, now
             return None
-        if not self.idle_s or self.given_back < 2 or not all_ready():
+        if self.never or self.given_back < 2 or not all_ready():
             return None
         away = now - max(self._last_back, self._last_here)
         return away if away > max(self.idle_s, IDLE_GAPS * self.longest_gap) else None
