@@ -421,3 +421,12 @@ def test_each_console_script_is_a_package_tools_main_and_each_shim_calls_it():
         main = getattr(importlib.import_module(module), func)
         assert importlib.import_module(f"tools.{name}").main is main
     assert "matplotlib" in cfg["options.extras_require"]["plot"]
+
+
+def test_bench_mixture_reports_a_row_without_ratios_as_a_dash():
+    """A short round whose coordinator read 0 CPU ticks has no ratio: its row says "-", and the
+    report is written (it raised StatisticsError, failing the slow suite's test_bench_mixture)."""
+    from tools.bench.mixture import median_text
+
+    assert median_text([]) == "-"
+    assert median_text([0.5, 2.0, 1.0]) == "1.000"

@@ -187,6 +187,12 @@ def ratios(rows: dict, prefix: str) -> dict:
             "paced_next_cpu_ratio": ratio("next_cpu_us_median", "mixture_paced", "single_paced")}
 
 
+def median_text(values: list) -> str:
+    """The median of a row's ratios, or "-" where no round has one (a process whose CPU read 0
+    ticks in a short round: its ratio is None)."""
+    return f"{statistics.median(values):.3f}" if values else "-"
+
+
 def report(run: dict) -> str:
     c = run["config"]
     what = "its 3 sources' files as one source" if c.get("single") == "files" else "the corpus as one source"
@@ -205,7 +211,7 @@ def report(run: dict) -> str:
                  ", ".join(fmt(per_batch(r, "coordinator_cpu_s")) for r in run["rows"][prefix + kind]),
                  ", ".join(fmt(per_batch(r, "worker_cpu_s")) for r in run["rows"][prefix + kind])) for kind in kinds]
         each = lambda key: ", ".join("-" if x is None else f"{x:.3f}" for x in figures[key])  # noqa: E731
-        med = lambda key: f"{statistics.median([x for x in figures[key] if x is not None]):.3f}"  # noqa: E731
+        med = lambda key: median_text([x for x in figures[key] if x is not None])  # noqa: E731
         keys = ("tokens_per_s_ratio", "trainer_cpu_ratio", "coordinator_cpu_ratio", "worker_cpu_ratio")
         body.append(("mixture / single", *(each(k) for k in keys)))
         body.append(("median ratio", *(med(k) for k in keys)))
