@@ -27,6 +27,7 @@ pieces the file is cut into. A file whose first non-space byte is `[` is one JSO
 JSON Lines: a `DataError` saying how to convert it when the file is first read. A file's
 identity is `base.edge_digest` (its size and both ends).
 """
+import contextlib
 import json
 
 import numpy as np
@@ -62,6 +63,15 @@ class JsonLines(Format):
         raw = open_input(self.path, self.filesystem, stream=True)
         return raw if self.codec is None else pa.CompressedInputStream(raw, self.codec)
 
+    def _read_through(self, size: int = CHUNK):
+        """The file's bytes from its start, `size` at a time (`_chunks`), its stream closed once
+        read or left (`_lines` reads it whole; `units` and `_head` only as far as they must)."""
+        stream = self._stream()
+        try:
+            yield from self._chunks(stream, size)
+        finally:
+            stream.close()
+
     def _chunks(self, stream, size: int = CHUNK):
         try:
             while True:
@@ -83,14 +93,11 @@ class JsonLines(Format):
         """Every line's start, then the end of the data: one pass over the file."""
         if self._starts is None:
             ends, at, last, head = [np.zeros(1, dtype=np.int64)], 0, b"\n", _Head(self.path)
-            stream = self._stream()
-            try:
-                for chunk in self._chunks(stream):
+            with contextlib.closing(self._read_through()) as chunks:
+                for chunk in chunks:
                     head.check(chunk)
                     ends.append(np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10).astype(np.int64) + at + 1)
                     at, last = at + len(chunk), chunk[-1:]
-            finally:
-                stream.close()
             starts = np.concatenate(ends)
             if last != b"\n":  # a last line without its newline
                 starts = np.append(starts, at)
@@ -103,15 +110,12 @@ class JsonLines(Format):
         if self._starts is not None or enough < 1:
             return min(enough, len(self.rows()))
         need, lines, last = (enough - 1) * LINES + 1, 0, b"\n"
-        stream = self._stream()
-        try:
-            for chunk in self._chunks(stream):
+        with contextlib.closing(self._read_through()) as chunks:
+            for chunk in chunks:
                 lines, last = lines + chunk.count(b"\n"), chunk[-1:]
                 if lines >= need:
                     return enough
-        finally:
-            stream.close()
-        lines += last != b"\n"  # a last line without its newline
+        lines += last != b"\n"  # a last line without its newline (as `_lines` counts it)
         return -(-lines // LINES)
 
     def rows(self) -> list:
@@ -158,9 +162,9 @@ class JsonLines(Format):
 
     def _head(self, where: str = ""):
         """`(number, line)` of the file's lines from its start (1-based), read as they are taken."""
-        stream, head, n, part = self._stream(), _Head(self.path, where), 0, []  # part: the line so far
-        try:
-            for chunk in self._chunks(stream, HEAD_CHUNK):
+        head, n, part = _Head(self.path, where), 0, []  # part: the line so far
+        with contextlib.closing(self._read_through(HEAD_CHUNK)) as chunks:
+            for chunk in chunks:
                 head.check(chunk)
                 lines = chunk.split(b"\n")
                 if len(lines) > 1:
@@ -173,8 +177,6 @@ class JsonLines(Format):
                 part.append(lines[-1])
             if any(part):
                 yield n + 1, b"".join(part)
-        finally:
-            stream.close()
 
     def read(self, unit: int, start: int, end: int, column: str, n_vocab: int | None = None) -> list:
         lo = unit * LINES + start
