@@ -192,12 +192,16 @@ class Files:
     # resume.py's steps (`resume.Part`), over the loader's catalogue
 
     def take_files(self, state: dict, resume: Resume):
-        """A nanochat state's row group checked against its file; the files of the epoch in
-        progress in the state's order (files new to it after them); the footers the state knows
-        (version 2 has none, nanochat's states no files)."""
-        if resume.origin is not None and "version" not in state:
-            _check_row_group(resume.origin, self._catalogue)
-        self._catalogue.reorder(resume.order)
+        """The files of the epoch in progress in the state's order (files new to it after them;
+        nanochat's keys: their sorted order, which the keys number) and a nanochat state's row
+        group checked against its file; the footers the state knows (version 2 has none,
+        nanochat's states no files)."""
+        if "version" not in state:  # nanochat's keys number the files in their sorted order, whatever an
+            self._catalogue.reorder(self._catalogue.sorted_order())  # earlier resume of this loader left
+            if resume.origin is not None:
+                _check_row_group(resume.origin, self._catalogue)
+        else:
+            self._catalogue.reorder(resume.order)
         if state.get("version", 2) > 2:
             self._catalogue.with_footers(state["files"])
 

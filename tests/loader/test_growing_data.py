@@ -181,3 +181,40 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
     assert [f[0] for f in later["files"]] == names[:4]
     with loader(data, resume_state=later) as ld:
         assert np.array_equal(window_of(*next(ld)), np.array(want[n * W:(n + 1) * W]))
+
+
+@pytest.mark.parametrize("kind", ["source", "mixture_of_one"])
+def test_nanochat_keys_after_a_reordering_resume_number_the_sorted_files(tmp_path, kind):
+    """A loader resumed once from a state with a shard added among its files (so it read them
+    reordered: 0, 1, 3, then 2), then given nanochat's keys, reads the file the keys name in
+    the sorted order, as a fresh loader does: the reused one read shard 3 for `pq_idx` 2."""
+    data = tmp_path / "data"
+    data.mkdir()
+    names = [f"shard_{i:05d}.parquet" for i in range(5)]
+    for i in (0, 1, 3, 4):
+        write_file(data / names[i], i)
+    data_of = shmloader.Mixture({"x": str(data)}, {"x": 1}) if kind == "mixture_of_one" else str(data)
+
+    def of():
+        return shmloader.ShmLoader(data_of, helpers.IntTokenizer(), B, T, "train", device="cpu", num_workers=2,
+                                   timeout=30)
+
+    with of() as ld:
+        for _ in range(3):
+            next(ld)
+        state = ld.state_dict()
+    write_file(data / names[2], 2)
+    keys = {"epoch": 1, "pq_idx": 2, "rg_idx": 1}
+    with of() as fresh:
+        fresh.load_state_dict(keys)
+        want = [window_of(*next(fresh)) for _ in range(4)]
+    assert want[0][1] // 1_000_000 == 3  # shard 2's tokens (file i: 1_000_000 * (i + 1) + ...)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the added shard, said
+        with of() as ld:
+            ld.load_state_dict(state)
+            next(ld)
+            ld.load_state_dict(keys)
+            got = [window_of(*next(ld)) for _ in range(4)]
+    for j, (g, w) in enumerate(zip(got, want)):
+        assert np.array_equal(g, w), f"batch {j}"
