@@ -6,6 +6,11 @@ each a test that failed before its fix).
   `DataError` naming the file and line, and `on_bad_row_group="skip"` skips its unit, as invalid
   UTF-8 in a parquet file is: it was a worker's bare `UnicodeEncodeError` from the tokenizer, with
   no line, that `"skip"` did not skip.
+- A `Mixture` of a source read in its files' order beside one read shuffled (`Source(shuffle=True)`,
+  the loader's `shuffle=False`) takes files added to the unshuffled source at a resume, as a
+  mixture without a shuffled source does (from its own rank's state and from another rank's): it
+  refused them, "the source is shuffled", taking any shuffled source for every source's setting.
+  Files added to the shuffled source are still refused (not built yet).
 """
 import itertools
 import json
@@ -70,3 +75,80 @@ def test_a_lone_surrogate_in_json_lines_is_a_data_error_naming_the_line_and_skip
     assert np.array_equal(np.concatenate(got), expected[:n * (B * T + 1)])
     assert skipped == 1
     assert any(f"line {bad + 1}" in str(w.message) for w in seen)
+
+
+def _mix_data(root):
+    """Sources `a` (its tokens 1..) and `b` (100001..), 4 files each of row groups of 7, 25, 40 and 7
+    documents of 0-25 tokens (`IntTokenizer`: each token its own number, so a source's tokens say
+    which document they are of)."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, off in (("a", 0), ("b", 100000)):
+        (root / name).mkdir(parents=True)
+        rng = random.Random(off)
+        docs = [" ".join(str(off + 1 + 1000 * i + j) for j in range(rng.randint(0, 25))) for i in range(400)]
+        for f in range(4):
+            pq.write_table(pa.table({"text": docs[f * 100:(f + 1) * 100]}), root / name / f"s_{2 * f + 1:03d}.parquet",
+                           row_group_size=(7, 25, 40)[f % 3])
+
+
+def _add_file(root, name, off):
+    """`s_004.parquet` (sorting among the source's files) of 60 documents of tokens off+900000+...,
+    in row groups of 9; the tokens of rank 1 of 2's row groups (1, 3, ...)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [" ".join(str(off + 900000 + 1000 * i + j) for j in range(10)) for i in range(60)]
+    pq.write_table(pa.table({"text": docs}), root / name / "s_004.parquet", row_group_size=9)
+    return {off + 900000 + 1000 * i + j for i in range(60) for j in range(10) if (i // 9) % 2 == 1}
+
+
+def _half_shuffled(root, rank, state=None, packing="concat"):
+    mix = shmloader.Mixture({"a": str(root / "a"), "b": shmloader.Source(str(root / "b"), shuffle=True)},
+                            {"a": 0.6, "b": 0.4})
+    return shmloader.ShmLoader(mix, helpers.IntTokenizer(), B, 16, "all", device="cpu", num_workers=2, rank=rank,
+                               world_size=2, packing=packing, resume_state=state)
+
+
+def _grab(ld, n) -> list:
+    return [np.concatenate([x.numpy().ravel(), y.numpy().ravel()]) for x, y in itertools.islice(ld, n)]
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_files_added_to_the_unshuffled_source_beside_a_shuffled_one_are_read(tmp_path, packing, watchdog):
+    _mix_data(tmp_path)
+    states, later = {}, None
+    for rank in (0, 1):
+        with _half_shuffled(tmp_path, rank, packing=packing) as ld:
+            _grab(ld, 7)
+            states[rank] = json.loads(json.dumps(ld.state_dict()))
+            if rank == 1:
+                later = _grab(ld, 300)  # the run without the file added
+    new_tokens = _add_file(tmp_path, "a", 0)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _half_shuffled(tmp_path, 1, states[1], packing) as ld:
+            own = _grab(ld, 300)
+    assert any("1 file(s) added" in str(w.message) and "s_004.parquet" in str(w.message) for w in seen)
+    with _half_shuffled(tmp_path, 1, states[0], packing) as ld:  # another rank's state (nanochat's way)
+        other = _grab(ld, 300)
+    assert all(np.array_equal(a, b) for a, b in zip(own, other))
+
+    # the state's files first: the batches are the run's without the file until source a reaches
+    # it (best fit: until it enters the buffer), and the file is read
+    first_diff = next(k for k, (a, b) in enumerate(zip(own, later)) if not np.array_equal(a, b))
+    assert first_diff > 0
+    read = set(np.concatenate(own).tolist()) & set(range(900000, 1000000))
+    if packing == "concat":  # each token once, in the stream's order: the first batch that differs reads it
+        assert set(own[first_diff].tolist()) & new_tokens
+        assert read == new_tokens
+    else:  # whole documents or their starts (a cropped one's)
+        assert {t - t % 1000 for t in read} == {t - t % 1000 for t in new_tokens}
+
+    _add_file(tmp_path, "b", 100000)
+    with pytest.raises(ValueError, match=r"mixture source 'b'.*added.*the source is shuffled"):
+        _half_shuffled(tmp_path, 1, states[1], packing)
