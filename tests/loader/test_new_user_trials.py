@@ -11,6 +11,10 @@ each a test that failed before its fix).
   mixture without a shuffled source does (from its own rank's state and from another rank's): it
   refused them, "the source is shuffled", taking any shuffled source for every source's setting.
   Files added to the shuffled source are still refused (not built yet).
+- A loader pickled (as a torch `DataLoader` over it with spawned workers, or a `multiprocessing`
+  process given it, does) is a `TypeError` saying what to do instead: it was "cannot pickle
+  '_thread.lock' object". (The drop-ins' generator, like nanochat's, is a generator: "cannot
+  pickle 'generator' object".)
 """
 import itertools
 import json
@@ -152,3 +156,13 @@ def test_files_added_to_the_unshuffled_source_beside_a_shuffled_one_are_read(tmp
     _add_file(tmp_path, "b", 100000)
     with pytest.raises(ValueError, match=r"mixture source 'b'.*added.*the source is shuffled"):
         _half_shuffled(tmp_path, 1, states[1], packing)
+
+
+def test_pickling_a_loader_says_what_to_do_instead(posdata):
+    import pickle
+
+    with posdata.loader(2, 16, num_workers=1) as ld:
+        next(ld)
+        with pytest.raises(TypeError, match="a ShmLoader cannot be pickled.*Make the loader in the process"):
+            pickle.dumps(ld)
+        assert next(ld)[0].shape == (2, 16)  # still reads
