@@ -18,9 +18,13 @@ each a test that failed before its fix).
 """
 import itertools
 import json
+import pickle
+import random
 import warnings
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import shmloader
@@ -85,11 +89,6 @@ def _mix_data(root):
     """Sources `a` (its tokens 1..) and `b` (100001..), 4 files each of row groups of 7, 25, 40 and 7
     documents of 0-25 tokens (`IntTokenizer`: each token its own number, so a source's tokens say
     which document they are of)."""
-    import random
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     for name, off in (("a", 0), ("b", 100000)):
         (root / name).mkdir(parents=True)
         rng = random.Random(off)
@@ -102,9 +101,6 @@ def _mix_data(root):
 def _add_file(root, name, off):
     """`s_004.parquet` (sorting among the source's files) of 60 documents of tokens off+900000+...,
     in row groups of 9; the tokens of rank 1 of 2's row groups (1, 3, ...)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     docs = [" ".join(str(off + 900000 + 1000 * i + j) for j in range(10)) for i in range(60)]
     pq.write_table(pa.table({"text": docs}), root / name / "s_004.parquet", row_group_size=9)
     return {off + 900000 + 1000 * i + j for i in range(60) for j in range(10) if (i // 9) % 2 == 1}
@@ -159,8 +155,6 @@ def test_files_added_to_the_unshuffled_source_beside_a_shuffled_one_are_read(tmp
 
 
 def test_pickling_a_loader_says_what_to_do_instead(posdata):
-    import pickle
-
     with posdata.loader(2, 16, num_workers=1) as ld:
         next(ld)
         with pytest.raises(TypeError, match="a ShmLoader cannot be pickled.*Make the loader in the process"):
