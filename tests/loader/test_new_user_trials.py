@@ -134,8 +134,10 @@ def test_files_added_to_the_unshuffled_source_beside_a_shuffled_one_are_read(tmp
         with _half_shuffled(tmp_path, 1, states[1], packing) as ld:
             own = _grab(ld, 300)
     assert any("1 file(s) added" in str(w.message) and "s_004.parquet" in str(w.message) for w in seen)
-    with _half_shuffled(tmp_path, 1, states[0], packing) as ld:  # another rank's state (nanochat's way)
-        other = _grab(ld, 300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the file added, said above
+        with _half_shuffled(tmp_path, 1, states[0], packing) as ld:  # another rank's state (nanochat's way)
+            other = _grab(ld, 300)
     assert all(np.array_equal(a, b) for a, b in zip(own, other))
 
     # the state's files first: the batches are the run's without the file until source a reaches
@@ -150,7 +152,9 @@ def test_files_added_to_the_unshuffled_source_beside_a_shuffled_one_are_read(tmp
         assert {t - t % 1000 for t in read} == {t - t % 1000 for t in new_tokens}
 
     _add_file(tmp_path, "b", 100000)
-    with pytest.raises(ValueError, match=r"mixture source 'b'.*added.*the source is shuffled"):
+    with pytest.raises(ValueError, match=r"mixture source 'b'.*added.*the source is shuffled"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # source a's file added, said above
         _half_shuffled(tmp_path, 1, states[1], packing)
 
 
@@ -160,3 +164,59 @@ def test_pickling_a_loader_says_what_to_do_instead(posdata):
         with pytest.raises(TypeError, match="a ShmLoader cannot be pickled.*Make the loader in the process"):
             pickle.dumps(ld)
         assert next(ld)[0].shape == (2, 16)  # still reads
+
+
+def _put(folder, name, first_doc, n, rows):
+    """`n` documents `first_doc`, ... as `folder/name` in row groups of `rows`: document i's tokens
+    are 1000 * i + 1, ... (5 to 11 of them), so a token says its document."""
+    docs = [" ".join(str(1000 * (first_doc + i) + j + 1) for j in range(5 + (first_doc + i) % 7)) for i in range(n)]
+    pq.write_table(pa.table({"text": docs}), folder / name, row_group_size=rows)
+
+
+def _share(folder, rank: int, world: int) -> set:
+    """The documents of rank `rank` of `world` in `folder`'s files (its row groups rank, rank + world, ...)."""
+    out = set()
+    for path in sorted(folder.iterdir()):
+        texts, md, i = pq.read_table(path).column("text").to_pylist(), pq.ParquetFile(path).metadata, 0
+        for g in range(md.num_row_groups):
+            n = md.row_group(g).num_rows
+            if g % world == rank:
+                out.update(int(t.split()[0]) // 1000 for t in texts[i:i + n])
+            i += n
+    return out
+
+
+@pytest.mark.parametrize("kind", ["source", "mixture"])
+def test_shards_added_at_two_resumes_in_one_epoch_are_each_read_once_in_it(tmp_path, kind, watchdog):
+    """Trial that passed: shards land twice (one sorting first, others among and after the files)
+    within one epoch, each time resumed from the rank's own state; every document of the rank's share
+    of all the files is read once in that epoch (concat; a mixture's source as one source)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for f in range(3):
+        _put(a, f"s_{10 * f + 5:03d}.parquet", 100 * f, 40, 6)
+    _put(b, "s_001.parquet", 5000, 200, 10)
+    data = str(a) if kind == "source" else shmloader.Mixture({"a": str(a), "b": str(b)}, {"a": 0.7, "b": 0.3})
+
+    def run(rank, state, n):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the files added, said once
+            with shmloader.ShmLoader(data, helpers.IntTokenizer(), B, 16, "all", device="cpu", num_workers=2,
+                                     rank=rank, world_size=2, resume_state=state) as ld:
+                return [helpers.window_of(x, y) for x, y in itertools.islice(ld, n)], ld.state_dict()
+
+    read, states = {0: [], 1: []}, {0: None, 1: None}
+    for shards in ([], [("s_001.parquet", 300), ("s_012.parquet", 400)], [("s_007.parquet", 500), ("s_099.parquet", 600)]):
+        for name, first in shards:
+            _put(a, name, first, 30, 5)
+        for rank in (0, 1):
+            got, states[rank] = run(rank, states[rank], 10 if not shards or shards[0][1] == 300 else 150)
+            read[rank] += got
+    for rank in (0, 1):
+        tokens = np.concatenate(read[rank])
+        docs = tokens[(tokens > 0) & (tokens < 5_000_000)] // 1000  # source a's documents, in stream order
+        order = [int(d) for k, d in enumerate(docs) if k == 0 or d != docs[k - 1]]
+        epoch = order[:next((k for k in range(len(order)) if order[k] in order[:k]), len(order))]
+        assert len(epoch) == len(set(epoch)) == len(_share(a, rank, 2)), rank
+        assert set(epoch) == _share(a, rank, 2)
+        assert len(order) > len(epoch)  # the stream went past the epoch: it was whole
