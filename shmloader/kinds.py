@@ -67,7 +67,12 @@ class _Kind:
         cat = self.catalogue
         fingerprint = config.fingerprint(tokenizer.fingerprint, self.shuffled(config)) | cat.fingerprint()
         return statemod.Loader(fingerprint, cat.files, rank, world, config.B, config.T, config.spec.buffered,
-                               config.other_rank, footers=cat.footers, val=cat.val, first=first)
+                               config.other_rank, footers=cat.footers, val=cat.val, first=first,
+                               shuffled_sources=self.shuffled_sources(config))
+
+    def shuffled_sources(self, config) -> frozenset:
+        """A mixture's sources read shuffled (none for one source: `shuffled` says)."""
+        return frozenset()
 
     def args(self, config, tokenizer, rank: int, world: int, first) -> RunArgs:
         """What every run of the loader is given (a run's start is added by `procs.run.Runs`)."""
@@ -143,9 +148,13 @@ class Mixed(_Kind):
             raise ValueError(why)
 
     def shuffled(self, config) -> bool:
-        """Whether any source is read shuffled (its own `Source(shuffle=)`, else the loader's)."""
-        return any(shufflemod.source_shuffled(self.catalogue.mixture, name, config.shuffle)
-                   for name in self.catalogue.names)
+        """Whether any source is read shuffled (`shuffled_sources`)."""
+        return bool(self.shuffled_sources(config))
+
+    def shuffled_sources(self, config) -> frozenset:
+        """The sources read shuffled: their own `Source(shuffle=)`, else the loader's `shuffle=`."""
+        return frozenset(name for name in self.catalogue.names
+                         if shufflemod.source_shuffled(self.catalogue.mixture, name, config.shuffle))
 
     def first_positions(self, config):
         return None

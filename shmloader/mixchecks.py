@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import state as statemod
-from .data import shuffle
 from .data.catalogue import listing
 from .errors import warn
 
@@ -87,12 +86,12 @@ def check_sources(saved, sources) -> Listed:
     return Listed(added, orders)
 
 
-def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, mixture, plans):
+def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Loader, plans):
     """Files added to a source (`added`, `check_sources`): read after the state's in the source's
     epoch in progress and in their sorted place from its next one, said once (from another rank's
     state of the same world size too); refused where the run is planned over the state's files
     (another world size, a run that began at a change) or its order is over every file (a
-    shuffled source)."""
+    shuffled source: `identity.shuffled_sources`, not any source's shuffle taken for every one's)."""
     for name, files in sorted(added.items()):
         shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
         why = None
@@ -101,7 +100,7 @@ def take_added(added: dict, envelope: statemod.Envelope, identity: statemod.Load
                    "of world size" if plans else "") + f", this loader rank {identity.rank} of {identity.world}: "
                    "such a resume plans the ranks' streams over the files the state was saved with; "
                    "resume each rank from its own state, or at the world size of the state, to read them")
-        elif shuffle.source_shuffled(mixture, name, identity.shuffled):
+        elif name in identity.shuffled_sources:
             why = "the source is shuffled: its order is over every unit of its files"
         if why is not None:
             raise ValueError(f"mixture source {name!r}: {len(files)} file(s) added since the state was saved "

@@ -200,7 +200,7 @@ class Mixed:
             raise ValueError(f"resume state field 'mixture.plans' must be a dict, got {type(plans).__name__}")
         plans = ({name: statemod.plan_of_state(d, f"mixture.plans.{name}") for name, d in plans.items()}
                  if plans else None)
-        mixchecks.take_added(listed.added, envelope, identity, sources.mixture, plans)
+        mixchecks.take_added(listed.added, envelope, identity, plans)
         other = start_position(identity.rank)
         if identity.buffered:  # best fit's buffer: its documents' sources are read now
             buffer_runs(json.loads(text) if text is not None else None, {name: 0 for name in sources.names})

@@ -61,6 +61,8 @@ class Loader:
     val: str | None = None  # the name of the data set's val file (the last one)
     first: object = None    # (rank, world) -> the Position a fresh stream begins at, when not
     #                         `start_position`'s: a shuffled order's first window (data/shuffle.py)
+    shuffled_sources: frozenset = frozenset()  # a mixture's sources read shuffled (their own
+    #                         `Source(shuffle=)`, else the loader's `shuffle=`); `shuffled` is any
 
     @property
     def shuffled(self) -> bool:

@@ -18,14 +18,16 @@ N workers sharing a file, each decompresses it about once (zstd and gzip: hundre
 small beside tokenizing). On a remote filesystem that is one download of the file per process.
 
 **Rows.** Each line is parsed with `json.loads` (the stdlib's C parser): a line that is not
-JSON, not an object, or lacks the column is a `DataError` naming the file and line (1-based);
-the column's value is text (a string), token ids (a list of JSON integers: a float, string,
-boolean or null among them is a `DataError`, never coerced), or null. A file's column is of one
-kind, its first string or list value's (`kind`: read from the file's start, usually one line,
-once per process): a line of the other kind is a `DataError` at that line, whatever the
-pieces the file is cut into. A file whose first non-space byte is `[` is one JSON array, not
-JSON Lines: a `DataError` saying how to convert it when the file is first read. A file's
-identity is `base.edge_digest` (its size and both ends).
+JSON, not an object, or lacks the column is a `DataError` naming the file and line (1-based),
+and so is a text holding a lone surrogate (a `\\ud83d` escape without its pair: valid JSON, not
+Unicode text; invalid UTF-8 in a parquet file is refused alike). The column's value is text (a
+string), token ids (a list of JSON integers: a float, string, boolean or null among them is a
+`DataError`, never coerced), or null. A file's column is of one kind, its first string or list
+value's (`kind`: read from the file's start, usually one line, once per process): a line of the
+other kind is a `DataError` at that line, whatever the pieces the file is cut into. A file whose
+first non-space byte is `[` is one JSON array, not JSON Lines: a `DataError` saying how to
+convert it when the file is first read. A file's identity is `base.edge_digest` (its size and
+both ends).
 """
 import contextlib
 import json
@@ -242,7 +244,20 @@ class JsonLines(Format):
         if value is not None and not isinstance(value, (str, list)):
             raise DataError(f"{self.path}: line {n}: {column!r} is {type(value).__name__}, expected a string "
                             f"(text) or a list of integers (token ids)")
+        if isinstance(value, str) and not value.isascii():  # isascii: O(1) in CPython
+            _unicode(value, f"{self.path}: line {n}: {column!r}")
         return value
+
+
+def _unicode(text: str, where: str):
+    """A `DataError` if `text` is not Unicode text: a lone surrogate (half a UTF-16 pair), which
+    JSON's `\\ud83d` escape (or CESU-8 bytes) gives to `json.loads` and no UTF-8 tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        at = exc.start
+        raise DataError(f"{where} holds a lone surrogate ({text[at]!r} at character {at}: half of a UTF-16 "
+                        f"pair, not Unicode text); fix the line or pass on_bad_row_group='skip'") from None
 
 
 _KIND_WORDS = {TEXT: "text (a string)", TOKENS: "token ids (a list of integers)"}
