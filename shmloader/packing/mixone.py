@@ -74,9 +74,9 @@ class OneStream:
         self._arrived = InOrder()
         self._unreadable = None     # (seq, error) of the first piece that cannot be read
         self._passed = []           # pieces taken in order, not yet told to the feed (`passed`)
-        self._next = starts[self.name]  # where the source reads next after the pieces taken
+        self._start = starts[self.name]  # where the source reads first
+        self._last = None           # the last piece taken
         self._after_end = None      # the first piece counted in order after the mix ended
-        self._epoch = None          # the epoch of the last piece with a document taken
         self._others = {n: p for n, p in starts.items() if n != self.name}  # a state's, left out
         state = Mixer.state_of_snapshot(mixer.snapshot())
         self._state = state
@@ -94,9 +94,7 @@ class OneStream:
                     self._after_end = p
                 continue
             self._passed.append(p)
-            self._next = Position(p.epoch, p.file, p.rg, p.doc_end)
-            if n.any():
-                self._epoch = p.epoch
+            self._last = p
         self._stop_if_unreadable()
 
     def passed(self) -> list:
@@ -132,10 +130,16 @@ class OneStream:
 
     def end_point(self, tokens: int, documents: int) -> MixPoint:
         """Where an ended mix stands, after its `tokens` tokens of `documents` documents (the
-        stream's `end_point`)."""
-        where = place(self._after_end, 0) if self._after_end is not None else self._next
-        epoch = self._epoch if self._epoch is not None else self._totals0[2]
-        return MixPoint(self.name, 0, {**self._others, self.name: where}, self._mixer(tokens, documents, epoch))
+        stream's `end_point`). A pass-through ends only where its source held no document
+        (packing/mixfeed.py `flow`), so the mixer's epoch is the one it started with."""
+        if self._after_end is not None:  # the stream's head there
+            where = place(self._after_end, 0)
+        elif self._last is not None:     # ... else where its last piece taken ends
+            where = Position(self._last.epoch, self._last.file, self._last.rg, self._last.doc_end)
+        else:
+            where = self._start
+        return MixPoint(self.name, 0, {**self._others, self.name: where},
+                        self._mixer(tokens, documents, self._totals0[2]))
 
     def _mixer(self, tokens: int, documents: int, epoch: int) -> dict:
         state, t = dict(self._state), self._totals0
