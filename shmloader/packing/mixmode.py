@@ -11,6 +11,13 @@ in the batch's slot (its buffer area), packed (packing/mixtext.py: the trainer m
 text only when asked): the state's `mixture.point`, and where a heal or an idle release starts
 again.
 
+A mixture of one source, in one stage, to no end of its own (packing/mixone.py `passes`, the one
+rule) has nothing to mix: its counted pieces pass whole to the packing's shared code, sequenced
+as one source's (`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
+for the mix; each batch's point is made from its position and the documents begun by its end
+(`mixone.Passed`, packed over a part marshalled once), the point the stream would have made,
+character for character (tests/unit/packing/test_mixone.py).
+
 What is said once: a schedule's stage that begins (logged), a source that ends (warned).
 A mix that ends (every source with a weight has read its `max_epochs`, or the mix waits for a
 source that read a whole epoch and most of another without a document) stops taking documents

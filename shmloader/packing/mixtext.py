@@ -12,6 +12,11 @@ whose `text` and `crc` are json's of the same values, made when first asked. The
 `point_text` makes from the point, character for character (tests/unit/packing/test_mixtext.py). A
 point `marshal` cannot write (never, with the plain values a mixer keeps) goes as its text.
 
+A mixture of one passing its pieces whole (packing/mixone.py) packs less: what its points share
+(the source's name, the mixer's state at the run's start, the places of the sources it leaves
+out) marshalled once (`passing_base`), and a batch's place and counts beside it
+(`packed_passing`); `Packed.text` adds the counts to the state's as the mixer would have.
+
 Best fit's slot carries its point with the buffer (`packed_with_buffer`): the same values, the
 sources' names and the buffer's runs as `runs.narrow` makes them (their width and raw bytes), and
 `Packed.text` is then `with_buffer_text`'s, the point's keys and `"buffer"`. Making that text (its
