@@ -100,7 +100,7 @@ class MixConcatMode(ConcatMode):
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
         self.feed.flow()
         if self.one is not None:
-            for piece in self.one.passed():
+            for piece, _ in self.one.passed():
                 self.feed.used_up(self.one.name, piece)
         for stretch in self.stream.stretches() if self.one is None else ():
             self.seq.add(stretch)

@@ -73,7 +73,9 @@ class OneStream:
         self.stopped = None         # the error of a piece it needs and cannot read, once it does
         self._arrived = InOrder()
         self._unreadable = None     # (seq, error) of the first piece that cannot be read
-        self._passed = []           # pieces taken in order, not yet told to the feed (`passed`)
+        self._passed = []           # (piece, lengths) taken in order, not yet handed on (`passed`)
+        self.holding = lambda: False  # whether the packing holds a document of a piece handed on
+        #                               (best fit takes a chunk when a plan asks: packing/mixbestfit.py)
         self._start = starts[self.name]  # where the source reads first
         self._last = None           # the last piece taken
         self._after_end = None      # the first piece counted in order after the mix ended
@@ -93,12 +95,12 @@ class OneStream:
                 if self._after_end is None:
                     self._after_end = p
                 continue
-            self._passed.append(p)
+            self._passed.append((p, n))
             self._last = p
         self._stop_if_unreadable()
 
     def passed(self) -> list:
-        """The pieces taken since last asked (the feed's read-ahead lets them go)."""
+        """`(piece, lengths)` of the pieces taken since last asked, in order."""
         out, self._passed = self._passed, []
         return out
 
@@ -118,9 +120,29 @@ class OneStream:
             self.stopped = self._unreadable[1]
 
     def waiting_for(self) -> list:
-        """The mix waits for its source's next piece (every piece counted in order is taken), until
-        it ends or stops."""
-        return [] if self.finished is not None or self.stopped is not None else [self.name]
+        """The mix waits for its source's next piece when the packing holds none of its documents
+        (concat takes every piece counted in order at once), until it ends or stops."""
+        if self.finished is not None or self.stopped is not None or self.holding():
+            return []
+        return [self.name]
+
+    def enter(self, batch: int):
+        """One stage: none begins (best fit asks before each batch)."""
+
+    @staticmethod
+    def batch_of(tokens: int) -> int:
+        """One stage: the batch a token lands in never matters (0)."""
+        return 0
+
+    def took(self, piece, tokens: int, documents: int, row: int) -> MixPoint:
+        """The packing took `documents` documents of `piece`, `tokens` as the mixer counts them, up
+        to its row `row` (the nulls after them included): told to the mixer, as the stream tells
+        it a block; returns where the mix stands after them (skip 0, no mixer state: best fit's
+        chunk end, its mixer's state made after the batch)."""
+        self.version += 1
+        self.mixer.took(self.name, tokens, piece.epoch, documents=documents)
+        return MixPoint(self.name, 0, {**self._others, self.name: Position(piece.epoch, piece.file, piece.rg,
+                                                                           piece.doc_start + row)}, None)
 
     def finish(self, why: str):
         """The mix ends here (`why`): no piece is taken after those taken."""

@@ -15,8 +15,9 @@ from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
 from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, Ended, Error, MixArgs
-from shmloader.packing import mixmode
+from shmloader.packing import mixbestfit, mixmode
 from shmloader.packing.base import SlotMap
+from shmloader.packing.mixbestfit import MixBestFitMode
 from shmloader.packing.mixmode import MixConcatMode
 from shmloader.packing.mixone import passes
 from shmloader.packing.mixtext import Packed
@@ -72,18 +73,22 @@ def _lengths(piece, seed: int, nulls: bool) -> np.ndarray:
 
 
 def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 40, nulls: bool = True,
-           workers: int = 2, bad=None, empty: bool = False, monkeypatch=None) -> tuple:
+           workers: int = 2, bad=None, empty: bool = False, monkeypatch=None, packing: str = "concat") -> tuple:
     """`(announced, tokens, said)`: each batch as `(batch, position, docs, read, point text)`, the
     tokens each batch's slot would hold (as `(piece's file, rg, offset, n)` segments at their batch
-    offsets), and the `Ended` said; pieces counted by `workers` in an order shuffled by `seed`."""
+    offsets; best fit: its placements), and the `Ended` said; pieces counted by `workers` in an
+    order shuffled by `seed`."""
+    module, kind = (mixmode, MixConcatMode) if packing == "concat" else (mixbestfit, MixBestFitMode)
     if not passing:
-        monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
+        monkeypatch.setattr(module, "passes", lambda mix, mixer: False)
     run = SimpleNamespace(mixture=MixArgs(mixture, ranges, point, 0), rank=0,
                           layout=SimpleNamespace(window=33, n_slots=3))
-    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None)
-    mode = MixConcatMode(cfg, run, workers, _order())
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None,
+                          B=2, T=15, buffer_size=12, tokenizer_batch_size=3)
+    mode = kind(cfg, run, workers, _order())
+    one = type(mode.stream).__name__ == "OneStream"
     if not passing:
-        assert mode.one is None
+        assert not one
         monkeypatch.undo()
     slots, rng, given = SlotMap(3), random.Random(seed), []
     announced, placed, said, specs = [], {}, [], {}
@@ -103,6 +108,12 @@ def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 4
             mode.counted(Counted(piece.index, lengths, None))
         orders, done = turn(mode, slots)
         for order in orders:
+            if hasattr(order, "placements"):  # best fit's `Rows`
+                for index, row, batch_row, off, n in order.placements.tolist():
+                    p = specs[index]
+                    placed.setdefault(order.batch, []).append((batch_row, off, p.file, p.epoch, p.rg,
+                                                               p.doc_start + row, n))
+                continue
             rows = (order.segments.tolist() if hasattr(order, "counts")
                     else [(order.piece, *seg) for seg in order.segments])
             for index, k, _, off, src, n in rows:
@@ -173,3 +184,29 @@ def test_a_source_without_documents_ends_a_pass_through_as_it_ends_the_stream(mo
 def test_a_piece_that_cannot_be_read_stops_a_pass_through_where_it_stops_the_stream(monkeypatch):
     announced, _, said = _both(ONE, (X,), None, 2, monkeypatch, bad=12)
     assert 0 < len(announced) < 40 and len(said) == 1 and "x12: unreadable" in said[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("nulls", [False, True])
+def test_best_fits_pass_through_announces_what_the_stream_would(seed, nulls, monkeypatch):
+    """Best fit: the chunks cut from its pieces are the stream's, and so are the batches, the
+    points (the mixer settled each batch) and the buffers; resumed from its points, again."""
+    announced, placed, said = _both(ONE, (X,), None, seed, monkeypatch, nulls=nulls, packing="bos_bestfit")
+    assert len(announced) >= 40 and not said and len(placed) == len(announced)
+    for a in (announced[9], announced[23]):
+        _both(ONE, (X,), _point(a[4]), seed, monkeypatch, nulls=nulls, batches=15, packing="bos_bestfit")
+
+
+def test_best_fits_pass_through_of_a_state_that_left_a_source_out(monkeypatch):
+    announced, _, _ = _drive(TWO, (X, Y), None, 0, passing=False, monkeypatch=monkeypatch, packing="bos_bestfit")
+    for a in announced[10:13]:
+        point = {**_point(a[4]), "buffer": {"sources": [], "runs": ""}}  # (y's buffered documents are refused)
+        again, _, _ = _both(ONE, (X,), point, 0, monkeypatch, batches=15, packing="bos_bestfit")
+        assert all('"y":' in b[4] for b in again)
+
+
+def test_best_fits_pass_through_stops_and_ends_where_the_stream_does(monkeypatch):
+    announced, _, said = _both(ONE, (X,), None, 2, monkeypatch, bad=12, packing="bos_bestfit")
+    assert 0 < len(announced) < 40 and len(said) == 1 and "x12: unreadable" in said[0]
+    announced, _, said = _both(ONE, (X,), None, 0, monkeypatch, empty=True, packing="bos_bestfit")
+    assert announced == [] and len(said) == 1 and "held no document" in said[0]
