@@ -19,6 +19,11 @@ lengths only, so the plans are the same for any number of workers and any timing
 runs out of counted documents is undone and retried with the same chunks (the mix never
 takes a document back), as for one source.
 
+A mixture of one source that is a pass-through (packing/mixone.py `passes`) has no stream: its
+chunks are cut from its counted pieces where the stream would cut them (`PassingChunks`), the
+mixer told what each takes, the rest as above; the same chunks, points and buffers
+(tests/unit/packing/test_mixone.py).
+
 Pieces go out as packing/mixfeed.py says, within best fit's read-ahead cap on documents not yet
 in the buffer (and past it for the source the mix waits for). A document's id is its piece's
 base (pieces numbered in the order they are counted) plus its row; the worker holding a piece

@@ -13,7 +13,9 @@ tokens of the documents before that one (its stream position, less the tokens in
 the resumed cut document's tokens before the run's start) and their number (the documents
 begun by the batch's end); `OneStream.point` makes the `MixPoint` of it, the one the stream
 (packing/mix.py) would have made, and `OneStream.packed` what the slot carries, its JSON text
-the same character for character (packing/mixtext.py `Packed`).
+the same character for character (packing/mixtext.py `Packed`). Its best-fit mode
+(packing/mixbestfit.py) cuts its chunks from the pieces (`PassingChunks`), telling the mixer
+what each takes (`OneStream.took`), and makes its points as a mixture's.
 
 What is not a pass-through (`passes` says no) goes through the stream: a second source, a
 schedule (a later stage may weigh another), a `max_epochs` (the source ends and the mix with
