@@ -99,13 +99,14 @@ class MixConcatMode(ConcatMode):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
         self.feed.flow()
-        if self.one is not None:
+        if self.one is not None:  # its pieces are in the sequencer already: they leave the read-ahead
             for piece, _ in self.one.passed():
                 self.feed.used_up(self.one.name, piece)
-        for stretch in self.stream.stretches() if self.one is None else ():
-            self.seq.add(stretch)
-            for source, piece in stretch.used_up():
-                self.feed.used_up(source, piece)
+        else:
+            for stretch in self.stream.stretches():
+                self.seq.add(stretch)
+                for source, piece in stretch.used_up():
+                    self.feed.used_up(source, piece)
         if self.stream.finished is not None:
             self.seq.finished = True
 
@@ -131,8 +132,7 @@ class MixConcatMode(ConcatMode):
         one, seq = self.one, self.seq
         docs = seq.docs_at.pop(k)
         if where.piece < 0:  # the end of a mix that ended
-            at = one.at(Position(0, 0, 0), (k + 1) * seq.window, docs)
-            point = one.end_point(at.tokens, at.documents)
+            point = one.end_point((k + 1) * seq.window, docs)
             return Complete(k, point.sources[one.name], point, docs)
         specs = self.specs
         position = position_at(specs[where.piece], where)

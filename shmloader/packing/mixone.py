@@ -152,10 +152,12 @@ class OneStream:
             self.version += 1
             self.finished = why
 
-    def end_point(self, tokens: int, documents: int) -> MixPoint:
-        """Where an ended mix stands, after its `tokens` tokens of `documents` documents (the
-        stream's `end_point`). A pass-through ends only where its source held no document
-        (packing/mixfeed.py `flow`), so the mixer's epoch is the one it started with."""
+    def end_point(self, end: int, begun: int) -> MixPoint:
+        """Where an ended mix stands (the stream's `end_point`), its last batch ending at stream
+        position `end` with `begun` documents begun (`at`'s). A pass-through ends only where its
+        source held no document (packing/mixfeed.py `flow`), so the mixer's epoch is the one it
+        started with."""
+        tokens, documents = self._counts(end, 0, begun)
         if self._after_end is not None:  # the stream's head there
             where = place(self._after_end, 0)
         elif self._last is not None:     # ... else where its last piece taken ends
@@ -176,8 +178,12 @@ class OneStream:
         `position` (its piece's own skip in `position.skip`: none in a pass-through), `begun`
         documents of the run begun by then (`ConcatSequencer.docs_at`: the resumed cut document
         not among them, the one the batch ends in among them)."""
-        skip = position.skip
-        return Passed(position, end - skip + self.skip, begun - (1 if skip else 0) + (1 if self.skip else 0))
+        return Passed(position, *self._counts(end, position.skip, begun))
+
+    def _counts(self, end: int, skip: int, begun: int) -> tuple:
+        """`(tokens, documents)` the mixer took before the document `skip` tokens before stream
+        position `end`, `begun` documents of the run begun by then."""
+        return end - skip + self.skip, begun - (1 if skip else 0) + (1 if self.skip else 0)
 
     def point(self, at: Passed) -> MixPoint:
         """The `MixPoint` of `at`: the source reads its document next, the mixer has taken those before."""
