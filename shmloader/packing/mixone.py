@@ -175,7 +175,7 @@ class OneStream:
 
     def at(self, position: Position, end: int, begun: int) -> Passed:
         """`Passed` of a batch that ends at stream position `end` (from the run's first token) and
-        `position` (its piece's own skip in `position.skip`: none in a pass-through), `begun`
+        `position` (its skip with its piece's own: none in a pass-through), `begun`
         documents of the run begun by then (`ConcatSequencer.docs_at`: the resumed cut document
         not among them, the one the batch ends in among them)."""
         return Passed(position, *self._counts(end, position.skip, begun))
