@@ -11,9 +11,9 @@ source without documents). What the mixer would count is kept by the packing's o
 bookkeeping: a batch's point (`Passed`) is the piece and row its next token is in, the
 tokens of the documents before that one (its stream position, less the tokens into it, plus
 the resumed cut document's tokens before the run's start) and their number (the documents
-begun by the batch's end); `OneStream.point` makes the `MixPoint` of it, the one the stream
-(packing/mix.py) would have made, and `OneStream.packed` what the slot carries, its JSON text
-the same character for character (packing/mixtext.py `Packed`). Its best-fit mode
+begun by the batch's end); `OneStream.packed` makes what the slot carries of it, its JSON text
+that of the `MixPoint` the stream (packing/mix.py) would have made, character for character
+(packing/mixtext.py `Packed`). Its best-fit mode
 (packing/mixbestfit.py) cuts its chunks from the pieces (`PassingChunks`), telling the mixer
 what each takes (`OneStream.took`), and makes its points as a mixture's.
 
@@ -60,7 +60,9 @@ class Passed(NamedTuple):
 class OneStream:
     """The mix of a pass-through (`passes`), as the feed and the mode ask it (packing/mix.py's
     `MixStream` answers the same questions for a mix of several): counted pieces taken in their
-    source's order, whole; the mixer's state at the start, from which every point is made."""
+    source's order, whole. Concat leaves the mixer as it was at the start and makes each point
+    from its state there and the batch's counts (`at`, `packed`, `end_point`); best fit tells it
+    what each chunk takes (`took`) and makes its points as a mixture's (packing/mixbestfit.py)."""
 
     def __init__(self, mixer: Mixer, starts: dict, lo: int, skip: int):
         """`starts`: every source's start (the run's numbering); `lo`: the source's first file in
@@ -184,12 +186,6 @@ class OneStream:
         """`(tokens, documents)` the mixer took before the document `skip` tokens before stream
         position `end`, `begun` documents of the run begun by then."""
         return end - skip + self.skip, begun - (1 if skip else 0) + (1 if self.skip else 0)
-
-    def point(self, at: Passed) -> MixPoint:
-        """The `MixPoint` of `at`: the source reads its document next, the mixer has taken those before."""
-        p = at.position
-        sources = {**self._others, self.name: Position(p.epoch, p.file, p.rg, p.doc)}
-        return MixPoint(self.name, p.skip, sources, self._mixer(at.tokens, at.documents, p.epoch))
 
     def packed(self, at: Passed) -> tuple:
         """`(data, PACKED)`: the point of `at` as a slot carries it (mixtext.py `Packed` reads it):
