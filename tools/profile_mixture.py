@@ -15,7 +15,9 @@ cores the workers lose); `--single` replays the packing's own mode over one sour
 documents (what a mixture adds is the difference); `--sources 1` a mixture of one source (what
 the mix costs where it has nothing to mix: against `--single`, what a plain loader would pay
 as a mixture of one); `--weights` other weights; `--profile` adds
-cProfile's top functions. Compare runs made side by side (on a shared machine, with
+cProfile's top functions; `--parts` the CPU a batch of each of the mode's calls (handing out,
+counting, placing, acknowledging, the batches' ends, the slot buffers), timed around each call
+(their sum is a little more than the plain run's: the timing's own cost). Compare runs made side by side (on a shared machine, with
 `--batches 2000`: 200 batches move by half between runs).
 """
 from __future__ import annotations
@@ -52,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--sources", type=int, default=3, choices=(1, 2, 3), help="the mixture's sources (default 3)")
     p.add_argument("--single", action="store_true", help="one source of the same documents instead (no mixture)")
     p.add_argument("--profile", action="store_true", help="also print cProfile's top 15 functions")
+    p.add_argument("--parts", action="store_true", help="also print the CPU a batch of each of the mode's calls")
     return p.parse_args(argv)
 
 
@@ -87,23 +90,48 @@ def written(order) -> list:
     return [(k, n) for k, _, _, _, n in order.segments]  # Place
 
 
-def drive(mode, slots, rng, n_batches: int) -> int:
-    """`n_batches` batches through the mode; the documents counted."""
+PARTS = ("hand out", "count", "place", "acknowledge", "batch ends", "slot buffers")
+
+
+class _Parts:
+    """CPU time by part of the mode's calls (`--parts`); `timed(part, f, *args)` calls f."""
+
+    def __init__(self):
+        self.took = dict.fromkeys(PARTS, 0.0)
+
+    def timed(self, part: str, f, *args):
+        began = time.process_time()
+        out = f(*args)
+        self.took[part] += time.process_time() - began
+        return out
+
+
+class _Untimed:
+    @staticmethod
+    def timed(part, f, *args):
+        return f(*args)
+
+
+def drive(mode, slots, rng, n_batches: int, parts=_Untimed) -> int:
+    """`n_batches` batches through the mode; the documents counted. `parts`: a `_Parts` to time
+    the mode's calls by part."""
     batches = docs = 0
+    timed = parts.timed
     while batches < n_batches:
         given = []
         for w in (0, 1):
-            while mode.can_take(w):
-                piece = next(mode.pieces)
+            while timed("hand out", mode.can_take, w):
+                piece = timed("hand out", next, mode.pieces)
                 mode.take(w, piece)
                 given.append(piece)
         for piece in given:
-            mode.counted(Counted(piece.index, rng.lognormal(6, 1, piece.n_docs).astype(np.int64) + 1, None))
+            msg = Counted(piece.index, rng.lognormal(6, 1, piece.n_docs).astype(np.int64) + 1, None)
+            timed("count", mode.counted, msg)
             docs += piece.n_docs
-        for _, order in mode.orders(slots.take_slot):
-            mode.written(written(order))
-        for done in mode.ready():
-            mode.buffer_of(done)
+        for order in timed("place", lambda: [order for _, order in mode.orders(slots.take_slot)]):
+            timed("acknowledge", mode.written, written(order))
+        for done in timed("batch ends", mode.ready):
+            timed("slot buffers", mode.buffer_of, done)
             slots.release(done.batch)
             mode.freed(done.batch)
             batches += 1
@@ -122,6 +150,11 @@ def main(argv=None) -> int:
             else f"{args.sources} sources (weights {args.weights or 'equal'})")
     print(f"{args.packing} over {what}, B={args.batch_size}, T={args.seq_len}: {took / args.batches * 1e3:.3f} ms "
           f"CPU a batch, {per_doc} ({docs} documents, {args.batches} batches)")
+    if args.parts:
+        parts = _Parts()
+        drive(mode, slots, rng, args.batches, parts)
+        print("by part, us of CPU a batch: " + ", ".join(f"{p} {t / args.batches * 1e6:.1f}"
+                                                          for p, t in parts.took.items()))
     if args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(drive, mode, slots, rng, args.batches)

@@ -90,7 +90,8 @@ class Complete(NamedTuple):
     batch: int
     position: Position     # the position after it
     runs: object           # a buffered packing: the buffer after it, as runs (an (n, 5) array); a
-    #                        mixture: the `mix.MixPoint` after it; else None
+    #                        mixture: the `mix.MixPoint` after it (a mixture of one passing its
+    #                        pieces whole: a `mixone.Passed`, what its point is made of); else None
     docs: int              # documents begun (concat) or placed (best fit) by its end
     read: RowGroup | None = None  # the row group its reading ended in (concat: its last token's);
     #                               None: the position's (best fit: the last chunk's end)

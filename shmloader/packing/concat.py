@@ -273,15 +273,19 @@ class ConcatMode(Mode):
         return out
 
     def ready(self):
-        out = []
-        for k, where in self.seq.ready():
-            out.append(Complete(k, position_at(self.specs[where.piece], where), None, self.seq.docs_at.pop(k),
-                                row_group_of(self.specs[where.last])))
+        out = [self._complete(k, where) for k, where in self.seq.ready()]
         if out:
             keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
             for index in [i for i in self.specs if i < keep]:
                 del self.specs[index]
         return out
+
+    def _complete(self, k: int, where: Where) -> Complete:
+        """Batch k, which ends at `where`, as announced (a mixture of one passing its pieces whole
+        adds its point: packing/mixmode.py)."""
+        specs = self.specs
+        return Complete(k, position_at(specs[where.piece], where), None, self.seq.docs_at.pop(k),
+                        row_group_of(specs[where.last]))
 
 
 def batch_segments(start: int, lo: int, hi: int, window: int) -> list:

@@ -19,6 +19,11 @@ lengths only, so the plans are the same for any number of workers and any timing
 runs out of counted documents is undone and retried with the same chunks (the mix never
 takes a document back), as for one source.
 
+A mixture of one source that is a pass-through (packing/mixone.py `passes`) has no stream: its
+chunks are cut from its counted pieces where the stream would cut them (`PassingChunks`), the
+mixer told what each takes, the rest as above; the same chunks, points and buffers
+(tests/unit/packing/test_mixone.py).
+
 Pieces go out as packing/mixfeed.py says, within best fit's read-ahead cap on documents not yet
 in the buffer (and past it for the source the mix waits for). A document's id is its piece's
 base (pieces numbered in the order they are counted) plus its row; the worker holding a piece
@@ -40,6 +45,7 @@ planned is announced.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import NamedTuple
 
 import numpy as np
@@ -52,6 +58,7 @@ from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable, read_ahe
 from .mix import MixPoint, MixStream
 from .mixruns import sources_at
 from .mixfeed import MixFeed, Said, start_points
+from .mixone import OneStream, passes
 from .mixtext import packed_with_buffer, point_with_buffer_text
 from .runs import decode, narrow
 
@@ -249,19 +256,139 @@ class MixChunks(Chunks):
         self.dry = self.stream.finished is not None
 
 
+class _Head:
+    """A counted piece the pass-through takes chunks from: its documents' rows (`live`), the row
+    after each past the nulls (`after`), the mixer's count of the tokens before each (up to a
+    row), the next document (`q`, an index into `live`) and the first row not taken (`covered`)."""
+
+    __slots__ = ("piece", "lengths", "live", "after", "before", "q", "covered")
+
+    def __init__(self, piece, lengths: np.ndarray, cap: int):
+        self.piece, self.lengths = piece, lengths
+        self.live = np.flatnonzero(lengths)
+        self.after = np.append(self.live[1:], len(lengths))
+        self.before = np.zeros(len(self.live) + 1, dtype=np.int64)
+        np.cumsum(np.minimum(lengths[self.live], cap), out=self.before[1:])
+        self.q = self.covered = 0
+
+
+class PassingChunks(Chunks):
+    """`MixChunks` of a pass-through (packing/mixone.py): its one source's counted pieces, in its
+    order, cut where the stream cuts them (packing/mix.py: after the first document that ends one
+    of its source's chunks, `first_end`, and `chunk_docs` at most; version 6's rule without
+    `chunk`), the mixer told what it took a piece's part at a time, as the stream tells it a
+    block (the same counts, so the same settled state), the chunk's end where the stream's last
+    run ends (the row after its last document past the nulls); no `Rows`, block or stretch."""
+
+    def __init__(self, stream, chunk_docs: int, chunk, cap: int, bases: dict, used, start):
+        """`chunk`: best fit's chunk rule (`mixrules.chunk`), None for version 6's; `cap`: the
+        mixer counts a document's tokens up to it; `bases`: each counted piece's first id, dropped
+        once the piece is used up; `used(source, piece)`: it is."""
+        super().__init__(chunk_docs, start)
+        self.stream, self.chunk, self.cap, self._bases, self._used = stream, chunk, cap, bases, used
+        self.rows = 0                 # rows (documents and nulls) taken into chunks
+        self._heads = deque()
+        self._pending, self._pending_docs = [], 0
+        self._end = None
+        self.dry = False
+        stream.holding = self._holding
+
+    def _holding(self) -> bool:
+        """Whether a counted piece has a document not taken (the mix does not wait then)."""
+        return self._head() is not None
+
+    def _head(self):
+        """The first counted piece with a document not taken; those without one are used up."""
+        heads = self._heads
+        for piece, lengths in self.stream.passed():
+            heads.append(_Head(piece, lengths, self.cap))
+        while heads:
+            head = heads[0]
+            if head.q < len(head.live):
+                return head
+            heads.popleft()
+            self.stream.version += 1
+            self._use_up(head)
+        return None
+
+    def _use_up(self, head: _Head):
+        self.rows += len(head.lengths) - head.covered
+        del self._bases[head.piece.index]
+        self._used(self.stream.name, head.piece)
+
+    def _more(self) -> bool:
+        """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
+        while self._pending_docs < self.chunk_docs:
+            head = self._head()
+            if head is None:
+                if self.stream.finished is None or self.stream.stopped is not None or not self._pending_docs:
+                    return False
+                break  # the mix ended: its last documents are a shorter chunk
+            if self._take(head, self.chunk_docs - self._pending_docs):
+                break  # its last document ends one of its source's chunks
+        if len(self._pending) == 1:
+            ids, lengths = self._pending[0]
+        else:
+            ids = np.concatenate([i for i, _ in self._pending])
+            lengths = np.concatenate([n for _, n in self._pending])
+        self._queue.append((ids, lengths, self._end))
+        self.docs += len(ids)
+        self._pending, self._pending_docs = [], 0
+        return True
+
+    def _take(self, head: _Head, limit: int) -> bool:
+        """`head`'s next documents into the chunk, `limit` at most, to the first that ends a chunk
+        (whether one did)."""
+        q, live, piece = head.q, head.live, head.piece
+        m = min(limit, len(live) - q)
+        ended = False
+        if self.chunk is not None:  # as `mix.first_end` over one head
+            start, size, chunk = piece.doc_start, len(head.lengths), self.chunk
+            bound = min(((start + int(live[q])) // chunk + 1) * chunk - start, size)
+            j = int(head.after[q:q + m].searchsorted(bound, side="left"))
+            if j < m:
+                m, ended = j + 1, True
+        rows = live[q:q + m]
+        self._pending.append((rows + self._bases[piece.index], head.lengths[rows]))
+        self._pending_docs += m
+        covered = int(head.after[q + m - 1])
+        self.rows += covered - head.covered
+        self._end = self.stream.took(piece, int(head.before[q + m] - head.before[q]), m, covered)
+        head.q, head.covered = q + m, covered
+        if covered == len(head.lengths):  # its last document: the piece is used up with it
+            self._heads.popleft()
+            head.covered = len(head.lengths)
+            del self._bases[piece.index]
+            self._used(self.stream.name, piece)
+        return ended
+
+    def _drained(self) -> bool:
+        return self.stream.finished is not None
+
+    def news(self):
+        return self.stream.version
+
+    def _ran_out(self):
+        self.dry = self.stream.finished is not None
+
+
 class MixBestFitSequencer(BestFitSequencer):
     """`BestFitSequencer` whose chunks come from a mixture's stream (`MixChunks`)."""
 
-    def __init__(self, cfg, n_slots: int, n_prefix: int, stream: MixStream, start: MixPoint | None, used,
-                 lo: dict):
-        """`used(source, piece)`: each piece of the mix whose last run goes into a chunk; `lo`: each
-        source's first file in the run's numbering."""
+    def __init__(self, cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | None, used,
+                 lo: dict, chunk=None):
+        """`stream`: a `MixStream`, or a pass-through's `OneStream` (its chunks `PassingChunks`, cut by
+        `chunk`, `mixrules.chunk`'s); `used(source, piece)`: each piece of the mix whose last run
+        goes into a chunk; `lo`: each source's first file in the run's numbering."""
         super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
-        self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self._used = used
         self.table = MixPieceTable(lo)
         self._names = [name for _, name in sorted((first, name) for name, first in lo.items())]
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
+        if type(stream) is OneStream:  # a pass-through (packing/mixone.py): no stream to take chunks from
+            self.chunks = PassingChunks(stream, cfg.tokenizer_batch_size, chunk, cfg.T + 1, self._bases, used, start)
+        else:
+            self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
         self.counted_rows = 0         # rows of the mix's pieces counted
         self._at_end = (None, None)   # the last chunk's end a point was made at, and its sources there
 
@@ -322,12 +449,16 @@ class MixBestFitMode(BestFitMode):
             point = point._replace(sources=starts)  # in the run's numbering, as the points made here
         else:
             mixer = Mixer(mix.mixture, mix.first_batch)
-        # the mix picks a chunk when the planner asks for it: its stage is the batch being planned
-        self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1,
-                                chunk=mixrules.chunk(mix.rules, cfg.tokenizer_batch_size))
+        chunk = mixrules.chunk(mix.rules, cfg.tokenizer_batch_size)
+        if passes(mix, mixer):  # one source, nothing to mix: chunks cut from its pieces (`PassingChunks`)
+            self.stream = OneStream(mixer, starts, self._lo[mixer.mixture.names[0]], 0)
+        else:
+            # the mix picks a chunk when the planner asks for it: its stage is the batch being planned
+            self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1,
+                                    chunk=chunk)
         prefix = buffer_pieces(buffer_runs(mix.point, self._lo), cfg.max_piece_docs)
         self.seq = MixBestFitSequencer(cfg, run.layout.n_slots, len(prefix), self.stream, point,
-                                       lambda *used: self.feed.used_up(*used), self._lo)
+                                       lambda *used: self.feed.used_up(*used), self._lo, chunk)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         self.feed = MixFeed(mix, self.stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
         self.pieces = _chain(prefix, self.feed.feed())

@@ -71,7 +71,7 @@ class MixFeed:
         self._orders, self._seqs, self.owned = {}, {}, {}      # per source: its pieces; piece index -> Owned
         self._ahead = {}                                      # per source: text bytes (+1 a piece) not used up
         self._max_epochs = mix.mixture.max_epochs
-        self._docs, self._epoch0 = {}, {}                     # per source: documents counted, first epoch
+        self._docs, self._epoch0 = {}, {}                     # per source: whether a document was counted, first epoch
         for r in mix.ranges:
             if r.name in mix.mixture.names:  # a source the state has and this mixture does not: not read
                 local = starts[r.name]._replace(file=starts[r.name].file - r.lo)
@@ -153,7 +153,9 @@ class MixFeed:
                 raise RuntimeError("mixture: a piece was asked for while none may go out")
             name = pick.source
             self.moves += 1
-            piece = self._peeked.pop(name).but(index=self._index)  # numbered as they go out
+            piece = self._peeked.pop(name)
+            if piece.index != self._index:  # numbered as they go out (one source's are already)
+                piece = piece.but(index=self._index)
             self.owned[self._index] = Owned(name, self._seqs[name])
             self._seqs[name] += 1
             self._ahead[name] += piece.text_bytes + 1
@@ -164,8 +166,9 @@ class MixFeed:
         """Piece `index` (one of the mix's) was counted: to the stream."""
         self.moves += 1
         name, seq = self.owned[index]
-        self._docs[name] += int(np.count_nonzero(lengths))
-        if self._docs[name] == 0 and piece.epoch >= self._epoch0[name] + 2:
+        if not self._docs[name]:  # (looked at only until its first document)
+            self._docs[name] = bool(np.count_nonzero(lengths))
+        if not self._docs[name] and piece.epoch >= self._epoch0[name] + 2:
             self._barren.setdefault(name, f"mixture source {name!r}: a whole epoch held no document with text (all "
                                           "null or no rows); the mix cannot go on without it (give it weight 0, or "
                                           "leave it out)")

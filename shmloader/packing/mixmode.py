@@ -11,6 +11,13 @@ in the batch's slot (its buffer area), packed (packing/mixtext.py: the trainer m
 text only when asked): the state's `mixture.point`, and where a heal or an idle release starts
 again.
 
+A mixture of one source, in one stage, to no end of its own (packing/mixone.py `passes`, the one
+rule) has nothing to mix: its counted pieces pass whole to the packing's shared code, sequenced
+as one source's (`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
+for the mix; each batch's point is made from its position and the documents begun by its end
+(`mixone.Passed`, packed over a part marshalled once), the point the stream would have made,
+character for character (tests/unit/packing/test_mixone.py).
+
 What is said once: a schedule's stage that begins (logged), a source that ends (warned).
 A mix that ends (every source with a weight has read its `max_epochs`, or the mix waits for a
 source that read a whole epoch and most of another without a document) stops taking documents
@@ -28,10 +35,11 @@ from ..data.mixture import Mixer
 from ..data.order import RAMP
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .concat import ConcatMode, Copies, row_group_of
+from .concat import ConcatMode, ConcatSequencer, Copies, position_at, row_group_of
 from .mix import MixStream
 from .mixplace import MixSequencer
 from .mixfeed import MixFeed, Said, held_by_mix, start_points
+from .mixone import OneStream, Passed, passes
 from .mixtext import packed
 
 
@@ -46,15 +54,19 @@ class MixConcatMode(ConcatMode):
         # source is left out now: then the mix starts at a document's start)
         first = point.source if point is not None and point.skip and point.source in _read(mix) else None
         skip = point.skip if first is not None else 0
-        self.seq = MixSequencer(window, run.layout.n_slots, skip)
         if point is not None:
             mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
         else:
             mixer = Mixer(mix.mixture, mix.first_batch)
-        self.stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
+        self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
+        if passes(mix, mixer):  # one source, nothing to mix: its pieces pass whole (packing/mixone.py)
+            self.seq = ConcatSequencer(window, run.layout.n_slots, skip)
+            self.stream = self.one = OneStream(mixer, starts, self._lo[mixer.mixture.names[0]], skip)
+        else:
+            self.seq, self.one = MixSequencer(window, run.layout.n_slots, skip), None
+            self.stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
         self.feed = MixFeed(mix, self.stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys,
                             stopping=self._flow)
-        self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
         self.said = Said(self.stream)
         self.pieces = self.feed.feed()
         self._flow()  # a state saved at the mix's end starts over (`Mixer.over`): it ends before any piece
@@ -70,7 +82,11 @@ class MixConcatMode(ConcatMode):
     # ---- counts, runs and batches
 
     def counted(self, msg):
-        piece = self.specs.pop(msg.piece)
+        if self.one is not None:  # a piece passing whole, sequenced as one source's (its spec kept, as theirs)
+            self.seq.counted(msg.piece, msg.lengths)
+            piece = self.specs[msg.piece]
+        else:
+            piece = self.specs.pop(msg.piece)
         self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
         self.feed.counted(msg.piece, piece, msg.lengths)
         self._flow()
@@ -83,14 +99,20 @@ class MixConcatMode(ConcatMode):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
         self.feed.flow()
-        for stretch in self.stream.stretches():
-            self.seq.add(stretch)
-            for source, piece in stretch.used_up():
-                self.feed.used_up(source, piece)
+        if self.one is not None:  # its pieces are in the sequencer already: they leave the read-ahead
+            for piece, _ in self.one.passed():
+                self.feed.used_up(self.one.name, piece)
+        else:
+            for stretch in self.stream.stretches():
+                self.seq.add(stretch)
+                for source, piece in stretch.used_up():
+                    self.feed.used_up(source, piece)
         if self.stream.finished is not None:
             self.seq.finished = True
 
     def ready(self):
+        if self.one is not None:
+            return ConcatMode.ready(self)
         out = []
         for k, where in self.seq.ready():
             if where.piece < 0:  # the end of a mix that ended
@@ -104,8 +126,25 @@ class MixConcatMode(ConcatMode):
                                 row_group_of(where.last) if where.last is not None else None))
         return out
 
+    def _complete(self, k: int, where):
+        """A pass-through's batch (`ConcatMode.ready` asks): its point from its position
+        (packing/mixone.py `Passed`), or where the mix ended."""
+        one, seq = self.one, self.seq
+        docs = seq.docs_at.pop(k)
+        if where.piece < 0:  # the end of a mix that ended
+            point = one.end_point((k + 1) * seq.window, docs)
+            return Complete(k, point.sources[one.name], point, docs)
+        specs = self.specs
+        position = position_at(specs[where.piece], where)
+        return Complete(k, position, one.at(position, (k + 1) * seq.window, docs), docs,
+                        row_group_of(specs[where.last]))
+
     def orders(self, take_slot):
-        """Every run's segments placed now, one `Copies` message per worker."""
+        """Every run's segments placed now, one `Copies` message per worker (a pass-through's: a
+        `Place` a piece, as one source's)."""
+        if self.one is not None:
+            yield from ConcatMode.orders(self, take_slot)
+            return
         placed = self.seq.placements()
         if not placed:
             return
@@ -148,6 +187,8 @@ class MixConcatMode(ConcatMode):
 
     def holding(self, worker: int, orders) -> dict:
         """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
+        if self.one is not None:
+            return ConcatMode.holding(self, worker, orders)
         out = Mode.holding(self, worker, orders)
         out.update((i, None) for i, w in self.owner.items() if w == worker)
         out.update((index, None) for order in orders for index in self.spec_pieces(order))
@@ -161,6 +202,8 @@ class MixConcatMode(ConcatMode):
     def buffer_of(self, done: Complete):
         """The `MixPoint` after the batch, packed (packing/mixtext.py: the trainer makes the
         state's text from it when a state asks)."""
+        if type(done.runs) is Passed:
+            return self.one.packed(done.runs)
         return packed(done.runs, self._lo)
 
     def messages(self):

@@ -12,6 +12,11 @@ whose `text` and `crc` are json's of the same values, made when first asked. The
 `point_text` makes from the point, character for character (tests/unit/packing/test_mixtext.py). A
 point `marshal` cannot write (never, with the plain values a mixer keeps) goes as its text.
 
+A mixture of one passing its pieces whole (packing/mixone.py) packs less: what its points share
+(the source's name, the mixer's state at the run's start, the places of the sources it leaves
+out) marshalled once (`passing_base`), and a batch's place and counts beside it
+(`packed_passing`); `Packed.text` adds the counts to the state's as the mixer would have.
+
 Best fit's slot carries its point with the buffer (`packed_with_buffer`): the same values, the
 sources' names and the buffer's runs as `runs.narrow` makes them (their width and raw bytes), and
 `Packed.text` is then `with_buffer_text`'s, the point's keys and `"buffer"`. Making that text (its
@@ -98,8 +103,32 @@ def packed(point, lo: dict) -> tuple:
         return text, zlib.crc32(text.encode())
 
 
+def passing_base(name: str, state: dict, others: list, lo: int) -> bytes:
+    """What every packed point of a pass-through (packing/mixone.py) shares, marshalled once: its
+    source's name, the mixer's state at the run's start, the places of the sources it leaves out
+    (`_places`' places) and its first file in the run's numbering."""
+    return marshal.dumps((name, state, others, lo))
+
+
+def packed_passing(base: bytes, skip: int, epoch: int, file: int, rg: int, doc: int, tokens: int,
+                   documents: int) -> tuple:
+    """`(data, PACKED)`: a pass-through's point as a slot carries it: its source reads row `doc` of
+    row group `rg` of `file` (the run's numbering) of epoch `epoch` next, `skip` tokens into it,
+    after `tokens` tokens of `documents` documents taken since the state `base` holds."""
+    return marshal.dumps((base, skip, epoch, file, rg, doc, tokens, documents)), PACKED
+
+
+def _passing_values(base, skip, epoch, file, rg, doc, tokens, documents) -> tuple:
+    """`_json`'s values of a `packed_passing` point."""
+    name, state, others, lo = marshal.loads(base)
+    counted, (t, d, _) = state["counted"][name], state["totals"][name]
+    mixer = {**state, "counted": {name: counted + tokens},
+             "totals": {**state["totals"], name: [t + tokens, d + documents, epoch]}}
+    return name, skip, mixer, others + [(name, epoch, file - lo, rg, doc, 0)]
+
+
 class Packed:
-    """A packed point (`packed`, or `packed_with_buffer`) as the trainer keeps it: `text` and
+    """A packed point (`packed`, `packed_passing` or `packed_with_buffer`) as the trainer keeps it: `text` and
     `crc`, those of `point_text` (of `with_buffer_text`), made when first asked."""
 
     __slots__ = ("data", "_text")
@@ -111,6 +140,8 @@ class Packed:
     def text(self) -> str:
         if self._text is None:
             values = marshal.loads(self.data)
+            if len(values) == 8:  # a pass-through's (`packed_passing`)
+                values = _passing_values(*values)
             self._text = json_text(_json(*values)) if len(values) == 4 else with_buffer_text(*values)
         return self._text
 

@@ -15,9 +15,12 @@ def hand_out(mode, workers: int = 1) -> list:
 
 def written(order) -> list:
     """A write order's acknowledgements `(batch, tokens)`: a mixture concat's `Copies` count
-    their own; best fit's `Rows` are its placements' tokens."""
+    their own; a `Place` (a mixture of one passing its pieces whole) its segments'; best fit's
+    `Rows` are its placements' tokens."""
     if hasattr(order, "counts"):
         return order.counts()
+    if hasattr(order, "piece"):
+        return [(k, n) for k, _, _, _, n in order.segments]
     return [(order.batch, sum(p[4] for p in order.placements))]
 
 

@@ -1,0 +1,212 @@
+"""packing/mixone.py without processes: when a mix passes its one source's pieces whole (`passes`),
+and that a pass-through's concat mode announces what the stream would have (packing/mix.py):
+the same tokens in the same places, positions, documents, row groups and points, character for
+character, also resumed from a cut document, from a state that leaves a source out, ended for
+want of documents, stopped at a piece that cannot be read, and resumed from its state as a mix
+that is no pass-through (a second source added)."""
+import json
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from shmloader.data.mixture import Mixer, Mixture
+from shmloader.data.order import Piece
+from shmloader.data.sources import Range
+from shmloader.ipc.protocol import Counted, Ended, Error, MixArgs
+from shmloader.packing import mixbestfit, mixmode
+from shmloader.packing.base import SlotMap
+from shmloader.packing.mixbestfit import MixBestFitMode
+from shmloader.packing.mixmode import MixConcatMode
+from shmloader.packing.mixone import passes
+from shmloader.packing.mixtext import Packed
+from tests.unit.packing.modes import hand_out, turn
+
+ONE = Mixture({"x": "x"}, {"x": 1})
+TWO = Mixture({"x": "x", "y": "y"}, {"x": 1, "y": 1})
+X, Y = Range("x", 0, 2), Range("y", 2, 4)
+
+
+def _mixer(mixture, point):
+    return Mixer.resume(mixture, point["mixer"], 0).mixer if point else Mixer(mixture)
+
+
+def _rule(mixture, ranges=(X,), point=None, plans=None):
+    return passes(MixArgs(mixture, ranges, point, 0, plans), _mixer(mixture, point))
+
+
+def test_the_rule_of_a_pass_through():
+    """One source read, one stage, no max_epochs, no change of world size: a pass-through; any
+    of those otherwise, not."""
+    assert _rule(ONE)
+    assert not _rule(TWO, (X, Y))                                                    # a second source
+    assert not _rule(Mixture({"x": "x", "y": "y"}, {"x": 1, "y": 0}), (X, Y))        # ... even of weight 0
+    assert not _rule(Mixture({"x": "x"}, [(0, {"x": 1}), (5, {"x": 2})]))            # a schedule
+    assert not _rule(Mixture({"x": "x"}, {"x": 1}, max_epochs={"x": 2}))             # the source ends
+    assert not _rule(ONE, plans={"x": object()})                                     # a change of world size
+    two_state = {"source": "y", "skip": 3, "sources": {"x": [1, 0, 0, 4], "y": [1, 0, 1, 2]},
+                 "mixer": Mixer(TWO).state()}
+    assert _rule(ONE, point=two_state)                                    # a state's second source left out
+    assert not _rule(ONE, point={**two_state, "skips": {"x": 5}})         # an old rank's cut document
+
+
+def _order(n_rows: int = 7, unreadable: int | None = None):
+    """A source's order (files 0-1 of x, 2-3 of y): row groups of `n_rows` rows, a piece each;
+    the piece `unreadable` of x's cannot be read by its worker."""
+    def order(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
+        lo, _ = files
+        s = start or SimpleNamespace(epoch=1, rg=0, doc=0)
+        first = s.rg if s.doc < n_rows else s.rg + 1
+        for i in range(10**6):
+            rg = first + i
+            yield Piece(i, s.epoch + rg // 50, lo, rg % 50, s.doc if i == 0 and s.doc < n_rows else 0, n_rows)
+    return order
+
+
+def _lengths(piece, seed: int, nulls: bool) -> np.ndarray:
+    rng = np.random.default_rng([seed, piece.file, piece.epoch, piece.rg, piece.doc_start])
+    out = rng.integers(1, 40, piece.n_docs) + 1
+    if nulls:
+        out[rng.random(piece.n_docs) < 0.3] = 0
+    return out
+
+
+def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 40, nulls: bool = True,
+           workers: int = 2, bad=None, empty: bool = False, monkeypatch=None, packing: str = "concat") -> tuple:
+    """`(announced, tokens, said)`: each batch as `(batch, position, docs, read, point text)`, the
+    tokens each batch's slot would hold (as `(piece's file, rg, offset, n)` segments at their batch
+    offsets; best fit: its placements), and the `Ended` said; pieces counted by `workers` in an
+    order shuffled by `seed`."""
+    module, kind = (mixmode, MixConcatMode) if packing == "concat" else (mixbestfit, MixBestFitMode)
+    if not passing:
+        monkeypatch.setattr(module, "passes", lambda mix, mixer: False)
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges, point, 0), rank=0,
+                          layout=SimpleNamespace(window=33, n_slots=3))
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None,
+                          B=2, T=15, buffer_size=12, tokenizer_batch_size=3)
+    mode = kind(cfg, run, workers, _order())
+    one = type(mode.stream).__name__ == "OneStream"
+    if not passing:
+        assert not one
+        monkeypatch.undo()
+    slots, rng, given = SlotMap(3), random.Random(seed), []
+    announced, placed, said, specs = [], {}, [], {}
+    for _ in range(10**4):
+        new = hand_out(mode, workers)
+        specs.update((p.index, p) for p in new)
+        given += new
+        rng.shuffle(given)
+        for piece in given[:rng.randint(1, max(1, len(given)))]:
+            given.remove(piece)
+            if bad is not None and piece.file < 2 and piece.rg == bad:
+                mode.failed(piece.index, Error("data", f"worker 0 (pid 1): DataError: x{bad}: unreadable", "tb"))
+                continue
+            lengths = _lengths(piece, 0, nulls) if piece.file < 2 else _lengths(piece, 1, False)
+            if empty:
+                lengths[:] = 0
+            mode.counted(Counted(piece.index, lengths, None))
+        orders, done = turn(mode, slots)
+        for order in orders:
+            if hasattr(order, "placements"):  # best fit's `Rows`
+                for index, row, batch_row, off, n in order.placements.tolist():
+                    p = specs[index]
+                    placed.setdefault(order.batch, []).append((batch_row, off, p.file, p.epoch, p.rg,
+                                                               p.doc_start + row, n))
+                continue
+            rows = (order.segments.tolist() if hasattr(order, "counts")
+                    else [(order.piece, *seg) for seg in order.segments])
+            for index, k, _, off, src, n in rows:
+                p = specs[index]
+                placed.setdefault(k, []).append((off, p.file, p.epoch, p.rg, p.doc_start, src, n))
+        for c in done:
+            data, crc = mode.buffer_of(c)
+            text = Packed(data).text if type(data) is bytes else data
+            announced.append((c.batch, c.position, c.docs, c.read, text))
+        said += [m.text for m in mode.messages() if isinstance(m, Ended)]
+        if said or len(announced) >= batches:
+            return announced, {k: sorted(v) for k, v in placed.items() if k < len(announced)}, said
+    raise AssertionError("the mode went no further")
+
+
+def _both(mixture, ranges, point, seed, monkeypatch, **kw):
+    passing = _drive(mixture, ranges, point, seed, passing=True, **kw)
+    assert passes(MixArgs(mixture, ranges, point, 0), _mixer(mixture, point))
+    stream = _drive(mixture, ranges, point, seed, passing=False, monkeypatch=monkeypatch, **kw)
+    assert passing[0] == stream[0]
+    assert passing[1] == stream[1]
+    assert passing[2] == stream[2]
+    return passing
+
+
+def _point(text: str) -> dict:
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("nulls", [False, True])
+def test_a_pass_through_announces_what_the_stream_would(seed, nulls, monkeypatch):
+    announced, tokens, said = _both(ONE, (X,), None, seed, monkeypatch, nulls=nulls)
+    assert len(announced) >= 40 and not said and len(tokens) == len(announced)
+    # resumed inside a document (the cut one comes first) and at a document's start, passed again
+    cut = next(a for a in announced[5:] if a[1].skip)
+    start = next(a for a in announced[5:] if not a[1].skip)
+    for a in (cut, start):
+        again, _, _ = _both(ONE, (X,), _point(a[4]), seed, monkeypatch, nulls=nulls, batches=20)
+        assert _drive(ONE, (X,), _point(a[4]), seed, passing=True, nulls=nulls, batches=20)[0] == again
+
+
+def test_a_state_that_left_a_source_out_is_resumed_as_the_stream_resumes_it(monkeypatch):
+    """A two-source run's point, resumed by a mixture of its first source alone: a pass-through,
+    the point's other source kept in every point as the stream keeps it."""
+    announced, _, _ = _drive(TWO, (X, Y), None, 0, passing=False, monkeypatch=monkeypatch)
+    for a in announced[10:14]:
+        again, _, _ = _both(ONE, (X,), _point(a[4]), 0, monkeypatch, batches=15)
+        assert all('"y":' in b[4] for b in again)
+
+
+def test_a_pass_throughs_state_resumed_with_a_second_source_is_the_streams(monkeypatch):
+    """A pass-through's points, resumed by a mixture of two sources (no pass-through then): the
+    same batches as from the stream's points, since they are the same points."""
+    announced, _, _ = _both(ONE, (X,), None, 1, monkeypatch)
+    for a in (announced[7], announced[20]):
+        after, _, _ = _drive(TWO, (X, Y), _point(a[4]), 1, passing=False, monkeypatch=monkeypatch, batches=20)
+        assert len(after) >= 20 and any('"y":[1,' in b[4] for b in after)
+
+
+def test_a_source_without_documents_ends_a_pass_through_as_it_ends_the_stream(monkeypatch):
+    """Every row null: the mix ends once the source has read an epoch and most of another (the
+    feed's rule), no batch made, the end's words said."""
+    announced, _, said = _both(ONE, (X,), None, 0, monkeypatch, empty=True)
+    assert announced == [] and len(said) == 1 and "held no document" in said[0]
+
+
+def test_a_piece_that_cannot_be_read_stops_a_pass_through_where_it_stops_the_stream(monkeypatch):
+    announced, _, said = _both(ONE, (X,), None, 2, monkeypatch, bad=12)
+    assert 0 < len(announced) < 40 and len(said) == 1 and "x12: unreadable" in said[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("nulls", [False, True])
+def test_best_fits_pass_through_announces_what_the_stream_would(seed, nulls, monkeypatch):
+    """Best fit: the chunks cut from its pieces are the stream's, and so are the batches, the
+    points (the mixer settled each batch) and the buffers; resumed from its points, again."""
+    announced, placed, said = _both(ONE, (X,), None, seed, monkeypatch, nulls=nulls, packing="bos_bestfit")
+    assert len(announced) >= 40 and not said and len(placed) == len(announced)
+    for a in (announced[9], announced[23]):
+        _both(ONE, (X,), _point(a[4]), seed, monkeypatch, nulls=nulls, batches=15, packing="bos_bestfit")
+
+
+def test_best_fits_pass_through_of_a_state_that_left_a_source_out(monkeypatch):
+    announced, _, _ = _drive(TWO, (X, Y), None, 0, passing=False, monkeypatch=monkeypatch, packing="bos_bestfit")
+    for a in announced[10:13]:
+        point = {**_point(a[4]), "buffer": {"sources": [], "runs": ""}}  # (y's buffered documents are refused)
+        again, _, _ = _both(ONE, (X,), point, 0, monkeypatch, batches=15, packing="bos_bestfit")
+        assert all('"y":' in b[4] for b in again)
+
+
+def test_best_fits_pass_through_stops_and_ends_where_the_stream_does(monkeypatch):
+    announced, _, said = _both(ONE, (X,), None, 2, monkeypatch, bad=12, packing="bos_bestfit")
+    assert 0 < len(announced) < 40 and len(said) == 1 and "x12: unreadable" in said[0]
+    announced, _, said = _both(ONE, (X,), None, 0, monkeypatch, empty=True, packing="bos_bestfit")
+    assert announced == [] and len(said) == 1 and "held no document" in said[0]
