@@ -253,10 +253,7 @@ class ShmLoader:
         self.close()
 
     def __reduce__(self):
-        raise TypeError("a ShmLoader cannot be pickled: its processes and shared-memory ring belong to the "
-                        "process that made it. Make the loader in the process that reads it (give another "
-                        "process its arguments, or its state_dict() to resume from), and use it in place of a "
-                        "torch DataLoader, not as a DataLoader's dataset")
+        raise TypeError(lifecycle.NOT_PICKLED)
 
     # ---- internals --------------------------------------------------------------------------
 

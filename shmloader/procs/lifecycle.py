@@ -57,6 +57,10 @@ def close_when_dropped(loader, runs):
 
 
 DROPPED = "this ShmLoader was dropped"
+NOT_PICKLED = ("a ShmLoader cannot be pickled: its processes and shared-memory ring belong to the process that "
+               "made it. Make the loader in the process that reads it (give another process its arguments, or "
+               "its state_dict() to resume from), and use it in place of a torch DataLoader, not as a "
+               "DataLoader's dataset")
 
 
 def _close_all():
