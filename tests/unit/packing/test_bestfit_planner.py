@@ -237,17 +237,20 @@ def test_huge_lengths_do_not_overflow():
     assert plan.n_cropped == big - 5
 
 
-@given(st.lists(st.one_of(st.integers(1, 5000), st.integers(2**22, 2**24), st.integers(1, 2**62)), max_size=40),
+@given(st.lists(st.one_of(st.integers(1, 5000), st.integers(2**21 - 3, 2**21 + 3), st.integers(2**22, 2**24),
+                          st.integers(1, 2**62)), max_size=40),
        st.integers(0, 2**20))
 @settings(max_examples=300, deadline=None)
 def test_keys_split_back_into_lengths_and_arrivals(lengths, a0):
-    """`_keys` (whole-array below 2**23, Python ints above) and `_split` (whole-array while the
-    keys fit int64) agree with the key's definition, `length * 2**40 - arrival`, both ways."""
+    """`_keys` (sorted; floats below 2**21, whole-array, Python ints above) and `_split`
+    (whole-array while the keys fit int64) agree with the key's definition, `length * 2**32 -
+    arrival`, both ways; a float key is exact."""
     keys = planner_mod._keys(np.array(lengths, dtype=np.int64), a0)
-    assert keys == [(n << 40) - a for a, n in enumerate(lengths, a0)]
-    assert all(type(k) is int for k in keys)
+    by_key = sorted(enumerate(lengths, a0), key=lambda an: (an[1] << 32) - an[0])
+    assert keys == [(n << 32) - a for a, n in by_key]
+    assert [type(k) for k in keys] == [float if n < 2**21 else int for _, n in by_key]
     got_lengths, arrivals = planner_mod._split(keys)
-    assert got_lengths.tolist() == lengths and arrivals.tolist() == list(range(a0, a0 + len(lengths)))
+    assert got_lengths.tolist() == [n for _, n in by_key] and arrivals.tolist() == [a for a, _ in by_key]
 
 
 @settings(max_examples=50, deadline=None)
