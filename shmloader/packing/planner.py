@@ -190,6 +190,8 @@ class BestFitPlanner:
         # key, rounded, still ends the row and is read exactly later (`_split`); else exact ints
         scale, full, zero = (float(_SCALE), float(row_len), 0.0) if row_len < _FLOAT_BELOW else (_SCALE, row_len, 0)
         taken, done, rows, offs = [], [], [], []  # keys popped (since the last renumbering); settled; each's row, offset
+        # bound methods and the bisect as locals: ~10 us a batch of ~87 placements' lookups
+        bisect, pop, take, add_row, add_off = bisect_right, keys.pop, taken.append, rows.append, offs.append
         for r in range(self.B):
             space = full
             while space > zero:
@@ -198,20 +200,22 @@ class BestFitPlanner:
                         if self._renumber_due():  # it changes the arrivals: the keys taken are settled first
                             done.append(self._take(taken))
                             taken = []
+                            take = taken.append
                         try:
                             self._add(*_check_chunk(*next_chunk()))
                         except Drained:
                             self.drained = True
                     keys = self._keys  # a renumbering made a new list
+                    pop = keys.pop
                 if not keys:
                     raise Drained(f"no document left for row {r} of the batch")
-                i = bisect_right(keys, space * scale) - 1  # longest fitting, earliest
+                i = bisect(keys, space * scale) - 1  # longest fitting, earliest
                 if i < 0:  # nothing fits whole: the shortest, earliest on ties
-                    i = bisect_right(keys, -(-keys[0] // _SCALE) * _SCALE) - 1  # (exact for a key of either type)
-                key = keys.pop(i)
-                taken.append(key)
-                rows.append(r)
-                offs.append(full - space)
+                    i = bisect(keys, -(-keys[0] // _SCALE) * _SCALE) - 1  # (exact for a key of either type)
+                key = pop(i)
+                take(key)
+                add_row(r)
+                add_off(full - space)
                 space += -key // scale  # minus its length
         done.append(self._take(taken))
         return self._plan(done, rows, offs)
