@@ -5,7 +5,7 @@ Pure bookkeeping for the coordinator (no processes, no tokens). The rule is the 
 (`planner.BestFitPlanner`, docs/contract.md §2); a slot holds a batch's inputs (B, T) and then
 its targets (B, T), so that both come out contiguous. Documents are numbered in
 canonical order (`id = piece base + row`, one id left out where the next piece does not go on
-in its row group, so that the buffer's runs are its stretches of consecutive ids: ~25 us a
+in its row group, so that the buffer's runs are its stretches of consecutive ids: ~18 us a
 batch for a 1,000-document buffer, `PieceTable.numbered_runs`); a *chunk* is up to `chunk_docs` consecutive rows
 of one row group with the nulls left out (pieces are cut at chunk boundaries, so a chunk
 never spans pieces). Chunks enter `BestFitPlanner` strictly in order; a batch is planned only
