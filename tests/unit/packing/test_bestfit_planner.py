@@ -421,3 +421,41 @@ def test_any_snapshot_can_be_restored_in_any_order():
     assert planner.plan_batch(src(104)).doc_id.tolist() == [102, 103]
     planner.restore(first)
     assert planner.plan_batch(src(7)).doc_id.tolist() == [7, 8] and planner.buffered()[0].tolist() == [9, 10]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 4), st.integers(1, 5))
+def test_a_plan_that_runs_out_goes_on_where_it_stopped(seed, B, every):
+    """`start().run(src)` whose source runs out every `every` chunks (it raises), run again once
+    more come, makes the plans `plan_batch` makes from the whole source, batch after batch, and
+    the same buffer (no snapshot, no plan made twice)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 40, 600)
+    chunks = [(np.arange(i, i + 6), lengths[i:i + 6]) for i in range(0, 600, 6)]
+
+    class RanOut(Exception):
+        pass
+
+    whole, waiting = BestFitPlanner(B, 16, 10), BestFitPlanner(B, 16, 10)
+    it_whole, at = iter(chunks), [0, every]  # next chunk, and where the waiting one's source runs out
+    ran_out = 0
+
+    def src():
+        if at[0] == at[1]:
+            at[1] += every
+            raise RanOut
+        at[0] += 1
+        return chunks[at[0] - 1]
+
+    while at[0] + 20 < len(chunks):
+        want = whole.plan_batch(lambda: next(it_whole))
+        planning = waiting.start()
+        while True:
+            try:
+                got = planning.run(src)
+                break
+            except RanOut:
+                ran_out += 1
+        assert same_plan(got, want)
+        assert [a.tolist() for a in waiting.buffered()] == [a.tolist() for a in whole.buffered()]
+    assert ran_out > 5  # not vacuous: plans waited mid-way
