@@ -28,7 +28,7 @@ coordinator writes with every batch, in a few numpy calls. The placement loop do
 choice: it pops a key and notes its row and offset (~0.5 us a placement here); the keys taken
 become ids, lengths and token counts, and are marked gone, in a few whole-array calls at the
 batch's end and before a renumbering (B=32, T=2048, a 1,000-document buffer: ~87 placements,
-~95 us of CPU a batch with its chunks' entry; `python tools/bench/bestfit_parts.py`,
+90-107 us of CPU a batch with its chunks' entry; `python tools/bench/bestfit_parts.py`,
 docs/benchmarks.md). When more than the buffer again (plus `RENUMBER_SLACK`) has left, the
 buffered ones are renumbered 0, 1, ... in order, which keeps the keys' order, so the arrays
 stay about twice the buffer (arrivals far below 2**32), however long a long document lingers.
