@@ -202,9 +202,10 @@ class BestFitPlanner:
         keys taken become ids, lengths and token counts in a few whole-array calls, before a
         renumbering (it changes the arrivals) and at the end."""
         keys, row_len, want = self._keys, self.row_len, self.buffer_size
-        # a float scale and space (the interpreter's fastest arithmetic and comparisons) where a row
-        # is shorter than every key past a float's exact range, so that a length read from such a
-        # key, rounded, still ends the row and is read exactly later (`_split`); else exact ints
+        # a float scale (the interpreter's fastest arithmetic and comparisons) where a row is
+        # shorter than every key past a float's exact range (an int key's length, rounded, still
+        # ends the row, and is read exactly later: `_split`); else the int scale, exact for a key
+        # of either type (a power of two: `space * scale`, `key // scale` exact for a float too)
         scale, full, zero = (float(_SCALE), float(row_len), 0.0) if row_len < _FLOAT_BELOW else (_SCALE, row_len, 0)
         taken, done, rows, offs = [], [], [], []  # keys popped (since the last renumbering); settled; each's row, offset
         # bound methods and the bisect as locals: ~10 us a batch of ~87 placements' lookups

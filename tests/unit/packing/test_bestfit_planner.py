@@ -269,6 +269,23 @@ def test_huge_and_small_lengths_mixed_equal_the_scan(seed, B):
             assert same_plan(planner.plan_batch(src), plan_batch_scan(ref_buffer, ref_src, B, 33, 6))
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 3))
+def test_rows_of_2_to_the_21_tokens_or_more_equal_the_scan(seed, B):
+    """A row past a float's exact keys (2**21 tokens and more: exact Python ints throughout,
+    keys, space and offsets) with lengths about a row's and small ones: the plans equal the scan's."""
+    rng = np.random.default_rng(seed)
+    row_len = 2**21 + int(rng.integers(0, 4))
+    pick = rng.random(240)
+    lengths = np.where(pick < 0.3, rng.integers(2**20, 2**22, 240),
+                       np.where(pick < 0.6, rng.integers(2**21 - 3, 2**21 + 3, 240), rng.integers(1, 2**19, 240)))
+    chunks = [lengths[i:i + 4].tolist() for i in range(0, 240, 4)]
+    planner, src = BestFitPlanner(B, row_len, 5), fixed_source(*chunks)
+    ref_buffer, ref_src = [], fixed_source(*chunks)
+    for _ in range(6):
+        assert same_plan(planner.plan_batch(src), plan_batch_scan(ref_buffer, ref_src, B, row_len, 5))
+
+
 @given(st.lists(st.integers(-2**40, 2**40), max_size=50))
 @settings(max_examples=200, deadline=None)
 def test_runs_round_trip(ids):
