@@ -204,6 +204,7 @@ class Mode:
         self.most_in_flight = cfg.pieces_in_flight  # None: no bound over all workers
         self.ring_tokens = window * n_slots
         self._in_flight = {}                  # piece index -> (worker, text bytes): given, not counted
+        self._flights = None                  # `_flight` of every worker, made once after `_in_flight` changes
         self._held = [{} for _ in range(n_workers)]  # per worker: piece index -> tokens, counted, not written
         self._held_tokens = [0] * n_workers   # their sums
         self._seen = [0, 0]                   # tokens and text bytes of the pieces counted
@@ -213,14 +214,26 @@ class Mode:
 
     def _flight(self, worker: int) -> tuple:
         """`(pieces, their text bytes)` in flight on `worker`, and the text bytes of the largest
-        piece in flight on another worker."""
-        n = text = behind = 0
+        piece in flight on another worker. Made for every worker in one pass over the pieces in
+        flight whenever they changed (`_flights`): each turn of the coordinator asks each worker
+        2-3 times (`candidates`), which was a pass a question, workers x pieces in flight a turn."""
+        if self._flights is None:
+            self._flights = self._all_flights()
+        return self._flights[worker]
+
+    def _all_flights(self) -> list:
+        """`_flight` of each worker: its pieces and text, and the largest text of another's (the
+        largest piece of the worker whose largest is largest, else of the runner-up worker)."""
+        workers = range(len(self._held))
+        n, text, most = [0] * len(workers), [0] * len(workers), [0] * len(workers)
         for w, b in self._in_flight.values():
-            if w == worker:
-                n, text = n + 1, text + b
-            elif b > behind:
-                behind = b
-        return n, text, behind
+            n[w] += 1
+            text[w] += b
+            if b > most[w]:
+                most[w] = b
+        first = max(workers, key=most.__getitem__)
+        runner_up = max((most[w] for w in workers if w != first), default=0)
+        return [(n[w], text[w], runner_up if w == first else most[first]) for w in workers]
 
     def load(self, worker: int) -> tuple:
         return self._flight(worker)[0], self._held_tokens[worker]
@@ -290,12 +303,14 @@ class Mode:
     def take(self, worker: int, piece):
         self.owner[piece.index], self.specs[piece.index] = worker, piece
         self._in_flight[piece.index] = (worker, piece.text_bytes)
+        self._flights = None
         self._holds[worker] = (piece.file, piece.rg)
 
     def _counted_by(self, worker: int, piece, tokens: int):
         """`piece` of `worker` was counted; it holds `tokens` until `_written_out` (0: the
         mode bounds what workers hold itself, or they keep nothing)."""
         del self._in_flight[piece.index]
+        self._flights = None
         if tokens and piece.text_bytes:
             self._seen[0] += tokens
             self._seen[1] += piece.text_bytes
@@ -331,6 +346,7 @@ class Mode:
         """Piece `index` will never be counted: it leaves its worker's load (and a replacement's
         share). Returns its `Piece`, or None for one never handed out."""
         self._in_flight.pop(index, None)
+        self._flights = None
         self.owner.pop(index, None)
         return self.specs.pop(index, None)
 

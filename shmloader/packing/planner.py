@@ -15,26 +15,33 @@ empty by repeating:
 Rows never continue into the next batch; the buffer carries over to it.
 
 Data structure. The buffer is a Python list of int keys kept sorted, one key per document:
-`key = length * 2**40 - arrival`, so keys order by length, and within one length the earliest
-arrival has the largest key. Rule 1 is one `bisect_right(keys, space * 2**40) - 1`; rule 2 is
+`key = length * 2**32 - arrival`, so keys order by length, and within one length the earliest
+arrival has the largest key. Rule 1 is one `bisect_right(keys, space * 2**32) - 1`; rule 2 is
 `keys[0]` (the shortest length) and one more bisect for the earliest of that length. A choice
-is O(log n) compares plus one `list.pop` memmove; a chunk enters with one `list.sort`, which
-keeps the sorted buffer as one run and merges the chunk in one pass (no per-document `insort`
-memmove). Its cost against nanochat's linear scan: `python tools/bench/packing.py`
-(docs/benchmarks.md). The arrival is an index into the documents that entered since the
-last renumbering: arrays of their ids, lengths and whether each is still buffered, which give
-the buffer in arrival order for a checkpoint, and for the state the coordinator writes with
-every batch, in a few numpy calls. The placement loop does only the choice: it pops a key and
-notes its row and offset (~0.5 us a placement here); the keys taken become ids, lengths and
-token counts, and are marked gone, in a few whole-array calls at the batch's end and before a
-chunk enters (B=32, T=2048, a 1,000-document buffer: ~87 placements, 105-127 us of CPU a
-batch with its chunks' entry; `python tools/bench/bestfit_parts.py`, docs/benchmarks.md).
-When more than the buffer again (plus `RENUMBER_SLACK`) has left, the buffered ones are
-renumbered 0, 1, ... in order, which keeps the keys' order, so the arrays stay about twice
-the buffer, however long a long document lingers. A snapshot (to undo a plan that ran out of
-chunks) copies the key list and the flags (a few microseconds), not a dict of the buffer.
-Keys are Python ints, so any length >= 1 works (whole-array paths for lengths below 2**23,
-whose keys fit int64).
+is O(log n) compares plus one `list.pop` memmove; a chunk enters sorted (one numpy sort) with
+one `list.sort`, which sees the buffer and the chunk as two sorted runs and merges them in one
+pass (no per-document `insort` memmove). Its cost against nanochat's linear scan: `python
+tools/bench/packing.py` (docs/benchmarks.md). The arrival is an index into the documents that
+entered since the last renumbering: arrays of their ids, lengths and whether each is still
+buffered, which give the buffer in arrival order for a checkpoint, and for the state the
+coordinator writes with every batch, in a few numpy calls. The placement loop does only the
+choice: it pops a key and notes its row and offset (~0.5 us a placement here); the keys taken
+become ids, lengths and token counts, and are marked gone, in a few whole-array calls at the
+batch's end and before a renumbering (B=32, T=2048, a 1,000-document buffer: ~87 placements,
+90-107 us of CPU a batch with its chunks' entry; `python tools/bench/bestfit_parts.py`,
+docs/benchmarks.md). When more than the buffer again (plus `RENUMBER_SLACK`) has left, the
+buffered ones are renumbered 0, 1, ... in order, which keeps the keys' order, so the arrays
+stay about twice the buffer (arrivals far below 2**32), however long a long document lingers.
+A plan is a generator (`start`) that waits where it needs a chunk that has not come, and goes
+on from there when it comes (one source's sequencer plans so: about one plan in nine ran out,
+read as fast as it goes); a caller that undoes it instead (`plan_batch` after a `snapshot`:
+a mixture's chunks, the locator) restores the snapshot, a copy of the key list and the flags
+(a few microseconds), not a dict of the buffer.
+Keys are floats where they are exact (lengths below 2**21: every document in practice), whose
+comparisons and sort are the interpreter's fastest (a chunk's entry 27 -> 18 us against Python
+ints of two digits), and Python ints above, so any length >= 1 works: an int and a float
+compare exactly, and a row shorter than 2**21 is ended by such a document whatever a float
+reads its length as (its exact length is read later, `_split`); longer rows use exact ints.
 
 Guarantees, for every batch (tests check each against the scan oracle, tests/oracle.py):
 - every row is full: its placements tile [0, row_len) exactly, in order, no padding;
@@ -59,7 +66,10 @@ import numpy as np
 
 ChunkSource = Callable[[], "tuple[np.ndarray, np.ndarray]"]
 
-_SHIFT = 40
+_SHIFT = 32
+_SCALE = 1 << _SHIFT  # a key's length unit: an int, so that `key // _SCALE` is exact for a key of either type
+_FLOAT_EXACT = 1 << 53  # integers below it are exact as floats
+_FLOAT_BELOW = _FLOAT_EXACT >> _SHIFT  # lengths whose keys are exact as floats (below 2**21)
 RENUMBER_SLACK = 1024  # documents gone from the buffer beyond its size before arrivals are renumbered
 
 
@@ -144,14 +154,18 @@ class BestFitPlanner:
         return self._ids[self._live], self._lengths[self._live]
 
     def _add(self, doc_ids: np.ndarray, lengths: np.ndarray) -> None:
-        if len(self._ids) - len(self._keys) > len(self._keys) + RENUMBER_SLACK:
+        if self._renumber_due():
             self._renumber()
         a0 = len(self._ids)
         self._ids = np.concatenate((self._ids, doc_ids))
         self._lengths = np.concatenate((self._lengths, lengths))
         self._live = np.concatenate((self._live, np.ones(len(lengths), bool)))
-        self._keys += _keys(lengths, a0)
-        self._keys.sort()  # timsort keeps the sorted prefix as one run and merges the chunk
+        self._keys += _keys(lengths, a0)  # sorted: the list is two runs, which timsort merges in one pass
+        self._keys.sort()
+
+    def _renumber_due(self) -> bool:
+        """More than the buffer again (plus `RENUMBER_SLACK`) has left since the last renumbering."""
+        return len(self._ids) - len(self._keys) > len(self._keys) + RENUMBER_SLACK
 
     def _renumber(self) -> None:
         """Number the buffered documents' arrivals 0, 1, ... in order, their keys with them (the
@@ -160,10 +174,7 @@ class BestFitPlanner:
         live = self._live
         new = np.cumsum(live) - 1  # new arrival of each buffered one
         lengths, arrivals = _split(self._keys)
-        if int(lengths.max(initial=0)) < _WIDE:
-            self._keys = ((lengths << _SHIFT) - new[arrivals]).tolist()
-        else:
-            self._keys = [(n << _SHIFT) - a for n, a in zip(lengths.tolist(), new[arrivals].tolist())]
+        self._keys = _made(lengths, new[arrivals])
         self._ids, self._lengths = self._ids[live], self._lengths[live]
         self._live = np.ones(len(self._ids), bool)
 
@@ -171,35 +182,59 @@ class BestFitPlanner:
         """Plan B rows, pulling chunks from `next_chunk()` as the top-up rule asks.
 
         `next_chunk()` returns (doc_ids, lengths), int arrays of one size (0 is allowed);
-        it must raise, not return empty chunks forever, when its documents run out.
+        it must raise, not return empty chunks forever, when its documents run out. (What it
+        raises, other than `Drained`, leaves the plan half made: undo it with `restore`, or plan
+        with `start`, which can go on.)"""
+        return self.start().run(next_chunk)
+
+    def start(self) -> "Planning":
+        """The next batch's plan, to be driven by `Planning.run`: one that runs out of chunks
+        (its source raises) waits where it asked for one and goes on from there when run again,
+        so that it is made once, not undone and made again (nothing else may change the planner
+        meanwhile)."""
+        return Planning(self._planning())
+
+    def _planning(self):
+        """The plan as a generator: it yields where it needs a chunk and is sent `(doc_ids,
+        lengths)` (or thrown `Drained`), and returns the `BatchPlan`.
 
         The loop only chooses: it pops each placement's key and notes its row and offset; the
-        keys taken become ids, lengths and token counts in a few whole-array calls, each time
-        before a chunk enters (a renumbering there changes the arrivals) and at the end."""
-        keys, row_len, want, shift = self._keys, self.row_len, self.buffer_size, _SHIFT
-        taken, done, rows, offs = [], [], [], []  # keys popped (since the last chunk); settled; each's row, offset
+        keys taken become ids, lengths and token counts in a few whole-array calls, before a
+        renumbering (it changes the arrivals) and at the end."""
+        keys, row_len, want = self._keys, self.row_len, self.buffer_size
+        # a float scale (the interpreter's fastest arithmetic and comparisons) where a row is
+        # shorter than every key past a float's exact range (an int key's length, rounded, still
+        # ends the row, and is read exactly later: `_split`); else the int scale, exact for a key
+        # of either type (a power of two: `space * scale`, `key // scale` exact for a float too)
+        scale, full, zero = (float(_SCALE), float(row_len), 0.0) if row_len < _FLOAT_BELOW else (_SCALE, row_len, 0)
+        taken, done, rows, offs = [], [], [], []  # keys popped (since the last renumbering); settled; each's row, offset
+        # bound methods and the bisect as locals: ~10 us a batch of ~87 placements' lookups
+        bisect, pop, take, add_row, add_off = bisect_right, keys.pop, taken.append, rows.append, offs.append
         for r in range(self.B):
-            space = row_len
-            while space > 0:
+            space = full
+            while space > zero:
                 if len(keys) < want and not self.drained:
-                    done.append(self._take(taken))
-                    taken = []
                     while len(self._keys) < want and not self.drained:
+                        if self._renumber_due():  # it changes the arrivals: the keys taken are settled first
+                            done.append(self._take(taken))
+                            taken = []
+                            take = taken.append
                         try:
-                            self._add(*_check_chunk(*next_chunk()))
+                            self._add(*_check_chunk(*(yield)))
                         except Drained:
                             self.drained = True
                     keys = self._keys  # a renumbering made a new list
+                    pop = keys.pop
                 if not keys:
                     raise Drained(f"no document left for row {r} of the batch")
-                i = bisect_right(keys, space << shift) - 1  # longest fitting, earliest
+                i = bisect(keys, space * scale) - 1  # longest fitting, earliest
                 if i < 0:  # nothing fits whole: the shortest, earliest on ties
-                    i = bisect_right(keys, -(-keys[0] >> shift) << shift) - 1
-                key = keys.pop(i)
-                taken.append(key)
-                rows.append(r)
-                offs.append(row_len - space)
-                space += -key >> shift  # minus its length
+                    i = bisect(keys, -(-keys[0] // _SCALE) * _SCALE) - 1  # (exact for a key of either type)
+                key = pop(i)
+                take(key)
+                add_row(r)
+                add_off(full - space)
+                space += -key // scale  # minus its length
         done.append(self._take(taken))
         return self._plan(done, rows, offs)
 
@@ -211,14 +246,42 @@ class BestFitPlanner:
         return self._ids[arrivals], lengths
 
     def _plan(self, done: list, rows: list, offs: list) -> BatchPlan:
-        """The batch's placements from the ids and lengths taken, in turn, and their rows and offsets."""
+        """The batch's placements from the ids and lengths taken, in turn, and their rows and
+        offsets (floats below 2**21: read as such, exactly)."""
         ids, lengths = done[0] if len(done) == 1 else (np.concatenate(part) for part in zip(*done))
-        offset = np.array(offs, dtype=np.int64)
+        offset = (np.fromiter(offs, np.float64, len(offs)).astype(np.int64) if self.row_len < _FLOAT_BELOW
+                  else np.array(offs, dtype=np.int64))
         n_tokens = np.minimum(lengths, self.row_len - offset)  # only a row's last one is cut
         cropped = int(lengths.sum()) - self.B * self.row_len  # the rows are full
         self.tokens_placed += self.B * self.row_len
         self.tokens_cropped += cropped
         return BatchPlan(np.array(rows, dtype=np.int64), offset, ids, n_tokens, cropped)
+
+
+class Planning:
+    """One batch's plan under way (`BestFitPlanner.start`)."""
+
+    def __init__(self, planning):
+        self._planning, self._asking = planning, False  # asking: waits for a chunk
+
+    def run(self, next_chunk: ChunkSource) -> BatchPlan:
+        """Drive the plan to its end with `next_chunk()`'s chunks (see `plan_batch`); what
+        `next_chunk` raises, other than `Drained`, leaves it waiting for that chunk: `run` again
+        once there are more."""
+        planning = self._planning
+        try:
+            if not self._asking:
+                planning.send(None)  # to where it first needs a chunk
+                self._asking = True
+            while True:
+                try:
+                    chunk = next_chunk()
+                except Drained:
+                    planning.throw(Drained())
+                else:
+                    planning.send(chunk)
+        except StopIteration as done:
+            return done.value
 
 
 class Snapshot(NamedTuple):
@@ -231,25 +294,35 @@ class Snapshot(NamedTuple):
     tokens_cropped: int
 
 
-_WIDE = 1 << (63 - _SHIFT)  # lengths from here on make keys past int64: Python ints then
-
-
 def _keys(lengths: np.ndarray, a0: int) -> list:
-    """The keys of documents of `lengths` arriving from `a0` on, as Python ints."""
+    """The keys of documents of `lengths` arriving from `a0` on, sorted (`_made`'s)."""
     if not lengths.size:
         return []
-    if int(lengths.max()) < _WIDE and a0 + len(lengths) < 1 << _SHIFT:
-        return ((lengths << _SHIFT) - np.arange(a0, a0 + len(lengths), dtype=np.int64)).tolist()
-    # Python ints, not int64: a length above 2**23 would overflow `length << 40`.
-    return [(n << _SHIFT) - a for a, n in enumerate(lengths.tolist(), a0)]
+    arrivals = np.arange(a0, a0 + len(lengths), dtype=np.int64)
+    if int(lengths.max()) < _FLOAT_BELOW:
+        return np.sort((lengths << _SHIFT) - arrivals).astype(np.float64).tolist()
+    return sorted(_made(lengths, arrivals))
+
+
+def _made(lengths: np.ndarray, arrivals: np.ndarray) -> list:
+    """The keys `length * 2**32 - arrival` (arrivals below 2**32) of int64 arrays, in their
+    order: floats where they are exact (lengths below 2**21, every document in practice),
+    whose comparisons and sort are the interpreter's fastest; Python ints above (exact at any
+    size; an int and a float compare exactly)."""
+    if int(lengths.max(initial=0)) < _FLOAT_BELOW:
+        return ((lengths << _SHIFT) - arrivals).astype(np.float64).tolist()
+    return [float((n << _SHIFT) - a) if n < _FLOAT_BELOW else (n << _SHIFT) - a
+            for n, a in zip(lengths.tolist(), arrivals.tolist())]
 
 
 def _split(keys: list) -> "tuple[np.ndarray, np.ndarray]":
     """(lengths, arrivals) of `keys`, int64 arrays."""
-    if keys and max(keys) < 1 << 63:  # keys are positive
-        k = np.array(keys, dtype=np.int64)
+    top = max(keys, default=0)
+    if top < 1 << 63:  # keys are positive
+        k = (np.fromiter(keys, np.float64, len(keys)).astype(np.int64) if top < _FLOAT_EXACT
+             else np.array(keys, dtype=np.int64))  # (the floats' own reading is the faster)
         lengths = -(-k >> _SHIFT)
         return lengths, (lengths << _SHIFT) - k
-    lengths = [-(-key >> _SHIFT) for key in keys]
+    lengths = [int(-(-key // _SCALE)) for key in keys]
     return (np.array(lengths, dtype=np.int64),
-            np.array([(n << _SHIFT) - key for n, key in zip(lengths, keys)], dtype=np.int64))
+            np.array([(n << _SHIFT) - int(key) for n, key in zip(lengths, keys)], dtype=np.int64))

@@ -149,3 +149,36 @@ def test_more_workers_than_cores_keep_one_piece_more_than_the_cores_in_flight():
     assert sum(out["counted"]) > 100
     assert out["most"] == 3, out["most"]
     assert simulate(2, ticks=200)["most"] > 3, "two workers on two cores queue past the bound: a vacuous test"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_each_workers_flight_is_the_one_pass_it_was_asked_by(seed):
+    """`Mode._flight` (pieces and text in flight on a worker, the largest text on another's)
+    made for every worker at once and kept until a piece is given, counted or forgotten, equals
+    the pass over the pieces in flight each question made (ties of the largest on one worker
+    and on two included), after each of those changes."""
+    rng = np.random.default_rng(seed)
+
+    def by_pass(mode, worker):
+        n = text = behind = 0
+        for w, b in mode._in_flight.values():  # noqa: SLF001 (the record under test)
+            if w == worker:
+                n, text = n + 1, text + b
+            elif b > behind:
+                behind = b
+        return n, text, behind
+
+    n_workers = 5
+    cfg = LoaderConfig(B=2, T=8, num_workers=n_workers, packing="bos_bestfit")
+    mode = BestFitMode(cfg, SimpleNamespace(buffer_runs=(), start=Position(0, 0, 0, 0), layout=SimpleNamespace(n_slots=4)),
+                       n_workers, lambda *a: iter(()))
+    given = []
+    for index in range(60):
+        if given and rng.random() < 0.4:
+            i = given.pop(int(rng.integers(len(given))))
+            mode._counted_by(mode.owner.pop(i), mode.specs.pop(i), 0)  # noqa: SLF001
+        else:
+            text = int(rng.choice([0, 5, 5, 7, 100, 100]))
+            mode.take(int(rng.integers(n_workers)), Piece(index, 0, 0, 0, 0, 1, text_bytes=text))
+            given.append(index)
+        assert [mode._flight(w) for w in range(n_workers)] == [by_pass(mode, w) for w in range(n_workers)]  # noqa: SLF001

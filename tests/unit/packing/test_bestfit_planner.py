@@ -237,17 +237,20 @@ def test_huge_lengths_do_not_overflow():
     assert plan.n_cropped == big - 5
 
 
-@given(st.lists(st.one_of(st.integers(1, 5000), st.integers(2**22, 2**24), st.integers(1, 2**62)), max_size=40),
+@given(st.lists(st.one_of(st.integers(1, 5000), st.integers(2**21 - 3, 2**21 + 3), st.integers(2**22, 2**24),
+                          st.integers(1, 2**62)), max_size=40),
        st.integers(0, 2**20))
 @settings(max_examples=300, deadline=None)
 def test_keys_split_back_into_lengths_and_arrivals(lengths, a0):
-    """`_keys` (whole-array below 2**23, Python ints above) and `_split` (whole-array while the
-    keys fit int64) agree with the key's definition, `length * 2**40 - arrival`, both ways."""
+    """`_keys` (sorted; floats below 2**21, whole-array, Python ints above) and `_split`
+    (whole-array while the keys fit int64) agree with the key's definition, `length * 2**32 -
+    arrival`, both ways; a float key is exact."""
     keys = planner_mod._keys(np.array(lengths, dtype=np.int64), a0)
-    assert keys == [(n << 40) - a for a, n in enumerate(lengths, a0)]
-    assert all(type(k) is int for k in keys)
+    by_key = sorted(enumerate(lengths, a0), key=lambda an: (an[1] << 32) - an[0])
+    assert keys == [(n << 32) - a for a, n in by_key]
+    assert [type(k) for k in keys] == [float if n < 2**21 else int for _, n in by_key]
     got_lengths, arrivals = planner_mod._split(keys)
-    assert got_lengths.tolist() == lengths and arrivals.tolist() == list(range(a0, a0 + len(lengths)))
+    assert got_lengths.tolist() == [n for _, n in by_key] and arrivals.tolist() == [a for a, _ in by_key]
 
 
 @settings(max_examples=50, deadline=None)
@@ -264,6 +267,23 @@ def test_huge_and_small_lengths_mixed_equal_the_scan(seed, B):
         ref_buffer, ref_src = [], fixed_source(*chunks)
         for _ in range(12):
             assert same_plan(planner.plan_batch(src), plan_batch_scan(ref_buffer, ref_src, B, 33, 6))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 3))
+def test_rows_of_2_to_the_21_tokens_or_more_equal_the_scan(seed, B):
+    """A row past a float's exact keys (2**21 tokens and more: exact Python ints throughout,
+    keys, space and offsets) with lengths about a row's and small ones: the plans equal the scan's."""
+    rng = np.random.default_rng(seed)
+    row_len = 2**21 + int(rng.integers(0, 4))
+    pick = rng.random(240)
+    lengths = np.where(pick < 0.3, rng.integers(2**20, 2**22, 240),
+                       np.where(pick < 0.6, rng.integers(2**21 - 3, 2**21 + 3, 240), rng.integers(1, 2**19, 240)))
+    chunks = [lengths[i:i + 4].tolist() for i in range(0, 240, 4)]
+    planner, src = BestFitPlanner(B, row_len, 5), fixed_source(*chunks)
+    ref_buffer, ref_src = [], fixed_source(*chunks)
+    for _ in range(6):
+        assert same_plan(planner.plan_batch(src), plan_batch_scan(ref_buffer, ref_src, B, row_len, 5))
 
 
 @given(st.lists(st.integers(-2**40, 2**40), max_size=50))
@@ -418,3 +438,41 @@ def test_any_snapshot_can_be_restored_in_any_order():
     assert planner.plan_batch(src(104)).doc_id.tolist() == [102, 103]
     planner.restore(first)
     assert planner.plan_batch(src(7)).doc_id.tolist() == [7, 8] and planner.buffered()[0].tolist() == [9, 10]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 4), st.integers(1, 5))
+def test_a_plan_that_runs_out_goes_on_where_it_stopped(seed, B, every):
+    """`start().run(src)` whose source runs out every `every` chunks (it raises), run again once
+    more come, makes the plans `plan_batch` makes from the whole source, batch after batch, and
+    the same buffer (no snapshot, no plan made twice)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 40, 600)
+    chunks = [(np.arange(i, i + 6), lengths[i:i + 6]) for i in range(0, 600, 6)]
+
+    class RanOut(Exception):
+        pass
+
+    whole, waiting = BestFitPlanner(B, 16, 10), BestFitPlanner(B, 16, 10)
+    it_whole, at = iter(chunks), [0, every]  # next chunk, and where the waiting one's source runs out
+    ran_out = 0
+
+    def src():
+        if at[0] == at[1]:
+            at[1] += every
+            raise RanOut
+        at[0] += 1
+        return chunks[at[0] - 1]
+
+    while at[0] + 20 < len(chunks):
+        want = whole.plan_batch(lambda: next(it_whole))
+        planning = waiting.start()
+        while True:
+            try:
+                got = planning.run(src)
+                break
+            except RanOut:
+                ran_out += 1
+        assert same_plan(got, want)
+        assert [a.tolist() for a in waiting.buffered()] == [a.tolist() for a in whole.buffered()]
+    assert ran_out > 5  # not vacuous: plans waited mid-way
