@@ -71,13 +71,12 @@ class Chunks:
     `end` is the position `(epoch, file, rg, doc)` after the chunk, `last_end` that of the
     last chunk a plan took."""
 
-    def __init__(self, chunk_docs: int, last_end: tuple, resumable: bool = False):
-        """`resumable`: a plan that runs out waits for more (`plan`)."""
+    def __init__(self, chunk_docs: int, last_end: tuple):
         self.chunk_docs, self.last_end = chunk_docs, last_end
         self.docs = 0                 # documents queued (and taken by a plan that waits for more)
         self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
-        self.resumable = resumable
+        self.resumable = False        # a plan that runs out waits for more (`plan`)
         self._planning, self._taken = None, []  # a resumable plan waiting for chunks, the chunks it took
 
     def add(self, piece, base: int, lengths: np.ndarray, live: np.ndarray | None = None):
@@ -305,7 +304,8 @@ class BestFitSequencer:
         self.planner = None if n_prefix else BestFitPlanner(B, T + 1, buffer_size)
         self.n_prefix = n_prefix
         self.book = BatchBook(n_slots)
-        self.chunks = Chunks(chunk_docs, start_doc_end, resumable=True)  # (a mixture's `MixChunks` are undone)
+        self.chunks = Chunks(chunk_docs, start_doc_end)
+        self.chunks.resumable = True  # one source's plans wait where they run out (a mixture's are undone)
         self.table = PieceTable()
         self.planned = 0                      # batches planned
         self._pieces = {}                     # index -> [owner, its live rows, how many are not placed]
