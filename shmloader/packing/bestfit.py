@@ -9,9 +9,8 @@ in its row group, so that the buffer's runs are its stretches of consecutive ids
 batch for a 1,000-document buffer, `PieceTable.numbered_runs`); a *chunk* is up to `chunk_docs` consecutive rows
 of one row group with the nulls left out (pieces are cut at chunk boundaries, so a chunk
 never spans pieces). Chunks enter `BestFitPlanner` strictly in order; a batch is planned only
-when its slot is free and the chunks it needs are counted (a plan that runs out of chunks
-waits where it stopped and goes on when more arrive, `Chunks.resumable`; a mixture's is rolled
-back and retried: either way timing never changes a plan). Each placement
+when its slot is free and the chunks it needs are counted (a plan that runs out of chunks is
+rolled back and retried when more arrive, so timing never changes a plan). Each placement
 becomes a write order `(piece, row, batch_row, row_offset, n)` for the worker that holds the
 piece; a document leaves its worker's memory with its placement.
 

@@ -32,11 +32,8 @@ batch's end and before a renumbering (B=32, T=2048, a 1,000-document buffer: ~87
 docs/benchmarks.md). When more than the buffer again (plus `RENUMBER_SLACK`) has left, the
 buffered ones are renumbered 0, 1, ... in order, which keeps the keys' order, so the arrays
 stay about twice the buffer (arrivals far below 2**32), however long a long document lingers.
-A plan is a generator (`start`) that waits where it needs a chunk that has not come, and goes
-on from there when it comes (one source's sequencer plans so: about one plan in nine ran out,
-read as fast as it goes); a caller that undoes it instead (`plan_batch` after a `snapshot`:
-a mixture's chunks, the locator) restores the snapshot, a copy of the key list and the flags
-(a few microseconds), not a dict of the buffer.
+A snapshot (to undo a plan that ran out of chunks) copies the key list and the flags (a few
+microseconds), not a dict of the buffer.
 Keys are floats where they are exact (lengths below 2**21: every document in practice), whose
 comparisons and sort are the interpreter's fastest (a chunk's entry 27 -> 18 us against Python
 ints of two digits), and Python ints above, so any length >= 1 works: an int and a float
