@@ -72,11 +72,9 @@ class Chunks:
 
     def __init__(self, chunk_docs: int, last_end: tuple):
         self.chunk_docs, self.last_end = chunk_docs, last_end
-        self.docs = 0                 # documents queued (and taken by a plan that waits for more)
+        self.docs = 0                 # documents queued
         self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
-        self.resumable = False        # a plan that runs out waits for more (`plan`)
-        self._planning, self._taken = None, []  # a resumable plan waiting for chunks, the chunks it took
 
     def add(self, piece, base: int, lengths: np.ndarray, live: np.ndarray | None = None):
         """The rows of `piece`, whose first document has id `base`; `live`: its rows with a
@@ -113,13 +111,9 @@ class Chunks:
         """A plan ran out of chunks and was undone."""
 
     def plan(self, planner: BestFitPlanner, safe: bool = False):
-        """Plan one batch from the queued chunks; None when they run out (timing never changes a
-        plan): with `resumable`, the plan waits where it ran out and goes on when called again
-        (`planner.start`; nothing else may change the planner meanwhile), else everything is
-        undone and it is made again from the start. `safe`: the caller knows they cannot run
-        out, so no snapshot is taken."""
-        if self.resumable:
-            return self._plan_on(planner)
+        """Plan one batch from the queued chunks; None after undoing everything when they run
+        out (timing never changes a plan). `safe`: the caller knows they cannot run out, so no
+        snapshot is taken."""
         snapshot, taken = (None if safe else planner.snapshot()), []
 
         def next_chunk():
@@ -137,36 +131,10 @@ class Chunks:
             self._queue.extendleft(reversed(taken))
             self._ran_out()
             return None
-        self._took(taken)
-        return plan
-
-    def _plan_on(self, planner: BestFitPlanner):
-        """`plan`, resumable: a plan that ran out of chunks (about one in nine, read as fast as it
-        goes: docs/benchmarks.md) keeps what it planned and the chunks it took, and waits for
-        the next chunk, instead of a snapshot before every plan and the plan made again."""
-        if self._planning is None:
-            self._planning, self._taken = planner.start(), []
-
-        def next_chunk():
-            if not self._queue and not self._more():
-                raise Drained if self._drained() else _NeedMore
-            chunk = self._queue.popleft()
-            self._taken.append(chunk)
-            return chunk[0], chunk[1]
-
-        try:
-            plan = self._planning.run(next_chunk)
-        except _NeedMore:
-            return None
-        taken, self._planning, self._taken = self._taken, None, []
-        self._took(taken)
-        return plan
-
-    def _took(self, taken: list):
-        """A plan took the chunks `taken`: they leave the queue's count."""
         for ids, _, end in taken:
             self.docs -= len(ids)
             self.last_end = end
+        return plan
 
 
 class PieceTable:
@@ -304,7 +272,6 @@ class BestFitSequencer:
         self.n_prefix = n_prefix
         self.book = BatchBook(n_slots)
         self.chunks = Chunks(chunk_docs, start_doc_end)
-        self.chunks.resumable = True  # one source's plans wait where they run out (a mixture's are undone)
         self.table = PieceTable()
         self.planned = 0                      # batches planned
         self._pieces = {}                     # index -> [owner, its live rows, how many are not placed]

@@ -179,25 +179,11 @@ class BestFitPlanner:
         """Plan B rows, pulling chunks from `next_chunk()` as the top-up rule asks.
 
         `next_chunk()` returns (doc_ids, lengths), int arrays of one size (0 is allowed);
-        it must raise, not return empty chunks forever, when its documents run out. (What it
-        raises, other than `Drained`, leaves the plan half made: undo it with `restore`, or plan
-        with `start`, which can go on.)"""
-        return self.start().run(next_chunk)
-
-    def start(self) -> "Planning":
-        """The next batch's plan, to be driven by `Planning.run`: one that runs out of chunks
-        (its source raises) waits where it asked for one and goes on from there when run again,
-        so that it is made once, not undone and made again (nothing else may change the planner
-        meanwhile)."""
-        return Planning(self._planning())
-
-    def _planning(self):
-        """The plan as a generator: it yields where it needs a chunk and is sent `(doc_ids,
-        lengths)` (or thrown `Drained`), and returns the `BatchPlan`.
+        it must raise, not return empty chunks forever, when its documents run out.
 
         The loop only chooses: it pops each placement's key and notes its row and offset; the
-        keys taken become ids, lengths and token counts in a few whole-array calls, before a
-        renumbering (it changes the arrivals) and at the end."""
+        keys taken become ids, lengths and token counts in a few whole-array calls, each time
+        before a chunk enters (a renumbering there changes the arrivals) and at the end."""
         keys, row_len, want = self._keys, self.row_len, self.buffer_size
         # a float scale (the interpreter's fastest arithmetic and comparisons) where a row is
         # shorter than every key past a float's exact range (an int key's length, rounded, still
@@ -217,7 +203,7 @@ class BestFitPlanner:
                             taken = []
                             take = taken.append
                         try:
-                            self._add(*_check_chunk(*(yield)))
+                            self._add(*_check_chunk(*next_chunk()))
                         except Drained:
                             self.drained = True
                     keys = self._keys  # a renumbering made a new list
@@ -253,32 +239,6 @@ class BestFitPlanner:
         self.tokens_placed += self.B * self.row_len
         self.tokens_cropped += cropped
         return BatchPlan(np.array(rows, dtype=np.int64), offset, ids, n_tokens, cropped)
-
-
-class Planning:
-    """One batch's plan under way (`BestFitPlanner.start`)."""
-
-    def __init__(self, planning):
-        self._planning, self._asking = planning, False  # asking: waits for a chunk
-
-    def run(self, next_chunk: ChunkSource) -> BatchPlan:
-        """Drive the plan to its end with `next_chunk()`'s chunks (see `plan_batch`); what
-        `next_chunk` raises, other than `Drained`, leaves it waiting for that chunk: `run` again
-        once there are more."""
-        planning = self._planning
-        try:
-            if not self._asking:
-                planning.send(None)  # to where it first needs a chunk
-                self._asking = True
-            while True:
-                try:
-                    chunk = next_chunk()
-                except Drained:
-                    planning.throw(Drained())
-                else:
-                    planning.send(chunk)
-        except StopIteration as done:
-            return done.value
 
 
 class Snapshot(NamedTuple):

@@ -26,7 +26,7 @@ def _parts():
     return [(c, "_dispatch", "dispatch"), (c, "_announce", "announce"), (c, "_assign", "assign"),
             (c, "_receive", "receive"), (c, "_check_idle", "idle rule"), (c, "_counted", "counted"),
             (handover.CoordinatorEnd, "freed", "free log"), (handover.CoordinatorEnd, "announce", "announcement"),
-            (protocol.Listener, "wait", "poll"), (planner.Planning, "run", "planner"),
+            (protocol.Listener, "wait", "poll"), (planner.BestFitPlanner, "plan_batch", "planner"),
             (planner.BestFitPlanner, "snapshot", "snapshot"), (bestfit.BestFitSequencer, "_complete", "buffer runs"),
             (bestfit.BestFitSequencer, "_orders", "write orders"), (outbox.Outbox, "send", "outbox.send"),
             (inbox.Inbox, "read", "inbox.read"), (base.Mode, "buffer_of", "buffer text"),

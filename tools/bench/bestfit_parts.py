@@ -53,8 +53,7 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
                 spent[name] += time.process_time() - t0
         return call
 
-    plans = (pl.Planning, "run") if hasattr(pl, "Planning") else (pl.BestFitPlanner, "plan_batch")  # (an older checkout's)
-    patches = {plans: "planner", (pl.BestFitPlanner, "snapshot"): "snapshot",
+    patches = {(pl.BestFitPlanner, "plan_batch"): "planner", (pl.BestFitPlanner, "snapshot"): "snapshot",
                (bf.BestFitSequencer, "_complete"): "buffer runs", (bf.BestFitSequencer, "_orders"): "write orders",
                (bf.BestFitSequencer, "counted"): "counted"}
     saved = {key: getattr(*key) for key in patches}

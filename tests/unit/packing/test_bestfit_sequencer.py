@@ -272,11 +272,11 @@ def test_the_rows_not_yet_placed_are_each_pieces_live_rows_less_those_ordered(se
 def test_a_plan_that_ran_out_is_not_tried_again_until_a_chunk_comes():
     """The coordinator calls plan() on every message (two workers' acknowledgements per batch);
     a plan that ran out of counted chunks would run out again at the same place, so it is not
-    tried (nor the one waiting where it ran out run on) until another chunk is counted."""
+    tried (nor its snapshot taken) until another chunk is counted."""
     seq = BestFitSequencer(B, T, n_slots=4, buffer_size=4, chunk_docs=2, n_prefix=0, start_doc_end=(0, 0, 0, 0))
     tries = []
-    plan = seq.chunks.plan
-    seq.chunks.plan = lambda planner, safe=False: tries.append(1) or plan(planner, safe)
+    plan_batch = seq.planner.plan_batch
+    seq.planner.plan_batch = lambda source: tries.append(1) or plan_batch(source)
     seq.counted(Piece(0, 0, 0, 0, 0, 2), 0, np.array([3, 3]))  # 6 tokens: no batch of 2 x 17
     assert seq.plan() == [] and seq.starved and len(tries) == 1
     for _ in range(5):  # acknowledgements, frees: nothing new to plan from
