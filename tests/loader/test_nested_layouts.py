@@ -28,6 +28,7 @@ import pytest
 
 import shmloader
 from shmloader.data import source
+from shmloader.data.catalogue import renamed
 from shmloader.errors import DataError
 from tests import formats_data, helpers
 from tests.helpers import window_of
@@ -136,6 +137,19 @@ def test_names_are_basenames_where_they_are_unique_and_paths_below_the_root_wher
     assert source.file_names(["bucket/c/x/a.jsonl", "bucket/c/y/a.jsonl"], ["s3://bucket/c/x/a.jsonl"]) == \
         ["x/a.jsonl", "y/a.jsonl"]
     assert source.file_names(["a.parquet", "sub/a.parquet"]) == ["a.parquet", "sub/a.parquet"]  # no common dir
+
+
+def test_a_state_name_that_only_ends_a_loader_name_is_refused_not_matched():
+    """`catalogue.renamed`: the one check behind a late namesake and a list moved below another
+    common directory; names the loader has, or that end none of its names, pass (a gone file is
+    the file checks' to say)."""
+    now = source.file_names(["/r/q/A/x.parquet", "/r/q/B/x.parquet", "/r/s/A/x.parquet"])
+    assert now == ["q/A/x.parquet", "q/B/x.parquet", "s/A/x.parquet"]
+    renamed(["q/A/x.parquet", "gone.parquet"], now)
+    for saved in (["A/x.parquet"], ["x.parquet"]):
+        with pytest.raises(ValueError, match=rf"^resume state names file {saved[0]}, and this loader has no file of "
+                                             r"that name but [23] whose path ends with it \(q/A/x\.parquet, "):
+            renamed(saved, now)
 
 
 # ---------------------------------------------------------------- FineWeb's dumps
@@ -329,10 +343,10 @@ def test_a_namesake_arriving_after_the_save_makes_its_resume_refused_in_words(tm
     assert states["val"]["val"] == "000_00002.parquet"
     fineweb(data, DUMPS[1:], per_dump=3)
     words = (r"resume state names file 000_0000\d\.parquet, and this loader has no file of that name but [12] whose "
-             r"path ends with it \((CC-MAIN-2013-20/000_0000\d\.parquet, )?CC-MAIN-2014-10/000_0000\d\.parquet\): files "
-             r"of one name lie in several of the data's directories now, .*cannot say which of them it read")
+             r"path ends with it \((CC-MAIN-2013-20/000_0000\d\.parquet, )?CC-MAIN-2014-10/000_0000\d\.parquet\): "
+             r"files of one name lie in several of the data's directories now, .*cannot say which of them it read")
     for key, data_, split in (("train", glob, "train"), ("val", glob, "val"), ("mix", mix, "train")):
-        with pytest.raises(ValueError, match=words):
+        with pytest.raises(ValueError, match=("^mixture source 'web': " if key == "mix" else "^") + words):
             loader(data_, split, resume_state=states[key])
     shutil.move(str(data / DUMPS[1]), str(tmp_path / "aside"))
     with loader(glob, resume_state=states["train"]) as ld:
