@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import state as statemod
-from .data.catalogue import listing
+from .data.catalogue import listing, renamed
 from .errors import warn
 
 
@@ -62,6 +62,11 @@ def check_sources(saved, sources) -> Listed:
         old = saved[name].get("files") if isinstance(saved[name], dict) else None
         now = sources.source_files(name)
         index = {f[0]: i for i, f in enumerate(now)}
+        if isinstance(old, list) and all(isinstance(f, list) and f and isinstance(f[0], str) for f in old):
+            try:
+                renamed([f[0] for f in old], index)  # a late namesake, in words (data/catalogue.py)
+            except ValueError as exc:
+                raise ValueError(f"mixture source {name!r}: {exc}") from None
         listed = (listing(old, now) if isinstance(old, list) and old and all(isinstance(f, list) and len(f) == 3
                                                                               for f in old)
                   and len({f[0] for f in old}) == len(old) else None)

@@ -57,7 +57,7 @@ import zlib
 import numpy as np
 
 from .data import elastic, shuffle
-from .data.catalogue import described_files, listing
+from .data.catalogue import described_files, listing, renamed
 from .data.elastic import Plan, in_units
 from .data.order import nanochat_position, start_position
 from .errors import warn
@@ -439,6 +439,7 @@ def _check_files(saved: list, loader: Loader, pos: dict, whole: bool = False) ->
     download) is read after the state's, with a warning naming it, and in its sorted place from
     the next epoch on. And whether a file after the position changed (read as it is now)."""
     now = {f[0]: i for i, f in enumerate(loader.files)}
+    order, added, _ = listing(saved, loader.files)  # first: a file renamed by a late namesake is refused so
     must = len(saved) if pos["epoch"] > 1 or whole else pos["pq_idx"] + 1
     hard = [d for i, f in enumerate(saved[:must]) if (d := _diff(i, f, loader.files, now))]
     hard = hard or _rewritten(saved[:must], loader, now)
@@ -451,7 +452,6 @@ def _check_files(saved: list, loader: Loader, pos: dict, whole: bool = False) ->
     if soft:
         warn("resume state's files after its position changed since it was saved (they are read as "
              "they are now): " + "; ".join(soft))
-    order, added, _ = listing(saved, loader.files)
     if added:
         shown = ", ".join(loader.files[i][0] for i in added[:5]) + (", ..." if len(added) > 5 else "")
         warn(f"{len(added)} file(s) added to the split since the state was saved: {shown}; they are "
@@ -475,6 +475,8 @@ def _check_val(state: dict, loader: Loader):
     old, new = state.get("val"), loader.val
     if old is None or new is None or old == new:
         return
+    if isinstance(old, str):
+        renamed([old], {new, *(f[0] for f in loader.files)})
     if not isinstance(old, str) or (loader.fingerprint.get("split") == "train"
                                     and old not in {f[0] for f in loader.files}):
         raise ValueError(f"resume state field 'val' is {old!r}, a file this data set does not have (its val "

@@ -1,9 +1,10 @@
 """The split's files as a loader knows them: paths, identities, and the order of each epoch.
 
 A `Catalogue` is made once per loader from `data` (a directory, a glob, a list, a URI) and the
-split: the files sorted by name (`train`: all but the last, `val`: the last, `all`: all), each with its
-*identity* `[name, bytes, footer]` (the footer digest, `source.footer_digest`, is learnt when a
-run first reads the file: `learn`). The run numbers the files by their place in `paths`.
+split: the files sorted by full path (`train`: all but the last, `val`: the last, `all`: all),
+each with its *identity* `[name, bytes, footer]` (the name: `source.file_names` over the whole
+listing, val file too; the footer digest, `source.footer_digest`, is learnt when a run first
+reads the file: `learn`). The run numbers the files by their place in `paths`.
 
 The order of an epoch is `paths` in order, except after a resume from a state that does not
 list every file now there (shards that arrived since the save, wherever they sort): `reorder`
@@ -17,7 +18,6 @@ A state lists the footers of its files up to its position only: those were read 
 batch in every run, while what lies after it depends on how far the coordinator has read
 ahead (`described_files`). So states do not depend on timing.
 """
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -26,11 +26,13 @@ from . import formats, source
 from .order import Later
 
 
-def file_list(paths: list, sizes: list) -> list[list]:
-    """`[[name, bytes, None], ...]`: names, not directories (a moved data set still resumes); -1
-    for a size the filesystem does not know (a missing object, reported when it is read); the
-    footer digest is learnt when the run opens the file."""
-    return [[_name(p), -1 if s is None else int(s), None] for p, s in zip(paths, sizes)]
+def file_list(paths: list, sizes: list, names: list | None = None) -> list[list]:
+    """`[[name, bytes, None], ...]`: names (`names`, else each path's basename), not whole paths
+    (a moved data set still resumes: `source.file_names`); -1 for a size the filesystem does not
+    know (a missing object, reported when it is read); the footer digest is learnt when the run
+    opens the file."""
+    names = names if names is not None else source.file_names(paths)
+    return [[name, -1 if s is None else int(s), None] for name, s in zip(names, sizes)]
 
 
 def described_files(files: list, epoch: int, file: int) -> list:
@@ -67,12 +69,36 @@ class Listing(NamedTuple):
 
 def listing(saved: list, now: list) -> Listing:
     """The one rule of a resume's order, one source's (sourcestate.py) and a mixture's source's
-    (mixchecks.py): the state's files, then the new ones (`saved`, `now`: identities)."""
+    (mixchecks.py): the state's files, then the new ones (`saved`, `now`: identities). A state's
+    file that is not there by its name while files whose path ends with it are (`renamed`) is a
+    ValueError: the state cannot say which of them it read."""
     index = {f[0]: i for i, f in enumerate(now)}
+    renamed([f[0] for f in saved], index)
     names = {f[0] for f in saved}
     added = [i for i, f in enumerate(now) if f[0] not in names]
     return Listing([index[f[0]] for f in saved if f[0] in index] + added, added,
                    [i for i, f in enumerate(saved) if f[0] not in index])
+
+
+def renamed(saved: list, now) -> None:
+    """A ValueError where a name of `saved` (a state's files) is not among `now` (the loader's
+    names) but names ending with "/" and it are: a shard arrived in a new directory with the name
+    of a file already there (`x/a.parquet` beside `a.parquet`'s directory), so the loader names
+    every file by its path below the data's root (`source.file_names`), or a list's files moved
+    below another common directory; the state, saved before, cannot say which file it read, and
+    none is guessed."""
+    for name in saved:
+        if name in now:
+            continue
+        alike = sorted(other for other in now if other.endswith("/" + name))
+        if alike:
+            raise ValueError(
+                f"resume state names file {name}, and this loader has no file of that name but "
+                f"{len(alike)} whose path ends with it ({', '.join(alike[:3])}{', ...' if len(alike) > 3 else ''}): "
+                "files of one name lie in several of the data's directories now, so the loader names each by its "
+                "path below the data's root, and a state saved before (when its name was one file's) cannot say "
+                "which of them it read. Resume with the files the state was saved with (move the newer directory "
+                "aside), or start a new run over all of them")
 
 
 def with_known_footers(files: list, known: list) -> list:
@@ -97,10 +123,12 @@ class Catalogue:
         self.column = source.check_column(column)
         self.filesystem = source.filesystem_for(data, filesystem)
         listing = source.list_files(data, self.filesystem)
+        named = dict(zip(listing, source.file_names(listing, data)))  # the whole listing's names, val's too
         self.paths = source.split_files(listing, split)  # in the run's numbering
-        self.files = file_list(self.paths, source.file_sizes(self.paths, self.filesystem))  # identities
+        sizes = source.file_sizes(self.paths, self.filesystem)
+        self.files = file_list(self.paths, sizes, [named[p] for p in self.paths])  # identities
         # the data set's val file (a state remembers it); none for split "all", which reads it too
-        self.val = _name(listing[-1]) if split != "all" else None
+        self.val = named[listing[-1]] if split != "all" else None
         self._sorted = list(self.paths)
         self.later = None                       # `Later`: the order of the epochs after the resumed one
         self._later_order = self._later_at = None  # that order when it is not `paths`', and its inverse
@@ -209,7 +237,3 @@ def data_fingerprint(column: str, paths: list) -> dict:
     if kinds != ["parquet"]:
         out["format"] = "+".join(kinds)
     return out
-
-
-def _name(path) -> str:
-    return os.fspath(path).replace("\\", "/").rsplit("/", 1)[-1]

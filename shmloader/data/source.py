@@ -5,9 +5,11 @@ A file's format is its name's (`formats/`: `.parquet`, `.jsonl`/`.json` plain, `
 interface, and nothing here asks which format a file is. A directory keeps every file whose
 name a format claims (mixed formats too: each file is read as its name says), but a Hugging
 Face `datasets` directory its data files alone (`hfdir`: never its `.json` metadata). Files are sorted
-by name; `train` is all but the last file, `val` the last (nanochat's
-convention). `data` may be local (a directory, a glob: a path by which nothing exists, a list,
-`file://` URIs; a list names each file once: `once`) or on any `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`;
+by their full paths; `train` is all but the last file, `val` the last (nanochat's
+convention); a state knows each by its name (`file_names`: its basename, or its path below the
+data's root where two files share one). `data` may be local (a directory, a glob: a path by
+which nothing exists, `**` every depth, a list, `file://` URIs; a list names each file once:
+`once`) or on any `pyarrow.fs` filesystem (`s3://bucket/prefix/`, `gs://`, `hdfs://`;
 credentials and endpoints from the usual environment or the URI's query, e.g.
 `?endpoint_override=host:port&scheme=http`, or an explicit `filesystem=`). Every failure is a
 `DataError` naming the file, the row group and what to do; `read_or_skip` applies the
@@ -138,13 +140,15 @@ def _fs_path(uri: str) -> str:
 
 
 def list_files(data, filesystem=None) -> list[str]:
-    """All data files of `data`: a directory, a glob, or a list of paths; sorted by name.
+    """All data files of `data`: a directory, a glob, or a list of paths; sorted by full path.
     `None` is nanochat's directory (`default_data_dir`). In a directory only names a format
     claims count (`formats.SUFFIXES`), so partial downloads (`*.parquet.tmp`) are skipped, as
     nanochat does; in a Hugging Face `datasets` directory only its data files (`hfdir`).
     A path that exists is that file or directory, whatever `*?[` its name holds (`set[1]/` is
-    not `set1/`); a glob is a path that does not exist, its existing leading part literal. A
-    list's entries and a remote path are never globs."""
+    not `set1/`); a glob is a path that does not exist, its existing leading part literal, `**`
+    every depth (Python's recursive glob). A list's entries and a remote path are never globs. A
+    directory whose data files are all in its subdirectories is a `DataError` that suggests a
+    glob."""
     if data is None:
         data = default_data_dir()
     fs = filesystem_for(data, filesystem)
@@ -160,17 +164,17 @@ def list_files(data, filesystem=None) -> list[str]:
         elif os.path.isfile(data):
             files = [data]
         elif _is_glob(data) and not os.path.lexists(data):  # nothing by that name: a glob
-            files = _shards(glob.glob(_literal_head(data)), data)
+            files = _shards(sorted(set(glob.glob(_literal_head(data), recursive=True))), data)
             if not files:
                 raise DataError(f"no data files match {data} (read as a glob: no file or directory "
                                 f"has that name): check the path, or write shards there")
-            once(files)
         else:
             raise DataError(f"data directory {data} does not exist: pass data= ({KINDS}, a glob or "
                             f"a list of files) or set NANOCHAT_BASE_DIR")
         if not files:
             raise DataError(f"no data files in {data} (read by name: {', '.join(formats.SUFFIXES)}): "
-                            f"download or write shards there (tools/make_shards.py writes some)")
+                            + (_nested_hint(data) or "download or write shards there (tools/make_shards.py "
+                                                     "writes some)"))
     else:
         files = [os.fspath(f).removeprefix("file://") for f in data]
         if not files:
@@ -184,25 +188,72 @@ def list_files(data, filesystem=None) -> list[str]:
 
 
 def once(files: list[str], same=lambda f: f):
-    """A list of files names each file once: a state knows a file by its name, and a mixture's
-    resume (mixchecks.py `check_sources`) and a change of world size need each name once, so a
-    file listed twice is a ValueError naming it, not a file read twice an epoch; a source is
-    read more often by its weight in a `Mixture`. `same(f)`: what two spellings of one file share.
-    For the same reason two files of one name (`x/a.parquet`, `y/a.parquet`: a list or a glob over
-    directories) are a ValueError naming both: their run could not be resumed."""
-    seen, named = set(), {}
+    """A list of files names each file once: a state knows a file by its name (`file_names`), and
+    a mixture's resume (mixchecks.py `check_sources`) and a change of world size need each name
+    once, so a file listed twice is a ValueError naming it, not a file read twice an epoch; a
+    source is read more often by its weight in a `Mixture`. `same(f)`: what two spellings of one
+    file share. Two files of one name in several directories are two files (`file_names` tells
+    them apart)."""
+    seen = set()
     for f in files:
         if same(f) in seen:
             raise ValueError(f"data lists {f} twice: a file is read once an epoch (a state knows it by its "
                              "name); to read a source more often, give it a larger weight in a shmloader.Mixture "
                              "(Mixture({'a': files_a, 'b': files_b}, {'a': 2, 'b': 1}))")
         seen.add(same(f))
-        name = f.replace("\\", "/").rsplit("/", 1)[-1]
-        if name in named:
-            raise ValueError(f"data lists two files named {name} ({named[name]}, {f}): a state knows a file by its "
-                             "name, so a run of both could not be resumed; rename one, or read each directory as "
-                             "its own source of a shmloader.Mixture")
-        named[name] = f
+
+
+def file_names(files: list[str], data=None) -> list[str]:
+    """The names a state knows `files` by (one listing of `data`: `list_files`'), the one rule of
+    them: each file's basename where no two of `files` share one (a directory, and every state
+    written before this rule); else every file's path relative to the listing's root, with "/"
+    (`x/000_00000.parquet`, `y/000_00000.parquet`: FineWeb's dumps, DCLM's local shards). The
+    root is a glob's leading part that exists (`root` of `root/*/*.parquet`), else the common
+    directory of the files (a list; a remote list alike). So a shard that arrives in a new
+    directory with a name already there renames every file of a listing named by basenames
+    until then: a state saved before names none of them now, and its resume is refused saying
+    so (data/catalogue.py `listing`), never read as other files."""
+    base = [_basename(f) for f in files]
+    if len(set(base)) == len(base):
+        return base
+    slashed = [os.fspath(f).replace("\\", "/") for f in files]
+    root = _root(data, slashed)
+    return [f[len(root):].lstrip("/") if root else f for f in slashed]
+
+
+def _basename(path) -> str:
+    return os.fspath(path).replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _root(data, files: list[str]) -> str:
+    """The directory `file_names` names nested files below (every one of `files` starts with it
+    and a "/" after it; "" for none): a local glob's existing leading part, else the files'
+    common directory."""
+    if isinstance(data, (str, os.PathLike)):
+        pattern = os.fspath(data).removeprefix("file://").replace("\\", "/")
+        if _is_glob(pattern) and "://" not in pattern:
+            head = _existing_head(pattern).rstrip("/")
+            if head and all(f.startswith(head + "/") for f in files):
+                return head
+    common = files[0].rsplit("/", 1)[0] if "/" in files[0] else ""
+    while common and not all(f.startswith(common + "/") for f in files):
+        common = common.rsplit("/", 1)[0] if "/" in common else ""
+    return common
+
+
+def _nested_hint(directory: str) -> str | None:
+    """What to pass for a directory whose data files are all in its subdirectories (FineWeb's
+    `data/CC-MAIN-*/`, DCLM's shards): a glob, or None when it holds none."""
+    for where, dirs, names in os.walk(directory):
+        dirs.sort()
+        found = sorted(n for n in names if formats.is_data_file(n) and not n.startswith("."))
+        if found and where != directory:
+            suffix = next((s for s in sorted(formats.SUFFIXES, key=len, reverse=True) if found[0].endswith(s)), "")
+            depth = os.path.relpath(where, directory).count(os.sep) + 1
+            one = os.path.join(directory, *["*"] * depth, "*" + suffix)
+            return (f"its data files are in its subdirectories (e.g. {os.path.join(where, found[0])}): pass a glob, "
+                    f"data={one!r} (that depth) or {os.path.join(directory, '**', '*' + suffix)!r} (every depth)")
+    return None
 
 
 def _directory(where: str, names: list, read) -> list:
@@ -232,10 +283,16 @@ def _is_glob(path: str) -> bool:
 def _literal_head(pattern: str) -> str:
     """`pattern` with its longest leading part that exists by its name escaped: an existing
     `set[1]/` in `set[1]/*.parquet` is that directory, not a pattern that matches `set1/`."""
+    head = _existing_head(pattern)
+    return glob.escape(head) + pattern[len(head):]
+
+
+def _existing_head(pattern: str) -> str:
+    """The longest leading part of `pattern` that exists by its name ("" for none)."""
     head = pattern
     while head and not os.path.lexists(head):
         head = os.path.dirname(head.rstrip(os.sep))
-    return glob.escape(head) + pattern[len(head):]
+    return head
 
 
 def _shards(found: list[str], where: str) -> list[str]:
