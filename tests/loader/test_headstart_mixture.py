@@ -1,0 +1,114 @@
+"""The head start of a mixture of one source (procs/headstart.py, packing/mixmode.py
+`MixConcatMode.head_start`), as the client sees it: `ShmLoader(Mixture({"x": d}, {"x": 1}))`
+with concat, whose mix passes its source's pieces whole (packing/mixone.py `passes`), gets its
+first batches made in the training process as `ShmLoader(d)` does, and nothing the caller gets
+differs from what the workers make: the same batches and states (every key, the mix's point
+among them) as `head_start=False`, fresh and resumed (inside a document, and from a state of a
+batch the head start made), 1-3 workers, another rank; a point that differs from the workers'
+is an error. A mixture whose mix is no pass-through (two sources) and a shuffled mixture of one
+get none, and read as before."""
+import json
+
+import pytest
+
+import shmloader
+from tests.loader.test_headstart import made_here, same, take
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+
+def one(synth, **source):
+    return shmloader.Mixture({"x": shmloader.Source(str(synth.root), **source) if source else str(synth.root)},
+                             {"x": 1})
+
+
+def loader(synth, data, B, T, **kw):
+    kw.setdefault("num_workers", 2)
+    return shmloader.ShmLoader(data, synth.tokenizer, B, T, device="cpu", **kw)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_mixture_of_one_gets_a_head_start_and_the_workers_batches_and_states(synth, workers):
+    B, T, n = 2, 16, 12
+    with loader(synth, one(synth), B, T, num_workers=workers, head_start=False) as alone:
+        want = take(alone, n)
+        assert alone.stats()["head_batches"] == 0
+    assert json.loads(want[-1][1]["mixture"]["point"])["mixer"]["totals"]["x"][1] > 0  # documents counted
+    with loader(synth, str(synth.root), B, T, num_workers=workers, head_start=False) as plain:
+        source = take(plain, n)
+    assert all(all(a.equal(b) for a, b in zip(x, y)) for (x, _), (y, _) in zip(source, want)), \
+        "a mixture of one is not its source's stream"
+
+    def attempt() -> int:
+        with loader(synth, one(synth), B, T, num_workers=workers) as mixed:
+            got = take(mixed, n)
+            made = mixed.stats()["head_batches"]
+        same(got, want)
+        return made
+
+    made_here(attempt, 2)
+
+
+def test_resumed_inside_a_document_on_another_rank_and_from_a_head_start_batchs_state(synth):
+    B, T, n = 2, 50, 10
+    kw = dict(rank=1, world_size=2)
+    with loader(synth, one(synth), B, T, head_start=False, **kw) as alone:
+        want = take(alone, n)
+    state = want[3][1]
+    assert state["position"][4] > 0, "the resume does not start inside a document"
+    heads = {}
+
+    def attempt(resume, k) -> int:
+        with loader(synth, one(synth), B, T, resume_state=resume, **kw) as mixed:
+            got = take(mixed, n - k)
+            heads[k] = got
+            made = mixed.stats()["head_batches"]
+        same(got, want[k:])
+        return made
+
+    made_here(lambda: attempt(None, 0), 2)
+    made_here(lambda: attempt(state, 4), 2)
+    # the state after batch 0 of a run whose first batches the head start made resumes exactly
+    made_here(lambda: attempt(heads[0][0][1], 1), 1)
+
+
+def test_a_point_that_differs_from_the_workers_is_an_error(synth, monkeypatch):
+    from shmloader.packing import mixone
+
+    real = mixone.OneStream.at
+
+    def at(self, position, end, begun):  # the trainer's copy only: the coordinator's is another process
+        got = real(self, position, end, begun)
+        return got._replace(documents=got.documents + 1)
+
+    monkeypatch.setattr(mixone.OneStream, "at", at)
+
+    def attempt() -> int:
+        with loader(synth, one(synth), 2, 16, num_workers=1) as mixed:
+            try:
+                for _ in range(20):
+                    next(mixed)
+            except shmloader.ShmLoaderError as exc:
+                assert "differs from the one the training process made" in str(exc)
+                assert "its state is" in str(exc)
+                return 1
+            assert mixed.stats()["head_batches"] == 0, "a batch made here was not compared"
+            return 0
+
+    made_here(attempt)
+
+
+@pytest.mark.parametrize("data", ["two", "shuffled"])
+def test_a_mixture_that_mixes_and_a_shuffled_one_get_none(synth, tmp_path, data):
+    """Two sources: the stream decides each document (no pass-through); a shuffled source: its
+    first window is the coordinator's to find. Both read as without a head start."""
+    if data == "two":
+        mixture = shmloader.Mixture({"x": str(synth.root), "y": str(synth.root)}, {"x": 1, "y": 1})
+    else:
+        mixture = one(synth, shuffle=True)
+    runs = {}
+    for head_start in (True, False):
+        with loader(synth, mixture, 2, 16, head_start=head_start) as mixed:
+            runs[head_start] = take(mixed, 8)
+            assert mixed.stats()["head_batches"] == 0
+    same(runs[True], runs[False])
