@@ -16,7 +16,9 @@ rule) has nothing to mix: its counted pieces pass whole to the packing's shared 
 as one source's (`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
 for the mix; each batch's point is made from its position and the documents begun by its end
 (`mixone.Passed`, packed over a part marshalled once), the point the stream would have made,
-character for character (tests/unit/packing/test_mixone.py).
+character for character (tests/unit/packing/test_mixone.py). Such a run gets the trainer's head
+start as one source's does (`MixConcatMode.head_start`, procs/headstart.py): it begins where
+this mode begins (`start`, the one place `passes` is asked) and makes the same points.
 
 What is said once: a schedule's stage that begins (logged), a source that ends (warned).
 A mix that ends (every source with a weight has read its `max_epochs`, or the mix waits for a
