@@ -38,6 +38,7 @@ import numpy as np
 from ..data import shuffle as shufflemod
 from ..data.mixture import Mixer
 from ..data.order import RAMP
+from ..errors import DataError
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Begin, Complete, Mode
 from .concat import ConcatMode, ConcatSequencer, Copies, position_at, row_group_of
@@ -97,14 +98,15 @@ class MixConcatMode(ConcatMode):
 
     @staticmethod
     def head_start(cfg, run) -> "Begin | None":
-        """A pass-through's (`start`'s `passes`): its source's files from its start, as the feed
-        orders them (`MixFeed`: its range, its `later`), a batch's point made as this mode makes
-        it (`OneStream.at`, `packed`), kept as the trainer keeps a slot's (`mixtext.kept`); none
-        for a mix of several (its stream decides each document) nor a shuffled mixture (each
-        source's first window is found by the coordinator: procs/coordinator.py `_with_firsts`)."""
+        """A pass-through's (`start`'s `passes`): its source's files from its start, in its order,
+        as the feed orders them (`MixFeed`: its range, its `later`, its own shuffle; a shuffled
+        source the point does not place from its share's first window, as procs/coordinator.py
+        `_with_firsts` finds it), a batch's point made as this mode makes it (`OneStream.at`,
+        `packed`), kept as the trainer keeps a slot's (`mixtext.kept`); none for a mix of several
+        (its stream decides each document)."""
         mix = run.mixture
         begun = start(mix, run.rank)
-        if not begun.passes or shufflemod.of_run(cfg, run) is not None:
+        if not begun.passes:
             return None
         (source,) = mix.ranges  # `passes`: the one source the mixture has is the one the run reads
         one = OneStream(begun.mixer, begun.starts, source.lo, begun.skip)
@@ -112,9 +114,17 @@ class MixConcatMode(ConcatMode):
         def point(position: Position, end: int, docs: int):
             return kept(*one.packed(one.at(position, end, docs)))
 
-        at = begun.starts[source.name]
+        at, first = begun.starts[source.name], None
+        reads = shufflemod.of_run(cfg, run)
+        order = None if reads is None else reads.of(source.lo)[3]
+        if order is not None and source.name not in (mix.point or {}).get("sources", {}):
+            def first(row_counts):
+                found = reads.firsts(None, lambda f: row_counts(f - source.lo), run.rank, run.world)
+                if source.name not in found:  # a footer that cannot be read: the coordinator's to say
+                    raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
+                return found[source.name]
         return Begin(source.lo, source.hi, at._replace(file=at.file - source.lo, skip=begun.skip),
-                     (mix.laters or {}).get(source.name), None, point)
+                     (mix.laters or {}).get(source.name), order, point, reads, first)
 
     def can_take(self, worker: int) -> bool:
         pick = self.feed.pick_now()

@@ -101,6 +101,7 @@ class HeadStart:
         self.opened = []      # `Opened` of the files read here, for the loader's catalogue (as the coordinator's)
         self._given = {}      # batch -> its `Made`, handed out, until the ring's copy is compared
         self._source = self._pieces = self._encoder = None
+        self._start = None    # where it reads from (`Begin.start`, or what `Begin.first` found), once it reads
         self._units = None    # a shuffled window's members read whole (data/shuffle.py `Units`), False: K = 1
         self._next = None     # batch `given`, made and not handed out: `prepare`'s, or one a Ctrl-C kept from the caller
         self.given_back = 0   # of those handed out, the ones the caller has let go of (`back`)
@@ -205,16 +206,18 @@ class HeadStart:
                                            a.columns, a.tokenizer.n_vocab or None)
             self._encoder = enginemod.definition(a.tokenizer)
             counts = functools.partial(_row_counts, source, {}, self.opened, b.lo)
-            pieces = iter_pieces(counts, b.hi - b.lo, a.rank, a.world, b.start, max_docs=self.config.max_piece_docs,
-                                 ramp=PieceSizes(self.stream), later=b.later, shuffle=b.order)
+            self._start = b.start if b.first is None else b.first(counts)
+            pieces = iter_pieces(counts, b.hi - b.lo, a.rank, a.world, self._start,
+                                 max_docs=self.config.max_piece_docs, ramp=PieceSizes(self.stream), later=b.later,
+                                 shuffle=b.order)
             self._pieces = pieces if b.lo == 0 else (p.from_file(b.lo) for p in pieces)
         piece = next(self._pieces)
-        if piece.epoch > b.start.epoch + 1:  # an epoch of nulls: the coordinator says so
+        if piece.epoch > self._start.epoch + 1:  # an epoch of nulls: the coordinator says so
             raise DataError("no batch in a whole pass over the files")
         spec, path = self.args.tokenizer, self.args.files[piece.file]
-        order = b.order
+        order = b.order if b.reads is None else b.reads
         if order is not None and self._units is None:
-            self._units = shuffle.Units() if order.window > 1 else False
+            self._units = shuffle.Units() if b.order.window > 1 else False
         texts = (self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end) if order is None
                  else shuffle.read(self._source.read_texts, order, piece, self._units or None))
         encode = self._encoder.encode_batch

@@ -4,14 +4,17 @@ with concat, whose mix passes its source's pieces whole (packing/mixone.py `pass
 first batches made in the training process as `ShmLoader(d)` does, and nothing the caller gets
 differs from what the workers make: the same batches and states (every key, the mix's point
 among them) as `head_start=False`, fresh and resumed (inside a document, and from a state of a
-batch the head start made), 1-3 workers, another rank; a point that differs from the workers'
-is an error. A mixture whose mix is no pass-through (two sources) and a shuffled mixture of one
-get none, and read as before."""
+batch the head start made), in the files' order and shuffled, 1-3 workers, another rank; a point
+that differs from the workers' is an error. A mixture whose mix is no pass-through (two sources)
+gets none, and reads as before."""
 import json
+import re
+import shutil
 
 import pytest
 
 import shmloader
+from tests import helpers
 from tests.loader.test_headstart import made_here, same, take
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -22,25 +25,29 @@ def one(synth, **source):
                              {"x": 1})
 
 
+SHUFFLED = dict(shuffle=True, seed=3, shuffle_window=30)
+
+
 def loader(synth, data, B, T, **kw):
     kw.setdefault("num_workers", 2)
     return shmloader.ShmLoader(data, synth.tokenizer, B, T, device="cpu", **kw)
 
 
+@pytest.mark.parametrize("kw", [{}, SHUFFLED], ids=["files-order", "shuffled"])
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_a_mixture_of_one_gets_a_head_start_and_the_workers_batches_and_states(synth, workers):
+def test_a_mixture_of_one_gets_a_head_start_and_the_workers_batches_and_states(synth, workers, kw):
     B, T, n = 2, 16, 12
-    with loader(synth, one(synth), B, T, num_workers=workers, head_start=False) as alone:
+    with loader(synth, one(synth), B, T, num_workers=workers, head_start=False, **kw) as alone:
         want = take(alone, n)
         assert alone.stats()["head_batches"] == 0
     assert json.loads(want[-1][1]["mixture"]["point"])["mixer"]["totals"]["x"][1] > 0  # documents counted
-    with loader(synth, str(synth.root), B, T, num_workers=workers, head_start=False) as plain:
+    with loader(synth, str(synth.root), B, T, num_workers=workers, head_start=False, **kw) as plain:
         source = take(plain, n)
     assert all(all(a.equal(b) for a, b in zip(x, y)) for (x, _), (y, _) in zip(source, want)), \
         "a mixture of one is not its source's stream"
 
     def attempt() -> int:
-        with loader(synth, one(synth), B, T, num_workers=workers) as mixed:
+        with loader(synth, one(synth), B, T, num_workers=workers, **kw) as mixed:
             got = take(mixed, n)
             made = mixed.stats()["head_batches"]
         same(got, want)
@@ -49,9 +56,10 @@ def test_a_mixture_of_one_gets_a_head_start_and_the_workers_batches_and_states(s
     made_here(attempt, 2)
 
 
-def test_resumed_inside_a_document_on_another_rank_and_from_a_head_start_batchs_state(synth):
+@pytest.mark.parametrize("shuffled", [{}, SHUFFLED], ids=["files-order", "shuffled"])
+def test_resumed_inside_a_document_on_another_rank_and_from_a_head_start_batchs_state(synth, shuffled):
     B, T, n = 2, 50, 10
-    kw = dict(rank=1, world_size=2)
+    kw = dict(rank=1, world_size=2, **shuffled)
     with loader(synth, one(synth), B, T, head_start=False, **kw) as alone:
         want = take(alone, n)
     state = want[3][1]
@@ -98,17 +106,37 @@ def test_a_point_that_differs_from_the_workers_is_an_error(synth, monkeypatch):
     made_here(attempt)
 
 
-@pytest.mark.parametrize("data", ["two", "shuffled"])
-def test_a_mixture_that_mixes_and_a_shuffled_one_get_none(synth, tmp_path, data):
-    """Two sources: the stream decides each document (no pass-through); a shuffled source: its
-    first window is the coordinator's to find. Both read as without a head start."""
-    if data == "two":
-        mixture = shmloader.Mixture({"x": str(synth.root), "y": str(synth.root)}, {"x": 1, "y": 1})
-    else:
-        mixture = one(synth, shuffle=True)
+def test_a_mixture_that_mixes_gets_none(synth):
+    """Two sources: the stream decides each document (no pass-through): it reads as without a
+    head start."""
+    mixture = shmloader.Mixture({"x": str(synth.root), "y": str(synth.root)}, {"x": 1, "y": 1})
     runs = {}
     for head_start in (True, False):
         with loader(synth, mixture, 2, 16, head_start=head_start) as mixed:
             runs[head_start] = take(mixed, 8)
             assert mixed.stats()["head_batches"] == 0
     same(runs[True], runs[False])
+
+
+@pytest.mark.parametrize("footer", [False, True], ids=["row-group", "footer"])
+def test_bad_data_of_a_shuffled_mixture_of_one_is_the_workers_to_report(synth, tmp_path, footer):
+    """A row group that cannot be read, or a footer (the head start cannot find the source's
+    first window), ends the head start quietly: the loader raises what it raises without it
+    (or, skipping, reads the same batches)."""
+    root = tmp_path / "bad"
+    shutil.copytree(synth.root, root)
+    first = sorted(root.iterdir())[0]
+    if footer:
+        first.write_bytes(first.read_bytes()[:-100])
+    else:
+        helpers.corrupt_row_group(first, 0)
+    mixture = shmloader.Mixture({"x": str(root)}, {"x": 1})
+    errors = {}
+    for head_start in (True, False):
+        with loader(synth, mixture, 2, 16, head_start=head_start, **SHUFFLED) as mixed:
+            with pytest.raises(shmloader.DataError) as info:
+                for _ in range(5000):  # (its row group comes within the first epoch)
+                    next(mixed)
+            errors[head_start] = re.sub(r"(worker|pid) \d+", r"\1", str(info.value))  # which worker: the timing's
+            assert first.name in errors[head_start]
+    assert errors[True] == errors[False]

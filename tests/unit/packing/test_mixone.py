@@ -222,8 +222,9 @@ def test_a_pass_throughs_head_start_makes_the_modes_points(monkeypatch, resumed)
     """`MixConcatMode.head_start` (the trainer's head start, procs/headstart.py): where the run's
     one source starts (numbered within it, the cut document's tokens as its skip) and each batch's
     point made from its position, stream end and documents as the mode announces it, character for
-    character, fresh and resumed inside a document; a mix of two sources, a shuffled source and a
-    change of world size get none."""
+    character, fresh and resumed inside a document; shuffled, in its own order, from its share's
+    first window where the point does not place it; a mix of two sources and a change of world
+    size get none."""
     point = None
     if resumed:
         first = _drive(ONE, (X,), None, 3, passing=True, batches=12)[0]
@@ -237,5 +238,7 @@ def test_a_pass_throughs_head_start_makes_the_modes_points(monkeypatch, resumed)
     for batch, position, docs, _, text in announced:
         assert begin.point(position, (batch + 1) * 33, docs).text == text, batch
     assert _head(TWO, (X, Y), None) is None
-    assert _head(ONE, (X,), None, shuffle=True) is None
+    shuffled = _head(ONE, (X,), point, shuffle=True)
+    assert shuffled.order is not None and shuffled.reads.of(0)[3] is not None
+    assert (shuffled.first is None) == resumed  # a fresh source: its first window, from its row counts
     assert _head(ONE, (X,), None, plans={"x": object()}) is None
