@@ -24,7 +24,8 @@ k-th loader's) is put next to nanochat's own loader's at the same evaluation. `-
 shmloader's rows with its head start ("on", the default), without ("off", `head_start=False`), or
 both, in turn. `--data-as`: shmloader's rows given the corpus as its directory ("source", the
 default), as a mixture of one source (`Mixture({"x": data}, {"x": 1})`, "mixture"), or both, in
-turn.
+turn. `--shuffle`: shmloader's rows read shuffled (`shuffle=True`, `other_rank="exact"`;
+nanochat's own loader reads in order).
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-as", choices=("source", "mixture", "both"), default="source",
                    help="shmloader's rows given the corpus as its directory, as a mixture of one source, or both "
                         "(default source)")
+    p.add_argument("--shuffle", action="store_true",
+                   help="shmloader's rows read shuffled (shuffle=True, other_rank='exact'; default: the files' order)")
     corpora.add_args(p)
     children.add_compare_arg(p)
     results.add_json_arg(p, "evaluations")
@@ -130,7 +133,8 @@ def evaluations_child(cfg: dict) -> dict:
         from shmloader import Mixture
 
         data = Mixture({"x": cfg["data"]}, {"x": 1}) if cfg.get("mixture") else cfg["data"]
-        opts = dict(device="cpu", data=data, num_workers=cfg["workers"], head_start=cfg.get("head_start", True))
+        opts = dict(device="cpu", data=data, num_workers=cfg["workers"], head_start=cfg.get("head_start", True),
+                    **(dict(shuffle=True, other_rank="exact") if cfg.get("shuffle") else {}))
         fit = dict(buffer_size=1000, tokenizer_batch_size=128)
 
         def loader(split):
@@ -150,7 +154,7 @@ def evaluations_child(cfg: dict) -> dict:
 def one_round(args, corpus, checkouts, step: str) -> list[dict]:
     cfg = {"data": corpus.data, "tokenizer": corpus.tokenizer, "B": args.batch_size, "T": args.seq_len,
            "loaders": args.loaders, "take": args.take, "gap_ms": args.gap_ms, "step_ms": args.step_ms,
-           "idle_release_s": args.idle_release_s}
+           "idle_release_s": args.idle_release_s, "shuffle": args.shuffle}
     rows = []
     for packing in args.packings:
         configs = [(dict(kind="baseline"), checkouts[-1], "nanochat's own loader")]
@@ -199,6 +203,7 @@ def main(argv=None) -> int:
     per_corpus = children.in_rounds(args.repeat, found, args.compare, functools.partial(one_round, args))
     figures = {"config": {"B": args.batch_size, "T": args.seq_len, "loaders": args.loaders, "take": args.take,
                           "gap_ms": args.gap_ms, "step_ms": args.step_ms, "idle_release_s": args.idle_release_s,
+                          "shuffle": args.shuffle,
                           "rounds": args.repeat, "cores": len(os.sched_getaffinity(0)),
                           "compare": str(args.compare) if args.compare else None},
                "corpora": [{"corpus": c.name, "data": c.data, "rows": summarise(rounds)}
