@@ -5,7 +5,8 @@ first batches made in the training process as `ShmLoader(d)` does, and nothing t
 differs from what the workers make: the same batches and states (every key, the mix's point
 among them) as `head_start=False`, fresh and resumed (inside a document, and from a state of a
 batch the head start made), in the files' order and shuffled, 1-3 workers, another rank; a point
-that differs from the workers' is an error. A mixture whose mix is no pass-through (two sources)
+that differs from the workers' is an error; an idle release after its batches goes on from their
+point; bad data is the workers' to report. A mixture whose mix is no pass-through (two sources)
 gets none, and reads as before."""
 import json
 import re
@@ -140,3 +141,28 @@ def test_bad_data_of_a_shuffled_mixture_of_one_is_the_workers_to_report(synth, t
             errors[head_start] = re.sub(r"(worker|pid) \d+", r"\1", str(info.value))  # which worker: the timing's
             assert first.name in errors[head_start]
     assert errors[True] == errors[False]
+
+
+def test_an_idle_release_within_the_head_starts_batches_goes_on_from_their_point(synth):
+    """A mixture of one read for 3 batches made here, then left: its processes exit after
+    `idle_release_s` and start again from the point the head start made (`Runs.restart`: the
+    mixer's counts and the source's place from the last batch's state), the stream and states
+    as without the head start."""
+    with loader(synth, one(synth), 2, 16, head_start=False) as alone:
+        want = take(alone, 9)
+
+    def attempt() -> int:
+        with loader(synth, one(synth), 2, 16, idle_release_s=0.2) as mixed:
+            got = take(mixed, 3)
+            made = mixed.stats()["head_batches"]
+            d = mixed.debug()
+            pids = [d.coordinator.pid, *(p.pid for p in d.workers)]
+            del d
+            gone = helpers.wait_gone(pids, 10.0)
+            got += take(mixed, 6)
+            releases = mixed.stats()["idle_releases"]
+        same(got, want)
+        assert gone == [] and releases == 1, f"children alive after 10 s idle: {gone}"
+        return made
+
+    made_here(attempt, 3)
