@@ -62,7 +62,8 @@ BOOTING_MOST = 16                             # batches made here in all, at mos
 
 
 def refusal(config, args) -> str | None:
-    """Why a run (`RunArgs`) of a loader (`LoaderConfig`) gets no head start; None: it does."""
+    """Why a run (`RunArgs`) of a loader (`LoaderConfig`) gets no head start, whatever its packing's mode
+    says (`begin` asks the mode then); None: none of these."""
     if not config.head_start:
         return "head_start=False"
     if config.packing != "concat":
