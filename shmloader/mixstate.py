@@ -67,7 +67,7 @@ from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
 from .packing.mixbestfit import BUFFER_RUN, buffer_entries, buffer_runs
-from .packing.mixtext import PACKED, Packed, json_text
+from .packing.mixtext import json_text, kept
 from .packing.runs import BufferText, decode, encode_runs
 from .position import Position
 from .state import POSITION_FIELDS
@@ -100,8 +100,7 @@ def point_text(point: dict | None) -> BufferText | None:
 def slot_point(ring, slot: int):
     """The point (and best fit's buffer) in a batch's `slot`, copied out: a concat mixture's
     packed point (`Packed`, its text made when a state asks), else its text."""
-    data, crc = ring.buffer_raw(slot)
-    return Packed(data) if crc == PACKED else BufferText(data.decode("ascii"), crc)
+    return kept(*ring.buffer_raw(slot))
 
 
 class Mixed:

@@ -61,6 +61,11 @@ class Piece:
         out.__dict__.update(self.__dict__, **changes)
         return out
 
+    def from_file(self, lo: int) -> "Piece":
+        """This piece of files numbered from 0 (a mixture's source's own) with its files, its
+        members' too, numbered from `lo` (the run's numbering: `data.sources.Range.lo`)."""
+        return self.but(file=self.file + lo, members=tuple(m._replace(file=m.file + lo) for m in self.members))
+
 
 def ramp_for(chunk_docs: int, max_docs: int, fill_docs: int = 0) -> tuple[tuple[int, ...], int]:
     """Ramp and cap rounded up to whole chunks, so that pieces never split a chunk.

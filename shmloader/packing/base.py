@@ -190,6 +190,29 @@ class BatchBook:
         return out
 
 
+class Begin(NamedTuple):
+    """Where a run's head start reads (its packing's mode says: `Mode.head_start`): the run's
+    files `[lo, hi)` in `order` (a `data.shuffle.Shuffle` of them, or None: the files' order),
+    from `start` (numbered within them; its `skip`: the tokens of its first document the run
+    drops), or from `first(row_counts)` where that is not None (a shuffled source the run's
+    point does not place: its share's first window, `shuffle.first_position`, `row_counts(f)`
+    of file f within them), with `later` (`data.order.Later`: files added among them at the
+    resume, numbered within them), or None; `reads`: the order a piece in the run's numbering
+    is read in (data/shuffle.py `read`: a mixture's `Sourced`), None: `order`;
+    `point(position, end, docs)`: what the slot of a batch that ends at `position`, stream
+    position `end` (from the run's first token), `docs` documents begun, carries for its state,
+    as the trainer keeps it (a pass-through's point: packing/mixone.py), or None: nothing (one
+    source's concat)."""
+    lo: int
+    hi: int
+    start: Position
+    later: object = None
+    order: object = None
+    point: Callable | None = None
+    reads: object = None
+    first: Callable | None = None
+
+
 class Mode:
     """The coordinator's view of a sequencer. Pieces come from `pieces`; `take` gives one to a
     worker, which answers with `counted`; `orders(take_slot)` yields `(worker, write order)`; `written` takes the workers' acknowledgements, `freed` the trainer's;
@@ -198,6 +221,12 @@ class Mode:
     keep a counted piece's tokens (as the packing's `keep` says) or only to count them."""
 
     keep = True
+
+    @staticmethod
+    def head_start(cfg, run) -> "Begin | None":
+        """Where the trainer's head start of a run (`RunArgs`) of this mode reads (procs/headstart.py),
+        or None: it makes none (every mode but concat's)."""
+        return None
 
     def __init__(self, n_workers: int, cfg, window: int = 0, n_slots: int = 0):
         self.flight_bytes = cfg.max_piece_bytes   # None: no bound by text (a token cache's whole row groups)

@@ -29,7 +29,7 @@ import numpy as np
 from ..data.order import RAMP
 from ..ipc.protocol import Ended
 from ..position import Position, RowGroup
-from .base import BatchBook, Complete, Found, InOrder, Mode, Packing
+from .base import BatchBook, Begin, Complete, Found, InOrder, Mode, Packing
 from .positions import fill_segment
 
 
@@ -232,6 +232,12 @@ class ConcatMode(Mode):
         super().__init__(n_workers, cfg, run.layout.window, run.layout.n_slots)
         self.seq = ConcatSequencer(run.layout.window, run.layout.n_slots, run.start.skip)
         self.pieces = pieces(RAMP, cfg.max_piece_docs, 0)
+
+    @staticmethod
+    def head_start(cfg, run) -> "Begin | None":
+        """One source's: every file of the run from its start, in the loader's order; none at a
+        change of world size (an elastic plan's order)."""
+        return None if run.plan is not None else Begin(0, len(run.files), run.start, run.later, cfg.order)
 
     def counted(self, msg):
         self.seq.counted(msg.piece, msg.lengths)

@@ -2,6 +2,11 @@
 (procs/headstart.py) while a run's children start. Pure: pieces and their tokens come from
 the caller.
 
+Where the head start reads is its packing's mode's to say (packing/base.py `Begin`: `ConcatMode.head_start`,
+one source's files from the run's start; `MixConcatMode.head_start`, a mixture's one source
+whose mix passes its pieces whole, packing/mixone.py), so that nothing here or in the trainer
+learns what the data is.
+
 `Stream` runs the very parts a concat run runs in its coordinator and its workers: the
 `ConcatSequencer` over each piece's row lengths, the worker's keep and `write` of the
 segments it is ordered to copy (with positions, packing/positions.py), `position_at` for the
@@ -10,8 +15,8 @@ row per batch (tokens, then positions, as a ring slot's row), never reused, so a
 to the caller keeps its row for as long as the caller holds it. Batch k made here is batch k
 of a run from the same start, byte for byte, with the record the coordinator announces for it
 (`Made`: the position after it, the documents begun by its end, the check, the row group of its
-last token), which the trainer
-compares with the ring's own announcement when that comes.
+last token, and what its slot carries for a state: a pass-through's point, `Begin.point`), which
+the trainer compares with the ring's own announcement when that comes.
 
 `PieceSizes` says how many documents the next piece takes: about what the batch being made
 still needs (`Stream.short`), so that the first batch reads and tokenizes little more than it
@@ -36,14 +41,15 @@ class Made(NamedTuple):
     docs: int           # documents begun by its end, in the run
     check: int          # `batch_check` of its window
     read: RowGroup      # the row group of its last token
+    buffer: object = None  # what its slot carries for a state (`Begin.point`'s), None: nothing
 
 
 class Stream:
     """Concat batches `0, 1, ..., most - 1` of a run that starts `skip` tokens into its first
-    document: `add` each piece in order, take what is `ready`."""
+    document: `add` each piece in order, take what is `ready`; `point`: `Begin.point`."""
 
-    def __init__(self, B: int, T: int, skip: int, most: int, positions: bool = False):
-        self.B, self.T, self.most = B, T, most
+    def __init__(self, B: int, T: int, skip: int, most: int, positions: bool = False, point=None):
+        self.B, self.T, self.most, self.point = B, T, most, point
         self.window = B * T + 1
         self.rows = np.empty((most, self.window + (B * T if positions else 0)), dtype=np.int64)
         self.slots = self.rows[:, :self.window]  # batch k is in row k: its "slot"
@@ -72,9 +78,10 @@ class Stream:
             order = Place(index, [(k, k, off, src, n) for k, off, src, n in segments], done)
             self.seq.written(write(self.slots, self._held, order, self.B, self.T, self.positions))
         for k, where in self.seq.ready():
-            self._ready.append(Made(k, self.rows[k], position_at(self._pieces[where.piece], where),
-                                    self.seq.docs_at.pop(k), batch_check(self.slots[k]),
-                                    row_group_of(self._pieces[where.last])))
+            position, docs = position_at(self._pieces[where.piece], where), self.seq.docs_at.pop(k)
+            self._ready.append(Made(k, self.rows[k], position, docs, batch_check(self.slots[k]),
+                                    row_group_of(self._pieces[where.last]),
+                                    None if self.point is None else self.point(position, (k + 1) * self.window, docs)))
         live = self.seq.oldest_live()
         for index in [i for i in self._pieces if i < live]:
             del self._pieces[index]

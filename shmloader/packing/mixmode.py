@@ -16,7 +16,9 @@ rule) has nothing to mix: its counted pieces pass whole to the packing's shared 
 as one source's (`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
 for the mix; each batch's point is made from its position and the documents begun by its end
 (`mixone.Passed`, packed over a part marshalled once), the point the stream would have made,
-character for character (tests/unit/packing/test_mixone.py).
+character for character (tests/unit/packing/test_mixone.py). Such a run gets the trainer's head
+start as one source's does (`MixConcatMode.head_start`, procs/headstart.py): it begins where
+this mode begins (`start`, the one place `passes` is asked) and makes the same points.
 
 What is said once: a schedule's stage that begins (logged), a source that ends (warned).
 A mix that ends (every source with a weight has read its `max_epochs`, or the mix waits for a
@@ -29,18 +31,49 @@ the batches that do not need it (nor the token after them) are announced.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from ..data import shuffle as shufflemod
 from ..data.mixture import Mixer
 from ..data.order import RAMP
+from ..errors import DataError
 from ..position import Position
-from .base import MAX_IN_FLIGHT, Complete, Mode
+from .base import MAX_IN_FLIGHT, Begin, Complete, Mode
 from .concat import ConcatMode, ConcatSequencer, Copies, position_at, row_group_of
 from .mix import MixStream
 from .mixplace import MixSequencer
 from .mixfeed import MixFeed, Said, held_by_mix, start_points
 from .mixone import OneStream, Passed, passes
-from .mixtext import packed
+from .mixtext import kept, packed
+
+
+class Start(NamedTuple):
+    """Where a mixture's concat run starts (`start`): its point (None: fresh), every source's start
+    (`mixfeed.start_points`), the source of the document the next token is in and the tokens of
+    it dropped (`first`, `skip`: None and 0 where the run starts at a document's start), its
+    mixer, and whether the mix passes its one source's pieces whole (packing/mixone.py `passes`)."""
+    point: object
+    starts: dict
+    first: str | None
+    skip: int
+    mixer: Mixer
+    passes: bool
+
+
+def start(mix, rank: int) -> Start:
+    """The `Start` of a mixture's run (`MixArgs`) on rank `rank`: what the coordinator's mode and
+    the trainer's head start (`MixConcatMode.head_start`) both begin from."""
+    point, starts = start_points(mix, rank)
+    # the document the next token is in comes first, its tokens before the point dropped (not if its
+    # source is left out now: then the mix starts at a document's start)
+    first = point.source if point is not None and point.skip and point.source in _read(mix) else None
+    if point is not None:
+        mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
+    else:
+        mixer = Mixer(mix.mixture, mix.first_batch)
+    return Start(point, starts, first, point.skip if first is not None else 0, mixer, passes(mix, mixer))
 
 
 class MixConcatMode(ConcatMode):
@@ -49,17 +82,9 @@ class MixConcatMode(ConcatMode):
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg, run.layout.window, run.layout.n_slots)
         mix, window = run.mixture, run.layout.window
-        point, starts = start_points(mix, run.rank)
-        # the document the next token is in comes first, its tokens before the point dropped (not if its
-        # source is left out now: then the mix starts at a document's start)
-        first = point.source if point is not None and point.skip and point.source in _read(mix) else None
-        skip = point.skip if first is not None else 0
-        if point is not None:
-            mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
-        else:
-            mixer = Mixer(mix.mixture, mix.first_batch)
+        _, starts, first, skip, mixer, passing = start(mix, run.rank)
         self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
-        if passes(mix, mixer):  # one source, nothing to mix: its pieces pass whole (packing/mixone.py)
+        if passing:  # one source, nothing to mix: its pieces pass whole (packing/mixone.py)
             self.seq = ConcatSequencer(window, run.layout.n_slots, skip)
             self.stream = self.one = OneStream(mixer, starts, self._lo[mixer.mixture.names[0]], skip)
         else:
@@ -70,6 +95,36 @@ class MixConcatMode(ConcatMode):
         self.said = Said(self.stream)
         self.pieces = self.feed.feed()
         self._flow()  # a state saved at the mix's end starts over (`Mixer.over`): it ends before any piece
+
+    @staticmethod
+    def head_start(cfg, run) -> "Begin | None":
+        """A pass-through's (`start`'s `passes`): its source's files from its start, in its order,
+        as the feed orders them (`MixFeed`: its range, its `later`, its own shuffle; a shuffled
+        source the point does not place from its share's first window, as procs/coordinator.py
+        `_with_firsts` finds it), a batch's point made as this mode makes it (`OneStream.at`,
+        `packed`), kept as the trainer keeps a slot's (`mixtext.kept`); none for a mix of several
+        (its stream decides each document)."""
+        mix = run.mixture
+        begun = start(mix, run.rank)
+        if not begun.passes:
+            return None
+        (source,) = mix.ranges  # `passes`: the one source the mixture has is the one the run reads
+        one = OneStream(begun.mixer, begun.starts, source.lo, begun.skip)
+
+        def point(position: Position, end: int, docs: int):
+            return kept(*one.packed(one.at(position, end, docs)))
+
+        at, first = begun.starts[source.name], None
+        reads = shufflemod.of_run(cfg, run)
+        order = None if reads is None else reads.of(source.lo)[3]
+        if order is not None and source.name not in (mix.point or {}).get("sources", {}):
+            def first(row_counts):
+                found = reads.firsts(None, lambda f: row_counts(f - source.lo), run.rank, run.world)
+                if source.name not in found:  # a footer that cannot be read: the coordinator's to say
+                    raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
+                return found[source.name]
+        return Begin(source.lo, source.hi, at._replace(file=at.file - source.lo, skip=begun.skip),
+                     (mix.laters or {}).get(source.name), order, point, reads, first)
 
     def can_take(self, worker: int) -> bool:
         pick = self.feed.pick_now()

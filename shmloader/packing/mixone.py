@@ -13,7 +13,8 @@ tokens of the documents before that one (its stream position, less the tokens in
 the resumed cut document's tokens before the run's start) and their number (the documents
 begun by the batch's end); `OneStream.packed` makes what the slot carries of it, its JSON text
 that of the `MixPoint` the stream (packing/mix.py) would have made, character for character
-(packing/mixtext.py `Packed`). Its best-fit mode
+(packing/mixtext.py `Packed`); the trainer's head start makes a batch's the same way
+(packing/mixmode.py `MixConcatMode.head_start`). Its best-fit mode
 (packing/mixbestfit.py) cuts its chunks from the pieces (`PassingChunks`), telling the mixer
 what each takes (`OneStream.took`), and makes its points as a mixture's.
 

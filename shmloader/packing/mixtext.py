@@ -29,6 +29,8 @@ import json
 import marshal
 import zlib
 
+from .runs import BufferText
+
 PACKED = -1  # a slot's crc field: its bytes are a packed point (a crc32 is never negative)
 
 
@@ -125,6 +127,12 @@ def _passing_values(base, skip, epoch, file, rg, doc, tokens, documents) -> tupl
     mixer = {**state, "counted": {name: counted + tokens},
              "totals": {**state["totals"], name: [t + tokens, d + documents, epoch]}}
     return name, skip, mixer, others + [(name, epoch, file - lo, rg, doc, 0)]
+
+
+def kept(data: bytes, crc: int):
+    """What the trainer keeps of a slot's point `data` with its crc field `crc` (`packed`'s,
+    `packed_passing`'s or `packed_with_buffer`'s): a `Packed` (`PACKED`), else its text."""
+    return Packed(data) if crc == PACKED else BufferText(data.decode("ascii"), crc)
 
 
 class Packed:

@@ -120,8 +120,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                     units = itertools.chain([first._replace(skip=start.skip)], units)
                 steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit,
                                    aligned=True)
-            return (p.but(file=p.file + lo, members=tuple(m._replace(file=m.file + lo) for m in p.members))
-                    for p in steps)
+            return (p.from_file(lo) for p in steps)
         if run.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,

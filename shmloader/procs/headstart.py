@@ -35,10 +35,14 @@ booted (start.py `Start.later`); meanwhile the trainer makes the batches asked f
 `_wait_started`). They start from the run's start as always, so they make again, and the
 trainer compares, every batch made here (docs/design.md, "The head start").
 
-Only a run the trainer could make the same way gets one (`refusal` says why not): concat
-from a position, one source, no elastic plan, nothing poisoned, no token cache (a cached
-run's workers read tokens, not text), a tiktoken tokenizer (its definition is fast; the
-trainer's own `Encoding` is used, not unpickled again: data/tokenizer.py).
+Only a run the trainer could make the same way gets one (`begin`): concat, not a count-only
+run, nothing poisoned, no token cache (a cached run's workers read tokens, not text), a
+tiktoken tokenizer (its definition is fast; the trainer's own `Encoding` is used, not
+unpickled again: data/tokenizer.py) (`refusal` says why not), and where its packing's mode
+says where it reads (`Mode.head_start`, a `packing.base.Begin`): one source's concat without
+an elastic plan, or a mixture's whose mix passes its one source's pieces whole
+(packing/mixmode.py: a batch's state is then the mix's point, made as the coordinator's mode
+makes it, and compared with the ring's too). Nothing here asks what the data is.
 """
 import functools
 import time
@@ -49,7 +53,7 @@ from ..data.order import iter_pieces
 from ..data.source import Reader
 from ..errors import DataError, ShmLoaderError
 from ..ipc.protocol import Opened
-from ..packing.concat import ConcatMode
+from ..packing.base import Begin
 from ..packing.headstart import Made, PieceSizes, Stream
 from .worker import encode_texts
 
@@ -58,13 +62,14 @@ BOOTING_MOST = 16                             # batches made here in all, at mos
 
 
 def refusal(config, args) -> str | None:
-    """Why a run (`RunArgs`) of a loader (`LoaderConfig`) gets no head start; None: it does."""
+    """Why a run (`RunArgs`) of a loader (`LoaderConfig`) gets no head start, whatever its packing's mode
+    says (`begin` asks the mode then); None: none of these."""
     if not config.head_start:
         return "head_start=False"
     if config.packing != "concat":
         return f"packing {config.packing!r}"
-    if args.modes[:1] != (ConcatMode,) or args.plan is not None or args.locate is not None:
-        return "another mode than one source's concat (a mixture), an elastic plan or a count-only run"
+    if args.locate is not None:
+        return "a count-only run"
     if args.poisoned or args.suspects:
         return "rows poisoned or suspect"
     if config.cache_dir is not None:
@@ -74,22 +79,30 @@ def refusal(config, args) -> str | None:
     return None
 
 
-class HeadStart:
-    """One run's head start (`refusal(config, args)` is None): `make()` the run's next batch here
-    while `wanted(...)`, `handed(batch)` once the caller has it; `compare(ann)` each ring batch
-    below `given`; `back(n)` when the caller has let go of n of them."""
+def begin(config, args) -> "Begin | None":
+    """Where the head start of a run (`RunArgs`) of a loader (`LoaderConfig`) reads, or None: it
+    gets none (`refusal` says why, or its packing's mode makes it otherwise: `Mode.head_start`)."""
+    return None if refusal(config, args) is not None else args.modes[0].head_start(config, args)
 
-    def __init__(self, config, args, booting: bool = False):
-        """`booting`: the forkserver boots, so the children may start late: room for
-        `BOOTING_MOST` batches (else `MOST`)."""
-        self.config, self.args = config, args
-        self.stream = Stream(config.B, config.T, args.start.skip, BOOTING_MOST if booting else MOST, config.positions)
+
+class HeadStart:
+    """One run's head start (`begin(config, args)` is not None): `make()` the run's next batch here
+    while `wanted(...)`, `handed(batch)` once the caller has it; `compare(ann, buffer)` each ring
+    batch below `given`; `back(n)` when the caller has let go of n of them."""
+
+    def __init__(self, config, args, begin: Begin, booting: bool = False):
+        """`begin`: where it reads (`begin`'s); `booting`: the forkserver boots, so the children
+        may start late: room for `BOOTING_MOST` batches (else `MOST`)."""
+        self.config, self.args, self.begin = config, args, begin
+        self.stream = Stream(config.B, config.T, begin.start.skip, BOOTING_MOST if booting else MOST,
+                             config.positions, begin.point)
         self.given = 0        # batches handed out from here (that reached the caller)
         self.until = None     # made here while `given` is below it, once the children are started (`started`)
         self.over = False     # no more are made here
         self.opened = []      # `Opened` of the files read here, for the loader's catalogue (as the coordinator's)
         self._given = {}      # batch -> its `Made`, handed out, until the ring's copy is compared
         self._source = self._pieces = self._encoder = None
+        self._start = None    # where it reads from (`Begin.start`, or what `Begin.first` found), once it reads
         self._units = None    # a shuffled window's members read whole (data/shuffle.py `Units`), False: K = 1
         self._next = None     # batch `given`, made and not handed out: `prepare`'s, or one a Ctrl-C kept from the caller
         self.given_back = 0   # of those handed out, the ones the caller has let go of (`back`)
@@ -160,16 +173,19 @@ class HeadStart:
         """Batch `batch`'s row (tokens, then positions), made and on its way: the caller keeps it."""
         return self._next.row
 
-    def compare(self, ann):
-        """The ring's announcement of a batch handed out here: it must say what this one said."""
+    def compare(self, ann, buffer=None):
+        """The ring's announcement of a batch handed out here, with what its slot carries for a
+        state (`buffer`: its text, None where it carries none): it must say what this one said."""
         made = self._given.pop(ann.batch)
         position, docs, check = made.position, made.docs, made.check
-        if (ann.position, ann.docs, ann.check, ann.read) != (position, docs, check, made.read):
+        text, ours = (None if b is None else b.text for b in (buffer, made.buffer))
+        if (ann.position, ann.docs, ann.check, ann.read, text) != (position, docs, check, made.read, ours):
             raise ShmLoaderError(
                 f"batch {ann.batch} as the workers made it differs from the one the training process made "
                 f"while they started: they say it ends at {ann.position} after {ann.docs} documents with check "
-                f"{ann.check:08x}, the training process said {position}, {docs}, {check:08x}. This is a bug in "
-                f"shmloader; please report it with the data and tokenizer")
+                f"{ann.check:08x}, the training process said {position}, {docs}, {check:08x}"
+                f"{'' if text == ours else f'; its state is {text!r}, the training process said {ours!r}'}. "
+                f"This is a bug in shmloader; please report it with the data and tokenizer")
 
     def take_opened(self) -> list:
         """The `Opened` of files read here since the last call."""
@@ -184,22 +200,25 @@ class HeadStart:
         self.stream = self._source = self._pieces = self._encoder = None
 
     def _add_next(self):
+        b = self.begin
         if self._pieces is None:
             a = self.args
             source = self._source = Reader(a.files, a.filesystem.open() if a.filesystem is not None else None,
                                            a.columns, a.tokenizer.n_vocab or None)
             self._encoder = enginemod.definition(a.tokenizer)
-            self._pieces = iter_pieces(functools.partial(_row_counts, source, {}, self.opened), len(a.files),
-                                       a.rank, a.world, a.start, max_docs=self.config.max_piece_docs,
-                                       ramp=PieceSizes(self.stream),
-                                       later=a.later, shuffle=self.config.order)
+            counts = functools.partial(_row_counts, source, {}, self.opened, b.lo)
+            self._start = b.start if b.first is None else b.first(counts)
+            pieces = iter_pieces(counts, b.hi - b.lo, a.rank, a.world, self._start,
+                                 max_docs=self.config.max_piece_docs, ramp=PieceSizes(self.stream), later=b.later,
+                                 shuffle=b.order)
+            self._pieces = pieces if b.lo == 0 else (p.from_file(b.lo) for p in pieces)
         piece = next(self._pieces)
-        if piece.epoch > self.args.start.epoch + 1:  # an epoch of nulls: the coordinator says so
+        if piece.epoch > self._start.epoch + 1:  # an epoch of nulls: the coordinator says so
             raise DataError("no batch in a whole pass over the files")
         spec, path = self.args.tokenizer, self.args.files[piece.file]
-        order = self.config.order
+        order = b.order if b.reads is None else b.reads
         if order is not None and self._units is None:
-            self._units = shuffle.Units() if order.window > 1 else False
+            self._units = shuffle.Units() if b.order.window > 1 else False
         texts = (self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end) if order is None
                  else shuffle.read(self._source.read_texts, order, piece, self._units or None))
         encode = self._encoder.encode_batch
@@ -208,9 +227,10 @@ class HeadStart:
         self.stream.add(piece, tokens, lengths)
 
 
-def _row_counts(source: Reader, told: dict, opened: list, f: int) -> list:
-    """File f's row counts, its identity put in `opened` (as an `Opened`) the first time it is
-    read and whenever it changed, as the coordinator tells the trainer."""
+def _row_counts(source: Reader, told: dict, opened: list, lo: int, f: int) -> list:
+    """File `lo + f`'s row counts (`lo`: `Begin.lo`), its identity put in `opened` (as an `Opened`)
+    the first time it is read and whenever it changed, as the coordinator tells the trainer."""
+    f += lo
     counts = source.row_counts(f)
     if (msg := Opened.if_new(told, f, source.identity(f))) is not None:
         opened.append(msg)

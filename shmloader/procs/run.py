@@ -41,7 +41,7 @@ from ..packing.mixbestfit import buffer_entries
 from ..packing.runs import BufferText
 from ..position import Position, RowGroup
 from . import heal, precedence
-from .headstart import HeadStart, refusal
+from .headstart import HeadStart, begin
 from .children import ChildLost, ChildrenReleased, Children, start_children
 from .start import booting
 
@@ -165,7 +165,8 @@ class Runs:
             try:
                 ann = run.children.next_batch(run.delivery, timeout)
                 while run.head is not None and ann.batch < run.head.given:  # made here already: the same
-                    run.head.compare(ann)
+                    run.head.compare(ann, None if self._slot_buffer is None else self._slot_buffer(run.children.ring,
+                                                                                                   ann.slot))
                     run.children.handover.free(ann.batch)
                     ann = run.children.next_batch(run.delivery, timeout)
             except BaseException as exc:
@@ -197,7 +198,7 @@ class Runs:
             return None
         if made.batch == 0:  # the trainer has its first batch: the other loaders go on (precedence.py)
             precedence.PRECEDENCE.started(run.children)
-        return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check,
+        return Announcement(made.batch, HEAD_SLOT, made.position, made.docs, made.check, made.buffer,
                             waited=time.monotonic() - began, read=made.read)
 
     def start_now(self, mark: "Mark | None"):
@@ -322,7 +323,8 @@ class Runs:
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)
         args = dataclasses.replace(args, layout=layout, poisoned=poisoned, suspects=suspects)
-        head = HeadStart(c, args, booting(c.start_method)) if refusal(c, args) is None else None
+        where = begin(c, args)  # None: no head start
+        head = HeadStart(c, args, where, booting(c.start_method)) if where is not None else None
         children = start_children(c, layout, args, head.prepare if head is not None else None)
         try:
             delivery = self._deliver(children.ring.rows, children.handover.free)  # tokens, then positions

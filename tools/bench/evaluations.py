@@ -5,6 +5,7 @@ and a new val loader built at every evaluation, next to nanochat's own loader.
     python tools/bench/evaluations.py --corpus demo nanochat skewed --packings bos_bestfit --repeat 2
     python tools/bench/evaluations.py --compare ../before
     python tools/bench/evaluations.py --head-start both    # what the head start earns: with and without
+    python tools/bench/evaluations.py --data-as both --head-start both --packings concat  # a mixture of one
 
 In one fresh process per row (torch imported first), as base_train does: a train loader of
 the row's kind is built and its first batch taken (step 0: the process's first loader, timed
@@ -21,7 +22,10 @@ then shmloader through the drop-ins (the tokenizer an object, as nanochat passes
 128 documents a chunk, as nanochat's). Every evaluation's time (the median over rounds of the
 k-th loader's) is put next to nanochat's own loader's at the same evaluation. `--head-start`:
 shmloader's rows with its head start ("on", the default), without ("off", `head_start=False`), or
-both, in turn.
+both, in turn. `--data-as`: shmloader's rows given the corpus as its directory ("source", the
+default), as a mixture of one source (`Mixture({"x": data}, {"x": 1})`, "mixture"), or both, in
+turn. `--shuffle`: shmloader's rows read shuffled (`shuffle=True`, `other_rank="exact"`;
+nanochat's own loader reads in order).
 """
 from __future__ import annotations
 
@@ -60,6 +64,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1, help="rounds, every row once per round (rounds; default 1)")
     p.add_argument("--head-start", choices=("on", "off", "both"), default="on",
                    help="shmloader's rows with its head start, without it (head_start=False), or both (default on)")
+    p.add_argument("--data-as", choices=("source", "mixture", "both"), default="source",
+                   help="shmloader's rows given the corpus as its directory, as a mixture of one source, or both "
+                        "(default source)")
+    p.add_argument("--shuffle", action="store_true",
+                   help="shmloader's rows read shuffled (shuffle=True, other_rank='exact'; default: the files' order)")
     corpora.add_args(p)
     children.add_compare_arg(p)
     results.add_json_arg(p, "evaluations")
@@ -121,7 +130,11 @@ def evaluations_child(cfg: dict) -> dict:
     else:
         from shmloader import nanochat
 
-        opts = dict(device="cpu", data=cfg["data"], num_workers=cfg["workers"], head_start=cfg.get("head_start", True))
+        from shmloader import Mixture
+
+        data = Mixture({"x": cfg["data"]}, {"x": 1}) if cfg.get("mixture") else cfg["data"]
+        opts = dict(device="cpu", data=data, num_workers=cfg["workers"], head_start=cfg.get("head_start", True),
+                    **(dict(shuffle=True, other_rank="exact") if cfg.get("shuffle") else {}))
         fit = dict(buffer_size=1000, tokenizer_batch_size=128)
 
         def loader(split):
@@ -135,20 +148,22 @@ def evaluations_child(cfg: dict) -> dict:
     out = evaluations(lambda: loader("train"), lambda: loader("val"), cfg["loaders"], cfg["take"],
                       cfg["gap_ms"] / 1e3, cfg["step_ms"] / 1e3)
     return dict(out, kind=cfg["kind"], packing=cfg["packing"], workers=cfg.get("workers"),
-                head_start=cfg.get("head_start", True))
+                head_start=cfg.get("head_start", True), mixture=cfg.get("mixture", False))
 
 
 def one_round(args, corpus, checkouts, step: str) -> list[dict]:
     cfg = {"data": corpus.data, "tokenizer": corpus.tokenizer, "B": args.batch_size, "T": args.seq_len,
            "loaders": args.loaders, "take": args.take, "gap_ms": args.gap_ms, "step_ms": args.step_ms,
-           "idle_release_s": args.idle_release_s}
+           "idle_release_s": args.idle_release_s, "shuffle": args.shuffle}
     rows = []
     for packing in args.packings:
         configs = [(dict(kind="baseline"), checkouts[-1], "nanochat's own loader")]
         heads = {"on": (True,), "off": (False,), "both": (True, False)}[args.head_start]
-        configs += [(dict(kind="shmloader", workers=w, head_start=h), ck, f"shmloader, {plural(w, 'worker')}"
+        mixed = {"source": (False,), "mixture": (True,), "both": (False, True)}[args.data_as]
+        configs += [(dict(kind="shmloader", workers=w, head_start=h, mixture=m), ck,
+                     f"shmloader, {plural(w, 'worker')}" + (", a mixture of one" if m else "")
                      + ("" if h else ", head_start=False") + (f" ({ck.label})" if ck.label else ""))
-                    for w in args.workers for h in heads for ck in checkouts]
+                    for w in args.workers for m in mixed for h in heads for ck in checkouts]
         for extra, ck, what in configs:
             print(f"{step}evaluations, {what}, {packing} ({corpus.name or corpus.data}) ...", file=sys.stderr)
             row = children.run("evaluations:evaluations_child", dict(cfg, packing=packing, **extra), ck)
@@ -188,6 +203,7 @@ def main(argv=None) -> int:
     per_corpus = children.in_rounds(args.repeat, found, args.compare, functools.partial(one_round, args))
     figures = {"config": {"B": args.batch_size, "T": args.seq_len, "loaders": args.loaders, "take": args.take,
                           "gap_ms": args.gap_ms, "step_ms": args.step_ms, "idle_release_s": args.idle_release_s,
+                          "shuffle": args.shuffle,
                           "rounds": args.repeat, "cores": len(os.sched_getaffinity(0)),
                           "compare": str(args.compare) if args.compare else None},
                "corpora": [{"corpus": c.name, "data": c.data, "rows": summarise(rounds)}
@@ -209,7 +225,8 @@ def report(run: dict) -> str:
     for e in run["corpora"]:
         for r in e["rows"]:
             who = "nanochat's own loader" if r["kind"] == "baseline" else \
-                f"shmloader, {plural(r['workers'], 'worker')}" + ("" if r.get("head_start", True) else ", head_start=False") \
+                f"shmloader, {plural(r['workers'], 'worker')}" + (", a mixture of one" if r.get("mixture") else "") \
+                + ("" if r.get("head_start", True) else ", head_start=False") \
                 + (f" ({r['label']})" if r.get("label") else "")
             rows.append((e["corpus"] or "data", who, r["packing"], f"{r['train_first_ms']:.0f}",
                          " ".join(f"{t:.0f}" for t in r["per_evaluation_ms"]),

@@ -15,7 +15,6 @@ from shmloader.ipc.ring import batch_check
 from shmloader.packing import headstart as packing_headstart
 from shmloader.packing.headstart import Stream
 from shmloader.packing.mixcount import MixCountMode
-from shmloader.packing.mixmode import MixConcatMode
 from shmloader.position import Position
 from shmloader.procs import headstart as procs_headstart
 
@@ -160,8 +159,6 @@ def args(**kw):
 @pytest.mark.parametrize("what, cfg, run", [
     ("head_start=False", config(head_start=False), args()),
     ("packing 'bos_bestfit'", config(packing="bos_bestfit"), args()),
-    ("a mixture", config(), args(modes=(MixConcatMode, MixCountMode))),
-    ("an elastic plan", config(), args(plan=object())),
     ("a count-only run", config(), args(locate=(1,))),
     ("poisoned", config(), args(poisoned=(1,))),
     ("a token cache", config(cache_dir="/tmp/x"), args()),
@@ -171,6 +168,20 @@ def args(**kw):
 def test_runs_the_trainer_cannot_make_get_no_head_start(what, cfg, run):
     assert what in procs_headstart.refusal(cfg, run)
     assert procs_headstart.refusal(config(), args()) is None
+
+
+def test_where_a_head_start_reads_is_its_packings_modes_to_say():
+    """`begin`: one source's concat reads every file from the run's start in the loader's order,
+    and none at a change of world size (its elastic plan's order); a mixture's mode answers for
+    a mixture (tests/unit/packing/test_mixone.py); a run `refusal` refuses reads nothing."""
+    from shmloader.packing.base import Begin
+
+    start = Position(1, 2, 0, 5, 7)
+    run = args(files=["a", "b", "c"], start=start, later=None)
+    assert procs_headstart.begin(config(order=None), run) == Begin(0, 3, start, None, None, None)
+    assert procs_headstart.begin(config(order=None), args(files=["a"], start=start, later=None, plan=object())) is None
+    assert procs_headstart.begin(config(order=None, head_start=False), run) is None
+    assert procs_headstart.begin(config(), args(modes=(MixCountMode, MixCountMode))) is None  # a mode without one
 
 
 def _rule(given: int = 0):

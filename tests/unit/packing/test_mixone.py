@@ -210,3 +210,35 @@ def test_best_fits_pass_through_stops_and_ends_where_the_stream_does(monkeypatch
     assert 0 < len(announced) < 40 and len(said) == 1 and "x12: unreadable" in said[0]
     announced, _, said = _both(ONE, (X,), None, 0, monkeypatch, empty=True, packing="bos_bestfit")
     assert announced == [] and len(said) == 1 and "held no document" in said[0]
+
+
+def _head(mixture, ranges, point, shuffle=False, plans=None):
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges, point, 0, plans), rank=0)
+    return MixConcatMode.head_start(SimpleNamespace(shuffle=shuffle, seed=0, shuffle_window=None), run)
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_pass_throughs_head_start_makes_the_modes_points(monkeypatch, resumed):
+    """`MixConcatMode.head_start` (the trainer's head start, procs/headstart.py): where the run's
+    one source starts (numbered within it, the cut document's tokens as its skip) and each batch's
+    point made from its position, stream end and documents as the mode announces it, character for
+    character, fresh and resumed inside a document; shuffled, in its own order, from its share's
+    first window where the point does not place it; a mix of two sources and a change of world
+    size get none."""
+    point = None
+    if resumed:
+        first = _drive(ONE, (X,), None, 3, passing=True, batches=12)[0]
+        point = json.loads(next(text for *_, text in first[5:] if json.loads(text)["skip"]))
+    announced, _, _ = _drive(ONE, (X,), point, 4, passing=True, batches=30)
+    begin = _head(ONE, (X,), point)
+    assert (begin.lo, begin.hi, begin.later, begin.order) == (0, 2, None, None)
+    assert begin.start.skip == (point["skip"] if point else 0)
+    if point:
+        assert list(begin.start[:4]) == point["sources"]["x"] and begin.start.skip > 0
+    for batch, position, docs, _, text in announced:
+        assert begin.point(position, (batch + 1) * 33, docs).text == text, batch
+    assert _head(TWO, (X, Y), None) is None
+    shuffled = _head(ONE, (X,), point, shuffle=True)
+    assert shuffled.order is not None and shuffled.reads.of(0)[3] is not None
+    assert (shuffled.first is None) == resumed  # a fresh source: its first window, from its row counts
+    assert _head(ONE, (X,), None, plans={"x": object()}) is None
