@@ -33,7 +33,6 @@ import numpy as np
 
 from ..data.mixture import Mixer
 from ..data.order import RAMP
-from ..position import Position
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from .concat import ConcatMode, ConcatSequencer, Copies, position_at, row_group_of
 from .mix import MixStream
@@ -82,8 +81,7 @@ class MixConcatMode(ConcatMode):
     # ---- counts, runs and batches
 
     def counted(self, msg):
-        if self.one is not None:  # a piece passing whole, sequenced as one source's (its spec kept, as theirs)
-            self.seq.counted(msg.piece, msg.lengths)
+        if self.one is not None:  # a piece passing whole: its spec kept, as one source's; sequenced once passed (`_flow`)
             piece = self.specs[msg.piece]
         else:
             piece = self.specs.pop(msg.piece)
@@ -99,8 +97,9 @@ class MixConcatMode(ConcatMode):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
         self.feed.flow()
-        if self.one is not None:  # its pieces are in the sequencer already: they leave the read-ahead
-            for piece, _ in self.one.passed():
+        if self.one is not None:  # the pieces it passed (in order, none after its end) into the sequencer
+            for piece, lengths in self.one.passed():
+                self.seq.counted(piece.index, lengths)
                 self.feed.used_up(self.one.name, piece)
         else:
             for stretch in self.stream.stretches():
@@ -119,10 +118,8 @@ class MixConcatMode(ConcatMode):
                 point = self.stream.end_point()
                 out.append(Complete(k, point.sources[self.stream.names[0]], point, self.seq.docs_at.pop(k)))
                 continue
-            p, row = where.run.piece, where.row  # (mixplace.End: the row is the piece's)
-            skip = where.skip + (p.skip if row == 0 else 0)  # a piece's first row lacks the tokens it skipped
-            out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip),
-                                where.run.point(skip), self.seq.docs_at.pop(k),
+            position = position_at(where.run.piece, where)  # (mixplace.End: the row is the piece's)
+            out.append(Complete(k, position, where.run.point(position.skip), self.seq.docs_at.pop(k),
                                 row_group_of(where.last) if where.last is not None else None))
         return out
 
