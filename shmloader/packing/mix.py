@@ -22,8 +22,8 @@ replay of concat's whole mode 2.2 µs a document against 8.3 before (docs/benchm
 ended) the rule picks it every time, so its block is its head's next documents, to the piece's
 end (concat: the whole counted piece, one run) or its chunk's end (best fit), taken as slices of
 the head's arrays without the rule's loop (`_one_source`): the same picks, no work a document.
-(A concat run of a mixture of one, in one stage, does not come here at all: its pieces pass
-whole, packing/mixone.py.)
+(A pass-through, concat or best fit, does not come here at all: its pieces pass whole,
+packing/mixone.py `passes`.)
 
 The stream depends on the sources' document lengths only (the rule sees nothing else), so it
 is the same for any number of workers and any order of arrival. A piece that cannot be read
