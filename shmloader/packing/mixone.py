@@ -33,7 +33,7 @@ from ..data.mixture import Mixer
 from ..position import Position
 from .base import InOrder
 from .mixruns import MixPoint, place
-from .mixtext import passing_base, packed_passing
+from .mixtext import passing_base, passing_mixer, packed_passing
 
 
 def passes(mix, mixer: Mixer) -> bool:
@@ -87,8 +87,6 @@ class OneStream:
         self._others = {n: p for n, p in starts.items() if n != self.name}  # a state's, left out
         state = Mixer.state_of_snapshot(mixer.snapshot())
         self._state = state
-        self._counted0 = state["counted"][self.name]
-        self._totals0 = state["totals"][self.name]
         # what every packed point shares, marshalled once (`packed`)
         self._base = passing_base(self.name, state, [(n, *p) for n, p in self._others.items()], lo)
 
@@ -170,13 +168,8 @@ class OneStream:
         else:
             where = self._start
         return MixPoint(self.name, 0, {**self._others, self.name: where},
-                        self._mixer(tokens, documents, self._totals0[2]))
-
-    def _mixer(self, tokens: int, documents: int, epoch: int) -> dict:
-        state, t = dict(self._state), self._totals0
-        state["counted"] = {self.name: self._counted0 + tokens}
-        state["totals"] = {**state["totals"], self.name: [t[0] + tokens, t[1] + documents, epoch]}
-        return state
+                        passing_mixer(self._state, self.name, tokens, documents,
+                                      self._state["totals"][self.name][2]))
 
     def at(self, position: Position, end: int, begun: int) -> Passed:
         """`Passed` of a batch that ends at stream position `end` (from the run's first token) and
