@@ -12,8 +12,9 @@ text only when asked): the state's `mixture.point`, and where a heal or an idle 
 again.
 
 A mixture of one source, in one stage, to no end of its own (packing/mixone.py `passes`, the one
-rule) has nothing to mix: its counted pieces pass whole to the packing's shared code, sequenced
-as one source's (`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
+rule) has nothing to mix: its counted pieces pass whole to the packing's shared code as the mix
+takes them (`OneStream.passed`: in order, none after its end), sequenced as one source's
+(`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
 for the mix; each batch's point is made from its position and the documents begun by its end
 (`mixone.Passed`, packed over a part marshalled once), the point the stream would have made,
 character for character (tests/unit/packing/test_mixone.py).
