@@ -22,8 +22,8 @@ replay of concat's whole mode 2.2 µs a document against 8.3 before (docs/benchm
 ended) the rule picks it every time, so its block is its head's next documents, to the piece's
 end (concat: the whole counted piece, one run) or its chunk's end (best fit), taken as slices of
 the head's arrays without the rule's loop (`_one_source`): the same picks, no work a document.
-(A concat run of a mixture of one, in one stage, does not come here at all: its pieces pass
-whole, packing/mixone.py.)
+(A pass-through, concat or best fit, does not come here at all: its pieces pass whole,
+packing/mixone.py `passes`.)
 
 The stream depends on the sources' document lengths only (the rule sees nothing else), so it
 is the same for any number of workers and any order of arrival. A piece that cannot be read
@@ -420,13 +420,20 @@ def ends_chunk(start, row, after, size, chunk):
 def first_end(rows: list, picked: np.ndarray, doc_rows: np.ndarray, nexts: np.ndarray, chunk: int) -> int:
     """The first of a block's picks whose document ends a chunk (`ends_chunk`; `nexts`: the row
     after each, past the nulls), or the number of picks."""
-    if len(rows) == 1:  # one head: its picks' rows rise, each pick's next row the row of the pick after it,
-        # so the first pick that ends a chunk is the first whose next row is past the first pick's
-        # chunk or at the piece's end: one search, not `ends_chunk` over every pick
-        start, size = rows[0].piece.doc_start, len(rows[0].sizes)
-        bound = min(((start + int(doc_rows[0])) // chunk + 1) * chunk - start, size)
-        return int(nexts.searchsorted(bound, side="left"))
+    if len(rows) == 1:
+        return first_end_of(rows[0], int(doc_rows[0]), nexts, chunk)
     starts = np.array([r.piece.doc_start for r in rows], dtype=np.int64).take(picked)
     sizes = np.array([len(r.sizes) for r in rows], dtype=np.int64).take(picked)
     hits = np.flatnonzero(ends_chunk(starts, doc_rows, nexts, sizes, chunk))
     return int(hits[0]) if len(hits) else len(picked)
+
+
+def first_end_of(rows: Rows, row: int, nexts: np.ndarray, chunk: int) -> int:
+    """`first_end` of picks of one head `rows` (its next documents in turn, the first at `row`;
+    `nexts`: the row after each, past the nulls): their rows rise, each pick's next row the row
+    of the pick after it, so the first pick that ends a chunk is the first whose next row is
+    past the first pick's chunk or at the piece's end: one search, not `ends_chunk` over every
+    pick (a pass-through's chunks too: packing/mixbestfit.py `PassingChunks`)."""
+    start, size = rows.piece.doc_start, len(rows.lengths)
+    bound = min(((start + row) // chunk + 1) * chunk - start, size)
+    return int(nexts.searchsorted(bound, side="left"))

@@ -55,8 +55,8 @@ from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable, read_ahead_cap
-from .mix import MixPoint, MixStream
-from .mixruns import sources_at
+from .mix import MixPoint, MixStream, first_end_of
+from .mixruns import Rows, sources_at
 from .mixfeed import MixFeed, Said, start_points
 from .mixone import OneStream, passes
 from .mixtext import packed_with_buffer, point_with_buffer_text
@@ -257,28 +257,27 @@ class MixChunks(Chunks):
 
 
 class _Head:
-    """A counted piece the pass-through takes chunks from: its documents' rows (`live`), the row
-    after each past the nulls (`after`), the mixer's count of the tokens before each (up to a
-    row), the next document (`q`, an index into `live`) and the first row not taken (`covered`)."""
+    """A counted piece the pass-through takes chunks from: its `Rows` (as the stream reads it:
+    its documents' rows `live`, the row after each past the nulls `after`, the mixer's count of
+    the tokens before each, `rule(cap)`), the next document (`q`, an index into `live`) and the
+    first row not taken (`covered`)."""
 
-    __slots__ = ("piece", "lengths", "live", "after", "before", "q", "covered")
+    __slots__ = ("rows", "before", "q", "covered")
 
     def __init__(self, piece, lengths: np.ndarray, cap: int):
-        self.piece, self.lengths = piece, lengths
-        self.live = np.flatnonzero(lengths)
-        self.after = np.append(self.live[1:], len(lengths))
-        self.before = np.zeros(len(self.live) + 1, dtype=np.int64)
-        np.cumsum(np.minimum(lengths[self.live], cap), out=self.before[1:])
+        self.rows = Rows(piece, lengths)
+        self.before = self.rows.rule(cap)[1]
         self.q = self.covered = 0
 
 
 class PassingChunks(Chunks):
     """`MixChunks` of a pass-through (packing/mixone.py): its one source's counted pieces, in its
     order, cut where the stream cuts them (packing/mix.py: after the first document that ends one
-    of its source's chunks, `first_end`, and `chunk_docs` at most; version 6's rule without
+    of its source's chunks, `first_end_of`, and `chunk_docs` at most; version 6's rule without
     `chunk`), the mixer told what it took a piece's part at a time, as the stream tells it a
     block (the same counts, so the same settled state), the chunk's end where the stream's last
-    run ends (the row after its last document past the nulls); no `Rows`, block or stretch."""
+    run ends (the row after its last document past the nulls); a piece's `Rows`, as the stream
+    reads it, but no block or stretch."""
 
     def __init__(self, stream, chunk_docs: int, chunk, cap: int, bases: dict, used, start):
         """`chunk`: best fit's chunk rule (`mixrules.chunk`), None for version 6's; `cap`: the
@@ -304,7 +303,7 @@ class PassingChunks(Chunks):
             heads.append(_Head(piece, lengths, self.cap))
         while heads:
             head = heads[0]
-            if head.q < len(head.live):
+            if head.q < len(head.rows.live):
                 return head
             heads.popleft()
             self.stream.version += 1
@@ -312,9 +311,11 @@ class PassingChunks(Chunks):
         return None
 
     def _use_up(self, head: _Head):
-        self.rows += len(head.lengths) - head.covered
-        del self._bases[head.piece.index]
-        self._used(self.stream.name, head.piece)
+        """`head`'s piece is used up (its rows not taken counted as taken)."""
+        rows = head.rows
+        self.rows += len(rows.lengths) - head.covered
+        del self._bases[rows.piece.index]
+        self._used(self.stream.name, rows.piece)
 
     def _more(self) -> bool:
         """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
@@ -339,27 +340,24 @@ class PassingChunks(Chunks):
     def _take(self, head: _Head, limit: int) -> bool:
         """`head`'s next documents into the chunk, `limit` at most, to the first that ends a chunk
         (whether one did)."""
-        q, live, piece = head.q, head.live, head.piece
+        q, rows = head.q, head.rows
+        live, after, piece = rows.live, rows.after, rows.piece
         m = min(limit, len(live) - q)
         ended = False
-        if self.chunk is not None:  # as `mix.first_end` over one head
-            start, size, chunk = piece.doc_start, len(head.lengths), self.chunk
-            bound = min(((start + int(live[q])) // chunk + 1) * chunk - start, size)
-            j = int(head.after[q:q + m].searchsorted(bound, side="left"))
+        if self.chunk is not None:  # as the stream cuts one head's picks
+            j = first_end_of(rows, int(live[q]), after[q:q + m], self.chunk)
             if j < m:
                 m, ended = j + 1, True
-        rows = live[q:q + m]
-        self._pending.append((rows + self._bases[piece.index], head.lengths[rows]))
+        taken = live[q:q + m]
+        self._pending.append((taken + self._bases[piece.index], rows.lengths[taken]))
         self._pending_docs += m
-        covered = int(head.after[q + m - 1])
+        covered = int(after[q + m - 1])
         self.rows += covered - head.covered
         self._end = self.stream.took(piece, int(head.before[q + m] - head.before[q]), m, covered)
         head.q, head.covered = q + m, covered
-        if covered == len(head.lengths):  # its last document: the piece is used up with it
+        if covered == len(rows.lengths):  # its last document: the piece is used up with it
             self._heads.popleft()
-            head.covered = len(head.lengths)
-            del self._bases[piece.index]
-            self._used(self.stream.name, piece)
+            self._use_up(head)
         return ended
 
     def _drained(self) -> bool:

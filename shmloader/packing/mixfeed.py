@@ -11,7 +11,8 @@ weight); never from a source that does not take part now (weight 0) or has read 
 they go out, after `first_index` pieces the mode hands out before (best fit's resumed buffer).
 
 A source whose whole epoch and most of the next held no document with text ends the mix
-(`flow`): the mix would wait for it forever. A source whose order cannot be read on (a file's
+(`flow`): the mix would wait for it forever. That is judged over its pieces in its order
+(`counted`), not in the order they are counted, so it is the same whatever the timing. A source whose order cannot be read on (a file's
 footer that cannot be read, a rank with no row group in its files) goes out no more: the
 piece that would have come next is one that cannot be read (`MixStream.unreadable`), and the
 mix stops where it needs it, as where a worker cannot read a piece, the same batch whatever
@@ -29,6 +30,7 @@ import numpy as np
 from ..errors import DataError
 from ..ipc.protocol import Ended, Error, Warn
 from ..position import Position
+from .base import InOrder
 from .mix import MixPoint, MixStream
 
 
@@ -71,7 +73,8 @@ class MixFeed:
         self._orders, self._seqs, self.owned = {}, {}, {}      # per source: its pieces; piece index -> Owned
         self._ahead = {}                                      # per source: text bytes (+1 a piece) not used up
         self._max_epochs = mix.mixture.max_epochs
-        self._docs, self._epoch0 = {}, {}                     # per source: whether a document was counted, first epoch
+        self._judged, self._epoch0 = {}, {}                   # per source: its pieces counted, in its order, until
+        #                                                       one holds a document (`counted`); its first epoch
         for r in mix.ranges:
             if r.name in mix.mixture.names:  # a source the state has and this mixture does not: not read
                 local = starts[r.name]._replace(file=starts[r.name].file - r.lo)
@@ -80,7 +83,7 @@ class MixFeed:
                 self._orders[r.name] = pieces(ramp, cap, 0, files=(r.lo, r.hi - r.lo), start=local, plan=plan,
                                               later=later)
                 self._seqs[r.name], self._ahead[r.name] = 0, 0
-                self._docs[r.name], self._epoch0[r.name] = 0, local.epoch
+                self._judged[r.name], self._epoch0[r.name] = InOrder(), local.epoch
         self._peeked, self._barren = {}, {}                   # per source: its next piece; why it has no document
         self._index = first_index
         self._now = (None, None)                              # `pick_now`'s: (its key, its pick)
@@ -163,15 +166,22 @@ class MixFeed:
             yield piece
 
     def counted(self, index: int, piece, lengths):
-        """Piece `index` (one of the mix's) was counted: to the stream."""
+        """Piece `index` (one of the mix's) was counted: to the stream. Its source is without
+        documents once a piece of the epoch after its first whole one held none, and no piece
+        before it in its order did: judged in that order (pieces are counted in any), so the
+        same whatever the timing."""
         self.moves += 1
         name, seq = self.owned[index]
-        if not self._docs[name]:  # (looked at only until its first document)
-            self._docs[name] = bool(np.count_nonzero(lengths))
-        if not self._docs[name] and piece.epoch >= self._epoch0[name] + 2:
-            self._barren.setdefault(name, f"mixture source {name!r}: a whole epoch held no document with text (all "
-                                          "null or no rows); the mix cannot go on without it (give it weight 0, or "
-                                          "leave it out)")
+        judged = self._judged.get(name)
+        if judged is not None:  # (until a piece in its order holds a document, or it is found without)
+            for _, (epoch, docs) in judged.add(seq, (piece.epoch, bool(np.count_nonzero(lengths)))):
+                if docs or epoch >= self._epoch0[name] + 2:
+                    del self._judged[name]
+                    if not docs:
+                        self._barren[name] = (f"mixture source {name!r}: a whole epoch held no document with text "
+                                              "(all null or no rows); the mix cannot go on without it (give it "
+                                              "weight 0, or leave it out)")
+                    break
         self.stream.counted(name, seq, piece, lengths)
 
     def failed(self, index: int, error) -> bool:

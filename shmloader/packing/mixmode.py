@@ -12,8 +12,9 @@ text only when asked): the state's `mixture.point`, and where a heal or an idle 
 again.
 
 A mixture of one source, in one stage, to no end of its own (packing/mixone.py `passes`, the one
-rule) has nothing to mix: its counted pieces pass whole to the packing's shared code, sequenced
-as one source's (`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
+rule) has nothing to mix: its counted pieces pass whole to the packing's shared code as the mix
+takes them (`OneStream.passed`: in order, none after its end), sequenced as one source's
+(`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
 for the mix; each batch's point is made from its position and the documents begun by its end
 (`mixone.Passed`, packed over a part marshalled once), the point the stream would have made,
 character for character (tests/unit/packing/test_mixone.py). Such a run gets the trainer's head
@@ -137,8 +138,7 @@ class MixConcatMode(ConcatMode):
     # ---- counts, runs and batches
 
     def counted(self, msg):
-        if self.one is not None:  # a piece passing whole, sequenced as one source's (its spec kept, as theirs)
-            self.seq.counted(msg.piece, msg.lengths)
+        if self.one is not None:  # a piece passing whole: its spec kept, as one source's; sequenced once passed (`_flow`)
             piece = self.specs[msg.piece]
         else:
             piece = self.specs.pop(msg.piece)
@@ -154,8 +154,9 @@ class MixConcatMode(ConcatMode):
         """The runs the mix can make now, into the sequencer; a mix that waits for a source
         without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
         self.feed.flow()
-        if self.one is not None:  # its pieces are in the sequencer already: they leave the read-ahead
-            for piece, _ in self.one.passed():
+        if self.one is not None:  # the pieces it passed (in order, none after its end) into the sequencer
+            for piece, lengths in self.one.passed():
+                self.seq.counted(piece.index, lengths)
                 self.feed.used_up(self.one.name, piece)
         else:
             for stretch in self.stream.stretches():
@@ -174,10 +175,8 @@ class MixConcatMode(ConcatMode):
                 point = self.stream.end_point()
                 out.append(Complete(k, point.sources[self.stream.names[0]], point, self.seq.docs_at.pop(k)))
                 continue
-            p, row = where.run.piece, where.row  # (mixplace.End: the row is the piece's)
-            skip = where.skip + (p.skip if row == 0 else 0)  # a piece's first row lacks the tokens it skipped
-            out.append(Complete(k, Position(p.epoch, p.file, p.rg, p.doc_start + row, skip),
-                                where.run.point(skip), self.seq.docs_at.pop(k),
+            position = position_at(where.run.piece, where)  # (mixplace.End: the row is the piece's)
+            out.append(Complete(k, position, where.run.point(position.skip), self.seq.docs_at.pop(k),
                                 row_group_of(where.last) if where.last is not None else None))
         return out
 

@@ -3,7 +3,8 @@
 A run whose mixture reads one source, in one stage, to no end of its own (`passes`: the one
 rule of when a mix is a pass-through) picks that source for every document, so its stream is
 its source's pieces end to end, as one source's is. Its concat mode (packing/mixmode.py) then
-hands each counted piece whole to the packing's shared code as one source's mode does
+hands each piece the mix takes (`OneStream.passed`: counted, in order, none after the mix's end)
+whole to the packing's shared code as one source's mode does
 (`ConcatSequencer.counted`, one `Place` order a piece): no `Rows`, block, stretch or span a
 piece. `OneStream` stands for the mix where the feed (packing/mixfeed.py) asks it: which
 source the mix waits for, where it stops at a piece that cannot be read, where it ends (a
@@ -33,7 +34,7 @@ from ..data.mixture import Mixer
 from ..position import Position
 from .base import InOrder
 from .mixruns import MixPoint, place
-from .mixtext import passing_base, packed_passing
+from .mixtext import passing_base, passing_mixer, packed_passing
 
 
 def passes(mix, mixer: Mixer) -> bool:
@@ -87,8 +88,6 @@ class OneStream:
         self._others = {n: p for n, p in starts.items() if n != self.name}  # a state's, left out
         state = Mixer.state_of_snapshot(mixer.snapshot())
         self._state = state
-        self._counted0 = state["counted"][self.name]
-        self._totals0 = state["totals"][self.name]
         # what every packed point shares, marshalled once (`packed`)
         self._base = passing_base(self.name, state, [(n, *p) for n, p in self._others.items()], lo)
 
@@ -120,6 +119,8 @@ class OneStream:
             self._stop_if_unreadable()
 
     def _stop_if_unreadable(self):
+        if self.finished is not None:  # an ended mix needs no piece after it (as `MixStream`'s)
+            return
         if self._unreadable is not None and self.stopped is None and self._unreadable[0] == self._arrived.next:
             self.version += 1
             self.stopped = self._unreadable[1]
@@ -158,8 +159,8 @@ class OneStream:
     def end_point(self, end: int, begun: int) -> MixPoint:
         """Where an ended mix stands (the stream's `end_point`), its last batch ending at stream
         position `end` with `begun` documents begun (`at`'s). A pass-through ends only where its
-        source held no document (packing/mixfeed.py `flow`), so the mixer's epoch is the one it
-        started with."""
+        source held no document in its order (packing/mixfeed.py `counted`, `flow`) from the
+        start to past a whole epoch: it took none, so the mixer's epoch is the one it started with."""
         tokens, documents = self._counts(end, 0, begun)
         if self._after_end is not None:  # the stream's head there
             where = place(self._after_end, 0)
@@ -168,13 +169,8 @@ class OneStream:
         else:
             where = self._start
         return MixPoint(self.name, 0, {**self._others, self.name: where},
-                        self._mixer(tokens, documents, self._totals0[2]))
-
-    def _mixer(self, tokens: int, documents: int, epoch: int) -> dict:
-        state, t = dict(self._state), self._totals0
-        state["counted"] = {self.name: self._counted0 + tokens}
-        state["totals"] = {**state["totals"], self.name: [t[0] + tokens, t[1] + documents, epoch]}
-        return state
+                        passing_mixer(self._state, self.name, tokens, documents,
+                                      self._state["totals"][self.name][2]))
 
     def at(self, position: Position, end: int, begun: int) -> Passed:
         """`Passed` of a batch that ends at stream position `end` (from the run's first token) and

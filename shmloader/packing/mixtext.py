@@ -120,13 +120,20 @@ def packed_passing(base: bytes, skip: int, epoch: int, file: int, rg: int, doc: 
     return marshal.dumps((base, skip, epoch, file, rg, doc, tokens, documents)), PACKED
 
 
+def passing_mixer(state: dict, name: str, tokens: int, documents: int, epoch: int) -> dict:
+    """The mixer's state (`Mixer.state`'s) of a pass-through of source `name` that started at
+    `state`, after `tokens` tokens of `documents` documents, its source in epoch `epoch`: what
+    the stream's mixer would hold there (the one rule: `OneStream`'s end point and `Packed.text`)."""
+    t, d, _ = state["totals"][name]
+    return {**state, "counted": {name: state["counted"][name] + tokens},
+            "totals": {**state["totals"], name: [t + tokens, d + documents, epoch]}}
+
+
 def _passing_values(base, skip, epoch, file, rg, doc, tokens, documents) -> tuple:
     """`_json`'s values of a `packed_passing` point."""
     name, state, others, lo = marshal.loads(base)
-    counted, (t, d, _) = state["counted"][name], state["totals"][name]
-    mixer = {**state, "counted": {name: counted + tokens},
-             "totals": {**state["totals"], name: [t + tokens, d + documents, epoch]}}
-    return name, skip, mixer, others + [(name, epoch, file - lo, rg, doc, 0)]
+    return (name, skip, passing_mixer(state, name, tokens, documents, epoch),
+            others + [(name, epoch, file - lo, rg, doc, 0)])
 
 
 def kept(data: bytes, crc: int):

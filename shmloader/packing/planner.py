@@ -14,9 +14,10 @@ empty by repeating:
 
 Rows never continue into the next batch; the buffer carries over to it.
 
-Data structure. The buffer is a Python list of int keys kept sorted, one key per document:
-`key = length * 2**32 - arrival`, so keys order by length, and within one length the earliest
-arrival has the largest key. Rule 1 is one `bisect_right(keys, space * 2**32) - 1`; rule 2 is
+Data structure. The buffer is a Python list of keys (floats or ints: below) kept sorted, one
+key per document: `key = length * 2**32 - arrival`, so keys order by length, and within one
+length the earliest arrival has the largest key. Rule 1 is one `bisect_right(keys, space *
+2**32) - 1`; rule 2 is
 `keys[0]` (the shortest length) and one more bisect for the earliest of that length. A choice
 is O(log n) compares plus one `list.pop` memmove; a chunk enters sorted (one numpy sort) with
 one `list.sort`, which sees the buffer and the chunk as two sorted runs and merges them in one
@@ -109,7 +110,7 @@ class BestFitPlanner:
     def __init__(self, B: int, row_len: int, buffer_size: int):
         _check_config(B, row_len, buffer_size)
         self.B, self.row_len, self.buffer_size = int(B), int(row_len), int(buffer_size)
-        self._keys: list[int] = []          # sorted; key = length * 2**40 - arrival
+        self._keys: list = []               # sorted; key = length * 2**32 - arrival (a float or an int: module docstring)
         self._ids = np.zeros(0, np.int64)   # doc id by arrival (since the last renumbering)
         self._lengths = np.zeros(0, np.int64)
         self._live = np.zeros(0, bool)      # still buffered
@@ -182,8 +183,8 @@ class BestFitPlanner:
         it must raise, not return empty chunks forever, when its documents run out.
 
         The loop only chooses: it pops each placement's key and notes its row and offset; the
-        keys taken become ids, lengths and token counts in a few whole-array calls, each time
-        before a chunk enters (a renumbering there changes the arrivals) and at the end."""
+        keys taken become ids, lengths and token counts in a few whole-array calls, before a
+        renumbering (it changes the arrivals; chunks enter without one) and at the end."""
         keys, row_len, want = self._keys, self.row_len, self.buffer_size
         # a float scale (the interpreter's fastest arithmetic and comparisons) where a row is
         # shorter than every key past a float's exact range (an int key's length, rounded, still

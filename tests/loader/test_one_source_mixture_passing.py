@@ -2,13 +2,20 @@
 mix: against the same source's mixture with a schedule that changes nothing (two stages of the
 same weight: not a pass-through, so the mix's stream), read as a client reads it, the same
 batches and the same places and counts in every state; each run's state, resumed by a mixture
-that adds a second source (no pass-through then), goes on with the same batches. In-process,
+that adds a second source (no pass-through then), goes on with the same batches. That the first
+run is a pass-through and the second not is checked on what the loader gives the coordinator
+(`passes` of its `MixArgs`) and, for concat, on the points it packs. In-process,
 tests/unit/packing/test_mixone.py compares the two paths' every point character for character."""
 import json
+import marshal
 
 import pytest
 
 import shmloader
+from shmloader import mixstate
+from shmloader.data.mixture import Mixer
+from shmloader.packing.mixone import passes
+from shmloader.packing.mixtext import Packed
 from tests.loader.test_one_source_mixture import FIT, batches, dirs, same  # noqa: F401 (dirs: a fixture)
 
 
@@ -24,10 +31,38 @@ def _places(state) -> dict:
     return point
 
 
+def _batches_seen(monkeypatch, *args, **kw) -> tuple:
+    """`batches(...)`, and what its runs were: `(passes` of each run's `MixArgs` as the loader
+    gives them to the coordinator, the number of values of each packed point the trainer copied
+    out of a slot`)` (a concat pass-through's are 8: `mixtext.packed_passing`; the stream's 4;
+    best fit's 7 either way, its buffer's: `packed_with_buffer`)."""
+    runs, packed = [], set()
+    with monkeypatch.context() as mp:
+        def run_args(*a):
+            mix = mixstate.run_args.__wrapped__(*a)
+            runs.append(passes(mix, Mixer(mix.mixture, mix.first_batch)))
+            return mix
+
+        def slot_point(*a):
+            point = slot_point.__wrapped__(*a)
+            if type(point) is Packed:
+                packed.add(len(marshal.loads(point.data)))
+            return point
+        run_args.__wrapped__, slot_point.__wrapped__ = mixstate.run_args, mixstate.slot_point
+        mp.setattr(mixstate, "run_args", run_args)
+        mp.setattr(mixstate, "slot_point", slot_point)
+        out = batches(*args, **kw)
+    return out, runs, packed
+
+
 @pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
-def test_a_pass_through_is_the_stream_and_resumes_as_it_with_a_second_source(dirs, kw):
-    passing, states = batches(_one(dirs, False), 40, 2, **kw)
-    stream, stream_states = batches(_one(dirs, True), 40, 2, **kw)
+def test_a_pass_through_is_the_stream_and_resumes_as_it_with_a_second_source(dirs, kw, monkeypatch):
+    (passing, states), runs, packed = _batches_seen(monkeypatch, _one(dirs, False), 40, 2, **kw)
+    assert runs and all(runs), runs  # the run is a pass-through ...
+    assert packed == ({8} if not kw else {7}), packed  # ... and concat's coordinator took it as one
+    (stream, stream_states), runs, packed = _batches_seen(monkeypatch, _one(dirs, True), 40, 2, **kw)
+    assert runs and not any(runs), runs  # the schedule's run is not
+    assert packed == ({4} if not kw else {7}), packed
     assert same(passing, stream)
     assert [_places(s) for s in states] == [_places(s) for s in stream_states]
     two = shmloader.Mixture({"x": dirs["a"], "b": dirs["b"]}, {"x": 1, "b": 1})

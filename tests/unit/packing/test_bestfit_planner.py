@@ -256,10 +256,13 @@ def test_keys_split_back_into_lengths_and_arrivals(lengths, a0):
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 3), st.integers(1, 6))
 def test_huge_and_small_lengths_mixed_equal_the_scan(seed, B):
-    """Lengths past 2**23 (keys past int64: the planner's Python-int paths) among small ones,
-    with renumbering: the plans equal the scan's."""
+    """Lengths of 2**21 and more (Python-int keys, not floats: the planner's int paths), about
+    half of them 2**31 and more (keys past int64: `_keys`' and `_split`'s Python paths), among
+    small ones, with renumbering: the plans equal the scan's."""
     rng = np.random.default_rng(seed)
-    lengths = np.where(rng.random(400) < 0.05, rng.integers(2**23, 2**30, 400), rng.integers(1, 40, 400))
+    huge = rng.integers(2**21, 2**22, 400) << rng.integers(0, 19, 400)  # [2**21, 2**41)
+    lengths = np.where(rng.random(400) < 0.05, huge, rng.integers(1, 40, 400))
+    assert (lengths >= 2**31).any() and ((lengths >= 2**21) & (lengths < 2**31)).any()
     chunks = [lengths[i:i + 8].tolist() for i in range(0, 400, 8)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(planner_mod, "RENUMBER_SLACK", 0)

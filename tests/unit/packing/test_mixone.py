@@ -242,3 +242,52 @@ def test_a_pass_throughs_head_start_makes_the_modes_points(monkeypatch, resumed)
     assert shuffled.order is not None and shuffled.reads.of(0)[3] is not None
     assert (shuffled.first is None) == resumed  # a fresh source: its first window, from its row counts
     assert _head(ONE, (X,), None, plans={"x": object()}) is None
+
+
+def _two_row_groups(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
+    """A source whose epoch is two row groups of 3 rows, a piece each (row group 1's rows null)."""
+    for i in range(10**6):
+        yield Piece(i, 1 + i // 2, files[0], i % 2, 0, 3)
+
+
+def _counted_out_of_order(passing: bool, monkeypatch, end: str | None = None) -> tuple:
+    """`(positions announced, Ended said)` of a mixture of one whose 4 workers' pieces are counted
+    the null ones first (the latest first), then the others in order; `end`: the mix is ended
+    (`finish`, as the feed ends it) before any count."""
+    if not passing:
+        monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,), None, 0), rank=0, layout=SimpleNamespace(window=5, n_slots=3))
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
+    mode = MixConcatMode(cfg, run, 4, _two_row_groups)
+    monkeypatch.undo()
+    assert (type(mode.stream).__name__ == "OneStream") == passing
+    slots, out, said = SlotMap(3), [], []
+    given = hand_out(mode, 4)
+    assert len({p.epoch for p in given}) >= 3  # past the epoch after the first: the feed's rule could end it
+    if end is not None:
+        mode.stream.finish(end)
+    nulls = sorted((p for p in given if p.rg == 1), key=lambda p: -p.index)
+    for p in nulls + [p for p in given if p.rg == 0] + [None] * 3:
+        if p is not None:
+            mode.counted(Counted(p.index, np.zeros(3, np.int64) if p.rg else np.array([4, 3, 5]), None))
+        _, done = turn(mode, slots)
+        out += [c.position for c in done]
+        said += [m.text for m in mode.messages() if isinstance(m, Ended)]
+    return out, said
+
+
+def test_a_source_whose_later_null_pieces_are_counted_first_goes_on(monkeypatch):
+    """The feed judges a source without documents over its pieces in its order, not in the order
+    they are counted: later epochs' null row groups counted before the earlier pieces that hold
+    documents do not end the mix (they did, the pass-through's and the stream's alike)."""
+    passing = _counted_out_of_order(True, monkeypatch)
+    assert passing == _counted_out_of_order(False, monkeypatch)
+    out, said = passing
+    assert len(out) >= 5 and said == []
+
+
+def test_a_pass_through_places_no_piece_counted_after_its_end(monkeypatch):
+    """Pieces counted after the mix ended are not placed (the stream takes none either): the
+    end comes with no batch, as the stream's."""
+    passing = _counted_out_of_order(True, monkeypatch, end="the end")
+    assert passing == _counted_out_of_order(False, monkeypatch, end="the end") == ([], ["the end"])
