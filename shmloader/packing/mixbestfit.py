@@ -232,15 +232,7 @@ class MixChunks(Chunks):
                 if self.stream.finished is None or not self._pending_docs:
                     return False
                 break  # the mix ended: its last documents are a shorter chunk
-        if len(self._pending) == 1:  # the usual chunk: one stretch's (a mixture of one's, always)
-            ids, lengths = self._pending[0]
-        else:
-            ids = np.concatenate([i for i, _ in self._pending])
-            lengths = np.concatenate([n for _, n in self._pending])
-        self._queue.append((ids, lengths, self._end))
-        self.docs += len(ids)
-        self._pending, self._pending_docs = [], 0
-        return True
+        return _queued(self)
 
     def _drained(self) -> bool:
         return self.stream.finished is not None
@@ -254,6 +246,20 @@ class MixChunks(Chunks):
     def _ran_out(self):
         # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
         self.dry = self.stream.finished is not None
+
+
+def _queued(chunks) -> bool:
+    """The documents `chunks` (a `MixChunks` or `PassingChunks`) gathered since its last chunk, as
+    its next chunk, ending at its `_end` (one stretch's or piece's, the usual chunk, as they are)."""
+    if len(chunks._pending) == 1:
+        ids, lengths = chunks._pending[0]
+    else:
+        ids = np.concatenate([i for i, _ in chunks._pending])
+        lengths = np.concatenate([n for _, n in chunks._pending])
+    chunks._queue.append((ids, lengths, chunks._end))
+    chunks.docs += len(ids)
+    chunks._pending, chunks._pending_docs = [], 0
+    return True
 
 
 class _Head:
@@ -327,15 +333,7 @@ class PassingChunks(Chunks):
                 break  # the mix ended: its last documents are a shorter chunk
             if self._take(head, self.chunk_docs - self._pending_docs):
                 break  # its last document ends one of its source's chunks
-        if len(self._pending) == 1:
-            ids, lengths = self._pending[0]
-        else:
-            ids = np.concatenate([i for i, _ in self._pending])
-            lengths = np.concatenate([n for _, n in self._pending])
-        self._queue.append((ids, lengths, self._end))
-        self.docs += len(ids)
-        self._pending, self._pending_docs = [], 0
-        return True
+        return _queued(self)
 
     def _take(self, head: _Head, limit: int) -> bool:
         """`head`'s next documents into the chunk, `limit` at most, to the first that ends a chunk

@@ -32,6 +32,7 @@ from shmloader.data.catalogue import renamed
 from shmloader.errors import DataError
 from tests import formats_data, helpers
 from tests.helpers import window_of
+from tests.loader.test_growing_data import tokens_of
 
 pytestmark = [pytest.mark.usefixtures("watchdog"),
               pytest.mark.filterwarnings("ignore::shmloader.cores.CoresWarning")]  # num_workers=3 on 2 cores
@@ -78,14 +79,6 @@ def flat(paths, where) -> str:
     for n, path in enumerate(sorted(paths)):
         shutil.copyfile(path, os.path.join(where, f"{n:03d}_{os.path.basename(path)}"))
     return str(where)
-
-
-def tokens_of(paths) -> list:
-    out = []
-    for path in paths:
-        for text in pq.read_table(path).column("text").to_pylist():
-            out += [0] + [int(t) for t in text.split()]
-    return out
 
 
 def loader(data, split="train", **kw):
