@@ -11,23 +11,24 @@ Each part is timed with `time.process_time` around its call: the planner (`plan_
 the chunks it takes in), its snapshot, the buffer's runs for the state (`_complete`), the write
 orders (`_orders`), the buffer text, the counted pieces (`counted`). A round plans `--batches`
 batches after 300 to fill the buffer; the figure of each part is its least over `--repeat`
-rounds (the machine's noise only adds). `--compare DIR` runs the same rounds with DIR's
-package (another checkout) in a child process, interleaved with this checkout's.
+rounds (the machine's noise only adds). Each round runs in a fresh process
+(tools/bench/children.py); `--compare DIR` runs the same rounds with DIR's package (another
+checkout), interleaved with this checkout's.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import functools
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-if not __package__ and "--round" not in sys.argv:  # run as a file: this checkout first on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (a round: its PYTHONPATH's package)
+if not __package__:  # run as a file: this checkout first on the path (tools.bench)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench import children  # noqa: E402
 
 PARTS = ("planner", "snapshot", "buffer runs", "write orders", "buffer text", "counted")
 
@@ -93,32 +94,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, default=1500, help="batches timed a round (batches; default 1500)")
     p.add_argument("--repeat", type=int, default=5, help="rounds; each part's least is reported (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths (default 0)")
-    p.add_argument("--compare", metavar="DIR", help="also time DIR's package (another checkout), interleaved")
-    p.add_argument("--round", action="store_true", help=argparse.SUPPRESS)  # a child: one round, JSON out
+    children.add_compare_arg(p, "the same rounds")
     args = p.parse_args(argv)
     if min(args.batch_size, args.seq_len, args.buffer_size, args.chunk, args.piece_docs, args.batches,
            args.repeat) < 1:
         p.error("every count must be >= 1")
+    children.check_compare(p, args)
     return args
+
+
+def in_child(cfg: dict) -> dict:
+    """`one_round` in a fresh process with a checkout's package (`children.run`; `cfg`: its arguments)."""
+    return one_round(**cfg)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    shape = (args.batch_size, args.seq_len, args.buffer_size, args.chunk, args.piece_docs, args.batches, args.seed)
-    if args.round:
-        print(json.dumps(one_round(*shape)))
-        return 0
-    here = str(Path(__file__).resolve().parents[2])
-    checkouts = [("this checkout", here)] + ([("compare", str(Path(args.compare).resolve()))] if args.compare else [])
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--round", "--batch-size", str(args.batch_size),
-           "--seq-len", str(args.seq_len), "--buffer-size", str(args.buffer_size), "--chunk", str(args.chunk),
-           "--piece-docs", str(args.piece_docs), "--batches", str(args.batches), "--seed", str(args.seed)]
-    rounds = {label: [] for label, _ in checkouts}
-    for _ in range(args.repeat):
-        for label, root in checkouts:
-            env = dict(os.environ, PYTHONPATH=root)
-            rounds[label].append(json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
-                                                           text=True, cwd=root).stdout))
+    cfg = {"B": args.batch_size, "T": args.seq_len, "buffer_size": args.buffer_size, "chunk": args.chunk,
+           "piece_docs": args.piece_docs, "batches": args.batches, "seed": args.seed}
+    rounds = {}
+    with children.checkouts(args.compare) as cks:
+        checkouts = [(ck.label or "this checkout", ck) for ck in cks]
+        for _ in range(args.repeat):
+            for label, ck in checkouts:
+                rounds.setdefault(label, []).append(children.run("bestfit_parts:in_child", cfg, ck))
     print(f"B={args.batch_size} T={args.seq_len} buffer={args.buffer_size} chunk={args.chunk} "
           f"piece={args.piece_docs} docs, {args.batches} batches a round, least of {args.repeat} rounds; "
           f"load average {os.getloadavg()[0]:.1f}")

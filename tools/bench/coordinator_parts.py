@@ -19,14 +19,15 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-if not __package__ and "--round" not in sys.argv:  # run as a file: this checkout first on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (a round: its PYTHONPATH's package)
+if not __package__:  # run as a file: this checkout first on the path (tools.bench)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.bench import children  # noqa: E402
 
 ENV = "SHMLOADER_COORDINATOR_PARTS"  # procs/parts.py's
 
@@ -46,24 +47,27 @@ def _parts_at(path: str, timeout: float = 10.0) -> dict | None:
     return None
 
 
-def one_round(args) -> dict:
-    """us of coordinator CPU a batch over the window, whole and by part (this process's package)."""
+def one_round(cfg: dict) -> dict:
+    """us of coordinator CPU a batch over the window, whole and by part (this process's package;
+    `cfg`: the arguments, `parts` the parts file's prefix; run in a fresh process by `children.run`)."""
+    os.environ[ENV] = cfg["parts"]  # before the loader starts its processes: its coordinator times its parts
     import shmloader
-    opts = {"cache_dir": args.token_cache} if args.token_cache else {}
-    with shmloader.ShmLoader(args.data, args.tokenizer, args.B, args.T, "train", packing=args.packing,
-                             num_workers=args.workers, device="cpu", **opts) as loader:
+    opts = {"cache_dir": cfg["token_cache"]} if cfg["token_cache"] else {}
+    with shmloader.ShmLoader(cfg["data"], cfg["tokenizer"], cfg["B"], cfg["T"], "train", packing=cfg["packing"],
+                             num_workers=cfg["workers"], device="cpu", **opts) as loader:
         it = iter(loader)
-        for _ in range(args.warmup):
+        for _ in range(cfg["warmup"]):
             next(it)
         pid = loader.debug().coordinator.pid
-        path = f"{os.environ.get(ENV, '')}.{pid}.json"
-        first, cpu0, t0 = _parts_at(path) if os.environ.get(ENV) else None, _cpu_ns(pid), time.perf_counter()
-        for _ in range(args.batches):
+        path = f"{cfg['parts']}.{pid}.json"
+        first, cpu0, t0 = _parts_at(path), _cpu_ns(pid), time.perf_counter()
+        for _ in range(cfg["batches"]):
             next(it)
         cpu1, t1 = _cpu_ns(pid), time.perf_counter()
         time.sleep(0.1)
         last = _parts_at(path) if first is not None else None
-    out = {"whole": (cpu1 - cpu0) / args.batches / 1e3, "batches_per_s": args.batches / (t1 - t0), "parts": {}}
+    n_batches = cfg["batches"]
+    out = {"whole": (cpu1 - cpu0) / n_batches / 1e3, "batches_per_s": n_batches / (t1 - t0), "parts": {}}
     if first is not None and last is not None and last["batches"] > first["batches"]:
         n = last["batches"] - first["batches"]
         out["parts"] = {k: (v - first["spent"].get(k, 0)) / n / 1e3 for k, v in last["spent"].items()}
@@ -83,33 +87,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=300, help="batches read before the window (default 300)")
     p.add_argument("--batches", type=int, default=1500, help="batches in the window (default 1500)")
     p.add_argument("--rounds", type=int, default=3, help="rounds; medians reported (default 3)")
-    p.add_argument("--compare", metavar="DIR", help="also run DIR's package (another checkout), interleaved")
-    p.add_argument("--round", action="store_true", help=argparse.SUPPRESS)  # a child: one round, JSON out
+    children.add_compare_arg(p, "the loader")
     args = p.parse_args(argv)
     if min(args.workers, args.B, args.T, args.batches, args.rounds) < 1 or args.warmup < 0:
         p.error("every count must be >= 1 (--warmup >= 0)")
+    children.check_compare(p, args)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.round:
-        print(json.dumps(one_round(args)))
-        return 0
-    here = str(Path(__file__).resolve().parents[2])
-    checkouts = [("this checkout", here)] + ([("compare", str(Path(args.compare).resolve()))] if args.compare else [])
-    child = list(argv if argv is not None else sys.argv[1:])
-    if "--compare" in child:
-        at = child.index("--compare")
-        del child[at:at + 2]
-    load0, rounds = os.getloadavg()[0], {label: [] for label, _ in checkouts}
-    with tempfile.TemporaryDirectory(prefix="coordinator_parts_") as tmp:
+    cfg = {k: getattr(args, k) for k in ("data", "tokenizer", "packing", "workers", "B", "T", "token_cache",
+                                         "warmup", "batches")}
+    cfg["data"], cfg["tokenizer"] = os.path.abspath(cfg["data"]), os.path.abspath(cfg["tokenizer"])
+    load0, rounds = os.getloadavg()[0], {}
+    with tempfile.TemporaryDirectory(prefix="coordinator_parts_") as tmp, children.checkouts(args.compare) as cks:
+        checkouts = [(ck.label or "this checkout", ck) for ck in cks]
         for r in range(args.rounds):
-            for label, root in checkouts:
-                env = dict(os.environ, PYTHONPATH=root, **{ENV: f"{tmp}/{r}.{len(rounds[label])}.{label[:4]}"})
-                done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--round", *child], env=env,
-                                      check=True, capture_output=True, text=True, cwd=root)
-                rounds[label].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            for i, (label, ck) in enumerate(checkouts):
+                got = children.run("coordinator_parts:one_round", dict(cfg, parts=f"{tmp}/{r}.{i}"), ck)
+                rounds.setdefault(label, []).append(got)
     print(f"{args.packing}, B={args.B} T={args.T}, {args.workers} workers, token cache {args.token_cache}, "
           f"{args.batches} batches a round after {args.warmup}, medians of {args.rounds} rounds; "
           f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
