@@ -31,7 +31,6 @@ the check the state carries (`Ahead` takes it, and the batch a state looks ahead
 """
 import dataclasses
 import logging
-import os
 import time
 from typing import Protocol
 
@@ -119,7 +118,7 @@ class Ahead:
             raise failed
         ann = self._runs.take(mark, self._timeout)
         expected, self._verify = self._verify, None
-        check_first(ann.check, expected, mark, self._catalogue.paths[mark.position.file], self._skipping)
+        check_first(ann.check, expected, mark, self._catalogue.files[mark.position.file][0], self._skipping)
         return ann
 
     def peek(self, mark):
@@ -133,13 +132,14 @@ class Ahead:
         return self._ahead
 
 
-def check_first(check: int, expected: int, mark, path: str, skipping: bool):
-    """The first batch of a resumed run, at `mark` (in file `path`), has `check`; the state said
+def check_first(check: int, expected: int, mark, name: str, skipping: bool):
+    """The first batch of a resumed run, at `mark` (in the file a state names `name`:
+    `source.file_names`, its path below the data's root where basenames repeat), has `check`; the state said
     `expected`: a difference is a `Mismatch` (a ValueError) naming the batch and its position."""
     if check == expected:
         return
     p = mark.position
-    at = (f"batch {mark.batch} (epoch {p.epoch}, {os.path.basename(path)}, row group {p.rg}, document {p.doc}"
+    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, row group {p.rg}, document {p.doc}"
           + (f", token {p.skip}" if p.skip else "") + ")")
     also = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable now (or the "
             "other way round) changes it too" if skipping else "")

@@ -82,6 +82,24 @@ def position_docs():
     return helpers.position_documents(helpers.position_lengths(seed=5, n=240, files=3))
 
 
+def test_the_check_names_a_nested_file_as_the_state_does(tmp_path, position_docs):
+    """Where two directories hold files of one name (FineWeb's dumps), the mismatch names the
+    file by its path below the data's root, as the state does, not by a basename two files share."""
+    half = len(position_docs) // 2
+    a = plain_shards(tmp_path / "dump-a", position_docs[:half], num_files=2)
+    plain_shards(tmp_path / "dump-b", position_docs[half:], num_files=2)
+    data = tmp_path / "*" / "*.parquet"
+    with int_loader(data, "concat") as ld:
+        take(ld, 3)
+        state = json.loads(json.dumps(ld.state_dict()))
+    assert [f[0] for f in state["files"]][:1] == ["dump-a/shard_00000.parquet"], state["files"]
+    rewrite_in_place(a[0], shift_digits)
+    with int_loader(data, "concat", resume_state=state) as resumed:
+        with pytest.raises(ValueError, match=r"resume check: the batch this loader resumed at, batch 3 "
+                                             r"\(epoch 1, dump-a/shard_00000.parquet, row group"):
+            next(resumed)
+
+
 @pytest.mark.parametrize("packing", PACKINGS)
 def test_a_file_rewritten_with_the_same_footer_is_caught_at_the_first_batch(tmp_path, position_docs, packing):
     paths = plain_shards(tmp_path, position_docs)
