@@ -6,6 +6,7 @@ cache; a state taken after a heal resumes exactly. A row group in flight at two 
 `WorkerError` naming it, or is skipped with `on_bad_row_group="skip"`; a spent budget is
 today's error; nothing leaks over many heals. (`max_restarts=0`, today's behaviour, is what
 tests/loader/test_faults.py tests.)"""
+import dataclasses
 import itertools
 import os
 import random
@@ -266,10 +267,10 @@ def test_two_unrelated_deaths_in_one_large_row_group_are_healed(tmp_path, packin
         # look a batch: waiting for a busy worker would hold every batch up to no purpose then
         # and on until the loader has seen each death (a batch ready in the ring needs no worker)
         while len(got) < n or ((len(killed) < 2 or loader.stats()["heals"] < len(killed)) and len(got) < most):
-            if len(killed) < 2 and len(got) >= (10 if not killed else killed[0][1] + 20):
-                piece = _kill_a_busy_worker(loader, not_on=[p for p, _ in killed])
-                if piece is not None:
-                    killed.append((piece, len(got)))
+            if len(killed) < 2 and len(got) >= (10 if not killed else killed[0].batch + 20):
+                span = _kill_a_busy_worker(loader, not_on=[k.span for k in killed])
+                if span is not None:
+                    killed.append(Killed(span, len(got)))
             got.append(tokens(*next(it)))
         assert len(killed) == 2, f"no worker busy on row group 0 for a second death in {len(got)} batches"
         assert loader.stats()["heals"] == 2, loader.stats()["heals"]
@@ -277,18 +278,45 @@ def test_two_unrelated_deaths_in_one_large_row_group_are_healed(tmp_path, packin
         assert np.array_equal(g, w), f"batch {k} differs from the uninterrupted run"
 
 
-def _kill_a_busy_worker(loader, not_on=()) -> "int | None":
-    """SIGKILL a worker that is on a piece of file 0, row group 0 (not one of the pieces
-    `not_on`) now; returns the piece's index, or None."""
+def _kill_a_busy_worker(loader, not_on=()) -> "Span | None":
+    """SIGKILL a worker that is on a piece of file 0, row group 0 whose documents overlap none of
+    the spans `not_on` in their epoch (a death on a document of an earlier death is a poison
+    pill; the replacement reads the lost piece again); returns the span of the piece it was on,
+    or None. Each worker is stopped (SIGSTOP) while its row is read, so that it dies on the
+    piece the row names, not on one it took up since (on a loaded machine, even between a look
+    and a kill; the CI's failure)."""
     from shmloader.ipc.ring import WorkerCol
     d = loader.debug()
     for i, p in enumerate(d.workers):
+        os.kill(p.pid, signal.SIGSTOP)
         row = d.ring.workers[i]
-        piece = int(row[WorkerCol.PIECE])
-        if piece >= 0 and piece not in not_on and row[WorkerCol.FILE] == 0 and row[WorkerCol.RG] == 0:
+        span = Span(int(row[WorkerCol.EPOCH]), int(row[WorkerCol.DOC]), int(row[WorkerCol.END]))
+        if (row[WorkerCol.PIECE] >= 0 and row[WorkerCol.FILE] == 0 and row[WorkerCol.RG] == 0
+                and span.doc < span.end and not any(span.overlaps(s) for s in not_on)):
             os.kill(p.pid, signal.SIGKILL)
-            return piece
+            return span
+        os.kill(p.pid, signal.SIGCONT)
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """The documents [doc, end) of row group 0 a worker's piece held, in its epoch."""
+
+    epoch: int
+    doc: int
+    end: int
+
+    def overlaps(self, other: "Span") -> bool:
+        return self.epoch == other.epoch and self.doc < other.end and other.doc < self.end
+
+
+@dataclasses.dataclass(frozen=True)
+class Killed:
+    """A death the test caused: the span its worker held, and the batches read before it."""
+
+    span: Span
+    batch: int
 
 
 def read_until_healed(loader, it, heals: int, limit_s: float = 10.0):
