@@ -6,7 +6,7 @@ as one JSON line: per batch the window's tokens, whether its workers had started
     python first_loader.py DATA TOKENIZER B T N [--workers W] [--resume STATE.json]
         [--step-s S] [--drop-at K] [--positions]
 
-`--kill-server`: the forkserver killed after the first batch. `--tempdir D`: `tempfile.tempdir`
+`--kill-server`: the forkserver killed after the first batch. `--boot-s S`: `start.BOOT_S` set to S. `--tempdir D`: `tempfile.tempdir`
 set to D first. `--pause-s S`: a pause after the first batch (`after_pause`: whether the workers had started
 and the batches the ring held then, no `next()` between; `--pause-until-ready`: at most S, until the workers started
 and the ring holds a batch). `--drop-at K`: after K batches the loader is dropped (children maybe unstarted) and the
@@ -43,7 +43,10 @@ def main():
                     help="end the pause (at most --pause-s) once the workers started and the ring holds a batch")
     ap.add_argument("--kill-server", action="store_true", help="SIGKILL the booting forkserver after the first batch")
     ap.add_argument("--tempdir", help="tempfile.tempdir, set before the loader is built")
+    ap.add_argument("--boot-s", type=float, help="start.BOOT_S: how long a server's boot is waited for at most")
     args = ap.parse_args()
+    if args.boot_s is not None:
+        start.BOOT_S = args.boot_s
     if args.tempdir:
         import tempfile
         tempfile.tempdir = args.tempdir
