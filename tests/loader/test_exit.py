@@ -146,7 +146,7 @@ def test_a_dropped_loader_does_not_wait_for_its_processes_to_exit(synth, end):
         assert took >= SHUTDOWN_S - 0.1, f"close() returned {took:.2f} s after, before the deadline"
         assert not any(pid_alive(p) for p in pids), "close() returned with its processes alive"
     else:
-        assert took < 0.5 * SHUTDOWN_S, f"{end} waited {took:.2f} s for the processes"
+        assert took < SHUTDOWN_S, f"{end} waited {took:.2f} s for the processes"  # (its deadline; and alive:)
         assert pid_alive(pids[1]), "the stopped worker is gone already: the test proves nothing"
         assert REAPER.drain(SHUTDOWN_S + 3.0), "the reaper did not finish"
         assert not any(pid_alive(p) for p in pids)

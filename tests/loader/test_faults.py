@@ -41,7 +41,7 @@ from tests.helpers import (SCRIPTS, loader_children, shm_segments, sigkill_after
                            wait_no_segment, window_of)
 
 pytestmark = pytest.mark.usefixtures("watchdog")
-DETECT_S = 5.0  # a fault must be reported within this many seconds
+DETECT_S = 15.0  # a fault must be reported within this many seconds (under the loaders' timeouts here, 30 s: a fault reported only by the timeout fails; 5 s was near a loaded machine's start)
 
 
 def assert_clean(seconds=2.0):
@@ -106,7 +106,7 @@ def test_worker_exception_at_random_document(tmp_path, seed):
                 windows.append(window_of(*next(loader)))
             except Exception as exc:  # noqa: BLE001
                 err, took = exc, time.monotonic() - call
-            assert time.monotonic() - started < 10, f"no error within 10 s {info}"
+            assert time.monotonic() - started < 20, f"no error within 20 s {info}"
         worker_pids = {p.pid for p in loader.debug().workers}
     assert isinstance(err, shmloader.WorkerError), f"{type(err).__name__}: {err} {info}"
     assert took < DETECT_S, f"the raising next() took {took:.2f} s {info}"
