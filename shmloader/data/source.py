@@ -485,6 +485,10 @@ class Reader:
         """Rows of each unit of file f (a parquet row group, an Arrow batch, 1024 lines)."""
         return self._row_sizes(f)[0]
 
+    def may_hold(self, f: int) -> list | None:
+        """File f's units, each False where its metadata says it holds no document (`Format.may_hold`)."""
+        return self._file(f).may_hold(self.columns[f])
+
     def units(self, f: int, enough: int) -> int:
         """File f's number of units, or `enough` once it holds that many (`Format.units`)."""
         sizes = self._sizes.get(f)
