@@ -6,7 +6,8 @@ its ids do not already start with BOS, never `[BOS, BOS, ...]`.
 Half the documents are written with their BOS, half without, in parquet (row groups of 128)
 and JSON Lines; each is read under concat and best fit, with positions (each input token's
 index in its document), and through the token cache cold then warm: every stream equals the
-parquet text loader's. An empty list and a list of BOS alone are both the document `[BOS]`.
+parquet text loader's, and a mixture with such a source mixes as with its text. An empty
+list and a list of BOS alone are both the document `[BOS]`.
 """
 import functools
 import itertools
@@ -103,3 +104,15 @@ def test_an_empty_list_and_bos_alone_are_each_one_bos(tmp_path, synth_tokenizer,
         got = [helpers.window_of(x, y) for x, y in itertools.islice(loader, n)]
     for i, w in enumerate(got):
         assert np.array_equal(w, stream[i * (B * T + 1):(i + 1) * (B * T + 1)]), f"batch {i} differs"
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_mixtures_token_id_source_weighs_as_its_text(dirs, synth_tokenizer, watchdog, packing):
+    """A mixture counts its weights in tokens: a source of ids with their BOS mixes as the same
+    source in text (a second BOS would have changed every share, and every batch)."""
+    def mix(web):
+        return shmloader.Mixture({"web": web, "more": dirs["text"]}, [(0, {"web": 3, "more": 1}), (15, {"web": 1, "more": 2})])
+    want = _read(mix(dirs["text"]), synth_tokenizer, "text", packing=packing, positions=True)
+    got = _read(mix(shmloader.Source(dirs["parquet"], column="ids")), synth_tokenizer, "text", packing=packing,
+                positions=True)
+    _same(got, want)
