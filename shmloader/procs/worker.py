@@ -453,16 +453,10 @@ def ids_with_bos(docs: Ids, bos: int, dtype) -> tuple:
     sizes = np.fromiter((len(docs[i]) for i in rows), dtype=np.int64, count=len(rows))
     flat = np.concatenate([docs[i] for i in rows])
     starts = np.cumsum(sizes) - sizes
-    has = sizes > 0
-    has[has] = flat[starts[has]] == bos  # begins with BOS: that BOS is the document's own
-    if has.any():
-        keep = np.ones(len(flat), dtype=bool)
-        keep[starts[has]] = False
-        flat, sizes = flat[keep], sizes - has
-    lengths[rows] = sizes + 1
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    return _with_bos(flat, offsets, bos, dtype), lengths
+    need = sizes == 0  # documents given a BOS: those whose ids do not begin with it
+    need[~need] = flat[starts[~need]] != bos
+    lengths[rows] = sizes + need
+    return _with_bos(flat, np.append(starts[need], len(flat)), bos, dtype), lengths
 
 
 def _beside(work, between):
@@ -490,7 +484,8 @@ def _beside(work, between):
 
 def _with_bos(ids: np.ndarray, offsets: np.ndarray, bos: int, dtype) -> np.ndarray:
     """`[BOS] + ids` of each document of a run, end to end, in one pass over the run while its
-    ids are in the cache (no numpy call per document)."""
+    ids are in the cache (no numpy call per document): a BOS before each `offsets[:-1]`, the
+    ids' end last (`ids_with_bos` gives only the documents that need one)."""
     k = len(offsets) - 1
     out = np.empty(len(ids) + k, dtype=dtype)
     starts = offsets[:-1] + np.arange(k)
