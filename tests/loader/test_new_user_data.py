@@ -1,5 +1,4 @@
-"""A new user's data, shaped unlike the other tests' (December 2026 trial; nothing here failed,
-each locks a shape in): every loader's concat stream is `[BOS] + encode(text)` of its documents
+"""A new user's data, shaped unlike the other tests' (December 2026 trial; each locks a shape in): every loader's concat stream is `[BOS] + encode(text)` of its documents
 in order, byte for byte.
 
 - parquet files of every string layout in one directory: `large_string` holding a 10 MB
@@ -9,7 +8,9 @@ in order, byte for byte.
   lines, no newline after the last line, raw U+2028/U+2029/NEL inside strings
   (`ensure_ascii=False`: a line splitter on Unicode line breaks would cut them), CJK, emoji
   and right-to-left text; plain, `.gz` of two gzip members (`cat a.gz b.gz`) and `.zst` of two
-  frames (pzstd, `cat`), the members' seam inside the second unit of 1024 lines.
+  frames (pzstd, `cat`), the members' seam inside the second unit of 1024 lines;
+- a `.json` file that is one JSON array, with a UTF-8 BOM first, is told how to convert it, as
+  without one (the one bug the trial found: the BOM hid the `[`).
 """
 import gzip
 import itertools
@@ -87,3 +88,17 @@ def test_json_lines_as_other_tools_write_it(tmp_path, synth_tokenizer, fmt):
             frames.append(sink.getvalue().to_pybytes())
         path.write_bytes(b"".join(frames))
     _check(str(d), docs, synth_tokenizer)
+
+
+@pytest.mark.parametrize("bom", [False, True], ids=["plain", "bom"])
+def test_a_json_array_file_is_told_to_convert_with_or_without_a_bom(tmp_path, synth_tokenizer, bom):
+    """A `.json` file that is one JSON array (`json.dump(list)`), as Windows tools write it with
+    a UTF-8 BOM first: the same advice (`jq -c '.[]'`) as without (with one it was "line 1 has
+    no 'text' field (found a JSON list)")."""
+    d = tmp_path / "d"
+    d.mkdir()
+    for name in ("a", "b"):
+        (d / f"{name}.json").write_bytes((b"\xef\xbb\xbf" if bom else b"") + json.dumps([{"text": "x"}] * 3).encode())
+    with pytest.raises(shmloader.DataError, match=r"a\.json: the file is one JSON array .*jq -c"):
+        with shmloader.ShmLoader(str(d), synth_tokenizer, B, T, device="cpu", num_workers=1, timeout=60) as loader:
+            next(loader)
