@@ -1,5 +1,6 @@
-"""A new user's data, shaped unlike the other tests' (December 2026 trial; each locks a shape in): every loader's concat stream is `[BOS] + encode(text)` of its documents
-in order, byte for byte.
+"""A new user's data, shaped unlike the other tests' (December 2026 trial; each locks a shape
+in): every loader's concat stream is `[BOS] + encode(text)` of its documents in order, byte
+for byte.
 
 - parquet files of every string layout in one directory: `large_string` holding a 10 MB
   document (a run of its own, tokenized on the worker's thread), a dictionary-encoded column,
