@@ -24,8 +24,9 @@ every row. Read in the files' order it would loop over its epochs for ever (the 
 says so after two of them: `barren_error`); shuffled, only if every unit of the split holds
 none (`barren_shuffled_error`). `check_documents` refuses that when the loader is made where
 the files' metadata says it (`Format.may_hold`: a parquet footer's row counts and its text
-column's null counts, an Arrow batch's header; nothing is read past what `check` read, and
-it stops at the first unit that may hold a document, usually the rank's first). A JSON Lines
+column's null counts, an Arrow batch's header: the footers `check` opened, in a shuffled run
+the first file's), stopping at the first unit that may hold a document, usually the rank's
+first. A JSON Lines
 file, a parquet token-id column (its null count is of ids, not rows) or a footer without
 statistics cannot say it without reading the documents: there the coordinator remains the
 one to tell.

@@ -453,7 +453,7 @@ def ids_with_bos(docs: Ids, bos: int, dtype) -> tuple:
     sizes = np.fromiter((len(docs[i]) for i in rows), dtype=np.int64, count=len(rows))
     flat = np.concatenate([docs[i] for i in rows])
     starts = np.cumsum(sizes) - sizes
-    need = sizes == 0  # documents given a BOS: those whose ids do not begin with it
+    need = sizes == 0  # each document needs a BOS unless its ids begin with one (an empty one does)
     need[~need] = flat[starts[~need]] != bos
     lengths[rows] = sizes + need
     return _with_bos(flat, np.append(starts[need], len(flat)), bos, dtype), lengths

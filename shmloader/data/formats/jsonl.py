@@ -24,9 +24,10 @@ Unicode text; invalid UTF-8 in a parquet file is refused alike). The column's va
 string), token ids (a list of JSON integers: a float, string, boolean or null among them is a
 `DataError`, never coerced), or null. A file's column is of one kind, its first string or list
 value's (`kind`: read from the file's start, usually one line, once per process): a line of the
-other kind is a `DataError` at that line, whatever the pieces the file is cut into. A UTF-8 BOM before a line is read past (`json.loads`
-of bytes). A file whose first non-space byte (after a BOM) is `[` is one JSON array, not JSON Lines: a `DataError` saying how to
-convert it when the file is first read. A file's identity is `base.edge_digest` (its size and
+other kind is a `DataError` at that line, whatever the pieces the file is cut into. A UTF-8
+BOM before a line is read past (`json.loads` of bytes). A file whose first non-space byte
+(after a BOM) is `[` is one JSON array, not JSON Lines: a `DataError` saying how to convert it
+when the file is first read. A file's identity is `base.edge_digest` (its size and
 both ends).
 """
 import contextlib
