@@ -49,6 +49,7 @@ def _check(data, docs, tok, n_max=None):
         assert np.array_equal(w, want[i * W:(i + 1) * W]), f"batch {i} differs"
 
 
+@pytest.mark.deadline(180)  # 10 MB of text to tokenize: 7.5 s at load 15 on 2 cores
 def test_parquet_of_every_string_layout_in_one_directory(tmp_path, synth_tokenizer):
     docs = list(corpus.synthetic_texts(400, seed=8, mean_words=12)) + UNICODE * 3
     docs[40] = ("lorem ipsum dolor sit amet " * 400_000)[:10_000_000]
