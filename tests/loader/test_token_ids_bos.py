@@ -6,8 +6,9 @@ its ids do not already start with BOS, never `[BOS, BOS, ...]`.
 Half the documents are written with their BOS, half without, in parquet (row groups of 128)
 and JSON Lines; each is read under concat and best fit, with positions (each input token's
 index in its document), and through the token cache cold then warm: every stream equals the
-parquet text loader's, and a mixture with such a source mixes as with its text. An empty
-list and a list of BOS alone are both the document `[BOS]`.
+parquet text loader's, and a mixture with such a source mixes as with its text (and, beside
+a `.jsonl.zst` source on a schedule, resumes through a JSON state). An empty list and a list of
+BOS alone are both the document `[BOS]`.
 """
 import functools
 import itertools
@@ -116,3 +117,33 @@ def test_a_mixtures_token_id_source_weighs_as_its_text(dirs, synth_tokenizer, wa
     got = _read(mix(shmloader.Source(dirs["parquet"], column="ids")), synth_tokenizer, "text", packing=packing,
                 positions=True)
     _same(got, want)
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_mixture_with_a_jsonl_zst_source_resumes_through_json(dirs, synth_tokenizer, tmp_path, watchdog, packing):
+    """The README's calls as a new user makes them: a mixture of the ids (with their BOS) and a
+    `.jsonl.zst` source of another column, on a schedule, with positions; its state through
+    JSON resumes on another worker count exactly where the run without a stop goes on."""
+    zst = tmp_path / "zst"
+    zst.mkdir()
+    for f in range(2):
+        with pa.CompressedOutputStream(str(zst / f"{f}.jsonl.zst"), "zstd") as out:
+            out.write("".join(json.dumps({"content": t}) + "\n" for t in _texts()[f * 350:(f + 1) * 350]).encode())
+
+    def mix():
+        return shmloader.Mixture({"ids": shmloader.Source(dirs["parquet"], column="ids"),
+                                  "code": shmloader.Source(str(zst), column="content")},
+                                 [(0, {"ids": 3, "code": 1}), (12, {"ids": 1, "code": 2})])
+    kw = dict(packing=packing, positions=True)
+    want = _read(mix(), synth_tokenizer, "text", **kw)
+    with shmloader.ShmLoader(mix(), synth_tokenizer, B, T, "all", device="cpu", num_workers=2, timeout=60,
+                             **kw) as loader:
+        for _ in range(15):
+            next(loader)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with shmloader.ShmLoader(mix(), synth_tokenizer, B, T, "all", device="cpu", num_workers=1, timeout=60,
+                             resume_state=state, **kw) as loader:
+        got = [[t.numpy().copy() for t in batch] for batch in itertools.islice(loader, N - 15)]
+    assert len(got) == N - 15
+    for i, (g, w) in enumerate(zip(got, want[15:])):
+        assert all(np.array_equal(a, b) for a, b in zip(g, w)), f"batch {15 + i} after the resume differs"
