@@ -6,7 +6,8 @@ used to branch on:
 - `refuse(config)`: what it does not do yet with these settings, as a ValueError;
 - `check_units(config, rank, world)`: a rank without a unit of its data (of a source of a
   mixture that can be drawn) refused when the loader is made (data/units.py), not at the first
-  `next()` by the coordinator;
+  `next()` by the coordinator; one source's rank whose units the footers say hold no document
+  too (a mixture's source is the mix's to judge: it may not be needed before the run ends);
 - `shuffled(config)`: whether any of its data is read shuffled (the loader's `shuffle=`, or a
   mixture's source's own `Source(shuffle=)`);
 - `first_positions(config)`: where a fresh shuffled stream begins (`shuffle.FirstPositions`,
@@ -43,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from typing import Callable, NamedTuple
 
 from . import mixstate, resume as resumemod, sourcestate, state as statemod
 from .data import shuffle as shufflemod, units
@@ -102,8 +104,10 @@ class OneSource(_Kind):
         return config.shuffle
 
     def check_units(self, config, rank: int, world: int):
+        footers, n = _footers(self.catalogue), len(self.catalogue.paths)
         if config.order is None:  # shuffled: `first_positions` reads every footer and says so
-            units.check(_units_or_none(self.catalogue), len(self.catalogue.paths), rank, world, False)
+            units.check(footers.units, n, rank, world, False)
+        units.check_documents(footers.may_hold, n, rank, world, config.order is not None)
 
     def first_positions(self, config):
         cat = self.catalogue
@@ -166,7 +170,7 @@ class Mixed(_Kind):
             if not any(stage.weights[name] > 0 for stage in mix.stages):
                 continue  # never drawn under this mixture
             try:
-                units.check(_units_or_none(cat), len(cat.paths), rank, world,
+                units.check(_footers(cat).units, len(cat.paths), rank, world,
                             shufflemod.source_shuffled(mix, name, config.shuffle))
             except DataError as e:
                 raise DataError(f"mixture source {name!r}: {e}") from None
@@ -201,14 +205,25 @@ class Mixed(_Kind):
         return {"sources": sources, "epoch": max((s["epoch"] for s in sources.values()), default=epoch)}
 
 
-def _units_or_none(catalogue):
-    """`(f, enough) -> file f's units` (`Catalogue.units`), or None where it cannot be read."""
-    def units(f: int, enough: int):
-        try:
-            return catalogue.units(f, enough)
-        except (DataError, OSError):
-            return None
-    return units
+class _Footers(NamedTuple):
+    """What data/units.py asks of a catalogue's files, each file opened once: `units(f, enough)`
+    (`source.Reader.units`) and `may_hold(f)` (`source.Reader.may_hold`), None where the file
+    cannot be read (the coordinator says what is wrong with it)."""
+    units: Callable[[int, int], "int | None"]
+    may_hold: Callable[[int], "list | None"]
+
+
+def _footers(catalogue) -> _Footers:
+    reader = catalogue.reader()
+
+    def or_none(ask):
+        def asked(*args):
+            try:
+                return ask(*args)
+            except (DataError, OSError):
+                return None
+        return asked
+    return _Footers(or_none(reader.units), or_none(reader.may_hold))
 
 
 def _buffer_text(ring, slot: int) -> BufferText:

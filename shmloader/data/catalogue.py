@@ -214,10 +214,15 @@ class Catalogue:
         position's, and `described` keeps one answer)."""
         return int(self._later_at[file]) if self.reordered_at(epoch) else file
 
+    def reader(self) -> source.Reader:
+        """A `source.Reader` of the files in the catalogue's column (its files opened once each,
+        as it reads them: `units`, `may_hold`)."""
+        return source.Reader(self.paths, self.filesystem, columns=self.column)
+
     def units(self, file: int, enough: int) -> int:
         """`file`'s number of units, or `enough` once it holds that many (a JSON Lines file read
         only so far: data/units.py); an unreadable file is a `DataError`."""
-        return source.Reader(self.paths, self.filesystem).units(file, enough)
+        return self.reader().units(file, enough)
 
     def row_counts(self, file: int, on_bad: str = "raise") -> list:
         """Rows per row group of `file`, from its footer, as the coordinator reads them (with

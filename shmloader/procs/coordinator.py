@@ -41,6 +41,7 @@ import numpy as np
 
 from ..data import elastic
 from ..data import shuffle as shufflemod
+from ..data import units as unitsmod
 from ..data.order import cut_pieces, iter_pieces
 from ..data.source import Reader, SchemaCheck, read_or_skip
 from ..errors import DataError
@@ -356,15 +357,13 @@ class _Coordinator:
             if self.docs_seen:
                 continue
             if self.order is None:
-                if epoch >= self.args.start.epoch + 2:
-                    raise DataError(f"rank {self.args.rank}: a whole epoch over {len(self.args.files)} "
-                                    f"files held no document with text (all null or no rows)")
+                if epoch >= self.args.start.epoch + 2:  # what data/units.py refuses where footers say it
+                    raise unitsmod.barren_error(self.args.rank, len(self.args.files))
                 continue
             self._barren.update((m.file, m.unit) for m in members)
             if len(self._barren) >= self._units():
-                raise DataError(f"rank {self.args.rank}: every row group of the {len(self.args.files)} files, "
-                                f"read shuffled over {epoch - self.args.start.epoch + 1} epochs, held no "
-                                f"document with text (all null or no rows)")
+                raise unitsmod.barren_shuffled_error(self.args.rank, len(self.args.files),
+                                                  epoch - self.args.start.epoch + 1)
 
     def _units(self) -> int:
         """The units (row groups) of the run's files, counted once."""

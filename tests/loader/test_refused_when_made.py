@@ -4,6 +4,11 @@
   JSON Lines), one source or a mixture's, in the files' order or shuffled: a 1-unit train
   split on 2 ranks, and a 2-unit one resumed on 3 ranks from a state of 2 (data/units.py), in
   the coordinator's words; the ranks that have one still read;
+- a rank whose units hold no document (every one empty or all null), where the footers say so
+  (parquet's row counts and null counts, an Arrow batch's header: data/units.py), in the
+  coordinator's words, in the files' order and shuffled (the split's units all so); where they
+  cannot say it (JSON Lines, a parquet file written without statistics) the coordinator still
+  says it at the first `next()`;
 - a file listed twice in a data list, a plain loader's or a mixture's source (a state knows a
   file by its name: a mixture's resume and a change of world size need each once), pointing to
   a `Mixture`'s weights for reading a source more often; the same file spelled two ways too.
@@ -91,6 +96,62 @@ def test_a_state_of_two_ranks_resumed_on_three_refuses_the_rank_without_a_unit_w
     for rank in (0, 1):
         with loader(data, rank=rank, world_size=3, resume_state=state, **kw) as ok:
             assert len(list(itertools.islice(ok, 12))) == 12  # through an epoch's end
+
+
+def barren(root, fmt: str, statistics: bool = True) -> str:
+    """A split whose train file's units 1 and 3 (rank 1 of 2's) are empty and all null, units 0
+    and 2 documents (and its val file)."""
+    os.makedirs(root)
+    groups = [texts(3), [], texts(3, 50), [None, None]]
+    schema = pa.schema([("text", pa.string())])
+    for name, units in (("a", groups), ("b", [texts(2, 90)])):
+        tables = [pa.table({"text": pa.array(rows, pa.string())}) for rows in units]
+        path = os.path.join(root, f"{name}.{'parquet' if fmt == 'parquet' else 'arrow'}")
+        if fmt == "parquet":
+            with pq.ParquetWriter(path, schema, write_statistics=statistics) as w:
+                for t in tables:
+                    w.write_table(t)
+        else:
+            with pa.ipc.new_stream(path, schema) as w:
+                for t in tables:
+                    w.write_batch(pa.RecordBatch.from_pylist(t.to_pylist(), schema))
+    return str(root)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_rank_whose_units_hold_no_document_is_refused_when_made(tmp_path, fmt):
+    data = barren(tmp_path / "d", fmt)
+    words = r"^rank 1: a whole epoch over 1 files held no document with text \(all null or no rows\)"
+    with pytest.raises(shmloader.DataError, match=words):
+        loader(data, rank=1, world_size=2)
+    assert started_nothing()
+    with loader(data, rank=0, world_size=2) as ok:  # rank 0's units hold documents
+        assert len(list(itertools.islice(ok, 3))) == 3
+    with loader(data, rank=1, world_size=2, **SHUFFLED) as ok:  # shuffled, rank 1 reads units 0 and 2 too
+        assert len(list(itertools.islice(ok, 3))) == 3
+
+
+def test_a_split_of_no_document_read_shuffled_is_refused_when_made(tmp_path):
+    os.makedirs(tmp_path / "d")
+    for name in ("a", "b", "c"):
+        pq.write_table(pa.table({"text": pa.array([None] * 4, pa.string())}), tmp_path / "d" / f"{name}.parquet",
+                       row_group_size=2)
+    with pytest.raises(shmloader.DataError, match=r"^rank 0: every row group of the 2 files, read shuffled, held no "
+                                                  r"document with text \(all null or no rows\)"):
+        loader(str(tmp_path / "d"), **SHUFFLED)
+    assert started_nothing()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet-without-statistics"])
+def test_where_the_files_cannot_say_it_the_coordinator_does(tmp_path, fmt):
+    if fmt == "jsonl":
+        data = str(tmp_path / "d")
+        formats_data.write_set(data, [[None] * 5, texts(2)], "jsonl")
+    else:
+        data = barren(tmp_path / "d", "parquet", statistics=False)
+    with loader(data, rank=1 if fmt != "jsonl" else 0, world_size=2 if fmt != "jsonl" else 1) as ld:
+        with pytest.raises(shmloader.DataError, match=r"a whole epoch over 1 files held no document with text"):
+            next(ld)
 
 
 def test_a_file_listed_twice_is_refused_naming_it_and_the_mixtures_weights(tmp_path):

@@ -430,3 +430,12 @@ def test_bench_mixture_reports_a_row_without_ratios_as_a_dash():
 
     assert median_text([]) == "-"
     assert median_text([0.5, 2.0, 1.0]) == "1.000"
+
+
+def test_bench_made_checks_measures_each_figure(tmp_path):
+    """tools/bench/made_checks.py's measurement, in this process, with 2 calls a figure."""
+    from tools.bench import made_checks
+
+    got = made_checks.measure({"root": str(tmp_path), "calls": 2})
+    assert set(got) == {"files_order_us", "shuffled_us", "ids_plain_ms", "ids_with_bos_ms"}
+    assert all(v > 0 for v in got.values())

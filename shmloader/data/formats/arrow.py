@@ -57,6 +57,13 @@ class ArrowIPC(Format):
     def kind(self, column: str, where: str = "") -> str:
         return kind_of(self.path, self.schema, column, where)
 
+    def may_hold(self, column: str) -> list:
+        """Each record batch: False when it has no rows or `column` is null in all of them (the
+        batch's header says; nothing is read), else True."""
+        if column not in self.schema.names:
+            return [b.num_rows > 0 for b in self.batches]
+        return [b.num_rows > b.column(column).null_count for b in self.batches]
+
     def unit_bytes(self, column: str) -> list:
         if column not in self.schema.names:
             return [0] * len(self.batches)

@@ -14,7 +14,10 @@ A `Format` is one data file, opened. All the rest of the loader knows of a file 
   ahead: source.SchemaCheck);
 - `n_units()`: the number of units where known without reading the file whole, else None;
 - `units(enough)`: the number of units, or `enough` once the file is known to hold that many
-  (JSON Lines reads only so far: whether a rank has a unit, data/units.py).
+  (JSON Lines reads only so far: whether a rank has a unit, data/units.py);
+- `may_hold(column)`: for each unit, False where its metadata says it holds no document (no
+  rows, or the column null in every row), else True; None where the file cannot say without
+  reading its documents (JSON Lines): whether a rank has a document, data/units.py.
 
 A format opens its file through the filesystem object it is given (None: local), so every
 `pyarrow.fs` filesystem reads every format. Opening a file that is not of its format is a
@@ -59,6 +62,9 @@ class Format:
     def units(self, enough: int) -> int:
         n = self.n_units()
         return min(enough, n if n is not None else len(self.rows()))
+
+    def may_hold(self, column: str) -> list | None:
+        return None
 
 
 def open_input(path: str, filesystem=None, stream: bool = False):

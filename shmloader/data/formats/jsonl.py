@@ -24,9 +24,10 @@ Unicode text; invalid UTF-8 in a parquet file is refused alike). The column's va
 string), token ids (a list of JSON integers: a float, string, boolean or null among them is a
 `DataError`, never coerced), or null. A file's column is of one kind, its first string or list
 value's (`kind`: read from the file's start, usually one line, once per process): a line of the
-other kind is a `DataError` at that line, whatever the pieces the file is cut into. A file whose
-first non-space byte is `[` is one JSON array, not JSON Lines: a `DataError` saying how to
-convert it when the file is first read. A file's identity is `base.edge_digest` (its size and
+other kind is a `DataError` at that line, whatever the pieces the file is cut into. A UTF-8
+BOM before a line is read past (`json.loads` of bytes). A file whose first non-space byte
+(after a BOM) is `[` is one JSON array, not JSON Lines: a `DataError` saying how to convert it
+when the file is first read. A file's identity is `base.edge_digest` (its size and
 both ends).
 """
 import contextlib
@@ -289,15 +290,21 @@ def _ids(values: list, n_vocab: int | None, where) -> Ids:
     return out
 
 
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Windows tools write first
+
+
 class _Head:
-    """The first bytes of a file: a JSON array (first non-space byte `[`) is not JSON Lines."""
+    """The first bytes of a file: a JSON array (first non-space byte `[`, after a BOM) is not
+    JSON Lines."""
 
     def __init__(self, path: str, where: str = ""):
-        self.path, self.where, self.done = path, where, False
+        self.path, self.where, self.done, self.first = path, where, False, True
 
     def check(self, chunk: bytes):
         if self.done:
             return
+        if self.first:
+            chunk, self.first = chunk.removeprefix(BOM), False
         start = chunk.lstrip()[:1]
         if not start:
             return  # all space so far

@@ -25,6 +25,16 @@ def footer_digest(metadata) -> str:
     return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
 
 
+def _not_all_null(chunk, rows: int) -> bool:
+    """Whether a column chunk may hold a value: not when its statistics count `rows` nulls;
+    statistics absent or unreadable say nothing (a check must never refuse what reads)."""
+    try:
+        stats = chunk.statistics
+        return stats is None or not stats.has_null_count or stats.null_count < rows
+    except (pa.ArrowException, ValueError):
+        return True
+
+
 class Parquet(Format):
     name, suffixes = "parquet", (".parquet",)
     unit = "row group"
@@ -54,6 +64,14 @@ class Parquet(Format):
 
     def kind(self, column: str, where: str = "") -> str:
         return kind_of(self.path, self.file.schema_arrow, column, where)
+
+    def may_hold(self, column: str) -> list:
+        """Each row group: False when the footer says it has no rows, or that `column` (a flat
+        one: text) is null in all of them (its statistics' null count); True otherwise, also
+        without statistics and for a list column (token ids), whose null count is of its ids."""
+        g = self._groups
+        at = next((j for j in range(g[0].num_columns) if g[0].column(j).path_in_schema == column), None) if g else None
+        return [r.num_rows > 0 and (at is None or _not_all_null(r.column(at), r.num_rows)) for r in g]
 
     def unit_bytes(self, column: str) -> list:
         """Each row group's column chunk size, uncompressed, from the footer: about its text's

@@ -105,3 +105,28 @@ def test_the_advice_names_every_formats_unit():
 
     for fmt in FORMATS:
         assert fmt.unit_is and fmt.unit_is in MORE_UNITS, fmt.__name__
+
+
+def test_check_documents_refuses_only_what_every_footer_says_is_barren():
+    """Files' order: rank r's units r, r + W, ... of each file; shuffled: every unit of the
+    split. One unit that may hold a document, or one file that cannot say (None), lets it read;
+    it stops asking there."""
+    asked = []
+
+    def holds(files):
+        def may_hold(f):
+            asked.append(f)
+            return files[f]
+        return may_hold
+    split = [[True, False, True, False], [True, False]]
+    assert refused(lambda: units.check_documents(holds(split), 2, 0, 2, False)) is None and asked == [0]
+    says = refused(lambda: units.check_documents(holds(split), 2, 1, 2, False))
+    assert says == "rank 1: a whole epoch over 2 files held no document with text (all null or no rows)"
+    assert refused(lambda: units.check_documents(holds(split), 2, 1, 2, True)) is None
+    asked.clear()
+    assert refused(lambda: units.check_documents(holds([[False], None, [False]]), 3, 0, 1, False)) is None
+    assert asked == [0, 1]
+    says = refused(lambda: units.check_documents(holds([[False, False], []]), 2, 0, 3, True))
+    assert says == ("rank 0: every row group of the 2 files, read shuffled, held no document with text "
+                    "(all null or no rows)")
+    assert refused(lambda: units.check_documents(holds([]), 0, 0, 1, False)) is None  # said where files are listed

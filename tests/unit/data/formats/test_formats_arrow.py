@@ -46,3 +46,15 @@ def test_not_arrow_is_named(tmp_path):
     path.write_bytes(b"not arrow at all, not even close")
     with pytest.raises(DataError, match=r"a\.arrow: not a readable Arrow IPC file"):
         ArrowIPC(str(path))
+
+
+def test_may_hold_is_what_each_batch_header_says(tmp_path):
+    import pyarrow as pa
+    from shmloader.data.formats.arrow import ArrowIPC
+
+    schema = pa.schema([("text", pa.string())])
+    path = str(tmp_path / "s.arrow")
+    with pa.ipc.new_stream(path, schema) as w:
+        for rows in (["a", None], [], [None, None], [""]):
+            w.write_batch(pa.record_batch([pa.array(rows, pa.string())], schema=schema))
+    assert ArrowIPC(path).may_hold("text") == [True, False, False, True]

@@ -88,3 +88,22 @@ def test_token_ids_past_int64_and_without_a_vocabulary_size_read_as_they_are(tmp
                                         r"vocabulary size\)") as err:
         Parquet(path).read(0, 0, 2, "neg")
     assert "None" not in str(err.value)
+
+
+def test_may_hold_is_what_the_footer_says(tmp_path):
+    """No rows or a text column null in every row: False; a list column (its null count is of
+    its ids) or a footer without statistics: True, not known without reading."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from shmloader.data.formats.parquet import Parquet
+
+    groups = [["a", None], [], [None, None], [""]]
+    for stats, want in ((True, [True, False, False, True]), (False, [True, False, True, True])):
+        path = str(tmp_path / f"t{stats}.parquet")
+        with pq.ParquetWriter(path, pa.schema([("text", pa.string()), ("ids", pa.list_(pa.int32()))]),
+                              write_statistics=stats) as w:
+            for rows in groups:
+                w.write_table(pa.table({"text": pa.array(rows, pa.string()),
+                                        "ids": pa.array([None] * len(rows), pa.list_(pa.int32()))}))
+        assert Parquet(path).may_hold("text") == want
+        assert Parquet(path).may_hold("ids") == [True, False, True, True]
