@@ -46,6 +46,7 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, med
     rng = np.random.default_rng(seed)
     seq = bf.BestFitSequencer(B, T, SLOTS, buffer_size, chunk, 0, (0, 0, 0, 0))
     slots = np.ones((SLOTS, 2 * B * T), dtype=np.int64)
+    floors = np.ones((2, SLOTS, 2 * B * T), dtype=np.int64)  # slots of their own, as cold as the writes' ones
     stream = rng.integers(0, 4096, 4 * B * T, dtype=np.uint16)  # the floors' source
     held = [{} for _ in range(workers)]
     spent = dict.fromkeys(PARTS, 0.0)
@@ -72,10 +73,10 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, med
                 spent["write"] += time.process_time() - t0
             inputs, at = min(n, B * T), (at + n) % (2 * B * T)
             t0 = time.process_time()
-            slots[slot, :inputs] = stream[at:at + inputs]
+            floors[0, slot, :inputs] = stream[at:at + inputs]
             t1 = time.process_time()
-            slots[slot, :inputs] = stream[at:at + inputs]
-            slots[slot, B * T:B * T + inputs] = stream[at + 1:at + 1 + inputs]
+            floors[1, slot, :inputs] = stream[at:at + inputs]
+            floors[1, slot, B * T:B * T + inputs] = stream[at + 1:at + 1 + inputs]
             t2 = time.process_time()
             spent["1 copy"] += t1 - t0
             spent["2 copies"] += t2 - t1
