@@ -628,8 +628,8 @@ class _Docs:
         """Keep only the documents not placed yet, end to end (a copy): a document that lingers
         in the buffer pins at most 4x its tokens of its piece, not the piece. Each copy takes
         under a quarter of what is kept, so all of a piece's copies together copy under a third
-        of its tokens (at a half: up to all of them, ~0.6 ns a token of a worker's writes in
-        tools/bench/bestfit_write.py; docs/benchmarks.md "Best fit's writes")."""
+        of its tokens (at a half: up to all of them, ~0.6 ns a token more of a worker's writes:
+        docs/benchmarks.md "Best fit's writes: cut, and the floor")."""
         starts, lengths, tokens = self.starts, self.lengths, self.tokens
         live = [i for i, start in enumerate(starts) if start >= 0]
         kept = np.concatenate([tokens[starts[i]:starts[i] + lengths[i]] for i in live])
@@ -660,11 +660,12 @@ def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int, positions:
     row `r` of the (B, T+1) rows go to inputs[r, off:] and targets[r, off-1:] of the slot
     (inputs (B, T), then targets (B, T)); with `positions` (the ring's positions areas) the
     inputs' positions 0, 1, ... beside them (packing/positions.py). A document leaves memory
-    once placed (`_Docs.placed`). Two copies of the document's slice a placement, into the
-    inputs and into `targets` (the slot from its B*T-1-th word: column c of row r's token is
-    its target r*T + c - 1 there at r*T + c), with as little else as can be: ~90 placements a
-    B=32, T=2048 batch, so each numpy call costs ~0.3 ns a token (docs/benchmarks.md
-    "Best fit's writes")."""
+    once placed (`_Docs.placed`). Two copies a placement, into the inputs and into `targets`
+    (the slot from its B*T-1-th word, where column c of row r's token, its target r*T + c - 1,
+    is at r*T + c), with as little else as can be: ~80 placements a B=32, T=2048 batch, each
+    ~800 tokens of a document long out of the cache copied twice into a slot out of the cache,
+    ~5 ns a token against ~2.3 for the same bytes in two whole copies (docs/benchmarks.md
+    "Best fit's writes: cut, and the floor")."""
     slot, total = slots[order.slot], 0
     targets = slot[B * T - 1:]
     for index, row, r, off, n in _placed(order.placements):
