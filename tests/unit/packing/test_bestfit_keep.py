@@ -51,7 +51,7 @@ def test_each_document_is_written_whole_whatever_the_order_and_kept_memory_stays
 def test_the_copies_of_the_documents_left_copy_under_a_third_of_the_piece(seed):
     """Each copy apart takes under a quarter of what is kept, so all of them under a third of
     the piece's tokens (at a half, as before: up to all of them; placed in order, 64 documents
-    of 10 tokens were copied 32 + 16 + ... = 63 * 10 tokens)."""
+    of 10 tokens were copied 31 + 15 + 7 + 3 + 1 times, 570 of 640 tokens; at a quarter 180)."""
     rng = random.Random(seed)
     n_docs = 64
     lengths = np.array([10] * n_docs if seed == 0 else [rng.randint(1, 40) for _ in range(n_docs)], dtype=np.int64)
