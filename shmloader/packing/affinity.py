@@ -26,8 +26,9 @@ pieces it has queued hold the rest of its row group, like concat's whole row gro
 next row group goes to the next worker that runs short. With more workers than the cores
 (4 on 2) an idle worker is always there, so rule 1 alone gave each of a nanochat row group's
 3 slices to another worker, and each read the row group whole: 105 row-group reads for 35 row
-groups' tokens (docs/benchmarks.md "Best fit's writes: cut, and the floor"). Which worker tokenizes a piece never
-changes the stream: the mode places counted tokens from their lengths alone. Pure: no
+groups' tokens, ~1 a row group with the exception (docs/benchmarks.md "More workers than the
+cores: each slice read its row group again"). Which worker tokenizes a piece never changes the
+stream: the mode places counted tokens from their lengths alone. Pure: no
 processes; a mode builds the `Worker` records (packing/base.py `Mode.candidates`).
 """
 from typing import NamedTuple
