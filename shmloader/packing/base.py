@@ -310,8 +310,17 @@ class Mode:
 
     def pick(self, piece, candidates: list) -> int | None:
         """Which of `candidates` gets `piece`, or None: none may take it now (packing/affinity.py:
-        a row group's slices stay with the workers that read it, when the loads allow)."""
-        return affinity.pick((piece.file, piece.rg), candidates)
+        a row group's slices stay with the workers that read it, when the loads allow; with more
+        workers than the cores, an idle one waits while the cores are all taken)."""
+        return affinity.pick((piece.file, piece.rg), candidates, self._cores_busy())
+
+    def _cores_busy(self) -> bool:
+        """More workers than the cores (`most_in_flight`: one piece more than the cores), and as
+        many workers as the cores have a piece in flight."""
+        if self.most_in_flight is None:
+            return False
+        busy = sum(1 for w in range(len(self._held)) if self._flight(w)[0])
+        return busy >= self.most_in_flight - 1
 
     def hand_out(self, workers, ahead) -> tuple:
         """One turn of handing out pieces in order (the coordinator's `_assign`, until it says

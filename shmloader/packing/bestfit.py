@@ -597,6 +597,9 @@ def _locator(cfg, run) -> tuple:
                           run.buffer_runs), cap
 
 
+COMPACT_AT = 4  # a piece's documents left are copied apart once they hold under 1/COMPACT_AT of what is kept
+
+
 class _Docs:
     """A piece's documents as the worker keeps them until each is placed: the piece's tokens end
     to end (each document `[BOS] + tokens`), each document's start in them (-1 once placed, or
@@ -610,18 +613,23 @@ class _Docs:
 
     def placed(self, row: int) -> bool:
         """Document `row` left (placed, or dropped); whether none is left. Once the documents
-        left hold half the tokens kept, they are copied apart (`_compact`)."""
+        left hold under a quarter (`COMPACT_AT`) of the tokens kept, they are copied apart
+        (`_compact`)."""
         self.starts[row] = -1
         self.live -= 1
         self.live_tokens -= self.lengths[row]
-        if self.live and 2 * self.live_tokens < len(self.tokens):
+        if not self.live:
+            return True
+        if COMPACT_AT * self.live_tokens < len(self.tokens):
             self._compact()
-        return not self.live
+        return False
 
     def _compact(self):
         """Keep only the documents not placed yet, end to end (a copy): a document that lingers
-        in the buffer pins at most as many tokens again of its piece, not the piece (each copy
-        halves what is kept, so all of a piece's copies together cost at most its tokens)."""
+        in the buffer pins at most 4x its tokens of its piece, not the piece. Each copy takes
+        under a quarter of what is kept, so all of a piece's copies together copy under a third
+        of its tokens (at a half: up to all of them, ~0.6 ns a token more of a worker's writes:
+        docs/benchmarks.md "Best fit's writes: cut, and the floor")."""
         starts, lengths, tokens = self.starts, self.lengths, self.tokens
         live = [i for i, start in enumerate(starts) if start >= 0]
         kept = np.concatenate([tokens[starts[i]:starts[i] + lengths[i]] for i in live])
@@ -634,9 +642,9 @@ class _Docs:
 
 def _keep(tokens: np.ndarray, lengths: np.ndarray, first: int = 0) -> "_Docs | None":
     """A worker keeps a piece's tokens as they are, each document by its start, and copies
-    those left apart once they hold half the tokens kept (`_Docs.placed`), so that a document
-    that lingers in the buffer does not pin its whole piece in memory. (A copy of each document,
-    a numpy call each, cost 1.3 of a worker's 89 ns a token: docs/benchmarks.md.)"""
+    those left apart once they hold under a quarter of the tokens kept (`_Docs.placed`), so that
+    a document that lingers in the buffer does not pin its whole piece in memory. (A copy of
+    each document, a numpy call each, cost 1.3 of a worker's 89 ns a token: docs/benchmarks.md.)"""
     live = int(np.count_nonzero(lengths))
     if not live:
         return None
@@ -652,20 +660,26 @@ def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int, positions:
     row `r` of the (B, T+1) rows go to inputs[r, off:] and targets[r, off-1:] of the slot
     (inputs (B, T), then targets (B, T)); with `positions` (the ring's positions areas) the
     inputs' positions 0, 1, ... beside them (packing/positions.py). A document leaves memory
-    once placed (`_Docs.placed`)."""
+    once placed (`_Docs.placed`). Two copies a placement, into the inputs and into `targets`
+    (the slot from its B*T-1-th word, where column c of row r's token, its target r*T + c - 1,
+    is at r*T + c), with as little else as can be: ~80 placements a B=32, T=2048 batch, each
+    ~800 tokens of a document long out of the cache copied twice into a slot out of the cache,
+    ~5 ns a token against ~2.3 for the same bytes in two whole copies (docs/benchmarks.md
+    "Best fit's writes: cut, and the floor")."""
     slot, total = slots[order.slot], 0
+    targets = slot[B * T - 1:]
     for index, row, r, off, n in _placed(order.placements):
         docs = held[index]
-        start = docs.starts[row]
+        start, at = docs.starts[row], r * T + off
         doc = docs.tokens[start:start + n]
-        end = min(off + n, T)
-        if off < end:
-            slot[r * T + off:r * T + end] = doc[:end - off]
-            if positions is not None:
-                fill_prefix(positions[order.slot, r * T + off:r * T + end])
-        lo = max(off, 1)
-        base = B * T + r * T - 1
-        slot[base + lo:base + off + n] = doc[lo - off:n]
+        inputs = n if off + n <= T else T - off  # a cropped document's token at column T is a target only
+        slot[at:at + inputs] = doc if inputs == n else doc[:inputs]
+        if off:
+            targets[at:at + n] = doc
+        else:  # a row's first token is an input only
+            targets[at + 1:at + n] = doc[1:]
+        if positions is not None and inputs > 0:
+            fill_prefix(positions[order.slot, at:at + inputs])
         total += n
         if docs.placed(row):
             del held[index]

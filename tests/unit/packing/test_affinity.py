@@ -56,6 +56,38 @@ def test_no_holder_the_least_loaded_and_none_when_no_one_may_take():
     assert pick(X, []) is None
 
 
+def test_with_the_cores_all_taken_a_busy_holder_comes_before_an_idle_worker():
+    """More workers than the cores, as many busy as the cores: an idle worker would not run
+    before a core frees, and would read the row group again (4 workers on 2 cores read each
+    nanochat row group 3 times, a slice each)."""
+    workers = [worker(0, flight=1, holds=X), worker(1, flight=1, holds=Y), worker(2, flight=0, holds=None)]
+    assert pick(X, workers) == 2, "rule 1 as before: an idle worker first"
+    assert pick(X, workers, cores_busy=True) == 0, "an idle worker read the row group again while the cores were taken"
+    workers[2] = worker(2, flight=0, holds=X)
+    assert pick(X, workers, cores_busy=True) == 2, "not the idle holder"
+    no_holder = [worker(0, flight=2, takes=False, holds=X), worker(1, flight=1, holds=Y), worker(2, flight=0)]
+    assert pick(X, no_holder, cores_busy=True) == 2, "no holder may take it: the idle worker"
+    assert pick(Y, workers, cores_busy=True) == 1
+
+
+def test_the_cores_are_all_taken_when_as_many_workers_as_cores_have_a_piece_in_flight():
+    cfg = LoaderConfig(2, 24, packing="bos_bestfit", num_workers=4, buffer_size=16, tokenizer_batch_size=SLICE,
+                       max_piece_docs=RG_DOCS, max_piece_bytes=TEXT)
+    run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=Position(1, 0, 0), buffer_runs=())
+    mode = BestFitMode(cfg, run, 4, slices)
+    pieces = slices(None, None, 0)
+    first, second, other = next(pieces), next(pieces), Piece(99, 1, 5, 0, 0, SLICE, text_bytes=TEXT)
+    mode.take(0, first)
+    assert mode.pick(second, mode.candidates(range(4))) != 0, "one busy worker of 2 cores: an idle one takes it"
+    mode.take(1, other)
+    assert mode.pick(second, mode.candidates(range(4))) == 0, "both cores taken: the holder queues its next slice"
+    two = BestFitMode(LoaderConfig(2, 24, packing="bos_bestfit", num_workers=2, buffer_size=16,
+                                   tokenizer_batch_size=SLICE, max_piece_docs=RG_DOCS, max_piece_bytes=TEXT),
+                      run, 2, slices)
+    two.take(0, first)
+    assert two.pick(second, two.candidates(range(2))) == 1, "no more workers than cores: an idle one, as before"
+
+
 # ---- through BestFitMode: two workers, each tokenizing its queue a piece a tick
 
 RG_DOCS, SLICE = 40, 8  # row groups of 40 documents cut into 5 slices of one best-fit chunk
