@@ -44,8 +44,7 @@ import numpy as np
 from ..ipc.signals import pid_alive
 
 MAGIC = 0x31656863616C6D73  # "smlcahe1"
-VERSION = 2  # 2: token ids already beginning with BOS get no second (procs/worker.py `ids_with_bos`);
-#              version 1's entries of such a column held [BOS, BOS, ...]: not served, made again
+VERSION = 1
 HEADER = np.dtype("<u8")
 N_HEADER = 8
 MEMO = 4                        # whole entries a TokenCache keeps mapped and checked

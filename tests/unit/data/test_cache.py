@@ -68,20 +68,6 @@ def test_store_load_round_trip_and_layout(tmp_path, n_vocab, width):
     assert tmp_files(tmp_path / "c") == []
 
 
-def test_an_entry_of_an_earlier_version_is_a_miss(tmp_path):
-    """Version 1's entries of token ids beginning with BOS held a second one: not served."""
-    src = tmp_path / "f.parquet"
-    src.write_bytes(b"stat()ed")
-    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
-    cache.store(str(src), 0, np.array([2], dtype=np.int64), np.array([7, 7]))
-    assert cache.load(str(src), 0) is not None and cachemod.VERSION == 2
-    name = Path(cache.path_of(str(src), 0))
-    raw = bytearray(name.read_bytes())
-    raw[8:16] = np.array([1], dtype="<u8").tobytes()  # the header's version
-    name.write_bytes(bytes(raw))
-    assert cachemod.TokenCache(str(tmp_path / "c"), "fp", 300).load(str(src), 0) is None
-
-
 def test_store_load_empty_and_all_null_row_groups(tmp_path):
     src = tmp_path / "f.parquet"
     src.write_bytes(b"x")
