@@ -484,6 +484,7 @@ def test_resume_default_buffer_across_epochs(fitdata):
 
 # ---------------------------------------------------------------- 4. restart after SIGKILL
 
+@pytest.mark.deadline(240)  # two trainer processes, each a start of Python, torch and a loader: at load 20 past 60 s
 def test_restart_after_sigkill(lingerdata, tmp_path):
     total, B, T, buffer_size, chunk = 150, 2, 16, 5, 3
     seed = random.randrange(1 << 30)
@@ -494,11 +495,11 @@ def test_restart_after_sigkill(lingerdata, tmp_path):
            "--seq-len", str(T), "--workers", "2", "--buffer-size", str(buffer_size), "--chunk", str(chunk),
            "--step-s", "0.01"]
     log = tmp_path / "log.jsonl"
-    first_pid = sigkill_after(cmd, tmp_path, log, kill_at, info, timeout=45)
+    first_pid = sigkill_after(cmd, tmp_path, log, kill_at, info, timeout=100)
     saved = json.loads((tmp_path / "state.json").read_text())
     assert saved["state"]["buffer"], f"the checkpoint resumed from has an empty buffer {info}"
 
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=45, cwd=tmp_path)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=tmp_path)
     assert second.returncode == 0, f"{info}\n{second.stderr}"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["k"] for r in records] == list(range(total)), info
