@@ -465,11 +465,15 @@ def test_profile_worker_samples_a_running_worker(demo):
     if subprocess.run([sys.executable, "-c", "import shutil, sys, os; sys.exit(shutil.which('py-spy', path="
                        "os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']) is None)"]).returncode:
         pytest.skip("needs py-spy (the dev extras install it)")
-    text = run("tools/profile_worker.py", "--cache-dir", out, "--vocab-size", VOCAB, "-B", 2, "-T", 128,
-               "--seconds", 2, "--warmup", 0.2)
-    samples = re.search(r"^all +([\d,]+)$", text, re.M)
-    engine = re.search(r"^engine encode +([\d,]+) ", text, re.M)
-    assert samples and engine and int(engine.group(1).replace(",", "")) > 0, text
+    for seconds in (2, 4, 8):  # a loaded machine may leave the worker no sample in its engine in 2 s (load 13: 0 of 166)
+        text = run("tools/profile_worker.py", "--cache-dir", out, "--vocab-size", VOCAB, "-B", 2, "-T", 128,
+                   "--seconds", seconds, "--warmup", 0.2)
+        samples = re.search(r"^all +([\d,]+)$", text, re.M)
+        engine = re.search(r"^engine encode +([\d,]+) ", text, re.M)
+        assert samples and engine, text
+        if int(engine.group(1).replace(",", "")) > 0:
+            break
+    assert int(engine.group(1).replace(",", "")) > 0, text
     assert "M tokens/s meanwhile" in text
 
 
