@@ -34,8 +34,8 @@ from pathlib import Path
 PARTS = [
     ("sampled check (tiktoken) and its bookkeeping", lambda fr: any(f.startswith("Check.") for f in fr)),
     ("engine encode", lambda fr: _inner(fr, ("_fastokens.<locals>.batch", "Encoder.encode_batch"))),
-    ("reading: zstd decompression", lambda fr: _inner(fr, ("Reader.",)) and "ZSTD_" in fr[-1]),
-    ("reading: the rest (decode, to_pylist)", lambda fr: _inner(fr, ("Reader.", "read_or_skip"))),
+    ("reading: zstd decompression", lambda fr: _reading(fr) and "ZSTD_" in fr[-1]),
+    ("reading: the rest (decode, to_pylist)", lambda fr: _reading(fr)),
     ("inserting BOS", lambda fr: _inner(fr, ("_with_bos",))),
     ("copies into ring slots", lambda fr: _inner(fr, ("write ", "_keep"))),  # the packing's
     ("messages and polls", lambda fr: _inner(fr, ("_service", "_handle", "Connection.", "_loop", "Listener.",
@@ -48,6 +48,16 @@ def _inner(frames: list[str], names: tuple[str, ...]) -> bool:
     for frame in reversed(frames):
         if "shmloader/" in frame:
             return (frame.split(" (", 1)[0] + " ").startswith(names)
+    return False
+
+
+def _reading(frames: list[str]) -> bool:
+    """Whether the innermost frame of shmloader's own code reads the data: the `Reader`, or a
+    format's code (shmloader/data/formats/, where the reading itself is since formats were one
+    file each)."""
+    for frame in reversed(frames):
+        if "shmloader/" in frame:
+            return "shmloader/data/formats/" in frame or (frame.split(" (", 1)[0] + " ").startswith(("Reader.", "read_or_skip"))
     return False
 
 
