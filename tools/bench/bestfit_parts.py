@@ -112,18 +112,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = {"B": args.batch_size, "T": args.seq_len, "buffer_size": args.buffer_size, "chunk": args.chunk,
            "piece_docs": args.piece_docs, "batches": args.batches, "seed": args.seed}
-    rounds = {}
-    with children.checkouts(args.compare) as cks:
-        checkouts = [(ck.label or "this checkout", ck) for ck in cks]
-        for _ in range(args.repeat):
-            for label, ck in checkouts:
-                rounds.setdefault(label, []).append(children.run("bestfit_parts:in_child", cfg, ck))
+    labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_parts:in_child", cfg)
     print(f"B={args.batch_size} T={args.seq_len} buffer={args.buffer_size} chunk={args.chunk} "
           f"piece={args.piece_docs} docs, {args.batches} batches a round, least of {args.repeat} rounds; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'part (us of CPU a batch)':<26}" + "".join(f"{label:>16}" for label, _ in checkouts))
+    print(f"{'part (us of CPU a batch)':<26}" + "".join(f"{label:>16}" for label in labels))
     for name in PARTS + ("all",):
-        print(f"{name:<26}" + "".join(f"{min(r[name] for r in rounds[label]):>16.1f}" for label, _ in checkouts))
+        print(f"{name:<26}" + "".join(f"{min(r[name] for r in rounds[label]):>16.1f}" for label in labels))
     return 0
 
 

@@ -122,23 +122,18 @@ def main(argv=None) -> int:
     cfg = {"B": args.batch_size, "T": args.seq_len, "buffer_size": args.buffer_size, "chunk": args.chunk,
            "piece_docs": args.piece_docs, "median": args.median, "workers": args.workers,
            "batches": args.batches, "seed": args.seed}
-    rounds = {}
     load = os.getloadavg()[0]
-    with children.checkouts(args.compare) as cks:
-        checkouts = [(ck.label or "this checkout", ck) for ck in cks]
-        for i in range(args.repeat):
-            for label, ck in (checkouts if i % 2 == 0 else checkouts[::-1]):
-                rounds.setdefault(label, []).append(children.run("bestfit_write:in_child", cfg, ck))
-    first = rounds[checkouts[0][0]][0]
+    labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_write:in_child", cfg, alternate=True)
+    first = rounds[labels[0]][0]
     print(f"B={args.batch_size} T={args.seq_len} buffer={args.buffer_size} piece={args.piece_docs} docs, "
           f"{args.workers} workers, {args.batches} batches a round ({first['placements a batch']:.0f} placements "
           f"a batch), {args.repeat} rounds; load average {load:.1f} -> {os.getloadavg()[0]:.1f}")
     print("ns of CPU a token written, per round")
-    for label, _ in checkouts:
+    for label in labels:
         for name in PARTS:
             print(f"  {label:<14} {name:<13}" + "".join(f"{r[name]:>7.2f}" for r in rounds[label]))
-    if len(checkouts) == 2:
-        (before, _), (ours, _) = checkouts
+    if len(labels) == 2:
+        before, ours = labels
         ratios = [a["keep + write"] / b["keep + write"] for a, b in zip(rounds[ours], rounds[before])]
         print(f"keep + write, {ours} / {before}, per round: " + " ".join(f"{x:.3f}" for x in ratios))
     return 0

@@ -75,6 +75,21 @@ def in_rounds(repeat: int, found: list, compare: Path | None, one_round) -> list
     return per_corpus
 
 
+def each_round(compare: Path | None, repeat: int, fn: str, cfg, alternate: bool = False) -> tuple[list, dict]:
+    """`fn` in a fresh process for each checkout (`checkouts`) in each of `repeat` rounds (`run`):
+    (the checkouts' labels in order, {label: each round's result}). `cfg` is the child's
+    arguments, or `(round, i) -> them` for the i-th checkout of a round; `alternate`: every
+    other round runs the checkouts in reverse order, so that neither always runs first."""
+    rounds = {}
+    with checkouts(compare) as cks:
+        labelled = [(ck.label or "this checkout", ck) for ck in cks]
+        for r in range(repeat):
+            for label, ck in (labelled[::-1] if alternate and r % 2 else labelled):
+                i = [c for _, c in labelled].index(ck)
+                rounds.setdefault(label, []).append(run(fn, cfg(r, i) if callable(cfg) else cfg, ck))
+    return [label for label, _ in labelled], rounds
+
+
 def env(checkout: Checkout) -> dict:
     """A child's environment: `checkout`'s shmloader first on its path, then this checkout."""
     path = [checkout.path, str(REPO), os.environ.get("PYTHONPATH")]

@@ -100,25 +100,22 @@ def main(argv=None) -> int:
     cfg = {k: getattr(args, k) for k in ("data", "tokenizer", "packing", "workers", "B", "T", "token_cache",
                                          "warmup", "batches")}
     cfg["data"], cfg["tokenizer"] = os.path.abspath(cfg["data"]), os.path.abspath(cfg["tokenizer"])
-    load0, rounds = os.getloadavg()[0], {}
-    with tempfile.TemporaryDirectory(prefix="coordinator_parts_") as tmp, children.checkouts(args.compare) as cks:
-        checkouts = [(ck.label or "this checkout", ck) for ck in cks]
-        for r in range(args.rounds):
-            for i, (label, ck) in enumerate(checkouts):
-                got = children.run("coordinator_parts:one_round", dict(cfg, parts=f"{tmp}/{r}.{i}"), ck)
-                rounds.setdefault(label, []).append(got)
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="coordinator_parts_") as tmp:
+        labels, rounds = children.each_round(args.compare, args.rounds, "coordinator_parts:one_round",
+                                             lambda r, i: dict(cfg, parts=f"{tmp}/{r}.{i}"))
     print(f"{args.packing}, B={args.B} T={args.T}, {args.workers} workers, token cache {args.token_cache}, "
           f"{args.batches} batches a round after {args.warmup}, medians of {args.rounds} rounds; "
           f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
     med = lambda label, f: statistics.median(f(r) for r in rounds[label])  # noqa: E731
     def row(name, value, digits):
-        print(f"{name:<30}" + "".join(f"{med(label, value):>16.{digits}f}" for label, _ in checkouts))
+        print(f"{name:<30}" + "".join(f"{med(label, value):>16.{digits}f}" for label in labels))
 
-    print(f"{'us of coordinator CPU a batch':<30}" + "".join(f"{label:>16}" for label, _ in checkouts))
+    print(f"{'us of coordinator CPU a batch':<30}" + "".join(f"{label:>16}" for label in labels))
     row("whole (all its threads)", lambda r: r["whole"], 0)
     row("batches/s", lambda r: r["batches_per_s"], 0)
     names = sorted({k for rs in rounds.values() for r in rs for k in r["parts"]},
-                   key=lambda k: -max(med(label, lambda r: r["parts"].get(k, 0.0)) for label, _ in checkouts))
+                   key=lambda k: -max(med(label, lambda r: r["parts"].get(k, 0.0)) for label in labels))
     for name in names:
         row(name, lambda r: r["parts"].get(name, 0.0), 1)  # noqa: B023 (called at once)
     return 0
