@@ -84,21 +84,40 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
     return out
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python tools/bench/bestfit_parts.py")
+GEOMETRY = ("batch_size", "seq_len", "buffer_size", "chunk", "piece_docs")
+
+
+def add_geometry(p, piece_docs: int, piece_help: str = "") -> None:
+    """The best-fit geometry's arguments, which bestfit_write.py takes too (`geometry` reads them)."""
     p.add_argument("--batch-size", type=int, default=32, help="B, rows per batch (rows; default 32)")
     p.add_argument("--seq-len", type=int, default=2048, help="T (tokens; rows hold T+1; default 2048)")
     p.add_argument("--buffer-size", type=int, default=1000, help="buffered documents (documents; default 1000)")
     p.add_argument("--chunk", type=int, default=128, help="tokenizer_batch_size (documents; default 128)")
-    p.add_argument("--piece-docs", type=int, default=1024, help="documents a piece (documents; default 1024)")
+    p.add_argument("--piece-docs", type=int, default=piece_docs,
+                   help=f"documents a piece (documents; default {piece_docs}{piece_help})")
+
+
+def geometry(args) -> dict:
+    """`one_round`'s geometry arguments from `add_geometry`'s."""
+    return {"B": args.batch_size, "T": args.seq_len, "buffer_size": args.buffer_size, "chunk": args.chunk,
+            "piece_docs": args.piece_docs}
+
+
+def check_counts(p, args, *more: str) -> None:
+    """Refuse a geometry count, or one of `more` (argument names), below 1."""
+    if min(getattr(args, name) for name in GEOMETRY + more) < 1:
+        p.error("every count must be >= 1")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python tools/bench/bestfit_parts.py")
+    add_geometry(p, 1024)
     p.add_argument("--batches", type=int, default=1500, help="batches timed a round (batches; default 1500)")
     p.add_argument("--repeat", type=int, default=5, help="rounds; each part's least is reported (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths (default 0)")
     children.add_compare_arg(p, "the same rounds")
     args = p.parse_args(argv)
-    if min(args.batch_size, args.seq_len, args.buffer_size, args.chunk, args.piece_docs, args.batches,
-           args.repeat) < 1:
-        p.error("every count must be >= 1")
+    check_counts(p, args, "batches", "repeat")
     children.check_compare(p, args)
     return args
 
@@ -110,8 +129,7 @@ def in_child(cfg: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = {"B": args.batch_size, "T": args.seq_len, "buffer_size": args.buffer_size, "chunk": args.chunk,
-           "piece_docs": args.piece_docs, "batches": args.batches, "seed": args.seed}
+    cfg = dict(geometry(args), batches=args.batches, seed=args.seed)
     labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_parts:in_child", cfg)
     print(f"B={args.batch_size} T={args.seq_len} buffer={args.buffer_size} chunk={args.chunk} "
           f"piece={args.piece_docs} docs, {args.batches} batches a round, least of {args.repeat} rounds; "

@@ -27,7 +27,7 @@ from pathlib import Path
 if not __package__:  # run as a file: this checkout first on the path (tools.bench)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tools.bench import children  # noqa: E402
+from tools.bench import bestfit_parts, children  # noqa: E402
 
 PARTS = ("keep", "write", "keep + write", "1 copy", "2 copies")
 SLOTS = 8
@@ -92,12 +92,7 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, med
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], prog="python tools/bench/bestfit_write.py")
-    p.add_argument("--batch-size", type=int, default=32, help="B, rows per batch (rows; default 32)")
-    p.add_argument("--seq-len", type=int, default=2048, help="T (tokens; rows hold T+1; default 2048)")
-    p.add_argument("--buffer-size", type=int, default=1000, help="buffered documents (documents; default 1000)")
-    p.add_argument("--chunk", type=int, default=128, help="tokenizer_batch_size (documents; default 128)")
-    p.add_argument("--piece-docs", type=int, default=384,
-                   help="documents a piece (documents; default 384: a third of a nanochat row group, as 2 MiB pieces are)")
+    bestfit_parts.add_geometry(p, 384, ": a third of a nanochat row group, as 2 MiB pieces are")
     p.add_argument("--median", type=float, default=760.0, help="median document length (tokens; default 760)")
     p.add_argument("--workers", type=int, default=2, help="workers the pieces are dealt to (default 2)")
     p.add_argument("--batches", type=int, default=200, help="batches timed a round (batches; default 200)")
@@ -105,9 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the lengths and tokens (default 0)")
     children.add_compare_arg(p, "the same rounds")
     args = p.parse_args(argv)
-    if min(args.batch_size, args.seq_len, args.buffer_size, args.chunk, args.piece_docs, args.batches,
-           args.repeat, args.workers) < 1 or args.median < 1:
-        p.error("every count must be >= 1")
+    bestfit_parts.check_counts(p, args, "batches", "repeat", "workers")
+    if args.median < 1:
+        p.error("--median must be >= 1")
     children.check_compare(p, args)
     return args
 
@@ -119,9 +114,8 @@ def in_child(cfg: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cfg = {"B": args.batch_size, "T": args.seq_len, "buffer_size": args.buffer_size, "chunk": args.chunk,
-           "piece_docs": args.piece_docs, "median": args.median, "workers": args.workers,
-           "batches": args.batches, "seed": args.seed}
+    cfg = dict(bestfit_parts.geometry(args), median=args.median, workers=args.workers, batches=args.batches,
+               seed=args.seed)
     load = os.getloadavg()[0]
     labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_write:in_child", cfg, alternate=True)
     first = rounds[labels[0]][0]
