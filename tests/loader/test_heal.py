@@ -289,13 +289,18 @@ def _kill_a_busy_worker(loader, not_on=()) -> "Span | None":
     d = loader.debug()
     for i, p in enumerate(d.workers):
         os.kill(p.pid, signal.SIGSTOP)
-        row = d.ring.workers[i]
-        span = Span(int(row[WorkerCol.EPOCH]), int(row[WorkerCol.DOC]), int(row[WorkerCol.END]))
-        if (row[WorkerCol.PIECE] >= 0 and row[WorkerCol.FILE] == 0 and row[WorkerCol.RG] == 0
-                and span.doc < span.end and not any(span.overlaps(s) for s in not_on)):
-            os.kill(p.pid, signal.SIGKILL)
-            return span
-        os.kill(p.pid, signal.SIGCONT)
+        killed = False
+        try:
+            row = d.ring.workers[i]
+            span = Span(int(row[WorkerCol.EPOCH]), int(row[WorkerCol.DOC]), int(row[WorkerCol.END]))
+            if (row[WorkerCol.PIECE] >= 0 and row[WorkerCol.FILE] == 0 and row[WorkerCol.RG] == 0
+                    and span.doc < span.end and not any(span.overlaps(s) for s in not_on)):
+                os.kill(p.pid, signal.SIGKILL)
+                killed = True
+                return span
+        finally:
+            if not killed:  # never left stopped, whatever raised
+                os.kill(p.pid, signal.SIGCONT)
     return None
 
 
