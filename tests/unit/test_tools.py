@@ -444,3 +444,16 @@ def test_bench_made_checks_measures_each_figure(tmp_path):
     got = made_checks.measure({"root": str(tmp_path), "calls": 2})
     assert set(got) == {"files_order_us", "shuffled_us"}
     assert all(v > 0 for v in got.values())
+
+
+def test_a_bench_child_calls_its_function_on_the_config_or_with_its_keys(tmp_path):
+    """tools/bench/child.py: `MODULE:FUNCTION` gets the config as one dict, `MODULE:FUNCTION**`
+    its keys as keyword arguments (a bench's `one_round(B=..., T=...)` without an adapter)."""
+    from tools.bench import children
+
+    with children.checkouts(None) as [ours]:
+        whole = children.run("made_checks:measure", {"root": str(tmp_path), "calls": 1}, ours)
+        keys = children.run("bestfit_parts:one_round**", {"B": 2, "T": 64, "buffer_size": 20, "chunk": 4,
+                                                          "piece_docs": 20, "batches": 5, "seed": 0}, ours)
+    assert {"files_order_us", "shuffled_us"} <= set(whole) and whole["files_order_us"] > 0
+    assert keys["all"] > 0 and keys["shmloader"]

@@ -122,15 +122,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def in_child(cfg: dict) -> dict:
-    """`one_round` in a fresh process with a checkout's package (`children.run`; `cfg`: its arguments)."""
-    return one_round(**cfg)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = dict(geometry(args), batches=args.batches, seed=args.seed)
-    labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_parts:in_child", cfg)
+    labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_parts:one_round**", cfg)
     print(f"B={args.batch_size} T={args.seq_len} buffer={args.buffer_size} chunk={args.chunk} "
           f"piece={args.piece_docs} docs, {args.batches} batches a round, least of {args.repeat} rounds; "
           f"load average {os.getloadavg()[0]:.1f}")

@@ -107,17 +107,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def in_child(cfg: dict) -> dict:
-    """`one_round` in a fresh process with a checkout's package (`children.run`; `cfg`: its arguments)."""
-    return one_round(**cfg)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = dict(bestfit_parts.geometry(args), median=args.median, workers=args.workers, batches=args.batches,
                seed=args.seed)
     load = os.getloadavg()[0]
-    labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_write:in_child", cfg, alternate=True)
+    labels, rounds = children.each_round(args.compare, args.repeat, "bestfit_write:one_round**", cfg, alternate=True)
     first = rounds[labels[0]][0]
     print(f"B={args.batch_size} T={args.seq_len} buffer={args.buffer_size} piece={args.piece_docs} docs, "
           f"{args.workers} workers, {args.batches} batches a round ({first['placements a batch']:.0f} placements "
