@@ -97,7 +97,8 @@ class ShmLoader:
             (procs/headstart.py); False: every batch comes from the workers.
         column: the column the documents are in (a source given as `Source(data, column=...)`
             reads its own): strings are text to tokenize, lists of integers are token ids, used
-            as they are after the BOS (ids at or above the tokenizer's vocabulary: DataError).
+            as they are after the BOS (not given a second when they begin with it; ids at or above
+            the tokenizer's vocabulary: DataError).
         shuffle, seed, shuffle_window: every epoch's units (row groups) over the whole split in an
             order drawn from `seed` and the epoch, and the documents of each run of consecutive
             units holding `shuffle_window` documents (None: 256; 1: each unit alone) in one order

@@ -38,7 +38,8 @@ class Source:
     directory, a glob, a list of files, a URI) and `column` (None: the loader's `column=`,
     "text" unless it says otherwise). It stands as `data=` or as a `Mixture`'s source, so that
     each source of a mixture reads its own column. A column of strings is text to tokenize; a
-    column of lists of integers is each document's token ids (used as they are after the BOS).
+    column of lists of integers is each document's token ids (used as they are after the BOS,
+    which ids already beginning with it are not given again).
     `shuffle` (None: the loader's `shuffle=`) says whether this source is read shuffled
     (data/shuffle.py; a mixture's source with the loader's `seed=` and `shuffle_window=`, its seed
     drawn from them and its name): a corpus shuffled offline beside a date-sorted one."""

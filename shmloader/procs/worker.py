@@ -412,7 +412,8 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
     shown, so an engine stuck on one document is a stall): the engines release the GIL,
     so write orders for the tokens this worker already holds are carried out while it
     tokenizes (one long document used to hold a loader's first batch until it was done).
-    A token-id column's documents (`Ids`) are not encoded: each is `[BOS] + ids` as it is."""
+    A token-id column's documents (`Ids`) are not encoded: each is `[BOS] + ids` as it is, one
+    that already begins with BOS not given another (`ids_with_bos`)."""
     if isinstance(texts, Ids):
         out = ids_with_bos(texts, bos, dtype)
         if between is not None:
@@ -441,15 +442,21 @@ def encode_texts(texts: list, encode_batch, bos: int, dtype, where, between=None
 
 
 def ids_with_bos(docs: Ids, bos: int, dtype) -> tuple:
-    """(tokens, lengths) of documents given as token ids: `[BOS] + ids` each, as `encode_texts`
-    makes them of text (the ids were checked against the vocabulary when read)."""
-    lengths = np.array([0 if d is None else len(d) + 1 for d in docs], dtype=np.int64)
-    present = [d for d in docs if d is not None]
-    if not present:
+    """(tokens, lengths) of documents given as token ids, as `encode_texts` makes them of text:
+    `[BOS] + ids` each, but a document whose ids already begin with BOS as it is (pretokenized
+    corpora, nanochat's own among them, carry their BOS: never `[BOS, BOS, ...]`); an empty
+    one is `[BOS]`. The ids were checked against the vocabulary when read."""
+    lengths = np.zeros(len(docs), dtype=np.int64)
+    rows = [i for i, d in enumerate(docs) if d is not None]
+    if not rows:
         return np.empty(0, dtype), lengths
-    offsets = np.zeros(len(present) + 1, dtype=np.int64)
-    np.cumsum(lengths[lengths > 0] - 1, out=offsets[1:])
-    return _with_bos(np.concatenate(present), offsets, bos, dtype), lengths
+    sizes = np.fromiter((len(docs[i]) for i in rows), dtype=np.int64, count=len(rows))
+    flat = np.concatenate([docs[i] for i in rows])
+    starts = np.cumsum(sizes) - sizes
+    need = sizes == 0  # each document needs a BOS unless its ids begin with one (an empty one does)
+    need[~need] = flat[starts[~need]] != bos
+    lengths[rows] = sizes + need
+    return _with_bos(flat, np.append(starts[need], len(flat)), bos, dtype), lengths
 
 
 def _beside(work, between):
@@ -477,7 +484,8 @@ def _beside(work, between):
 
 def _with_bos(ids: np.ndarray, offsets: np.ndarray, bos: int, dtype) -> np.ndarray:
     """`[BOS] + ids` of each document of a run, end to end, in one pass over the run while its
-    ids are in the cache (no numpy call per document)."""
+    ids are in the cache (no numpy call per document): a BOS before each `offsets[:-1]`, the
+    ids' end last (`ids_with_bos` gives only the documents that need one)."""
     k = len(offsets) - 1
     out = np.empty(len(ids) + k, dtype=dtype)
     starts = offsets[:-1] + np.arange(k)

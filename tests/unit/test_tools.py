@@ -442,7 +442,7 @@ def test_bench_made_checks_measures_each_figure(tmp_path):
     from tools.bench import made_checks
 
     got = made_checks.measure({"root": str(tmp_path), "calls": 2})
-    assert set(got) == {"files_order_us", "shuffled_us"}
+    assert set(got) == {"files_order_us", "shuffled_us", "ids_plain_ms", "ids_with_bos_ms"}
     assert all(v > 0 for v in got.values())
 
 

@@ -1,8 +1,12 @@
-"""A small cost of a new user's data, side by side with another checkout (`--compare DIR`):
-`check_units`, the refusals when a loader is made (kinds.py `check_units`: a rank without a
-unit, and one whose units' footers say they hold no document, data/units.py), for rank 1 of 8
-over 20 parquet files of 50 row groups written with statistics, in the files' order and
-shuffled; median of `--calls` calls, in microseconds.
+"""Two small costs of a new user's data, side by side with another checkout (`--compare DIR`):
+
+- `check_units`: the refusals when a loader is made (kinds.py `check_units`: a rank without a
+  unit, and one whose units' footers say they hold no document, data/units.py), for rank 1 of
+  8 over 20 parquet files of 50 row groups written with statistics, in the files' order and
+  shuffled; median of `--calls` calls, in microseconds;
+- `ids_with_bos`: a piece of 1,024 token-id documents of 50-1,500 ids made into the stream
+  (procs/worker.py `ids_with_bos`), none and all of them already beginning with BOS; median
+  of `--calls` calls, in milliseconds.
 
 Each checkout runs in a fresh process of its own (tools/bench/children.py), alternating, for
 `--rounds` rounds.
@@ -20,10 +24,13 @@ from tools.bench import children
 
 
 def measure(cfg: dict) -> dict:
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from shmloader import kinds
+    from shmloader.data.source import Ids
+    from shmloader.procs import worker
 
     root, calls = cfg["root"], cfg["calls"]
     if not os.path.exists(os.path.join(root, "s019.parquet")):
@@ -39,6 +46,16 @@ def measure(cfg: dict) -> dict:
             kind.check_units(config, 1, 8)
             ts.append(time.perf_counter() - t)
         out[name] = statistics.median(ts) * 1e6
+    rng = np.random.default_rng(0)
+    for name, first in (("ids_plain_ms", []), ("ids_with_bos_ms", [7])):
+        docs = Ids(np.array(first + rng.integers(8, 50_000, rng.integers(50, 1500)).tolist(), dtype=np.int64)
+                   for _ in range(1024))
+        ts = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            worker.ids_with_bos(docs, 7, np.uint32)
+            ts.append(time.perf_counter() - t)
+        out[name] = statistics.median(ts) * 1e3
     return out
 
 
@@ -55,7 +72,8 @@ def main(argv=None):
             for ck in cks:
                 got = children.run("made_checks:measure", {"root": root, "calls": args.calls}, ck)
                 print(f"round {r + 1} {ck.label or 'this checkout'}: check_units files' order "
-                      f"{got['files_order_us']:.0f} us, shuffled {got['shuffled_us']:.0f} us")
+                      f"{got['files_order_us']:.0f} us, shuffled {got['shuffled_us']:.0f} us; ids_with_bos "
+                      f"{got['ids_plain_ms']:.2f} ms (none begin with BOS), {got['ids_with_bos_ms']:.2f} ms (all do)")
         print(f"load average {os.getloadavg()[0]:.1f}")
 
 

@@ -1,0 +1,149 @@
+"""A token-id column whose documents already begin with BOS (what nanochat's own pretokenize
+writes: `tokenizer.encode(text, prepend=bos)`, and what most pretokenized corpora carry) gives
+the batches of the same documents as text, byte for byte: a document is `[BOS] + ids` only when
+its ids do not already start with BOS, never `[BOS, BOS, ...]`.
+
+Half the documents are written with their BOS, half without, in parquet (row groups of 128)
+and JSON Lines; each is read under concat and best fit, with positions (each input token's
+index in its document), and through the token cache cold then warm: every stream equals the
+parquet text loader's, and a mixture with such a source mixes as with its text (and, beside
+a `.jsonl.zst` source on a schedule, resumes through a JSON state). An empty list and a list of
+BOS alone are both the document `[BOS]`.
+"""
+import functools
+import itertools
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from shmloader.demo import corpus
+from tests import helpers
+
+B, T = 4, 64
+N = 40  # batches: several row groups of each file
+
+
+@functools.lru_cache(maxsize=None)
+def _texts() -> tuple:
+    return tuple(corpus.synthetic_texts(700, seed=21, mean_words=10))
+
+
+def _bos(tok) -> int:
+    return tok.encode_single_token("<|bos|>")
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory, synth_tokenizer) -> dict:
+    """The same documents as text (parquet) and as token ids, odd documents with their BOS
+    already in front, in parquet and in JSON Lines."""
+    root = tmp_path_factory.mktemp("ids_bos")
+    bos = _bos(synth_tokenizer)
+    texts = list(_texts())
+    ids = [([bos] if i % 2 else []) + synth_tokenizer.encode_ordinary(t) for i, t in enumerate(texts)]
+    out = {k: root / k for k in ("text", "parquet", "jsonl")}
+    for d in out.values():
+        d.mkdir()
+    for f in range(2):
+        part = slice(f * 350, (f + 1) * 350)
+        pq.write_table(pa.table({"text": texts[part]}), out["text"] / f"{f}.parquet", row_group_size=128)
+        pq.write_table(pa.table({"ids": pa.array(ids[part], pa.list_(pa.int32()))}),
+                       out["parquet"] / f"{f}.parquet", row_group_size=128)
+        (out["jsonl"] / f"{f}.jsonl").write_text("".join(json.dumps({"ids": d}) + "\n" for d in ids[part]))
+    return {k: str(v) for k, v in out.items()}
+
+
+def _read(data, tok, column, n=N, **kw) -> list:
+    with shmloader.ShmLoader(data, tok, B, T, "all", column=column, device="cpu", num_workers=2,
+                             timeout=60, **kw) as loader:
+        return [[t.numpy().copy() for t in batch] for batch in itertools.islice(loader, n)]
+
+
+def _same(got, want):
+    assert len(want) == N and len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert len(g) == len(w)
+        for a, b in zip(g, w):
+            assert np.array_equal(a, b), f"batch {i} differs"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_ids_that_begin_with_bos_give_the_text_batches(dirs, synth_tokenizer, watchdog, fmt, packing):
+    want = _read(dirs["text"], synth_tokenizer, "text", packing=packing, positions=True)
+    got = _read(dirs[fmt], synth_tokenizer, "ids", packing=packing, positions=True)
+    _same(got, want)
+    bos = _bos(synth_tokenizer)
+    x, y, positions = got[0]
+    assert not np.any((x[:, 1:] == bos) & (x[:, :-1] == bos)), "a document has two BOS"
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_the_token_cache_keeps_one_bos(dirs, synth_tokenizer, tmp_path, watchdog, packing):
+    want = _read(dirs["text"], synth_tokenizer, "text", packing=packing)
+    cold = _read(dirs["parquet"], synth_tokenizer, "ids", packing=packing, cache_dir=str(tmp_path / "c"))
+    warm = _read(dirs["parquet"], synth_tokenizer, "ids", packing=packing, cache_dir=str(tmp_path / "c"))
+    _same(cold, want)
+    _same(warm, want)
+
+
+def test_an_empty_list_and_bos_alone_are_each_one_bos(tmp_path, synth_tokenizer, watchdog):
+    bos = _bos(synth_tokenizer)
+    a, b = synth_tokenizer.encode_ordinary("one two"), synth_tokenizer.encode_ordinary("three")
+    docs = [[bos, *a], [], [bos], a, [bos, *b, bos, *a]] * 60  # a BOS inside a document stays
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.table({"ids": pa.array(docs, pa.list_(pa.int64()))}), tmp_path / "d" / "x.parquet",
+                   row_group_size=7)
+    stream = np.array([t for d in docs for t in (d if d[:1] == [bos] else [bos, *d])], dtype=np.int64)
+    n = len(stream) // (B * T + 1)
+    assert n >= 3
+    with shmloader.ShmLoader(str(tmp_path / "d"), synth_tokenizer, B, T, "all", column="ids", device="cpu",
+                             num_workers=2, timeout=60) as loader:
+        got = [helpers.window_of(x, y) for x, y in itertools.islice(loader, n)]
+    for i, w in enumerate(got):
+        assert np.array_equal(w, stream[i * (B * T + 1):(i + 1) * (B * T + 1)]), f"batch {i} differs"
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_mixtures_token_id_source_weighs_as_its_text(dirs, synth_tokenizer, watchdog, packing):
+    """A mixture counts its weights in tokens: a source of ids with their BOS mixes as the same
+    source in text (a second BOS would have changed every share, and every batch)."""
+    def mix(web):
+        return shmloader.Mixture({"web": web, "more": dirs["text"]}, [(0, {"web": 3, "more": 1}), (15, {"web": 1, "more": 2})])
+    want = _read(mix(dirs["text"]), synth_tokenizer, "text", packing=packing, positions=True)
+    got = _read(mix(shmloader.Source(dirs["parquet"], column="ids")), synth_tokenizer, "text", packing=packing,
+                positions=True)
+    _same(got, want)
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_mixture_with_a_jsonl_zst_source_resumes_through_json(dirs, synth_tokenizer, tmp_path, watchdog, packing):
+    """The README's calls as a new user makes them: a mixture of the ids (with their BOS) and a
+    `.jsonl.zst` source of another column, on a schedule, with positions; its state through
+    JSON resumes on another worker count exactly where the run without a stop goes on."""
+    zst = tmp_path / "zst"
+    zst.mkdir()
+    for f in range(2):
+        with pa.CompressedOutputStream(str(zst / f"{f}.jsonl.zst"), "zstd") as out:
+            out.write("".join(json.dumps({"content": t}) + "\n" for t in _texts()[f * 350:(f + 1) * 350]).encode())
+
+    def mix():
+        return shmloader.Mixture({"ids": shmloader.Source(dirs["parquet"], column="ids"),
+                                  "code": shmloader.Source(str(zst), column="content")},
+                                 [(0, {"ids": 3, "code": 1}), (12, {"ids": 1, "code": 2})])
+    kw = dict(packing=packing, positions=True)
+    want = _read(mix(), synth_tokenizer, "text", **kw)
+    with shmloader.ShmLoader(mix(), synth_tokenizer, B, T, "all", device="cpu", num_workers=2, timeout=60,
+                             **kw) as loader:
+        for _ in range(15):
+            next(loader)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with shmloader.ShmLoader(mix(), synth_tokenizer, B, T, "all", device="cpu", num_workers=1, timeout=60,
+                             resume_state=state, **kw) as loader:
+        got = [[t.numpy().copy() for t in batch] for batch in itertools.islice(loader, N - 15)]
+    assert len(got) == N - 15
+    for i, (g, w) in enumerate(zip(got, want[15:])):
+        assert all(np.array_equal(a, b) for a, b in zip(g, w)), f"batch {15 + i} after the resume differs"
