@@ -1,7 +1,8 @@
 """The token cache: each row group tokenized once, then read back at memory speed.
 
 One file per (data file identity, its column read, row group, tokenizer; a `File` names the
-file and column, also where one run reads a file in two columns):
+file and column, also where one run reads a file in two columns, and the column's kind: token
+ids' entries are keyed by their BOS rule, `TOKEN_IDS_KEY`, text's as they always were):
 `<cache_dir>/<tokenizer fingerprint>/<hash of path, size, mtime>-rg<NNNNN>.tok`. A data file
 that changes gets a new identity, so its old entries are never served. Layout (little endian):
 
@@ -42,6 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ipc.signals import pid_alive
+from .formats.column import TEXT, TOKENS
 
 MAGIC = 0x31656863616C6D73  # "smlcahe1"
 VERSION = 1
@@ -51,25 +53,41 @@ MEMO = 4                        # whole entries a TokenCache keeps mapped and ch
 _PART = re.compile(r"(\d+)-(\d+)\.part")
 
 
-def identity(path: str, filesystem=None, column: str = "text") -> int:
-    """64-bit hash of a data file's absolute path, size and modification time, and of the
-    column read when it is not "text" (one file's two columns are two entries)."""
+# What an entry of token ids is keyed by beyond its file and column: the rule that made it, ids
+# already beginning with BOS given no second (procs/worker.py `ids_with_bos`). Entries of token
+# ids kept before the rule (keyed without it) held [BOS, BOS, ...]: never found, made again.
+# Text entries are keyed as they always were.
+TOKEN_IDS_KEY = "token ids, own BOS kept"
+
+
+def identity(path: str, filesystem=None, column: str = "text", kind: str = TEXT) -> int:
+    """64-bit hash of a data file's absolute path, size and modification time, of the column
+    read when it is not "text" (one file's two columns are two entries), and of
+    `TOKEN_IDS_KEY` when the column holds token ids."""
     if filesystem is None:
         st = os.stat(path)
         key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
     else:
         info = filesystem.get_file_info(path)
         key = f"{filesystem.type_name}:{path}\0{info.size}\0{info.mtime_ns}"
-    key = (key if column == "text" else f"{key}\0{column}").encode()
+    key = key if column == "text" else f"{key}\0{column}"
+    key = (key if kind != TOKENS else f"{key}\0{TOKEN_IDS_KEY}").encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
 
 
 class File(NamedTuple):
-    """A data file as the cache keeps it: its path and the column read (one file's two columns,
-    two sources of one mixture, are two entries). The cache's methods take a `File`, or a path
-    alone for its `text` column."""
+    """A data file as the cache keeps it: its path, the column read (one file's two columns,
+    two sources of one mixture, are two entries) and the column's kind (`formats.column.TEXT`
+    or `TOKENS`: entries of token ids are keyed by their BOS rule, `TOKEN_IDS_KEY`). The cache's
+    methods take a `File`, or a path alone for its `text` column of text."""
     path: str
     column: str = "text"
+    kind: str = TEXT
+
+    @classmethod
+    def of(cls, reader, f: int) -> "File":
+        """File `f` of a `source.Reader`, as workers and tools/pretokenize.py key it."""
+        return cls(reader.files[f], reader.columns[f], reader.kind(f))
 
 
 class _Entry:
@@ -100,7 +118,7 @@ class TokenCache:
     def _identity(self, path: "File | str") -> int:
         if path not in self._ids:
             f = path if isinstance(path, File) else File(path)
-            self._ids[path] = identity(f.path, self.filesystem, f.column)
+            self._ids[path] = identity(f.path, self.filesystem, f.column, f.kind)
         return self._ids[path]
 
     def path_of(self, path: "File | str", rg: int) -> str:
@@ -227,7 +245,8 @@ class TokenCache:
             except FileNotFoundError:
                 if attempt:
                     raise
-        if os.path.exists(self.path_of(path, rg)):  # merged meanwhile by another writer
+        if self._whole(path, rg) is not None:  # merged meanwhile by another writer (one that is not
+            #                                    valid, torn or of another format, is written again)
             self._drop_parts(path, rg)
             return False
         parts = self._parts(path, rg)

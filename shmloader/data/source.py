@@ -454,6 +454,7 @@ class Reader:
         self._ids = {}       # f -> (size, digest) when opened
         self._expected = {}  # f -> the digest it must have
         self._sizes = {}     # f -> (row counts, text bytes) of its units, while it is open
+        self._kinds = {}     # f -> its column's kind (`kind`), once known
 
     def expect(self, f: int, digest: str | None):
         if digest is not None:
@@ -493,6 +494,19 @@ class Reader:
         """File f's number of units, or `enough` once it holds that many (`Format.units`)."""
         sizes = self._sizes.get(f)
         return min(enough, len(sizes[0])) if sizes is not None else self._file(f).units(enough)
+
+    def kind(self, f: int) -> str:
+        """File f's column's kind as its format says it cheaply (`Format.kind`), for the token
+        cache's key; text where it says none, or where the file cannot be opened or lacks the
+        column (reading it says what is wrong). Kept per file: a run served by the cache opens
+        each file once for it, not again after closing it."""
+        kind = self._kinds.get(f)
+        if kind is None:
+            try:
+                kind = self._kinds[f] = self._file(f).kind(self.columns[f]) or TEXT
+            except (DataError, OSError, ValueError):
+                return TEXT
+        return kind
 
     def text_bytes(self, f: int) -> list[int]:
         """About each unit's text size in bytes (`Format.unit_bytes`; 0: unknown)."""

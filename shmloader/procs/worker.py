@@ -265,8 +265,8 @@ def _cached_or_tokenized(ctx: _Ctx, source: Reader, encode, cache, task: Task):
 
 
 def _file(ctx: _Ctx, source: Reader, f: int) -> File:
-    """File `f` of the run as the token cache keeps it: its path and the column read."""
-    return File(ctx.args.files[f], source.columns[f])
+    """File `f` of the run as the token cache keeps it: its path, the column read and its kind."""
+    return File.of(source, f)
 
 
 def _cached_shuffled(ctx: _Ctx, source: Reader, encode, cache, task: Task):

@@ -37,13 +37,14 @@ def _init(spec_, cache_dir_, engine, column):
 
 def _one(job):
     path, rg = job
-    if _CACHE.load(cachemod.File(path, _COLUMN), rg) is not None:
-        return 0, False
     reader = source.Reader([path], columns=_COLUMN, n_vocab=_SPEC.n_vocab or None)
+    file = cachemod.File.of(reader, 0)
+    if _CACHE.load(file, rg) is not None:
+        return 0, False
     texts = reader.read_texts(0, rg, 0, reader.row_counts(0)[rg])
     tokens, lengths = worker.encode_texts(texts, _ENGINES.encode_batch, _SPEC.bos, _SPEC.dtype,
                                           lambda i: f"{path}, row group {rg}, document row {i}")
-    _CACHE.store(cachemod.File(path, _COLUMN), rg, lengths, tokens)
+    _CACHE.store(file, rg, lengths, tokens)
     return int(tokens.size), True
 
 

@@ -5,6 +5,7 @@ belongs to one version of its data file (size and mtime); partial entries (slice
 group) serve their rows, are refused for other rows, and merge into the whole entry once they
 cover it. (The cache through the loader and tools/pretokenize.py: tests/loader/test_cache.py.)
 """
+import hashlib
 import os
 import zlib
 from pathlib import Path
@@ -153,3 +154,61 @@ def test_two_columns_of_one_file_are_two_entries(tmp_path):
         got = again.load(key, 0)
         assert got is not None and got[0].tolist() == lengths and got[1].tolist() == tokens, key
     assert tmp_files(tmp_path / "c") == []
+
+
+def _keyed_before_the_bos_rule(path: str, column: str) -> int:
+    """An entry's identity as the cache computed it before token ids were keyed by their BOS
+    rule (of every column, text or ids): path, size, mtime and the column when not "text"."""
+    st = os.stat(path)
+    key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
+    key = key if column == "text" else f"{key}\0{column}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
+def test_text_entries_keep_their_key_and_token_id_entries_made_before_the_bos_rule_are_misses(tmp_path):
+    """Token ids already beginning with BOS were cached as [BOS, BOS, ...] before the worker
+    stopped giving them a second: those entries, whole and partial, are keyed without the rule
+    (`TOKEN_IDS_KEY`), so a cache of token ids never finds them and makes them again; text
+    entries (of "text" and of another column) keep the key they had, found as they were."""
+    src = tmp_path / "f.parquet"
+    src.write_bytes(b"stat()ed")
+    for column in ("text", "content"):
+        assert cachemod.identity(str(src), None, column) == _keyed_before_the_bos_rule(str(src), column)
+    assert cachemod.identity(str(src), None, "ids", cachemod.TOKENS) != _keyed_before_the_bos_rule(str(src), "ids")
+    old = cachemod.File(str(src), "ids", cachemod.TEXT)   # how the cache keyed token ids before the rule
+    new = cachemod.File(str(src), "ids", cachemod.TOKENS)
+    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
+    two = np.array([3, 3]), np.array([7, 7, 1, 7, 7, 2])    # [BOS, BOS, id] twice: the old rule's
+    cache.store(old, 0, *two)                                # a whole entry
+    cache.store_rows(old, 1, 0, 1, 2, two[0][:1], two[1][:3])  # a partial entry
+    assert cache.load(old, 0) is not None and cache.load_rows(old, 1, 0, 1) is not None
+    again = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
+    assert again.load(new, 0) is None and again.load_rows(new, 0, 0, 1) is None, "an old whole entry was served"
+    assert again.load_rows(new, 1, 0, 1) is None, "an old partial entry was served"
+    one = np.array([2, 2]), np.array([7, 1, 7, 2])
+    again.store_rows(new, 1, 0, 1, 2, one[0][:1], one[1][:2])
+    assert again.store_rows(new, 1, 1, 2, 2, one[0][1:], one[1][2:]) is True  # its parts merged
+    got = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300).load(new, 1)
+    assert got is not None and got[1].tolist() == [7, 1, 7, 2]
+
+
+def test_partial_entries_merge_over_a_whole_entry_that_is_not_valid(tmp_path):
+    """A whole entry that is there but not valid (torn, of another format version, another
+    data file's) is a miss: the partial entries that cover its row group are merged into it,
+    written again, not dropped at every store with the whole entry never made."""
+    src = tmp_path / "f.parquet"
+    src.write_bytes(b"x")
+    lengths, tokens = np.array([2, 3]), np.array([1, 2, 3, 4, 5])
+    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
+    cache.store(str(src), 0, lengths, tokens)
+    name = Path(cache.path_of(str(src), 0))
+    raw = bytearray(name.read_bytes())
+    raw[8:16] = np.array([cachemod.VERSION + 1], dtype="<u8").tobytes()  # the header's version
+    name.write_bytes(bytes(raw))
+    cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
+    assert cache.load_rows(str(src), 0, 0, 1) is None
+    assert cache.store_rows(str(src), 0, 0, 1, 2, lengths[:1], tokens[:2]) is False
+    assert cache.store_rows(str(src), 0, 1, 2, 2, lengths[1:], tokens[2:]) is True
+    got = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300).load(str(src), 0)
+    assert got is not None and got[1].tolist() == tokens.tolist()
+    assert part_files(tmp_path / "c") == [] and tmp_files(tmp_path / "c") == []

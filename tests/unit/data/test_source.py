@@ -308,3 +308,15 @@ def test_a_state_json_of_ones_own_is_no_hugging_face_directory(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
     (tmp_path / "state.json").write_text('{"version": 6}\n')
     assert [os.path.basename(f) for f in list_files(str(tmp_path))] == ["a.jsonl", "state.json"]
+
+
+def test_a_readers_kind_of_a_file_is_its_columns_or_text_where_it_cannot_say(tmp_path):
+    """`Reader.kind`, the token cache's key (data/cache.py `File.of`): token ids or text as the
+    file's schema says; text where the file cannot be opened or lacks the column (its read says
+    what is wrong), never an error on the way to the cache."""
+    ids, text, bad = tmp_path / "ids.parquet", tmp_path / "text.parquet", tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[1, 2]], pa.list_(pa.int64()))}), ids)
+    pq.write_table(pa.table({"content": ["x"]}), text)
+    bad.write_bytes(b"not parquet")
+    reader = Reader([str(ids), str(text), str(bad), str(ids)], columns=["ids", "content", "ids", "other"])
+    assert [reader.kind(f) for f in range(4)] == ["tokens", "text", "text", "text"]
