@@ -22,7 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import DataError
 from . import formats, source
+from .formats.column import TOKENS
 from .order import Later
 
 
@@ -133,6 +135,7 @@ class Catalogue:
         self.later = None                       # `Later`: the order of the epochs after the resumed one
         self._later_order = self._later_at = None  # that order when it is not `paths`', and its inverse
         self._described = (None, None)          # (key, files) of the last `described`
+        self._token_ids = None                  # `reads_token_ids`, once read
 
     def footers(self, indices: list) -> list:
         """The footer digests files `indices` have now (None: unreadable)."""
@@ -146,8 +149,26 @@ class Catalogue:
     def fingerprint(self) -> dict:
         """What a state of this data must match beyond its files: the column (when not "text")
         and the files' formats (when not all parquet); a state without them is of "text" in
-        parquet. The column's kind (text or token ids) follows from the files and the column."""
+        parquet. The column's kind (text or token ids) follows from the files and the column;
+        token ids add their BOS rule's marker (`reads_token_ids`; kinds.py `identity`)."""
         return data_fingerprint(self.column, self.paths)
+
+    def reads_token_ids(self) -> bool:
+        """Whether the column holds token ids (not text), as the first file of the split (in
+        sorted order) that says its kind cheaply says (`Format.kind`: a schema, a JSON Lines
+        file's first value); False when none does. Read once, in the training process: a state
+        over token ids carries the rule of their BOS (state.py `TOKEN_IDS`)."""
+        if self._token_ids is None:
+            self._token_ids = False
+            for path in self._sorted:
+                try:
+                    kind = formats.open_file(path, self.filesystem).kind(self.column)
+                except (DataError, OSError, ValueError):  # the run names what is wrong with it
+                    continue
+                if kind is not None:
+                    self._token_ids = kind == TOKENS
+                    break
+        return self._token_ids
 
     def reorder(self, order: list | None):
         """A resume reads the files of its epoch in `order` (indices into `paths`: the state's

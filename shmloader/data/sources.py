@@ -78,8 +78,13 @@ class Sources:
 
     def fingerprint(self) -> dict:
         """Nothing beyond the config's: each source's column and formats are in its own part of
-        a mixture's state (`source_fingerprint`)."""
+        a mixture's state (`source_fingerprint`); the token ids' marker, when a source reads
+        them (`reads_token_ids`), is the loader's (kinds.py `identity`)."""
         return {}
+
+    def reads_token_ids(self) -> bool:
+        """Whether any source's column holds token ids (`Catalogue.reads_token_ids`)."""
+        return any(cat.reads_token_ids() for cat in self.catalogues.values())
 
     def source_fingerprint(self, name: str) -> dict:
         """Source `name`'s column and formats, as `Catalogue.fingerprint`, and its own shuffle

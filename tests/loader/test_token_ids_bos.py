@@ -9,8 +9,14 @@ index in its document), and through the token cache cold then warm: every stream
 parquet text loader's, and a mixture with such a source mixes as with its text (and, beside
 a `.jsonl.zst` source on a schedule, resumes through a JSON state). An empty list and a list of
 BOS alone are both the document `[BOS]`.
+
+Before the rule such ids read `[BOS, BOS, ...]`: a state saved then (no `token_ids` marker in
+its config; tests/fixtures/token_ids_old_rule_states.json, written by that loader) is refused
+naming the rule, with or without its first-batch check, and a token cache filled then is not
+served (its entries, whole and partial, are keyed without the rule).
 """
 import functools
+import importlib.util
 import itertools
 import json
 
@@ -22,6 +28,7 @@ import pytest
 import shmloader
 from shmloader.demo import corpus
 from tests import helpers
+from tests.helpers import REPO_ROOT, SCRIPTS
 
 B, T = 4, 64
 N = 40  # batches: several row groups of each file
@@ -123,7 +130,8 @@ def test_a_mixtures_token_id_source_weighs_as_its_text(dirs, synth_tokenizer, wa
 def test_a_mixture_with_a_jsonl_zst_source_resumes_through_json(dirs, synth_tokenizer, tmp_path, watchdog, packing):
     """The README's calls as a new user makes them: a mixture of the ids (with their BOS) and a
     `.jsonl.zst` source of another column, on a schedule, with positions; its state through
-    JSON resumes on another worker count exactly where the run without a stop goes on."""
+    JSON resumes on another worker count exactly where the run without a stop goes on; the same
+    state as a loader before the BOS rule wrote it (no `token_ids` marker) is refused."""
     zst = tmp_path / "zst"
     zst.mkdir()
     for f in range(2):
@@ -141,9 +149,122 @@ def test_a_mixture_with_a_jsonl_zst_source_resumes_through_json(dirs, synth_toke
         for _ in range(15):
             next(loader)
         state = json.loads(json.dumps(loader.state_dict()))
+    with pytest.raises(ValueError, match="token ids: the state was saved by a shmloader that gave token ids"):
+        with shmloader.ShmLoader(mix(), synth_tokenizer, B, T, "all", device="cpu", num_workers=1, timeout=60,
+                                 resume_state=_as_before_the_rule(state), **kw) as loader:
+            next(loader)
     with shmloader.ShmLoader(mix(), synth_tokenizer, B, T, "all", device="cpu", num_workers=1, timeout=60,
                              resume_state=state, **kw) as loader:
         got = [[t.numpy().copy() for t in batch] for batch in itertools.islice(loader, N - 15)]
     assert len(got) == N - 15
     for i, (g, w) in enumerate(zip(got, want[15:])):
         assert all(np.array_equal(a, b) for a, b in zip(g, w)), f"batch {15 + i} after the resume differs"
+
+
+def _as_before_the_rule(state: dict) -> dict:
+    """`state` as a shmloader before the BOS rule wrote it: the same envelope, without the
+    fingerprint's `token_ids` marker (the digest does not cover the config). A state of that
+    loader also stood elsewhere in the stream (its documents were a token longer); a refusal
+    does not read it."""
+    old = json.loads(json.dumps(state))
+    assert old["config"].pop("token_ids") == "own BOS kept"
+    return old
+
+
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+def test_a_state_saved_before_the_bos_rule_is_refused_with_or_without_its_check(dirs, synth_tokenizer, watchdog,
+                                                                                packing):
+    """The review's case: a state of token ids saved before the rule resumed one token off
+    without a word when it carried no check (taken after close(), or in a signal handler), and
+    with one was refused naming the first batch. Now both are refused at once, naming the
+    cause; the loader's own states (with the marker) resume exactly, with or without a check;
+    a text loader's state holds no marker."""
+    want = _read(dirs["parquet"], synth_tokenizer, "ids", n=12, packing=packing)
+    states = []
+    for inside in (True, False):
+        with shmloader.ShmLoader(dirs["parquet"], synth_tokenizer, B, T, "all", column="ids", device="cpu",
+                                 num_workers=2, timeout=60, packing=packing) as loader:
+            for _ in range(6):
+                next(loader)
+            if inside:
+                states.append(json.loads(json.dumps(loader.state_dict())))
+        if not inside:
+            states.append(json.loads(json.dumps(loader.state_dict())))  # after close(): no first-batch check
+    checked, unchecked = states
+    assert checked["check"] is not None and unchecked["check"] is None
+    for state in (checked, unchecked):
+        with pytest.raises(ValueError, match=r"token ids: the state was saved by a shmloader that gave token ids "
+                                             r"already beginning with BOS a second one") as ei:
+            _read(dirs["parquet"], synth_tokenizer, "ids", n=1, packing=packing, resume_state=_as_before_the_rule(state))
+        assert "one token off" in str(ei.value) and "first batch" not in str(ei.value)
+        got = _read(dirs["parquet"], synth_tokenizer, "ids", n=6, packing=packing, resume_state=state)
+        for i, (g, w) in enumerate(zip(got, want[6:])):
+            assert all(np.array_equal(a, b) for a, b in zip(g, w)), f"batch {6 + i} after the resume differs"
+    with shmloader.ShmLoader(dirs["text"], synth_tokenizer, B, T, "all", device="cpu", num_workers=1, timeout=60,
+                             packing=packing) as loader:
+        next(loader)
+        assert "token_ids" not in loader.state_dict()["config"]
+
+
+def test_a_cache_filled_before_the_bos_rule_is_not_served(dirs, synth_tokenizer, tmp_path, watchdog):
+    """A cache that a loader of token ids filled before the rule holds [BOS, BOS, ...] for ids
+    that begin with BOS, keyed as text is: those entries, whole (row group 0 of each file) and
+    partial (the first 64 rows of row group 1), are never found; the loader reads the text's
+    batches and keeps entries of its own beside them."""
+    from shmloader.data import cache as cachemod, source as sourcemod, tokenizer as tokmod
+    spec = tokmod.resolve(synth_tokenizer)
+    bos = _bos(synth_tokenizer)
+    assert spec.bos == bos
+    cache = cachemod.TokenCache(str(tmp_path / "c"), spec.fingerprint, spec.n_vocab)
+    doubled = old = 0
+    for f in range(2):
+        path = f"{dirs['parquet']}/{f}.parquet"
+        reader = sourcemod.Reader([path], columns="ids", n_vocab=spec.n_vocab)
+        counts = reader.row_counts(0)
+        for rg, end in ((0, counts[0]), (1, 64)):
+            docs = reader.read_texts(0, rg, 0, end)
+            lengths = np.array([len(d) + 1 for d in docs], dtype=np.int64)  # the old rule: a BOS before each
+            tokens = np.concatenate([np.concatenate(([bos], d)) for d in docs])
+            doubled += sum(d[:1].tolist() == [bos] for d in docs)
+            cache.store_rows(cachemod.File(path, "ids"), rg, 0, end, counts[rg], lengths, tokens)  # keyed as text was
+            old += 1
+    assert doubled > 100
+    before = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert len(before) == old == 4
+    want = _read(dirs["text"], synth_tokenizer, "text")
+    _same(_read(dirs["parquet"], synth_tokenizer, "ids", cache_dir=str(tmp_path / "c")), want)
+    after = sorted(p.name for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert set(before) <= set(after) and len(after) > len(before)
+
+
+def test_states_the_loader_before_the_rule_saved_are_refused(tmp_path, synth_tokenizer, watchdog):
+    """tests/fixtures/token_ids_old_rule_states.json, saved by main before the rule (d0a87ac;
+    tests/scripts/token_ids_old_rule_states.py) over the data its script writes: concat and best
+    fit, during the run (with a check) and after close() (without one; that loader's fix without
+    a marker resumed these one token off without a word). Each is refused naming the rule."""
+    spec = importlib.util.spec_from_file_location("token_ids_old_rule_states", SCRIPTS / "token_ids_old_rule_states.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    states = json.loads((REPO_ROOT / "tests" / "fixtures" / "token_ids_old_rule_states.json").read_text())
+    data = script.write_data(tmp_path, synth_tokenizer)
+    assert sorted(states) == ["bos_bestfit-checked", "bos_bestfit-unchecked", "concat-checked", "concat-unchecked"]
+    for name, state in states.items():
+        assert state["files"][0][:2] == ["0.parquet", (tmp_path / "data" / "0.parquet").stat().st_size], name
+        assert (state["check"] is None) == name.endswith("-unchecked") and "token_ids" not in state["config"]
+        with pytest.raises(ValueError) as ei:
+            with shmloader.ShmLoader(data, synth_tokenizer, script.B, script.T, "all", column="ids", device="cpu",
+                                     num_workers=1, timeout=60, packing=name.split("-")[0], resume_state=state) as loader:
+                next(loader)
+        msg = str(ei.value)
+        assert msg == ("resume state does not match this loader: token ids: the state was saved by a shmloader that "
+                       "gave token ids already beginning with BOS a second one ([BOS, BOS, ...], before December "
+                       "2026); this one gives them none, so resuming would put every such document one token off. "
+                       "Start the run's loader without this state (a fresh pass over the data), or with its "
+                       "nanochat keys alone (one source: 'pq_idx', 'rg_idx' and 'epoch', which resume at that row "
+                       "group as nanochat's loader does, not at the token), or finish the run with the shmloader "
+                       "that saved it"), name
+        keys = {k: state[k] for k in ("pq_idx", "rg_idx", "epoch")}  # the way on the message names
+        with shmloader.ShmLoader(data, synth_tokenizer, script.B, script.T, "all", column="ids", device="cpu",
+                                 num_workers=1, timeout=60, packing=name.split("-")[0], resume_state=keys) as loader:
+            x, _ = next(loader)
+            assert x.shape == (script.B, script.T) and loader.state_dict()["config"]["token_ids"] == "own BOS kept"

@@ -134,6 +134,23 @@ def test_config_key_missing_from_loader_or_state_is_named():
         check(state, loader())
 
 
+def test_a_token_id_state_saved_before_the_bos_rule_is_refused_in_words():
+    """A loader of token ids says in its fingerprint that ids already beginning with BOS get no
+    second (`TOKEN_IDS`); a state without it was saved when they read [BOS, BOS, ...]: refused,
+    naming that cause and what to do, not resumed one token off (nor named as another mismatch).
+    A text loader's fingerprint is as it was, and a state of token ids with it resumes."""
+    ids = dict(CONFIG, column="ids") | statemod.token_ids_marker(True)
+    assert statemod.token_ids_marker(False) == {} and statemod.token_ids_marker(True) == {"token_ids": "own BOS kept"}
+    old = saved(config=dict(CONFIG, column="ids"))  # the state before the rule: its config without the marker
+    with pytest.raises(ValueError) as ei:
+        check(old, loader(config=ids))
+    msg = str(ei.value)
+    assert "a second one ([BOS, BOS, ...]" in msg and "one token off" in msg and "without this state" in msg
+    assert "loader has" not in msg and "column" not in msg
+    r = quiet_check(saved(config=ids), loader(config=ids))
+    assert r.position == Position(2, 1, 3, 5, 7)
+
+
 # ------------------------------------------------------------------ new batch shape
 
 @pytest.mark.parametrize("B,T,words", [(2, 16, "B: state has 4, loader has 2"),

@@ -103,3 +103,20 @@ def test_listing_is_the_states_files_then_the_new_ones():
     now = [f["a"], f["b"], f["c"], f["d"], f["e"]]
     assert listing(saved, now) == Listing(order=[0, 3, 1, 2, 4], added=[2, 4], gone=[3])
     assert listing(now, now) == Listing(order=[0, 1, 2, 3, 4], added=[], gone=[])
+
+
+def test_reads_token_ids_as_the_first_file_that_says_its_kind(tmp_path):
+    """What a state's `token_ids` marker follows (state.py `token_ids_marker`): the column's kind
+    in the split's first file that says it (an unreadable file, or a JSON Lines file without a
+    value in its first lines, says nothing); text, and a column of another name, are not ids."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.parquet").write_bytes(b"not parquet")
+    (d / "b.jsonl").write_text('{"ids": null}\n')
+    pq.write_table(pa.table({"ids": pa.array([[1, 2]], pa.list_(pa.int32())), "text": ["x"]}), d / "c.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[3]], pa.list_(pa.int32()))}), d / "d.parquet")
+    assert Catalogue(str(d), "all", column="ids").reads_token_ids() is True
+    assert Catalogue(str(d), "all", column="text").reads_token_ids() is False
+    assert Catalogue(str(d), "val", column="ids").reads_token_ids() is True
+    (d / "b.jsonl").write_text('{"ids": "text"}\n')
+    assert Catalogue(str(d), "all", column="ids").reads_token_ids() is False
