@@ -2,7 +2,8 @@
 loader reads. Small, versioned, JSON-serialisable, checked against the loader.
 
 The envelope is every state's: `{"version" (`VERSION`, the one place it is written), "rank",
-"world_size", "config" (what must not change: the loader's fingerprint and its data's),
+"world_size", "config" (what must not change: the loader's fingerprint and its data's; over
+token ids, `TOKEN_IDS`: a state of them without it is of the rule before, refused),
 "shapes" ([first batch, B, T] of each batch shape the run used), "origin" (None, or the
 nanochat keys the run started from), "batch" (batches of the run before the position), "check"
 (the `ipc.ring.batch_check` of the batch it resumes at, as 8 hex digits; None in a state taken
@@ -295,6 +296,7 @@ def _check_config(state: dict, loader: Loader):
 
 
 DATA_DEFAULTS = {"column": "text", "format": "parquet"}  # a state without them was of these (Catalogue.fingerprint)
+ORDER_DEFAULTS = {"shuffle": "off"}  # a state without it was read in the files' order (LoaderConfig.fingerprint)
 # A state of token ids says that ids already beginning with BOS were given no second
 # (procs/worker.py `ids_with_bos`); one without it was saved before that rule, when they read
 # [BOS, BOS, ...]: refused (`_config_diff`), never resumed one token off. Text states never hold it.
@@ -305,7 +307,6 @@ def token_ids_marker(reads_token_ids: bool) -> dict:
     """What the fingerprint of a loader adds for its data (kinds.py `identity`): `TOKEN_IDS`
     when a column it reads holds token ids, else nothing (a text state is as it was)."""
     return dict(TOKEN_IDS) if reads_token_ids else {}
-ORDER_DEFAULTS = {"shuffle": "off"}  # a state without it was read in the files' order (LoaderConfig.fingerprint)
 
 
 def _config_diff(key: str, saved, now) -> str:
