@@ -268,3 +268,22 @@ def test_states_the_loader_before_the_rule_saved_are_refused(tmp_path, synth_tok
                                  num_workers=1, timeout=60, packing=name.split("-")[0], resume_state=keys) as loader:
             x, _ = next(loader)
             assert x.shape == (script.B, script.T) and loader.state_dict()["config"]["token_ids"] == "own BOS kept"
+
+
+def test_a_cache_pretokenize_filled_of_token_ids_serves_the_loader(dirs, synth_tokenizer, tmp_path, watchdog):
+    """tools/pretokenize.py keys token ids' entries as the workers do (`cache.File.of`): a loader
+    on the cache it filled reads every piece from it (no miss), the text's batches."""
+    import subprocess
+    import sys
+    pkl = corpus.save_tokenizer(synth_tokenizer, tmp_path / "tok")
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "pretokenize.py"), "--data", dirs["parquet"],
+                           "--tokenizer", str(pkl), "--cache-dir", str(tmp_path / "c"), "--column", "ids",
+                           "--workers", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "6 row groups: 6 tokenized" in proc.stdout, proc.stdout
+    with shmloader.ShmLoader(dirs["parquet"], str(pkl), B, T, "all", column="ids", device="cpu", num_workers=2,
+                             timeout=60, cache_dir=str(tmp_path / "c")) as loader:
+        got = [[t.numpy().copy() for t in batch] for batch in itertools.islice(loader, N)]
+        stats = loader.stats()
+    _same(got, _read(dirs["text"], synth_tokenizer, "text"))
+    assert stats["cache_misses"] == 0 and stats["cache_hits"] > 0, stats
