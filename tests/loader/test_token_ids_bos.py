@@ -88,11 +88,12 @@ def test_ids_that_begin_with_bos_give_the_text_batches(dirs, synth_tokenizer, wa
     assert not np.any((x[:, 1:] == bos) & (x[:, :-1] == bos)), "a document has two BOS"
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 @pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-def test_the_token_cache_keeps_one_bos(dirs, synth_tokenizer, tmp_path, watchdog, packing):
-    want = _read(dirs["text"], synth_tokenizer, "text", packing=packing)
-    cold = _read(dirs["parquet"], synth_tokenizer, "ids", packing=packing, cache_dir=str(tmp_path / "c"))
-    warm = _read(dirs["parquet"], synth_tokenizer, "ids", packing=packing, cache_dir=str(tmp_path / "c"))
+def test_the_token_cache_keeps_one_bos(dirs, synth_tokenizer, tmp_path, watchdog, fmt, packing):
+    want = _read(dirs["text"], synth_tokenizer, "text", packing=packing, positions=True)
+    cold = _read(dirs[fmt], synth_tokenizer, "ids", packing=packing, positions=True, cache_dir=str(tmp_path / "c"))
+    warm = _read(dirs[fmt], synth_tokenizer, "ids", packing=packing, positions=True, cache_dir=str(tmp_path / "c"))
     _same(cold, want)
     _same(warm, want)
 
