@@ -291,11 +291,14 @@ def _ids(values: list, n_vocab: int | None, where) -> Ids:
 
 
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Windows tools write first
+# the first bytes of files of other formats (what each is, the name that reads it), never JSON's first bytes
+MAGIC = {b"\x1f\x8b": ("gzip-compressed data", ".jsonl.gz"), b"\x28\xb5\x2f\xfd": ("zstd-compressed data", ".jsonl.zst"),
+         b"PAR1": ("a Parquet file", ".parquet"), b"ARROW1": ("an Arrow IPC file", ".arrow")}
 
 
 class _Head:
     """The first bytes of a file: a JSON array (first non-space byte `[`, after a BOM) is not
-    JSON Lines."""
+    JSON Lines, nor is a file of another format (`MAGIC`: a `.jsonl` that is gzip data, say)."""
 
     def __init__(self, path: str, where: str = ""):
         self.path, self.where, self.done, self.first = path, where, False, True
@@ -304,7 +307,9 @@ class _Head:
         if self.done:
             return
         if self.first:
-            chunk, self.first = chunk.removeprefix(BOM), False
+            self.first = False
+            self._other_format(chunk)
+            chunk = chunk.removeprefix(BOM)
         start = chunk.lstrip()[:1]
         if not start:
             return  # all space so far
@@ -315,6 +320,19 @@ class _Head:
             raise DataError(f"{self.path}: {self.where}the file is one JSON array (its first character is '['), not "
                             f"JSON Lines (one JSON object a line); convert it, e.g. `jq -c '.[]' {name} > {stem}.jsonl`"
                             f"{' (decompress it first)' if name.endswith(('.gz', '.zst')) else ''}")
+
+    def _other_format(self, chunk: bytes):
+        """A `DataError` when the file begins as another format does (`MAGIC`), with its name."""
+        what = next((kind for magic, kind in MAGIC.items() if chunk.startswith(magic)), None)
+        if what is None:
+            return
+        name = self.path.rsplit("/", 1)[-1]
+        compressed = name.endswith(tuple(CODECS))
+        stem = name[:name.index(".json")] if ".json" in name else name
+        todo = ("it is compressed twice: decompress it once and name it as what is left" if compressed else
+                f"name it {stem}{what[1]} to read it as that (formats are read by their file names)")
+        raise DataError(f"{self.path}: {self.where}the file{' decompressed' if compressed else ''} is {what[0]} "
+                        f"(its first bytes), not JSON Lines; {todo}")
 
 
 class _Forward:
