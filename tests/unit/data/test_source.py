@@ -308,3 +308,23 @@ def test_a_state_json_of_ones_own_is_no_hugging_face_directory(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
     (tmp_path / "state.json").write_text('{"version": 6}\n')
     assert [os.path.basename(f) for f in list_files(str(tmp_path))] == ["a.jsonl", "state.json"]
+
+
+def test_a_list_of_directories_or_globs_says_what_to_pass_instead(tmp_path):
+    """A list's entries are files: a directory in it, a glob (not expanded in a list) or a
+    missing file is each named for what it is, with what to pass instead. It was "list the
+    parquet shards themselves" for all three, also to a user of JSON Lines."""
+    for d in ("web", "code"):
+        (tmp_path / d).mkdir()
+        corpus.write_shards(["a b", "c"], tmp_path / d, num_files=1)
+    with pytest.raises(DataError) as got:
+        list_files([str(tmp_path / "web"), str(tmp_path / "code")])
+    msg = str(got.value)
+    assert "2 path(s) that are not files" in msg and "/web (a directory)" in msg and "list the data files" in msg
+    assert f"a glob over the directories, data='{tmp_path}/*/*.parquet'" in msg and "a shmloader.Mixture" in msg
+    assert "parquet shards" not in msg
+    with pytest.raises(DataError, match=r"web/\*\.jsonl \(a glob, which a list does not expand: pass it alone as "
+                                        r"data=, or glob\.glob\(\) it\); list the data files"):
+        list_files([str(tmp_path / "web" / "*.jsonl")])
+    with pytest.raises(DataError, match=r"gone\.parquet \(no such file\); list the data files"):
+        list_files([str(tmp_path / "gone.parquet")])
