@@ -109,8 +109,8 @@ def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
 
 # texts on which a wrapper that changes the text before its Encoding (case, Unicode normalisation,
 # spaces at the ends, special tokens, an EOS added) encodes otherwise than `encode_ordinary`
-PROBES = ("Hello World, MiXeD case ALL CAPS", "  spaces at both ends\t\r\n", "naïve café ﬁ ½ e\u0301 Ω 日本 😀",
-          "<|bos|> <|endoftext|> <s>", "", "x")
+PROBES = ("Hello World, MiXeD case ALL CAPS", "  spaces at both ends\t\r\n",
+          "naïve café ﬁ ½ e\u0301 Ω 日本 😀", "<|bos|> <|endoftext|> <s>", "", "x")
 
 
 def unwraps(tokenizer, enc) -> bool:

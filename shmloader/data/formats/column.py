@@ -2,11 +2,12 @@
 
 `kind_of` reads a column's type: a string column (string, large_string, string_view, or a
 dictionary of one of them) is *text*, tokenized by the worker; a list of integers (list,
-large_list, fixed_size_list, list_view, large_list_view of any int) is *token ids*, a document's tokens used as they are
-after the BOS. Anything else, or no such column, is a `DataError` naming the file and saying
-what to write. `docs_of` turns rows of a column into what a worker takes: a list of str (None
-for a null) or `Ids`, a list of int64 arrays (None for a null), checked against the
-vocabulary. Pure over pyarrow arrays; every format (this package) uses it.
+large_list, fixed_size_list, list_view, large_list_view of any int) is *token ids*, a
+document's tokens used as they are after the BOS. Anything else, or no such column, is a
+`DataError` naming the file and saying what to write. `docs_of` turns rows of a column into
+what a worker takes: a list of str (None for a null) or `Ids`, a list of int64 arrays (None
+for a null), checked against the vocabulary. Pure over pyarrow arrays; every format (this
+package) uses it.
 """
 import numpy as np
 import pyarrow as pa

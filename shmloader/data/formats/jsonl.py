@@ -292,7 +292,8 @@ def _ids(values: list, n_vocab: int | None, where) -> Ids:
 
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Windows tools write first
 # the first bytes of files of other formats (what each is, the name that reads it), never JSON's first bytes
-MAGIC = {b"\x1f\x8b": ("gzip-compressed data", ".jsonl.gz"), b"\x28\xb5\x2f\xfd": ("zstd-compressed data", ".jsonl.zst"),
+MAGIC = {b"\x1f\x8b": ("gzip-compressed data", ".jsonl.gz"),
+         b"\x28\xb5\x2f\xfd": ("zstd-compressed data", ".jsonl.zst"),
          b"PAR1": ("a Parquet file", ".parquet"), b"ARROW1": ("an Arrow IPC file", ".arrow")}
 
 

@@ -109,7 +109,8 @@ def test_may_hold_is_what_the_footer_says(tmp_path):
         assert Parquet(path).may_hold("ids") == [True, False, True, True]
 
 
-LIST_VIEWS = [getattr(pa, name) for name in ("ListViewArray", "LargeListViewArray") if hasattr(pa, name)]  # pyarrow >= 16
+LIST_VIEWS = [getattr(pa, name) for name in ("ListViewArray", "LargeListViewArray")  # pyarrow >= 16
+              if hasattr(pa, name)]
 
 
 @pytest.mark.skipif(not LIST_VIEWS, reason="this pyarrow has no list_view type")
