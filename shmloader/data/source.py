@@ -167,10 +167,10 @@ def list_files(data, filesystem=None) -> list[str]:
             files = _shards(sorted(set(glob.glob(_literal_head(data), recursive=True))), data)
             if not files:
                 raise DataError(f"no data files match {data} (read as a glob: no file or directory "
-                                f"has that name): check the path, or write shards there")
+                                f"has that name){tilde(data)}: check the path, or write shards there")
         else:
-            raise DataError(f"data directory {data} does not exist: pass data= ({KINDS}, a glob or "
-                            f"a list of files) or set NANOCHAT_BASE_DIR")
+            raise DataError(f"data directory {data} does not exist{tilde(data)}: pass data= ({KINDS}, a glob "
+                            f"or a list of files) or set NANOCHAT_BASE_DIR")
         if not files:
             raise DataError(f"no data files in {data} (read by name: {', '.join(formats.SUFFIXES)}): "
                             + (_nested_hint(data) or "download or write shards there (tools/make_shards.py "
@@ -240,6 +240,13 @@ def _root(data, files: list[str]) -> str:
     return common
 
 
+def tilde(path: str) -> str:
+    """A note for a path that begins with `~` (not expanded here, as in the shell), else ""."""
+    if not path.startswith("~"):
+        return ""
+    return f" ({path} begins with ~, which is not expanded here: pass os.path.expanduser({path!r}))"
+
+
 def _not_files(paths: list[str]) -> str:
     """What is wrong with a list's entries that are not files, each named for what it is
     (a directory, a glob, missing), and what to pass instead."""
@@ -248,7 +255,7 @@ def _not_files(paths: list[str]) -> str:
             return "a directory"
         if glob.has_magic(path):
             return "a glob, which a list does not expand: pass it alone as data=, or glob.glob() it"
-        return "no such file"
+        return "no such file" + tilde(path)
     said = ", ".join(f"{p} ({what(p)})" for p in paths[:3])
     text = f"data lists {len(paths)} path(s) that are not files: {said}; list the data files themselves"
     dirs = [p.rstrip("/") for p in paths if os.path.isdir(p)]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import spm
-from .source import nanochat_base_dir
+from .source import nanochat_base_dir, tilde
 
 BOS_NAMES = ("<|bos|>", "<|endoftext|>")
 HF_BOS_NAMES = BOS_NAMES + ("<|begin_of_text|>", "<s>", "[BOS]", "<bos>")
@@ -152,8 +152,8 @@ def _load(path: str):
     if not os.path.isfile(path):
         if os.sep not in path and not path.endswith((".pkl", ".json", ".model")):
             return _named_encoding(path)
-        raise FileNotFoundError(f"tokenizer not found at {path}: pass tokenizer= ({KINDS}; or a tokenizer "
-                                f"object) or set NANOCHAT_BASE_DIR")
+        raise FileNotFoundError(f"tokenizer not found at {path}{tilde(path)}: pass tokenizer= ({KINDS}; or a "
+                                f"tokenizer object) or set NANOCHAT_BASE_DIR")
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _LOADED:

@@ -328,3 +328,18 @@ def test_a_list_of_directories_or_globs_says_what_to_pass_instead(tmp_path):
         list_files([str(tmp_path / "web" / "*.jsonl")])
     with pytest.raises(DataError, match=r"gone\.parquet \(no such file\); list the data files"):
         list_files([str(tmp_path / "gone.parquet")])
+
+
+def test_a_path_beginning_with_a_tilde_is_told_to_be_expanded(tmp_path, monkeypatch):
+    """`~/data` (pyarrow's readers expand it, shmloader does not) was "data directory ~/data does
+    not exist", which it does under the home directory: each path that is not found says that a
+    leading ~ is not expanded here and what to pass."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    corpus.write_shards(["a b", "c"], tmp_path / "data", num_files=1)
+    hint = r"begins with ~, which is not expanded here: pass os\.path\.expanduser\('~/data.*'\)"
+    for data in ("~/data", "~/data/*.parquet", ["~/data/shard_00000.parquet"]):
+        with pytest.raises(DataError, match=hint):
+            list_files(data)
+    from shmloader.data.tokenizer import resolve
+    with pytest.raises(FileNotFoundError, match=r"tokenizer not found at ~/tok\.pkl \(~/tok\.pkl begins with ~"):
+        resolve("~/tok.pkl")
