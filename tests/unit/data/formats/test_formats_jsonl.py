@@ -215,3 +215,29 @@ def test_a_file_of_another_format_under_a_json_lines_name_says_which_when_first_
         JsonLines(str(path)).rows()
     with pytest.raises(DataError, match=want):
         JsonLines(str(path)).kind("text", "unit 0: ")
+
+
+@pytest.mark.parametrize("name,kind,what,named", [
+    ("docs.jsonl.gz", _zstd, "zstd-compressed data", "docs.jsonl.zst"),
+    ("docs.jsonl.zst", _gzip, "gzip-compressed data", "docs.jsonl.gz"),
+    ("docs.jsonl.gz", bytes, "not compressed", "docs.jsonl"),
+], ids=["zstd-as-gz", "gzip-as-zst", "plain-as-gz"])
+def test_a_compressed_name_on_other_bytes_says_what_they_are(tmp_path, name, kind, what, named):
+    """A .gz that is zstd data (or the reverse, or plain JSON Lines) was "cannot be read as gzip
+    (...); the file is corrupt or truncated: re-download or rewrite it"; it is named by its first
+    bytes, with the name that reads it."""
+    path = tmp_path / name
+    path.write_bytes(kind(b'{"text": "a b"}\n'))
+    with pytest.raises(DataError, match=rf"{re.escape(name)}: cannot be read as (gzip|zstd): the file is {what} \(its "
+                                        rf"first bytes\); name it {re.escape(named)} to read it as that"):
+        JsonLines(str(path)).rows()
+
+
+@pytest.mark.parametrize("name,fmt", [("A.JSONL.ZST", "jsonl.zst"), ("b.Json.Gz", "jsonl.gz")])
+def test_a_compressed_file_named_in_capitals_is_decompressed(tmp_path, name, fmt):
+    """The registry takes names in any case (`A.JSONL.ZST` is JSON Lines), but the codec was found
+    by the lower-case suffix only: the compressed bytes were read as text ("line 1 is not
+    JSON")."""
+    path = formats_data.write(str(tmp_path / name), ["x y", None, "z"], fmt)
+    f = formats.open_file(path)
+    assert isinstance(f, JsonLines) and f.rows() == [3] and f.read(0, 0, 3, "text") == ["x y", None, "z"]
