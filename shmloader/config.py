@@ -19,6 +19,7 @@ one unit, as states saved before the window say it), absent when off (so older s
 torch, no files, no processes (the default `num_workers` reads this process's affinity and
 `LOCAL_WORLD_SIZE`).
 """
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -37,6 +38,9 @@ PIECE_DOCS = 1024             # max_piece_docs's default
 PIECE_BYTES = 8 << 20         # max_piece_bytes's default for concat
 PIECE_BYTES_BUFFERED = 2 << 20  # and for best fit (docs/design.md "Canonical order and pieces")
 STALL_S = 60.0                # stall_s's default
+INTEGERS = ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size", "max_piece_docs",
+            "max_piece_bytes", "log_every", "max_restarts", "seed", "shuffle_window")  # counts (`_as_python`)
+SECONDS = ("timeout", "idle_release_s", "stall_s")
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,19 @@ class LoaderConfig:
     shuffle_window: int | None = None    # documents a shuffled window holds at least (None: shuffle.WINDOW)
 
     def __post_init__(self):
+        self._as_python()
         self._check()
         self._resolve()
+
+    def _as_python(self):
+        """Numbers of other integer and float types (numpy's) as Python's, as a state holds them:
+        a count is any `numbers.Integral` but a bool, seconds any `numbers.Real` but a bool."""
+        for name in INTEGERS + SECONDS:
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value) if name in INTEGERS else float(value))
+            elif name in SECONDS and isinstance(value, numbers.Real) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
 
     def _check(self):
         for name in ("B", "T", "num_workers", "n_slots", "tokenizer_batch_size", "buffer_size",
@@ -212,11 +227,18 @@ class LoaderConfig:
 
 def place(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """`(rank, world_size)`: those given, else torchrun's `RANK` and `WORLD_SIZE`, else 0 of 1."""
-    rank = _env_int("RANK", 0) if rank is None else rank
-    world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+    rank = _env_int("RANK", 0) if rank is None else _integer("rank", rank)
+    world_size = _env_int("WORLD_SIZE", 1) if world_size is None else _integer("world_size", world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
     return rank, world_size
+
+
+def _integer(name: str, value) -> int:
+    """`value` as a Python int (numpy's integers too), else a ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def _env_int(name: str, default: int) -> int:

@@ -13,6 +13,7 @@ in it raised, from the first `next()` on. Every `ShmLoader` option passes throug
 (`positions=True`: each batch with its positions, before the state; `column="content"`: the
 documents' column; `data=shmloader.Source(...)` or a `Mixture` of them).
 """
+import numbers
 from collections.abc import Generator
 
 from .cores import share
@@ -51,7 +52,8 @@ def _workers(tokenizer_threads: int, num_workers) -> int:
     if num_workers is not None:
         return num_workers
     cores = share()
-    valid = isinstance(tokenizer_threads, int) and not isinstance(tokenizer_threads, bool) and tokenizer_threads >= 1
+    valid = isinstance(tokenizer_threads, numbers.Integral) and not isinstance(tokenizer_threads, bool) \
+        and tokenizer_threads >= 1
     return min(tokenizer_threads, cores) if valid else tokenizer_threads  # else LoaderConfig names it
 
 

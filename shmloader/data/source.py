@@ -168,10 +168,10 @@ def list_files(data, filesystem=None) -> list[str]:
             files = _shards(sorted(set(glob.glob(_literal_head(data), recursive=True))), data)
             if not files:
                 raise DataError(f"no data files match {data} (read as a glob: no file or directory "
-                                f"has that name): check the path, or write shards there")
+                                f"has that name){tilde(data)}: check the path, or write shards there")
         else:
-            raise DataError(f"data directory {data} does not exist: pass data= ({KINDS}, a glob or "
-                            f"a list of files) or set NANOCHAT_BASE_DIR")
+            raise DataError(f"data directory {data} does not exist{tilde(data)}: pass data= ({KINDS}, a glob "
+                            f"or a list of files) or set NANOCHAT_BASE_DIR")
         if not files:
             raise DataError(f"no data files in {data} (read by name: {', '.join(formats.SUFFIXES)}): "
                             + (_nested_hint(data) or "download or write shards there (tools/make_shards.py "
@@ -182,8 +182,7 @@ def list_files(data, filesystem=None) -> list[str]:
             raise DataError("data is an empty list of files")
         not_files = [f for f in files if not os.path.isfile(f)]
         if not_files:
-            raise DataError(f"data lists {len(not_files)} path(s) that are not files: {not_files[:3]}; "
-                            f"list the parquet shards themselves")
+            raise DataError(_not_files(not_files))
         once(files, os.path.realpath)  # `a.parquet`, `./a.parquet` and a link to it are one file
     return sorted(files)
 
@@ -240,6 +239,35 @@ def _root(data, files: list[str]) -> str:
     while common and not all(f.startswith(common + "/") for f in files):
         common = common.rsplit("/", 1)[0] if "/" in common else ""
     return common
+
+
+def tilde(path: str) -> str:
+    """A note for a path that begins with `~` (not expanded here, as in the shell), else ""."""
+    if not path.startswith("~"):
+        return ""
+    return f" ({path} begins with ~, which is not expanded here: pass os.path.expanduser({path!r}))"
+
+
+def _not_files(paths: list[str]) -> str:
+    """What is wrong with a list's entries that are not files, each named for what it is
+    (a directory, a glob, missing), and what to pass instead."""
+    def what(path):
+        if os.path.isdir(path):
+            return "a directory"
+        if glob.has_magic(path):
+            return "a glob, which a list does not expand: pass it alone as data=, or glob.glob() it"
+        return "no such file" + tilde(path)
+    said = ", ".join(f"{p} ({what(p)})" for p in paths[:3])
+    text = f"data lists {len(paths)} path(s) that are not files: {said}; list the data files themselves"
+    dirs = [p.rstrip("/") for p in paths if os.path.isdir(p)]
+    if dirs:
+        parent = os.path.dirname(dirs[0]) if len({os.path.dirname(d) for d in dirs}) == 1 else None
+        files = sorted(n for n in os.listdir(dirs[0]) if formats.is_data_file(n) and not n.startswith("."))
+        suffix = next((s for s in sorted(formats.SUFFIXES, key=len, reverse=True) if files and files[0].endswith(s)),
+                      ".parquet")
+        over = f"a glob over the directories, data='{os.path.join(parent, '*', '*' + suffix)}', " if parent else ""
+        text += f", or for whole directories {over}or a shmloader.Mixture of them (a source each)"
+    return text
 
 
 def _nested_hint(directory: str) -> str | None:

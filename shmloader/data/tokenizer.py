@@ -3,7 +3,8 @@
 Accepted (docs/contract.md §1, `KINDS`): a path to a pickled `tiktoken.Encoding` (nanochat's
 tokenizer.pkl), a directory holding one (else a `tokenizer.json`, else a `tokenizer.model`), a
 `tiktoken.Encoding`, an object with nanochat's tokenizer interface (`encode(text) ->
-list[int]`, `get_bos_token_id()`; nanochat's RustBPETokenizer is unwrapped to its `.enc`), a
+list[int]`, `get_bos_token_id()`; nanochat's RustBPETokenizer is unwrapped to its `.enc`, as is
+any such object whose `encode` gives its `.enc`'s `encode_ordinary` ids on `PROBES`: `unwraps`), a
 Hugging Face `tokenizer.json` (needs the optional `tokenizers` package) or a
 `tokenizers.Tokenizer`, a SentencePiece `.model` or a `sentencepiece.SentencePieceProcessor`
 (needs the optional `sentencepiece` package: data/spm.py), or a tiktoken encoding name
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import spm
-from .source import nanochat_base_dir
+from .source import nanochat_base_dir, tilde
 
 BOS_NAMES = ("<|bos|>", "<|endoftext|>")
 HF_BOS_NAMES = BOS_NAMES + ("<|begin_of_text|>", "<s>", "[BOS]", "<bos>")
@@ -89,7 +90,7 @@ def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
     if spm.is_processor(tokenizer):
         return _sp_spec(tokenizer, bos)
     enc = getattr(tokenizer, "enc", None)
-    if isinstance(enc, tiktoken.Encoding) and hasattr(tokenizer, "get_bos_token_id"):
+    if isinstance(enc, tiktoken.Encoding) and hasattr(tokenizer, "get_bos_token_id") and unwraps(tokenizer, enc):
         return _tiktoken_spec(enc, int(tokenizer.get_bos_token_id()) if bos is None else bos)
     if isinstance(tokenizer, tiktoken.Encoding):
         return _tiktoken_spec(tokenizer, bos)
@@ -104,6 +105,24 @@ def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
     raise TypeError(f"{origin}: a tokenizer must be {KINDS}, a tiktoken.Encoding, a tokenizers.Tokenizer, a "
                     f"SentencePieceProcessor or an object with encode() and get_bos_token_id(); got "
                     f"{type(tokenizer).__name__}")
+
+
+# texts on which a wrapper that changes the text before its Encoding (case, Unicode normalisation,
+# spaces at the ends, special tokens, an EOS added) encodes otherwise than `encode_ordinary`
+PROBES = ("Hello World, MiXeD case ALL CAPS", "  spaces at both ends\t\r\n",
+          "naïve café ﬁ ½ e\u0301 Ω 日本 😀", "<|bos|> <|endoftext|> <s>", "", "x")
+
+
+def unwraps(tokenizer, enc) -> bool:
+    """Whether a tokenizer object holding a tiktoken Encoding in `.enc` (nanochat's
+    RustBPETokenizer) is that Encoding's `encode_ordinary`: its `encode` gives the same ids on
+    every text of `PROBES`. Then the workers use the Encoding (and its fast engines); else the
+    object itself, pickled, so that a wrapper's own `encode` (one that lowercases, say) makes the
+    tokens. A wrapper that differs only on texts unlike the probes is not told apart."""
+    try:
+        return all([int(t) for t in tokenizer.encode(text)] == enc.encode_ordinary(text) for text in PROBES)
+    except Exception:  # noqa: BLE001 - its own encode fails on a probe: it is no plain Encoding
+        return False
 
 
 def _sp_spec(sp, bos: int | None) -> TokenizerSpec:
@@ -133,8 +152,8 @@ def _load(path: str):
     if not os.path.isfile(path):
         if os.sep not in path and not path.endswith((".pkl", ".json", ".model")):
             return _named_encoding(path)
-        raise FileNotFoundError(f"tokenizer not found at {path}: pass tokenizer= ({KINDS}; or a tokenizer "
-                                f"object) or set NANOCHAT_BASE_DIR")
+        raise FileNotFoundError(f"tokenizer not found at {path}{tilde(path)}: pass tokenizer= ({KINDS}; or a "
+                                f"tokenizer object) or set NANOCHAT_BASE_DIR")
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _LOADED:

@@ -170,7 +170,9 @@ class Runs:
                     run.children.handover.free(ann.batch)
                     ann = run.children.next_batch(run.delivery, timeout)
             except BaseException as exc:
-                if self.closed is not None:  # closed by another thread while this one waited
+                # closed by another thread while this one waited; a SystemExit or KeyboardInterrupt is
+                # the caller's own (a signal handler's that closed the loader first) and goes on as it is
+                if self.closed is not None and isinstance(exc, Exception):
                     raise LoaderClosed(self.closed) from None
                 if not isinstance(exc, (ChildrenReleased, ChildLost)):
                     raise

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -338,6 +339,44 @@ def test_two_loaders_at_once(synth):
         assert len(got[split][0]) == 40
         assert all(np.array_equal(g, w) for g, w in zip(got[split][0], want[split][0])), split
         assert got[split][1] == want[split][1], split
+    assert_clean_within(2.0)
+
+
+def _blocked_in_next(ident: int, timeout: float = 30.0) -> bool:
+    """Whether thread `ident` is (within `timeout` s) blocked in next() waiting for a batch."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(ident)
+        while frame is not None:
+            if frame.f_code.co_name == "_wait_for_batch":
+                return True
+            frame = frame.f_back
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
+def test_a_signal_handler_that_closes_the_loader_and_exits_is_not_turned_into_loader_closed(posdata, raised):
+    """A SIGTERM handler's `loader.close(); sys.exit(0)` (a preempted job's) landing while
+    next() waits: the caller gets its SystemExit (or KeyboardInterrupt), as from any other
+    place; it was a LoaderClosed (the close seen as another thread's), and the exit code lost."""
+    loader = shmloader.ShmLoader(str(posdata.root), helpers.SlowTokenizer(3.0), 2, 16, "train", num_workers=1,
+                                 device="cpu", head_start=False)
+
+    def handler(signum, frame):
+        loader.close()
+        raise raised(3) if raised is SystemExit else raised()
+
+    main, before = threading.get_ident(), signal.signal(signal.SIGUSR1, handler)
+    sender = threading.Thread(target=lambda: _blocked_in_next(main) and os.kill(os.getpid(), signal.SIGUSR1))
+    try:
+        sender.start()
+        with pytest.raises(raised):
+            next(loader)
+    finally:
+        sender.join(60)
+        signal.signal(signal.SIGUSR1, before)
+        loader.close()
     assert_clean_within(2.0)
 
 

@@ -63,6 +63,14 @@ class OrdinaryObject:
         return self._tiktoken.encode_ordinary(text)
 
 
+class UpperCasing(NanochatStyle):
+    """A user's wrapper of nanochat's shape (a tiktoken Encoding in `.enc`) whose encode
+    changes the text first: its tokens are not `.enc.encode_ordinary`'s."""
+
+    def encode(self, text, prepend=None, num_threads=8):
+        return self.enc.encode_ordinary(text.upper())
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok_shards")
@@ -137,6 +145,14 @@ def test_pickle_path_and_directory(shards, enc, pkl):
 def test_nanochat_style_wrapper(shards, enc):
     wrapper = NanochatStyle(enc)
     _check_stream(shards, wrapper, enc.encode_ordinary, wrapper.get_bos_token_id())
+
+
+def test_a_wrapper_whose_encode_changes_the_text_tokenizes_with_its_own_encode(shards, enc):
+    """A wrapper holding its Encoding in `.enc`, as nanochat's does, was unwrapped to it whatever
+    its encode did: the batches held `enc.encode_ordinary(text)`, not the wrapper's ids (here
+    upper-cased text), without a word."""
+    wrapper = UpperCasing(enc)
+    _check_stream(shards, wrapper, wrapper.encode, wrapper.get_bos_token_id())
 
 
 def test_object_defined_in_a_test_module(shards, enc):

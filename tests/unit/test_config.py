@@ -76,3 +76,30 @@ def test_an_option_that_cannot_act_with_the_others_is_refused(options, named):
 def test_a_bad_split_names_every_split():
     with pytest.raises(ValueError, match=r"split must be one of \('train', 'val', 'all'\).*'all' \(every file"):
         LoaderConfig(2, 8, split="test")
+
+
+def test_numpy_integers_and_floats_are_taken_as_python_numbers():
+    """A count from numpy (`np.int64(16)`, a sweep's `np.arange`) is an integer: it was refused
+    as "B must be a positive integer, got np.int64(16)"; and a numpy rank was taken as it was,
+    so that `state_dict()` was no longer JSON (json.dumps: "Object of type int64 is not JSON
+    serializable"). Each is kept as a Python int (or float), as a state needs them."""
+    import json
+
+    import numpy as np
+
+    from shmloader.config import place
+
+    cfg = LoaderConfig(np.int64(16), np.int32(64), num_workers=np.int64(2), n_slots=np.uint8(4), seed=np.int64(3),
+                       shuffle=True, shuffle_window=np.int16(8), max_restarts=np.int64(1), log_every=np.int64(0),
+                       timeout=np.float32(30), stall_s=np.float32(5), idle_release_s=np.int64(0))
+    for name in ("B", "T", "num_workers", "n_slots", "seed", "shuffle_window", "max_restarts", "log_every"):
+        assert type(getattr(cfg, name)) is int, name
+    for name in ("timeout", "stall_s", "idle_release_s"):
+        assert type(getattr(cfg, name)) is float, name
+    assert (cfg.B, cfg.T, cfg.timeout) == (16, 64, 30.0)
+    json.dumps(cfg.fingerprint("t"))
+    got = place(np.int64(1), np.int64(2))
+    assert got == (1, 2) and all(type(v) is int for v in got)
+    for rank, world in ((0.0, 1), (True, 2), (0, "2")):
+        with pytest.raises(ValueError, match=r"rank|world_size"):
+            place(rank, world)

@@ -26,3 +26,10 @@ def test_a_bad_thread_count_is_refused_as_num_workers_would_be(monkeypatch, bad)
     with pytest.raises(ValueError, match="num_workers"):
         nanochat.tokenizing_distributed_data_loader_with_state(2, 16, "train", tokenizer_threads=bad, device="cpu",
                                                                data="/nonexistent", tokenizer="gpt2")
+
+
+def test_a_numpy_thread_count_is_capped_at_the_cores_too(monkeypatch):
+    """np.int64(4) is a count: capped as 4 is (it went to the loader uncapped)."""
+    import numpy as np
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert nanochat._workers(np.int64(4), None) == 2

@@ -2,11 +2,12 @@
 
 `kind_of` reads a column's type: a string column (string, large_string, string_view, or a
 dictionary of one of them) is *text*, tokenized by the worker; a list of integers (list,
-large_list, fixed_size_list of any int) is *token ids*, a document's tokens used as they are
-after the BOS (the worker's `ids_with_bos`: ids already beginning with BOS get no second).
-Anything else, or no such column, is a `DataError` naming the file and saying what to write. `docs_of` turns rows of a column into what a worker takes: a list of str (None
-for a null) or `Ids`, a list of int64 arrays (None for a null), checked against the
-vocabulary. Pure over pyarrow arrays; every format (this package) uses it.
+large_list, fixed_size_list, list_view, large_list_view of any int) is *token ids*, a
+document's tokens used as they are after the BOS (the worker's `ids_with_bos`: ids already
+beginning with BOS get no second). Anything else, or no such column, is a `DataError` naming
+the file and saying what to write. `docs_of` turns rows of a column into what a worker takes: a
+list of str (None for a null) or `Ids`, a list of int64 arrays (None for a null), checked
+against the vocabulary. Pure over pyarrow arrays; every format (this package) uses it.
 """
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,8 @@ import pyarrow as pa
 from ...errors import DataError
 
 TEXT, TOKENS = "text", "tokens"
+_VIEWS = tuple(getattr(pa.types, name) for name in ("is_list_view", "is_large_list_view")  # pyarrow >= 16
+               if hasattr(pa.types, name))
 
 
 class Ids(list):
@@ -33,8 +36,8 @@ def kind_of_type(path: str, kind, column: str, where: str = "") -> str:
     values = kind.value_type if pa.types.is_dictionary(kind) else kind
     if pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_string_view(values):
         return TEXT
-    if (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) \
-            and pa.types.is_integer(kind.value_type):
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+            or _is_view(kind)) and pa.types.is_integer(kind.value_type):
         return TOKENS
     raise DataError(f"{path}: {where}column {column!r} is {kind}, expected text (a string column: string, "
                     f"large_string, string_view, or a dictionary of strings) or token ids (a list of integers)")
@@ -56,6 +59,8 @@ def docs_of(array, kind: str, n_vocab: int | None, where) -> list:
                             f"on_bad_row_group='skip'") from exc
     if pa.types.is_fixed_size_list(array.type):
         array = array.cast(pa.large_list(array.type.value_type))
+    elif _is_view(array.type):
+        array = _view_as_list(array)
     offsets = array.offsets.to_numpy()
     offsets = offsets - offsets[0]
     valid = np.ones(len(array), dtype=bool) if array.null_count == 0 else ~array.is_null().to_numpy(zero_copy_only=False)
@@ -70,6 +75,23 @@ def docs_of(array, kind: str, n_vocab: int | None, where) -> list:
     values = values.astype(np.int64, copy=False)
     check_ids(values, offsets, n_vocab, where)
     return Ids(values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(array)))
+
+
+def _is_view(kind) -> bool:
+    """A list_view or large_list_view: each row an (offset, size) into its values, in any order."""
+    return any(is_view(kind) for is_view in _VIEWS)
+
+
+def _view_as_list(array):
+    """A list_view array as a large_list of the same rows. Gathered here, not cast: pyarrow 26's
+    cast of one read from an Arrow IPC file drops the last row's values."""
+    valid = ~array.is_null().to_numpy(zero_copy_only=False)
+    starts = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    sizes = np.where(valid, array.sizes.to_numpy(zero_copy_only=False), 0).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    at = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), array.values.take(pa.array(at)),
+                                         mask=pa.array(~valid))
 
 
 def _no_null_inside(flat, offsets: np.ndarray, valid: np.ndarray, where):

@@ -55,7 +55,7 @@ class JsonLines(Format):
 
     def __init__(self, path: str, filesystem=None):
         super().__init__(path, filesystem)
-        self.codec = next((c for s, c in CODECS.items() if path.endswith(s)), None)
+        self.codec = next((c for s, c in CODECS.items() if path.lower().endswith(s)), None)  # as the registry
         if self.codec is not None and not pa.Codec.is_available(self.codec):
             raise DataError(f"{path}: this pyarrow cannot decompress {self.codec}; install a pyarrow with it")
         self._starts = None   # line start offsets (decompressed bytes), then the end: len(lines) + 1
@@ -89,8 +89,27 @@ class JsonLines(Format):
                                 f"the decoder's limit (zstd --long=28 or more: pyarrow's decoder takes windows up to "
                                 f"128 MiB, --long=27, and cannot be given more); recompress it without --long, e.g. "
                                 f"`zstd -dc --long=31 {name} | zstd -o new.jsonl.zst`") from exc
+            if self.codec is not None and (other := self._other_bytes()) is not None:
+                raise DataError(f"{self.path}: cannot be read as {self.codec}: the file is {other[0]} (its first "
+                                f"bytes); name it {other[1]} to read it as that") from exc
             raise DataError(f"{self.path}: cannot be read{' as ' + self.codec if self.codec else ''} ({exc}); "
                             f"the file is corrupt or truncated: re-download or rewrite it") from exc
+
+    def _other_bytes(self) -> "tuple | None":
+        """`(what it is, the name that reads it)` of a compressed file's raw first bytes when they
+        are not its codec's: another format's (`MAGIC`) or JSON text; None when they are its own
+        (the file is corrupt) or unknown."""
+        with contextlib.closing(open_input(self.path, self.filesystem, stream=True)) as raw:
+            head = raw.read(8)
+        name = self.path.rsplit("/", 1)[-1]
+        codec = next(s for s in CODECS if name.lower().endswith(s))
+        plain, stem = name[:-len(codec)], _stem(name)
+        kind = next((kind for magic, kind in MAGIC.items() if head.startswith(magic)), None)
+        if kind is not None:
+            return None if kind[1].endswith(codec) else (kind[0], stem + kind[1])
+        if head.removeprefix(BOM).lstrip()[:1] in (b"{", b"["):
+            return "not compressed", plain
+        return None
 
     def _lines(self) -> np.ndarray:
         """Every line's start, then the end of the data: one pass over the file."""
@@ -291,11 +310,15 @@ def _ids(values: list, n_vocab: int | None, where) -> Ids:
 
 
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which Windows tools write first
+# the first bytes of files of other formats (what each is, the name that reads it), never JSON's first bytes
+MAGIC = {b"\x1f\x8b": ("gzip-compressed data", ".jsonl.gz"),
+         b"\x28\xb5\x2f\xfd": ("zstd-compressed data", ".jsonl.zst"),
+         b"PAR1": ("a Parquet file", ".parquet"), b"ARROW1": ("an Arrow IPC file", ".arrow")}
 
 
 class _Head:
     """The first bytes of a file: a JSON array (first non-space byte `[`, after a BOM) is not
-    JSON Lines."""
+    JSON Lines, nor is a file of another format (`MAGIC`: a `.jsonl` that is gzip data, say)."""
 
     def __init__(self, path: str, where: str = ""):
         self.path, self.where, self.done, self.first = path, where, False, True
@@ -304,7 +327,9 @@ class _Head:
         if self.done:
             return
         if self.first:
-            chunk, self.first = chunk.removeprefix(BOM), False
+            self.first = False
+            self._other_format(chunk)
+            chunk = chunk.removeprefix(BOM)
         start = chunk.lstrip()[:1]
         if not start:
             return  # all space so far
@@ -315,6 +340,25 @@ class _Head:
             raise DataError(f"{self.path}: {self.where}the file is one JSON array (its first character is '['), not "
                             f"JSON Lines (one JSON object a line); convert it, e.g. `jq -c '.[]' {name} > {stem}.jsonl`"
                             f"{' (decompress it first)' if name.endswith(('.gz', '.zst')) else ''}")
+
+    def _other_format(self, chunk: bytes):
+        """A `DataError` when the file begins as another format does (`MAGIC`), with its name."""
+        what = next((kind for magic, kind in MAGIC.items() if chunk.startswith(magic)), None)
+        if what is None:
+            return
+        name = self.path.rsplit("/", 1)[-1]
+        compressed = name.lower().endswith(tuple(CODECS))
+        stem = _stem(name)
+        todo = ("it is compressed twice: decompress it once and name it as what is left" if compressed else
+                f"name it {stem}{what[1]} to read it as that (formats are read by their file names)")
+        raise DataError(f"{self.path}: {self.where}the file{' decompressed' if compressed else ''} is {what[0]} "
+                        f"(its first bytes), not JSON Lines; {todo}")
+
+
+def _stem(name: str) -> str:
+    """A JSON Lines file's name before its `.json`/`.jsonl` suffix (any case): `docs` of `docs.jsonl.gz`."""
+    at = name.lower().rfind(".json")
+    return name[:at] if at > 0 else name
 
 
 class _Forward:

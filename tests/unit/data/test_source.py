@@ -320,3 +320,38 @@ def test_a_readers_kind_of_a_file_is_its_columns_or_text_where_it_cannot_say(tmp
     bad.write_bytes(b"not parquet")
     reader = Reader([str(ids), str(text), str(bad), str(ids)], columns=["ids", "content", "ids", "other"])
     assert [reader.kind(f) for f in range(4)] == ["tokens", "text", "text", "text"]
+
+
+def test_a_list_of_directories_or_globs_says_what_to_pass_instead(tmp_path):
+    """A list's entries are files: a directory in it, a glob (not expanded in a list) or a
+    missing file is each named for what it is, with what to pass instead. It was "list the
+    parquet shards themselves" for all three, also to a user of JSON Lines."""
+    for d in ("web", "code"):
+        (tmp_path / d).mkdir()
+        corpus.write_shards(["a b", "c"], tmp_path / d, num_files=1)
+    with pytest.raises(DataError) as got:
+        list_files([str(tmp_path / "web"), str(tmp_path / "code")])
+    msg = str(got.value)
+    assert "2 path(s) that are not files" in msg and "/web (a directory)" in msg and "list the data files" in msg
+    assert f"a glob over the directories, data='{tmp_path}/*/*.parquet'" in msg and "a shmloader.Mixture" in msg
+    assert "parquet shards" not in msg
+    with pytest.raises(DataError, match=r"web/\*\.jsonl \(a glob, which a list does not expand: pass it alone as "
+                                        r"data=, or glob\.glob\(\) it\); list the data files"):
+        list_files([str(tmp_path / "web" / "*.jsonl")])
+    with pytest.raises(DataError, match=r"gone\.parquet \(no such file\); list the data files"):
+        list_files([str(tmp_path / "gone.parquet")])
+
+
+def test_a_path_beginning_with_a_tilde_is_told_to_be_expanded(tmp_path, monkeypatch):
+    """`~/data` (pyarrow's readers expand it, shmloader does not) was "data directory ~/data does
+    not exist", which it does under the home directory: each path that is not found says that a
+    leading ~ is not expanded here and what to pass."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    corpus.write_shards(["a b", "c"], tmp_path / "data", num_files=1)
+    hint = r"begins with ~, which is not expanded here: pass os\.path\.expanduser\('~/data.*'\)"
+    for data in ("~/data", "~/data/*.parquet", ["~/data/shard_00000.parquet"]):
+        with pytest.raises(DataError, match=hint):
+            list_files(data)
+    from shmloader.data.tokenizer import resolve
+    with pytest.raises(FileNotFoundError, match=r"tokenizer not found at ~/tok\.pkl \(~/tok\.pkl begins with ~"):
+        resolve("~/tok.pkl")

@@ -51,7 +51,15 @@ class NanochatLike:
         return self._bos
 
     def encode(self, text, prepend=None, num_threads=None):
-        raise AssertionError("resolve() must unwrap .enc, not pickle the wrapper")
+        return ([prepend] if prepend is not None else []) + self.enc.encode_ordinary(text)
+
+
+class Normalising(NanochatLike):
+    """A wrapper of the same shape whose encode normalises the text first (NFKC, stripped)."""
+
+    def encode(self, text, prepend=None, num_threads=None):
+        import unicodedata
+        return self.enc.encode_ordinary(unicodedata.normalize("NFKC", text).strip())
 
 
 # ------------------------------------------------------------------ resolve
@@ -80,6 +88,16 @@ def test_resolve_nanochat_wrapper(enc):
     assert build(spec)("a b c").tolist() == enc.encode_ordinary("a b c")
     # the wrapper's BOS id is the one used
     assert resolve(NanochatLike(enc, bos=7)).bos == 7
+
+
+def test_a_wrapper_whose_encode_is_not_its_encodings_is_kept_whole(enc):
+    """A wrapper of nanochat's shape whose encode is not `.enc.encode_ordinary` is an object
+    (pickled, its own encode in the workers), not unwrapped to its Encoding."""
+    wrapper = Normalising(enc)
+    spec = resolve(wrapper)
+    assert spec.kind == "object" and spec.bos == enc.encode_single_token("<|bos|>")
+    assert spec.fingerprint != resolve(enc).fingerprint
+    assert build(spec)(" ﬁne \n").tolist() == enc.encode_ordinary("fine") != enc.encode_ordinary(" ﬁne \n")
 
 
 def test_resolve_int_tokenizer():

@@ -2,8 +2,10 @@
 blank lines are nulls; a last line without its newline counts; bad lines name file and line;
 token ids; the identity digest; a remote filesystem reads as a local one."""
 import json
+import re
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
@@ -172,3 +174,70 @@ def test_a_zstd_window_past_the_decoder_s_limit_is_named_not_called_corrupt(tmp_
     with pytest.raises(DataError, match=r"a\.jsonl\.zst: cannot be read as zstd \(.*\): it was compressed with a "
                                         r"window over the decoder's limit \(zstd --long.*recompress it without --long"):
         JsonLines(str(path)).rows()
+
+
+def _gzip(data):
+    import gzip
+    return gzip.compress(data)
+
+
+def _zstd(data):
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, "zstd") as f:
+        f.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+def _parquet(data):
+    import pyarrow.parquet as pq
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"text": ["a b"]}), sink)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.json", "docs.jsonl.gz"])
+@pytest.mark.parametrize("kind,what,named", [(_gzip, "gzip-compressed data", ".jsonl.gz"),
+                                             (_zstd, "zstd-compressed data", ".jsonl.zst"),
+                                             (_parquet, "a Parquet file", ".parquet")])
+def test_a_file_of_another_format_under_a_json_lines_name_says_which_when_first_read(tmp_path, name, kind, what, named):
+    """A gzip file saved as `docs.jsonl` (a download that kept the server's encoding), zstd or
+    parquet: each was "line 1 is not JSON ('utf-8' codec can't decode byte 0x8b ...)" from a
+    worker; it is named by its first bytes when the file is first read (as a JSON array is),
+    with the name that reads it."""
+    data = kind(b'{"text": "a b"}\n')
+    if name.endswith(".gz"):
+        data = _gzip(data)  # its content is compressed once more
+    path = tmp_path / name
+    path.write_bytes(data)
+    want = rf"{name}: (unit 0: )?the file{' decompressed' if name.endswith('.gz') else ''} is {what} " \
+           rf"\(its first bytes\), not JSON Lines"
+    with pytest.raises(DataError, match=want + r".*" + (re.escape(f"docs{named}") if not name.endswith(".gz") else "")):
+        JsonLines(str(path)).rows()
+    with pytest.raises(DataError, match=want):
+        JsonLines(str(path)).kind("text", "unit 0: ")
+
+
+@pytest.mark.parametrize("name,kind,what,named", [
+    ("docs.jsonl.gz", _zstd, "zstd-compressed data", "docs.jsonl.zst"),
+    ("docs.jsonl.zst", _gzip, "gzip-compressed data", "docs.jsonl.gz"),
+    ("docs.jsonl.gz", bytes, "not compressed", "docs.jsonl"),
+], ids=["zstd-as-gz", "gzip-as-zst", "plain-as-gz"])
+def test_a_compressed_name_on_other_bytes_says_what_they_are(tmp_path, name, kind, what, named):
+    """A .gz that is zstd data (or the reverse, or plain JSON Lines) was "cannot be read as gzip
+    (...); the file is corrupt or truncated: re-download or rewrite it"; it is named by its first
+    bytes, with the name that reads it."""
+    path = tmp_path / name
+    path.write_bytes(kind(b'{"text": "a b"}\n'))
+    with pytest.raises(DataError, match=rf"{re.escape(name)}: cannot be read as (gzip|zstd): the file is {what} \(its "
+                                        rf"first bytes\); name it {re.escape(named)} to read it as that"):
+        JsonLines(str(path)).rows()
+
+
+@pytest.mark.parametrize("name,fmt", [("A.JSONL.ZST", "jsonl.zst"), ("b.Json.Gz", "jsonl.gz")])
+def test_a_compressed_file_named_in_capitals_is_decompressed(tmp_path, name, fmt):
+    """The registry takes names in any case (`A.JSONL.ZST` is JSON Lines), but the codec was found
+    by the lower-case suffix only: the compressed bytes were read as text ("line 1 is not
+    JSON")."""
+    path = formats_data.write(str(tmp_path / name), ["x y", None, "z"], fmt)
+    f = formats.open_file(path)
+    assert isinstance(f, JsonLines) and f.rows() == [3] and f.read(0, 0, 3, "text") == ["x y", None, "z"]

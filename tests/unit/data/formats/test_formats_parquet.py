@@ -107,3 +107,36 @@ def test_may_hold_is_what_the_footer_says(tmp_path):
                                         "ids": pa.array([None] * len(rows), pa.list_(pa.int32()))}))
         assert Parquet(path).may_hold("text") == want
         assert Parquet(path).may_hold("ids") == [True, False, True, True]
+
+
+LIST_VIEWS = [getattr(pa, name) for name in ("ListViewArray", "LargeListViewArray")  # pyarrow >= 16
+              if hasattr(pa, name)]
+
+
+@pytest.mark.skipif(not LIST_VIEWS, reason="this pyarrow has no list_view type")
+@pytest.mark.parametrize("kind", LIST_VIEWS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_token_ids_in_a_list_view_column_are_token_ids(tmp_path, kind, fmt):
+    """A list_view of integers (pyarrow's other list layout, kept in a parquet file's arrow schema)
+    is a list of integers: token ids, as the README's "any int list type" says. It was a
+    DataError: "column 'ids' is list_view<element: int32>, expected ... token ids (a list of
+    integers)". Rows out of order in its values, a null row and a slice read as their own rows
+    (pyarrow 26's cast to a list, read from an Arrow file, dropped the last row's ids)."""
+    rows = [[1, 2], None, [5, 6, 7], [], [3]]
+    path = str(tmp_path / f"a.{fmt}")
+    values = pa.array([5, 6, 7, 1, 2, 3], pa.int32())  # rows 0 and 2 swapped in the values
+    view = kind.from_arrays([3, 0, 0, 0, 5], [2, 0, 3, 0, 1], values, mask=pa.array([False, True, False, False, False]))
+    assert view.to_pylist() == rows
+    table = pa.table({"ids": view})
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        import pyarrow.feather as feather
+        feather.write_feather(table, path)
+    f = formats.open_file(path)
+    assert f.kind("ids") == TOKENS
+    got = f.read(0, 0, 5, "ids", n_vocab=10)
+    assert isinstance(got, Ids) and [None if g is None else g.tolist() for g in got] == rows
+    assert [g.tolist() for g in f.read(0, 2, 4, "ids", n_vocab=10)] == [[5, 6, 7], []]
+    with pytest.raises(DataError, match=r"row 2: token id 7 is outside the tokenizer's vocabulary \[0, 7\)"):
+        f.read(0, 0, 5, "ids", n_vocab=7)
