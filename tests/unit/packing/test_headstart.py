@@ -148,10 +148,10 @@ def config(**kw):
 
 
 def args(**kw):
-    from shmloader.packing.concat import ConcatMode
+    from shmloader.packing.mixmode import SourceConcatMode
     from shmloader.packing.count import CountMode
 
-    base = dict(modes=(ConcatMode, CountMode), plan=None, locate=None, poisoned=(), suspects=(),
+    base = dict(modes=(SourceConcatMode, CountMode), plan=None, locate=None, poisoned=(), suspects=(),
                 tokenizer=SimpleNamespace(kind="tiktoken"))
     return SimpleNamespace(**dict(base, **kw))
 

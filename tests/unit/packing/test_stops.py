@@ -17,7 +17,7 @@ from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted, Ended, Error, Located
 from shmloader.packing.base import SlotMap
 from shmloader.packing.bestfit import BestFitMode
-from shmloader.packing.concat import ConcatMode
+from shmloader.packing.mixmode import SourceConcatMode
 from shmloader.packing.count import CountMode
 from shmloader.position import Position
 from tests.unit.packing.modes import hand_out
@@ -38,7 +38,7 @@ def order(n_docs: int):
 def concat_mode(T: int = 7, n_docs: int = 4, lengths=rows):
     cfg = LoaderConfig(1, T, n_slots=N_SLOTS)
     run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS), start=Position(1, 0, 0))
-    return ConcatMode(cfg, run, WORKERS, order(n_docs)), lengths
+    return SourceConcatMode(cfg, run, WORKERS, order(n_docs)), lengths
 
 
 def bestfit_mode():
