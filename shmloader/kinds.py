@@ -55,8 +55,7 @@ from .errors import DataError
 from .ipc.protocol import RunArgs
 from .data.sources import Sources, keep_open
 from .packing import MODES
-from .packing.count import CountMode
-from .packing.mixcount import MixCountMode
+from .packing.mixcount import MixCountMode, SourceCountMode
 from .packing.runs import BufferText, decode_runs, encode_buffer
 from .procs.run import mix_text_bytes
 
@@ -123,7 +122,7 @@ class OneSource(_Kind):
         return encode_buffer(resume.runs) if spec.buffered else None
 
     def run_fields(self, config) -> dict:
-        return {"modes": (MODES[config.packing].source, CountMode), "keep_open": KEEP_OPEN}
+        return {"modes": (MODES[config.packing].source, SourceCountMode), "keep_open": KEEP_OPEN}
 
     def slot_buffer(self, config):
         return _buffer_text if config.spec.buffered else None

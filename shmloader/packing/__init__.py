@@ -8,12 +8,14 @@ from . import bestfit, concat, mixbestfit, mixmode
 
 
 class Modes(NamedTuple):
-    """A packing's coordinator modes: `mode(cfg, run, n_workers, pieces)`."""
+    """A packing's coordinator modes: `mode(cfg, run, n_workers, pieces)`; and what a mixture's
+    count-only run (packing/mixcount.py) finds its place with: `count_place(count, used)`."""
     source: type               # over one source's run
     mixture: type              # over a mixture's (`RunArgs.mixture`)
+    count_place: type          # a mixture's count-only place-finder (`mixcount.Count`)
 
 
 PACKINGS = {p.name: p for p in (concat.PACKING, bestfit.PACKING)}
-MODES = {concat.PACKING.name: Modes(mixmode.SourceConcatMode, mixmode.MixConcatMode),
-         bestfit.PACKING.name: Modes(bestfit.BestFitMode, mixbestfit.MixBestFitMode)}
+MODES = {concat.PACKING.name: Modes(mixmode.SourceConcatMode, mixmode.MixConcatMode, mixmode.ConcatPlace),
+         bestfit.PACKING.name: Modes(bestfit.BestFitMode, mixbestfit.MixBestFitMode, mixbestfit.BestFitPlace)}
 MIX_MODES = {name: modes.mixture for name, modes in MODES.items()}

@@ -6,8 +6,8 @@ its resume fields, how a worker keeps and writes its tokens and the locator of a
 run), so that nothing outside the module branches on which packing runs; its coordinator modes,
 over one source and over a mixture, are registered beside it (`packing.MODES`). A *mode* turns
 counted pieces into write orders and complete batches; the coordinator (procs/coordinator.py)
-only moves its messages and never looks inside it. `count.CountMode` is the mode of a run that
-only finds a position.
+only moves its messages and never looks inside it. `mixcount.MixCountMode` (and
+`SourceCountMode`) is the mode of a run that only finds a position.
 
 `BatchBook` is the bookkeeping every sequencer needs: which batches may be written (at most
 `n_slots` between their first order and their free), how many tokens each still waits for,

@@ -18,7 +18,8 @@ piece that would have come next is one that cannot be read (`MixStream.unreadabl
 mix stops where it needs it, as where a worker cannot read a piece, the same batch whatever
 the timing (`MixFeed.failed`; `held_by_mix` is `Mode.failed` of the modes that flow the mix
 as counts come). Both mixture modes (packing/mixmode.py for concat, packing/mixbestfit.py for
-best fit) hand pieces out through one `MixFeed`.
+best fit) and the count-only mode (packing/mixcount.py) hand pieces out through one `MixFeed`;
+a run of one source through an `OrderFeed`, its run's order as it comes.
 """
 from __future__ import annotations
 
@@ -210,8 +211,9 @@ class MixFeed:
 
 
 class OrderFeed:
-    """The feed of one source's run (packing/mixmode.py `SourceConcatMode`): its run's own order
-    (`pieces`, numbered from 0, its elastic plan, its files added and its shuffle in it), handed
+    """The feed of one source's run (packing/mixmode.py `SourceConcatMode`, packing/mixcount.py
+    `SourceCountMode`): its run's own order (`pieces`, numbered from 0, its elastic plan, its files
+    added and its shuffle in it; a count's best-fit buffer re-read first), handed
     out as it comes, each counted piece to `stream` (a `mixone.Passing`) in that order. Nothing to
     weigh or to wait for: the hold budget holds (no pick is `needed`); a source without documents
     is the coordinator's to judge; an order that cannot be read on raises where the coordinator
@@ -222,9 +224,11 @@ class OrderFeed:
         self._pieces = pieces
         self._next = Next(stream.name, False)
 
-    def pick_now(self) -> "Next | None":
+    def pick(self) -> "Next | None":
         """The one source, until the stream stops (nothing after it would be used)."""
         return self._next if self.stream.stopped is None else None
+
+    pick_now = pick  # (nothing to make again)
 
     def feed(self):
         """The order itself: its pieces are numbered as they go out."""

@@ -51,11 +51,11 @@ from ..errors import DataError
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Begin, Complete, Mode
 from .concat import PACKING, ConcatSequencer, Copies, Place, position_at, row_group_of
-from .mix import MixStream
+from .mix import MixStream, point_at
 from .mixplace import MixSequencer
 from .mixfeed import MixFeed, OrderFeed, Said, held_by_mix, start_points
 from .mixone import OneStream, Passing, passes
-from .mixtext import kept, packed
+from .mixtext import kept, packed, point_text
 
 
 class Start(NamedTuple):
@@ -340,6 +340,61 @@ class Points:
 def _no_point(done: Complete) -> None:
     """One source's sink: its batches carry nothing for the state."""
     return None
+
+
+class ConcatPlace:
+    """A mixture's count-only place of concat (packing/mixcount.py, `count_place` in
+    `packing.MODES`): where batch `batch` of the count starts in the mixed stream, from its runs
+    in order, as the live run's sequencer finds it (`ConcatSequencer._find`: the next document,
+    past nulls, at a document's boundary). Its stream starts as `MixConcatMode`'s does: from the
+    cut document, its tokens before dropped (`skip`)."""
+
+    prefix = ()
+
+    def __init__(self, count, used):
+        """`count`: a `mixcount.Count`; `used(source, piece)`: a piece whose last run was taken."""
+        point, lo = count.point, count.lo
+        self.window = window = count.B * count.T + 1
+        cut = point.source if point is not None and point.skip and point.source in lo else None
+        self.skip = skip = point.skip if cut is not None else 0
+        first_batch = count.first_batch
+        self.stream = MixStream(count.mixer, count.starts, lambda tokens: first_batch + (tokens - skip) // window, cut)
+        self.cap, self.total, self._lo, self._used = count.cfg.max_piece_docs, count.batch, lo, used
+        self.target = count.batch * window + skip   # the stream's token the batch starts at
+        self.tokens = 0                             # the stream's tokens so far
+        self.result = None                          # the `MixPoint` there, once known
+
+    @property
+    def done_batches(self) -> int:
+        return min(max(self.tokens - self.skip, 0) // self.window, self.total)
+
+    def wants(self) -> bool:
+        return self.result is None
+
+    def counted(self, piece, lengths):
+        """The stream's runs come in order instead (`flow`)."""
+
+    def flow(self):
+        for run in self.stream.runs():
+            self.add(run)
+            if run.last:
+                self._used(run.source, run.piece)
+
+    def add(self, run):
+        cum = np.cumsum(np.asarray(run.lengths, dtype=np.int64))
+        start = self.tokens
+        self.tokens += int(cum[-1]) if len(cum) else 0
+        if self.result is None and start <= self.target < self.tokens:
+            rel = self.target - start
+            row = int(np.searchsorted(cum, rel, side="right"))
+            skip = rel - (int(cum[row - 1]) if row else 0)
+            row += run.row_lo
+            self.result = point_at(run, row, skip + (run.piece.skip if row == 0 else 0))
+
+    def located(self) -> tuple:
+        """`(position, the point's JSON text)` of the `Located` answer."""
+        done = self.result
+        return tuple(done.sources[done.source]._replace(skip=done.skip)), point_text(done, self._lo)
 
 
 def _read(mix) -> set:

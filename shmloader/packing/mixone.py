@@ -95,6 +95,10 @@ class Passing:
         out, self._passed = self._passed, []
         return out
 
+    def waiting(self) -> dict:
+        """`{seq: (piece, lengths)}` of the pieces counted that wait for an earlier one."""
+        return self._arrived.waiting()
+
     def unreadable(self, source: str, seq: int, error):
         """Piece `seq` of the order cannot be read: the mix stops once every piece before it is taken."""
         if self._unreadable is None or seq < self._unreadable[0]:
