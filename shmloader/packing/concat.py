@@ -119,6 +119,12 @@ class ConcatSequencer:
         for i, lengths in self._counted.add(index, lengths):
             self.append(i, lengths)
 
+    def passed(self, index: int, lengths: np.ndarray):
+        """Piece `index`, the next of the order, was counted (`counted` for a caller that keeps the
+        order itself: a `mixone.Passing`'s pieces come in it)."""
+        self._counted.next = index + 1
+        self.append(index, lengths)
+
     def append(self, index: int, lengths: np.ndarray, base: int = 0, last: bool = True, tag=None):
         """Sequence rows of piece `index` next, `lengths[i]` tokens each: the whole piece, or
         (a mixture's `Run`, `tag`) those of its tokens from `base`, `last` if no more follow."""

@@ -92,8 +92,8 @@ class MixConcatMode(Mode):
     worker's hold until it is fully placed (base.py: what a worker may hold). A piece that
     cannot be read stops the stream where it would begin: its error is said (`Ended`) once
     every piece before it is taken and every batch they make is announced. What a batch's slot
-    carries for the state is the `sink`'s to make from its `Complete` (`buffer_of`): a mixture's
-    point (`Points`), or nothing (one source's)."""
+    carries for the state is the sink's to make from its `Complete` (`buffer_of` is the sink):
+    a mixture's point (`Points`), or nothing (one source's)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg, run.layout.window, run.layout.n_slots)
@@ -116,7 +116,8 @@ class MixConcatMode(Mode):
         `MixStream`'s runs, `one` None), `stream` what the feed asks (a `MixStream`, a `OneStream`,
         a `Passing`), `feed` what hands pieces out (`MixFeed`, `OrderFeed`), `sink` what a batch's
         slot carries for the state (`buffer_of`)."""
-        self.seq, self.stream, self.one, self.feed, self.sink = seq, stream, one, feed, sink
+        self.seq, self.stream, self.one, self.feed = seq, stream, one, feed
+        self.buffer_of = sink  # `Mode.buffer_of`: what a batch's slot carries for the state, the sink's
         self.said = Said(stream)
         self.pieces = feed.feed()
         self._flow()  # a state saved at the mix's end starts over (`Mixer.over`): it ends before any piece
@@ -157,7 +158,7 @@ class MixConcatMode(Mode):
             return False
         if pick.needed:  # past the hold budget: only the mix can free it, and the mix waits for this
             return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
-        return super().can_take(worker)
+        return self._room(worker, pair=True)  # `Mode.can_take`'s (a frame less: asked at every turn)
 
     # ---- counts, runs and batches
 
@@ -180,7 +181,7 @@ class MixConcatMode(Mode):
         self.feed.flow()
         if self.one is not None:  # the pieces it passed (in order, none after its end) into the sequencer
             for piece, lengths in self.one.passed():
-                self.seq.counted(piece.index, lengths)
+                self.seq.passed(piece.index, lengths)
                 self.feed.used_up(self.one.name, piece)
         else:
             for stretch in self.stream.stretches():
@@ -290,10 +291,6 @@ class MixConcatMode(Mode):
         out.update((i, None) for i, w in self.owner.items() if w == worker)
         out.update((index, None) for order in orders for index in PACKING.order_pieces(order))
         return out
-
-    def buffer_of(self, done: Complete):
-        """What the batch's slot carries for the state: the sink's (`Points`, or nothing)."""
-        return self.sink(done)
 
     def messages(self):
         seq = self.seq
