@@ -19,6 +19,12 @@ that of the `MixPoint` the stream (packing/mix.py) would have made, character fo
 (packing/mixbestfit.py) cuts its chunks from the pieces (`PassingChunks`), telling the mixer
 what each takes (`OneStream.took`), and makes its points as a mixture's.
 
+`Passing` is the part of `OneStream` that is no mixture's: counted pieces of one order taken in
+that order, whole, and where one that cannot be read stops them. One source's concat and
+count-only runs are made of it (packing/mixmode.py `SourceConcatMode`, packing/mixcount.py
+`SourceCountMode`: their run's own order, no mixer, no point), so a one-source run and a
+pass-through go through the same mode code.
+
 What is not a pass-through (`passes` says no) goes through the stream: a second source, a
 schedule (a later stage may weigh another), a `max_epochs` (the source ends and the mix with
 it), a change of world size's plans or cut documents (`skips`), a mixer over. A resume
