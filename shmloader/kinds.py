@@ -54,9 +54,8 @@ from .data.source import KEEP_OPEN, FilesystemRef
 from .errors import DataError
 from .ipc.protocol import RunArgs
 from .data.sources import Sources, keep_open
-from .packing import MIX_MODES
-from .packing.count import CountMode
-from .packing.mixcount import MixCountMode
+from .packing import MODES
+from .packing.mixcount import MixCountMode, SourceCountMode
 from .packing.runs import BufferText, decode_runs, encode_buffer
 from .procs.run import mix_text_bytes
 
@@ -124,7 +123,7 @@ class OneSource(_Kind):
         return encode_buffer(resume.runs) if spec.buffered else None
 
     def run_fields(self, config) -> dict:
-        return {"modes": (config.spec.mode, CountMode), "keep_open": KEEP_OPEN}
+        return {"modes": (MODES[config.packing].source, SourceCountMode), "keep_open": KEEP_OPEN}
 
     def slot_buffer(self, config):
         return _buffer_text if config.spec.buffered else None
@@ -184,7 +183,7 @@ class Mixed(_Kind):
         return mixstate.point_text(resume.mix)
 
     def run_fields(self, config) -> dict:
-        return {"modes": (MIX_MODES[config.packing], MixCountMode),
+        return {"modes": (MODES[config.packing].mixture, MixCountMode),
                 "keep_open": keep_open(len(self.catalogue.ranges))}
 
     def slot_buffer(self, config):

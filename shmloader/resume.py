@@ -15,7 +15,7 @@ sourcestate.Files, mixstate.Mixed), and this module names neither.
    count) makes the elastic plan (`Part.shared`: data/elastic.py, a mixture's per source
    data/mixelastic.py), and this rank starts at its first unit.
 4. Another rank's state (`_replay`): this rank's own place at the state's batch count, by a
-   count-only run (`Part.replay`: its `RunArgs`, packing/count.py or packing/mixcount.py; its
+   count-only run (`Part.replay`: its `RunArgs`, packing/mixcount.py; its
    answer read by `Part.replayed`, which may ask for another from there: a mixture's replay is
    one run a batch shape) over the files the state was saved with; a run that began elastic
    replays from its plan's start. So every rank resumes exactly from rank 0's state.

@@ -19,7 +19,7 @@ that the files' names, sizes and footers cannot show.
 `Files.resume` turns such a state into a `Resume` for this loader:
 - this rank's own state resumes at its position;
 - another rank's state (same world size) resumes at the same `batch` count: this rank
-  replays `origin`, `shapes` and `batch` over its own document lengths (packing/count.py) to find
+  replays `origin`, `shapes` and `batch` over its own document lengths (packing/mixcount.py `SourceCountMode`) to find
   its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
 - a state of another world size (any old rank's) is a `Change`: the loader finds every old
   rank's position at the state's `batch` count (resume.py, replaying every other old rank's

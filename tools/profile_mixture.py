@@ -40,7 +40,7 @@ from shmloader.data.order import Piece  # noqa: E402
 from shmloader.data.sources import Range  # noqa: E402
 from shmloader.ipc.protocol import Counted, MixArgs  # noqa: E402
 from shmloader.position import Position  # noqa: E402
-from shmloader.packing import MIX_MODES, PACKINGS  # noqa: E402
+from shmloader.packing import MIX_MODES, MODES  # noqa: E402
 from shmloader.packing.base import SlotMap  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def mode_of(args):
     def pieces(ramp, cap, first, files=(0,), start=None, plan=None, later=None):
         return (Piece(first + i, 1, files[0], i, 0, 256) for i in range(10**7))
     if args.single:
-        return PACKINGS[args.packing].mode(cfg, run, 2, pieces)
+        return MODES[args.packing].source(cfg, run, 2, pieces)
     return MIX_MODES[args.packing](cfg, run, 2, pieces)
 
 

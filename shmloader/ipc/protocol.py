@@ -88,7 +88,7 @@ message is one record below, sent through a pipe and dispatched on its type:
    buffer goes into the slot's buffer area first), the documents begun by then, and the
    batch's `ring.batch_check`. Through the pipe: `Opened(file, size, footer)` when the
    coordinator reads a file's footer (first, or again after it changed: the trainer's states
-   describe files by it); a count-only run (packing/count.py) sends
+   describe files by it); a count-only run (packing/mixcount.py) sends
    `Progress(done, total, docs)` once a second and then `Located(position, runs, tokenized,
    cached)`; errors travel as `Error(kind, head, trace)` and warnings as `Warn(text, info)`
    (`info`: a line for the log, e.g. a mixture's stage that begins), from the workers through

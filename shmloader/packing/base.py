@@ -2,11 +2,12 @@
 
 A packing is one module (`concat.py`, `bestfit.py`) that builds a `Packing`: the spec that
 tells the rest of the loader what it needs to know (the slot's window, where targets start,
-its resume fields, how a worker keeps and writes its tokens, its coordinator `Mode` and the
-locator of a count-only run), so that nothing outside the module branches on which packing
-runs. A *mode* turns counted pieces into write orders and complete batches; the coordinator
-(procs/coordinator.py) only moves its messages and never looks inside it. `count.CountMode` is
-the mode of a run that only finds a position.
+its resume fields, how a worker keeps and writes its tokens and the locator of a count-only
+run), so that nothing outside the module branches on which packing runs; its coordinator modes,
+over one source and over a mixture, are registered beside it (`packing.MODES`). A *mode* turns
+counted pieces into write orders and complete batches; the coordinator (procs/coordinator.py)
+only moves its messages and never looks inside it. `mixcount.MixCountMode` (and
+`SourceCountMode`) is the mode of a run that only finds a position.
 
 `BatchBook` is the bookkeeping every sequencer needs: which batches may be written (at most
 `n_slots` between their first order and their free), how many tokens each still waits for,
@@ -62,7 +63,6 @@ class Packing:
     """What the loader needs to know about one packing (its module's `PACKING`)."""
 
     name: str                  # the `packing=` value
-    mode: type                 # the coordinator's `Mode`: mode(cfg, run, n_workers, pieces)
     locator: Callable          # (cfg, run) -> (locator, piece cap): a count-only run's replay
     order: type                # its write order (a NamedTuple), carried out by `write`
     keep: Callable             # worker: (tokens, lengths, first) -> what it holds of a counted piece, or None
@@ -91,7 +91,8 @@ class Complete(NamedTuple):
     position: Position     # the position after it
     runs: object           # a buffered packing: the buffer after it, as runs (an (n, 5) array); a
     #                        mixture: the `mix.MixPoint` after it (a mixture of one passing its
-    #                        pieces whole: a `mixone.Passed`, what its point is made of); else None
+    #                        pieces whole: None, its point made from this record by the mode's sink,
+    #                        packing/mixmode.py `Points`); else None
     docs: int              # documents begun (concat) or placed (best fit) by its end
     read: RowGroup | None = None  # the row group its reading ended in (concat: its last token's);
     #                               None: the position's (best fit: the last chunk's end)

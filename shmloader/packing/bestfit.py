@@ -701,7 +701,7 @@ def _stats(counters: dict) -> dict:
 
 
 PACKING = Packing(
-    name="bos_bestfit", mode=BestFitMode, locator=_locator, order=Rows, keep=_keep, write=write,
+    name="bos_bestfit", locator=_locator, order=Rows, keep=_keep, write=write,
     keep_rows=_keep_rows, order_pieces=lambda order: {p[0] for p in _placed(order.placements)},
     window=lambda B, T: 2 * B * T,     # inputs, then targets
     targets_at=lambda B, T: B * T,

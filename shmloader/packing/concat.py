@@ -11,7 +11,8 @@ are written and not yet freed, `base.BatchBook`), and maps a stream position bac
 (piece, document, token) for the resume state. Positions below zero are the tokens a resumed
 run skips: they are never placed. Work per piece is O(batches it spans); per batch O(1).
 
-`ConcatMode` is the coordinator's view of it (`base.Mode`); a worker keeps a counted piece's
+The coordinator's view of it is concat's mode (`base.Mode`: packing/mixmode.py, `MixConcatMode`
+over a mixture, `SourceConcatMode` over one source, the same code); a worker keeps a counted piece's
 tokens as one array (`Held`, with its rows' lengths) and copies the segments a `Place` order names
 (`write`), and with positions writes theirs beside them (packing/positions.py);
 `ConcatLocator` finds the position at a batch count from document lengths (a rank given
@@ -26,10 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..data.order import RAMP
-from ..ipc.protocol import Ended
 from ..position import Position, RowGroup
-from .base import BatchBook, Begin, Complete, Found, InOrder, Mode, Packing
+from .base import BatchBook, Found, InOrder, Packing
 from .positions import fill_segment
 
 
@@ -119,6 +118,12 @@ class ConcatSequencer:
         """Piece `index` was tokenized: `lengths[i]` tokens for its i-th row (0 for a null)."""
         for i, lengths in self._counted.add(index, lengths):
             self.append(i, lengths)
+
+    def passed(self, index: int, lengths: np.ndarray):
+        """Piece `index`, the next of the order, was counted (`counted` for a caller that keeps the
+        order itself: a `mixone.Passing`'s pieces come in it)."""
+        self._counted.next = index + 1
+        self.append(index, lengths)
 
     def append(self, index: int, lengths: np.ndarray, base: int = 0, last: bool = True, tag=None):
         """Sequence rows of piece `index` next, `lengths[i]` tokens each: the whole piece, or
@@ -220,78 +225,6 @@ class ConcatSequencer:
         keep_from = self.book.announced * self.window
         while self._seq and self._seq[0].done_sent and self._seq[0].end <= keep_from:
             self._seq.popleft()
-
-
-class ConcatMode(Mode):
-    """Concat: pieces are placed by token offset; a counted piece's tokens count against its
-    worker's hold until it is fully placed (base.py: what a worker may hold). A piece that
-    cannot be read stops the stream where it would begin: its error is said (`Ended`) once
-    every piece before it is sequenced and every batch they make is announced."""
-
-    def __init__(self, cfg, run, n_workers: int, pieces):
-        super().__init__(n_workers, cfg, run.layout.window, run.layout.n_slots)
-        self.seq = ConcatSequencer(run.layout.window, run.layout.n_slots, run.start.skip)
-        self.pieces = pieces(RAMP, cfg.max_piece_docs, 0)
-
-    @staticmethod
-    def head_start(cfg, run) -> "Begin | None":
-        """One source's: every file of the run from its start, in the loader's order; none at a
-        change of world size (an elastic plan's order)."""
-        return None if run.plan is not None else Begin(0, len(run.files), run.start, run.later, cfg.order)
-
-    def counted(self, msg):
-        self.seq.counted(msg.piece, msg.lengths)
-        piece = self.specs[msg.piece]
-        self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
-        return piece
-
-    def failed(self, index: int, error) -> bool:
-        self._forget(index)
-        self.stops.add(index, error)
-        return True
-
-    def messages(self):
-        seq = self.seq
-        error = self.stops.due(self.stops.first() == seq.next_index
-                               and seq.book.announced >= seq.complete_before())
-        return () if error is None else (Ended(error.head),)
-
-    def freed(self, batch: int):
-        self.seq.freed(batch)
-
-    def orders(self, take_slot):
-        for index, segments, done in self.seq.placements():
-            w = self.owner[index]
-            if done:
-                self._written_out(w, index)
-                del self.owner[index]
-            segments = [(k, take_slot(k), off, src, n) for k, off, src, n in segments]
-            yield w, Place(index, segments, done)
-
-    def written(self, counts):
-        self.seq.written(counts)
-
-    def holding(self, worker: int, orders) -> dict:
-        """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
-        out = super().holding(worker, orders)
-        out.update((i, None) for i, w in self.owner.items() if w == worker)
-        out.update((order.piece, None) for order in orders)
-        return out
-
-    def ready(self):
-        out = [self._complete(k, where) for k, where in self.seq.ready()]
-        if out:
-            keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
-            for index in [i for i in self.specs if i < keep]:
-                del self.specs[index]
-        return out
-
-    def _complete(self, k: int, where: Where) -> Complete:
-        """Batch k, which ends at `where`, as announced (a mixture of one passing its pieces whole
-        adds its point: packing/mixmode.py)."""
-        specs = self.specs
-        return Complete(k, position_at(specs[where.piece], where), None, self.seq.docs_at.pop(k),
-                        row_group_of(specs[where.last]))
 
 
 def batch_segments(start: int, lo: int, hi: int, window: int) -> list:
@@ -419,7 +352,7 @@ def _copy(slots: np.ndarray, held: dict, order: Copies, inputs: int, positions: 
 
 
 PACKING = Packing(
-    name="concat", mode=ConcatMode, locator=_locator, order=Place, keep=_keep, write=write,
+    name="concat", locator=_locator, order=Place, keep=_keep, write=write,
     order_pieces=lambda order: (set(order.segments[:, 0].tolist()) | set(order.done)) if type(order) is Copies
     else (order.piece,),
     orders=(Copies,),

@@ -2,10 +2,10 @@
 (procs/headstart.py) while a run's children start. Pure: pieces and their tokens come from
 the caller.
 
-Where the head start reads is its packing's mode's to say (packing/base.py `Begin`: `ConcatMode.head_start`,
-one source's files from the run's start; `MixConcatMode.head_start`, a mixture's one source
-whose mix passes its pieces whole, packing/mixone.py), so that nothing here or in the trainer
-learns what the data is.
+Where the head start reads is its packing's mode's to say (packing/base.py `Begin`; packing/mixmode.py:
+`SourceConcatMode.head_start`, one source's files from the run's start; `MixConcatMode.head_start`,
+a mixture's one source whose mix passes its pieces whole, packing/mixone.py), so that nothing here
+or in the trainer learns what the data is.
 
 `Stream` runs the very parts a concat run runs in its coordinator and its workers: the
 `ConcatSequencer` over each piece's row lengths, the worker's keep and `write` of the

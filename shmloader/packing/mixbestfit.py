@@ -46,6 +46,7 @@ planned is announced.
 from __future__ import annotations
 
 from collections import deque
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -502,6 +503,52 @@ class MixBestFitMode(BestFitMode):
         yield from BestFitMode.messages(self)  # a piece of the resumed buffer that cannot be read
         over = seq.chunks.dry or (self.stream.stopped is not None and seq.starved)
         yield from self.said.messages(over and seq.book.announced >= seq.planned)
+
+
+class BestFitPlace:
+    """A mixture's count-only place of best fit (packing/mixcount.py, `count_place` in
+    `packing.MODES`): the point and buffer after batch `batch - 1` of the count, planned as a
+    live run plans (`MixBestFitSequencer`, chunks picked when a plan asks), a batch at a time;
+    its stream and its resumed buffer's pieces (`prefix`, re-read first) as `MixBestFitMode`'s."""
+
+    def __init__(self, count, used):
+        """`count`: a `mixcount.Count`; `used(source, piece)`: a piece whose last run went into a chunk."""
+        cfg, mix, point, lo, first_batch = count.cfg, count.mix, count.point, count.lo, count.first_batch
+        self.stream = MixStream(count.mixer, count.starts, lambda _: first_batch + self.seq.planned, cap=count.T + 1,
+                                chunk=mixrules.chunk(mix.rules, cfg.tokenizer_batch_size))
+        self.prefix = buffer_pieces(buffer_runs(mix.point, lo), cfg.max_piece_docs)
+        self.cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1]  # whole chunks
+        place = SimpleNamespace(B=count.B, T=count.T, buffer_size=cfg.buffer_size,
+                                tokenizer_batch_size=cfg.tokenizer_batch_size)
+        self.seq = MixBestFitSequencer(place, 1, len(self.prefix), self.stream,
+                                       point._replace(sources=count.starts) if point is not None else None, used, lo)
+        self.batch = self.total = count.batch
+        self._lo = lo
+        self.result = None                    # the `Complete` of batch `batch - 1`, once planned
+
+    @property
+    def done_batches(self) -> int:
+        return self.seq.planned
+
+    def wants(self) -> bool:
+        return self.result is None
+
+    def counted(self, piece, lengths):
+        self.seq.counted(piece, -1, lengths)
+
+    def flow(self):
+        seq = self.seq
+        while self.result is None and seq.planned < self.batch:
+            if not seq.plan():
+                return
+            done = seq._positions.pop(seq.planned - 1)
+            seq.freed(seq.planned - 1)
+            if seq.planned == self.batch:
+                self.result = done
+
+    def located(self) -> tuple:
+        """`(position, the point's JSON text with the buffer)` of the `Located` answer."""
+        return tuple(self.result.position), buffer_text(self.result.runs, self._lo)
 
 
 class _chain:

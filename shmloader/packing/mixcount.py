@@ -1,183 +1,188 @@
-"""A count-only run over a mixture: where a rank's mix stands at a batch count, from its
-documents' lengths alone (another rank's state of a mixture: resume.py).
+"""A count-only run: where a rank's stream stands at a batch count, from its documents' lengths
+alone (another rank's state, one source's or a mixture's: resume.py).
 
-A mixture's run is defined by its sources' document lengths, the mixture and the batch shape
-(packing/mix.py), so replaying it from the run's start over this rank's own lengths gives the
-point this rank's own state would hold at that batch count, exactly, as `count.CountMode` does
-for one source. It holds for a run whose mixture has applied since batch 0 (the mixer's
-`since`): a resume with other weights changes the stream at a batch this rank cannot know its
-place at (mixchecks.py refuses those). A run whose B or T changed resumed at each change, so
-its replay is one count a batch shape (`run.locate`: `([first, B, T]], end, first)`), the first
-from the run's start, each next one from the point the last found, started as a resumed run
-starts from a state's point (`run.mixture.point`, its `first_batch`): its mixer resumed, concat
-from the cut document, best fit's buffer re-read first (mixstate.py `Mixed.replay` chains them).
+nanochat saves rank 0's loader state only and hands it to every rank. A state carries the
+batch count `batch`, the batch shapes the run used (`shapes`: [first batch, B, T], ...) and
+where the run began (`origin`, a mixture's `first_batch` and point), which are the same on
+every rank. A run is defined by its documents' lengths (a mixture's: its sources', the mixture
+and the batch shape, packing/mix.py), so replaying it from the run's start over this rank's
+own lengths gives the place this rank's own state would hold at that batch count, exactly. For
+a mixture it holds for a run whose mixture has applied since batch 0 (the mixer's `since`): a
+resume with other weights changes the stream at a batch this rank cannot know its place at
+(mixchecks.py refuses those). A run whose B or T changed resumed at each change, so a
+mixture's replay is one count a batch shape (`run.locate`: `([first, B, T]], end, first)`),
+the first from the run's start, each next one from the point the last found, started as a
+resumed run starts from a state's point (`run.mixture.point`, its `first_batch`); one source's
+locator replays every shape in one count.
 
-- Concat (`ConcatPlace`): batch k starts at token k·(B·T+1) of the mixed stream; the point is
-  where that token is, as the live run's sequencer finds it (`ConcatSequencer._find`: the
-  next document, past nulls, at a document's boundary).
-- Best fit (`BestFitPlace`): the same planning as a live run (`MixBestFitSequencer`, chunks
-  picked when a plan asks), a batch at a time, until `batch` are planned: the point and the
-  buffer after the last one.
+`MixCountMode` is the one mode of such a run (`base.Mode`): workers send document lengths and
+keep no tokens (`keep = False`); pieces are handed out by its feed, counted pieces go to its
+stream and then to its *place*, what finds the place at the batch count; the trainer gets
+`Progress` once a second and then `Located` (the position and the state's buffer text), or the
+error of a piece that cannot be read once the replay needs it (the stream stops there before
+the place is found): a bad piece past the place is no error. What it is made of is its kind's:
 
-`MixCountMode` hands out pieces as a live mixture does (`MixFeed`, no ramp), feeds counted
-lengths to the stream and the place-finder, and says `Progress` and then `Located` (the
-position, and the point as the state's JSON text in `runs`), or the error of a piece that
-cannot be read, once the mix stops there before the place is found.
+- a mixture's: a `MixFeed` (no ramp), the `MixStream`, and its packing's place
+  (`packing.MODES[...].count_place`: concat's `mixmode.ConcatPlace`, where batch k's first
+  token is in the mixed stream; best fit's `mixbestfit.BestFitPlace`, the same planning as a
+  live run a batch at a time), each made from the `Count` the run starts from;
+- one source's (`SourceCountMode`): its run's own order (`mixfeed.OrderFeed`, best fit's
+  resumed buffer re-read first), a `mixone.Passing`, and its packing's locator
+  (`Packing.locator`: `concat.ConcatLocator`, `bestfit.BestFitLocator`) fed the pieces in
+  order (`Locating`).
 """
 from __future__ import annotations
 
 import itertools
 import time
-from types import SimpleNamespace
+from typing import NamedTuple
 
-import numpy as np
-
-from ..data import mixrules
 from ..data.mixture import Mixer
-from ..data.order import buffer_pieces, ramp_for
 from ..ipc.protocol import Located, Progress
+from . import MODES
 from .base import Mode
-from .count import PROGRESS_S
-from .mix import MixStream, point_at
-from .mixbestfit import MixBestFitSequencer, buffer_runs, buffer_text
-from .mixfeed import MixFeed, held_by_mix, start_points
-from .mixtext import point_text
+from .mixfeed import MixFeed, OrderFeed, held_by_mix, start_points
+from .mixone import Passing
+
+PROGRESS_S = 1.0
+MAX_WAITING = 64  # one source's pieces counted and waiting for an earlier one's count, at most (a stopped worker's)
 
 
-class ConcatPlace:
-    """Where concat's batch `batch` (of the count) starts in a mixed stream, from its runs in
-    order; `skip`: the tokens of its first document before the count's start."""
-
-    def __init__(self, window: int, batch: int, skip: int = 0):
-        self.window, self.skip = window, skip
-        self.target = batch * window + skip   # the stream's token the batch starts at
-        self.tokens = 0                       # the stream's tokens so far
-        self.result = None                    # the `MixPoint` there, once known
-
-    def add(self, run):
-        cum = np.cumsum(np.asarray(run.lengths, dtype=np.int64))
-        start = self.tokens
-        self.tokens += int(cum[-1]) if len(cum) else 0
-        if self.result is None and start <= self.target < self.tokens:
-            rel = self.target - start
-            row = int(np.searchsorted(cum, rel, side="right"))
-            skip = rel - (int(cum[row - 1]) if row else 0)
-            row += run.row_lo
-            self.result = point_at(run, row, skip + (run.piece.skip if row == 0 else 0))
+class Count(NamedTuple):
+    """What a mixture's count-only run starts from, of which its packing's place is made
+    (`count_place(count, used)`: its stream, its place-finder; `used(source, piece)`: a piece
+    the mix has used up, for the feed)."""
+    cfg: object
+    mix: object                # the run's `MixArgs`
+    point: object              # the `MixPoint` it starts from, or None (fresh)
+    starts: dict               # every source's start (`mixfeed.start_points`)
+    mixer: Mixer               # the mixer there
+    first_batch: int           # the batch it starts at
+    batch: int                 # the batches it counts
+    B: int
+    T: int
+    lo: dict                   # each source's first file in the run's numbering
 
 
-class BestFitPlace:
-    """The point and buffer after best fit's batch `batch - 1`, planned as a live run plans;
-    `used(source, piece)`: each piece whose last run went into a chunk."""
+class Locating:
+    """One source's place: its packing's locator (`Packing.locator`) fed every piece in its
+    order as it passes (`stream`, a `mixone.Passing`)."""
 
-    def __init__(self, cfg, stream: MixStream, batch: int, used, lo: dict, n_prefix: int = 0, start=None):
-        self.batch = batch
-        self.seq = MixBestFitSequencer(cfg, 1, n_prefix, stream, start, used, lo)
-        self.result = None                    # the `Complete` of batch `batch - 1`, once planned
+    prefix = ()  # best fit's resumed buffer is the first pieces of its order (the feed's)
+
+    def __init__(self, locator, stream: Passing):
+        self.locator, self.stream, self.total = locator, stream, locator.total
 
     def counted(self, piece, lengths):
-        self.seq.counted(piece, -1, lengths)
+        """Fed in order instead, as they pass (`flow`)."""
 
-    def plan(self):
-        seq = self.seq
-        while self.result is None and seq.planned < self.batch:
-            if not seq.plan():
-                return
-            done = seq._positions.pop(seq.planned - 1)
-            seq.freed(seq.planned - 1)
-            if seq.planned == self.batch:
-                self.result = done
+    @property
+    def result(self):
+        return self.locator.result
+
+    @property
+    def done_batches(self) -> int:
+        return self.locator.done_batches
+
+    def wants(self) -> bool:
+        """Until the place is found, and while the counts waiting for an earlier piece's stay few
+        (a worker stopped on its piece would have the others read on for ever)."""
+        return self.locator.result is None and len(self.stream.waiting()) < MAX_WAITING
+
+    def flow(self):
+        for piece, lengths in self.stream.passed():
+            self.locator.feed(piece, lengths)  # ignored once it has a result
+
+    def located(self) -> tuple:
+        """`(position, runs)` of the `Located` answer."""
+        found = self.locator.result
+        return found.position, found.runs
 
 
 class MixCountMode(Mode):
-    """Count-only over a mixture (the module docstring says how)."""
+    """Count-only (the module docstring says how), over a mixture; `SourceCountMode`: the same
+    over one source's run."""
 
     keep = False
 
     def __init__(self, cfg, run, n_workers: int, pieces):
-        super().__init__(n_workers, cfg)
+        Mode.__init__(self, n_workers, cfg)
         mix = run.mixture
         shapes, end, first_batch = run.locate
         _, B, T = shapes[0]
-        self.batch = self.total = end - first_batch  # batches of this count
         point, starts = start_points(mix, run.rank)
         mixer = (Mixer.resume(mix.mixture, point.mixer, first_batch).mixer if point is not None
                  else Mixer(mix.mixture, first_batch))
-        self._lo = lo = {r.name: r.lo for r in mix.ranges}
-        self.bestfit = cfg.packing == "bos_bestfit"
-        place = SimpleNamespace(B=B, T=T, buffer_size=cfg.buffer_size, tokenizer_batch_size=cfg.tokenizer_batch_size)
-        prefix = []
-        if self.bestfit:  # as packing/mixbestfit.py `MixBestFitMode` starts
-            self.stream = MixStream(mixer, starts, lambda _: first_batch + self.place.seq.planned, cap=T + 1,
-                                    chunk=mixrules.chunk(mix.rules, cfg.tokenizer_batch_size))
-            prefix = buffer_pieces(buffer_runs(mix.point, lo), cfg.max_piece_docs)
-            self.place = BestFitPlace(place, self.stream, self.batch, lambda *used: self.feed.used_up(*used), lo,
-                                      len(prefix), point._replace(sources=starts) if point is not None else None)
-        else:  # as packing/mixmode.py `MixConcatMode` starts: from the cut document, its tokens before dropped
-            window = B * T + 1
-            cut = point.source if point is not None and point.skip and point.source in lo else None
-            skip = point.skip if cut is not None else 0
-            self.stream = MixStream(mixer, starts, lambda tokens: first_batch + (tokens - skip) // window, cut)
-            self.place = ConcatPlace(window, self.batch, skip)
-        cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1] if self.bestfit else cfg.max_piece_docs
-        self.feed = MixFeed(mix, self.stream, starts, pieces, (), cap, self._in_flight.keys, len(prefix),  # whole chunks
-                            stopping=self._flow)
-        self.n_prefix = len(prefix)
-        self.pieces = itertools.chain(prefix, self.feed.feed())
-        self.from_cache = [0, 0]
-        self.docs = 0
+        count = Count(cfg, mix, point, starts, mixer, first_batch, end - first_batch, B, T,
+                      {r.name: r.lo for r in mix.ranges})
+        place = MODES[cfg.packing].count_place(count, lambda *used: self.feed.used_up(*used))
+        feed = MixFeed(mix, place.stream, starts, pieces, (), place.cap, self._in_flight.keys, len(place.prefix),
+                       stopping=self._flow)  # no ramp: nothing waits
+        self._begin(place, feed, itertools.chain(place.prefix, feed.feed()))
+
+    def _begin(self, place, feed, pieces):
+        """The mode over its parts: `place` what finds the place (its `stream`, what the feed asks;
+        its `prefix`, pieces handed out before the feed's: best fit's resumed buffer), `feed`
+        what hands pieces out, `pieces` the pieces in hand-out order."""
+        self.place, self.stream, self.feed, self.pieces = place, place.stream, feed, pieces
+        self.n_prefix = len(place.prefix)
+        self.from_cache = [0, 0]  # pieces tokenized, pieces read from the token cache
+        self.docs = 0             # documents counted
         self._reported, self._next_progress = False, time.monotonic() + PROGRESS_S
+        self._flow()
 
     @property
     def done_batches(self) -> int:
-        if self.bestfit:
-            return self.place.seq.planned
-        return min(max(self.place.tokens - self.place.skip, 0) // self.place.window, self.batch)
+        return self.place.done_batches
 
     def can_take(self, worker: int) -> bool:
-        return self.place.result is None and self.feed.pick() is not None and super().can_take(worker)
+        return self.place.wants() and self.feed.pick() is not None and super().can_take(worker)
 
     def counted(self, msg):
         piece = self.specs.pop(msg.piece)
         self._counted_by(self.owner.pop(msg.piece), piece, 0)
         self.from_cache[bool(msg.cache_hit)] += 1
         self.docs += len(msg.lengths)
-        if self.bestfit:
-            self.place.counted(piece, msg.lengths)
-        if msg.piece >= self.n_prefix:  # not one of a resumed buffer's
+        self.place.counted(piece, msg.lengths)
+        if msg.piece >= self.n_prefix:  # not one of a mixture's resumed buffer (the feed's)
             self.feed.counted(msg.piece, piece, msg.lengths)
         self._flow()
         return piece
 
     def failed(self, index: int, error) -> bool:
+        """A piece the feed hands out is held until the replay needs it (a mixture's resumed
+        buffer's is not: `MixFeed.failed` says no, and the coordinator raises it now)."""
         return held_by_mix(self, index, error)
 
     def _flow(self):
-        """The mix's documents as far as they are counted, into the place-finder."""
+        """The stream's documents as far as they are counted, into the place-finder."""
         self.feed.flow()
-        if self.bestfit:
-            self.place.plan()
-        else:
-            for run in self.stream.runs():
-                self.place.add(run)
-                if run.last:
-                    self.feed.used_up(run.source, run.piece)
+        self.place.flow()
 
     def messages(self):
         if self.place.result is not None and not self._reported:
             self._reported = True
-            done = self.place.result
-            if self.bestfit:
-                text, position = buffer_text(done.runs, self._lo), done.position
-            else:
-                text, position = point_text(done, self._lo), done.sources[done.source]._replace(skip=done.skip)
-            yield Located(tuple(position), text, *self.from_cache)
+            yield Located(*self.place.located(), *self.from_cache)
         elif not self._reported and time.monotonic() >= self._next_progress:
             self._next_progress = time.monotonic() + PROGRESS_S
-            yield Progress(self.done_batches, self.total, self.docs)
+            yield Progress(self.done_batches, self.place.total, self.docs)
         if self.stream.stopped is not None and not self._reported:  # a piece it needs cannot be read
             self._reported = True
             yield self.stream.stopped
         if self.stream.finished is not None and not self._reported:
             self._reported = True
             yield Located(None, self.stream.finished, *self.from_cache)
+
+
+class SourceCountMode(MixCountMode):
+    """Count-only over one source's run: the same mode made of one source's parts (its run's
+    order, best fit's resumed buffer first, through a `Passing` into its packing's locator)."""
+
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        Mode.__init__(self, n_workers, cfg)
+        locator, cap = cfg.spec.locator(cfg, run)
+        prefix = getattr(locator, "prefix", [])  # best fit: the buffer it starts from, re-read first
+        stream = Passing()
+        feed = OrderFeed(itertools.chain(prefix, pieces((), cap, len(prefix))), stream)  # no ramp: nothing waits
+        self._begin(Locating(locator, stream), feed, feed.feed())
+

@@ -18,7 +18,8 @@ piece that would have come next is one that cannot be read (`MixStream.unreadabl
 mix stops where it needs it, as where a worker cannot read a piece, the same batch whatever
 the timing (`MixFeed.failed`; `held_by_mix` is `Mode.failed` of the modes that flow the mix
 as counts come). Both mixture modes (packing/mixmode.py for concat, packing/mixbestfit.py for
-best fit) hand pieces out through one `MixFeed`.
+best fit) and the count-only mode (packing/mixcount.py) hand pieces out through one `MixFeed`;
+a run of one source through an `OrderFeed`, its run's order as it comes.
 """
 from __future__ import annotations
 
@@ -209,6 +210,46 @@ class MixFeed:
                 self.stream.finish(self._barren[barren[0]])
 
 
+class OrderFeed:
+    """The feed of one source's run (packing/mixmode.py `SourceConcatMode`, packing/mixcount.py
+    `SourceCountMode`): its run's own order (`pieces`, numbered from 0, its elastic plan, its files
+    added and its shuffle in it; a count's best-fit buffer re-read first), handed
+    out as it comes, each counted piece to `stream` (a `mixone.Passing`) in that order. Nothing to
+    weigh or to wait for: the hold budget holds (no pick is `needed`); a source without documents
+    is the coordinator's to judge; an order that cannot be read on raises where the coordinator
+    takes the next piece, and the mode holds its error as a piece's that cannot be read."""
+
+    def __init__(self, pieces, stream):
+        self.stream = stream
+        self._pieces = pieces
+        self._next = Next(stream.name, False)
+
+    def pick(self) -> "Next | None":
+        """The one source, until the stream stops (nothing after it would be used)."""
+        return self._next if self.stream.stopped is None else None
+
+    pick_now = pick  # (nothing to make again)
+
+    def feed(self):
+        """The order itself: its pieces are numbered as they go out."""
+        return self._pieces
+
+    def counted(self, index: int, piece, lengths):
+        self.stream.counted(None, index, piece, lengths)
+
+    def failed(self, index: int, error) -> bool:
+        """Piece `index` (handed out or the next of an order that cannot be read on) cannot be
+        read: the stream stops where it needs it."""
+        self.stream.unreadable(None, index, error)
+        return True
+
+    def used_up(self, source, piece):
+        pass
+
+    def flow(self):
+        pass
+
+
 def held_by_mix(mode, index: int, error) -> bool:
     """`Mode.failed` of a mode that flows its mix as counts come (`MixConcatMode`, `MixCountMode`:
     `mode.feed`, `mode._flow`): piece `index` leaves its worker's load; one of the mix's is held by
@@ -230,13 +271,16 @@ class Said:
     def __init__(self, stream: MixStream):
         self.stream, self._said, self._ended = stream, 0, False
 
-    def messages(self, all_out: bool):
-        """`all_out`: the mix ended (or stopped) and every batch it made is announced."""
+    def messages(self, all_out: bool) -> list:
+        """`all_out`: the mix ended (or stopped) and every batch it made is announced. (Asked at
+        every turn of the coordinator: a list, nothing made while there is nothing to say.)"""
         notes = self.stream.notes
-        for text in notes[self._said:]:
-            yield Warn(text, info=text.startswith("mixture: stage"))
+        if len(notes) == self._said and (self._ended or not all_out):
+            return []
+        out = [Warn(text, info=text.startswith("mixture: stage")) for text in notes[self._said:]]
         self._said = len(notes)
         if all_out and not self._ended:
             self._ended = True
             stopped = self.stream.stopped
-            yield Ended(self.stream.finished if stopped is None else stopped.head)
+            out.append(Ended(self.stream.finished if stopped is None else stopped.head))
+        return out

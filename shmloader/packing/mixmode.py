@@ -1,4 +1,5 @@
-"""Concat over a mixture: the coordinator's mode when a run reads several sources.
+"""Concat's mode: the coordinator's mode of a concat run, over a mixture (`MixConcatMode`) or
+one source (`SourceConcatMode`: the same code, made of one source's parts, below).
 
 Every source has its own canonical order of pieces (its range of the run's files, its row
 groups by rank, its epochs, from its own position: `RunArgs.mixture`). Pieces are handed out
@@ -16,8 +17,15 @@ rule) has nothing to mix: its counted pieces pass whole to the packing's shared 
 takes them (`OneStream.passed`: in order, none after its end), sequenced as one source's
 (`ConcatSequencer.counted`, a `Place` a piece), a `OneStream` answering the feed
 for the mix; each batch's point is made from its position and the documents begun by its end
-(`mixone.Passed`, packed over a part marshalled once), the point the stream would have made,
-character for character (tests/unit/packing/test_mixone.py). Such a run gets the trainer's head
+(`mixone.Passed`, packed over a part marshalled once, by the mode's sink `Points` from the
+batch's `Complete`), the point the stream would have made, character for character
+(tests/unit/packing/test_mixone.py).
+
+One source's run (kinds.py `OneSource`) is such a pass-through without a mixer: its run's own
+order (`mixfeed.OrderFeed`: the coordinator's pieces from its start, with its elastic plan, its
+files added and its shuffle) passes whole through a `mixone.Passing` into the same sequencer, by
+the same code, and its sink makes nothing (one source's state is its position). What differs is
+what the mode is made of (`SourceConcatMode.__init__`), not a branch in what it does. Such a run gets the trainer's head
 start as one source's does (`MixConcatMode.head_start`, procs/headstart.py): it begins where
 this mode begins (`start`, the one place `passes` is asked) and makes the same points.
 
@@ -42,12 +50,12 @@ from ..data.order import RAMP
 from ..errors import DataError
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Begin, Complete, Mode
-from .concat import ConcatMode, ConcatSequencer, Copies, position_at, row_group_of
-from .mix import MixStream
+from .concat import PACKING, ConcatSequencer, Copies, Place, position_at, row_group_of
+from .mix import MixStream, point_at
 from .mixplace import MixSequencer
-from .mixfeed import MixFeed, Said, held_by_mix, start_points
-from .mixone import OneStream, Passed, passes
-from .mixtext import kept, packed
+from .mixfeed import MixFeed, OrderFeed, Said, held_by_mix, start_points
+from .mixone import OneStream, Passing, passes
+from .mixtext import kept, packed, point_text
 
 
 class Start(NamedTuple):
@@ -77,24 +85,41 @@ def start(mix, rank: int) -> Start:
     return Start(point, starts, first, point.skip if first is not None else 0, mixer, passes(mix, mixer))
 
 
-class MixConcatMode(ConcatMode):
-    """Concat placing a mixture's runs (the module docstring says how pieces are handed out)."""
+class MixConcatMode(Mode):
+    """Concat's mode: a mixture's runs placed (the module docstring says how pieces are handed
+    out), or, where pieces pass whole (a pass-through's, one source's: `SourceConcatMode`), each
+    counted piece placed by token offset as it comes in order, its tokens counting against its
+    worker's hold until it is fully placed (base.py: what a worker may hold). A piece that
+    cannot be read stops the stream where it would begin: its error is said (`Ended`) once
+    every piece before it is taken and every batch they make is announced. What a batch's slot
+    carries for the state is the sink's to make from its `Complete` (`buffer_of` is the sink):
+    a mixture's point (`Points`), or nothing (one source's)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg, run.layout.window, run.layout.n_slots)
         mix, window = run.mixture, run.layout.window
         _, starts, first, skip, mixer, passing = start(mix, run.rank)
-        self._lo = {r.name: r.lo for r in mix.ranges}          # each source's first file in the run's numbering
+        lo = {r.name: r.lo for r in mix.ranges}  # each source's first file in the run's numbering
         if passing:  # one source, nothing to mix: its pieces pass whole (packing/mixone.py)
-            self.seq = ConcatSequencer(window, run.layout.n_slots, skip)
-            self.stream = self.one = OneStream(mixer, starts, self._lo[mixer.mixture.names[0]], skip)
+            seq = ConcatSequencer(window, run.layout.n_slots, skip)
+            stream = one = OneStream(mixer, starts, lo[mixer.mixture.names[0]], skip)
         else:
-            self.seq, self.one = MixSequencer(window, run.layout.n_slots, skip), None
-            self.stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
-        self.feed = MixFeed(mix, self.stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys,
-                            stopping=self._flow)
-        self.said = Said(self.stream)
-        self.pieces = self.feed.feed()
+            seq, one = MixSequencer(window, run.layout.n_slots, skip), None
+            stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
+        feed = MixFeed(mix, stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys,
+                       stopping=self._flow)
+        self._begin(seq, stream, one, feed, Points(lo, one, window))
+
+    def _begin(self, seq, stream, one, feed, sink):
+        """The mode over its collaborators: `seq` its sequencer (a `ConcatSequencer` where pieces
+        pass whole, `one` the `mixone.Passing` they pass through; else a `MixSequencer` of the
+        `MixStream`'s runs, `one` None), `stream` what the feed asks (a `MixStream`, a `OneStream`,
+        a `Passing`), `feed` what hands pieces out (`MixFeed`, `OrderFeed`), `sink` what a batch's
+        slot carries for the state (`buffer_of`)."""
+        self.seq, self.stream, self.one, self.feed = seq, stream, one, feed
+        self.buffer_of = sink  # `Mode.buffer_of`: what a batch's slot carries for the state, the sink's
+        self.said = Said(stream)
+        self.pieces = feed.feed()
         self._flow()  # a state saved at the mix's end starts over (`Mixer.over`): it ends before any piece
 
     @staticmethod
@@ -133,7 +158,7 @@ class MixConcatMode(ConcatMode):
             return False
         if pick.needed:  # past the hold budget: only the mix can free it, and the mix waits for this
             return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
-        return super().can_take(worker)
+        return self._room(worker, pair=True)  # `Mode.can_take`'s (a frame less: asked at every turn)
 
     # ---- counts, runs and batches
 
@@ -156,7 +181,7 @@ class MixConcatMode(ConcatMode):
         self.feed.flow()
         if self.one is not None:  # the pieces it passed (in order, none after its end) into the sequencer
             for piece, lengths in self.one.passed():
-                self.seq.counted(piece.index, lengths)
+                self.seq.passed(piece.index, lengths)
                 self.feed.used_up(self.one.name, piece)
         else:
             for stretch in self.stream.stretches():
@@ -166,9 +191,20 @@ class MixConcatMode(ConcatMode):
         if self.stream.finished is not None:
             self.seq.finished = True
 
+    def freed(self, batch: int):
+        self.seq.freed(batch)
+
+    def written(self, counts):
+        self.seq.written(counts)
+
     def ready(self):
-        if self.one is not None:
-            return ConcatMode.ready(self)
+        if self.one is not None:  # pieces passing whole: the specs no piece needs any more dropped
+            out = [self._complete(k, where) for k, where in self.seq.ready()]
+            if out:
+                keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
+                for index in [i for i in self.specs if i < keep]:
+                    del self.specs[index]
+            return out
         out = []
         for k, where in self.seq.ready():
             if where.piece < 0:  # the end of a mix that ended
@@ -181,24 +217,34 @@ class MixConcatMode(ConcatMode):
         return out
 
     def _complete(self, k: int, where):
-        """A pass-through's batch (`ConcatMode.ready` asks): its point from its position
-        (packing/mixone.py `Passed`), or where the mix ended."""
+        """Batch k of pieces passing whole, which ends at `where`: its position, the documents
+        begun by its end and the row group its last token was read from (its point, where the
+        sink makes one, is made from them: `Points`); or where the mix ended (a pass-through's)."""
         one, seq = self.one, self.seq
         docs = seq.docs_at.pop(k)
         if where.piece < 0:  # the end of a mix that ended
             point = one.end_point((k + 1) * seq.window, docs)
             return Complete(k, point.sources[one.name], point, docs)
         specs = self.specs
-        position = position_at(specs[where.piece], where)
-        return Complete(k, position, one.at(position, (k + 1) * seq.window, docs), docs,
-                        row_group_of(specs[where.last]))
+        return Complete(k, position_at(specs[where.piece], where), None, docs, row_group_of(specs[where.last]))
 
     def orders(self, take_slot):
         """Every run's segments placed now, one `Copies` message per worker (a pass-through's: a
         `Place` a piece, as one source's)."""
-        if self.one is not None:
-            yield from ConcatMode.orders(self, take_slot)
-            return
+        return self._pieces_placed(take_slot) if self.one is not None else self._runs_placed(take_slot)
+
+    def _pieces_placed(self, take_slot):
+        """A `Place` a piece passing whole."""
+        for index, segments, done in self.seq.placements():
+            w = self.owner[index]
+            if done:
+                self._written_out(w, index)
+                del self.owner[index]
+            segments = [(k, take_slot(k), off, src, n) for k, off, src, n in segments]
+            yield w, Place(index, segments, done)
+
+    def _runs_placed(self, take_slot):
+        """The runs' segments, a `Copies` a worker."""
         placed = self.seq.placements()
         if not placed:
             return
@@ -241,29 +287,111 @@ class MixConcatMode(ConcatMode):
 
     def holding(self, worker: int, orders) -> dict:
         """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
-        if self.one is not None:
-            return ConcatMode.holding(self, worker, orders)
         out = Mode.holding(self, worker, orders)
         out.update((i, None) for i, w in self.owner.items() if w == worker)
-        out.update((index, None) for order in orders for index in self.spec_pieces(order))
+        out.update((index, None) for order in orders for index in PACKING.order_pieces(order))
         return out
-
-    @staticmethod
-    def spec_pieces(order) -> set:
-        """The pieces a `Copies` order reads or drops."""
-        return set(order.segments[:, 0].tolist()) | set(order.done)
-
-    def buffer_of(self, done: Complete):
-        """The `MixPoint` after the batch, packed (packing/mixtext.py: the trainer makes the
-        state's text from it when a state asks)."""
-        if type(done.runs) is Passed:
-            return self.one.packed(done.runs)
-        return packed(done.runs, self._lo)
 
     def messages(self):
         seq = self.seq
         over = seq.finished or self.stream.stopped is not None
         return self.said.messages(over and seq.book.announced >= seq.complete_before())
+
+
+class SourceConcatMode(MixConcatMode):
+    """Concat's mode over one source's run (kinds.py `OneSource`): its run's own order
+    (`mixfeed.OrderFeed`: its pieces as the coordinator's `pieces` makes them, from the run's
+    start, its elastic plan, its files added and its shuffle) passes whole through a
+    `mixone.Passing` into the `ConcatSequencer` as a pass-through's does, and its batches carry
+    nothing for the state (one source's state is its position). Only what it is made of differs."""
+
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        Mode.__init__(self, n_workers, cfg, run.layout.window, run.layout.n_slots)
+        one = Passing()
+        self._begin(ConcatSequencer(run.layout.window, run.layout.n_slots, run.start.skip), one, one,
+                    OrderFeed(pieces(RAMP, cfg.max_piece_docs, 0), one), _no_point)
+
+    @staticmethod
+    def head_start(cfg, run) -> "Begin | None":
+        """One source's: every file of the run from its start, in the loader's order; none at a
+        change of world size (an elastic plan's order)."""
+        return None if run.plan is not None else Begin(0, len(run.files), run.start, run.later, cfg.order)
+
+
+class Points:
+    """A mixture's sink (`MixConcatMode.buffer_of`): the `MixPoint` after a batch, packed
+    (packing/mixtext.py: the trainer makes the state's text from it when a state asks); a
+    pass-through's made from its `Complete` (`OneStream.at`: its position, stream position
+    and documents begun), a mix's carried in it (`Complete.runs`)."""
+
+    def __init__(self, lo: dict, one: OneStream | None, window: int):
+        self._lo, self._one, self._window = lo, one, window
+
+    def __call__(self, done: Complete):
+        if done.runs is not None:
+            return packed(done.runs, self._lo)
+        one = self._one
+        return one.packed(one.at(done.position, (done.batch + 1) * self._window, done.docs))
+
+
+def _no_point(done: Complete) -> None:
+    """One source's sink: its batches carry nothing for the state."""
+    return None
+
+
+class ConcatPlace:
+    """A mixture's count-only place of concat (packing/mixcount.py, `count_place` in
+    `packing.MODES`): where batch `batch` of the count starts in the mixed stream, from its runs
+    in order, as the live run's sequencer finds it (`ConcatSequencer._find`: the next document,
+    past nulls, at a document's boundary). Its stream starts as `MixConcatMode`'s does: from the
+    cut document, its tokens before dropped (`skip`)."""
+
+    prefix = ()
+
+    def __init__(self, count, used):
+        """`count`: a `mixcount.Count`; `used(source, piece)`: a piece whose last run was taken."""
+        point, lo = count.point, count.lo
+        self.window = window = count.B * count.T + 1
+        cut = point.source if point is not None and point.skip and point.source in lo else None
+        self.skip = skip = point.skip if cut is not None else 0
+        first_batch = count.first_batch
+        self.stream = MixStream(count.mixer, count.starts, lambda tokens: first_batch + (tokens - skip) // window, cut)
+        self.cap, self.total, self._lo, self._used = count.cfg.max_piece_docs, count.batch, lo, used
+        self.target = count.batch * window + skip   # the stream's token the batch starts at
+        self.tokens = 0                             # the stream's tokens so far
+        self.result = None                          # the `MixPoint` there, once known
+
+    @property
+    def done_batches(self) -> int:
+        return min(max(self.tokens - self.skip, 0) // self.window, self.total)
+
+    def wants(self) -> bool:
+        return self.result is None
+
+    def counted(self, piece, lengths):
+        """The stream's runs come in order instead (`flow`)."""
+
+    def flow(self):
+        for run in self.stream.runs():
+            self.add(run)
+            if run.last:
+                self._used(run.source, run.piece)
+
+    def add(self, run):
+        cum = np.cumsum(np.asarray(run.lengths, dtype=np.int64))
+        start = self.tokens
+        self.tokens += int(cum[-1]) if len(cum) else 0
+        if self.result is None and start <= self.target < self.tokens:
+            rel = self.target - start
+            row = int(np.searchsorted(cum, rel, side="right"))
+            skip = rel - (int(cum[row - 1]) if row else 0)
+            row += run.row_lo
+            self.result = point_at(run, row, skip + (run.piece.skip if row == 0 else 0))
+
+    def located(self) -> tuple:
+        """`(position, the point's JSON text)` of the `Located` answer."""
+        done = self.result
+        return tuple(done.sources[done.source]._replace(skip=done.skip)), point_text(done, self._lo)
 
 
 def _read(mix) -> set:

@@ -19,6 +19,12 @@ that of the `MixPoint` the stream (packing/mix.py) would have made, character fo
 (packing/mixbestfit.py) cuts its chunks from the pieces (`PassingChunks`), telling the mixer
 what each takes (`OneStream.took`), and makes its points as a mixture's.
 
+`Passing` is the part of `OneStream` that is no mixture's: counted pieces of one order taken in
+that order, whole, and where one that cannot be read stops them. One source's concat and
+count-only runs are made of it (packing/mixmode.py `SourceConcatMode`, packing/mixcount.py
+`SourceCountMode`: their run's own order, no mixer, no point), so a one-source run and a
+pass-through go through the same mode code.
+
 What is not a pass-through (`passes` says no) goes through the stream: a second source, a
 schedule (a later stage may weigh another), a `max_epochs` (the source ends and the mix with
 it), a change of world size's plans or cut documents (`skips`), a mixer over. A resume
@@ -59,20 +65,14 @@ class Passed(NamedTuple):
     documents: int
 
 
-class OneStream:
-    """The mix of a pass-through (`passes`), as the feed and the mode ask it (packing/mix.py's
-    `MixStream` answers the same questions for a mix of several): counted pieces taken in their
-    source's order, whole. Concat leaves the mixer as it was at the start and makes each point
-    from its state there and the batch's counts (`at`, `packed`, `end_point`); best fit tells it
-    what each chunk takes (`took`) and makes its points as a mixture's (packing/mixbestfit.py)."""
+class Passing:
+    """Counted pieces of one order taken in that order, whole, to be handed on (`passed`); the
+    first piece that cannot be read stops it once every piece before it is taken (`stopped`).
+    One source's concat run (packing/mixmode.py `SourceConcatMode`: its pieces are its run's own
+    order) passes them so; a pass-through's mix (`OneStream`) does too, and more (its point)."""
 
-    def __init__(self, mixer: Mixer, starts: dict, lo: int, skip: int):
-        """`starts`: every source's start (the run's numbering); `lo`: the source's first file in
-        it; `skip`: the tokens of the run's first document before its start (a resumed cut one)."""
-        self.mixer = mixer
-        self.name = mixer.mixture.names[0]
-        self.names = (self.name,)
-        self.skip = skip
+    def __init__(self, name=None):
+        self.name = name
         self.version = 0            # grows whenever what the mix waits for may change (the feed's cache)
         self.notes: list = []       # nothing to say: no stage begins, the source does not end
         self.finished = None        # why the mix ended (a source without documents), once it has
@@ -80,16 +80,8 @@ class OneStream:
         self._arrived = InOrder()
         self._unreadable = None     # (seq, error) of the first piece that cannot be read
         self._passed = []           # (piece, lengths) taken in order, not yet handed on (`passed`)
-        self.holding = lambda: False  # whether the packing holds a document of a piece handed on
-        #                               (best fit takes a chunk when a plan asks: packing/mixbestfit.py)
-        self._start = starts[self.name]  # where the source reads first
         self._last = None           # the last piece taken
         self._after_end = None      # the first piece counted in order after the mix ended
-        self._others = {n: p for n, p in starts.items() if n != self.name}  # a state's, left out
-        state = Mixer.state_of_snapshot(mixer.snapshot())
-        self._state = state
-        # what every packed point shares, marshalled once (`packed`)
-        self._base = passing_base(self.name, state, [(n, *p) for n, p in self._others.items()], lo)
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of the source's order was counted: taken once the ones before it are."""
@@ -101,15 +93,17 @@ class OneStream:
                 continue
             self._passed.append((p, n))
             self._last = p
-        self._stop_if_unreadable()
+        if self._unreadable is not None:
+            self._stop_if_unreadable()
 
     def passed(self) -> list:
         """`(piece, lengths)` of the pieces taken since last asked, in order."""
         out, self._passed = self._passed, []
         return out
 
-    def exhausted(self, source: str, pieces: int):  # never: `passes` takes no `max_epochs`
-        raise AssertionError(f"mixture source {source!r} of a pass-through has no max_epochs")
+    def waiting(self) -> dict:
+        """`{seq: (piece, lengths)}` of the pieces counted that wait for an earlier one."""
+        return self._arrived.waiting()
 
     def unreadable(self, source: str, seq: int, error):
         """Piece `seq` of the order cannot be read: the mix stops once every piece before it is taken."""
@@ -124,6 +118,40 @@ class OneStream:
         if self._unreadable is not None and self.stopped is None and self._unreadable[0] == self._arrived.next:
             self.version += 1
             self.stopped = self._unreadable[1]
+
+    def finish(self, why: str):
+        """The mix ends here (`why`): no piece is taken after those taken."""
+        if self.finished is None and self.stopped is None:
+            self.version += 1
+            self.finished = why
+
+
+class OneStream(Passing):
+    """The mix of a pass-through (`passes`), as the feed and the mode ask it (packing/mix.py's
+    `MixStream` answers the same questions for a mix of several): counted pieces taken in their
+    source's order, whole (`Passing`). Concat leaves the mixer as it was at the start and makes
+    each point from its state there and the batch's counts (`at`, `packed`, `end_point`); best fit
+    tells it what each chunk takes (`took`) and makes its points as a mixture's
+    (packing/mixbestfit.py)."""
+
+    def __init__(self, mixer: Mixer, starts: dict, lo: int, skip: int):
+        """`starts`: every source's start (the run's numbering); `lo`: the source's first file in
+        it; `skip`: the tokens of the run's first document before its start (a resumed cut one)."""
+        super().__init__(mixer.mixture.names[0])
+        self.mixer = mixer
+        self.names = (self.name,)
+        self.skip = skip
+        self.holding = lambda: False  # whether the packing holds a document of a piece handed on
+        #                               (best fit takes a chunk when a plan asks: packing/mixbestfit.py)
+        self._start = starts[self.name]  # where the source reads first
+        self._others = {n: p for n, p in starts.items() if n != self.name}  # a state's, left out
+        state = Mixer.state_of_snapshot(mixer.snapshot())
+        self._state = state
+        # what every packed point shares, marshalled once (`packed`)
+        self._base = passing_base(self.name, state, [(n, *p) for n, p in self._others.items()], lo)
+
+    def exhausted(self, source: str, pieces: int):  # never: `passes` takes no `max_epochs`
+        raise AssertionError(f"mixture source {source!r} of a pass-through has no max_epochs")
 
     def waiting_for(self) -> list:
         """The mix waits for its source's next piece when the packing holds none of its documents
@@ -149,12 +177,6 @@ class OneStream:
         self.mixer.took(self.name, tokens, piece.epoch, documents=documents)
         return MixPoint(self.name, 0, {**self._others, self.name: Position(piece.epoch, piece.file, piece.rg,
                                                                            piece.doc_start + row)}, None)
-
-    def finish(self, why: str):
-        """The mix ends here (`why`): no piece is taken after those taken."""
-        if self.finished is None and self.stopped is None:
-            self.version += 1
-            self.finished = why
 
     def end_point(self, end: int, begun: int) -> MixPoint:
         """Where an ended mix stands (the stream's `end_point`), its last batch ending at stream

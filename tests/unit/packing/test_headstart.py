@@ -148,10 +148,10 @@ def config(**kw):
 
 
 def args(**kw):
-    from shmloader.packing.concat import ConcatMode
-    from shmloader.packing.count import CountMode
+    from shmloader.packing.mixmode import SourceConcatMode
+    from shmloader.packing.mixcount import SourceCountMode
 
-    base = dict(modes=(ConcatMode, CountMode), plan=None, locate=None, poisoned=(), suspects=(),
+    base = dict(modes=(SourceConcatMode, SourceCountMode), plan=None, locate=None, poisoned=(), suspects=(),
                 tokenizer=SimpleNamespace(kind="tiktoken"))
     return SimpleNamespace(**dict(base, **kw))
 

@@ -1,4 +1,4 @@
-"""What a worker may hold (packing/base.py `Mode.can_take`), through `ConcatMode` as the
+"""What a worker may hold (packing/base.py `Mode.can_take`), through `SourceConcatMode` as the
 coordinator drives it: a worker whose counted pieces wait behind another worker's long piece
 keeps getting work, up to a budget of tokens; tiny pieces may queue several at a time; and
 what any worker holds stays bounded whatever the trainer's pace."""
@@ -13,7 +13,7 @@ from shmloader.config import LoaderConfig
 from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted
 from shmloader.packing.base import MAX_HELD_PIECES, MAX_IN_FLIGHT
-from shmloader.packing.concat import ConcatMode
+from shmloader.packing.mixmode import SourceConcatMode
 from shmloader.position import Position
 
 B, T, N_SLOTS = 2, 16, 4
@@ -28,7 +28,7 @@ def two_cores(monkeypatch):
 def mode_over(pieces, workers: int = 2, **options):
     cfg = LoaderConfig(B, T, n_slots=N_SLOTS, num_workers=workers, **options)
     run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS), start=Position(1, 0, 0))
-    return ConcatMode(cfg, run, workers, lambda ramp, cap, first: iter(pieces))
+    return SourceConcatMode(cfg, run, workers, lambda ramp, cap, first: iter(pieces))
 
 
 def count(mode, piece, tokens_per_doc):

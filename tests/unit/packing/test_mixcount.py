@@ -85,3 +85,33 @@ def test_lengths_hit_exact_window_ends():
     """The data above does what the tests rely on: whole documents end on window boundaries."""
     ends = np.cumsum([n for i in range(40) for n in lengths(Piece(i, 1, 2, i, 0, 6)) if n])
     assert np.any(ends % (B * T + 1) == 0)
+
+
+def test_a_resumed_buffers_piece_that_cannot_be_read_is_raised_at_once_not_held():
+    """A best-fit count from a point with a buffer re-reads the buffer's pieces first, before the
+    feed's: one of them that cannot be read is no piece of the mix (`MixFeed.failed` says no), so
+    the coordinator raises it at once; the mix's own pieces are held until the replay needs them.
+    (Held in a `Stops` for a mixture too, the prefix's error was never said: the stream stops only
+    at its own pieces.)"""
+    import json
+
+    from shmloader.ipc.protocol import Error
+    from shmloader.packing.mixbestfit import buffer_text
+
+    _, ready, live = drive(1, 0, batches=6, mixture=MIX, B=B, T=T)
+    point = json.loads(buffer_text(ready[5].runs, live._lo))
+    run = SimpleNamespace(mixture=MixArgs(MIX, RANGES, point, 6), rank=0, locate=([[0, B, T]], 12, 6))
+    mode = MixCountMode(cfg("bos_bestfit"), run, 2, pieces)
+    assert mode.n_prefix > 0
+    error = Error("data", "cannot be read", "")
+    first, *others = hand_out(mode, 2)
+    assert first.index == 0 < mode.n_prefix
+    assert mode.failed(first.index, error) is False  # not the mix's: raised now
+    for _ in range(100):
+        for piece in others:
+            if piece.index >= mode.n_prefix:
+                assert mode.failed(piece.index, error) is True  # the mix's: held until needed
+                return
+            mode.counted(Counted(piece.index, lengths(piece), None))
+        others = hand_out(mode, 2)
+    raise AssertionError("no piece of the mix was handed out")

@@ -291,3 +291,17 @@ def test_a_pass_through_places_no_piece_counted_after_its_end(monkeypatch):
     end comes with no batch, as the stream's."""
     passing = _counted_out_of_order(True, monkeypatch, end="the end")
     assert passing == _counted_out_of_order(False, monkeypatch, end="the end") == ([], ["the end"])
+
+
+def test_one_sources_modes_are_the_mixtures_made_of_other_parts():
+    """One source's concat and count-only modes (kinds.py `OneSource`) are the mixture's modes with
+    only their making (and concat's head start, where one source's run reads) of their own: what
+    they do is the mixture's code, so no behaviour is built twice (issue 50 step 4)."""
+    from shmloader.packing import MODES
+    from shmloader.packing.mixcount import MixCountMode, SourceCountMode
+
+    for own, of, allowed in ((MODES["concat"].source, MixConcatMode, {"__init__", "head_start"}),
+                             (SourceCountMode, MixCountMode, {"__init__"})):
+        assert issubclass(own, of)
+        mine = {name for name in vars(own) if not (name.startswith("__") and name != "__init__")}
+        assert mine == allowed, f"{own.__name__} defines {sorted(mine - allowed)} beside {of.__name__}'s"

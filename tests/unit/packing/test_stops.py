@@ -17,8 +17,8 @@ from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted, Ended, Error, Located
 from shmloader.packing.base import SlotMap
 from shmloader.packing.bestfit import BestFitMode
-from shmloader.packing.concat import ConcatMode
-from shmloader.packing.count import CountMode
+from shmloader.packing.mixmode import SourceConcatMode
+from shmloader.packing.mixcount import SourceCountMode
 from shmloader.position import Position
 from tests.unit.packing.modes import hand_out
 
@@ -38,7 +38,7 @@ def order(n_docs: int):
 def concat_mode(T: int = 7, n_docs: int = 4, lengths=rows):
     cfg = LoaderConfig(1, T, n_slots=N_SLOTS)
     run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS), start=Position(1, 0, 0))
-    return ConcatMode(cfg, run, WORKERS, order(n_docs)), lengths
+    return SourceConcatMode(cfg, run, WORKERS, order(n_docs)), lengths
 
 
 def bestfit_mode():
@@ -122,7 +122,7 @@ def test_a_count_only_run_raises_a_bad_piece_only_when_its_replay_needs_it(bad, 
     of 8): a bad piece among them is its `Error`, one past them is never said."""
     cfg = LoaderConfig(1, 7, n_slots=2)
     run = SimpleNamespace(locate=([[0, 1, 7]], 20, 0), start=Position(1, 0, 0), layout=None)
-    mode = CountMode(cfg, run, WORKERS, order(4))
+    mode = SourceCountMode(cfg, run, WORKERS, order(4))
     error = Error("data", f"piece {bad} cannot be read", "")
     said = []
     for _ in range(200):
