@@ -66,8 +66,7 @@ class _Kind:
     def identity(self, config, tokenizer, rank: int, world: int, first) -> statemod.Loader:
         """What a state is checked against, now (`first`: `first_positions`'s)."""
         cat = self.catalogue
-        fingerprint = (config.fingerprint(tokenizer.fingerprint, self.shuffled(config)) | cat.fingerprint()
-                       | statemod.token_ids_marker(cat.reads_token_ids()))
+        fingerprint = config.fingerprint(tokenizer.fingerprint, self.shuffled(config)) | cat.fingerprint()
         return statemod.Loader(fingerprint, cat.files, rank, world, config.B, config.T, config.spec.buffered,
                                config.other_rank, footers=cat.footers, val=cat.val, first=first,
                                shuffled_sources=self.shuffled_sources(config))

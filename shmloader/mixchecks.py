@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import state as statemod
-from .data.catalogue import listing, renamed
+from .data.catalogue import TOKEN_IDS, listing, renamed
 from .errors import warn
 
 
@@ -75,8 +75,11 @@ def check_sources(saved, sources) -> Listed:
                              f"({[f[0] for f in old] if isinstance(old, list) else old!r}; now {[f[0] for f in now]}): "
                              "files removed from a source of a mixture are not built yet; files added to it are "
                              "read. Resume with the files the state was saved with")
-        for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's")):
+        for key, default in (("column", "text"), ("format", "parquet"), ("shuffle", "the loader's"),
+                             *((key, None) for key in TOKEN_IDS)):
             was, now_is = saved[name].get(key, default), sources.source_fingerprint(name).get(key, default)
+            if key in TOKEN_IDS and was is None and now_is is not None:
+                raise ValueError(f"mixture source {name!r}: {statemod.token_ids_refused()}")
             if was != now_is:
                 raise ValueError(f"mixture source {name!r}: resume state has {key} {was!r}, this loader has "
                                  f"{now_is!r}: a source resumes in the {key} it was saved with")

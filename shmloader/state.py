@@ -3,7 +3,7 @@ loader reads. Small, versioned, JSON-serialisable, checked against the loader.
 
 The envelope is every state's: `{"version" (`VERSION`, the one place it is written), "rank",
 "world_size", "config" (what must not change: the loader's fingerprint and its data's; over
-token ids, `TOKEN_IDS`: a state of them without it is of the rule before, refused),
+token ids, data/catalogue.py `TOKEN_IDS`: a state of them without it is of the rule before, refused),
 "shapes" ([first batch, B, T] of each batch shape the run used), "origin" (None, or the
 nanochat keys the run started from), "batch" (batches of the run before the position), "check"
 (the `ipc.ring.batch_check` of the batch it resumes at, as 8 hex digits; None in a state taken
@@ -37,6 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .data.catalogue import TOKEN_IDS
 from .data.elastic import Plan
 from .data.order import start_position
 from .errors import warn
@@ -297,16 +298,17 @@ def _check_config(state: dict, loader: Loader):
 
 DATA_DEFAULTS = {"column": "text", "format": "parquet"}  # a state without them was of these (Catalogue.fingerprint)
 ORDER_DEFAULTS = {"shuffle": "off"}  # a state without it was read in the files' order (LoaderConfig.fingerprint)
-# A state of token ids says that ids already beginning with BOS were given no second
-# (procs/worker.py `ids_with_bos`); one without it was saved before that rule, when they read
-# [BOS, BOS, ...]: refused (`_config_diff`), never resumed one token off. Text states never hold it.
-TOKEN_IDS = {"token_ids": "own BOS kept"}
 
 
-def token_ids_marker(reads_token_ids: bool) -> dict:
-    """What the fingerprint of a loader adds for its data (kinds.py `identity`): `TOKEN_IDS`
-    when a column it reads holds token ids, else nothing (a text state is as it was)."""
-    return dict(TOKEN_IDS) if reads_token_ids else {}
+def token_ids_refused() -> str:
+    """Why a state of token ids without their marker (data/catalogue.py `TOKEN_IDS`: one
+    source's config, a mixture's source's part, mixchecks.py) is refused, and what to do."""
+    return ("token ids: the state was saved by a shmloader that gave token ids already beginning "
+            "with BOS a second one ([BOS, BOS, ...], before December 2026); this one gives them none, "
+            "so resuming would put every such document one token off. Start the run's loader without "
+            "this state (a fresh pass over the data), or with its nanochat keys alone (one source: 'pq_idx', "
+            "'rg_idx' and 'epoch', which resume at that row group as nanochat's loader does, not at the token), "
+            "or finish the run with the shmloader that saved it")
 
 
 def _config_diff(key: str, saved, now) -> str:
@@ -314,12 +316,7 @@ def _config_diff(key: str, saved, now) -> str:
         return (f"tokenizer: the state was saved with another tokenizer (its vocabulary, merges, "
                 f"special tokens or BOS differ; fingerprint {saved!r}, this loader's {now!r})")
     if key in TOKEN_IDS and saved is None:
-        return ("token ids: the state was saved by a shmloader that gave token ids already beginning "
-                "with BOS a second one ([BOS, BOS, ...], before December 2026); this one gives them none, "
-                "so resuming would put every such document one token off. Start the run's loader without "
-                "this state (a fresh pass over the data), or with its nanochat keys alone (one source: 'pq_idx', "
-                "'rg_idx' and 'epoch', which resume at that row group as nanochat's loader does, not at the token), "
-                "or finish the run with the shmloader that saved it")
+        return token_ids_refused()
     if key in ORDER_DEFAULTS:
         return (f"shuffle: the state was saved with shuffle {saved!r}, this loader has shuffle {now!r} (pass "
                 f"the shuffle=, seed= and shuffle_window= the state was saved with; a state saved before "

@@ -150,8 +150,9 @@ class Catalogue:
         """What a state of this data must match beyond its files: the column (when not "text")
         and the files' formats (when not all parquet); a state without them is of "text" in
         parquet. The column's kind (text or token ids) follows from the files and the column;
-        token ids add their BOS rule's marker (`reads_token_ids`; kinds.py `identity`)."""
-        return data_fingerprint(self.column, self.paths)
+        token ids add their BOS rule's marker (`TOKEN_IDS`, where `reads_token_ids`): one
+        source's in the state's config, a mixture's source's in its own part."""
+        return data_fingerprint(self.column, self.paths) | (dict(TOKEN_IDS) if self.reads_token_ids() else {})
 
     def reads_token_ids(self) -> bool:
         """Whether the column holds token ids (not text), as the first file of the split (in
@@ -251,6 +252,13 @@ class Catalogue:
         reader = source.Reader(self.paths, self.filesystem)
         counts = source.read_or_skip(lambda: reader.row_counts(file), on_bad, lambda text: None, "file")
         return [] if counts is None else counts
+
+
+# A source of token ids says in its fingerprint that ids already beginning with BOS were given no
+# second (procs/worker.py `ids_with_bos`); a state of them without it was saved before that rule,
+# when they read [BOS, BOS, ...]: refused (state.py `token_ids_refused`), never resumed one token
+# off. Text never holds it, so a text state is as it was.
+TOKEN_IDS = {"token_ids": "own BOS kept"}
 
 
 def data_fingerprint(column: str, paths: list) -> dict:

@@ -77,17 +77,13 @@ class Sources:
         return [c for cat in self.catalogues.values() for c in cat.columns]
 
     def fingerprint(self) -> dict:
-        """Nothing beyond the config's: each source's column and formats are in its own part of
-        a mixture's state (`source_fingerprint`); the token ids' marker, when a source reads
-        them (`reads_token_ids`), is the loader's (kinds.py `identity`)."""
+        """Nothing beyond the config's: each source's column, formats and token ids' marker are
+        in its own part of a mixture's state (`source_fingerprint`), compared only for the
+        sources in both the state and the loader."""
         return {}
 
-    def reads_token_ids(self) -> bool:
-        """Whether any source's column holds token ids (`Catalogue.reads_token_ids`)."""
-        return any(cat.reads_token_ids() for cat in self.catalogues.values())
-
     def source_fingerprint(self, name: str) -> dict:
-        """Source `name`'s column and formats, as `Catalogue.fingerprint`, and its own shuffle
+        """Source `name`'s column, formats and token ids' marker, as `Catalogue.fingerprint`, and its own shuffle
         setting when it says one (`"shuffle": "on"` or `"off"`; without it, the loader's)."""
         own = shuffle.own_setting(self.mixture, name)
         return {**self.catalogues[name].fingerprint(), **({} if own is None else {"shuffle": "on" if own else "off"})}

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shmloader.data.catalogue import TOKEN_IDS
 from shmloader.data.order import nanochat_position
 from shmloader.position import Position, RowGroup
 from shmloader import state as statemod
@@ -136,11 +137,11 @@ def test_config_key_missing_from_loader_or_state_is_named():
 
 def test_a_token_id_state_saved_before_the_bos_rule_is_refused_in_words():
     """A loader of token ids says in its fingerprint that ids already beginning with BOS get no
-    second (`TOKEN_IDS`); a state without it was saved when they read [BOS, BOS, ...]: refused,
+    second (data/catalogue.py `TOKEN_IDS`); a state without it was saved when they read [BOS, BOS, ...]: refused,
     naming that cause and what to do, not resumed one token off (nor named as another mismatch).
     A text loader's fingerprint is as it was, and a state of token ids with it resumes."""
-    ids = dict(CONFIG, column="ids") | statemod.token_ids_marker(True)
-    assert statemod.token_ids_marker(False) == {} and statemod.token_ids_marker(True) == {"token_ids": "own BOS kept"}
+    assert TOKEN_IDS == {"token_ids": "own BOS kept"}
+    ids = dict(CONFIG, column="ids") | TOKEN_IDS
     old = saved(config=dict(CONFIG, column="ids"))  # the state before the rule: its config without the marker
     with pytest.raises(ValueError) as ei:
         check(old, loader(config=ids))
