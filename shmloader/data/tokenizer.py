@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import warn
 from . import spm
 from .source import nanochat_base_dir, tilde
 
@@ -90,8 +91,10 @@ def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
     if spm.is_processor(tokenizer):
         return _sp_spec(tokenizer, bos)
     enc = getattr(tokenizer, "enc", None)
-    if isinstance(enc, tiktoken.Encoding) and hasattr(tokenizer, "get_bos_token_id") and unwraps(tokenizer, enc):
-        return _tiktoken_spec(enc, int(tokenizer.get_bos_token_id()) if bos is None else bos)
+    if isinstance(enc, tiktoken.Encoding) and hasattr(tokenizer, "get_bos_token_id"):
+        bos = int(tokenizer.get_bos_token_id()) if bos is None else bos
+        if unwraps(tokenizer, enc, bos):
+            return _tiktoken_spec(enc, bos)
     if isinstance(tokenizer, tiktoken.Encoding):
         return _tiktoken_spec(tokenizer, bos)
     if callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "get_bos_token_id", None)):
@@ -108,21 +111,40 @@ def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
 
 
 # texts on which a wrapper that changes the text before its Encoding (case, Unicode normalisation,
-# spaces at the ends, special tokens, an EOS added) encodes otherwise than `encode_ordinary`
+# spaces at the ends) encodes otherwise than `encode_ordinary`; `SPECIAL`, special tokens' text,
+# which tiktoken's own `encode` refuses (a wrapper calling it is still its Encoding's)
 PROBES = ("Hello World, MiXeD case ALL CAPS", "  spaces at both ends\t\r\n",
-          "naïve café ﬁ ½ e\u0301 Ω 日本 😀", "<|bos|> <|endoftext|> <s>", "", "x")
+          "naïve café ﬁ ½ e\u0301 Ω 日本 😀", "", "x")
+SPECIAL = "<|bos|> <|endoftext|> <s>"
 
 
-def unwraps(tokenizer, enc) -> bool:
+def unwraps(tokenizer, enc, bos: int) -> bool:
     """Whether a tokenizer object holding a tiktoken Encoding in `.enc` (nanochat's
     RustBPETokenizer) is that Encoding's `encode_ordinary`: its `encode` gives the same ids on
-    every text of `PROBES`. Then the workers use the Encoding (and its fast engines); else the
-    object itself, pickled, so that a wrapper's own `encode` (one that lowercases, say) makes the
-    tokens. A wrapper that differs only on texts unlike the probes is not told apart."""
+    every text of `PROBES` (or `[bos]` and them: the loader's BOS), and on `SPECIAL` unless it
+    raises there (tiktoken's `encode` refuses special tokens' text: a wrapper calling it is its
+    Encoding's, whose documents quoting them are read as text, as before). Then the workers use
+    the Encoding (and its fast engines); else the object itself, pickled, so that a wrapper's own
+    `encode` (one that lowercases, say) makes the tokens, said once with the text it differs on.
+    A wrapper that differs only on texts unlike the probes is not told apart."""
+    def differs(text: str):
+        got, want = [int(t) for t in tokenizer.encode(text)], enc.encode_ordinary(text)
+        return None if got in (want, [bos] + want) else got
     try:
-        return all([int(t) for t in tokenizer.encode(text)] == enc.encode_ordinary(text) for text in PROBES)
-    except Exception:  # noqa: BLE001 - its own encode fails on a probe: it is no plain Encoding
-        return False
+        text, got = next(((t, g) for t in PROBES if (g := differs(t)) is not None), (None, None))
+    except Exception as exc:  # noqa: BLE001 - its own encode fails on an ordinary text: no plain Encoding
+        text, got = PROBES[0], f"{type(exc).__name__}: {exc}"
+    if text is None:
+        try:
+            got = differs(text := SPECIAL)
+        except Exception:  # noqa: BLE001 - tiktoken's encode refuses special tokens' text
+            got = None
+    if got is None:
+        return True
+    warn(f"shmloader: tokenizer {type(tokenizer).__name__} holds a tiktoken Encoding (.enc), but its encode("
+         f"{text!r}) gives {got[:12] if isinstance(got, list) else got}{' ...' if isinstance(got, list) and len(got) > 12 else ''}, not the Encoding's encode_ordinary ids: its own encode tokenizes, "
+         f"in each worker's Python (slower than the Encoding's engines)")
+    return False
 
 
 def _sp_spec(sp, bos: int | None) -> TokenizerSpec:

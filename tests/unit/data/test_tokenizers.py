@@ -11,6 +11,8 @@ import pickle
 import re
 
 import numpy as np
+import warnings
+
 import pytest
 import tiktoken
 
@@ -90,11 +92,40 @@ def test_resolve_nanochat_wrapper(enc):
     assert resolve(NanochatLike(enc, bos=7)).bos == 7
 
 
+class CallsEncode(NanochatLike):
+    """The common wrapper: tiktoken's own `encode`, which refuses special tokens' text."""
+
+    def encode(self, text, prepend=None, num_threads=None):
+        return self.enc.encode(text)
+
+
+class PrependsBos(NanochatLike):
+    """A wrapper whose encode begins each text with its BOS."""
+
+    def encode(self, text, prepend=None, num_threads=None):
+        return [self.get_bos_token_id()] + self.enc.encode_ordinary(text)
+
+
+@pytest.mark.parametrize("wrapper", [CallsEncode, PrependsBos])
+def test_a_wrapper_of_its_encodings_ids_is_unwrapped_whatever_it_does_with_special_tokens_or_bos(enc, wrapper):
+    """The review's cases: a wrapper calling tiktoken's `encode` (it raises on the special-token
+    probe) or giving `[BOS] + ids` (the loader's BOS) is its Encoding's: unwrapped, the same
+    fingerprint as the Encoding's (a state saved before resumes), no warning. Each was kept as an
+    object when a raise or a BOS counted as a difference: the first then failed on a document
+    quoting a special token, the second read [BOS, BOS, ...]."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spec = resolve(wrapper(enc))
+    assert spec.kind == "tiktoken" and spec.fingerprint == resolve(enc).fingerprint
+
+
 def test_a_wrapper_whose_encode_is_not_its_encodings_is_kept_whole(enc):
     """A wrapper of nanochat's shape whose encode is not `.enc.encode_ordinary` is an object
-    (pickled, its own encode in the workers), not unwrapped to its Encoding."""
+    (pickled, its own encode in the workers), not unwrapped to its Encoding, and says so once,
+    with the text it differs on."""
     wrapper = Normalising(enc)
-    spec = resolve(wrapper)
+    with pytest.warns(UserWarning, match=r"tokenizer Normalising holds a tiktoken Encoding .*its own encode tokenizes"):
+        spec = resolve(wrapper)
     assert spec.kind == "object" and spec.bos == enc.encode_single_token("<|bos|>")
     assert spec.fingerprint != resolve(enc).fingerprint
     assert build(spec)(" ﬁne \n").tolist() == enc.encode_ordinary("fine") != enc.encode_ordinary(" ﬁne \n")
