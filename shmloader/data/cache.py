@@ -43,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ipc.signals import pid_alive
-from .formats.column import TEXT, TOKENS
+from .formats.column import TEXT
 
 MAGIC = 0x31656863616C6D73  # "smlcahe1"
 VERSION = 1
@@ -63,7 +63,7 @@ TOKEN_IDS_KEY = "token ids, own BOS kept"
 def identity(path: str, filesystem=None, column: str = "text", kind: str = TEXT) -> int:
     """64-bit hash of a data file's absolute path, size and modification time, of the column
     read when it is not "text" (one file's two columns are two entries), and of
-    `TOKEN_IDS_KEY` when the column holds token ids."""
+    `TOKEN_IDS_KEY` unless the column is known to hold text."""
     if filesystem is None:
         st = os.stat(path)
         key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
@@ -71,14 +71,15 @@ def identity(path: str, filesystem=None, column: str = "text", kind: str = TEXT)
         info = filesystem.get_file_info(path)
         key = f"{filesystem.type_name}:{path}\0{info.size}\0{info.mtime_ns}"
     key = key if column == "text" else f"{key}\0{column}"
-    key = (key if kind != TOKENS else f"{key}\0{TOKEN_IDS_KEY}").encode()
+    key = (key if kind == TEXT else f"{key}\0{TOKEN_IDS_KEY}").encode()  # token ids, or a kind not known
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little")
 
 
 class File(NamedTuple):
     """A data file as the cache keeps it: its path, the column read (one file's two columns,
     two sources of one mixture, are two entries) and the column's kind (`formats.column.TEXT`
-    or `TOKENS`: entries of token ids are keyed by their BOS rule, `TOKEN_IDS_KEY`). The cache's
+    or `TOKENS`, or `UNKNOWN`: entries of token ids, or of a kind not known, are keyed by the ids'
+    BOS rule, `TOKEN_IDS_KEY`). The cache's
     methods take a `File`, or a path alone for its `text` column of text."""
     path: str
     column: str = "text"

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 from ..errors import DataError, warn
 from . import formats, hfdir
 from .formats import TEXT, TOKENS, Ids, footer_digest  # noqa: F401 (the source's API)
+from .formats.column import UNKNOWN
 
 KINDS = ("a directory of data files (*.parquet, *.jsonl, *.jsonl.zst, *.arrow, ...)")
 
@@ -525,15 +526,18 @@ class Reader:
 
     def kind(self, f: int) -> str:
         """File f's column's kind as its format says it cheaply (`Format.kind`), for the token
-        cache's key; text where it says none, or where the file cannot be opened or lacks the
-        column (reading it says what is wrong). Kept per file: a run served by the cache opens
+        cache's key; `UNKNOWN` where it says none (a JSON Lines file whose first lines are
+        null) or the file cannot be opened or lacks the column (reading it says what is wrong),
+        which the cache keys as not text, so that an entry of token ids made before their BOS
+        rule is never served under text's key. Kept per file: a run served by the cache opens
         each file once for it, not again after closing it."""
         kind = self._kinds.get(f)
         if kind is None:
             try:
-                kind = self._kinds[f] = self._file(f).kind(self.columns[f]) or TEXT
+                kind = self._file(f).kind(self.columns[f]) or UNKNOWN
             except (DataError, OSError, ValueError):
-                return TEXT
+                kind = UNKNOWN
+            self._kinds[f] = kind
         return kind
 
     def text_bytes(self, f: int) -> list[int]:

@@ -15,6 +15,7 @@ import pyarrow as pa
 from ...errors import DataError
 
 TEXT, TOKENS = "text", "tokens"
+UNKNOWN = "unknown"  # a kind the file cannot say cheaply (the token cache keys it as not text)
 _VIEWS = tuple(getattr(pa.types, name) for name in ("is_list_view", "is_large_list_view")  # pyarrow >= 16
                if hasattr(pa.types, name))
 

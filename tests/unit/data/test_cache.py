@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from shmloader.data import cache as cachemod
+from shmloader.data.formats.column import TOKENS
 from tests.helpers import part_files, tmp_files
 
 HEADER_BYTES = 64  # an entry's header: 8 x uint64
@@ -174,9 +175,9 @@ def test_text_entries_keep_their_key_and_token_id_entries_made_before_the_bos_ru
     src.write_bytes(b"stat()ed")
     for column in ("text", "content"):
         assert cachemod.identity(str(src), None, column) == _keyed_before_the_bos_rule(str(src), column)
-    assert cachemod.identity(str(src), None, "ids", cachemod.TOKENS) != _keyed_before_the_bos_rule(str(src), "ids")
+    assert cachemod.identity(str(src), None, "ids", TOKENS) != _keyed_before_the_bos_rule(str(src), "ids")
     old = cachemod.File(str(src), "ids", cachemod.TEXT)   # how the cache keyed token ids before the rule
-    new = cachemod.File(str(src), "ids", cachemod.TOKENS)
+    new = cachemod.File(str(src), "ids", TOKENS)
     cache = cachemod.TokenCache(str(tmp_path / "c"), "fp", 300)
     two = np.array([3, 3]), np.array([7, 7, 1, 7, 7, 2])    # [BOS, BOS, id] twice: the old rule's
     cache.store(old, 0, *two)                                # a whole entry

@@ -310,16 +310,23 @@ def test_a_state_json_of_ones_own_is_no_hugging_face_directory(tmp_path):
     assert [os.path.basename(f) for f in list_files(str(tmp_path))] == ["a.jsonl", "state.json"]
 
 
-def test_a_readers_kind_of_a_file_is_its_columns_or_text_where_it_cannot_say(tmp_path):
+def test_a_readers_kind_of_a_file_is_its_columns_or_unknown_where_it_cannot_say(tmp_path):
     """`Reader.kind`, the token cache's key (data/cache.py `File.of`): token ids or text as the
-    file's schema says; text where the file cannot be opened or lacks the column (its read says
-    what is wrong), never an error on the way to the cache."""
+    file's schema says; unknown where the file cannot be opened, lacks the column, or its first
+    lines say nothing (a JSON Lines file of nulls first: the review found it keyed as text, the
+    key of token ids before their BOS rule), never an error on the way to the cache, and the
+    cache keys unknown as not text."""
     ids, text, bad = tmp_path / "ids.parquet", tmp_path / "text.parquet", tmp_path / "bad.parquet"
     pq.write_table(pa.table({"ids": pa.array([[1, 2]], pa.list_(pa.int64()))}), ids)
     pq.write_table(pa.table({"content": ["x"]}), text)
     bad.write_bytes(b"not parquet")
-    reader = Reader([str(ids), str(text), str(bad), str(ids)], columns=["ids", "content", "ids", "other"])
-    assert [reader.kind(f) for f in range(4)] == ["tokens", "text", "text", "text"]
+    nulls = tmp_path / "nulls.jsonl"
+    nulls.write_text('{"ids": null}\n' * 1100 + '{"ids": [5, 1, 2]}\n' * 10)
+    reader = Reader([str(ids), str(text), str(bad), str(ids), str(nulls)], columns=["ids", "content", "ids", "other", "ids"])
+    assert [reader.kind(f) for f in range(5)] == ["tokens", "text", "unknown", "unknown", "unknown"]
+    from shmloader.data import cache
+    assert cache.identity(str(nulls), column="ids", kind="unknown") == cache.identity(str(nulls), column="ids", kind="tokens")
+    assert cache.identity(str(nulls), column="ids", kind="unknown") != cache.identity(str(nulls), column="ids")
 
 
 def test_a_list_of_directories_or_globs_says_what_to_pass_instead(tmp_path):
