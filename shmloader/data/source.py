@@ -263,7 +263,10 @@ def _not_files(paths: list[str]) -> str:
     dirs = [p.rstrip("/") for p in paths if os.path.isdir(p)]
     if dirs:
         parent = os.path.dirname(dirs[0]) if len({os.path.dirname(d) for d in dirs}) == 1 else None
-        files = sorted(n for n in os.listdir(dirs[0]) if formats.is_data_file(n) and not n.startswith("."))
+        try:
+            files = sorted(n for n in os.listdir(dirs[0]) if formats.is_data_file(n) and not n.startswith("."))
+        except OSError:  # a directory it may not list: the hint names parquet's suffix
+            files = []
         suffix = next((s for s in sorted(formats.SUFFIXES, key=len, reverse=True) if files and files[0].endswith(s)),
                       ".parquet")
         over = f"a glob over the directories, data='{os.path.join(parent, '*', '*' + suffix)}', " if parent else ""

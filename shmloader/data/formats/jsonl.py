@@ -98,9 +98,13 @@ class JsonLines(Format):
     def _other_bytes(self) -> "tuple | None":
         """`(what it is, the name that reads it)` of a compressed file's raw first bytes when they
         are not its codec's: another format's (`MAGIC`) or JSON text; None when they are its own
-        (the file is corrupt) or unknown."""
-        with contextlib.closing(open_input(self.path, self.filesystem, stream=True)) as raw:
-            head = raw.read(8)
+        (the file is corrupt) or unknown, also where its first bytes cannot be read (the caller's
+        error says the file cannot be read)."""
+        try:
+            with contextlib.closing(open_input(self.path, self.filesystem, stream=True)) as raw:
+                head = raw.read(8)
+        except (pa.ArrowException, OSError):
+            return None
         name = self.path.rsplit("/", 1)[-1]
         codec = next(s for s in CODECS if name.lower().endswith(s))
         plain, stem = name[:-len(codec)], _stem(name)
