@@ -457,3 +457,18 @@ def test_a_bench_child_calls_its_function_on_the_config_or_with_its_keys(tmp_pat
                                                           "piece_docs": 20, "batches": 5, "seed": 0}, ours)
     assert {"files_order_us", "shuffled_us"} <= set(whole) and whole["files_order_us"] > 0
     assert keys["all"] > 0 and keys["shmloader"]
+
+
+@pytest.mark.parametrize("script,args,shape", [
+    ("mode_replay.py", ["concat", "60", "--single"], r"^\d+\.\d\d \| hand_out=\d+\.\d\d .*slot_buffers=\d+\.\d\d$"),
+    ("mode_replay.py", ["bos_bestfit", "30", "--sources", "3"], r"^\d+\.\d\d \| hand_out="),
+    ("count_replay.py", ["concat", "200"], r"^\d+\.\d\d \(1, 0, \d+, \d+, \d+\) \d+$"),
+    ("count_replay.py", ["bos_bestfit", "20"], r"^\d+\.\d\d \(1, 0, \d+, \d+, 0\) \d+$")])
+def test_bench_replays_run_a_checkouts_modes_and_print_their_cpu_a_batch(script, args, shape):
+    """tools/bench/mode_replay.py and count_replay.py, the replays docs/benchmarks.md's step-4
+    figures came from, run from a checkout's root and print µs a batch (and the count's place)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, f"tools/bench/{script}", *args], cwd=repo, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": repo})
+    assert out.returncode == 0, out.stderr
+    assert re.match(shape, out.stdout.strip().splitlines()[-1]), out.stdout
