@@ -25,9 +25,12 @@ One source's run (kinds.py `OneSource`) is such a pass-through without a mixer: 
 order (`mixfeed.OrderFeed`: the coordinator's pieces from its start, with its elastic plan, its
 files added and its shuffle) passes whole through a `mixone.Passing` into the same sequencer, by
 the same code, and its sink makes nothing (one source's state is its position). What differs is
-what the mode is made of (`SourceConcatMode.__init__`), not a branch in what it does. Such a run gets the trainer's head
-start as one source's does (`MixConcatMode.head_start`, procs/headstart.py): it begins where
-this mode begins (`start`, the one place `passes` is asked) and makes the same points.
+what the mode is made of (`SourceConcatMode.__init__`), not a branch in what it does: its placer
+(packing/placers.py: `WholePieces`; a pass-through's `PassThrough`, which can also end; a mix of
+several's `Runs`) is chosen where the mode is made and does what differs between pieces passing
+whole and runs. Such a run gets the trainer's head start as one source's does
+(`MixConcatMode.head_start`, procs/headstart.py): it begins where this mode begins (`start`, the
+one place `passes` is asked) and makes the same points.
 
 What is said once: a schedule's stage that begins (logged), a source that ends (warned).
 A mix that ends (every source with a weight has read its `max_epochs`, or the mix waits for a
@@ -50,12 +53,13 @@ from ..data.order import RAMP
 from ..errors import DataError
 from ..position import Position
 from .base import MAX_IN_FLIGHT, Begin, Complete, Mode
-from .concat import PACKING, ConcatSequencer, Copies, Place, position_at, row_group_of
+from .concat import PACKING, ConcatSequencer
 from .mix import MixStream, point_at
 from .mixplace import MixSequencer
 from .mixfeed import MixFeed, OrderFeed, Said, held_by_mix, start_points
 from .mixone import OneStream, Passing, passes
 from .mixtext import kept, packed, point_text
+from .placers import PassThrough, Runs, WholePieces
 
 
 class Start(NamedTuple):
@@ -89,7 +93,10 @@ class MixConcatMode(Mode):
     """Concat's mode: a mixture's runs placed (the module docstring says how pieces are handed
     out), or, where pieces pass whole (a pass-through's, one source's: `SourceConcatMode`), each
     counted piece placed by token offset as it comes in order, its tokens counting against its
-    worker's hold until it is fully placed (base.py: what a worker may hold). A piece that
+    worker's hold until it is fully placed (base.py: what a worker may hold). Which of the two is
+    the placer's, chosen once where the mode is made (`Runs`; `PassThrough`, `WholePieces`): it
+    holds the sequencer and does what differs (a counted piece's spec kept or not, the flow into
+    the sequencer, the batches ready, the write orders, the end of a mix that can end). A piece that
     cannot be read stops the stream where it would begin: its error is said (`Ended`) once
     every piece before it is taken and every batch they make is announced. What a batch's slot
     carries for the state is the sink's to make from its `Complete` (`buffer_of` is the sink):
@@ -101,22 +108,25 @@ class MixConcatMode(Mode):
         _, starts, first, skip, mixer, passing = start(mix, run.rank)
         lo = {r.name: r.lo for r in mix.ranges}  # each source's first file in the run's numbering
         if passing:  # one source, nothing to mix: its pieces pass whole (packing/mixone.py)
-            seq = ConcatSequencer(window, run.layout.n_slots, skip)
             stream = one = OneStream(mixer, starts, lo[mixer.mixture.names[0]], skip)
+            placer = PassThrough(ConcatSequencer(window, run.layout.n_slots, skip), one, self)
         else:
-            seq, one = MixSequencer(window, run.layout.n_slots, skip), None
+            one = None
             stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
+            placer = Runs(MixSequencer(window, run.layout.n_slots, skip), stream, self)
         feed = MixFeed(mix, stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys,
                        stopping=self._flow)
-        self._begin(seq, stream, one, feed, Points(lo, one, window))
+        self._begin(placer, stream, feed, Points(lo, one, window))
 
-    def _begin(self, seq, stream, one, feed, sink):
-        """The mode over its collaborators: `seq` its sequencer (a `ConcatSequencer` where pieces
-        pass whole, `one` the `mixone.Passing` they pass through; else a `MixSequencer` of the
-        `MixStream`'s runs, `one` None), `stream` what the feed asks (a `MixStream`, a `OneStream`,
-        a `Passing`), `feed` what hands pieces out (`MixFeed`, `OrderFeed`), `sink` what a batch's
+    def _begin(self, placer, stream, feed, sink):
+        """The mode over its collaborators: `placer` what places counted pieces (`WholePieces`,
+        `PassThrough`, `Runs`: chosen once, here; its sequencer is the mode's `seq`, its `ready` and
+        `orders` the mode's own), `stream` what the feed asks (a `MixStream`, a `OneStream`, a
+        `Passing`), `feed` what hands pieces out (`MixFeed`, `OrderFeed`), `sink` what a batch's
         slot carries for the state (`buffer_of`)."""
-        self.seq, self.stream, self.one, self.feed = seq, stream, one, feed
+        self.placer, self.seq, self.stream, self.feed = placer, placer.seq, stream, feed
+        # the placer's own, bound once (no frame of the mode's around them: asked at every turn)
+        self._spec, self.ready, self.orders = placer.spec, placer.ready, placer.orders
         self.buffer_of = sink  # `Mode.buffer_of`: what a batch's slot carries for the state, the sink's
         self.said = Said(stream)
         self.pieces = feed.feed()
@@ -163,10 +173,7 @@ class MixConcatMode(Mode):
     # ---- counts, runs and batches
 
     def counted(self, msg):
-        if self.one is not None:  # a piece passing whole: its spec kept, as one source's; sequenced once passed (`_flow`)
-            piece = self.specs[msg.piece]
-        else:
-            piece = self.specs.pop(msg.piece)
+        piece = self._spec(msg.piece)  # the placer's: kept (pieces passing whole) or dropped (runs)
         self._counted_by(self.owner[msg.piece], piece, int(msg.lengths.sum()))
         self.feed.counted(msg.piece, piece, msg.lengths)
         self._flow()
@@ -176,20 +183,11 @@ class MixConcatMode(Mode):
         return held_by_mix(self, index, error)
 
     def _flow(self):
-        """The runs the mix can make now, into the sequencer; a mix that waits for a source
-        without documents, or has nothing left to read, ends (`Ended` once its batches are out)."""
+        """The runs the mix can make now, into the sequencer (the placer's `flow`); a mix that
+        waits for a source without documents, or has nothing left to read, ends (`Ended` once
+        its batches are out)."""
         self.feed.flow()
-        if self.one is not None:  # the pieces it passed (in order, none after its end) into the sequencer
-            for piece, lengths in self.one.passed():
-                self.seq.passed(piece.index, lengths)
-                self.feed.used_up(self.one.name, piece)
-        else:
-            for stretch in self.stream.stretches():
-                self.seq.add(stretch)
-                for source, piece in stretch.used_up():
-                    self.feed.used_up(source, piece)
-        if self.stream.finished is not None:
-            self.seq.finished = True
+        self.placer.flow(self.feed)
 
     def freed(self, batch: int):
         self.seq.freed(batch)
@@ -197,93 +195,7 @@ class MixConcatMode(Mode):
     def written(self, counts):
         self.seq.written(counts)
 
-    def ready(self):
-        if self.one is not None:  # pieces passing whole: the specs no piece needs any more dropped
-            out = [self._complete(k, where) for k, where in self.seq.ready()]
-            if out:
-                keep = min(min(self.owner, default=self.seq.next_index), self.seq.oldest_live())
-                for index in [i for i in self.specs if i < keep]:
-                    del self.specs[index]
-            return out
-        out = []
-        for k, where in self.seq.ready():
-            if where.piece < 0:  # the end of a mix that ended
-                point = self.stream.end_point()
-                out.append(Complete(k, point.sources[self.stream.names[0]], point, self.seq.docs_at.pop(k)))
-                continue
-            position = position_at(where.run.piece, where)  # (mixplace.End: the row is the piece's)
-            out.append(Complete(k, position, where.run.point(position.skip), self.seq.docs_at.pop(k),
-                                row_group_of(where.last) if where.last is not None else None))
-        return out
-
-    def _complete(self, k: int, where):
-        """Batch k of pieces passing whole, which ends at `where`: its position, the documents
-        begun by its end and the row group its last token was read from (its point, where the
-        sink makes one, is made from them: `Points`); or where the mix ended (a pass-through's)."""
-        one, seq = self.one, self.seq
-        docs = seq.docs_at.pop(k)
-        if where.piece < 0:  # the end of a mix that ended
-            point = one.end_point((k + 1) * seq.window, docs)
-            return Complete(k, point.sources[one.name], point, docs)
-        specs = self.specs
-        return Complete(k, position_at(specs[where.piece], where), None, docs, row_group_of(specs[where.last]))
-
-    def orders(self, take_slot):
-        """Every run's segments placed now, one `Copies` message per worker (a pass-through's: a
-        `Place` a piece, as one source's)."""
-        return self._pieces_placed(take_slot) if self.one is not None else self._runs_placed(take_slot)
-
-    def _pieces_placed(self, take_slot):
-        """A `Place` a piece passing whole."""
-        for index, segments, done in self.seq.placements():
-            w = self.owner[index]
-            if done:
-                self._written_out(w, index)
-                del self.owner[index]
-            segments = [(k, take_slot(k), off, src, n) for k, off, src, n in segments]
-            yield w, Place(index, segments, done)
-
-    def _runs_placed(self, take_slot):
-        """The runs' segments, a `Copies` a worker."""
-        placed = self.seq.placements()
-        if not placed:
-            return
-        segments = np.concatenate([seg for seg, _ in placed]) if len(placed) > 1 else placed[0][0]
-        owner = self.owner
-        if len(segments):
-            # by whole arrays (a turn places some hundred segments of a few pieces and batches): each
-            # piece's worker looked up once, and each batch's slot, taken in stream order (a
-            # batch's first segment takes it), repeated over its segments
-            pieces, batches = segments[:, 0], segments[:, 1]
-            keys = sorted(set(pieces.tolist()))
-            owners = [owner[i] for i in keys]
-            workers = None  # one worker's pieces (a mixture of one's turn, mostly): it is sent every segment
-            if len(set(owners)) > 1:
-                workers = np.array(owners, dtype=np.int64)[np.searchsorted(keys, pieces)]
-            first, last = int(batches[0]), int(batches[-1])
-            if first == last:  # the usual turn: one batch's segments
-                segments[:, 2] = take_slot(first)
-            else:
-                opens = np.flatnonzero(np.concatenate(([True], batches[1:] != batches[:-1])))
-                slots = [take_slot(k) for k in batches[opens].tolist()]
-                segments[:, 2] = np.repeat(slots, np.diff(np.append(opens, len(batches))))
-            sending = set(owners)
-        else:
-            workers, sending = np.zeros(0, dtype=np.int64), set()
-        finished = {}
-        for _, indices in placed:
-            for index in indices:
-                finished.setdefault(owner[index], []).append(index)
-        for w in sorted(sending | set(finished)):
-            done = finished.get(w, [])
-            for index in done:
-                self._written_out(w, index)
-                del owner[index]
-            if workers is None:  # one worker's segments: all of them or none
-                mine = segments if w in sending else segments[:0]
-            else:
-                mine = segments[workers == w]
-            yield w, Copies(mine, tuple(done))
+    # `ready` and `orders`: the placer's, bound in `_begin`
 
     def holding(self, worker: int, orders) -> dict:
         """Every piece `worker` owns (not fully placed) or was sent an order for: whole."""
@@ -308,8 +220,8 @@ class SourceConcatMode(MixConcatMode):
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg, run.layout.window, run.layout.n_slots)
         one = Passing()
-        self._begin(ConcatSequencer(run.layout.window, run.layout.n_slots, run.start.skip), one, one,
-                    OrderFeed(pieces(RAMP, cfg.max_piece_docs, 0), one), _no_point)
+        self._begin(WholePieces(ConcatSequencer(run.layout.window, run.layout.n_slots, run.start.skip), one, self),
+                    one, OrderFeed(pieces(RAMP, cfg.max_piece_docs, 0), one), _no_point)
 
     @staticmethod
     def head_start(cfg, run) -> "Begin | None":

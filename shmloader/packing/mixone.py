@@ -69,7 +69,9 @@ class Passing:
     """Counted pieces of one order taken in that order, whole, to be handed on (`passed`); the
     first piece that cannot be read stops it once every piece before it is taken (`stopped`).
     One source's concat run (packing/mixmode.py `SourceConcatMode`: its pieces are its run's own
-    order) passes them so; a pass-through's mix (`OneStream`) does too, and more (its point)."""
+    order) passes them so; a pass-through's mix (`OneStream`) does too, and more (its point, and
+    an end: `OneStream.finish`). An order alone never ends (`finished` stays None: where one
+    source's run has nothing left to read is the coordinator's to say)."""
 
     def __init__(self, name=None):
         self.name = name
@@ -119,12 +121,6 @@ class Passing:
             self.version += 1
             self.stopped = self._unreadable[1]
 
-    def finish(self, why: str):
-        """The mix ends here (`why`): no piece is taken after those taken."""
-        if self.finished is None and self.stopped is None:
-            self.version += 1
-            self.finished = why
-
 
 class OneStream(Passing):
     """The mix of a pass-through (`passes`), as the feed and the mode ask it (packing/mix.py's
@@ -149,6 +145,12 @@ class OneStream(Passing):
         self._state = state
         # what every packed point shares, marshalled once (`packed`)
         self._base = passing_base(self.name, state, [(n, *p) for n, p in self._others.items()], lo)
+
+    def finish(self, why: str):
+        """The mix ends here (`why`): no piece is taken after those taken."""
+        if self.finished is None and self.stopped is None:
+            self.version += 1
+            self.finished = why
 
     def exhausted(self, source: str, pieces: int):  # never: `passes` takes no `max_epochs`
         raise AssertionError(f"mixture source {source!r} of a pass-through has no max_epochs")

@@ -15,7 +15,7 @@ from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
 from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, Ended, Error, MixArgs
-from shmloader.packing import mixbestfit, mixmode
+from shmloader.packing import mixbestfit, mixmode, placers
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import MixBestFitMode
 from shmloader.packing.mixmode import MixConcatMode
@@ -305,3 +305,27 @@ def test_one_sources_modes_are_the_mixtures_made_of_other_parts():
         assert issubclass(own, of)
         mine = {name for name in vars(own) if not (name.startswith("__") and name != "__init__")}
         assert mine == allowed, f"{own.__name__} defines {sorted(mine - allowed)} beside {of.__name__}'s"
+
+
+def test_concats_placer_is_chosen_once_and_only_a_mix_has_an_end(monkeypatch):
+    """What differs between pieces passing whole and a mix of several's runs is the placer's,
+    chosen once where the mode is made (`placers.WholePieces`, `PassThrough`, `Runs`), its
+    `ready` and `orders` the mode's own; only a mix can end: one source's order (`Passing`) has
+    no `finish`, so its placer makes no end of a mix (the review found the mode's one branch
+    for both asking one source's `Passing` for `OneStream.end_point`, which it lacks)."""
+    from shmloader.position import Position
+
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
+    layout = SimpleNamespace(window=5, n_slots=3)
+    source = mixmode.SourceConcatMode(cfg, SimpleNamespace(layout=layout, start=Position(0, 0, 0, 0)), 1,
+                                      _two_row_groups)
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,), None, 0), rank=0, layout=layout)
+    through = MixConcatMode(cfg, run, 1, _two_row_groups)
+    monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
+    several = MixConcatMode(cfg, run, 1, _two_row_groups)
+    assert [type(m.placer) for m in (source, through, several)] == [placers.WholePieces, placers.PassThrough,
+                                                                    placers.Runs]
+    for mode in (source, through, several):
+        assert mode.ready == mode.placer.ready and mode.orders == mode.placer.orders
+    assert not hasattr(source.stream, "finish") and not hasattr(source.stream, "end_point")
+    assert hasattr(through.stream, "finish") and hasattr(through.stream, "end_point")
