@@ -105,9 +105,14 @@ def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
         payload = pickle.dumps(tokenizer)
         bos = int(tokenizer.get_bos_token_id()) if bos is None else bos
         return TokenizerSpec("object", payload, bos, _fingerprint(hashlib.sha256(payload), bos))
+    hint = ""
+    if type(tokenizer).__module__.split(".")[0] == "transformers":  # AutoTokenizer's: its fast core is a tokenizers.Tokenizer
+        hint = ("; for a transformers tokenizer pass its backend_tokenizer (a tokenizers.Tokenizer) or the "
+                "tokenizer.json it was saved with, with bos=tok.bos_token_id where its BOS is not one of "
+                f"{list(HF_BOS_NAMES)}")
     raise TypeError(f"{origin}: a tokenizer must be {KINDS}, a tiktoken.Encoding, a tokenizers.Tokenizer, a "
                     f"SentencePieceProcessor or an object with encode() and get_bos_token_id(); got "
-                    f"{type(tokenizer).__name__}")
+                    f"{type(tokenizer).__name__}{hint}")
 
 
 # texts on which a wrapper that changes the text before its Encoding (case, Unicode normalisation,

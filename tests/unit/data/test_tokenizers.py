@@ -141,6 +141,17 @@ def test_resolve_int_tokenizer():
     assert resolve(IntTokenizer(bos=6)).fingerprint != spec.fingerprint
 
 
+def test_a_transformers_tokenizer_is_told_to_pass_its_backend_tokenizer():
+    """A `transformers` tokenizer (AutoTokenizer's; its encode adds special tokens and it has no
+    get_bos_token_id) is refused with what to pass instead: its backend_tokenizer or its
+    tokenizer.json, and bos= (the new-user trial: it got the generic list of kinds)."""
+    Fast = type("PreTrainedTokenizerFast", (), {"__module__": "transformers.tokenization_utils_fast",
+                                                "encode": lambda self, text: [1]})
+    with pytest.raises(TypeError, match=r"got PreTrainedTokenizerFast; for a transformers tokenizer pass its "
+                                        r"backend_tokenizer .* bos=tok\.bos_token_id"):
+        resolve(Fast())
+
+
 def test_resolve_rejects_other_objects():
     with pytest.raises(TypeError, match="tokenizer"):
         resolve(12345)
