@@ -83,20 +83,19 @@ class Passing:
         self._unreadable = None     # (seq, error) of the first piece that cannot be read
         self._passed = []           # (piece, lengths) taken in order, not yet handed on (`passed`)
         self._last = None           # the last piece taken
-        self._after_end = None      # the first piece counted in order after the mix ended
 
     def counted(self, source: str, seq: int, piece, lengths: np.ndarray):
         """Piece `seq` of the source's order was counted: taken once the ones before it are."""
         self.version += 1
         for _, (p, n) in self._arrived.add(seq, (piece, lengths)):
-            if self.finished is not None:
-                if self._after_end is None:
-                    self._after_end = p
-                continue
-            self._passed.append((p, n))
-            self._last = p
+            self._take(p, n)
         if self._unreadable is not None:
             self._stop_if_unreadable()
+
+    def _take(self, piece, lengths: np.ndarray):
+        """A piece counted in order: handed on (`passed`)."""
+        self._passed.append((piece, lengths))
+        self._last = piece
 
     def passed(self) -> list:
         """`(piece, lengths)` of the pieces taken since last asked, in order."""
@@ -143,8 +142,17 @@ class OneStream(Passing):
         self._others = {n: p for n, p in starts.items() if n != self.name}  # a state's, left out
         state = Mixer.state_of_snapshot(mixer.snapshot())
         self._state = state
+        self._after_end = None  # the first piece counted in order after the mix ended (`end_point`)
         # what every packed point shares, marshalled once (`packed`)
         self._base = passing_base(self.name, state, [(n, *p) for n, p in self._others.items()], lo)
+
+    def _take(self, piece, lengths: np.ndarray):
+        """A piece counted in order: handed on while the mix has not ended; after its end, the
+        first is where the mix's head stands (`end_point`), the rest dropped."""
+        if self.finished is None:
+            Passing._take(self, piece, lengths)
+        elif self._after_end is None:
+            self._after_end = piece
 
     def finish(self, why: str):
         """The mix ends here (`why`): no piece is taken after those taken."""

@@ -108,7 +108,7 @@ class JsonLines(Format):
         name = self.path.rsplit("/", 1)[-1]
         codec = next(s for s in CODECS if name.lower().endswith(s))
         plain, stem = name[:-len(codec)], _stem(name)
-        kind = next((kind for magic, kind in MAGIC.items() if head.startswith(magic)), None)
+        kind = _magic(head)
         if kind is not None:
             return None if kind[1].endswith(codec) else (kind[0], stem + kind[1])
         if head.removeprefix(BOM).lstrip()[:1] in (b"{", b"["):
@@ -347,7 +347,7 @@ class _Head:
 
     def _other_format(self, chunk: bytes):
         """A `DataError` when the file begins as another format does (`MAGIC`), with its name."""
-        what = next((kind for magic, kind in MAGIC.items() if chunk.startswith(magic)), None)
+        what = _magic(chunk)
         if what is None:
             return
         name = self.path.rsplit("/", 1)[-1]
@@ -357,6 +357,11 @@ class _Head:
                 f"name it {stem}{what[1]} to read it as that (formats are read by their file names)")
         raise DataError(f"{self.path}: {self.where}the file{' decompressed' if compressed else ''} is {what[0]} "
                         f"(its first bytes), not JSON Lines; {todo}")
+
+
+def _magic(head: bytes) -> "tuple | None":
+    """`MAGIC`'s entry for a file whose bytes begin `head` (what it is, the name that reads it), or None."""
+    return next((kind for magic, kind in MAGIC.items() if head.startswith(magic)), None)
 
 
 def _stem(name: str) -> str:
