@@ -349,6 +349,10 @@ class Children:
             old.join(timeout=ERROR_GRACE_S)
         if old.exitcode is not None:
             old.close()
+        # its row shows the dead one's last beat: 0 until the new one beats, since a worker that
+        # has not started is never blamed for standing still (stall.py; on a loaded machine a
+        # replacement takes seconds to start, and the trainer waits for what it is given again)
+        self.ring.workers[i, WorkerCol.BEAT] = 0
         self.args = replace(self.args, poisoned=poisoned, suspects=suspects)
         end = respawn_worker(self, self.config, self.args, i)
         self._watch = self._blocked = None  # the sentinels changed

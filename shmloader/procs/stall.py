@@ -7,7 +7,8 @@ piece, between runs of documents and once a second while idle (not while one lon
 inside an engine call: an engine stuck on it is a stall); the coordinator bumps `Stat.BEAT` at
 every turn of its loop, at least once a second. A started worker whose beat stands still for
 the limit is stalled, idle too (a stopped idle worker never begins the task sent to it); one
-that has not beaten yet (beat 0, still starting) is not blamed. The trainer looks every
+that has not beaten yet (beat 0, still starting; a dead worker's replacement is given 0 when
+it is started: children.py `replace_worker`) is not blamed. The trainer looks every
 `look_s` (at most a second, and at most `stall_s`); a gap between two looks longer than
 `look_s` plus `PAUSE_SLACK_S` is the trainer's own pause (Ctrl-Z of the whole process group, a
 debugger, a suspended VM), which stopped the children too: every clock starts again. Pure over
