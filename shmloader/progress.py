@@ -15,7 +15,9 @@ The rule:
   - on a terminal (`bar=True` and the stream is a tty): a tqdm bar, which shows the same done,
     total, rate and time left;
   - otherwise one line per reading worth saying: the first once the work has run `FIRST_S`
-    (work shorter than that says only its end), then one each `EVERY_S`, then the end's line
+    (work shorter than that says only its end), then one each `EVERY_S` (but `FIRST_S` after a
+    line that could not say the time left yet: nothing was done, the work slow to begin; the
+    user hears the time left once it is known, not ten seconds later), then the end's line
     ("done: 40 batches in 3.2 s"). Each line is whole and greppable: "<label>: 12 of 40
     batches (30%), 3.1 batches/s, about 9 s left".
   - `emit(level, text)` writes a line. The loader's lines go to the "shmloader" logger at
@@ -112,7 +114,7 @@ class Report:
                 self._bar.set_postfix_str(extra, refresh=False)
             return
         if now >= self._next_line:
-            self._next_line = now + EVERY_S
+            self._next_line = now + (EVERY_S if r.left_s is not None else FIRST_S)
             self.emit(logging.WARNING, line(self.label, r, self.unit, extra))
 
     def finish(self, now: float, text: str = ""):

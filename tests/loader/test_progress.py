@@ -61,16 +61,22 @@ def test_an_elastic_replay_shows_its_progress_and_time_left_at_the_default_level
     said = lines(caplog, logging.WARNING)
     label = "rank 0 of 3 (new): replaying old rank 1 of 2's stream to batch 40"
     going = [s for s in said if s.startswith(label + ": ") and " left" in s]
-    assert going, f"no progress line with the time left at WARNING: {said}"
+    timed = []  # the lines that say the rate and the time left (one that could not yet, on a
+    #             loaded machine where nothing was done in the first second, is followed by one)
     for s in going:
         m = re.fullmatch(re.escape(label) + r": (\d+) of 40 batches \((\d+)%\), ([\d.]+) batches/s, about "
                          r"[\d.]+ s left; ([\d,]+) documents counted", s)
-        assert m, s
+        if m is None:
+            assert re.fullmatch(re.escape(label) + r": 0 of 40 batches \(0%\), [\d.]+ s so far, the time left "
+                                r"not known yet; [\d,]+ documents counted", s), s
+            continue
+        timed.append(s)
         done = int(m[1])
         assert 0 < done <= 40 and int(m[2]) == round(100 * done / 40) and float(m[3]) > 0
+    assert timed, f"no progress line with the time left at WARNING: {said}"
     done = [s for s in said if s.startswith(label + ": done, 40 batches in ")]
     assert len(done) == 1 and ", row group " in done[0] and "counted: " in done[0]
-    assert said.index(done[0]) > said.index(going[-1])
+    assert said.index(done[0]) > said.index(timed[-1])
     assert not any("1 new ranks" in s or "1 old ranks" in s for s in said)
 
 

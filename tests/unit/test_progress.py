@@ -73,6 +73,19 @@ def test_long_work_says_a_line_after_the_first_second_then_one_each_ten():
     assert all(level == logging.WARNING for level, _ in said)
 
 
+def test_a_line_without_the_time_left_is_followed_a_second_later_by_one_with_it():
+    """Work slow to begin (a loaded machine, a cold cache): the first line cannot say the time
+    left; the next comes once it is known, a second later, not ten."""
+    r, said = report(began=0.0)
+    for t, done in [(1.3, 0), (2.0, 0), (2.3, 0), (3.3, 8), (4.3, 16), (13.0, 50), (14.3, 60)]:
+        r.update(t, done)
+    assert [text for _, text in said] == [
+        "replay: 0 of 100 batches (0%), 1.3 s so far, the time left not known yet",
+        "replay: 0 of 100 batches (0%), 2.3 s so far, the time left not known yet",
+        "replay: 8 of 100 batches (8%), 2.4 batches/s, about 38 s left",
+        "replay: 60 of 100 batches (60%), 4.2 batches/s, about 9.5 s left"]
+
+
 def test_on_a_terminal_a_bar_shows_instead_of_lines():
     class Tty(io.StringIO):
         def isatty(self):
