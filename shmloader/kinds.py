@@ -18,9 +18,10 @@ used to branch on:
   with: what differs in a resume (the files the state's run read, a count-only replay's
   `RunArgs` and its answer, the elastic plan from the old ranks' places) is the part's
   (`sourcestate.Files`, or `mixstate.Mixed`);
-- `run_args(resume)`: what a run starting at `resume` is given beyond its start, as `RunArgs`
-  fields: the elastic plans (`plan`, a mixture's in its `MixArgs`), and the `plans` its order
-  reads (the coordinator's `shuffle.Windows`);
+- `run_args(resume)`: what a run starting at `resume` is given beyond its position, as `RunArgs`
+  fields, from what its kind holds there (`Resume.at`: `state.AtSource` or `state.AtMix`): best
+  fit's buffer (`buffer_runs`), the elastic plans (`plan`, a mixture's in its `MixArgs`), and
+  the `plans` its order reads (the coordinator's `shuffle.Windows`);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
   process keeps open (`keep_open`);
@@ -31,6 +32,7 @@ used to branch on:
   run's arguments to start again at `mark` (a heal, an idle release);
 - `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
   mixture's point);
+- `fresh()`: what it holds at a fresh start (`Resume.at`, empty);
 - `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch);
 - and alike for both, from the catalogue and the part: `identity(...)`, what a state is checked
   against, `args(...)`, what every run is given, and `resume(state, ...)`, the resume plan.
@@ -115,11 +117,15 @@ class OneSource(_Kind):
                                           len(cat.paths), 8 if cat.filesystem is not None else 1))
         # threads for a remote filesystem's footers; local ones read 4x faster alone (16 files: 2 ms, 8 ms with 8)
 
+    def fresh(self) -> statemod.AtSource:
+        return statemod.AtSource()
+
     def run_args(self, resume: statemod.Resume) -> dict:
-        return {"plan": resume.plan, "plans": resume.plan}
+        at = resume.at
+        return {"buffer_runs": tuple(map(tuple, at.runs)), "plan": at.plan, "plans": at.plan}
 
     def start_buffer(self, resume: statemod.Resume, spec):
-        return encode_buffer(resume.runs) if spec.buffered else None
+        return encode_buffer(resume.at.runs) if spec.buffered else None
 
     def run_fields(self, config) -> dict:
         return {"modes": (MODES[config.packing].source, SourceCountMode), "keep_open": KEEP_OPEN}
@@ -174,12 +180,15 @@ class Mixed(_Kind):
             except DataError as e:
                 raise DataError(f"mixture source {name!r}: {e}") from None
 
+    def fresh(self) -> statemod.AtMix:
+        return statemod.AtMix()
+
     def run_args(self, resume: statemod.Resume) -> dict:
-        mix = mixstate.run_args(self.catalogue, resume)
+        mix = mixstate.run_args(self.catalogue, resume.at, resume.batch)
         return {"mixture": mix, "plans": mix.plans}
 
     def start_buffer(self, resume: statemod.Resume, spec):
-        return mixstate.point_text(resume.mix)
+        return mixstate.point_text(resume.at.point)
 
     def run_fields(self, config) -> dict:
         return {"modes": (MODES[config.packing].mixture, MixCountMode),

@@ -139,7 +139,7 @@ class ShmLoader:
         self._ahead = resumemod.Ahead(self._runs, self.config, self._catalogue)  # the next batch, taken early
         lifecycle.close_when_dropped(self, self._runs)  # not a __del__: the pipes are never the collector's
         self._report = report.Report(self.config, self._runs, self._kind)  # stats() and the log's lines
-        self._begin(statemod.start(self._identity()))
+        self._begin(statemod.start(self._identity(), self._kind.fresh()))
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self._report.named(lifecycle.register(self), split, self.rank, self.world_size)  # who its log lines are of
@@ -276,8 +276,7 @@ class ShmLoader:
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
-        args = dataclasses.replace(self._args(), start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
-                                   **self._kind.run_args(resume))
+        args = dataclasses.replace(self._args(), start=resume.position, **self._kind.run_args(resume))
         self._writer = statemod.Writer(self._identity(), resume, self._kind.part)
         buffer = self._kind.start_buffer(resume, self.config.spec)  # a mixture's place travels as best fit's buffer does
         self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0, resume.read)
