@@ -30,8 +30,8 @@ used to branch on:
   buffer, a mixture's point, packed by concat: `mixstate.slot_point`), or None where it carries
   none, the room that text needs beyond the packing's (in 80-byte runs), and a
   run's arguments to start again at `mark` (a heal, an idle release);
-- `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
-  mixture's point);
+- `start_mark(resume, spec, docs)`: the `Mark` at a start, its buffer the kind's
+  (`start_buffer`: best fit's runs as text, or a mixture's point);
 - `fresh()`: what it holds at a fresh start (`Resume.at`, empty);
 - `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch);
 - and alike for both, from the catalogue and the part: `identity(...)`, what a state is checked
@@ -59,7 +59,7 @@ from .data.sources import Sources, keep_open
 from .packing import MODES
 from .packing.mixcount import MixCountMode, SourceCountMode
 from .packing.runs import BufferText, decode_runs, encode_buffer
-from .procs.run import mix_text_bytes
+from .procs.run import Mark, mix_text_bytes
 
 
 class _Kind:
@@ -84,6 +84,11 @@ class _Kind:
                        filesystem=FilesystemRef(cat.filesystem) if cat.filesystem else None, tokenizer=tokenizer,
                        later=cat.later, columns=None if set(cat.columns) <= {"text"} else tuple(cat.columns),
                        counts=None if first is None else first.counts, **self.run_fields(config))
+
+    def start_mark(self, resume: statemod.Resume, spec, docs: int) -> Mark:
+        """The progress mark a run from `resume` starts at (`docs`: the documents delivered before;
+        a mixture's place travels as best fit's buffer does)."""
+        return Mark(resume.batch, resume.position, self.start_buffer(resume, spec), docs, resume.read)
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         """`state` checked and planned into a `state.Resume` (resume.py `plan`, with the part)."""

@@ -31,7 +31,7 @@ from .data import cache as cachemod
 from .data import engine as enginemod
 from .data import source, tokenizer as tokmod
 from .procs import lifecycle
-from .procs.run import Mark, Runs
+from .procs.run import Runs
 from .procs.start import prestart
 
 class ShmLoader:
@@ -105,12 +105,7 @@ class ShmLoader:
             (data/shuffle.py; README "The order"); False: the files' order, nanochat's. A state
             keeps all three."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
-        given = locals()
-        if isinstance(data, source.Source) and data.shuffle is not None:  # one source saying its own order
-            given["shuffle"] = data.shuffle
-        if cache_dir is not None:
-            given["cache_dir"] = os.fspath(cache_dir)
-        self.config = LoaderConfig(**{f.name: given[f.name] for f in dataclasses.fields(LoaderConfig)})
+        self.config = LoaderConfig.of_call(locals())  # a one source's own order (`Source(shuffle=)`) over shuffle=
         cores.crowded(self.config.num_workers)  # more than this rank's share of the cores: said once
         prestart(self.config.start_method)  # the forkserver boots while the rest is built
         self.rank, self.world_size = place(rank, world_size)
@@ -278,8 +273,7 @@ class ShmLoader:
         self._catalogue.begin(resume.position.epoch)
         args = dataclasses.replace(self._args(), start=resume.position, **self._kind.run_args(resume))
         self._writer = statemod.Writer(self._identity(), resume, self._kind.part)
-        buffer = self._kind.start_buffer(resume, self.config.spec)  # a mixture's place travels as best fit's buffer does
-        self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0, resume.read)
+        self._mark = self._kind.start_mark(resume, self.config.spec, self._mark.docs if self._mark else 0)
         self._runs.begin(args, resume.batch, self._mark.docs)
         self._state = self._writer.state(self._mark, resume.check)
         self._ahead.begin(resume.check)
