@@ -286,7 +286,8 @@ class Mixed:
                                  for name in self._replayed_files})
             mix["mixer"]["since"] = resume.batch  # as this rank's own state's resume: not replayable from batch 0
             self._replayed_files = None
-        return dataclasses.replace(resume, position=Position(*found.position), at=dataclasses.replace(resume.at, point=mix),
+        return dataclasses.replace(resume, position=Position(*found.position),
+                                   at=dataclasses.replace(resume.at, point=mix),
                                    step=statemod.Locate(end) if more else statemod.EXACT)
 
     def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
