@@ -75,7 +75,7 @@ class LoaderConfig:
     @classmethod
     def of_call(cls, given: dict) -> "LoaderConfig":
         """The config of a `ShmLoader(...)` call (`given`: its arguments by name, the constructor's
-        `locals()`): a one source's own order (`Source(shuffle=)`) over the loader's `shuffle=`,
+        `locals()`): one source's own order (`Source(shuffle=)`) over the loader's `shuffle=`,
         `cache_dir` as a path's text."""
         given = dict(given)
         if isinstance(given.get("data"), Source) and given["data"].shuffle is not None:

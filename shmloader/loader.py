@@ -105,7 +105,7 @@ class ShmLoader:
             (data/shuffle.py; README "The order"); False: the files' order, nanochat's. A state
             keeps all three."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
-        self.config = LoaderConfig.of_call(locals())  # a one source's own order (`Source(shuffle=)`) over shuffle=
+        self.config = LoaderConfig.of_call(locals())  # one source's own `Source(shuffle=)` over shuffle=
         cores.crowded(self.config.num_workers)  # more than this rank's share of the cores: said once
         prestart(self.config.start_method)  # the forkserver boots while the rest is built
         self.rank, self.world_size = place(rank, world_size)
