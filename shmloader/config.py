@@ -21,9 +21,10 @@ torch, no files, no processes (the default `num_workers` reads this process's af
 """
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from . import cores
+from .data.source import Source
 from .data.shuffle import WINDOW, Shuffle
 from .packing import PACKINGS
 from .packing.base import UNCAPPED
@@ -70,6 +71,18 @@ class LoaderConfig:
     shuffle: bool = False                # every epoch in an order drawn from (seed, epoch): data/shuffle.py
     seed: int = 0                        # the shuffle's seed
     shuffle_window: int | None = None    # documents a shuffled window holds at least (None: shuffle.WINDOW)
+
+    @classmethod
+    def of_call(cls, given: dict) -> "LoaderConfig":
+        """The config of a `ShmLoader(...)` call (`given`: its arguments by name, the constructor's
+        `locals()`): one source's own order (`Source(shuffle=)`) over the loader's `shuffle=`,
+        `cache_dir` as a path's text."""
+        given = dict(given)
+        if isinstance(given.get("data"), Source) and given["data"].shuffle is not None:
+            given["shuffle"] = given["data"].shuffle
+        if given.get("cache_dir") is not None:
+            given["cache_dir"] = os.fspath(given["cache_dir"])
+        return cls(**{f.name: given[f.name] for f in fields(cls)})
 
     def __post_init__(self):
         self._as_python()

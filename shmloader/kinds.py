@@ -18,9 +18,10 @@ used to branch on:
   with: what differs in a resume (the files the state's run read, a count-only replay's
   `RunArgs` and its answer, the elastic plan from the old ranks' places) is the part's
   (`sourcestate.Files`, or `mixstate.Mixed`);
-- `run_args(resume)`: what a run starting at `resume` is given beyond its start, as `RunArgs`
-  fields: the elastic plans (`plan`, a mixture's in its `MixArgs`), and the `plans` its order
-  reads (the coordinator's `shuffle.Windows`);
+- `run_args(resume)`: what a run starting at `resume` is given beyond its position, as `RunArgs`
+  fields, from what its kind holds there (`Resume.at`: `state.AtSource` or `state.AtMix`): best
+  fit's buffer (`buffer_runs`), the elastic plans (`plan`, a mixture's in its `MixArgs`), and
+  the `plans` its order reads (the coordinator's `shuffle.Windows`);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
   process keeps open (`keep_open`);
@@ -29,8 +30,9 @@ used to branch on:
   buffer, a mixture's point, packed by concat: `mixstate.slot_point`), or None where it carries
   none, the room that text needs beyond the packing's (in 80-byte runs), and a
   run's arguments to start again at `mark` (a heal, an idle release);
-- `start_buffer(resume, spec)`: the `Mark`'s buffer at a start (best fit's runs as text, or a
-  mixture's point);
+- `start_mark(resume, spec, docs)`: the `Mark` at a start, its buffer the kind's
+  (`start_buffer`: best fit's runs as text, or a mixture's point);
+- `fresh()`: what it holds at a fresh start (`Resume.at`, empty);
 - `stats(mark, seen)`: what it adds to `stats()` (a mixture: `sources`, and the furthest epoch);
 - and alike for both, from the catalogue and the part: `identity(...)`, what a state is checked
   against, `args(...)`, what every run is given, and `resume(state, ...)`, the resume plan.
@@ -57,7 +59,7 @@ from .data.sources import Sources, keep_open
 from .packing import MODES
 from .packing.mixcount import MixCountMode, SourceCountMode
 from .packing.runs import BufferText, decode_runs, encode_buffer
-from .procs.run import mix_text_bytes
+from .procs.run import Mark, mix_text_bytes
 
 
 class _Kind:
@@ -82,6 +84,11 @@ class _Kind:
                        filesystem=FilesystemRef(cat.filesystem) if cat.filesystem else None, tokenizer=tokenizer,
                        later=cat.later, columns=None if set(cat.columns) <= {"text"} else tuple(cat.columns),
                        counts=None if first is None else first.counts, **self.run_fields(config))
+
+    def start_mark(self, resume: statemod.Resume, spec, docs: int) -> Mark:
+        """The progress mark a run from `resume` starts at (`docs`: the documents delivered before;
+        a mixture's place travels as best fit's buffer does)."""
+        return Mark(resume.batch, resume.position, self.start_buffer(resume, spec), docs, resume.read)
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         """`state` checked and planned into a `state.Resume` (resume.py `plan`, with the part)."""
@@ -115,11 +122,15 @@ class OneSource(_Kind):
                                           len(cat.paths), 8 if cat.filesystem is not None else 1))
         # threads for a remote filesystem's footers; local ones read 4x faster alone (16 files: 2 ms, 8 ms with 8)
 
+    def fresh(self) -> statemod.AtSource:
+        return statemod.AtSource()
+
     def run_args(self, resume: statemod.Resume) -> dict:
-        return {"plan": resume.plan, "plans": resume.plan}
+        at = resume.at
+        return {"buffer_runs": tuple(map(tuple, at.runs)), "plan": at.plan, "plans": at.plan}
 
     def start_buffer(self, resume: statemod.Resume, spec):
-        return encode_buffer(resume.runs) if spec.buffered else None
+        return encode_buffer(resume.at.runs) if spec.buffered else None
 
     def run_fields(self, config) -> dict:
         return {"modes": (MODES[config.packing].source, SourceCountMode), "keep_open": KEEP_OPEN}
@@ -174,12 +185,15 @@ class Mixed(_Kind):
             except DataError as e:
                 raise DataError(f"mixture source {name!r}: {e}") from None
 
+    def fresh(self) -> statemod.AtMix:
+        return statemod.AtMix()
+
     def run_args(self, resume: statemod.Resume) -> dict:
-        mix = mixstate.run_args(self.catalogue, resume)
+        mix = mixstate.run_args(self.catalogue, resume.at, resume.batch)
         return {"mixture": mix, "plans": mix.plans}
 
     def start_buffer(self, resume: statemod.Resume, spec):
-        return mixstate.point_text(resume.mix)
+        return mixstate.point_text(resume.at.point)
 
     def run_fields(self, config) -> dict:
         return {"modes": (MODES[config.packing].mixture, MixCountMode),

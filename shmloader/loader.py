@@ -31,7 +31,7 @@ from .data import cache as cachemod
 from .data import engine as enginemod
 from .data import source, tokenizer as tokmod
 from .procs import lifecycle
-from .procs.run import Mark, Runs
+from .procs.run import Runs
 from .procs.start import prestart
 
 class ShmLoader:
@@ -105,12 +105,7 @@ class ShmLoader:
             (data/shuffle.py; README "The order"); False: the files' order, nanochat's. A state
             keeps all three."""
         self.device = delivery.device_of(device)  # first: without CUDA, say so before reading anything
-        given = locals()
-        if isinstance(data, source.Source) and data.shuffle is not None:  # one source saying its own order
-            given["shuffle"] = data.shuffle
-        if cache_dir is not None:
-            given["cache_dir"] = os.fspath(cache_dir)
-        self.config = LoaderConfig(**{f.name: given[f.name] for f in dataclasses.fields(LoaderConfig)})
+        self.config = LoaderConfig.of_call(locals())  # one source's own `Source(shuffle=)` over shuffle=
         cores.crowded(self.config.num_workers)  # more than this rank's share of the cores: said once
         prestart(self.config.start_method)  # the forkserver boots while the rest is built
         self.rank, self.world_size = place(rank, world_size)
@@ -139,7 +134,7 @@ class ShmLoader:
         self._ahead = resumemod.Ahead(self._runs, self.config, self._catalogue)  # the next batch, taken early
         lifecycle.close_when_dropped(self, self._runs)  # not a __del__: the pipes are never the collector's
         self._report = report.Report(self.config, self._runs, self._kind)  # stats() and the log's lines
-        self._begin(statemod.start(self._identity()))
+        self._begin(statemod.start(self._identity(), self._kind.fresh()))
         if resume_state is not None:
             self.load_state_dict(resume_state)
         self._report.named(lifecycle.register(self), split, self.rank, self.world_size)  # who its log lines are of
@@ -276,11 +271,9 @@ class ShmLoader:
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
-        args = dataclasses.replace(self._args(), start=resume.position, buffer_runs=tuple(map(tuple, resume.runs)),
-                                   **self._kind.run_args(resume))
+        args = dataclasses.replace(self._args(), start=resume.position, **self._kind.run_args(resume))
         self._writer = statemod.Writer(self._identity(), resume, self._kind.part)
-        buffer = self._kind.start_buffer(resume, self.config.spec)  # a mixture's place travels as best fit's buffer does
-        self._mark = Mark(resume.batch, resume.position, buffer, self._mark.docs if self._mark else 0, resume.read)
+        self._mark = self._kind.start_mark(resume, self.config.spec, self._mark.docs if self._mark else 0)
         self._runs.begin(args, resume.batch, self._mark.docs)
         self._state = self._writer.state(self._mark, resume.check)
         self._ahead.begin(resume.check)

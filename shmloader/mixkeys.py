@@ -91,9 +91,8 @@ def _resume(sources, keys: tuple, identity: statemod.Loader) -> statemod.Resume:
     sources.reorder({}, {})  # nanochat's keys number the files in their sorted order, whatever a resume left
     start = {"pq_idx": pq, "rg_idx": rg, "epoch": epoch}
     point = origin_point(sources, start, identity.rank, identity.world)
-    return statemod.Resume(sources.to_run(point.source, point.sources[point.source]),
-                           shapes=[[0, identity.B, identity.T]], origin=start, n_files=len(identity.files),
-                           mix=point.to_json())
+    return statemod.Resume(sources.to_run(point.source, point.sources[point.source]), statemod.AtMix(point.to_json()),
+                           shapes=[[0, identity.B, identity.T]], origin=start, n_files=len(identity.files))
 
 
 def origin_point(sources, start: dict, rank: int, world: int) -> MixPoint:

@@ -82,10 +82,11 @@ def refuse(config):
                          f"{config.packing!r} over a mixture); got packing={config.packing!r}")
 
 
-def run_args(catalogue, resume: statemod.Resume) -> MixArgs:
-    """What a run of a mixture's loader (`catalogue`, its `Sources`) starting at `resume` is given."""
-    rules = resume.mix_rules if resume.mix_rules is not None else mixrules.fresh(catalogue.mixture)
-    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), resume.mix, resume.batch, resume.mix_plans,
+def run_args(catalogue, at: statemod.AtMix, batch: int) -> MixArgs:
+    """What a run of a mixture's loader (`catalogue`, its `Sources`) starting at `at` (its
+    point, plans and rules) at batch `batch` is given."""
+    rules = at.rules if at.rules is not None else mixrules.fresh(catalogue.mixture)
+    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), at.point, batch, at.plans,
                    rules=rules, laters=catalogue.laters or None)
 
 
@@ -113,11 +114,11 @@ class Mixed:
         self._replayed_files = None  # `{source: its files the state lists}` while another rank's state is replayed
 
     def constant(self, identity: statemod.Loader, resume: statemod.Resume) -> dict:
-        plans = ({"plans": {name: statemod.plan_state(plan) for name, plan in sorted(resume.mix_plans.items())}}
-                 if resume.mix_plans else {})
-        rules = resume.mix_rules if resume.mix_rules is not None else mixrules.fresh(self._sources.mixture)
-        rules = mixrules.fields(rules)
-        return {"files": [], "val": None, "elastic": statemod.plan_state(resume.plan), "mixture": {**plans, **rules}}
+        at = resume.at
+        plans = ({"plans": {name: statemod.plan_state(plan) for name, plan in sorted(at.plans.items())}}
+                 if at.plans else {})
+        rules = mixrules.fields(at.rules if at.rules is not None else mixrules.fresh(self._sources.mixture))
+        return {"files": [], "val": None, "elastic": None, "mixture": {**plans, **rules}}  # each source's plan: `plans`
 
     def fill(self, state: dict, mark):
         point = mark.buffer
@@ -218,11 +219,12 @@ class Mixed:
             sources.reorder({name: order for name, order in listed.orders.items() if name in epochs}, epochs)
         if envelope.world != identity.world:  # the old ranks' places replayed, each source's plan made (resume.py)
             change = statemod.Change(envelope.world, envelope.rank, other, [], None)
-            return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files), change=change,
-                                   mix=json.loads(text) if text is not None else None, mix_rules=rules, origin=origin)
+            return statemod.Resume(other, statemod.AtMix(json.loads(text) if text is not None else None, rules=rules),
+                                   change, batch=batch, shapes=reshaped, n_files=len(identity.files), origin=origin)
         if envelope.rank != identity.rank:  # another rank's: this rank's place is found by a replay (resume.py)
-            return statemod.Resume(other, batch=batch, shapes=reshaped, n_files=len(identity.files),
-                                   locate=point is not None, mix_rules=rules, origin=origin)
+            return statemod.Resume(other, statemod.AtMix(rules=rules), statemod.Locate() if point is not None
+                                   else statemod.EXACT, batch=batch, shapes=reshaped, n_files=len(identity.files),
+                                   origin=origin)
         notes = Mixer.resume(sources.mixture, point.mixer, batch).notes if point is not None else ()
         for note in notes:
             warn(f"shmloader: {note}")
@@ -237,9 +239,8 @@ class Mixed:
         mix = json.loads(text) if text is not None else None
         if added and mix is not None:  # the run's streams are not replayable from batch 0 any more
             mix["mixer"]["since"] = batch
-        return statemod.Resume(position, batch=batch, shapes=reshaped, check=checked, n_files=len(identity.files),
-                               mix=mix, mix_plans=plans, mix_rules=rules, origin=origin,
-                               read=mixkeys.read_of(sources, state))
+        return statemod.Resume(position, statemod.AtMix(mix, plans, rules), batch=batch, shapes=reshaped, check=checked,
+                               n_files=len(identity.files), origin=origin, read=mixkeys.read_of(sources, state))
 
     # resume.py's steps (`resume.Part`), over the loader's sources
 
@@ -258,17 +259,17 @@ class Mixed:
         stage: `mixchecks.replayable` let only such runs through; a run that began from
         nanochat's keys, from the rank's place there), a batch shape at a time: the first
         count to the next shape's first batch (or `resume.batch`), each next one from the point
-        the last found (`resume.replayed`, `resume.mix`), as the run resumed there with its new
+        the last found (`Locate.replayed`, its point), as the run resumed there with its new
         B or T (packing/mixcount.py)."""
-        at, (shape, end) = resume.replayed, _segment(resume)
+        at, (shape, end) = resume.step.replayed, _segment(resume)
         if at:
-            start, point = resume.position, resume.mix
+            start, point = resume.position, resume.at.point
         else:
             start, point = start_position(args.rank), None
             if resume.origin is not None:
                 origin = mixkeys.origin_point(self._sources, resume.origin, args.rank, args.world)
                 start, point = self._sources.to_run(origin.source, origin.sources[origin.source]), origin.to_json()
-        mix = run_args(self._sources, statemod.Resume(start, batch=at, mix=point, mix_rules=resume.mix_rules))
+        mix = run_args(self._sources, statemod.AtMix(point, rules=resume.at.rules), at)
         if self._replayed_files:  # over the state's files of a source that gained some (`resume`), as one source
             mix = mix._replace(ranges=tuple(r._replace(hi=r.lo + self._replayed_files.get(r.name, r.hi - r.lo))
                                             for r in mix.ranges), laters=None)
@@ -285,14 +286,15 @@ class Mixed:
                                  for name in self._replayed_files})
             mix["mixer"]["since"] = resume.batch  # as this rank's own state's resume: not replayable from batch 0
             self._replayed_files = None
-        return dataclasses.replace(resume, position=Position(*found.position), mix=mix,
-                                   locate=more, replayed=end if more else 0)
+        return dataclasses.replace(resume, position=Position(*found.position),
+                                   at=dataclasses.replace(resume.at, point=mix),
+                                   step=statemod.Locate(end) if more else statemod.EXACT)
 
     def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
         """The state's rank's point; another's mixed stream from the run's start."""
-        if rank == resume.change.rank:
-            return resume
-        return dataclasses.replace(resume, change=None, locate=True)
+        if rank == resume.step.rank:
+            return dataclasses.replace(resume, step=statemod.EXACT)
+        return dataclasses.replace(resume, step=statemod.Locate())
 
     def shared(self, resume: statemod.Resume, places: list, config, args) -> tuple:
         """Each source's own `elastic.Plan` from the old ranks' places in it (data/mixelastic.py;
@@ -301,21 +303,22 @@ class Mixed:
         stage begins at the change, its totals the old ranks' together; best fit, with its share
         of the old ranks' buffers as its point's `"buffer"`."""
         sources, buffered = self._sources, config.spec.buffered
-        start = mixelastic.plan([p.mix for p in places], sources.mixture, resume.batch, args.rank, args.world,
+        start = mixelastic.plan([p.at.point for p in places], sources.mixture, resume.batch, args.rank, args.world,
                                 lambda name: lambda f: sources.catalogues[name].row_counts(f, config.on_bad_row_group),
                                 lambda name: len(sources.catalogues[name].paths), self._shuffles(config, args, resume),
-                                [buffer_entries(p.mix) for p in places] if buffered else ())
+                                [buffer_entries(p.at.point) for p in places] if buffered else ())
         point = dict(start.point, buffer=_buffer(start.buffer, sources.names)) if buffered else start.point
         first = point["source"]
         position = Position(*point["sources"][first], point["skips"].get(first, 0))
         shared = "every source's rest of its epoch in progress" + (" and the old ranks' buffers" if buffered else "")
-        return (dataclasses.replace(resume, position=sources.to_run(first, position), mix=point,
-                                    mix_plans=start.plans, change=None, locate=False, check=None), shared)
+        at = dataclasses.replace(resume.at, point=point, plans=start.plans)
+        return dataclasses.replace(resume, position=sources.to_run(first, position), at=at, step=statemod.EXACT,
+                                   check=None), shared
 
     def _shuffles(self, config, args, resume: statemod.Resume) -> dict | None:
         """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`,
         with the rules of `resume`'s state), or None (the files' order)."""
-        mix = run_args(self._sources, statemod.Resume(start_position(args.rank), mix_rules=resume.mix_rules))
+        mix = run_args(self._sources, statemod.AtMix(rules=resume.at.rules), 0)
         order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
         return None if order is None else dict(zip(order.names, order.orders))
 
@@ -356,10 +359,10 @@ def _buffer(entries: list, names) -> dict:
 
 
 def _segment(resume: statemod.Resume) -> tuple:
-    """`([first, B, T], end)`: the batch shape a replay at `resume.replayed` counts with, and the
-    batch its count ends at (the next shape's first batch, or `resume.batch`)."""
+    """`([first, B, T], end)`: the batch shape a replay at `Locate.replayed` (`resume.step`)
+    counts with, and the batch its count ends at (the next shape's first batch, or `resume.batch`)."""
     shapes = [s for s in resume.shapes if s[0] < resume.batch] or resume.shapes[:1]
-    i = max(j for j, s in enumerate(shapes) if s[0] <= resume.replayed)
+    i = max(j for j, s in enumerate(shapes) if s[0] <= resume.step.replayed)
     return shapes[i], shapes[i + 1][0] if i + 1 < len(shapes) else resume.batch
 
 

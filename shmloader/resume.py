@@ -4,9 +4,10 @@ flow for one source and a mixture: what differs between them is the part's (`Par
 sourcestate.Files, mixstate.Mixed), and this module names neither.
 
 1. `state.check` validates the state against this loader (its envelope, then the part of what
-   the loader reads), naming each difference in words, and says what kind it is: this rank's
-   own (its position), another rank's of the same world size (`locate`), one of another world
-   size (`change`), or nanochat's own (where nanochat resumes; it becomes the run's `origin`).
+   the loader reads), naming each difference in words, and says what is left to do
+   (`Resume.step`): nothing (`Exact`: this rank's own state, or nanochat's own, where nanochat
+   resumes, which becomes the run's `origin`), a replay (`Locate`: another rank's of the same
+   world size), or a plan (`Change`: a state of another world size); `plan` dispatches on it once.
 2. The catalogue reads as the state's run did (`Part.take_files`): one source's files in the
    order of the epoch in progress (files added since the save after the saved ones, in their
    sorted place from the next epoch on), and the footers the state knows.
@@ -55,16 +56,17 @@ class Part(statemod.Part, Protocol):
     def replay(self, resume: statemod.Resume, args: RunArgs, config) -> RunArgs:
         """The count-only run that finds where rank `args.rank` of `args.world` stands at
         `resume.batch` (`args`: the loader's, with that rank, world and layout); its
-        `locate`'s first batch is where its replay's count of batches begins."""
+        `RunArgs.locate`'s first batch is where its replay's count of batches begins."""
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
         """`resume` at the place a replay found (`found`: its `Located`, with a position); with
-        `locate` still set, not there yet: `replay` is asked again from it (one step a batch
-        shape, a mixture's)."""
+        its step still a `Locate`, not there yet: `replay` is asked again from it (one step a
+        batch shape, a mixture's)."""
 
     def old_rank(self, resume: statemod.Resume, rank: int, config) -> statemod.Resume:
-        """Old rank `rank`'s place at a change of world size (`resume.change`): the state's own
-        rank's, from the state; any other's stream from its start, `locate` set (replayed)."""
+        """Old rank `rank`'s place at a change of world size (`resume.step`, a `Change`): the
+        state's own rank's, from the state (`Exact`); any other's stream from its start, to
+        replay (`Locate`)."""
 
     def shared(self, resume: statemod.Resume, places: list, config, args: RunArgs) -> tuple:
         """`(resume, words)`: the elastic plan made from every old rank's place (`places`, old
@@ -80,10 +82,11 @@ def plan(state, identity: statemod.Loader, part: Part, catalogue, config, args, 
     resume = statemod.check(state, identity, part)
     part.take_files(state, resume)
     args = dataclasses.replace(args, files=catalogue.paths)
-    if resume.change is not None:
-        return _elastic(resume, part, config, args, heal)
-    if resume.locate:
-        return _replay(resume, part, config, args, heal, args.rank, args.world, _shows(state, args))
+    match resume.step:
+        case statemod.Change():
+            return _elastic(resume, part, config, args, heal)
+        case statemod.Locate():
+            return _replay(resume, part, config, args, heal, args.rank, args.world, _shows(state, args))
     return resume
 
 
@@ -157,8 +160,8 @@ def _replay(resume: statemod.Resume, part: Part, config, args, heal, rank: int, 
     """`resume` at rank `rank` of `world`'s place at `resume.batch`: a count-only run of its
     stream over its own document lengths (the token cache's, or counted by the workers), as the
     part makes it (`Part.replay`) and reads its answer (`Part.replayed`); again from there while
-    the part says it is not there yet (`locate` still set: a mixture replays one batch shape at
-    a time)."""
+    the part says it is not there yet (its step still a `Locate`: a mixture replays one batch
+    shape at a time)."""
     layout = RingLayout(2, 1, config.num_workers)
     while True:
         count = part.replay(resume, dataclasses.replace(args, rank=rank, world=world, layout=layout), config)
@@ -168,16 +171,16 @@ def _replay(resume: statemod.Resume, part: Part, config, args, heal, rank: int, 
             raise DataError(f"rank {rank} of {world}: its stream ended before batch {resume.batch} of the state: "
                             f"{found.runs}")
         resume = part.replayed(resume, found)
-        if not resume.locate:
+        if not isinstance(resume.step, statemod.Locate):
             return resume
 
 
 def _elastic(resume: statemod.Resume, part: Part, config, args, heal) -> statemod.Resume:
-    """A state saved at another world size W (`resume.change`): find where every old rank
+    """A state saved at another world size W (`resume.step`, a `Change`): find where every old rank
     stood at its batch count (`Part.old_rank`, replayed where the state does not say), make
     the plan that shares out what they had not consumed and start this rank at its first unit
     (`Part.shared`)."""
-    change = resume.change
+    change = resume.step
     log.warning("rank %d of %d: resuming a state saved at world_size %d (batch %d): finding where %s stood, "
                 "replaying %s%s", args.rank, args.world, change.world, resume.batch, _old_ranks(change.world),
                 _replays(change.world), "" if config.cache_dir else " (tokenized afresh: tools/pretokenize.py "
@@ -187,7 +190,7 @@ def _elastic(resume: statemod.Resume, part: Part, config, args, heal) -> statemo
     for r in range(change.world):
         old = part.old_rank(resume, r, config)
         places.append(_replay(old, part, config, args, heal, r, change.world, shows=args.rank == 0)
-                      if old.locate else old)
+                      if isinstance(old.step, statemod.Locate) else old)
     resume, shared = part.shared(resume, places, config, args)
     log.warning("rank %d of %d: the old ranks' places found in %.1f s; %s is shared out over %s", args.rank,
                 args.world, time.monotonic() - began, shared, _new_ranks(args.world))

@@ -16,9 +16,10 @@ that position and onward exactly, and the envelope's `check` makes it say so: it
 is compared with it (loader.py) and a difference is a ValueError, the one change of the data
 that the files' names, sizes and footers cannot show.
 
-`Files.resume` turns such a state into a `Resume` for this loader:
-- this rank's own state resumes at its position;
-- another rank's state (same world size) resumes at the same `batch` count: this rank
+`Files.resume` turns such a state into a `Resume` for this loader (its `at` an `AtSource`: best
+fit's buffer, the plan, the epoch's file order; its `step` what is left to do):
+- this rank's own state resumes at its position (`Exact`);
+- another rank's state (same world size) resumes at the same `batch` count (`Locate`): this rank
   replays `origin`, `shapes` and `batch` over its own document lengths (packing/mixcount.py `SourceCountMode`) to find
   its own position (or, with `other_rank="nanochat"`, resumes approximately as nanochat);
 - a state of another world size (any old rank's) is a `Change`: the loader finds every old
@@ -63,7 +64,8 @@ from .data.order import nanochat_position, start_position
 from .errors import warn
 from .packing.runs import BufferText, decode, decode_runs, encode_buffer, encode_runs, narrow  # noqa: F401 (the state's API)
 from .position import Position, RowGroup
-from .state import POSITION_FIELDS, VERSION, Change, Envelope, Loader, Resume, check_field, plan_of_state, plan_state
+from .state import (EXACT, POSITION_FIELDS, VERSION, AtSource, Change, Envelope, Loader, Locate, Resume, check_field,
+                    plan_of_state, plan_state)
 from .state import int_field as _int_field
 
 READS = (2, 3, 4, 5, 6, 7)  # 2 -> 3: the files' footers; 3 -> 4: best fit's buffer as text (`encode_runs`);
@@ -83,7 +85,7 @@ class Files:
         self._catalogue = catalogue
 
     def constant(self, identity: Loader, resume: Resume) -> dict:
-        return {"files": identity.files, "val": identity.val, "elastic": plan_state(resume.plan)}
+        return {"files": identity.files, "val": identity.val, "elastic": plan_state(resume.at.plan)}
 
     def fill(self, state: dict, mark):
         """The position at `mark` (in the run's numbering of the files), numbered and described
@@ -165,16 +167,16 @@ class Files:
             raise ValueError(f"resume state is of a run that began at a change of world size, and the split's files "
                              f"changed since (it had {len(saved_files)}, this loader has {len(loader.files)}): files "
                              f"added to such a run are not supported yet; resume with the files it was saved with")
-        common = dict(batch=batch, shapes=reshaped, origin=origin, n_files=len(saved_files),
-                      order=None if order == list(range(len(loader.files))) else order)
+        order = None if order == list(range(len(loader.files))) else order
+        common = dict(batch=batch, shapes=reshaped, origin=origin, n_files=len(saved_files))
         if loader.shuffled:
-            _refuse_shuffled(state, loader, common, saved_files, origin, plan)
+            _refuse_shuffled(state, loader, order, saved_files, origin, plan)
         if envelope.world != loader.world:
-            return _changed_world(state, loader, pos, rank, dict(common, plan=plan), saved_files)
+            return _changed_world(state, loader, pos, rank, common, order, saved_files, plan)
         if rank != loader.rank:
-            return _other_rank(state, loader, pos, dict(common, plan=plan))
+            return _other_rank(state, loader, pos, common, AtSource(plan=plan, order=order))
         check = check_field(state)
-        if reshaped != shapes or soft or common["order"] is not None or len(saved_files) != len(loader.files):
+        if reshaped != shapes or soft or order is not None or len(saved_files) != len(loader.files):
             check = None  # another shape, or files changed after the position: the batch there may be another one
         if pos["rg_idx"] % loader.world != loader.rank and not in_units(plan, pos["epoch"]) and not loader.shuffled:
             raise ValueError(f"resume state {_named(state, 'rg_idx')} is {pos['rg_idx']}, not a row group of "
@@ -185,8 +187,8 @@ class Files:
         runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
         position = Position(*(pos[k] for k in POSITION_FIELDS))
         keys = _nanochat_of(state, pos)
-        read = RowGroup(keys["epoch"], keys["pq_idx"], keys["rg_idx"]) if common["order"] is None else None
-        return Resume(position, runs, check=check, plan=plan, read=read, **common)
+        read = RowGroup(keys["epoch"], keys["pq_idx"], keys["rg_idx"]) if order is None else None
+        return Resume(position, AtSource(runs, plan, order), check=check, read=read, **common)
 
 
     # resume.py's steps (`resume.Part`), over the loader's catalogue
@@ -201,7 +203,7 @@ class Files:
             if resume.origin is not None:
                 _check_row_group(resume.origin, self._catalogue)
         else:
-            self._catalogue.reorder(resume.order)
+            self._catalogue.reorder(resume.at.order)
         if state.get("version", 2) > 2:
             self._catalogue.with_footers(state["files"])
 
@@ -209,7 +211,7 @@ class Files:
         """From `resume`'s position and buffer (a run that began at a change of world size: from
         the rank's start in its plan), over the files the state was saved with, through its
         shapes, counting from the plan's batch count."""
-        plan, position, runs = resume.plan, resume.position, resume.runs
+        plan, position, runs = resume.at.plan, resume.position, resume.at.runs
         if plan is not None:
             position, runs = plan_start(plan, self._catalogue, config, args.rank, args.world, resume.n_files)
         return dataclasses.replace(args, files=args.files[:resume.n_files], start=position,
@@ -217,26 +219,29 @@ class Files:
                                    locate=(resume.shapes, resume.batch, plan.batch if plan is not None else 0))
 
     def replayed(self, resume: Resume, found) -> Resume:
-        return dataclasses.replace(resume, position=Position(*found.position), runs=found.runs, locate=False)
+        return dataclasses.replace(resume, position=Position(*found.position),
+                                   at=dataclasses.replace(resume.at, runs=found.runs), step=EXACT)
 
     def old_rank(self, resume: Resume, rank: int, config) -> Resume:
         """The state's rank's position and buffer; another's stream from its origin (shuffled:
         its share's first unit), of the plan the run began with if it began at a change."""
-        change = resume.change
+        change = resume.step
         if rank == change.rank:
-            return dataclasses.replace(resume, position=change.position, runs=change.runs, change=None)
+            return dataclasses.replace(resume, position=change.position,
+                                       at=dataclasses.replace(resume.at, runs=change.runs), step=EXACT)
         return dataclasses.replace(resume, position=_origin(resume, self._catalogue, config, rank, change.world),
-                                   runs=[], change=None, locate=True, plan=change.parent)
+                                   at=dataclasses.replace(resume.at, runs=[], plan=change.parent), step=Locate())
 
     def shared(self, resume: Resume, places: list, config, args) -> tuple:
         """The `elastic.Plan` of the old ranks' positions (best fit: and buffers); this rank at
         its first unit with its share of the old buffers."""
-        change, positions = resume.change, [tuple(p.position) for p in places]
-        buffers = [p.runs for p in places] if config.spec.buffered else ()
+        change, positions = resume.step, [tuple(p.position) for p in places]
+        buffers = [p.at.runs for p in places] if config.spec.buffered else ()
         plan = Plan.of(change.world, resume.batch, positions, buffers, change.parent)
         position, runs = plan_start(plan, self._catalogue, config, args.rank, args.world, resume.n_files)
         words = f"the rest of epoch{'s up to' if plan.epoch > min(p[0] for p in positions) else ''} {plan.epoch}"
-        return dataclasses.replace(resume, position=position, runs=runs, plan=plan, change=None, locate=False), words
+        at = dataclasses.replace(resume.at, runs=runs, plan=plan)
+        return dataclasses.replace(resume, position=position, at=at, step=EXACT), words
 
 
 def plan_start(plan: Plan, catalogue, config, rank: int, world: int, n_files: int) -> tuple:
@@ -330,17 +335,17 @@ def _plan_field(state: dict) -> Plan | None:
     d = state.get("elastic") if state["version"] >= 5 else None
     return None if d is None else plan_of_state(d, "elastic")
 
-def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: dict, saved_files: list) -> Resume:
+def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: dict, order: list | None,
+                   saved_files: list, plan: Plan | None) -> Resume:
     """A state of another world size: the change the loader makes a plan of (data/elastic.py)."""
     world = state["world_size"]
     if type(world) is not int or not 0 <= rank < world:
         raise ValueError(f"resume state fields 'rank' {rank!r} and 'world_size' {world!r} do not name a rank")
-    if common["order"] is not None or len(saved_files) != len(loader.files):
+    if order is not None or len(saved_files) != len(loader.files):
         raise ValueError(f"resume state was saved at world_size {world} and this loader has {loader.world}: a "
                          f"change of world size needs the files the state was saved with ({len(saved_files)}; "
                          f"this loader has {len(loader.files)}): files added at a change are not supported yet; "
                          f"resume at world_size {world} to read them, or without them to change the world size")
-    plan = common.pop("plan")
     if loader.other_rank == "nanochat":  # approximately, as nanochat resumes any state
         return _as_nanochat(_nanochat_of(state, pos), loader, f"resume state was saved at world_size {world}, this loader has "
                                          f"{loader.world}: resuming as nanochat does (the state's file and row "
@@ -352,16 +357,16 @@ def _changed_world(state: dict, loader: Loader, pos: dict, rank: int, common: di
                          f"state has skip 0")
     runs = buffer_runs(state, len(loader.files)) if loader.buffered else []
     change = Change(world, rank, Position(*(pos[k] for k in POSITION_FIELDS)), runs, plan)
-    return Resume(origin_position(common["origin"], rank, world), change=change, **common)
+    return Resume(origin_position(common["origin"], rank, world), AtSource(), change, **common)
 
-def _other_rank(state: dict, loader: Loader, pos: dict, common: dict) -> Resume:
+def _other_rank(state: dict, loader: Loader, pos: dict, common: dict, at: AtSource) -> Resume:
     if loader.other_rank == "nanochat":
         return _as_nanochat(_nanochat_of(state, pos), loader, f"resume state was saved by rank {state['rank']}, this is rank "
                                          f"{loader.rank}: resuming as nanochat does (rank {state['rank']}'s file "
                                          f"and row group, next stride for this rank)")
     if common["origin"] is None:
-        return Resume(loader.start_of(loader.rank, loader.world), locate=True, **common)
-    return Resume(origin_position(common["origin"], loader.rank, loader.world), locate=True, **common)
+        return Resume(loader.start_of(loader.rank, loader.world), at, Locate(), **common)
+    return Resume(origin_position(common["origin"], loader.rank, loader.world), at, Locate(), **common)
 
 def _as_nanochat(keys: dict, loader: Loader, why: str) -> Resume:
     """Resume approximately, as nanochat would from the state's nanochat keys `keys` (`other_rank="nanochat"`),
@@ -369,7 +374,7 @@ def _as_nanochat(keys: dict, loader: Loader, why: str) -> Resume:
     warn(f"{why}, not exactly (other_rank='nanochat')")
     origin = {"pq_idx": keys["pq_idx"], "rg_idx": keys["rg_idx"], "epoch": keys["epoch"]}
     position = nanochat_position(keys["pq_idx"], keys["rg_idx"], keys["epoch"], loader.rank, loader.world)
-    return Resume(position, shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
+    return Resume(position, AtSource(), shapes=[[0, loader.B, loader.T]], origin=origin, n_files=len(loader.files))
 
 def origin_position(origin: dict | None, rank: int, world: int) -> Position:
     """Where this rank's stream began: the start, or where nanochat resumes `origin`."""
@@ -397,7 +402,7 @@ def buffer_runs(state, n_files: int) -> list[list[int]]:
                              f"[epoch >= 1, file < {n_files}, rg, row, count >= 1]")
     return runs
 
-def _refuse_shuffled(state: dict, loader: Loader, common: dict, saved_files: list, origin, plan):
+def _refuse_shuffled(state: dict, loader: Loader, order: list | None, saved_files: list, origin, plan):
     """What a shuffled loader does not resume yet (data/shuffle.py), as a ValueError naming it."""
     world = state.get("world_size")
     why = None
@@ -405,7 +410,7 @@ def _refuse_shuffled(state: dict, loader: Loader, common: dict, saved_files: lis
         why = (f"the state was saved at world_size {world} by a run that began at a change of world size, and this "
                f"loader has {loader.world}: a second change of world size of a shuffled run is not built yet; "
                f"resume at world_size {world}")
-    elif common["order"] is not None or len(saved_files) != len(loader.files):
+    elif order is not None or len(saved_files) != len(loader.files):
         why = (f"the split has {len(loader.files)} files and the state was saved with {len(saved_files)}: files "
                f"added to a shuffled run are not built yet (its order is over every unit of the split); "
                f"resume with the files it was saved with")
@@ -526,6 +531,6 @@ def _nanochat(state: dict, loader: Loader) -> Resume:
                          "names a row group of the files' order; resuming it shuffled is not built yet: resume it "
                          "without shuffle, or pass a state of a shuffled run")
     pq_idx, rg_idx, epoch = nanochat_keys(state, "state", len(loader.files))
-    return Resume(nanochat_position(pq_idx, rg_idx, epoch, loader.rank, loader.world),
+    return Resume(nanochat_position(pq_idx, rg_idx, epoch, loader.rank, loader.world), AtSource(),
                   shapes=[[0, loader.B, loader.T]], n_files=len(loader.files),
                   origin={"pq_idx": pq_idx, "rg_idx": rg_idx, "epoch": epoch})

@@ -28,7 +28,10 @@ one value per key across ranks, so a state saved under one key by every rank com
 fields of different ranks: the digest turns that, and hand edits, into an error, not a wrong
 resume), the config against the loader's (each difference named in words), another B or T
 (continues from the same place with a warning and a new `shapes` entry); then the part says
-where the loader starts (`Part.resume`: a `Resume`, with a `Change` at another world size).
+where the loader starts (`Part.resume`: a `Resume`, one record whatever its kind: the fields
+every start has, what the loader's kind holds there, `AtSource` or `AtMix`, and the step left
+before the run starts, `Exact`, `Locate` (a replay of this rank's stream) or `Change` (another
+world size), on which resume.py `plan` dispatches once).
 """
 from __future__ import annotations
 
@@ -75,43 +78,75 @@ class Loader:
         return start_position(rank) if self.first is None else self.first(rank, world)
 
 
-@dataclass
-class Resume:
-    """Where to start. `locate` is set when this rank must first find its position by
-    replaying `origin`, `shapes` and `batch` over its own document lengths."""
-    position: Position
-    runs: list = field(default_factory=list)  # a buffered packing: the buffer there, as runs
-    batch: int = 0
-    shapes: list = field(default_factory=list)
-    origin: dict | None = None
-    locate: bool = False
-    n_files: int = 0      # files of the split when the state was saved (for `locate`)
-    check: int | None = None  # the batch_check the first batch must have (the state's own
-    #                           rank, shape and files), else None: nothing to compare
-    order: list | None = None  # the loader's files (indices) in the order of the epoch in progress,
-    #                            when it is not theirs: the state's, then files new to it
-    plan: Plan | None = None   # the run began at a change of world size (data/elastic.py)
-    change: "Change | None" = None  # the state is of another world size: the loader builds the plan
-    mix: dict | None = None    # a mixture's: the `packing.mix.MixPoint` there, as JSON (mixstate.py)
-    mix_plans: dict | None = None  # a mixture's run that began at a change of world size: each source's `Plan`
-    mix_rules: object = None   # a mixture's: the rules of the state's run (data/mixrules.py `Rules`);
-    #                            None: a fresh run's
-    read: RowGroup | None = None  # nanochat's keys of the state it resumes (its own rank's, its files
-    #                               numbered as the run's), for the states before its first batch
-    replayed: int = 0  # a replay made in steps (a mixture's: one a batch shape), the batch it reached
-    #                    so far, where its next step begins; 0: from the start
+@dataclass(frozen=True)
+class AtSource:
+    """One source's start beyond its position: best fit's buffer there (`runs`), the elastic plan
+    its run began with (`plan`: data/elastic.py, None unless it began at a change of world size),
+    and the loader's files (indices) in the order of the epoch in progress when it is not theirs
+    (`order`: the state's, then files new to it; None: theirs)."""
+    runs: list = field(default_factory=list)
+    plan: Plan | None = None
+    order: list | None = None
+
+
+@dataclass(frozen=True)
+class AtMix:
+    """A mixture's start beyond its position: its `packing.mix.MixPoint` there as JSON (`point`,
+    mixstate.py; None: a fresh run's), each source's `Plan` of a run that began at a change of
+    world size (`plans`), and the rules of the state's run (`rules`: data/mixrules.py `Rules`;
+    None: a fresh run's)."""
+    point: dict | None = None
+    plans: dict | None = None
+    rules: object = None
+
+
+@dataclass(frozen=True)
+class Exact:
+    """Nothing left to find: the run starts at the resume's position (a fresh run, this rank's
+    own state, nanochat's keys, or where a replay or an elastic plan put it)."""
+
+
+EXACT = Exact()
+
+
+@dataclass(frozen=True)
+class Locate:
+    """This rank's position is found first, by a count-only replay of its stream (from the
+    resume's position, or its run's `origin`) through its `shapes` to its `batch`, over the
+    `n_files` files the state was saved with (resume.py `_replay`). `replayed`: a replay made in
+    steps (a mixture's: one a batch shape), the batch it reached so far; 0: from the start."""
+    replayed: int = 0
 
 
 @dataclass(frozen=True)
 class Change:
     """A state saved at another world size (`world`), by its rank `rank` at batch count `batch`:
     its position and (best fit) buffer; the loader finds the other old ranks' and makes the
-    `Plan` (data/elastic.py)."""
+    `Plan` (data/elastic.py; resume.py `_elastic`)."""
     world: int
     rank: int
     position: Position
     runs: list             # best fit: its buffer runs
     parent: Plan | None    # the plan the saved run began with, if it began at a change too
+
+
+@dataclass
+class Resume:
+    """Where to start: the fields every resume has, what the data adds there (`at`: one
+    source's `AtSource` or a mixture's `AtMix`, as the loader's kind reads), and what is still
+    to do before the run starts (`step`: `Exact`, nothing; `Locate`, a replay of this rank's
+    stream; `Change`, a state of another world size), which resume.py `plan` dispatches on once."""
+    position: Position
+    at: AtSource | AtMix
+    step: Exact | Locate | Change = EXACT
+    batch: int = 0
+    shapes: list = field(default_factory=list)
+    origin: dict | None = None  # nanochat's keys the run began from, or None
+    n_files: int = 0      # files of the split when the state was saved (for `Locate`)
+    check: int | None = None  # the batch_check the first batch must have (the state's own
+    #                           rank, shape and files), else None: nothing to compare
+    read: RowGroup | None = None  # nanochat's keys of the state it resumes (its own rank's, its files
+    #                               numbered as the run's), for the states before its first batch
 
 
 @dataclass(frozen=True)
@@ -157,10 +192,11 @@ class Part(Protocol):
         """Where the loader starts."""
 
 
-def start(loader: Loader) -> Resume:
-    """A fresh run: epoch 1, file 0, this rank's first row group."""
-    return Resume(loader.start_of(loader.rank, loader.world), shapes=[[0, loader.B, loader.T]],
-                  n_files=len(loader.files))
+def start(loader: Loader, at: AtSource | AtMix | None = None) -> Resume:
+    """A fresh run: epoch 1, file 0, this rank's first row group (`at`: its kind's, empty; one
+    source's when not given)."""
+    return Resume(loader.start_of(loader.rank, loader.world), AtSource() if at is None else at,
+                  shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
 
 
 class Writer:

@@ -89,12 +89,12 @@ class Children:
     @property
     def starting(self) -> bool:
         """Some child is not started yet, or a start by a thread has not been waited for
-        (`wait_started`)."""
+        (`wait_started`): the start's `Phase` (start.py) is MADE, LATER or RAN."""
         return self.start is not None and self.start.pending
 
     @property
     def made_only(self) -> bool:
-        """The children are made and not started yet."""
+        """The children are made and not started yet (MADE or LATER)."""
         return self.start is not None and self.start.waiting
 
     def note_started(self):

@@ -15,6 +15,7 @@ locked for its life; each loader sweeps the directories of that exact name whose
 holds (their process is gone, in whatever pid namespace it ran).
 """
 import contextlib
+import enum
 import fcntl
 import glob
 import multiprocessing
@@ -213,83 +214,115 @@ class Unstarted(NamedTuple):
     start_method: str
 
 
+class Phase(enum.Enum):
+    """Where a run's children stand from their making to their start (`Start.phase`). Its moves,
+    each made in one place:
+    - MADE -> LATER (`Start.later`), or -> STARTED (`Start.now`, `Start.wait`);
+    - LATER -> RAN (the thread's start is over, started or raised), or -> STARTED (`Start.now`: the
+      caller started them first, and the thread starts nothing);
+    - RAN -> STARTED (`Start.wait`: what the thread's start raised is raised, once);
+    - any -> STOPPED (`Start.drop`: the run stops; `Start.forget`: a forked copy).
+    `PENDING`: something is still to start, or a thread's start to wait for."""
+    MADE = "made"          # made, not started, and nobody is starting them
+    LATER = "later"        # a thread ("shmloader-start") starts them once the forkserver has booted
+    RAN = "ran"            # the thread's start is over (`Start._error`: what it raised), not waited for yet
+    STARTED = "started"    # started (or their start raised to the caller): nothing is left to start
+    STOPPED = "stopped"    # the run stopped first, or this is a forked copy: nothing starts here any more
+
+
+PENDING = frozenset({Phase.MADE, Phase.LATER, Phase.RAN})
+UNSTARTED = frozenset({Phase.MADE, Phase.LATER})
+
+
 class Start:
     """A run's children from their making to their start: by a thread of the training process
     once the forkserver has booted (`later`), or by the caller (`wait`, which
     first waits for that thread and raises what its start raised); or never, the run stopped
-    first (`drop`: their pipes' ends closed). One lock orders a start and a drop.
-    `waiting`: made and not started yet; `pending`: waiting, or a thread's start not yet
-    waited for (what it raised is still to raise). `on_started()` runs once they are started."""
+    first (`drop`: their pipes' ends closed). One lock orders a start and a drop. Where they
+    stand is one `Phase` (`phase`); `waiting`: made and not started yet (MADE, LATER); `pending`:
+    waiting, or a thread's start not yet waited for (RAN: what it raised is still to raise).
+    `on_started()` runs once they are started."""
 
     def __init__(self, unstarted: Unstarted, on_started):
-        self._unstarted, self._on_started = unstarted, on_started
-        self._thread, self._error, self._stopping = None, None, False
+        self._unstarted, self._on_started = unstarted, on_started  # what to start, until started or dropped
+        self._phase = Phase.MADE
+        self._thread, self._error = None, None  # LATER and RAN: the thread, and what its start raised
         self._lock = threading.Lock()
 
     @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @property
     def waiting(self) -> bool:
-        return self._unstarted is not None
+        return self._phase in UNSTARTED
 
     @property
     def pending(self) -> bool:
-        return self._unstarted is not None or self._thread is not None
+        return self._phase in PENDING
 
     def later(self):
-        """Start them in a thread ("shmloader-start") once the forkserver has booted."""
-        self._thread = threading.Thread(target=self._when_booted, name="shmloader-start", daemon=True)
+        """Start them in a thread ("shmloader-start") once the forkserver has booted (MADE -> LATER)."""
+        if self._phase is not Phase.MADE:
+            return
+        self._phase = Phase.LATER
+        self._thread = threading.Thread(target=self._when_booted, args=(self._unstarted.start_method,),
+                                        name="shmloader-start", daemon=True)
         self._thread.start()
 
-    def _when_booted(self):
-        while self._unstarted is not None and booting(self._unstarted.start_method) and not self._stopping:
+    def _when_booted(self, start_method: str):
+        while self._phase is Phase.LATER and booting(start_method):
             time.sleep(BOOT_POLL_S)
         with self._lock:
-            if self._unstarted is None or self._stopping:
+            if self._phase is not Phase.LATER:  # stopped, or the caller started them
                 return
             try:
-                self._start()
+                self._start(Phase.RAN)
             except BaseException as exc:  # raised in the trainer's thread, at `wait`
                 self._error = exc
 
     def wait(self, timeout: float):
-        """Return once they are started: wait for the thread (at most `timeout` s, then
-        `LoaderTimeout`) and raise what its start raised; start them here if it did not."""
-        if self._thread is not None:
+        """Return once they are started: wait for the thread (LATER, RAN: at most `timeout` s,
+        then `LoaderTimeout`) and raise what its start raised (RAN -> STARTED); start them here
+        if it did not (`now`)."""
+        if self._phase in (Phase.LATER, Phase.RAN):
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise errors.LoaderTimeout(f"the loader's processes did not start within {timeout:.0f} s: "
                                            f"multiprocessing's forkserver did not answer")
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+            with self._lock:
+                if self._phase is Phase.RAN:
+                    self._phase, self._thread = Phase.STARTED, None
+                error, self._error = self._error, None
+            if error is not None:
+                raise error
         self.now()
 
     def now(self):
-        """Start them here, now (nothing if they are started or dropped)."""
+        """Start them here, now (MADE or LATER -> STARTED; nothing in another phase)."""
         with self._lock:
-            self._start()
+            if self._phase in UNSTARTED:
+                self._start(Phase.STARTED)
 
-    def _start(self):
-        """Start what is made (nothing if it is started or dropped), waiting for a booting
-        forkserver; their pipes' ends are closed here, whatever happens."""
+    def _start(self, then: Phase):
+        """Start what is made, waiting for a booting forkserver, and move to `then` (RAN, the
+        thread's; STARTED, the caller's) whatever happens; their pipes' ends are closed here."""
         later = self._unstarted
-        if later is None:
-            return
         try:
             with _main_hidden():
                 _start(later.procs, later.start_method)
         finally:
-            self._unstarted = None
+            self._unstarted, self._phase = None, then
             self._on_started()
             close_each(later.ends)
 
     def drop(self, timeout: float):
-        """The run stops: start nothing more; a start under way (at most `timeout` s) ends first,
-        and the pipes' ends of what was never started are closed."""
-        self._stopping = True
+        """The run stops (any phase -> STOPPED): start nothing more; a start under way (at most
+        `timeout` s) ends first, and the pipes' ends of what was never started are closed."""
+        self._phase = Phase.STOPPED  # first, unlocked: a thread waiting for the forkserver stops waiting
         locked = self._lock.acquire(timeout=timeout)
         try:
-            later, self._unstarted = self._unstarted, None
+            later, self._unstarted, self._phase = self._unstarted, None, Phase.STOPPED  # again: after a start under way
             if later is not None:
                 close_each(later.ends)
         finally:
@@ -297,9 +330,10 @@ class Start:
                 self._lock.release()
 
     def forget(self):
-        """In a process forked from the trainer: the thread and its lock are the parent's; this
-        copy starts nothing and closes its copies of the unstarted children's pipes' ends."""
-        self._lock, self._thread, self._stopping = threading.Lock(), None, True
+        """In a process forked from the trainer (any phase -> STOPPED): the thread and its lock are
+        the parent's; this copy starts nothing and closes its copies of the unstarted children's
+        pipes' ends."""
+        self._lock, self._thread, self._phase = threading.Lock(), None, Phase.STOPPED
         later, self._unstarted = self._unstarted, None
         if later is not None:
             close_each(later.ends)

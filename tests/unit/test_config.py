@@ -21,6 +21,21 @@ def test_bad_argument_is_named(field, value):
         LoaderConfig(**args)
 
 
+def test_a_loaders_call_is_its_config(tmp_path):
+    """`LoaderConfig.of_call`: the constructor's arguments by name (what else it holds is left
+    out), one source's own `Source(shuffle=)` over the loader's `shuffle=`, `cache_dir` as text."""
+    import dataclasses
+
+    from shmloader.data.source import Source
+
+    defaults = {f.name: f.default for f in dataclasses.fields(LoaderConfig) if f.default is not dataclasses.MISSING}
+    given = dict(defaults, B=2, T=8, shuffle=False, seed=3, cache_dir=tmp_path, self=object(), tokenizer=None)
+    config = LoaderConfig.of_call(dict(given, data=Source("d", shuffle=True)))
+    assert (config.B, config.T, config.shuffle, config.seed, config.cache_dir) == (2, 8, True, 3, str(tmp_path))
+    assert LoaderConfig.of_call(dict(given, data=Source("d"))).shuffle is False  # None: the loader's
+    assert LoaderConfig.of_call(dict(given, data="d", shuffle=True, cache_dir=None)).cache_dir is None
+
+
 def test_derived_sizes():
     concat = LoaderConfig(16, 2048)
     assert (concat.window, concat.max_runs, concat.spec.buffered) == (16 * 2048 + 1, 0, False)

@@ -37,7 +37,8 @@ def args_of(paths, rank=1, world=2) -> RunArgs:
 
 def test_one_sources_replay_runs_from_its_position_over_the_files_the_state_was_saved_with(shards):
     cat = Catalogue(str(shards / "web"), "train")
-    resume = statemod.Resume(Position(1, 0, 1, 0, 0), batch=40, shapes=SHAPES, n_files=3, locate=True)
+    resume = statemod.Resume(Position(1, 0, 1, 0, 0), statemod.AtSource(), statemod.Locate(), batch=40, shapes=SHAPES,
+                             n_files=3)
     count = sourcestate.Files(cat).replay(resume, args_of(cat.paths), CONFIG)
     assert len(cat.paths) == 4 and count.files == cat.paths[:3]  # a file added since the save is not replayed
     assert count.start == Position(1, 0, 1, 0, 0) and count.buffer_runs == ()
@@ -50,7 +51,8 @@ def test_one_sources_replay_of_a_run_that_began_elastic_runs_from_the_ranks_star
     begins at the rank's first unit of the plan, and its replay counts from the plan's batch."""
     cat = Catalogue(str(shards / "web"), "train")
     plan = elastic.Plan.of(2, 10, [(1, 0, 1, 1, 0), (1, 1, 1, 0, 0)])
-    resume = statemod.Resume(Position(1, 0, 1, 0, 0), batch=40, shapes=SHAPES, n_files=4, locate=True, plan=plan)
+    resume = statemod.Resume(Position(1, 0, 1, 0, 0), statemod.AtSource(plan=plan), statemod.Locate(), batch=40,
+                             shapes=SHAPES, n_files=4)
     count = sourcestate.Files(cat).replay(resume, args_of(cat.paths, rank=1, world=3), CONFIG)
     row_counts = lambda f: cat.row_counts(f)  # noqa: E731
     assert count.start == elastic.start(plan, 1, 3, row_counts, 4) != resume.position
@@ -61,25 +63,24 @@ def test_one_sources_old_ranks_are_the_states_own_place_or_a_stream_to_replay(sh
     cat = Catalogue(str(shards / "web"), "train")
     parent = elastic.Plan.of(1, 5, [(1, 0, 0, 1, 0)])
     change = statemod.Change(2, 1, Position(1, 1, 1, 1, 3), [], parent)
-    resume = statemod.Resume(Position(1, 0, 0, 0, 0), batch=40, shapes=SHAPES, n_files=4, change=change)
+    resume = statemod.Resume(Position(1, 0, 0, 0, 0), statemod.AtSource(), change, batch=40, shapes=SHAPES, n_files=4)
     files = sourcestate.Files(cat)
     own = files.old_rank(resume, 1, CONFIG)
-    assert own.position == change.position and not own.locate and own.change is None
+    assert own.position == change.position and own.step == statemod.EXACT
     other = files.old_rank(resume, 0, CONFIG)
-    assert other.locate and other.position == start_position(0) and other.plan is parent and other.change is None
+    assert other.step == statemod.Locate() and other.position == start_position(0) and other.at.plan is parent
 
 
 def test_one_sources_plan_shares_out_the_old_ranks_places(shards):
     cat = Catalogue(str(shards / "web"), "train")
     change = statemod.Change(2, 0, Position(1, 2, 0, 1, 0), [], None)
-    resume = statemod.Resume(Position(1, 0, 0, 0, 0), batch=40, shapes=SHAPES, n_files=4, change=change,
-                             locate=True)
-    places = [dataclasses.replace(resume, position=p, change=None) for p in (Position(1, 2, 0, 1, 0),
-                                                                           Position(2, 1, 1, 0, 0))]
+    resume = statemod.Resume(Position(1, 0, 0, 0, 0), statemod.AtSource(), change, batch=40, shapes=SHAPES, n_files=4)
+    places = [dataclasses.replace(resume, position=p, step=statemod.EXACT) for p in (Position(1, 2, 0, 1, 0),
+                                                                                    Position(2, 1, 1, 0, 0))]
     started, words = sourcestate.Files(cat).shared(resume, places, CONFIG, args_of(cat.paths, rank=2, world=3))
     plan = elastic.Plan.of(2, 40, [tuple(p.position) for p in places])
-    assert started.plan == plan and started.position == elastic.start(plan, 2, 3, cat.row_counts, 4)
-    assert started.change is None and not started.locate and started.runs == []
+    assert started.at.plan == plan and started.position == elastic.start(plan, 2, 3, cat.row_counts, 4)
+    assert started.step == statemod.EXACT and started.at.runs == []
     assert words == "the rest of epochs up to 2"
 
 
@@ -91,8 +92,8 @@ def mixture_part(shards):
 
 def test_a_mixtures_replay_runs_its_stream_from_the_runs_start_in_one_shape(shards):
     sources, part = mixture_part(shards)
-    resume = statemod.Resume(Position(1, 3, 0, 1, 0), batch=40, shapes=SHAPES + [[40, 2, 16]], n_files=8,
-                             locate=True)
+    resume = statemod.Resume(Position(1, 3, 0, 1, 0), statemod.AtMix(), statemod.Locate(), batch=40,
+                             shapes=SHAPES + [[40, 2, 16]], n_files=8)
     count = part.replay(resume, args_of(sources.paths, rank=1, world=2), CONFIG)
     assert count.files == sources.paths and count.start == start_position(1)
     assert count.mixture.point is None and count.mixture.plans is None and count.plans is None
@@ -102,10 +103,11 @@ def test_a_mixtures_replay_runs_its_stream_from_the_runs_start_in_one_shape(shar
 def test_a_mixtures_old_ranks_are_the_states_own_point_or_a_stream_to_replay(shards):
     sources, part = mixture_part(shards)
     change = statemod.Change(2, 0, start_position(1), [], None)
-    resume = statemod.Resume(start_position(1), batch=40, shapes=SHAPES, change=change, mix={"source": "web"})
-    assert part.old_rank(resume, 0, CONFIG) is resume
+    resume = statemod.Resume(start_position(1), statemod.AtMix({"source": "web"}), change, batch=40, shapes=SHAPES)
+    own = part.old_rank(resume, 0, CONFIG)
+    assert own.step == statemod.EXACT and own.at is resume.at and own.position == resume.position
     other = part.old_rank(resume, 1, CONFIG)
-    assert other.locate and other.change is None
+    assert other.step == statemod.Locate() and other.at is resume.at
 
 
 def test_the_plans_a_runs_order_reads_are_the_kinds(shards):
@@ -113,8 +115,9 @@ def test_the_plans_a_runs_order_reads_are_the_kinds(shards):
     each source's plans, as the kind sets them."""
     plan = elastic.Plan.of(1, 5, [(1, 0, 0, 1, 0)])
     one = kinds.OneSource(str(shards / "web"), "train", None, "text")
-    assert one.run_args(statemod.Resume(start_position(0), plan=plan)) == {"plan": plan, "plans": plan}
+    assert one.run_args(statemod.Resume(start_position(0), statemod.AtSource(plan=plan))) == {
+        "buffer_runs": (), "plan": plan, "plans": plan}
     mixed = kinds.Mixed(Mixture({n: str(shards / n) for n in ("web", "code")}, {"web": 1}), "train", None, "text")
-    fields = mixed.run_args(statemod.Resume(start_position(0), mix_plans={"web": plan}))
+    fields = mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix(plans={"web": plan})))
     assert fields["plans"] == fields["mixture"].plans == {"web": plan} and "plan" not in fields
-    assert mixed.run_args(statemod.Resume(start_position(0)))["plans"] is None
+    assert mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix()))["plans"] is None

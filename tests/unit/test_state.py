@@ -17,7 +17,7 @@ from shmloader.data.order import nanochat_position
 from shmloader.position import Position, RowGroup
 from shmloader import state as statemod
 from shmloader.sourcestate import Files, buffer_runs, decode_runs, digest, encode_buffer, encode_runs
-from shmloader.state import VERSION, Loader, Writer, start
+from shmloader.state import EXACT, VERSION, Change, Loader, Locate, Writer, start
 from shmloader.data.catalogue import file_list
 
 FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
@@ -59,8 +59,8 @@ def test_round_trip():
     assert state["version"] == VERSION and state["batch"] == 40
     assert (state["pq_idx"], state["rg_idx"], state["epoch"]) == (1, 3, 2)  # nanochat's keys
     r = quiet_check(state, loader())
-    assert (r.position, r.batch, r.shapes, r.origin, r.locate) == (Position(2, 1, 3, 5, 7), 40,
-                                                                          [[0, 4, 16]], None, False)
+    assert (r.position, r.batch, r.shapes, r.origin, r.step) == (Position(2, 1, 3, 5, 7), 40,
+                                                                        [[0, 4, 16]], None, EXACT)
 
 
 @settings(deadline=None)
@@ -103,13 +103,13 @@ def test_another_world_size_is_a_change_the_loader_makes_a_plan_of():
     """A state of world size 2 at a loader of 4: the saved rank, its position and buffer, for
     the loader to find the other old ranks' and share out the rest (data/elastic.py)."""
     r = quiet_check(saved(rank=1, world=2), loader(rank=3, world=4))
-    assert r.change is not None and (r.change.world, r.change.rank, r.change.position) == (2, 1, (2, 1, 3, 5, 7))
-    assert (r.batch, r.check, r.plan, r.change.parent) == (40, None, None, None)
+    assert isinstance(r.step, Change) and (r.step.world, r.step.rank, r.step.position) == (2, 1, (2, 1, 3, 5, 7))
+    assert (r.batch, r.check, r.at.plan, r.step.parent) == (40, None, None, None)
     with pytest.raises(ValueError, match="not a row group of rank 1 of 2"):
         check(saved(rank=1, world=2, rg=4), loader(rank=0, world=3))
     with pytest.warns(UserWarning, match="resuming as nanochat does"):
         r = check(saved(rank=1, world=2), loader(rank=2, world=3, other_rank="nanochat"))
-    assert (r.change, r.position, r.origin) == (None, nanochat_position(1, 3, 2, 2, 3), {"pq_idx": 1, "rg_idx": 3, "epoch": 2})
+    assert (r.step, r.position, r.origin) == (EXACT, nanochat_position(1, 3, 2, 2, 3), {"pq_idx": 1, "rg_idx": 3, "epoch": 2})
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
     with pytest.raises(ValueError, match="a change of world size needs the files the state was saved with"):
         with warnings.catch_warnings():
@@ -277,7 +277,7 @@ def test_bad_origin_is_refused(origin):
 def test_another_ranks_state_is_located_from_this_ranks_origin():
     r = quiet_check(saved(rank=0, world=4, epoch=3, file=2, rg=8, doc=11, skip=99, batch=7),
                     loader(rank=3, world=4))
-    assert r.locate and (r.position, r.batch, r.shapes) == (Position(1, 0, 3, 0), 7, [[0, 4, 16]])
+    assert r.step == Locate() and (r.position, r.batch, r.shapes) == (Position(1, 0, 3, 0), 7, [[0, 4, 16]])
 
 
 def test_another_ranks_state_from_a_nanochat_origin_locates_from_its_own_nanochat_cursor():
@@ -286,14 +286,14 @@ def test_another_ranks_state_from_a_nanochat_origin_locates_from_its_own_nanocha
     from shmloader.sourcestate import digest
     state["digest"] = digest(state)
     r = quiet_check(state, loader(rank=3, world=4))
-    assert r.locate and r.position == nanochat_position(1, 5, 2, rank=3, world=4) == Position(2, 1, 11, 0)
+    assert r.step == Locate() and r.position == nanochat_position(1, 5, 2, rank=3, world=4) == Position(2, 1, 11, 0)
 
 
 def test_another_ranks_state_with_other_rank_nanochat_warns_and_resumes_as_nanochat():
     state = saved(rank=0, world=4, epoch=3, file=2, rg=8, doc=11, skip=99)
     with pytest.warns(UserWarning, match="rank 0"):
         r = check(state, loader(rank=3, world=4, other_rank="nanochat"))
-    assert not r.locate and (r.position.skip, r.batch) == (0, 0)
+    assert r.step == EXACT and (r.position.skip, r.batch) == (0, 0)
     assert r.position == nanochat_position(2, 8, 3, rank=3, world=4) == Position(3, 2, 15, 0)
     assert r.origin == {"pq_idx": 2, "rg_idx": 8, "epoch": 3}
 
@@ -308,7 +308,7 @@ def test_another_ranks_state_with_other_rank_nanochat_warns_and_resumes_as_nanoc
 ])
 def test_nanochat_state_resumes_as_nanochat_and_is_the_origin(state, rank, world, expected):
     r = quiet_check(json.loads(json.dumps(state)), loader(rank, world))
-    assert (r.position, r.batch, r.locate) == (expected, 0, False)
+    assert (r.position, r.batch, r.step) == (expected, 0, EXACT)
     assert r.origin == {"epoch": 1, **state}
 
 
@@ -443,7 +443,7 @@ def v3_state(runs, **kw) -> dict:
 def test_a_version_3_state_with_a_list_buffer_is_read():
     runs = [[1, 0, 2, 10, 3], [1, 1, 0, 0, 300]]
     lo = loader(config=dict(CONFIG, packing="bos_bestfit"), buffered=True)
-    assert quiet_check(v3_state(runs), lo).runs == runs
+    assert quiet_check(v3_state(runs), lo).at.runs == runs
     edited = v3_state(runs)
     edited["buffer"][1][4] = 5
     with pytest.raises(ValueError, match="digest"):
@@ -470,7 +470,7 @@ def test_the_digest_covers_the_buffer():
     runs = [[1, 0, 2, 10, 3], [1, 1, 0, 0, 4]]
     state = saved(skip=0, buffer=runs, config=dict(CONFIG, packing="bos_bestfit"))
     lo = loader(config=dict(CONFIG, packing="bos_bestfit"), buffered=True)
-    assert quiet_check(state, lo).runs == runs
+    assert quiet_check(state, lo).at.runs == runs
     other = saved(skip=0, buffer=[[1, 0, 2, 10, 3], [1, 1, 0, 0, 5]], config=dict(CONFIG, packing="bos_bestfit"))
     for edit in (other["buffer"], "u2:" + bytes.fromhex(state["buffer"][3:]).hex(), ""):
         with pytest.raises(ValueError, match="digest"):
@@ -522,13 +522,13 @@ def test_at_a_change_of_world_size_every_saved_file_must_be_unchanged():
 
 def test_a_run_that_began_elastic_refuses_added_files():
     from shmloader.data.elastic import Plan
-    from shmloader.state import Resume
+    from shmloader.state import AtSource, Resume
 
     plan = Plan.of(2, 40, [(1, 0, 0, 3, 0), (1, 1, 1, 0, 0)])
     lo = loader(rank=0, world=3)
-    state = json.loads(json.dumps(make_state(lo, Resume(Position(1, 0, 0, 0), plan=plan, shapes=[[0, 4, 16]]), Position(1, 1, 3, 5, 0),
-                                             41)))
-    assert quiet_check(state, lo).plan == plan
+    state = json.loads(json.dumps(make_state(lo, Resume(Position(1, 0, 0, 0), AtSource(plan=plan), shapes=[[0, 4, 16]]),
+                                             Position(1, 1, 3, 5, 0), 41)))
+    assert quiet_check(state, lo).at.plan == plan
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
     with pytest.raises(ValueError, match="files added to such a run are not supported yet"):
         with warnings.catch_warnings():

@@ -58,7 +58,7 @@ def test_a_state_is_checked_before_anything_is_read(three):
     mix = Mixture({n: str(three / n) for n in ("web", "code")}, {"web": 1, "code": 1})
     sources = Sources(mix, "train")
     identity = statemod.Loader({"split": "train", "packing": "concat"}, sources.files, 0, 1, 8, 16)
-    resume = statemod.start(identity)
+    resume = statemod.start(identity, statemod.AtMix())
     point = {"source": "web", "skip": 3, "sources": {"web": [1, 0, 0, 1], "code": [1, 0, 1, 0]},
              "mixer": {"mixture": mix.digest, "stage": 0, "stage_batch": 0, "counted": {"web": 9, "code": 8},
                        "totals": {"web": [9, 2, 1], "code": [8, 2, 1]}, "ended": []}}
@@ -68,7 +68,7 @@ def test_a_state_is_checked_before_anything_is_read(three):
     state = statemod.Writer(identity, resume, part).state(mark, 0xABC)
     assert [state["position"][i] for i in (1, 3, 4)] == [0, 1, 3]
     back = statemod.check(json.loads(json.dumps(state)), identity, part)
-    assert back.position == Position(1, 3, 0, 1, 3) and back.batch == 7 and back.check == 0xABC and back.mix == point
+    assert back.position == Position(1, 3, 0, 1, 3) and back.batch == 7 and back.check == 0xABC and back.at.point == point
     edited = dict(state, batch=8)
     with pytest.raises(ValueError, match="'digest' is .*, but its fields give"):
         statemod.check(edited, identity, part)

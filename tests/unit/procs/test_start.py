@@ -6,7 +6,7 @@ import pytest
 
 from shmloader.errors import LoaderTimeout
 from shmloader.procs import start as startmod
-from shmloader.procs.start import Start, Unstarted
+from shmloader.procs.start import Phase, Start, Unstarted
 
 
 class End:
@@ -98,3 +98,37 @@ def test_a_forked_copy_forgets_the_thread_and_starts_nothing(started):
     start.forget()
     start.wait(1.0)
     assert started.calls == [] and not start.pending and [e.closed for e in ends] == [1, 1]
+
+
+def test_the_phase_moves_as_listed(started, monkeypatch):
+    """start.py `Phase`: each call moves it as its docstring lists, and `waiting` and `pending`
+    are read from it alone."""
+    start, _ = _made([])
+    assert (start.phase, start.waiting, start.pending) == (Phase.MADE, True, True)
+    start.now()
+    assert (start.phase, start.waiting, start.pending) == (Phase.STARTED, False, False)
+    start.later()  # started: nothing more
+    start.drop(1.0)
+    assert start.phase is Phase.STOPPED and not start.pending
+
+    release = threading.Event()
+    monkeypatch.setattr(startmod, "booting", lambda method: not release.is_set())
+    start, _ = _made([])
+    start.later()
+    assert (start.phase, start.waiting, start.pending) == (Phase.LATER, True, True)
+    release.set()
+    start._thread.join(5.0)
+    assert (start.phase, start.waiting, start.pending) == (Phase.RAN, False, True)
+    start.wait(5.0)
+    assert start.phase is Phase.STARTED and started.calls == [["coordinator", "worker-0"]] * 2
+
+    release.clear()
+    start, ends = _made([])
+    start.later()
+    start.drop(1.0)  # a thread waiting for the forkserver: stopped, it starts nothing
+    release.set()
+    start._thread.join(5.0)
+    assert start.phase is Phase.STOPPED and len(started.calls) == 2 and [e.closed for e in ends] == [1, 1]
+    start, _ = _made([])
+    start.forget()
+    assert start.phase is Phase.STOPPED
