@@ -19,7 +19,10 @@ Arrow files (stream format), which must never be read as JSON Lines data:
 
 A directory is one of these when it holds `dataset_dict.json`, `dataset_info.json`, or a
 `state.json` with `_data_files`; any other directory is read as every file a format claims
-(`formats.is_data_file`). Pure over a directory's names and a function that reads one of its
+(`formats.is_data_file`), unless those are a Hugging Face Hub repository's shards of more than one
+split (`datasets`' uploads, `<split>-0000N-of-0000M[-<hash>].<ext>`, e.g. `data/train-00000-of-00002.parquet`
+beside `data/test-00000-of-00001.parquet`): read as one directory, `split="train"` would train on
+the test split, so `one_hub_split` makes them a `DataError` that says to pick one by a glob. Pure over a directory's names and a function that reads one of its
 files, so a local and a remote listing decide alike.
 """
 import json
@@ -30,6 +33,7 @@ from ..errors import DataError
 DICT, INFO, STATE = "dataset_dict.json", "dataset_info.json", "state.json"
 METADATA = (DICT, INFO, STATE)
 CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outputs
+HUB = re.compile(r"(.+?)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")      # a Hub upload's shards: <split>-0000N-of-0000M
 
 
 def data_files(where: str, names: list, read) -> tuple | None:
@@ -76,6 +80,21 @@ def _one_split(where: str, files: list, info) -> None:
         raise DataError(f"{where}: a Hugging Face datasets cache directory with files of {len(found)} splits "
                         f"({', '.join(found)}); read one split by a glob of its files, e.g. "
                         f"data='{where.rstrip('/')}/*-{'train' if 'train' in found else found[0]}*.arrow'")
+
+
+def one_hub_split(where: str, files: list) -> None:
+    """A directory's data files `files` (names) are not a Hugging Face Hub repository's shards of
+    several splits, else a `DataError` saying how to read one split."""
+    found = sorted({m.group(1) for m in map(HUB.match, files) if m})
+    if len(found) > 1:
+        pick = "train" if "train" in found else found[0]
+        example = next(n for n in sorted(files) if n.startswith(pick + "-"))
+        suffix = example[HUB.match(example).end() - 1:]
+        raise DataError(f"{where}: Hugging Face Hub shards of {len(found)} splits ({', '.join(found)}); read "
+                        f"as one directory they would be one corpus (split='train': every file but the last, "
+                        f"the other splits' too); read one split by a glob of its files, e.g. "
+                        f"data='{where.rstrip('/')}/{pick}-*{suffix}' with split='all' (and another loader "
+                        f"over the validation split's files)")
 
 
 def _json(read, name: str):

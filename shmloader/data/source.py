@@ -292,10 +292,13 @@ def _nested_hint(directory: str) -> str | None:
 def _directory(where: str, names: list, read) -> list:
     """The names of the data files among a directory's `names` (`read(name)`: a file's bytes): a
     Hugging Face `datasets` directory's own (`hfdir.data_files`; a notice names what it left
-    out), else every name a format claims."""
+    out), else every name a format claims (not a Hub repository's shards of several splits:
+    `hfdir.one_hub_split`)."""
     picked = hfdir.data_files(where, names, read)
     if picked is None:
-        return [f for f in names if formats.is_data_file(f)]
+        files = [f for f in names if formats.is_data_file(f)]
+        hfdir.one_hub_split(where, files)
+        return files
     kept, left = picked
     if left:
         warn(f"shmloader: {where}: a Hugging Face datasets directory: read its {len(kept)} data file(s), left "

@@ -303,6 +303,30 @@ def test_a_datasets_cache_directory_leaves_out_map_outputs_and_wants_one_split(t
     assert [os.path.basename(f) for f in list_files(str(d / "*-train*.arrow"))] == [os.path.basename(f) for f in got]
 
 
+@pytest.mark.parametrize("remote", [False, True])
+def test_hub_shards_of_several_splits_in_one_directory_are_refused_saying_which_glob(tmp_path, remote):
+    """A Hugging Face Hub repository's `data/` (`push_to_hub`: `<split>-0000N-of-0000M[-<hash>].parquet`)
+    given as a directory was one corpus: `split="train"` read every file but the last by name,
+    `test-*` first, so the run trained on the test split and validated on `validation-*`."""
+    import pyarrow.fs as pafs
+    fs = pafs.LocalFileSystem() if remote else None
+    d = tmp_path / "data"
+    d.mkdir()
+    for name in ("test-00000-of-00001-9f1c2a.parquet", "train-00000-of-00002-3b7d0e.parquet",
+                 "train-00001-of-00002-3b7d0e.parquet", "validation-00000-of-00001-c41a55.parquet"):
+        write(d / name, ["x"])
+    with pytest.raises(DataError, match=r"data: Hugging Face Hub shards of 3 splits \(test, train, validation\).*"
+                                        r"the other splits' too\); read one split by a glob of its files, e\.g\. "
+                                        r"data='.*data/train-\*\.parquet' with split='all'"):
+        list_files(str(d), fs)
+    train = list_files(str(d / "train-*.parquet"))
+    assert [os.path.basename(f) for f in train] == ["train-00000-of-00002-3b7d0e.parquet",
+                                                   "train-00001-of-00002-3b7d0e.parquet"]
+    for f in (d / "test-00000-of-00001-9f1c2a.parquet", d / "validation-00000-of-00001-c41a55.parquet"):
+        f.unlink()
+    assert list_files(str(d), fs) == [str(d / os.path.basename(f)) for f in train]  # one split: read as it is
+
+
 def test_a_state_json_of_ones_own_is_no_hugging_face_directory(tmp_path):
     """Only `state.json` with `_data_files` (or dataset_info.json, dataset_dict.json) marks one."""
     (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
