@@ -1,0 +1,84 @@
+"""A second new user's trial: training scripts shaped like users' (torch.distributed launched
+without torchrun, a Hugging Face Hub download, gradient accumulation with evaluations, loops
+left by break, exceptions and interpreter exit), each a test as the client calls the loader.
+
+Bugs it found (each test failed before its fix):
+- ranks started by `torch.multiprocessing.spawn` (as SLURM or MPI scripts do: `rank=` passed to
+  `init_process_group`, no `RANK` in the environment) were each rank 0 of 1: every rank read the
+  same batches, silently. The default group's rank and size are taken where `RANK` and
+  `WORLD_SIZE` are not set (`config.place`).
+- a Hub repository's `data/` directory (`train-0000N-of-0000M.parquet` beside `test-*` and
+  `validation-*`) was one corpus: `split="train"` trained on the test split
+  (tests/unit/data/test_source.py has the listing; here the loader refuses it).
+"""
+import itertools
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shmloader
+from shmloader.errors import DataError
+from tests import helpers
+
+B, T = 2, 16
+
+
+def _windows(loader, n) -> list:
+    return [helpers.window_of(x, y) for x, y in itertools.islice(loader, n)]
+
+
+def _spawned_rank(rank: int, world: int, store: str, data: str, out: str):
+    """One rank of `torch.multiprocessing.spawn`: a process group from `rank=`, no RANK variable."""
+    import torch.distributed as dist
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(name, None)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        with shmloader.ShmLoader(data, helpers.IntTokenizer(), B=B, T=T, device="cpu", num_workers=1,
+                                 split="all", head_start=False) as loader:
+            got = {"place": [loader.rank, loader.world_size], "windows": [w.tolist() for w in _windows(loader, 3)]}
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump(got, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned interpreters import torch: ~15 s on a loaded 2-core machine
+def test_ranks_of_a_process_group_without_torchrun_s_variables_read_their_own_shares(tmp_path, watchdog):
+    import torch.multiprocessing as tmp
+    data = helpers.position_shards(tmp_path / "data", [10] * 40, num_files=2, rg=4)
+    tmp.spawn(_spawned_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "data"), str(tmp_path / "got")),
+              nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"got.{r}").read_text()) for r in range(2)]
+    assert [g["place"] for g in got] == [[0, 2], [1, 2]]
+    for r, g in enumerate(got):  # each rank's batches are those of rank= r, world_size=2 given
+        with shmloader.ShmLoader(str(tmp_path / "data"), helpers.IntTokenizer(), B=B, T=T, device="cpu",
+                                 num_workers=1, split="all", rank=r, world_size=2) as loader:
+            assert [w.tolist() for w in _windows(loader, 3)] == g["windows"]
+    assert got[0]["windows"] != got[1]["windows"]
+
+
+def test_a_hub_download_of_several_splits_is_refused_naming_the_glob_and_the_glob_reads_one(tmp_path, watchdog):
+    """`huggingface_hub.snapshot_download(repo_type="dataset")`'s `data/`, given as the data
+    directory: `split="train"` trained on `test-*` (the first file by name) and validated on
+    `validation-*`."""
+    d = tmp_path / "data"
+    d.mkdir()
+    texts = {split: [" ".join(str(base + 10 * k + i) for i in range(1, 9)) for k in range(n)]  # test: 10001...
+             for split, n, base in (("train", 40, 0), ("test", 8, 10_000), ("validation", 8, 20_000))}
+    for split, docs in texts.items():
+        parts = 2 if split == "train" else 1
+        for p in range(parts):
+            pq.write_table(pa.table({"text": docs[p::parts]}), d / f"{split}-{p:05d}-of-{parts:05d}.parquet",
+                           row_group_size=5)
+    with pytest.raises(DataError, match=r"Hugging Face Hub shards of 3 splits \(test, train, validation\).*"
+                                        r"data='.*data/train-\*\.parquet' with split='all'"):
+        shmloader.ShmLoader(str(d), helpers.IntTokenizer(), B=B, T=T, device="cpu", num_workers=1)
+    with shmloader.ShmLoader(str(d / "train-*.parquet"), helpers.IntTokenizer(), B=B, T=T, device="cpu",
+                             num_workers=1, split="all") as loader:
+        stream = np.concatenate(_windows(loader, 4))
+    assert stream[:9].tolist() == list(range(9)) and stream.max() < 10_000  # train's first document, no test
