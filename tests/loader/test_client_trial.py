@@ -82,3 +82,19 @@ def test_a_hub_download_of_several_splits_is_refused_naming_the_glob_and_the_glo
                              num_workers=1, split="all") as loader:
         stream = np.concatenate(_windows(loader, 4))
     assert stream[:9].tolist() == list(range(9)) and stream.max() < 10_000  # train's first document, no test
+
+
+def test_a_schedule_stage_that_leaves_out_a_weighed_source_warns_that_it_pauses_it():
+    """An annealing stage written as the change alone, `(90_000, {"math": 0.4})`, reads as "raise
+    math": it weighed web and code 0 from batch 90,000 (every later batch math alone), silently."""
+    import warnings
+    sources = {"web": "/nowhere/web", "code": "/nowhere/code", "math": "/nowhere/math"}
+    with pytest.warns(UserWarning, match=r"Mixture: stage 1 \(from batch 90000\) names no weight for 'code', 'web', "
+                                         r"weighed in stage 0: weight 0, not read from batch 90000 .*name them in "
+                                         r"stage 1, 0 to pause one"):
+        mix = shmloader.Mixture(sources, [(0, {"web": 0.7, "code": 0.2, "math": 0.1}), (90_000, {"math": 0.4})])
+    assert mix.stages[1].weights == {"code": 0.0, "math": 0.4, "web": 0.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        shmloader.Mixture(sources, {"web": 1, "code": 1})  # a first stage leaving one out: weighed 0 from the start
+        shmloader.Mixture(sources, [(0, {"web": 1}), (10, {"web": 0, "code": 1}), (20, {"code": 1, "math": 1})])
