@@ -98,3 +98,16 @@ def test_a_schedule_stage_that_leaves_out_a_weighed_source_warns_that_it_pauses_
         warnings.simplefilter("error")
         shmloader.Mixture(sources, {"web": 1, "code": 1})  # a first stage leaving one out: weighed 0 from the start
         shmloader.Mixture(sources, [(0, {"web": 1}), (10, {"web": 0, "code": 1}), (20, {"code": 1, "math": 1})])
+
+
+def test_len_of_a_loader_says_it_is_endless_and_how_to_count_steps(posdata):
+    """A torch DataLoader's `len(loader)` (a cosine schedule's total, a progress bar) was
+    "object of type 'ShmLoader' has no len()". A progress bar that asks len() and a loader in
+    an `if` still work."""
+    with shmloader.ShmLoader(posdata.paths, posdata.tokenizer, B=B, T=T, device="cpu", num_workers=1) as loader:
+        with pytest.raises(TypeError, match=r"a ShmLoader has no len\(\): it is an endless stream.*count training "
+                                            r"steps yourself \(a token budget is steps = tokens // \(B \* T \* "
+                                            r"world_size\)\)"):
+            len(loader)
+        assert loader and next(loader)[0].shape == (B, T)
+        assert [x.shape for x, _ in itertools.islice(loader, 2)] == [(B, T)] * 2  # list() asks a length hint
