@@ -19,11 +19,12 @@ Arrow files (stream format), which must never be read as JSON Lines data:
 
 A directory is one of these when it holds `dataset_dict.json`, `dataset_info.json`, or a
 `state.json` with `_data_files`; any other directory is read as every file a format claims
-(`formats.is_data_file`), unless those are a Hugging Face Hub repository's shards of more than one
-split (`datasets`' uploads, `<split>-0000N-of-0000M[-<hash>].<ext>`, e.g. `data/train-00000-of-00002.parquet`
-beside `data/test-00000-of-00001.parquet`): read as one directory, `split="train"` would train on
-the test split, so `one_hub_split` makes them a `DataError` that says to pick one by a glob. Pure over a directory's names and a function that reads one of its
-files, so a local and a remote listing decide alike.
+(`formats.is_data_file`), unless those are a Hugging Face Hub repository's shards of more than
+one split, one of them held out (`datasets`' uploads, `<split>-0000N-of-0000M[-<hash>].<ext>`,
+e.g. `data/train-00000-of-00002.parquet` beside `data/test-00000-of-00001.parquet`): read as one
+directory, `split="train"` would train on the test split, so `one_hub_split` makes them a
+`DataError` that says to pick one by a glob. Pure over a directory's names and a function that
+reads one of its files, so a local and a remote listing decide alike.
 """
 import json
 import re
@@ -34,6 +35,7 @@ DICT, INFO, STATE = "dataset_dict.json", "dataset_info.json", "state.json"
 METADATA = (DICT, INFO, STATE)
 CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outputs
 HUB = re.compile(r"(.+?)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")      # a Hub upload's shards: <split>-0000N-of-0000M
+HELD_OUT = frozenset({"test", "validation", "valid", "val", "dev", "eval", "evaluation"})  # splits not to train on
 
 
 def data_files(where: str, names: list, read) -> tuple | None:
@@ -84,9 +86,10 @@ def _one_split(where: str, files: list, info) -> None:
 
 def one_hub_split(where: str, files: list) -> None:
     """A directory's data files `files` (names) are not a Hugging Face Hub repository's shards of
-    several splits, else a `DataError` saying how to read one split."""
+    several splits, one of them held out (`HELD_OUT`: `test-*` beside `train-*`), else a `DataError`
+    saying how to read one split. Shards of other names (`en-*` beside `de-*`) are one corpus."""
     found = sorted({m.group(1) for m in map(HUB.match, files) if m})
-    if len(found) > 1:
+    if len(found) > 1 and HELD_OUT.intersection(found):
         pick = "train" if "train" in found else found[0]
         example = next(n for n in sorted(files) if n.startswith(pick + "-"))
         suffix = example[HUB.match(example).end() - 1:]

@@ -325,6 +325,9 @@ def test_hub_shards_of_several_splits_in_one_directory_are_refused_saying_which_
     for f in (d / "test-00000-of-00001-9f1c2a.parquet", d / "validation-00000-of-00001-c41a55.parquet"):
         f.unlink()
     assert list_files(str(d), fs) == [str(d / os.path.basename(f)) for f in train]  # one split: read as it is
+    write(d / "de-00000-of-00001.parquet", ["y"])  # shards of other names (languages): one corpus
+    assert [os.path.basename(f) for f in list_files(str(d), fs)] == ["de-00000-of-00001.parquet"] + [
+        os.path.basename(f) for f in train]
 
 
 def test_a_state_json_of_ones_own_is_no_hugging_face_directory(tmp_path):
