@@ -111,3 +111,31 @@ def test_len_of_a_loader_says_it_is_endless_and_how_to_count_steps(posdata):
             len(loader)
         assert loader and next(loader)[0].shape == (B, T)
         assert [x.shape for x, _ in itertools.islice(loader, 2)] == [(B, T)] * 2  # list() asks a length hint
+
+
+def test_a_resume_state_given_as_a_checkpoint_a_path_or_every_rank_s_list_says_what_to_pass(posdata, tmp_path):
+    """What a training script holds where the state should be: the checkpoint's metadata whole
+    (nanochat's `meta_data` with its `dataloader_state_dict`), the JSON file's path, or the list of
+    every rank's states. They were "has no 'version' (a nanochat state) but has field
+    'dataloader_state_dict'" and "must be a dict, got str"."""
+    def make(state):
+        return shmloader.ShmLoader(posdata.paths, posdata.tokenizer, B=B, T=T, device="cpu", num_workers=1,
+                                   resume_state=state)
+    with make(None) as loader:
+        next(loader)
+        state = json.loads(json.dumps(loader.state_dict()))
+    nanochat_state = {"pq_idx": 0, "rg_idx": 1, "epoch": 1}
+    for key, saved in (("dataloader_state_dict", state), ("loader", nanochat_state)):
+        with pytest.raises(ValueError, match=rf"resume state is a checkpoint holding a loader state under '{key}': "
+                                             rf"pass that state, resume_state=checkpoint\['{key}'\]"):
+            make({"step": 100, key: saved, "model_config": {"n_layer": 2}})
+    path = tmp_path / "loader.json"
+    path.write_text(json.dumps(state))
+    for given in (str(path), path.read_text()):
+        with pytest.raises(ValueError, match=r"must be a dict, got str: a path or JSON text is not read; pass the "
+                                             r"dict, e.g. json.load\(open\(path\)\)"):
+            make(given)
+    with pytest.raises(ValueError, match=r"got list: give one state, this rank's \(or rank 0's"):
+        make([state, state])
+    with make(json.loads(path.read_text())) as loader:  # as told
+        assert next(loader)[0].shape == (B, T)
