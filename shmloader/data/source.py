@@ -366,11 +366,15 @@ def _list_remote(data, fs) -> list[str]:
         if info.type == pafs.FileType.File:
             return [path]
         if info.type == pafs.FileType.NotFound:
-            raise DataError(f"{data}: not found on {fs.type_name}: check the bucket and prefix")
+            raise DataError(f"{data}: not found on {fs.type_name}: check the bucket and prefix"
+                            + (" (a remote path is never a glob: give the directory, or a list of its files)"
+                               if _is_glob(path) else ""))
         found = fs.get_file_info(pafs.FileSelector(path, recursive=False))
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{data}: cannot list it on {fs.type_name} ({exc}); check the endpoint, "
-                        f"the credentials and the bucket") from exc
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow's, OSError, or a filesystem's own transport error (hf://: httpx's)
+        raise DataError(f"{data}: cannot list it on {fs.type_name} ({type(exc).__name__}: {exc}); check the "
+                        f"endpoint, the network, the credentials and the bucket") from exc
     names = [f.base_name for f in found if f.type == pafs.FileType.File and not f.base_name.startswith(".")]
     join = (lambda name: f"{path}/{name}") if path else (lambda name: name)
     files = sorted(join(name) for name in _directory(data, names, lambda name: _read_remote(fs, join(name))))

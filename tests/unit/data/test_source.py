@@ -389,3 +389,27 @@ def test_a_path_beginning_with_a_tilde_is_told_to_be_expanded(tmp_path, monkeypa
     from shmloader.data.tokenizer import resolve
     with pytest.raises(FileNotFoundError, match=r"tokenizer not found at ~/tok\.pkl \(~/tok\.pkl begins with ~"):
         resolve("~/tok.pkl")
+
+
+def test_a_remote_listing_that_fails_in_the_filesystem_s_transport_is_a_data_error_naming_the_uri(tmp_path):
+    """`hf://datasets/...` (pyarrow's fsspec Hugging Face filesystem) without network raised the
+    transport's own `httpcore.ConnectError`, naming neither the data nor what to check; a glob of a
+    remote path (as pandas and DuckDB take `hf://.../*.parquet`) was "not found" alone."""
+    import pyarrow.fs as pafs
+    pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Offline(MemoryFileSystem):  # an fsspec filesystem whose transport fails, as hf:// offline
+        protocol = "hf"
+
+        def info(self, path, **kwargs):
+            raise RuntimeError("[Errno -2] Name or service not known")
+
+    offline = pafs.PyFileSystem(pafs.FSSpecHandler(Offline()))
+    with pytest.raises(DataError, match=r"hf://datasets/org/corpus: cannot list it on py::fsspec\+hf \(RuntimeError: "
+                                        r"\[Errno -2\] Name or service not known\); check the endpoint, the network"):
+        list_files("hf://datasets/org/corpus", offline)
+    write(tmp_path / "a.parquet", ["x"])
+    with pytest.raises(DataError, match=r"not found on local: check the bucket and prefix \(a remote path is never a "
+                                        r"glob: give the directory, or a list of its files\)"):
+        list_files(str(tmp_path / "*.parquet"), pafs.LocalFileSystem())
