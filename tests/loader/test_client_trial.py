@@ -103,13 +103,17 @@ def test_a_schedule_stage_that_leaves_out_a_weighed_source_warns_that_it_pauses_
 def test_len_of_a_loader_says_it_is_endless_and_how_to_count_steps(posdata):
     """A torch DataLoader's `len(loader)` (a cosine schedule's total, a progress bar) was
     "object of type 'ShmLoader' has no len()". A progress bar that asks len() and a loader in
-    an `if` still work."""
+    an `if` still work; a DataLoader given it as its dataset is told to iterate it directly."""
+    import torch
     with shmloader.ShmLoader(posdata.paths, posdata.tokenizer, B=B, T=T, device="cpu", num_workers=1) as loader:
         with pytest.raises(TypeError, match=r"a ShmLoader has no len\(\): it is an endless stream.*count training "
                                             r"steps yourself \(a token budget is steps = tokens // \(B \* T \* "
                                             r"world_size\)\)"):
             len(loader)
         assert loader and next(loader)[0].shape == (B, T)
+        with pytest.raises(TypeError, match=r"has no len\(\).*It replaces a torch DataLoader: iterate it directly, "
+                                            r"not as a DataLoader's dataset"):
+            next(iter(torch.utils.data.DataLoader(loader, batch_size=None)))  # a map-style dataset's sampler asks
         assert [x.shape for x, _ in itertools.islice(loader, 2)] == [(B, T)] * 2  # list() asks a length hint
 
 
