@@ -27,6 +27,7 @@ directory, `split="train"` would train on the test split, so `one_hub_split` mak
 reads one of its files, so a local and a remote listing decide alike.
 """
 import json
+import os
 import re
 
 from ..errors import DataError
@@ -98,6 +99,19 @@ def one_hub_split(where: str, files: list) -> None:
                         f"the other splits' too); read one split by a glob of its files, e.g. "
                         f"data='{where.rstrip('/')}/{pick}-*{suffix}' with split='all' (and another loader "
                         f"over the validation split's files)")
+
+
+def held_out(paths: list) -> str | None:
+    """What names `paths` (one directory's files, or one split's Hub shards) a held-out set, or
+    None: their directory is `validation/`, `test/`, ... (`HELD_OUT`), or their names are Hub
+    shards of such a split (`validation-0000N-of-0000M.parquet`)."""
+    dirs = {os.path.dirname(p) for p in paths}
+    if len(dirs) == 1 and os.path.basename(next(iter(dirs))).lower() in HELD_OUT:
+        return next(iter(dirs))
+    splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
+    if len(splits) == 1 and next(iter(splits)) in HELD_OUT:
+        return f"the {next(iter(splits))!r} split"
+    return None
 
 
 def _json(read, name: str):

@@ -413,6 +413,10 @@ def split_files(files: list[str], split: str) -> list[str]:
                             f"pass split='all' (every file)")
         return files[:-1]
     if split == "val":
+        if len(files) > 1 and hfdir.held_out(files):
+            warn(f"shmloader: split='val' reads the last of the {len(files)} files of {hfdir.held_out(files)} "
+                 f"({os.path.basename(files[-1])}), nanochat's val split of a directory; to read all of a "
+                 f"held-out set's files, pass split='all'")
         return files[-1:]
     if split == "all":
         return list(files)

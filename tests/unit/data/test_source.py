@@ -413,3 +413,21 @@ def test_a_remote_listing_that_fails_in_the_filesystem_s_transport_is_a_data_err
     with pytest.raises(DataError, match=r"not found on local: check the bucket and prefix \(a remote path is never a "
                                         r"glob: give the directory, or a list of its files\)"):
         list_files(str(tmp_path / "*.parquet"), pafs.LocalFileSystem())
+
+
+def test_split_val_over_a_held_out_set_s_files_warns_that_it_reads_the_last_alone():
+    """A separate validation directory (or a Hub download's `validation-*` shards) given with
+    `split="val"`, as a user names it, read its last file alone, silently: nanochat's val split is
+    the last file of the one directory."""
+    import warnings
+    for files, named in ((["/d/validation/a.parquet", "/d/validation/b.parquet"], "/d/validation"),
+                         (["/d/data/validation-00000-of-00002.parquet", "/d/data/validation-00001-of-00002.parquet"],
+                          "the 'validation' split")):
+        with pytest.warns(UserWarning, match=rf"split='val' reads the last of the 2 files of {re.escape(named)} "
+                                             rf"\({os.path.basename(files[-1])}\).*pass split='all'"):
+            assert split_files(files, "val") == files[-1:]
+        assert split_files(files, "all") == files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert split_files(["/d/shards/s0.parquet", "/d/shards/s1.parquet"], "val") == ["/d/shards/s1.parquet"]
+        assert split_files(["/d/test/s0.parquet"], "val") == ["/d/test/s0.parquet"]
