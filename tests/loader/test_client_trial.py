@@ -10,10 +10,17 @@ Bugs it found (each test failed before its fix):
 - a Hub repository's `data/` directory (`train-0000N-of-0000M.parquet` beside `test-*` and
   `validation-*`) was one corpus: `split="train"` trained on the test split
   (tests/unit/data/test_source.py has the listing; here the loader refuses it).
+- a schedule's later stage that leaves out a source weighed it 0 silently; `len(loader)` and a
+  resume state given as the checkpoint, a path or a list said nothing of what to do.
+
+What held up, kept as tests here: gradient accumulation with evaluations in between, saved
+mid-accumulation and resumed with another B, T and worker count; loaders made and left every way
+(break, exception, del, a dropped drop-in generator) in one process.
 """
 import itertools
 import json
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -143,3 +150,69 @@ def test_a_resume_state_given_as_a_checkpoint_a_path_or_every_rank_s_list_says_w
         make([state, state])
     with make(json.loads(path.read_text())) as loader:  # as told
         assert next(loader)[0].shape == (B, T)
+
+
+# ---------------------------------------------------------------- what held up (the trial's loops)
+
+def test_accumulation_with_evaluations_saved_mid_accumulation_resumes_with_another_shape_and_workers(posdata):
+    """A torchtitan-style loop: 3 micro-batches a step, a new val loader every other step, the state
+    saved after the first micro-batch of step 1; resumed with another B, T and worker count, the
+    token stream goes on where it was (posdata: every token but BOS is its place in the stream)."""
+    stream, state, at = [], None, 0
+    with posdata.loader(2, 16) as train:
+        for step in range(3):
+            if step % 2 == 0:
+                with posdata.loader(2, 16, split="val", num_workers=1) as val:
+                    assert len(list(itertools.islice(val, 2))) == 2
+            for micro in range(3):
+                stream.append(helpers.window_of(*next(train)))
+                if (step, micro) == (1, 0):
+                    state, at = json.loads(json.dumps(train.state_dict())), len(stream)
+    for shape, workers in (((3, 10), 1), ((1, 40), 2)):
+        with pytest.warns(UserWarning, match="another batch shape"):
+            again = posdata.loader(*shape, num_workers=workers, resume_state=state)
+        with again:
+            flat = np.concatenate(stream[:at] + [helpers.window_of(x, y) for x, y in itertools.islice(again, 4)])
+        placed = flat != posdata.bos
+        assert placed.sum() > 200 and (flat[placed] == np.flatnonzero(placed)).all(), shape
+
+
+def test_loaders_made_and_left_every_way_in_one_process_leave_no_fds_threads_or_segments(posdata):
+    """A `with` left by break and by an exception, a loader dropped without close(), a drop-in
+    generator dropped: 8 loaders in one process, the same fds and threads after each."""
+    import gc
+    import threading
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    seen = []
+    for i in range(8):
+        how = i % 4
+        if how == 0:
+            with posdata.loader(2, 16, num_workers=1) as loader:
+                for k, _ in enumerate(loader):
+                    if k == 3:
+                        break
+        elif how == 1:
+            with pytest.raises(KeyError):
+                with posdata.loader(2, 16, num_workers=1) as loader:
+                    next(loader)
+                    raise KeyError("in the loop")
+        elif how == 2:
+            loader = posdata.loader(2, 16, num_workers=1)
+            x, y = next(loader)
+            del loader, x, y
+        else:
+            gen = shmloader.tokenizing_distributed_data_loader_with_state_bos_bestfit(
+                posdata.tokenizer, 2, 16, "train", device="cpu", data=str(posdata.root), num_workers=1)
+            next(gen)
+            del gen
+        gc.collect()
+        kids, segs = helpers.wait_clean(5.0)
+        assert not kids and not segs, (i, kids, segs)
+        deadline = time.monotonic() + 5.0  # a dropped loader's children are reaped on a thread that then ends
+        while seen and (fds(), threading.active_count()) != seen[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen.append((fds(), threading.active_count()))
+    assert len(set(seen)) == 1, seen
