@@ -35,7 +35,7 @@ from ..errors import DataError
 DICT, INFO, STATE = "dataset_dict.json", "dataset_info.json", "state.json"
 METADATA = (DICT, INFO, STATE)
 CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outputs
-HUB = re.compile(r"(.+?)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")      # a Hub upload's shards: <split>-0000N-of-0000M
+HUB = re.compile(r"(?:.*-)?([A-Za-z_]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")  # a Hub upload's shards: [<config>-]<split>-0000N-of-0000M
 HELD_OUT = frozenset({"test", "validation", "valid", "val", "dev", "eval", "evaluation"})  # splits not to train on
 
 
@@ -92,12 +92,12 @@ def one_hub_split(where: str, files: list) -> None:
     found = sorted({m.group(1) for m in map(HUB.match, files) if m})
     if len(found) > 1 and HELD_OUT.intersection(found):
         pick = "train" if "train" in found else found[0]
-        example = next(n for n in sorted(files) if n.startswith(pick + "-"))
-        suffix = example[HUB.match(example).end() - 1:]
+        example = HUB.match(next(n for n in sorted(files) if (HUB.match(n) or [None, None])[1] == pick))
+        glob = example.string[:example.end(1)] + "-*" + example.string[example.end() - 1:]
         raise DataError(f"{where}: Hugging Face Hub shards of {len(found)} splits ({', '.join(found)}); read "
                         f"as one directory they would be one corpus (split='train': every file but the last, "
                         f"the other splits' too); read one split by a glob of its files, e.g. "
-                        f"data='{where.rstrip('/')}/{pick}-*{suffix}' with split='all' (and another loader "
+                        f"data='{where.rstrip('/')}/{glob}' with split='all' (and another loader "
                         f"over the validation split's files)")
 
 

@@ -325,6 +325,12 @@ def test_hub_shards_of_several_splits_in_one_directory_are_refused_saying_which_
     for f in (d / "test-00000-of-00001-9f1c2a.parquet", d / "validation-00000-of-00001-c41a55.parquet"):
         f.unlink()
     assert list_files(str(d), fs) == [str(d / os.path.basename(f)) for f in train]  # one split: read as it is
+    cfg = tmp_path / "cfg"  # a config's name before the split's, as the Hub's parquet conversion names them
+    cfg.mkdir()
+    for name in ("wikitext-103-raw-v1-test-00000-of-00001.parquet", "wikitext-103-raw-v1-train-00000-of-00001.parquet"):
+        write(cfg / name, ["x"])
+    with pytest.raises(DataError, match=r"2 splits \(test, train\).*data='.*cfg/wikitext-103-raw-v1-train-\*\.parquet'"):
+        list_files(str(cfg), fs)
     write(d / "de-00000-of-00001.parquet", ["y"])  # shards of other names (languages): one corpus
     assert [os.path.basename(f) for f in list_files(str(d), fs)] == ["de-00000-of-00001.parquet"] + [
         os.path.basename(f) for f in train]
