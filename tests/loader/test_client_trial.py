@@ -15,7 +15,8 @@ Bugs it found (each test failed before its fix):
 
 What held up, kept as tests here: gradient accumulation with evaluations in between, saved
 mid-accumulation and resumed with another B, T and worker count; loaders made and left every way
-(break, exception, del, a dropped drop-in generator) in one process.
+(break, exception, del, a dropped drop-in generator) in one process; a script without a main guard
+after `multiprocessing.set_start_method` (spawn, forkserver, fork; slow).
 """
 import itertools
 import json
@@ -216,3 +217,33 @@ def test_loaders_made_and_left_every_way_in_one_process_leave_no_fds_threads_or_
             time.sleep(0.05)
         seen.append((fds(), threading.active_count()))
     assert len(set(seen)) == 1, seen
+
+
+_UNGUARDED = """
+import multiprocessing, sys
+multiprocessing.set_start_method(sys.argv[1])
+import shmloader
+from tests.helpers import IntTokenizer
+loader = shmloader.ShmLoader(sys.argv[2], IntTokenizer(), B=2, T=16, device="cpu", num_workers=2)
+for k, (x, y) in enumerate(loader):
+    if k == 20:
+        break
+import os
+print("read", k + 1, os.getpid())
+"""
+
+
+@pytest.mark.slow  # three interpreters import torch
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_a_script_without_a_main_guard_after_set_start_method_reads_and_leaves_nothing(posdata, tmp_path, method):
+    """A notebook-turned-script: no `if __name__ == "__main__":`, the start method set by the user
+    first (nanochat's base_train has no guard either); its top level runs once, and it exits clean."""
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED)
+    out = subprocess.run([sys.executable, str(script), method, str(posdata.root)], capture_output=True, text=True,
+                         timeout=120, cwd=str(helpers.REPO_ROOT))
+    words = out.stdout.split()
+    assert out.returncode == 0 and words[:2] == ["read", "21"], out.stderr[-2000:]
+    assert not helpers.wait_no_segment(int(words[2]))
