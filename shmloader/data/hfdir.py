@@ -35,7 +35,8 @@ from ..errors import DataError
 DICT, INFO, STATE = "dataset_dict.json", "dataset_info.json", "state.json"
 METADATA = (DICT, INFO, STATE)
 CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outputs
-HUB = re.compile(r"(?:.*-)?([A-Za-z_]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")  # a Hub upload's shards: [<config>-]<split>-0000N-of-0000M
+# a Hub upload's shards, [<config>-]<split>-0000N-of-0000M[-<hash>].<ext>: group 1 the split
+HUB = re.compile(r"(?:.*-)?([A-Za-z_]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")
 HELD_OUT = frozenset({"test", "validation", "valid", "val", "dev", "eval", "evaluation"})  # splits not to train on
 
 

@@ -4,8 +4,9 @@ A `Mixture` names its sources (each anything `data=` takes: a directory, a glob,
 files) and their weights: one `{name: weight}` for the whole run, or a schedule
 `[(first_batch, {name: weight}), ...]` whose stages start at batch indices of the run, the
 first at 0. Weights need not sum to one; a weight of 0 pauses a source, and so does leaving
-it out of a stage (a warning where the stage before weighed it: a stage carries nothing over). `max_epochs={name: n}` ends a source after its n-th epoch (its weight is
-then shared by the rest); a source without it starts its next epoch alone when it runs out.
+it out of a stage (a warning where the stage before weighed it: a stage carries nothing over).
+`max_epochs={name: n}` ends a source after its n-th epoch (its weight is then shared by the
+rest); a source without it starts its next epoch alone when it runs out.
 
 **The rule** (`Mixer`). Documents are taken one at a time. Within a *counting stage* (a
 schedule's stage; or, after a resume with other weights, the part of a stage from the resume
