@@ -10,8 +10,9 @@ Bugs it found (each test failed before its fix):
 - a Hub repository's `data/` directory (`train-0000N-of-0000M.parquet` beside `test-*` and
   `validation-*`) was one corpus: `split="train"` trained on the test split
   (tests/unit/data/test_source.py has the listing; here the loader refuses it).
-- a schedule's later stage that leaves out a source weighed it 0 silently; `len(loader)` and a
-  resume state given as the checkpoint, a path or a list said nothing of what to do.
+- a schedule's later stage that leaves out a source weighed it 0 silently; `len(loader)`, a
+  resume state given as the checkpoint, a path or a list, and documents in a struct's field or a
+  list of strings said nothing of what to do.
 
 What held up, kept as tests here: gradient accumulation with evaluations in between, saved
 mid-accumulation and resumed with another B, T and worker count; loaders made and left every way
@@ -247,3 +248,26 @@ def test_a_script_without_a_main_guard_after_set_start_method_reads_and_leaves_n
     words = out.stdout.split()
     assert out.returncode == 0 and words[:2] == ["read", "21"], out.stderr[-2000:]
     assert not helpers.wait_no_segment(int(words[2]))
+
+
+@pytest.mark.parametrize("layout", ["struct", "list of strings", "list of structs"])
+def test_documents_one_level_down_are_refused_saying_how_to_bring_them_up(tmp_path, layout, watchdog):
+    """A dump whose text is a struct's field (`{"doc": {"text": ..., "id": ...}}`) or a list of
+    paragraphs: "expected text (a string column...)" said nothing of how to get there."""
+    docs = ["1 2 3", "4 5"]
+    column = {"struct": [{"text": d, "id": i} for i, d in enumerate(docs)], "list of strings": [[d] for d in docs],
+              "list of structs": [[{"text": d}] for d in docs]}[layout]
+    pq.write_table(pa.table({"doc": column}), tmp_path / "a.parquet")
+    hint = {"struct": r"; a struct's fields are not read as documents: .*table\.flatten\(\) names it 'doc\.<field>', "
+                      r"then pass column='doc\.<field>'",
+            "list of strings": r"; a list of strings is not one document: join each row's strings",
+            "list of structs": r"or token ids \(a list of integers\)$"}[layout]
+    with pytest.raises(DataError, match=r"column 'doc' is .*" + hint):
+        with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), B=B, T=T, device="cpu", num_workers=1,
+                                 split="all", column="doc", head_start=False) as loader:
+            next(loader)
+    if layout == "struct":  # as told
+        pq.write_table(pa.table({"doc": column}).flatten(), tmp_path / "a.parquet")
+        with shmloader.ShmLoader(str(tmp_path), helpers.IntTokenizer(), B=1, T=4, device="cpu", num_workers=1,
+                                 split="all", column="doc.text") as loader:
+            assert next(loader)[0].tolist() == [[0, 1, 2, 3]]
