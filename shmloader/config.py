@@ -239,12 +239,41 @@ class LoaderConfig:
 
 
 def place(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """`(rank, world_size)`: those given, else torchrun's `RANK` and `WORLD_SIZE`, else 0 of 1."""
-    rank = _env_int("RANK", 0) if rank is None else _integer("rank", rank)
-    world_size = _env_int("WORLD_SIZE", 1) if world_size is None else _integer("world_size", world_size)
+    """`(rank, world_size)`: those given, else torchrun's `RANK` and `WORLD_SIZE`, else those of
+    an initialized `torch.distributed` default group (launchers that set no `RANK`:
+    `torch.multiprocessing.spawn`, SLURM or MPI scripts passing `rank=` to `init_process_group`,
+    whose ranks all read rank 0's data otherwise), else 0 of 1."""
+    group = _process_group()
+    said = {"rank": "given", "world_size": "given"}
+    if rank is None:
+        rank, said["rank"] = _env_int("RANK", group[0] if group else 0), _origin("RANK", group)
+    else:
+        rank = _integer("rank", rank)
+    if world_size is None:
+        world_size, said["world_size"] = _env_int("WORLD_SIZE", group[1] if group else 1), _origin("WORLD_SIZE", group)
+    else:
+        world_size = _integer("world_size", world_size)
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+        raise ValueError(f"rank must be in [0, world_size), got rank {rank} ({said['rank']}) of {world_size} "
+                         f"({said['world_size']}); pass both rank= and world_size=, or set both RANK and WORLD_SIZE")
     return rank, world_size
+
+
+def _process_group() -> tuple[int, int] | None:
+    """`(rank, world_size)` of torch.distributed's default group when this process initialized one,
+    else None (torch.distributed not imported: none can be initialized; nothing is imported here)."""
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _origin(name: str, group) -> str:
+    """Where a rank or world size not given came from, for an error."""
+    if os.environ.get(name) not in (None, ""):
+        return f"${name}"
+    return "torch.distributed's default group" if group else "the default"
 
 
 def _integer(name: str, value) -> int:

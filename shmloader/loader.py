@@ -251,6 +251,12 @@ class ShmLoader:
     def __reduce__(self):
         raise TypeError(lifecycle.NOT_PICKLED)
 
+    def __len__(self):  # a torch DataLoader's len() in a scheduler or progress bar: say why not
+        raise TypeError(lifecycle.NO_LEN)
+
+    def __bool__(self):  # `if loader:` is true (without it, Python would ask __len__)
+        return True
+
     # ---- internals --------------------------------------------------------------------------
 
     def _next(self):

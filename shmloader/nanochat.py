@@ -47,14 +47,17 @@ class Batches(Generator):
 def _workers(tokenizer_threads: int, num_workers) -> int:
     """nanochat's `tokenizer_threads` as worker processes, at most this rank's share of the cores
     (`cores.share`: a worker is a process per core: more of them only contend, and each one more is a
-    process to start at every evaluation); `num_workers` given: that. A count that is not one
-    goes to the loader as it is, which names it."""
+    process to start at every evaluation); `num_workers` given: that (a bad one the loader names).
+    A `tokenizer_threads` that is no count is a ValueError naming it (the loader would name
+    `num_workers`, which the caller did not pass)."""
     if num_workers is not None:
         return num_workers
-    cores = share()
     valid = isinstance(tokenizer_threads, numbers.Integral) and not isinstance(tokenizer_threads, bool) \
         and tokenizer_threads >= 1
-    return min(tokenizer_threads, cores) if valid else tokenizer_threads  # else LoaderConfig names it
+    if not valid:
+        raise ValueError(f"tokenizer_threads must be a positive integer (the worker processes, at most this "
+                         f"rank's share of the cores), got {tokenizer_threads!r}")
+    return min(tokenizer_threads, share())
 
 
 def tokenizing_distributed_data_loader_with_state(B, T, split, tokenizer_threads=4, tokenizer_batch_size=128,

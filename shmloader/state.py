@@ -222,12 +222,29 @@ class Writer:
         return self._part.keys(mark)
 
 
+_NOT_A_DICT = {  # what a resume state given as something else was meant to be
+    str: ": a path or JSON text is not read; pass the dict, e.g. json.load(open(path))",
+    list: ": give one state, this rank's (or rank 0's, from which every rank finds its own place)",
+    tuple: ": give one state, this rank's (or rank 0's, from which every rank finds its own place)",
+}
+
+
+def _not_a_checkpoint(state: dict):
+    """A checkpoint holding a state (`{"dataloader_state_dict": state, ...}`) given whole: a
+    ValueError naming the key to pass (it was "has field 'dataloader_state_dict'")."""
+    for key, value in state.items():
+        if isinstance(value, dict) and ("version" in value or {"pq_idx", "rg_idx"} <= set(value)):
+            raise ValueError(f"resume state is a checkpoint holding a loader state under {key!r}: pass that "
+                             f"state, resume_state=checkpoint[{key!r}]")
+
+
 def check(state, identity: Loader, part: Part) -> Resume:
     """Validate `state` for this loader (`identity`, reading `part`'s data) and say where to
     start (see the module docstring)."""
     if not isinstance(state, dict):
-        raise ValueError(f"resume state must be a dict, got {type(state).__name__}")
+        raise ValueError(f"resume state must be a dict, got {type(state).__name__}{_NOT_A_DICT.get(type(state), '')}")
     if "version" not in state:
+        _not_a_checkpoint(state)
         return part.unversioned(state, identity)
     part.own(state)
     version = state["version"]

@@ -19,10 +19,15 @@ Arrow files (stream format), which must never be read as JSON Lines data:
 
 A directory is one of these when it holds `dataset_dict.json`, `dataset_info.json`, or a
 `state.json` with `_data_files`; any other directory is read as every file a format claims
-(`formats.is_data_file`). Pure over a directory's names and a function that reads one of its
-files, so a local and a remote listing decide alike.
+(`formats.is_data_file`), unless those are a Hugging Face Hub repository's shards of more than
+one split, one of them held out (`datasets`' uploads, `<split>-0000N-of-0000M[-<hash>].<ext>`,
+e.g. `data/train-00000-of-00002.parquet` beside `data/test-00000-of-00001.parquet`): read as one
+directory, `split="train"` would train on the test split, so `one_hub_split` makes them a
+`DataError` that says to pick one by a glob. Pure over a directory's names and a function that
+reads one of its files, so a local and a remote listing decide alike.
 """
 import json
+import os
 import re
 
 from ..errors import DataError
@@ -30,6 +35,9 @@ from ..errors import DataError
 DICT, INFO, STATE = "dataset_dict.json", "dataset_info.json", "state.json"
 METADATA = (DICT, INFO, STATE)
 CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outputs
+# a Hub upload's shards, [<config>-]<split>-0000N-of-0000M[-<hash>].<ext>: group 1 the split
+HUB = re.compile(r"(?:.*-)?([A-Za-z_]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")
+HELD_OUT = frozenset({"test", "validation", "valid", "val", "dev", "eval", "evaluation"})  # splits not to train on
 
 
 def data_files(where: str, names: list, read) -> tuple | None:
@@ -76,6 +84,35 @@ def _one_split(where: str, files: list, info) -> None:
         raise DataError(f"{where}: a Hugging Face datasets cache directory with files of {len(found)} splits "
                         f"({', '.join(found)}); read one split by a glob of its files, e.g. "
                         f"data='{where.rstrip('/')}/*-{'train' if 'train' in found else found[0]}*.arrow'")
+
+
+def one_hub_split(where: str, files: list) -> None:
+    """A directory's data files `files` (names) are not a Hugging Face Hub repository's shards of
+    several splits, one of them held out (`HELD_OUT`: `test-*` beside `train-*`), else a `DataError`
+    saying how to read one split. Shards of other names (`en-*` beside `de-*`) are one corpus."""
+    found = sorted({m.group(1) for m in map(HUB.match, files) if m})
+    if len(found) > 1 and HELD_OUT.intersection(found):
+        pick = "train" if "train" in found else found[0]
+        example = HUB.match(next(n for n in sorted(files) if (HUB.match(n) or [None, None])[1] == pick))
+        glob = example.string[:example.end(1)] + "-*" + example.string[example.end() - 1:]
+        raise DataError(f"{where}: Hugging Face Hub shards of {len(found)} splits ({', '.join(found)}); read "
+                        f"as one directory they would be one corpus (split='train': every file but the last, "
+                        f"the other splits' too); read one split by a glob of its files, e.g. "
+                        f"data='{where.rstrip('/')}/{glob}' with split='all' (and another loader "
+                        f"over the validation split's files)")
+
+
+def held_out(paths: list) -> str | None:
+    """What names `paths` (one directory's files, or one split's Hub shards) a held-out set, or
+    None: their directory is `validation/`, `test/`, ... (`HELD_OUT`), or their names are Hub
+    shards of such a split (`validation-0000N-of-0000M.parquet`)."""
+    dirs = {os.path.dirname(p) for p in paths}
+    if len(dirs) == 1 and os.path.basename(next(iter(dirs))).lower() in HELD_OUT:
+        return next(iter(dirs))
+    splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
+    if len(splits) == 1 and next(iter(splits)) in HELD_OUT:
+        return f"the {next(iter(splits))!r} split"
+    return None
 
 
 def _json(read, name: str):

@@ -4,8 +4,9 @@ A `Mixture` names its sources (each anything `data=` takes: a directory, a glob,
 files) and their weights: one `{name: weight}` for the whole run, or a schedule
 `[(first_batch, {name: weight}), ...]` whose stages start at batch indices of the run, the
 first at 0. Weights need not sum to one; a weight of 0 pauses a source, and so does leaving
-it out of a stage. `max_epochs={name: n}` ends a source after its n-th epoch (its weight is
-then shared by the rest); a source without it starts its next epoch alone when it runs out.
+it out of a stage (a warning where the stage before weighed it: a stage carries nothing over).
+`max_epochs={name: n}` ends a source after its n-th epoch (its weight is then shared by the
+rest); a source without it starts its next epoch alone when it runs out.
 
 **The rule** (`Mixer`). Documents are taken one at a time. Within a *counting stage* (a
 schedule's stage; or, after a resume with other weights, the part of a stage from the resume
@@ -145,6 +146,8 @@ def _stages(weights, names: tuple) -> tuple:
             raise ValueError(f"Mixture: stage {i} weighs {', '.join(map(repr, unknown))}, not among the sources "
                              f"({', '.join(map(repr, names))})")
         w = {name: _weight(name, i, given.get(name, 0)) for name in names}
+        if stages:
+            _warn_unnamed(i, first, [name for name in names if name not in given and stages[-1].weights[name]])
         if not any(w.values()):
             raise ValueError(f"Mixture: every weight of stage {i} (from batch {first}) is 0; at least one source "
                              "needs a weight > 0")
@@ -153,6 +156,18 @@ def _stages(weights, names: tuple) -> tuple:
                              "matter: give smaller ones")
         stages.append(Stage(int(first), w))
     return tuple(stages)
+
+
+def _warn_unnamed(stage: int, first: int, unnamed: list) -> None:
+    """A stage that leaves out sources the stage before it weighed weighs them 0, which a warning
+    says: a stage does not carry the one before it (`(90_000, {"math": 0.4})` after
+    `(0, {"web": 0.7, "math": 0.3})` pauses web from batch 90,000)."""
+    if unnamed:
+        import warnings
+        warnings.warn(f"Mixture: stage {stage} (from batch {first}) names no weight for "
+                      f"{', '.join(map(repr, unnamed))}, weighed in stage {stage - 1}: weight 0, not read from "
+                      f"batch {first} (a stage does not carry the previous stage's weights); name them in stage "
+                      f"{stage}, 0 to pause one", UserWarning, stacklevel=4)
 
 
 def _max_epochs(given: Mapping, names: tuple) -> dict:

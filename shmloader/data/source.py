@@ -292,10 +292,13 @@ def _nested_hint(directory: str) -> str | None:
 def _directory(where: str, names: list, read) -> list:
     """The names of the data files among a directory's `names` (`read(name)`: a file's bytes): a
     Hugging Face `datasets` directory's own (`hfdir.data_files`; a notice names what it left
-    out), else every name a format claims."""
+    out), else every name a format claims (not a Hub repository's shards of several splits:
+    `hfdir.one_hub_split`)."""
     picked = hfdir.data_files(where, names, read)
     if picked is None:
-        return [f for f in names if formats.is_data_file(f)]
+        files = [f for f in names if formats.is_data_file(f)]
+        hfdir.one_hub_split(where, files)
+        return files
     kept, left = picked
     if left:
         warn(f"shmloader: {where}: a Hugging Face datasets directory: read its {len(kept)} data file(s), left "
@@ -363,11 +366,15 @@ def _list_remote(data, fs) -> list[str]:
         if info.type == pafs.FileType.File:
             return [path]
         if info.type == pafs.FileType.NotFound:
-            raise DataError(f"{data}: not found on {fs.type_name}: check the bucket and prefix")
+            raise DataError(f"{data}: not found on {fs.type_name}: check the bucket and prefix"
+                            + (" (a remote path is never a glob: give the directory, or a list of its files)"
+                               if _is_glob(path) else ""))
         found = fs.get_file_info(pafs.FileSelector(path, recursive=False))
-    except (pa.ArrowException, OSError) as exc:
-        raise DataError(f"{data}: cannot list it on {fs.type_name} ({exc}); check the endpoint, "
-                        f"the credentials and the bucket") from exc
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow's, OSError, or a filesystem's own transport error (hf://: httpx's)
+        raise DataError(f"{data}: cannot list it on {fs.type_name} ({type(exc).__name__}: {exc}); check the "
+                        f"endpoint, the network, the credentials and the bucket") from exc
     names = [f.base_name for f in found if f.type == pafs.FileType.File and not f.base_name.startswith(".")]
     join = (lambda name: f"{path}/{name}") if path else (lambda name: name)
     files = sorted(join(name) for name in _directory(data, names, lambda name: _read_remote(fs, join(name))))
@@ -406,6 +413,10 @@ def split_files(files: list[str], split: str) -> list[str]:
                             f"pass split='all' (every file)")
         return files[:-1]
     if split == "val":
+        if len(files) > 1 and hfdir.held_out(files):
+            warn(f"shmloader: split='val' reads the last of the {len(files)} files of {hfdir.held_out(files)} "
+                 f"({os.path.basename(files[-1])}), nanochat's val split of a directory; to read all of a "
+                 f"held-out set's files, pass split='all'")
         return files[-1:]
     if split == "all":
         return list(files)

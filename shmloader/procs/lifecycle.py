@@ -61,6 +61,10 @@ NOT_PICKLED = ("a ShmLoader cannot be pickled: its processes and shared-memory r
                "made it. Make the loader in the process that reads it (give another process its arguments, or "
                "its state_dict() to resume from), and use it in place of a torch DataLoader, not as a "
                "DataLoader's dataset")
+NO_LEN = ("a ShmLoader has no len(): it is an endless stream, each epoch followed by the next (as nanochat's "
+          "loader); count training steps yourself (a token budget is steps = tokens // (B * T * world_size)) "
+          "and see stats()['epoch'] for the epoch in progress. It replaces a torch DataLoader: iterate it "
+          "directly, not as a DataLoader's dataset")
 
 
 def _close_all():

@@ -118,3 +118,36 @@ def test_numpy_integers_and_floats_are_taken_as_python_numbers():
     for rank, world in ((0.0, 1), (True, 2), (0, "2")):
         with pytest.raises(ValueError, match=r"rank|world_size"):
             place(rank, world)
+
+
+def test_rank_comes_from_an_initialized_process_group_where_torchrun_s_variables_are_not_set(monkeypatch):
+    """A script started by `torch.multiprocessing.spawn` (or SLURM, MPI) that passes `rank=` to
+    `init_process_group` sets no `RANK`: every rank's loader was rank 0 of 1, so all ranks trained
+    on the same batches, silently (tests/loader/test_client_trial.py runs it in two real processes).
+    torchrun's variables still come first, and the arguments before them."""
+    import torch.distributed as dist
+
+    from shmloader.config import place
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert place(None, None) == (0, 1)  # no group: 0 of 1
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    assert place(None, None) == (1, 2)
+    assert place(0, 3) == (0, 3)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert place(None, None) == (2, 4)
+
+
+def test_a_rank_past_the_world_size_says_where_each_came_from(monkeypatch):
+    """`RANK` set without `WORLD_SIZE` (a hand-written launcher): "got rank 3 of 1" named neither."""
+    from shmloader.config import place
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"got rank 3 \(\$RANK\) of 1 \(the default\); pass both rank= and "
+                                         r"world_size=, or set both RANK and WORLD_SIZE"):
+        place(None, None)
+    with pytest.raises(ValueError, match=r"got rank 3 \(\$RANK\) of 2 \(given\)"):
+        place(None, 2)

@@ -1,6 +1,7 @@
 """nanochat's `tokenizer_threads` as worker processes (shmloader/nanochat.py): at most the cores
 the training process may run on, unless `num_workers` says how many."""
 import os
+import re
 
 import pytest
 
@@ -20,10 +21,10 @@ def test_num_workers_is_taken_as_given(monkeypatch):
 
 
 @pytest.mark.parametrize("bad", [0, -1, "4", True, 2.0])
-def test_a_bad_thread_count_is_refused_as_num_workers_would_be(monkeypatch, bad):
+def test_a_bad_thread_count_is_refused_naming_tokenizer_threads(monkeypatch, bad):
+    """It was refused as "num_workers must be a positive integer", a keyword the caller never passed."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert nanochat._workers(bad, None) is bad
-    with pytest.raises(ValueError, match="num_workers"):
+    with pytest.raises(ValueError, match=r"tokenizer_threads must be a positive integer .*got " + re.escape(repr(bad))):
         nanochat.tokenizing_distributed_data_loader_with_state(2, 16, "train", tokenizer_threads=bad, device="cpu",
                                                                data="/nonexistent", tokenizer="gpt2")
 

@@ -34,14 +34,31 @@ def kind_of(path: str, schema, column: str, where: str = "") -> str:
 
 
 def kind_of_type(path: str, kind, column: str, where: str = "") -> str:
-    values = kind.value_type if pa.types.is_dictionary(kind) else kind
-    if pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_string_view(values):
+    if _is_text(kind):
         return TEXT
     if (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
             or _is_view(kind)) and pa.types.is_integer(kind.value_type):
         return TOKENS
     raise DataError(f"{path}: {where}column {column!r} is {kind}, expected text (a string column: string, "
-                    f"large_string, string_view, or a dictionary of strings) or token ids (a list of integers)")
+                    f"large_string, string_view, or a dictionary of strings) or token ids (a list of integers)"
+                    f"{_nested_hint(kind, column)}")
+
+
+def _is_text(kind) -> bool:
+    """A string type, or a dictionary of strings."""
+    values = kind.value_type if pa.types.is_dictionary(kind) else kind
+    return pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_string_view(values)
+
+
+def _nested_hint(kind, column: str) -> str:
+    """What to do with a struct or a list of strings, whose documents are one level down."""
+    if pa.types.is_struct(kind):
+        return (f"; a struct's fields are not read as documents: write the one holding them to a column of its "
+                f"own (pyarrow's table.flatten() names it '{column}.<field>', then pass column='{column}.<field>')")
+    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and _is_text(kind.value_type):
+        return ("; a list of strings is not one document: join each row's strings into one string column "
+                "(pyarrow.compute.binary_join)")
+    return ""
 
 
 def docs_of(array, kind: str, n_vocab: int | None, where) -> list:

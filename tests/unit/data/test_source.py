@@ -303,6 +303,39 @@ def test_a_datasets_cache_directory_leaves_out_map_outputs_and_wants_one_split(t
     assert [os.path.basename(f) for f in list_files(str(d / "*-train*.arrow"))] == [os.path.basename(f) for f in got]
 
 
+@pytest.mark.parametrize("remote", [False, True])
+def test_hub_shards_of_several_splits_in_one_directory_are_refused_saying_which_glob(tmp_path, remote):
+    """A Hugging Face Hub repository's `data/` (`push_to_hub`: `<split>-0000N-of-0000M[-<hash>].parquet`)
+    given as a directory was one corpus: `split="train"` read every file but the last by name,
+    `test-*` first, so the run trained on the test split and validated on `validation-*`."""
+    import pyarrow.fs as pafs
+    fs = pafs.LocalFileSystem() if remote else None
+    d = tmp_path / "data"
+    d.mkdir()
+    for name in ("test-00000-of-00001-9f1c2a.parquet", "train-00000-of-00002-3b7d0e.parquet",
+                 "train-00001-of-00002-3b7d0e.parquet", "validation-00000-of-00001-c41a55.parquet"):
+        write(d / name, ["x"])
+    with pytest.raises(DataError, match=r"data: Hugging Face Hub shards of 3 splits \(test, train, validation\).*"
+                                        r"the other splits' too\); read one split by a glob of its files, e\.g\. "
+                                        r"data='.*data/train-\*\.parquet' with split='all'"):
+        list_files(str(d), fs)
+    train = list_files(str(d / "train-*.parquet"))
+    assert [os.path.basename(f) for f in train] == ["train-00000-of-00002-3b7d0e.parquet",
+                                                   "train-00001-of-00002-3b7d0e.parquet"]
+    for f in (d / "test-00000-of-00001-9f1c2a.parquet", d / "validation-00000-of-00001-c41a55.parquet"):
+        f.unlink()
+    assert list_files(str(d), fs) == [str(d / os.path.basename(f)) for f in train]  # one split: read as it is
+    cfg = tmp_path / "cfg"  # a config's name before the split's, as the Hub's parquet conversion names them
+    cfg.mkdir()
+    for name in ("wikitext-103-raw-v1-test-00000-of-00001.parquet", "wikitext-103-raw-v1-train-00000-of-00001.parquet"):
+        write(cfg / name, ["x"])
+    with pytest.raises(DataError, match=r"2 splits \(test, train\).*data='.*cfg/wikitext-103-raw-v1-train-\*\.parquet'"):
+        list_files(str(cfg), fs)
+    write(d / "de-00000-of-00001.parquet", ["y"])  # shards of other names (languages): one corpus
+    assert [os.path.basename(f) for f in list_files(str(d), fs)] == ["de-00000-of-00001.parquet"] + [
+        os.path.basename(f) for f in train]
+
+
 def test_a_state_json_of_ones_own_is_no_hugging_face_directory(tmp_path):
     """Only `state.json` with `_data_files` (or dataset_info.json, dataset_dict.json) marks one."""
     (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
@@ -362,3 +395,45 @@ def test_a_path_beginning_with_a_tilde_is_told_to_be_expanded(tmp_path, monkeypa
     from shmloader.data.tokenizer import resolve
     with pytest.raises(FileNotFoundError, match=r"tokenizer not found at ~/tok\.pkl \(~/tok\.pkl begins with ~"):
         resolve("~/tok.pkl")
+
+
+def test_a_remote_listing_that_fails_in_the_filesystem_s_transport_is_a_data_error_naming_the_uri(tmp_path):
+    """`hf://datasets/...` (pyarrow's fsspec Hugging Face filesystem) without network raised the
+    transport's own `httpcore.ConnectError`, naming neither the data nor what to check; a glob of a
+    remote path (as pandas and DuckDB take `hf://.../*.parquet`) was "not found" alone."""
+    import pyarrow.fs as pafs
+    pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Offline(MemoryFileSystem):  # an fsspec filesystem whose transport fails, as hf:// offline
+        protocol = "hf"
+
+        def info(self, path, **kwargs):
+            raise RuntimeError("[Errno -2] Name or service not known")
+
+    offline = pafs.PyFileSystem(pafs.FSSpecHandler(Offline()))
+    with pytest.raises(DataError, match=r"hf://datasets/org/corpus: cannot list it on py::fsspec\+hf \(RuntimeError: "
+                                        r"\[Errno -2\] Name or service not known\); check the endpoint, the network"):
+        list_files("hf://datasets/org/corpus", offline)
+    write(tmp_path / "a.parquet", ["x"])
+    with pytest.raises(DataError, match=r"not found on local: check the bucket and prefix \(a remote path is never a "
+                                        r"glob: give the directory, or a list of its files\)"):
+        list_files(str(tmp_path / "*.parquet"), pafs.LocalFileSystem())
+
+
+def test_split_val_over_a_held_out_set_s_files_warns_that_it_reads_the_last_alone():
+    """A separate validation directory (or a Hub download's `validation-*` shards) given with
+    `split="val"`, as a user names it, read its last file alone, silently: nanochat's val split is
+    the last file of the one directory."""
+    import warnings
+    for files, named in ((["/d/validation/a.parquet", "/d/validation/b.parquet"], "/d/validation"),
+                         (["/d/data/validation-00000-of-00002.parquet", "/d/data/validation-00001-of-00002.parquet"],
+                          "the 'validation' split")):
+        with pytest.warns(UserWarning, match=rf"split='val' reads the last of the 2 files of {re.escape(named)} "
+                                             rf"\({os.path.basename(files[-1])}\).*pass split='all'"):
+            assert split_files(files, "val") == files[-1:]
+        assert split_files(files, "all") == files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert split_files(["/d/shards/s0.parquet", "/d/shards/s1.parquet"], "val") == ["/d/shards/s1.parquet"]
+        assert split_files(["/d/test/s0.parquet"], "val") == ["/d/test/s0.parquet"]
