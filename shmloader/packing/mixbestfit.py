@@ -1,4 +1,6 @@
-"""Best fit over a mixture: the coordinator's mode when a best-fit run reads several sources.
+"""Best fit's one mode (`MixBestFitMode`), over a mixture or one source (`SourceBestFitMode`: the
+same mode made of one source's parts, its only code its `__init__`; packing/bestfit.py says how one
+source's chunks are cut, its table and its sink, `where_one_source_stands`). Below: a mixture's.
 
 The mixed stream (packing/mix.py: documents of every source interleaved by the mixing rule)
 enters best fit's planner (packing/planner.py) a *chunk* at a time, as one source's does: a
@@ -23,6 +25,13 @@ A mixture of one source that is a pass-through (packing/mixone.py `passes`) has 
 chunks are cut from its counted pieces where the stream would cut them (`PassingChunks`), the
 mixer told what each takes, the rest as above; the same chunks, points and buffers
 (tests/unit/packing/test_mixone.py).
+
+The mode and its sequencer (`bestfit.BestFitSequencer`) are one for every kind of run: what
+differs is their parts, chosen once where they are made (`mix_sequencer`: a mixture's chunks,
+`MixPieceTable` and `MixSink`; `MixBestFitMode._begin`: the stream, the feed, the pieces that are
+the sequencer's own order, whether a worker reads on past the pair, the slot's sink), with no
+flag of the kind tested in them; tests/unit/packing/test_bestfit_replay.py checks their every
+output against main's two modes before they became one.
 
 Pieces go out as packing/mixfeed.py says, within best fit's read-ahead cap on documents not yet
 in the buffer (and past it for the source the mix waits for). A document's id is its piece's
@@ -505,7 +514,7 @@ class MixBestFitMode(Mode):
                 return False
             if pick.needed:
                 return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
-        return Mode.can_take(self, worker) and self._reading_ahead()
+        return self._reading_ahead() and self._room(worker, pair=True)  # `Mode.can_take`'s, a frame less
 
     can_continue = Mode.can_continue  # no slices past the pair unless made with `slices` (`_continues`)
 
