@@ -453,8 +453,9 @@ class MixBestFitMode(Mode):
     order, one that cannot be read held by `stops` and said once every piece before it is in, a
     plan ran out of them, or the resumed buffer waits for it, and every batch planned is
     announced), the rest the feed's (held by the stream: `Said`), whether a worker may take the
-    next slice of its row group past the pair within the cap (one source's order: yes; a mix's
-    feed decides what is read ahead), and the sink of a batch's slot (`buffer_of`)."""
+    next slice of its row group past the pair within the cap and whether the cap alone decides
+    what is read ahead (one source's order: yes, its feed never needs a piece nor stops; a mix's
+    feed decides: its pick first), and the sink of a batch's slot (`buffer_of`)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
@@ -480,11 +481,13 @@ class MixBestFitMode(Mode):
         feed = MixFeed(mix, stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
         self._begin(cfg, seq, stream, feed, prefix, len(prefix), False, lambda done: packed_buffer(done.runs, lo))
 
-    def _begin(self, cfg, seq: BestFitSequencer, stream, feed, prefix: list, ordered: int, slices: bool, sink):
+    def _begin(self, cfg, seq: BestFitSequencer, stream, feed, prefix: list, ordered: int, reads_on: bool, sink):
         """The mode over its parts: `seq` the sequencer, `stream` what the feed asks (a `MixStream`,
         a `OneStream`, a `Passing`), `feed` what hands pieces out after the resumed buffer's
-        (`prefix`: re-read first), the pieces below `ordered` the sequencer's own order, `slices`
-        whether a worker may read on past the pair (`can_continue`), `sink` what a batch's slot
+        (`prefix`: re-read first), the pieces below `ordered` the sequencer's own order, `reads_on`
+        whether the read-ahead cap alone says whether a worker may take a piece, and a worker may
+        read on past the pair (`_within_cap`, `_continues`: one source's order, whose feed never
+        needs a piece nor stops; else the feed's pick is asked first), `sink` what a batch's slot
         carries for the state (`Mode.buffer_of`): a mixture's point and buffer, packed; one
         source's buffer runs as text (`base.encode_buffer`)."""
         self.seq, self.stream, self.feed = seq, stream, feed
@@ -495,8 +498,8 @@ class MixBestFitMode(Mode):
         self.assigned_docs = 0           # documents assigned, not counted
         self.said = Said(stream)
         self.buffer_of = sink
-        if slices:
-            self.can_continue = self._continues
+        if reads_on:  # chosen once: the feed is not asked (its pick is always the same)
+            self.can_take, self.can_continue = self._within_cap, self._continues
 
     def take(self, worker: int, piece):
         Mode.take(self, worker, piece)
@@ -514,9 +517,13 @@ class MixBestFitMode(Mode):
                 return False
             if pick.needed:
                 return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
-        return self._reading_ahead() and self._room(worker, pair=True)  # `Mode.can_take`'s, a frame less
+        return self._within_cap(worker)
 
-    can_continue = Mode.can_continue  # no slices past the pair unless made with `slices` (`_continues`)
+    def _within_cap(self, worker: int) -> bool:
+        """`can_take` within the read-ahead cap (`Mode.can_take`'s rule, `_room`, a frame less)."""
+        return self._reading_ahead() and self._room(worker, pair=True)
+
+    can_continue = Mode.can_continue  # no slices past the pair unless made with `reads_on` (`_continues`)
 
     def _continues(self, worker: int) -> bool:
         """A worker may take the next slice of the row group it holds past the pair of pieces
@@ -597,8 +604,9 @@ class SourceBestFitMode(MixBestFitMode):
     the sequencer's own order (`ordered`: every piece), counted into one source's `Chunks` in
     order and numbered so that the buffer's runs are its stretches of consecutive ids (packing/
     bestfit.py); its feed is that order (`mixfeed.OrderFeed` over a `mixone.Passing` that no
-    piece is counted into: nothing to mix, nothing to wait for), a worker may read on past the
-    pair within the cap, and its batches carry the buffer's runs (`Mode.buffer_of`)."""
+    piece is counted into: nothing to mix, nothing to wait for, so its pick is not asked), the
+    read-ahead cap alone decides what a worker may take and a worker may read on past the pair
+    within it (`reads_on`), and its batches carry the buffer's runs (`Mode.buffer_of`)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
