@@ -17,5 +17,6 @@ class Modes(NamedTuple):
 
 PACKINGS = {p.name: p for p in (concat.PACKING, bestfit.PACKING)}
 MODES = {concat.PACKING.name: Modes(mixmode.SourceConcatMode, mixmode.MixConcatMode, mixmode.ConcatPlace),
-         bestfit.PACKING.name: Modes(bestfit.BestFitMode, mixbestfit.MixBestFitMode, mixbestfit.BestFitPlace)}
+         bestfit.PACKING.name: Modes(mixbestfit.SourceBestFitMode, mixbestfit.MixBestFitMode,
+                                       mixbestfit.BestFitPlace)}
 MIX_MODES = {name: modes.mixture for name, modes in MODES.items()}

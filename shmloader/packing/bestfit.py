@@ -18,22 +18,21 @@ The position after batch k is canonical: the buffer (documents by file, row grou
 as runs, in arrival order) and the end of the last chunk that entered it. `Chunks` and
 `PieceTable` serve the sequencer and `BestFitLocator`, which replays the same planner over a
 rank's document lengths to find its position at a batch count (a rank given another rank's
-state). `BestFitMode` is the coordinator's view of the sequencer (`base.Mode`); a worker keeps
+state). The coordinator's mode of best fit, one source's or a mixture's, is one
+(packing/mixbestfit.py `MixBestFitMode`; one source's `SourceBestFitMode` is it made of one
+source's parts: these `Chunks`, this `PieceTable`, `where_one_source_stands`); a worker keeps
 each counted piece's documents until each is placed (`_Docs`) and writes the placements a
 `Rows` order names (`write`);
 `PACKING` is the spec the rest of the loader reads.
 """
-import itertools
 from collections import Counter, deque
 from typing import NamedTuple
 
 import numpy as np
 
 from ..data.order import buffer_pieces, ramp_for
-from ..ipc.protocol import Ended
-from ..ipc.ring import Stat
 from ..position import Position
-from .base import UNCAPPED, BatchBook, Complete, Found, InOrder, Mode, Packing
+from .base import UNCAPPED, BatchBook, Complete, Found, InOrder, Packing
 from .planner import BestFitPlanner, Drained
 from .positions import fill_prefix
 
@@ -70,11 +69,23 @@ class Chunks:
     `end` is the position `(epoch, file, rg, doc)` after the chunk, `last_end` that of the
     last chunk a plan took."""
 
+    dry = False                       # a mixture's chunks that ended (one source's never do)
+
     def __init__(self, chunk_docs: int, last_end: tuple):
         self.chunk_docs, self.last_end = chunk_docs, last_end
         self.docs = 0                 # documents queued
         self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
+
+    def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
+        """A counted piece of `seq` (a `BestFitSequencer`): one source's pieces are all of its own
+        order, cut into chunks once those before are (`seq.in_order`, `add`)."""
+        seq.in_order(piece, owner, lengths)
+
+    def unread(self) -> int:
+        """Rows counted and not yet taken into a chunk nor waiting in the sequencer's order (one
+        source's: none, `add` takes them; a mixture's stream takes them as a plan asks)."""
+        return 0
 
     def add(self, piece, base: int, lengths: np.ndarray, live: np.ndarray | None = None):
         """The rows of `piece`, whose first document has id `base`; `live`: its rows with a
@@ -262,17 +273,29 @@ class PieceTable:
 
 
 class BestFitSequencer:
+    """Best fit's planning of one run, one source's or a mixture's: counted pieces numbered
+    (`number`), their documents entering the planner a chunk at a time (`chunks`), each batch
+    planned when its slot is free, its write orders by worker and what it announces once written
+    (`sink`). What differs between one source and a mixture is its parts, given where it is made
+    (packing/mixbestfit.py makes a mixture's): its `chunks` (one source's `Chunks`, cut from its
+    pieces in order; a mixture's pulled from its stream), its `table` (a mixture's knows each
+    piece's source) and its `sink` (`where_one_source_stands`; a mixture's point and buffer)."""
+
     def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, chunk_docs: int,
-                 n_prefix: int, start_doc_end):
+                 n_prefix: int, start_doc_end, chunks: "Chunks | None" = None, table: "PieceTable | None" = None,
+                 sink=None):
         """`n_prefix` pieces (indices 0..n_prefix-1) rebuild a resumed buffer; `start_doc_end`
-        is the position `(epoch, file, rg, doc)` the run starts from."""
+        is the position `(epoch, file, rg, doc)` the run starts from. The parts, one source's
+        unless given: `chunks` (made with `chunk_docs` and `start_doc_end`), `table` and `sink`
+        (`sink(seq, plan)`: the `Complete` of the batch just planned)."""
         self.B, self.row_len = B, T + 1
         self.buffer_size = buffer_size
         self.planner = None if n_prefix else BestFitPlanner(B, T + 1, buffer_size)
         self.n_prefix = n_prefix
         self.book = BatchBook(n_slots)
-        self.chunks = Chunks(chunk_docs, start_doc_end)
-        self.table = PieceTable()
+        self.chunks = Chunks(chunk_docs, start_doc_end) if chunks is None else chunks
+        self.table = PieceTable() if table is None else table
+        self._sink = where_one_source_stands if sink is None else sink
         self.planned = 0                      # batches planned
         self._pieces = {}                     # index -> [owner, its live rows, how many are not placed]
         self._placed_rows = []                # (pieces, rows) placed, arrays: those of pieces gone pruned
@@ -289,17 +312,23 @@ class BestFitSequencer:
         self._starved_news = None             # chunks.news() when it did
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
+        """`piece`, held by `owner`, was counted: into the chunks as they take it (`Chunks.arrive`)."""
+        self.chunks.arrive(self, piece, owner, np.asarray(lengths, dtype=np.int64))
+
+    def in_order(self, piece, owner: int, lengths: np.ndarray):
+        """A counted piece of the sequencer's own order (one source's every piece, a resumed
+        buffer's), numbered once those before it are: the resumed buffer's rebuild the planner,
+        the others are cut into chunks (`Chunks.add`)."""
         self.backlog_docs += len(lengths)
-        lengths = np.asarray(lengths, dtype=np.int64)
         for _, (piece, owner, lengths) in self._counted.add(piece.index, (piece, owner, lengths)):
             self.backlog_docs -= len(lengths)
-            base, live = self._number(piece, owner, lengths)
+            base, live = self.number(piece, owner, lengths)
             if piece.index < self.n_prefix:
                 self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
             else:
                 self.chunks.add(piece, base, lengths, live)
 
-    def _number(self, piece, owner: int, lengths: np.ndarray) -> "tuple[int, np.ndarray]":
+    def number(self, piece, owner: int, lengths: np.ndarray) -> "tuple[int, np.ndarray]":
         """Documents get ids `base + row` (pieces numbered in the order they are counted); a piece
         with documents is `owner`'s until every one is placed. One id is left out before a piece
         that does not go on from the last one's end in its row group, so that consecutive ids
@@ -370,8 +399,8 @@ class BestFitSequencer:
         return out
 
     def _complete(self, plan) -> Complete:
-        """What batch `planned`, just planned (`plan`), announces once written: the position after it."""
-        return Complete(self.planned, Position(*self.chunks.last_end), self.buffer_runs(), self.docs_placed)
+        """What batch `planned`, just planned (`plan`), announces once written: the sink's."""
+        return self._sink(self, plan)
 
     def _orders(self, plan) -> dict:
         """`{worker: placements}` of `plan` (an (n, 5) array of rows `[piece, row, batch_row,
@@ -420,6 +449,12 @@ class BestFitSequencer:
         return [done for _, done in self.book.ready(self._positions.pop)]
 
 
+def where_one_source_stands(seq: BestFitSequencer, plan) -> Complete:
+    """One source's sink: the position after the batch just planned (the end of the last chunk
+    its plan took) and the buffer as runs (`buffer_runs`)."""
+    return Complete(seq.planned, Position(*seq.chunks.last_end), seq.buffer_runs(), seq.docs_placed)
+
+
 def read_ahead_cap(buffer_size: int, max_piece_docs: int, piece_docs: int = 0, cap: int = 0) -> int:
     """Best fit's read-ahead cap (documents counted or given and not yet in the buffer): the
     buffer and two pieces of `max_piece_docs`. With a token cache pieces are whole row groups
@@ -430,99 +465,6 @@ def read_ahead_cap(buffer_size: int, max_piece_docs: int, piece_docs: int = 0, c
     if max_piece_docs < UNCAPPED:
         return buffer_size + 2 * max_piece_docs
     return max(cap, buffer_size + 2 * max(piece_docs, 1024))
-
-
-class BestFitMode(Mode):
-    """Best fit: documents are placed one by one by the planner; a piece leaves its worker's
-    load when counted, and a global cap bounds the documents waiting to enter the buffer. A
-    piece that cannot be read stops the stream where a plan would take its first chunk: its
-    error is said (`Ended`) once every piece before it is in, a plan ran out of them (or the
-    resumed buffer waits for it) and every batch planned is announced."""
-
-    def __init__(self, cfg, run, n_workers: int, pieces):
-        super().__init__(n_workers, cfg)
-        prefix = buffer_pieces(run.buffer_runs, cfg.max_piece_docs)
-        ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
-        self.pieces = itertools.chain(prefix, pieces(ramp, cap, len(prefix)))
-        s = run.start
-        self.seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size,
-                                    cfg.tokenizer_batch_size, len(prefix), (s.epoch, s.file, s.rg, s.doc))
-        self.max_piece_docs = cfg.max_piece_docs
-        self.cap = read_ahead_cap(cfg.buffer_size, cfg.max_piece_docs)
-        self.assigned_docs = 0           # documents assigned, not counted
-
-    def take(self, worker: int, piece):
-        super().take(worker, piece)
-        self.assigned_docs += piece.n_docs
-        self.cap = read_ahead_cap(self.seq.buffer_size, self.max_piece_docs, piece.n_docs, self.cap)
-
-    def can_take(self, worker: int) -> bool:
-        """Read ahead up to a cap on documents not yet in the buffer; past it only while a
-        plan waits for documents and none is being tokenized (a batch of many short documents
-        can need more than the cap)."""
-        return self._reading_ahead() and super().can_take(worker)
-
-    def can_continue(self, worker: int) -> bool:
-        """A worker may take the next slice of the row group it holds past the pair of pieces
-        (packing/affinity.py), within the same read-ahead cap."""
-        return self._reading_ahead() and self._room(worker, pair=False)
-
-    def _reading_ahead(self) -> bool:
-        waiting = self.seq.chunks.docs + self.seq.backlog_docs + self.assigned_docs
-        return waiting < self.cap or (self.seq.starved and not self.assigned_docs)
-
-    def counted(self, msg):
-        w, piece = self.owner.pop(msg.piece), self.specs.pop(msg.piece)
-        self._counted_by(w, piece, 0)
-        self.assigned_docs -= piece.n_docs
-        self.seq.counted(piece, w, msg.lengths)
-        return piece
-
-    def failed(self, index: int, error) -> bool:
-        self._forget(index)
-        self.stops.add(index, error)
-        return True
-
-    def _forget(self, index: int):
-        piece = super()._forget(index)
-        if piece is not None:
-            self.assigned_docs -= piece.n_docs
-        return piece
-
-    def messages(self):
-        seq = self.seq
-        error = self.stops.due(self.stops.first() == seq.next_index and seq.stuck()
-                               and seq.book.announced >= seq.planned)
-        return () if error is None else (Ended(error.head),)
-
-    def freed(self, batch: int):
-        self.seq.freed(batch)
-
-    def orders(self, take_slot):
-        for k, by_worker in self.seq.plan():
-            slot = take_slot(k)
-            for w, placements in by_worker.items():
-                yield w, Rows(k, slot, placements)
-
-    def written(self, counts):
-        self.seq.written(counts)
-
-    def holding(self, worker: int, orders) -> dict:
-        """The pieces `worker` was given and not counted (whole), and of the counted ones it owns
-        the rows not yet placed and those of the orders it has not acknowledged."""
-        out = super().holding(worker, orders)
-        out.update(self.seq.unplaced(worker))
-        for order in orders:
-            for index, row, *_ in _placed(order.placements):
-                out.setdefault(index, set()).add(row)
-        return out
-
-    def ready(self) -> list[Complete]:
-        return self.seq.ready()
-
-    def stats(self):
-        row_tokens = self.seq.B * self.seq.row_len
-        return (Stat.CROPPED, self.seq.tokens_cropped), (Stat.PLACED, self.seq.planned * row_tokens)
 
 
 class BestFitLocator:

@@ -1,4 +1,6 @@
-"""Best fit over a mixture: the coordinator's mode when a best-fit run reads several sources.
+"""Best fit's one mode (`MixBestFitMode`), over a mixture or one source (`SourceBestFitMode`: the
+same mode made of one source's parts, its only code its `__init__`; packing/bestfit.py says how one
+source's chunks are cut, its table and its sink, `where_one_source_stands`). Below: a mixture's.
 
 The mixed stream (packing/mix.py: documents of every source interleaved by the mixing rule)
 enters best fit's planner (packing/planner.py) a *chunk* at a time, as one source's does: a
@@ -24,6 +26,13 @@ chunks are cut from its counted pieces where the stream would cut them (`Passing
 mixer told what each takes, the rest as above; the same chunks, points and buffers
 (tests/unit/packing/test_mixone.py).
 
+The mode and its sequencer (`bestfit.BestFitSequencer`) are one for every kind of run: what
+differs is their parts, chosen once where they are made (`mix_sequencer`: a mixture's chunks,
+`MixPieceTable` and `MixSink`; `MixBestFitMode._begin`: the stream, the feed, the pieces that are
+the sequencer's own order, whether a worker reads on past the pair, the slot's sink), with no
+flag of the kind tested in them; tests/unit/packing/test_bestfit_replay.py checks their every
+output against main's two modes before they became one.
+
 Pieces go out as packing/mixfeed.py says, within best fit's read-ahead cap on documents not yet
 in the buffer (and past it for the source the mix waits for). A document's id is its piece's
 base (pieces numbered in the order they are counted) plus its row; the worker holding a piece
@@ -45,6 +54,7 @@ planned is announced.
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -54,12 +64,15 @@ import numpy as np
 from ..data import mixrules
 from ..data.mixture import Mixer
 from ..data.order import buffer_pieces, ramp_for
+from ..ipc.protocol import Ended
+from ..ipc.ring import Stat
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .bestfit import BestFitMode, BestFitSequencer, Chunks, PieceTable, read_ahead_cap
+from .bestfit import BestFitSequencer, Chunks, PieceTable, _placed, read_ahead_cap
+from .bestfit import Rows as WriteRows
 from .mix import MixPoint, MixStream, first_end_of
 from .mixruns import Rows, sources_at
-from .mixfeed import MixFeed, Said, start_points
-from .mixone import OneStream, passes
+from .mixfeed import MixFeed, OrderFeed, Said, start_points
+from .mixone import OneStream, Passing, passes
 from .mixtext import packed_with_buffer, point_with_buffer_text
 from .runs import decode, narrow
 
@@ -196,24 +209,55 @@ def _buffer_values(runs: np.ndarray, lo: dict) -> tuple:
     return names, width, values.tobytes()
 
 
-class MixChunks(Chunks):
+class _Pulled(Chunks):
+    """A mixture's chunks (`MixChunks`, `PassingChunks`): pulled from its stream when a plan asks
+    (`_more`), its counted pieces numbered as they come (`arrive`; a resumed buffer's in order, as
+    one source's), each piece's first id kept until the stream used it up (`bases`)."""
+
+    def __init__(self, stream, chunk_docs: int, start, used):
+        """`start`: the `MixPoint` the run starts from, or None; `used(source, piece)`: each piece of
+        the mix whose last run goes into a chunk."""
+        super().__init__(chunk_docs, start)
+        self.stream, self._used = stream, used
+        self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
+        self.rows = 0                 # rows (documents and nulls) the mix took into chunks
+        self.counted_rows = 0         # rows of the mix's pieces counted
+        self._pending = []            # (ids, lengths) of the chunk being formed
+        self._pending_docs = 0
+        self._end = None              # where the chunk being formed ends so far
+        self.dry = False              # the mix ended and its every document is in a chunk a plan took
+
+    def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
+        if piece.index < seq.n_prefix:  # the resumed buffer: in order, as one source's
+            seq.in_order(piece, owner, lengths)
+            return
+        self._bases[piece.index], _ = seq.number(piece, owner, lengths)
+        self.counted_rows += len(lengths)
+
+    def unread(self) -> int:
+        return self.counted_rows - self.rows
+
+    def _drained(self) -> bool:
+        return self.stream.finished is not None
+
+    def news(self):
+        """A plan that ran out waits for the mix to change (`MixStream.version`: a count, a source
+        that ends, the end, a piece that cannot be read): tried again at every turn, it ran out
+        again about once a batch."""
+        return self.stream.version
+
+    def _ran_out(self):
+        # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
+        self.dry = self.stream.finished is not None
+
+
+class MixChunks(_Pulled):
     """The mixed stream as best fit's chunks: the next documents the mix picks up to the first
     that ends one of its source's chunks (a stream made with `chunk`: packing/mix.py
     `ends_chunk`), `chunk_docs` at most (version 6's rule, a stream without `chunk`: the next
     `chunk_docs`, data/mixrules.py), made when a plan asks for one (`_more`); each chunk's end is
     where the mix stands after it (`last_end`: `(run, row)` for `point_at`, after the last chunk a
     plan took)."""
-
-    def __init__(self, stream: MixStream, chunk_docs: int, ids_of, start):
-        """`ids_of(stretch)`: `(ids, lengths)` of the stretch's documents (`mixruns.Stretch`);
-        `start`: the `MixPoint` the run starts from, or None."""
-        super().__init__(chunk_docs, start)
-        self.stream, self._ids_of = stream, ids_of
-        self.rows = 0                 # rows (documents and nulls) the mix took into chunks
-        self._pending = []            # (ids, lengths) of the chunk being formed
-        self._pending_docs = 0
-        self._end = None              # where the chunk being formed ends so far
-        self.dry = False              # the mix ended and its every document is in a chunk a plan took
 
     def _more(self) -> bool:
         """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
@@ -235,18 +279,18 @@ class MixChunks(Chunks):
                 break  # the mix ended: its last documents are a shorter chunk
         return _queued(self)
 
-    def _drained(self) -> bool:
-        return self.stream.finished is not None
-
-    def news(self):
-        """A plan that ran out waits for the mix to change (`MixStream.version`: a count, a source
-        that ends, the end, a piece that cannot be read): tried again at every turn, it ran out
-        again about once a batch."""
-        return self.stream.version
-
-    def _ran_out(self):
-        # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
-        self.dry = self.stream.finished is not None
+    def _ids_of(self, stretch) -> tuple:
+        """The ids and lengths of a stretch's documents, in stream order (a document's id: its
+        piece's base and its row)."""
+        which, rows, lengths = stretch.documents()
+        if len(stretch.rows) == 1:  # one piece's documents (a mixture of one's): one base
+            ids = rows + self._bases[stretch.rows[0].piece.index]
+        else:
+            ids = np.array([self._bases[r.piece.index] for r in stretch.rows], dtype=np.int64)[which] + rows
+        for source, piece in stretch.used_up():
+            del self._bases[piece.index]
+            self._used(source, piece)
+        return ids, lengths
 
 
 def _queued(chunks) -> bool:
@@ -277,7 +321,7 @@ class _Head:
         self.q = self.covered = 0
 
 
-class PassingChunks(Chunks):
+class PassingChunks(_Pulled):
     """`MixChunks` of a pass-through (packing/mixone.py): its one source's counted pieces, in its
     order, cut where the stream cuts them (packing/mix.py: after the first document that ends one
     of its source's chunks, `first_end_of`, and `chunk_docs` at most; version 6's rule without
@@ -286,17 +330,12 @@ class PassingChunks(Chunks):
     run ends (the row after its last document past the nulls); a piece's `Rows`, as the stream
     reads it, but no block or stretch."""
 
-    def __init__(self, stream, chunk_docs: int, chunk, cap: int, bases: dict, used, start):
+    def __init__(self, stream, chunk_docs: int, chunk, cap: int, used, start):
         """`chunk`: best fit's chunk rule (`mixrules.chunk`), None for version 6's; `cap`: the
-        mixer counts a document's tokens up to it; `bases`: each counted piece's first id, dropped
-        once the piece is used up; `used(source, piece)`: it is."""
-        super().__init__(chunk_docs, start)
-        self.stream, self.chunk, self.cap, self._bases, self._used = stream, chunk, cap, bases, used
-        self.rows = 0                 # rows (documents and nulls) taken into chunks
+        mixer counts a document's tokens up to it; `used(source, piece)`: a counted piece is used up."""
+        super().__init__(stream, chunk_docs, start, used)
+        self.chunk, self.cap = chunk, cap
         self._heads = deque()
-        self._pending, self._pending_docs = [], 0
-        self._end = None
-        self.dry = False
         stream.holding = self._holding
 
     def _holding(self) -> bool:
@@ -359,88 +398,70 @@ class PassingChunks(Chunks):
             self._use_up(head)
         return ended
 
-    def _drained(self) -> bool:
-        return self.stream.finished is not None
 
-    def news(self):
-        return self.stream.version
+def mix_sequencer(cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | None, used, lo: dict,
+                  chunk=None) -> BestFitSequencer:
+    """Best fit's sequencer made of a mixture's parts: its chunks pulled from `stream` (a
+    `MixStream`'s `MixChunks`; a pass-through's `OneStream`'s `PassingChunks`, cut by `chunk`,
+    `mixrules.chunk`'s), a `MixPieceTable` and the `MixSink`. `used(source, piece)`: each piece of
+    the mix whose last run goes into a chunk; `lo`: each source's first file in the run's numbering."""
+    if type(stream) is OneStream:  # a pass-through (packing/mixone.py): no stream to take chunks from
+        chunks = PassingChunks(stream, cfg.tokenizer_batch_size, chunk, cfg.T + 1, used, start)
+    else:
+        chunks = MixChunks(stream, cfg.tokenizer_batch_size, start, used)
+    return BestFitSequencer(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, None,
+                            chunks=chunks, table=MixPieceTable(lo), sink=MixSink(stream, lo))
 
-    def _ran_out(self):
-        self.dry = self.stream.finished is not None
 
+class MixSink:
+    """A mixture's sink of best fit's sequencer (`BestFitSequencer`'s `sink`): the `Complete` of the
+    batch just planned, its position and `MixBuffer`. The batch's tokens of each source settle the
+    mixer's counts (`Mixer.settle`) and the next batch's stage begins (whenever the mix would enter
+    it, before its first pick: so the point is the same for any timing); the point after the last
+    chunk planned, its mixer's state now, and the buffer."""
 
-class MixBestFitSequencer(BestFitSequencer):
-    """`BestFitSequencer` whose chunks come from a mixture's stream (`MixChunks`)."""
-
-    def __init__(self, cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | None, used,
-                 lo: dict, chunk=None):
-        """`stream`: a `MixStream`, or a pass-through's `OneStream` (its chunks `PassingChunks`, cut by
-        `chunk`, `mixrules.chunk`'s); `used(source, piece)`: each piece of the mix whose last run
-        goes into a chunk; `lo`: each source's first file in the run's numbering."""
-        super().__init__(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, (0, 0, 0, 0))
-        self._used = used
-        self.table = MixPieceTable(lo)
+    def __init__(self, stream, lo: dict):
+        self.stream = stream
         self._names = [name for _, name in sorted((first, name) for name, first in lo.items())]
-        self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
-        if type(stream) is OneStream:  # a pass-through (packing/mixone.py): no stream to take chunks from
-            self.chunks = PassingChunks(stream, cfg.tokenizer_batch_size, chunk, cfg.T + 1, self._bases, used, start)
-        else:
-            self.chunks = MixChunks(stream, cfg.tokenizer_batch_size, self._ids_of, start)
-        self.counted_rows = 0         # rows of the mix's pieces counted
         self._at_end = (None, None)   # the last chunk's end a point was made at, and its sources there
 
-    def counted(self, piece, owner: int, lengths: np.ndarray):
-        if piece.index < self.n_prefix:  # the resumed buffer: in order, as one source's
-            super().counted(piece, owner, lengths)
-            return
-        self._bases[piece.index], _ = self._number(piece, owner, np.asarray(lengths, dtype=np.int64))
-        self.counted_rows += len(lengths)
-
-    def _ids_of(self, stretch) -> tuple:
-        """The ids and lengths of a stretch's documents, in stream order (a document's id: its
-        piece's base and its row)."""
-        which, rows, lengths = stretch.documents()
-        if len(stretch.rows) == 1:  # one piece's documents (a mixture of one's): one base
-            ids = rows + self._bases[stretch.rows[0].piece.index]
-        else:
-            ids = np.array([self._bases[r.piece.index] for r in stretch.rows], dtype=np.int64)[which] + rows
-        for source, piece in stretch.used_up():
-            del self._bases[piece.index]
-            self._used(source, piece)
-        return ids, lengths
-
-    def _complete(self, plan) -> Complete:
-        """The batch's tokens of each source settle the mixer's counts (`Mixer.settle`) and the
-        next batch's stage begins (whenever the mix would enter it, before its first pick: so the
-        point is the same for any timing); the point after the last chunk planned, its mixer's
-        state now, and the buffer."""
-        stream = self.chunks.stream
-        stream.mixer.settle(self._placed(plan))
+    def __call__(self, seq: BestFitSequencer, plan) -> Complete:
+        stream = self.stream
+        stream.mixer.settle(dict(zip(self._names, seq.table.tokens_by_source(plan.doc_id, plan.n_tokens))))
         stream.enter(stream.batch_of(0) + 1)
-        end = self.chunks.last_end
+        end = seq.chunks.last_end
         if type(end) is tuple:  # (run, row): the mixer's state there is replaced by its state now
             if end is not self._at_end[0]:  # a batch whose plan took no chunk ends where the last one did
                 self._at_end = end, sources_at(*end)
             point = MixPoint(end[0].source, 0, self._at_end[1], stream.mixer.state())
         else:
             point = end._replace(mixer=stream.mixer.state())
-        buffer = self.table.local_runs(self.planner.buffered_ids())
-        return Complete(self.planned, point.sources[point.source]._replace(skip=0), MixBuffer(point, buffer),
-                        self.docs_placed)
-
-    def _placed(self, plan) -> dict:
-        """`{source: tokens}` the plan places in rows."""
-        return dict(zip(self._names, self.table.tokens_by_source(plan.doc_id, plan.n_tokens)))
+        buffer = seq.table.local_runs(seq.planner.buffered_ids())
+        return Complete(seq.planned, point.sources[point.source]._replace(skip=0), MixBuffer(point, buffer),
+                        seq.docs_placed)
 
 
-class MixBestFitMode(BestFitMode):
-    """Best fit over a mixture (the module docstring says how)."""
+class MixBestFitMode(Mode):
+    """Best fit's mode, over a mixture (the module docstring says how) or one source
+    (`SourceBestFitMode`: the same code, made of one source's parts). Documents are placed one
+    by one by the planner; a piece leaves its worker's load when counted, and a global cap
+    bounds the documents waiting to enter the buffer (`read_ahead_cap`: also those counted that
+    the mix has not taken; past it for the source the mix waits for). Its parts, chosen once
+    where it is made (`_begin`): the sequencer (`mix_sequencer`'s; one source's
+    `BestFitSequencer`), the stream the feed asks, the feed, the pieces below `ordered` that are
+    the sequencer's own order (a resumed buffer's; one source's every piece: counted into it in
+    order, one that cannot be read held by `stops` and said once every piece before it is in, a
+    plan ran out of them, or the resumed buffer waits for it, and every batch planned is
+    announced), the rest the feed's (held by the stream: `Said`), whether a worker may take the
+    next slice of its row group past the pair within the cap and whether the cap alone decides
+    what is read ahead (one source's order: yes, its feed never needs a piece nor stops; a mix's
+    feed decides: its pick first), and the sink of a batch's slot (`buffer_of`)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
         mix = run.mixture
         point, starts = start_points(mix, run.rank)
-        self._lo = {r.name: r.lo for r in mix.ranges}
+        self._lo = lo = {r.name: r.lo for r in mix.ranges}  # each source's first file in the run's numbering
         if point is not None:
             mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
             point = point._replace(sources=starts)  # in the run's numbering, as the points made here
@@ -448,67 +469,161 @@ class MixBestFitMode(BestFitMode):
             mixer = Mixer(mix.mixture, mix.first_batch)
         chunk = mixrules.chunk(mix.rules, cfg.tokenizer_batch_size)
         if passes(mix, mixer):  # one source, nothing to mix: chunks cut from its pieces (`PassingChunks`)
-            self.stream = OneStream(mixer, starts, self._lo[mixer.mixture.names[0]], 0)
+            stream = OneStream(mixer, starts, lo[mixer.mixture.names[0]], 0)
         else:
             # the mix picks a chunk when the planner asks for it: its stage is the batch being planned
-            self.stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1,
-                                    chunk=chunk)
-        prefix = buffer_pieces(buffer_runs(mix.point, self._lo), cfg.max_piece_docs)
-        self.seq = MixBestFitSequencer(cfg, run.layout.n_slots, len(prefix), self.stream, point,
-                                       lambda *used: self.feed.used_up(*used), self._lo, chunk)
+            stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1,
+                               chunk=chunk)
+        prefix = buffer_pieces(buffer_runs(mix.point, lo), cfg.max_piece_docs)
+        seq = mix_sequencer(cfg, run.layout.n_slots, len(prefix), stream, point,
+                            lambda *used: self.feed.used_up(*used), lo, chunk)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
-        self.feed = MixFeed(mix, self.stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
-        self.pieces = _chain(prefix, self.feed.feed())
-        self.n_prefix = len(prefix)
+        feed = MixFeed(mix, stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
+        self._begin(cfg, seq, stream, feed, prefix, len(prefix), False, lambda done: packed_buffer(done.runs, lo))
+
+    def _begin(self, cfg, seq: BestFitSequencer, stream, feed, prefix: list, ordered: int, reads_on: bool, sink):
+        """The mode over its parts: `seq` the sequencer, `stream` what the feed asks (a `MixStream`,
+        a `OneStream`, a `Passing`), `feed` what hands pieces out after the resumed buffer's
+        (`prefix`: re-read first), the pieces below `ordered` the sequencer's own order, `reads_on`
+        whether the read-ahead cap alone says whether a worker may take a piece, and a worker may
+        read on past the pair (`_within_cap`, `_continues`: one source's order, whose feed never
+        needs a piece nor stops; else the feed's pick is asked first), `sink` what a batch's slot
+        carries for the state (`Mode.buffer_of`): a mixture's point and buffer, packed; one
+        source's buffer runs as text (`base.encode_buffer`)."""
+        self.seq, self.stream, self.feed = seq, stream, feed
+        self.pieces = _chain(prefix, feed.feed())
+        self.n_prefix, self._ordered = len(prefix), ordered
         self.max_piece_docs = cfg.max_piece_docs
         self.cap = read_ahead_cap(cfg.buffer_size, cfg.max_piece_docs)
-        self.assigned_docs = 0
-        self.said = Said(self.stream)
+        self.assigned_docs = 0           # documents assigned, not counted
+        self.said = Said(stream)
+        self.buffer_of = sink
+        if reads_on:  # chosen once: the feed is not asked (its pick is always the same)
+            self.can_take, self.can_continue = self._within_cap, self._continues
+
+    def take(self, worker: int, piece):
+        Mode.take(self, worker, piece)
+        self.assigned_docs += piece.n_docs
+        self.cap = read_ahead_cap(self.seq.buffer_size, self.max_piece_docs, piece.n_docs, self.cap)
 
     def can_take(self, worker: int) -> bool:
         """Best fit's read-ahead cap over the documents not yet in the buffer (also those the mix
-        has not taken), past it for the source the mix waits for."""
-        if self.pieces.handed >= self.n_prefix:  # the resumed buffer's pieces are out: the mix's
+        has not taken), past it only while a plan waits for documents and none is being tokenized
+        (a batch of many short documents can need more than the cap), or for the source the mix
+        waits for."""
+        if self.pieces.handed >= self.n_prefix:  # the resumed buffer's pieces are out: the feed's
             pick = self.feed.pick_now()
             if pick is None:
                 return False
             if pick.needed:
                 return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
+        return self._within_cap(worker)
+
+    def _within_cap(self, worker: int) -> bool:
+        """`can_take` within the read-ahead cap (`Mode.can_take`'s rule, `_room`, a frame less)."""
+        return self._reading_ahead() and self._room(worker, pair=True)
+
+    can_continue = Mode.can_continue  # no slices past the pair unless made with `reads_on` (`_continues`)
+
+    def _continues(self, worker: int) -> bool:
+        """A worker may take the next slice of the row group it holds past the pair of pieces
+        (packing/affinity.py), within the same read-ahead cap (one source's `can_continue`)."""
+        return self._reading_ahead() and self._room(worker, pair=False)
+
+    def _reading_ahead(self) -> bool:
         seq = self.seq
-        waiting = seq.chunks.docs + seq.backlog_docs + seq.counted_rows - seq.chunks.rows + self.assigned_docs
-        return Mode.can_take(self, worker) and (waiting < self.cap or (seq.starved and not self.assigned_docs))
-
-    can_continue = Mode.can_continue  # no slices past the pair: the mix's feed decides what may be read ahead
-
-    def failed(self, index: int, error) -> bool:
-        if index < self.n_prefix:  # the resumed buffer's: in order, as for one source
-            return BestFitMode.failed(self, index, error)
-        self._forget(index)
-        return self.feed.failed(index, error)
+        waiting = seq.chunks.docs + seq.backlog_docs + seq.chunks.unread() + self.assigned_docs
+        return waiting < self.cap or (seq.starved and not self.assigned_docs)
 
     def counted(self, msg):
-        piece = BestFitMode.counted(self, msg)
-        if piece.index >= self.n_prefix:
+        w, piece = self.owner.pop(msg.piece), self.specs.pop(msg.piece)
+        self._counted_by(w, piece, 0)
+        self.assigned_docs -= piece.n_docs
+        self.seq.counted(piece, w, msg.lengths)
+        if piece.index >= self._ordered:
             self.feed.counted(piece.index, piece, msg.lengths)
             self.feed.flow()
         return piece
 
-    def buffer_of(self, done: Complete):
-        """The point and the buffer after the batch, packed (`packed_buffer`: the trainer makes the
-        state's text from them when a state asks)."""
-        return packed_buffer(done.runs, self._lo)
+    def failed(self, index: int, error) -> bool:
+        self._forget(index)
+        if index < self._ordered:  # the sequencer's own order's: held until it needs the piece
+            self.stops.add(index, error)
+            return True
+        return self.feed.failed(index, error)
+
+    def _forget(self, index: int):
+        piece = Mode._forget(self, index)
+        if piece is not None:
+            self.assigned_docs -= piece.n_docs
+        return piece
 
     def messages(self):
         seq = self.seq
-        yield from BestFitMode.messages(self)  # a piece of the resumed buffer that cannot be read
+        error = self.stops.due(self.stops.first() == seq.next_index and seq.stuck()
+                               and seq.book.announced >= seq.planned)
+        if error is not None:
+            yield Ended(error.head)
         over = seq.chunks.dry or (self.stream.stopped is not None and seq.starved)
         yield from self.said.messages(over and seq.book.announced >= seq.planned)
+
+    def freed(self, batch: int):
+        self.seq.freed(batch)
+
+    def orders(self, take_slot):
+        for k, by_worker in self.seq.plan():
+            slot = take_slot(k)
+            for w, placements in by_worker.items():
+                yield w, WriteRows(k, slot, placements)
+
+    def written(self, counts):
+        self.seq.written(counts)
+
+    def holding(self, worker: int, orders) -> dict:
+        """The pieces `worker` was given and not counted (whole), and of the counted ones it owns
+        the rows not yet placed and those of the orders it has not acknowledged."""
+        out = Mode.holding(self, worker, orders)
+        out.update(self.seq.unplaced(worker))
+        for order in orders:
+            for index, row, *_ in _placed(order.placements):
+                out.setdefault(index, set()).add(row)
+        return out
+
+    def ready(self) -> list[Complete]:
+        return self.seq.ready()
+
+    def stats(self):
+        row_tokens = self.seq.B * self.seq.row_len
+        return (Stat.CROPPED, self.seq.tokens_cropped), (Stat.PLACED, self.seq.planned * row_tokens)
+
+
+class SourceBestFitMode(MixBestFitMode):
+    """Best fit's mode over one source's run (kinds.py `OneSource`): the same mode made of one
+    source's parts. Its run's own order (the resumed buffer's pieces first, then the coordinator's
+    `pieces` from the run's start, with its elastic plan, its files added and its shuffle) is all
+    the sequencer's own order (`ordered`: every piece), counted into one source's `Chunks` in
+    order and numbered so that the buffer's runs are its stretches of consecutive ids (packing/
+    bestfit.py); its feed is that order (`mixfeed.OrderFeed` over a `mixone.Passing` that no
+    piece is counted into: nothing to mix, nothing to wait for, so its pick is not asked), the
+    read-ahead cap alone decides what a worker may take and a worker may read on past the pair
+    within it (`reads_on`), and its batches carry the buffer's runs (`Mode.buffer_of`)."""
+
+    def __init__(self, cfg, run, n_workers: int, pieces):
+        Mode.__init__(self, n_workers, cfg)
+        prefix = buffer_pieces(run.buffer_runs, cfg.max_piece_docs)
+        ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
+        s = run.start
+        seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size, cfg.tokenizer_batch_size,
+                               len(prefix), (s.epoch, s.file, s.rg, s.doc))
+        one = Passing()
+        self._begin(cfg, seq, one, OrderFeed(pieces(ramp, cap, len(prefix)), one), prefix, sys.maxsize, True,
+                    self.buffer_of)
 
 
 class BestFitPlace:
     """A mixture's count-only place of best fit (packing/mixcount.py, `count_place` in
     `packing.MODES`): the point and buffer after batch `batch - 1` of the count, planned as a
-    live run plans (`MixBestFitSequencer`, chunks picked when a plan asks), a batch at a time;
+    live run plans (`mix_sequencer`'s, chunks picked when a plan asks), a batch at a time;
     its stream and its resumed buffer's pieces (`prefix`, re-read first) as `MixBestFitMode`'s."""
 
     def __init__(self, count, used):
@@ -520,8 +635,8 @@ class BestFitPlace:
         self.cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1]  # whole chunks
         place = SimpleNamespace(B=count.B, T=count.T, buffer_size=cfg.buffer_size,
                                 tokenizer_batch_size=cfg.tokenizer_batch_size)
-        self.seq = MixBestFitSequencer(place, 1, len(self.prefix), self.stream,
-                                       point._replace(sources=count.starts) if point is not None else None, used, lo)
+        self.seq = mix_sequencer(place, 1, len(self.prefix), self.stream,
+                                 point._replace(sources=count.starts) if point is not None else None, used, lo)
         self.batch = self.total = count.batch
         self._lo = lo
         self.result = None                    # the `Complete` of batch `batch - 1`, once planned

@@ -212,7 +212,8 @@ class MixFeed:
 
 class OrderFeed:
     """The feed of one source's run (packing/mixmode.py `SourceConcatMode`, packing/mixcount.py
-    `SourceCountMode`): its run's own order (`pieces`, numbered from 0, its elastic plan, its files
+    `SourceCountMode`, packing/mixbestfit.py `SourceBestFitMode`, whose resumed buffer's pieces go
+    out before it): its run's own order (`pieces`, numbered from 0, its elastic plan, its files
     added and its shuffle in it; a count's best-fit buffer re-read first), handed
     out as it comes, each counted piece to `stream` (a `mixone.Passing`) in that order. Nothing to
     weigh or to wait for: the hold budget holds (no pick is `needed`); a source without documents

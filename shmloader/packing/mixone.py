@@ -23,7 +23,9 @@ what each takes (`OneStream.took`), and makes its points as a mixture's.
 that order, whole, and where one that cannot be read stops them. One source's concat and
 count-only runs are made of it (packing/mixmode.py `SourceConcatMode`, packing/mixcount.py
 `SourceCountMode`: their run's own order, no mixer, no point), so a one-source run and a
-pass-through go through the same mode code.
+pass-through go through the same mode code. One source's best fit (packing/mixbestfit.py
+`SourceBestFitMode`) has one as the stream its feed and its `Said` ask, but counts its pieces
+into its sequencer's own order (`bestfit.Chunks`), so its `Passing` is never given one.
 
 What is not a pass-through (`passes` says no) goes through the stream: a second source, a
 schedule (a later stage may weigh another), a `max_epochs` (the source ends and the mix with

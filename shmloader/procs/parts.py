@@ -20,7 +20,7 @@ EVERY = 100  # batches between two writes of the file
 def _parts():
     """`(class, method, part name)` of every part timed."""
     from ..ipc import handover, inbox, outbox, protocol, ring
-    from ..packing import base, bestfit, planner
+    from ..packing import base, bestfit, mixbestfit, planner
     from . import coordinator as co
     c = co._Coordinator
     return [(c, "_dispatch", "dispatch"), (c, "_announce", "announce"), (c, "_assign", "assign"),
@@ -30,7 +30,7 @@ def _parts():
             (planner.BestFitPlanner, "snapshot", "snapshot"), (bestfit.BestFitSequencer, "_complete", "buffer runs"),
             (bestfit.BestFitSequencer, "_orders", "write orders"), (outbox.Outbox, "send", "outbox.send"),
             (inbox.Inbox, "read", "inbox.read"), (base.Mode, "buffer_of", "buffer text"),
-            (bestfit.BestFitMode, "hand_out", "hand_out"), (ring.Ring, "write_buffer", "buffer into slot")]
+            (mixbestfit.MixBestFitMode, "hand_out", "hand_out"), (ring.Ring, "write_buffer", "buffer into slot")]
 
 
 def install(path: str):

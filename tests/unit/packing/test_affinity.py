@@ -1,4 +1,4 @@
-"""Which worker gets the next piece (packing/affinity.py `pick`), alone and through `BestFitMode`
+"""Which worker gets the next piece (packing/affinity.py `pick`), alone and through `SourceBestFitMode`
 as the coordinator drives it: a row group's slices stay with the workers that read it when the
 loads allow, an idle worker never waits for a holder, and the batches are the same whatever the
 rule (the plan is made from lengths alone)."""
@@ -14,7 +14,7 @@ from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted
 from shmloader.packing.affinity import Worker, pick
 from shmloader.packing.base import SlotMap
-from shmloader.packing.bestfit import BestFitMode
+from shmloader.packing.mixbestfit import SourceBestFitMode
 from shmloader.position import Position
 from tests.unit.packing.modes import turn
 
@@ -74,21 +74,21 @@ def test_the_cores_are_all_taken_when_as_many_workers_as_cores_have_a_piece_in_f
     cfg = LoaderConfig(2, 24, packing="bos_bestfit", num_workers=4, buffer_size=16, tokenizer_batch_size=SLICE,
                        max_piece_docs=RG_DOCS, max_piece_bytes=TEXT)
     run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=Position(1, 0, 0), buffer_runs=())
-    mode = BestFitMode(cfg, run, 4, slices)
+    mode = SourceBestFitMode(cfg, run, 4, slices)
     pieces = slices(None, None, 0)
     first, second, other = next(pieces), next(pieces), Piece(99, 1, 5, 0, 0, SLICE, text_bytes=TEXT)
     mode.take(0, first)
     assert mode.pick(second, mode.candidates(range(4))) != 0, "one busy worker of 2 cores: an idle one takes it"
     mode.take(1, other)
     assert mode.pick(second, mode.candidates(range(4))) == 0, "both cores taken: the holder queues its next slice"
-    two = BestFitMode(LoaderConfig(2, 24, packing="bos_bestfit", num_workers=2, buffer_size=16,
+    two = SourceBestFitMode(LoaderConfig(2, 24, packing="bos_bestfit", num_workers=2, buffer_size=16,
                                    tokenizer_batch_size=SLICE, max_piece_docs=RG_DOCS, max_piece_bytes=TEXT),
                       run, 2, slices)
     two.take(0, first)
     assert two.pick(second, two.candidates(range(2))) == 1, "no more workers than cores: an idle one, as before"
 
 
-# ---- through BestFitMode: two workers, each tokenizing its queue a piece a tick
+# ---- through SourceBestFitMode: two workers, each tokenizing its queue a piece a tick
 
 RG_DOCS, SLICE = 40, 8  # row groups of 40 documents cut into 5 slices of one best-fit chunk
 TEXT = 1 << 20          # each slice about max_piece_bytes of text: a worker queues 2 (nanochat's)
@@ -122,7 +122,7 @@ def least_loaded(piece, candidates):
 
 
 def simulate(workers: int, rule=None, ticks: int = 400, slow=()) -> dict:
-    """A coordinator's turns over `BestFitMode` (procs/coordinator.py `_assign`), every batch freed
+    """A coordinator's turns over `SourceBestFitMode` (procs/coordinator.py `_assign`), every batch freed
     at once; each worker counts the first piece of its queue each tick (a worker in `slow` every
     other tick). Returns the placements of every batch in order (without their workers), the row
     groups each worker read (a read whenever its next piece is of another row group than its
@@ -131,7 +131,7 @@ def simulate(workers: int, rule=None, ticks: int = 400, slow=()) -> dict:
     cfg = LoaderConfig(2, 24, packing="bos_bestfit", n_slots=4, num_workers=workers, buffer_size=16,
                        tokenizer_batch_size=SLICE, max_piece_docs=RG_DOCS, max_piece_bytes=TEXT)
     run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=Position(1, 0, 0), buffer_runs=())
-    mode = BestFitMode(cfg, run, workers, slices)
+    mode = SourceBestFitMode(cfg, run, workers, slices)
     if rule is not None:
         mode.pick = rule
     slots, queues = SlotMap(4), [deque() for _ in range(workers)]
@@ -202,7 +202,7 @@ def test_each_workers_flight_is_the_one_pass_it_was_asked_by(seed):
 
     n_workers = 5
     cfg = LoaderConfig(B=2, T=8, num_workers=n_workers, packing="bos_bestfit")
-    mode = BestFitMode(cfg, SimpleNamespace(buffer_runs=(), start=Position(0, 0, 0, 0), layout=SimpleNamespace(n_slots=4)),
+    mode = SourceBestFitMode(cfg, SimpleNamespace(buffer_runs=(), start=Position(0, 0, 0, 0), layout=SimpleNamespace(n_slots=4)),
                        n_workers, lambda *a: iter(()))
     given = []
     for index in range(60):

@@ -294,13 +294,14 @@ def test_a_pass_through_places_no_piece_counted_after_its_end(monkeypatch):
 
 
 def test_one_sources_modes_are_the_mixtures_made_of_other_parts():
-    """One source's concat and count-only modes (kinds.py `OneSource`) are the mixture's modes with
-    only their making (and concat's head start, where one source's run reads) of their own: what
-    they do is the mixture's code, so no behaviour is built twice (issue 50 step 4)."""
+    """One source's concat, best-fit and count-only modes (kinds.py `OneSource`) are the mixture's
+    modes with only their making (and concat's head start, where one source's run reads) of their
+    own: what they do is the mixture's code, so no behaviour is built twice (issue 50 step 4)."""
     from shmloader.packing import MODES
     from shmloader.packing.mixcount import MixCountMode, SourceCountMode
 
     for own, of, allowed in ((MODES["concat"].source, MixConcatMode, {"__init__", "head_start"}),
+                             (MODES["bos_bestfit"].source, MixBestFitMode, {"__init__"}),
                              (SourceCountMode, MixCountMode, {"__init__"})):
         assert issubclass(own, of)
         mine = {name for name in vars(own) if not (name.startswith("__") and name != "__init__")}

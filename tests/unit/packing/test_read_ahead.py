@@ -5,7 +5,8 @@ from types import SimpleNamespace
 from shmloader.config import LoaderConfig
 from shmloader.data.order import Piece
 from shmloader.packing.base import UNCAPPED
-from shmloader.packing.bestfit import BestFitMode, read_ahead_cap
+from shmloader.packing.bestfit import read_ahead_cap
+from shmloader.packing.mixbestfit import SourceBestFitMode
 from shmloader.position import Position
 
 ROW_GROUP = 3000  # documents in each whole row group
@@ -41,7 +42,7 @@ def test_a_token_cache_reads_a_bounded_way_ahead():
                        tokenizer_batch_size=8, cache_dir="/nonexistent-cache")
     assert cfg.max_piece_docs == UNCAPPED
     run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=Position(1, 0, 0), buffer_runs=())
-    mode = BestFitMode(cfg, run, 2, whole_row_groups)
+    mode = SourceBestFitMode(cfg, run, 2, whole_row_groups)
     given, ahead = 0, None
     for _ in range(100):  # nothing is ever counted: only the cap stops the handing out
         w, ahead = mode.hand_out(range(2), ahead)

@@ -16,7 +16,7 @@ from shmloader.config import LoaderConfig
 from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted, Ended, Error, Located
 from shmloader.packing.base import SlotMap
-from shmloader.packing.bestfit import BestFitMode
+from shmloader.packing.mixbestfit import SourceBestFitMode
 from shmloader.packing.mixmode import SourceConcatMode
 from shmloader.packing.mixcount import SourceCountMode
 from shmloader.position import Position
@@ -44,7 +44,7 @@ def concat_mode(T: int = 7, n_docs: int = 4, lengths=rows):
 def bestfit_mode():
     cfg = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None, pieces_in_flight=None)
     run = SimpleNamespace(layout=SimpleNamespace(n_slots=N_SLOTS), start=Position(1, 0, 0), buffer_runs=())
-    return BestFitMode(cfg, run, WORKERS, order(8)), rows
+    return SourceBestFitMode(cfg, run, WORKERS, order(8)), rows
 
 
 def drive(made, bad=(), seed: int = 0, batches: int = 40) -> tuple:
