@@ -22,6 +22,7 @@ torch, no files, no processes (the default `num_workers` reads this process's af
 import numbers
 import os
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 from . import cores
 from .data.source import Source
@@ -238,42 +239,79 @@ class LoaderConfig:
         return out
 
 
-def place(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """`(rank, world_size)`: those given, else torchrun's `RANK` and `WORLD_SIZE`, else those of
-    an initialized `torch.distributed` default group (launchers that set no `RANK`:
-    `torch.multiprocessing.spawn`, SLURM or MPI scripts passing `rank=` to `init_process_group`,
-    whose ranks all read rank 0's data otherwise), else 0 of 1."""
-    group = _process_group()
+class Place(NamedTuple):
+    """A rank of a world size (`place`'s), or a process group's."""
+    rank: int
+    world_size: int
+
+
+def place(rank: int | None, world_size: int | None) -> Place:
+    """This loader's rank of its world size: those given, else those of one place: torchrun's
+    `RANK` and `WORLD_SIZE`, else an initialized `torch.distributed` default group (launchers
+    that set no `RANK`: `torch.multiprocessing.spawn`, SLURM or MPI scripts passing `rank=` to
+    `init_process_group`, whose ranks all read rank 0's data otherwise), else 0 of 1. With a
+    group initialized, a `RANK` or `WORLD_SIZE` set to other than the group's is a ValueError
+    naming both (a stale variable, or one set for a single rank, would read another rank's
+    share): pass `rank=` and `world_size=`, the data-parallel group's under tensor parallelism."""
+    found = _found_place() if rank is None or world_size is None else None
     said = {"rank": "given", "world_size": "given"}
     if rank is None:
-        rank, said["rank"] = _env_int("RANK", group[0] if group else 0), _origin("RANK", group)
+        rank, said["rank"] = found.rank, found.said["rank"]
     else:
         rank = _integer("rank", rank)
     if world_size is None:
-        world_size, said["world_size"] = _env_int("WORLD_SIZE", group[1] if group else 1), _origin("WORLD_SIZE", group)
+        world_size, said["world_size"] = found.world_size, found.said["world_size"]
     else:
         world_size = _integer("world_size", world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size), got rank {rank} ({said['rank']}) of {world_size} "
                          f"({said['world_size']}); pass both rank= and world_size=, or set both RANK and WORLD_SIZE")
-    return rank, world_size
+    return Place(rank, world_size)
 
 
-def _process_group() -> tuple[int, int] | None:
-    """`(rank, world_size)` of torch.distributed's default group when this process initialized one,
-    else None (torch.distributed not imported: none can be initialized; nothing is imported here)."""
+class _Found(NamedTuple):
+    """A rank and world size not given, and where each came from (for an error)."""
+    rank: int
+    world_size: int
+    said: dict
+
+
+def _found_place() -> _Found:
+    """The rank and world size of one place (`place`): `RANK`/`WORLD_SIZE` where either is set
+    (each unset one: 0, 1), else the default group's, else 0 of 1; a variable set to other than
+    an initialized group's is a ValueError."""
+    group = _process_group()
+    env = {name: _env_int(name, None) for name in ("RANK", "WORLD_SIZE")}
+    if group is not None:
+        wrong = {name: value for name, value in zip(env, group) if env[name] is not None and env[name] != value}
+        if wrong:
+            said = ", ".join(f"{name}={env[name]}" for name in env if env[name] is not None)
+            raise ValueError(f"the environment says {said} but torch.distributed's default group says rank "
+                             f"{group.rank} of {group.world_size} (dist.get_rank(), dist.get_world_size()): a "
+                             f"stale or copied variable would read another rank's share; pass rank= and "
+                             f"world_size= (the data-parallel group's, e.g. dist.get_rank(dp_group) and "
+                             f"dist.get_world_size(dp_group) under tensor parallelism), or set RANK and "
+                             f"WORLD_SIZE to the group's, or unset them")
+        return _Found(group.rank, group.world_size, {"rank": _GROUP, "world_size": _GROUP})
+    if any(value is not None for value in env.values()):
+        said = {key: f"${name}" if env[name] is not None else "the default"
+                for key, name in (("rank", "RANK"), ("world_size", "WORLD_SIZE"))}
+        return _Found(0 if env["RANK"] is None else env["RANK"],
+                      1 if env["WORLD_SIZE"] is None else env["WORLD_SIZE"], said)
+    return _Found(0, 1, {"rank": "the default", "world_size": "the default"})
+
+
+_GROUP = "torch.distributed's default group"
+
+
+def _process_group() -> Place | None:
+    """The rank and world size of torch.distributed's default group when this process initialized
+    one, else None (torch.distributed not imported: none can be initialized; nothing is imported here)."""
     import sys
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _origin(name: str, group) -> str:
-    """Where a rank or world size not given came from, for an error."""
-    if os.environ.get(name) not in (None, ""):
-        return f"${name}"
-    return "torch.distributed's default group" if group else "the default"
+    return Place(dist.get_rank(), dist.get_world_size())
 
 
 def _integer(name: str, value) -> int:
@@ -283,7 +321,7 @@ def _integer(name: str, value) -> int:
     return int(value)
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int | None) -> int | None:
     value = os.environ.get(name)
     if value in (None, ""):
         return default

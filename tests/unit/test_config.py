@@ -136,9 +136,36 @@ def test_rank_comes_from_an_initialized_process_group_where_torchrun_s_variables
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     assert place(None, None) == (1, 2)
     assert place(0, 3) == (0, 3)
-    monkeypatch.setenv("RANK", "2")
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    assert place(None, None) == (2, 4)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert place(None, None) == (1, 2)  # torchrun's, the group's too
+
+
+@pytest.mark.parametrize("env", [{"RANK": "0"}, {"RANK": "0", "WORLD_SIZE": "1"}, {"WORLD_SIZE": "1"},
+                                 {"RANK": "1", "WORLD_SIZE": "4"}])
+def test_torchrun_s_variables_other_than_an_initialized_group_s_are_refused_naming_both(monkeypatch, env):
+    """Rank and world size came each from its own place, the variables first: under
+    `torch.multiprocessing.spawn` of 2 ranks, `RANK=0` alone (copied to every rank) made both
+    ranks rank 0 of 2 (rank 1's half never read), a stale `RANK=0, WORLD_SIZE=1` both 0 of 1.
+    Now they come from one place, and a variable set to other than the group's is refused."""
+    import torch.distributed as dist
+
+    from shmloader.config import place
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    said = ", ".join(f"{k}={v}" for k, v in env.items())
+    with pytest.raises(ValueError, match=rf"the environment says {said} but torch.distributed's default group says "
+                                         rf"rank 1 of 2 .*pass rank= and world_size= \(the data-parallel group's"):
+        place(None, None)
+    assert place(0, 2) == (0, 2)  # given: neither is read
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)  # the rank whose RANK=0 is right
+    if env.get("WORLD_SIZE") in (None, "2") and env.get("RANK") in (None, "0"):
+        assert place(None, None) == (0, 2)
 
 
 def test_a_rank_past_the_world_size_says_where_each_came_from(monkeypatch):
