@@ -19,11 +19,12 @@ Arrow files (stream format), which must never be read as JSON Lines data:
 
 A directory is one of these when it holds `dataset_dict.json`, `dataset_info.json`, or a
 `state.json` with `_data_files`; any other directory is read as every file a format claims
-(`formats.is_data_file`), unless those are a Hugging Face Hub repository's shards of more than
-one split, one of them held out (`datasets`' uploads, `<split>-0000N-of-0000M[-<hash>].<ext>`,
-e.g. `data/train-00000-of-00002.parquet` beside `data/test-00000-of-00001.parquet`): read as one
-directory, `split="train"` would train on the test split, so `one_hub_split` makes them a
-`DataError` that says to pick one by a glob. Pure over a directory's names and a function that
+(`formats.is_data_file`), unless those are a Hugging Face Hub repository's shards of a train
+split beside a held-out one (`datasets`' uploads, `<split>-0000N-of-0000M[-<hash>].<ext>`, e.g.
+`data/train-00000-of-00002.parquet` beside `data/test-00000-of-00001.parquet`; `train_sft-*`
+beside `test_sft-*`): read as one directory, `split="train"` would train on the test split, so
+`one_hub_split` makes them a `DataError` that says to pick one by a glob (a remote directory,
+never a glob: by the list of its files). Pure over a directory's names and a function that
 reads one of its files, so a local and a remote listing decide alike.
 """
 import json
@@ -83,35 +84,80 @@ def _one_split(where: str, files: list, info) -> None:
     if len(found) > 1:
         raise DataError(f"{where}: a Hugging Face datasets cache directory with files of {len(found)} splits "
                         f"({', '.join(found)}); read one split by a glob of its files, e.g. "
-                        f"data='{where.rstrip('/')}/*-{'train' if 'train' in found else found[0]}*.arrow'")
+                        f"data='{where.rstrip('/')}/*-{_pick(found)}*.arrow'")
 
 
-def one_hub_split(where: str, files: list) -> None:
+def split_kind(split: str) -> str:
+    """What a split is, by its name: in lower case, up to its first `_` (`train_sft`, `TRAIN`:
+    train; `validation_matched`: validation; `test_sft`: test); held out where in `HELD_OUT`."""
+    return split.lower().split("_")[0]
+
+
+def _pick(splits: list) -> str:
+    """The split a refusal suggests reading: the first train split, else the first."""
+    return next((s for s in splits if split_kind(s) == "train"), splits[0])
+
+
+class SplitsRefused(DataError):
+    """Data files of several splits, refused (`one_hub_split`); `in_mixture`: the refusal as said
+    of a `Mixture`'s source, where `split=` applies to every source."""
+
+    def __init__(self, text: str, in_mixture: str | None = None):
+        super().__init__(text)
+        self.in_mixture = in_mixture
+
+
+def one_hub_split(where: str, files: list, remote: bool) -> None:
     """A directory's data files `files` (names) are not a Hugging Face Hub repository's shards of
-    several splits, one of them held out (`HELD_OUT`: `test-*` beside `train-*`), else a `DataError`
-    saying how to read one split. Shards of other names (`en-*` beside `de-*`) are one corpus."""
-    found = sorted({m.group(1) for m in map(HUB.match, files) if m})
-    if len(found) > 1 and HELD_OUT.intersection(found):
-        pick = "train" if "train" in found else found[0]
-        example = HUB.match(next(n for n in sorted(files) if (HUB.match(n) or [None, None])[1] == pick))
-        glob = example.string[:example.end(1)] + "-*" + example.string[example.end() - 1:]
-        raise DataError(f"{where}: Hugging Face Hub shards of {len(found)} splits ({', '.join(found)}); read "
-                        f"as one directory they would be one corpus (split='train': every file but the last, "
-                        f"the other splits' too); read one split by a glob of its files, e.g. "
-                        f"data='{where.rstrip('/')}/{glob}' with split='all' (and another loader "
-                        f"over the validation split's files)")
+    a train split beside a held-out one (`split_kind`: `test-*`, `validation_matched-*` beside
+    `train-*`), else a `SplitsRefused` saying how to read one split: a glob of its files, or for
+    a `remote` directory (never a glob) the list of them, each with `where`'s query (`?...`).
+    Shards of other names (`en-*` beside `de-*`, `docs-*` beside `eval-*`) are one corpus."""
+    by_split = {}
+    for name in sorted(files):
+        m = HUB.match(name)
+        if m:
+            by_split.setdefault(m.group(1), []).append(name)
+    kinds = {split_kind(s) for s in by_split}
+    if "train" not in kinds or not HELD_OUT.intersection(kinds):
+        return
+    found = sorted(by_split)
+    picked = by_split[_pick(found)]
+    said = (f"{where}: Hugging Face Hub shards of {len(found)} splits ({', '.join(found)}); read as one directory "
+            f"they would be one corpus (split='train': every file but the last, the other splits' too); read one "
+            f"split by {'the list' if remote else 'a glob'} of its files, e.g. "
+            f"data={_one_split_data(where, picked, remote)}")
+    raise SplitsRefused(f"{said} with split='all' (and another loader over the validation split's files)",
+                        f"{said} (in a Mixture, split= applies to every source: split='all' would read the other "
+                        f"sources' val files too; with split='train' the last of these files is this source's val "
+                        f"file)")
+
+
+def _one_split_data(where: str, picked: list, remote: bool) -> str:
+    """`data=` for the files `picked` (names) of directory `where`: a local glob of them, or the
+    list of a remote directory's (`where` a URI: each with its query, as the loader takes a list)."""
+    if not remote:
+        example = HUB.match(picked[0])
+        return repr(f"{where.rstrip('/')}/{example.string[:example.end(1)]}-*{example.string[example.end() - 1:]}")
+    base, sep, query = where.partition("?")
+    return repr([f"{base.rstrip('/')}/{name}{sep}{query}" for name in picked])
+
+
+HELD_OUT_DIRS = frozenset({"validation", "valid", "val"})  # directory names that say a held-out set
 
 
 def held_out(paths: list) -> str | None:
     """What names `paths` (one directory's files, or one split's Hub shards) a held-out set, or
-    None: their directory is `validation/`, `test/`, ... (`HELD_OUT`), or their names are Hub
-    shards of such a split (`validation-0000N-of-0000M.parquet`)."""
+    None: their directory is `validation/`, `valid/` or `val/` (`HELD_OUT_DIRS`; not `test/`,
+    `dev/`, `eval/`, which name other things too), or their names are Hub shards of a held-out
+    split (`validation-0000N-of-0000M.parquet`, `split_kind`)."""
     dirs = {os.path.dirname(p) for p in paths}
-    if len(dirs) == 1 and os.path.basename(next(iter(dirs))).lower() in HELD_OUT:
+    if len(dirs) == 1 and os.path.basename(next(iter(dirs))).lower() in HELD_OUT_DIRS:
         return next(iter(dirs))
     splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
-    if len(splits) == 1 and next(iter(splits)) in HELD_OUT:
-        return f"the {next(iter(splits))!r} split"
+    split = next(iter(splits)) if len(splits) == 1 else None
+    if split is not None and split_kind(split) in HELD_OUT:
+        return f"the {split!r} split"
     return None
 
 

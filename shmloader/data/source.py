@@ -161,7 +161,8 @@ def list_files(data, filesystem=None) -> list[str]:
     if isinstance(data, (str, os.PathLike)):
         data = os.fspath(data)
         if os.path.isdir(data):
-            names = _directory(data, os.listdir(data), lambda name: _read_local(os.path.join(data, name)))
+            names = _directory(data, os.listdir(data), lambda name: _read_local(os.path.join(data, name)),
+                               remote=False)
             files = _shards([os.path.join(data, f) for f in names], data)
         elif os.path.isfile(data):
             files = [data]
@@ -289,7 +290,7 @@ def _nested_hint(directory: str) -> str | None:
     return None
 
 
-def _directory(where: str, names: list, read) -> list:
+def _directory(where: str, names: list, read, remote: bool) -> list:
     """The names of the data files among a directory's `names` (`read(name)`: a file's bytes): a
     Hugging Face `datasets` directory's own (`hfdir.data_files`; a notice names what it left
     out), else every name a format claims (not a Hub repository's shards of several splits:
@@ -297,7 +298,7 @@ def _directory(where: str, names: list, read) -> list:
     picked = hfdir.data_files(where, names, read)
     if picked is None:
         files = [f for f in names if formats.is_data_file(f)]
-        hfdir.one_hub_split(where, files)
+        hfdir.one_hub_split(where, files, remote)
         return files
     kept, left = picked
     if left:
@@ -377,7 +378,8 @@ def _list_remote(data, fs) -> list[str]:
                         f"endpoint, the network, the credentials and the bucket") from exc
     names = [f.base_name for f in found if f.type == pafs.FileType.File and not f.base_name.startswith(".")]
     join = (lambda name: f"{path}/{name}") if path else (lambda name: name)
-    files = sorted(join(name) for name in _directory(data, names, lambda name: _read_remote(fs, join(name))))
+    files = sorted(join(name) for name in _directory(data, names, lambda name: _read_remote(fs, join(name)),
+                                                     remote=True))
     if not files:
         raise DataError(f"no data files in {data} (read by name: {', '.join(formats.SUFFIXES)})")
     return files
@@ -413,8 +415,9 @@ def split_files(files: list[str], split: str) -> list[str]:
                             f"pass split='all' (every file)")
         return files[:-1]
     if split == "val":
-        if len(files) > 1 and hfdir.held_out(files):
-            warn(f"shmloader: split='val' reads the last of the {len(files)} files of {hfdir.held_out(files)} "
+        held = hfdir.held_out(files) if len(files) > 1 else None
+        if held:
+            warn(f"shmloader: split='val' reads the last of the {len(files)} files of {held} "
                  f"({os.path.basename(files[-1])}), nanochat's val split of a directory; to read all of a "
                  f"held-out set's files, pass split='all'")
         return files[-1:]

@@ -55,7 +55,7 @@ class Sources:
             try:
                 cat = Catalogue(mixture.sources[name], split, filesystem, column)
             except (DataError, ValueError, FileNotFoundError) as e:  # its own error, said of its source
-                raise type(e)(f"mixture source {name!r}: {e}") from None
+                raise type(e)(f"mixture source {name!r}: {getattr(e, 'in_mixture', None) or e}") from None
             if self.catalogues and type(cat.filesystem) is not type(self.filesystem):
                 raise ValueError(f"mixture source {name!r} is on {type(cat.filesystem).__name__}, another "
                                  f"filesystem than {self.names[0]!r} ({type(self.filesystem).__name__}): a "

@@ -12,7 +12,9 @@ environment (moto accepts any). Checked:
   is missing, quickly (an upper bound on the time is asserted);
 - a `file://` URI to a local directory works too.
 """
+import ast
 import itertools
+import re
 import shutil
 import socket
 import subprocess
@@ -118,8 +120,9 @@ def _run(data, enc, n=N, **kw):
     """(windows, positions) of the first n batches; windows are (inputs, targets) numpy pairs."""
     kw.setdefault("num_workers", 2)
     kw.setdefault("timeout", 60)
+    kw.setdefault("split", "train")
     batches, positions = [], []
-    with shmloader.ShmLoader(data, enc, B, T, "train", device="cpu", **kw) as loader:
+    with shmloader.ShmLoader(data, enc, B, T, device="cpu", **kw) as loader:
         for x, y in itertools.islice(loader, n):
             batches.append((x.numpy().copy(), y.numpy().copy()))
             s = loader.state_dict()
@@ -167,6 +170,27 @@ def test_s3_explicit_filesystem_and_key_list(local, bucket):
     got, got_pos, files, _ = _run(keys[::-1], enc, filesystem=_s3fs(bucket))  # sorted by the loader
     assert files == keys[:-1]
     assert _same(got, want) and got_pos == want_pos
+
+
+def test_s3_hub_shards_of_several_splits_are_refused_with_the_list_that_reads_one(local, bucket):
+    """A Hub repository's `data/` on S3 (`train-*` beside `test-*`) was refused suggesting a glob
+    built on the URI, query and all (`...?endpoint_override=...&scheme=http/train-*.parquet`),
+    which a remote path never is. The refusal gives the list of the train split's files, each
+    with the query, and that list, given as `data=`, reads them."""
+    root, paths, enc = local
+    s3 = _s3fs(bucket)
+    hub = [f"train-{i:05d}-of-00002.parquet" for i in range(2)] + ["test-00000-of-00001.parquet"]
+    for path, name in zip(paths, hub):
+        with s3.open_output_stream(f"{BUCKET}/hub/data/{name}") as f:
+            f.write(path.read_bytes())
+    with pytest.raises(shmloader.DataError, match=r"Hub shards of 2 splits \(test, train\).*read one split by the "
+                                                  r"list of its files, e\.g\. data=(\[.*\]) with split='all'") as no:
+        _run(_uri(bucket, "hub/data/"), enc)
+    told = ast.literal_eval(re.search(r"data=(\[.*?\])", str(no.value)).group(1))
+    assert told == [f"s3://{BUCKET}/hub/data/{name}?endpoint_override={bucket}&scheme=http" for name in hub[:2]]
+    want, _, _, _ = _run([str(p) for p in paths[:2]], enc, n=4, split="all")
+    got, _, files, _ = _run(told, enc, n=4, split="all")  # the advice, followed
+    assert files == [f"{BUCKET}/hub/data/{name}" for name in hub[:2]] and _same(got, want)
 
 
 def test_s3_missing_bucket_is_a_quick_data_error(local, moto):

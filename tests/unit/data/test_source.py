@@ -3,6 +3,7 @@ directory), the train/val split, and Reader reading rows and naming the file and
 group of every bad input (no text column, non-string text, truncated, not parquet, missing,
 corrupt data page, invalid UTF-8). All data lives in tmp_path."""
 
+import ast
 import os
 import re
 
@@ -315,11 +316,14 @@ def test_hub_shards_of_several_splits_in_one_directory_are_refused_saying_which_
     for name in ("test-00000-of-00001-9f1c2a.parquet", "train-00000-of-00002-3b7d0e.parquet",
                  "train-00001-of-00002-3b7d0e.parquet", "validation-00000-of-00001-c41a55.parquet"):
         write(d / name, ["x"])
+    advice = (r"read one split by the list of its files, e\.g\. data=(\[.*\]) with split='all'" if remote else
+              r"read one split by a glob of its files, e\.g\. data=('.*data/train-\*\.parquet') with split='all'")
     with pytest.raises(DataError, match=r"data: Hugging Face Hub shards of 3 splits \(test, train, validation\).*"
-                                        r"the other splits' too\); read one split by a glob of its files, e\.g\. "
-                                        r"data='.*data/train-\*\.parquet' with split='all'"):
+                                        r"the other splits' too\); " + advice) as refused:
         list_files(str(d), fs)
     train = list_files(str(d / "train-*.parquet"))
+    told = ast.literal_eval(re.search(advice, str(refused.value)).group(1))
+    assert list_files(told, fs) == train  # the advice, followed, reads the train split (a remote list: never a glob)
     assert [os.path.basename(f) for f in train] == ["train-00000-of-00002-3b7d0e.parquet",
                                                    "train-00001-of-00002-3b7d0e.parquet"]
     for f in (d / "test-00000-of-00001-9f1c2a.parquet", d / "validation-00000-of-00001-c41a55.parquet"):
@@ -329,7 +333,8 @@ def test_hub_shards_of_several_splits_in_one_directory_are_refused_saying_which_
     cfg.mkdir()
     for name in ("wikitext-103-raw-v1-test-00000-of-00001.parquet", "wikitext-103-raw-v1-train-00000-of-00001.parquet"):
         write(cfg / name, ["x"])
-    with pytest.raises(DataError, match=r"2 splits \(test, train\).*data='.*cfg/wikitext-103-raw-v1-train-\*\.parquet'"):
+    name = "wikitext-103-raw-v1-train-00000-of-00001" if remote else "wikitext-103-raw-v1-train-*"
+    with pytest.raises(DataError, match=rf"2 splits \(test, train\).*data=\[?'.*cfg/{re.escape(name)}\.parquet'"):
         list_files(str(cfg), fs)
     write(d / "de-00000-of-00001.parquet", ["y"])  # shards of other names (languages): one corpus
     assert [os.path.basename(f) for f in list_files(str(d), fs)] == ["de-00000-of-00001.parquet"] + [
@@ -437,3 +442,42 @@ def test_split_val_over_a_held_out_set_s_files_warns_that_it_reads_the_last_alon
         warnings.simplefilter("error")
         assert split_files(["/d/shards/s0.parquet", "/d/shards/s1.parquet"], "val") == ["/d/shards/s1.parquet"]
         assert split_files(["/d/test/s0.parquet"], "val") == ["/d/test/s0.parquet"]
+
+
+@pytest.mark.parametrize("splits, refused", [
+    (("train_sft", "test_sft"), True), (("train", "validation_matched", "test_matched"), True),
+    (("TRAIN", "TEST"), True), (("train", "validation"), True),
+    (("en", "eval"), False), (("docs", "unit-test"), False), (("en", "de"), False)])
+def test_hub_splits_are_held_out_by_their_kind_beside_a_train_split(splits, refused):
+    """`test_sft` beside `train_sft` (an SFT repository), `validation_matched`/`test_matched` (MNLI)
+    and `TRAIN`/`TEST` were read as one corpus (held out only by an exact lower-case name); subsets
+    `en` beside `eval`, `docs` beside `unit-test` (`test` by the Hub's `<config>-<split>` reading)
+    were refused though no train split is among them."""
+    from shmloader.data import hfdir
+    names = [f"{split}-0000{i}-of-00002.parquet" for split in splits for i in range(2)]
+    if refused:
+        pick = next(s for s in splits if s.lower().startswith("train"))
+        with pytest.raises(DataError, match=rf"shards of {len(splits)} splits .*data='d/{pick}-\*\.parquet'"):
+            hfdir.one_hub_split("d", names, remote=False)
+    else:
+        hfdir.one_hub_split("d", names, remote=False)
+    for split in splits:  # one split's own files: held out by the same rule
+        named = hfdir.held_out([f"d/{split}-0000{i}-of-00002.parquet" for i in range(2)])
+        assert (named == f"the {split.split('-')[-1]!r} split") == (hfdir.split_kind(split.split('-')[-1])
+                                                                  in hfdir.HELD_OUT), (split, named)
+    assert hfdir.held_out(["d/test_sft-00000-of-00002.parquet", "d/test_sft-00001-of-00002.parquet"]) == \
+        "the 'test_sft' split"
+    assert hfdir.held_out(["d/TEST-00000-of-00002.parquet", "d/TEST-00001-of-00002.parquet"]) == "the 'TEST' split"
+
+
+def test_split_val_warns_of_a_held_out_directory_only_where_its_name_says_so():
+    """The warning fired for any directory named test/, dev/ or eval/ (`/home/u/test/shard_*.parquet`,
+    a user's own scratch directory): only validation/, valid/ and val/ say a held-out set."""
+    import warnings
+    for where in ("/home/u/test", "/home/u/dev", "/home/u/eval"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert split_files([f"{where}/shard_0.parquet", f"{where}/shard_1.parquet"], "val") == \
+                [f"{where}/shard_1.parquet"]
+    with pytest.warns(UserWarning, match=r"split='val' reads the last of the 2 files of /d/valid "):
+        split_files(["/d/valid/a.parquet", "/d/valid/b.parquet"], "val")

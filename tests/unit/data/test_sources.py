@@ -1,5 +1,6 @@
 """A mixture's files (data/sources.py) and its state's checks (mixstate.py), without processes."""
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -34,6 +35,25 @@ def test_a_source_without_files_is_named(three, tmp_path):
     (tmp_path / "none").mkdir()
     with pytest.raises(DataError, match="mixture source 'none'"):
         Sources(Mixture({"web": str(three / "web"), "none": str(tmp_path / "none")}, {"web": 1}), "train")
+
+
+def test_a_hub_download_of_several_splits_as_a_source_is_refused_saying_what_works_in_a_mixture(three, tmp_path):
+    """The refusal said "with split='all'" in a Mixture too, where `split` applies to every source:
+    the other sources then read their val files. It says to give the source its train files."""
+    hub = tmp_path / "hub"
+    for split, n in (("train", 3), ("test", 1)):
+        for i in range(n):
+            corpus.write_shards([f"{split} {i}"] * 2, hub / f"tmp{split}{i}", num_files=1, row_group_size=2)
+            (hub / f"tmp{split}{i}" / "shard_00000.parquet").rename(hub / f"{split}-{i:05d}-of-{n:05d}.parquet")
+    with pytest.raises(DataError, match=r"mixture source 'hub': .*Hub shards of 2 splits \(test, train\).*"
+                                        r"data='(.*hub/train-\*\.parquet)' \(in a Mixture, split= applies to every "
+                                        r"source: split='all' would read the other sources' val files too") as refused:
+        Sources(Mixture({"web": str(three / "web"), "hub": str(hub)}, {"web": 1}), "train")
+    assert "with split='all'" not in str(refused.value)
+    told = re.search(r"data='(.*?)'", str(refused.value)).group(1)
+    sources = Sources(Mixture({"web": str(three / "web"), "hub": told}, {"web": 1}), "train")  # the advice, taken
+    assert [p.split("/")[-1] for p in sources.paths if "/hub/" in p] == ["train-00000-of-00003.parquet",
+                                                                         "train-00001-of-00003.parquet"]
 
 
 def test_a_source_named_with_glob_characters_is_that_directory(three, tmp_path):
