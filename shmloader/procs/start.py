@@ -221,7 +221,8 @@ class Phase(enum.Enum):
     - LATER -> RAN (the thread's start is over, started or raised), or -> STARTED (`Start.now`: the
       caller started them first, and the thread starts nothing);
     - RAN -> STARTED (`Start.wait`: what the thread's start raised is raised, once);
-    - any -> STOPPED (`Start.drop`: the run stops; `Start.forget`: a forked copy).
+    - any -> STOPPED (`Start.drop`: the run stops; `Start.forget`: a forked copy), the last: a start
+      under way when the run stopped does not move it back.
     `PENDING`: something is still to start, or a thread's start to wait for."""
     MADE = "made"          # made, not started, and nobody is starting them
     LATER = "later"        # a thread ("shmloader-start") starts them once the forkserver has booted
@@ -284,16 +285,23 @@ class Start:
     def wait(self, timeout: float):
         """Return once they are started: wait for the thread (LATER, RAN: at most `timeout` s,
         then `LoaderTimeout`) and raise what its start raised (RAN -> STARTED); start them here
-        if it did not (`now`)."""
+        if it did not (`now`). The lock, taken after the thread ended, is held only by a `drop`
+        in another thread: not taken within `timeout` s, a `LoaderTimeout` too (the phase stays)."""
         if self._phase in (Phase.LATER, Phase.RAN):
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise errors.LoaderTimeout(f"the loader's processes did not start within {timeout:.0f} s: "
                                            f"multiprocessing's forkserver did not answer")
-            with self._lock:
+            if not self._lock.acquire(timeout=timeout):
+                raise errors.LoaderTimeout(f"the loader's processes started, but their start's lock was not free "
+                                           f"within {timeout:.0f} s (another thread of process {os.getpid()} is "
+                                           f"stopping the loader: close() or a shutdown under way)")
+            try:
                 if self._phase is Phase.RAN:
                     self._phase, self._thread = Phase.STARTED, None
                 error, self._error = self._error, None
+            finally:
+                self._lock.release()
             if error is not None:
                 raise error
         self.now()
@@ -312,22 +320,26 @@ class Start:
             with _main_hidden():
                 _start(later.procs, later.start_method)
         finally:
-            self._unstarted, self._phase = None, then
+            self._unstarted = None
+            if self._phase is not Phase.STOPPED:  # a drop that did not wait for this start stays
+                self._phase = then
             self._on_started()
             close_each(later.ends)
 
     def drop(self, timeout: float):
         """The run stops (any phase -> STOPPED): start nothing more; a start under way (at most
-        `timeout` s) ends first, and the pipes' ends of what was never started are closed."""
+        `timeout` s) ends first, and the pipes' ends of what was never started are closed. A start
+        still under way after `timeout` s keeps what it starts (it closes their ends itself) and
+        leaves the phase STOPPED."""
         self._phase = Phase.STOPPED  # first, unlocked: a thread waiting for the forkserver stops waiting
-        locked = self._lock.acquire(timeout=timeout)
+        if not self._lock.acquire(timeout=timeout):
+            return
         try:
             later, self._unstarted, self._phase = self._unstarted, None, Phase.STOPPED  # again: after a start under way
             if later is not None:
                 close_each(later.ends)
         finally:
-            if locked:
-                self._lock.release()
+            self._lock.release()
 
     def forget(self):
         """In a process forked from the trainer (any phase -> STOPPED): the thread and its lock are

@@ -132,3 +132,43 @@ def test_the_phase_moves_as_listed(started, monkeypatch):
     start, _ = _made([])
     start.forget()
     assert start.phase is Phase.STOPPED
+
+
+def test_a_drop_that_times_out_on_a_start_under_way_leaves_it_stopped_and_its_ends_to_the_start(started, monkeypatch):
+    """`drop`'s lock wait running out while the thread starts the children: drop took the
+    unstarted children's ends and closed them under the start, which closed them again and moved
+    the stopped start back to RAN. Now drop leaves them to the start, and STOPPED stays."""
+    starting, go = threading.Event(), threading.Event()
+
+    def slow(procs, start_method):
+        starting.set()
+        assert go.wait(5.0)
+        started.calls.append(list(procs))
+
+    monkeypatch.setattr(startmod, "_start", slow)
+    start, ends = _made([])
+    start.later()
+    assert starting.wait(5.0)
+    start.drop(0.05)  # the start holds the lock
+    assert start.phase is Phase.STOPPED and [e.closed for e in ends] == [0, 0]
+    go.set()
+    start._thread.join(5.0)
+    assert not start._thread.is_alive()
+    assert start.phase is Phase.STOPPED and not start.pending and [e.closed for e in ends] == [1, 1]
+    assert started.calls == [["coordinator", "worker-0"]]
+
+
+def test_wait_s_lock_held_past_its_timeout_is_a_timeout(started):
+    """`wait` took the lock after the thread ended with no timeout (every wait is bounded): a
+    `drop` holding it (another thread) made it wait on. Now a `LoaderTimeout`, the phase kept."""
+    start, _ = _made([])
+    start.later()
+    start._thread.join(5.0)
+    assert start.phase is Phase.RAN
+    with start._lock:
+        with pytest.raises(LoaderTimeout, match=r"their start's lock was not free within 0 s \(another thread of "
+                                                r"process \d+ is stopping the loader"):
+            start.wait(0.05)
+    assert start.phase is Phase.RAN
+    start.wait(1.0)
+    assert start.phase is Phase.STARTED
