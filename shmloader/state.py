@@ -36,6 +36,8 @@ world size), on which resume.py `plan` dispatches once).
 from __future__ import annotations
 
 import json
+import os
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -222,29 +224,45 @@ class Writer:
         return self._part.keys(mark)
 
 
-_NOT_A_DICT = {  # what a resume state given as something else was meant to be
-    str: ": a path or JSON text is not read; pass the dict, e.g. json.load(open(path))",
-    list: ": give one state, this rank's (or rank 0's, from which every rank finds its own place)",
-    tuple: ": give one state, this rank's (or rank 0's, from which every rank finds its own place)",
-}
+_NOT_A_DICT = (  # (types, what a resume state given as one of them was meant to be)
+    ((str, bytes, os.PathLike), ": a path or JSON text is not read; pass the dict, e.g. json.load(open(path))"),
+    ((list, tuple), ": give one state, this rank's (or rank 0's, from which every rank finds its own place)"),
+)
 
 
-def _not_a_checkpoint(state: dict):
+def _not_a_dict(state) -> str:
+    """What a resume state that is no dict was meant to be, for the error ("" when unknown)."""
+    return next((said for kinds, said in _NOT_A_DICT if isinstance(state, kinds)), "")
+
+
+def _not_a_checkpoint(state: dict, rank: int):
     """A checkpoint holding a state (`{"dataloader_state_dict": state, ...}`) given whole: a
-    ValueError naming the key to pass (it was "has field 'dataloader_state_dict'")."""
-    for key, value in state.items():
-        if isinstance(value, dict) and ("version" in value or {"pq_idx", "rg_idx"} <= set(value)):
-            raise ValueError(f"resume state is a checkpoint holding a loader state under {key!r}: pass that "
-                             f"state, resume_state=checkpoint[{key!r}]")
+    ValueError naming the key to pass (it was "has field 'dataloader_state_dict'"); of one key a
+    rank's (`loader_rank0`, `loader_rank1`), this `rank`'s: by its state's rank, else its name's
+    last number, else every key."""
+    held = [key for key, value in state.items()
+            if isinstance(value, dict) and ("version" in value or {"pq_idx", "rg_idx"} <= set(value))]
+    if len(held) > 1:
+        by_rank = [key for key in held if state[key].get("rank") == rank]
+        by_name = [key for key in held if re.search(rf"(?<!\d){rank}$", str(key))]
+        held = by_rank if len(by_rank) == 1 else by_name if len(by_name) == 1 else held
+    if len(held) == 1:
+        raise ValueError(f"resume state is a checkpoint holding a loader state under {held[0]!r}: pass that "
+                         f"state, resume_state=checkpoint[{held[0]!r}] (nanochat's drop-in: "
+                         f"resume_state_dict=checkpoint[{held[0]!r}])")
+    if held:
+        raise ValueError(f"resume state is a checkpoint holding {len(held)} loader states (under "
+                         f"{', '.join(map(repr, held))}): pass this rank's (rank {rank}) as resume_state= "
+                         f"(nanochat's drop-in: resume_state_dict=)")
 
 
 def check(state, identity: Loader, part: Part) -> Resume:
     """Validate `state` for this loader (`identity`, reading `part`'s data) and say where to
     start (see the module docstring)."""
     if not isinstance(state, dict):
-        raise ValueError(f"resume state must be a dict, got {type(state).__name__}{_NOT_A_DICT.get(type(state), '')}")
+        raise ValueError(f"resume state must be a dict, got {type(state).__name__}{_not_a_dict(state)}")
     if "version" not in state:
-        _not_a_checkpoint(state)
+        _not_a_checkpoint(state, identity.rank)
         return part.unversioned(state, identity)
     part.own(state)
     version = state["version"]

@@ -83,6 +83,26 @@ def test_a_state_does_not_change_the_writers_fields():
     assert json.dumps(writer._base, sort_keys=True) == before
 
 
+def test_a_resume_state_that_is_a_path_or_a_checkpoint_of_every_rank_says_this_rank_s_key():
+    """A path given as bytes or a `pathlib.Path` was "must be a dict, got PosixPath" alone (the
+    hint was for str only); a checkpoint with one key a rank named the first key ('loader_rank0')
+    to every rank; the keyword said was `resume_state=` alone (nanochat's is `resume_state_dict=`)."""
+    import pathlib
+    for given in (b"/ckpt/loader.json", pathlib.Path("/ckpt/loader.json")):
+        with pytest.raises(ValueError, match=rf"must be a dict, got {type(given).__name__}: a path or JSON text is "
+                                             r"not read; pass the dict"):
+            check(given, loader())
+    by_rank = {"step": 3, **{f"loader_rank{r}": saved(rank=r) for r in range(3)}}
+    for rank in range(3):
+        with pytest.raises(ValueError, match=rf"under 'loader_rank{rank}': pass that state, resume_state=checkpoint"
+                                             rf"\['loader_rank{rank}'\] \(nanochat's drop-in: resume_state_dict="):
+            check(by_rank, loader(rank=rank, world=3))
+    nanochat = {f"dl{r}": {"pq_idx": 0, "rg_idx": r} for r in (10, 11)}  # neither by its rank nor by its name
+    with pytest.raises(ValueError, match=r"holding 2 loader states \(under 'dl10', 'dl11'\): pass this rank's "
+                                         r"\(rank 1\) as resume_state= \(nanochat's drop-in: resume_state_dict=\)"):
+        check(nanochat, loader())
+
+
 # ------------------------------------------------------------------ config mismatches
 
 @pytest.mark.parametrize("key,value", [("split", "val"), ("packing", "bos_bestfit")])
