@@ -58,6 +58,8 @@ import numbers
 import zlib
 from typing import Callable, Mapping, NamedTuple, Sequence
 
+from ..errors import warn
+
 
 class Stage(NamedTuple):
     """A stage of the schedule: from batch `first_batch` on, `weights` by source name."""
@@ -163,11 +165,9 @@ def _warn_unnamed(stage: int, first: int, unnamed: list) -> None:
     says: a stage does not carry the one before it (`(90_000, {"math": 0.4})` after
     `(0, {"web": 0.7, "math": 0.3})` pauses web from batch 90,000)."""
     if unnamed:
-        import warnings
-        warnings.warn(f"Mixture: stage {stage} (from batch {first}) names no weight for "
-                      f"{', '.join(map(repr, unnamed))}, weighed in stage {stage - 1}: weight 0, not read from "
-                      f"batch {first} (a stage does not carry the previous stage's weights); name them in stage "
-                      f"{stage}, 0 to pause one", UserWarning, stacklevel=4)
+        warn(f"Mixture: stage {stage} (from batch {first}) names no weight for {', '.join(map(repr, unnamed))}, "
+             f"weighed in stage {stage - 1}: weight 0, not read from batch {first} (a stage does not carry the "
+             f"previous stage's weights); name them in stage {stage}, 0 to pause one")
 
 
 def _max_epochs(given: Mapping, names: tuple) -> dict:
