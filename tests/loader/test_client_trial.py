@@ -21,6 +21,7 @@ after `multiprocessing.set_start_method` (spawn, forkserver, fork; slow).
 """
 import itertools
 import json
+import operator
 import os
 import time
 
@@ -100,8 +101,9 @@ def test_a_schedule_stage_that_leaves_out_a_weighed_source_warns_that_it_pauses_
     sources = {"web": "/nowhere/web", "code": "/nowhere/code", "math": "/nowhere/math"}
     with pytest.warns(UserWarning, match=r"Mixture: stage 1 \(from batch 90000\) names no weight for 'code', 'web', "
                                          r"weighed in stage 0: weight 0, not read from batch 90000 .*name them in "
-                                         r"stage 1, 0 to pause one"):
+                                         r"stage 1, 0 to pause one") as said:
         mix = shmloader.Mixture(sources, [(0, {"web": 0.7, "code": 0.2, "math": 0.1}), (90_000, {"math": 0.4})])
+    assert [w.filename for w in said] == [__file__]  # the caller's line (errors.warn)
     assert mix.stages[1].weights == {"code": 0.0, "math": 0.4, "web": 0.0}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -123,7 +125,8 @@ def test_len_of_a_loader_says_it_is_endless_and_how_to_count_steps(posdata):
         with pytest.raises(TypeError, match=r"has no len\(\).*It replaces a torch DataLoader: iterate it directly, "
                                             r"not as a DataLoader's dataset"):
             next(iter(torch.utils.data.DataLoader(loader, batch_size=None)))  # a map-style dataset's sampler asks
-        assert [x.shape for x, _ in itertools.islice(loader, 2)] == [(B, T)] * 2  # list() asks a length hint
+        assert operator.length_hint(loader) == 0  # as list() and tqdm ask it: len()'s TypeError is no error there
+        assert [x.shape for x, _ in itertools.islice(loader, 2)] == [(B, T)] * 2
 
 
 def test_a_resume_state_given_as_a_checkpoint_a_path_or_every_rank_s_list_says_what_to_pass(posdata, tmp_path):
