@@ -194,10 +194,10 @@ class Part(Protocol):
         """Where the loader starts."""
 
 
-def start(loader: Loader, at: AtSource | AtMix | None = None) -> Resume:
-    """A fresh run: epoch 1, file 0, this rank's first row group (`at`: its kind's, empty; one
-    source's when not given)."""
-    return Resume(loader.start_of(loader.rank, loader.world), AtSource() if at is None else at,
+def start(loader: Loader, at: AtSource | AtMix) -> Resume:
+    """A fresh run: epoch 1, file 0, this rank's first row group (`at`: its kind's, empty, given
+    always: one source's as a default would be a mixture's wrong start, silently)."""
+    return Resume(loader.start_of(loader.rank, loader.world), at,
                   shapes=[[0, loader.B, loader.T]], n_files=len(loader.files))
 
 
@@ -238,7 +238,7 @@ def _not_a_dict(state) -> str:
 def _not_a_checkpoint(state: dict, rank: int):
     """A checkpoint holding a state (`{"dataloader_state_dict": state, ...}`) given whole: a
     ValueError naming the key to pass (it was "has field 'dataloader_state_dict'"); of one key a
-    rank's (`loader_rank0`, `loader_rank1`), this `rank`'s: by its state's rank, else its name's
+    rank's ('loader_rank0', 'loader_rank1'), this `rank`'s: by its state's rank, else its name's
     last number, else every key."""
     held = [key for key, value in state.items()
             if isinstance(value, dict) and ("version" in value or {"pq_idx", "rg_idx"} <= set(value))]

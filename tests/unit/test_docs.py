@@ -179,7 +179,7 @@ def _refused(saved_world: int, **fingerprint) -> bool:
     mine = {"split": "train", "packing": "concat", "tokenizer": "0123456789abcdef"}
     old = state.Loader(dict(mine, **fingerprint), files, 0, saved_world, 4, 16)
     mark = SimpleNamespace(position=Position(1, 0, 0, 3, 0), buffer=None, batch=7, read=None)
-    saved = state.Writer(old, state.start(old), Files()).state(mark)
+    saved = state.Writer(old, state.start(old, state.AtSource()), Files()).state(mark)
     try:
         state.check(saved, state.Loader(mine, files, 0, 1, 4, 16), Files())
     except ValueError:

@@ -17,7 +17,7 @@ from shmloader.data.order import nanochat_position
 from shmloader.position import Position, RowGroup
 from shmloader import state as statemod
 from shmloader.sourcestate import Files, buffer_runs, decode_runs, digest, encode_buffer, encode_runs
-from shmloader.state import EXACT, VERSION, Change, Loader, Locate, Writer, start
+from shmloader.state import EXACT, VERSION, AtSource, Change, Loader, Locate, Writer, start
 from shmloader.data.catalogue import file_list
 
 FILES = file_list([f"/data/shard_{i:05d}.parquet" for i in range(3)], [1000, 2000, 3000])
@@ -42,7 +42,7 @@ def make_state(lo: Loader, resume, position: Position, batch: int, buffer=None, 
 def saved(rank=1, world=2, epoch=2, file=1, rg=3, doc=5, skip=7, batch=40, buffer=None, **kw) -> dict:
     """A state as the loader saves it, through JSON as nanochat stores it."""
     lo = loader(rank, world, **kw)
-    state = make_state(lo, start(lo), Position(epoch, file, rg, doc, skip), batch, buffer)
+    state = make_state(lo, start(lo, AtSource()), Position(epoch, file, rg, doc, skip), batch, buffer)
     return json.loads(json.dumps(state))
 
 
@@ -77,7 +77,7 @@ def test_round_trip_property(world, data, epoch, stride, doc, skip, batch):
 
 def test_a_state_does_not_change_the_writers_fields():
     lo = loader()
-    writer = Writer(lo, start(lo), Files())
+    writer = Writer(lo, start(lo, AtSource()), Files())
     before = json.dumps(writer._base, sort_keys=True)
     writer.state(SimpleNamespace(position=Position(1, 0, 0, 0, 0), buffer=[[1, 0, 0, 0, 2]], batch=0, read=None))
     assert json.dumps(writer._base, sort_keys=True) == before
@@ -101,6 +101,14 @@ def test_a_resume_state_that_is_a_path_or_a_checkpoint_of_every_rank_says_this_r
     with pytest.raises(ValueError, match=r"holding 2 loader states \(under 'dl10', 'dl11'\): pass this rank's "
                                          r"\(rank 1\) as resume_state= \(nanochat's drop-in: resume_state_dict=\)"):
         check(nanochat, loader())
+
+
+def test_a_fresh_start_is_given_its_kind_s_place():
+    """`start(loader)` gave one source's `AtSource` when not told, silently wrong for a mixture
+    (whose `AtMix` holds its mixer's state): `at` is required."""
+    with pytest.raises(TypeError, match="at"):
+        start(loader())
+    assert start(loader(), statemod.AtMix()).at == statemod.AtMix()
 
 
 # ------------------------------------------------------------------ config mismatches
@@ -427,7 +435,7 @@ def test_a_version_6_state_of_one_source_is_read_as_this_versions():
     """The version after 6 changed a mixture's states only (data/mixrules.py): one source's of version 6,
     its digest as saved, resumes as the same state of this version."""
     lo = loader()
-    state = json.loads(json.dumps(make_state(lo, start(lo), Position(2, 1, 3, 5, 7), 40, read=(1, 2, 5))))
+    state = json.loads(json.dumps(make_state(lo, start(lo, AtSource()), Position(2, 1, 3, 5, 7), 40, read=(1, 2, 5))))
     old = dict(state, version=6)
     assert state["version"] == VERSION != 6
     assert quiet_check(old, lo) == quiet_check(state, lo)
@@ -440,7 +448,7 @@ def test_nanochat_keys_are_the_last_batch_reading_and_not_the_position():
     earlier row group of this rank), the position stays where the next batch starts; a loader
     resumes at the position, and the keys come back as the run's first `read`."""
     lo = loader()
-    state = json.loads(json.dumps(make_state(lo, start(lo), Position(2, 1, 3, 0, 0), 40,
+    state = json.loads(json.dumps(make_state(lo, start(lo, AtSource()), Position(2, 1, 3, 0, 0), 40,
                                              read=(1, 2, 5))))
     assert (state["epoch"], state["pq_idx"], state["rg_idx"], state["position"]) == (1, 2, 5, [2, 1, 3, 0, 0])
     r = quiet_check(state, lo)
@@ -498,7 +506,7 @@ def test_the_digest_covers_the_buffer():
 
 
 def test_the_check_travels_to_the_resume_and_the_digest_covers_it():
-    state = json.loads(json.dumps(make_state(loader(), start(loader()), Position(2, 1, 3, 5, 7), 40,
+    state = json.loads(json.dumps(make_state(loader(), start(loader(), AtSource()), Position(2, 1, 3, 5, 7), 40,
                                              check=0x0BADF00D)))
     assert state["check"] == "0badf00d" and quiet_check(state, loader()).check == 0x0BADF00D
     assert saved()["check"] is None and quiet_check(saved(), loader()).check is None
@@ -517,14 +525,14 @@ def test_a_malformed_check_is_refused(value):
 def test_another_shape_rank_or_file_list_resumes_without_the_check():
     """The batch at the position is another one (another B or T, files new to the state), or
     not this rank's: there is nothing to compare, so the resume carries no check."""
-    state = json.loads(json.dumps(make_state(loader(), start(loader()), Position(2, 1, 3, 5, 7), 40, check=7)))
+    state = json.loads(json.dumps(make_state(loader(), start(loader(), AtSource()), Position(2, 1, 3, 5, 7), 40, check=7)))
     with pytest.warns(UserWarning, match="another batch shape"):
         assert check(state, loader(T=8)).check is None
     more = FILES + file_list(["/data/shard_00003.parquet"], [10])
     with pytest.warns(UserWarning, match="added to the split"):
         assert check(state, loader(files=more)).check is None
     assert check(state, loader(rank=0)).check is None  # another rank's: located, not compared
-    first = json.loads(json.dumps(make_state(loader(), start(loader()), Position(1, 1, 3, 5, 7), 40, check=7)))
+    first = json.loads(json.dumps(make_state(loader(), start(loader(), AtSource()), Position(1, 1, 3, 5, 7), 40, check=7)))
     later = [list(f) for f in FILES]
     later[2][1] += 1  # a file after the position (file 1, epoch 1) changed: read as it is now, so not compared
     with pytest.warns(UserWarning, match="after its position changed"):
@@ -571,7 +579,7 @@ def test_the_written_digest_is_the_checked_one():
     """The writer formats the digest's key itself (it runs with every batch): it must give what
     `digest`, which the check uses, gives, whatever the fields hold."""
     lo = loader()
-    resume = start(lo)
+    resume = start(lo, AtSource())
     resume.shapes, resume.origin = [[0, 4, 16], [7, 2, 16]], {"pq_idx": 1, "rg_idx": 3, "epoch": 2}
     for buffer, check_ in itertools.product((None, [], [[1, 2, 3, 4, 5]], np.array([[3, 0, 70000, 1, 2]])),
                                             (None, 0, 0xFFFFFFFF)):
@@ -590,8 +598,8 @@ def test_a_state_from_the_coordinators_encoding_is_the_same_state(runs):
     lo = loader()
     encoded = encode_buffer(runs)
     assert encoded.text == encode_runs(runs)
-    from_runs = make_state(lo, start(lo), Position(1, 0, 0, 0, 0), 7, runs)
-    assert make_state(lo, start(lo), Position(1, 0, 0, 0, 0), 7, encoded) == from_runs
+    from_runs = make_state(lo, start(lo, AtSource()), Position(1, 0, 0, 0, 0), 7, runs)
+    assert make_state(lo, start(lo, AtSource()), Position(1, 0, 0, 0, 0), 7, encoded) == from_runs
     spelled = encoded.text[:2].encode() + bytes.fromhex(encoded.text[3:]) if runs else b""
     assert encoded.crc == (zlib.crc32(spelled) if runs else 0)
     assert from_runs["digest"] == digest(from_runs, spelled)
