@@ -283,12 +283,12 @@ def _found_place() -> _Found:
     group = _process_group()
     env = {name: _env_int(name, None) for name in ("RANK", "WORLD_SIZE")}
     if group is not None:
-        wrong = {name: value for name, value in zip(env, group) if env[name] is not None and env[name] != value}
-        if wrong:
+        says = {"RANK": group.rank, "WORLD_SIZE": group.world_size}
+        if any(env[name] is not None and env[name] != says[name] for name in env):
             said = ", ".join(f"{name}={env[name]}" for name in env if env[name] is not None)
-            raise ValueError(f"the environment says {said} but torch.distributed's default group says rank "
-                             f"{group.rank} of {group.world_size} (dist.get_rank(), dist.get_world_size()): a "
-                             f"stale or copied variable would read another rank's share; pass rank= and "
+            raise ValueError(f"process {os.getpid()}'s environment says {said} but torch.distributed's default "
+                             f"group says rank {group.rank} of {group.world_size} (dist.get_rank(), "
+                             f"dist.get_world_size()): a stale or copied variable would read another rank's share; pass rank= and "
                              f"world_size= (the data-parallel group's, e.g. dist.get_rank(dp_group) and "
                              f"dist.get_world_size(dp_group) under tensor parallelism), or set RANK and "
                              f"WORLD_SIZE to the group's, or unset them")

@@ -159,8 +159,8 @@ def test_torchrun_s_variables_other_than_an_initialized_group_s_are_refused_nami
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     said = ", ".join(f"{k}={v}" for k, v in env.items())
-    with pytest.raises(ValueError, match=rf"the environment says {said} but torch.distributed's default group says "
-                                         rf"rank 1 of 2 .*pass rank= and world_size= \(the data-parallel group's"):
+    with pytest.raises(ValueError, match=rf"process \d+'s environment says {said} but torch.distributed's default "
+                                         rf"group says rank 1 of 2 .*pass rank= and world_size= \(the data-parallel group's"):
         place(None, None)
     assert place(0, 2) == (0, 2)  # given: neither is read
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)  # the rank whose RANK=0 is right
