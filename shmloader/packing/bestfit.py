@@ -77,10 +77,26 @@ class Chunks:
         self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
 
+    def ordered(self, index: int) -> bool:
+        """Whether piece `index` is of the sequencer's own order: counted into it in index order
+        (`seq.in_order`), one that cannot be read held until the sequencer needs it. One source's
+        every piece is (the resumed buffer's, then the run's order); a mixture's, its resumed
+        buffer's only (`_Pulled.ordered`). The one place that says it: `arrive` and the mode
+        (packing/mixbestfit.py `counted`, `failed`) ask it."""
+        return True
+
     def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
-        """A counted piece of `seq` (a `BestFitSequencer`): one source's pieces are all of its own
-        order, cut into chunks once those before are (`seq.in_order`, `add`)."""
-        seq.in_order(piece, owner, lengths)
+        """A counted piece of `seq` (a `BestFitSequencer`): one of its own order (`ordered`) is cut
+        into chunks once those before are (`seq.in_order`, `add`); another is the chunks' own
+        (`_took`: a mixture's)."""
+        if self.ordered(piece.index):
+            seq.in_order(piece, owner, lengths)
+        else:
+            self._took(seq, piece, owner, lengths)
+
+    def _took(self, seq, piece, owner: int, lengths: np.ndarray):
+        """A counted piece not of the sequencer's own order (one source's chunks have none)."""
+        raise AssertionError(f"piece {piece.index} is not of one source's own order")
 
     def unread(self) -> int:
         """Rows counted and not yet taken into a chunk nor waiting in the sequencer's order (one
@@ -107,7 +123,8 @@ class Chunks:
 
     def news(self):
         """What a plan that ran out waits for, as a value that changes when it may come: here
-        the chunks added (a mixture's chunks are made as a plan asks: there, None, always new)."""
+        the chunks added (a mixture's chunks are made as a plan asks: there, the stream's
+        `version`, `_Pulled.news`)."""
         return self.added
 
     def _more(self) -> bool:

@@ -28,10 +28,11 @@ mixer told what each takes, the rest as above; the same chunks, points and buffe
 
 The mode and its sequencer (`bestfit.BestFitSequencer`) are one for every kind of run: what
 differs is their parts, chosen once where they are made (`mix_sequencer`: a mixture's chunks,
-`MixPieceTable` and `MixSink`; `MixBestFitMode._begin`: the stream, the feed, the pieces that are
-the sequencer's own order, whether a worker reads on past the pair, the slot's sink), with no
-flag of the kind tested in them; tests/unit/packing/test_bestfit_replay.py checks their every
-output against main's two modes before they became one.
+`MixPieceTable` and `MixSink`; one source's `BestFitSequencer`: its `Chunks`, `PieceTable` and
+sink; `MixBestFitMode._begin`: the stream, the feed, what a worker may take, `PickFirst` or
+`CapAlone`, and the slot's sink; which pieces are the sequencer's own order is its chunks' to
+say, `Chunks.ordered`), with no flag tested in them; tests/unit/packing/test_bestfit_replay.py
+checks their every output against main's two modes before they became one.
 
 Pieces go out as packing/mixfeed.py says, within best fit's read-ahead cap on documents not yet
 in the buffer (and past it for the source the mix waits for). A document's id is its piece's
@@ -54,7 +55,6 @@ planned is announced.
 """
 from __future__ import annotations
 
-import sys
 from collections import deque
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -214,11 +214,11 @@ class _Pulled(Chunks):
     (`_more`), its counted pieces numbered as they come (`arrive`; a resumed buffer's in order, as
     one source's), each piece's first id kept until the stream used it up (`bases`)."""
 
-    def __init__(self, stream, chunk_docs: int, start, used):
+    def __init__(self, stream, chunk_docs: int, start, used, n_prefix: int):
         """`start`: the `MixPoint` the run starts from, or None; `used(source, piece)`: each piece of
-        the mix whose last run goes into a chunk."""
+        the mix whose last run goes into a chunk; `n_prefix`: the resumed buffer's pieces (`ordered`)."""
         super().__init__(chunk_docs, start)
-        self.stream, self._used = stream, used
+        self.stream, self._used, self._n_prefix = stream, used, n_prefix
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
         self.rows = 0                 # rows (documents and nulls) the mix took into chunks
         self.counted_rows = 0         # rows of the mix's pieces counted
@@ -227,10 +227,13 @@ class _Pulled(Chunks):
         self._end = None              # where the chunk being formed ends so far
         self.dry = False              # the mix ended and its every document is in a chunk a plan took
 
-    def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
-        if piece.index < seq.n_prefix:  # the resumed buffer: in order, as one source's
-            seq.in_order(piece, owner, lengths)
-            return
+    def ordered(self, index: int) -> bool:
+        """The resumed buffer's pieces (`0..n_prefix-1`) are the sequencer's own order, as one
+        source's; the mix's are its stream's."""
+        return index < self._n_prefix
+
+    def _took(self, seq, piece, owner: int, lengths: np.ndarray):
+        """A counted piece of the mix: numbered as it comes, for the stream to take (`_more`)."""
         self._bases[piece.index], _ = seq.number(piece, owner, lengths)
         self.counted_rows += len(lengths)
 
@@ -330,10 +333,10 @@ class PassingChunks(_Pulled):
     run ends (the row after its last document past the nulls); a piece's `Rows`, as the stream
     reads it, but no block or stretch."""
 
-    def __init__(self, stream, chunk_docs: int, chunk, cap: int, used, start):
+    def __init__(self, stream, chunk_docs: int, chunk, cap: int, used, start, n_prefix: int):
         """`chunk`: best fit's chunk rule (`mixrules.chunk`), None for version 6's; `cap`: the
         mixer counts a document's tokens up to it; `used(source, piece)`: a counted piece is used up."""
-        super().__init__(stream, chunk_docs, start, used)
+        super().__init__(stream, chunk_docs, start, used, n_prefix)
         self.chunk, self.cap = chunk, cap
         self._heads = deque()
         stream.holding = self._holding
@@ -406,9 +409,9 @@ def mix_sequencer(cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | No
     `mixrules.chunk`'s), a `MixPieceTable` and the `MixSink`. `used(source, piece)`: each piece of
     the mix whose last run goes into a chunk; `lo`: each source's first file in the run's numbering."""
     if type(stream) is OneStream:  # a pass-through (packing/mixone.py): no stream to take chunks from
-        chunks = PassingChunks(stream, cfg.tokenizer_batch_size, chunk, cfg.T + 1, used, start)
+        chunks = PassingChunks(stream, cfg.tokenizer_batch_size, chunk, cfg.T + 1, used, start, n_prefix)
     else:
-        chunks = MixChunks(stream, cfg.tokenizer_batch_size, start, used)
+        chunks = MixChunks(stream, cfg.tokenizer_batch_size, start, used, n_prefix)
     return BestFitSequencer(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, None,
                             chunks=chunks, table=MixPieceTable(lo), sink=MixSink(stream, lo))
 
@@ -448,14 +451,14 @@ class MixBestFitMode(Mode):
     bounds the documents waiting to enter the buffer (`read_ahead_cap`: also those counted that
     the mix has not taken; past it for the source the mix waits for). Its parts, chosen once
     where it is made (`_begin`): the sequencer (`mix_sequencer`'s; one source's
-    `BestFitSequencer`), the stream the feed asks, the feed, the pieces below `ordered` that are
-    the sequencer's own order (a resumed buffer's; one source's every piece: counted into it in
-    order, one that cannot be read held by `stops` and said once every piece before it is in, a
-    plan ran out of them, or the resumed buffer waits for it, and every batch planned is
-    announced), the rest the feed's (held by the stream: `Said`), whether a worker may take the
-    next slice of its row group past the pair within the cap and whether the cap alone decides
-    what is read ahead (one source's order: yes, its feed never needs a piece nor stops; a mix's
-    feed decides: its pick first), and the sink of a batch's slot (`buffer_of`)."""
+    `BestFitSequencer`), whose chunks say which pieces are its own order (`Chunks.ordered`: a
+    resumed buffer's; one source's every piece: counted into it in order, one that cannot be
+    read held by `stops` and said once every piece before it is in, a plan ran out of them, or
+    the resumed buffer waits for it, and every batch planned is announced), the rest the feed's
+    (held by the stream: `Said`); the stream the feed asks, the feed, what a worker may take
+    (`reads`: `PickFirst`, a mix's feed decides, its pick first; `CapAlone`, one source's: the
+    read-ahead cap alone, and on past the pair within it) and the sink of a batch's slot
+    (`buffer_of`)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
@@ -479,27 +482,26 @@ class MixBestFitMode(Mode):
                             lambda *used: self.feed.used_up(*used), lo, chunk)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         feed = MixFeed(mix, stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
-        self._begin(cfg, seq, stream, feed, prefix, len(prefix), False, lambda done: packed_buffer(done.runs, lo))
+        self._begin(cfg, seq=seq, stream=stream, feed=feed, prefix=prefix, reads=PickFirst,
+                    sink=lambda done: packed_buffer(done.runs, lo))
 
-    def _begin(self, cfg, seq: BestFitSequencer, stream, feed, prefix: list, ordered: int, reads_on: bool, sink):
-        """The mode over its parts: `seq` the sequencer, `stream` what the feed asks (a `MixStream`,
-        a `OneStream`, a `Passing`), `feed` what hands pieces out after the resumed buffer's
-        (`prefix`: re-read first), the pieces below `ordered` the sequencer's own order, `reads_on`
-        whether the read-ahead cap alone says whether a worker may take a piece, and a worker may
-        read on past the pair (`_within_cap`, `_continues`: one source's order, whose feed never
-        needs a piece nor stops; else the feed's pick is asked first), `sink` what a batch's slot
-        carries for the state (`Mode.buffer_of`): a mixture's point and buffer, packed; one
-        source's buffer runs as text (`base.encode_buffer`)."""
-        self.seq, self.stream, self.feed = seq, stream, feed
+    def _begin(self, cfg, *, seq: BestFitSequencer, stream, feed, prefix: list, reads, sink):
+        """The mode over its parts: `seq` the sequencer (its chunks say which pieces are its own
+        order, `Chunks.ordered`: counted into it, one that cannot be read held by `stops`; the
+        rest the feed's), `stream` what the feed asks and `Said` reads (a `MixStream`, a
+        `OneStream`, one source's `Passing`), `feed` what hands pieces out after the resumed
+        buffer's (`prefix`: re-read first), `reads` what a worker may take and whether it may read
+        on past the pair (`PickFirst`, `CapAlone`), `sink` what a batch's slot carries for the
+        state (`Mode.buffer_of`): a mixture's point and buffer, packed; one source's buffer runs
+        as text (`base.encode_buffer`)."""
+        self.seq, self.stream, self.feed, self.reads = seq, stream, feed, reads
         self.pieces = _chain(prefix, feed.feed())
-        self.n_prefix, self._ordered = len(prefix), ordered
+        self.n_prefix = len(prefix)
         self.max_piece_docs = cfg.max_piece_docs
         self.cap = read_ahead_cap(cfg.buffer_size, cfg.max_piece_docs)
         self.assigned_docs = 0           # documents assigned, not counted
         self.said = Said(stream)
         self.buffer_of = sink
-        if reads_on:  # chosen once: the feed is not asked (its pick is always the same)
-            self.can_take, self.can_continue = self._within_cap, self._continues
 
     def take(self, worker: int, piece):
         Mode.take(self, worker, piece)
@@ -507,28 +509,20 @@ class MixBestFitMode(Mode):
         self.cap = read_ahead_cap(self.seq.buffer_size, self.max_piece_docs, piece.n_docs, self.cap)
 
     def can_take(self, worker: int) -> bool:
+        """Whether `worker` may take a piece: its `reads`' rule (`PickFirst`, `CapAlone`)."""
+        return self.reads.can_take(self, worker)
+
+    def can_continue(self, worker: int) -> bool:
+        """Whether `worker` may take the next slice of the row group it holds past the pair of
+        pieces (packing/affinity.py): its `reads`' rule."""
+        return self.reads.can_continue(self, worker)
+
+    def _within_cap(self, worker: int, pair: bool = True) -> bool:
         """Best fit's read-ahead cap over the documents not yet in the buffer (also those the mix
         has not taken), past it only while a plan waits for documents and none is being tokenized
-        (a batch of many short documents can need more than the cap), or for the source the mix
-        waits for."""
-        if self.pieces.handed >= self.n_prefix:  # the resumed buffer's pieces are out: the feed's
-            pick = self.feed.pick_now()
-            if pick is None:
-                return False
-            if pick.needed:
-                return sum(1 for w, _ in self._in_flight.values() if w == worker) < MAX_IN_FLIGHT
-        return self._within_cap(worker)
-
-    def _within_cap(self, worker: int) -> bool:
-        """`can_take` within the read-ahead cap (`Mode.can_take`'s rule, `_room`, a frame less)."""
-        return self._reading_ahead() and self._room(worker, pair=True)
-
-    can_continue = Mode.can_continue  # no slices past the pair unless made with `reads_on` (`_continues`)
-
-    def _continues(self, worker: int) -> bool:
-        """A worker may take the next slice of the row group it holds past the pair of pieces
-        (packing/affinity.py), within the same read-ahead cap (one source's `can_continue`)."""
-        return self._reading_ahead() and self._room(worker, pair=False)
+        (a batch of many short documents can need more than the cap); then `Mode._room`'s rule
+        (`pair`: at most the pair of pieces in flight, as `Mode.can_take`)."""
+        return self._reading_ahead() and self._room(worker, pair)
 
     def _reading_ahead(self) -> bool:
         seq = self.seq
@@ -540,14 +534,14 @@ class MixBestFitMode(Mode):
         self._counted_by(w, piece, 0)
         self.assigned_docs -= piece.n_docs
         self.seq.counted(piece, w, msg.lengths)
-        if piece.index >= self._ordered:
+        if not self.seq.chunks.ordered(piece.index):  # the feed's
             self.feed.counted(piece.index, piece, msg.lengths)
             self.feed.flow()
         return piece
 
     def failed(self, index: int, error) -> bool:
         self._forget(index)
-        if index < self._ordered:  # the sequencer's own order's: held until it needs the piece
+        if self.seq.chunks.ordered(index):  # the sequencer's own order's: held until it needs the piece
             self.stops.add(index, error)
             return True
         return self.feed.failed(index, error)
@@ -601,12 +595,13 @@ class SourceBestFitMode(MixBestFitMode):
     """Best fit's mode over one source's run (kinds.py `OneSource`): the same mode made of one
     source's parts. Its run's own order (the resumed buffer's pieces first, then the coordinator's
     `pieces` from the run's start, with its elastic plan, its files added and its shuffle) is all
-    the sequencer's own order (`ordered`: every piece), counted into one source's `Chunks` in
-    order and numbered so that the buffer's runs are its stretches of consecutive ids (packing/
-    bestfit.py); its feed is that order (`mixfeed.OrderFeed` over a `mixone.Passing` that no
-    piece is counted into: nothing to mix, nothing to wait for, so its pick is not asked), the
-    read-ahead cap alone decides what a worker may take and a worker may read on past the pair
-    within it (`reads_on`), and its batches carry the buffer's runs (`Mode.buffer_of`)."""
+    the sequencer's own order (`Chunks.ordered`: every piece), counted into one source's `Chunks`
+    in order and numbered so that the buffer's runs are its stretches of consecutive ids (packing/
+    bestfit.py). Its feed (`mixfeed.OrderFeed`) only hands that order out: no counted piece goes
+    to it nor to its `mixone.Passing`, which so never stops nor has a note (`Said` says nothing;
+    a piece that cannot be read is held by `stops`), and its pick is never asked: the read-ahead
+    cap alone decides what a worker may take and a worker may read on past the pair within it
+    (`CapAlone`). Its batches carry the buffer's runs (`Mode.buffer_of`)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
@@ -615,9 +610,45 @@ class SourceBestFitMode(MixBestFitMode):
         s = run.start
         seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size, cfg.tokenizer_batch_size,
                                len(prefix), (s.epoch, s.file, s.rg, s.doc))
-        one = Passing()
-        self._begin(cfg, seq, one, OrderFeed(pieces(ramp, cap, len(prefix)), one), prefix, sys.maxsize, True,
-                    self.buffer_of)
+        one = Passing()  # no piece is counted into it: it never stops nor says anything (`Said`)
+        self._begin(cfg, seq=seq, stream=one, feed=OrderFeed(pieces(ramp, cap, len(prefix)), one), prefix=prefix,
+                    reads=CapAlone, sink=self.buffer_of)
+
+
+class PickFirst:
+    """What a worker may take in a mixture's best fit (`MixBestFitMode.reads`): once the resumed
+    buffer's pieces are out, the feed's pick first (none: nothing; one the mix waits for: up to
+    `MAX_IN_FLIGHT` pieces in flight, past the read-ahead cap), else within the cap
+    (`_within_cap`); no slice past the pair (`Mode.can_continue`)."""
+
+    @staticmethod
+    def can_take(mode: MixBestFitMode, worker: int) -> bool:
+        if mode.pieces.handed >= mode.n_prefix:  # the resumed buffer's pieces are out: the feed's
+            pick = mode.feed.pick_now()
+            if pick is None:
+                return False
+            if pick.needed:
+                return sum(1 for w, _ in mode._in_flight.values() if w == worker) < MAX_IN_FLIGHT
+        return mode._within_cap(worker)
+
+    @staticmethod
+    def can_continue(mode: MixBestFitMode, worker: int) -> bool:
+        return False
+
+
+class CapAlone:
+    """What a worker may take in one source's best fit (`SourceBestFitMode.reads`): the read-ahead
+    cap alone decides (its feed is its order: nothing to weigh, no pick is needed, it never stops,
+    so it is not asked), and a worker may take the next slice of the row group it holds past the
+    pair within the same cap (packing/affinity.py)."""
+
+    @staticmethod
+    def can_take(mode: MixBestFitMode, worker: int) -> bool:
+        return mode._within_cap(worker)
+
+    @staticmethod
+    def can_continue(mode: MixBestFitMode, worker: int) -> bool:
+        return mode._within_cap(worker, pair=False)
 
 
 class BestFitPlace:

@@ -218,7 +218,10 @@ class OrderFeed:
     out as it comes, each counted piece to `stream` (a `mixone.Passing`) in that order. Nothing to
     weigh or to wait for: the hold budget holds (no pick is `needed`); a source without documents
     is the coordinator's to judge; an order that cannot be read on raises where the coordinator
-    takes the next piece, and the mode holds its error as a piece's that cannot be read."""
+    takes the next piece, and the mode holds its error as a piece's that cannot be read. Best
+    fit's (`SourceBestFitMode`) only hands the order out (`feed`): its every piece is its
+    sequencer's own order (`bestfit.Chunks.ordered`), so none is counted into it nor fails into
+    it, and its pick is never asked (the read-ahead cap alone decides, `mixbestfit.CapAlone`)."""
 
     def __init__(self, pieces, stream):
         self.stream = stream
