@@ -4,6 +4,7 @@ the same tokens in the same places, positions, documents, row groups and points,
 character, also resumed from a cut document, from a state that leaves a source out, ended for
 want of documents, stopped at a piece that cannot be read, and resumed from its state as a mix
 that is no pass-through (a second source added)."""
+import inspect
 import json
 import random
 from types import SimpleNamespace
@@ -306,6 +307,39 @@ def test_one_sources_modes_are_the_mixtures_made_of_other_parts():
         assert issubclass(own, of)
         mine = {name for name in vars(own) if not (name.startswith("__") and name != "__init__")}
         assert mine == allowed, f"{own.__name__} defines {sorted(mine - allowed)} beside {of.__name__}'s"
+
+
+def _order_of(n_docs: int):
+    return lambda ramp, cap, first: (Piece(i, 1, 0, i - first, 0, n_docs) for i in range(first, 10**6))
+
+
+def test_one_sources_modes_override_no_method_on_the_instance():
+    """What `vars` of the class cannot see: a method assigned on the instance where the mode is
+    made (`_begin`) would be one source's own behaviour too (the review found best fit's
+    `can_take`/`can_continue` swapped so). Beside the sink (`buffer_of`), an instance holds no
+    method but concat's placer's own (`ready`, `orders`, `_spec`: bound in `MixConcatMode._begin`
+    for every kind of run)."""
+    from shmloader.config import LoaderConfig
+    from shmloader.packing.mixbestfit import SourceBestFitMode
+    from shmloader.packing.mixcount import SourceCountMode
+    from shmloader.position import Position
+
+    fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
+                          pieces_in_flight=None)
+    cfg = LoaderConfig(1, 7, n_slots=3)
+    modes = ((SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3), start=Position(1, 0, 0),
+                                                     buffer_runs=()), 2, _order_of(8)), set()),
+             (mixmode.SourceConcatMode(cfg, SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=3),
+                                                            start=Position(1, 0, 0)), 2, _order_of(4)),
+              {"ready", "orders", "_spec"}),
+             (SourceCountMode(cfg, SimpleNamespace(locate=([[0, 1, 7]], 20, 0), start=Position(1, 0, 0), layout=None),
+                              2, _order_of(4)), set()))
+    for mode, placer in modes:
+        bound = {name for name, value in vars(mode).items()
+                 if inspect.ismethod(value) or inspect.isbuiltin(value) or inspect.isfunction(value)}
+        assert bound <= {"buffer_of"} | placer, f"{type(mode).__name__} binds {sorted(bound - {'buffer_of'} - placer)}"
+        for name in placer:
+            assert getattr(mode, name).__self__ in (mode.placer, mode.specs), f"{name} is not the placer's own"
 
 
 def test_concats_placer_is_chosen_once_and_only_a_mix_has_an_end(monkeypatch):
