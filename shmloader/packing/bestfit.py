@@ -294,25 +294,22 @@ class BestFitSequencer:
     (`number`), their documents entering the planner a chunk at a time (`chunks`), each batch
     planned when its slot is free, its write orders by worker and what it announces once written
     (`sink`). What differs between one source and a mixture is its parts, given where it is made
-    (packing/mixbestfit.py makes a mixture's): its `chunks` (one source's `Chunks`, cut from its
+    (`source_sequencer` makes one source's, packing/mixbestfit.py `mix_sequencer` a mixture's): its `chunks` (one source's `Chunks`, cut from its
     pieces in order; a mixture's pulled from its stream), its `table` (a mixture's knows each
     piece's source) and its `sink` (`where_one_source_stands`; a mixture's point and buffer)."""
 
-    def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, chunk_docs: int,
-                 n_prefix: int, start_doc_end, chunks: "Chunks | None" = None, table: "PieceTable | None" = None,
-                 sink=None):
-        """`n_prefix` pieces (indices 0..n_prefix-1) rebuild a resumed buffer; `start_doc_end`
-        is the position `(epoch, file, rg, doc)` the run starts from. The parts, one source's
-        unless given: `chunks` (made with `chunk_docs` and `start_doc_end`), `table` and `sink`
-        (`sink(seq, plan)`: the `Complete` of the batch just planned)."""
+    def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, n_prefix: int, *, chunks: Chunks,
+                 table: PieceTable, sink):
+        """`n_prefix` pieces (indices 0..n_prefix-1) rebuild a resumed buffer. The parts, each
+        required (one source's: `source_sequencer`; a mixture's: packing/mixbestfit.py
+        `mix_sequencer`): `chunks` (where the run starts is theirs, `last_end`), `table` and
+        `sink` (`sink(seq, plan)`: the `Complete` of the batch just planned)."""
         self.B, self.row_len = B, T + 1
         self.buffer_size = buffer_size
         self.planner = None if n_prefix else BestFitPlanner(B, T + 1, buffer_size)
         self.n_prefix = n_prefix
         self.book = BatchBook(n_slots)
-        self.chunks = Chunks(chunk_docs, start_doc_end) if chunks is None else chunks
-        self.table = PieceTable() if table is None else table
-        self._sink = where_one_source_stands if sink is None else sink
+        self.chunks, self.table, self._sink = chunks, table, sink
         self.planned = 0                      # batches planned
         self._pieces = {}                     # index -> [owner, its live rows, how many are not placed]
         self._placed_rows = []                # (pieces, rows) placed, arrays: those of pieces gone pruned
@@ -464,6 +461,16 @@ class BestFitSequencer:
     def ready(self) -> list[Complete]:
         """The batches now complete, in order."""
         return [done for _, done in self.book.ready(self._positions.pop)]
+
+
+def source_sequencer(B: int, T: int, n_slots: int, buffer_size: int, chunk_docs: int, n_prefix: int,
+                     start_doc_end: tuple) -> BestFitSequencer:
+    """Best fit's sequencer made of one source's parts (packing/mixbestfit.py `mix_sequencer`
+    makes a mixture's): `Chunks` of `chunk_docs` rows cut from its pieces in order from
+    `start_doc_end` (the position `(epoch, file, rg, doc)` the run starts from), a `PieceTable`
+    and `where_one_source_stands`."""
+    return BestFitSequencer(B, T, n_slots, buffer_size, n_prefix, chunks=Chunks(chunk_docs, start_doc_end),
+                            table=PieceTable(), sink=where_one_source_stands)
 
 
 def where_one_source_stands(seq: BestFitSequencer, plan) -> Complete:

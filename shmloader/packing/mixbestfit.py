@@ -28,8 +28,8 @@ mixer told what each takes, the rest as above; the same chunks, points and buffe
 
 The mode and its sequencer (`bestfit.BestFitSequencer`) are one for every kind of run: what
 differs is their parts, chosen once where they are made (`mix_sequencer`: a mixture's chunks,
-`MixPieceTable` and `MixSink`; one source's `BestFitSequencer`: its `Chunks`, `PieceTable` and
-sink; `MixBestFitMode._begin`: the stream, the feed, what a worker may take, `PickFirst` or
+`MixPieceTable` and `MixSink`; `bestfit.source_sequencer`: one source's `Chunks`, `PieceTable`
+and sink; `MixBestFitMode._begin`: the stream, the feed, what a worker may take, `PickFirst` or
 `CapAlone`, and the slot's sink; which pieces are the sequencer's own order is its chunks' to
 say, `Chunks.ordered`), with no flag tested in them; tests/unit/packing/test_bestfit_replay.py
 checks their every output against main's two modes before they became one.
@@ -67,7 +67,7 @@ from ..data.order import buffer_pieces, ramp_for
 from ..ipc.protocol import Ended
 from ..ipc.ring import Stat
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .bestfit import BestFitSequencer, Chunks, PieceTable, _placed, read_ahead_cap
+from .bestfit import BestFitSequencer, Chunks, PieceTable, _placed, read_ahead_cap, source_sequencer
 from .bestfit import Rows as WriteRows
 from .mix import MixPoint, MixStream, first_end_of
 from .mixruns import Rows, sources_at
@@ -412,8 +412,8 @@ def mix_sequencer(cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | No
         chunks = PassingChunks(stream, cfg.tokenizer_batch_size, chunk, cfg.T + 1, used, start, n_prefix)
     else:
         chunks = MixChunks(stream, cfg.tokenizer_batch_size, start, used, n_prefix)
-    return BestFitSequencer(cfg.B, cfg.T, n_slots, cfg.buffer_size, cfg.tokenizer_batch_size, n_prefix, None,
-                            chunks=chunks, table=MixPieceTable(lo), sink=MixSink(stream, lo))
+    return BestFitSequencer(cfg.B, cfg.T, n_slots, cfg.buffer_size, n_prefix, chunks=chunks, table=MixPieceTable(lo),
+                            sink=MixSink(stream, lo))
 
 
 class MixSink:
@@ -451,7 +451,7 @@ class MixBestFitMode(Mode):
     bounds the documents waiting to enter the buffer (`read_ahead_cap`: also those counted that
     the mix has not taken; past it for the source the mix waits for). Its parts, chosen once
     where it is made (`_begin`): the sequencer (`mix_sequencer`'s; one source's
-    `BestFitSequencer`), whose chunks say which pieces are its own order (`Chunks.ordered`: a
+    `bestfit.source_sequencer`'s), whose chunks say which pieces are its own order (`Chunks.ordered`: a
     resumed buffer's; one source's every piece: counted into it in order, one that cannot be
     read held by `stops` and said once every piece before it is in, a plan ran out of them, or
     the resumed buffer waits for it, and every batch planned is announced), the rest the feed's
@@ -608,7 +608,7 @@ class SourceBestFitMode(MixBestFitMode):
         prefix = buffer_pieces(run.buffer_runs, cfg.max_piece_docs)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         s = run.start
-        seq = BestFitSequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size, cfg.tokenizer_batch_size,
+        seq = source_sequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size, cfg.tokenizer_batch_size,
                                len(prefix), (s.epoch, s.file, s.rg, s.doc))
         one = Passing()  # no piece is counted into it: it never stops nor says anything (`Said`)
         self._begin(cfg, seq=seq, stream=one, feed=OrderFeed(pieces(ramp, cap, len(prefix)), one), prefix=prefix,

@@ -63,7 +63,7 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
     encode = timed("buffer text", encode_buffer)
     rng = np.random.default_rng(seed)
     try:
-        seq, index, done = bf.BestFitSequencer(B, T, 8, buffer_size, chunk, 0, (0, 0, 0, 0)), 0, 0
+        seq, index, done = bf.source_sequencer(B, T, 8, buffer_size, chunk, 0, (0, 0, 0, 0)), 0, 0
         while done < 300 + batches:
             if done == 300:
                 spent.clear()

@@ -44,7 +44,7 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, med
 
     _keep_freed_memory()
     rng = np.random.default_rng(seed)
-    seq = bf.BestFitSequencer(B, T, SLOTS, buffer_size, chunk, 0, (0, 0, 0, 0))
+    seq = bf.source_sequencer(B, T, SLOTS, buffer_size, chunk, 0, (0, 0, 0, 0))
     slots = np.ones((SLOTS, 2 * B * T), dtype=np.int64)
     floors = np.ones((2, SLOTS, 2 * B * T), dtype=np.int64)  # slots of their own, as cold as the writes' ones
     stream = rng.integers(0, 4096, 4 * B * T, dtype=np.uint16)  # the floors' source

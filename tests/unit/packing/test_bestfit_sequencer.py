@@ -19,7 +19,7 @@ import pytest
 from shmloader.data.order import Piece, buffer_pieces
 from shmloader.packing import bestfit
 from shmloader.packing.base import SlotMap
-from shmloader.packing.bestfit import BestFitSequencer, Rows
+from shmloader.packing.bestfit import BestFitSequencer, Rows, source_sequencer
 from tests.oracle import plan_batch_scan
 
 B, T = 2, 16
@@ -131,7 +131,7 @@ class Sim:
     def __init__(self, data: Data, pieces: list, n_prefix: int, start, buffer_size, chunk_docs,
                  n_slots, rng):
         self.data, self.pieces, self.rng, self.n_slots = data, pieces, rng, n_slots
-        self.seq = BestFitSequencer(B, T, n_slots, buffer_size, chunk_docs, n_prefix, start)
+        self.seq = source_sequencer(B, T, n_slots, buffer_size, chunk_docs, n_prefix, start)
         self.slot_map, self.held, self.pending = SlotMap(n_slots), {}, []
         self.slots = np.full((n_slots, bestfit.PACKING.window(B, T)), -1, dtype=np.int64)
         self.uncounted = list(range(len(pieces)))
@@ -273,7 +273,7 @@ def test_a_plan_that_ran_out_is_not_tried_again_until_a_chunk_comes():
     """The coordinator calls plan() on every message (two workers' acknowledgements per batch);
     a plan that ran out of counted chunks would run out again at the same place, so it is not
     tried (nor its snapshot taken) until another chunk is counted."""
-    seq = BestFitSequencer(B, T, n_slots=4, buffer_size=4, chunk_docs=2, n_prefix=0, start_doc_end=(0, 0, 0, 0))
+    seq = source_sequencer(B, T, n_slots=4, buffer_size=4, chunk_docs=2, n_prefix=0, start_doc_end=(0, 0, 0, 0))
     tries = []
     plan_batch = seq.planner.plan_batch
     seq.planner.plan_batch = lambda source: tries.append(1) or plan_batch(source)
