@@ -1,5 +1,5 @@
-"""One source's best fit replayed as the coordinator drives its mode (`packing.MODES["bos_bestfit"]
-.source`), without processes, over a grid of runs; each run's trace is everything the mode says:
+"""Best fit replayed as the coordinator drives its mode, one source's (`packing.MODES["bos_bestfit"]
+.source`) and a mixture's (`.mixture`, `mixture_runs`), without processes, over a grid of runs; each run's trace is everything the mode says:
 the pieces it hands out and to whom, every `Rows` order (worker, batch, slot, placements), every
 batch's `Complete` (position, buffer runs, documents) and what its slot carries for the state
 (`buffer_of`: the state's buffer text and crc), what each worker holds (`holding`), the messages
