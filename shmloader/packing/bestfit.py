@@ -55,8 +55,9 @@ def _rows(batch: int, slot: int, placements: bytes) -> Rows:
     return Rows(batch, slot, np.frombuffer(placements, dtype=np.int64).reshape(-1, 5))
 
 
-def _placed(placements) -> list:
-    """A `Rows`' placements as a list of 5-lists (or what a test built: 5-tuples)."""
+def placement_rows(placements) -> list:
+    """A `Rows`' placements as a list of 5-lists (or what a test built: 5-tuples); the mixture's
+    mode reads them too (packing/mixbestfit.py `holding`)."""
     return placements.tolist() if type(placements) is np.ndarray else placements
 
 
@@ -294,9 +295,10 @@ class BestFitSequencer:
     (`number`), their documents entering the planner a chunk at a time (`chunks`), each batch
     planned when its slot is free, its write orders by worker and what it announces once written
     (`sink`). What differs between one source and a mixture is its parts, given where it is made
-    (`source_sequencer` makes one source's, packing/mixbestfit.py `mix_sequencer` a mixture's): its `chunks` (one source's `Chunks`, cut from its
-    pieces in order; a mixture's pulled from its stream), its `table` (a mixture's knows each
-    piece's source) and its `sink` (`where_one_source_stands`; a mixture's point and buffer)."""
+    (`source_sequencer` makes one source's, packing/mixbestfit.py `mix_sequencer` a mixture's):
+    its `chunks` (one source's `Chunks`, cut from its pieces in order; a mixture's pulled from
+    its stream), its `table` (a mixture's knows each piece's source) and its `sink`
+    (`where_one_source_stands`; a mixture's point and buffer)."""
 
     def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, n_prefix: int, *, chunks: Chunks,
                  table: PieceTable, sink):
@@ -634,7 +636,7 @@ def write(slots: np.ndarray, held: dict, order: Rows, B: int, T: int, positions:
     "Best fit's writes: cut, and the floor")."""
     slot, total = slots[order.slot], 0
     targets = slot[B * T - 1:]
-    for index, row, r, off, n in _placed(order.placements):
+    for index, row, r, off, n in placement_rows(order.placements):
         docs = held[index]
         start, at = docs.starts[row], r * T + off
         doc = docs.tokens[start:start + n]
@@ -668,7 +670,7 @@ def _stats(counters: dict) -> dict:
 
 PACKING = Packing(
     name="bos_bestfit", locator=_locator, order=Rows, keep=_keep, write=write,
-    keep_rows=_keep_rows, order_pieces=lambda order: {p[0] for p in _placed(order.placements)},
+    keep_rows=_keep_rows, order_pieces=lambda order: {p[0] for p in placement_rows(order.placements)},
     window=lambda B, T: 2 * B * T,     # inputs, then targets
     targets_at=lambda B, T: B * T,
     stats=_stats, settings=("buffer_size", "tokenizer_batch_size"),

@@ -47,11 +47,11 @@ as best fit's buffer text of six values a run: `buffer_text`, `buffer_entries`);
 carries them packed (`packed_buffer`: the point's values and the runs' bytes, marshalled), the
 trainer making the text only when a state asks (packing/mixtext.py). A resume, a heal or an
 idle release reads the buffer's documents first (pieces `0..n-1`, `order.buffer_pieces`),
-rebuilds the planner from them, then goes on mixing from the point. A source left out at a resume whose documents are in the buffer is
-refused (`buffer_runs`: its files are not listed any more). A piece that cannot be read stops
-the mix where it needs the piece (packing/mix.py; one of the resumed buffer's, where the buffer
-waits for it, as for one source): its error is said once a plan ran out there and every batch
-planned is announced.
+rebuilds the planner from them, then goes on mixing from the point. A source left out at a
+resume whose documents are in the buffer is refused (`buffer_runs`: its files are not listed
+any more). A piece that cannot be read stops the mix where it needs the piece (packing/mix.py;
+one of the resumed buffer's, where the buffer waits for it, as for one source): its error is
+said once a plan ran out there and every batch planned is announced.
 """
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ from ..data.order import buffer_pieces, ramp_for
 from ..ipc.protocol import Ended
 from ..ipc.ring import Stat
 from .base import MAX_IN_FLIGHT, Complete, Mode
-from .bestfit import BestFitSequencer, Chunks, PieceTable, _placed, read_ahead_cap, source_sequencer
-from .bestfit import Rows as WriteRows
+from . import bestfit
+from .bestfit import BestFitSequencer, Chunks, PieceTable, placement_rows, read_ahead_cap, source_sequencer
 from .mix import MixPoint, MixStream, first_end_of
 from .mixruns import Rows, sources_at
 from .mixfeed import MixFeed, OrderFeed, Said, start_points
@@ -568,7 +568,7 @@ class MixBestFitMode(Mode):
         for k, by_worker in self.seq.plan():
             slot = take_slot(k)
             for w, placements in by_worker.items():
-                yield w, WriteRows(k, slot, placements)
+                yield w, bestfit.Rows(k, slot, placements)  # a write order (mixruns' `Rows` are a piece's rows)
 
     def written(self, counts):
         self.seq.written(counts)
@@ -579,7 +579,7 @@ class MixBestFitMode(Mode):
         out = Mode.holding(self, worker, orders)
         out.update(self.seq.unplaced(worker))
         for order in orders:
-            for index, row, *_ in _placed(order.placements):
+            for index, row, *_ in placement_rows(order.placements):
                 out.setdefault(index, set()).add(row)
         return out
 

@@ -1,5 +1,6 @@
 """Best fit replayed as the coordinator drives its mode, one source's (`packing.MODES["bos_bestfit"]
-.source`) and a mixture's (`.mixture`, `mixture_runs`), without processes, over a grid of runs; each run's trace is everything the mode says:
+.source`) and a mixture's (`.mixture`, `mixture_runs`), without processes, over a grid of runs;
+each run's trace is everything the mode says:
 the pieces it hands out and to whom, every `Rows` order (worker, batch, slot, placements), every
 batch's `Complete` (position, buffer runs, documents) and what its slot carries for the state
 (`buffer_of`: the state's buffer text and crc), what each worker holds (`holding`), the messages
@@ -167,8 +168,9 @@ def runs():
             for shape in SHAPES:
                 for bad in BADS:
                     for resumed in (False, True):
-                        yield f"w{workers}-g{g}-{shape}-bad{'_'.join(map(str, bad)) or 'none'}-{'resumed' if resumed else 'fresh'}", \
-                            workers, g, shape, bad, resumed
+                        name = "_".join(map(str, bad)) or "none"
+                        yield (f"w{workers}-g{g}-{shape}-bad{name}-{'resumed' if resumed else 'fresh'}",
+                               workers, g, shape, bad, resumed)
 
 
 def trace_of(workers: int, g: int, shape: str, bad, resumed: bool) -> list:

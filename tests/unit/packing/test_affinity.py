@@ -82,8 +82,8 @@ def test_the_cores_are_all_taken_when_as_many_workers_as_cores_have_a_piece_in_f
     mode.take(1, other)
     assert mode.pick(second, mode.candidates(range(4))) == 0, "both cores taken: the holder queues its next slice"
     two = SourceBestFitMode(LoaderConfig(2, 24, packing="bos_bestfit", num_workers=2, buffer_size=16,
-                                   tokenizer_batch_size=SLICE, max_piece_docs=RG_DOCS, max_piece_bytes=TEXT),
-                      run, 2, slices)
+                                         tokenizer_batch_size=SLICE, max_piece_docs=RG_DOCS, max_piece_bytes=TEXT),
+                            run, 2, slices)
     two.take(0, first)
     assert two.pick(second, two.candidates(range(2))) == 1, "no more workers than cores: an idle one, as before"
 
@@ -202,8 +202,8 @@ def test_each_workers_flight_is_the_one_pass_it_was_asked_by(seed):
 
     n_workers = 5
     cfg = LoaderConfig(B=2, T=8, num_workers=n_workers, packing="bos_bestfit")
-    mode = SourceBestFitMode(cfg, SimpleNamespace(buffer_runs=(), start=Position(0, 0, 0, 0), layout=SimpleNamespace(n_slots=4)),
-                       n_workers, lambda *a: iter(()))
+    run = SimpleNamespace(buffer_runs=(), start=Position(0, 0, 0, 0), layout=SimpleNamespace(n_slots=4))
+    mode = SourceBestFitMode(cfg, run, n_workers, lambda *a: iter(()))
     given = []
     for index in range(60):
         if given and rng.random() < 0.5:
@@ -216,4 +216,5 @@ def test_each_workers_flight_is_the_one_pass_it_was_asked_by(seed):
             text = int(rng.choice([0, 5, 5, 7, 100, 100]))
             mode.take(int(rng.integers(n_workers)), Piece(index, 0, 0, 0, 0, 1, text_bytes=text))
             given.append(index)
-        assert [mode._flight(w) for w in range(n_workers)] == [by_pass(mode, w) for w in range(n_workers)]  # noqa: SLF001
+        flights = [mode._flight(w) for w in range(n_workers)]  # noqa: SLF001
+        assert flights == [by_pass(mode, w) for w in range(n_workers)]
