@@ -270,7 +270,8 @@ class Said:
     """What a mixture's mode tells the trainer: each note of the stream once (a stage begun is
     logged, a source ended warned of), and `Ended` once, when the mix has ended, or stopped at a
     piece that cannot be read (its error's text), and every batch before is announced (the
-    trainer raises it once it took them)."""
+    trainer raises it once it took them). One source's best fit's stream is a `mixone.Passing`
+    that nothing is counted into: it says nothing (its mode says a bad piece from its `stops`)."""
 
     def __init__(self, stream: MixStream):
         self.stream, self._said, self._ended = stream, 0, False

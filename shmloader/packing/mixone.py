@@ -73,7 +73,10 @@ class Passing:
     One source's concat run (packing/mixmode.py `SourceConcatMode`: its pieces are its run's own
     order) passes them so; a pass-through's mix (`OneStream`) does too, and more (its point, and
     an end: `OneStream.finish`). An order alone never ends (`finished` stays None: where one
-    source's run has nothing left to read is the coordinator's to say)."""
+    source's run has nothing left to read is the coordinator's to say). One source's best fit
+    (packing/mixbestfit.py `SourceBestFitMode`) holds one that no piece is counted into (its
+    every piece is its sequencer's own order): it never stops and has no note, so its mode's
+    `Said` says nothing."""
 
     def __init__(self, name=None):
         self.name = name
