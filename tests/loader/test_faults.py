@@ -443,6 +443,7 @@ def restart_oracle(synth):
 
 
 @pytest.mark.parametrize("seed", RESTART_SEEDS)
+@pytest.mark.deadline(300)  # a hang guard over its own: three trainers, each starting torch (60, 60, 120 s)
 def test_restarts_at_random_kill_points(synth, synth_tokenizer_pkl, restart_oracle, tmp_path, seed):
     """Kill the trainer with SIGKILL at 2 random points (random worker counts per run), resume
     each time from its last checkpoint: the logged stream equals the uninterrupted one."""
