@@ -41,10 +41,11 @@ HUB = re.compile(r"(?:.*-)?([A-Za-z_]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")
 HELD_OUT = frozenset({"test", "validation", "valid", "val", "dev", "eval", "evaluation"})  # splits not to train on
 
 
-def data_files(where: str, names: list, read) -> tuple | None:
+def data_files(where: str, names: list, read, remote: bool = False) -> tuple | None:
     """`(kept, left)`: the names of the data files of the `datasets` directory `where` holding
     `names`, and the data-like names left out (not metadata); None when it is no such directory.
-    `read(name)` gives a file's bytes."""
+    `read(name)` gives a file's bytes; `remote`: `where` is a URI (a refusal then says a list of
+    files, never a glob)."""
     if DICT in names:
         raise DataError(f"{where}: a Hugging Face DatasetDict saved by save_to_disk ({DICT}, splits "
                         f"{_splits_of_dict(read)}): it is one directory per split; give one split's "
@@ -57,7 +58,7 @@ def data_files(where: str, names: list, read) -> tuple | None:
         return None
     arrows = [n for n in names if n.endswith(".arrow")]
     kept = sorted(n for n in arrows if not CACHE.match(n))
-    _one_split(where, kept, _json(read, INFO))
+    _one_split(where, kept, _json(read, INFO), remote)
     return kept, sorted(n for n in arrows if CACHE.match(n))
 
 
@@ -75,16 +76,20 @@ def _saved(where: str, names: list, listed: list) -> tuple:
     return sorted(wanted), left
 
 
-def _one_split(where: str, files: list, info) -> None:
-    """A cache directory's files are of one split, else a `DataError` saying how to pick one."""
+def _one_split(where: str, files: list, info, remote: bool) -> None:
+    """A cache directory's files are of one split, else a `DataError` saying how to pick one: a
+    glob of its files, or for a `remote` directory the list of them (`_remote_list`)."""
     splits = list(info.get("splits") or {}) if isinstance(info, dict) else []
     if len(splits) < 2:
         return
-    found = sorted({s for s in splits for n in files if re.search(rf"-{re.escape(s)}(-\d+-of-\d+)?\.arrow$", n)})
+    of = {s: [n for n in files if re.search(rf"-{re.escape(s)}(-\d+-of-\d+)?\.arrow$", n)] for s in splits}
+    found = sorted(s for s in splits if of[s])
     if len(found) > 1:
+        picked = _pick(found)
+        data = _remote_list(where, of[picked]) if remote else repr(f"{where.rstrip('/')}/*-{picked}*.arrow")
         raise DataError(f"{where}: a Hugging Face datasets cache directory with files of {len(found)} splits "
-                        f"({', '.join(found)}); read one split by a glob of its files, e.g. "
-                        f"data='{where.rstrip('/')}/*-{_pick(found)}*.arrow'")
+                        f"({', '.join(found)}); read one split by {'the list' if remote else 'a glob'} of its "
+                        f"files, e.g. data={data}")
 
 
 def split_kind(split: str) -> str:
@@ -139,8 +144,14 @@ def _one_split_data(where: str, picked: list, remote: bool) -> str:
     if not remote:
         example = HUB.match(picked[0])
         return repr(f"{where.rstrip('/')}/{example.string[:example.end(1)]}-*{example.string[example.end() - 1:]}")
+    return _remote_list(where, picked)
+
+
+def _remote_list(where: str, names: list) -> str:
+    """`data=` for the files `names` of the remote directory `where` (a URI, never a glob): the
+    list of them, each with `where`'s query, as the loader takes a list."""
     base, sep, query = where.partition("?")
-    return repr([f"{base.rstrip('/')}/{name}{sep}{query}" for name in picked])
+    return repr([f"{base.rstrip('/')}/{name}{sep}{query}" for name in names])
 
 
 HELD_OUT_DIRS = frozenset({"validation", "valid", "val"})  # directory names that say a held-out set

@@ -294,8 +294,8 @@ def _directory(where: str, names: list, read, remote: bool) -> list:
     """The names of the data files among a directory's `names` (`read(name)`: a file's bytes): a
     Hugging Face `datasets` directory's own (`hfdir.data_files`; a notice names what it left
     out), else every name a format claims (not a Hub repository's shards of several splits:
-    `hfdir.one_hub_split`)."""
-    picked = hfdir.data_files(where, names, read)
+    `hfdir.one_hub_split`); `remote`: `where` is a URI, whose refusals say a list, never a glob."""
+    picked = hfdir.data_files(where, names, read, remote)
     if picked is None:
         files = [f for f in names if formats.is_data_file(f)]
         hfdir.one_hub_split(where, files, remote)

@@ -304,6 +304,24 @@ def test_a_datasets_cache_directory_leaves_out_map_outputs_and_wants_one_split(t
     assert [os.path.basename(f) for f in list_files(str(d / "*-train*.arrow"))] == [os.path.basename(f) for f in got]
 
 
+def test_a_remote_datasets_cache_directory_of_two_splits_is_told_the_list_of_one_splits_files(tmp_path):
+    """A remote path is never a glob: the cache directory's refusal says the list of the train
+    split's files, and that list, followed, reads them (it said a glob, which a URI refuses)."""
+    import json
+    import pyarrow.fs as pafs
+    from tests import formats_data
+    fs, d = pafs.LocalFileSystem(), tmp_path / "cache"
+    for name in ("json-train-00000-of-00002.arrow", "json-train-00001-of-00002.arrow", "json-test.arrow"):
+        formats_data.write(str(d / name), ["x 1"], "arrow-stream")
+    (d / "dataset_info.json").write_text(json.dumps({"splits": {"train": {}, "test": {}}}))
+    advice = r"read one split by the list of its files, e\.g\. data=(\[.*\])"
+    with pytest.raises(DataError, match=r"cache directory with files of 2 splits \(test, train\); " + advice) as refused:
+        list_files(str(d), fs)
+    told = ast.literal_eval(re.search(advice, str(refused.value)).group(1))
+    assert [os.path.basename(f) for f in list_files(told, fs)] == ["json-train-00000-of-00002.arrow",
+                                                                  "json-train-00001-of-00002.arrow"]
+
+
 @pytest.mark.parametrize("remote", [False, True])
 def test_hub_shards_of_several_splits_in_one_directory_are_refused_saying_which_glob(tmp_path, remote):
     """A Hugging Face Hub repository's `data/` (`push_to_hub`: `<split>-0000N-of-0000M[-<hash>].parquet`)
