@@ -286,13 +286,15 @@ class Start:
         """Return once they are started: wait for the thread (LATER, RAN: at most `timeout` s,
         then `LoaderTimeout`) and raise what its start raised (RAN -> STARTED); start them here
         if it did not (`now`). The lock, taken after the thread ended, is held only by a `drop`
-        in another thread: not taken within `timeout` s, a `LoaderTimeout` too (the phase stays)."""
+        in another thread: not taken within what is left of `timeout`, a `LoaderTimeout` too (the
+        phase stays)."""
         if self._phase in (Phase.LATER, Phase.RAN):
+            deadline = time.monotonic() + timeout  # the thread and the lock within one `timeout`
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise errors.LoaderTimeout(f"the loader's processes did not start within {timeout:.0f} s: "
                                            f"multiprocessing's forkserver did not answer")
-            if not self._lock.acquire(timeout=timeout):
+            if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
                 raise errors.LoaderTimeout(f"the loader's processes started, but their start's lock was not free "
                                            f"within {timeout:.0f} s (another thread of process {os.getpid()} is "
                                            f"stopping the loader: close() or a shutdown under way)")

@@ -172,3 +172,26 @@ def test_wait_s_lock_held_past_its_timeout_is_a_timeout(started):
     assert start.phase is Phase.RAN
     start.wait(1.0)
     assert start.phase is Phase.STARTED
+
+
+@pytest.mark.slow  # it measures a wait's length: on a loaded machine, with the slow suite
+def test_wait_waits_for_the_thread_and_the_lock_within_one_timeout(started):
+    """The thread's join and the lock's take share `timeout`: a start whose thread ends 1 s in and
+    whose lock is held then is a `LoaderTimeout` at 1.5 s, not at 1 s + 1.5 s."""
+    import time
+    start, _ = _made([])
+    start.later()
+    start._thread.join(5.0)
+    begun = threading.Event()
+    slow = threading.Thread(target=lambda: (begun.set(), time.sleep(1.0)), daemon=True)
+    start._thread = slow  # a thread still starting the children for another second
+    with start._lock:
+        slow.start()
+        begun.wait(5.0)
+        t0 = time.monotonic()
+        with pytest.raises(LoaderTimeout, match=r"their start's lock was not free"):
+            start.wait(1.5)
+        took = time.monotonic() - t0
+    assert took < 2.2, f"wait took {took:.2f} s for a timeout of 1.5 s"
+    start.wait(1.0)
+    assert start.phase is Phase.STARTED
