@@ -97,6 +97,12 @@ def test_a_resume_state_that_is_a_path_or_a_checkpoint_of_every_rank_says_this_r
         with pytest.raises(ValueError, match=rf"under 'loader_rank{rank}': pass that state, resume_state=checkpoint"
                                              rf"\['loader_rank{rank}'\] \(nanochat's drop-in: resume_state_dict="):
             check(by_rank, loader(rank=rank, world=3))
+    by_state = {"a": saved(rank=1), "b": saved(rank=0)}  # keys without a number: by the state's own rank
+    with pytest.raises(ValueError, match=r"under 'b': pass that state"):
+        check(by_state, loader(rank=0, world=2))
+    by_name = {f"dl{r}": {"pq_idx": 0, "rg_idx": 5 - r} for r in range(2)}  # nanochat's keys carry no rank: by the name
+    with pytest.raises(ValueError, match=r"under 'dl1': pass that state"):
+        check(by_name, loader(rank=1, world=2))
     nanochat = {f"dl{r}": {"pq_idx": 0, "rg_idx": r} for r in (10, 11)}  # neither by its rank nor by its name
     with pytest.raises(ValueError, match=r"holding 2 loader states \(under 'dl10', 'dl11'\): pass this rank's "
                                          r"\(rank 1\) as resume_state= \(nanochat's drop-in: resume_state_dict=\)"):

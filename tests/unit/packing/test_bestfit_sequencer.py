@@ -19,7 +19,7 @@ import pytest
 from shmloader.data.order import Piece, buffer_pieces
 from shmloader.packing import bestfit
 from shmloader.packing.base import SlotMap
-from shmloader.packing.bestfit import BestFitSequencer, Rows, source_sequencer
+from shmloader.packing.bestfit import Rows, source_sequencer
 from tests.oracle import plan_batch_scan
 
 B, T = 2, 16
