@@ -20,7 +20,8 @@ as runs, in arrival order) and the end of the last chunk that entered it. `Chunk
 rank's document lengths to find its position at a batch count (a rank given another rank's
 state). The coordinator's mode of best fit, one source's or a mixture's, is one
 (packing/mixbestfit.py `MixBestFitMode`; one source's `SourceBestFitMode` is it made of one
-source's parts: these `Chunks`, this `PieceTable`, `where_one_source_stands`); a worker keeps
+source's parts: its pieces cut as these `Chunks` cut them, `add`, as they pass its stream,
+this `PieceTable`, `where_one_source_stands`); a worker keeps
 each counted piece's documents until each is placed (`_Docs`) and writes the placements a
 `Rows` order names (`write`);
 `PACKING` is the spec the rest of the loader reads.
@@ -70,39 +71,13 @@ class Chunks:
     `end` is the position `(epoch, file, rg, doc)` after the chunk, `last_end` that of the
     last chunk a plan took."""
 
-    dry = False                       # a mixture's chunks that ended (one source's never do)
+    dry = False                       # chunks that ended (a mixture's: packing/mixbestfit.py)
 
     def __init__(self, chunk_docs: int, last_end: tuple):
         self.chunk_docs, self.last_end = chunk_docs, last_end
         self.docs = 0                 # documents queued
         self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
-
-    def ordered(self, index: int) -> bool:
-        """Whether piece `index` is of the sequencer's own order: counted into it in index order
-        (`seq.in_order`), one that cannot be read held until the sequencer needs it. One source's
-        every piece is (the resumed buffer's, then the run's order); a mixture's, its resumed
-        buffer's only (`_Pulled.ordered`). The one place that says it: `arrive` and the mode
-        (packing/mixbestfit.py `counted`, `failed`) ask it."""
-        return True
-
-    def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
-        """A counted piece of `seq` (a `BestFitSequencer`): one of its own order (`ordered`) is cut
-        into chunks once those before are (`seq.in_order`, `add`); another is the chunks' own
-        (`_took`: a mixture's)."""
-        if self.ordered(piece.index):
-            seq.in_order(piece, owner, lengths)
-        else:
-            self._took(seq, piece, owner, lengths)
-
-    def _took(self, seq, piece, owner: int, lengths: np.ndarray):
-        """A counted piece not of the sequencer's own order (one source's chunks have none)."""
-        raise AssertionError(f"piece {piece.index} is not of one source's own order")
-
-    def unread(self) -> int:
-        """Rows counted and not yet taken into a chunk nor waiting in the sequencer's order (one
-        source's: none, `add` takes them; a mixture's stream takes them as a plan asks)."""
-        return 0
 
     def add(self, piece, base: int, lengths: np.ndarray, live: np.ndarray | None = None):
         """The rows of `piece`, whose first document has id `base`; `live`: its rows with a
@@ -295,15 +270,15 @@ class BestFitSequencer:
     (`number`), their documents entering the planner a chunk at a time (`chunks`), each batch
     planned when its slot is free, its write orders by worker and what it announces once written
     (`sink`). What differs between one source and a mixture is its parts, given where it is made
-    (`source_sequencer` makes one source's, packing/mixbestfit.py `mix_sequencer` a mixture's):
-    its `chunks` (one source's `Chunks`, cut from its pieces in order; a mixture's pulled from
-    its stream), its `table` (a mixture's knows each piece's source) and its `sink`
-    (`where_one_source_stands`; a mixture's point and buffer)."""
+    (packing/mixbestfit.py: `source_sequencer` makes one source's, `mix_sequencer` a mixture's):
+    its `chunks` (cut from what its stream passes or mixes: which pieces are the sequencer's own
+    order, the resumed buffer's, is theirs to say, `arrive`), its `table` (a mixture's knows each
+    piece's source) and its `sink` (`where_one_source_stands`; a mixture's point and buffer)."""
 
     def __init__(self, B: int, T: int, n_slots: int, buffer_size: int, n_prefix: int, *, chunks: Chunks,
                  table: PieceTable, sink):
         """`n_prefix` pieces (indices 0..n_prefix-1) rebuild a resumed buffer. The parts, each
-        required (one source's: `source_sequencer`; a mixture's: packing/mixbestfit.py
+        required (packing/mixbestfit.py: one source's `source_sequencer`, a mixture's
         `mix_sequencer`): `chunks` (where the run starts is theirs, `last_end`), `table` and
         `sink` (`sink(seq, plan)`: the `Complete` of the batch just planned)."""
         self.B, self.row_len = B, T + 1
@@ -316,8 +291,8 @@ class BestFitSequencer:
         self._pieces = {}                     # index -> [owner, its live rows, how many are not placed]
         self._placed_rows = []                # (pieces, rows) placed, arrays: those of pieces gone pruned
         self._placed_n, self._prune_at = 0, PRUNE_ROWS  # rows in it; when it is pruned next
-        self._counted = InOrder()             # counted pieces, turned into chunks in index order
-        self.backlog_docs = 0                 # rows counted but waiting for an earlier piece
+        self._counted = InOrder()             # the resumed buffer's counted pieces, taken in index order
+        self.backlog_docs = 0                 # rows of those counted but waiting for an earlier one
         self._next_base = 0
         self._last_end = None                 # (epoch, file, rg, doc_end) of the piece numbered last
         self._prefix = []                     # (ids, lengths) of the buffer being rebuilt
@@ -328,21 +303,18 @@ class BestFitSequencer:
         self._starved_news = None             # chunks.news() when it did
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
-        """`piece`, held by `owner`, was counted: into the chunks as they take it (`Chunks.arrive`)."""
+        """`piece`, held by `owner`, was counted: into the chunks as they take it (`chunks.arrive`:
+        the resumed buffer's back to `in_order`)."""
         self.chunks.arrive(self, piece, owner, np.asarray(lengths, dtype=np.int64))
 
     def in_order(self, piece, owner: int, lengths: np.ndarray):
-        """A counted piece of the sequencer's own order (one source's every piece, a resumed
-        buffer's), numbered once those before it are: the resumed buffer's rebuild the planner,
-        the others are cut into chunks (`Chunks.add`)."""
+        """A counted piece of the sequencer's own order, the resumed buffer's (`0..n_prefix-1`),
+        numbered once those before it are; with the last, the planner is rebuilt from them."""
         self.backlog_docs += len(lengths)
         for _, (piece, owner, lengths) in self._counted.add(piece.index, (piece, owner, lengths)):
             self.backlog_docs -= len(lengths)
-            base, live = self.number(piece, owner, lengths)
-            if piece.index < self.n_prefix:
-                self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
-            else:
-                self.chunks.add(piece, base, lengths, live)
+            base, _ = self.number(piece, owner, lengths)
+            self._add_prefix(base, lengths, last=piece.index == self.n_prefix - 1)
 
     def number(self, piece, owner: int, lengths: np.ndarray) -> "tuple[int, np.ndarray]":
         """Documents get ids `base + row` (pieces numbered in the order they are counted); a piece
@@ -384,13 +356,14 @@ class BestFitSequencer:
 
     def unplaced(self, worker: int) -> dict:
         """`{piece index: its rows not yet placed}` of the counted pieces `worker` holds, also
-        those waiting for an earlier piece's count."""
+        those not numbered yet (waiting for an earlier piece's count: `chunks.unnumbered`)."""
         self._prune()
         (index, row), = self._placed_rows
         out = {i: set(live.tolist()).difference(row[index == i].tolist())
                for i, (owner, live, _) in self._pieces.items() if owner == worker}
-        out.update((index, set(np.flatnonzero(lengths).tolist()))
-                   for index, (_, owner, lengths) in self._counted.waiting().items() if owner == worker)
+        for waiting in (self._counted.waiting(), self.chunks.unnumbered()):
+            out.update((index, set(np.flatnonzero(lengths).tolist()))
+                       for index, (_, owner, lengths) in waiting.items() if owner == worker)
         return out
 
     def plan(self) -> list[tuple[int, dict]]:
@@ -463,16 +436,6 @@ class BestFitSequencer:
     def ready(self) -> list[Complete]:
         """The batches now complete, in order."""
         return [done for _, done in self.book.ready(self._positions.pop)]
-
-
-def source_sequencer(B: int, T: int, n_slots: int, buffer_size: int, chunk_docs: int, n_prefix: int,
-                     start_doc_end: tuple) -> BestFitSequencer:
-    """Best fit's sequencer made of one source's parts (packing/mixbestfit.py `mix_sequencer`
-    makes a mixture's): `Chunks` of `chunk_docs` rows cut from its pieces in order from
-    `start_doc_end` (the position `(epoch, file, rg, doc)` the run starts from), a `PieceTable`
-    and `where_one_source_stands`."""
-    return BestFitSequencer(B, T, n_slots, buffer_size, n_prefix, chunks=Chunks(chunk_docs, start_doc_end),
-                            table=PieceTable(), sink=where_one_source_stands)
 
 
 def where_one_source_stands(seq: BestFitSequencer, plan) -> Complete:

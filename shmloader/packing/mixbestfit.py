@@ -22,17 +22,24 @@ runs out of counted documents is undone and retried with the same chunks (the mi
 takes a document back), as for one source.
 
 A mixture of one source that is a pass-through (packing/mixone.py `passes`) has no stream: its
-chunks are cut from its counted pieces where the stream would cut them (`PassingChunks`), the
-mixer told what each takes, the rest as above; the same chunks, points and buffers
-(tests/unit/packing/test_mixone.py).
+pieces pass whole (`OneStream`) and its chunks are cut from what passes where the stream would
+cut them (`PassingChunks` with `DocumentCut`), the mixer told what each takes, the rest as
+above; the same chunks, points and buffers (tests/unit/packing/test_mixone.py). One source's run
+is the same path: its pieces counted into a `mixone.Passing` by its feed (`mixfeed.OrderFeed`, as
+concat's one source's) and cut from what passes by the same `PassingChunks`, only its cut its own
+(`RowCut`: every `tokenizer_batch_size` rows a chunk, the nulls' empty ones too, each ending at its
+rows' end, so its states stay those of before; docs/design.md "The one pipeline", step 4, says
+which bytes the two cuts differ in); a piece of its order that cannot be read stops its
+`Passing` and is said by `Said`, as concat's.
 
 The mode and its sequencer (`bestfit.BestFitSequencer`) are one for every kind of run: what
 differs is their parts, chosen once where they are made (`mix_sequencer`: a mixture's chunks,
-`MixPieceTable` and `MixSink`; `bestfit.source_sequencer`: one source's `Chunks`, `PieceTable`
-and sink; `MixBestFitMode._begin`: the stream, the feed, what a worker may take, `PickFirst` or
-`CapAlone`, and the slot's sink; which pieces are the sequencer's own order is its chunks' to
-say, `Chunks.ordered`), with no flag tested in them; tests/unit/packing/test_bestfit_replay.py
-checks their every output against main's two modes before they became one.
+`MixPieceTable` and `MixSink`; `source_sequencer`: one source's `PassingChunks` with `RowCut`,
+`PieceTable` and `bestfit.where_one_source_stands`; `MixBestFitMode._begin`: the stream, the feed,
+what a worker may take, `PickFirst` or `CapAlone`, and the slot's sink; which pieces are the
+sequencer's own order, the resumed buffer's, is its chunks' to say, `_Pulled.ordered`), with no
+flag tested in them; tests/unit/packing/test_bestfit_replay.py checks their every output against
+main's two modes before they became one.
 
 Pieces go out as packing/mixfeed.py says, within best fit's read-ahead cap on documents not yet
 in the buffer (and past it for the source the mix waits for). A document's id is its piece's
@@ -68,7 +75,7 @@ from ..ipc.protocol import Ended
 from ..ipc.ring import Stat
 from .base import MAX_IN_FLIGHT, Complete, Mode
 from . import bestfit
-from .bestfit import BestFitSequencer, Chunks, PieceTable, placement_rows, read_ahead_cap, source_sequencer
+from .bestfit import BestFitSequencer, Chunks, PieceTable, placement_rows, read_ahead_cap
 from .mix import MixPoint, MixStream, first_end_of
 from .mixruns import Rows, sources_at
 from .mixfeed import MixFeed, OrderFeed, Said, start_points
@@ -210,13 +217,16 @@ def _buffer_values(runs: np.ndarray, lo: dict) -> tuple:
 
 
 class _Pulled(Chunks):
-    """A mixture's chunks (`MixChunks`, `PassingChunks`): pulled from its stream when a plan asks
-    (`_more`), its counted pieces numbered as they come (`arrive`; a resumed buffer's in order, as
-    one source's), each piece's first id kept until the stream used it up (`bases`)."""
+    """Best fit's chunks of a run's stream (`MixChunks`, `PassingChunks`): its counted pieces, the
+    resumed buffer's in the sequencer's own order (`ordered`), the others the stream's, cut into
+    chunks from what the stream takes, each piece's first id kept until the stream used it up
+    (`bases`)."""
 
     def __init__(self, stream, chunk_docs: int, start, used, n_prefix: int):
-        """`start`: the `MixPoint` the run starts from, or None; `used(source, piece)`: each piece of
-        the mix whose last run goes into a chunk; `n_prefix`: the resumed buffer's pieces (`ordered`)."""
+        """`start`: where the run starts (a `MixPoint` or None; one source's `(epoch, file, rg, doc)`);
+        `used(source, piece)`: each piece of the stream whose last document goes into a chunk (None:
+        one source's, whose feed has no read-ahead to free);
+        `n_prefix`: the resumed buffer's pieces (`ordered`)."""
         super().__init__(chunk_docs, start)
         self.stream, self._used, self._n_prefix = stream, used, n_prefix
         self._bases = {}              # piece index -> the id of its row 0 (the mix's pieces)
@@ -228,16 +238,33 @@ class _Pulled(Chunks):
         self.dry = False              # the mix ended and its every document is in a chunk a plan took
 
     def ordered(self, index: int) -> bool:
-        """The resumed buffer's pieces (`0..n_prefix-1`) are the sequencer's own order, as one
-        source's; the mix's are its stream's."""
+        """Whether piece `index` is of the sequencer's own order, the resumed buffer's
+        (`0..n_prefix-1`): counted into it in index order (`seq.in_order`), one that cannot be
+        read held until the sequencer needs it (the mode's `stops`); the others are the stream's
+        (a counted piece is the feed's, one that cannot be read the stream's). The one place that
+        says it: `arrive` and the mode (`MixBestFitMode.counted`, `failed`) ask it."""
         return index < self._n_prefix
+
+    def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
+        """A counted piece of `seq` (a `BestFitSequencer`): the resumed buffer's into its own
+        order (`seq.in_order`), the stream's as the chunks take it (`_took`)."""
+        if self.ordered(piece.index):
+            seq.in_order(piece, owner, lengths)
+        else:
+            self._took(seq, piece, owner, lengths)
 
     def _took(self, seq, piece, owner: int, lengths: np.ndarray):
         """A counted piece of the mix: numbered as it comes, for the stream to take (`_more`)."""
         self._bases[piece.index], _ = seq.number(piece, owner, lengths)
         self.counted_rows += len(lengths)
 
+    def unnumbered(self) -> dict:
+        """`{index: (piece, owner, lengths)}` of the stream's counted pieces not numbered yet
+        (`BestFitSequencer.unplaced`): a mix's are numbered as they come."""
+        return {}
+
     def unread(self) -> int:
+        """Rows counted and not yet taken into a chunk (the read-ahead cap counts them)."""
         return self.counted_rows - self.rows
 
     def _drained(self) -> bool:
@@ -325,60 +352,145 @@ class _Head:
 
 
 class PassingChunks(_Pulled):
-    """`MixChunks` of a pass-through (packing/mixone.py): its one source's counted pieces, in its
-    order, cut where the stream cuts them (packing/mix.py: after the first document that ends one
-    of its source's chunks, `first_end_of`, and `chunk_docs` at most; version 6's rule without
-    `chunk`), the mixer told what it took a piece's part at a time, as the stream tells it a
-    block (the same counts, so the same settled state), the chunk's end where the stream's last
-    run ends (the row after its last document past the nulls); a piece's `Rows`, as the stream
-    reads it, but no block or stretch."""
+    """Best fit's chunks of a stream that passes one source's counted pieces whole, in its order
+    (packing/mixone.py `Passing`: one source's run, `OneStream`: a pass-through's mix): what passes
+    is numbered in that order (once the resumed buffer is whole: consecutive ids are consecutive
+    rows, `PieceTable.numbered_runs`) and cut into chunks by its `cut`, a rule chosen once where
+    the chunks are made: `RowCut` (one source's: every `chunk_docs` rows of a piece a chunk, the
+    nulls' empty ones too, cut as the piece passes, each ending at its rows' end) or
+    `DocumentCut` (a pass-through's: the documents up to the first that ends one of its source's
+    chunks, cut when a plan asks, the mixer told what each takes, each ending past its last
+    document's nulls, as the mixed stream cuts them). The two cuts cannot be one without
+    changing one's bytes: docs/design.md "The one pipeline", step 4, "One source's best-fit
+    pieces pass", says which."""
 
-    def __init__(self, stream, chunk_docs: int, chunk, cap: int, used, start, n_prefix: int):
-        """`chunk`: best fit's chunk rule (`mixrules.chunk`), None for version 6's; `cap`: the
-        mixer counts a document's tokens up to it; `used(source, piece)`: a counted piece is used up."""
+    def __init__(self, stream, chunk_docs: int, start, used, n_prefix: int, cut):
+        """`cut`: `RowCut`, or a `DocumentCut` (its chunk rule and the mixer's cap)."""
         super().__init__(stream, chunk_docs, start, used, n_prefix)
-        self.chunk, self.cap = chunk, cap
-        self._heads = deque()
+        self.cut = cut
+        self._counted = {}            # index -> (piece, owner, lengths): counted, not numbered yet
+        self._passed = deque()        # (piece, lengths) passed in order, not numbered yet
         stream.holding = self._holding
 
-    def _holding(self) -> bool:
-        """Whether a counted piece has a document not taken (the mix does not wait then)."""
-        return self._head() is not None
+    def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
+        """A counted piece: the resumed buffer's into the sequencer's order, the stream's kept until
+        it passes (the feed counted it into the stream first: `MixBestFitMode.counted`); then what
+        passed is taken (`flow`)."""
+        _Pulled.arrive(self, seq, piece, owner, lengths)
+        self.flow(seq)
 
-    def _head(self):
-        """The first counted piece with a document not taken; those without one are used up."""
-        heads = self._heads
+    def _took(self, seq, piece, owner: int, lengths: np.ndarray):
+        self._counted[piece.index] = (piece, owner, lengths)
+        self.counted_rows += len(lengths)
+
+    def flow(self, seq):
+        """What the stream passed since asked, to the cut (`cut.passed`); once the resumed buffer is
+        whole (its pieces numbered first), numbered in its order and cut (`cut.numbered`)."""
         for piece, lengths in self.stream.passed():
-            heads.append(_Head(piece, lengths, self.cap))
+            self._passed.append((piece, lengths))
+            self.cut.passed(self, piece, lengths)
+        if seq.next_index < self._n_prefix:
+            return
+        passed, counted = self._passed, self._counted
+        while passed:
+            piece, lengths = passed.popleft()
+            _, owner, _ = counted.pop(piece.index)
+            base, live = seq.number(piece, owner, lengths)
+            self.cut.numbered(self, piece, base, lengths, live)
+
+    def unnumbered(self) -> dict:
+        return self._counted
+
+    def _holding(self) -> bool:
+        """Whether a piece passed has a document not taken (the mix does not wait then)."""
+        return self.cut.holding(self)
+
+    def _more(self) -> bool:
+        return self.cut.more(self)
+
+
+class RowCut:
+    """One source's cut (`PassingChunks.cut`): each piece, as it passes and is numbered, cut at once
+    into chunks of `chunk_docs` rows from its first (`Chunks.add`: the nulls left out, a chunk of
+    nulls alone an empty chunk), each ending at its rows' end; nothing made when a plan asks."""
+
+    @staticmethod
+    def passed(chunks: PassingChunks, piece, lengths: np.ndarray):
+        pass
+
+    @staticmethod
+    def numbered(chunks: PassingChunks, piece, base: int, lengths: np.ndarray, live: np.ndarray):
+        chunks.add(piece, base, lengths, live)
+        chunks.rows += len(lengths)  # (one source's feed has no read-ahead to free: no `used`)
+
+    @staticmethod
+    def holding(chunks: PassingChunks) -> bool:
+        return False  # (one source's stream never waits)
+
+    @staticmethod
+    def more(chunks: PassingChunks) -> bool:
+        return False
+
+
+class DocumentCut:
+    """A pass-through's cut (`PassingChunks.cut`): its one source's counted pieces, in its order,
+    cut where the mixed stream cuts them (packing/mix.py: after the first document that ends one
+    of its source's chunks, `first_end_of`, and `chunk_docs` at most; version 6's rule without
+    `chunk`) when a plan asks, the mixer told what it took a piece's part at a time, as the stream
+    tells it a block (the same counts, so the same settled state), the chunk's end where the
+    stream's last run ends (the row after its last document past the nulls); a piece's `Rows`,
+    as the stream reads it, but no block or stretch."""
+
+    def __init__(self, chunk, cap: int):
+        """`chunk`: best fit's chunk rule (`mixrules.chunk`), None for version 6's; `cap`: the
+        mixer counts a document's tokens up to it."""
+        self.chunk, self.cap = chunk, cap
+        self._heads = deque()
+
+    def passed(self, chunks: PassingChunks, piece, lengths: np.ndarray):
+        self._heads.append(_Head(piece, lengths, self.cap))
+
+    @staticmethod
+    def numbered(chunks: PassingChunks, piece, base: int, lengths: np.ndarray, live: np.ndarray):
+        if len(live):  # (one without a document is used up before any plan asks)
+            chunks._bases[piece.index] = base
+
+    def holding(self, chunks: PassingChunks) -> bool:
+        return self._head(chunks) is not None
+
+    def _head(self, chunks: PassingChunks):
+        """The first piece passed with a document not taken; those without one are used up."""
+        heads = self._heads
         while heads:
             head = heads[0]
             if head.q < len(head.rows.live):
                 return head
             heads.popleft()
-            self.stream.version += 1
-            self._use_up(head)
+            chunks.stream.version += 1
+            self._use_up(chunks, head)
         return None
 
-    def _use_up(self, head: _Head):
+    @staticmethod
+    def _use_up(chunks: PassingChunks, head: _Head):
         """`head`'s piece is used up (its rows not taken counted as taken)."""
         rows = head.rows
-        self.rows += len(rows.lengths) - head.covered
-        del self._bases[rows.piece.index]
-        self._used(self.stream.name, rows.piece)
+        chunks.rows += len(rows.lengths) - head.covered
+        chunks._bases.pop(rows.piece.index, None)
+        chunks._used(chunks.stream.name, rows.piece)
 
-    def _more(self) -> bool:
+    def more(self, chunks: PassingChunks) -> bool:
         """One more chunk into the queue; False while the mix waits for a count (or has ended)."""
-        while self._pending_docs < self.chunk_docs:
-            head = self._head()
+        while chunks._pending_docs < chunks.chunk_docs:
+            head = self._head(chunks)
             if head is None:
-                if self.stream.finished is None or self.stream.stopped is not None or not self._pending_docs:
+                if chunks.stream.finished is None or chunks.stream.stopped is not None or not chunks._pending_docs:
                     return False
                 break  # the mix ended: its last documents are a shorter chunk
-            if self._take(head, self.chunk_docs - self._pending_docs):
+            if self._take(chunks, head, chunks.chunk_docs - chunks._pending_docs):
                 break  # its last document ends one of its source's chunks
-        return _queued(self)
+        return _queued(chunks)
 
-    def _take(self, head: _Head, limit: int) -> bool:
+    def _take(self, chunks: PassingChunks, head: _Head, limit: int) -> bool:
         """`head`'s next documents into the chunk, `limit` at most, to the first that ends a chunk
         (whether one did)."""
         q, rows = head.q, head.rows
@@ -390,16 +502,28 @@ class PassingChunks(_Pulled):
             if j < m:
                 m, ended = j + 1, True
         taken = live[q:q + m]
-        self._pending.append((taken + self._bases[piece.index], rows.lengths[taken]))
-        self._pending_docs += m
+        chunks._pending.append((taken + chunks._bases[piece.index], rows.lengths[taken]))
+        chunks._pending_docs += m
         covered = int(after[q + m - 1])
-        self.rows += covered - head.covered
-        self._end = self.stream.took(piece, int(head.before[q + m] - head.before[q]), m, covered)
+        chunks.rows += covered - head.covered
+        chunks._end = chunks.stream.took(piece, int(head.before[q + m] - head.before[q]), m, covered)
         head.q, head.covered = q + m, covered
         if covered == len(rows.lengths):  # its last document: the piece is used up with it
             self._heads.popleft()
-            self._use_up(head)
+            self._use_up(chunks, head)
         return ended
+
+
+def source_sequencer(B: int, T: int, n_slots: int, buffer_size: int, chunk_docs: int, n_prefix: int,
+                     start_doc_end: tuple, stream: Passing) -> BestFitSequencer:
+    """Best fit's sequencer made of one source's parts: the pieces its `stream` passes (a
+    `mixone.Passing`, its first piece `n_prefix`: the feed counts them into it, then the
+    sequencer, `MixBestFitMode.counted`) cut by `RowCut` from `start_doc_end` (the position
+    `(epoch, file, rg, doc)` the run starts from), a `PieceTable` and
+    `bestfit.where_one_source_stands`."""
+    chunks = PassingChunks(stream, chunk_docs, start_doc_end, None, n_prefix, RowCut)
+    return BestFitSequencer(B, T, n_slots, buffer_size, n_prefix, chunks=chunks, table=PieceTable(),
+                            sink=bestfit.where_one_source_stands)
 
 
 def mix_sequencer(cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | None, used, lo: dict,
@@ -408,8 +532,8 @@ def mix_sequencer(cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | No
     `MixStream`'s `MixChunks`; a pass-through's `OneStream`'s `PassingChunks`, cut by `chunk`,
     `mixrules.chunk`'s), a `MixPieceTable` and the `MixSink`. `used(source, piece)`: each piece of
     the mix whose last run goes into a chunk; `lo`: each source's first file in the run's numbering."""
-    if type(stream) is OneStream:  # a pass-through (packing/mixone.py): no stream to take chunks from
-        chunks = PassingChunks(stream, cfg.tokenizer_batch_size, chunk, cfg.T + 1, used, start, n_prefix)
+    if type(stream) is OneStream:  # a pass-through (packing/mixone.py): its pieces pass whole
+        chunks = PassingChunks(stream, cfg.tokenizer_batch_size, start, used, n_prefix, DocumentCut(chunk, cfg.T + 1))
     else:
         chunks = MixChunks(stream, cfg.tokenizer_batch_size, start, used, n_prefix)
     return BestFitSequencer(cfg.B, cfg.T, n_slots, cfg.buffer_size, n_prefix, chunks=chunks, table=MixPieceTable(lo),
@@ -451,11 +575,12 @@ class MixBestFitMode(Mode):
     bounds the documents waiting to enter the buffer (`read_ahead_cap`: also those counted that
     the mix has not taken; past it for the source the mix waits for). Its parts, chosen once
     where it is made (`_begin`): the sequencer (`mix_sequencer`'s; one source's
-    `bestfit.source_sequencer`'s), whose chunks say which pieces are its own order (`Chunks.ordered`: a
-    resumed buffer's; one source's every piece: counted into it in order, one that cannot be
-    read held by `stops` and said once every piece before it is in, a plan ran out of them, or
-    the resumed buffer waits for it, and every batch planned is announced), the rest the feed's
-    (held by the stream: `Said`); the stream the feed asks, the feed, what a worker may take
+    `source_sequencer`'s), whose chunks say which pieces are its own order (`_Pulled.ordered`: a
+    resumed buffer's, counted into it in order, one that cannot be read held by `stops` and said
+    once every piece before it is in and the resumed buffer waits for it, and every batch planned
+    is announced), the rest the feed's (counted into its stream first, then the chunks take what
+    it passes or mixes; one that cannot be read held by the stream: `Said`, one source's too);
+    the stream the feed asks, the feed, what a worker may take
     (`reads`: `PickFirst`, a mix's feed decides, its pick first; `CapAlone`, one source's: the
     read-ahead cap alone, and on past the pair within it) and the sink of a batch's slot
     (`buffer_of`)."""
@@ -487,7 +612,7 @@ class MixBestFitMode(Mode):
 
     def _begin(self, cfg, *, seq: BestFitSequencer, stream, feed, prefix: list, reads, sink):
         """The mode over its parts: `seq` the sequencer (its chunks say which pieces are its own
-        order, `Chunks.ordered`: counted into it, one that cannot be read held by `stops`; the
+        order, `_Pulled.ordered`: counted into it, one that cannot be read held by `stops`; the
         rest the feed's), `stream` what the feed asks and `Said` reads (a `MixStream`, a
         `OneStream`, one source's `Passing`), `feed` what hands pieces out after the resumed
         buffer's (`prefix`: re-read first), `reads` what a worker may take and whether it may read
@@ -533,9 +658,11 @@ class MixBestFitMode(Mode):
         w, piece = self.owner.pop(msg.piece), self.specs.pop(msg.piece)
         self._counted_by(w, piece, 0)
         self.assigned_docs -= piece.n_docs
-        self.seq.counted(piece, w, msg.lengths)
-        if not self.seq.chunks.ordered(piece.index):  # the feed's
+        if self.seq.chunks.ordered(piece.index):  # the resumed buffer's
+            self.seq.counted(piece, w, msg.lengths)
+        else:  # the feed's: into its stream, then the sequencer's chunks take what the stream passed
             self.feed.counted(piece.index, piece, msg.lengths)
+            self.seq.counted(piece, w, msg.lengths)
             self.feed.flow()
         return piece
 
@@ -593,24 +720,23 @@ class MixBestFitMode(Mode):
 
 class SourceBestFitMode(MixBestFitMode):
     """Best fit's mode over one source's run (kinds.py `OneSource`): the same mode made of one
-    source's parts. Its run's own order (the resumed buffer's pieces first, then the coordinator's
-    `pieces` from the run's start, with its elastic plan, its files added and its shuffle) is all
-    the sequencer's own order (`Chunks.ordered`: every piece), counted into one source's `Chunks`
-    in order and numbered so that the buffer's runs are its stretches of consecutive ids (packing/
-    bestfit.py). Its feed (`mixfeed.OrderFeed`) only hands that order out: no counted piece goes
-    to it nor to its `mixone.Passing`, which so never stops nor has a note (`Said` says nothing;
-    a piece that cannot be read is held by `stops`), and its pick is never asked: the read-ahead
-    cap alone decides what a worker may take and a worker may read on past the pair within it
-    (`CapAlone`). Its batches carry the buffer's runs (`Mode.buffer_of`)."""
+    source's parts. The resumed buffer's pieces are the sequencer's own order; its run's order
+    (the coordinator's `pieces` from the run's start, with its elastic plan, its files added and
+    its shuffle) is handed out by `mixfeed.OrderFeed` and counted into a `mixone.Passing` (as
+    concat's one source's), whose pieces, as they pass in order, one source's chunks number and cut
+    (`PassingChunks` with `RowCut`: consecutive ids are consecutive rows, packing/bestfit.py); a
+    piece that cannot be read stops the `Passing` and is said by `Said`. Its pick is never
+    asked: the read-ahead cap alone decides what a worker may take and a worker may read on past
+    the pair within it (`CapAlone`). Its batches carry the buffer's runs (`Mode.buffer_of`)."""
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
         prefix = buffer_pieces(run.buffer_runs, cfg.max_piece_docs)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
         s = run.start
+        one = Passing(first=len(prefix))  # the run's order after the resumed buffer's pieces
         seq = source_sequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size, cfg.tokenizer_batch_size,
-                               len(prefix), (s.epoch, s.file, s.rg, s.doc))
-        one = Passing()  # no piece is counted into it: it never stops nor says anything (`Said`)
+                               len(prefix), (s.epoch, s.file, s.rg, s.doc), one)
         self._begin(cfg, seq=seq, stream=one, feed=OrderFeed(pieces(ramp, cap, len(prefix)), one), prefix=prefix,
                     reads=CapAlone, sink=self.buffer_of)
 
@@ -638,9 +764,9 @@ class PickFirst:
 
 class CapAlone:
     """What a worker may take in one source's best fit (`SourceBestFitMode.reads`): the read-ahead
-    cap alone decides (its feed is its order: nothing to weigh, no pick is needed, it never stops,
-    so it is not asked), and a worker may take the next slice of the row group it holds past the
-    pair within the same cap (packing/affinity.py)."""
+    cap alone decides (its feed is its order: nothing to weigh, no pick is needed, so it is not
+    asked), and a worker may take the next slice of the row group it holds past the pair within
+    the same cap (packing/affinity.py)."""
 
     @staticmethod
     def can_take(mode: MixBestFitMode, worker: int) -> bool:

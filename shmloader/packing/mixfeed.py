@@ -219,9 +219,9 @@ class OrderFeed:
     weigh or to wait for: the hold budget holds (no pick is `needed`); a source without documents
     is the coordinator's to judge; an order that cannot be read on raises where the coordinator
     takes the next piece, and the mode holds its error as a piece's that cannot be read. Best
-    fit's (`SourceBestFitMode`) only hands the order out (`feed`): its every piece is its
-    sequencer's own order (`bestfit.Chunks.ordered`), so none is counted into it nor fails into
-    it, and its pick is never asked (the read-ahead cap alone decides, `mixbestfit.CapAlone`)."""
+    fit's (`SourceBestFitMode`) hands out its order after the resumed buffer's pieces (the
+    sequencer's own) and counts each into its `Passing` as concat's does; its pick is never asked
+    (the read-ahead cap alone decides, `mixbestfit.CapAlone`)."""
 
     def __init__(self, pieces, stream):
         self.stream = stream
@@ -270,8 +270,8 @@ class Said:
     """What a mixture's mode tells the trainer: each note of the stream once (a stage begun is
     logged, a source ended warned of), and `Ended` once, when the mix has ended, or stopped at a
     piece that cannot be read (its error's text), and every batch before is announced (the
-    trainer raises it once it took them). One source's best fit's stream is a `mixone.Passing`
-    that nothing is counted into: it says nothing (its mode says a bad piece from its `stops`)."""
+    trainer raises it once it took them). One source's stream (a `mixone.Passing`, concat's and
+    best fit's) has no note and never ends: it says only a piece that cannot be read."""
 
     def __init__(self, stream: MixStream):
         self.stream, self._said, self._ended = stream, 0, False

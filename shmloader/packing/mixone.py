@@ -24,8 +24,9 @@ that order, whole, and where one that cannot be read stops them. One source's co
 count-only runs are made of it (packing/mixmode.py `SourceConcatMode`, packing/mixcount.py
 `SourceCountMode`: their run's own order, no mixer, no point), so a one-source run and a
 pass-through go through the same mode code. One source's best fit (packing/mixbestfit.py
-`SourceBestFitMode`) has one as the stream its feed and its `Said` ask, but counts its pieces
-into its sequencer's own order (`bestfit.Chunks`), so its `Passing` is never given one.
+`SourceBestFitMode`) too: its run's order after its resumed buffer's pieces (`first`) counted
+into it, its chunks cut from what passes (`PassingChunks`, a pass-through's too; only the cut is
+its own, `RowCut`).
 
 What is not a pass-through (`passes` says no) goes through the stream: a second source, a
 schedule (a later stage may weigh another), a `max_epochs` (the source ends and the mix with
@@ -74,17 +75,18 @@ class Passing:
     order) passes them so; a pass-through's mix (`OneStream`) does too, and more (its point, and
     an end: `OneStream.finish`). An order alone never ends (`finished` stays None: where one
     source's run has nothing left to read is the coordinator's to say). One source's best fit
-    (packing/mixbestfit.py `SourceBestFitMode`) holds one that no piece is counted into (its
-    every piece is its sequencer's own order): it never stops and has no note, so its mode's
-    `Said` says nothing."""
+    (packing/mixbestfit.py `SourceBestFitMode`) counts its run's order into one as concat's does,
+    its chunks cut from what passes (`PassingChunks`)."""
 
-    def __init__(self, name=None):
+    def __init__(self, name=None, first: int = 0):
+        """`first`: the index in its order of its first piece (one source's: after the resumed
+        buffer's pieces, which are its best fit's sequencer's own)."""
         self.name = name
         self.version = 0            # grows whenever what the mix waits for may change (the feed's cache)
         self.notes: list = []       # nothing to say: no stage begins, the source does not end
         self.finished = None        # why the mix ended (a source without documents), once it has
         self.stopped = None         # the error of a piece it needs and cannot read, once it does
-        self._arrived = InOrder()
+        self._arrived = InOrder(first)
         self._unreadable = None     # (seq, error) of the first piece that cannot be read
         self._passed = []           # (piece, lengths) taken in order, not yet handed on (`passed`)
         self._last = None           # the last piece taken

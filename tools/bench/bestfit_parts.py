@@ -40,6 +40,8 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
     import shmloader.packing.bestfit as bf
     import shmloader.packing.planner as pl
     from shmloader.data.order import Piece
+    from shmloader.packing.mixbestfit import source_sequencer
+    from shmloader.packing.mixone import Passing
     from shmloader.packing.runs import encode_buffer
 
     spent = collections.Counter()
@@ -63,14 +65,17 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
     encode = timed("buffer text", encode_buffer)
     rng = np.random.default_rng(seed)
     try:
-        seq, index, done = bf.source_sequencer(B, T, 8, buffer_size, chunk, 0, (0, 0, 0, 0)), 0, 0
+        one = Passing()  # one source's stream: the mode's feed counts each piece into it, then the sequencer
+        seq, index, done = source_sequencer(B, T, 8, buffer_size, chunk, 0, (0, 0, 0, 0), one), 0, 0
         while done < 300 + batches:
             if done == 300:
                 spent.clear()
             while seq.chunks.docs < 40 * B + buffer_size:
                 lengths = np.clip(np.rint(rng.lognormal(np.log(600.0), 1.0, piece_docs)), 1, 16 * T).astype(np.int64)
                 lengths[rng.random(piece_docs) < 0.01] = 0
-                seq.counted(Piece(index, 0, index // 8, index % 8, 0, piece_docs), index % 2, lengths)
+                piece = Piece(index, 0, index // 8, index % 8, 0, piece_docs)
+                one.counted(None, index, piece, lengths)
+                seq.counted(piece, index % 2, lengths)
                 index += 1
             for k, _ in seq.plan():
                 encode(seq._positions.pop(k).runs)  # noqa: SLF001 (what the coordinator encodes)

@@ -44,7 +44,11 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, med
 
     _keep_freed_memory()
     rng = np.random.default_rng(seed)
-    seq = bf.source_sequencer(B, T, SLOTS, buffer_size, chunk, 0, (0, 0, 0, 0))
+    from shmloader.packing.mixbestfit import source_sequencer
+    from shmloader.packing.mixone import Passing
+
+    one = Passing()  # one source's stream: the mode's feed counts each piece into it, then the sequencer
+    seq = source_sequencer(B, T, SLOTS, buffer_size, chunk, 0, (0, 0, 0, 0), one)
     slots = np.ones((SLOTS, 2 * B * T), dtype=np.int64)
     floors = np.ones((2, SLOTS, 2 * B * T), dtype=np.int64)  # slots of their own, as cold as the writes' ones
     stream = rng.integers(0, 4096, 4 * B * T, dtype=np.uint16)  # the floors' source
@@ -63,7 +67,9 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, med
             spent["keep"] += time.process_time() - t0
             if kept is not None:
                 held[index % workers][index] = kept
-            seq.counted(Piece(index, 0, index // 8, index % 8, 0, piece_docs), index % workers, lengths)
+            piece = Piece(index, 0, index // 8, index % 8, 0, piece_docs)
+            one.counted(None, index, piece, lengths)
+            seq.counted(piece, index % workers, lengths)
             index += 1
         for k, by_worker in seq.plan():
             slot, n = k % SLOTS, 0

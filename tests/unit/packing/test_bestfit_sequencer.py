@@ -19,7 +19,9 @@ import pytest
 from shmloader.data.order import Piece, buffer_pieces
 from shmloader.packing import bestfit
 from shmloader.packing.base import SlotMap
-from shmloader.packing.bestfit import Rows, source_sequencer
+from shmloader.packing.bestfit import Rows
+from shmloader.packing.mixbestfit import source_sequencer
+from shmloader.packing.mixone import Passing
 from tests.oracle import plan_batch_scan
 
 B, T = 2, 16
@@ -125,13 +127,22 @@ def runs_of(docs) -> list:
     return runs
 
 
+def _count(one, seq, piece, owner: int, lengths):
+    """`piece` counted as the mode counts it (packing/mixbestfit.py `MixBestFitMode.counted`): the
+    resumed buffer's into the sequencer, the run's order's into its stream `one` first (the feed's)."""
+    if not seq.chunks.ordered(piece.index):
+        one.counted(None, piece.index, piece, lengths)
+    seq.counted(piece, owner, lengths)
+
+
 class Sim:
     """One run of the protocol over `pieces` (the first `n_prefix` rebuild a resumed buffer)."""
 
     def __init__(self, data: Data, pieces: list, n_prefix: int, start, buffer_size, chunk_docs,
                  n_slots, rng):
         self.data, self.pieces, self.rng, self.n_slots = data, pieces, rng, n_slots
-        self.seq = source_sequencer(B, T, n_slots, buffer_size, chunk_docs, n_prefix, start)
+        self.one = Passing(first=n_prefix)  # the run's order after the resumed buffer's, as the mode's feed counts it
+        self.seq = source_sequencer(B, T, n_slots, buffer_size, chunk_docs, n_prefix, start, self.one)
         self.slot_map, self.held, self.pending = SlotMap(n_slots), {}, []
         self.slots = np.full((n_slots, bestfit.PACKING.window(B, T)), -1, dtype=np.int64)
         self.uncounted = list(range(len(pieces)))
@@ -146,7 +157,7 @@ class Sim:
         held = bestfit.PACKING.keep(tokens, lengths)
         if held is not None:
             self.held[p.index] = held
-        self.seq.counted(p, self.rng.randrange(3), lengths)
+        _count(self.one, self.seq, p, self.rng.randrange(3), lengths)
 
     def dispatch(self):
         for k, by_worker in self.seq.plan():
@@ -273,16 +284,18 @@ def test_a_plan_that_ran_out_is_not_tried_again_until_a_chunk_comes():
     """The coordinator calls plan() on every message (two workers' acknowledgements per batch);
     a plan that ran out of counted chunks would run out again at the same place, so it is not
     tried (nor its snapshot taken) until another chunk is counted."""
-    seq = source_sequencer(B, T, n_slots=4, buffer_size=4, chunk_docs=2, n_prefix=0, start_doc_end=(0, 0, 0, 0))
+    one = Passing()
+    seq = source_sequencer(B, T, n_slots=4, buffer_size=4, chunk_docs=2, n_prefix=0, start_doc_end=(0, 0, 0, 0),
+                           stream=one)
     tries = []
     plan_batch = seq.planner.plan_batch
     seq.planner.plan_batch = lambda source: tries.append(1) or plan_batch(source)
-    seq.counted(Piece(0, 0, 0, 0, 0, 2), 0, np.array([3, 3]))  # 6 tokens: no batch of 2 x 17
+    _count(one, seq, Piece(0, 0, 0, 0, 0, 2), 0, np.array([3, 3]))  # 6 tokens: no batch of 2 x 17
     assert seq.plan() == [] and seq.starved and len(tries) == 1
     for _ in range(5):  # acknowledgements, frees: nothing new to plan from
         assert seq.plan() == [] and seq.starved
     assert len(tries) == 1, "a starved plan was tried again with no new chunk"
-    seq.counted(Piece(1, 0, 0, 0, 2, 8), 1, np.array([ROW_LEN] * 6))
+    _count(one, seq, Piece(1, 0, 0, 0, 2, 8), 1, np.array([ROW_LEN] * 6))
     out = seq.plan()
     assert len(tries) >= 2 and [k for k, _ in out] == [0, 1]
 

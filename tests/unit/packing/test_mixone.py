@@ -364,3 +364,40 @@ def test_concats_placer_is_chosen_once_and_only_a_mix_has_an_end(monkeypatch):
         assert mode.ready == mode.placer.ready and mode.orders == mode.placer.orders
     assert not hasattr(source.stream, "finish") and not hasattr(source.stream, "end_point")
     assert hasattr(through.stream, "finish") and hasattr(through.stream, "end_point")
+
+
+def test_best_fits_one_source_and_pass_through_share_their_chunks_and_its_bad_piece_is_the_streams():
+    """One source's best fit is a pass-through's path (issue 50): its run's pieces are counted into
+    its `Passing` (the feed's, as concat's one source's) and cut into chunks from what passes
+    (`PassingChunks`, a pass-through's too), only the cut its own (`RowCut`; a pass-through's
+    `DocumentCut`: chosen once where the chunks are made); the sequencer's own order is only a
+    resumed buffer's. A piece of its order that cannot be read stops its `Passing` once every piece
+    before it is counted, and is said from the stream (`Said`), as concat's one source's, not from
+    the mode's `stops` (which hold only the resumed buffer's)."""
+    from shmloader.packing.mixbestfit import DocumentCut, PassingChunks, RowCut, SourceBestFitMode
+    from shmloader.position import Position
+
+    fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
+                          pieces_in_flight=None)
+    source = SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3), start=Position(1, 0, 0),
+                                                    buffer_runs=()), 2, _order_of(8))
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,), None, 0), rank=0, layout=SimpleNamespace(n_slots=3))
+    through = MixBestFitMode(fit, run, 2, lambda ramp, cap, first, **_: _order_of(8)(ramp, cap, 0))
+    assert type(source.seq.chunks) is type(through.seq.chunks) is PassingChunks
+    assert source.seq.chunks.cut is RowCut and type(through.seq.chunks.cut) is DocumentCut
+    assert not source.seq.chunks.ordered(0), "one source's order is the sequencer's own, not its stream's"
+
+    given = hand_out(source, 2)
+    assert len(given) >= 3
+    lengths = np.array([5, 0, 3, 9, 2, 4, 1, 6], dtype=np.int64)
+    source.counted(Counted(given[2].index, lengths, None))  # waits for pieces 0 and 1, in its stream
+    assert set(source.stream.waiting()) == {given[2].index}
+    assert source.failed(given[1].index, Error("data", "piece 1 cannot be read", ""))
+    assert source.stream.stopped is None and source.stops.first() is None  # piece 0 is not counted yet
+    source.counted(Counted(given[0].index, lengths, None))
+    assert source.stream.stopped is not None and source.stops.first() is None
+    said, slots = [], SlotMap(3)
+    for _ in range(20):
+        turn(source, slots)
+        said += [m for m in source.messages() if isinstance(m, Ended)]
+    assert [m.text for m in said] == ["piece 1 cannot be read"]
