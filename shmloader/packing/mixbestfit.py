@@ -369,34 +369,42 @@ class PassingChunks(_Pulled):
         super().__init__(stream, chunk_docs, start, used, n_prefix)
         self.cut = cut
         self._counted = {}            # index -> (piece, owner, lengths): counted, not numbered yet
-        self._passed = deque()        # (piece, lengths) passed in order, not numbered yet
+        self._passed = []             # (piece, lengths) passed in order, not numbered yet
+        self.pieces_numbered = 0      # pieces passed and numbered (`news`)
         stream.holding = self._holding
 
     def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
         """A counted piece: the resumed buffer's into the sequencer's order, the stream's kept until
         it passes (the feed counted it into the stream first: `MixBestFitMode.counted`); then what
         passed is taken (`flow`)."""
-        _Pulled.arrive(self, seq, piece, owner, lengths)
+        if self.ordered(piece.index):
+            seq.in_order(piece, owner, lengths)
+        else:
+            self._counted[piece.index] = (piece, owner, lengths)
+            self.counted_rows += len(lengths)
         self.flow(seq)
-
-    def _took(self, seq, piece, owner: int, lengths: np.ndarray):
-        self._counted[piece.index] = (piece, owner, lengths)
-        self.counted_rows += len(lengths)
 
     def flow(self, seq):
         """What the stream passed since asked, to the cut (`cut.passed`); once the resumed buffer is
         whole (its pieces numbered first), numbered in its order and cut (`cut.numbered`)."""
+        cut, passed = self.cut, self._passed
         for piece, lengths in self.stream.passed():
-            self._passed.append((piece, lengths))
-            self.cut.passed(self, piece, lengths)
-        if seq.next_index < self._n_prefix:
-            return
-        passed, counted = self._passed, self._counted
-        while passed:
-            piece, lengths = passed.popleft()
-            _, owner, _ = counted.pop(piece.index)
-            base, live = seq.number(piece, owner, lengths)
-            self.cut.numbered(self, piece, base, lengths, live)
+            passed.append((piece, lengths))
+            cut.passed(self, piece, lengths)
+        if passed and seq.next_index >= self._n_prefix:
+            counted = self._counted
+            for piece, lengths in passed:
+                _, owner, _ = counted.pop(piece.index)
+                base, live = seq.number(piece, owner, lengths)
+                cut.numbered(self, piece, base, lengths, live)
+            self.pieces_numbered += len(passed)
+            passed.clear()
+
+    def news(self):
+        """A plan that ran out waits for a piece to pass (its documents are cut into chunks, now or
+        when a plan asks) or the mix to end (its last chunk a shorter one): the pieces numbered,
+        and the end (not every count: a piece that waits for an earlier one makes no chunk)."""
+        return self.pieces_numbered, self.stream.finished
 
     def unnumbered(self) -> dict:
         return self._counted

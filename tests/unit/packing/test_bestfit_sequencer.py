@@ -283,7 +283,8 @@ def test_the_rows_not_yet_placed_are_each_pieces_live_rows_less_those_ordered(se
 def test_a_plan_that_ran_out_is_not_tried_again_until_a_chunk_comes():
     """The coordinator calls plan() on every message (two workers' acknowledgements per batch);
     a plan that ran out of counted chunks would run out again at the same place, so it is not
-    tried (nor its snapshot taken) until another chunk is counted."""
+    tried (nor its snapshot taken) until another chunk is counted: not at a count of a piece
+    that waits in the stream for an earlier one (it passes nothing)."""
     one = Passing()
     seq = source_sequencer(B, T, n_slots=4, buffer_size=4, chunk_docs=2, n_prefix=0, start_doc_end=(0, 0, 0, 0),
                            stream=one)
@@ -295,9 +296,11 @@ def test_a_plan_that_ran_out_is_not_tried_again_until_a_chunk_comes():
     for _ in range(5):  # acknowledgements, frees: nothing new to plan from
         assert seq.plan() == [] and seq.starved
     assert len(tries) == 1, "a starved plan was tried again with no new chunk"
+    _count(one, seq, Piece(2, 0, 0, 0, 8, 10), 0, np.array([ROW_LEN] * 2))  # waits for piece 1
+    assert seq.plan() == [] and len(tries) == 1, "a starved plan was tried again at a count that passed nothing"
     _count(one, seq, Piece(1, 0, 0, 0, 2, 8), 1, np.array([ROW_LEN] * 6))
     out = seq.plan()
-    assert len(tries) >= 2 and [k for k, _ in out] == [0, 1]
+    assert len(tries) >= 2 and [k for k, _ in out] == [0, 1, 2]
 
 
 def _runs_by_hand(pieces, ids) -> list:
