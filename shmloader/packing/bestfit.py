@@ -76,7 +76,6 @@ class Chunks:
     def __init__(self, chunk_docs: int, last_end: tuple):
         self.chunk_docs, self.last_end = chunk_docs, last_end
         self.docs = 0                 # documents queued
-        self.added = 0                # chunks ever queued by `add`
         self._queue = deque()
 
     def add(self, piece, base: int, lengths: np.ndarray, live: np.ndarray | None = None):
@@ -95,13 +94,6 @@ class Chunks:
             q.append((ids[at:to], kept[at:to], (piece.epoch, piece.file, piece.rg, start + min(lo + step, n))))
             at = to
         self.docs += len(live)
-        self.added += len(cuts) + (n > 0)
-
-    def news(self):
-        """What a plan that ran out waits for, as a value that changes when it may come: here
-        the chunks added (a mixture's chunks are made as a plan asks: there, the stream's
-        `version`, `_Pulled.news`)."""
-        return self.added
 
     def _more(self) -> bool:
         """One more chunk into the queue, if one can be made now (here: never, they are added)."""
@@ -300,7 +292,7 @@ class BestFitSequencer:
         self.tokens_cropped = 0
         self.docs_placed = 0                  # documents placed in rows (whole or cropped)
         self.starved = False                  # the last plan() stopped for want of counted chunks
-        self._starved_news = None             # chunks.news() when it did
+        self._starved_news = None             # chunks.news() when it did (what a plan that ran out waits for)
 
     def counted(self, piece, owner: int, lengths: np.ndarray):
         """`piece`, held by `owner`, was counted: into the chunks as they take it (`chunks.arrive`:
