@@ -433,7 +433,7 @@ def first_end_of(rows: Rows, row: int, nexts: np.ndarray, chunk: int) -> int:
     `nexts`: the row after each, past the nulls): their rows rise, each pick's next row the row
     of the pick after it, so the first pick that ends a chunk is the first whose next row is
     past the first pick's chunk or at the piece's end: one search, not `ends_chunk` over every
-    pick (a pass-through's chunks too: packing/mixbestfit.py `PassingChunks`)."""
+    pick (a pass-through's chunks too: packing/mixchunks.py `PassingChunks`)."""
     start, size = rows.piece.doc_start, len(rows.lengths)
     bound = min(((start + row) // chunk + 1) * chunk - start, size)
     return int(nexts.searchsorted(bound, side="left"))

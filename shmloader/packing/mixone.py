@@ -16,7 +16,7 @@ begun by the batch's end); `OneStream.packed` makes what the slot carries of it,
 that of the `MixPoint` the stream (packing/mix.py) would have made, character for character
 (packing/mixtext.py `Packed`); the trainer's head start makes a batch's the same way
 (packing/mixmode.py `MixConcatMode.head_start`). Its best-fit mode
-(packing/mixbestfit.py) cuts its chunks from the pieces (`PassingChunks`), telling the mixer
+(packing/mixbestfit.py) cuts its chunks from the pieces (packing/mixchunks.py `PassingChunks`), telling the mixer
 what each takes (`OneStream.took`), and makes its points as a mixture's.
 
 `Passing` is the part of `OneStream` that is no mixture's: counted pieces of one order taken in

@@ -3,7 +3,7 @@
 "The one pipeline", step 4, "One source's best-fit pieces pass": why `RowCut` and `DocumentCut`
 stay two parts).
 
-One source's chunks (`mixbestfit.PassingChunks`) are made with `DocumentCut` instead of `RowCut`,
+One source's chunks (`mixchunks.PassingChunks`) are made with `DocumentCut` instead of `RowCut`,
 a chunk's end the row after its last document past the nulls (what a pass-through's `OneStream.took`
 gives, here without a mixer), each run's trace compared record by record with its own; the
 first cap test that differs is shown for one run (`--cap RUN`):
@@ -22,7 +22,7 @@ def main():
     parser.add_argument("--cap", default="w2-g0-long-badnone-fresh-slots2", help="a run whose cap tests are shown")
     args = parser.parse_args()
 
-    from shmloader.packing import bestfit, mixbestfit as mb
+    from shmloader.packing import bestfit, mixbestfit as mb, mixchunks
     from shmloader.packing.mixone import Passing
     from tests.unit.packing import bestfit_replay as replay
 
@@ -32,8 +32,8 @@ def main():
 
     def with_document_cut(B, T, n_slots, buffer_size, chunk_docs, n_prefix, start, stream):
         stream.__class__ = Ending
-        chunks = mb.PassingChunks(stream, chunk_docs, start, lambda *_: None, n_prefix,
-                                  mb.DocumentCut(chunk_docs, None))
+        chunks = mixchunks.PassingChunks(stream, chunk_docs, start, lambda *_: None, n_prefix,
+                                         mixchunks.DocumentCut(chunk_docs, None))
         return mb.BestFitSequencer(B, T, n_slots, buffer_size, n_prefix, chunks=chunks, table=mb.PieceTable(),
                                    sink=bestfit.where_one_source_stands)
 

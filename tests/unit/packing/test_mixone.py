@@ -374,7 +374,8 @@ def test_best_fits_one_source_and_pass_through_share_their_chunks_and_its_bad_pi
     resumed buffer's. A piece of its order that cannot be read stops its `Passing` once every piece
     before it is counted, and is said from the stream (`Said`), as concat's one source's, not from
     the mode's `stops` (which hold only the resumed buffer's)."""
-    from shmloader.packing.mixbestfit import DocumentCut, PassingChunks, RowCut, SourceBestFitMode
+    from shmloader.packing.mixbestfit import SourceBestFitMode
+    from shmloader.packing.mixchunks import DocumentCut, PassingChunks, RowCut
     from shmloader.position import Position
 
     fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
