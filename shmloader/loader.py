@@ -277,7 +277,7 @@ class ShmLoader:
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
-        args = dataclasses.replace(self._args(), start=resume.position, **self._kind.run_args(resume))
+        args = dataclasses.replace(self._args(), **self._kind.run_args(resume))  # its start: one `RunStart`
         self._writer = statemod.Writer(self._identity(), resume, self._kind.part)
         self._mark = self._kind.start_mark(resume, self.config.spec, self._mark.docs if self._mark else 0)
         self._runs.begin(args, resume.batch, self._mark.docs)
