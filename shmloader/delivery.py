@@ -62,6 +62,13 @@ class Shape(NamedTuple):
     targets_at: int
     positions_at: int | None = None
 
+    @classmethod
+    def of(cls, config) -> "Shape":
+        """A loader's (`LoaderConfig`): the targets where its packing's spec puts them, the
+        positions after the window when it writes them."""
+        return cls(config.B, config.T, config.spec.targets_at(config.B, config.T),
+                   config.window if config.positions else None)
+
 
 def split(row: torch.Tensor, shape: Shape) -> tuple:
     """`(inputs, targets)`, or `(inputs, targets, positions)`, of a slot's 1-D row: one

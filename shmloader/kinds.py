@@ -18,10 +18,11 @@ used to branch on:
   with: what differs in a resume (the files the state's run read, a count-only replay's
   `RunArgs` and its answer, the elastic plan from the old ranks' places) is the part's
   (`sourcestate.Files`, or `mixstate.Mixed`);
-- `run_args(resume)`: what a run starting at `resume` is given beyond its position, as `RunArgs`
-  fields, from what its kind holds there (`Resume.at`: `state.AtSource` or `state.AtMix`): best
-  fit's buffer (`buffer_runs`), the elastic plans (`plan`, a mixture's in its `MixArgs`), and
-  the `plans` its order reads (the coordinator's `shuffle.Windows`);
+- `run_args(resume)`: what a run starting at `resume` is given, as `RunArgs` fields: its start
+  (`start`, one `ipc.runstart.RunStart`: the position, the batch count, and what its kind holds
+  there, from `Resume.at`: `state.AtSource` into a `SourceAt`, best fit's buffer, the elastic
+  plan and the catalogue's later order; `state.AtMix` into a `MixAt`, the point, each source's
+  plan and later order), and a mixture's `MixArgs` (its sources and rules);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
   process keeps open (`keep_open`);
@@ -55,6 +56,7 @@ from .data.mixture import Mixture
 from .data.source import KEEP_OPEN, FilesystemRef
 from .errors import DataError
 from .ipc.protocol import RunArgs
+from .ipc.runstart import MixAt, RunStart, SourceAt
 from .data.sources import Sources, keep_open
 from .packing import MODES
 from .packing.mixcount import MixCountMode, SourceCountMode
@@ -78,17 +80,24 @@ class _Kind:
         return frozenset()
 
     def args(self, config, tokenizer, rank: int, world: int, first) -> RunArgs:
-        """What every run of the loader is given (a run's start is added by `procs.run.Runs`)."""
+        """What every run of the loader is given (a run's start is added: `run_args`)."""
         cat = self.catalogue
         return RunArgs(files=cat.paths, rank=rank, world=world, layout=None,
                        filesystem=FilesystemRef(cat.filesystem) if cat.filesystem else None, tokenizer=tokenizer,
-                       later=cat.later, columns=None if set(cat.columns) <= {"text"} else tuple(cat.columns),
+                       columns=None if set(cat.columns) <= {"text"} else tuple(cat.columns),
                        counts=None if first is None else first.counts, **self.run_fields(config))
 
     def start_mark(self, resume: statemod.Resume, spec, docs: int) -> Mark:
         """The progress mark a run from `resume` starts at (`docs`: the documents delivered before;
         a mixture's place travels as best fit's buffer does)."""
         return Mark(resume.batch, resume.position, self.start_buffer(resume, spec), docs, resume.read)
+
+    def restarted(self, args, mark):
+        """`args` starting again at `mark` (a heal, an idle release): its position and batch count,
+        its kind's start there from the mark's buffer (`restarted_at`)."""
+        start = args.start
+        return dataclasses.replace(args, start=dataclasses.replace(
+            start, position=mark.position, batch=mark.batch, at=self.restarted_at(start.at, mark)))
 
     def resume(self, state, identity, config, args, heal=None) -> statemod.Resume:
         """`state` checked and planned into a `state.Resume` (resume.py `plan`, with the part)."""
@@ -126,8 +135,8 @@ class OneSource(_Kind):
         return statemod.AtSource()
 
     def run_args(self, resume: statemod.Resume) -> dict:
-        at = resume.at
-        return {"buffer_runs": tuple(map(tuple, at.runs)), "plan": at.plan, "plans": at.plan}
+        at = SourceAt(tuple(map(tuple, resume.at.runs)), resume.at.plan, self.catalogue.later)
+        return {"start": RunStart(resume.position, at, resume.batch)}
 
     def start_buffer(self, resume: statemod.Resume, spec):
         return encode_buffer(resume.at.runs) if spec.buffered else None
@@ -141,9 +150,10 @@ class OneSource(_Kind):
     def text_runs(self, args, config) -> int:
         return 0
 
-    def restarted(self, args, mark):
+    def restarted_at(self, at: SourceAt, mark) -> SourceAt:
+        """Best fit's buffer at `mark` (its plan and later order stay the run's)."""
         runs = decode_runs(mark.buffer.text).tolist() if mark.buffer is not None else []
-        return dataclasses.replace(args, start=mark.position, buffer_runs=tuple(map(tuple, runs)))
+        return dataclasses.replace(at, runs=tuple(map(tuple, runs)))
 
     def stats(self, mark, seen: dict | None, epoch: int) -> dict:
         return {}
@@ -189,8 +199,8 @@ class Mixed(_Kind):
         return statemod.AtMix()
 
     def run_args(self, resume: statemod.Resume) -> dict:
-        mix = mixstate.run_args(self.catalogue, resume.at, resume.batch)
-        return {"mixture": mix, "plans": mix.plans}
+        mix, at = mixstate.run_args(self.catalogue, resume.at)
+        return {"mixture": mix, "start": RunStart(resume.position, at, resume.batch)}
 
     def start_buffer(self, resume: statemod.Resume, spec):
         return mixstate.point_text(resume.at.point)
@@ -203,13 +213,12 @@ class Mixed(_Kind):
         return mixstate.slot_point  # its place (and best fit's buffer)
 
     def text_runs(self, args, config) -> int:
-        return mix_text_bytes(args.mixture, config.max_runs) // 80 + 1
+        return mix_text_bytes(args.mixture, args.start.at, config.max_runs) // 80 + 1
 
-    def restarted(self, args, mark):
-        """Every source from its place, the mixer from its counts."""
+    def restarted_at(self, at: MixAt, mark) -> MixAt:
+        """Every source from its place at `mark` (the mixer from its counts there: `RunStart.batch`)."""
         point = json.loads(mark.buffer.text) if mark.buffer is not None else None
-        return dataclasses.replace(args, start=mark.position,
-                                   mixture=args.mixture._replace(point=point, first_batch=mark.batch))
+        return dataclasses.replace(at, point=point)
 
     def stats(self, mark, seen: dict | None, epoch: int) -> dict:
         """`sources` ("share_recent": since `seen`, the caller's last call's) and the furthest

@@ -13,7 +13,9 @@ functions over it are in nanochat.py). Each part is a room of its own:
   it resumes at, so `state_dict()` takes the next batch's announcement ahead (`resume.Ahead`,
   which also checks a resumed run's first batch against the state's);
 - precedence (`procs/precedence.py`): a loader that starts has the cores until its first batch;
-- the report (`report.py`): what was delivered, `stats()` and the log's lines.
+- the report (`report.py`): what was delivered, `stats()` and the log's lines;
+- its life (`procs/lifecycle.py`): closed when dropped and at exit, let go of in a forked
+  child, and as a Python object (`Managed`: `with`, never pickled, no len()).
 
 The facade holds the lock that serves threads one at a time and the `Mark`.
 A ready batch is taken from the ring's header and its slot given back there, without a system
@@ -34,7 +36,7 @@ from .procs import lifecycle
 from .procs.run import Runs
 from .procs.start import prestart
 
-class ShmLoader:
+class ShmLoader(lifecycle.Managed):
     """Iterate `(inputs, targets)` int64 batches of shape (B, T), with `positions=True`
     `(inputs, targets, positions)`; see docs/contract.md §1-§3 and §6."""
 
@@ -122,8 +124,7 @@ class ShmLoader:
             errors.warn(f"shmloader: {problem}")
         self._lock = threading.Lock()  # next() from several threads: one at a time
         self._closed, self._pid, self._forked_from, self._inside = False, os.getpid(), None, None
-        self._shape = delivery.Shape(B, T, self.config.spec.targets_at(B, T),  # where a batch lies in its slot
-                                     self.config.window if self.config.positions else None)
+        self._shape = delivery.Shape.of(self.config)  # where a batch lies in its slot
         self._mark = None
         # no reference back to the loader: the drop's finalizer holds the runs (it would keep the loader alive),
         # and a cycle would leave a dropped loader to the collector, which nanochat's base_train disables
@@ -242,21 +243,6 @@ class ShmLoader:
         self._closed = True
         self._runs.close(lifecycle.closed_text(self._forked_from), wait)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __reduce__(self):
-        raise TypeError(lifecycle.NOT_PICKLED)
-
-    def __len__(self):  # a torch DataLoader's len() in a scheduler or progress bar: say why not
-        raise TypeError(lifecycle.NO_LEN)
-
-    def __bool__(self):  # `if loader:` is true (without it, Python would ask __len__)
-        return True
-
     # ---- internals --------------------------------------------------------------------------
 
     def _next(self):
@@ -277,7 +263,7 @@ class ShmLoader:
         """Start from `resume` (a fresh start, or where a resume plan says): the next run begins
         there, the states are written from there, a resumed run's first batch is checked."""
         self._catalogue.begin(resume.position.epoch)
-        args = dataclasses.replace(self._args(), start=resume.position, **self._kind.run_args(resume))
+        args = dataclasses.replace(self._args(), **self._kind.run_args(resume))  # its start: one `RunStart`
         self._writer = statemod.Writer(self._identity(), resume, self._kind.part)
         self._mark = self._kind.start_mark(resume, self.config.spec, self._mark.docs if self._mark else 0)
         self._runs.begin(args, resume.batch, self._mark.docs)

@@ -63,6 +63,7 @@ from .data.catalogue import described_files
 from .data.mixture import Mixer
 from .data.order import start_position
 from .ipc.protocol import MixArgs
+from .ipc.runstart import Locate, MixAt, RunStart
 from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
@@ -82,12 +83,13 @@ def refuse(config):
                          f"{config.packing!r} over a mixture); got packing={config.packing!r}")
 
 
-def run_args(catalogue, at: statemod.AtMix, batch: int) -> MixArgs:
-    """What a run of a mixture's loader (`catalogue`, its `Sources`) starting at `at` (its
-    point, plans and rules) at batch `batch` is given."""
+def run_args(catalogue, at: statemod.AtMix) -> tuple:
+    """`(MixArgs, MixAt)`: what a run of a mixture's loader (`catalogue`, its `Sources`) starting
+    at `at` (its point, plans and rules) is given: its sources and rules, and its kind's start
+    (`RunArgs.start.at`)."""
     rules = at.rules if at.rules is not None else mixrules.fresh(catalogue.mixture)
-    return MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), at.point, batch, at.plans,
-                   rules=rules, laters=catalogue.laters or None)
+    return (MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), rules),
+            MixAt(at.point, at.plans, laters=catalogue.laters or None))
 
 
 def point_text(point: dict | None) -> BufferText | None:
@@ -269,12 +271,13 @@ class Mixed:
             if resume.origin is not None:
                 origin = mixkeys.origin_point(self._sources, resume.origin, args.rank, args.world)
                 start, point = self._sources.to_run(origin.source, origin.sources[origin.source]), origin.to_json()
-        mix = run_args(self._sources, statemod.AtMix(point, rules=resume.at.rules), at)
+        mix, begins = run_args(self._sources, statemod.AtMix(point, rules=resume.at.rules))
         if self._replayed_files:  # over the state's files of a source that gained some (`resume`), as one source
             mix = mix._replace(ranges=tuple(r._replace(hi=r.lo + self._replayed_files.get(r.name, r.hi - r.lo))
-                                            for r in mix.ranges), laters=None)
-        return dataclasses.replace(args, files=self._sources.paths, start=start, mixture=mix._replace(plans=None),
-                                   plans=None, locate=([shape], end, at))
+                                            for r in mix.ranges))
+            begins = dataclasses.replace(begins, laters=None)
+        return dataclasses.replace(args, files=self._sources.paths, mixture=mix,
+                                   start=RunStart(start, begins, at, Locate([shape], end)))
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
         """At the replayed point (`found.runs`: its JSON) and the position it names; replayed on
@@ -318,7 +321,7 @@ class Mixed:
     def _shuffles(self, config, args, resume: statemod.Resume) -> dict | None:
         """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`,
         with the rules of `resume`'s state), or None (the files' order)."""
-        mix = run_args(self._sources, statemod.AtMix(rules=resume.at.rules), 0)
+        mix, _ = run_args(self._sources, statemod.AtMix(rules=resume.at.rules))
         order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
         return None if order is None else dict(zip(order.names, order.orders))
 

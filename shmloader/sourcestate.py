@@ -62,6 +62,7 @@ from .data.catalogue import described_files, listing, renamed
 from .data.elastic import Plan, in_units
 from .data.order import nanochat_position, start_position
 from .errors import warn
+from .ipc import runstart
 from .packing.runs import BufferText, decode, decode_runs, encode_buffer, encode_runs, narrow  # noqa: F401 (the state's API)
 from .position import Position, RowGroup
 from .state import (EXACT, POSITION_FIELDS, VERSION, AtSource, Change, Envelope, Loader, Locate, Resume, check_field,
@@ -214,9 +215,9 @@ class Files:
         plan, position, runs = resume.at.plan, resume.position, resume.at.runs
         if plan is not None:
             position, runs = plan_start(plan, self._catalogue, config, args.rank, args.world, resume.n_files)
-        return dataclasses.replace(args, files=args.files[:resume.n_files], start=position,
-                                   buffer_runs=tuple(map(tuple, runs)), later=None, plan=plan, plans=plan,
-                                   locate=(resume.shapes, resume.batch, plan.batch if plan is not None else 0))
+        at = runstart.SourceAt(tuple(map(tuple, runs)), plan)  # the files in the state's order: no later one
+        return dataclasses.replace(args, files=args.files[:resume.n_files], start=runstart.RunStart(
+            position, at, plan.batch if plan is not None else 0, runstart.Locate(resume.shapes, resume.batch)))
 
     def replayed(self, resume: Resume, found) -> Resume:
         return dataclasses.replace(resume, position=Position(*found.position),

@@ -131,6 +131,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import DataError
+from .runstart import RunStart  # noqa: F401 (`RunArgs.start`'s record)
 
 
 class Stop(Exception):
@@ -146,46 +147,33 @@ class RunArgs:
     world: int
     layout: object                 # ring.RingLayout
     ring_name: str | None = None   # set by procs.children.start_children, which creates the ring
-    start: object = None           # position.Position: where the run starts (its `skip`: tokens of the
-    #                                stream from its document that the run drops)
-    buffer_runs: tuple = ()        # a buffered packing: the resumed buffer, as [epoch, file, rg, row, count]
+    start: "RunStart | None" = None  # where the run starts, one record (ipc/runstart.py): its position and
+    #                                batch count, its kind's start there, a count-only run's `Locate`
     filesystem: object = None      # data.source.FilesystemRef, or None for local files
     tokenizer: object = None       # data.tokenizer.TokenizerSpec (workers)
-    locate: tuple | None = None    # (shapes, batch, first batch): a count-only run that finds a position
-    later: tuple | None = None     # data.order.Later: the files' order after an epoch, if not theirs
     worker: int = -1               # this worker's index (workers)
     replacement: bool = False      # it replaces a dead worker of a running loader (procs/run.py)
     poisoned: tuple = ()           # `Span`s of documents that killed a worker twice, skipped (procs/heal.py)
     suspects: tuple = ()           # `Span`s in the engine at a worker's death: tokenized a document at a time
-    plan: object = None            # data.elastic.Plan: the run began at a change of world size
-    counts: tuple | None = None    # a shuffled run: each file's rows per unit, as the trainer read them
-    #                                for its first position (data/shuffle.py `FirstPositions`); None: not read
+    counts: tuple | None = None    # what the trainer read of the files, not a place (every run of a shuffled
+    #                                loader gets it): each file's rows per unit, read for its first position
+    #                                (data/shuffle.py `FirstPositions`), the footers' stand-in for a run
+    #                                without an elastic plan (coordinator.py `_pieces`); None: not read
     mixture: "MixArgs | None" = None  # the run reads a mixture of sources (packing/mixmode.py)
     columns: tuple | None = None   # the column read of each file (None: "text" of every file)
     modes: tuple = ()              # (the coordinator's mode, its count-only mode): the packing's or
     #                                the mixture's, as the kind read says (kinds.py)
     keep_open: int = 4             # the files a process keeps open (`source.Reader`)
-    plans: object = None           # the elastic plans the run's order reads (`shuffle.Windows`), as the
-    #                                kind sets them: one source's `plan`, a mixture's `MixArgs.plans`
 
 
 class MixArgs(NamedTuple):
     """A mixture's run: its `Mixture` (data/mixture.py), each source's files as a `Range` of the
-    run's (data/sources.py), where it starts (`packing.mix.MixPoint` as JSON, in the run's
-    numbering of the files; None: every source from its start) and the state's batch that is
-    the run's batch 0 (the schedule counts batches of the run)."""
+    run's (data/sources.py) and the rules the run keeps (data/mixrules.py `Rules`; None: this
+    version's, no source with the loader's seed). Where it starts is `RunArgs.start`'s
+    (`runstart.MixAt`: its point, each source's plan, first unit and later order)."""
     mixture: object
     ranges: tuple
-    point: dict | None
-    first_batch: int
-    plans: dict | None = None      # a run that began at a change of world size: each source's `elastic.Plan`
-    firsts: dict | None = None     # a shuffled run: where each source the point does not place begins
-    #                                (numbered within it: data/shuffle.py `Sourced.firsts`); None: (1, 0, rank, 0)
-    rules: object = None           # the rules the run keeps (data/mixrules.py `Rules`); None: this version's,
-    #                                no source with the loader's seed
-    laters: dict | None = None     # `{source: data.order.Later}` (indices within it): a source resumed with
-    #                                files added among its own reads its files in their sorted order
-    #                                after the epoch it resumed in (data/sources.py); None: none
+    rules: object = None
 
 
 class Span(NamedTuple):

@@ -514,10 +514,10 @@ class BestFitLocator:
 
 
 def _locator(cfg, run) -> tuple:
-    shapes, batch, first = run.locate
+    start = run.start
     cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1]  # whole chunks
-    return BestFitLocator(shapes, batch, run.start, cfg.buffer_size, cfg.tokenizer_batch_size, first,
-                          run.buffer_runs), cap
+    return BestFitLocator(start.locate.shapes, start.locate.batch, start.position, cfg.buffer_size,
+                          cfg.tokenizer_batch_size, start.batch, start.at.runs), cap
 
 
 COMPACT_AT = 4  # a piece's documents left are copied apart once they hold under 1/COMPACT_AT of what is kept

@@ -288,8 +288,9 @@ class ConcatLocator:
 
 
 def _locator(cfg, run) -> tuple:
-    shapes, batch, first = run.locate
-    return ConcatLocator(shapes, batch, run.start, first, run.start.skip), cfg.max_piece_docs
+    start = run.start
+    return (ConcatLocator(start.locate.shapes, start.locate.batch, start.position, start.batch, start.position.skip),
+            cfg.max_piece_docs)
 
 
 @dataclass(frozen=True)

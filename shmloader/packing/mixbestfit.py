@@ -289,26 +289,26 @@ class MixBestFitMode(Mode):
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
-        mix = run.mixture
-        point, starts = start_points(mix, run.rank)
+        mix, first_batch = run.mixture, run.start.batch
+        point, starts = start_points(run)
         self._lo = lo = {r.name: r.lo for r in mix.ranges}  # each source's first file in the run's numbering
         if point is not None:
-            mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
+            mixer = Mixer.resume(mix.mixture, point.mixer, first_batch).mixer
             point = point._replace(sources=starts)  # in the run's numbering, as the points made here
         else:
-            mixer = Mixer(mix.mixture, mix.first_batch)
+            mixer = Mixer(mix.mixture, first_batch)
         chunk = mixrules.chunk(mix.rules, cfg.tokenizer_batch_size)
-        if passes(mix, mixer):  # one source, nothing to mix: chunks cut from its pieces (`PassingChunks`)
+        if passes(run, mixer):  # one source, nothing to mix: chunks cut from its pieces (`PassingChunks`)
             stream = OneStream(mixer, starts, lo[mixer.mixture.names[0]], 0)
         else:
             # the mix picks a chunk when the planner asks for it: its stage is the batch being planned
-            stream = MixStream(mixer, starts, lambda _: mix.first_batch + self.seq.planned, cap=cfg.T + 1,
+            stream = MixStream(mixer, starts, lambda _: first_batch + self.seq.planned, cap=cfg.T + 1,
                                chunk=chunk)
-        prefix = buffer_pieces(buffer_runs(mix.point, lo), cfg.max_piece_docs)
+        prefix = buffer_pieces(buffer_runs(run.start.at.point, lo), cfg.max_piece_docs)
         seq = mix_sequencer(cfg, run.layout.n_slots, len(prefix), stream, point,
                             lambda *used: self.feed.used_up(*used), lo, chunk)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
-        feed = MixFeed(mix, stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
+        feed = MixFeed(run, stream, starts, pieces, ramp, cap, self._in_flight.keys, len(prefix))
         self._begin(cfg, seq=seq, stream=stream, feed=feed, prefix=prefix, reads=PickFirst,
                     sink=lambda done: packed_buffer(done.runs, lo))
 
@@ -433,9 +433,9 @@ class SourceBestFitMode(MixBestFitMode):
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
-        prefix = buffer_pieces(run.buffer_runs, cfg.max_piece_docs)
+        prefix = buffer_pieces(run.start.at.runs, cfg.max_piece_docs)
         ramp, cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs, cfg.buffer_size)
-        s = run.start
+        s = run.start.position
         one = Passing(first=len(prefix))  # the run's order after the resumed buffer's pieces
         seq = source_sequencer(cfg.B, cfg.T, run.layout.n_slots, cfg.buffer_size, cfg.tokenizer_batch_size,
                                len(prefix), (s.epoch, s.file, s.rg, s.doc), one)
@@ -487,10 +487,10 @@ class BestFitPlace:
 
     def __init__(self, count, used):
         """`count`: a `mixcount.Count`; `used(source, piece)`: a piece whose last run went into a chunk."""
-        cfg, mix, point, lo, first_batch = count.cfg, count.mix, count.point, count.lo, count.first_batch
+        cfg, run, point, lo, first_batch = count.cfg, count.run, count.point, count.lo, count.first_batch
         self.stream = MixStream(count.mixer, count.starts, lambda _: first_batch + self.seq.planned, cap=count.T + 1,
-                                chunk=mixrules.chunk(mix.rules, cfg.tokenizer_batch_size))
-        self.prefix = buffer_pieces(buffer_runs(mix.point, lo), cfg.max_piece_docs)
+                                chunk=mixrules.chunk(run.mixture.rules, cfg.tokenizer_batch_size))
+        self.prefix = buffer_pieces(buffer_runs(run.start.at.point, lo), cfg.max_piece_docs)
         self.cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1]  # whole chunks
         place = SimpleNamespace(B=count.B, T=count.T, buffer_size=cfg.buffer_size,
                                 tokenizer_batch_size=cfg.tokenizer_batch_size)

@@ -10,10 +10,11 @@ own lengths gives the place this rank's own state would hold at that batch count
 a mixture it holds for a run whose mixture has applied since batch 0 (the mixer's `since`): a
 resume with other weights changes the stream at a batch this rank cannot know its place at
 (mixchecks.py refuses those). A run whose B or T changed resumed at each change, so a
-mixture's replay is one count a batch shape (`run.locate`: `([first, B, T]], end, first)`),
-the first from the run's start, each next one from the point the last found, started as a
-resumed run starts from a state's point (`run.mixture.point`, its `first_batch`); one source's
-locator replays every shape in one count.
+mixture's replay is one count a batch shape (its start's `Locate`: `shapes` `[[first, B, T]]`
+and the batch count `batch` it ends at, from the start's batch count), the first from the
+run's start, each next one from the point the last found, started as a resumed run starts from
+a state's point (`run.start`: its `MixAt.point`, its `batch`); one source's locator replays
+every shape in one count.
 
 `MixCountMode` is the one mode of such a run (`base.Mode`): workers send document lengths and
 keep no tokens (`keep = False`); pieces are handed out by its feed, counted pieces go to its
@@ -53,7 +54,7 @@ class Count(NamedTuple):
     (`count_place(count, used)`: its stream, its place-finder; `used(source, piece)`: a piece
     the mix has used up, for the feed)."""
     cfg: object
-    mix: object                # the run's `MixArgs`
+    run: object                # the run's `RunArgs` (its `MixArgs`, its start's `MixAt`)
     point: object              # the `MixPoint` it starts from, or None (fresh)
     starts: dict               # every source's start (`mixfeed.start_points`)
     mixer: Mixer               # the mixer there
@@ -107,16 +108,15 @@ class MixCountMode(Mode):
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
-        mix = run.mixture
-        shapes, end, first_batch = run.locate
-        _, B, T = shapes[0]
-        point, starts = start_points(mix, run.rank)
+        mix, first_batch, end = run.mixture, run.start.batch, run.start.locate.batch
+        _, B, T = run.start.locate.shapes[0]
+        point, starts = start_points(run)
         mixer = (Mixer.resume(mix.mixture, point.mixer, first_batch).mixer if point is not None
                  else Mixer(mix.mixture, first_batch))
-        count = Count(cfg, mix, point, starts, mixer, first_batch, end - first_batch, B, T,
+        count = Count(cfg, run, point, starts, mixer, first_batch, end - first_batch, B, T,
                       {r.name: r.lo for r in mix.ranges})
         place = MODES[cfg.packing].count_place(count, lambda *used: self.feed.used_up(*used))
-        feed = MixFeed(mix, place.stream, starts, pieces, (), place.cap, self._in_flight.keys, len(place.prefix),
+        feed = MixFeed(run, place.stream, starts, pieces, (), place.cap, self._in_flight.keys, len(place.prefix),
                        stopping=self._flow)  # no ramp: nothing waits
         self._begin(place, feed, itertools.chain(place.prefix, feed.feed()))
 

@@ -35,15 +35,17 @@ from .base import InOrder
 from .mix import MixPoint, MixStream
 
 
-def start_points(mix, rank: int) -> tuple:
-    """`(point or None, every source's start)` of a mixture's run: the sources it reads in the
-    run's numbering of the files, those it does not (a state's, left out) as the state has them;
-    a source the point does not place begins at `mix.firsts`'s (a shuffled run), else (1, 0, rank, 0)."""
-    point = MixPoint.from_json(mix.point) if mix.point is not None else None
+def start_points(run) -> tuple:
+    """`(point or None, every source's start)` of a mixture's run (`RunArgs`): the sources it
+    reads in the run's numbering of the files, those it does not (a state's, left out) as the
+    state has them; a source the point does not place begins at its start's `firsts` (a
+    shuffled run: `runstart.MixAt`), else (1, 0, rank, 0)."""
+    at = run.start.at  # a `MixAt`
+    point = MixPoint.from_json(at.point) if at.point is not None else None
     starts = dict(point.sources) if point is not None else {}
-    skips = (mix.point or {}).get("skips", {})  # a change of world size's start: each source's cut document
-    for r in mix.ranges:
-        p = starts.get(r.name) or (mix.firsts or {}).get(r.name) or Position(1, 0, rank, 0)
+    skips = (at.point or {}).get("skips", {})  # a change of world size's start: each source's cut document
+    for r in run.mixture.ranges:
+        p = starts.get(r.name) or (at.firsts or {}).get(r.name) or Position(1, 0, run.rank, 0)
         starts[r.name] = p._replace(file=p.file + r.lo, skip=int(skips.get(r.name, 0)))
     return point, starts
 
@@ -64,23 +66,24 @@ class Owned(NamedTuple):
 class MixFeed:
     """A mixture's pieces, in the order they go out (the module docstring says which)."""
 
-    def __init__(self, mix, stream: MixStream, starts: dict, pieces: Callable, ramp, cap: int,
+    def __init__(self, run, stream: MixStream, starts: dict, pieces: Callable, ramp, cap: int,
                  reading: Callable[[], set], first_index: int = 0, stopping: Callable[[], None] = lambda: None):
-        """`pieces(ramp, cap, first_index, files=, start=)`: a source's canonical order (the
-        coordinator's); `reading()`: the piece indices given to workers and not counted;
+        """`run`: the mixture's run (`RunArgs`); `pieces(ramp, cap, first_index, files=, start=)`:
+        a source's canonical order (the coordinator's); `reading()`: the piece indices given to workers and not counted;
         `stopping()`: a source's order could not be read on, or has ended (`_peek`), for a mode
         to let the stream stop or end there now if it waits for that source."""
         self.stream, self._reading, self._stopping = stream, reading, stopping
         self._orders, self._seqs, self.owned = {}, {}, {}      # per source: its pieces; piece index -> Owned
         self._ahead = {}                                      # per source: text bytes (+1 a piece) not used up
+        mix, at = run.mixture, run.start.at  # a `MixAt`
         self._max_epochs = mix.mixture.max_epochs
         self._judged, self._epoch0 = {}, {}                   # per source: its pieces counted, in its order, until
         #                                                       one holds a document (`counted`); its first epoch
         for r in mix.ranges:
             if r.name in mix.mixture.names:  # a source the state has and this mixture does not: not read
                 local = starts[r.name]._replace(file=starts[r.name].file - r.lo)
-                plan = (mix.plans or {}).get(r.name)  # a run that began at a change of world size
-                later = (mix.laters or {}).get(r.name)  # files added among its own at the resume
+                plan = (at.plans or {}).get(r.name)  # a run that began at a change of world size
+                later = (at.laters or {}).get(r.name)  # files added among its own at the resume
                 self._orders[r.name] = pieces(ramp, cap, 0, files=(r.lo, r.hi - r.lo), start=local, plan=plan,
                                               later=later)
                 self._seqs[r.name], self._ahead[r.name] = 0, 0

@@ -75,18 +75,20 @@ class Start(NamedTuple):
     passes: bool
 
 
-def start(mix, rank: int) -> Start:
-    """The `Start` of a mixture's run (`MixArgs`) on rank `rank`: what the coordinator's mode and
-    the trainer's head start (`MixConcatMode.head_start`) both begin from."""
-    point, starts = start_points(mix, rank)
+def start(run) -> Start:
+    """The `Start` of a mixture's run (`RunArgs`: its `MixArgs`, and its start's point at batch
+    count `RunStart.batch`): what the coordinator's mode and the trainer's head start
+    (`MixConcatMode.head_start`) both begin from."""
+    mix = run.mixture
+    point, starts = start_points(run)
     # the document the next token is in comes first, its tokens before the point dropped (not if its
     # source is left out now: then the mix starts at a document's start)
     first = point.source if point is not None and point.skip and point.source in _read(mix) else None
     if point is not None:
-        mixer = Mixer.resume(mix.mixture, point.mixer, mix.first_batch).mixer
+        mixer = Mixer.resume(mix.mixture, point.mixer, run.start.batch).mixer
     else:
-        mixer = Mixer(mix.mixture, mix.first_batch)
-    return Start(point, starts, first, point.skip if first is not None else 0, mixer, passes(mix, mixer))
+        mixer = Mixer(mix.mixture, run.start.batch)
+    return Start(point, starts, first, point.skip if first is not None else 0, mixer, passes(run, mixer))
 
 
 class MixConcatMode(Mode):
@@ -105,16 +107,17 @@ class MixConcatMode(Mode):
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg, run.layout.window, run.layout.n_slots)
         mix, window = run.mixture, run.layout.window
-        _, starts, first, skip, mixer, passing = start(mix, run.rank)
+        _, starts, first, skip, mixer, passing = start(run)
         lo = {r.name: r.lo for r in mix.ranges}  # each source's first file in the run's numbering
         if passing:  # one source, nothing to mix: its pieces pass whole (packing/mixone.py)
             stream = one = OneStream(mixer, starts, lo[mixer.mixture.names[0]], skip)
             placer = PassThrough(ConcatSequencer(window, run.layout.n_slots, skip), one, self)
         else:
             one = None
-            stream = MixStream(mixer, starts, lambda tokens: mix.first_batch + (tokens - skip) // window, first)
+            first_batch = run.start.batch
+            stream = MixStream(mixer, starts, lambda tokens: first_batch + (tokens - skip) // window, first)
             placer = Runs(MixSequencer(window, run.layout.n_slots, skip), stream, self)
-        feed = MixFeed(mix, stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys,
+        feed = MixFeed(run, stream, starts, pieces, RAMP, cfg.max_piece_docs, self._in_flight.keys,
                        stopping=self._flow)
         self._begin(placer, stream, feed, Points(lo, one, window))
 
@@ -140,8 +143,8 @@ class MixConcatMode(Mode):
         `_with_firsts` finds it), a batch's point made as this mode makes it (`OneStream.at`,
         `packed`), kept as the trainer keeps a slot's (`mixtext.kept`); none for a mix of several
         (its stream decides each document)."""
-        mix = run.mixture
-        begun = start(mix, run.rank)
+        mix, begins = run.mixture, run.start.at
+        begun = start(run)
         if not begun.passes:
             return None
         (source,) = mix.ranges  # `passes`: the one source the mixture has is the one the run reads
@@ -153,14 +156,14 @@ class MixConcatMode(Mode):
         at, first = begun.starts[source.name], None
         reads = shufflemod.of_run(cfg, run)
         order = None if reads is None else reads.of(source.lo)[3]
-        if order is not None and source.name not in (mix.point or {}).get("sources", {}):
+        if order is not None and source.name not in (begins.point or {}).get("sources", {}):
             def first(row_counts):
                 found = reads.firsts(None, lambda f: row_counts(f - source.lo), run.rank, run.world)
                 if source.name not in found:  # a footer that cannot be read: the coordinator's to say
                     raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
                 return found[source.name]
         return Begin(source.lo, source.hi, at._replace(file=at.file - source.lo, skip=begun.skip),
-                     (mix.laters or {}).get(source.name), order, point, reads, first)
+                     (begins.laters or {}).get(source.name), order, point, reads, first)
 
     def can_take(self, worker: int) -> bool:
         pick = self.feed.pick_now()
@@ -220,14 +223,18 @@ class SourceConcatMode(MixConcatMode):
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg, run.layout.window, run.layout.n_slots)
         one = Passing()
-        self._begin(WholePieces(ConcatSequencer(run.layout.window, run.layout.n_slots, run.start.skip), one, self),
+        skip = run.start.position.skip
+        self._begin(WholePieces(ConcatSequencer(run.layout.window, run.layout.n_slots, skip), one, self),
                     one, OrderFeed(pieces(RAMP, cfg.max_piece_docs, 0), one), _no_point)
 
     @staticmethod
     def head_start(cfg, run) -> "Begin | None":
         """One source's: every file of the run from its start, in the loader's order; none at a
         change of world size (an elastic plan's order)."""
-        return None if run.plan is not None else Begin(0, len(run.files), run.start, run.later, cfg.order)
+        start = run.start
+        if start.at.plan is not None:
+            return None
+        return Begin(0, len(run.files), start.position, start.at.later, cfg.order)
 
 
 class Points:

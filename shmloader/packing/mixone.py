@@ -46,16 +46,16 @@ from .mixruns import MixPoint, place
 from .mixtext import passing_base, passing_mixer, packed_passing
 
 
-def passes(mix, mixer: Mixer) -> bool:
-    """Whether the run `mix` (`MixArgs`, its mixer resumed as `mixer`) passes its one source's
+def passes(run, mixer: Mixer) -> bool:
+    """Whether the mixture's run `run` (`RunArgs`, its mixer resumed as `mixer`) passes its one source's
     pieces whole: its mixture has one source, read by the run, one stage (no schedule), no
     `max_epochs`; it starts at no change of world size (no plans, no cut documents of old
     ranks), and its mixer is not over. Such a mix picks that source every time, from where it
     stands, so what it takes is the source's stream."""
-    mixture = mix.mixture
-    return (len(mixture.names) == 1 and tuple(r.name for r in mix.ranges) == mixture.names
+    mixture, at = run.mixture.mixture, run.start.at
+    return (len(mixture.names) == 1 and tuple(r.name for r in run.mixture.ranges) == mixture.names
             and len(mixture.stages) == 1 and not mixture.max_epochs
-            and not mix.plans and not (mix.point or {}).get("skips")
+            and not at.plans and not (at.point or {}).get("skips")
             and mixer.over() is None)
 
 

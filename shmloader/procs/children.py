@@ -483,7 +483,7 @@ def _raise_reported(msg: Error):
 
 def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Children:
     """Start a run's coordinator and workers over a new ring (for a run that only finds a
-    position, `cargs.locate` is set: see locate.py); `first()`, if given, runs once the
+    position, `cargs.start.locate` is set: see locate.py); `first()`, if given, runs once the
     other loaders give way and before the children start (the head start's first batch). When
     it made one and the process's forkserver is still booting, the children are made and
     started by a thread once it has booted (`kids.start`, start.py `Start.later`): the
@@ -494,7 +494,7 @@ def start_children(config, layout: ringmod.RingLayout, cargs, first=None) -> Chi
     kids.files, kids.config, kids.args = cargs.files, config, replace(cargs, ring_name=segment.name)
     kids.stall_s = float(config.stall_s) if config.max_restarts else 0.0  # 0 heals: a stall is a timeout
     try:
-        if cargs.locate is None:  # the trainer's other loaders give way until its first batch
+        if cargs.start.locate is None:  # the trainer's other loaders give way until its first batch
             precedence.PRECEDENCE.starting(kids)
         made = first() if first is not None else False
         later = made and booting(config.start_method)

@@ -69,14 +69,14 @@ class _Release(Exception):
 
 
 def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
-    """`pieces(ramp, cap, first_index)`: the canonical order's pieces from `run.start`; a bad
+    """`pieces(ramp, cap, first_index)`: the canonical order's pieces from `run.start`'s position; a bad
     file is skipped (`report_bad((file, None), text)`) or raises, as `on_bad_row_group` says;
     `opened(f)` once a file's footer is read. A shuffled run's order is over every file's units:
     the trainer's row counts (`run.counts`, read for the stream's first position) stand for
     each file's footer until a unit of it is cut (`unit_bytes` reads it then), so that no
     footer is read twice before the first batch. `order`: the run's shuffled order
     (`shuffle.of_run`; a mixture's orders each of its source's pieces by its own)."""
-    known = run.counts if run.plan is None else None  # given for one source's shuffled fresh stream only
+    known = run.counts if run.start.at.order_plans is None else None  # given for one source's shuffled stream only
 
     def read_counts(f: int) -> list[int]:
         counts = read_or_skip(lambda: source.row_counts(f), cfg.on_bad_row_group,
@@ -122,12 +122,13 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                 steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit,
                                    aligned=True)
             return (p.from_file(lo) for p in steps)
-        if run.plan is None:
-            return iter_pieces(row_counts, len(run.files), run.rank, run.world, run.start,
-                               max_docs=cap, ramp=ramp, first_index=first_index, later=run.later,
+        at, position = run.start.at, run.start.position  # one source's: a `SourceAt`
+        if at.plan is None:
+            return iter_pieces(row_counts, len(run.files), run.rank, run.world, position,
+                               max_docs=cap, ramp=ramp, first_index=first_index, later=at.later,
                                row_bytes=unit_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit,
                                shuffle=order)
-        steps = elastic.steps(run.plan, run.rank, run.world, row_counts, len(run.files), run.start, run.later,
+        steps = elastic.steps(at.plan, run.rank, run.world, row_counts, len(run.files), position, at.later,
                               shuffle=order)
         return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
     pieces.row_counts = row_counts
@@ -136,10 +137,10 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
 
 def _with_firsts(run, order, row_counts):
     """`run` whose mixture begins each source its point does not place at its shuffled share's
-    first unit (`MixArgs.firsts`; `row_counts`: the run's files', as its order reads them)."""
-    placed = (run.mixture.point or {}).get("sources")
+    first unit (`MixAt.firsts`; `row_counts`: the run's files', as its order reads them)."""
+    placed = (run.start.at.point or {}).get("sources")
     firsts = order.firsts(placed, row_counts, run.rank, run.world)
-    return dataclasses.replace(run, mixture=run.mixture._replace(firsts=firsts))
+    return dataclasses.replace(run, start=run.start.with_at(firsts=firsts))
 
 
 class _Coordinator:
@@ -150,7 +151,7 @@ class _Coordinator:
         ready, self.kick, header_only = bells
         self.handover = CoordinatorEnd(ring, ready, self.kick, header_only)
         mode, count = args.modes  # the packing's, or the mixture's (kinds.py): counted (another rank's state) or packed
-        kind = count if args.locate else mode
+        kind = count if args.start.locate else mode
         fs = args.filesystem.open() if args.filesystem is not None else None
         self.source, self.told = Reader(args.files, fs, args.columns, keep_open=args.keep_open), {}  # told: file -> identity sent
         self.order = shufflemod.of_run(cfg, args)  # None: the files' order
@@ -158,13 +159,13 @@ class _Coordinator:
         self._row_counts = pieces.row_counts
         self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
                         else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), args.world,
-                                                   args.plans))
+                                                   args.start.at.order_plans))
         if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
             args = self.args = _with_firsts(args, self.order, pieces.row_counts)
         self.mode = kind(cfg, args, len(workers), pieces)
         # a bad file is warned of when found, ahead of the run, and raised when reached (skipped ones
         # are skipped when reached)
-        self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.file, args.columns)
+        self.schema = (SchemaCheck(args.files, fs, args.rank, args.start.position.file, args.columns)
                        if cfg.on_bad_row_group == "raise" else None)
         self.next_piece = 0       # the index of the next piece handed out
         self._ahead = None        # that piece, taken from the order, while no worker it may go to may take it
@@ -188,7 +189,7 @@ class _Coordinator:
         self._unchecked = InOrder()  # counted pieces' (epoch, documents), in stream order
         self.skipped_rows = {}    # piece index -> rows skipped with its bad row group
         self.bad_row_groups = set()
-        self.idle = IdleRule(0.0 if args.locate else cfg.idle_release_s, time.monotonic())
+        self.idle = IdleRule(0.0 if args.start.locate else cfg.idle_release_s, time.monotonic())
         self._from_worker = {Ready: lambda msg, w: self.starting.pop(w, None), Counted: self._counted,
                              Written: self._written,
                              Skipped: lambda msg, w: self._row_group_skipped(msg), Failed: self._failed,
@@ -196,7 +197,7 @@ class _Coordinator:
         self._from_trainer = {Replace: self._replaced}
 
     def run(self):
-        self.ring.stats[Stat.EPOCH] = self.args.start.epoch
+        self.ring.stats[Stat.EPOCH] = self.args.start.position.epoch
         while True:
             self.ring.stats[Stat.BEAT] += 1  # alive and turning (children.py: a stall)
             if self.schema is not None and (bad := self.schema.found()) is not None:
@@ -357,13 +358,13 @@ class _Coordinator:
             if self.docs_seen:
                 continue
             if self.order is None:
-                if epoch >= self.args.start.epoch + 2:  # what data/units.py refuses where footers say it
+                if epoch >= self.args.start.position.epoch + 2:  # what data/units.py refuses where footers say it
                     raise unitsmod.barren_error(self.args.rank, len(self.args.files))
                 continue
             self._barren.update((m.file, m.unit) for m in members)
             if len(self._barren) >= self._units():
                 raise unitsmod.barren_shuffled_error(self.args.rank, len(self.args.files),
-                                                  epoch - self.args.start.epoch + 1)
+                                                  epoch - self.args.start.position.epoch + 1)
 
     def _units(self) -> int:
         """The units (row groups) of the run's files, counted once."""

@@ -68,7 +68,7 @@ def refusal(config, args) -> str | None:
         return "head_start=False"
     if config.packing != "concat":
         return f"packing {config.packing!r}"
-    if args.locate is not None:
+    if args.start.locate is not None:
         return "a count-only run"
     if args.poisoned or args.suspects:
         return "rows poisoned or suspect"

@@ -21,6 +21,8 @@ forked child, and served to one thread at a time.
 - **Threads.** `Within` takes a loader's lock for one call (`wait_for` when another thread
   holds it), waiting at most `timeout` seconds, then raises `LoaderTimeout` naming the call.
 - **Closed.** What a closed loader, or one of the parent in a forked child, says (`closed_text`).
+- **As a Python object** (`Managed`, the loader's base): a context manager that closes it, never
+  pickled (`NOT_PICKLED`), without a len() (`NO_LEN`: an endless stream), and always true.
 """
 import atexit
 import itertools
@@ -65,6 +67,28 @@ NO_LEN = ("a ShmLoader has no len(): it is an endless stream, each epoch followe
           "loader); count training steps yourself (a token budget is steps = tokens // (B * T * world_size)) "
           "and see stats()['epoch'] for the epoch in progress. It replaces a torch DataLoader: iterate it "
           "directly, not as a DataLoader's dataset")
+
+
+class Managed:
+    """What a loader (with a `close()`) is as a Python object beyond its iteration: `with` closes
+    it; pickling it (another process: a `DataLoader`'s workers, a spawn) and `len()` (a
+    scheduler's, a progress bar's) raise a `TypeError` saying why and what to do instead; and
+    `if loader:` is true (without `__bool__`, Python would ask `__len__`)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError(NOT_PICKLED)
+
+    def __len__(self):
+        raise TypeError(NO_LEN)
+
+    def __bool__(self):
+        return True
 
 
 def _close_all():

@@ -1,5 +1,5 @@
 """A count-only run to its answer: `locate_position` starts a coordinator and workers that count
-(`RunArgs.locate`: packing/mixcount.py) and waits for the position they find
+(`RunArgs.start`'s `Locate`: packing/mixcount.py) and waits for the position they find
 (`Located`), watched as a loader's run is (children.py), a lost child healed within the
 loader's budget."""
 import time
@@ -15,7 +15,7 @@ from .stall import Watch
 
 def locate_position(config, layout: ringmod.RingLayout, cargs, heal=None, progress=None) -> Located:
     """Run a count-only coordinator and workers until the coordinator reports (`Located`) the
-    position at `cargs.locate` and, best fit, the buffer there, with the pieces tokenized and
+    position at `cargs.start.locate` and, best fit, the buffer there, with the pieces tokenized and
     read from the token cache to count them. Its progress (the coordinator's `Progress`, once a
     second) goes to `progress(now, done, total, extra)` (progress.py `Report.update`). It is watched as a loader's run
     is: a child that dies, or stalls for `stall_s`, is a `ChildLost` given to `heal(lost)`

@@ -112,14 +112,15 @@ def _worker_stats(row) -> dict:
 
 
 
-def mix_text_bytes(mix, buffer_docs: int = 0) -> int:
-    """The most bytes a mixture's place can take as JSON: per source its name, a position and the
-    mixer's counts (numbers up to 20 digits), with room to spare; and a best-fit buffer of
-    `buffer_docs` documents (more at first if the place's own holds more), a run each at most."""
-    names = {r.name for r in mix.ranges} | set((mix.point or {}).get("sources", {}))
+def mix_text_bytes(mix, at, buffer_docs: int = 0) -> int:
+    """The most bytes a mixture's place can take as JSON (`mix`: its `MixArgs`; `at`: its start,
+    a `MixAt`): per source its name, a position and the mixer's counts (numbers up to 20 digits),
+    with room to spare; and a best-fit buffer of `buffer_docs` documents (more at first if the
+    place's own holds more), a run each at most."""
+    names = {r.name for r in mix.ranges} | set((at.point or {}).get("sources", {}))
     width = max(len(json.dumps(name)) for name in names)
     if buffer_docs:
-        buffer_docs += sum(r[5] for r in buffer_entries(mix.point))
+        buffer_docs += sum(r[5] for r in buffer_entries(at.point))
     return 1024 + sum(400 + len(json.dumps(name)) for name in names) + buffer_docs * (width + 110)
 
 class Runs:
@@ -320,7 +321,7 @@ class Runs:
         c, args = self.config, self._args
         # a buffer can hold one run per document: the packing's most, or more at first, after an elastic
         # resume gave this rank several old ranks' buffers (the planner refills only below its size)
-        runs = sum(r[4] for r in args.buffer_runs) + c.tokenizer_batch_size if c.max_runs else 0
+        runs = args.start.at.buffer_docs + c.tokenizer_batch_size if c.max_runs else 0
         runs = max(runs, self._kind.text_runs(args, c))  # room for a mixture's place (JSON), in 80-byte runs
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)

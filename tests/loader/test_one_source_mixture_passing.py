@@ -8,11 +8,12 @@ run is a pass-through and the second not is checked on what the loader gives the
 tests/unit/packing/test_mixone.py compares the two paths' every point character for character."""
 import json
 import marshal
+from types import SimpleNamespace
 
 import pytest
 
 import shmloader
-from shmloader import mixstate
+from shmloader import kinds, mixstate
 from shmloader.data.mixture import Mixer
 from shmloader.packing.mixone import passes
 from shmloader.packing.mixtext import Packed
@@ -32,24 +33,25 @@ def _places(state) -> dict:
 
 
 def _batches_seen(monkeypatch, *args, **kw) -> tuple:
-    """`batches(...)`, and what its runs were: `(passes` of each run's `MixArgs` as the loader
-    gives them to the coordinator, the number of values of each packed point the trainer copied
-    out of a slot`)` (a concat pass-through's are 8: `mixtext.packed_passing`; the stream's 4;
+    """`batches(...)`, and what its runs were: `(passes` of each run's `MixArgs` and start as the
+    loader gives them to the coordinator (kinds.py `Mixed.run_args`), the number of values of
+    each packed point the trainer copied out of a slot`)` (a concat pass-through's are 8: `mixtext.packed_passing`; the stream's 4;
     best fit's 7 either way, its buffer's: `packed_with_buffer`)."""
     runs, packed = [], set()
     with monkeypatch.context() as mp:
         def run_args(*a):
-            mix = mixstate.run_args.__wrapped__(*a)
-            runs.append(passes(mix, Mixer(mix.mixture, mix.first_batch)))
-            return mix
+            fields = run_args.__wrapped__(*a)
+            run = SimpleNamespace(**fields)
+            runs.append(passes(run, Mixer(run.mixture.mixture, run.start.batch)))
+            return fields
 
         def slot_point(*a):
             point = slot_point.__wrapped__(*a)
             if type(point) is Packed:
                 packed.add(len(marshal.loads(point.data)))
             return point
-        run_args.__wrapped__, slot_point.__wrapped__ = mixstate.run_args, mixstate.slot_point
-        mp.setattr(mixstate, "run_args", run_args)
+        run_args.__wrapped__, slot_point.__wrapped__ = kinds.Mixed.run_args, mixstate.slot_point
+        mp.setattr(kinds.Mixed, "run_args", run_args)
         mp.setattr(mixstate, "slot_point", slot_point)
         out = batches(*args, **kw)
     return out, runs, packed

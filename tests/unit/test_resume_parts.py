@@ -2,8 +2,9 @@
 (`resume.Part`: sourcestate.Files, mixstate.Mixed), without processes: a count-only replay's
 `RunArgs` (from where, over which files, counting from which batch), an old rank's place at a
 change of world size, the elastic plan made from the old ranks' places, and the plans a run's
-order reads (`RunArgs.plans`, as each kind sets them)."""
+order reads (its start's `order_plans`, as each kind sets them)."""
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from shmloader.data.order import start_position
 from shmloader.data.sources import Sources
 from shmloader.demo import corpus
 from shmloader.ipc.protocol import RunArgs
+from shmloader.ipc.runstart import Locate, MixAt, RunStart, SourceAt
 from shmloader.position import Position
 
 CONFIG = SimpleNamespace(on_bad_row_group="raise", order=None, spec=SimpleNamespace(buffered=False))
@@ -41,9 +43,8 @@ def test_one_sources_replay_runs_from_its_position_over_the_files_the_state_was_
                              n_files=3)
     count = sourcestate.Files(cat).replay(resume, args_of(cat.paths), CONFIG)
     assert len(cat.paths) == 4 and count.files == cat.paths[:3]  # a file added since the save is not replayed
-    assert count.start == Position(1, 0, 1, 0, 0) and count.buffer_runs == ()
-    assert count.locate == (SHAPES, 40, 0) and count.later is None
-    assert count.plan is None and count.plans is None
+    assert count.start == RunStart(Position(1, 0, 1, 0, 0), SourceAt((), None, None), 0, Locate(SHAPES, 40))
+    assert count.start.at.order_plans is None
 
 
 def test_one_sources_replay_of_a_run_that_began_elastic_runs_from_the_ranks_start_in_its_plan(shards):
@@ -55,8 +56,9 @@ def test_one_sources_replay_of_a_run_that_began_elastic_runs_from_the_ranks_star
                              shapes=SHAPES, n_files=4)
     count = sourcestate.Files(cat).replay(resume, args_of(cat.paths, rank=1, world=3), CONFIG)
     row_counts = lambda f: cat.row_counts(f)  # noqa: E731
-    assert count.start == elastic.start(plan, 1, 3, row_counts, 4) != resume.position
-    assert count.locate == (SHAPES, 40, 10) and count.plan is plan and count.plans is plan
+    assert count.start.position == elastic.start(plan, 1, 3, row_counts, 4) != resume.position
+    assert count.start.batch == 10 and count.start.locate == Locate(SHAPES, 40)
+    assert count.start.at.plan is plan and count.start.at.order_plans is plan
 
 
 def test_one_sources_old_ranks_are_the_states_own_place_or_a_stream_to_replay(shards):
@@ -95,9 +97,10 @@ def test_a_mixtures_replay_runs_its_stream_from_the_runs_start_in_one_shape(shar
     resume = statemod.Resume(Position(1, 3, 0, 1, 0), statemod.AtMix(), statemod.Locate(), batch=40,
                              shapes=SHAPES + [[40, 2, 16]], n_files=8)
     count = part.replay(resume, args_of(sources.paths, rank=1, world=2), CONFIG)
-    assert count.files == sources.paths and count.start == start_position(1)
-    assert count.mixture.point is None and count.mixture.plans is None and count.plans is None
-    assert count.locate == (SHAPES, 40, 0)  # the new shape from the state's batch on is not replayed
+    assert count.files == sources.paths and count.start.position == start_position(1)
+    assert count.start.at == MixAt() and count.start.at.order_plans is None
+    assert count.start.batch == 0
+    assert count.start.locate == Locate(SHAPES, 40)  # the new shape from the state's batch on is not replayed
 
 
 def test_a_mixtures_old_ranks_are_the_states_own_point_or_a_stream_to_replay(shards):
@@ -111,13 +114,37 @@ def test_a_mixtures_old_ranks_are_the_states_own_point_or_a_stream_to_replay(sha
 
 
 def test_the_plans_a_runs_order_reads_are_the_kinds(shards):
-    """The coordinator's shuffled windows read `RunArgs.plans`: one source's plan, or a mixture's
-    each source's plans, as the kind sets them."""
+    """The coordinator's shuffled windows read the run's start's `order_plans`: one source's plan,
+    or a mixture's each source's plans, as the kind sets them; a run's start is one field."""
     plan = elastic.Plan.of(1, 5, [(1, 0, 0, 1, 0)])
     one = kinds.OneSource(str(shards / "web"), "train", None, "text")
-    assert one.run_args(statemod.Resume(start_position(0), statemod.AtSource(plan=plan))) == {
-        "buffer_runs": (), "plan": plan, "plans": plan}
+    fields = one.run_args(statemod.Resume(start_position(0), statemod.AtSource(plan=plan), batch=7))
+    assert fields == {"start": RunStart(start_position(0), SourceAt((), plan, None), 7)}
+    assert fields["start"].at.order_plans is plan
     mixed = kinds.Mixed(Mixture({n: str(shards / n) for n in ("web", "code")}, {"web": 1}), "train", None, "text")
-    fields = mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix(plans={"web": plan})))
-    assert fields["plans"] == fields["mixture"].plans == {"web": plan} and "plan" not in fields
-    assert mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix()))["plans"] is None
+    fields = mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix(plans={"web": plan}), batch=7))
+    assert set(fields) == {"start", "mixture"} and fields["start"].batch == 7
+    assert fields["start"].at.order_plans == fields["start"].at.plans == {"web": plan}
+    assert mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix()))["start"].at.order_plans is None
+
+
+def test_a_restart_starts_at_the_mark_with_the_rest_of_the_runs_start(shards):
+    """A heal's or an idle release's run (`kinds.py` `restarted`) starts at the progress mark: its
+    position, its batch count and what the kind holds there (best fit's buffer, a mixture's
+    point), from the mark's text; the elastic plans and the rest of its start stay the run's."""
+    from shmloader.packing.runs import BufferText, encode_buffer
+    from shmloader.procs.run import Mark
+
+    plan = elastic.Plan.of(1, 5, [(1, 0, 0, 1, 0)])
+    one = kinds.OneSource(str(shards / "web"), "train", None, "text")
+    args = dataclasses.replace(args_of(one.catalogue.paths), **one.run_args(
+        statemod.Resume(start_position(0), statemod.AtSource([[1, 0, 0, 0, 2]], plan), batch=3)))
+    mark = Mark(12, Position(1, 2, 0, 1, 0), encode_buffer([[1, 2, 0, 1, 4]]))
+    assert one.restarted(args, mark).start == RunStart(mark.position, SourceAt(((1, 2, 0, 1, 4),), plan), 12)
+    mixed = kinds.Mixed(Mixture({n: str(shards / n) for n in ("web", "code")}, {"web": 1}), "train", None, "text")
+    args = dataclasses.replace(args_of(mixed.catalogue.paths), **mixed.run_args(
+        statemod.Resume(start_position(0), statemod.AtMix(plans={"web": plan}), batch=3)))
+    point = {"source": "web", "sources": {"web": [1, 0, 0, 2]}}
+    again = mixed.restarted(args, Mark(12, Position(1, 0, 0, 2, 0), BufferText(json.dumps(point), 0)))
+    assert again.start == RunStart(Position(1, 0, 0, 2, 0), MixAt(point, {"web": plan}), 12)
+    assert again.mixture is args.mixture

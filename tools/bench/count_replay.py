@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from shmloader.config import LoaderConfig
 from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted, Located
+from shmloader.ipc.runstart import Locate, RunStart, SourceAt
 from shmloader.position import Position
 try:
     from shmloader.packing.mixcount import SourceCountMode as Count
@@ -20,8 +21,8 @@ except ImportError:
 packing, n = sys.argv[1], int(sys.argv[2])
 B, T = 16, 2048
 cfg = LoaderConfig(B, T, packing=packing)
-run = SimpleNamespace(locate=([[0, B, T]], n, 0), start=Position(1, 0, 0, 0), layout=None, buffer_runs=(),
-                      rank=0, world=1, plan=None)
+run = SimpleNamespace(start=RunStart(Position(1, 0, 0, 0), SourceAt(), 0, Locate([[0, B, T]], n)), layout=None,
+                      rank=0, world=1)
 def pieces(ramp, cap, first, **kw):
     return (Piece(first + i, 1, 0, i, 0, 256, 1000) for i in range(10**7))
 rng = np.random.default_rng(0)

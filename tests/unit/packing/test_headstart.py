@@ -12,6 +12,7 @@ import pytest
 
 from shmloader.data.order import Piece
 from shmloader.ipc.ring import batch_check
+from shmloader.ipc.runstart import Locate, RunStart, SourceAt
 from shmloader.packing import headstart as packing_headstart
 from shmloader.packing.headstart import Stream
 from shmloader.packing.mixcount import MixCountMode
@@ -151,15 +152,15 @@ def args(**kw):
     from shmloader.packing.mixmode import SourceConcatMode
     from shmloader.packing.mixcount import SourceCountMode
 
-    base = dict(modes=(SourceConcatMode, SourceCountMode), plan=None, locate=None, poisoned=(), suspects=(),
-                tokenizer=SimpleNamespace(kind="tiktoken"))
+    base = dict(modes=(SourceConcatMode, SourceCountMode), start=RunStart(Position(1, 0, 0), SourceAt()),
+                poisoned=(), suspects=(), tokenizer=SimpleNamespace(kind="tiktoken"))
     return SimpleNamespace(**dict(base, **kw))
 
 
 @pytest.mark.parametrize("what, cfg, run", [
     ("head_start=False", config(head_start=False), args()),
     ("packing 'bos_bestfit'", config(packing="bos_bestfit"), args()),
-    ("a count-only run", config(), args(locate=(1,))),
+    ("a count-only run", config(), args(start=RunStart(Position(1, 0, 0), SourceAt(), 0, Locate([[0, 1, 7]], 1)))),
     ("poisoned", config(), args(poisoned=(1,))),
     ("a token cache", config(cache_dir="/tmp/x"), args()),
     ("other than tiktoken", config(), args(tokenizer=SimpleNamespace(kind="hf"))),
@@ -177,9 +178,10 @@ def test_where_a_head_start_reads_is_its_packings_modes_to_say():
     from shmloader.packing.base import Begin
 
     start = Position(1, 2, 0, 5, 7)
-    run = args(files=["a", "b", "c"], start=start, later=None)
+    run = args(files=["a", "b", "c"], start=RunStart(start, SourceAt()))
     assert procs_headstart.begin(config(order=None), run) == Begin(0, 3, start, None, None, None)
-    assert procs_headstart.begin(config(order=None), args(files=["a"], start=start, later=None, plan=object())) is None
+    elastic = RunStart(start, SourceAt(plan=object()))
+    assert procs_headstart.begin(config(order=None), args(files=["a"], start=elastic)) is None
     assert procs_headstart.begin(config(order=None, head_start=False), run) is None
     assert procs_headstart.begin(config(), args(modes=(MixCountMode, MixCountMode))) is None  # a mode without one
 

@@ -16,6 +16,7 @@ from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
 from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, Ended, Error, MixArgs
+from shmloader.ipc.runstart import Locate, MixAt, RunStart, SourceAt
 from shmloader.packing import mixbestfit, mixmode, placers
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import MixBestFitMode
@@ -34,7 +35,8 @@ def _mixer(mixture, point):
 
 
 def _rule(mixture, ranges=(X,), point=None, plans=None):
-    return passes(MixArgs(mixture, ranges, point, 0, plans), _mixer(mixture, point))
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point, plans)))
+    return passes(run, _mixer(mixture, point))
 
 
 def test_the_rule_of_a_pass_through():
@@ -82,7 +84,7 @@ def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 4
     module, kind = (mixmode, MixConcatMode) if packing == "concat" else (mixbestfit, MixBestFitMode)
     if not passing:
         monkeypatch.setattr(module, "passes", lambda mix, mixer: False)
-    run = SimpleNamespace(mixture=MixArgs(mixture, ranges, point, 0), rank=0,
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point)), rank=0,
                           layout=SimpleNamespace(window=33, n_slots=3))
     cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None,
                           B=2, T=15, buffer_size=12, tokenizer_batch_size=3)
@@ -132,7 +134,8 @@ def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 4
 
 def _both(mixture, ranges, point, seed, monkeypatch, **kw):
     passing = _drive(mixture, ranges, point, seed, passing=True, **kw)
-    assert passes(MixArgs(mixture, ranges, point, 0), _mixer(mixture, point))
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point)))
+    assert passes(run, _mixer(mixture, point))
     stream = _drive(mixture, ranges, point, seed, passing=False, monkeypatch=monkeypatch, **kw)
     assert passing[0] == stream[0]
     assert passing[1] == stream[1]
@@ -214,7 +217,7 @@ def test_best_fits_pass_through_stops_and_ends_where_the_stream_does(monkeypatch
 
 
 def _head(mixture, ranges, point, shuffle=False, plans=None):
-    run = SimpleNamespace(mixture=MixArgs(mixture, ranges, point, 0, plans), rank=0)
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point, plans)), rank=0)
     return MixConcatMode.head_start(SimpleNamespace(shuffle=shuffle, seed=0, shuffle_window=None), run)
 
 
@@ -257,7 +260,8 @@ def _counted_out_of_order(passing: bool, monkeypatch, end: str | None = None) ->
     (`finish`, as the feed ends it) before any count."""
     if not passing:
         monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
-    run = SimpleNamespace(mixture=MixArgs(ONE, (X,), None, 0), rank=0, layout=SimpleNamespace(window=5, n_slots=3))
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixAt()), rank=0,
+                          layout=SimpleNamespace(window=5, n_slots=3))
     cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
     mode = MixConcatMode(cfg, run, 4, _two_row_groups)
     monkeypatch.undo()
@@ -327,12 +331,14 @@ def test_one_sources_modes_override_no_method_on_the_instance():
     fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
                           pieces_in_flight=None)
     cfg = LoaderConfig(1, 7, n_slots=3)
-    modes = ((SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3), start=Position(1, 0, 0),
-                                                     buffer_runs=()), 2, _order_of(8)), set()),
+    start = RunStart(Position(1, 0, 0), SourceAt())
+    modes = ((SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3), start=start), 2,
+                                _order_of(8)), set()),
              (mixmode.SourceConcatMode(cfg, SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=3),
-                                                            start=Position(1, 0, 0)), 2, _order_of(4)),
+                                                            start=start), 2, _order_of(4)),
               {"ready", "orders", "_spec"}),
-             (SourceCountMode(cfg, SimpleNamespace(locate=([[0, 1, 7]], 20, 0), start=Position(1, 0, 0), layout=None),
+             (SourceCountMode(cfg, SimpleNamespace(start=RunStart(Position(1, 0, 0), SourceAt(), 0,
+                                                                  Locate([[0, 1, 7]], 20)), layout=None),
                               2, _order_of(4)), set()))
     for mode, placer in modes:
         bound = {name for name, value in vars(mode).items()
@@ -352,9 +358,9 @@ def test_concats_placer_is_chosen_once_and_only_a_mix_has_an_end(monkeypatch):
 
     cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
     layout = SimpleNamespace(window=5, n_slots=3)
-    source = mixmode.SourceConcatMode(cfg, SimpleNamespace(layout=layout, start=Position(0, 0, 0, 0)), 1,
-                                      _two_row_groups)
-    run = SimpleNamespace(mixture=MixArgs(ONE, (X,), None, 0), rank=0, layout=layout)
+    run = SimpleNamespace(layout=layout, start=RunStart(Position(0, 0, 0, 0), SourceAt()))
+    source = mixmode.SourceConcatMode(cfg, run, 1, _two_row_groups)
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixAt()), rank=0, layout=layout)
     through = MixConcatMode(cfg, run, 1, _two_row_groups)
     monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
     several = MixConcatMode(cfg, run, 1, _two_row_groups)

@@ -1,0 +1,98 @@
+"""Where a run starts: one record, `RunArgs.start` (protocol.py), read by the coordinator, the
+workers' modes and the trainer's head start; the run's counterpart of the trainer's
+`state.Resume`, from which it is made (kinds.py `run_args`, a restart's `restarted`, a
+count-only run's `Part.replay`: sourcestate.py, mixstate.py).
+
+- `RunStart.position`: the canonical position of the run's first token (`Position`, its `skip`:
+  tokens of its document the run drops; a mixture's: in the source that the next token is in,
+  in the run's numbering of the files), and `batch`: the stream's batch count there (the run's
+  batch 0: a mixture's schedule counts from it; a count-only run counts its replay from it).
+- `RunStart.at`: what the loader's kind holds there, one of two records with the same two
+  answers (`order_plans`, `buffer_docs`) where the coordinator and the runs ask it
+  of either kind: one source's `SourceAt` (best fit's buffer, the elastic plan, the files'
+  later order) or a mixture's `MixAt` (its point, each source's plan, first unit and later
+  order).
+- `RunStart.locate`: None for a run that packs batches; a `Locate` for a count-only run that
+  finds the position at a batch count (resume.py `_replay`, procs/locate.py,
+  packing/mixcount.py).
+
+So a reader of a run's start reads one field, and each variant is a named record: no tuple read
+by index, no field that means one thing for one kind and another for the other.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Locate(NamedTuple):
+    """A count-only run: it replays the stream from the start's position (its batch count
+    `RunStart.batch`) through the batch shapes `shapes` (`[first batch, B, T]` each, a state's
+    `shapes`; a mixture's replay: one shape a run) and answers (`Located`) where the stream
+    stands at batch count `batch`."""
+    shapes: list
+    batch: int
+
+
+@dataclass(frozen=True)
+class SourceAt:
+    """One source's start beyond its position: best fit's resumed buffer there (`runs`, as
+    `[epoch, file, rg, row, count]`), the elastic plan the run began with (`plan`:
+    data/elastic.py `Plan`; None unless at a change of world size), and the files' order after
+    the epoch it resumed in where it is not theirs (`later`: data/order.py `Later`, files added
+    among the state's; None: theirs)."""
+    runs: tuple = ()
+    plan: object = None
+    later: object = None
+
+    @property
+    def order_plans(self):
+        """The elastic plans the run's order reads (data/shuffle.py `Windows`): its `plan`."""
+        return self.plan
+
+    @property
+    def buffer_docs(self) -> int:
+        """The documents of the resumed buffer (a run each at most, in a slot's buffer area)."""
+        return sum(r[4] for r in self.runs)
+
+
+@dataclass(frozen=True)
+class MixAt:
+    """A mixture's start beyond its position: its `packing.mix.MixPoint` there as JSON (`point`,
+    in the run's numbering of the files; None: every source from its start; best fit's buffer
+    is in it), each source's `elastic.Plan` of a run that began at a change of world size
+    (`plans`), where each source the point does not place begins (`firsts`: a shuffled run's,
+    numbered within the source, data/shuffle.py `Sourced.firsts`, found by the coordinator;
+    None: (1, 0, rank, 0)), and `{source: data.order.Later}` (`laters`, indices within it): a
+    source resumed with files added among its own reads its files in their sorted order after
+    the epoch it resumed in (data/sources.py; None: none)."""
+    point: dict | None = None
+    plans: dict | None = None
+    firsts: dict | None = None
+    laters: dict | None = None
+
+    @property
+    def order_plans(self):
+        """The elastic plans the run's order reads (data/shuffle.py `Windows`): each source's."""
+        return self.plans
+
+    @property
+    def buffer_docs(self) -> int:
+        """None outside its point (best fit's buffer is in it: kinds.py `text_runs`)."""
+        return 0
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run starts (the module docstring): its `position`, the stream's batch count there
+    (`batch`), its kind's start (`at`: `SourceAt` or `MixAt`) and, for a count-only run, what it
+    finds (`locate`: a `Locate`; None: a run that packs batches)."""
+    position: object               # position.Position
+    at: SourceAt | MixAt
+    batch: int = 0
+    locate: Locate | None = None
+
+    def with_at(self, **fields) -> RunStart:
+        """This start with `fields` of its kind's start changed."""
+        return dataclasses.replace(self, at=dataclasses.replace(self.at, **fields))
