@@ -386,9 +386,10 @@ def test_best_fits_one_source_and_pass_through_share_their_chunks_and_its_bad_pi
 
     fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
                           pieces_in_flight=None)
-    source = SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3), start=Position(1, 0, 0),
-                                                    buffer_runs=()), 2, _order_of(8))
-    run = SimpleNamespace(mixture=MixArgs(ONE, (X,), None, 0), rank=0, layout=SimpleNamespace(n_slots=3))
+    source = SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3),
+                                                    start=RunStart(Position(1, 0, 0), SourceAt())), 2, _order_of(8))
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixAt()), rank=0,
+                          layout=SimpleNamespace(n_slots=3))
     through = MixBestFitMode(fit, run, 2, lambda ramp, cap, first, **_: _order_of(8)(ramp, cap, 0))
     assert type(source.seq.chunks) is type(through.seq.chunks) is PassingChunks
     assert source.seq.chunks.cut is RowCut and type(through.seq.chunks.cut) is DocumentCut
