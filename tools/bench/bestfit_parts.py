@@ -13,7 +13,10 @@ orders (`_orders`), the buffer text, the counted pieces (`counted`). A round pla
 batches after 300 to fill the buffer; the figure of each part is its least over `--repeat`
 rounds (the machine's noise only adds). Each round runs in a fresh process
 (tools/bench/children.py); `--compare DIR` runs the same rounds with DIR's package (another
-checkout), interleaved with this checkout's.
+checkout), interleaved with this checkout's. A checkout before one source's best-fit pieces
+passed a `mixone.Passing` (main before branch `bfpass`: `bestfit.source_sequencer`, its own
+`Chunks`, no stream) is driven as it was then: its sequencer made without a stream and fed the
+counted pieces alone (`_sequencer`).
 """
 from __future__ import annotations
 
@@ -40,8 +43,6 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
     import shmloader.packing.bestfit as bf
     import shmloader.packing.planner as pl
     from shmloader.data.order import Piece
-    from shmloader.packing.mixbestfit import source_sequencer
-    from shmloader.packing.mixone import Passing
     from shmloader.packing.runs import encode_buffer
 
     spent = collections.Counter()
@@ -65,8 +66,8 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
     encode = timed("buffer text", encode_buffer)
     rng = np.random.default_rng(seed)
     try:
-        one = Passing()  # one source's stream: the mode's feed counts each piece into it, then the sequencer
-        seq, index, done = source_sequencer(B, T, 8, buffer_size, chunk, 0, (0, 0, 0, 0), one), 0, 0
+        one, seq = _sequencer(B, T, 8, buffer_size, chunk)
+        index = done = 0
         while done < 300 + batches:
             if done == 300:
                 spent.clear()
@@ -74,7 +75,8 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
                 lengths = np.clip(np.rint(rng.lognormal(np.log(600.0), 1.0, piece_docs)), 1, 16 * T).astype(np.int64)
                 lengths[rng.random(piece_docs) < 0.01] = 0
                 piece = Piece(index, 0, index // 8, index % 8, 0, piece_docs)
-                one.counted(None, index, piece, lengths)
+                if one is not None:
+                    one.counted(None, index, piece, lengths)
                 seq.counted(piece, index % 2, lengths)
                 index += 1
             for k, _ in seq.plan():
@@ -87,6 +89,22 @@ def one_round(B: int, T: int, buffer_size: int, chunk: int, piece_docs: int, bat
     out = {name: spent[name] / batches * 1e6 for name in PARTS}
     out["all"] = sum(out.values())
     return out
+
+
+def _sequencer(B: int, T: int, n_slots: int, buffer_size: int, chunk: int) -> tuple:
+    """`(stream, sequencer)` of one source's best fit from its start, as the checkout imported
+    makes them: its pieces pass a `mixone.Passing` (the mode's feed counts each piece into it,
+    then the sequencer: `mixbestfit.source_sequencer`), or, in a checkout from before that
+    (`bestfit.source_sequencer`, 7 arguments, its own `Chunks`), no stream (None)."""
+    import shmloader.packing.bestfit as bf
+
+    if hasattr(bf, "source_sequencer"):  # before branch bfpass: the sequencer's own chunks
+        return None, bf.source_sequencer(B, T, n_slots, buffer_size, chunk, 0, (0, 0, 0, 0))
+    from shmloader.packing.mixbestfit import source_sequencer
+    from shmloader.packing.mixone import Passing
+
+    one = Passing()
+    return one, source_sequencer(B, T, n_slots, buffer_size, chunk, 0, (0, 0, 0, 0), one)
 
 
 GEOMETRY = ("batch_size", "seq_len", "buffer_size", "chunk", "piece_docs")
