@@ -1,9 +1,11 @@
-"""One source's count-only replay in-process (the checkout's count mode: main's CountMode, the
-branch's SourceCountMode): pieces of 256 documents of lognormal lengths, counted in order by
+"""One source's count-only replay in-process (the checkout's count mode: `SourceCountMode`, an
+older checkout's `CountMode`): pieces of 256 documents of lognormal lengths, counted in order by
 2 workers, until the place at batch N is Located. Prints µs of CPU a batch replayed, the place
-and its buffer's length. Run it from each checkout in turn to compare them:
+and its buffer's length. Run it from each checkout in turn to compare them (this file works
+with a checkout from before a run's start was one record, ipc/runstart.py: its run is built
+with the old fields then):
 
-    cd CHECKOUT && PYTHONPATH=. python tools/bench/count_replay.py PACKING BATCHES
+    cd CHECKOUT && PYTHONPATH=. python THIS_CHECKOUT/tools/bench/count_replay.py PACKING BATCHES
 """
 import sys, time
 sys.path.insert(0, ".")
@@ -12,7 +14,6 @@ from types import SimpleNamespace
 from shmloader.config import LoaderConfig
 from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted, Located
-from shmloader.ipc.runstart import Locate, RunStart, SourceAt
 from shmloader.position import Position
 try:
     from shmloader.packing.mixcount import SourceCountMode as Count
@@ -21,8 +22,13 @@ except ImportError:
 packing, n = sys.argv[1], int(sys.argv[2])
 B, T = 16, 2048
 cfg = LoaderConfig(B, T, packing=packing)
-run = SimpleNamespace(start=RunStart(Position(1, 0, 0, 0), SourceAt(), 0, Locate([[0, B, T]], n)), layout=None,
-                      rank=0, world=1)
+try:  # a run's start as one record (ipc/runstart.py)
+    from shmloader.ipc.runstart import Locate, RunStart, SourceAt
+    run = SimpleNamespace(start=RunStart(Position(1, 0, 0, 0), SourceAt(), 0, Locate([[0, B, T]], n)), layout=None,
+                          rank=0, world=1)
+except ImportError:  # before it (main before branch `start`): the run's own fields
+    run = SimpleNamespace(locate=([[0, B, T]], n, 0), start=Position(1, 0, 0, 0), layout=None, buffer_runs=(),
+                          rank=0, world=1, plan=None)
 def pieces(ramp, cap, first, **kw):
     return (Piece(first + i, 1, 0, i, 0, 256, 1000) for i in range(10**7))
 rng = np.random.default_rng(0)
