@@ -62,6 +62,7 @@ said once a plan ran out there and every batch planned is announced.
 """
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -235,7 +236,9 @@ def mix_sequencer(cfg, n_slots: int, n_prefix: int, stream, start: MixPoint | No
     by `chunk`, `mixrules.chunk`'s), a `MixPieceTable` and the `MixSink`. `used(source, piece)`: each piece of
     the mix whose last run goes into a chunk; `lo`: each source's first file in the run's numbering."""
     if type(stream) is OneStream:  # a pass-through (packing/mixone.py): its pieces pass whole
-        chunks = PassingChunks(stream, cfg.tokenizer_batch_size, start, used, n_prefix, DocumentCut(chunk, cfg.T + 1))
+        cut = DocumentCut(chunk, cfg.T + 1)
+        chunks = PassingChunks(stream, cfg.tokenizer_batch_size, start, used, n_prefix, cut)
+        stream.holding = functools.partial(cut.holding, chunks)  # what its `waiting_for` asks
     else:
         chunks = MixChunks(stream, cfg.tokenizer_batch_size, start, used, n_prefix)
     return BestFitSequencer(cfg.B, cfg.T, n_slots, cfg.buffer_size, n_prefix, chunks=chunks, table=MixPieceTable(lo),

@@ -178,7 +178,6 @@ class PassingChunks(_Pulled):
         self._counted = {}            # index -> (piece, owner, lengths): counted, not numbered yet
         self._passed = []             # (piece, lengths) passed in order, not numbered yet
         self.pieces_numbered = 0      # pieces passed and numbered (`news`)
-        stream.holding = self._holding
 
     def arrive(self, seq, piece, owner: int, lengths: np.ndarray):
         """A counted piece: the resumed buffer's into the sequencer's order, the stream's kept until
@@ -214,11 +213,9 @@ class PassingChunks(_Pulled):
         return self.pieces_numbered, self.stream.finished
 
     def unnumbered(self) -> dict:
+        """`{index: (piece, owner, lengths)}` of the pieces counted and not numbered yet (the
+        sequencer's `unplaced` reads them)."""
         return self._counted
-
-    def _holding(self) -> bool:
-        """Whether a piece passed has a document not taken (the mix does not wait then)."""
-        return self.cut.holding(self)
 
     def _more(self) -> bool:
         return self.cut.more(self)
@@ -237,10 +234,6 @@ class RowCut:
     def numbered(chunks: PassingChunks, piece, base: int, lengths: np.ndarray, live: np.ndarray):
         chunks.add(piece, base, lengths, live)
         chunks.rows += len(lengths)  # (one source's feed has no read-ahead to free: no `used`)
-
-    @staticmethod
-    def holding(chunks: PassingChunks) -> bool:
-        return False  # (one source's stream never waits)
 
     @staticmethod
     def more(chunks: PassingChunks) -> bool:
@@ -271,6 +264,9 @@ class DocumentCut:
             chunks._bases[piece.index] = base
 
     def holding(self, chunks: PassingChunks) -> bool:
+        """Whether a piece passed has a document not taken (the mix does not wait then): the
+        pass-through's `OneStream.waiting_for` asks it (packing/mixbestfit.py `mix_sequencer`
+        sets its `holding`)."""
         return self._head(chunks) is not None
 
     def _head(self, chunks: PassingChunks):

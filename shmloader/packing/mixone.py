@@ -144,7 +144,8 @@ class OneStream(Passing):
         self.names = (self.name,)
         self.skip = skip
         self.holding = lambda: False  # whether the packing holds a document of a piece handed on
-        #                               (best fit takes a chunk when a plan asks: packing/mixbestfit.py)
+        #                               (best fit takes a chunk when a plan asks: packing/mixbestfit.py
+        #                               `mix_sequencer` sets it to its `DocumentCut`'s `holding`)
         self._start = starts[self.name]  # where the source reads first
         self._others = {n: p for n, p in starts.items() if n != self.name}  # a state's, left out
         state = Mixer.state_of_snapshot(mixer.snapshot())
