@@ -52,6 +52,7 @@ import numpy as np
 
 from . import mixrules, units
 from ..errors import DataError
+from ..ipc.runstart import ONE_SOURCE
 from ..position import Position, Step
 
 _M = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -313,8 +314,8 @@ class Windows:
     def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int, world: int,
                  plans=None):
         """`world`: the run's; `plans`: the elastic plans (data/elastic.py) of a run that began
-        at a change of world size: one source's `Plan`, or a mixture's `{name: Plan}` (None:
-        none). In the epochs a plan covers, the windows are those its units are
+        at a change of world size, `{source: Plan}` (a run's start's `order_plans`: one
+        source's under `ipc.runstart.ONE_SOURCE`; None: none). In the epochs a plan covers, the windows are those its units are
         (`elastic.units`): an old rank's window at its position, as its old world size dealt
         it, and every other unit on its own."""
         self.order, self._row_counts, self.n_files, self.world = order, row_counts, n_files, world
@@ -325,8 +326,9 @@ class Windows:
         """`(lo, hi, order, plan)` of the files `file` is ordered with (a mixture's source's)."""
         if isinstance(self.order, Sourced):
             name, lo, hi, order = self.order.of(file)
-            return lo, hi, order, (self._plans or {}).get(name)
-        return 0, self.n_files, self.order, self._plans
+        else:
+            name, lo, hi, order = ONE_SOURCE, 0, self.n_files, self.order
+        return lo, hi, order, (self._plans or {}).get(name)
 
     def members(self, epoch: int, file: int, unit: int) -> tuple:
         """The `Member`s of the window headed by `(file, unit)` in `epoch` (run's numbering)."""

@@ -8,10 +8,11 @@ count-only run's `Part.replay`: sourcestate.py, mixstate.py).
   in the run's numbering of the files), and `batch`: the stream's batch count there (the run's
   batch 0: a mixture's schedule counts from it; a count-only run counts its replay from it).
 - `RunStart.at`: what the loader's kind holds there, one of two records with the same two
-  answers (`order_plans`, `buffer_docs`) where the coordinator and the runs ask it
-  of either kind: one source's `SourceAt` (best fit's buffer, the elastic plan, the files'
-  later order) or a mixture's `MixAt` (its point, each source's plan, first unit and later
-  order).
+  answers, of the same type, where the coordinator and the runs ask it of either kind
+  (`order_plans`: `{source: elastic.Plan}` or None, one source's under `ONE_SOURCE`;
+  `docs_as_runs`: an int): one source's `SourceAt` (best fit's buffer, the elastic plan, the
+  files' later order) or a mixture's `MixAt` (its point, each source's plan, first unit and
+  later order).
 - `RunStart.locate`: None for a run that packs batches; a `Locate` for a count-only run that
   finds the position at a batch count (resume.py `_replay`, procs/locate.py,
   packing/mixcount.py).
@@ -24,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
+
+ONE_SOURCE = ""  # one source's key in `order_plans` (a mixture's source's name is never empty)
 
 
 class Locate(NamedTuple):
@@ -47,13 +50,15 @@ class SourceAt:
     later: object = None
 
     @property
-    def order_plans(self):
-        """The elastic plans the run's order reads (data/shuffle.py `Windows`): its `plan`."""
-        return self.plan
+    def order_plans(self) -> dict | None:
+        """The elastic plans the run's order reads (data/shuffle.py `Windows`), as a mixture's:
+        `{ONE_SOURCE: plan}`; None without a plan."""
+        return None if self.plan is None else {ONE_SOURCE: self.plan}
 
     @property
-    def buffer_docs(self) -> int:
-        """The documents of the resumed buffer (a run each at most, in a slot's buffer area)."""
+    def docs_as_runs(self) -> int:
+        """The documents of the resumed buffer carried as runs (`runs`; a run each at most, in a
+        slot's buffer area)."""
         return sum(r[4] for r in self.runs)
 
 
@@ -73,13 +78,14 @@ class MixAt:
     laters: dict | None = None
 
     @property
-    def order_plans(self):
-        """The elastic plans the run's order reads (data/shuffle.py `Windows`): each source's."""
+    def order_plans(self) -> dict | None:
+        """The elastic plans the run's order reads (data/shuffle.py `Windows`): each source's
+        (`plans`)."""
         return self.plans
 
     @property
-    def buffer_docs(self) -> int:
-        """None outside its point (best fit's buffer is in it: kinds.py `text_runs`)."""
+    def docs_as_runs(self) -> int:
+        """0: no buffer is carried as runs (best fit's is in its point, kinds.py `text_runs`)."""
         return 0
 
 

@@ -321,7 +321,7 @@ class Runs:
         c, args = self.config, self._args
         # a buffer can hold one run per document: the packing's most, or more at first, after an elastic
         # resume gave this rank several old ranks' buffers (the planner refills only below its size)
-        runs = args.start.at.buffer_docs + c.tokenizer_batch_size if c.max_runs else 0
+        runs = args.start.at.docs_as_runs + c.tokenizer_batch_size if c.max_runs else 0
         runs = max(runs, self._kind.text_runs(args, c))  # room for a mixture's place (JSON), in 80-byte runs
         layout = RingLayout(c.n_slots, c.window, c.num_workers, max(c.max_runs, runs), positions=c.positions_words)
         poisoned, suspects = self.poison.spans(args.files)

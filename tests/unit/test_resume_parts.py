@@ -18,7 +18,7 @@ from shmloader.data.order import start_position
 from shmloader.data.sources import Sources
 from shmloader.demo import corpus
 from shmloader.ipc.protocol import RunArgs
-from shmloader.ipc.runstart import Locate, MixAt, RunStart, SourceAt
+from shmloader.ipc.runstart import ONE_SOURCE, Locate, MixAt, RunStart, SourceAt
 from shmloader.position import Position
 
 CONFIG = SimpleNamespace(on_bad_row_group="raise", order=None, spec=SimpleNamespace(buffered=False))
@@ -58,7 +58,7 @@ def test_one_sources_replay_of_a_run_that_began_elastic_runs_from_the_ranks_star
     row_counts = lambda f: cat.row_counts(f)  # noqa: E731
     assert count.start.position == elastic.start(plan, 1, 3, row_counts, 4) != resume.position
     assert count.start.batch == 10 and count.start.locate == Locate(SHAPES, 40)
-    assert count.start.at.plan is plan and count.start.at.order_plans is plan
+    assert count.start.at.plan is plan and count.start.at.order_plans == {ONE_SOURCE: plan}
 
 
 def test_one_sources_old_ranks_are_the_states_own_place_or_a_stream_to_replay(shards):
@@ -114,13 +114,14 @@ def test_a_mixtures_old_ranks_are_the_states_own_point_or_a_stream_to_replay(sha
 
 
 def test_the_plans_a_runs_order_reads_are_the_kinds(shards):
-    """The coordinator's shuffled windows read the run's start's `order_plans`: one source's plan,
-    or a mixture's each source's plans, as the kind sets them; a run's start is one field."""
+    """The coordinator's shuffled windows read the run's start's `order_plans`, `{source: Plan}`
+    of either kind: one source's plan under `ONE_SOURCE`, or a mixture's each source's plans, as
+    the kind sets them; a run's start is one field."""
     plan = elastic.Plan.of(1, 5, [(1, 0, 0, 1, 0)])
     one = kinds.OneSource(str(shards / "web"), "train", None, "text")
     fields = one.run_args(statemod.Resume(start_position(0), statemod.AtSource(plan=plan), batch=7))
     assert fields == {"start": RunStart(start_position(0), SourceAt((), plan, None), 7)}
-    assert fields["start"].at.order_plans is plan
+    assert fields["start"].at.order_plans == {ONE_SOURCE: plan}
     mixed = kinds.Mixed(Mixture({n: str(shards / n) for n in ("web", "code")}, {"web": 1}), "train", None, "text")
     fields = mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix(plans={"web": plan}), batch=7))
     assert set(fields) == {"start", "mixture"} and fields["start"].batch == 7

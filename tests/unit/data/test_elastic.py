@@ -12,6 +12,7 @@ import pytest
 from shmloader.data import elastic
 from shmloader.position import Position, Step
 from shmloader.data.order import row_steps, start_position
+from shmloader.ipc.runstart import ONE_SOURCE
 
 CHANGES = [(2, 3), (4, 2), (1, 4), (3, 1), (2, 2), (3, 5)]
 
@@ -223,7 +224,7 @@ def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_doc
     at = {tuple(p[:3]) for p in positions}  # an old rank's window at its position goes on whole; the rest unit by unit
     assert all(u.members == windows[u.epoch, u.file, u.rg].members if (u.epoch, u.file, u.rg) in at
                else u.members == (shufflemod.Member(u.file, u.rg, u.rows),) for u in units)
-    resolver = shufflemod.Windows(order, rc, len(counts), W2, plan)
+    resolver = shufflemod.Windows(order, rc, len(counts), W2, {ONE_SOURCE: plan})  # a run's start's `order_plans`
     assert all(resolver.members(u.epoch, u.file, u.rg) == u.members for u in units)
     for e, f, g, _ in consumed:  # the old ranks' windows (a best-fit buffer's runs name them): whole
         if e >= first:
