@@ -1,5 +1,7 @@
-"""Where a run starts: one record, `RunArgs.start` (protocol.py), read by the coordinator, the
-workers' modes and the trainer's head start; the run's counterpart of the trainer's
+"""Where a run starts: one record, `RunArgs.start` (protocol.py), read where the run's parts are
+made: by the coordinator and its packing's modes (procs/coordinator.py, packing/), and in the
+trainer by its room and children (procs/run.py, children.py), its head start (headstart.py)
+and a count-only run's (locate.py). It is the run's counterpart of the trainer's
 `state.Resume`, from which it is made (kinds.py `run_args`, a restart's `restarted`, a
 count-only run's `Part.replay`: sourcestate.py, mixstate.py).
 

@@ -71,7 +71,7 @@ class Chunks:
     `end` is the position `(epoch, file, rg, doc)` after the chunk, `last_end` that of the
     last chunk a plan took."""
 
-    dry = False                       # chunks that ended (a mixture's: packing/mixbestfit.py)
+    dry = False                       # chunks that ended (a stream's: packing/mixchunks.py `_Pulled`)
 
     def __init__(self, chunk_docs: int, last_end: tuple):
         self.chunk_docs, self.last_end = chunk_docs, last_end
