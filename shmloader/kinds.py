@@ -20,8 +20,8 @@ used to branch on:
   (`sourcestate.Files`, or `mixstate.Mixed`);
 - `run_args(resume)`: what a run starting at `resume` is given, as `RunArgs` fields: its start
   (`start`, one `ipc.runstart.RunStart`: the position, the batch count, and what its kind holds
-  there, from `Resume.at`: `state.AtSource` into a `SourceAt`, best fit's buffer, the elastic
-  plan and the catalogue's later order; `state.AtMix` into a `MixAt`, the point, each source's
+  there, from `Resume.at`: `state.AtSource` into a `SourceStart`, best fit's buffer, the elastic
+  plan and the catalogue's later order; `state.AtMix` into a `MixStart`, the point, each source's
   plan and later order), and a mixture's `MixArgs` (its sources and rules);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
   modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
@@ -56,7 +56,7 @@ from .data.mixture import Mixture
 from .data.source import KEEP_OPEN, FilesystemRef
 from .errors import DataError
 from .ipc.protocol import RunArgs
-from .ipc.runstart import MixAt, RunStart, SourceAt
+from .ipc.runstart import MixStart, RunStart, SourceStart
 from .data.sources import Sources, keep_open
 from .packing import MODES
 from .packing.mixcount import MixCountMode, SourceCountMode
@@ -135,7 +135,7 @@ class OneSource(_Kind):
         return statemod.AtSource()
 
     def run_args(self, resume: statemod.Resume) -> dict:
-        at = SourceAt(tuple(map(tuple, resume.at.runs)), resume.at.plan, self.catalogue.later)
+        at = SourceStart(tuple(map(tuple, resume.at.runs)), resume.at.plan, self.catalogue.later)
         return {"start": RunStart(resume.position, at, resume.batch)}
 
     def start_buffer(self, resume: statemod.Resume, spec):
@@ -150,7 +150,7 @@ class OneSource(_Kind):
     def text_runs(self, args, config) -> int:
         return 0
 
-    def restarted_at(self, at: SourceAt, mark) -> SourceAt:
+    def restarted_at(self, at: SourceStart, mark) -> SourceStart:
         """Best fit's buffer at `mark` (its plan and later order stay the run's)."""
         runs = decode_runs(mark.buffer.text).tolist() if mark.buffer is not None else []
         return dataclasses.replace(at, runs=tuple(map(tuple, runs)))
@@ -215,7 +215,7 @@ class Mixed(_Kind):
     def text_runs(self, args, config) -> int:
         return mix_text_bytes(args.mixture, args.start.at, config.max_runs) // 80 + 1
 
-    def restarted_at(self, at: MixAt, mark) -> MixAt:
+    def restarted_at(self, at: MixStart, mark) -> MixStart:
         """Every source from its place at `mark` (the mixer from its counts there: `RunStart.batch`)."""
         point = json.loads(mark.buffer.text) if mark.buffer is not None else None
         return dataclasses.replace(at, point=point)

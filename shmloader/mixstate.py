@@ -63,7 +63,7 @@ from .data.catalogue import described_files
 from .data.mixture import Mixer
 from .data.order import start_position
 from .ipc.protocol import MixArgs
-from .ipc.runstart import Locate, MixAt, RunStart
+from .ipc.runstart import CountTo, MixStart, RunStart
 from .errors import warn
 from .packing import MIX_MODES
 from .packing.mix import MixPoint
@@ -84,12 +84,12 @@ def refuse(config):
 
 
 def run_args(catalogue, at: statemod.AtMix) -> tuple:
-    """`(MixArgs, MixAt)`: what a run of a mixture's loader (`catalogue`, its `Sources`) starting
+    """`(MixArgs, MixStart)`: what a run of a mixture's loader (`catalogue`, its `Sources`) starting
     at `at` (its point, plans and rules) is given: its sources and rules, and its kind's start
     (`RunArgs.start.at`)."""
     rules = at.rules if at.rules is not None else mixrules.fresh(catalogue.mixture)
     return (MixArgs(catalogue.mixture, tuple(catalogue.ranges.values()), rules),
-            MixAt(at.point, at.plans, laters=catalogue.laters or None))
+            MixStart(at.point, at.plans, laters=catalogue.laters or None))
 
 
 def point_text(point: dict | None) -> BufferText | None:
@@ -261,7 +261,7 @@ class Mixed:
         stage: `mixchecks.replayable` let only such runs through; a run that began from
         nanochat's keys, from the rank's place there), a batch shape at a time: the first
         count to the next shape's first batch (or `resume.batch`), each next one from the point
-        the last found (`Locate.replayed`, its point), as the run resumed there with its new
+        the last found (`statemod.Locate.replayed`, its point), as the run resumed there with its new
         B or T (packing/mixcount.py)."""
         at, (shape, end) = resume.step.replayed, _segment(resume)
         if at:
@@ -277,7 +277,7 @@ class Mixed:
                                             for r in mix.ranges))
             begins = dataclasses.replace(begins, laters=None)
         return dataclasses.replace(args, files=self._sources.paths, mixture=mix,
-                                   start=RunStart(start, begins, at, Locate([shape], end)))
+                                   start=RunStart(start, begins, at, CountTo([shape], end)))
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
         """At the replayed point (`found.runs`: its JSON) and the position it names; replayed on
@@ -362,7 +362,7 @@ def _buffer(entries: list, names) -> dict:
 
 
 def _segment(resume: statemod.Resume) -> tuple:
-    """`([first, B, T], end)`: the batch shape a replay at `Locate.replayed` (`resume.step`)
+    """`([first, B, T], end)`: the batch shape a replay at `statemod.Locate.replayed` (`resume.step`)
     counts with, and the batch its count ends at (the next shape's first batch, or `resume.batch`)."""
     shapes = [s for s in resume.shapes if s[0] < resume.batch] or resume.shapes[:1]
     i = max(j for j, s in enumerate(shapes) if s[0] <= resume.step.replayed)

@@ -56,8 +56,8 @@ class Part(statemod.Part, Protocol):
     def replay(self, resume: statemod.Resume, args: RunArgs, config) -> RunArgs:
         """The count-only run that finds where rank `args.rank` of `args.world` stands at
         `resume.batch` (`args`: the loader's, with that rank, world and layout); its start's batch
-        count (`RunStart.batch`) is where its replay's count of batches begins, its `Locate`'s
-        `batch` where it ends."""
+        count (`RunStart.batch`) is where its replay's count of batches begins, its `CountTo`'s
+        `until` where it ends."""
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
         """`resume` at the place a replay found (`found`: its `Located`, with a position); with
@@ -166,7 +166,7 @@ def _replay(resume: statemod.Resume, part: Part, config, args, heal, rank: int, 
     layout = RingLayout(2, 1, config.num_workers)
     while True:
         count = part.replay(resume, dataclasses.replace(args, rank=rank, world=world, layout=layout), config)
-        end, first = count.start.locate.batch, count.start.batch  # this step's: a mixture's is one a batch shape
+        end, first = count.start.locate.until, count.start.batch  # this step's: a mixture's is one a batch shape
         found = _counted(config, layout, count, heal, args, end - first, end, shows)
         if found.position is None:  # a mixture ends (one source's epochs go on)
             raise DataError(f"rank {rank} of {world}: its stream ended before batch {resume.batch} of the state: "

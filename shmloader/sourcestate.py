@@ -215,9 +215,9 @@ class Files:
         plan, position, runs = resume.at.plan, resume.position, resume.at.runs
         if plan is not None:
             position, runs = plan_start(plan, self._catalogue, config, args.rank, args.world, resume.n_files)
-        at = runstart.SourceAt(tuple(map(tuple, runs)), plan)  # the files in the state's order: no later one
+        at = runstart.SourceStart(tuple(map(tuple, runs)), plan)  # the files in the state's order: no later one
         return dataclasses.replace(args, files=args.files[:resume.n_files], start=runstart.RunStart(
-            position, at, plan.batch if plan is not None else 0, runstart.Locate(resume.shapes, resume.batch)))
+            position, at, plan.batch if plan is not None else 0, runstart.CountTo(resume.shapes, resume.batch)))
 
     def replayed(self, resume: Resume, found) -> Resume:
         return dataclasses.replace(resume, position=Position(*found.position),

@@ -39,7 +39,7 @@ from shmloader.data.mixture import Mixture  # noqa: E402
 from shmloader.data.order import Piece  # noqa: E402
 from shmloader.data.sources import Range  # noqa: E402
 from shmloader.ipc.protocol import Counted, MixArgs  # noqa: E402
-from shmloader.ipc.runstart import MixAt, RunStart, SourceAt  # noqa: E402
+from shmloader.ipc.runstart import MixStart, RunStart, SourceStart  # noqa: E402
 from shmloader.position import Position  # noqa: E402
 from shmloader.packing import MIX_MODES, MODES  # noqa: E402
 from shmloader.packing.base import SlotMap  # noqa: E402
@@ -68,7 +68,7 @@ def mode_of(args):
     ranges = tuple(Range(n, 2 * i, 2 * i + 2) for i, n in enumerate(names))
     B, T = args.batch_size, args.seq_len
     window = B * T + 1 if args.packing == "concat" else 2 * B * T
-    at = SourceAt() if args.single else MixAt()  # one source's start, or a mixture's
+    at = SourceStart() if args.single else MixStart()  # one source's start, or a mixture's
     run = SimpleNamespace(mixture=MixArgs(mix, ranges), start=RunStart(Position(1, 0, 0, 0), at), rank=0,
                           layout=SimpleNamespace(window=window, n_slots=8))
     cfg = SimpleNamespace(B=B, T=T, buffer_size=1000, tokenizer_batch_size=128, max_piece_docs=1024,

@@ -18,7 +18,7 @@ buffer holds the documents it had taken and not placed, runs `[source, epoch, fi
 count]` (packing/mixbestfit.py), all before its places. Its places plan the sources as above;
 its buffer's runs are dealt out as one source's are (`elastic.deal`: every `world`-th run of the
 old ranks' buffers, old rank 0's first, each in arrival order, whatever their sources), each new
-rank's share its first buffer (`MixStart.buffer`). So a document an old rank had taken and not
+rank's share its first buffer (`ElasticStart.buffer`). So a document an old rank had taken and not
 placed is placed once, by one new rank, and one it had not taken is in one new rank's units.
 
 A shuffled mixture (`shuffles`: each source's own `data.shuffle.Shuffle`, `Sourced`'s) plans each
@@ -39,7 +39,7 @@ from . import elastic
 from .mixture import Mixer
 
 
-class MixStart(NamedTuple):
+class ElasticStart(NamedTuple):
     """A new rank's start after a change: each source's plan, the point it starts from (JSON,
     as a state's `mixture.point`, with `"skips"`: each source's cut document's tokens to drop),
     and best fit's first buffer, runs `[source, epoch, file, rg, row, count]` ([] for concat)."""
@@ -50,7 +50,7 @@ class MixStart(NamedTuple):
 
 def plan(points: list, mixture, batch: int, rank: int, world: int,
          row_counts: Callable[[str], Callable[[int], list]], n_files: Callable[[str], int],
-         shuffles: dict | None = None, buffers=()) -> MixStart:
+         shuffles: dict | None = None, buffers=()) -> ElasticStart:
     """New rank `rank` of `world`'s start, from every old rank's point at `batch` (old rank r's
     is `points[r]`); `row_counts(name)(f)`: rows per row group of source `name`'s file `f`;
     `shuffles[name]`: source `name`'s shuffled order (None: the files' order); `buffers[r]`: best
@@ -68,7 +68,7 @@ def plan(points: list, mixture, batch: int, rank: int, world: int,
             mixer.totals[name] = (sum(t[0] for t in old), sum(t[1] for t in old), max(t[2] for t in old))
     point = {"source": mixture.names[0], "skip": 0, "sources": sources, "mixer": mixer.state(),
              "skips": {name: k for name, k in skips.items() if k}}
-    return MixStart(plans, point, elastic.deal(buffers, rank, world))
+    return ElasticStart(plans, point, elastic.deal(buffers, rank, world))
 
 
 def _start(plan: elastic.Plan, rank: int, world: int, row_counts, n_files: int, shuffle) -> Position:

@@ -11,7 +11,7 @@ A source resumed from a state that does not list every file of it now (shards th
 since the save, wherever they sort) reads its files as one source does (`Catalogue.reorder`):
 the state's first, the new ones after them, in the source's epoch in progress at the resume,
 and every file in its sorted place from its next epoch on (`reorder`; its `Later`, `laters`,
-goes to the coordinator in the run's start, `MixAt.laters`), every source's order set anew at each resume
+goes to the coordinator in the run's start, `MixStart.laters`), every source's order set anew at each resume
 (a source the state does not place, sorted). The run numbers a source's files in the
 order of that epoch; a state numbers them in the order of the source's own epoch, as one
 source's state does (`local`, `to_run`, `files_at`; mixstate.py renumbers a point's files).

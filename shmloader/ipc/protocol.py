@@ -148,7 +148,7 @@ class RunArgs:
     layout: object                 # ring.RingLayout
     ring_name: str | None = None   # set by procs.children.start_children, which creates the ring
     start: "RunStart | None" = None  # where the run starts, one record (ipc/runstart.py): its position and
-    #                                batch count, its kind's start there, a count-only run's `Locate`
+    #                                batch count, its kind's start there, a count-only run's `CountTo`
     filesystem: object = None      # data.source.FilesystemRef, or None for local files
     tokenizer: object = None       # data.tokenizer.TokenizerSpec (workers)
     worker: int = -1               # this worker's index (workers)
@@ -170,7 +170,7 @@ class MixArgs(NamedTuple):
     """A mixture's run: its `Mixture` (data/mixture.py), each source's files as a `Range` of the
     run's (data/sources.py) and the rules the run keeps (data/mixrules.py `Rules`; None: this
     version's, no source with the loader's seed). Where it starts is `RunArgs.start`'s
-    (`runstart.MixAt`: its point, each source's plan, first unit and later order)."""
+    (`runstart.MixStart`: its point, each source's plan, first unit and later order)."""
     mixture: object
     ranges: tuple
     rules: object = None

@@ -12,11 +12,11 @@ count-only run's `Part.replay`: sourcestate.py, mixstate.py).
 - `RunStart.at`: what the loader's kind holds there, one of two records with the same two
   answers, of the same type, where the coordinator and the runs ask it of either kind
   (`order_plans`: `{source: elastic.Plan}` or None, one source's under `ONE_SOURCE`;
-  `docs_as_runs`: an int): one source's `SourceAt` (best fit's buffer, the elastic plan, the
-  files' later order) or a mixture's `MixAt` (its point, each source's plan, first unit and
+  `docs_as_runs`: an int): one source's `SourceStart` (best fit's buffer, the elastic plan, the
+  files' later order) or a mixture's `MixStart` (its point, each source's plan, first unit and
   later order).
-- `RunStart.locate`: None for a run that packs batches; a `Locate` for a count-only run that
-  finds the position at a batch count (resume.py `_replay`, procs/locate.py,
+- `RunStart.locate`: None for a run that packs batches; a `CountTo` for a count-only run that
+  finds the position at a batch count, its request (resume.py `_replay`, procs/locate.py,
   packing/mixcount.py).
 
 So a reader of a run's start reads one field, and each variant is a named record: no tuple read
@@ -31,17 +31,18 @@ from typing import NamedTuple
 ONE_SOURCE = ""  # one source's key in `order_plans` (a mixture's source's name is never empty)
 
 
-class Locate(NamedTuple):
-    """A count-only run: it replays the stream from the start's position (its batch count
-    `RunStart.batch`) through the batch shapes `shapes` (`[first batch, B, T]` each, a state's
-    `shapes`; a mixture's replay: one shape a run) and answers (`Located`) where the stream
-    stands at batch count `batch`."""
+class CountTo(NamedTuple):
+    """A count-only run's request: it replays the stream from the start's position (its batch
+    count `RunStart.batch`) through the batch shapes `shapes` (`[first batch, B, T]` each, a
+    state's `shapes`; a mixture's replay: one shape a run) and answers (`Located`) where the
+    stream stands at batch count `until`. (Not `state.Locate`, a resume's step that asks for
+    such a run.)"""
     shapes: list
-    batch: int
+    until: int
 
 
 @dataclass(frozen=True)
-class SourceAt:
+class SourceStart:
     """One source's start beyond its position: best fit's resumed buffer there (`runs`, as
     `[epoch, file, rg, row, count]`), the elastic plan the run began with (`plan`:
     data/elastic.py `Plan`; None unless at a change of world size), and the files' order after
@@ -65,7 +66,7 @@ class SourceAt:
 
 
 @dataclass(frozen=True)
-class MixAt:
+class MixStart:
     """A mixture's start beyond its position: its `packing.mix.MixPoint` there as JSON (`point`,
     in the run's numbering of the files; None: every source from its start; best fit's buffer
     is in it), each source's `elastic.Plan` of a run that began at a change of world size
@@ -94,12 +95,12 @@ class MixAt:
 @dataclass(frozen=True)
 class RunStart:
     """Where a run starts (the module docstring): its `position`, the stream's batch count there
-    (`batch`), its kind's start (`at`: `SourceAt` or `MixAt`) and, for a count-only run, what it
-    finds (`locate`: a `Locate`; None: a run that packs batches)."""
+    (`batch`), its kind's start (`at`: `SourceStart` or `MixStart`) and, for a count-only run,
+    what it finds (`locate`: a `CountTo`; None: a run that packs batches)."""
     position: object               # position.Position
-    at: SourceAt | MixAt
+    at: SourceStart | MixStart
     batch: int = 0
-    locate: Locate | None = None
+    locate: CountTo | None = None
 
     def with_at(self, **fields) -> RunStart:
         """This start with `fields` of its kind's start changed."""

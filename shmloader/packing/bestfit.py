@@ -516,7 +516,7 @@ class BestFitLocator:
 def _locator(cfg, run) -> tuple:
     start = run.start
     cap = ramp_for(cfg.tokenizer_batch_size, cfg.max_piece_docs)[1]  # whole chunks
-    return BestFitLocator(start.locate.shapes, start.locate.batch, start.position, cfg.buffer_size,
+    return BestFitLocator(start.locate.shapes, start.locate.until, start.position, cfg.buffer_size,
                           cfg.tokenizer_batch_size, start.batch, start.at.runs), cap
 
 

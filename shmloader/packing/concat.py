@@ -289,7 +289,7 @@ class ConcatLocator:
 
 def _locator(cfg, run) -> tuple:
     start = run.start
-    return (ConcatLocator(start.locate.shapes, start.locate.batch, start.position, start.batch, start.position.skip),
+    return (ConcatLocator(start.locate.shapes, start.locate.until, start.position, start.batch, start.position.skip),
             cfg.max_piece_docs)
 
 

@@ -5,16 +5,16 @@ nanochat saves rank 0's loader state only and hands it to every rank. A state ca
 batch count `batch`, the batch shapes the run used (`shapes`: [first batch, B, T], ...) and
 where the run began (`origin`), which are the same on every rank; the replay starts there
 (`run.start`, an `ipc.runstart.RunStart`: its position, its batch count and, a mixture's, its
-`MixAt.point`). A run is defined by its documents' lengths (a mixture's: its sources', the mixture
+`MixStart.point`). A run is defined by its documents' lengths (a mixture's: its sources', the mixture
 and the batch shape, packing/mix.py), so replaying it from the run's start over this rank's
 own lengths gives the place this rank's own state would hold at that batch count, exactly. For
 a mixture it holds for a run whose mixture has applied since batch 0 (the mixer's `since`): a
 resume with other weights changes the stream at a batch this rank cannot know its place at
 (mixchecks.py refuses those). A run whose B or T changed resumed at each change, so a
-mixture's replay is one count a batch shape (its start's `Locate`: `shapes` `[[first, B, T]]`
-and the batch count `batch` it ends at, from the start's batch count), the first from the
+mixture's replay is one count a batch shape (its start's `CountTo`: `shapes` `[[first, B, T]]`
+and the batch count `until` it ends at, from the start's batch count), the first from the
 run's start, each next one from the point the last found, started as a resumed run starts from
-a state's point (`run.start`: its `MixAt.point`, its `batch`); one source's locator replays
+a state's point (`run.start`: its `MixStart.point`, its `batch`); one source's locator replays
 every shape in one count.
 
 `MixCountMode` is the one mode of such a run (`base.Mode`): workers send document lengths and
@@ -55,7 +55,7 @@ class Count(NamedTuple):
     (`count_place(count, used)`: its stream, its place-finder; `used(source, piece)`: a piece
     the mix has used up, for the feed)."""
     cfg: object
-    run: object                # the run's `RunArgs` (its `MixArgs`, its start's `MixAt`)
+    run: object                # the run's `RunArgs` (its `MixArgs`, its start's `MixStart`)
     point: object              # the `MixPoint` it starts from, or None (fresh)
     starts: dict               # every source's start (`mixfeed.start_points`)
     mixer: Mixer               # the mixer there
@@ -109,7 +109,7 @@ class MixCountMode(Mode):
 
     def __init__(self, cfg, run, n_workers: int, pieces):
         Mode.__init__(self, n_workers, cfg)
-        mix, first_batch, end = run.mixture, run.start.batch, run.start.locate.batch
+        mix, first_batch, end = run.mixture, run.start.batch, run.start.locate.until
         _, B, T = run.start.locate.shapes[0]
         point, starts = start_points(run)
         mixer = (Mixer.resume(mix.mixture, point.mixer, first_batch).mixer if point is not None

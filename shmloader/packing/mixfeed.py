@@ -39,8 +39,8 @@ def start_points(run) -> tuple:
     """`(point or None, every source's start)` of a mixture's run (`RunArgs`): the sources it
     reads in the run's numbering of the files, those it does not (a state's, left out) as the
     state has them; a source the point does not place begins at its start's `firsts` (a
-    shuffled run: `runstart.MixAt`), else (1, 0, rank, 0)."""
-    at = run.start.at  # a `MixAt`
+    shuffled run: `runstart.MixStart`), else (1, 0, rank, 0)."""
+    at = run.start.at  # a `MixStart`
     point = MixPoint.from_json(at.point) if at.point is not None else None
     starts = dict(point.sources) if point is not None else {}
     skips = (at.point or {}).get("skips", {})  # a change of world size's start: each source's cut document
@@ -75,7 +75,7 @@ class MixFeed:
         self.stream, self._reading, self._stopping = stream, reading, stopping
         self._orders, self._seqs, self.owned = {}, {}, {}      # per source: its pieces; piece index -> Owned
         self._ahead = {}                                      # per source: text bytes (+1 a piece) not used up
-        mix, at = run.mixture, run.start.at  # a `MixAt`
+        mix, at = run.mixture, run.start.at  # a `MixStart`
         self._max_epochs = mix.mixture.max_epochs
         self._judged, self._epoch0 = {}, {}                   # per source: its pieces counted, in its order, until
         #                                                       one holds a document (`counted`); its first epoch

@@ -153,7 +153,7 @@ class MixConcatMode(Mode):
         def point(position: Position, end: int, docs: int):
             return kept(*one.packed(one.at(position, end, docs)))
 
-        at, first = begun.starts[source.name], None
+        start_pos, first = begun.starts[source.name], None  # where the source reads first (a Position)
         reads = shufflemod.of_run(cfg, run)
         order = None if reads is None else reads.of(source.lo)[3]
         if order is not None and source.name not in (begins.point or {}).get("sources", {}):
@@ -162,7 +162,7 @@ class MixConcatMode(Mode):
                 if source.name not in found:  # a footer that cannot be read: the coordinator's to say
                     raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
                 return found[source.name]
-        return Begin(source.lo, source.hi, at._replace(file=at.file - source.lo, skip=begun.skip),
+        return Begin(source.lo, source.hi, start_pos._replace(file=start_pos.file - source.lo, skip=begun.skip),
                      (begins.laters or {}).get(source.name), order, point, reads, first)
 
     def can_take(self, worker: int) -> bool:

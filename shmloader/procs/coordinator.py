@@ -122,7 +122,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                 steps = cut_pieces(units, cap, ramp, first_index, text, cfg.max_piece_bytes, cfg.piece_unit,
                                    aligned=True)
             return (p.from_file(lo) for p in steps)
-        at, position = run.start.at, run.start.position  # one source's: a `SourceAt`
+        at, position = run.start.at, run.start.position  # one source's: a `SourceStart`
         if at.plan is None:
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, position,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=at.later,
@@ -137,7 +137,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
 
 def _with_firsts(run, order, row_counts):
     """`run` whose mixture begins each source its point does not place at its shuffled share's
-    first unit (`MixAt.firsts`; `row_counts`: the run's files', as its order reads them)."""
+    first unit (`MixStart.firsts`; `row_counts`: the run's files', as its order reads them)."""
     placed = (run.start.at.point or {}).get("sources")
     firsts = order.firsts(placed, row_counts, run.rank, run.world)
     return dataclasses.replace(run, start=run.start.with_at(firsts=firsts))

@@ -1,5 +1,5 @@
 """A count-only run to its answer: `locate_position` starts a coordinator and workers that count
-(`RunArgs.start`'s `Locate`: packing/mixcount.py) and waits for the position they find
+(`RunArgs.start`'s `CountTo`: packing/mixcount.py) and waits for the position they find
 (`Located`), watched as a loader's run is (children.py), a lost child healed within the
 loader's budget."""
 import time

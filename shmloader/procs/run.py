@@ -114,7 +114,7 @@ def _worker_stats(row) -> dict:
 
 def mix_text_bytes(mix, at, buffer_docs: int = 0) -> int:
     """The most bytes a mixture's place can take as JSON (`mix`: its `MixArgs`; `at`: its start,
-    a `MixAt`): per source its name, a position and the mixer's counts (numbers up to 20 digits),
+    a `MixStart`): per source its name, a position and the mixer's counts (numbers up to 20 digits),
     with room to spare; and a best-fit buffer of `buffer_docs` documents (more at first if the
     place's own holds more), a run each at most."""
     names = {r.name for r in mix.ranges} | set((at.point or {}).get("sources", {}))

@@ -18,7 +18,7 @@ from shmloader.data.order import start_position
 from shmloader.data.sources import Sources
 from shmloader.demo import corpus
 from shmloader.ipc.protocol import RunArgs
-from shmloader.ipc.runstart import ONE_SOURCE, Locate, MixAt, RunStart, SourceAt
+from shmloader.ipc.runstart import ONE_SOURCE, CountTo, MixStart, RunStart, SourceStart
 from shmloader.position import Position
 
 CONFIG = SimpleNamespace(on_bad_row_group="raise", order=None, spec=SimpleNamespace(buffered=False))
@@ -43,7 +43,7 @@ def test_one_sources_replay_runs_from_its_position_over_the_files_the_state_was_
                              n_files=3)
     count = sourcestate.Files(cat).replay(resume, args_of(cat.paths), CONFIG)
     assert len(cat.paths) == 4 and count.files == cat.paths[:3]  # a file added since the save is not replayed
-    assert count.start == RunStart(Position(1, 0, 1, 0, 0), SourceAt((), None, None), 0, Locate(SHAPES, 40))
+    assert count.start == RunStart(Position(1, 0, 1, 0, 0), SourceStart((), None, None), 0, CountTo(SHAPES, 40))
     assert count.start.at.order_plans is None
 
 
@@ -57,7 +57,7 @@ def test_one_sources_replay_of_a_run_that_began_elastic_runs_from_the_ranks_star
     count = sourcestate.Files(cat).replay(resume, args_of(cat.paths, rank=1, world=3), CONFIG)
     row_counts = lambda f: cat.row_counts(f)  # noqa: E731
     assert count.start.position == elastic.start(plan, 1, 3, row_counts, 4) != resume.position
-    assert count.start.batch == 10 and count.start.locate == Locate(SHAPES, 40)
+    assert count.start.batch == 10 and count.start.locate == CountTo(SHAPES, 40)
     assert count.start.at.plan is plan and count.start.at.order_plans == {ONE_SOURCE: plan}
 
 
@@ -98,9 +98,9 @@ def test_a_mixtures_replay_runs_its_stream_from_the_runs_start_in_one_shape(shar
                              shapes=SHAPES + [[40, 2, 16]], n_files=8)
     count = part.replay(resume, args_of(sources.paths, rank=1, world=2), CONFIG)
     assert count.files == sources.paths and count.start.position == start_position(1)
-    assert count.start.at == MixAt() and count.start.at.order_plans is None
+    assert count.start.at == MixStart() and count.start.at.order_plans is None
     assert count.start.batch == 0
-    assert count.start.locate == Locate(SHAPES, 40)  # the new shape from the state's batch on is not replayed
+    assert count.start.locate == CountTo(SHAPES, 40)  # the new shape from the state's batch on is not replayed
 
 
 def test_a_mixtures_old_ranks_are_the_states_own_point_or_a_stream_to_replay(shards):
@@ -120,7 +120,7 @@ def test_the_plans_a_runs_order_reads_are_the_kinds(shards):
     plan = elastic.Plan.of(1, 5, [(1, 0, 0, 1, 0)])
     one = kinds.OneSource(str(shards / "web"), "train", None, "text")
     fields = one.run_args(statemod.Resume(start_position(0), statemod.AtSource(plan=plan), batch=7))
-    assert fields == {"start": RunStart(start_position(0), SourceAt((), plan, None), 7)}
+    assert fields == {"start": RunStart(start_position(0), SourceStart((), plan, None), 7)}
     assert fields["start"].at.order_plans == {ONE_SOURCE: plan}
     mixed = kinds.Mixed(Mixture({n: str(shards / n) for n in ("web", "code")}, {"web": 1}), "train", None, "text")
     fields = mixed.run_args(statemod.Resume(start_position(0), statemod.AtMix(plans={"web": plan}), batch=7))
@@ -141,11 +141,11 @@ def test_a_restart_starts_at_the_mark_with_the_rest_of_the_runs_start(shards):
     args = dataclasses.replace(args_of(one.catalogue.paths), **one.run_args(
         statemod.Resume(start_position(0), statemod.AtSource([[1, 0, 0, 0, 2]], plan), batch=3)))
     mark = Mark(12, Position(1, 2, 0, 1, 0), encode_buffer([[1, 2, 0, 1, 4]]))
-    assert one.restarted(args, mark).start == RunStart(mark.position, SourceAt(((1, 2, 0, 1, 4),), plan), 12)
+    assert one.restarted(args, mark).start == RunStart(mark.position, SourceStart(((1, 2, 0, 1, 4),), plan), 12)
     mixed = kinds.Mixed(Mixture({n: str(shards / n) for n in ("web", "code")}, {"web": 1}), "train", None, "text")
     args = dataclasses.replace(args_of(mixed.catalogue.paths), **mixed.run_args(
         statemod.Resume(start_position(0), statemod.AtMix(plans={"web": plan}), batch=3)))
     point = {"source": "web", "sources": {"web": [1, 0, 0, 2]}}
     again = mixed.restarted(args, Mark(12, Position(1, 0, 0, 2, 0), BufferText(json.dumps(point), 0)))
-    assert again.start == RunStart(Position(1, 0, 0, 2, 0), MixAt(point, {"web": plan}), 12)
+    assert again.start == RunStart(Position(1, 0, 0, 2, 0), MixStart(point, {"web": plan}), 12)
     assert again.mixture is args.mixture

@@ -23,8 +23,8 @@ packing, n = sys.argv[1], int(sys.argv[2])
 B, T = 16, 2048
 cfg = LoaderConfig(B, T, packing=packing)
 try:  # a run's start as one record (ipc/runstart.py)
-    from shmloader.ipc.runstart import Locate, RunStart, SourceAt
-    run = SimpleNamespace(start=RunStart(Position(1, 0, 0, 0), SourceAt(), 0, Locate([[0, B, T]], n)), layout=None,
+    from shmloader.ipc.runstart import CountTo, RunStart, SourceStart
+    run = SimpleNamespace(start=RunStart(Position(1, 0, 0, 0), SourceStart(), 0, CountTo([[0, B, T]], n)), layout=None,
                           rank=0, world=1)
 except ImportError:  # before it (main before branch `start`): the run's own fields
     run = SimpleNamespace(locate=([[0, B, T]], n, 0), start=Position(1, 0, 0, 0), layout=None, buffer_runs=(),

@@ -74,12 +74,12 @@ def make_mode(workers: int, geometry, shape: str, start, buffer_runs, sources: i
         from shmloader.data.mixture import Mixture
         from shmloader.data.sources import Range
         from shmloader.ipc.protocol import MixArgs
-        from shmloader.ipc.runstart import MixAt, RunStart
+        from shmloader.ipc.runstart import MixStart, RunStart
 
         names = ("a", "b")[:sources]
         mix = Mixture({n: n for n in names}, {n: 1.0 / (i + 1) for i, n in enumerate(names)})
         ranges = tuple(Range(n, 2 * i, 2 * i + 2) for i, n in enumerate(names))
-        run = SimpleNamespace(mixture=MixArgs(mix, ranges), start=RunStart(None, MixAt(point), first_batch),
+        run = SimpleNamespace(mixture=MixArgs(mix, ranges), start=RunStart(None, MixStart(point), first_batch),
                               rank=0, layout=SimpleNamespace(window=0, n_slots=n_slots))
 
         def mixed(ramp, cap, first, files=None, start=None, plan=None, later=None):
@@ -97,9 +97,9 @@ def make_mode(workers: int, geometry, shape: str, start, buffer_runs, sources: i
             return itertools.chain([Piece(0, 1, lo, rg, doc, rows(rg))],
                                    (Piece(i - rg, 1, lo, i, 0, rows(i)) for i in range(rg + 1, rg + 10**6)))
         return MODES["bos_bestfit"].mixture(cfg, run, workers, mixed)
-    from shmloader.ipc.runstart import RunStart, SourceAt
+    from shmloader.ipc.runstart import RunStart, SourceStart
 
-    run = SimpleNamespace(layout=SimpleNamespace(n_slots=n_slots), start=RunStart(start, SourceAt(buffer_runs)))
+    run = SimpleNamespace(layout=SimpleNamespace(n_slots=n_slots), start=RunStart(start, SourceStart(buffer_runs)))
 
     def pieces(ramp, cap, first):
         return iter_pieces(row_counts(shape), 4, 0, 1, start, cap, ramp, first)

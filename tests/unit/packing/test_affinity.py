@@ -15,7 +15,7 @@ from shmloader.ipc.protocol import Counted
 from shmloader.packing.affinity import Worker, pick
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import SourceBestFitMode
-from shmloader.ipc.runstart import RunStart, SourceAt
+from shmloader.ipc.runstart import RunStart, SourceStart
 from shmloader.position import Position
 from tests.unit.packing.modes import turn
 
@@ -74,7 +74,7 @@ def test_with_the_cores_all_taken_a_busy_holder_comes_before_an_idle_worker():
 def test_the_cores_are_all_taken_when_as_many_workers_as_cores_have_a_piece_in_flight():
     cfg = LoaderConfig(2, 24, packing="bos_bestfit", num_workers=4, buffer_size=16, tokenizer_batch_size=SLICE,
                        max_piece_docs=RG_DOCS, max_piece_bytes=TEXT)
-    run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=RunStart(Position(1, 0, 0), SourceAt()))
+    run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=RunStart(Position(1, 0, 0), SourceStart()))
     mode = SourceBestFitMode(cfg, run, 4, slices)
     pieces = slices(None, None, 0)
     first, second, other = next(pieces), next(pieces), Piece(99, 1, 5, 0, 0, SLICE, text_bytes=TEXT)
@@ -131,7 +131,7 @@ def simulate(workers: int, rule=None, ticks: int = 400, slow=()) -> dict:
     and the most pieces given and not counted at once."""
     cfg = LoaderConfig(2, 24, packing="bos_bestfit", n_slots=4, num_workers=workers, buffer_size=16,
                        tokenizer_batch_size=SLICE, max_piece_docs=RG_DOCS, max_piece_bytes=TEXT)
-    run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=RunStart(Position(1, 0, 0), SourceAt()))
+    run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=RunStart(Position(1, 0, 0), SourceStart()))
     mode = SourceBestFitMode(cfg, run, workers, slices)
     if rule is not None:
         mode.pick = rule
@@ -203,7 +203,7 @@ def test_each_workers_flight_is_the_one_pass_it_was_asked_by(seed):
 
     n_workers = 5
     cfg = LoaderConfig(B=2, T=8, num_workers=n_workers, packing="bos_bestfit")
-    run = SimpleNamespace(start=RunStart(Position(0, 0, 0, 0), SourceAt()), layout=SimpleNamespace(n_slots=4))
+    run = SimpleNamespace(start=RunStart(Position(0, 0, 0, 0), SourceStart()), layout=SimpleNamespace(n_slots=4))
     mode = SourceBestFitMode(cfg, run, n_workers, lambda *a: iter(()))
     given = []
     for index in range(60):

@@ -12,7 +12,7 @@ import pytest
 
 from shmloader.data.order import Piece
 from shmloader.ipc.ring import batch_check
-from shmloader.ipc.runstart import Locate, RunStart, SourceAt
+from shmloader.ipc.runstart import CountTo, RunStart, SourceStart
 from shmloader.packing import headstart as packing_headstart
 from shmloader.packing.headstart import Stream
 from shmloader.packing.mixcount import MixCountMode
@@ -152,7 +152,7 @@ def args(**kw):
     from shmloader.packing.mixmode import SourceConcatMode
     from shmloader.packing.mixcount import SourceCountMode
 
-    base = dict(modes=(SourceConcatMode, SourceCountMode), start=RunStart(Position(1, 0, 0), SourceAt()),
+    base = dict(modes=(SourceConcatMode, SourceCountMode), start=RunStart(Position(1, 0, 0), SourceStart()),
                 poisoned=(), suspects=(), tokenizer=SimpleNamespace(kind="tiktoken"))
     return SimpleNamespace(**dict(base, **kw))
 
@@ -160,7 +160,7 @@ def args(**kw):
 @pytest.mark.parametrize("what, cfg, run", [
     ("head_start=False", config(head_start=False), args()),
     ("packing 'bos_bestfit'", config(packing="bos_bestfit"), args()),
-    ("a count-only run", config(), args(start=RunStart(Position(1, 0, 0), SourceAt(), 0, Locate([[0, 1, 7]], 1)))),
+    ("a count-only run", config(), args(start=RunStart(Position(1, 0, 0), SourceStart(), 0, CountTo([[0, 1, 7]], 1)))),
     ("poisoned", config(), args(poisoned=(1,))),
     ("a token cache", config(cache_dir="/tmp/x"), args()),
     ("other than tiktoken", config(), args(tokenizer=SimpleNamespace(kind="hf"))),
@@ -178,9 +178,9 @@ def test_where_a_head_start_reads_is_its_packings_modes_to_say():
     from shmloader.packing.base import Begin
 
     start = Position(1, 2, 0, 5, 7)
-    run = args(files=["a", "b", "c"], start=RunStart(start, SourceAt()))
+    run = args(files=["a", "b", "c"], start=RunStart(start, SourceStart()))
     assert procs_headstart.begin(config(order=None), run) == Begin(0, 3, start, None, None, None)
-    elastic = RunStart(start, SourceAt(plan=object()))
+    elastic = RunStart(start, SourceStart(plan=object()))
     assert procs_headstart.begin(config(order=None), args(files=["a"], start=elastic)) is None
     assert procs_headstart.begin(config(order=None, head_start=False), run) is None
     assert procs_headstart.begin(config(), args(modes=(MixCountMode, MixCountMode))) is None  # a mode without one

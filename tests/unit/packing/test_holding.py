@@ -14,7 +14,7 @@ from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted
 from shmloader.packing.base import MAX_HELD_PIECES, MAX_IN_FLIGHT
 from shmloader.packing.mixmode import SourceConcatMode
-from shmloader.ipc.runstart import RunStart, SourceAt
+from shmloader.ipc.runstart import RunStart, SourceStart
 from shmloader.position import Position
 
 B, T, N_SLOTS = 2, 16, 4
@@ -29,7 +29,7 @@ def two_cores(monkeypatch):
 def mode_over(pieces, workers: int = 2, **options):
     cfg = LoaderConfig(B, T, n_slots=N_SLOTS, num_workers=workers, **options)
     run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS),
-                          start=RunStart(Position(1, 0, 0), SourceAt()))
+                          start=RunStart(Position(1, 0, 0), SourceStart()))
     return SourceConcatMode(cfg, run, workers, lambda ramp, cap, first: iter(pieces))
 
 

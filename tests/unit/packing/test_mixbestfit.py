@@ -14,7 +14,7 @@ from shmloader.data.mixture import Mixture
 from shmloader.data.order import Piece
 from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, MixArgs
-from shmloader.ipc.runstart import MixAt, RunStart
+from shmloader.ipc.runstart import MixStart, RunStart
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import MixBestFitMode, buffer_entries, buffer_runs
 from tests.unit.packing.modes import hand_out, turn
@@ -45,7 +45,7 @@ def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None, mi
     by `seed`; each placement as `(batch, row, offset, n, file, rg, row of the document)`; the
     batches' `Complete`s; the mode."""
     mix = mixture or Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4})
-    run = SimpleNamespace(mixture=MixArgs(mix, RANGES), start=RunStart(None, MixAt()), rank=0,
+    run = SimpleNamespace(mixture=MixArgs(mix, RANGES), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=0, n_slots=3))
     cfg = SimpleNamespace(B=B, T=T, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024,
                           max_piece_bytes=None, pieces_in_flight=None)
@@ -185,7 +185,7 @@ def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
         return (Piece(i, 1 + i // 5, lo, i % 5, 0, 4 if lo == 0 else 6) for i in range(10**6))
 
     mix = Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4}, max_epochs={"long": 2, "short": 3})
-    run = SimpleNamespace(mixture=MixArgs(mix, RANGES), start=RunStart(None, MixAt()), rank=0,
+    run = SimpleNamespace(mixture=MixArgs(mix, RANGES), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=0, n_slots=3))
     cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None, pieces_in_flight=None)
     mode, slots, ready = MixBestFitMode(cfg, run, 1, epochs), SlotMap(3), []
@@ -210,7 +210,7 @@ def test_a_mix_piece_that_fails_after_a_plan_ran_out_for_it_ends_the_run_at_once
 
     _, good, _ = drive(1, 0, batches=80)
     run = SimpleNamespace(mixture=MixArgs(Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4}), RANGES),
-                          start=RunStart(None, MixAt()), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
+                          start=RunStart(None, MixStart()), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
     cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None, pieces_in_flight=None)
     mode, slots, ready, held = MixBestFitMode(cfg, run, 1, pieces), SlotMap(3), [], None
 

@@ -9,7 +9,7 @@ import pytest
 from shmloader.data.mixture import Mixture
 from shmloader.data.order import Piece
 from shmloader.ipc.protocol import Counted, Located, MixArgs
-from shmloader.ipc.runstart import Locate, MixAt, RunStart
+from shmloader.ipc.runstart import CountTo, MixStart, RunStart
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixcount import MixCountMode
 from shmloader.packing.mixmode import MixConcatMode
@@ -27,7 +27,7 @@ def cfg(packing: str):
 
 def live_concat(n: int) -> list:
     """The `MixPoint` after each of the first `n` batches of a live concat mode, one worker."""
-    run = SimpleNamespace(mixture=MixArgs(MIX, RANGES), start=RunStart(None, MixAt()), rank=0,
+    run = SimpleNamespace(mixture=MixArgs(MIX, RANGES), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=B * T + 1, n_slots=3))
     mode, slots, points = MixConcatMode(cfg("concat"), run, 1, pieces), SlotMap(3), []
     while len(points) < n:
@@ -39,7 +39,7 @@ def live_concat(n: int) -> list:
 
 def located(packing: str, batch: int, workers: int = 2) -> Located:
     """What a count-only run over the same sources says for `batch`, its counts in reverse order."""
-    run = SimpleNamespace(mixture=MixArgs(MIX, RANGES), start=RunStart(None, MixAt(), 0, Locate([[0, B, T]], batch)),
+    run = SimpleNamespace(mixture=MixArgs(MIX, RANGES), start=RunStart(None, MixStart(), 0, CountTo([[0, B, T]], batch)),
                           rank=0)
     mode = MixCountMode(cfg(packing), run, workers, pieces)
     for _ in range(10**4):
@@ -102,7 +102,7 @@ def test_a_resumed_buffers_piece_that_cannot_be_read_is_raised_at_once_not_held(
 
     _, ready, live = drive(1, 0, batches=6, mixture=MIX, B=B, T=T)
     point = json.loads(buffer_text(ready[5].runs, live._lo))
-    run = SimpleNamespace(mixture=MixArgs(MIX, RANGES), start=RunStart(None, MixAt(point), 6, Locate([[0, B, T]], 12)),
+    run = SimpleNamespace(mixture=MixArgs(MIX, RANGES), start=RunStart(None, MixStart(point), 6, CountTo([[0, B, T]], 12)),
                           rank=0)
     mode = MixCountMode(cfg("bos_bestfit"), run, 2, pieces)
     assert mode.n_prefix > 0

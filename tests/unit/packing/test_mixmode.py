@@ -11,7 +11,7 @@ from shmloader.data.order import Piece
 from shmloader.errors import DataError
 from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, Ended, MixArgs
-from shmloader.ipc.runstart import MixAt, RunStart
+from shmloader.ipc.runstart import MixStart, RunStart
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixmode import MixConcatMode
 from tests.unit.packing.modes import hand_out, turn
@@ -26,7 +26,7 @@ def pieces(ramp, cap, first_index, files=None, start=None, plan=None, later=None
 def test_the_source_the_mix_waits_for_goes_out_past_the_budget():
     mix = Mixture({"heavy": "h", "light": "l"}, {"heavy": 0.9, "light": 0.1})
     ranges = (Range("heavy", 0, 2), Range("light", 2, 4))
-    run = SimpleNamespace(mixture=MixArgs(mix, ranges), start=RunStart(None, MixAt()), rank=0,
+    run = SimpleNamespace(mixture=MixArgs(mix, ranges), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=11, n_slots=2))
     cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None)
     rows = {"heavy": [6, 6, 6], "light": [2]}
@@ -59,7 +59,7 @@ def test_a_state_saved_at_the_mixs_end_ends_before_any_piece():
     point = {"source": "heavy", "skip": 0, "sources": {"heavy": [2, 0, 0, 0], "light": [2, 2, 0, 0]},
              "mixer": mixer.state()}
     run = SimpleNamespace(mixture=MixArgs(mix, (Range("heavy", 0, 2), Range("light", 2, 4))),
-                          start=RunStart(None, MixAt(point), 7), rank=0,
+                          start=RunStart(None, MixStart(point), 7), rank=0,
                           layout=SimpleNamespace(window=11, n_slots=2))
     mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None), run, 1, pieces)
     assert hand_out(mode) == [] and mode.ready() == []
@@ -85,7 +85,7 @@ def _drive(order, seed: int, batches: int = 60) -> tuple:
     workers, every batch freed at once), as the coordinator drives the mode."""
     mix = Mixture({"heavy": "h", "light": "l"}, {"heavy": 0.7, "light": 0.3})
     run = SimpleNamespace(mixture=MixArgs(mix, (Range("heavy", 0, 2), Range("light", 2, 4))),
-                          start=RunStart(None, MixAt()), rank=0,
+                          start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=11, n_slots=3))
     mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None), run, 3, order)
     rows = {"heavy": [6, 6, 6], "light": [2]}
@@ -145,7 +145,7 @@ def test_a_source_whose_order_fails_when_the_mix_waits_for_it_alone_stops_it_at_
 
     def drive(order):
         run = SimpleNamespace(mixture=MixArgs(mix, (Range("heavy", 0, 2), Range("light", 2, 4))),
-                          start=RunStart(None, MixAt()), rank=0,
+                          start=RunStart(None, MixStart()), rank=0,
                               layout=SimpleNamespace(window=11, n_slots=3))
         mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None), run, 1, order)
         slots, done = SlotMap(3), []

@@ -16,7 +16,7 @@ from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
 from shmloader.data.sources import Range
 from shmloader.ipc.protocol import Counted, Ended, Error, MixArgs
-from shmloader.ipc.runstart import Locate, MixAt, RunStart, SourceAt
+from shmloader.ipc.runstart import CountTo, MixStart, RunStart, SourceStart
 from shmloader.packing import mixbestfit, mixmode, placers
 from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import MixBestFitMode
@@ -35,7 +35,7 @@ def _mixer(mixture, point):
 
 
 def _rule(mixture, ranges=(X,), point=None, plans=None):
-    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point, plans)))
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixStart(point, plans)))
     return passes(run, _mixer(mixture, point))
 
 
@@ -84,7 +84,7 @@ def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 4
     module, kind = (mixmode, MixConcatMode) if packing == "concat" else (mixbestfit, MixBestFitMode)
     if not passing:
         monkeypatch.setattr(module, "passes", lambda mix, mixer: False)
-    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point)), rank=0,
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixStart(point)), rank=0,
                           layout=SimpleNamespace(window=33, n_slots=3))
     cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None,
                           B=2, T=15, buffer_size=12, tokenizer_batch_size=3)
@@ -134,7 +134,7 @@ def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 4
 
 def _both(mixture, ranges, point, seed, monkeypatch, **kw):
     passing = _drive(mixture, ranges, point, seed, passing=True, **kw)
-    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point)))
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixStart(point)))
     assert passes(run, _mixer(mixture, point))
     stream = _drive(mixture, ranges, point, seed, passing=False, monkeypatch=monkeypatch, **kw)
     assert passing[0] == stream[0]
@@ -217,7 +217,7 @@ def test_best_fits_pass_through_stops_and_ends_where_the_stream_does(monkeypatch
 
 
 def _head(mixture, ranges, point, shuffle=False, plans=None):
-    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixAt(point, plans)), rank=0)
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixStart(point, plans)), rank=0)
     return MixConcatMode.head_start(SimpleNamespace(shuffle=shuffle, seed=0, shuffle_window=None), run)
 
 
@@ -260,7 +260,7 @@ def _counted_out_of_order(passing: bool, monkeypatch, end: str | None = None) ->
     (`finish`, as the feed ends it) before any count."""
     if not passing:
         monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
-    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixAt()), rank=0,
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=5, n_slots=3))
     cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
     mode = MixConcatMode(cfg, run, 4, _two_row_groups)
@@ -331,14 +331,14 @@ def test_one_sources_modes_override_no_method_on_the_instance():
     fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
                           pieces_in_flight=None)
     cfg = LoaderConfig(1, 7, n_slots=3)
-    start = RunStart(Position(1, 0, 0), SourceAt())
+    start = RunStart(Position(1, 0, 0), SourceStart())
     modes = ((SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3), start=start), 2,
                                 _order_of(8)), set()),
              (mixmode.SourceConcatMode(cfg, SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=3),
                                                             start=start), 2, _order_of(4)),
               {"ready", "orders", "_spec"}),
-             (SourceCountMode(cfg, SimpleNamespace(start=RunStart(Position(1, 0, 0), SourceAt(), 0,
-                                                                  Locate([[0, 1, 7]], 20)), layout=None),
+             (SourceCountMode(cfg, SimpleNamespace(start=RunStart(Position(1, 0, 0), SourceStart(), 0,
+                                                                  CountTo([[0, 1, 7]], 20)), layout=None),
                               2, _order_of(4)), set()))
     for mode, placer in modes:
         bound = {name for name, value in vars(mode).items()
@@ -358,9 +358,9 @@ def test_concats_placer_is_chosen_once_and_only_a_mix_has_an_end(monkeypatch):
 
     cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
     layout = SimpleNamespace(window=5, n_slots=3)
-    run = SimpleNamespace(layout=layout, start=RunStart(Position(0, 0, 0, 0), SourceAt()))
+    run = SimpleNamespace(layout=layout, start=RunStart(Position(0, 0, 0, 0), SourceStart()))
     source = mixmode.SourceConcatMode(cfg, run, 1, _two_row_groups)
-    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixAt()), rank=0, layout=layout)
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixStart()), rank=0, layout=layout)
     through = MixConcatMode(cfg, run, 1, _two_row_groups)
     monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
     several = MixConcatMode(cfg, run, 1, _two_row_groups)
@@ -387,8 +387,8 @@ def test_best_fits_one_source_and_pass_through_share_their_chunks_and_its_bad_pi
     fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
                           pieces_in_flight=None)
     source = SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3),
-                                                    start=RunStart(Position(1, 0, 0), SourceAt())), 2, _order_of(8))
-    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixAt()), rank=0,
+                                                    start=RunStart(Position(1, 0, 0), SourceStart())), 2, _order_of(8))
+    run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(n_slots=3))
     through = MixBestFitMode(fit, run, 2, lambda ramp, cap, first, **_: _order_of(8)(ramp, cap, 0))
     assert type(source.seq.chunks) is type(through.seq.chunks) is PassingChunks

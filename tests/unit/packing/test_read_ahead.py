@@ -7,7 +7,7 @@ from shmloader.data.order import Piece
 from shmloader.packing.base import UNCAPPED
 from shmloader.packing.bestfit import read_ahead_cap
 from shmloader.packing.mixbestfit import SourceBestFitMode
-from shmloader.ipc.runstart import RunStart, SourceAt
+from shmloader.ipc.runstart import RunStart, SourceStart
 from shmloader.position import Position
 
 ROW_GROUP = 3000  # documents in each whole row group
@@ -42,7 +42,7 @@ def test_a_token_cache_reads_a_bounded_way_ahead():
     cfg = LoaderConfig(2, 24, packing="bos_bestfit", n_slots=4, num_workers=2, buffer_size=16,
                        tokenizer_batch_size=8, cache_dir="/nonexistent-cache")
     assert cfg.max_piece_docs == UNCAPPED
-    run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=RunStart(Position(1, 0, 0), SourceAt()))
+    run = SimpleNamespace(layout=SimpleNamespace(n_slots=4), start=RunStart(Position(1, 0, 0), SourceStart()))
     mode = SourceBestFitMode(cfg, run, 2, whole_row_groups)
     given, ahead = 0, None
     for _ in range(100):  # nothing is ever counted: only the cap stops the handing out

@@ -19,7 +19,7 @@ from shmloader.packing.base import SlotMap
 from shmloader.packing.mixbestfit import SourceBestFitMode
 from shmloader.packing.mixmode import SourceConcatMode
 from shmloader.packing.mixcount import SourceCountMode
-from shmloader.ipc.runstart import Locate, RunStart, SourceAt
+from shmloader.ipc.runstart import CountTo, RunStart, SourceStart
 from shmloader.position import Position
 from tests.unit.packing.modes import hand_out
 
@@ -39,13 +39,13 @@ def order(n_docs: int):
 def concat_mode(T: int = 7, n_docs: int = 4, lengths=rows):
     cfg = LoaderConfig(1, T, n_slots=N_SLOTS)
     run = SimpleNamespace(layout=SimpleNamespace(window=cfg.window, n_slots=N_SLOTS),
-                          start=RunStart(Position(1, 0, 0), SourceAt()))
+                          start=RunStart(Position(1, 0, 0), SourceStart()))
     return SourceConcatMode(cfg, run, WORKERS, order(n_docs)), lengths
 
 
 def bestfit_mode():
     cfg = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None, pieces_in_flight=None)
-    run = SimpleNamespace(layout=SimpleNamespace(n_slots=N_SLOTS), start=RunStart(Position(1, 0, 0), SourceAt()))
+    run = SimpleNamespace(layout=SimpleNamespace(n_slots=N_SLOTS), start=RunStart(Position(1, 0, 0), SourceStart()))
     return SourceBestFitMode(cfg, run, WORKERS, order(8)), rows
 
 
@@ -123,7 +123,7 @@ def test_a_count_only_run_raises_a_bad_piece_only_when_its_replay_needs_it(bad, 
     """Finding batch 20's position needs pieces 0-~20 (a piece of 4 rows of 1-12 tokens, windows
     of 8): a bad piece among them is its `Error`, one past them is never said."""
     cfg = LoaderConfig(1, 7, n_slots=2)
-    run = SimpleNamespace(start=RunStart(Position(1, 0, 0), SourceAt(), 0, Locate([[0, 1, 7]], 20)), layout=None)
+    run = SimpleNamespace(start=RunStart(Position(1, 0, 0), SourceStart(), 0, CountTo([[0, 1, 7]], 20)), layout=None)
     mode = SourceCountMode(cfg, run, WORKERS, order(4))
     error = Error("data", f"piece {bad} cannot be read", "")
     said = []

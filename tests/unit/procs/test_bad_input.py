@@ -16,10 +16,10 @@ def test_empty_epoch_check_follows_stream_order_not_arrival_order():
     from shmloader.procs.coordinator import _Coordinator
     from shmloader.data.order import Piece
     from shmloader.position import Position
-    from shmloader.ipc.runstart import RunStart, SourceAt
+    from shmloader.ipc.runstart import RunStart, SourceStart
     from shmloader.packing.base import InOrder
 
-    start = RunStart(Position(1, 0, 0), SourceAt())
+    start = RunStart(Position(1, 0, 0), SourceStart())
     fake = SimpleNamespace(docs_seen=0, _unchecked=InOrder(), order=None,
                            args=SimpleNamespace(start=start, rank=0, files=["a", "b"]))
     check = lambda index, epoch, live: _Coordinator._check_not_empty(  # noqa: E731
