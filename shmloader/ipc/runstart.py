@@ -62,7 +62,7 @@ class SourceStart:
     def docs_as_runs(self) -> int:
         """The documents of the resumed buffer carried as runs (`runs`; a run each at most, in a
         slot's buffer area)."""
-        return sum(r[4] for r in self.runs)
+        return sum(count for _epoch, _file, _rg, _row, count in self.runs)
 
 
 @dataclass(frozen=True)

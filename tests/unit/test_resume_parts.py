@@ -149,3 +149,10 @@ def test_a_restart_starts_at_the_mark_with_the_rest_of_the_runs_start(shards):
     again = mixed.restarted(args, Mark(12, Position(1, 0, 0, 2, 0), BufferText(json.dumps(point), 0)))
     assert again.start == RunStart(Position(1, 0, 0, 2, 0), MixStart(point, {"web": plan}), 12)
     assert again.mixture is args.mixture
+
+
+def test_a_starts_documents_carried_as_runs_are_its_buffers_counts():
+    """The room a run's slots give the resumed buffer (procs/run.py) counts one source's runs'
+    documents, `[epoch, file, rg, row, count]` each; a mixture carries none as runs (its point)."""
+    assert SourceStart(((1, 0, 2, 5, 3), (1, 1, 0, 0, 4))).docs_as_runs == 7
+    assert SourceStart().docs_as_runs == 0 and MixStart({"buffer": []}).docs_as_runs == 0
