@@ -261,8 +261,8 @@ class Mixed:
         stage: `mixchecks.replayable` let only such runs through; a run that began from
         nanochat's keys, from the rank's place there), a batch shape at a time: the first
         count to the next shape's first batch (or `resume.batch`), each next one from the point
-        the last found (`statemod.Locate.replayed`, its point), as the run resumed there with its new
-        B or T (packing/mixcount.py)."""
+        the last found (`statemod.Locate.replayed`, its point), as the run resumed there with
+        its new B or T (packing/mixcount.py)."""
         at, (shape, end) = resume.step.replayed, _segment(resume)
         if at:
             start, point = resume.position, resume.at.point
@@ -362,8 +362,9 @@ def _buffer(entries: list, names) -> dict:
 
 
 def _segment(resume: statemod.Resume) -> tuple:
-    """`([first, B, T], end)`: the batch shape a replay at `statemod.Locate.replayed` (`resume.step`)
-    counts with, and the batch its count ends at (the next shape's first batch, or `resume.batch`)."""
+    """`([first, B, T], end)`: the batch shape a replay at `statemod.Locate.replayed`
+    (`resume.step`) counts with, and the batch its count ends at (the next shape's first batch,
+    or `resume.batch`)."""
     shapes = [s for s in resume.shapes if s[0] < resume.batch] or resume.shapes[:1]
     i = max(j for j, s in enumerate(shapes) if s[0] <= resume.step.replayed)
     return shapes[i], shapes[i + 1][0] if i + 1 < len(shapes) else resume.batch

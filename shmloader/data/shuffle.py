@@ -315,9 +315,9 @@ class Windows:
                  plans=None):
         """`world`: the run's; `plans`: the elastic plans (data/elastic.py) of a run that began
         at a change of world size, `{source: Plan}` (a run's start's `order_plans`: one
-        source's under `ipc.runstart.ONE_SOURCE`; None: none). In the epochs a plan covers, the windows are those its units are
-        (`elastic.units`): an old rank's window at its position, as its old world size dealt
-        it, and every other unit on its own."""
+        source's under `ipc.runstart.ONE_SOURCE`; None: none). In the epochs a plan covers, the
+        windows are those its units are (`elastic.units`): an old rank's window at its
+        position, as its old world size dealt it, and every other unit on its own."""
         self.order, self._row_counts, self.n_files, self.world = order, row_counts, n_files, world
         self._plans = plans
         self._counts, self._epochs = {}, {}
