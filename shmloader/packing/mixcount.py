@@ -1,20 +1,20 @@
 """A count-only run: where a rank's stream stands at a batch count, from its documents' lengths
 alone (another rank's state, one source's or a mixture's: resume.py).
 
-nanochat saves rank 0's loader state only and hands it to every rank. A state carries the
-batch count `batch`, the batch shapes the run used (`shapes`: [first batch, B, T], ...) and
-where the run began (`origin`), which are the same on every rank; the replay starts there
-(`run.start`, an `ipc.runstart.RunStart`: its position, its batch count and, a mixture's, its
+nanochat saves rank 0's loader state only and hands it to every rank. A state carries the batch
+count `batch`, the batch shapes the run used (`shapes`: [first batch, B, T], ...) and where the
+run began (`origin`), which are the same on every rank; the replay starts there (`run.start`,
+an `ipc.runstart.RunStart`: its position, its batch count and, a mixture's, its
 `MixStart.point`). A run is defined by its documents' lengths (a mixture's: its sources', the
 mixture and the batch shape, packing/mix.py), so replaying it from the run's start over this
-rank's own lengths gives the place this rank's own state would hold at that batch count, exactly. For
-a mixture it holds for a run whose mixture has applied since batch 0 (the mixer's `since`): a
-resume with other weights changes the stream at a batch this rank cannot know its place at
-(mixchecks.py refuses those). A run whose B or T changed resumed at each change, so a
+rank's own lengths gives the place this rank's own state would hold at that batch count,
+exactly. For a mixture it holds for a run whose mixture has applied since batch 0 (the mixer's
+`since`): a resume with other weights changes the stream at a batch this rank cannot know its
+place at (mixchecks.py refuses those). A run whose B or T changed resumed at each change, so a
 mixture's replay is one count a batch shape (its start's `CountTo`: `shapes` `[[first, B, T]]`
-and the batch count `until` it ends at, from the start's batch count), the first from the
-run's start, each next one from the point the last found, started as a resumed run starts from
-a state's point (`run.start`: its `MixStart.point`, its `batch`); one source's locator replays
+and the batch count `until` it ends at, from the start's batch count), the first from the run's
+start, each next one from the point the last found, started as a resumed run starts from a
+state's point (`run.start`: its `MixStart.point`, its `batch`); one source's locator replays
 every shape in one count.
 
 `MixCountMode` is the one mode of such a run (`base.Mode`): workers send document lengths and
