@@ -27,6 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 HELPER_MARKERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+# pids of processes that a module-scoped fixture keeps across its tests (test_s3.py's moto_server)
+# and ends itself: not a loader's child, not a test's leak (`loader_children`)
+FIXTURE_PIDS: set[int] = set()
 ALIGN_W = 33  # B=2, T=16
 REPO_ROOT = Path(__file__).resolve().parent.parent  # whatever folder of tests/ a test is in
 SCRIPTS = REPO_ROOT / "tests" / "scripts"            # the trainer scripts tests run as subprocesses
@@ -334,13 +337,16 @@ def pid_alive(pid: int) -> bool:
 
 def loader_children(root: int | None = None) -> list[int]:
     """Live descendants of `root` (default: this process) except multiprocessing's helpers
-    (the forkserver itself and the resource tracker); the forkserver's children count."""
+    (the forkserver itself and the resource tracker) and the fixtures' `FIXTURE_PIDS`; the
+    forkserver's children count."""
     table = _proc_table()
     root = os.getpid() if root is None else root
     out, stack = [], [root]
     while stack:
         parent = stack.pop()
         for pid in table.get(parent, []):
+            if pid in FIXTURE_PIDS:
+                continue
             stack.append(pid)
             # a forked child keeps the forkserver's command line: only a direct child is a helper
             if parent != root or not any(m in _exec_cmdline(pid) for m in HELPER_MARKERS):

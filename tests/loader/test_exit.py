@@ -3,6 +3,7 @@ close() (twice), `with`, garbage collection, Ctrl-C in the trainer, a dead worke
 coordinator. After each, within 2 s, no loader process and no /dev/shm/shml_<pid>_* segment
 remains; nothing hangs (SIGALRM watchdog here, `timeout=` for subprocesses).
 """
+import functools
 import gc
 import itertools
 import json
@@ -154,11 +155,17 @@ def test_a_dropped_loader_does_not_wait_for_its_processes_to_exit(synth, end):
     assert_clean_within(1.0)
 
 
-def test_a_ctrl_c_during_a_drop_comes_after_the_drop_is_whole(synth, monkeypatch):
+def test_a_ctrl_c_during_a_drop_comes_after_the_drop_is_whole(synth, monkeypatch, request):
     """A Ctrl-C that lands inside `close(wait=False)` (here: just before the run is handed to
     the reaper) is held until the stop is whole, then raised: the run is handed over and its
     processes are joined, never left half-stopped."""
     from shmloader.procs import children as childmod
+
+    # Ctrl-C as in a terminal's foreground: a run started in the background (a non-interactive
+    # shell's `&`, nohup) inherits SIGINT ignored, and the held Ctrl-C was then given back to
+    # SIG_IGN, which raises nothing ('DID NOT RAISE')
+    request.addfinalizer(functools.partial(signal.signal, signal.SIGINT,
+                                           signal.signal(signal.SIGINT, signal.default_int_handler)))
 
     handed, real_reap = [], childmod.REAPER.reap
 

@@ -1,8 +1,10 @@
 """Data on S3 (a local moto_server) streams exactly as the same files on local disk.
 
-Each test that needs S3 starts `moto_server -H 127.0.0.1 -p <free port>` (waiting for the port
-to answer, with a deadline; terminated by the fixture whatever happens), creates a bucket and
-uploads the shards with `pyarrow.fs.S3FileSystem`. Credentials are dummies set in the
+The module starts one `moto_server -H 127.0.0.1 -p <free port>` (waiting for the port to
+answer, with a deadline; terminated by the fixture whatever happens) and uploads the shards once
+into a bucket with `pyarrow.fs.S3FileSystem` (a server's start is ~1.5 CPU-s of imports, once a
+test made it 9 of the file's ~15 CPU-s); the tests only read that bucket's `PREFIX`, and one that
+uploads more writes under a prefix of its own. Credentials are dummies set in the
 environment (moto accepts any). Checked:
 
 - `s3://bucket/prefix/?endpoint_override=...&scheme=http` gives the local stream byte for byte
@@ -63,15 +65,17 @@ def aws_env(monkeypatch):
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
 
 
-@pytest.fixture
-def moto(tmp_path, aws_env):
-    """A running moto_server; yields its 'host:port'. Always terminated."""
+@pytest.fixture(scope="module")
+def moto_server(tmp_path_factory):
+    """A running moto_server, one for the module; yields its 'host:port'. Always terminated."""
     exe = _moto_server()
     if exe is None:
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
+    tmp_path = tmp_path_factory.mktemp("moto")
     port = helpers.free_port()
     log = open(tmp_path / "moto.log", "wb")
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    helpers.FIXTURE_PIDS.add(proc.pid)  # kept across the module's tests: not their leak (conftest.py's no_leaks)
     try:
         deadline = time.monotonic() + START_DEADLINE_S
         while True:
@@ -92,6 +96,7 @@ def moto(tmp_path, aws_env):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+        helpers.FIXTURE_PIDS.discard(proc.pid)
         log.close()
 
 
@@ -103,17 +108,30 @@ def _s3fs(endpoint: str, **kw):
 
 
 @pytest.fixture
-def bucket(moto, local):
-    """The local shards uploaded to s3://BUCKET/PREFIX/ (plus a non-parquet file); yields the endpoint."""
+def moto(moto_server, aws_env):
+    """The module's moto_server's 'host:port', with the dummy credentials in the environment."""
+    return moto_server
+
+
+@pytest.fixture(scope="module")
+def uploaded(moto_server, local):
+    """The local shards uploaded to s3://BUCKET/PREFIX/ (plus a non-parquet file), once for the
+    module; yields the endpoint. Read only: a test that uploads more writes under its own prefix."""
     _, paths, _ = local
-    s3 = _s3fs(moto, allow_bucket_creation=True)
+    s3 = _s3fs(moto_server, allow_bucket_creation=True)
     s3.create_dir(BUCKET)
     for path in paths:
         with s3.open_output_stream(f"{BUCKET}/{PREFIX}/{path.name}") as f:
             f.write(path.read_bytes())
     with s3.open_output_stream(f"{BUCKET}/{PREFIX}/README.txt") as f:
         f.write(b"not a shard")
-    return moto
+    return moto_server
+
+
+@pytest.fixture
+def bucket(uploaded, aws_env):
+    """The module's bucket's endpoint, with the dummy credentials in the environment."""
+    return uploaded
 
 
 def _run(data, enc, n=N, **kw):
@@ -253,19 +271,19 @@ def test_s3_other_formats_stream_like_local(local, bucket, fmt, tmp_path):
     from tests import formats_data
 
     root, paths, enc = local
-    s3 = _s3fs(bucket)
+    s3, key = _s3fs(bucket), f"other-{fmt}/"  # a prefix of its own: the module's server keeps every upload
     for path in paths:
         out = tmp_path / "other" / (path.stem + formats_data.SUFFIX[fmt])
         formats_data.write(str(out), pq.read_table(path).column("text").to_pylist(), fmt)
-        with s3.open_output_stream(f"{BUCKET}/other/{out.name}", compression=None) as f:  # as it is: no second zstd
+        with s3.open_output_stream(f"{BUCKET}/{key}{out.name}", compression=None) as f:  # as it is: no second zstd
             f.write(out.read_bytes())
     concat, _, _, _ = _run(str(root), enc)
     for packing in ("concat", "bos_bestfit"):
         kw = dict(packing=packing, buffer_size=16, tokenizer_batch_size=8)
         want, _, _, _ = _run(str(tmp_path / "other"), enc, n=N + 4, **kw)
-        got, _, files, state = _run(_uri(bucket, "other/"), enc, **kw)
-        assert files == [f"{BUCKET}/other/{p.stem}{formats_data.SUFFIX[fmt]}" for p in paths[:-1]]
+        got, _, files, state = _run(_uri(bucket, key), enc, **kw)
+        assert files == [f"{BUCKET}/{key}{p.stem}{formats_data.SUFFIX[fmt]}" for p in paths[:-1]]
         assert _same(got, want[:N]), f"{fmt} on S3 differs from the same files on disk ({packing})"
         assert packing != "concat" or _same(got, concat), f"{fmt} differs from the parquet stream"
-        rest, _, _, _ = _run(_uri(bucket, "other/"), enc, n=4, resume_state=state, **dict(kw, num_workers=1))
+        rest, _, _, _ = _run(_uri(bucket, key), enc, n=4, resume_state=state, **dict(kw, num_workers=1))
         assert _same(rest, want[N:]), f"a state of the S3 run resumes exactly with another worker count ({packing})"
