@@ -58,9 +58,14 @@ def _flat(x, y):
     return torch.cat([x.reshape(-1), y.reshape(-1)]).clone()
 
 
+HEAL_WAIT_S = 60.0  # the longest a fault's loader is read for, waiting for its heal
+
+
 def one_fault(make, kind: str, settle: float, after: float) -> dict:
-    """One loader: read for `settle` s, signal a child (`kind`), read for `after` s; the longest
-    next() before and after, and the stream checked against a loader without the fault."""
+    """One loader: read for `settle` s, signal a child (`kind`), read for `after` s and on until
+    the loader has healed (at most `HEAL_WAIT_S`: the ring's ready batches may outlast `after` on a
+    loaded machine); the longest next() before and after, and the stream checked against a loader
+    without the fault."""
     import torch
 
     loader, got = make(), []
@@ -75,7 +80,7 @@ def one_fault(make, kind: str, settle: float, after: float) -> dict:
         d = loader.debug()
         os.kill((d.coordinator if who == "coordinator" else d.workers[0]).pid, getattr(signal, sig))
         longest, t1 = 0.0, time.monotonic()
-        while time.monotonic() - t1 < after:
+        while time.monotonic() - t1 < after or (loader.stats()["heals"] == 0 and time.monotonic() - t1 < HEAL_WAIT_S):
             c = time.perf_counter()
             got.append(_flat(*next(loader)))
             longest = max(longest, time.perf_counter() - c)
