@@ -70,17 +70,18 @@ def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, 
     ahead, and next() with stats() makes at most 0.1 system calls per call (stats() none) (the liveness poll, twice a second;
     a kick when half the ring waits for the coordinator to notice its frees). Both allowed calls
     grow on a loaded machine (the run takes longer; a coordinator short of CPU notices frees
-    late), so the run is tried up to three times: one that meets the bound shows the path;
-    a system call per next() (1.0, `test_the_syscall_path_is_counted`) fails all three. next() and
+    late: at load 6-7, 1 run of 4 made 16 kicks and 10 polls, 0.17 a call), so the run is tried
+    up to five times: one that meets the bound shows the path; a system call per next() (1.0,
+    `test_the_syscall_path_is_counted`) fails all five. next() and
     stats() are the trainer's, the same for both packings: best fit in the slow suite."""
     tries = []
-    for _ in range(3):
+    for _ in range(5):
         r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=150, spin_ms=10,
                                 num_workers=2, packing=packing, env={"SHMLOADER_HANDOVER": "header"})
         tries.append({k: v for k, v in r.items() if k != "calls"})
         if r["not_ready"] <= 5 and r["per_next"] <= 0.1:
             return
-    raise AssertionError(f"next() made more than 0.1 system calls a call, or found its batch not ready, in 3 "
+    raise AssertionError(f"next() made more than 0.1 system calls a call, or found its batch not ready, in 5 "
                          f"runs: {tries}")
 
 
