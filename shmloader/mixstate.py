@@ -263,8 +263,8 @@ class Mixed:
         count to the next shape's first batch (or `resume.batch`), each next one from the point
         the last found (`statemod.Locate.replayed`, its point), as the run resumed there with
         its new B or T (packing/mixcount.py)."""
-        at, (shape, end) = resume.step.replayed, _segment(resume)
-        if at:
+        counted, (shape, end) = resume.step.replayed, _segment(resume)  # the batches replayed so far
+        if counted:
             start, point = resume.position, resume.at.point
         else:
             start, point = start_position(args.rank), None
@@ -277,7 +277,7 @@ class Mixed:
                                             for r in mix.ranges))
             begins = dataclasses.replace(begins, laters=None)
         return dataclasses.replace(args, files=self._sources.paths, mixture=mix,
-                                   start=RunStart(start, begins, at, CountTo([shape], end)))
+                                   start=RunStart(start, begins, counted, CountTo([shape], end)))
 
     def replayed(self, resume: statemod.Resume, found) -> statemod.Resume:
         """At the replayed point (`found.runs`: its JSON) and the position it names; replayed on
