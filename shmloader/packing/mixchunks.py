@@ -83,6 +83,19 @@ class _Pulled(Chunks):
         again about once a batch."""
         return self.stream.version
 
+    def _queue_pending(self) -> bool:
+        """The documents gathered since the last chunk (`_pending`), as the next chunk, ending at
+        `_end` (one stretch's or piece's, the usual chunk, as they are)."""
+        if len(self._pending) == 1:
+            ids, lengths = self._pending[0]
+        else:
+            ids = np.concatenate([i for i, _ in self._pending])
+            lengths = np.concatenate([n for _, n in self._pending])
+        self._queue.append((ids, lengths, self._end))
+        self.docs += len(ids)
+        self._pending, self._pending_docs = [], 0
+        return True
+
     def _ran_out(self):
         # after the mix ended the planner placed what its buffer held; a row it cannot fill ends it
         self.dry = self.stream.finished is not None
@@ -114,7 +127,7 @@ class MixChunks(_Pulled):
                 if self.stream.finished is None or not self._pending_docs:
                     return False
                 break  # the mix ended: its last documents are a shorter chunk
-        return _queued(self)
+        return self._queue_pending()
 
     def _ids_of(self, stretch) -> tuple:
         """The ids and lengths of a stretch's documents, in stream order (a document's id: its
@@ -128,20 +141,6 @@ class MixChunks(_Pulled):
             del self._bases[piece.index]
             self._used(source, piece)
         return ids, lengths
-
-
-def _queued(chunks) -> bool:
-    """The documents `chunks` (a `MixChunks` or `PassingChunks`) gathered since its last chunk, as
-    its next chunk, ending at its `_end` (one stretch's or piece's, the usual chunk, as they are)."""
-    if len(chunks._pending) == 1:
-        ids, lengths = chunks._pending[0]
-    else:
-        ids = np.concatenate([i for i, _ in chunks._pending])
-        lengths = np.concatenate([n for _, n in chunks._pending])
-    chunks._queue.append((ids, lengths, chunks._end))
-    chunks.docs += len(ids)
-    chunks._pending, chunks._pending_docs = [], 0
-    return True
 
 
 class _Head:
@@ -299,7 +298,7 @@ class DocumentCut:
                 break  # the mix ended: its last documents are a shorter chunk
             if self._take(chunks, head, chunks.chunk_docs - chunks._pending_docs):
                 break  # its last document ends one of its source's chunks
-        return _queued(chunks)
+        return chunks._queue_pending()
 
     def _take(self, chunks: PassingChunks, head: _Head, limit: int) -> bool:
         """`head`'s next documents into the chunk, `limit` at most, to the first that ends a chunk
