@@ -57,7 +57,7 @@ import zlib
 
 import numpy as np
 
-from .data import elastic, shuffle
+from .data import elastic, formats, shuffle
 from .data.catalogue import described_files, listing, renamed
 from .data.elastic import Plan, in_units
 from .data.order import nanochat_position, start_position
@@ -498,13 +498,16 @@ def _check_val(state: dict, loader: Loader):
 
 def _rewritten(saved: list, loader: Loader, index: dict) -> list[str]:
     """The saved files (of the same name and size as the loader's; `index`: name -> the loader's
-    index) whose parquet footer the state knows and that now have another one."""
+    index) whose identity digest the state knows and that now have another one, each in the
+    words of what its format's digest is of (`formats.identity_of`: a parquet file's footer, a
+    JSON Lines or Arrow file's first and last 64 KiB)."""
     known = [i for i, f in enumerate(saved) if f[2] is not None]
     if not known or loader.footers is None:
         return []
     now = dict(zip(known, loader.footers([index[saved[i][0]] for i in known])))
-    return [f"file {i}: {saved[i][0]} was rewritten with the same name and size (its parquet footer "
-            f"was {saved[i][2]}, it is {now[i]})" for i in known if now[i] != saved[i][2]]
+    return [f"file {i}: {saved[i][0]} was rewritten with the same name and size "
+            f"({formats.identity_of(saved[i][0])} was {saved[i][2]}, it is {now[i]})"
+            for i in known if now[i] != saved[i][2]]
 
 def _file_text(f) -> str:
     return "no file" if f is None else f"{f[0]} ({f[1]:,} bytes)"

@@ -22,7 +22,7 @@ FORMATS = (Parquet, JsonLines, ArrowIPC)
 SUFFIXES = tuple(s for fmt in FORMATS for s in fmt.suffixes)
 
 __all__ = ["FORMATS", "SUFFIXES", "Format", "Ids", "TEXT", "TOKENS", "digest_of", "format_of", "footer_digest",
-           "format_name", "is_data_file", "open_file"]
+           "format_name", "identity_of", "is_data_file", "open_file"]
 
 
 def format_of(path: str) -> type:
@@ -48,6 +48,11 @@ def open_file(path: str, filesystem=None) -> Format:
 def format_name(path: str) -> str:
     """The registry's name of a file's format ("parquet", "jsonl", "arrow")."""
     return format_of(path).name
+
+
+def identity_of(path: str) -> str:
+    """What a file's `digest_of` is of, in words for a message ("its parquet footer")."""
+    return format_of(path).identity
 
 
 def digest_of(path: str, filesystem=None) -> str:

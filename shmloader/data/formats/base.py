@@ -37,6 +37,8 @@ class Format:
     unit = ""        # what its unit is called in messages ("row group")
     unit_is = ""     # what its unit is, told to a user without the file ("a parquet row group")
     suffixes = ()    # file names ending so are of this format (formats/__init__.py)
+    # what `digest()` is of, in messages: a state's check that a file is the one it saved
+    identity = f"the digest of its first and last {EDGE_BYTES >> 10} KiB"
 
     def __init__(self, path: str, filesystem=None):
         self.path, self.filesystem = path, filesystem

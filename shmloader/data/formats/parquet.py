@@ -39,6 +39,7 @@ class Parquet(Format):
     name, suffixes = "parquet", (".parquet",)
     unit = "row group"
     unit_is = "a parquet row group"
+    identity = "its parquet footer"
 
     def __init__(self, path: str, filesystem=None):
         super().__init__(path, filesystem)
