@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from shmloader.config import SPLITS
+from shmloader.data.shuffle import WINDOW
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,7 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the loader's shuffle=True: units and documents in an order drawn from --seed")
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed, as the loader's seed= (default 0)")
     p.add_argument("--shuffle-window", type=int, default=None,
-                   help="units whose documents are shuffled together, as the loader's shuffle_window= (default 8)")
+                   help=f"documents a shuffled window holds at least (consecutive units of the rank's share, "
+                        f"their documents shuffled together), as the loader's shuffle_window= (default {WINDOW})")
     p.add_argument("--batch", type=int, default=0, help="which batch to show, from 0 (index; default 0)")
     p.add_argument("--resume-state", type=Path, default=None, metavar="FILE.json",
                    help="start after this saved state dict (JSON file)")
