@@ -104,6 +104,7 @@ def _resolve(tokenizer, bos: int | None) -> TokenizerSpec:
                             f"module, or pass a tiktoken.Encoding or a tokenizer.pkl")
         payload = pickle.dumps(tokenizer)
         bos = int(tokenizer.get_bos_token_id()) if bos is None else bos
+        warn_if_adds_bos(tokenizer, bos)
         return TokenizerSpec("object", payload, bos, _fingerprint(hashlib.sha256(payload), bos))
     hint = ""
     if type(tokenizer).__module__.split(".")[0] == "transformers":  # AutoTokenizer's: its fast core is a tokenizers.Tokenizer
@@ -150,6 +151,32 @@ def unwraps(tokenizer, enc, bos: int) -> bool:
          f"{text!r}) gives {got[:12] if isinstance(got, list) else got}{' ...' if isinstance(got, list) and len(got) > 12 else ''}, not the Encoding's encode_ordinary ids: its own encode tokenizes, "
          f"in each worker's Python (slower than the Encoding's engines)")
     return False
+
+
+def warn_if_adds_bos(tokenizer, bos: int) -> None:
+    """A tokenizer object used as it is (kind "object") whose `encode` begins every text of
+    `PROBES` with `bos` adds a BOS itself (a Llama-style wrapper, transformers'
+    `add_special_tokens=True`): the loader gives each document its own, so each would begin
+    `[BOS, BOS]`, silently. Said once, with what to pass instead; the stream is unchanged
+    (documents are `[BOS] + encode(text)`, docs/contract.md). An `encode` that fails on a probe
+    says nothing here (its worker names the failure)."""
+    first = None
+    for text in filter(None, PROBES):
+        try:
+            ids = [int(t) for t in tokenizer.encode(text)]
+        except Exception:  # noqa: BLE001 - its worker reports an encode that fails
+            return
+        if not ids or ids[0] != bos:
+            return
+        first = first or (text, ids)
+    if first is None:
+        return
+    text, ids = first
+    warn(f"shmloader: tokenizer {type(tokenizer).__name__}'s encode() begins every text with the BOS id {bos} "
+         f"itself (encode({text!r}) gives {ids[:8]}{' ...' if len(ids) > 8 else ''}), and the loader gives "
+         f"each document its own BOS: every document begins [BOS, BOS]. Pass an encode() that adds none "
+         f"(add_special_tokens=False in a wrapper), or the tokenizer's own file (tokenizer.json, a "
+         f"SentencePiece .model) or its tokenizers.Tokenizer / SentencePieceProcessor")
 
 
 def _sp_spec(sp, bos: int | None) -> TokenizerSpec:
