@@ -172,6 +172,20 @@ def held_out(paths: list) -> str | None:
     return None
 
 
+def named_split(paths: list) -> str | None:
+    """What names `paths` the files of one split, held out or not, or None: `held_out`'s, a
+    `train/` directory, or Hub shards all of one split (`train-0000N-of-0000M.parquet`), where
+    split='train' leaving out the last file as nanochat's val file is worth a word."""
+    held = held_out(paths)
+    if held is not None:
+        return held
+    dirs = {os.path.dirname(p) for p in paths}
+    if len(dirs) == 1 and os.path.basename(next(iter(dirs))).lower() == "train":
+        return next(iter(dirs))
+    splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
+    return f"the {next(iter(splits))!r} split" if len(splits) == 1 and None not in splits else None
+
+
 def _json(read, name: str):
     """A metadata file's JSON, or None when it cannot be read or parsed."""
     try:
