@@ -9,6 +9,8 @@ nanochat's loader import and times the val loader without changing its batches, 
 tools/plot_pipeline.py plots one loader of a log that holds several. (The tools run as a user runs
 them: tests/loader/test_tools.py.)
 """
+import contextlib
+import io
 import json
 import os
 import re
@@ -19,7 +21,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from shmloader.data.shuffle import WINDOW
 from shmloader.demo import corpus, prepare_data
+from shmloader.tools import inspect_batch
 from tests.helpers import REPO_ROOT, read_texts, row_group_sizes
 from tools import plot_pipeline
 from tools.bench import children, corpora, evaluations, measure, results, scaling, step_loop, throughput, trainer
@@ -472,3 +476,19 @@ def test_bench_replays_run_a_checkouts_modes_and_print_their_cpu_a_batch(script,
                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": repo})
     assert out.returncode == 0, out.stderr
     assert re.match(shape, out.stdout.strip().splitlines()[-1]), out.stdout
+
+
+# ----------------------------------------------------------------
+# a tool's help says the loader's defaults. `shmloader-inspect-batch --help` said `--shuffle-
+# window` was "units whose documents are shuffled together ... (default 8)", while the tool (None:
+# the loader's) and the loader read windows of 256 documents: a user who passed 8 to match saw
+# another stream than the loader's.
+
+def test_inspect_batch_help_says_the_loaders_shuffle_window():
+    assert inspect_batch.parse_args([]).shuffle_window is None  # the loader's own default
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        inspect_batch.parse_args(["--help"])
+    text = " ".join(out.getvalue().split())
+    assert f"shuffle_window= (default {WINDOW})" in text, text
+    assert "documents a shuffled window holds" in text, text
