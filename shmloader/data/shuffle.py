@@ -327,12 +327,15 @@ class Windows:
         position, as its old world size dealt it, and every other unit on its own."""
         self.order, self._row_counts, self.world = order, row_counts, world
         self._plans = plans
-        self._counts, self._epochs = {}, {}
+        self._counts, self._epochs, self._sources = {}, {}, {}
 
-    def _of(self, file: int) -> tuple:
-        """`(lo, hi, order, plan)` of the files `file` is ordered with (its source's)."""
-        name, lo, hi, order = self.order.of(file)
-        return lo, hi, order, (self._plans or {}).get(name)
+    def _of(self, file: int) -> "_Source":
+        """The files `file` is ordered with (its source's), kept by file (asked once a piece)."""
+        got = self._sources.get(file)
+        if got is None:
+            name, lo, hi, order = self.order.of(file)
+            got = self._sources[file] = _Source(lo, hi, order, (self._plans or {}).get(name))
+        return got
 
     def members(self, epoch: int, file: int, unit: int) -> tuple:
         """The `Member`s of the window headed by `(file, unit)` in `epoch` (run's numbering)."""
@@ -371,7 +374,7 @@ class Windows:
 
     def filled(self, piece):
         """`piece` with its window's members (as it is when it has them, or in the files' order)."""
-        if piece.members or self.order is None or self._of(piece.file)[2] is None:
+        if piece.members or self.order is None or self._of(piece.file).order is None:
             return piece
         return dataclasses.replace(piece, members=self.members(piece.epoch, piece.file, piece.rg))
 
@@ -380,13 +383,13 @@ class Windows:
         `spans` (`(epoch, file, rg, lo, hi)`: documents of the window headed by `(file, rg)` as
         their epoch orders them; poisoned or suspect, procs/heal.py), sorted and merged: a
         document found in one epoch is another place of another window in every other."""
-        if self._of(piece.file)[2] is None:  # a source read in its files' order (a mixture's): as found
+        if self._of(piece.file).order is None:  # a source read in its files' order (a mixture's): as found
             return [(lo, hi) for _, file, rg, lo, hi in spans if (file, rg) == (piece.file, piece.rg)]
         members = self.filled(piece).members
         place = {(m.file, m.unit): i for i, m in enumerate(members)}
         hit = []
         for epoch, file, rg, lo, hi in spans:
-            if self._of(file)[2] is None:  # of a source in its files' order: never of this window
+            if self._of(file).order is None:  # of a source in its files' order: never of this window
                 continue
             theirs = self.members(epoch, file, rg)
             if lo >= hi or not place.keys() & {(m.file, m.unit) for m in theirs}:
@@ -401,6 +404,15 @@ class Windows:
         order = self.order.rows(piece.epoch, piece.file, piece.rg, int(ends[-1]))
         back = np.argsort(order, kind="stable")  # a window's row -> its document in the piece's epoch
         return _runs(np.unique(back[flat]).tolist())
+
+
+class _Source(NamedTuple):
+    """A source's files, the run's `[lo, hi)`, its `Shuffle` (None: its files' order) and its
+    elastic plan (None: none)."""
+    lo: int
+    hi: int
+    order: "Shuffle | None"
+    plan: object
 
 
 class _Shares(NamedTuple):
