@@ -24,8 +24,9 @@ used to branch on:
   plan and the catalogue's later order; `state.AtMix` into a `MixStart`, the point, each source's
   plan and later order), and a mixture's `MixArgs` (its sources and rules);
 - `run_fields(config)`: what every run's `RunArgs` carries of the kind: the coordinator's
-  modes (`modes`: the packing's and its count-only mode, or the mixture's) and the files a
-  process keeps open (`keep_open`);
+  modes (`modes`: the packing's and its count-only mode, or the mixture's), the files a
+  process keeps open (`keep_open`) and how its shuffled order is made (`order_of`: one
+  source's `shuffle.one_source`, a mixture's `mixrules.order`; both a `shuffle.Sourced`);
 - `slot_buffer(config)`, `text_runs(args, config)`, `restarted(args, mark)`: for the runs
   (procs/run.py `Runs`): how a batch's slot's text for its state is copied out (best fit's
   buffer, a mixture's point, packed by concat: `mixstate.slot_point`), or None where it carries
@@ -50,7 +51,7 @@ import json
 from typing import Callable, NamedTuple
 
 from . import mixstate, resume as resumemod, sourcestate, state as statemod
-from .data import shuffle as shufflemod, units
+from .data import mixrules, shuffle as shufflemod, units
 from .data.catalogue import Catalogue
 from .data.mixture import Mixture
 from .data.source import KEEP_OPEN, FilesystemRef
@@ -142,7 +143,8 @@ class OneSource(_Kind):
         return encode_buffer(resume.at.runs) if spec.buffered else None
 
     def run_fields(self, config) -> dict:
-        return {"modes": (MODES[config.packing].source, SourceCountMode), "keep_open": KEEP_OPEN}
+        return {"modes": (MODES[config.packing].source, SourceCountMode), "keep_open": KEEP_OPEN,
+                "order_of": shufflemod.one_source}
 
     def slot_buffer(self, config):
         return _buffer_text if config.spec.buffered else None
@@ -207,7 +209,7 @@ class Mixed(_Kind):
 
     def run_fields(self, config) -> dict:
         return {"modes": (MODES[config.packing].mixture, MixCountMode),
-                "keep_open": keep_open(len(self.catalogue.ranges))}
+                "keep_open": keep_open(len(self.catalogue.ranges)), "order_of": mixrules.order}
 
     def slot_buffer(self, config):
         return mixstate.slot_point  # its place (and best fit's buffer)

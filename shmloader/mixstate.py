@@ -58,7 +58,7 @@ import json
 import zlib
 
 from . import mixchecks, mixkeys, state as statemod
-from .data import mixelastic, mixrules, shuffle
+from .data import mixelastic, mixrules
 from .data.catalogue import described_files
 from .data.mixture import Mixer
 from .data.order import start_position
@@ -319,10 +319,10 @@ class Mixed:
                                    check=None), shared
 
     def _shuffles(self, config, args, resume: statemod.Resume) -> dict | None:
-        """`{name: Shuffle}`: each source's shuffled order as its run reads it (`shuffle.of_run`,
+        """`{name: Shuffle}`: each source's shuffled order as its run reads it (`mixrules.order`,
         with the rules of `resume`'s state), or None (the files' order)."""
         mix, _ = run_args(self._sources, statemod.AtMix(rules=resume.at.rules))
-        order = shuffle.of_run(config, dataclasses.replace(args, mixture=mix))
+        order = mixrules.order(config, dataclasses.replace(args, mixture=mix))
         return None if order is None else dict(zip(order.names, order.orders))
 
 

@@ -1,5 +1,6 @@
 """Which of a mixture's rules a run keeps: the one place a mixed stream's rules depend on the
-state it resumes (issue 50, docs/design.md "The one pipeline").
+state it resumes (issue 50, docs/design.md "The one pipeline"), and a mixture's run's shuffled
+order by them (`order`).
 
 From `RULES` (the state version that brought them) on, a mixture of one source is that
 source's stream, byte for byte, in both packings, shuffled or not, for any number of workers:
@@ -17,6 +18,8 @@ with the rules of the state.
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from . import shuffle
 
 RULES = 7       # the state version whose rules a fresh run follows
 _CHUNKS = 7     # from this version on, best fit's chunks end with a source's own chunks
@@ -65,3 +68,19 @@ def seed(rules: Rules | None, seed: int, name: str, drawn) -> int:
     """Source `name`'s shuffle seed in a run with `seed`: the loader's for its `plain` source,
     else `drawn(seed, name)` (data/shuffle.py `source_seed`)."""
     return seed if rules is not None and rules.plain == name else drawn(seed, name)
+
+
+def order(config, run) -> "shuffle.Sourced | None":
+    """A mixture's run's shuffled order (`RunArgs.mixture`: its `MixArgs`), its kind's
+    `RunArgs.order_of` (kinds.py; `shuffle.of_run` reads it): a `shuffle.Sourced` of each source,
+    shuffled as its own `Source(shuffle=)` says, else as the loader's `shuffle=`, with the seed its
+    rules give it (`seed`); None: no source is shuffled."""
+    mix = run.mixture
+    names = tuple(r.name for r in mix.ranges)
+    window = config.shuffle_window or shuffle.WINDOW
+    orders = tuple(shuffle.Shuffle(seed(mix.rules, config.seed, name, shuffle.source_seed), window)
+                   if shuffle.source_shuffled(mix.mixture, name, config.shuffle)
+                   else None for name in names)
+    if not any(orders):
+        return None
+    return shuffle.Sourced(names, tuple(r.lo for r in mix.ranges), tuple(r.hi for r in mix.ranges), orders)

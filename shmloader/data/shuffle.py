@@ -34,10 +34,13 @@ The order is over all units of the split, so it needs every file's row counts: a
 trainer reads every footer (8 threads) for its first position and hands the counts to the run
 (`FirstPositions.counts`), whose coordinator then reads each footer only when it reaches a unit
 of the file; a resumed run's coordinator reads them itself.
-A `Mixture` shuffles each source on its own (`Sourced`): its own `Shuffle`, seeded by
-`source_seed(seed, name)` (a fresh run of a one-source mixture: by `seed` as it is, so that it is
-that source's order; data/mixrules.py), over its own files numbered within it, its own epochs; a source
-begins at its share's first window (`Sourced.firsts`, found by the run's coordinator).
+A run's processes read its order as a `Sourced` (`of_run`, as the run's kind makes it): one
+source's is a `Sourced` of one, the loader's `Shuffle` over every file (`one_source`); a
+`Mixture` shuffles each source on its own (data/mixrules.py `order`): its own `Shuffle`, seeded
+by `source_seed(seed, name)` (a fresh run of a one-source mixture: by `seed` as it is, so that it
+is that source's order), over its own files numbered within it, its own epochs; a source its
+start does not place begins at its share's first window (`Sourced.firsts`, found by the run's
+coordinator; one source's start always places it).
 Another world size deals out the rest of the old ranks' shuffled epoch, window by window
 (data/elastic.py), of each source of a mixture in its own order (data/mixelastic.py).
 What is refused (`refusal`, state.py, mixstate.py): a second change of world size, files added
@@ -50,7 +53,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from . import mixrules, units
+from . import units
 from ..errors import DataError
 from ..ipc.runstart import ONE_SOURCE
 from ..position import Position, Step
@@ -162,15 +165,23 @@ def source_seed(seed: int, name: str) -> int:
 
 
 class Sourced(NamedTuple):
-    """A shuffled mixture's orders by the run's file number: source `names[i]`'s files are the
-    run's `[los[i], his[i])`, each ordered by its own `Shuffle` (`orders[i]`, `source_seed`) and
-    its file number within the source, as the source's own order cuts them (procs/coordinator.py
-    `_pieces`). `rows` is `Shuffle.rows` of a run's file, so that the workers, the token cache
-    and healing read a mixture's pieces as they read one source's."""
+    """A run's shuffled order by the run's file number, source by source: source `names[i]`'s
+    files are the run's `[los[i], his[i])`, each ordered by its own `Shuffle` (`orders[i]`; None:
+    a source read in its files' order) and its file number within the source, as the source's
+    own order cuts them (procs/coordinator.py `_pieces`). One source's is a `Sourced` of one
+    (`one`: `ONE_SOURCE`, every file of the run, the loader's `Shuffle`); a mixture's has a
+    source each (data/mixrules.py `order`, seeded by `source_seed`). So the workers, the token
+    cache, healing (`Windows`) and the coordinator read one type whatever the run reads: `rows`
+    is `Shuffle.rows` of a run's file."""
     names: tuple
     los: tuple
     his: tuple
     orders: tuple
+
+    @classmethod
+    def one(cls, order: Shuffle, n_files: int) -> "Sourced":
+        """One source's shuffled order `order` over the run's `n_files` files."""
+        return cls((ONE_SOURCE,), (0,), (n_files,), (order,))
 
     def of(self, file: int) -> "tuple[str, int, int, Shuffle | None]":
         """`(name, lo, hi, order)` of the source that the run's file `file` is of, its files the
@@ -178,20 +189,22 @@ class Sourced(NamedTuple):
         for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
             if lo <= file < hi:
                 return name, lo, hi, order
-        raise IndexError(f"file {file} is in no source of the mixture ({list(zip(self.names, self.los, self.his))})")
+        raise IndexError(f"file {file} is in no source of the run ({list(zip(self.names, self.los, self.his))})")
 
     def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
         _, lo, _, order = self.of(file)
         return order.rows(epoch, file - lo, unit, n)
 
     def firsts(self, placed, row_counts: Callable[[int], Sequence[int]], rank: int, world: int) -> dict:
-        """`{name: Position}`: where each source that `placed` (a state's point's sources, or
-        none) does not place begins, numbered within the source (its share's first window of
-        epoch 1); `row_counts(f)`: the run's file f's. A source whose footers cannot be read is
-        left out (its order raises the same error when it is first read: packing/mixfeed.py)."""
+        """`{name: Position}`: where each source that `placed` (the names of the sources the
+        run's start places: `ipc.runstart`'s `placed`) does not place begins, numbered within
+        the source (its share's first window of epoch 1); `row_counts(f)`: the run's file f's.
+        One source's start always places it (its position), so its `firsts` are none. A source
+        whose footers cannot be read is left out (its order raises the same error when it is
+        first read: packing/mixfeed.py)."""
         out = {}
         for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
-            if name in (placed or {}) or order is None:  # placed, or read in its files' order
+            if name in placed or order is None:  # placed, or read in its files' order
                 continue
             try:
                 out[name] = first_position(order, lambda f, lo=lo: row_counts(lo + f), hi - lo, rank, world)
@@ -200,22 +213,17 @@ class Sourced(NamedTuple):
         return out
 
 
-def of_run(config, run) -> "Shuffle | Sourced | None":
-    """The order a run's processes read its pieces in: `config.order` (one source, or None:
-    the files' order), or a mixture's (`run.mixture`: `RunArgs.mixture`) `Sourced`, each source
-    shuffled as its own `Source(shuffle=)` says, else as the loader's `shuffle=` (None: no
-    source is)."""
-    mix = run.mixture
-    if mix is None:
-        return config.order
-    names = tuple(r.name for r in mix.ranges)
-    window = config.shuffle_window or WINDOW
-    orders = tuple(Shuffle(mixrules.seed(mix.rules, config.seed, name, source_seed), window)
-                   if source_shuffled(mix.mixture, name, config.shuffle)
-                   else None for name in names)
-    if not any(orders):
-        return None
-    return Sourced(names, tuple(r.lo for r in mix.ranges), tuple(r.hi for r in mix.ranges), orders)
+def of_run(config, run) -> Sourced | None:
+    """The order a run's processes read its pieces in, a `Sourced` (None: every file in the
+    files' order), as its kind makes it (`run.order_of`, kinds.py `run_fields`: one source's
+    `one_source`, a mixture's data/mixrules.py `order`)."""
+    return run.order_of(config, run)
+
+
+def one_source(config, run) -> Sourced | None:
+    """One source's run's order: `config.order` (the loader's `shuffle=`) over every file of the
+    run, or None (the files' order)."""
+    return None if config.order is None else Sourced.one(config.order, len(run.files))
 
 
 def own_setting(mixture, name: str) -> bool | None:
@@ -308,27 +316,26 @@ class Windows:
     """A window's members from its epoch and head (`members`), for pieces cut without them
     (`filled`: best fit's buffer re-read, data/order.py `buffer_pieces`) and for healing
     (`moved`): every file's `row_counts` read when a window of more than one unit is first
-    asked for, each epoch's windows kept while it is asked for. `order` is a `Shuffle` or a
-    mixture's `Sourced` (its source's windows, numbered in the run's files)."""
+    asked for, each epoch's windows kept while it is asked for. `order` is the run's `Sourced`
+    (a file's source's windows, numbered in the run's files)."""
 
-    def __init__(self, order, row_counts: Callable[[int], Sequence[int]], n_files: int, world: int,
-                 plans=None):
+    def __init__(self, order: Sourced, row_counts: Callable[[int], Sequence[int]], world: int, plans=None):
         """`world`: the run's; `plans`: the elastic plans (data/elastic.py) of a run that began
         at a change of world size, `{source: Plan}` (a run's start's `order_plans`: one
         source's under `ipc.runstart.ONE_SOURCE`; None: none). In the epochs a plan covers, the
         windows are those its units are (`elastic.units`): an old rank's window at its
         position, as its old world size dealt it, and every other unit on its own."""
-        self.order, self._row_counts, self.n_files, self.world = order, row_counts, n_files, world
+        self.order, self._row_counts, self.world = order, row_counts, world
         self._plans = plans
-        self._counts, self._epochs = {}, {}
+        self._counts, self._epochs, self._sources = {}, {}, {}
 
-    def _of(self, file: int) -> tuple:
-        """`(lo, hi, order, plan)` of the files `file` is ordered with (a mixture's source's)."""
-        if isinstance(self.order, Sourced):
+    def _of(self, file: int) -> "_Source":
+        """The files `file` is ordered with (its source's), kept by file (asked once a piece)."""
+        got = self._sources.get(file)
+        if got is None:
             name, lo, hi, order = self.order.of(file)
-        else:
-            name, lo, hi, order = ONE_SOURCE, 0, self.n_files, self.order
-        return lo, hi, order, (self._plans or {}).get(name)
+            got = self._sources[file] = _Source(lo, hi, order, (self._plans or {}).get(name))
+        return got
 
     def members(self, epoch: int, file: int, unit: int) -> tuple:
         """The `Member`s of the window headed by `(file, unit)` in `epoch` (run's numbering)."""
@@ -367,7 +374,7 @@ class Windows:
 
     def filled(self, piece):
         """`piece` with its window's members (as it is when it has them, or in the files' order)."""
-        if piece.members or self.order is None or self._of(piece.file)[2] is None:
+        if piece.members or self.order is None or self._of(piece.file).order is None:
             return piece
         return dataclasses.replace(piece, members=self.members(piece.epoch, piece.file, piece.rg))
 
@@ -376,13 +383,13 @@ class Windows:
         `spans` (`(epoch, file, rg, lo, hi)`: documents of the window headed by `(file, rg)` as
         their epoch orders them; poisoned or suspect, procs/heal.py), sorted and merged: a
         document found in one epoch is another place of another window in every other."""
-        if self._of(piece.file)[2] is None:  # a mixture's source read in its files' order: as found
+        if self._of(piece.file).order is None:  # a source read in its files' order (a mixture's): as found
             return [(lo, hi) for _, file, rg, lo, hi in spans if (file, rg) == (piece.file, piece.rg)]
         members = self.filled(piece).members
         place = {(m.file, m.unit): i for i, m in enumerate(members)}
         hit = []
         for epoch, file, rg, lo, hi in spans:
-            if self._of(file)[2] is None:  # of a source in its files' order: never of this window
+            if self._of(file).order is None:  # of a source in its files' order: never of this window
                 continue
             theirs = self.members(epoch, file, rg)
             if lo >= hi or not place.keys() & {(m.file, m.unit) for m in theirs}:
@@ -397,6 +404,15 @@ class Windows:
         order = self.order.rows(piece.epoch, piece.file, piece.rg, int(ends[-1]))
         back = np.argsort(order, kind="stable")  # a window's row -> its document in the piece's epoch
         return _runs(np.unique(back[flat]).tolist())
+
+
+class _Source(NamedTuple):
+    """A source's files, the run's `[lo, hi)`, its `Shuffle` (None: its files' order) and its
+    elastic plan (None: none)."""
+    lo: int
+    hi: int
+    order: "Shuffle | None"
+    plan: object
 
 
 class _Shares(NamedTuple):

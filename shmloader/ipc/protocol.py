@@ -164,6 +164,8 @@ class RunArgs:
     modes: tuple = ()              # (the coordinator's mode, its count-only mode): the packing's or
     #                                the mixture's, as the kind read says (kinds.py)
     keep_open: int = 4             # the files a process keeps open (`source.Reader`)
+    order_of: object = None        # the kind's `(config, run) -> shuffle.Sourced | None`: the run's shuffled
+    #                                order (data/shuffle.py `of_run`; kinds.py `run_fields`)
 
 
 class MixArgs(NamedTuple):

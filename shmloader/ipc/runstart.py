@@ -9,11 +9,13 @@ count-only run's `Part.replay`: sourcestate.py, mixstate.py).
   tokens of its document the run drops; a mixture's: in the source that the next token is in,
   in the run's numbering of the files), and `batch`: the stream's batch count there (the run's
   batch 0: a mixture's schedule counts from it; a count-only run counts its replay from it).
-- `RunStart.at`: what the loader's kind holds there, one of two records with the same two
+- `RunStart.at`: what the loader's kind holds there, one of two records with the same
   answers, of the same type, where the coordinator and the runs ask it of either kind
   (`order_plans`: `{source: elastic.Plan}` or None, one source's under `ONE_SOURCE`;
-  `docs_as_runs`: an int): one source's `SourceStart` (best fit's buffer, the elastic plan, the
-  files' later order) or a mixture's `MixStart` (its point, each source's plan, first unit and
+  `docs_as_runs`: an int; `placed`: the sources its start places, and `with_firsts`: the start
+  with the others' first positions, the coordinator's `_with_firsts`): one source's
+  `SourceStart` (best fit's buffer, the elastic plan, the files' later order; its start places
+  its one source) or a mixture's `MixStart` (its point, each source's plan, first unit and
   later order).
 - `RunStart.locate`: None for a run that packs batches; a `CountTo` for a count-only run that
   finds the position at a batch count, its request (resume.py `_replay`, procs/locate.py,
@@ -59,6 +61,18 @@ class SourceStart:
         return None if self.plan is None else {ONE_SOURCE: self.plan}
 
     @property
+    def placed(self) -> tuple:
+        """The sources whose start the run's start places: its one source (`ONE_SOURCE`), always:
+        its position is where it begins (a fresh shuffled run's, its share's first window, found
+        by the trainer: data/shuffle.py `FirstPositions`)."""
+        return (ONE_SOURCE,)
+
+    def with_firsts(self, firsts: dict) -> SourceStart:
+        """This start (its one source is `placed`: data/shuffle.py `Sourced.firsts` finds no
+        other first position, `firsts` is empty)."""
+        return self
+
+    @property
     def docs_as_runs(self) -> int:
         """The documents of the resumed buffer carried as runs (`runs`; a run each at most, in a
         slot's buffer area)."""
@@ -87,6 +101,16 @@ class MixStart:
         return self.plans
 
     @property
+    def placed(self) -> dict:
+        """The sources whose start the run's start places: those its point places (`{name:
+        position}`; none without a point)."""
+        return (self.point or {}).get("sources") or {}
+
+    def with_firsts(self, firsts: dict) -> MixStart:
+        """This start with each source it does not place beginning at `firsts`' position."""
+        return dataclasses.replace(self, firsts=firsts)
+
+    @property
     def docs_as_runs(self) -> int:
         """0: no buffer is carried as runs (best fit's is in its point, kinds.py `text_runs`)."""
         return 0
@@ -101,7 +125,3 @@ class RunStart:
     at: SourceStart | MixStart
     batch: int = 0
     locate: CountTo | None = None
-
-    def with_at(self, **fields) -> RunStart:
-        """This start with `fields` of its kind's start changed."""
-        return dataclasses.replace(self, at=dataclasses.replace(self.at, **fields))

@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..data import shuffle as shufflemod
+from ..data import mixrules
 from ..data.mixture import Mixer
 from ..data.order import RAMP
 from ..errors import DataError
@@ -154,11 +154,11 @@ class MixConcatMode(Mode):
             return kept(*one.packed(one.at(position, end, docs)))
 
         start_pos, first = begun.starts[source.name], None  # where the source reads first (a Position)
-        reads = shufflemod.of_run(cfg, run)
+        reads = mixrules.order(cfg, run)  # a mixture's run: its order as `shuffle.of_run` gives it
         order = None if reads is None else reads.of(source.lo)[3]
-        if order is not None and source.name not in (begins.point or {}).get("sources", {}):
+        if order is not None and source.name not in begins.placed:
             def first(row_counts):
-                found = reads.firsts(None, lambda f: row_counts(f - source.lo), run.rank, run.world)
+                found = reads.firsts((), lambda f: row_counts(f - source.lo), run.rank, run.world)
                 if source.name not in found:  # a footer that cannot be read: the coordinator's to say
                     raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
                 return found[source.name]

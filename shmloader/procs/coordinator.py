@@ -97,18 +97,22 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
                             f"a saved state once it is written)")
         return source.text_bytes(f)
 
+    def own(lo: int):
+        """The `Shuffle` of the source whose files begin at the run's file `lo` (None: the files' order)."""
+        return None if order is None else order.of(lo)[3]
+
     def pieces(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
         """The order's pieces; `files=(lo, n)`, `start`: of files `[lo, lo + n)` alone (a
         mixture's source), from `start` (numbered within them), in the run's numbering, its files
         in `later`'s order after `later.after` (files added among its own at the resume); `plan`:
         the source's elastic plan, whose first step keeps `start.skip` (a source's document cut
-        at a change of world size, each source's own); a shuffled mixture's source is in its own
-        order (`order.of(lo)`) with a plan or without; a source's pieces end at whole units of
+        at a change of world size, each source's own); a shuffled source is in its own
+        order (`own`) with a plan or without; a source's pieces end at whole units of
         their step (`aligned`: best fit's chunks, packing/mix.py)."""
         if files is not None:
             lo, n = files
             counts, text = (lambda f: row_counts(lo + f)), (lambda f: source.text_bytes(lo + f))
-            shuffle = None if order is None else order.of(lo)[3]  # the source's own
+            shuffle = own(lo)
             if plan is None:
                 steps = iter_pieces(counts, n, run.rank, run.world, start, max_docs=cap, ramp=ramp,
                                     first_index=first_index, later=later, row_bytes=text,
@@ -127,20 +131,21 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
             return iter_pieces(row_counts, len(run.files), run.rank, run.world, position,
                                max_docs=cap, ramp=ramp, first_index=first_index, later=at.later,
                                row_bytes=unit_bytes, max_bytes=cfg.max_piece_bytes, unit=cfg.piece_unit,
-                               shuffle=order)
+                               shuffle=own(0))
         steps = elastic.steps(at.plan, run.rank, run.world, row_counts, len(run.files), position, at.later,
-                              shuffle=order)
+                              shuffle=own(0))
         return cut_pieces(steps, cap, ramp, first_index, source.text_bytes, cfg.max_piece_bytes, cfg.piece_unit)
     pieces.row_counts = row_counts
     return pieces
 
 
 def _with_firsts(run, order, row_counts):
-    """`run` whose mixture begins each source its point does not place at its shuffled share's
-    first unit (`MixStart.firsts`; `row_counts`: the run's files', as its order reads them)."""
-    placed = (run.start.at.point or {}).get("sources")
-    firsts = order.firsts(placed, row_counts, run.rank, run.world)
-    return dataclasses.replace(run, start=run.start.with_at(firsts=firsts))
+    """`run` that begins each shuffled source its start does not place (`placed`) at its share's
+    first unit (`with_firsts`: a mixture's `MixStart.firsts`; one source's start places it, so
+    it is `run` as it is; `row_counts`: the run's files', as its order reads them)."""
+    at = run.start.at
+    firsts = order.firsts(at.placed, row_counts, run.rank, run.world)
+    return dataclasses.replace(run, start=dataclasses.replace(run.start, at=at.with_firsts(firsts)))
 
 
 class _Coordinator:
@@ -158,9 +163,9 @@ class _Coordinator:
         pieces = _pieces(cfg, args, self.source, self._report_bad, self._opened, self.order)
         self._row_counts = pieces.row_counts
         self.windows = (None if self.order is None  # a shuffled window's members: procs/heal.py, `_task`
-                        else shufflemod.Windows(self.order, pieces.row_counts, len(args.files), args.world,
+                        else shufflemod.Windows(self.order, pieces.row_counts, args.world,
                                                    args.start.at.order_plans))
-        if isinstance(self.order, shufflemod.Sourced):  # a shuffled mixture: each source begins at its share's first unit
+        if self.order is not None:  # each shuffled source the start does not place begins at its first unit
             args = self.args = _with_firsts(args, self.order, pieces.row_counts)
         self.mode = kind(cfg, args, len(workers), pieces)
         # a bad file is warned of when found, ahead of the run, and raised when reached (skipped ones

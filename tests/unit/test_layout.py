@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -191,3 +192,30 @@ def test_the_runtime_imports_only_what_setup_cfg_installs():
                     eager.append(f"{path.relative_to(REPO_ROOT)}: {mod}")
     assert stray == [] and eager == []
     assert "rustbpe" not in requires and {"rustbpe"} <= extras["demo"] & extras["dev"]
+
+
+# "is it a mixture?" asked in code: a type test of the kind's records, or of a run's mixture
+KIND_TEST = re.compile(r"\b(mix|mixture)\s+is\s+(not\s+)?None|\bif\s+(not\s+)?[\w.]+\.mixture\s*:"
+                       r"|isinstance\([^)]*\b(Mixture|Sources|Sourced|MixStart|SourceStart|MixArgs|Shuffle)\b"
+                       r"|hasattr\([^)]*mixture|[\"']mixture[\"']\s+(not\s+)?in\b")
+
+
+def _knows_the_kind(module: str) -> bool:
+    """Whether `module` may ask which kind the loader reads: kinds.py (the one place that picks
+    it), one source's state (sourcestate.py) and the mixture's own modules (mix*.py anywhere)."""
+    name = module.rsplit(".", 1)[-1]
+    return name in ("kinds", "sourcestate") or name.startswith("mix")
+
+
+def test_no_module_outside_the_mixing_stage_asks_whether_it_reads_a_mixture():
+    """Issue 50: the processes and the order run what the kind gives them (kinds.py
+    `run_fields`: the modes, the shuffled order's `order_of`); none asks which kind it is."""
+    found = []
+    for m in RUNTIME_MODULES:
+        if _knows_the_kind(m):
+            continue
+        for n, line in enumerate(_source(m).read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if KIND_TEST.search(code):
+                found.append(f"{_source(m).relative_to(REPO_ROOT)}:{n}: {line.strip()}")
+    assert found == [], "kind tests outside kinds.py and the mixture's modules:\n" + "\n".join(found)

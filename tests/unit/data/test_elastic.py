@@ -224,7 +224,8 @@ def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_doc
     at = {tuple(p[:3]) for p in positions}  # an old rank's window at its position goes on whole; the rest unit by unit
     assert all(u.members == windows[u.epoch, u.file, u.rg].members if (u.epoch, u.file, u.rg) in at
                else u.members == (shufflemod.Member(u.file, u.rg, u.rows),) for u in units)
-    resolver = shufflemod.Windows(order, rc, len(counts), W2, {ONE_SOURCE: plan})  # a run's start's `order_plans`
+    # a run's start's `order_plans`
+    resolver = shufflemod.Windows(shufflemod.Sourced.one(order, len(counts)), rc, W2, {ONE_SOURCE: plan})
     assert all(resolver.members(u.epoch, u.file, u.rg) == u.members for u in units)
     for e, f, g, _ in consumed:  # the old ranks' windows (a best-fit buffer's runs name them): whole
         if e >= first:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shmloader.config import LoaderConfig
-from shmloader.data import shuffle
+from shmloader.data import mixrules, shuffle
 from shmloader.data.order import Piece, iter_pieces, start_position
 from shmloader.errors import DataError
 from shmloader.position import Position
@@ -266,7 +266,7 @@ def test_documents_found_in_one_epoch_are_moved_to_another_epochs_window(k, worl
     """A poisoned span (documents of a window as its epoch orders them) is the same rows in any
     other epoch's window that holds them, wherever they are there; and no other rows."""
     order = shuffle.Shuffle(4, k)
-    windows = shuffle.Windows(order, COUNTS.__getitem__, len(COUNTS), world)
+    windows = shuffle.Windows(shuffle.Sourced.one(order, len(COUNTS)), COUNTS.__getitem__, world)
     found = next(w for w in order.shares(1, COUNTS, world)[world - 1] if w.rows >= 10)
     span = (1, *found.head, 2, 6)
     which, rows = shuffle.locate(found.members, order.rows(1, *found.head, found.rows)[2:6])
@@ -313,7 +313,7 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     from shmloader.data.sources import Range
     ranges = (Range("a", 0, 4), Range("b", 4, 8))  # two sources of COUNTS' four files each
     run = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges, mixture=SimpleNamespace(sources={"a": "a", "b": "b"}),
-                                                rules=None))
+                                                rules=None), order_of=mixrules.order)
     sourced = shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2), run)
     a, b = (shuffle.Shuffle(shuffle.source_seed(9, n), 2) for n in "ab")
     assert sourced.orders == (a, b)
@@ -325,13 +325,39 @@ def test_a_mixtures_orders_read_the_runs_files_as_each_source_numbers_them():
     assert shuffle.of_run(LoaderConfig(B=2, T=8), run) is None
     from shmloader import Source  # a source's own setting over the loader's, either way
     own = SimpleNamespace(mixture=SimpleNamespace(ranges=ranges, mixture=SimpleNamespace(
-        sources={"a": Source("a", shuffle=False), "b": Source("b")}), rules=None))
+        sources={"a": Source("a", shuffle=False), "b": Source("b")}), rules=None), order_of=mixrules.order)
     assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2), own).orders == (None, b)
     assert shuffle.of_run(LoaderConfig(B=2, T=8), own) is None
     own.mixture.mixture.sources["a"] = Source("a", shuffle=True)
     assert shuffle.of_run(LoaderConfig(B=2, T=8, seed=9, shuffle_window=2), own).orders == (a, None)
-    assert shuffle.of_run(LoaderConfig(B=2, T=8, shuffle=True, seed=9), SimpleNamespace(mixture=None)) == \
-        shuffle.Shuffle(9, shuffle.WINDOW)
-    windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 8, 1)
+    windows = shuffle.Windows(sourced, (COUNTS + COUNTS).__getitem__, 1)
     w = b.shares(2, COUNTS, 1)[0][0]
     assert windows.members(2, w.head[0] + 4, w.head[1]) == tuple(m._replace(file=m.file + 4) for m in w.members)
+
+
+def test_one_sources_shuffled_order_is_a_sourced_of_one_as_a_mixtures_is(tmp_path):
+    """Issue 50: one source's run is given its order as a mixture's is (kinds.py `run_fields`:
+    `order_of`), a `Sourced` of one source (`ONE_SOURCE`, every file) whose rows are its
+    `Shuffle`'s; its start places its source, so it finds no first positions; unshuffled: None."""
+    from types import SimpleNamespace
+
+    from shmloader import kinds
+    from shmloader.demo import corpus
+    from shmloader.ipc.runstart import ONE_SOURCE, MixStart, SourceStart
+    corpus.write_shards([f"doc {i}" for i in range(40)], tmp_path / "one", num_files=5, row_group_size=4)
+    kind = kinds.of(str(tmp_path / "one"), "train")
+    config = LoaderConfig(B=2, T=8, shuffle=True, seed=9, shuffle_window=2)
+    files = kind.catalogue.paths
+    run = SimpleNamespace(files=files, mixture=None, **kind.run_fields(config))
+    order = shuffle.of_run(config, run)
+    assert type(order) is shuffle.Sourced and order == shuffle.Sourced.one(shuffle.Shuffle(9, 2), len(files))
+    assert order.names == (ONE_SOURCE,) and (order.los, order.his) == ((0,), (len(files),))
+    for epoch, file, unit, n in ((1, 0, 0, 30), (2, 3, 1, 7), (3, len(files) - 1, 2, 1)):
+        assert np.array_equal(order.rows(epoch, file, unit, n), shuffle.Shuffle(9, 2).rows(epoch, file, unit, n))
+    at = SourceStart()
+    assert order.firsts(at.placed, COUNTS.__getitem__, 0, 1) == {} and at.with_firsts({}) is at
+    mixed = MixStart(point={"sources": {"a": [1, 0, 0, 0]}})
+    assert mixed.placed == {"a": [1, 0, 0, 0]} and MixStart().placed == {}
+    assert mixed.with_firsts({"b": 1}) == MixStart(point=mixed.point, firsts={"b": 1})
+    plain = LoaderConfig(B=2, T=8)
+    assert shuffle.of_run(plain, SimpleNamespace(files=files, **kind.run_fields(plain))) is None

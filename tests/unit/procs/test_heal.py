@@ -116,12 +116,12 @@ def test_poisoned_rows_reach_a_piece_in_its_epochs_order():
     """Found in epoch 1 as document 7 of its window's shuffled order: in epoch 2 the same row,
     at its place in epoch 2's window that holds it; without a shuffle, as found."""
     from shmloader.data.order import Piece
-    from shmloader.data.shuffle import Shuffle, Windows, locate
+    from shmloader.data.shuffle import Shuffle, Sourced, Windows, locate
     from shmloader.procs.heal import spans_in
     counts = [[30, 30, 30], [30, 30]]
     for k in (1, 40):
         order = Shuffle(3, k)
-        windows = Windows(order, counts.__getitem__, len(counts), 1)
+        windows = Windows(Sourced.one(order, len(counts)), counts.__getitem__, 1)
         found = order.shares(1, counts, 1)[0][0]
         spans = (Span(*found.head, 7, 8, 1),)
         which, rows = locate(found.members, order.rows(1, *found.head, found.rows)[7:8])
