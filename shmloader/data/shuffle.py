@@ -164,6 +164,18 @@ def source_seed(seed: int, name: str) -> int:
     return int(_key(seed, zlib.crc32(name.encode("utf-8")))) & (2 ** 63 - 1)
 
 
+class SourceOrder(NamedTuple):
+    """One source of a run's order (`Sourced.of`): its name, its files the run's `[lo, hi)`,
+    its `Shuffle` (None: its files' order) and the elastic plan its windows are dealt by in the
+    epochs the plan covers (data/elastic.py `Plan`; None: none, or not asked: `Sourced` knows no
+    plan, `Windows` adds the run's)."""
+    name: str
+    lo: int
+    hi: int
+    order: "Shuffle | None"
+    plan: object = None
+
+
 class Sourced(NamedTuple):
     """A run's shuffled order by the run's file number, source by source: source `names[i]`'s
     files are the run's `[los[i], his[i])`, each ordered by its own `Shuffle` (`orders[i]`; None:
@@ -183,17 +195,21 @@ class Sourced(NamedTuple):
         """One source's shuffled order `order` over the run's `n_files` files."""
         return cls((ONE_SOURCE,), (0,), (n_files,), (order,))
 
-    def of(self, file: int) -> "tuple[str, int, int, Shuffle | None]":
-        """`(name, lo, hi, order)` of the source that the run's file `file` is of, its files the
-        run's `[lo, hi)` (order None: a source read in its files' order)."""
-        for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
-            if lo <= file < hi:
-                return name, lo, hi, order
+    def sources(self) -> "Iterator[SourceOrder]":
+        """Each source's `SourceOrder`, in the run's order of its files."""
+        return map(SourceOrder, self.names, self.los, self.his, self.orders)
+
+    def of(self, file: int) -> "SourceOrder":
+        """The `SourceOrder` of the source that the run's file `file` is of (its files the run's
+        `[lo, hi)`; its order None: a source read in its files' order)."""
+        for source in self.sources():
+            if source.lo <= file < source.hi:
+                return source
         raise IndexError(f"file {file} is in no source of the run ({list(zip(self.names, self.los, self.his))})")
 
     def rows(self, epoch: int, file: int, unit: int, n: int) -> np.ndarray:
-        _, lo, _, order = self.of(file)
-        return order.rows(epoch, file - lo, unit, n)
+        source = self.of(file)
+        return source.order.rows(epoch, file - source.lo, unit, n)
 
     def firsts(self, placed, row_counts: Callable[[int], Sequence[int]], rank: int, world: int) -> dict:
         """`{name: Position}`: where each source that `placed` (the names of the sources the
@@ -203,11 +219,11 @@ class Sourced(NamedTuple):
         whose footers cannot be read is left out (its order raises the same error when it is
         first read: packing/mixfeed.py)."""
         out = {}
-        for name, lo, hi, order in zip(self.names, self.los, self.his, self.orders):
-            if name in placed or order is None:  # placed, or read in its files' order
+        for s in self.sources():
+            if s.name in placed or s.order is None:  # placed, or read in its files' order
                 continue
             try:
-                out[name] = first_position(order, lambda f, lo=lo: row_counts(lo + f), hi - lo, rank, world)
+                out[s.name] = first_position(s.order, lambda f, lo=s.lo: row_counts(lo + f), s.hi - s.lo, rank, world)
             except DataError:
                 pass
         return out
@@ -329,22 +345,23 @@ class Windows:
         self._plans = plans
         self._counts, self._epochs, self._sources = {}, {}, {}
 
-    def _of(self, file: int) -> "_Source":
-        """The files `file` is ordered with (its source's), kept by file (asked once a piece)."""
+    def _of(self, file: int) -> SourceOrder:
+        """The source `file` is ordered with, with its plan, kept by file (asked once a piece)."""
         got = self._sources.get(file)
         if got is None:
-            name, lo, hi, order = self.order.of(file)
-            got = self._sources[file] = _Source(lo, hi, order, (self._plans or {}).get(name))
+            source = self.order.of(file)
+            got = self._sources[file] = source._replace(plan=(self._plans or {}).get(source.name))
         return got
 
     def members(self, epoch: int, file: int, unit: int) -> tuple:
         """The `Member`s of the window headed by `(file, unit)` in `epoch` (run's numbering)."""
-        lo, hi, order, plan = self._of(file)
+        source = self._of(file)
+        lo, order, plan = source.lo, source.order, source.plan
         if order.window == 1:
             return (Member(file, unit, list(self._row_counts(file))[unit]),)
         elastic = plan is not None and epoch <= plan.epoch
         world = plan.world if elastic else self.world
-        shares = self._shares(lo, hi, order, epoch, world)
+        shares = self._shares(source, epoch, world)
         try:
             rank, j = shares.heads[(file - lo, unit)]
         except KeyError:
@@ -358,9 +375,10 @@ class Windows:
                 return (Member(file, unit, list(self._row_counts(file))[unit]),)
         return tuple(m._replace(file=m.file + lo) for m in shares.windows[rank][j].members)
 
-    def _shares(self, lo: int, hi: int, order: Shuffle, epoch: int, world: int):
-        """Epoch `epoch`'s windows of every rank of `world` over the files `[lo, hi)`, with each
+    def _shares(self, source: SourceOrder, epoch: int, world: int):
+        """Epoch `epoch`'s windows of every rank of `world` over `source`'s files, with each
         head's `(rank, index in its share)`, kept while asked for."""
+        lo, hi, order = source.lo, source.hi, source.order
         if lo not in self._counts:
             self._counts[lo] = _counts(lambda f: self._row_counts(lo + f), hi - lo)
         key = (lo, epoch, world)
@@ -404,15 +422,6 @@ class Windows:
         order = self.order.rows(piece.epoch, piece.file, piece.rg, int(ends[-1]))
         back = np.argsort(order, kind="stable")  # a window's row -> its document in the piece's epoch
         return _runs(np.unique(back[flat]).tolist())
-
-
-class _Source(NamedTuple):
-    """A source's files, the run's `[lo, hi)`, its `Shuffle` (None: its files' order) and its
-    elastic plan (None: none)."""
-    lo: int
-    hi: int
-    order: "Shuffle | None"
-    plan: object
 
 
 class _Shares(NamedTuple):

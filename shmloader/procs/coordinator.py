@@ -99,7 +99,7 @@ def _pieces(cfg, run, source: Reader, report_bad, opened, order=None):
 
     def own(lo: int):
         """The `Shuffle` of the source whose files begin at the run's file `lo` (None: the files' order)."""
-        return None if order is None else order.of(lo)[3]
+        return None if order is None else order.of(lo).order
 
     def pieces(ramp, cap, first_index, files=None, start=None, plan=None, later=None):
         """The order's pieces; `files=(lo, n)`, `start`: of files `[lo, lo + n)` alone (a

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from shmloader.data import mixrules
 from shmloader.data.mixture import Mixer, Mixture
 from shmloader.data.order import Piece
 from shmloader.data.sources import Range
@@ -217,7 +218,8 @@ def test_best_fits_pass_through_stops_and_ends_where_the_stream_does(monkeypatch
 
 
 def _head(mixture, ranges, point, shuffle=False, plans=None):
-    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixStart(point, plans)), rank=0)
+    run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixStart(point, plans)), rank=0,
+                          order_of=mixrules.order)
     return MixConcatMode.head_start(SimpleNamespace(shuffle=shuffle, seed=0, shuffle_window=None), run)
 
 
@@ -243,7 +245,7 @@ def test_a_pass_throughs_head_start_makes_the_modes_points(monkeypatch, resumed)
         assert begin.point(position, (batch + 1) * 33, docs).text == text, batch
     assert _head(TWO, (X, Y), None) is None
     shuffled = _head(ONE, (X,), point, shuffle=True)
-    assert shuffled.order is not None and shuffled.reads.of(0)[3] is not None
+    assert shuffled.order is not None and shuffled.reads.of(0).order is not None
     assert (shuffled.first is None) == resumed  # a fresh source: its first window, from its row counts
     assert _head(ONE, (X,), None, plans={"x": object()}) is None
 
