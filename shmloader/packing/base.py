@@ -199,7 +199,8 @@ class Begin(NamedTuple):
     point does not place: its share's first window, `shuffle.first_position`, `row_counts(f)`
     of file f within them), with `later` (`data.order.Later`: files added among them at the
     resume, numbered within them), or None; `reads`: the order a piece in the run's numbering
-    is read in (data/shuffle.py `read`: a mixture's `Sourced`), None: `order`;
+    is read in (data/shuffle.py `read`), the run's `Sourced` (`shuffle.of_run`, one source's a
+    `Sourced` of one; None exactly where `order` is: the files' order);
     `point(position, end, docs)`: what the slot of a batch that ends at `position`, stream
     position `end` (from the run's first token), `docs` documents begun, carries for its state,
     as the trainer keeps it (a pass-through's point: packing/mixone.py), or None: nothing (one

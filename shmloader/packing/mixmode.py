@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..data import mixrules
+from ..data import shuffle
 from ..data.mixture import Mixer
 from ..data.order import RAMP
 from ..errors import DataError
@@ -154,8 +154,8 @@ class MixConcatMode(Mode):
             return kept(*one.packed(one.at(position, end, docs)))
 
         start_pos, first = begun.starts[source.name], None  # where the source reads first (a Position)
-        reads = mixrules.order(cfg, run)  # a mixture's run: its order as `shuffle.of_run` gives it
-        order = None if reads is None else reads.of(source.lo)[3]
+        reads = shuffle.of_run(cfg, run)
+        order = None if reads is None else reads.of(source.lo).order
         if order is not None and source.name not in begins.placed:
             def first(row_counts):
                 found = reads.firsts((), lambda f: row_counts(f - source.lo), run.rank, run.world)
@@ -234,7 +234,9 @@ class SourceConcatMode(MixConcatMode):
         start = run.start
         if start.at.plan is not None:
             return None
-        return Begin(0, len(run.files), start.position, start.at.later, cfg.order)
+        reads = shuffle.of_run(cfg, run)  # a `Sourced` of one, as the workers read it
+        order = None if reads is None else reads.of(0).order
+        return Begin(0, len(run.files), start.position, start.at.later, order, reads=reads)
 
 
 class Points:

@@ -216,7 +216,7 @@ class HeadStart:
         if piece.epoch > self._start.epoch + 1:  # an epoch of nulls: the coordinator says so
             raise DataError("no batch in a whole pass over the files")
         spec, path = self.args.tokenizer, self.args.files[piece.file]
-        order = b.order if b.reads is None else b.reads
+        order = b.reads  # the run's `Sourced`, as the workers read a piece (None: the files' order)
         if order is not None and self._units is None:
             self._units = shuffle.Units() if b.order.window > 1 else False
         texts = (self._source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end) if order is None

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from shmloader.data import shuffle
 from shmloader.data.order import Piece
 from shmloader.ipc.ring import batch_check
 from shmloader.ipc.runstart import CountTo, RunStart, SourceStart
@@ -153,7 +154,7 @@ def args(**kw):
     from shmloader.packing.mixcount import SourceCountMode
 
     base = dict(modes=(SourceConcatMode, SourceCountMode), start=RunStart(Position(1, 0, 0), SourceStart()),
-                poisoned=(), suspects=(), tokenizer=SimpleNamespace(kind="tiktoken"))
+                order_of=shuffle.one_source, poisoned=(), suspects=(), tokenizer=SimpleNamespace(kind="tiktoken"))
     return SimpleNamespace(**dict(base, **kw))
 
 
@@ -180,6 +181,9 @@ def test_where_a_head_start_reads_is_its_packings_modes_to_say():
     start = Position(1, 2, 0, 5, 7)
     run = args(files=["a", "b", "c"], start=RunStart(start, SourceStart()))
     assert procs_headstart.begin(config(order=None), run) == Begin(0, 3, start, None, None, None)
+    order = shuffle.Shuffle(seed=5, window=4)  # shuffled: read as the workers read, the run's `Sourced` of one
+    assert procs_headstart.begin(config(order=order), run) == Begin(0, 3, start, None, order, None,
+                                                                    shuffle.Sourced.one(order, 3))
     elastic = RunStart(start, SourceStart(plan=object()))
     assert procs_headstart.begin(config(order=None), args(files=["a"], start=elastic)) is None
     assert procs_headstart.begin(config(order=None, head_start=False), run) is None
