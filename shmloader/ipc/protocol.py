@@ -128,7 +128,7 @@ the trainer holds: EOF means the trainer closed the loader or died, and they exi
 import select
 import traceback
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..errors import DataError
 from .runstart import RunStart  # noqa: F401 (`RunArgs.start`'s record)
@@ -164,8 +164,9 @@ class RunArgs:
     modes: tuple = ()              # (the coordinator's mode, its count-only mode): the packing's or
     #                                the mixture's, as the kind read says (kinds.py)
     keep_open: int = 4             # the files a process keeps open (`source.Reader`)
-    order_of: object = None        # the kind's `(config, run) -> shuffle.Sourced | None`: the run's shuffled
-    #                                order (data/shuffle.py `of_run`; kinds.py `run_fields`)
+    order_of: Callable[[object, "RunArgs"], object]  # the kind's `(config, run) -> shuffle.Sourced | None`:
+    #                                the run's shuffled order (data/shuffle.py `of_run`; kinds.py `run_fields`),
+    #                                required: a run made without it fails where it is made, not where it is read
 
 
 class MixArgs(NamedTuple):

@@ -11,7 +11,7 @@ import pytest
 
 from shmloader import kinds, mixstate, sourcestate
 from shmloader import state as statemod
-from shmloader.data import elastic
+from shmloader.data import elastic, shuffle
 from shmloader.data.catalogue import Catalogue
 from shmloader.data.mixture import Mixture
 from shmloader.data.order import start_position
@@ -34,7 +34,14 @@ def shards(tmp_path):
 
 
 def args_of(paths, rank=1, world=2) -> RunArgs:
-    return RunArgs(files=list(paths), rank=rank, world=world, layout=None)
+    return RunArgs(files=list(paths), rank=rank, world=world, layout=None, order_of=shuffle.one_source)
+
+
+def test_a_run_made_without_its_kinds_order_fails_where_it_is_made():
+    """`RunArgs.order_of` is required: a run without it is refused when built, not when its
+    processes first ask for its order (`shuffle.of_run`)."""
+    with pytest.raises(TypeError, match="order_of"):
+        RunArgs(files=[], rank=0, world=1, layout=None)
 
 
 def test_one_sources_replay_runs_from_its_position_over_the_files_the_state_was_saved_with(shards):
