@@ -211,7 +211,7 @@ class Sourced(NamedTuple):
         source = self.of(file)
         return source.order.rows(epoch, file - source.lo, unit, n)
 
-    def firsts(self, placed, row_counts: Callable[[int], Sequence[int]], rank: int, world: int) -> dict:
+    def firsts(self, placed: frozenset, row_counts: Callable[[int], Sequence[int]], rank: int, world: int) -> dict:
         """`{name: Position}`: where each source that `placed` (the names of the sources the
         run's start places: `ipc.runstart`'s `placed`) does not place begins, numbered within
         the source (its share's first window of epoch 1); `row_counts(f)`: the run's file f's.

@@ -12,8 +12,9 @@ count-only run's `Part.replay`: sourcestate.py, mixstate.py).
 - `RunStart.at`: what the loader's kind holds there, one of two records with the same
   answers, of the same type, where the coordinator and the runs ask it of either kind
   (`order_plans`: `{source: elastic.Plan}` or None, one source's under `ONE_SOURCE`;
-  `docs_as_runs`: an int; `placed`: the sources its start places, and `with_firsts`: the start
-  with the others' first positions, the coordinator's `_with_firsts`): one source's
+  `docs_as_runs`: an int; `placed`: the names of the sources its start places, a frozenset;
+  `with_firsts`: the start with the others' first positions, the coordinator's
+  `_with_firsts`, one source's refusing any): one source's
   `SourceStart` (best fit's buffer, the elastic plan, the files' later order; its start places
   its one source) or a mixture's `MixStart` (its point, each source's plan, first unit and
   later order).
@@ -61,15 +62,19 @@ class SourceStart:
         return None if self.plan is None else {ONE_SOURCE: self.plan}
 
     @property
-    def placed(self) -> tuple:
-        """The sources whose start the run's start places: its one source (`ONE_SOURCE`), always:
-        its position is where it begins (a fresh shuffled run's, its share's first window, found
-        by the trainer: data/shuffle.py `FirstPositions`)."""
-        return (ONE_SOURCE,)
+    def placed(self) -> frozenset:
+        """The names of the sources whose start the run's start places: its one source
+        (`ONE_SOURCE`), always: its position is where it begins (a fresh shuffled run's, its
+        share's first window, found by the trainer: data/shuffle.py `FirstPositions`)."""
+        return frozenset((ONE_SOURCE,))
 
     def with_firsts(self, firsts: dict) -> SourceStart:
-        """This start (its one source is `placed`: data/shuffle.py `Sourced.firsts` finds no
-        other first position, `firsts` is empty)."""
+        """This start: its one source is `placed`, so data/shuffle.py `Sourced.firsts` finds no
+        other first position; a `firsts` that is not empty names a source this run does not
+        read, and is refused (ValueError), not dropped."""
+        if firsts:
+            raise ValueError(f"one source's start places its source, yet first positions were found for "
+                             f"{sorted(firsts)} (a mixture's, given to one source's run?)")
         return self
 
     @property
@@ -101,10 +106,10 @@ class MixStart:
         return self.plans
 
     @property
-    def placed(self) -> dict:
-        """The sources whose start the run's start places: those its point places (`{name:
-        position}`; none without a point)."""
-        return (self.point or {}).get("sources") or {}
+    def placed(self) -> frozenset:
+        """The names of the sources whose start the run's start places: those its point places
+        (its `sources`; none without a point)."""
+        return frozenset((self.point or {}).get("sources") or ())
 
     def with_firsts(self, firsts: dict) -> MixStart:
         """This start with each source it does not place beginning at `firsts`' position."""

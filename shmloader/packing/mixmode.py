@@ -158,7 +158,7 @@ class MixConcatMode(Mode):
         order = None if reads is None else reads.of(source.lo).order
         if order is not None and source.name not in begins.placed:
             def first(row_counts):
-                found = reads.firsts((), lambda f: row_counts(f - source.lo), run.rank, run.world)
+                found = reads.firsts(frozenset(), lambda f: row_counts(f - source.lo), run.rank, run.world)
                 if source.name not in found:  # a footer that cannot be read: the coordinator's to say
                     raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
                 return found[source.name]

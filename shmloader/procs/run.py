@@ -117,7 +117,7 @@ def mix_text_bytes(mix, at, buffer_docs: int = 0) -> int:
     a `MixStart`): per source its name, a position and the mixer's counts (numbers up to 20 digits),
     with room to spare; and a best-fit buffer of `buffer_docs` documents (more at first if the
     place's own holds more), a run each at most."""
-    names = {r.name for r in mix.ranges} | set(at.placed)
+    names = {r.name for r in mix.ranges} | at.placed
     width = max(len(json.dumps(name)) for name in names)
     if buffer_docs:
         buffer_docs += sum(r[5] for r in buffer_entries(at.point))

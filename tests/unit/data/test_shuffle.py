@@ -356,8 +356,12 @@ def test_one_sources_shuffled_order_is_a_sourced_of_one_as_a_mixtures_is(tmp_pat
         assert np.array_equal(order.rows(epoch, file, unit, n), shuffle.Shuffle(9, 2).rows(epoch, file, unit, n))
     at = SourceStart()
     assert order.firsts(at.placed, COUNTS.__getitem__, 0, 1) == {} and at.with_firsts({}) is at
+    with pytest.raises(ValueError, match="'b'"):  # one source's start places its source: no first to add
+        at.with_firsts({"b": Position(1, 0, 0, 0)})
     mixed = MixStart(point={"sources": {"a": [1, 0, 0, 0]}})
-    assert mixed.placed == {"a": [1, 0, 0, 0]} and MixStart().placed == {}
+    # both kinds' `placed`: the same type, the names (ipc/runstart.py)
+    assert type(at.placed) is type(mixed.placed) is type(MixStart().placed) is frozenset
+    assert at.placed == {ONE_SOURCE} and mixed.placed == {"a"} and MixStart().placed == frozenset()
     assert mixed.with_firsts({"b": 1}) == MixStart(point=mixed.point, firsts={"b": 1})
     plain = LoaderConfig(B=2, T=8)
     assert shuffle.of_run(plain, SimpleNamespace(files=files, **kind.run_fields(plain))) is None
