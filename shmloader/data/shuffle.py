@@ -392,7 +392,7 @@ class Windows:
 
     def filled(self, piece):
         """`piece` with its window's members (as it is when it has them, or in the files' order)."""
-        if piece.members or self.order is None or self._of(piece.file).order is None:
+        if piece.members or self._of(piece.file).order is None:
             return piece
         return dataclasses.replace(piece, members=self.members(piece.epoch, piece.file, piece.rg))
 
