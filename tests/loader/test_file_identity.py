@@ -147,3 +147,15 @@ def test_each_format_says_what_its_identity_digest_is_of():
     assert formats.identity_of("x/shard_00000.parquet") == "its parquet footer"
     for name in ("code.jsonl", "code.jsonl.zst", "dump.json.gz", "data-00000-of-00001.arrow", "t.feather"):
         assert formats.identity_of(name) == "the digest of its first and last 64 KiB", name
+
+
+def test_a_formats_digest_and_its_words_are_overridden_together(tmp_path):
+    """`Format.digest` is the edge digest beside its `identity` words: a format that keeps one
+    keeps the other (JSON Lines, Arrow, a new one), parquet overrides both."""
+    from shmloader.data.formats.base import Format, edge_digest
+
+    for fmt in formats.FORMATS:
+        assert ("digest" in vars(fmt)) == ("identity" in vars(fmt)), fmt.name
+    path = tmp_path / "a.new"
+    path.write_bytes(bytes(range(256)) * 1024)
+    assert Format(str(path)).digest() == edge_digest(str(path)) and Format.identity.startswith("the digest of")

@@ -11,7 +11,7 @@ is read whole into memory when opened (once per process that opens it). A file's
 import pyarrow as pa
 
 from ...errors import DataError
-from .base import Format, edge_digest, open_input
+from .base import Format, open_input
 from .column import docs_of, kind_of
 
 MAGIC = b"ARROW1"
@@ -50,9 +50,6 @@ class ArrowIPC(Format):
 
     def n_units(self) -> int:
         return len(self.batches)
-
-    def digest(self) -> str:
-        return edge_digest(self.path, self.filesystem)
 
     def kind(self, column: str, where: str = "") -> str:
         return kind_of(self.path, self.schema, column, where)

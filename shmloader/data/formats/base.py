@@ -8,7 +8,8 @@ A `Format` is one data file, opened. All the rest of the loader knows of a file 
 - `read(unit, start, end, column, n_vocab)`: rows `[start, end)` of a unit's column as
   documents (`column.docs_of`: str, or token ids checked against `n_vocab`); a row that cannot
   be read is a `DataError` naming the file and the row (a row group's row, a line);
-- `digest()`: the file's identity beyond its name and size (a state and a run check it);
+- `digest()`: the file's identity beyond its name and size (a state and a run check it),
+  `identity` what it is of in words: `edge_digest` unless a format overrides both (parquet);
 - `kind(column, where)`: `column.TEXT` or `column.TOKENS` where the file says it cheaply (a schema;
   JSON Lines: its first value), else None; a missing or wrong column is a `DataError` (checked
   ahead: source.SchemaCheck);
@@ -37,7 +38,8 @@ class Format:
     unit = ""        # what its unit is called in messages ("row group")
     unit_is = ""     # what its unit is, told to a user without the file ("a parquet row group")
     suffixes = ()    # file names ending so are of this format (formats/__init__.py)
-    # what `digest()` is of, in messages: a state's check that a file is the one it saved
+    # what `digest()` is of, in messages: a state's check that a file is the one it saved (the
+    # base's `digest`, `edge_digest`; a format that overrides `digest` overrides this: parquet)
     identity = f"the digest of its first and last {EDGE_BYTES >> 10} KiB"
 
     def __init__(self, path: str, filesystem=None):
@@ -53,7 +55,9 @@ class Format:
         raise NotImplementedError
 
     def digest(self) -> str:
-        raise NotImplementedError
+        """The file's identity beyond its name and size, as `identity` words it: `edge_digest`
+        (its size and both ends) unless the format overrides both."""
+        return edge_digest(self.path, self.filesystem)
 
     def kind(self, column: str, where: str = "") -> str | None:
         return None

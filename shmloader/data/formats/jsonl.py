@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import DataError
-from .base import Format, edge_digest, open_input
+from .base import Format, open_input
 from .column import TEXT, TOKENS, Ids, check_ids, outside
 
 LINES = 1024           # lines per unit
@@ -152,9 +152,6 @@ class JsonLines(Format):
         starts = self._lines()
         n = len(starts) - 1
         return [int(starts[min(lo + LINES, n)] - starts[lo]) for lo in range(0, n, LINES)]
-
-    def digest(self) -> str:
-        return edge_digest(self.path, self.filesystem)
 
     def kind(self, column: str, where: str = "") -> str | None:
         """The kind of the file's first value of `column` that is a string or a list (lines
