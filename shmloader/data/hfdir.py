@@ -30,6 +30,7 @@ reads one of its files, so a local and a remote listing decide alike.
 import json
 import os
 import re
+from typing import NamedTuple
 
 from ..errors import DataError
 
@@ -157,33 +158,39 @@ def _remote_list(where: str, names: list) -> str:
 HELD_OUT_DIRS = frozenset({"validation", "valid", "val"})  # directory names that say a held-out set
 
 
-def held_out(paths: list) -> str | None:
-    """What names `paths` (one directory's files, or one split's Hub shards) a held-out set, or
-    None: their directory is `validation/`, `valid/` or `val/` (`HELD_OUT_DIRS`; not `test/`,
-    `dev/`, `eval/`, which name other things too), or their names are Hub shards of a held-out
-    split (`validation-0000N-of-0000M.parquet`, `split_kind`)."""
+class Named(NamedTuple):
+    """One split's files, as their names say (`named_split`): `where` names them (their
+    directory, or "the 'train' split" of Hub shards), `held` whether a held-out set's."""
+    where: str
+    held: bool
+
+
+def named_split(paths: list) -> Named | None:
+    """What names `paths` (one directory's files, or one split's Hub shards) the files of one
+    split, or None: their directory is `train/`, or `validation/`, `valid/` or `val/` (held out,
+    `HELD_OUT_DIRS`; not `test/`, `dev/`, `eval/`, which name other things too), or their names
+    are Hub shards all of one split that `split_kind` knows: train, or held out (`HELD_OUT`:
+    `validation-0000N-of-0000M.parquet`, `test_sft-*`). Other shard names name no split
+    (`Dataset.save_to_disk`'s `data-0000N-of-0000M.arrow`, a subset's `en-*`). Held out first
+    where both say (split='train' leaving out the last file as nanochat's val file is worth a
+    word either way: data/source.py `split_files`)."""
     dirs = {os.path.dirname(p) for p in paths}
-    if len(dirs) == 1 and os.path.basename(next(iter(dirs))).lower() in HELD_OUT_DIRS:
-        return next(iter(dirs))
+    folder = next(iter(dirs)) if len(dirs) == 1 else None
+    kind = os.path.basename(folder).lower() if folder is not None else None
+    by_dir = (Named(folder, kind in HELD_OUT_DIRS) if kind in HELD_OUT_DIRS or kind == "train" else None)
     splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
     split = next(iter(splits)) if len(splits) == 1 else None
-    if split is not None and split_kind(split) in HELD_OUT:
-        return f"the {split!r} split"
-    return None
+    by_name = None
+    if split is not None and (split_kind(split) == "train" or split_kind(split) in HELD_OUT):
+        by_name = Named(f"the {split!r} split", split_kind(split) in HELD_OUT)
+    named = [n for n in (by_dir, by_name) if n is not None]
+    return next((n for n in named if n.held), named[0] if named else None)
 
 
-def named_split(paths: list) -> str | None:
-    """What names `paths` the files of one split, held out or not, or None: `held_out`'s, a
-    `train/` directory, or Hub shards all of one split (`train-0000N-of-0000M.parquet`), where
-    split='train' leaving out the last file as nanochat's val file is worth a word."""
-    held = held_out(paths)
-    if held is not None:
-        return held
-    dirs = {os.path.dirname(p) for p in paths}
-    if len(dirs) == 1 and os.path.basename(next(iter(dirs))).lower() == "train":
-        return next(iter(dirs))
-    splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
-    return f"the {next(iter(splits))!r} split" if len(splits) == 1 and None not in splits else None
+def held_out(paths: list) -> str | None:
+    """What names `paths` a held-out set (`named_split`'s, where held out), or None."""
+    named = named_split(paths)
+    return named.where if named is not None and named.held else None
 
 
 def _json(read, name: str):

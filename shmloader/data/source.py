@@ -414,10 +414,12 @@ def split_files(files: list[str], split: str) -> list[str]:
                             f"but found {len(files)}: {files}; for a directory that is one split, "
                             f"pass split='all' (every file)")
         named = hfdir.named_split(files)
-        if named:
-            warn(f"shmloader: split='train' reads every file but the last of the {len(files)} files of {named}: "
-                 f"{os.path.basename(files[-1])} is left out as nanochat's val file of a directory (split='val' "
-                 f"reads it); to train on every file of one split, pass split='all'")
+        if named is not None:
+            held = "these are a held-out set's files, not a training set's; " if named.held else ""
+            warn(f"shmloader: split='train' reads every file but the last of the {len(files)} files of "
+                 f"{named.where}: {held}{os.path.basename(files[-1])} is left out as nanochat's val file of a "
+                 f"directory (split='val' reads it); to {'read' if named.held else 'train on'} every file of "
+                 f"one split, pass split='all'")
         return files[:-1]
     if split == "val":
         held = hfdir.held_out(files) if len(files) > 1 else None

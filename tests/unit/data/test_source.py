@@ -510,19 +510,41 @@ def test_split_val_warns_of_a_held_out_directory_only_where_its_name_says_so():
 # (validation/, `validation-*` shards) trained on say so too. nanochat's own `shard_NNNNN.parquet`
 # directory says nothing.
 
-@pytest.mark.parametrize("files, named", [
-    (["/d/data/train-00000-of-00002.parquet", "/d/data/train-00001-of-00002.parquet"], "the 'train' split"),
-    (["/d/fw/train/000_00000.parquet", "/d/fw/train/000_00001.parquet", "/d/fw/train/001_00000.parquet"], "/d/fw/train"),
-    (["/d/validation/a.jsonl", "/d/validation/b.jsonl"], "/d/validation"),
+@pytest.mark.parametrize("files, named, held", [
+    (["/d/data/train-00000-of-00002.parquet", "/d/data/train-00001-of-00002.parquet"], "the 'train' split", False),
+    (["/d/fw/train/000_00000.parquet", "/d/fw/train/000_00001.parquet", "/d/fw/train/001_00000.parquet"], "/d/fw/train",
+     False),
+    (["/d/validation/a.jsonl", "/d/validation/b.jsonl"], "/d/validation", True),
+    (["/d/data/test-00000-of-00002.parquet", "/d/data/test-00001-of-00002.parquet"], "the 'test' split", True),
+    (["/d/x/validation-00000-of-00002.parquet", "/d/x/validation-00001-of-00002.parquet"], "the 'validation' split",
+     True),
 ])
-def test_split_train_over_one_named_split_says_it_leaves_out_the_last_file(files, named):
+def test_split_train_over_one_named_split_says_it_leaves_out_the_last_file(files, named, held):
+    """A held-out set's files (`validation/`, `test-*`, `validation-*`) trained on are said to be
+    a held-out set's, not only told split='all'."""
+    said = "these are a held-out set's files, not a training set's; " if held else ""
     with pytest.warns(UserWarning, match=rf"split='train' reads every file but the last of the {len(files)} files of "
-                                         rf"{re.escape(named)}: {re.escape(os.path.basename(files[-1]))} is left out "
-                                         rf"as nanochat's val file .*pass split='all'"):
+                                         rf"{re.escape(named)}: {said}{re.escape(os.path.basename(files[-1]))} is "
+                                         rf"left out as nanochat's val file .*pass split='all'") as got:
         assert split_files(files, "train") == files[:-1]
+    assert ("held-out" in str(got[0].message)) == held
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert split_files(files, "all") == files
+
+
+@pytest.mark.parametrize("files", [
+    [f"/d/saved/data-0000{i}-of-00002.arrow" for i in range(2)],  # `Dataset.save_to_disk`'s: no split's name
+    [f"/d/hub/en-0000{i}-of-00002.parquet" for i in range(2)],    # a subset's shards, not a split's
+])
+def test_split_train_over_shards_whose_name_is_no_split_names_none(files):
+    """`data-0000N-of-0000M.arrow` was warned of as "the 'data' split" and `en-*` as "the 'en'
+    split": only names `hfdir.split_kind` knows (train, held out) name a split."""
+    from shmloader.data import hfdir
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert split_files(files, "train") == files[:-1]
+    assert hfdir.named_split(files) is None and hfdir.held_out(files) is None
 
 
 def test_split_train_over_nanochat_shards_says_nothing():
