@@ -158,20 +158,21 @@ def warn_if_adds_bos(tokenizer, bos: int) -> None:
     `PROBES` with `bos` adds a BOS itself (a Llama-style wrapper, transformers'
     `add_special_tokens=True`): the loader gives each document its own, so each would begin
     `[BOS, BOS]`, silently. Said once, with what to pass instead; the stream is unchanged
-    (documents are `[BOS] + encode(text)`, docs/contract.md). An `encode` that fails on a probe
-    says nothing here (its worker names the failure)."""
-    first = None
+    (documents are `[BOS] + encode(text)`, docs/contract.md). A probe whose `encode` fails is
+    left out (its worker names the failure): said where every other probe, two at least, begins
+    with `bos`."""
+    began = []  # (text, ids) of each probe encoded, all beginning with `bos`
     for text in filter(None, PROBES):
         try:
             ids = [int(t) for t in tokenizer.encode(text)]
         except Exception:  # noqa: BLE001 - its worker reports an encode that fails
-            return
+            continue
         if not ids or ids[0] != bos:
             return
-        first = first or (text, ids)
-    if first is None:
+        began.append((text, ids))
+    if len(began) < 2:
         return
-    text, ids = first
+    text, ids = began[0]
     warn(f"shmloader: tokenizer {type(tokenizer).__name__}'s encode() begins every text with the BOS id {bos} "
          f"itself (encode({text!r}) gives {ids[:8]}{' ...' if len(ids) > 8 else ''}), and the loader gives "
          f"each document its own BOS: every document begins [BOS, BOS]. Pass an encode() that adds none "

@@ -471,6 +471,29 @@ def test_an_encode_that_adds_bos_itself_is_told():
     assert (spec.kind, spec.bos) == ("object", 1)
 
 
+class AddsBosAsciiOnly(AddsBos):
+    def encode(self, text):
+        text.encode("ascii")  # raises on the non-ASCII probe
+        return AddsBos.encode(self, text)
+
+
+class AddsBosOnceOnly(AddsBos):
+    def encode(self, text):
+        if text != "x":
+            raise ValueError("cannot encode it")
+        return AddsBos.encode(self, text)
+
+
+def test_an_encode_that_adds_bos_and_fails_on_one_probe_is_told():
+    """An encode that raised on one probe (a non-ASCII text) said nothing, though every other
+    probe began with the BOS: probes that raise are left out, two that do not are enough."""
+    with pytest.warns(UserWarning, match=r"AddsBosAsciiOnly's encode\(\) begins every text with the BOS id 1"):
+        resolve(AddsBosAsciiOnly())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve(AddsBosOnceOnly())  # one probe encoded: too few to say
+
+
 def test_an_encode_without_bos_and_bos_as_text_are_not_told():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
