@@ -450,6 +450,17 @@ def test_bench_made_checks_measures_each_figure(tmp_path):
     assert all(v > 0 for v in got.values())
 
 
+def test_bench_sourced_measures_each_figure_and_says_its_help(tmp_path, capsys):
+    """tools/bench/sourced.py's measurement, in this process, with 2 batches a figure; its --help."""
+    from tools.bench import sourced
+
+    got = sourced.measure({"root": str(tmp_path), "calls": 2})
+    assert set(got) == set(sourced.FIGURES) and all(v > 0 for v in got.values())
+    with pytest.raises(SystemExit) as done:
+        sourced.main(["--help"])
+    assert done.value.code == 0 and "--compare DIR" in capsys.readouterr().out
+
+
 def test_a_bench_child_calls_its_function_on_the_config_or_with_its_keys(tmp_path):
     """tools/bench/child.py: `MODULE:FUNCTION` gets the config as one dict, `MODULE:FUNCTION**`
     its keys as keyword arguments (a bench's `one_round(B=..., T=...)` without an adapter)."""
