@@ -22,6 +22,9 @@ from tests import helpers
 pytestmark = pytest.mark.usefixtures("watchdog")
 B, T, BATCHES = 2, 16, 40
 SECONDS_PER_DOC = 0.04
+# every form `progress.duration` writes ('0.4 s', '45 s', '1 min 04 s', '2 h 05 min'): on a loaded
+# machine a replay's time left runs past a minute
+DURATION = r"(?:[\d.]+ s|\d+ min \d\d s|\d+ h \d\d min)"
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +68,9 @@ def test_an_elastic_replay_shows_its_progress_and_time_left_at_the_default_level
     #             loaded machine where nothing was done in the first second, is followed by one)
     for s in going:
         m = re.fullmatch(re.escape(label) + r": (\d+) of 40 batches \((\d+)%\), ([\d.]+) batches/s, about "
-                         r"[\d.]+ s left; ([\d,]+) documents counted", s)
+                         + DURATION + r" left; ([\d,]+) documents counted", s)
         if m is None:
-            assert re.fullmatch(re.escape(label) + r": 0 of 40 batches \(0%\), [\d.]+ s so far, the time left "
+            assert re.fullmatch(re.escape(label) + r": 0 of 40 batches \(0%\), " + DURATION + " so far, the time left "
                                 r"not known yet; [\d,]+ documents counted", s), s
             continue
         timed.append(s)
@@ -78,6 +81,14 @@ def test_an_elastic_replay_shows_its_progress_and_time_left_at_the_default_level
     assert len(done) == 1 and ", row group " in done[0] and "counted: " in done[0]
     assert said.index(done[0]) > said.index(timed[-1])
     assert not any("1 new ranks" in s or "1 old ranks" in s for s in said)
+
+
+def test_the_duration_pattern_matches_every_form_of_a_duration():
+    """The pattern above accepts what `progress.duration` writes at every scale (it took only
+    seconds, and a replay slowed by a loaded machine said 'about 1 min 04 s left')."""
+    from shmloader.progress import duration
+    for seconds in (0.4, 9.96, 45, 64, 3599, 7300):
+        assert re.fullmatch(DURATION, duration(seconds)), duration(seconds)
 
 
 def test_other_ranks_keep_their_progress_at_info(data, saved, caplog):

@@ -71,11 +71,11 @@ def timed(fn, pause: float, n: int, before=None) -> dict:
 
 
 def main(argv=None) -> int:
+    args, began = parse_args(argv), results.begin()  # before torch: `--help` needs none (~1.5 CPU-s)
     import torch
 
     from shmloader import ShmLoader
 
-    args, began = parse_args(argv), results.begin()
     corpus = corpora.resolve(args)[0]
     B, T = 16, 2048
     cuda = torch.device(args.device).type == "cuda"
