@@ -34,6 +34,7 @@ import torch
 import shmloader
 from shmloader.demo import corpus
 from tests import helpers
+from tests.cases import cross
 from tests.helpers import loader_children, position_of, shm_segments
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -414,8 +415,9 @@ def needs_from(states: list, place: tuple) -> int:
     return next(k for k, st in enumerate(states) if position_of(st)[:4] >= place)
 
 
-@pytest.mark.parametrize("damage", ["row-group", "file"])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+# default: a row group in concat, a file in best fit; the other two with -m slow
+@pytest.mark.parametrize("packing,damage", cross(["concat", "bos_bestfit"], ["row-group", "file"],
+                                                 default={"concat-row-group", "bos_bestfit-file"}))
 def test_bad_data_far_ahead_is_raised_at_the_batch_that_needs_it(fardata, packing, damage):
     """A corrupt row group (found by the worker that reads it) or an unreadable file (found by the
     coordinator when it reads the file's footer to plan the order) ~120 batches in: every run
@@ -510,8 +512,9 @@ def mixfar(tmp_path_factory) -> dict:
     return out
 
 
-@pytest.mark.parametrize("damage", ["row-group", "file"])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+# default: a row group in concat, a file in best fit; the other two with -m slow
+@pytest.mark.parametrize("packing,damage", cross(["concat", "bos_bestfit"], ["row-group", "file"],
+                                                 default={"concat-row-group", "bos_bestfit-file"}))
 def test_a_mixtures_bad_data_ahead_is_raised_at_the_same_batch(mixfar, packing, damage):
     """The mix needs every source's next document to pick the next one: it stops where source a's
     next document is in the bad row group (found by the worker that reads it) or the unreadable

@@ -86,12 +86,14 @@ def test_a_fast_consumer_gets_the_stream_whole_while_the_forkserver_boots(reques
     assert all(got["pids"]) and got["head_batches"] >= headstart.BOOTING_MOST
 
 
-@pytest.mark.parametrize("moved", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["moved-tempdir", "tempdir"])
+@pytest.mark.slow  # a race with the load: at load 14-20 the boot outlasted BOOTING_MOST steps of 0.25 s (issue 50)
+@pytest.mark.parametrize("moved", [True, False], ids=["moved-tempdir", "tempdir"])
 def test_a_trainer_at_its_pace_starts_the_children_once_the_server_has_booted(synth, tmp_path, moved):
     """At a trainer's pace the children start once the server has booted, before the head start's
-    most. With `tempfile.tempdir` set by the training script (the default case: the slow suite;
-    the scripts of the other tests here leave it): the server, whose own is /tmp, finds the
-    trainer's directory through the lock file it holds open (forkready.py)."""
+    most. With `tempfile.tempdir` set by the training script or not (the scripts of the other
+    tests here leave it): the server, whose own is /tmp, finds the trainer's directory through the
+    lock file it holds open (forkready.py). Both in the slow suite: the server's boot must end
+    within BOOTING_MOST steps of 0.25 s, which a loaded machine outlasts (issue 50)."""
     import shutil
     import tempfile
     B, T, n = 2, 16, 20

@@ -33,6 +33,7 @@ from shmloader.data import elastic
 from shmloader.procs.children import LIVENESS_CHECK_S
 from shmloader.demo.baseline import documents
 from tests import helpers, oracle
+from tests.cases import cross
 from tests.helpers import window_of
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -125,8 +126,10 @@ def layout(files):
     return out
 
 
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-@pytest.mark.parametrize("W,W2", CHANGES)
+# default: each change once, both packings, 4 -> 1 in best fit (see CHANGES); the rest with -m slow
+@pytest.mark.parametrize("W,W2,packing", cross(
+    [pytest.param(*c, id=f"{c[0]}-{c[1]}") for c in CHANGES], ["concat", "bos_bestfit"],
+    default={"2-3-concat", "4-2-concat", "1-4-bos_bestfit", "3-1-concat", "4-1-bos_bestfit"}))
 def test_a_state_resumes_at_another_world_size_each_document_once(data, packing, W, W2):
     root, files, _ = data
     n = 9
@@ -271,8 +274,10 @@ def _epoch_batches(files, W, window) -> int:
     return tokens // window
 
 
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-@pytest.mark.parametrize("W,W2,where", [(1, 4, "file"), (2, 3, "end")])
+# default: the file boundary in concat (aligned to it), the epoch's end in best fit (which crops)
+@pytest.mark.parametrize("W,W2,where,packing", cross(
+    [pytest.param(1, 4, "file", id="1-4-file"), pytest.param(2, 3, "end", id="2-3-end")], ["concat", "bos_bestfit"],
+    default={"1-4-file-concat", "2-3-end-bos_bestfit"}))
 def test_saved_at_a_file_boundary_or_near_the_end_of_the_epoch(data, packing, W, W2, where):
     """1 -> 4 saved where file 0 ends (concat: exactly, the data is aligned to it for one rank),
     and 2 -> 3 saved about two batches before old rank 0's epoch ends (best fit, which crops, may

@@ -31,6 +31,7 @@ from shmloader.data import tokenizer as tokmod
 from shmloader.errors import WorkerError
 from shmloader.demo import corpus
 from tests import oracle
+from tests.cases import cross
 from tests.helpers import REPO_ROOT, hard_texts
 
 pytest.importorskip("fastokens")
@@ -141,8 +142,10 @@ def _stream(root, enc, n, packing="concat", **kw):
         return [(x.numpy().copy(), y.numpy().copy()) for x, y in itertools.islice(loader, n)]
 
 
-@pytest.mark.parametrize("at", [0, 150], ids=["from the first document", "mid-run"])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+# default: concat from the first document, best fit mid-run; the other two with -m slow
+@pytest.mark.parametrize("packing,at", cross(
+    ["concat", "bos_bestfit"], [pytest.param(0, id="from the first document"), pytest.param(150, id="mid-run")],
+    default={"concat-from the first document", "bos_bestfit-mid-run"}))
 def test_fast_stream_is_byte_identical_to_tiktoken(data, synth_tokenizer, packing, at, monkeypatch, watchdog):
     root, paths, _ = data
     enc = synth_tokenizer

@@ -37,6 +37,7 @@ from shmloader.ipc import ring as ringmod
 from shmloader.ipc import segment as segmod
 from shmloader.demo import corpus
 from tests import helpers
+from tests.cases import cross
 from tests.helpers import (SCRIPTS, loader_children, shm_segments, sigkill_after, wait_clean, wait_gone,
                            wait_no_segment, window_of)
 
@@ -154,8 +155,11 @@ KILL_CASES = [("worker", signal.SIGKILL, 1), ("worker", signal.SIGSEGV, 2), ("wo
               ("coordinator", signal.SIGKILL, 4), ("coordinator", signal.SIGSEGV, 5)]
 
 
-@pytest.mark.parametrize("who,sig,seed", KILL_CASES,
-                         ids=[f"{w}-{s.name}-{n}" for w, s, n in KILL_CASES])
+# default: each kill once, on the header path (1, 3, 5) or the system-call path (2, 4); the rest with -m slow
+@pytest.mark.parametrize("handover,who,sig,seed", cross(
+    ["header", "syscall"], [pytest.param(w, s, n, id=f"{w}-{s.name}-{n}") for w, s, n in KILL_CASES],
+    default={"header-worker-SIGKILL-1", "syscall-worker-SIGSEGV-2", "header-worker-SIGKILL-3",
+             "syscall-coordinator-SIGKILL-4", "header-coordinator-SIGSEGV-5"}), indirect=["handover"])
 def test_child_killed_at_random_moment(synth, who, sig, seed, handover):
     rng = random.Random(seed)
     n_workers = 3

@@ -64,7 +64,8 @@ needs_strace = pytest.mark.skipif(not syscalls.available(), reason="needs strace
 
 
 @needs_strace
-@pytest.mark.parametrize("packing", ["concat", pytest.param("bos_bestfit", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a rate measured at the machine's load: failed five tries in a default suite at load 14-20
+@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
 def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, packing):
     """150 steps of 10 ms busy work (a training step), then next() and stats(): the workers keep
     ahead, and next() with stats() makes at most 0.1 system calls per call (stats() none) (the liveness poll, twice a second;
@@ -72,8 +73,9 @@ def test_next_on_ready_batches_makes_no_system_call(synth, synth_tokenizer_pkl, 
     grow on a loaded machine (the run takes longer; a coordinator short of CPU notices frees
     late: at load 6-7, 1 run of 4 made 16 kicks and 10 polls, 0.17 a call), so the run is tried
     up to five times: one that meets the bound shows the path; a system call per next() (1.0,
-    `test_the_syscall_path_is_counted`) fails all five. next() and
-    stats() are the trainer's, the same for both packings: best fit in the slow suite."""
+    `test_the_syscall_path_is_counted`) fails all five. A measurement by nature (the workers
+    must keep ahead of the trainer's 10 ms steps), it is in the slow suite: in a default suite on
+    2 cores at load 14-20 all five tries failed (issue 50)."""
     tries = []
     for _ in range(5):
         r = syscalls.trace_next(str(synth.root), str(synth_tokenizer_pkl), B=2, T=64, n=150, spin_ms=10,

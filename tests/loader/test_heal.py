@@ -113,12 +113,12 @@ def assert_same(got, want, info):
 
 
 SLOW = pytest.mark.slow
-CASES = [  # (who, signal, packing, workers, cache, seed); two more with -m slow
+CASES = [  # (who, signal, packing, workers, cache, seed); four more with -m slow (every value is in the default's)
     ("worker", signal.SIGKILL, "concat", 1, False, 1),
-    ("worker", signal.SIGKILL, "concat", 3, True, 2),
+    pytest.param("worker", signal.SIGKILL, "concat", 3, True, 2, marks=SLOW),
     ("worker", signal.SIGSEGV, "bos_bestfit", 2, False, 3),
     pytest.param("worker", signal.SIGKILL, "bos_bestfit", 4, True, 4, marks=SLOW),
-    ("coordinator", signal.SIGKILL, "concat", 2, False, 5),
+    pytest.param("coordinator", signal.SIGKILL, "concat", 2, False, 5, marks=SLOW),
     ("coordinator", signal.SIGKILL, "bos_bestfit", 3, True, 6),
     pytest.param("coordinator", signal.SIGSEGV, "concat", 4, False, 7, marks=SLOW),
 ]

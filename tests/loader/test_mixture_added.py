@@ -21,6 +21,7 @@ import pytest
 import shmloader
 from shmloader.demo import corpus
 from tests import helpers
+from tests.cases import cross
 from tests.loader import test_growing_data as growing
 from tests.loader import test_mixture as concat
 from tests.loader import test_mixture_bestfit as bestfit
@@ -178,8 +179,10 @@ def test_shards_added_among_two_sources_files_are_read_as_each_source_reads_them
     assert json.loads(later[2]["mixture"]["point"])["sources"]["a"][0] == 1
 
 
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-@pytest.mark.parametrize("saved_at", [0, 4, 30], ids=["before-a-batch", "epoch-1", "epochs-on"])
+# default: each save point once, both packings; the other three with -m slow
+@pytest.mark.parametrize("saved_at,packing", cross(
+    [pytest.param(0, id="before-a-batch"), pytest.param(4, id="epoch-1"), pytest.param(30, id="epochs-on")],
+    ["concat", "bos_bestfit"], default={"before-a-batch-concat", "epoch-1-bos_bestfit", "epochs-on-concat"}))
 def test_another_ranks_state_reads_the_files_added_as_the_ranks_own_does(tmp_path, packing, saved_at):
     """Rank 1 of 2 resumed from rank 0's state, after shards landed among both sources' files, gives
     the batches it gives from its own state (test_shards_added_among_... checks those), also where

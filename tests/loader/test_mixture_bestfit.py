@@ -18,6 +18,7 @@ import shmloader
 from shmloader.data.mixture import Mixer
 from shmloader.packing.mixbestfit import buffer_entries
 from tests import oracle
+from tests.cases import cross
 from tests.loader.test_bestfit_stream import rows_of
 from tests.loader.test_mixture import SHAPES, WEIGHTS, mixdata, mixture  # noqa: F401 (a fixture)
 
@@ -214,8 +215,8 @@ ENDS = {  # a mixture whose sources all read their max_epochs; one whose stage's
 }
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("end", sorted(ENDS))
+# default: each end and each worker count once; the other two with -m slow
+@pytest.mark.parametrize("end,workers", cross(sorted(ENDS), [1, 3], default={"max_epochs-1", "stage-3"}))
 def test_the_last_batches_after_a_mixture_ended_resume_and_heal_exactly(mixdata, end, workers):
     """Once the mix has ended best fit still places its buffer: a state of any of those last
     batches resumes them exactly (then the same end), and a coordinator killed there heals."""

@@ -153,9 +153,11 @@ KINDS = {"concat": {}, "bestfit": FIT, "concat-shuffled": SHUFFLED, "bestfit-shu
 # every tokenizer in concat (against the oracle) and shuffled best fit; the other two with one
 CASES = [(t, k) for t in ("rustbpe", "sentencepiece", "hf") for k in ("concat", "bestfit-shuffled")]
 CASES += [("rustbpe", "bestfit"), ("sentencepiece", "concat-shuffled")]
+SLOW_CASES = {("rustbpe", "bestfit-shuffled"), ("sentencepiece", "bestfit-shuffled")}  # -m slow: hf's is the default's
 
 
-@pytest.mark.parametrize("tok,kind", CASES, indirect=["tok"], ids=[f"{t}-{k}" for t, k in CASES])
+@pytest.mark.parametrize("tok,kind", [pytest.param(t, k, id=f"{t}-{k}", marks=pytest.mark.slow if (t, k) in SLOW_CASES else ())
+                                      for t, k in CASES], indirect=["tok"])
 def test_a_mixture_of_formats_is_its_twins_and_resumes_in_a_fresh_loader(clientmix, tok, kind):
     given, twins = clientmix
     kw = KINDS[kind]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import shmloader
+from tests.cases import cross
 from tests.helpers import IntTokenizer
 from tests.loader.test_one_source_mixture import FIT, v6
 
@@ -41,8 +42,11 @@ def leg(dirs, schedule, rank, B, T, n, state=None, **kw):
 
 
 @pytest.mark.filterwarnings("ignore:resume state was saved with another batch shape")
-@pytest.mark.parametrize("schedule", [False, True], ids=["weights", "schedule"])
-@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
+# default: weights in concat, a schedule in best fit; the other two with -m slow
+@pytest.mark.parametrize("kw,schedule", cross(
+    [pytest.param({}, id="concat"), pytest.param(FIT, id="bestfit")],
+    [pytest.param(False, id="weights"), pytest.param(True, id="schedule")],
+    default={"concat-weights", "bestfit-schedule"}))
 def test_another_ranks_state_after_a_change_of_shape_resumes_exactly(dirs, kw, schedule):
     states = {}
     for rank in (0, 1):

@@ -22,6 +22,7 @@ from shmloader.data import tokenizer as tokmod
 from shmloader.data.cache import TokenCache
 from shmloader.data.source import Reader
 from tests import oracle
+from tests.cases import cross
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 B, T, MICRO = 2, 16, 2
@@ -82,9 +83,11 @@ def save_points(states) -> dict:
     return out
 
 
-@pytest.mark.parametrize("where", ["inside", "file", "epoch"])
-@pytest.mark.parametrize("rank", [0, 1])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+# default: every pair of values (packing, rank, save point) once; the other six with -m slow
+@pytest.mark.parametrize("packing,rank,where", cross(
+    ["concat", "bos_bestfit"], [0, 1], ["inside", "file", "epoch"],
+    default={"concat-0-inside", "bos_bestfit-1-inside", "concat-1-file", "bos_bestfit-0-file", "concat-0-epoch",
+             "bos_bestfit-1-epoch"}))
 def test_nanochat_loop_resumes_exactly_on_every_rank(posdata, packing, rank, where):
     """Rank 0 saves at step s; rank `rank` resumes from rank 0's state (with 3 workers, not 2)
     and trains on exactly its own uninterrupted batches from step s on."""

@@ -14,6 +14,7 @@ import pytest
 
 import shmloader
 from shmloader import state as statemod
+from tests.cases import cross
 from tests.helpers import REPO_ROOT, SCRIPTS, IntTokenizer
 
 _spec = importlib.util.spec_from_file_location("mixture_v6_states", SCRIPTS / "mixture_v6_states.py")
@@ -52,9 +53,11 @@ def one(dirs):
     return shmloader.Mixture({"x": dirs["a"]}, {"x": 1})
 
 
-@pytest.mark.parametrize("kw", [{}, FIT, SHUFFLED, {**FIT, **SHUFFLED}], ids=["concat", "bestfit", "concat-shuffled",
-                                                                          "bestfit-shuffled"])
-@pytest.mark.parametrize("workers", [1, 2, 3])
+# default: every pair of packing, order and worker count once; the other six with -m slow
+@pytest.mark.parametrize("workers,kw", cross(
+    [1, 2, 3], [pytest.param({}, id="concat"), pytest.param(FIT, id="bestfit"),
+                pytest.param(SHUFFLED, id="concat-shuffled"), pytest.param({**FIT, **SHUFFLED}, id="bestfit-shuffled")],
+    default={"1-concat", "1-bestfit-shuffled", "2-bestfit", "2-concat-shuffled", "3-concat-shuffled", "3-bestfit"}))
 def test_a_mixture_of_one_source_is_that_sources_stream(dirs, kw, workers):
     want, _ = batches(dirs["a"], N, 2, **kw)
     got, states = batches(one(dirs), N, workers, **kw)

@@ -15,9 +15,11 @@ import pytest
 
 import shmloader
 from tests import helpers
+from tests.cases import cross
 from tests.loader.test_growing_data import B, T, write_file
 
 FIT = dict(packing="bos_bestfit", buffer_size=6, tokenizer_batch_size=3)
+KWS = [pytest.param({}, id="concat"), pytest.param(FIT, id="bestfit")]  # the packings, as ids name them
 NAMES = [f"shard_{i:05d}.parquet" for i in range(5)]  # shard 4 is the val file
 
 
@@ -60,8 +62,11 @@ def gapped(tmp_path):
     return str(data), shmloader.Mixture({"x": str(data)}, {"x": 1})
 
 
-@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
-@pytest.mark.parametrize("k,where", [(5, (1, 1)), (9, (1, 2)), (30, (3, 0))], ids=["before_gap", "past_gap", "epoch_3"])
+# default: each landing point once, both packings; the other three with -m slow
+@pytest.mark.parametrize("k,where,kw", cross(
+    [pytest.param(5, (1, 1), id="before_gap"), pytest.param(9, (1, 2), id="past_gap"),
+     pytest.param(30, (3, 0), id="epoch_3")], KWS,
+    default={"before_gap-concat", "past_gap-bestfit", "epoch_3-concat"}))
 def test_a_shard_that_lands_inside_the_sort_order_is_read_as_the_source_reads_it(tmp_path, kw, k, where):
     data, one = gapped(tmp_path)
     _, wstates = run(data, k, **kw)
@@ -82,8 +87,9 @@ def test_a_shard_that_lands_inside_the_sort_order_is_read_as_the_source_reads_it
         assert same(again, got[j + 1:j + 9]), j
 
 
-@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
-@pytest.mark.parametrize("restart", ["heal", "idle_release"])
+# default: a heal in best fit, an idle release in concat; the other two with -m slow
+@pytest.mark.parametrize("restart,kw", cross(["heal", "idle_release"], KWS,
+                                             default={"heal-bestfit", "idle_release-concat"}))
 def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp_path, kw, restart):
     """Resumed in epoch 1 with shard 2 arrived inside the sort order, restarted in epoch 2: the
     batches and states are the source's, restarted the same way."""
@@ -110,8 +116,10 @@ def test_a_restart_in_the_epoch_after_a_reordered_one_reads_the_sorted_order(tmp
     assert same(again, want)
 
 
-@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
-@pytest.mark.parametrize("back", [1, 2], ids=["to_the_reordered_epoch", "to_epoch_2"])
+# default: back to the reordered epoch in best fit, to epoch 2 in concat; the other two with -m slow
+@pytest.mark.parametrize("back,kw", cross(
+    [pytest.param(1, id="to_the_reordered_epoch"), pytest.param(2, id="to_epoch_2")], KWS,
+    default={"to_the_reordered_epoch-bestfit", "to_epoch_2-concat"}))
 def test_a_reordered_loader_given_its_own_state_reads_as_a_fresh_one(tmp_path, kw, back):
     """Resumed in epoch 1 with shard 2 arrived inside the sort order, read into epoch 2, then
     `load_state_dict` on the same loader with one of its own states (of the reordered epoch, or

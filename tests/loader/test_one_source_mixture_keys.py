@@ -19,11 +19,13 @@ import pytest
 
 import shmloader
 from shmloader.demo import corpus
+from tests.cases import cross
 from tests.helpers import IntTokenizer, position_documents
 from tests.loader.test_one_source_mixture import FIT, B, T, same, v6
 
 KEYS = ("epoch", "pq_idx", "rg_idx")
 N = 30
+KWS = [pytest.param({}, id="concat"), pytest.param(FIT, id="bestfit")]  # the packings, as ids name them
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +61,8 @@ def keys(states) -> list:
     return [tuple(s[k] for k in KEYS) for s in states]
 
 
-@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
-@pytest.mark.parametrize("data", ["aligned", "a"])
+# default: the aligned data in concat (the check below that is not vacuous) and "a" in best fit
+@pytest.mark.parametrize("data,kw", cross(["aligned", "a"], KWS, default={"aligned-concat", "a-bestfit"}))
 def test_its_states_say_the_sources_nanochat_keys(dirs, data, kw):
     _, want = run(dirs[data], N, before=True, **kw)
     _, got = run(one(dirs[data]), N, before=True, **kw)
@@ -89,10 +91,12 @@ def test_a_nanochat_state_resumes_it_as_it_resumes_the_source(dirs, kw):
     assert same(again, got[k + 1:])
 
 
-@pytest.mark.parametrize("kw", [{}, FIT], ids=["concat", "bestfit"])
-@pytest.mark.parametrize("nanochat,old_rank,n", [({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, 1, 5),
-                                                 ({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, 0, 20),
-                                                 ({"pq_idx": 1, "rg_idx": 2, "epoch": 1}, 1, 5)])
+# default: each origin once, the one inside a file (nanochat2) in best fit; the rest with -m slow
+@pytest.mark.parametrize("nanochat,old_rank,n,kw", cross(
+    [pytest.param({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, 1, 5, id="nanochat0-1-5"),
+     pytest.param({"pq_idx": 0, "rg_idx": 0, "epoch": 1}, 0, 20, id="nanochat1-0-20"),
+     pytest.param({"pq_idx": 1, "rg_idx": 2, "epoch": 1}, 1, 5, id="nanochat2-1-5")], KWS,
+    default={"nanochat0-1-5-bestfit", "nanochat1-0-20-concat", "nanochat2-1-5-bestfit"}))
 def test_a_run_begun_from_nanochat_keys_changes_world_size_as_the_source(dirs, kw, nanochat, old_rank, n):
     """A run begun from nanochat's keys at 2 ranks, its state after `n` batches resumed at 3: every
     new rank's batches and keys are the source's, byte for byte (the old ranks replayed from

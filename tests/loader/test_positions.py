@@ -29,6 +29,7 @@ import torch
 import shmloader
 from shmloader.demo import corpus
 from tests import helpers
+from tests.cases import cross
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 B, T = 2, 32
@@ -111,9 +112,11 @@ def plain(posdata, synth):
     return out
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
-@pytest.mark.parametrize("name", ["posdata", "synth"])
+# default: every pair of data, packing and worker count once; the other six with -m slow
+@pytest.mark.parametrize("name,packing,workers", cross(
+    ["posdata", "synth"], ["concat", "bos_bestfit"], [1, 2, 3],
+    default={"posdata-concat-1", "posdata-bos_bestfit-2", "synth-bos_bestfit-1", "synth-concat-2", "posdata-concat-3",
+             "synth-bos_bestfit-3"}))
 def test_positions_count_each_token_in_its_document(posdata, synth, plain, name, packing, workers):
     data = posdata if name == "posdata" else synth
     with data.loader(B, T, num_workers=workers, **options(packing, positions=True)) as loader:

@@ -29,6 +29,7 @@ import pytest
 import shmloader
 from shmloader.demo import corpus
 from tests import helpers
+from tests.cases import cross
 from tests.helpers import REPO_ROOT, SCRIPTS
 
 B, T = 4, 64
@@ -78,8 +79,9 @@ def _same(got, want):
             assert np.array_equal(a, b), f"batch {i} differs"
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+# default: parquet in concat, JSON Lines in best fit; the other two with -m slow
+@pytest.mark.parametrize("packing,fmt", cross(["concat", "bos_bestfit"], ["parquet", "jsonl"],
+                                              default={"concat-parquet", "bos_bestfit-jsonl"}))
 def test_ids_that_begin_with_bos_give_the_text_batches(dirs, synth_tokenizer, watchdog, fmt, packing):
     want = _read(dirs["text"], synth_tokenizer, "text", packing=packing, positions=True)
     got = _read(dirs[fmt], synth_tokenizer, "ids", packing=packing, positions=True)
@@ -89,8 +91,9 @@ def test_ids_that_begin_with_bos_give_the_text_batches(dirs, synth_tokenizer, wa
     assert not np.any((x[:, 1:] == bos) & (x[:, :-1] == bos)), "a document has two BOS"
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
-@pytest.mark.parametrize("packing", ["concat", "bos_bestfit"])
+# default: parquet in concat, JSON Lines in best fit; the other two with -m slow
+@pytest.mark.parametrize("packing,fmt", cross(["concat", "bos_bestfit"], ["parquet", "jsonl"],
+                                              default={"concat-parquet", "bos_bestfit-jsonl"}))
 def test_the_token_cache_keeps_one_bos(dirs, synth_tokenizer, tmp_path, watchdog, fmt, packing):
     want = _read(dirs["text"], synth_tokenizer, "text", packing=packing, positions=True)
     cold = _read(dirs[fmt], synth_tokenizer, "ids", packing=packing, positions=True, cache_dir=str(tmp_path / "c"))

@@ -13,6 +13,7 @@ from shmloader.data import elastic
 from shmloader.position import Position, Step
 from shmloader.data.order import row_steps, start_position
 from shmloader.ipc.runstart import ONE_SOURCE
+from tests.cases import seeds
 
 CHANGES = [(2, 3), (4, 2), (1, 4), (3, 1), (2, 2), (3, 5)]
 
@@ -54,7 +55,7 @@ def stopped(streams: list, rng) -> tuple[list, set]:
 
 
 @pytest.mark.parametrize("W,W2", CHANGES)
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", seeds(12, 3))  # seeds 3-11: -m slow
 def test_the_units_and_what_the_old_ranks_consumed_are_the_epochs_each_document_once(seed, W, W2):
     counts, positions, consumed = scenario(seed, W)
     plan = elastic.Plan.of(W, 40, positions)
@@ -120,7 +121,7 @@ def new_stream(plan, rank, world, counts, epochs):
 
 
 @pytest.mark.parametrize("W,W2,W3", [(2, 3, 2), (4, 2, 3), (1, 4, 1), (3, 1, 4), (2, 2, 5)])
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", seeds(10, 3))  # seeds 3-9: -m slow
 def test_a_second_change_inside_the_first_ones_epoch_holds_the_guarantee(seed, W, W2, W3):
     """W -> W2 -> W3, the second change with the W2 ranks inside the first plan's units or just
     past them: what the W and W2 runs consumed and the second plan's units are the epochs up to
@@ -192,7 +193,7 @@ def shuffled_scenario(seed, W, order):
 
 @pytest.mark.parametrize("k", [1, 12])
 @pytest.mark.parametrize("W,W2", CHANGES)
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", seeds(8, 2))  # seeds 2-7: -m slow
 def test_a_shuffled_plan_and_what_the_old_ranks_consumed_are_the_epochs_each_document_once(seed, W, W2, k):
     """With a shuffle the plan's units are each epoch's shuffled windows (of at least `k`
     documents, named by their head); with what the old ranks consumed (their shuffled streams up to their positions)

@@ -22,6 +22,7 @@ from shmloader.packing.base import SlotMap
 from shmloader.packing.bestfit import Rows
 from shmloader.packing.mixbestfit import source_sequencer
 from shmloader.packing.mixone import Passing
+from tests.cases import seeds
 from tests.oracle import plan_batch_scan
 
 B, T = 2, 16
@@ -205,7 +206,7 @@ def check_against(announced, expected, first: int = 0):
             assert docs == placed, f"batch {k}: documents placed"
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", seeds(40, 10))  # seeds 10-39: -m slow
 def test_batches_positions_and_buffers_equal_the_scan_whatever_the_order(seed):
     rng = random.Random(seed)
     data = Data(rng)
@@ -221,7 +222,7 @@ def test_batches_positions_and_buffers_equal_the_scan_whatever_the_order(seed):
         n > ROW_LEN for rows in data.lengths.values() for n in rows), "no document was cropped"
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", seeds(40, 10))  # seeds 10-39: -m slow
 def test_a_run_resumed_from_any_batch_continues_the_scan(seed):
     rng = random.Random(1000 + seed)
     data = Data(rng)

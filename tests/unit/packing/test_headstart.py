@@ -19,6 +19,7 @@ from shmloader.packing.headstart import Stream
 from shmloader.packing.mixcount import MixCountMode
 from shmloader.position import Position
 from shmloader.procs import headstart as procs_headstart
+from tests.cases import seeds
 
 
 def corpus(rng: random.Random):
@@ -85,7 +86,7 @@ def made(groups, pieces, B, T, skip, most, positions=True):
     return out
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", seeds(40, 10))  # seeds 10-39: -m slow
 def test_every_batch_is_the_concatenations_window_with_its_position_and_documents(seed):
     rng = random.Random(seed)
     groups = corpus(rng)
