@@ -7,9 +7,10 @@ checked for content; its main in this process, its measurements in fresh process
 topic's file run with --help), gpu_check (`--device cpu`) and profile_worker reuse that corpus.
 tools/inspect_batch.py reads position documents through `helpers.IntTokenizer`, so the rows it
 prints are checked by arithmetic, and resuming from the state it prints gives the next batch.
-The heavier bench runs (two built corpora, repeat rounds, two checkouts, and the topics whose
-one tiny run takes 10-30 s: step_loop, cache, mixture, hf_engine, and gpu_check's harness)
-are marked slow, so that the default suite stays near 5 minutes; CI runs both.
+The bench topics' runs (measurement tools: a tiny run each, 1-30 s; two built corpora, repeat
+rounds, two checkouts) are marked slow, so that the default suite stays under 5 minutes; CI
+runs both. Every topic's --help, the demo, inspect_batch and the tools run from the package
+stay in the default suite.
 """
 from __future__ import annotations
 
@@ -118,6 +119,7 @@ def test_bench_help_of_every_topic(tmp_path):
         assert f"docs/bench/{topic}.json" in " ".join(text.split())
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 5.1 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_throughput(demo, tmp_path, capsys, watchdog):
     text, got = bench("throughput", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
                       "--seconds", 0.3)
@@ -143,6 +145,7 @@ def test_bench_throughput(demo, tmp_path, capsys, watchdog):
                      r"process \d+%, the rest \(idle, kernel, other processes\) -?\d+%", text), text
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 2.2 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_trainer(demo, tmp_path, capsys, watchdog):
     text, got = bench("trainer", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
                       "--seconds", 0.3, "--batches", 3, "--sleep-ms", 2, "--busy-ms", 2, "--step-ms", 5,
@@ -175,6 +178,7 @@ def test_bench_step_loop(demo, tmp_path, capsys, watchdog):
     assert got["config"]["units"] > 0 and re.search(r"^demo +frozen +shmloader, 1 worker +[\d.]+x ", text, re.M), text
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 2.3 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_positions(demo, tmp_path, capsys, watchdog):
     text, got = bench("positions", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "bos_bestfit",
                       *TINY, "--batches", 3, "--step-ms", 2, "--repeat", 1)
@@ -203,6 +207,7 @@ def test_bench_trainer_counts_system_calls_per_next(demo, tmp_path, capsys):
     assert "system calls per next(), bos_bestfit, 1 worker, 20 steps" in text and "best fit / concat" in text
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 3.7 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_evaluations(demo, tmp_path, capsys, watchdog):
     text, got = bench("evaluations", tmp_path, capsys, *on_demo(demo), "--workers", 1, "--packings", "concat", *TINY,
                       "--loaders", 2, "--take", 2, "--gap-ms", 50, "--step-ms", 5)
@@ -293,6 +298,7 @@ def test_bench_elastic(demo, tmp_path, capsys, watchdog):
     assert got["check_us"] > 0 and re.search(r"rank 1 of 2, no cache +[\d.]+ / +[\d.]+ s .* M tokens counted/s", text)
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 2.5 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_engines(demo, tmp_path, capsys, watchdog):
     pytest.importorskip("fastokens")
     text, got = bench("engines", tmp_path, capsys, *on_demo(demo), "--rounds", 1, "--docs", 300, "--loader-seconds", 0.3, *TINY)
@@ -304,6 +310,7 @@ def test_bench_engines(demo, tmp_path, capsys, watchdog):
         assert line in text, text
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 1.7 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_giga(demo, tmp_path, capsys, watchdog):
     """The third engine's topic: tokenizers of both patterns trained on the corpus, every document's
     ids equal to tiktoken's for both fast engines, and a rate for each of the three."""
@@ -336,6 +343,7 @@ def test_bench_packing(tmp_path, capsys, watchdog):
     assert 0 < got["cropped_fraction"] < 1 and "plans identical: yes (20 batches)" in text
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 2.3 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_long_document(demo, tmp_path, capsys, watchdog):
     text, got = bench("long_document", tmp_path, capsys, *on_demo(demo), "--mb", 1, "--workers", 1)
     [row] = got["rows"]
@@ -503,6 +511,7 @@ def test_bench_gpu_train_harness_on_cpu(demo, tmp_path, capsys, watchdog):
     assert re.search(r"^tiny \(\d+M\) +shmloader \(drop-in\) +[\d.,]+ +[\d.]+x +-?[\d.]+% +- ", text, re.M), text
 
 
+@pytest.mark.slow  # a measurement tool's tiny run, 4.6 CPU-s (its --help: test_bench_help_of_every_topic)
 def test_bench_ring_slots(demo, tmp_path, capsys, watchdog):
     text, got = bench("ring_slots", tmp_path, capsys, *on_demo(demo), "--corpus", "demo", "--workers", 1,
                       "--slots", 2, 8, *TINY, "--seconds", 0.3)
