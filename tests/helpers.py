@@ -294,19 +294,23 @@ class PosData(Dataset):
 
 # ---------------------------------------------------------------- processes and shared memory
 
-def live_processes():
-    """(pid, fields of /proc/pid/stat after the command name) of every live (non-zombie) process."""
+def processes():
+    """(pid, fields of /proc/pid/stat after the command name) of every process, zombies too
+    (tools/suite_cpu.py counts what they used)."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
                 stat = f.read()
-        except OSError:
+        except OSError:  # ended meanwhile
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if fields[0] not in ("Z", "X"):
-            yield int(name), fields
+        yield int(name), stat[stat.rfind(")") + 2:].split()  # after the command, which may hold spaces
+
+
+def live_processes():
+    """(pid, fields of /proc/pid/stat after the command name) of every live (non-zombie) process."""
+    return ((pid, fields) for pid, fields in processes() if fields[0] not in ("Z", "X"))
 
 
 def _proc_table() -> dict[int, list[int]]:

@@ -31,19 +31,11 @@ _KEY = pytest.StashKey()  # the open DIR/<worker>.jsonl
 
 
 def _table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, CPU ticks of it and of the children it reaped), for every process."""
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:  # ended meanwhile
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after the command, which may hold spaces
-        out[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
-    return out
+    """pid -> (ppid, CPU ticks of it and of the children it reaped), for every process (the
+    plugin's: under pytest, where the repository's tests package imports)."""
+    from tests import helpers
+
+    return {pid: (int(fields[1]), sum(int(x) for x in fields[11:15])) for pid, fields in helpers.processes()}
 
 
 def tree_cpu_s(root: int | None = None) -> float:

@@ -18,6 +18,7 @@ are printed with the load average.
 """
 import argparse
 import inspect
+import itertools
 import os
 import statistics
 import tempfile
@@ -61,30 +62,20 @@ def measure(cfg: dict) -> dict:
     run = SimpleNamespace(files=[f"f{i}" for i in range(FILES)], mixture=None, **kind.run_fields(config))
     order = shuffle.of_run(config, run)
     units = [(f, u) for f in range(FILES) for u in range(UNITS)]
-    at = iter(())
+    at = itertools.cycle(units)
 
     def rows():
-        nonlocal at
-        try:
-            f, u = next(at)
-        except StopIteration:
-            at = iter(units)
-            f, u = next(at)
+        f, u = next(at)
         order.rows(1, f, u, ROWS)
 
     # `Windows(order, row_counts, [n_files,] world)`: before issue 50 it took the file count too
     named = {"n_files": FILES} if "n_files" in inspect.signature(shuffle.Windows).parameters else {}
     windows = shuffle.Windows(order, counts.__getitem__, world=1, **named)
     heads = [w.head for w in shuffle.share(config.order, 1, counts, 0, 1)]
-    turn = iter(())
+    turn = itertools.cycle(heads)
 
     def members():
-        nonlocal turn
-        try:
-            f, u = next(turn)
-        except StopIteration:
-            turn = iter(heads)
-            f, u = next(turn)
+        f, u = next(turn)
         windows.members(1, f, u)
 
     window = shuffle.share(config.order, 1, counts, 0, 1)[0]
