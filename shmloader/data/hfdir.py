@@ -180,9 +180,9 @@ def named_split(paths: list) -> Named | None:
     by_dir = (Named(folder, kind in HELD_OUT_DIRS) if kind in HELD_OUT_DIRS or kind == "train" else None)
     splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
     split = next(iter(splits)) if len(splits) == 1 else None
-    by_name = None
-    if split is not None and (split_kind(split) == "train" or split_kind(split) in HELD_OUT):
-        by_name = Named(f"the {split!r} split", split_kind(split) in HELD_OUT)
+    known = split_kind(split) if split is not None else None
+    by_name = (Named(f"the {split!r} split", known in HELD_OUT)
+               if known == "train" or known in HELD_OUT else None)
     named = [n for n in (by_dir, by_name) if n is not None]
     return next((n for n in named if n.held), named[0] if named else None)
 
