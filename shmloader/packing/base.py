@@ -214,6 +214,14 @@ class Begin(NamedTuple):
     reads: object = None
     first: Callable | None = None
 
+    @classmethod
+    def reading(cls, lo: int, hi: int, start: Position, later, reads, point: Callable | None = None) -> "Begin":
+        """A `Begin` of the run's files `[lo, hi)` read as `reads` says (the run's `Sourced`, or
+        None: the files' order), its `order` the `Shuffle` of the source they are (one rule for
+        the two fields, which must agree)."""
+        order = None if reads is None else reads.of(lo).order
+        return cls(lo, hi, start, later, order, point, reads)
+
 
 class Mode:
     """The coordinator's view of a sequencer. Pieces come from `pieces`; `take` gives one to a

@@ -153,17 +153,19 @@ class MixConcatMode(Mode):
         def point(position: Position, end: int, docs: int):
             return kept(*one.packed(one.at(position, end, docs)))
 
-        start_pos, first = begun.starts[source.name], None  # where the source reads first (a Position)
+        start_pos = begun.starts[source.name]  # where the source reads first (a Position)
         reads = shuffle.of_run(cfg, run)
-        order = None if reads is None else reads.of(source.lo).order
-        if order is not None and source.name not in begins.placed:
-            def first(row_counts):
-                found = reads.firsts(frozenset(), lambda f: row_counts(f - source.lo), run.rank, run.world)
-                if source.name not in found:  # a footer that cannot be read: the coordinator's to say
-                    raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
-                return found[source.name]
-        return Begin(source.lo, source.hi, start_pos._replace(file=start_pos.file - source.lo, skip=begun.skip),
-                     (begins.laters or {}).get(source.name), order, point, reads, first)
+        begin = Begin.reading(source.lo, source.hi, start_pos._replace(file=start_pos.file - source.lo, skip=begun.skip),
+                              (begins.laters or {}).get(source.name), reads, point)
+        if begin.order is None or source.name in begins.placed:
+            return begin
+
+        def first(row_counts):
+            found = reads.firsts(frozenset(), lambda f: row_counts(f - source.lo), run.rank, run.world)
+            if source.name not in found:  # a footer that cannot be read: the coordinator's to say
+                raise DataError(f"mixture source {source.name!r}: its first window cannot be found")
+            return found[source.name]
+        return begin._replace(first=first)
 
     def can_take(self, worker: int) -> bool:
         pick = self.feed.pick_now()
@@ -234,9 +236,8 @@ class SourceConcatMode(MixConcatMode):
         start = run.start
         if start.at.plan is not None:
             return None
-        reads = shuffle.of_run(cfg, run)  # a `Sourced` of one, as the workers read it
-        order = None if reads is None else reads.of(0).order
-        return Begin(0, len(run.files), start.position, start.at.later, order, reads=reads)
+        # a `Sourced` of one, as the workers read it
+        return Begin.reading(0, len(run.files), start.position, start.at.later, shuffle.of_run(cfg, run))
 
 
 class Points:
