@@ -9,8 +9,12 @@ fastokens when importable, else the definition), `"tiktoken"` (always the defini
 `"fastokens"` or `"gigatoken"` (required). fastokens is built from the `Encoding`'s
 ranks, pattern and special tokens (`Tokenizer.from_tiktoken`) or from the tokenizer.json text
 (`Tokenizer.from_json_str`), encodes with `split_special_tokens=True` (special-token text is
-ordinary text) and is pinned to one thread of its own (`FASTOKENS_BPE_THREADS=1`,
-`RAYON_NUM_THREADS=1`, set before it is imported; the threads it starts are counted).
+ordinary text) and encodes on the worker's thread alone (`FASTOKENS_BPE_THREADS=1`: no pool of
+its own; `RAYON_NUM_THREADS=1`: rayon's pool, which it starts on a long document, one thread;
+both set before it is imported, over a value the user set: `available` says so once). Its own
+threads are told by their names (`OWN_THREADS`: /proc/self/task/*/comm), not by a count of the
+process's threads around the build, which the worker's reads go on beside (pyarrow starts pool
+threads of its own, named like the process); a pool of its own is warned of (`poll`).
 
 `Engines`: a worker encodes with the definition until it has tokenized for about as long as
 building the fast engine costs, then builds it on a thread of its own and lets it take over
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import warn
 from . import giga, spm, tokenizer as tokmod
 
 START_DOCS = 64       # every engine id array is compared on a worker's first documents,
@@ -53,6 +58,7 @@ HOOK_ENV = "SHMLOADER_ENGINE_HOOK"
 CHECK_ENV = "SHMLOADER_ENGINE_CHECK"
 AT_ENV = "SHMLOADER_ENGINE_AT"
 THREAD_ENV = {"FASTOKENS_BPE_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+OWN_THREADS = {"fastokens": "fastokens-"}  # engine -> what its own threads' names begin with
 FORCE = 'engine="tiktoken"'
 # the fast engine's build, estimated: seconds, plus seconds per vocabulary entry (fitted to the
 # build times in docs/benchmarks.md)
@@ -81,7 +87,7 @@ class Encoder:
     encode: object
     reference: object = None
     definition: str = ""          # what `reference` is: "tiktoken" or "tokenizers"
-    threads: int | None = None    # threads the engine started (fastokens), counted in /proc
+    threads: int | None = None    # threads of the engine's own (fastokens: named fastokens-N), in /proc
     note: str | None = None       # why "auto" fell back to the definition, for a warning
     batch: object = None          # texts -> (ids, offsets) in one call (fastokens, gigatoken), else None
 
@@ -100,7 +106,11 @@ class Encoder:
 def available(engine: str, spec=None) -> None:
     """In the trainer: `engine="fastokens"` or `"gigatoken"` without the package is a quick
     ImportError; `"gigatoken"` for a tokenizer (`spec`) whose split pattern it does not
-    implement, a quick ValueError (the probe and the checks run in the workers)."""
+    implement, a quick ValueError (the probe and the checks run in the workers). A thread
+    variable the user set that the workers override (`overridden`) is said once."""
+    if engine in ("auto", "fastokens") and (spec is None or spec.kind not in ONLY_DEFINITION):
+        if (text := overridden()) is not None:
+            warn(text)
     if engine in ("fastokens", "gigatoken") and importlib.util.find_spec(engine) is None:
         raise ImportError(f'engine="{engine}" needs the {engine} package: pip install {engine} '
                           f'(or engine="auto", which uses it when installed)')
@@ -155,11 +165,9 @@ def _fast(spec, engine: str, definition: Encoder) -> Encoder:
         module, _, func = hook.partition(":")
         return Encoder("hook", getattr(importlib.import_module(module), func)(spec), definition.encode, base)
     if engine in ("auto", "gigatoken"):
-        before = _threads()
-        got = giga.build(spec, definition.encode)
+        got = giga.build(spec, definition.encode)  # on the caller's thread (`parallel=False`)
         if isinstance(got, giga.Built):
-            return Encoder("gigatoken", got.encode, definition.encode, base, threads=_threads() - before,
-                           batch=got.batch)
+            return Encoder("gigatoken", got.encode, definition.encode, base, batch=got.batch)
         if engine == "gigatoken":
             raise (ImportError if "not installed" in got.why else ValueError)(f'engine="gigatoken": {got.why}')
     try:
@@ -168,7 +176,6 @@ def _fast(spec, engine: str, definition: Encoder) -> Encoder:
         if engine == "fastokens":
             raise ImportError('engine="fastokens" needs the fastokens package: pip install fastokens') from exc
         return definition
-    before = _threads()
     try:
         fast, batch = _fastokens(fastokens, spec)
         fast("warm up 0123, the engine's threads " * 1000)  # long enough to start its pool
@@ -177,7 +184,7 @@ def _fast(spec, engine: str, definition: Encoder) -> Encoder:
             raise
         return Encoder(base, definition.encode, note=f"fastokens could not be built for this tokenizer "
                                                      f"({type(exc).__name__}: {exc}); using {base}")
-    return Encoder("fastokens", fast, definition.encode, base, threads=_threads() - before, batch=batch)
+    return Encoder("fastokens", fast, definition.encode, base, threads=len(own_threads("fastokens")), batch=batch)
 
 
 def _fastokens(fastokens, spec):
@@ -205,11 +212,35 @@ def name(code: int) -> str | None:
     return f"{base}, fast engine building" if base and code >= BUILDING else base
 
 
-def _threads() -> int:
+def own_threads(engine: str) -> list[str]:
+    """The names of this process's threads that are `engine`'s own (`OWN_THREADS`; its threads
+    are named so by the engine itself): none for an engine that names none, or off Linux."""
+    prefix, names = OWN_THREADS.get(engine), []
     try:
-        return len(os.listdir("/proc/self/task"))
+        tasks = os.listdir("/proc/self/task") if prefix else []
     except OSError:
-        return 0
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        if name.startswith(prefix):
+            names.append(name)
+    return sorted(names)
+
+
+def overridden(env=os.environ) -> str | None:
+    """What the workers do with a thread variable of `THREAD_ENV` that the user set to another
+    value (said once by the loader, `available`), or None when none is."""
+    set_ = [f"{key}={env[key]}" for key in THREAD_ENV if env.get(key, THREAD_ENV[key]) != THREAD_ENV[key]]
+    if not set_:
+        return None
+    return (f"shmloader: {' and '.join(set_)} in this process's environment does not hold in the loader's "
+            f"workers: each sets {', '.join(f'{k}={v}' for k, v in THREAD_ENV.items())} before it imports "
+            f"fastokens, so that the engine encodes on the worker's own thread (a worker is one process per "
+            f"core: num_workers is how many tokenize at once)")
 
 
 class Check:
@@ -290,7 +321,7 @@ class Engines:
     `SAMPLE_EVERY`.
 
     `warn(text)` is called (by the worker's thread, in `poll`) when "auto" fell back to the
-    definition or the engine started more than one thread; an error of `engine="fastokens"`'s
+    definition or the engine runs threads of its own (`own_threads`); an error of `engine="fastokens"`'s
     build is raised by `poll`. `at=k` starts the build at once, before anything is read, and
     makes the fast engine take over exactly at the `k`-th non-null document (0: before the
     first): a tool that tokenizes a whole split (shmloader/tools/pretokenize.py) passes 0, and tests set
@@ -311,9 +342,9 @@ class Engines:
         if at is None and os.environ.get(AT_ENV):
             at = int(os.environ[AT_ENV])
         self._at = at
-        if self._at is not None:  # built before the worker reads anything: the threads it
-            self.start()          # counts are then the engine's alone (a first read of S3 or
-            if self._thread is not None:  # GCS starts threads of pyarrow's own)
+        if self._at is not None:  # built before the worker reads anything
+            self.start()
+            if self._thread is not None:
                 self._thread.join()
 
     @property
@@ -366,8 +397,12 @@ class Engines:
             raise error
         if fast.note:
             self._warn(fast.note)
-        if fast.threads is not None and fast.threads > 1:
-            self._warn(f"the {fast.name} engine started {fast.threads} threads, not 1")
+        if fast.threads:  # a pool of its own beside the worker's thread: the pin did not hold
+            self._warn(f"the {fast.name} engine runs {fast.threads} thread{'s' if fast.threads > 1 else ''} of "
+                       f"its own ({', '.join(own_threads(fast.name))} in /proc/{os.getpid()}/task) beside "
+                       f"the worker's (pid {os.getpid()}), which should encode alone "
+                       f"({', '.join(f'{k}={v}' for k, v in THREAD_ENV.items())} did not hold it): "
+                       f"this worker may take more than its core")
         if fast.reference is not None:
             self.encoder, self.check = fast, Check(fast)
 

@@ -10,7 +10,10 @@ when it is wrong only on a document after the start sample, by the sampled check
 WorkerError naming the file, row group and row and `engine="tiktoken"`; without the knob a
 long run's engine does take over (and is checked); with `engine="tiktoken"` the same hook is
 never used; the engine adds at most one thread to a worker, and in a fresh interpreter (as in
-a worker) its build starts at most one thread, which does almost none of the work.
+a worker) its build starts at most one thread, which does almost none of the work; threads
+that start beside the build (pyarrow's, as the worker reads) are not the engine's and are not
+warned of, a pool of its own (named fastokens-N) is, and a thread variable the user set is said
+once at construction.
 
 Most worker tests set `SHMLOADER_ENGINE_AT=0` (the engine takes over at a worker's first
 document, as it did when it was built before the first document): a worker builds the engine
@@ -21,6 +24,7 @@ import itertools
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -132,6 +136,79 @@ print(e.name, e.threads, len(new), os.environ["FASTOKENS_BPE_THREADS"], os.envir
     assert int(at_build) <= 1 and int(started) <= 1, out.stdout
     assert int(main_ticks) >= 10, f"too little work to judge: {out.stdout}"
     assert int(engine_ticks) <= 0.3 * int(main_ticks), f"the engine's own threads did the work: {out.stdout}"
+
+
+_BUILD_BESIDE_READS = """
+import os, sys, threading
+from shmloader.data import engine
+from shmloader.data import tokenizer
+
+if sys.argv[2] == "unpinned":  # as if fastokens ignored the pin: its own pool starts
+    engine.THREAD_ENV = {}
+real, gone = engine._fastokens, threading.Event()
+
+def beside(*args):  # the worker's reads start threads of pyarrow's while the engine builds
+    for _ in range(3):
+        threading.Thread(target=gone.wait, args=(30,), daemon=True).start()
+    return real(*args)
+
+engine._fastokens = beside
+said = []
+e = engine.Engines(tokenizer.resolve(sys.argv[1]), "fastokens", warn=said.append)
+e.start()
+e._thread.join(30)
+e.poll()
+gone.set()
+print(e.encoder.name, os.getpid())
+print(said)
+"""
+
+
+def _built_beside_reads(path, how: str) -> tuple:
+    """A fresh interpreter's `Engines` built while 3 threads that are not the engine's start:
+    (engine name, pid, what it warned)."""
+    env = {k: v for k, v in os.environ.items() if k not in enginemod.THREAD_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", _BUILD_BESIDE_READS, str(path), how], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    head, said = out.stdout.splitlines()[-2:]
+    name, pid = head.split()
+    return name, pid, said
+
+
+def test_threads_started_beside_the_build_are_not_the_engines(synth_tokenizer, tmp_path):
+    """The build runs on a thread while the worker goes on reading (pyarrow starts pool threads
+    of its own then, named like the process): those are not the engine's, and nothing is said.
+    (It warned "the fastokens engine started 3 threads, not 1": a count around the build.)"""
+    name, _, said = _built_beside_reads(corpus.save_tokenizer(synth_tokenizer, tmp_path), "pinned")
+    assert name == "fastokens" and said == "[]", said
+
+
+def test_a_pool_of_the_engines_own_is_warned_of_by_name(synth_tokenizer, tmp_path):
+    """Unpinned, fastokens starts its own pool (threads named fastokens-N): the warning names
+    them and the worker's pid, and counts none of the 3 other threads."""
+    name, pid, said = _built_beside_reads(corpus.save_tokenizer(synth_tokenizer, tmp_path), "unpinned")
+    assert name == "fastokens" and "fastokens-0" in said and f"pid {pid}" in said, said
+    assert f"runs {said.count('fastokens-')} thread" in said, said
+
+
+def test_a_thread_variable_the_user_set_is_said_once_at_construction(monkeypatch, synth_tokenizer):
+    """RAYON_NUM_THREADS=8 in the trainer's environment: the workers set 1 over it, and the
+    loader says so (`available`, in the trainer), naming the variable and its value; unset or
+    1, or a tokenizer no fast engine encodes, nothing."""
+    spec = tokmod.resolve(synth_tokenizer)
+    for key in enginemod.THREAD_ENV:
+        monkeypatch.delenv(key, raising=False)
+    assert enginemod.overridden() is None
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")
+    assert enginemod.overridden() is None
+    monkeypatch.setenv("RAYON_NUM_THREADS", "8")
+    with pytest.warns(UserWarning, match="RAYON_NUM_THREADS=8 in this process's environment does not hold"):
+        enginemod.available("auto", spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enginemod.available("tiktoken", spec)
 
 
 def _stream(root, enc, n, packing="concat", **kw):
