@@ -36,6 +36,7 @@ import time
 from typing import Protocol
 
 from . import progress, state as statemod
+from .data import formats
 from .errors import DataError
 from .ipc.protocol import RunArgs
 from .position import Position
@@ -143,7 +144,7 @@ def check_first(check: int, expected: int, mark, name: str, skipping: bool):
     if check == expected:
         return
     p = mark.position
-    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, row group {p.rg}, document {p.doc}"
+    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, {formats.place_of(name, p.rg, p.doc)}"
           + (f", token {p.skip}" if p.skip else "") + ")")
     also = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable now (or the "
             "other way round) changes it too" if skipping else "")

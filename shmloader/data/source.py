@@ -587,7 +587,7 @@ class Reader:
             path = self.files[f]
             before, now = self._ids[f][0], file_size(path, self.filesystem)
             if now != before:
-                raise DataError(f"{path}: {fmt.unit} {rg} cannot be read: the file changed while it was "
+                raise DataError(f"{path}: {fmt.place(rg)} cannot be read: the file changed while it was "
                                 f"being read ({before} bytes when opened, {now} now); a data file must not "
                                 f"be rewritten under a running loader") from exc
             raise
@@ -627,7 +627,7 @@ class SchemaCheck:
                 opened = formats.open_file(path, self.filesystem)
                 units = opened.n_units()
                 if units is None or units > self.rank:
-                    opened.kind(self.columns[f], f"{opened.unit} {self.rank} (checked ahead): ")
+                    opened.kind(self.columns[f], f"{opened.place(self.rank)} (checked ahead): ")
             except DataError as exc:
                 if "(checked ahead)" not in str(exc):
                     continue  # unreadable files are reported when the run reads them

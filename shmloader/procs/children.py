@@ -23,6 +23,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import wait
 
 from .. import errors
+from ..data import formats
 from ..ipc import ring as ringmod
 from ..ipc import segment as segmod
 from ..ipc.handover import Announcement, Doorbell, TrainerEnd
@@ -400,7 +401,8 @@ class Children:
         piece, f, rg, doc = (int(v) for v in self.ring.workers[i, WorkerCol.PIECE:WorkerCol.DOC + 1])
         if piece < 0:
             return " while idle"
-        return f" while reading {self.files[f]}, row group {rg}, documents from {doc}"
+        end = int(self.ring.workers[i, WorkerCol.END])
+        return f" while reading {self.files[f]}, {formats.place_of(self.files[f], rg, doc, end - 1)}"
 
     def describe_all(self) -> str:
         """Every child, what it is doing, and whether it is stopped (SIGSTOP, a debugger)."""

@@ -48,6 +48,7 @@ import functools
 import time
 
 from ..data import engine as enginemod
+from ..data import formats
 from ..data import shuffle
 from ..data.order import iter_pieces
 from ..data.source import Reader
@@ -223,7 +224,7 @@ class HeadStart:
                  else shuffle.read(self._source.read_texts, order, piece, self._units or None))
         encode = self._encoder.encode_batch
         tokens, lengths = encode_texts(texts, lambda docs, where: encode(docs), spec.bos, spec.dtype,
-                                       lambda i: f"{path}, row group {piece.rg}, document row {piece.doc_start + i}")
+                                       lambda i: f"{path}, {formats.place_of(path, piece.rg, piece.doc_start + i)}")
         self.stream.add(piece, tokens, lengths)
 
 

@@ -92,11 +92,13 @@ class Poison(NamedTuple):
     shuffled: bool = False
 
     def __str__(self) -> str:
-        what = "document" if self.shuffled else "row"
-        rows = f"{what} {self.lo}" if self.hi - self.lo == 1 else f"{what}s {self.lo}-{self.hi - 1}"
+        from ..data.formats import place_of  # the file's format's words (a JSON Lines file's lines)
+
         if self.shuffled:
-            return f"{self.path}, the shuffled window of row group {self.rg} in epoch {self.epoch}, its {rows}"
-        return f"{self.path}, row group {self.rg}, {rows}"
+            rows = f"document {self.lo}" if self.hi - self.lo == 1 else f"documents {self.lo}-{self.hi - 1}"
+            return (f"{self.path}, the shuffled window of {place_of(self.path, self.rg)} in epoch {self.epoch}, "
+                    f"its {rows}")
+        return f"{self.path}, {place_of(self.path, self.rg, self.lo, self.hi - 1)}"
 
 
 class PoisonMemory:

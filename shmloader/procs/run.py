@@ -32,6 +32,7 @@ import threading
 import time
 from typing import NamedTuple
 
+from ..data import formats
 from ..data.engine import name as engine_name
 from ..errors import LoaderClosed, WorkerError, warn
 from ..ipc.handover import Announcement
@@ -384,7 +385,7 @@ class Runs:
                         f"skip it{slow}") from None
                 self.poison.skip(poison)
                 warn(f"shmloader: skipping {poison}: it was being tokenized at two deaths or stalls of a worker "
-                     f"(on_bad_row_group='skip'); the rest of its row group is read")
+                     f"(on_bad_row_group='skip'); the rest of {formats.place_of(poison.path, poison.rg)} is read")
             self.heals += 1
             return self.budget.spend(now)
 
@@ -403,4 +404,4 @@ def _held_text(held) -> str:
     if held is None:
         return ""
     where = "reading them" if held.reading else f"in the engine: {held.run}-{held.run_end - 1}"
-    return f"; it was on {held.path}, row group {held.rg}, documents {held.doc}-{held.end - 1} ({where})"
+    return f"; it was on {held.path}, {formats.place_of(held.path, held.rg, held.doc, held.end - 1)} ({where})"

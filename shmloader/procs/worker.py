@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..data import engine as enginemod
+from ..data import formats
 from ..data import shuffle
 from ..data import tokenizer as tokmod
 from ..data.cache import File, TokenCache
@@ -309,11 +310,12 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     if not piece.members:  # the files' order (a mixture's source may be read so beside shuffled ones)
         texts = read_or_skip(lambda: source.read_texts(piece.file, piece.rg, piece.doc_start, piece.doc_end),
                              ctx.cfg.on_bad_row_group, lambda text: ctx.conn.send(Skipped(piece, text)),
-                             "row group")
+                             formats.format_of(ctx.args.files[piece.file]).unit)
     else:  # a window's members, each read or skipped on its own
         texts = shuffle.read(lambda f, g, lo, hi: read_or_skip(
             lambda: source.read_texts(f, g, lo, hi), ctx.cfg.on_bad_row_group,
-            lambda text: bad.append(((f, g), text)), "row group"), ctx.order, piece, ctx.units)
+            lambda text: bad.append(((f, g), text)), formats.format_of(ctx.args.files[f]).unit), ctx.order, piece,
+            ctx.units)
         for unit, text, rows in shuffle.skipped(piece, ctx.order, bad):
             ctx.conn.send(Skipped(piece, text, unit, rows))
     if texts is None:
@@ -350,7 +352,7 @@ def _tokenize(ctx: _Ctx, source: Reader, encode, task: Task):
     def where(i: int) -> str:  # document i of the piece, in words
         file, rg, row = ((piece.file, piece.rg, piece.doc_start + i) if not piece.members
                          else shuffle.row_of(piece, ctx.order, i))
-        return f"{ctx.args.files[file]}, row group {rg}, document row {row}"
+        return f"{ctx.args.files[file]}, {formats.place_of(ctx.args.files[file], rg, row)}"
 
     tokens, lengths = encode_texts(texts, encode.encode_batch, spec.bos, spec.dtype, where,
                                    between, running, _relative(task.alone, piece))
@@ -530,8 +532,8 @@ def _who(ctx: _Ctx) -> str:
     row = ctx.ring.workers[ctx.args.worker] if ctx.ring is not None else None
     where = ""
     if row is not None and row[WorkerCol.PIECE] >= 0:
-        where = (f" on {ctx.args.files[int(row[WorkerCol.FILE])]}, row group {int(row[WorkerCol.RG])}, "
-                 f"documents from {int(row[WorkerCol.DOC])}")
+        path = ctx.args.files[int(row[WorkerCol.FILE])]
+        where = f" on {path}, {formats.place_of(path, int(row[WorkerCol.RG]), int(row[WorkerCol.DOC]), int(row[WorkerCol.END]) - 1)}"
     return f"worker {ctx.args.worker} (pid {os.getpid()}){where}"
 
 

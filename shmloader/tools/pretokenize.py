@@ -7,7 +7,7 @@ Each unit of the split's files (a parquet row group, an Arrow record batch, 1024
 Lines; all ranks: the cache is shared), its documents in `--column`, is tokenized once, with the
 loader's engine and its checks against tiktoken (`--engine`), and written as the loader's
 workers would write it; entries already present and valid are skipped, so a
-second run does nothing. Shows its progress (row groups done of all, the rate, the time left:
+second run does nothing. Shows its progress (units done of all, in their format's words, the rate, the time left:
 a bar on a terminal, else a line on stderr after a second and every ten: shmloader/progress.py),
 then prints what it did and the disk the cache takes.
 """
@@ -21,6 +21,7 @@ from shmloader import progress
 from shmloader.config import ENGINES, SPLITS
 from shmloader.data import cache as cachemod
 from shmloader.data import engine as enginemod
+from shmloader.data import formats
 from shmloader.data import source
 from shmloader.data import tokenizer as tokmod
 from shmloader.procs import worker
@@ -43,7 +44,7 @@ def _one(job):
         return 0, False
     texts = reader.read_texts(0, rg, 0, reader.row_counts(0)[rg])
     tokens, lengths = worker.encode_texts(texts, _ENGINES.encode_batch, _SPEC.bos, _SPEC.dtype,
-                                          lambda i: f"{path}, row group {rg}, document row {i}")
+                                          lambda i: f"{path}, {formats.place_of(path, rg, i)}")
     _CACHE.store(file, rg, lengths, tokens)
     return int(tokens.size), True
 
@@ -74,7 +75,8 @@ def main(argv=None):
     t0 = time.monotonic()
     done = tokens = 0
     ctx = multiprocessing.get_context("forkserver")
-    report = progress.Report("pretokenize", len(jobs), "row groups", t0,
+    units = formats.units_of(files)
+    report = progress.Report("pretokenize", len(jobs), units, t0,
                              lambda level, text: print(text, file=sys.stderr, flush=True), bar=True)
     with ctx.Pool(args.workers, initializer=_init,
                   initargs=(spec, args.cache_dir, args.engine, args.column)) as pool:
@@ -86,7 +88,7 @@ def main(argv=None):
     dt = time.monotonic() - t0
     root = os.path.join(args.cache_dir, spec.fingerprint)
     size = sum(e.stat().st_size for e in os.scandir(root)) if os.path.isdir(root) else 0
-    print(f"{len(jobs)} row groups: {done} tokenized ({tokens / 1e6:.1f}M tokens, "
+    print(f"{len(jobs)} {units}: {done} tokenized ({tokens / 1e6:.1f}M tokens, "
           f"{tokens / max(dt, 1e-9) / 1e6:.2f}M tokens/s), {len(jobs) - done} already cached; "
           f"cache {root} holds {size / 2**20:.1f} MiB")
 

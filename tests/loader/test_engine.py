@@ -22,6 +22,7 @@ may never reach. (The engine and `Engines` in this process: tests/unit/data/test
 """
 import itertools
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -252,7 +253,7 @@ def _expect_mismatch(root, enc, paths, index, phase):
         _stream(root, enc, 10_000, num_workers=1, start_method="spawn")
     text = str(info.value)
     print(text.splitlines()[0])
-    for part in (os.path.basename(path), f"row group {rg}", f"document row {row}", phase,
+    for part in (os.path.basename(path), f"row group {rg}, row {row}", phase,
                  'engine="tiktoken"', "EngineMismatch"):
         assert part in text, f"{part!r} not in: {text}"
 
@@ -263,6 +264,25 @@ def test_wrong_engine_is_caught_by_the_start_check(data, synth_tokenizer, monkey
     monkeypatch.setenv(enginemod.AT_ENV, "0")
     assert EARLY_ROW < enginemod.START_DOCS
     _expect_mismatch(root, synth_tokenizer, paths, EARLY_ROW, "start check")
+
+
+def test_a_mismatch_in_a_json_lines_file_names_its_line(synth_tokenizer, tmp_path, monkeypatch, watchdog):
+    """The worker's message names a JSON Lines file's place by its line (and its piece by its
+    lines), as its format words it, not by a "row group" and row."""
+    from tests import formats_data
+
+    docs = list(corpus.synthetic_texts(2100, seed=21, mean_words=4))
+    docs[2050] = f"{LATE} {docs[2050]}"  # line 2051 of file 0 (unit 2, row 2)
+    for i, part in enumerate((docs, docs[:100])):
+        formats_data.write(str(tmp_path / f"shard_{i}.jsonl"), part, "jsonl")
+    monkeypatch.setenv(enginemod.HOOK_ENV, f"{__name__}:wrong_late")
+    monkeypatch.setenv(enginemod.CHECK_ENV, "0,1")
+    monkeypatch.setenv(enginemod.AT_ENV, "0")
+    with pytest.raises(WorkerError) as info:
+        _stream(tmp_path, synth_tokenizer, 10_000, num_workers=1, start_method="spawn")
+    text = str(info.value).splitlines()[0]
+    assert "shard_0.jsonl, line 2051 (" in text and "row group" not in text, text
+    assert re.search(r"worker 0 \(pid \d+\) on \S+shard_0.jsonl, lines 2049-\d+: EngineMismatch", text), text
 
 
 def test_start_check_follows_an_engine_that_takes_over_mid_run(data, synth_tokenizer, monkeypatch, watchdog):

@@ -110,7 +110,7 @@ def test_a_file_rewritten_with_the_same_footer_is_caught_at_the_first_batch(tmp_
     rewrite_in_place(paths[0], shift_digits)  # the file the resumed batch reads, footer and all alike
     resumed = int_loader(tmp_path, packing, resume_state=state)  # the file check passes: it cannot see it
     with pytest.raises(ValueError, match=r"resume check: the batch this loader resumed at, batch 9 "
-                                         r"\(epoch 1, shard_00000.parquet, row group \d+, document \d+.*"
+                                         r"\(epoch 1, shard_00000.parquet, row group \d+, row \d+.*"
                                          r"is not the one the state was saved before"):
         next(resumed)
     with pytest.raises(shmloader.LoaderClosed):

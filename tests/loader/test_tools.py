@@ -648,7 +648,7 @@ def test_the_tools_read_any_column_and_inspect_shuffles(posdata, tmp_path, capsy
     cache = tmp_path / "cache"
     out = run("-m", "shmloader.tools.pretokenize", "--data", d, "--tokenizer", tok, "--cache-dir", cache,
               "--column", "content", "--workers", 1)
-    assert "2 row groups: 2 tokenized" in out, out
+    assert "2 units of 1024 lines: 2 tokenized" in out, out  # JSON Lines: its units, not "row groups"
     with shmloader.ShmLoader(str(d), str(tok), 2, 8, cache_dir=str(cache), **opts) as loader:
         assert len(list(itertools.islice(loader, 8))) == 8
         stats = loader.stats()

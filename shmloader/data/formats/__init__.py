@@ -8,7 +8,9 @@
 
 Every format implements `base.Format` (its docstring is the interface); nothing outside this
 package asks which format a file is: `open_file(path, filesystem)` opens it as its name says,
-`is_data_file(name)` says whether a listing keeps it, `digests` gives files' identities. A
+`is_data_file(name)` says whether a listing keeps it, `digests` gives files' identities,
+`place_of(path, unit, first, last)` names a place in it in its format's words (every message
+that names one asks it: a JSON Lines file's lines, not "row group"). A
 new format is one module, its line in `FORMATS` and its unit test.
 """
 from ...errors import DataError
@@ -22,7 +24,7 @@ FORMATS = (Parquet, JsonLines, ArrowIPC)
 SUFFIXES = tuple(s for fmt in FORMATS for s in fmt.suffixes)
 
 __all__ = ["FORMATS", "SUFFIXES", "Format", "Ids", "TEXT", "TOKENS", "digest_of", "format_of", "footer_digest",
-           "format_name", "identity_of", "is_data_file", "open_file"]
+           "format_name", "identity_of", "is_data_file", "open_file", "place_of", "units_of"]
 
 
 def format_of(path: str) -> type:
@@ -48,6 +50,23 @@ def open_file(path: str, filesystem=None) -> Format:
 def format_name(path: str) -> str:
     """The registry's name of a file's format ("parquet", "jsonl", "arrow")."""
     return format_of(path).name
+
+
+def place_of(path: str, unit: int, first: int | None = None, last: int | None = None) -> str:
+    """A place in a file, in its format's words (`Format.place`): unit `unit`, and its rows
+    `first` to `last` (inclusive); a file of no format (by its name), a parquet file's words."""
+    try:
+        fmt = format_of(path)
+    except DataError:
+        fmt = Parquet
+    return fmt.place(unit, first, last)
+
+
+def units_of(paths: list) -> str:
+    """Several units of `paths`' files in words: their format's (`Format.units_name`: "row groups"),
+    or "units" when they are of several formats."""
+    found = {format_of(path).units_name for path in paths}
+    return found.pop() if len(found) == 1 else "units"
 
 
 def identity_of(path: str) -> str:

@@ -20,6 +20,7 @@ MAGIC = b"ARROW1"
 class ArrowIPC(Format):
     name, suffixes = "arrow", (".arrow", ".feather")
     unit = "record batch"
+    units_name = "record batches"
     unit_is = "an Arrow record batch"
 
     def __init__(self, path: str, filesystem=None):
@@ -69,4 +70,4 @@ class ArrowIPC(Format):
     def read(self, unit: int, start: int, end: int, column: str, n_vocab: int | None = None) -> list:
         kind = kind_of(self.path, self.schema, column, f"record batch {unit}: ")
         values = self.batches[unit].column(column).slice(start, end - start)
-        return docs_of(values, kind, n_vocab, lambda i: f"{self.path}: record batch {unit}, row {start + i}")
+        return docs_of(values, kind, n_vocab, lambda i: f"{self.path}: {self.place(unit, start + i)}")

@@ -10,6 +10,9 @@ A `Format` is one data file, opened. All the rest of the loader knows of a file 
   be read is a `DataError` naming the file and the row (a row group's row, a line);
 - `digest()`: the file's identity beyond its name and size (a state and a run check it),
   `identity` what it is of in words: `edge_digest` unless a format overrides both (parquet);
+- `place(unit, first, last)` (a class method: no file opened): a place in a file of the format,
+  in its words, for every message that names one (a parquet row group and its document rows;
+  JSON Lines its lines, counted from 1; an Arrow record batch and its rows);
 - `kind(column, where)`: `column.TEXT` or `column.TOKENS` where the file says it cheaply (a schema;
   JSON Lines: its first value), else None; a missing or wrong column is a `DataError` (checked
   ahead: source.SchemaCheck);
@@ -36,6 +39,7 @@ EDGE_BYTES = 64 << 10  # `edge_digest` reads this much at each end of a file
 class Format:
     name = ""        # the registry's name for it ("parquet", "jsonl", "arrow")
     unit = ""        # what its unit is called in messages ("row group")
+    units_name = ""  # and several of them ("row groups")
     unit_is = ""     # what its unit is, told to a user without the file ("a parquet row group")
     suffixes = ()    # file names ending so are of this format (formats/__init__.py)
     # what `digest()` is of, in messages: a state's check that a file is the one it saved (the
@@ -44,6 +48,15 @@ class Format:
 
     def __init__(self, path: str, filesystem=None):
         self.path, self.filesystem = path, filesystem
+
+    @classmethod
+    def place(cls, unit: int, first: int | None = None, last: int | None = None) -> str:
+        """Unit `unit` in words, and with `first` its row `first` (to `last`, inclusive): "row
+        group 3, row 5", "record batch 3, rows 5-9"."""
+        where = f"{cls.unit} {unit}"
+        if first is None:
+            return where
+        return where + (f", row {first}" if last in (None, first) else f", rows {first}-{last}")
 
     def rows(self) -> list:
         raise NotImplementedError

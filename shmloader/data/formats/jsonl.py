@@ -50,8 +50,20 @@ ZSTD_WINDOW = "Frame requires too much memory"  # pyarrow's zstd error for a win
 class JsonLines(Format):
     name = "jsonl"
     unit = "unit of lines"
+    units_name = f"units of {LINES} lines"
     unit_is = f"{LINES} lines of JSON Lines"
     suffixes = tuple(s + c for s in (".jsonl", ".json") for c in ("", ".gz", ".zst"))
+
+    @classmethod
+    def place(cls, unit: int, first: int | None = None, last: int | None = None) -> str:
+        """The lines of unit `unit`'s rows `first` to `last` (all of them without `first`),
+        counted from 1 as an editor does: "line 2051", "lines 2049-3072"."""
+        base = unit * LINES
+        if first is None:
+            return f"lines {base + 1}-{base + LINES}"
+        if last in (None, first):
+            return f"line {base + first + 1}"
+        return f"lines {base + first + 1}-{base + last + 1}"
 
     def __init__(self, path: str, filesystem=None):
         super().__init__(path, filesystem)

@@ -38,6 +38,7 @@ def _not_all_null(chunk, rows: int) -> bool:
 class Parquet(Format):
     name, suffixes = "parquet", (".parquet",)
     unit = "row group"
+    units_name = "row groups"
     unit_is = "a parquet row group"
     identity = "its parquet footer"
 
@@ -88,7 +89,7 @@ class Parquet(Format):
             self._last = (unit, column, self._read(unit, column))
         kind, values = self._last[2]
         return docs_of(values.slice(start, end - start), kind, n_vocab,
-                       lambda i: f"{self.path}: row group {unit}, row {start + i}")
+                       lambda i: f"{self.path}: {self.place(unit, start + i)}")
 
     def _read(self, rg: int, column: str):
         kind = kind_of(self.path, self.file.schema_arrow, column, f"row group {rg}: ")

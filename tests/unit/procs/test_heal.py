@@ -42,6 +42,10 @@ def test_a_document_lost_again_inside_a_suspect_is_poison():
     assert poison == Poison("a.parquet", 3, 205, 206) and str(poison) == "a.parquet, row group 3, row 205"
     assert str(Poison("a.parquet", 3, 8, 10, 1, True)) == \
         "a.parquet, the shuffled window of row group 3 in epoch 1, its documents 8-9"
+    # a JSON Lines file's place is its lines (unit 3 of 1024 lines: rows 205-206 are lines 3278-3279)
+    assert str(Poison("a.jsonl", 3, 205, 207)) == "a.jsonl, lines 3278-3279"
+    assert str(Poison("a.jsonl", 3, 8, 10, 1, True)) == \
+        "a.jsonl, the shuffled window of lines 3073-4096 in epoch 1, its documents 8-9"
 
 
 def test_a_piece_lost_twice_while_it_was_read_is_poison():

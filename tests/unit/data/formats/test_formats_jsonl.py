@@ -241,3 +241,17 @@ def test_a_compressed_file_named_in_capitals_is_decompressed(tmp_path, name, fmt
     path = formats_data.write(str(tmp_path / name), ["x y", None, "z"], fmt)
     f = formats.open_file(path)
     assert isinstance(f, JsonLines) and f.rows() == [3] and f.read(0, 0, 3, "text") == ["x y", None, "z"]
+
+
+def test_a_place_in_a_json_lines_file_is_named_by_its_lines():
+    """Messages name a place as its format words it (`formats.place_of`): a JSON Lines file's
+    lines, counted from 1 (unit 2, row 2 is line 2051), never a "row group"; a parquet file's
+    row group and row; an Arrow file's record batch."""
+    assert formats.place_of("a.jsonl.zst", 2, 2) == f"line {2 * LINES + 3}"
+    assert formats.place_of("a.jsonl", 2, 0, 951) == f"lines {2 * LINES + 1}-{2 * LINES + 952}"
+    assert formats.place_of("a.json.gz", 1) == f"lines {LINES + 1}-{2 * LINES}"
+    assert formats.place_of("a.parquet", 3, 5) == "row group 3, row 5"
+    assert formats.place_of("a.parquet", 3, 5, 9) == "row group 3, rows 5-9"
+    assert formats.place_of("a.arrow", 3) == "record batch 3"
+    assert formats.units_of(["a.jsonl", "b.jsonl.zst"]) == f"units of {LINES} lines"
+    assert formats.units_of(["a.parquet"]) == "row groups" and formats.units_of(["a.parquet", "b.jsonl"]) == "units"
