@@ -17,7 +17,7 @@ not in the fingerprint: it adds to each batch and changes nothing of the stream;
 one unit, as states saved before the window say it), absent when off (so older states match);
 `order` is its `data.shuffle.Shuffle`, or None. Pure: no
 torch, no files, no processes (the default `num_workers` reads this process's affinity and
-`LOCAL_WORLD_SIZE`).
+the ranks on its machine: cores.py `local_ranks`).
 """
 import numbers
 import os

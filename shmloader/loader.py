@@ -60,7 +60,7 @@ class ShmLoader(lifecycle.Managed):
             that is one split).
         packing: "concat" (nanochat's original loader) or "bos_bestfit" (every row starts at BOS).
         num_workers: tokenizing processes for this rank (None: its share of the cores this process
-            may run on, at most 4; `LOCAL_WORLD_SIZE` ranks share a machine); more than that share
+            may run on, at most 4; the ranks on a machine share it: cores.py); more than that share
             is warned of (`cores.CoresWarning`: they read no more, and cost a slower start).
         rank, world_size: this rank of how many (default: $RANK, $WORLD_SIZE, else 0 of 1).
         resume_state: a state to continue from (`state_dict()`, nanochat's yielded state, or
