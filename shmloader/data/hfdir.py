@@ -40,6 +40,12 @@ CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outpu
 # a Hub upload's shards, [<config>-]<split>-0000N-of-0000M[-<hash>].<ext>: group 1 the split
 HUB = re.compile(r"(?:.*-)?([A-Za-z_]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")
 HELD_OUT = frozenset({"test", "validation", "valid", "val", "dev", "eval", "evaluation"})  # splits not to train on
+# a file named by a split alone, numbered or not (not a Hub shard): `val-00000.parquet`,
+# `validation_1.jsonl.zst`, `test.arrow`, `train_sft-3.parquet`: group 1 the split, if `split_kind` knows it
+NAMED = re.compile(r"([A-Za-z]+(?:_[A-Za-z]+)*)(?:[-_]\d+)*\.")
+# files that are a known corpus's held-out part by their name alone: nanochat's val shard of
+# FineWeb-Edu-100B (its MAX_SHARD, 1822: nanochat's loader reads the last file as val)
+HELD_FILES = {"shard_01822.parquet": "nanochat's val shard of FineWeb-Edu-100B (its last, shard_01822.parquet)"}
 
 
 def data_files(where: str, names: list, read, remote: bool = False) -> tuple | None:
@@ -169,8 +175,10 @@ def named_split(paths: list) -> Named | None:
     """What names `paths` (one directory's files, or one split's Hub shards) the files of one
     split, or None: their directory is `train/`, or `validation/`, `valid/` or `val/` (held out,
     `HELD_OUT_DIRS`; not `test/`, `dev/`, `eval/`, which name other things too), or their names
-    are Hub shards all of one split that `split_kind` knows: train, or held out (`HELD_OUT`:
-    `validation-0000N-of-0000M.parquet`, `test_sft-*`). Other shard names name no split
+    are all of one split that `split_kind` knows: train, or held out (`HELD_OUT`), as Hub shards
+    (`validation-0000N-of-0000M.parquet`, `test_sft-*`) or named by the split alone (`NAMED`:
+    `val-00000.parquet`, `validation_1.jsonl`, `test.arrow`), or they are one file a known corpus
+    holds out (`HELD_FILES`: nanochat's val shard). Other names name no split
     (`Dataset.save_to_disk`'s `data-0000N-of-0000M.arrow`, a subset's `en-*`). Held out first
     where both say (split='train' leaving out the last file as nanochat's val file is worth a
     word either way: data/source.py `split_files`)."""
@@ -178,13 +186,27 @@ def named_split(paths: list) -> Named | None:
     folder = next(iter(dirs)) if len(dirs) == 1 else None
     kind = os.path.basename(folder).lower() if folder is not None else None
     by_dir = (Named(folder, kind in HELD_OUT_DIRS) if kind in HELD_OUT_DIRS or kind == "train" else None)
-    splits = {m.group(1) if m else None for m in (HUB.match(os.path.basename(p)) for p in paths)}
+    names = {os.path.basename(p) for p in paths}
+    splits = {_split_of(name) for name in names}
     split = next(iter(splits)) if len(splits) == 1 else None
     known = split_kind(split) if split is not None else None
     by_name = (Named(f"the {split!r} split", known in HELD_OUT)
                if known == "train" or known in HELD_OUT else None)
-    named = [n for n in (by_dir, by_name) if n is not None]
+    by_file = Named(HELD_FILES[next(iter(names))], True) if len(names) == 1 and names <= HELD_FILES.keys() else None
+    named = [n for n in (by_dir, by_name, by_file) if n is not None]
     return next((n for n in named if n.held), named[0] if named else None)
+
+
+def _split_of(name: str) -> str | None:
+    """The split a file's name says: a Hub shard's (`HUB`), else a name that is a split's alone
+    (`NAMED`: `val-00000.parquet`) where `split_kind` knows it (train or `HELD_OUT`); else None."""
+    if (hub := HUB.match(name)) is not None:
+        return hub.group(1)
+    named = NAMED.match(name)
+    if named is None:
+        return None
+    kind = split_kind(named.group(1))
+    return named.group(1) if kind == "train" or kind in HELD_OUT else None
 
 
 def held_out(paths: list) -> str | None:

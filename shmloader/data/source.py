@@ -409,13 +409,19 @@ SPLITS = {"train": "every file but the last", "val": "the last file", "all": "ev
 def split_files(files: list[str], split: str) -> list[str]:
     """`split`'s files of `files` (sorted by name): `SPLITS` says which."""
     if split == "train":
+        named = hfdir.named_split(files)
         if len(files) < 2:
+            if named is not None and named.held:
+                raise DataError(f"split 'train' needs at least 2 files (the last one is the val split) but found "
+                                f"{len(files)}: {files}, and these are {named.where}, a held-out set's, not a "
+                                f"training set's: give the training files as data= (split='all' reads these "
+                                f"alone, e.g. for an evaluation)")
             raise DataError(f"split 'train' needs at least 2 files (the last one is the val split) "
                             f"but found {len(files)}: {files}; for a directory that is one split, "
                             f"pass split='all' (every file)")
-        named = hfdir.named_split(files)
         if named is not None:
-            held = "these are a held-out set's files, not a training set's; " if named.held else ""
+            held = ("these are a held-out set's files, not a training set's (to train, give a training set's "
+                    "files as data=); " if named.held else "")
             warn(f"shmloader: split='train' reads every file but the last of the {len(files)} files of "
                  f"{named.where}: {held}{os.path.basename(files[-1])} is left out as nanochat's val file of a "
                  f"directory (split='val' reads it); to {'read' if named.held else 'train on'} every file of "

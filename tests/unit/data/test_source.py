@@ -518,11 +518,17 @@ def test_split_val_warns_of_a_held_out_directory_only_where_its_name_says_so():
     (["/d/data/test-00000-of-00002.parquet", "/d/data/test-00001-of-00002.parquet"], "the 'test' split", True),
     (["/d/x/validation-00000-of-00002.parquet", "/d/x/validation-00001-of-00002.parquet"], "the 'validation' split",
      True),
+    # files named by a held-out split alone, not numbered as the Hub numbers them: read as one corpus, unsaid
+    (["/d/x/val-00000.parquet", "/d/x/val-00001.parquet", "/d/x/val-00002.parquet"], "the 'val' split", True),
+    (["/d/x/validation_0.jsonl.zst", "/d/x/validation_1.jsonl.zst"], "the 'validation' split", True),
+    (["/d/x/test.arrow", "/d/x/test_1.arrow"], "the 'test' split", True),
+    (["/d/x/train-0.parquet", "/d/x/train-1.parquet"], "the 'train' split", False),
 ])
 def test_split_train_over_one_named_split_says_it_leaves_out_the_last_file(files, named, held):
     """A held-out set's files (`validation/`, `test-*`, `validation-*`) trained on are said to be
     a held-out set's, not only told split='all'."""
-    said = "these are a held-out set's files, not a training set's; " if held else ""
+    said = ("these are a held-out set's files, not a training set's \\(to train, give a training set's files as "
+            "data=\\); " if held else "")
     with pytest.warns(UserWarning, match=rf"split='train' reads every file but the last of the {len(files)} files of "
                                          rf"{re.escape(named)}: {said}{re.escape(os.path.basename(files[-1]))} is "
                                          rf"left out as nanochat's val file .*pass split='all'") as got:
@@ -553,3 +559,28 @@ def test_split_train_over_nanochat_shards_says_nothing():
         files = [f"/d/base_data/shard_{i:05d}.parquet" for i in range(3)]
         assert split_files(files, "train") == files[:-1]
         assert split_files(["/d/x/a-00000-of-00002.jsonl", "/d/x/b.jsonl"], "train") == ["/d/x/a-00000-of-00002.jsonl"]
+
+
+def test_one_held_out_file_for_split_train_is_refused_in_words_that_say_what_to_do():
+    """nanochat's val shard alone (FineWeb-Edu-100B's last, shard_01822.parquet), or one file
+    named by a held-out split: split='train' was refused with "pass split='all'", which trains
+    on it; now the error says it is a held-out set's and to give the training files."""
+    for path, named in (("/d/nc/shard_01822.parquet", "nanochat's val shard"), ("/d/x/val.parquet", "the 'val' split")):
+        with pytest.raises(DataError, match=rf"found 1: .*these are {named}.*a held-out set's, not a training set's: "
+                                            rf"give the training files as data="):
+            split_files([path], "train")
+    with pytest.raises(DataError, match=r"for a directory that is one split, pass split='all'"):
+        split_files(["/d/x/shard_00000.parquet"], "train")
+
+
+def test_names_that_are_no_split_say_nothing():
+    """nanochat's own shards (its last among others), save_to_disk's data-*, a subset's en-*,
+    words that merely begin like a split (`values-0`, `testing_1`): nothing said."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for names in (("shard_01821.parquet", "shard_01822.parquet"), ("data-00000-of-00002.arrow", "data-00001-of-00002.arrow"),
+                      ("en-00000.parquet", "en-00001.parquet"), ("values-0.parquet", "values-1.parquet"),
+                      ("testing_1.jsonl", "testing_2.jsonl"), ("val-a.parquet", "val-b.parquet")):
+            files = [f"/d/x/{n}" for n in names]
+            assert split_files(files, "train") == files[:-1], names
