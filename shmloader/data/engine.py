@@ -165,9 +165,10 @@ def _fast(spec, engine: str, definition: Encoder) -> Encoder:
         module, _, func = hook.partition(":")
         return Encoder("hook", getattr(importlib.import_module(module), func)(spec), definition.encode, base)
     if engine in ("auto", "gigatoken"):
-        got = giga.build(spec, definition.encode)  # on the caller's thread (`parallel=False`)
-        if isinstance(got, giga.Built):
-            return Encoder("gigatoken", got.encode, definition.encode, base, batch=got.batch)
+        got = giga.build(spec, definition.encode)
+        if isinstance(got, giga.Built):  # built `parallel=False`: it encodes on the caller's thread, with
+            #                              none of its own (none started by a build and a 1M-word document)
+            return Encoder("gigatoken", got.encode, definition.encode, base, threads=0, batch=got.batch)
         if engine == "gigatoken":
             raise (ImportError if "not installed" in got.why else ValueError)(f'engine="gigatoken": {got.why}')
     try:
