@@ -215,9 +215,9 @@ class LoaderConfig:
         return max(1, self.n_slots // 2)
 
     @property
-    def pieces_in_flight(self) -> int | None:
-        """The most pieces the workers tokenize at once (`cores.in_flight`), or None."""
-        return cores.in_flight(self.num_workers, cores.share())
+    def workers_at_once(self) -> int | None:
+        """The most workers with pieces to tokenize at once (`cores.at_once`), or None."""
+        return cores.at_once(self.num_workers, cores.share())
 
     @property
     def piece_unit(self) -> int:

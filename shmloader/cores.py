@@ -19,9 +19,9 @@ given, is that share, at most `MOST_DEFAULT` (so a 2-core machine starts 2 worke
 workers than the share, or None; the loader says it once per place it is built from
 (`crowded`, `errors.warn`: the default warnings filter shows a line's warning once), at
 construction, before anything starts. The nanochat drop-ins cap their workers at `usable()`
-themselves (nanochat.py). With more workers than the share, the workers tokenize at most one
-piece more than the share at once (`in_flight`; packing/base.py `Mode.can_take`), and the
-workers beyond stand by. Figures: docs/benchmarks.md, "More workers than cores".
+themselves (nanochat.py). With more workers than the share, at most as many workers as the
+share have pieces to tokenize at once (`at_once`; packing/base.py `Mode.can_take`), each
+within its own bounds, and the workers beyond stand by. Figures: docs/benchmarks.md, "More workers than cores".
 """
 import os
 import sys
@@ -130,12 +130,13 @@ def default_workers() -> int:
     return min(share(), MOST_DEFAULT)
 
 
-def in_flight(num_workers: int, cores: int) -> int | None:
-    """The most pieces `num_workers` workers on `cores` cores tokenize at once: one more than the
-    cores when the workers are more (so that the piece the stream needs next has a core's share
-    of the time, not a worker's share: the stream takes pieces in order), else None (each
-    worker's own bound, packing/base.py)."""
-    return cores + 1 if num_workers > cores else None
+def at_once(num_workers: int, cores: int) -> int | None:
+    """The most of `num_workers` workers on `cores` cores that have pieces to tokenize at once:
+    the cores, when the workers are more (so that the piece the stream needs next has a core's
+    share of the time, not a worker's share: the stream takes pieces in order; and a worker
+    that read a row group keeps its next slices, each of its pieces within its own bounds),
+    else None (each worker's own bounds alone, packing/base.py)."""
+    return cores if num_workers > cores else None
 
 
 def crowded(num_workers: int):
@@ -158,6 +159,6 @@ def oversubscribed(num_workers: int, cores: int) -> str | None:
     return (f"shmloader: num_workers={num_workers}, but this process may run on {cores} core"
             f"{'s' if cores != 1 else ''} (os.sched_getaffinity, its share among the ranks on this machine): "
             f"workers beyond the cores read no "
-            f"more tokens: they tokenize one piece more than the cores at once, and the rest stand "
+            f"more tokens: as many as the cores tokenize at once, and the rest stand "
             f"by, each a process to start and ~130 MiB (docs/benchmarks.md, 'More workers than "
             f"cores'); num_workers={cores} reads as much")

@@ -72,7 +72,7 @@ def mode_of(args):
     run = SimpleNamespace(mixture=MixArgs(mix, ranges), start=RunStart(Position(1, 0, 0, 0), at), rank=0,
                           layout=SimpleNamespace(window=window, n_slots=8))
     cfg = SimpleNamespace(B=B, T=T, buffer_size=1000, tokenizer_batch_size=128, max_piece_docs=1024,
-                          max_piece_bytes=None, pieces_in_flight=None)
+                          max_piece_bytes=None, workers_at_once=None)
 
     def pieces(ramp, cap, first, files=(0,), start=None, plan=None, later=None):
         return (Piece(first + i, 1, files[0], i, 0, 256) for i in range(10**7))

@@ -35,9 +35,11 @@ tokens, or the tokens of the largest piece another worker is tokenizing (its tex
 the tokens per byte of the pieces counted so far), whichever is more: so a worker whose
 finished pieces wait behind another's long piece keeps working about as long as that piece
 takes, and otherwise holds no more than a ring. With more workers than the cores
-(`cfg.pieces_in_flight`, cores.py `in_flight`), all of them together have at most one piece
-more than the cores given and not counted: the stream takes pieces in order, and the one it
-needs next then has a core's share of the time, not a worker's.
+(`cfg.workers_at_once`, cores.py `at_once`), at most as many workers as the cores have pieces
+given and not counted, each within the bounds above (a worker with none takes one only while
+fewer do): the stream takes pieces in order, and the one it needs next then has a core's share
+of the time, not a worker's; and a worker that read a row group may keep its next slices, so
+that no other reads it again.
 
 Which worker gets the next piece (`Mode.pick`, the rule in affinity.py): an idle one first,
 else one that read its row group when the loads allow, else the least loaded;
@@ -240,7 +242,7 @@ class Mode:
 
     def __init__(self, n_workers: int, cfg, window: int = 0, n_slots: int = 0):
         self.flight_bytes = cfg.max_piece_bytes   # None: no bound by text (a token cache's whole row groups)
-        self.most_in_flight = cfg.pieces_in_flight  # None: no bound over all workers
+        self.most_active = cfg.workers_at_once  # workers with pieces in flight, at most (None: no bound)
         self.ring_tokens = window * n_slots
         self._in_flight = {}                  # piece index -> (worker, text bytes): given, not counted
         self._flights = None                  # `_flight` of every worker, made once after `_in_flight` changes
@@ -303,7 +305,7 @@ class Mode:
             flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None and text < self.flight_bytes)
         else:
             flight_ok = n < MAX_IN_FLIGHT
-        if self.most_in_flight is not None and len(self._in_flight) >= self.most_in_flight:
+        if not n and self.most_active is not None and self._active() >= self.most_active:
             return False
         return (flight_ok and n + len(self._held[worker]) < MAX_HELD_PIECES
                 and (not held or held < self._budget(behind)))
@@ -325,12 +327,13 @@ class Mode:
         return affinity.pick((piece.file, piece.rg), candidates, self._cores_busy())
 
     def _cores_busy(self) -> bool:
-        """More workers than the cores (`most_in_flight`: one piece more than the cores), and as
-        many workers as the cores have a piece in flight."""
-        if self.most_in_flight is None:
-            return False
-        busy = sum(1 for w in range(len(self._held)) if self._flight(w)[0])
-        return busy >= self.most_in_flight - 1
+        """More workers than the cores (`most_active`), and as many workers as the cores have a
+        piece in flight."""
+        return self.most_active is not None and self._active() >= self.most_active
+
+    def _active(self) -> int:
+        """The workers with a piece given and not counted."""
+        return sum(1 for w in range(len(self._held)) if self._flight(w)[0])
 
     def hand_out(self, workers, ahead) -> tuple:
         """One turn of handing out pieces in order (the coordinator's `_assign`, until it says

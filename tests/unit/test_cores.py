@@ -48,9 +48,9 @@ def test_the_default_workers_are_the_share_at_most_four(monkeypatch):
         assert cores.default_workers() == expected, (usable, ranks)
 
 
-def test_more_workers_than_cores_tokenize_one_piece_more_than_the_cores_at_once():
-    assert cores.in_flight(8, 2) == 3 and cores.in_flight(3, 2) == 3 and cores.in_flight(17, 16) == 17
-    assert cores.in_flight(2, 2) is None and cores.in_flight(1, 4) is None
+def test_more_workers_than_cores_as_many_as_the_cores_tokenize_at_once():
+    assert cores.at_once(8, 2) == 2 and cores.at_once(3, 2) == 2 and cores.at_once(17, 16) == 16
+    assert cores.at_once(2, 2) is None and cores.at_once(1, 4) is None
 
 
 def test_the_ranks_on_this_machine_are_what_a_launcher_says(monkeypatch):

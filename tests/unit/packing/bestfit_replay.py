@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 
 SHAPES = ("mixed", "one_row", "long")
-GEOMETRIES = ((2, 9, 6, 4, 8, None), (3, 16, 10, 4, 4, 3))  # B, T, buffer_size, chunk, max_piece_docs, in flight
+GEOMETRIES = ((2, 9, 6, 4, 8, None), (3, 16, 10, 4, 4, 2))  # B, T, buffer_size, chunk, max_piece_docs, workers at once
 BADS = ((), (0,), (25,), (40, 61))
 BADS_SINCE = ((1,),)  # added to the grid after the first recording (the same checkout recorded them)
 RESUME_AT = 11
@@ -67,9 +67,9 @@ def make_mode(workers: int, geometry, shape: str, start, buffer_runs, sources: i
     from shmloader.data.order import Piece, iter_pieces
     from shmloader.packing import MODES
 
-    B, T, buffer_size, chunk, max_docs, in_flight = geometry
+    B, T, buffer_size, chunk, max_docs, at_once = geometry
     cfg = SimpleNamespace(B=B, T=T, buffer_size=buffer_size, tokenizer_batch_size=chunk, max_piece_docs=max_docs,
-                          max_piece_bytes=None, pieces_in_flight=in_flight)
+                          max_piece_bytes=None, workers_at_once=at_once)
     if sources:
         from shmloader.data.mixture import Mixture
         from shmloader.data.sources import Range

@@ -6,7 +6,10 @@ resumed inside a buffer, a mixture's too; pieces that cannot be read in the resu
 index 1, and further on; three slots and two) give the traces recorded from main's
 `bestfit.BestFitMode` and `MixBestFitMode` before they became one (tests/fixtures/
 bestfit_traces.json: each run's digest; the 180 runs added since recorded from the same
-checkout, main at 62f3280): the pieces handed out and to whom,
+checkout, main at 62f3280; the 135 runs of geometry 1, its workers bounded by the cores, recorded
+again when that bound became as many workers as the cores, not one piece more, after checking that
+every batch's record, error and resumed start of each equals main's up to where either stopped):
+the pieces handed out and to whom,
 every `Rows` order, every batch's position, buffer and slot text, what workers hold, the `Ended`
 errors and the stats."""
 import json

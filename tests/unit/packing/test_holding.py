@@ -113,13 +113,14 @@ def test_a_slow_trainer_bounds_what_every_worker_holds():
             assert len([i for i, o in mode.owner.items() if o == w]) <= MAX_HELD_PIECES
 
 
-def test_more_workers_than_cores_tokenize_one_piece_more_than_the_cores_at_once():
-    """8 workers on 2 cores: at most 3 pieces given and not counted, whoever holds them; the
-    least loaded take them (lowest index first, as the coordinator picks), so 3 workers do the
-    work and the others stand by; as many workers as cores keep their own bounds alone."""
-    pieces = [Piece(i, 1, 0, i, 0, 10, text_bytes=800) for i in range(64)]
-    mode = mode_over(pieces, 8)
-    assert mode.most_in_flight == 3
+def test_more_workers_than_cores_as_many_as_the_cores_tokenize_at_once():
+    """8 workers on 2 cores: at most 2 workers have pieces given and not counted, each its pair;
+    the least loaded take them (lowest index first, as the coordinator picks), so 2 workers do
+    the work and the others stand by; as many workers as cores keep their own bounds alone.
+    (Pieces of a row group's worth of text: tiny ones go up to 8 a worker, the pair rule.)"""
+    pieces = [Piece(i, 1, 0, i, 0, 10, text_bytes=8 << 20) for i in range(64)]
+    mode = mode_over(pieces, 8, max_piece_bytes=8 << 20)
+    assert mode.most_active == 2
     given, in_flight = {w: 0 for w in range(8)}, []
     for _ in range(40):
         while (w := next((w for w in sorted(range(8), key=mode.load) if mode.can_take(w)), None)) is not None:
@@ -127,8 +128,9 @@ def test_more_workers_than_cores_tokenize_one_piece_more_than_the_cores_at_once(
             mode.take(w, piece)
             given[w] += 1
             in_flight.append(piece)
-        assert len(in_flight) == 3, "not one piece more than the cores in flight"
+        assert len(in_flight) == 4, "not a pair on each of as many workers as the cores"
+        assert len({mode.owner[p.index] for p in in_flight}) == 2, "more workers at once than the cores"
         count(mode, in_flight.pop(0), 10)   # the oldest is counted and placed: one more may go out
         drain(mode)
-    assert [w for w, n in given.items() if n] == [0, 1, 2] and sum(given.values()) == 42, given
-    assert mode_over(pieces, 2).most_in_flight is None  # as many workers as cores: no bound
+    assert [w for w, n in given.items() if n] == [0, 1] and sum(given.values()) == 43, given
+    assert mode_over(pieces, 2).most_active is None  # as many workers as cores: no bound

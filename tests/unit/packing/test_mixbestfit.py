@@ -48,7 +48,7 @@ def drive(workers: int, seed: int, batches: int = 40, cap: int | None = None, mi
     run = SimpleNamespace(mixture=MixArgs(mix, RANGES), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=0, n_slots=3))
     cfg = SimpleNamespace(B=B, T=T, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024,
-                          max_piece_bytes=None, pieces_in_flight=None)
+                          max_piece_bytes=None, workers_at_once=None)
     mode = MixBestFitMode(cfg, run, workers, pieces)
     mode.cap = mode.cap if cap is None else cap
     slots, rng, out, ready = SlotMap(3), random.Random(seed), [], []
@@ -187,7 +187,7 @@ def test_a_mix_that_ends_announces_every_batch_it_planned_then_ends():
     mix = Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4}, max_epochs={"long": 2, "short": 3})
     run = SimpleNamespace(mixture=MixArgs(mix, RANGES), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=0, n_slots=3))
-    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None, pieces_in_flight=None)
+    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None, workers_at_once=None)
     mode, slots, ready = MixBestFitMode(cfg, run, 1, epochs), SlotMap(3), []
     for _ in range(2000):
         for piece in hand_out(mode):
@@ -211,7 +211,7 @@ def test_a_mix_piece_that_fails_after_a_plan_ran_out_for_it_ends_the_run_at_once
     _, good, _ = drive(1, 0, batches=80)
     run = SimpleNamespace(mixture=MixArgs(Mixture({"long": "l", "short": "s"}, {"long": 0.6, "short": 0.4}), RANGES),
                           start=RunStart(None, MixStart()), rank=0, layout=SimpleNamespace(window=0, n_slots=3))
-    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None, pieces_in_flight=None)
+    cfg = SimpleNamespace(B=2, T=31, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024, max_piece_bytes=None, workers_at_once=None)
     mode, slots, ready, held = MixBestFitMode(cfg, run, 1, pieces), SlotMap(3), [], None
 
     def turned() -> list:

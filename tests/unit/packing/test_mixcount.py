@@ -22,7 +22,7 @@ MIX = Mixture({"long": "l", "short": "s"}, [(0, {"long": 0.6, "short": 0.4}), (9
 
 def cfg(packing: str):
     return SimpleNamespace(packing=packing, B=B, T=T, buffer_size=12, tokenizer_batch_size=5, max_piece_docs=1024,
-                           max_piece_bytes=None, pieces_in_flight=None)
+                           max_piece_bytes=None, workers_at_once=None)
 
 
 def live_concat(n: int) -> list:

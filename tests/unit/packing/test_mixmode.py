@@ -28,7 +28,7 @@ def test_the_source_the_mix_waits_for_goes_out_past_the_budget():
     ranges = (Range("heavy", 0, 2), Range("light", 2, 4))
     run = SimpleNamespace(mixture=MixArgs(mix, ranges), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=11, n_slots=2))
-    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None)
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, workers_at_once=None)
     rows = {"heavy": [6, 6, 6], "light": [2]}
     mode = MixConcatMode(cfg, run, 1, pieces)
     slots = SlotMap(2)
@@ -61,7 +61,7 @@ def test_a_state_saved_at_the_mixs_end_ends_before_any_piece():
     run = SimpleNamespace(mixture=MixArgs(mix, (Range("heavy", 0, 2), Range("light", 2, 4))),
                           start=RunStart(None, MixStart(point), 7), rank=0,
                           layout=SimpleNamespace(window=11, n_slots=2))
-    mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None), run, 1, pieces)
+    mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, workers_at_once=None), run, 1, pieces)
     assert hand_out(mode) == [] and mode.ready() == []
     said = list(mode.messages())
     assert [type(m) for m in said] == [Ended] and said[0].text == mixer.over(), said
@@ -87,7 +87,7 @@ def _drive(order, seed: int, batches: int = 60) -> tuple:
     run = SimpleNamespace(mixture=MixArgs(mix, (Range("heavy", 0, 2), Range("light", 2, 4))),
                           start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=11, n_slots=3))
-    mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None), run, 3, order)
+    mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, workers_at_once=None), run, 3, order)
     rows = {"heavy": [6, 6, 6], "light": [2]}
     slots, rng, given, done, said = SlotMap(3), random.Random(seed), [], [], []
     for _ in range(10**4):
@@ -147,7 +147,7 @@ def test_a_source_whose_order_fails_when_the_mix_waits_for_it_alone_stops_it_at_
         run = SimpleNamespace(mixture=MixArgs(mix, (Range("heavy", 0, 2), Range("light", 2, 4))),
                           start=RunStart(None, MixStart()), rank=0,
                               layout=SimpleNamespace(window=11, n_slots=3))
-        mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None), run, 1, order)
+        mode = MixConcatMode(SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, workers_at_once=None), run, 1, order)
         slots, done = SlotMap(3), []
         for _ in range(200):
             for piece in hand_out(mode, 1):  # each counted at once, in order

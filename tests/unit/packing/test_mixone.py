@@ -87,7 +87,7 @@ def _drive(mixture, ranges, point, seed: int, *, passing: bool, batches: int = 4
         monkeypatch.setattr(module, "passes", lambda mix, mixer: False)
     run = SimpleNamespace(mixture=MixArgs(mixture, ranges), start=RunStart(None, MixStart(point)), rank=0,
                           layout=SimpleNamespace(window=33, n_slots=3))
-    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None,
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, workers_at_once=None,
                           B=2, T=15, buffer_size=12, tokenizer_batch_size=3)
     mode = kind(cfg, run, workers, _order())
     one = type(mode.stream).__name__ == "OneStream"
@@ -264,7 +264,7 @@ def _counted_out_of_order(passing: bool, monkeypatch, end: str | None = None) ->
         monkeypatch.setattr(mixmode, "passes", lambda mix, mixer: False)
     run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixStart()), rank=0,
                           layout=SimpleNamespace(window=5, n_slots=3))
-    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, workers_at_once=None, B=2, T=2)
     mode = MixConcatMode(cfg, run, 4, _two_row_groups)
     monkeypatch.undo()
     assert (type(mode.stream).__name__ == "OneStream") == passing
@@ -331,7 +331,7 @@ def test_one_sources_modes_override_no_method_on_the_instance():
     from shmloader.position import Position
 
     fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
-                          pieces_in_flight=None)
+                          workers_at_once=None)
     cfg = LoaderConfig(1, 7, n_slots=3)
     start = RunStart(Position(1, 0, 0), SourceStart())
     modes = ((SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3), start=start), 2,
@@ -358,7 +358,7 @@ def test_concats_placer_is_chosen_once_and_only_a_mix_has_an_end(monkeypatch):
     for both asking one source's `Passing` for `OneStream.end_point`, which it lacks)."""
     from shmloader.position import Position
 
-    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, pieces_in_flight=None, B=2, T=2)
+    cfg = SimpleNamespace(max_piece_bytes=None, max_piece_docs=1024, workers_at_once=None, B=2, T=2)
     layout = SimpleNamespace(window=5, n_slots=3)
     run = SimpleNamespace(layout=layout, start=RunStart(Position(0, 0, 0, 0), SourceStart()))
     source = mixmode.SourceConcatMode(cfg, run, 1, _two_row_groups)
@@ -387,7 +387,7 @@ def test_best_fits_one_source_and_pass_through_share_their_chunks_and_its_bad_pi
     from shmloader.position import Position
 
     fit = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None,
-                          pieces_in_flight=None)
+                          workers_at_once=None)
     source = SourceBestFitMode(fit, SimpleNamespace(layout=SimpleNamespace(n_slots=3),
                                                     start=RunStart(Position(1, 0, 0), SourceStart())), 2, _order_of(8))
     run = SimpleNamespace(mixture=MixArgs(ONE, (X,)), start=RunStart(None, MixStart()), rank=0,

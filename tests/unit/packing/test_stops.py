@@ -44,7 +44,7 @@ def concat_mode(T: int = 7, n_docs: int = 4, lengths=rows):
 
 
 def bestfit_mode():
-    cfg = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None, pieces_in_flight=None)
+    cfg = SimpleNamespace(B=2, T=9, buffer_size=6, tokenizer_batch_size=4, max_piece_docs=8, max_piece_bytes=None, workers_at_once=None)
     run = SimpleNamespace(layout=SimpleNamespace(n_slots=N_SLOTS), start=RunStart(Position(1, 0, 0), SourceStart()))
     return SourceBestFitMode(cfg, run, WORKERS, order(8)), rows
 
