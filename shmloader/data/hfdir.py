@@ -19,12 +19,14 @@ Arrow files (stream format), which must never be read as JSON Lines data:
 
 A directory is one of these when it holds `dataset_dict.json`, `dataset_info.json`, or a
 `state.json` with `_data_files`; any other directory is read as every file a format claims
-(`formats.is_data_file`), unless those are a Hugging Face Hub repository's shards of a train
-split beside a held-out one (`datasets`' uploads, `<split>-0000N-of-0000M[-<hash>].<ext>`, e.g.
-`data/train-00000-of-00002.parquet` beside `data/test-00000-of-00001.parquet`; `train_sft-*`
-beside `test_sft-*`): read as one directory, `split="train"` would train on the test split, so
-`one_hub_split` makes them a `DataError` that says to pick one by a glob (a remote directory,
-never a glob: by the list of its files). Pure over a directory's names and a function that
+(`formats.is_data_file`), unless those are the files of a train split beside a held-out one by
+their names: a Hugging Face Hub repository's shards (`datasets`' uploads,
+`<split>-0000N-of-0000M[-<hash>].<ext>`, e.g. `data/train-00000-of-00002.parquet` beside
+`data/test-00000-of-00001.parquet`; `train_sft-*` beside `test_sft-*`), or files named by a split
+alone (`train.parquet` beside `test.parquet`, as `Dataset.to_parquet` is often called): read as
+one directory, `split="train"` would train on the test split (it sorts first), so
+`one_hub_split` makes them a `DataError` that says to pick one by a glob of its Hub shards, or by
+the list of its files (a remote directory's always: never a glob). Pure over a directory's names and a function that
 reads one of its files, so a local and a remote listing decide alike.
 """
 import json
@@ -120,25 +122,29 @@ class SplitsRefused(DataError):
 
 
 def one_hub_split(where: str, files: list, remote: bool) -> None:
-    """A directory's data files `files` (names) are not a Hugging Face Hub repository's shards of
-    a train split beside a held-out one (`split_kind`: `test-*`, `validation_matched-*` beside
-    `train-*`), else a `SplitsRefused` saying how to read one split: a glob of its files, or for
-    a `remote` directory (never a glob) the list of them, each with `where`'s query (`?...`).
-    Shards of other names (`en-*` beside `de-*`, `docs-*` beside `eval-*`) are one corpus."""
-    by_split = {}
+    """A directory's data files `files` (names) are not the files of a train split beside a
+    held-out one by their names (`_split_of`: Hugging Face Hub shards, `test-*` or
+    `validation_matched-*` beside `train-*`; or files named by a split alone, `test.parquet` beside
+    `train.parquet`, `val_0.jsonl` beside `train_0.jsonl`; `split_kind` says which), else a
+    `SplitsRefused` saying how to read one split: a glob of its Hub shards, or the list of its files
+    (a `remote` directory's, never a glob, each with `where`'s query, `?...`). Files of other
+    names (`en-*` beside `de-*`, `docs-*` beside `eval-*`) are one corpus: read as one directory,
+    split='train' would read the others' files, and the held-out ones sort first ("test" < "train")."""
+    by_split, hub = {}, True
     for name in sorted(files):
-        m = HUB.match(name)
-        if m:
-            by_split.setdefault(m.group(1), []).append(name)
+        if (split := _split_of(name)) is not None:
+            by_split.setdefault(split, []).append(name)
+            hub = hub and HUB.match(name) is not None
     kinds = {split_kind(s) for s in by_split}
     if "train" not in kinds or not HELD_OUT.intersection(kinds):
         return
     found = sorted(by_split)
     picked = by_split[_pick(found)]
-    said = (f"{where}: Hugging Face Hub shards of {len(found)} splits ({', '.join(found)}); read as one directory "
+    what = "Hugging Face Hub shards of {} splits" if hub else "files of {} splits, as their names say,"
+    said = (f"{where}: {what.format(len(found))} ({', '.join(found)}); read as one directory "
             f"they would be one corpus (split='train': every file but the last, the other splits' too); read one "
-            f"split by {'the list' if remote else 'a glob'} of its files, e.g. "
-            f"data={_one_split_data(where, picked, remote)}")
+            f"split by {'a glob' if hub and not remote else 'the list'} of its files, e.g. "
+            f"data={_one_split_data(where, picked, remote) if hub else _list(where, picked, remote)}")
     raise SplitsRefused(f"{said} with split='all' (and another loader over the validation split's files)",
                         f"{said} (in a Mixture, split= applies to every source: split='all' would read the other "
                         f"sources' val files too; with split='train' the last of these files is this source's val "
@@ -146,12 +152,20 @@ def one_hub_split(where: str, files: list, remote: bool) -> None:
 
 
 def _one_split_data(where: str, picked: list, remote: bool) -> str:
-    """`data=` for the files `picked` (names) of directory `where`: a local glob of them, or the
-    list of a remote directory's (`where` a URI: each with its query, as the loader takes a list)."""
+    """`data=` for the Hub shards `picked` (names) of directory `where`: a local glob of them, or
+    the list of a remote directory's (`where` a URI: each with its query, as the loader takes a list)."""
     if not remote:
         example = HUB.match(picked[0])
         return repr(f"{where.rstrip('/')}/{example.string[:example.end(1)]}-*{example.string[example.end() - 1:]}")
     return _remote_list(where, picked)
+
+
+def _list(where: str, names: list, remote: bool) -> str:
+    """`data=` for the files `names` of directory `where` as a list: a remote one's (`_remote_list`),
+    or a local one's paths."""
+    if remote:
+        return _remote_list(where, names)
+    return repr([os.path.join(where, name) for name in names])
 
 
 def _remote_list(where: str, names: list) -> str:

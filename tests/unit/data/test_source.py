@@ -584,3 +584,36 @@ def test_names_that_are_no_split_say_nothing():
                       ("testing_1.jsonl", "testing_2.jsonl"), ("val-a.parquet", "val-b.parquet")):
             files = [f"/d/x/{n}" for n in names]
             assert split_files(files, "train") == files[:-1], names
+
+
+@pytest.mark.parametrize("names, refused", [
+    (("train.parquet", "test.parquet"), ("test", "train")),
+    (("train_0.jsonl", "train_1.jsonl", "val_0.jsonl"), ("train", "val")),
+    (("TRAIN.parquet", "validation.parquet", "test.parquet"), ("TRAIN", "test", "validation")),
+    (("train-00000-of-00001.parquet", "test.parquet"), ("test", "train")),
+    (("train.parquet",), None), (("test.parquet", "shard_00000.parquet"), None),
+    (("en.parquet", "de.parquet"), None), (("data-0.parquet", "test.parquet"), None)])
+def test_files_named_by_their_splits_beside_a_train_split_are_refused(tmp_path, names, refused):
+    """`train.parquet` beside `test.parquet` (a `Dataset.to_parquet` per split) was read as one
+    corpus: split='train' trained on test.parquet (it sorts first) and validated on train.parquet,
+    silently; only Hub shards of several splits were refused. Now any files named by their splits,
+    a train split's among them, are refused with the list of the train split's files, which,
+    followed, reads them alone; files of no train split, or of no split, are one corpus as before."""
+    d = tmp_path / "data"
+    d.mkdir()
+    for name in names:
+        if name.endswith(".parquet"):
+            write(d / name, [name])
+        else:
+            (d / name).write_text('{"text": "%s"}\n' % name)
+    if refused is None:
+        assert [os.path.basename(f) for f in list_files(str(d))] == sorted(names)
+        return
+    with pytest.raises(DataError, match=rf"data: .* of {len(refused)} splits(, as their names say,)? "
+                                        rf"\({', '.join(refused)}\); .*"
+                                        r"read one split by the list of its files, e\.g\. data=(\[.*\]) with "
+                                        r"split='all'") as told:
+        list_files(str(d))
+    picked = ast.literal_eval(re.search(r"data=(\[.*?\])", str(told.value)).group(1))
+    assert sorted(os.path.basename(f) for f in list_files(picked)) == sorted(
+        n for n in names if n.lower().startswith("train")), picked
