@@ -252,7 +252,9 @@ def place(rank: int | None, world_size: int | None) -> Place:
     `init_process_group`, whose ranks all read rank 0's data otherwise), else 0 of 1. With a
     group initialized, a `RANK` or `WORLD_SIZE` set to other than the group's is a ValueError
     naming both (a stale variable, or one set for a single rank, would read another rank's
-    share): pass `rank=` and `world_size=`, the data-parallel group's under tensor parallelism."""
+    share): pass `rank=` and `world_size=`, the data-parallel group's under tensor parallelism.
+    Without a group, `WORLD_SIZE` above 1 with no `RANK` (and no `rank=`) is a ValueError: every
+    process started so would be rank 0, reading one share over and over and never the others."""
     found = _found_place() if rank is None or world_size is None else None
     said = {"rank": "given", "world_size": "given"}
     if rank is None:
@@ -263,6 +265,13 @@ def place(rank: int | None, world_size: int | None) -> Place:
         world_size, said["world_size"] = found.world_size, found.said["world_size"]
     else:
         world_size = _integer("world_size", world_size)
+    if world_size > 1 and said["rank"] == "the default" and said["world_size"] == "$WORLD_SIZE":
+        # ranks started by hand with WORLD_SIZE set and RANK forgotten: each such process would
+        # read rank 0's share (the others' never read), silently
+        raise ValueError(f"process {os.getpid()}'s environment says WORLD_SIZE={world_size} and no RANK (nor is a "
+                         f"torch.distributed group initialized): which of the {world_size} ranks' shares it reads "
+                         f"is unknown, and every process started so would read rank 0's; set RANK (0 to "
+                         f"{world_size - 1}) in each process, or pass rank= and world_size=")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size), got rank {rank} ({said['rank']}) of {world_size} "
                          f"({said['world_size']}); pass both rank= and world_size=, or set both RANK and WORLD_SIZE")

@@ -62,7 +62,8 @@ class ShmLoader(lifecycle.Managed):
         num_workers: tokenizing processes for this rank (None: its share of the cores this process
             may run on, at most 4; the ranks on a machine share it: cores.py); more than that share
             is warned of (`cores.CoresWarning`: they read no more, and cost a slower start).
-        rank, world_size: this rank of how many (default: $RANK, $WORLD_SIZE, else 0 of 1).
+        rank, world_size: this rank of how many (default: $RANK, $WORLD_SIZE, else an initialized
+            torch.distributed group's, else 0 of 1; $WORLD_SIZE above 1 without $RANK is a ValueError).
         resume_state: a state to continue from (`state_dict()`, nanochat's yielded state, or
             nanochat's own loader's), as `load_state_dict`.
         filesystem: a `pyarrow.fs.FileSystem` for `data` (default: from the URI).

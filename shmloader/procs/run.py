@@ -376,15 +376,15 @@ class Runs:
                     f"{heal.WINDOW_S / 60:.0f} minutes: max_restarts={c.max_restarts} is spent)")
                 raise WorkerError(f"{lost}{_held_text(held)}{spent}") from None
             if held is not None and (poison := self.poison.lost(held, at)) is not None:
+                done, why = _poison_words(held)
                 if c.on_bad_row_group != "skip":
                     slow = (f"; if it is only slow to read or to tokenize, raise stall_s (now {c.stall_s:g} s)"
                             if lost.stalled_s is not None else "")
                     raise WorkerError(
-                        f"{lost}: {poison} was being tokenized at two deaths or stalls of a worker (it kills or "
-                        f"hangs the worker or its tokenizer): fix or remove it, or pass on_bad_row_group='skip' to "
-                        f"skip it{slow}") from None
+                        f"{lost}: {poison} was being {done} at two deaths or stalls of a worker ({why}): fix or "
+                        f"remove it, or pass on_bad_row_group='skip' to skip it{slow}") from None
                 self.poison.skip(poison)
-                warn(f"shmloader: skipping {poison}: it was being tokenized at two deaths or stalls of a worker "
+                warn(f"shmloader: skipping {poison}: it was being {done} at two deaths or stalls of a worker "
                      f"(on_bad_row_group='skip'); the rest of {formats.place_of(poison.path, poison.rg)} is read")
             self.heals += 1
             return self.budget.spend(now)
@@ -398,6 +398,16 @@ class Runs:
             logging.getLogger("shmloader").info(
                 "rank %d: the loader's processes exited after %.1f s without a batch taken (idle_release_s=%g); "
                 "starting them again at batch %d", self.rank, idle_s, self.config.idle_release_s, self.restart(mark))
+
+
+def _poison_words(held) -> tuple:
+    """What the worker was doing with a poison at its second loss, and what that says: read
+    (`Held.reading`: the piece's text was being read, before any of it reached the engine) or
+    tokenized (a run of documents inside the engine)."""
+    if held.reading:
+        return "read", ("reading it kills or hangs the worker: a row group that crashes its reader, or one too "
+                        "large for the worker's memory, killed by the OOM killer each time")
+    return "tokenized", "it kills or hangs the worker or its tokenizer"
 
 
 def _held_text(held) -> str:

@@ -178,3 +178,23 @@ def test_a_rank_past_the_world_size_says_where_each_came_from(monkeypatch):
         place(None, None)
     with pytest.raises(ValueError, match=r"got rank 3 \(\$RANK\) of 2 \(given\)"):
         place(None, 2)
+
+
+def test_world_size_without_rank_in_the_environment_is_refused(monkeypatch):
+    """Ranks started by hand (found on a node's shape, /tmp/node): `WORLD_SIZE=2` set in both
+    processes and `RANK` forgotten in one made that one rank 0 of 2 silently, so two processes
+    read rank 0's share and rank 1's was never read. Now that is a ValueError naming both fixes;
+    `rank=` given, `RANK` set or `WORLD_SIZE=1` decide as before (a group: the tests above)."""
+    from shmloader.config import place
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"environment says WORLD_SIZE=2 and no RANK .*every process started so "
+                                         r"would read rank 0's; set RANK \(0 to 1\) in each process, or pass "
+                                         r"rank= and world_size="):
+        place(None, None)
+    assert place(1, None) == (1, 2) and place(0, 2) == (0, 2)  # rank= given: as before
+    monkeypatch.setenv("RANK", "1")
+    assert place(None, None) == (1, 2)  # RANK set: as before
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert place(None, None) == (0, 1)  # one rank: no share to choose
