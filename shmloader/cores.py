@@ -18,7 +18,7 @@ given, is that share, at most `MOST_DEFAULT` (so a 2-core machine starts 2 worke
 16-core node with 8 ranks 2). `oversubscribed(num_workers, cores)` is the warning for more
 workers than the share, or None; the loader says it once per place it is built from
 (`crowded`, `errors.warn`: the default warnings filter shows a line's warning once), at
-construction, before anything starts. The nanochat drop-ins cap their workers at `usable()`
+construction, before anything starts. The nanochat drop-ins cap their workers at `share()`
 themselves (nanochat.py). With more workers than the share, at most as many workers as the
 share have pieces to tokenize at once (`at_once`; packing/base.py `Mode.can_take`), each
 within its own bounds, and the workers beyond stand by. Figures: docs/benchmarks.md, "More workers than cores".
@@ -158,7 +158,6 @@ def oversubscribed(num_workers: int, cores: int) -> str | None:
         return None
     return (f"shmloader: num_workers={num_workers}, but this process may run on {cores} core"
             f"{'s' if cores != 1 else ''} (os.sched_getaffinity, its share among the ranks on this machine): "
-            f"workers beyond the cores read no "
-            f"more tokens: as many as the cores tokenize at once, and the rest stand "
-            f"by, each a process to start and ~130 MiB (docs/benchmarks.md, 'More workers than "
-            f"cores'); num_workers={cores} reads as much")
+            f"workers beyond the cores read no more tokens: as many as the cores tokenize at once, and the "
+            f"rest stand by, each a process to start and its memory (~35 MiB RSS standing by, ~100 MiB "
+            f"tokenizing; docs/benchmarks.md, 'More workers than cores'); num_workers={cores} reads as much")
