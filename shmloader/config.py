@@ -21,7 +21,7 @@ the ranks on its machine: cores.py `local_ranks`).
 """
 import numbers
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from . import cores
@@ -72,6 +72,9 @@ class LoaderConfig:
     shuffle: bool = False                # every epoch in an order drawn from (seed, epoch): data/shuffle.py
     seed: int = 0                        # the shuffle's seed
     shuffle_window: int | None = None    # documents a shuffled window holds at least (None: shuffle.WINDOW)
+    # not an option: this rank's share of the cores (cores.share), read where the config is made (the
+    # trainer, where torch.distributed's group is), so that its children bound their workers by it too
+    cores_share: int = field(init=False, default=0, repr=False, compare=False)
 
     @classmethod
     def of_call(cls, given: dict) -> "LoaderConfig":
@@ -83,7 +86,7 @@ class LoaderConfig:
             given["shuffle"] = given["data"].shuffle
         if given.get("cache_dir") is not None:
             given["cache_dir"] = os.fspath(given["cache_dir"])
-        return cls(**{f.name: given[f.name] for f in fields(cls)})
+        return cls(**{f.name: given[f.name] for f in fields(cls) if f.init})
 
     def __post_init__(self):
         self._as_python()
@@ -177,6 +180,7 @@ class LoaderConfig:
             "stall_s": STALL_S if self.max_restarts else 0.0,
             "num_workers": cores.default_workers(),
         }
+        object.__setattr__(self, "cores_share", cores.share())
         for name, default in resolved.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
@@ -216,8 +220,10 @@ class LoaderConfig:
 
     @property
     def workers_at_once(self) -> int | None:
-        """The most workers with pieces to tokenize at once (`cores.at_once`), or None."""
-        return cores.at_once(self.num_workers, cores.share())
+        """The most workers with pieces to tokenize at once (`cores.at_once`), or None: of this
+        rank's share of the cores as the trainer read it (`cores_share`: a coordinator, a child,
+        has no torch.distributed group to read its ranks from)."""
+        return cores.at_once(self.num_workers, self.cores_share)
 
     @property
     def piece_unit(self) -> int:
@@ -271,7 +277,11 @@ def place(rank: int | None, world_size: int | None) -> Place:
         raise ValueError(f"process {os.getpid()}'s environment says WORLD_SIZE={world_size} and no RANK (nor is a "
                          f"torch.distributed group initialized): which of the {world_size} ranks' shares it reads "
                          f"is unknown, and every process started so would read rank 0's; set RANK (0 to "
-                         f"{world_size - 1}) in each process, or pass rank= and world_size=")
+                         f"{world_size - 1}) in each process, or pass rank= and world_size="
+                         + (" (a launcher that sets LOCAL_RANK or NODE_RANK and not RANK, such as Lightning's: "
+                            "make the loader after its process group starts, e.g. in train_dataloader() or "
+                            "setup(), or pass rank=trainer.global_rank)"
+                            if "LOCAL_RANK" in os.environ or "NODE_RANK" in os.environ else ""))
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size), got rank {rank} ({said['rank']}) of {world_size} "
                          f"({said['world_size']}); pass both rank= and world_size=, or set both RANK and WORLD_SIZE")

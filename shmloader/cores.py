@@ -66,17 +66,19 @@ LOOPBACK = ("localhost", "127.", "::1", "ip6-localhost")
 
 def local_ranks(env=os.environ) -> Ranks:
     """How many ranks run on this machine: a launcher's variable (`LOCAL_ENV`, then SLURM's
-    tasks on this node), else the world size of an initialized torch.distributed group whose
-    store is at a loopback address (every rank reached it from this machine), else 1."""
-    for name in LOCAL_ENV:
-        if env.get(name, "").isdigit() and int(env[name]) >= 1:
-            return Ranks(int(env[name]), name)
-    if (slurm := _slurm_tasks(env)) is not None:
-        return Ranks(slurm, "SLURM_STEP_TASKS_PER_NODE")
+    tasks on this node), or the world size of an initialized torch.distributed group whose
+    store is at a loopback address (every rank reached it from this machine) where it is more,
+    else 1."""
+    said = next((Ranks(int(env[name]), name) for name in LOCAL_ENV
+                 if env.get(name, "").isdigit() and int(env[name]) >= 1), None)
+    if said is None and (slurm := _slurm_tasks(env)) is not None:
+        said = Ranks(slurm, "SLURM_STEP_TASKS_PER_NODE")
     group = _group()
     if group is not None and group.world > 1 and group.host is not None and group.host.startswith(LOOPBACK):
-        return Ranks(group.world, f"torch.distributed's group of {group.world}, whose store is at {group.host}")
-    return Ranks(1, None)
+        if said is None or said.count < group.world:  # ranks spawned inside one launched task (srun --pty, a
+            #                                          stale LOCAL_WORLD_SIZE=1): the group says more
+            return Ranks(group.world, f"torch.distributed's group of {group.world}, whose store is at {group.host}")
+    return said if said is not None else Ranks(1, None)
 
 
 def unknown_ranks(env=os.environ) -> int | None:

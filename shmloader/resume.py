@@ -144,7 +144,7 @@ def check_first(check: int, expected: int, mark, name: str, skipping: bool):
     if check == expected:
         return
     p = mark.position
-    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, {formats.place_of(name, p.rg, p.doc)}"
+    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, {formats.docs_of_unit(name, p.rg, p.doc)}"
           + (f", token {p.skip}" if p.skip else "") + ")")
     also = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable now (or the "
             "other way round) changes it too" if skipping else "")

@@ -11,7 +11,8 @@ ranks, pattern and special tokens (`Tokenizer.from_tiktoken`) or from the tokeni
 (`Tokenizer.from_json_str`), encodes with `split_special_tokens=True` (special-token text is
 ordinary text) and encodes on the worker's thread alone (`FASTOKENS_BPE_THREADS=1`: no pool of
 its own; `RAYON_NUM_THREADS=1`: rayon's pool, which it starts on a long document, one thread;
-both set before it is imported, over a value the user set: `available` says so once). Its own
+both set in the worker before it is imported, over a value the user set for the trainer: a
+worker is one process per core, and `num_workers` is how many tokenize at once). Its own
 threads are told by their names (`OWN_THREADS`: /proc/self/task/*/comm), not by a count of the
 process's threads around the build, which the worker's reads go on beside (pyarrow starts pool
 threads of its own, named like the process); a pool of its own is warned of (`poll`).
@@ -46,7 +47,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import warn
 from . import giga, spm, tokenizer as tokmod
 
 START_DOCS = 64       # every engine id array is compared on a worker's first documents,
@@ -106,11 +106,7 @@ class Encoder:
 def available(engine: str, spec=None) -> None:
     """In the trainer: `engine="fastokens"` or `"gigatoken"` without the package is a quick
     ImportError; `"gigatoken"` for a tokenizer (`spec`) whose split pattern it does not
-    implement, a quick ValueError (the probe and the checks run in the workers). A thread
-    variable the user set that the workers override (`overridden`) is said once."""
-    if engine in ("auto", "fastokens") and (spec is None or spec.kind not in ONLY_DEFINITION):
-        if (text := overridden()) is not None:
-            warn(text)
+    implement, a quick ValueError (the probe and the checks run in the workers)."""
     if engine in ("fastokens", "gigatoken") and importlib.util.find_spec(engine) is None:
         raise ImportError(f'engine="{engine}" needs the {engine} package: pip install {engine} '
                           f'(or engine="auto", which uses it when installed)')
@@ -230,18 +226,6 @@ def own_threads(engine: str) -> list[str]:
         if name.startswith(prefix):
             names.append(name)
     return sorted(names)
-
-
-def overridden(env=os.environ) -> str | None:
-    """What the workers do with a thread variable of `THREAD_ENV` that the user set to another
-    value (said once by the loader, `available`), or None when none is."""
-    set_ = [f"{key}={env[key]}" for key in THREAD_ENV if env.get(key, THREAD_ENV[key]) != THREAD_ENV[key]]
-    if not set_:
-        return None
-    return (f"shmloader: {' and '.join(set_)} in this process's environment does not hold in the loader's "
-            f"workers: each sets {', '.join(f'{k}={v}' for k, v in THREAD_ENV.items())} before it imports "
-            f"fastokens, so that the engine encodes on the worker's own thread (a worker is one process per "
-            f"core: num_workers is how many tokenize at once)")
 
 
 class Check:

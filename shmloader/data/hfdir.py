@@ -139,7 +139,8 @@ def one_hub_split(where: str, files: list, remote: bool) -> None:
     if "train" not in kinds or not HELD_OUT.intersection(kinds):
         return
     found = sorted(by_split)
-    picked = by_split[_pick(found)]
+    picked = (by_split[_pick(found)] if hub else  # a glob of one split's shards; else the list of every train one's
+              sorted(name for s in found if split_kind(s) == "train" for name in by_split[s]))
     what = "Hugging Face Hub shards of {} splits" if hub else "files of {} splits, as their names say,"
     said = (f"{where}: {what.format(len(found))} ({', '.join(found)}); read as one directory "
             f"they would be one corpus (split='train': every file but the last, the other splits' too); read one "

@@ -305,7 +305,7 @@ class Mode:
             flight_ok = n < 2 or (n < MAX_IN_FLIGHT and self.flight_bytes is not None and text < self.flight_bytes)
         else:
             flight_ok = n < MAX_IN_FLIGHT
-        if not n and self.most_active is not None and self._active() >= self.most_active:
+        if not n and self._cores_busy():  # a worker with none waits while as many as the cores have some
             return False
         return (flight_ok and n + len(self._held[worker]) < MAX_HELD_PIECES
                 and (not held or held < self._budget(behind)))
@@ -332,8 +332,9 @@ class Mode:
         return self.most_active is not None and self._active() >= self.most_active
 
     def _active(self) -> int:
-        """The workers with a piece given and not counted."""
-        return sum(1 for w in range(len(self._held)) if self._flight(w)[0])
+        """The workers with a piece given and not counted (a pass over the pieces in flight, not
+        over the workers: asked of each idle candidate every turn)."""
+        return len({w for w, _ in self._in_flight.values()})
 
     def hand_out(self, workers, ahead) -> tuple:
         """One turn of handing out pieces in order (the coordinator's `_assign`, until it says

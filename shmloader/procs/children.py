@@ -402,7 +402,7 @@ class Children:
         if piece < 0:
             return " while idle"
         end = int(self.ring.workers[i, WorkerCol.END])
-        return f" while reading {self.files[f]}, {formats.place_of(self.files[f], rg, doc, end - 1)}"
+        return f" while reading {self.files[f]}, {formats.docs_of_unit(self.files[f], rg, doc, end - 1)}"
 
     def describe_all(self) -> str:
         """Every child, what it is doing, and whether it is stopped (SIGSTOP, a debugger)."""

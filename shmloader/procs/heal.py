@@ -30,6 +30,7 @@ stream is in a later epoch, or past it in its own unit (`PoisonMemory(shuffled=T
 """
 from typing import NamedTuple
 
+from ..data.formats import place_of  # the file's format's words (a JSON Lines file's lines)
 from ..ipc.protocol import Span
 
 WINDOW_S = 3600.0  # max_restarts counts the heals within this window
@@ -92,8 +93,6 @@ class Poison(NamedTuple):
     shuffled: bool = False
 
     def __str__(self) -> str:
-        from ..data.formats import place_of  # the file's format's words (a JSON Lines file's lines)
-
         if self.shuffled:
             rows = f"document {self.lo}" if self.hi - self.lo == 1 else f"documents {self.lo}-{self.hi - 1}"
             return (f"{self.path}, the shuffled window of {place_of(self.path, self.rg)} in epoch {self.epoch}, "

@@ -363,7 +363,7 @@ class Runs:
     def _log_heal(self, lost: ChildLost, used: int, how: str):
         logging.getLogger("shmloader").warning(
             "rank %d: %s%s; heal %d of max_restarts=%d in %.0f minutes: %s", self.rank, str(lost),
-            _held_text(lost.held), used, self.config.max_restarts, heal.WINDOW_S / 60, how)
+            _held_text(lost.held, self.poison.shuffled), used, self.config.max_restarts, heal.WINDOW_S / 60, how)
 
     def allow(self, lost: ChildLost, at) -> int:
         """Count a heal of `lost` (the stream standing at `at`), or raise the `WorkerError` heal.py
@@ -374,7 +374,7 @@ class Runs:
                 spent = "" if not c.max_restarts else (
                     f" (the loader healed {self.budget.used} deaths or stalls in the last "
                     f"{heal.WINDOW_S / 60:.0f} minutes: max_restarts={c.max_restarts} is spent)")
-                raise WorkerError(f"{lost}{_held_text(held)}{spent}") from None
+                raise WorkerError(f"{lost}{_held_text(held, self.poison.shuffled)}{spent}") from None
             if held is not None and (poison := self.poison.lost(held, at)) is not None:
                 done, why = _poison_words(held)
                 if c.on_bad_row_group != "skip":
@@ -410,8 +410,9 @@ def _poison_words(held) -> tuple:
     return "tokenized", "it kills or hangs the worker or its tokenizer"
 
 
-def _held_text(held) -> str:
+def _held_text(held, shuffled: bool) -> str:
     if held is None:
         return ""
-    where = "reading them" if held.reading else f"in the engine: {held.run}-{held.run_end - 1}"
-    return f"; it was on {held.path}, {formats.place_of(held.path, held.rg, held.doc, held.end - 1)} ({where})"
+    where = "reading them" if held.reading else f"in the engine: {held.run}-{held.run_end - 1} of the piece"
+    place = formats.docs_of_unit(held.path, held.rg, held.doc, held.end - 1, ordered=not shuffled)
+    return f"; it was on {held.path}, {place} ({where})"

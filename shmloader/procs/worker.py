@@ -533,7 +533,7 @@ def _who(ctx: _Ctx) -> str:
     where = ""
     if row is not None and row[WorkerCol.PIECE] >= 0:
         path = ctx.args.files[int(row[WorkerCol.FILE])]
-        where = f" on {path}, {formats.place_of(path, int(row[WorkerCol.RG]), int(row[WorkerCol.DOC]), int(row[WorkerCol.END]) - 1)}"
+        where = (f" on {path}, {formats.docs_of_unit(path, int(row[WorkerCol.RG]), int(row[WorkerCol.DOC]), int(row[WorkerCol.END]) - 1, ordered=ctx.order is None)}")
     return f"worker {ctx.args.worker} (pid {os.getpid()}){where}"
 
 

@@ -194,24 +194,6 @@ def test_a_pool_of_the_engines_own_is_warned_of_by_name(synth_tokenizer, tmp_pat
     assert f"runs {said.count('fastokens-')} thread" in said, said
 
 
-def test_a_thread_variable_the_user_set_is_said_once_at_construction(monkeypatch, synth_tokenizer):
-    """RAYON_NUM_THREADS=8 in the trainer's environment: the workers set 1 over it, and the
-    loader says so (`available`, in the trainer), naming the variable and its value; unset or
-    1, or a tokenizer no fast engine encodes, nothing."""
-    spec = tokmod.resolve(synth_tokenizer)
-    for key in enginemod.THREAD_ENV:
-        monkeypatch.delenv(key, raising=False)
-    assert enginemod.overridden() is None
-    monkeypatch.setenv("RAYON_NUM_THREADS", "1")
-    assert enginemod.overridden() is None
-    monkeypatch.setenv("RAYON_NUM_THREADS", "8")
-    with pytest.warns(UserWarning, match="RAYON_NUM_THREADS=8 in this process's environment does not hold"):
-        enginemod.available("auto", spec)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        enginemod.available("tiktoken", spec)
-
-
 def _stream(root, enc, n, packing="concat", **kw):
     kw.setdefault("num_workers", 2)
     extra = dict(buffer_size=12, tokenizer_batch_size=4) if packing == "bos_bestfit" else {}

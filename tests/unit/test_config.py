@@ -28,7 +28,7 @@ def test_a_loaders_call_is_its_config(tmp_path):
 
     from shmloader.data.source import Source
 
-    defaults = {f.name: f.default for f in dataclasses.fields(LoaderConfig) if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default for f in dataclasses.fields(LoaderConfig) if f.init and f.default is not dataclasses.MISSING}
     given = dict(defaults, B=2, T=8, shuffle=False, seed=3, cache_dir=tmp_path, self=object(), tokenizer=None)
     config = LoaderConfig.of_call(dict(given, data=Source("d", shuffle=True)))
     assert (config.B, config.T, config.shuffle, config.seed, config.cache_dir) == (2, 8, True, 3, str(tmp_path))
@@ -186,15 +186,35 @@ def test_world_size_without_rank_in_the_environment_is_refused(monkeypatch):
     read rank 0's share and rank 1's was never read. Now that is a ValueError naming both fixes;
     `rank=` given, `RANK` set or `WORLD_SIZE=1` decide as before (a group: the tests above)."""
     from shmloader.config import place
-    monkeypatch.delenv("RANK", raising=False)
+    for name in ("RANK", "LOCAL_RANK", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"environment says WORLD_SIZE=2 and no RANK .*every process started so "
                                          r"would read rank 0's; set RANK \(0 to 1\) in each process, or pass "
-                                         r"rank= and world_size="):
+                                         r"rank= and world_size=$"):
         place(None, None)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # Lightning's children: WORLD_SIZE, LOCAL_RANK, NODE_RANK, no RANK
+    with pytest.raises(ValueError, match=r"such as Lightning's: make the loader after its process group starts"):
+        place(None, None)
+    monkeypatch.delenv("LOCAL_RANK")
     assert place(1, None) == (1, 2) and place(0, 2) == (0, 2)  # rank= given: as before
     monkeypatch.setenv("RANK", "1")
     assert place(None, None) == (1, 2)  # RANK set: as before
     monkeypatch.delenv("RANK")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert place(None, None) == (0, 1)  # one rank: no share to choose
+
+
+def test_the_workers_bound_is_of_the_share_the_trainer_read(monkeypatch):
+    """A coordinator (a child with no torch.distributed group) bounded its workers by the share it
+    read itself: ranks found through the trainer's group (cores.local_ranks) got share 1 in the
+    trainer and 2 in each coordinator, 2 ranks x 2 workers tokenizing on 2 cores. The config reads
+    the share where it is made, and carries it."""
+    import pickle
+
+    from shmloader import cores
+    monkeypatch.setattr(cores, "share", lambda env=None: 1)
+    cfg = LoaderConfig(2, 8, num_workers=3)
+    monkeypatch.setattr(cores, "share", lambda env=None: 2)  # the child's own reading
+    assert cfg.workers_at_once == 1 and pickle.loads(pickle.dumps(cfg)).workers_at_once == 1
+    assert LoaderConfig(2, 8, num_workers=3).workers_at_once == 2

@@ -127,3 +127,15 @@ def test_ranks_spawned_by_hand_share_the_cores(tmp_path):
     for r in (0, 1):
         _, share, usable = (tmp_path / f"rank.{r}").read_text().split()
         assert int(share) == int(usable) // 2, (r, share, usable)
+
+
+def test_a_loopback_group_larger_than_a_launchers_count_is_the_count(monkeypatch):
+    """8 ranks spawned at 127.0.0.1 inside one task of `srun --pty bash` (SLURM says 1 task on this
+    node) or under a stale LOCAL_WORLD_SIZE=1: the group's 8 ranks share the cores; a launcher that
+    says more than a loopback group (its ranks in several groups) is taken."""
+    monkeypatch.setattr(cores, "_group", lambda: cores._Group(8, "127.0.0.1"))
+    assert cores.local_ranks({"SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NODEID": "0"}).count == 8
+    assert cores.local_ranks({"LOCAL_WORLD_SIZE": "1"}).count == 8
+    assert cores.local_ranks({"LOCAL_WORLD_SIZE": "16"}) == cores.Ranks(16, "LOCAL_WORLD_SIZE")
+    monkeypatch.setattr(cores, "_group", lambda: cores._Group(8, "10.0.0.7"))
+    assert cores.local_ranks({"LOCAL_WORLD_SIZE": "1"}) == cores.Ranks(1, "LOCAL_WORLD_SIZE")

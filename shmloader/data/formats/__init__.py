@@ -24,7 +24,7 @@ FORMATS = (Parquet, JsonLines, ArrowIPC)
 SUFFIXES = tuple(s for fmt in FORMATS for s in fmt.suffixes)
 
 __all__ = ["FORMATS", "SUFFIXES", "Format", "Ids", "TEXT", "TOKENS", "digest_of", "format_of", "footer_digest",
-           "format_name", "identity_of", "is_data_file", "open_file", "place_of", "units_of"]
+           "format_name", "identity_of", "is_data_file", "open_file", "place_of", "docs_of_unit", "units_of"]
 
 
 def format_of(path: str) -> type:
@@ -60,6 +60,16 @@ def place_of(path: str, unit: int, first: int | None = None, last: int | None = 
     except DataError:
         fmt = Parquet
     return fmt.place(unit, first, last)
+
+
+def docs_of_unit(path: str, unit: int, first: int, last: int | None = None, ordered: bool = False) -> str:
+    """Documents `first` to `last` of unit `unit` of a file, in words: as `place_of` says them
+    where `ordered` (the unit's rows, in the files' order), else the unit and the documents' numbers
+    in the order read (a shuffled window's order, headed by that unit: its rows are elsewhere)."""
+    if ordered:
+        return place_of(path, unit, first, last)
+    docs = f"document {first}" if last in (None, first) else f"documents {first}-{last}"
+    return f"{place_of(path, unit)}, {docs} in the order read"
 
 
 def units_of(paths: list) -> str:

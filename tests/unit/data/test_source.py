@@ -617,3 +617,15 @@ def test_files_named_by_their_splits_beside_a_train_split_are_refused(tmp_path, 
     picked = ast.literal_eval(re.search(r"data=(\[.*?\])", str(told.value)).group(1))
     assert sorted(os.path.basename(f) for f in list_files(picked)) == sorted(
         n for n in names if n.lower().startswith("train")), picked
+
+
+def test_the_refusal_lists_every_train_split_of_a_suffix(tmp_path):
+    """`train_en` and `train_de` beside `test_en`: the advice named `train_de` alone."""
+    d = tmp_path / "data"
+    d.mkdir()
+    for name in ("train_en.parquet", "train_de.parquet", "test_en.parquet"):
+        write(d / name, [name])
+    with pytest.raises(DataError, match=r"data=(\[.*\])") as told:
+        list_files(str(d))
+    picked = ast.literal_eval(re.search(r"data=(\[.*?\])", str(told.value)).group(1))
+    assert sorted(os.path.basename(f) for f in picked) == ["train_de.parquet", "train_en.parquet"]

@@ -255,3 +255,14 @@ def test_a_place_in_a_json_lines_file_is_named_by_its_lines():
     assert formats.place_of("a.arrow", 3) == "record batch 3"
     assert formats.units_of(["a.jsonl", "b.jsonl.zst"]) == f"units of {LINES} lines"
     assert formats.units_of(["a.parquet"]) == "row groups" and formats.units_of(["a.parquet", "b.jsonl"]) == "units"
+
+
+def test_documents_of_a_unit_in_the_order_read_claim_no_rows():
+    """A shuffled window's piece is its first unit and documents numbered in the window's order:
+    as rows they named lines the file does not have ("c.jsonl, lines 1009-2032" of a 2,000-line
+    file, the poison on another file); in the order read they name the unit and the numbers, and
+    in the files' order the rows as `place_of` does."""
+    from shmloader.data.formats import docs_of_unit, place_of
+    assert docs_of_unit("c.jsonl", 0, 1008, 2031) == "lines 1-1024, documents 1008-2031 in the order read"
+    assert docs_of_unit("c.parquet", 2, 5) == "row group 2, document 5 in the order read"
+    assert docs_of_unit("c.jsonl", 1, 0, 975, ordered=True) == place_of("c.jsonl", 1, 0, 975) == "lines 1025-2000"
