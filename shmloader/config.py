@@ -325,10 +325,8 @@ _GROUP = "torch.distributed's default group"
 
 def _process_group() -> Place | None:
     """The rank and world size of torch.distributed's default group when this process initialized
-    one, else None (torch.distributed not imported: none can be initialized; nothing is imported here)."""
-    import sys
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
+    one (`cores.initialized_dist`), else None."""
+    if (dist := cores.initialized_dist()) is None:
         return None
     return Place(dist.get_rank(), dist.get_world_size())
 

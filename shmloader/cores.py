@@ -96,11 +96,19 @@ class _Group(NamedTuple):
     host: str | None  # its store's address (a TCP store), else None
 
 
-def _group() -> _Group | None:
-    """torch.distributed's default group when this process initialized one (read from the
-    process: no message to the other ranks), else None; torch is not imported here."""
+def initialized_dist():
+    """The `torch.distributed` module when this process initialized its default group, else None
+    (not imported: none can be initialized; torch is not imported here)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+def _group() -> _Group | None:
+    """torch.distributed's default group when this process initialized one (read from the
+    process: no message to the other ranks), else None."""
+    if (dist := initialized_dist()) is None:
         return None
     try:
         store = dist.distributed_c10d._get_default_store()
