@@ -27,7 +27,11 @@ next row group goes to the next worker that runs short. With more workers than t
 (4 on 2) an idle worker is always there, so rule 1 alone gave each of a nanochat row group's
 3 slices to another worker, and each read the row group whole: 105 row-group reads for 35 row
 groups' tokens, ~1 a row group with the exception (docs/benchmarks.md "More workers than the
-cores: each slice read its row group again"). Which worker tokenizes a piece never changes the
+cores: each slice read its row group again"). Since the bound over the workers is of workers, not
+pieces (packing/base.py `Mode.can_take`: at most as many workers as the cores have pieces in
+flight), an idle worker may not take a piece while the cores are all taken, so the exception acts
+only where a mode lets one take a piece past that bound (a mixture's pick that needs a source's
+piece now). Which worker tokenizes a piece never changes the
 stream: the mode places counted tokens from their lengths alone. Pure: no
 processes; a mode builds the `Worker` records (packing/base.py `Mode.candidates`).
 """
