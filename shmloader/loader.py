@@ -133,7 +133,8 @@ class ShmLoader(lifecycle.Managed):
                                     pinning=delivery.Pinning())  # one refusal to pin, said once
         self._runs = Runs(self.config, deliver,
                           functools.partial(self._catalogue.learn, warn=errors.warn), self.rank, self._kind)
-        self._ahead = resumemod.Ahead(self._runs, self.config, self._catalogue)  # the next batch, taken early
+        self._ahead = resumemod.Ahead(self._runs, self.config, self._catalogue,  # the next batch, taken early
+                                      self._kind.shuffled(self.config))
         lifecycle.close_when_dropped(self, self._runs)  # not a __del__: the pipes are never the collector's
         self._report = report.Report(self.config, self._runs, self._kind)  # stats() and the log's lines
         self._begin(statemod.start(self._identity(), self._kind.fresh()))

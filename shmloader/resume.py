@@ -101,9 +101,11 @@ class Ahead:
     state carries that batch's check (`peek`); and a resumed run's first one, checked against
     its state's (`check_first`). Holds the runs, never the loader."""
 
-    def __init__(self, runs, config, catalogue):
+    def __init__(self, runs, config, catalogue, shuffled: bool):
+        """`shuffled`: the run reads a shuffled order (a position's documents are then counted in
+        a window's order, not its unit's rows)."""
         self._runs, self._timeout, self._catalogue = runs, config.timeout, catalogue
-        self._skipping = config.on_bad_row_group == "skip"
+        self._skipping, self._shuffled = config.on_bad_row_group == "skip", shuffled
         self.begin(None)
 
     def begin(self, verify: int | None):
@@ -123,7 +125,8 @@ class Ahead:
             raise failed
         ann = self._runs.take(mark, self._timeout)
         expected, self._verify = self._verify, None
-        check_first(ann.check, expected, mark, self._catalogue.files[mark.position.file][0], self._skipping)
+        check_first(ann.check, expected, mark, self._catalogue.files[mark.position.file][0], self._skipping,
+                    self._shuffled)
         return ann
 
     def peek(self, mark):
@@ -137,14 +140,14 @@ class Ahead:
         return self._ahead
 
 
-def check_first(check: int, expected: int, mark, name: str, skipping: bool):
+def check_first(check: int, expected: int, mark, name: str, skipping: bool, shuffled: bool = False):
     """The first batch of a resumed run, at `mark` (in the file a state names `name`:
     `source.file_names`, its path below the data's root where basenames repeat), has `check`; the state said
     `expected`: a difference is a `Mismatch` (a ValueError) naming the batch and its position."""
     if check == expected:
         return
     p = mark.position
-    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, {formats.docs_of_unit(name, p.rg, p.doc)}"
+    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, {formats.docs_of_unit(name, p.rg, p.doc, ordered=not shuffled)}"
           + (f", token {p.skip}" if p.skip else "") + ")")
     also = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable now (or the "
             "other way round) changes it too" if skipping else "")
