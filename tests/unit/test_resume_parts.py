@@ -163,3 +163,18 @@ def test_a_starts_documents_carried_as_runs_are_its_buffers_counts():
     documents, `[epoch, file, rg, row, count]` each; a mixture carries none as runs (its point)."""
     assert SourceStart(((1, 0, 2, 5, 3), (1, 1, 0, 0, 4))).docs_as_runs == 7
     assert SourceStart().docs_as_runs == 0 and MixStart({"buffer": []}).docs_as_runs == 0
+
+
+def test_the_resume_check_names_a_row_in_the_files_order_and_the_order_read_when_shuffled():
+    """A mismatch's place: a row of its unit where the run reads the files' order (a JSON Lines
+    file's line), the unit and the document's number in the order read where it is shuffled
+    (a window's documents are not its first unit's rows: as a line it named a line elsewhere)."""
+    from shmloader.position import Position
+    from shmloader.resume import Mismatch, check_first
+
+    mark = SimpleNamespace(batch=9, position=Position(1, 0, 2, 5))
+    with pytest.raises(Mismatch, match=r"batch 9 \(epoch 1, a\.jsonl, line 2054\)"):
+        check_first(1, 2, mark, "a.jsonl", False)
+    with pytest.raises(Mismatch, match=r"batch 9 \(epoch 1, a\.jsonl, lines 2049-3072, document 5 in the order read\)"):
+        check_first(1, 2, mark, "a.jsonl", False, shuffled=True)
+    check_first(3, 3, mark, "a.jsonl", False, shuffled=True)  # the same check: nothing to say
