@@ -42,6 +42,7 @@ CACHE = re.compile(r"cache-[0-9a-f]+(_\d+_of_\d+)?\.arrow$")  # `.map()`'s outpu
 # a Hub upload's shards, [<config>-]<split>-0000N-of-0000M[-<hash>].<ext>: group 1 the split
 HUB = re.compile(r"(?:.*-)?([A-Za-z_]+)-\d{5}-of-\d{5}(-[0-9a-f]+)?\.")
 HELD_OUT = frozenset({"test", "validation", "valid", "val", "dev", "eval", "evaluation"})  # splits not to train on
+TRAIN_NAMES = frozenset({"train", "training"})  # a train split's names (`split_kind`)
 # a file named by a split alone, numbered or not (not a Hub shard): `val-00000.parquet`,
 # `validation_1.jsonl.zst`, `test.arrow`, `train_sft-3.parquet`: group 1 the split, if `split_kind` knows it
 NAMED = re.compile(r"([A-Za-z]+(?:_[A-Za-z]+)*)(?:[-_]\d+)*\.")
@@ -102,9 +103,11 @@ def _one_split(where: str, files: list, info, remote: bool) -> None:
 
 
 def split_kind(split: str) -> str:
-    """What a split is, by its name: in lower case, up to its first `_` (`train_sft`, `TRAIN`:
-    train; `validation_matched`: validation; `test_sft`: test); held out where in `HELD_OUT`."""
-    return split.lower().split("_")[0]
+    """What a split is, by its name: in lower case, up to its first `_` (`train_sft`, `TRAIN`,
+    `training`: train, `TRAIN_NAMES`; `validation_matched`: validation; `test_sft`: test); held
+    out where in `HELD_OUT`."""
+    kind = split.lower().split("_")[0]
+    return "train" if kind in TRAIN_NAMES else kind
 
 
 def _pick(splits: list) -> str:

@@ -591,12 +591,15 @@ def test_names_that_are_no_split_say_nothing():
     (("train_0.jsonl", "train_1.jsonl", "val_0.jsonl"), ("train", "val")),
     (("TRAIN.parquet", "validation.parquet", "test.parquet"), ("TRAIN", "test", "validation")),
     (("train-00000-of-00001.parquet", "test.parquet"), ("test", "train")),
+    (("training.parquet", "test.parquet"), ("test", "training")),
+    (("Training_0.jsonl", "dev_0.jsonl"), ("Training", "dev")),
     (("train.parquet",), None), (("test.parquet", "shard_00000.parquet"), None),
     (("en.parquet", "de.parquet"), None), (("data-0.parquet", "test.parquet"), None)])
 def test_files_named_by_their_splits_beside_a_train_split_are_refused(tmp_path, names, refused):
     """`train.parquet` beside `test.parquet` (a `Dataset.to_parquet` per split) was read as one
     corpus: split='train' trained on test.parquet (it sorts first) and validated on train.parquet,
-    silently; only Hub shards of several splits were refused. Now any files named by their splits,
+    silently (`training.parquet` beside `test.parquet` still was, until `hfdir.TRAIN_NAMES`); only
+    Hub shards of several splits were refused. Now any files named by their splits,
     a train split's among them, are refused with the list of the train split's files, which,
     followed, reads them alone; files of no train split, or of no split, are one corpus as before."""
     d = tmp_path / "data"
