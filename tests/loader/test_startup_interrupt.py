@@ -40,8 +40,8 @@ TRAINER = textwrap.dedent("""
     from shmloader import ShmLoader
     from tests import helpers
 
-    print("start", flush=True)
     try:
+        print("start", flush=True)  # inside: a SIGINT at once can land before the next line
         with ShmLoader(sys.argv[1], helpers.IntTokenizer(), 2, 16, "train", num_workers=2,
                        device="cpu") as loader:
             while True:
