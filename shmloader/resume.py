@@ -140,15 +140,16 @@ class Ahead:
         return self._ahead
 
 
-def check_first(check: int, expected: int, mark, name: str, skipping: bool, shuffled: bool = False):
+def check_first(check: int, expected: int, mark, name: str, skipping: bool, shuffled: bool):
     """The first batch of a resumed run, at `mark` (in the file a state names `name`:
     `source.file_names`, its path below the data's root where basenames repeat), has `check`; the state said
-    `expected`: a difference is a `Mismatch` (a ValueError) naming the batch and its position."""
+    `expected`: a difference is a `Mismatch` (a ValueError) naming the batch and its position (its
+    document as a row of its unit, or, `shuffled`, in the order read: `formats.docs_of_unit`)."""
     if check == expected:
         return
     p = mark.position
-    at = (f"batch {mark.batch} (epoch {p.epoch}, {name}, {formats.docs_of_unit(name, p.rg, p.doc, ordered=not shuffled)}"
-          + (f", token {p.skip}" if p.skip else "") + ")")
+    place = formats.docs_of_unit(name, p.rg, p.doc, ordered=not shuffled)
+    at = f"batch {mark.batch} (epoch {p.epoch}, {name}, {place}" + (f", token {p.skip}" if p.skip else "") + ")"
     also = ("; with on_bad_row_group='skip', a row group skipped as bad in the saved run and readable now (or the "
             "other way round) changes it too" if skipping else "")
     raise Mismatch(

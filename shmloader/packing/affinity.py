@@ -31,9 +31,9 @@ cores: each slice read its row group again"). Since the bound over the workers i
 pieces (packing/base.py `Mode.can_take`: at most as many workers as the cores have pieces in
 flight), an idle worker may not take a piece while the cores are all taken, so the exception acts
 only where a mode lets one take a piece past that bound (a mixture's pick that needs a source's
-piece now). Which worker tokenizes a piece never changes the
-stream: the mode places counted tokens from their lengths alone. Pure: no
-processes; a mode builds the `Worker` records (packing/base.py `Mode.candidates`).
+piece now). Which worker tokenizes a piece never changes the stream: the mode places counted
+tokens from their lengths alone. Pure: no processes; a mode builds the `Worker` records
+(packing/base.py `Mode.candidates`).
 """
 from typing import NamedTuple
 

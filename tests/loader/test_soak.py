@@ -58,18 +58,18 @@ class Holding:
         return cls(fds, len(os.listdir("/proc/self/task")))
 
     def grown(self, least: "Holding") -> str:
-        """What this holds beyond `least`, in words, or "" if it holds no more."""
+        """What this holds beyond `least` (the fewest seen), in words, or "" if it holds no more."""
         if len(self.fds) <= len(least.fds) and self.threads <= least.threads:
             return ""
         new = {n: what for n, what in self.fds.items() if least.fds.get(n) != what}
         return (f"{len(self.fds)} descriptors and {self.threads} threads, the fewest seen {len(least.fds)} and "
                 f"{least.threads}; descriptors not held then: {new}")
 
-    def least(self, least: "Holding | None") -> "Holding":
-        """The fewer of this and `least`."""
-        if least is None or (len(self.fds), self.threads) <= (len(least.fds), least.threads):
-            return self
-        return least
+    def fewer(self, other: "Holding") -> "Holding":
+        """The fewest of each, descriptors and threads, of this and `other` (each count on its own:
+        fewer descriptors with more threads must not raise the threads' bound)."""
+        fds = self.fds if len(self.fds) <= len(other.fds) else other.fds
+        return Holding(fds, min(self.threads, other.threads))
 
 
 def test_soak(posdata, capsys):
@@ -117,7 +117,7 @@ def test_soak(posdata, capsys):
                 f"trainer RSS {rss:.1f} MB drifted from {base['rss']:.1f} MB after {now - started:.0f} s"
             held = Holding.now()
             assert not held.grown(least), f"after {now - started:.0f} s: {held.grown(least)}"
-            least = held.least(least)
+            least = held.fewer(least)
             if now - started >= duration:
                 break
         kids_end = {p.pid: rss_mb(p.pid) for p in kids}
@@ -130,7 +130,8 @@ def test_soak(posdata, capsys):
               f"{stats['tokens_read'] / 1e6:.1f}M tokens read; trainer RSS {base['rss']:.1f} MB at "
               f"{base['t']:.0f} s (end of warm-up) -> {rs[-1]:.1f} MB at {took:.0f} s: drift "
               f"{rs[-1] - base['rss']:+.2f} MB, range {min(rs):.1f}-{max(rs):.1f} MB over {len(rs)} samples; "
-              f"fds/threads {len(base['held'].fds)}/{base['held'].threads} -> {len(least.fds)}/{least.threads}; children RSS drift (MB, coordinator then workers): {kid_drift}")
+              f"fds/threads {len(base['held'].fds)}/{base['held'].threads} -> {len(least.fds)}/{least.threads} "
+              f"(the fewest seen); children RSS drift (MB, coordinator then workers): {kid_drift}")
     with capsys.disabled():
         print("\n" + report)
 
@@ -139,9 +140,10 @@ def test_heal_soak(posdata, capsys):
     """Self-healing under fire: for SHMLOADER_HEAL_SOAK_S seconds (default 600) a random child is
     killed every 1-4 s (SIGKILL; one in five is SIGSTOPped instead, a stall the loader kills
     after `stall_s`), while the trainer reads as fast as it can. Every batch is checked by
-    arithmetic (no token lost or repeated); after each heal the trainer's RSS is what it was
-    after the first one, its open file descriptors and threads no more than the fewest seen after
-    one (`Holding`), and /dev/shm and the set of children are the new run's. Prints the heals, the longest next() around a heal and the tokens checked.
+    arithmetic (no token lost or repeated). After each heal: the trainer's RSS is what it was
+    after the first one; its open file descriptors and threads are no more than the fewest seen
+    after a heal (`Holding`); /dev/shm and the set of children are the new run's. Prints the
+    heals, the longest next() around a heal and the tokens checked.
 
     `SHMLOADER_HEAL_SOAK_S=600 python -m pytest -m slow tests/loader/test_soak.py -k heal -s`"""
     import random
@@ -186,7 +188,7 @@ def test_heal_soak(posdata, capsys):
                     least = held
                 else:
                     assert not held.grown(least), f"after {heals} heals: {held.grown(least)}"
-                    least = held.least(least)
+                    least = held.fewer(least)
                     assert abs(rss_mb() - base["rss"]) <= RSS_SLACK_MB, f"RSS {rss_mb():.1f} MB, {base['rss']:.1f} first"
             if time.monotonic() >= next_fault and faults == heals_seen and batches > 50:
                 d = loader.debug()
@@ -204,6 +206,6 @@ def test_heal_soak(posdata, capsys):
               f"{batches} batches checked ({batches * W / 1e6:.1f}M tokens), none lost or repeated; next() around a "
               f"heal: median {stalls[len(stalls) // 2] * 1e3:.0f} ms, longest {stalls[-1] * 1e3:.0f} ms (SIGSTOP: "
               f"after stall_s=1 s); trainer RSS {base['rss']:.1f} -> {rss_mb():.1f} MB; fds/threads "
-              f"{len(base['held'].fds)}/{base['held'].threads} -> {len(least.fds)}/{least.threads}")
+              f"{len(base['held'].fds)}/{base['held'].threads} -> {len(least.fds)}/{least.threads} (the fewest seen)")
     with capsys.disabled():
         print("\n" + report)

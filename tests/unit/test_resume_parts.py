@@ -174,7 +174,7 @@ def test_the_resume_check_names_a_row_in_the_files_order_and_the_order_read_when
 
     mark = SimpleNamespace(batch=9, position=Position(1, 0, 2, 5))
     with pytest.raises(Mismatch, match=r"batch 9 \(epoch 1, a\.jsonl, line 2054\)"):
-        check_first(1, 2, mark, "a.jsonl", False)
+        check_first(1, 2, mark, "a.jsonl", False, shuffled=False)
     with pytest.raises(Mismatch, match=r"batch 9 \(epoch 1, a\.jsonl, lines 2049-3072, document 5 in the order read\)"):
         check_first(1, 2, mark, "a.jsonl", False, shuffled=True)
     check_first(3, 3, mark, "a.jsonl", False, shuffled=True)  # the same check: nothing to say
